@@ -1,0 +1,211 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+	"golang.org/x/term"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	dlog "github.com/dsec-project/dsec/internal/log"
+)
+
+// Config is every setting a config file, DSEC_* variables or global
+// flags can give, resolved once in that order of precedence:
+// flag > env > file > default.
+type Config struct {
+	Root      string `mapstructure:"root"`
+	LogLevel  string `mapstructure:"log-level"`
+	LogFormat string `mapstructure:"log-format"`
+	Progress  string `mapstructure:"progress"`
+}
+
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	cfg            Config
+	log            *slog.Logger
+}
+
+func newApp(stdin io.Reader, stdout, stderr io.Writer) *app {
+	return &app{stdin: stdin, stdout: stdout, stderr: stderr}
+}
+
+func defaultRoot() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/dsec"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "dsec")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "dsec")
+}
+
+func defaultConfigFile() string {
+	if os.Geteuid() == 0 {
+		return "/etc/dsec/config.yaml"
+	}
+	if d := os.Getenv("XDG_CONFIG_HOME"); d != "" {
+		return filepath.Join(d, "dsec", "config.yaml")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".config", "dsec", "config.yaml")
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "dsec",
+		Short: "Stateful sandboxes for agent training and evaluation",
+		Long: `dsec builds environments as independently versioned EROFS layers (base, workspace,
+toolkit), keeps them in a content-addressed store, and runs stateful sandboxes on them.
+
+All state lives under --root. Settings come from flags, then DSEC_* environment variables
+(DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS), then the config file (--config,
+DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
+are root, log-level, log-format and progress; unknown keys are an error.
+
+` + exitCodesHelp,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return a.configure(cmd)
+		},
+	}
+	root.SetIn(a.stdin)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.String("root", defaultRoot(), "directory holding all dsec state (env DSEC_ROOT)")
+	pf.String("config", "", "config file (env DSEC_CONFIG; default "+defaultConfigFile()+")")
+	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
+	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
+	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
+	root.AddCommand(a.layerCommand(), a.versionCommand(), a.docsCommand())
+	return root
+}
+
+// configure resolves the configuration once, before any command runs.
+func (a *app) configure(cmd *cobra.Command) error {
+	v := viper.New()
+	v.SetEnvPrefix("DSEC")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	flags := cmd.Root().PersistentFlags()
+	for _, name := range []string{"root", "log-level", "log-format", "progress"} {
+		f := flags.Lookup(name)
+		v.SetDefault(name, f.DefValue)
+		if err := v.BindPFlag(name, f); err != nil {
+			return err
+		}
+	}
+	file, explicit := configFile(flags)
+	v.SetConfigFile(file)
+	v.SetConfigType("yaml")
+	if err := v.ReadInConfig(); err != nil {
+		var pe *fs.PathError
+		if explicit || !errors.As(err, &pe) {
+			return usageError{fmt.Errorf("config file %s: %v", file, err)}
+		}
+	}
+	if err := v.UnmarshalExact(&a.cfg); err != nil {
+		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress)", file, err)}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {
+		return usageError{fmt.Errorf("bad log level %q: use debug, info, warn or error", a.cfg.LogLevel)}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch a.cfg.LogFormat {
+	case "text":
+		a.log = slog.New(slog.NewTextHandler(a.stderr, opts))
+	case "json":
+		a.log = slog.New(slog.NewJSONHandler(a.stderr, opts))
+	default:
+		return usageError{fmt.Errorf("bad log format %q: use text or json", a.cfg.LogFormat)}
+	}
+	switch a.cfg.Progress {
+	case "auto", "always", "never":
+	default:
+		return usageError{fmt.Errorf("bad progress mode %q: use auto, always or never", a.cfg.Progress)}
+	}
+	if a.cfg.Root == "" {
+		return usageError{errors.New("--root is empty: give the directory that holds dsec's state")}
+	}
+	cmd.SetContext(dlog.With(cmd.Context(), a.log))
+	return nil
+}
+
+func configFile(flags *pflag.FlagSet) (string, bool) {
+	if f := flags.Lookup("config"); f.Changed {
+		return f.Value.String(), true
+	}
+	if env := os.Getenv("DSEC_CONFIG"); env != "" {
+		return env, true
+	}
+	return defaultConfigFile(), false
+}
+
+// storeDir is the local layer store under the root.
+func (a *app) storeDir() string { return filepath.Join(a.cfg.Root, "store") }
+
+// showProgress says whether to draw progress bars on stderr.
+func (a *app) showProgress() bool {
+	switch a.cfg.Progress {
+	case "always":
+		return true
+	case "never":
+		return false
+	}
+	f, ok := a.stderr.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// noArgs and friends wrap cobra's validators so that a wrong argument
+// count exits with the usage code.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%s: %v", cmd.CommandPath(), err)}
+		}
+		return nil
+	}
+}
+
+func isBadInput(err error) bool { return errors.Is(err, layer.ErrBadSource) }
+
+func (a *app) versionCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print dsec's version",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if asJSON {
+				return a.printJSON(map[string]string{"version": version})
+			}
+			_, err := fmt.Fprintln(a.stdout, version)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

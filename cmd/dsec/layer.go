@@ -1,0 +1,289 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+func (a *app) layerCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "layer",
+		Short: "Build and manage EROFS layers in the local store",
+		Long: `A layer is one uncompressed EROFS image (media type application/vnd.erofs.layer.v1, the
+type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the store at
+<root>/store, an OCI image layout. A sandbox stacks a toolkit layer over a workspace layer
+over a base layer.`,
+	}
+	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC())
+	return cmd
+}
+
+func (a *app) openStore() (*store.Store, error) {
+	return store.Open(a.storeDir())
+}
+
+type buildFlags struct {
+	kind, tag   string
+	force, json bool
+}
+
+func (a *app) layerBuild() *cobra.Command {
+	var f buildFlags
+	cmd := &cobra.Command{
+		Use:   "build SRC --kind base|workspace|toolkit -t NAME:VERSION",
+		Short: "Build an EROFS layer from a directory, a tar stream or an image archive",
+		Long: `Build converts SRC into a deterministic EROFS layer and tags it in the store.
+
+SRC is one of:
+  DIR        a directory tree, walked without following symlinks
+  FILE       a tar, tar.gz or tar.zst archive, converted as a stream (nothing is extracted)
+  FILE       an image archive (docker save output or an OCI image layout tarball),
+             flattened in layer order with whiteouts applied
+  -          a tar, tar.gz or tar.zst stream on standard input
+
+Modes, owners, nanosecond mtimes, every xattr, hard links (one inode), symlinks, devices,
+fifos, sockets and sparse files survive. AUFS whiteouts (.wh.NAME, .wh..wh..opq) in a plain
+tar become overlayfs whiteouts (a 0/0 character device, trusted.overlay.opaque=y), so the
+layer stacks under overlayfs as the tar meant. The same tree always gives the same digest.
+
+Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
+
+` + exitCodesHelp,
+		Example: `  # a base layer from a debootstrap'd tree
+  dsec layer build ./rootfs --kind base -t debian/bookworm:2026.11
+
+  # a workspace from a tarball on stdin, as JSON
+  git archive HEAD | dsec layer build - --kind workspace -t myrepo:abc123 --json
+
+  # flatten an image saved with docker save
+  dsec layer build ./python.tar --kind base -t python:3.12`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.kind == "" {
+				return usageError{fmt.Errorf("layer build needs --kind base, workspace or toolkit")}
+			}
+			kind, err := layer.ParseKind(f.kind)
+			if err != nil {
+				return usageError{err}
+			}
+			if f.tag == "" {
+				return usageError{fmt.Errorf("layer build needs a tag: -t NAME:VERSION")}
+			}
+			ref, err := layer.ParseRef(f.tag)
+			if err != nil {
+				return usageError{err}
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			opts := layer.BuildOptions{Source: args[0], Stdin: a.stdin, Kind: kind, Ref: ref, Force: f.force}
+			var bar *progressbar.ProgressBar
+			if a.showProgress() {
+				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
+					progressbar.OptionSetDescription("converting "+args[0]), progressbar.OptionShowBytes(true),
+					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+				opts.Progress = barProgress{bar}
+			}
+			start := time.Now()
+			info, err := layer.Build(cmd.Context(), s, opts)
+			if bar != nil {
+				bar.Finish()
+			}
+			if err != nil {
+				return err
+			}
+			a.log.Info("built layer", "name", info.Ref, "digest", info.Digest, "size", info.Size,
+				"files", info.Files, "seconds", time.Since(start).Seconds())
+			if f.json {
+				return a.printJSON(info)
+			}
+			_, err = fmt.Fprintln(a.stdout, info.Digest)
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.kind, "kind", "", "layer kind: base, workspace or toolkit (required)")
+	fl.StringVarP(&f.tag, "tag", "t", "", "tag NAME:VERSION for the layer (required)")
+	fl.BoolVar(&f.force, "force", false, "replace an existing tag that names other content")
+	fl.BoolVar(&f.json, "json", false, "print the layer as JSON (digest, size, name, kind, metadata, ...)")
+	_ = cmd.RegisterFlagCompletionFunc("kind", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return []string{"base", "workspace", "toolkit"}, cobra.ShellCompDirectiveNoFileComp
+	})
+	return cmd
+}
+
+type barProgress struct{ bar *progressbar.ProgressBar }
+
+func (b barProgress) Add(n int64) { _ = b.bar.Add64(n) }
+
+func (a *app) layerList() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the layers in the store",
+		Example: `  dsec layer ls
+  dsec layer ls --json | jq -r '.[].name'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			all, err := layer.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(all)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tDIGEST\tSIZE\tFILES\tCREATED")
+			for _, i := range all {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.Ref, i.Kind, i.Digest.Encoded()[:12],
+					humanBytes(i.Size), i.Files, i.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func (a *app) layerInspect() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect REF",
+		Short: "Show a layer's digest, size, kind, metadata range and file count",
+		Long: `Inspect shows one layer. REF is NAME[:VERSION] (VERSION defaults to latest), or the layer's
+digest: sha256:HEX or a unique prefix of at least 12 hex digits.
+
+` + exitCodesHelp,
+		Example: `  dsec layer inspect debian/bookworm:2026.11
+  dsec layer inspect --json 3f2a9c81d0e4`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			i, err := layer.Resolve(cmd.Context(), s, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(i)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 1, ' ', 0)
+			fmt.Fprintf(tw, "name:\t%s\n", i.Ref)
+			fmt.Fprintf(tw, "kind:\t%s\n", i.Kind)
+			fmt.Fprintf(tw, "digest:\t%s\n", i.Digest)
+			fmt.Fprintf(tw, "size:\t%d (%s)\n", i.Size, humanBytes(i.Size))
+			fmt.Fprintf(tw, "files:\t%d (%d inodes)\n", i.Files, i.Inodes)
+			fmt.Fprintf(tw, "metadata:\tbytes %d-%d (%s)\n", i.Metadata.Offset, i.Metadata.Offset+i.Metadata.Size, humanBytes(i.Metadata.Size))
+			fmt.Fprintf(tw, "windows:\t%d of %s, table %s\n", i.Windows.Count, humanBytes(i.Windows.Size), i.Windows.Digest)
+			fmt.Fprintf(tw, "source:\t%s\n", i.Source)
+			fmt.Fprintf(tw, "created:\t%s\n", i.Created.Format(time.RFC3339))
+			fmt.Fprintf(tw, "manifest:\t%s\n", i.Manifest)
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) layerRemove() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "rm REF...",
+		Aliases: []string{"remove"},
+		Short:   "Remove layer tags; dsec layer gc frees their blobs",
+		Long: `Rm removes the tags NAME[:VERSION]. The blobs stay until dsec layer gc, so a layer that is
+mounted or being pushed keeps its bytes.
+
+` + exitCodesHelp,
+		Example: `  dsec layer rm myrepo:abc123 && dsec layer gc`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("layer rm needs at least one NAME:VERSION")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			var removed []*layer.Info
+			for _, ref := range args {
+				i, err := layer.Remove(cmd.Context(), s, ref)
+				if err != nil {
+					return err
+				}
+				removed = append(removed, i)
+				if !asJSON {
+					fmt.Fprintln(a.stdout, i.Ref)
+				}
+			}
+			if asJSON {
+				return a.printJSON(removed)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the removed layers as JSON")
+	return cmd
+}
+
+func (a *app) layerGC() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "gc",
+		Short: "Delete blobs that no tag reaches and leftovers of interrupted builds",
+		Long: `Gc marks every blob reachable from a tag (manifest, config, EROFS image, window table) and
+deletes the rest, with the files that killed builds left in the store's ingest directory.
+It waits for running builds to finish.
+
+` + exitCodesHelp,
+		Example: `  dsec layer gc --json`,
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			res, err := layer.GC(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(res)
+			}
+			_, err = fmt.Fprintf(a.stdout, "removed %d blobs (%s) and %d interrupted builds\n", res.Blobs, humanBytes(res.Bytes), res.Ingests)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

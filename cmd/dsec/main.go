@@ -1,0 +1,93 @@
+// Command dsec builds, stores and runs stateful agent sandboxes.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Exit codes. One place decides them; every command's help lists them.
+const (
+	exitOK       = 0
+	exitFailure  = 1 // I/O error, corruption, anything unexpected
+	exitUsage    = 2 // bad flags, arguments or configuration
+	exitBadInput = 3 // the input's content is invalid (corrupt archive, bad entry)
+	exitNotFound = 4 // a layer, tag, file or blob does not exist
+	exitExists   = 5 // the tag already exists (use --force)
+	exitNoSpace  = 6 // the store's file system is full
+)
+
+const exitCodesHelp = `Exit codes:
+  0  success
+  1  failure (I/O error, corrupt store, anything unexpected)
+  2  usage error (bad flag, argument, tag or configuration)
+  3  invalid input (corrupt or truncated archive, an entry a layer cannot hold)
+  4  not found (layer, tag, source path or blob)
+  5  already exists (a tag names other content; pass --force)
+  6  no space left in the store's file system`
+
+var version = "dev"
+
+func main() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+// Main runs dsec with args and returns its exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	app := newApp(stdin, stdout, stderr)
+	cmd := app.rootCommand()
+	cmd.SetArgs(args)
+	err := cmd.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "dsec: %s\n", userMessage(err))
+	return exitCode(err)
+}
+
+// usageError marks a problem with the command line itself.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+func exitCode(err error) int {
+	var u usageError
+	switch {
+	case errors.As(err, &u):
+		return exitUsage
+	case errors.Is(err, store.ErrNoSpace):
+		return exitNoSpace
+	case errdefs.IsNotFound(err):
+		return exitNotFound
+	case errdefs.IsAlreadyExists(err):
+		return exitExists
+	case errdefs.IsInvalidArgument(err):
+		if isBadInput(err) {
+			return exitBadInput
+		}
+		return exitUsage
+	}
+	return exitFailure
+}
+
+// userMessage drops the errdefs class names that wrapping appends.
+func userMessage(err error) string {
+	msg := err.Error()
+	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented"} {
+		msg = strings.TrimSuffix(msg, suffix)
+	}
+	if errors.Is(err, store.ErrNoSpace) {
+		msg += " (free space on the store's file system or choose another --root)"
+	}
+	return msg
+}

@@ -1,0 +1,909 @@
+package erofs
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+)
+
+const (
+	// BlockSize is the block size of every image this package writes.
+	BlockSize = 4096
+	blkBits   = 12
+
+	// HoleSize is the granularity of holes: a file with an aligned
+	// HoleSize run of zeros is stored chunk-based with chunks of this
+	// size, so its chunk map stays small and each data chunk is one
+	// fetch window of a lazily loaded layer.
+	HoleSize = 1 << holeBits
+	holeBits = 20
+
+	// MaxNameLen is the longest name a directory entry may carry.
+	MaxNameLen = 255
+
+	magic            = 0xE0F5E1E2
+	sbOffset         = 1024
+	inodeSize        = 64 // extended inode
+	slotSize         = 32
+	direntSize       = 12
+	xattrHeaderSize  = 12
+	nullAddr         = 0xFFFFFFFF
+	incompatChunked  = 0x4
+	formatExtended   = 1
+	layoutFlatPlain  = 0
+	layoutFlatInline = 2
+	layoutChunked    = 4
+)
+
+// Unix file type bits, as in stat(2).
+const (
+	S_IFMT   = 0o170000
+	S_IFSOCK = 0o140000
+	S_IFLNK  = 0o120000
+	S_IFREG  = 0o100000
+	S_IFBLK  = 0o060000
+	S_IFDIR  = 0o040000
+	S_IFCHR  = 0o020000
+	S_IFIFO  = 0o010000
+)
+
+// ErrInvalid is wrapped by every error caused by the caller's input (a
+// bad path, an unsupported xattr) rather than by I/O.
+var ErrInvalid = errors.New("invalid entry")
+
+// Attr describes an inode. Mode carries the type bits (S_IFREG, ...) and
+// the permission bits including setuid, setgid and sticky.
+type Attr struct {
+	Mode      uint32
+	UID, GID  uint32
+	Mtime     int64
+	MtimeNsec uint32
+	Rdev      uint64 // Linux dev_t, for S_IFCHR and S_IFBLK
+	Xattrs    map[string][]byte
+}
+
+// Region is a byte range of the image.
+type Region struct {
+	Offset int64 `json:"offset"`
+	Size   int64 `json:"size"`
+}
+
+// Stats describes a finished image.
+type Stats struct {
+	Size     int64  // image size in bytes, a multiple of BlockSize
+	Inodes   uint64 // inodes written
+	Entries  uint64 // paths, counting every hard link and the root
+	Data     Region // file data blocks
+	Metadata Region // directory blocks, long symlinks and the inode area
+}
+
+type inode struct {
+	Attr
+	nlink  uint32
+	size   uint64
+	target string // symlink target
+
+	// file data placement
+	blkaddr   uint32   // first data block (flat layouts)
+	nblocks   uint32   // data blocks written for a flat file
+	tail      []byte   // inline tail of a directory or symlink
+	chunkBits uint8    // chunk-based: log2 blocks per chunk
+	chunks    []uint32 // chunk-based: block address per chunk or nullAddr
+
+	// set by Finish
+	order  int
+	nid    uint64
+	layout uint16
+	xattr  []byte   // encoded inline xattr body
+	meta   []byte   // dirents or symlink target, placed by Finish
+	dirent []dirent // directories only
+}
+
+type node struct {
+	name     string
+	parent   *node
+	children map[string]*node
+	ino      *inode
+}
+
+type dirent struct {
+	name string
+	n    *node
+}
+
+// Writer builds one EROFS image. It is not safe for concurrent use.
+type Writer struct {
+	f       *os.File
+	bw      *bufio.Writer
+	nextBlk uint32 // next free data block
+	root    *node
+	zero    []byte
+	buf     []byte
+	err     error
+	done    bool
+}
+
+// NewWriter starts an image in f, which must be empty and positioned at 0.
+func NewWriter(f *os.File) (*Writer, error) {
+	w := &Writer{
+		f:       f,
+		bw:      bufio.NewWriterSize(f, 1<<20),
+		nextBlk: 1,
+		zero:    make([]byte, BlockSize),
+		buf:     make([]byte, 1<<20),
+	}
+	w.root = &node{children: map[string]*node{}, ino: &inode{Attr: Attr{Mode: S_IFDIR | 0o755}, nlink: 1}}
+	if _, err := w.bw.Write(w.zero); err != nil { // block 0: superblock, written last
+		return nil, err
+	}
+	return w, nil
+}
+
+// SplitPath cleans an archive path into its components. It accepts
+// "./a/b", "/a/b/" and "a//b" alike and rejects "..", NUL bytes and names
+// longer than MaxNameLen. The root is the empty slice.
+func SplitPath(p string) ([]string, error) {
+	var out []string
+	for _, c := range strings.Split(p, "/") {
+		switch {
+		case c == "" || c == ".":
+		case c == "..":
+			return nil, fmt.Errorf("%w: path %q leaves the root", ErrInvalid, p)
+		case len(c) > MaxNameLen:
+			return nil, fmt.Errorf("%w: name %.40q... is %d bytes, the limit is %d", ErrInvalid, c, len(c), MaxNameLen)
+		case strings.IndexByte(c, 0) >= 0:
+			return nil, fmt.Errorf("%w: path %q holds a NUL byte", ErrInvalid, p)
+		default:
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// lookup walks to p; with create it makes missing parent directories
+// (mode 0755, owner 0, mtime 0). It returns the parent and the final name.
+func (w *Writer) lookup(p string) (parent *node, name string, err error) {
+	parts, err := SplitPath(p)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(parts) == 0 {
+		return nil, "", nil
+	}
+	dir := w.root
+	for _, c := range parts[:len(parts)-1] {
+		next := dir.children[c]
+		if next == nil {
+			next = &node{name: c, parent: dir, children: map[string]*node{},
+				ino: &inode{Attr: Attr{Mode: S_IFDIR | 0o755}, nlink: 1}}
+			dir.children[c] = next
+		} else if next.ino.Mode&S_IFMT != S_IFDIR {
+			return nil, "", fmt.Errorf("%w: %q: %q is not a directory", ErrInvalid, p, c)
+		}
+		dir = next
+	}
+	return dir, parts[len(parts)-1], nil
+}
+
+// Exists reports whether p names an entry.
+func (w *Writer) Exists(p string) bool {
+	n, _ := w.find(p)
+	return n != nil
+}
+
+// IsDir reports whether p names a directory.
+func (w *Writer) IsDir(p string) bool {
+	n, _ := w.find(p)
+	return n != nil && n.ino.Mode&S_IFMT == S_IFDIR
+}
+
+func (w *Writer) find(p string) (*node, error) {
+	parts, err := SplitPath(p)
+	if err != nil {
+		return nil, err
+	}
+	n := w.root
+	for _, c := range parts {
+		if n.children == nil {
+			return nil, nil
+		}
+		if n = n.children[c]; n == nil {
+			return nil, nil
+		}
+	}
+	return n, nil
+}
+
+func unlinkTree(n *node) {
+	n.ino.nlink--
+	for _, c := range n.children {
+		unlinkTree(c)
+	}
+}
+
+// place puts a new entry at p, replacing what was there. A directory
+// placed over a directory keeps the old one's children, as tar does.
+func (w *Writer) place(p string, ino *inode) error {
+	if err := checkAttr(p, &ino.Attr); err != nil {
+		return err
+	}
+	ino.xattr = encodeXattrs(ino.Xattrs)
+	parent, name, err := w.lookup(p)
+	if err != nil {
+		return err
+	}
+	isDir := ino.Mode&S_IFMT == S_IFDIR
+	if parent == nil { // the root
+		if !isDir {
+			return fmt.Errorf("%w: the root must be a directory", ErrInvalid)
+		}
+		ino.nlink = 1
+		w.root.ino = ino
+		return nil
+	}
+	var kids map[string]*node
+	if old := parent.children[name]; old != nil {
+		if isDir && old.ino.Mode&S_IFMT == S_IFDIR {
+			kids = old.children
+		} else {
+			unlinkTree(old)
+		}
+	}
+	if isDir && kids == nil {
+		kids = map[string]*node{}
+	}
+	ino.nlink++
+	parent.children[name] = &node{name: name, parent: parent, children: kids, ino: ino}
+	return nil
+}
+
+// Mkdir adds or updates a directory.
+func (w *Writer) Mkdir(p string, a Attr) error {
+	a.Mode = a.Mode&^S_IFMT | S_IFDIR
+	return w.place(p, &inode{Attr: a})
+}
+
+// Symlink adds a symbolic link to target.
+func (w *Writer) Symlink(p, target string, a Attr) error {
+	if target == "" || len(target) >= BlockSize {
+		return fmt.Errorf("%w: symlink %q: target of %d bytes (must be 1 to %d)", ErrInvalid, p, len(target), BlockSize-1)
+	}
+	a.Mode = a.Mode&^S_IFMT | S_IFLNK
+	return w.place(p, &inode{Attr: a, target: target, size: uint64(len(target))})
+}
+
+// Mknod adds a character or block device, a fifo or a socket.
+func (w *Writer) Mknod(p string, a Attr) error {
+	switch a.Mode & S_IFMT {
+	case S_IFCHR, S_IFBLK, S_IFIFO, S_IFSOCK:
+	default:
+		return fmt.Errorf("%w: mknod %q: mode %o is not a device, fifo or socket", ErrInvalid, p, a.Mode)
+	}
+	if t := a.Mode & S_IFMT; t == S_IFIFO || t == S_IFSOCK {
+		a.Rdev = 0
+	}
+	return w.place(p, &inode{Attr: a})
+}
+
+// Whiteout adds an overlayfs whiteout (a 0/0 character device).
+func (w *Writer) Whiteout(p string, a Attr) error {
+	a.Mode = S_IFCHR | a.Mode&0o7777
+	a.Rdev = 0
+	return w.place(p, &inode{Attr: a})
+}
+
+// Link adds p as a hard link to the existing non-directory target.
+func (w *Writer) Link(p, target string) error {
+	t, err := w.find(target)
+	if err != nil {
+		return err
+	}
+	if t == nil {
+		return fmt.Errorf("%w: hard link %q: target %q does not exist", ErrInvalid, p, target)
+	}
+	if t.ino.Mode&S_IFMT == S_IFDIR {
+		return fmt.Errorf("%w: hard link %q: target %q is a directory", ErrInvalid, p, target)
+	}
+	if cur, _ := w.find(p); cur == t {
+		return nil
+	}
+	return w.place(p, t.ino)
+}
+
+// Remove deletes p and everything below it. Removing a missing path is
+// not an error.
+func (w *Writer) Remove(p string) error {
+	parts, err := SplitPath(p)
+	if err != nil || len(parts) == 0 {
+		return err
+	}
+	n, _ := w.find(p)
+	if n == nil {
+		return nil
+	}
+	unlinkTree(n)
+	delete(n.parent.children, n.name)
+	return nil
+}
+
+// Create adds a regular file of exactly size bytes read from r.
+func (w *Writer) Create(p string, a Attr, size int64, r io.Reader) error {
+	if w.err != nil {
+		return w.err
+	}
+	if size < 0 {
+		return fmt.Errorf("%w: %q: negative size", ErrInvalid, p)
+	}
+	a.Mode = a.Mode&^S_IFMT | S_IFREG
+	ino := &inode{Attr: a, size: uint64(size)}
+	if err := checkAttr(p, &ino.Attr); err != nil {
+		return err
+	}
+	ino.xattr = encodeXattrs(ino.Xattrs)
+	if _, _, err := w.lookup(p); err != nil {
+		return err
+	}
+	if err := w.writeData(p, ino, r); err != nil {
+		return err
+	}
+	return w.place(p, ino)
+}
+
+// HoleFinder is a file source that knows where its holes are. The writer
+// reads it with ReadAt and skips hole units without reading them, so a
+// sparse file costs time in proportion to its data, not its size.
+type HoleFinder interface {
+	io.ReaderAt
+	// DataAfter returns the offset of the first data byte at or after
+	// off, or the file's size if only a hole follows.
+	DataAfter(off int64) (int64, error)
+}
+
+// writeData streams the file's data into the data region in HoleSize
+// units. A unit of zeros becomes a hole (after the first full one), and
+// a file with a hole is stored chunk-based with HoleSize chunks, each
+// chunk either a hole or written whole. Other files are flat.
+func (w *Writer) writeData(p string, ino *inode, r io.Reader) error {
+	var (
+		chunks []uint32 // per unit: first block or nullAddr; nil while no hole
+		start  = w.nextBlk
+		buf    = w.buf[:HoleSize]
+	)
+	hf, sparse := r.(HoleFinder)
+	for off := uint64(0); off < ino.size; off += HoleSize {
+		n := min(HoleSize, ino.size-off)
+		b := buf[:n]
+		var err error
+		switch {
+		case !sparse:
+			_, err = io.ReadFull(r, b)
+		default:
+			var next int64
+			if next, err = hf.DataAfter(int64(off)); err == nil && uint64(next) >= off+n {
+				clear(b) // a hole in the source: nothing to read
+			} else if err == nil {
+				_, err = hf.ReadAt(b, int64(off))
+			}
+		}
+		if err != nil {
+			return shortRead(p, err)
+		}
+		if isZero(b) && (n == HoleSize || chunks != nil) {
+			if chunks == nil {
+				for c := start; c < w.nextBlk; c += HoleSize / BlockSize {
+					chunks = append(chunks, c)
+				}
+			}
+			chunks = append(chunks, nullAddr)
+			continue
+		}
+		if chunks != nil {
+			chunks = append(chunks, w.nextBlk)
+		}
+		if err := w.appendData(b); err != nil {
+			return err
+		}
+	}
+	if !sparse {
+		if err := checkEOF(p, r); err != nil {
+			return err
+		}
+	}
+	if chunks != nil {
+		ino.chunkBits = holeBits - blkBits
+		ino.chunks = chunks
+		return nil
+	}
+	ino.nblocks = w.nextBlk - start
+	if ino.nblocks > 0 {
+		ino.blkaddr = start
+	}
+	return nil
+}
+
+// appendData writes b padded to whole blocks.
+func (w *Writer) appendData(b []byte) error {
+	blocks := (len(b) + BlockSize - 1) / BlockSize
+	if uint64(w.nextBlk)+uint64(blocks) >= nullAddr {
+		w.err = fmt.Errorf("image exceeds %d blocks of %d bytes", uint32(nullAddr-1), BlockSize)
+		return w.err
+	}
+	if _, err := w.bw.Write(b); err != nil {
+		w.err = err
+		return err
+	}
+	if pad := blocks*BlockSize - len(b); pad > 0 {
+		if _, err := w.bw.Write(w.zero[:pad]); err != nil {
+			w.err = err
+			return err
+		}
+	}
+	w.nextBlk += uint32(blocks)
+	return nil
+}
+
+func shortRead(p string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %q: data is shorter than its recorded size (file changed or archive truncated?)", ErrInvalid, p)
+	}
+	return fmt.Errorf("read %q: %w", p, err)
+}
+
+// checkEOF makes sure a file's reader is exhausted when it is backed by a
+// file whose size could have grown since it was stat'ed.
+func checkEOF(p string, r io.Reader) error {
+	if _, ok := r.(*os.File); !ok {
+		return nil
+	}
+	var one [1]byte
+	n, err := r.Read(one[:])
+	if n > 0 {
+		return fmt.Errorf("%w: %q grew while it was being read; build again from a tree nothing writes to", ErrInvalid, p)
+	}
+	if err != nil && err != io.EOF {
+		return fmt.Errorf("read %q: %w", p, err)
+	}
+	return nil
+}
+
+func padBlock(b []byte) []byte {
+	out := make([]byte, BlockSize)
+	copy(out, b)
+	return out
+}
+
+func isZero(b []byte) bool {
+	for len(b) >= 8 {
+		if binary.LittleEndian.Uint64(b) != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *Writer) appendBlock(b []byte) error { return w.appendData(b) }
+
+var xattrPrefixes = []struct {
+	prefix string
+	index  uint8
+	whole  bool // the name is the prefix itself
+}{
+	{"user.", 1, false},
+	{"system.posix_acl_access", 2, true},
+	{"system.posix_acl_default", 3, true},
+	{"trusted.", 4, false},
+	{"security.", 6, false},
+}
+
+type xattrKey struct {
+	index uint8
+	name  string
+}
+
+func splitXattr(name string) (xattrKey, bool) {
+	for _, p := range xattrPrefixes {
+		if p.whole && name == p.prefix {
+			return xattrKey{p.index, ""}, true
+		}
+		if !p.whole && strings.HasPrefix(name, p.prefix) && len(name) > len(p.prefix) {
+			return xattrKey{p.index, name[len(p.prefix):]}, true
+		}
+	}
+	return xattrKey{}, false
+}
+
+func checkAttr(p string, a *Attr) error {
+	for name, v := range a.Xattrs {
+		k, ok := splitXattr(name)
+		if !ok {
+			return fmt.Errorf("%w: %q: xattr %q is outside the user., trusted., security. and system.posix_acl_* namespaces", ErrInvalid, p, name)
+		}
+		if len(k.name) > 255 {
+			return fmt.Errorf("%w: %q: xattr name %q is longer than 255 bytes", ErrInvalid, p, name)
+		}
+		if len(v) > 0xFFFF {
+			return fmt.Errorf("%w: %q: xattr %q value of %d bytes exceeds 65535", ErrInvalid, p, name, len(v))
+		}
+	}
+	if t := a.Mode & S_IFMT; t != S_IFCHR && t != S_IFBLK {
+		a.Rdev = 0
+	}
+	return nil
+}
+
+func encodeXattrs(m map[string][]byte) []byte {
+	if len(m) == 0 {
+		return nil
+	}
+	type kv struct {
+		k xattrKey
+		v []byte
+	}
+	list := make([]kv, 0, len(m))
+	for name, v := range m {
+		k, _ := splitXattr(name)
+		list = append(list, kv{k, v})
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].k.index != list[j].k.index {
+			return list[i].k.index < list[j].k.index
+		}
+		return list[i].k.name < list[j].k.name
+	})
+	out := make([]byte, xattrHeaderSize)
+	for _, e := range list {
+		var h [4]byte
+		h[0] = uint8(len(e.k.name))
+		h[1] = e.k.index
+		binary.LittleEndian.PutUint16(h[2:], uint16(len(e.v)))
+		out = append(out, h[:]...)
+		out = append(out, e.k.name...)
+		out = append(out, e.v...)
+		for len(out)%4 != 0 {
+			out = append(out, 0)
+		}
+	}
+	return out
+}
+
+// Finish lays out and writes the metadata region and the superblock, and
+// flushes the image. The Writer cannot be used afterwards.
+func (w *Writer) Finish() (Stats, error) {
+	if w.err != nil {
+		return Stats{}, w.err
+	}
+	if w.done {
+		return Stats{}, errors.New("erofs: Finish called twice")
+	}
+	w.done = true
+	dataEnd := w.nextBlk
+
+	// 1. Order inodes breadth first; children of one directory are
+	// contiguous, so listing a directory reads neighbouring inodes.
+	var (
+		order   []*inode
+		entries uint64 = 1
+		queue          = []*node{w.root}
+	)
+	w.root.ino.order = 0
+	order = append(order, w.root.ino)
+	seen := map[*inode]bool{w.root.ino: true}
+	for len(queue) > 0 {
+		dir := queue[0]
+		queue = queue[1:]
+		names := make([]string, 0, len(dir.children))
+		for name := range dir.children {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		ents := make([]dirent, 0, len(names)+2)
+		ents = append(ents, dirent{".", dir}, dirent{"..", parentOf(dir)})
+		subdirs := uint32(0)
+		for _, name := range names {
+			c := dir.children[name]
+			ents = append(ents, dirent{name, c})
+			entries++
+			if !seen[c.ino] {
+				seen[c.ino] = true
+				c.ino.order = len(order)
+				order = append(order, c.ino)
+			}
+			if c.ino.Mode&S_IFMT == S_IFDIR {
+				subdirs++
+				queue = append(queue, c)
+			}
+		}
+		slices.SortFunc(ents, func(a, b dirent) int { return strings.Compare(a.name, b.name) })
+		dir.ino.dirent = ents
+		dir.ino.nlink = 2 + subdirs
+	}
+
+	// 2. Size directories and symlinks, and decide what goes inline.
+	metaBlk := dataEnd // directory blocks and long symlinks start here
+	var metaBlocks [][]byte
+	for _, ino := range order {
+		switch ino.Mode & S_IFMT {
+		case S_IFDIR:
+			ino.size = dirSize(ino.dirent)
+		case S_IFLNK:
+			ino.meta = []byte(ino.target)
+		}
+	}
+
+	// 3. Assign inode positions in the inode area.
+	pos := int64(0)
+	for _, ino := range order {
+		fixed := int64(inodeSize + len(ino.xattr))
+		inline := 0
+		switch ino.Mode & S_IFMT {
+		case S_IFREG:
+			switch {
+			case ino.chunks != nil:
+				ino.layout = layoutChunked
+				fixed = align(fixed, 4) + int64(4*len(ino.chunks))
+			default:
+				ino.layout = layoutFlatPlain
+			}
+		case S_IFDIR, S_IFLNK:
+			t := int(ino.size % BlockSize)
+			if t > 0 && fixed+int64(t) <= BlockSize {
+				ino.layout = layoutFlatInline
+				inline = t
+			} else {
+				ino.layout = layoutFlatPlain
+			}
+		default:
+			ino.layout = layoutFlatPlain
+		}
+		pos = align(pos, slotSize)
+		// Keep an inode, its xattrs and inline data inside one block;
+		// only an inode whose xattrs or chunk map exceed a block crosses.
+		need := fixed + int64(inline)
+		if off := pos % BlockSize; off != 0 && off+need > BlockSize {
+			pos = align(pos, BlockSize)
+		}
+		ino.nid = uint64(pos / slotSize)
+		pos += need
+	}
+	if w.root.ino.nid > 0xFFFF {
+		return Stats{}, errors.New("erofs: root inode out of range")
+	}
+
+	// 4. Directory and symlink blocks that are not inline, then tails of
+	// regular files that did not fit inline.
+	for _, ino := range order {
+		var content []byte
+		switch ino.Mode & S_IFMT {
+		case S_IFDIR:
+			content = encodeDir(ino.dirent)
+		case S_IFLNK:
+			content = ino.meta
+		default:
+			continue
+		}
+		full := len(content) / BlockSize
+		if ino.layout == layoutFlatPlain {
+			full = (len(content) + BlockSize - 1) / BlockSize
+		}
+		if full > 0 {
+			ino.blkaddr = metaBlk + uint32(len(metaBlocks))
+		}
+		for b := 0; b < full; b++ {
+			end := min((b+1)*BlockSize, len(content))
+			metaBlocks = append(metaBlocks, padBlock(content[b*BlockSize:end]))
+		}
+		if ino.layout == layoutFlatInline {
+			ino.tail = content[full*BlockSize:]
+		}
+		ino.meta = nil
+	}
+
+	inodeBlk := metaBlk + uint32(len(metaBlocks))
+	for _, b := range metaBlocks {
+		if err := w.appendBlock(b); err != nil {
+			return Stats{}, err
+		}
+	}
+
+	// 5. The inode area.
+	area := make([]byte, align(pos, BlockSize))
+	for _, ino := range order {
+		off := int(ino.nid * slotSize)
+		w.encodeInode(area[off:], ino)
+	}
+	if _, err := w.bw.Write(area); err != nil {
+		return Stats{}, err
+	}
+	total := inodeBlk + uint32(len(area)/BlockSize)
+	if err := w.bw.Flush(); err != nil {
+		return Stats{}, err
+	}
+
+	// 6. The superblock.
+	sb := make([]byte, 128)
+	le := binary.LittleEndian
+	le.PutUint32(sb[0:], magic)
+	sb[12] = blkBits
+	le.PutUint16(sb[14:], uint16(w.root.ino.nid))
+	le.PutUint64(sb[16:], uint64(len(order)))
+	le.PutUint32(sb[36:], total)
+	le.PutUint32(sb[40:], inodeBlk)
+	var incompat uint32
+	for _, ino := range order {
+		if ino.layout == layoutChunked {
+			incompat |= incompatChunked
+		}
+	}
+	le.PutUint32(sb[80:], incompat)
+	if _, err := w.f.WriteAt(sb, sbOffset); err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Size:     int64(total) * BlockSize,
+		Inodes:   uint64(len(order)),
+		Entries:  entries,
+		Data:     Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
+		Metadata: Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
+	}, nil
+}
+
+func parentOf(n *node) *node {
+	if n.parent == nil {
+		return n
+	}
+	return n.parent
+}
+
+func align(v, a int64) int64 { return (v + a - 1) / a * a }
+
+// dirBlocks splits sorted entries into directory blocks.
+func dirBlocks(ents []dirent) [][]dirent {
+	var out [][]dirent
+	used, first := 0, 0
+	for i, e := range ents {
+		need := direntSize + len(e.name)
+		if used+need > BlockSize {
+			out = append(out, ents[first:i])
+			first, used = i, 0
+		}
+		used += need
+	}
+	return append(out, ents[first:])
+}
+
+func dirSize(ents []dirent) uint64 {
+	blocks := dirBlocks(ents)
+	last := blocks[len(blocks)-1]
+	used := 0
+	for _, e := range last {
+		used += direntSize + len(e.name)
+	}
+	return uint64(len(blocks)-1)*BlockSize + uint64(used)
+}
+
+func encodeDir(ents []dirent) []byte {
+	var out []byte
+	blocks := dirBlocks(ents)
+	for bi, blk := range blocks {
+		b := make([]byte, 0, BlockSize)
+		nameOff := direntSize * len(blk)
+		for _, e := range blk {
+			var d [direntSize]byte
+			binary.LittleEndian.PutUint64(d[0:], e.n.ino.nid)
+			binary.LittleEndian.PutUint16(d[8:], uint16(nameOff))
+			d[10] = fileType(e.n.ino.Mode)
+			b = append(b, d[:]...)
+			nameOff += len(e.name)
+		}
+		for _, e := range blk {
+			b = append(b, e.name...)
+		}
+		if bi < len(blocks)-1 {
+			b = append(b, make([]byte, BlockSize-len(b))...)
+		}
+		out = append(out, b...)
+	}
+	return out
+}
+
+func fileType(mode uint32) uint8 {
+	switch mode & S_IFMT {
+	case S_IFREG:
+		return 1
+	case S_IFDIR:
+		return 2
+	case S_IFCHR:
+		return 3
+	case S_IFBLK:
+		return 4
+	case S_IFIFO:
+		return 5
+	case S_IFSOCK:
+		return 6
+	case S_IFLNK:
+		return 7
+	}
+	return 0
+}
+
+// encodeDev is the kernel's new_encode_dev for a Linux dev_t.
+func encodeDev(rdev uint64) uint32 {
+	major := uint32((rdev>>8)&0xfff) | uint32((rdev>>32)&^0xfff)
+	minor := uint32(rdev&0xff) | uint32((rdev>>12)&^0xff)
+	return (minor & 0xff) | (major << 8) | ((minor &^ 0xff) << 12)
+}
+
+func (w *Writer) encodeInode(b []byte, ino *inode) {
+	le := binary.LittleEndian
+	le.PutUint16(b[0:], formatExtended|ino.layout<<1)
+	if len(ino.xattr) > 0 {
+		le.PutUint16(b[2:], uint16((len(ino.xattr)-xattrHeaderSize)/4+1))
+	}
+	le.PutUint16(b[4:], uint16(ino.Mode))
+	le.PutUint64(b[8:], ino.size)
+	var iu uint32
+	switch ino.Mode & S_IFMT {
+	case S_IFCHR, S_IFBLK:
+		iu = encodeDev(ino.Rdev)
+	case S_IFREG, S_IFDIR, S_IFLNK:
+		iu = ino.blkaddr
+		if ino.layout == layoutChunked {
+			iu = uint32(ino.chunkBits)
+		}
+	}
+	le.PutUint32(b[16:], iu)
+	le.PutUint32(b[20:], uint32(ino.order+1))
+	le.PutUint32(b[24:], ino.UID)
+	le.PutUint32(b[28:], ino.GID)
+	le.PutUint64(b[32:], uint64(ino.Mtime))
+	le.PutUint32(b[40:], ino.MtimeNsec)
+	le.PutUint32(b[44:], ino.nlink)
+	off := inodeSize
+	off += copy(b[off:], ino.xattr)
+	if ino.layout == layoutChunked {
+		off = int(align(int64(off), 4))
+		for _, c := range ino.chunks {
+			le.PutUint32(b[off:], c)
+			off += 4
+		}
+	}
+	if ino.layout == layoutFlatInline {
+		copy(b[off:], ino.tail)
+	}
+}
+
+// SetXattr sets one xattr on an existing entry.
+func (w *Writer) SetXattr(p, name string, value []byte) error {
+	n, err := w.find(p)
+	if err != nil {
+		return err
+	}
+	if n == nil {
+		return fmt.Errorf("%w: setxattr %q: no such entry", ErrInvalid, p)
+	}
+	a := n.ino.Attr
+	x := make(map[string][]byte, len(a.Xattrs)+1)
+	for k, v := range a.Xattrs {
+		x[k] = v
+	}
+	x[name] = value
+	a.Xattrs = x
+	if err := checkAttr(p, &a); err != nil {
+		return err
+	}
+	n.ino.Attr = a
+	n.ino.xattr = encodeXattrs(x)
+	return nil
+}

@@ -1,0 +1,295 @@
+package layer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Media types of what a layer is made of.
+const (
+	MediaTypeLayer    = "application/vnd.erofs.layer.v1" // containerd's native EROFS layer
+	MediaTypeConfig   = "application/vnd.dsec.layer.config.v1+json"
+	MediaTypeWindows  = "application/vnd.dsec.layer.windows.v1"
+	ArtifactType      = "application/vnd.dsec.layer.v1"
+	WindowSize        = 1 << 20
+	AnnotationKind    = "dev.dsec.layer.kind"
+	AnnotationMetaOff = "dev.dsec.layer.metadata.offset"
+	AnnotationMetaLen = "dev.dsec.layer.metadata.size"
+)
+
+// Kind is what a layer holds.
+type Kind string
+
+// The kinds of layer a sandbox stacks: toolkit over workspace over base.
+const (
+	KindBase      Kind = "base"
+	KindWorkspace Kind = "workspace"
+	KindToolkit   Kind = "toolkit"
+)
+
+// Kinds lists the valid kinds.
+var Kinds = []Kind{KindBase, KindWorkspace, KindToolkit}
+
+// ParseKind checks a kind name.
+func ParseKind(s string) (Kind, error) {
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	return "", fmt.Errorf("unknown layer kind %q (want base, workspace or toolkit): %w", s, errdefs.ErrInvalidArgument)
+}
+
+type badSource struct{}
+
+func (badSource) Error() string   { return "bad source" }
+func (badSource) Is(t error) bool { return t == errdefs.ErrInvalidArgument }
+func (badSource) Unwrap() error   { return nil }
+func (badSource) String() string  { return "bad source" }
+
+// ErrBadSource is wrapped by errors about the source's content: a corrupt
+// archive, an entry a layer cannot hold. It is an ErrInvalidArgument.
+var ErrBadSource error = badSource{}
+
+// Progress receives the bytes of file data converted so far.
+type Progress interface{ Add(n int64) }
+
+type noProgress struct{}
+
+func (noProgress) Add(int64) {}
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$`)
+	versionRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+)
+
+// Ref is a layer's tag, NAME:VERSION.
+type Ref struct{ Name, Version string }
+
+func (r Ref) String() string { return r.Name + ":" + r.Version }
+
+// ParseRef parses NAME:VERSION; a missing version is "latest".
+func ParseRef(s string) (Ref, error) {
+	name, version, ok := strings.Cut(s, ":")
+	if !ok {
+		version = "latest"
+	}
+	if len(name) > 255 || !nameRE.MatchString(name) {
+		return Ref{}, fmt.Errorf("bad layer name %q: use lowercase letters, digits, '.', '_', '-' and '/' (e.g. debian/bookworm:2026.11): %w", name, errdefs.ErrInvalidArgument)
+	}
+	if !versionRE.MatchString(version) {
+		return Ref{}, fmt.Errorf("bad layer version %q: use up to 128 letters, digits, '.', '_' and '-', not starting with '.' or '-': %w", version, errdefs.ErrInvalidArgument)
+	}
+	return Ref{name, version}, nil
+}
+
+// Config is the layer's config blob: what a host needs to mount it
+// lazily and what the CLI reports.
+type Config struct {
+	Kind      Kind         `json:"kind"`
+	Created   time.Time    `json:"created"`
+	Source    string       `json:"source"` // dir, tar or image-archive
+	BlockSize int          `json:"block_size"`
+	Files     uint64       `json:"files"`  // paths, hard links counted, root included
+	Inodes    uint64       `json:"inodes"` // distinct inodes
+	Data      erofs.Region `json:"data"`
+	Metadata  erofs.Region `json:"metadata"`
+	Windows   Windows      `json:"windows"`
+}
+
+// Windows describes the per-window sha256 table stored beside the image:
+// Count hashes of Size-byte windows (the last may be short), 32 bytes
+// each, in a blob of its own.
+type Windows struct {
+	Size   int64         `json:"size"`
+	Count  int           `json:"count"`
+	Digest digest.Digest `json:"digest"`
+}
+
+// Info describes a stored layer.
+type Info struct {
+	Ref      string        `json:"name"`
+	Kind     Kind          `json:"kind"`
+	Digest   digest.Digest `json:"digest"`
+	Size     int64         `json:"size"`
+	Manifest digest.Digest `json:"manifest"`
+	Created  time.Time     `json:"created"`
+	Files    uint64        `json:"files"`
+	Inodes   uint64        `json:"inodes"`
+	Metadata erofs.Region  `json:"metadata"`
+	Windows  Windows       `json:"windows"`
+	Source   string        `json:"source,omitempty"`
+}
+
+// BuildOptions says what to build.
+type BuildOptions struct {
+	Source   string    // a directory, a tar or image archive file, or "-"
+	Stdin    io.Reader // read when Source is "-"
+	Kind     Kind
+	Ref      Ref
+	Force    bool // replace an existing tag that names other content
+	Progress Progress
+	Now      func() time.Time
+}
+
+// Build converts the source into an EROFS layer, stores it and tags it.
+// The store is unchanged unless the whole layer was written and synced.
+func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
+	if o.Progress == nil {
+		o.Progress = noProgress{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if _, err := ParseKind(string(o.Kind)); err != nil {
+		return nil, err
+	}
+	if !o.Force {
+		if d, err := s.Resolve(ctx, o.Ref.String()); err == nil {
+			return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
+		}
+	}
+	src, err := openSource(o.Source, o.Stdin)
+	if err != nil {
+		return nil, err
+	}
+	defer src.close()
+
+	release, err := s.Writer()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	in, err := s.NewIngest()
+	if err != nil {
+		return nil, err
+	}
+	defer in.Abort()
+	w, err := erofs.NewWriter(in.File)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	if err := src.add(ctx, w, o.Progress); err != nil {
+		return nil, storeErr(err)
+	}
+	st, err := w.Finish()
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	wt := newWindowHasher(st.Size)
+	blob, err := in.Commit("", wt.Write)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	wins := wt.Sum()
+	blob.MediaType = MediaTypeLayer
+	winDesc, err := s.WriteBlob(MediaTypeWindows, wins)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	cfg := Config{
+		Kind: o.Kind, Created: o.Now().UTC().Round(time.Second), Source: src.kind, BlockSize: erofs.BlockSize,
+		Files: st.Entries, Inodes: st.Inodes, Data: st.Data, Metadata: st.Metadata,
+		Windows: Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
+	}
+	cb, _ := json.Marshal(cfg)
+	cfgDesc, err := s.WriteBlob(MediaTypeConfig, cb)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	blob.Annotations = map[string]string{
+		AnnotationKind:    string(o.Kind),
+		AnnotationMetaOff: strconv.FormatInt(st.Metadata.Offset, 10),
+		AnnotationMetaLen: strconv.FormatInt(st.Metadata.Size, 10),
+	}
+	m := ocispec.Manifest{
+		Versioned:    specs.Versioned{SchemaVersion: 2},
+		MediaType:    ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactType,
+		Config:       cfgDesc,
+		Layers:       []ocispec.Descriptor{blob},
+		Annotations:  map[string]string{ocispec.AnnotationCreated: cfg.Created.Format(time.RFC3339)},
+	}
+	mb, _ := json.Marshal(m)
+	mDesc, err := s.WriteBlob(ocispec.MediaTypeImageManifest, mb)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	mDesc.ArtifactType = ArtifactType
+	mDesc.Annotations = map[string]string{AnnotationKind: string(o.Kind), annotationLayer: blob.Digest.String()}
+	if err := s.Tag(ctx, o.Ref.String(), mDesc, o.Force); err != nil {
+		return nil, err
+	}
+	return info(o.Ref.String(), mDesc, blob, cfg), nil
+}
+
+const annotationLayer = "dev.dsec.layer.digest"
+
+func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
+	return &Info{
+		Ref: ref, Kind: cfg.Kind, Digest: blob.Digest, Size: blob.Size, Manifest: m.Digest,
+		Created: cfg.Created, Files: cfg.Files, Inodes: cfg.Inodes, Metadata: cfg.Metadata,
+		Windows: cfg.Windows, Source: cfg.Source,
+	}
+}
+
+// storeErr marks a full file system, wherever the write failed.
+func storeErr(err error) error {
+	if !errors.Is(err, store.ErrNoSpace) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) {
+		return fmt.Errorf("%w: %w", store.ErrNoSpace, err)
+	}
+	return err
+}
+
+// windowHasher hashes a stream in WindowSize windows.
+type windowHasher struct {
+	h   hash.Hash
+	n   int64
+	out []byte
+}
+
+func newWindowHasher(size int64) *windowHasher {
+	return &windowHasher{h: sha256.New(), out: make([]byte, 0, (size+WindowSize-1)/WindowSize*sha256.Size)}
+}
+
+func (w *windowHasher) Write(p []byte) {
+	for len(p) > 0 {
+		k := min(int64(len(p)), WindowSize-w.n)
+		w.h.Write(p[:k])
+		w.n += k
+		p = p[k:]
+		if w.n == WindowSize {
+			w.out = w.h.Sum(w.out)
+			w.h.Reset()
+			w.n = 0
+		}
+	}
+}
+
+// Sum returns the table, closing a short last window.
+func (w *windowHasher) Sum() []byte {
+	if w.n > 0 {
+		w.out = w.h.Sum(w.out)
+		w.h.Reset()
+		w.n = 0
+	}
+	return w.out
+}

@@ -1,0 +1,157 @@
+package layer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+const maxManifest = 4 << 20
+
+// load reads and verifies a tagged layer's manifest and config.
+func load(s *store.Store, m ocispec.Descriptor) (*Info, error) {
+	ref := m.Annotations[store.RefAnnotation]
+	mb, err := s.ReadBlob(m.Digest, maxManifest)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", ref, err)
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(mb, &man); err != nil {
+		return nil, fmt.Errorf("layer %s: manifest: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	if len(man.Layers) != 1 || man.Layers[0].MediaType != MediaTypeLayer || man.Config.MediaType != MediaTypeConfig {
+		return nil, fmt.Errorf("layer %s: manifest %s is not a dsec layer: %w", ref, m.Digest, errdefs.ErrInvalidArgument)
+	}
+	cb, err := s.ReadBlob(man.Config.Digest, maxManifest)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", ref, err)
+	}
+	var cfg Config
+	if err := json.Unmarshal(cb, &cfg); err != nil {
+		return nil, fmt.Errorf("layer %s: config: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	return info(ref, m, man.Layers[0], cfg), nil
+}
+
+// List returns every tagged layer in tag order.
+func List(ctx context.Context, s *store.Store) ([]*Info, error) {
+	tags, err := s.Tags(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Info, 0, len(tags))
+	for _, t := range tags {
+		i, err := load(s, t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, i)
+	}
+	return out, nil
+}
+
+// Resolve finds a layer by NAME[:VERSION] or by its digest (sha256:HEX,
+// or a unique prefix of at least 12 hex digits).
+func Resolve(ctx context.Context, s *store.Store, ref string) (*Info, error) {
+	if hexd, ok := strings.CutPrefix(ref, "sha256:"); ok || isHexPrefix(ref) {
+		if !ok {
+			hexd = ref
+		}
+		return resolveDigest(ctx, s, ref, hexd)
+	}
+	r, err := ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.Resolve(ctx, r.String())
+	if err != nil {
+		return nil, fmt.Errorf("no layer %s in the store (dsec layer ls lists them): %w", r, errdefs.ErrNotFound)
+	}
+	return load(s, d)
+}
+
+func isHexPrefix(s string) bool {
+	if len(s) < 12 || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
+
+func resolveDigest(ctx context.Context, s *store.Store, ref, hexd string) (*Info, error) {
+	if len(hexd) < 12 || !isHexPrefix(hexd) {
+		return nil, fmt.Errorf("bad digest %q: give sha256: and at least 12 hex digits: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	all, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var found *Info
+	for _, i := range all {
+		if strings.HasPrefix(i.Digest.Encoded(), hexd) {
+			if found != nil && found.Digest != i.Digest {
+				return nil, fmt.Errorf("digest prefix %s is ambiguous: give more digits: %w", ref, errdefs.ErrInvalidArgument)
+			}
+			if found == nil {
+				found = i
+			}
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("no tagged layer has digest %s: %w", ref, errdefs.ErrNotFound)
+	}
+	return found, nil
+}
+
+// Remove untags a layer by NAME[:VERSION]. Its blobs go at the next GC.
+func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
+	r, err := ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	i, err := Resolve(ctx, s, r.String())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.Untag(ctx, r.String()); err != nil {
+		return nil, err
+	}
+	return i, nil
+}
+
+// GC removes blobs that no tag reaches and leftovers of killed builds.
+func GC(ctx context.Context, s *store.Store) (store.GCResult, error) {
+	return s.GC(ctx, refs)
+}
+
+// refs lists what a manifest or layer config points at.
+func refs(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
+	switch d.MediaType {
+	case ocispec.MediaTypeImageManifest:
+		var m ocispec.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, err
+		}
+		return append([]ocispec.Descriptor{m.Config}, m.Layers...), nil
+	case MediaTypeConfig:
+		var c Config
+		if err := json.Unmarshal(b, &c); err != nil {
+			return nil, err
+		}
+		if c.Windows.Digest == "" {
+			return nil, nil
+		}
+		return []ocispec.Descriptor{{MediaType: MediaTypeWindows, Digest: c.Windows.Digest}}, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,18 @@
+//go:build !unix
+
+package store
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+const (
+	lockIndex = ".index.lock"
+	lockGC    = ".lock"
+)
+
+func (s *Store) lock(name string, exclusive bool) (func(), error) {
+	return nil, fmt.Errorf("store locking: %w", errdefs.ErrNotImplemented)
+}

@@ -1,0 +1,469 @@
+// Package store keeps content-addressed blobs and tags in an OCI image
+// layout on a local (or shared POSIX) directory:
+//
+//	oci-layout           {"imageLayoutVersion":"1.0.0"}
+//	index.json           one manifest descriptor per tag, the tag in the
+//	                     org.opencontainers.image.ref.name annotation
+//	blobs/sha256/<hex>   every blob, named by the sha256 of its bytes
+//	ingest/              blobs being written; never read as content
+//	.lock                flock: shared while a writer may add unreferenced
+//	                     blobs, exclusive for garbage collection
+//
+// A blob becomes visible only by rename(2) after its bytes were fsynced
+// and hashed, and the directory is fsynced after the rename, so a writer
+// killed at any point leaves at most a file in ingest/. index.json is
+// replaced the same way under an exclusive lock.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// RefAnnotation names a tag in index.json.
+const RefAnnotation = ocispec.AnnotationRefName
+
+// ErrNoSpace is wrapped when the store's file system is full.
+var ErrNoSpace = errors.New("no space left in the store")
+
+// Store is an OCI image layout on disk.
+type Store struct {
+	dir string
+}
+
+// Open opens the layout at dir, creating it if needed.
+func Open(dir string) (*Store, error) {
+	s := &Store{dir: dir}
+	for _, d := range []string{"blobs/sha256", "ingest"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("open store %s: %w", dir, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, ocispec.ImageLayoutFile)); errors.Is(err, fs.ErrNotExist) {
+		b, _ := json.Marshal(ocispec.ImageLayout{Version: ocispec.ImageLayoutVersion})
+		if err := s.writeFile(ocispec.ImageLayoutFile, b); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, ocispec.ImageIndexFile)); errors.Is(err, fs.ErrNotExist) {
+		if err := s.writeIndex(emptyIndex()); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Dir is the layout's directory.
+func (s *Store) Dir() string { return s.dir }
+
+func emptyIndex() *ocispec.Index {
+	return &ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{}}
+}
+
+// BlobPath is where the blob with digest d lives.
+func (s *Store) BlobPath(d digest.Digest) string {
+	return filepath.Join(s.dir, "blobs", d.Algorithm().String(), d.Encoded())
+}
+
+func classify(op string, err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%s: %w: %w", op, ErrNoSpace, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// writeFile atomically replaces a file at the top of the layout.
+func (s *Store) writeFile(name string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), name+".*")
+	if err != nil {
+		return classify("write "+name, err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return classify("write "+name, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return classify("write "+name, err)
+	}
+	if err := f.Close(); err != nil {
+		return classify("write "+name, err)
+	}
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), filepath.Join(s.dir, name)); err != nil {
+		return classify("write "+name, err)
+	}
+	return syncDir(s.dir)
+}
+
+// Ingest is a blob being written. Write to File, then Commit or Abort.
+type Ingest struct {
+	*os.File
+	s *Store
+}
+
+// NewIngest starts a blob.
+func (s *Store) NewIngest() (*Ingest, error) {
+	f, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.*")
+	if err != nil {
+		return nil, classify("create blob", err)
+	}
+	return &Ingest{File: f, s: s}, nil
+}
+
+// Abort discards the ingest.
+func (in *Ingest) Abort() {
+	in.File.Close()
+	os.Remove(in.File.Name())
+}
+
+// Commit syncs the ingest, hashes what is on disk, checks it against
+// want (if not empty) and publishes it as a blob. Each observer sees the
+// bytes in order as they are hashed, so a caller can derive more from
+// the same read. The ingest is gone afterwards, whatever the result.
+func (in *Ingest) Commit(want digest.Digest, observers ...func([]byte)) (ocispec.Descriptor, error) {
+	defer in.Abort()
+	if err := in.Sync(); err != nil {
+		return ocispec.Descriptor{}, classify("sync blob", err)
+	}
+	if _, err := in.Seek(0, io.SeekStart); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	h := sha256.New()
+	var sink io.Writer = h
+	if len(observers) > 0 {
+		sink = observeWriter{h, observers}
+	}
+	n, err := io.CopyBuffer(sink, in.File, make([]byte, 1<<20))
+	if err != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("hash blob: %w", err)
+	}
+	got := digest.NewDigestFromEncoded(digest.SHA256, hex.EncodeToString(h.Sum(nil)))
+	if want != "" && got != want {
+		return ocispec.Descriptor{}, fmt.Errorf("blob has digest %s, expected %s: %w", got, want, errdefs.ErrDataLoss)
+	}
+	desc := ocispec.Descriptor{Digest: got, Size: n}
+	return desc, in.s.publish(in.File.Name(), desc)
+}
+
+func (s *Store) publish(tmp string, desc ocispec.Descriptor) error {
+	dst := s.BlobPath(desc.Digest)
+	if st, err := os.Stat(dst); err == nil && st.Size() == desc.Size {
+		return nil // a concurrent writer published the same bytes
+	}
+	if err := os.Chmod(tmp, 0o444); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return classify("publish blob", err)
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+// WriteBlob stores b and returns its descriptor with mediaType set.
+func (s *Store) WriteBlob(mediaType string, b []byte) (ocispec.Descriptor, error) {
+	in, err := s.NewIngest()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if _, err := in.Write(b); err != nil {
+		in.Abort()
+		return ocispec.Descriptor{}, classify("write blob", err)
+	}
+	desc, err := in.Commit(digest.FromBytes(b))
+	desc.MediaType = mediaType
+	return desc, err
+}
+
+// Open opens a blob for reading. The caller verifies what it reads or
+// uses ReadBlob.
+func (s *Store) Open(d digest.Digest) (*os.File, error) {
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	f, err := os.Open(s.BlobPath(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("blob %s: %w", d, errdefs.ErrNotFound)
+	}
+	return f, err
+}
+
+// ReadBlob reads a small blob whole and verifies its digest.
+func (s *Store) ReadBlob(d digest.Digest, max int64) ([]byte, error) {
+	f, err := s.Open(d)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("blob %s is larger than %d bytes: %w", d, max, errdefs.ErrDataLoss)
+	}
+	if digest.FromBytes(b) != d {
+		return nil, fmt.Errorf("blob %s is corrupt (its bytes hash to %s): %w", d, digest.FromBytes(b), errdefs.ErrDataLoss)
+	}
+	return b, nil
+}
+
+// VerifyBlob hashes a blob whole and compares it with its name.
+func (s *Store) VerifyBlob(d digest.Digest) error {
+	f, err := s.Open(d)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	v := d.Verifier()
+	if _, err := io.CopyBuffer(v, f, make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	if !v.Verified() {
+		return fmt.Errorf("blob %s is corrupt: %w", d, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// Exists reports whether a blob is present.
+func (s *Store) Exists(d digest.Digest) bool {
+	_, err := os.Stat(s.BlobPath(d))
+	return err == nil
+}
+
+func (s *Store) readIndex() (*ocispec.Index, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, ocispec.ImageIndexFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return emptyIndex(), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var idx ocispec.Index
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return nil, fmt.Errorf("store index %s is corrupt: %v: %w", filepath.Join(s.dir, ocispec.ImageIndexFile), err, errdefs.ErrDataLoss)
+	}
+	return &idx, nil
+}
+
+func (s *Store) writeIndex(idx *ocispec.Index) error {
+	slices.SortFunc(idx.Manifests, func(a, b ocispec.Descriptor) int {
+		return strings.Compare(a.Annotations[RefAnnotation], b.Annotations[RefAnnotation])
+	})
+	b, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return err
+	}
+	return s.writeFile(ocispec.ImageIndexFile, append(b, '\n'))
+}
+
+// Tags lists the tagged manifests in tag order.
+func (s *Store) Tags(ctx context.Context) ([]ocispec.Descriptor, error) {
+	idx, err := s.readIndex()
+	if err != nil {
+		return nil, err
+	}
+	return idx.Manifests, nil
+}
+
+// Resolve finds the manifest tagged ref.
+func (s *Store) Resolve(ctx context.Context, ref string) (ocispec.Descriptor, error) {
+	idx, err := s.readIndex()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	for _, d := range idx.Manifests {
+		if d.Annotations[RefAnnotation] == ref {
+			return d, nil
+		}
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("%s: %w", ref, errdefs.ErrNotFound)
+}
+
+// Tag points ref at desc. An existing tag for other content is replaced
+// only with force; retagging the same content is a no-op.
+func (s *Store) Tag(ctx context.Context, ref string, desc ocispec.Descriptor, force bool) error {
+	unlock, err := s.lock(lockIndex, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	idx, err := s.readIndex()
+	if err != nil {
+		return err
+	}
+	if !s.Exists(desc.Digest) {
+		return fmt.Errorf("tag %s: manifest %s: %w", ref, desc.Digest, errdefs.ErrNotFound)
+	}
+	desc.Annotations = withRef(desc.Annotations, ref)
+	for i, d := range idx.Manifests {
+		if d.Annotations[RefAnnotation] != ref {
+			continue
+		}
+		if d.Digest == desc.Digest {
+			return nil
+		}
+		if !force {
+			return fmt.Errorf("tag %s already names %s: %w", ref, d.Digest, errdefs.ErrAlreadyExists)
+		}
+		idx.Manifests[i] = desc
+		return s.writeIndex(idx)
+	}
+	idx.Manifests = append(idx.Manifests, desc)
+	return s.writeIndex(idx)
+}
+
+func withRef(a map[string]string, ref string) map[string]string {
+	out := make(map[string]string, len(a)+1)
+	for k, v := range a {
+		out[k] = v
+	}
+	out[RefAnnotation] = ref
+	return out
+}
+
+// Untag removes ref. Blobs stay until GC.
+func (s *Store) Untag(ctx context.Context, ref string) (ocispec.Descriptor, error) {
+	unlock, err := s.lock(lockIndex, true)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer unlock()
+	idx, err := s.readIndex()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	for i, d := range idx.Manifests {
+		if d.Annotations[RefAnnotation] == ref {
+			idx.Manifests = slices.Delete(idx.Manifests, i, i+1)
+			return d, s.writeIndex(idx)
+		}
+	}
+	return ocispec.Descriptor{}, fmt.Errorf("%s: %w", ref, errdefs.ErrNotFound)
+}
+
+// GCResult says what a collection removed.
+type GCResult struct {
+	Blobs   int   `json:"blobs_removed"`
+	Bytes   int64 `json:"bytes_freed"`
+	Ingests int   `json:"ingests_removed"`
+}
+
+// GC removes every blob that refs does not reach from a tag, and every
+// leftover ingest. refs returns the blobs a blob refers to (nil for a
+// leaf). It waits for writers holding the shared lock.
+func (s *Store) GC(ctx context.Context, refs func(ocispec.Descriptor, []byte) ([]ocispec.Descriptor, error)) (GCResult, error) {
+	var res GCResult
+	unlock, err := s.lock(lockGC, true)
+	if err != nil {
+		return res, err
+	}
+	defer unlock()
+	idx, err := s.readIndex()
+	if err != nil {
+		return res, err
+	}
+	live := map[digest.Digest]bool{}
+	queue := append([]ocispec.Descriptor(nil), idx.Manifests...)
+	for len(queue) > 0 {
+		d := queue[0]
+		queue = queue[1:]
+		if live[d.Digest] {
+			continue
+		}
+		live[d.Digest] = true
+		if !isJSON(d.MediaType) {
+			continue
+		}
+		b, err := s.ReadBlob(d.Digest, 4<<20)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return res, fmt.Errorf("gc: %w", err)
+		}
+		more, err := refs(d, b)
+		if err != nil {
+			return res, fmt.Errorf("gc: %s: %w", d.Digest, err)
+		}
+		queue = append(queue, more...)
+	}
+	dir := filepath.Join(s.dir, "blobs", "sha256")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return res, err
+	}
+	for _, e := range ents {
+		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+		if live[d] {
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			res.Bytes += info.Size()
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return res, err
+		}
+		res.Blobs++
+	}
+	ing, _ := os.ReadDir(filepath.Join(s.dir, "ingest"))
+	for _, e := range ing {
+		if !strings.HasPrefix(e.Name(), "blob.") {
+			continue // index.json and oci-layout temps belong to their lock
+		}
+		if os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
+			res.Ingests++
+		}
+	}
+	return res, syncDir(dir)
+}
+
+func isJSON(mt string) bool {
+	return strings.HasSuffix(mt, "+json") || mt == "application/json"
+}
+
+// Writer holds the shared GC lock while it adds blobs that no tag reaches
+// yet; call the returned function when they are tagged or abandoned.
+func (s *Store) Writer() (func(), error) {
+	return s.lock(lockGC, false)
+}
+
+type observeWriter struct {
+	w   io.Writer
+	obs []func([]byte)
+}
+
+func (o observeWriter) Write(p []byte) (int, error) {
+	for _, f := range o.obs {
+		f(p)
+	}
+	return o.w.Write(p)
+}

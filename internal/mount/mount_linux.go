@@ -1,0 +1,51 @@
+package mount
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+var flagWords = map[string]uintptr{
+	"ro":      unix.MS_RDONLY,
+	"nodev":   unix.MS_NODEV,
+	"nosuid":  unix.MS_NOSUID,
+	"noexec":  unix.MS_NOEXEC,
+	"noatime": unix.MS_NOATIME,
+}
+
+// Mount mounts m on target. An EROFS source that is a regular file is
+// mounted file-backed by the kernel (Linux >= 6.12): no loop device.
+func (m Mount) Mount(target string) error {
+	var flags uintptr
+	var data []string
+	for _, o := range m.Options {
+		if f, ok := flagWords[o]; ok {
+			flags |= f
+		} else {
+			data = append(data, o)
+		}
+	}
+	err := unix.Mount(m.Source, target, m.Type, flags, strings.Join(data, ","))
+	if err != nil {
+		if m.Type == "erofs" && (errors.Is(err, unix.ENOTBLK) || errors.Is(err, unix.ENODEV)) {
+			return fmt.Errorf("mount %s on %s: %w (this kernel cannot mount EROFS images from files; Linux 6.12+ with CONFIG_EROFS_FS_BACKED_BY_FILE can)", m, target, err)
+		}
+		return fmt.Errorf("mount %s on %s: %w", m, target, err)
+	}
+	return nil
+}
+
+// Unmount unmounts target, detaching it if it is busy.
+func Unmount(target string) error {
+	err := unix.Unmount(target, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(target, unix.MNT_DETACH)
+	}
+	if err != nil {
+		return fmt.Errorf("unmount %s: %w", target, err)
+	}
+	return nil
+}

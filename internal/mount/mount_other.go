@@ -1,0 +1,19 @@
+//go:build !linux
+
+package mount
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+// Mount is not supported off Linux.
+func (m Mount) Mount(target string) error {
+	return fmt.Errorf("mount %s: %w", m, errdefs.ErrNotImplemented)
+}
+
+// Unmount is not supported off Linux.
+func Unmount(target string) error {
+	return fmt.Errorf("unmount %s: %w", target, errdefs.ErrNotImplemented)
+}
