@@ -25,6 +25,9 @@ const (
 	paxXattr       = "SCHILY.xattr."
 )
 
+// MaxTarEntrySize is the largest file a tar entry may hold (64 GiB).
+const MaxTarEntrySize = 64 << 30
+
 // decompress sniffs gzip and zstd and returns a reader of the plain
 // stream. The returned closer releases decoder resources.
 func decompress(r io.Reader) (io.Reader, func(), error) {
@@ -93,6 +96,11 @@ type tarAdder struct {
 	w *erofs.Writer
 	p Progress
 
+	// maxSize bounds the size a tar header may claim. Sparse entries
+	// read as zeros cost time in proportion to their size, so an archive
+	// of a few bytes must not claim a petabyte.
+	maxSize int64
+
 	flatten bool
 	layer   int             // index of the layer being added, 0 = bottom
 	defined map[string]int  // path -> layer that defined it explicitly
@@ -106,7 +114,7 @@ type tarAdder struct {
 }
 
 func newTarAdder(w *erofs.Writer, p Progress) *tarAdder {
-	return &tarAdder{w: w, p: p, defined: map[string]int{}, dirs: map[string]bool{},
+	return &tarAdder{w: w, p: p, maxSize: MaxTarEntrySize, defined: map[string]int{}, dirs: map[string]bool{},
 		deleted: map[string]bool{}, opaque: map[string]bool{}}
 }
 
@@ -171,8 +179,8 @@ func (t *tarAdder) add(h *tar.Header, r io.Reader) error {
 	}
 	switch h.Typeflag {
 	case tar.TypeReg, tar.TypeRegA:
-		if h.Size < 0 {
-			return fmt.Errorf("%w: %q: negative size", ErrBadSource, h.Name)
+		if h.Size < 0 || h.Size > t.maxSize {
+			return fmt.Errorf("%w: %q claims %d bytes, outside 0 to %d", ErrBadSource, h.Name, h.Size, t.maxSize)
 		}
 		err = t.w.Create(p, a, h.Size, r)
 		t.p.Add(h.Size)

@@ -247,19 +247,19 @@ func (w *Writer) place(p string, ino *inode) error {
 		w.root.ino = ino
 		return nil
 	}
-	var kids map[string]*node
+	ino.nlink++
 	if old := parent.children[name]; old != nil {
 		if isDir && old.ino.Mode&S_IFMT == S_IFDIR {
-			kids = old.children
-		} else {
-			unlinkTree(old)
+			old.ino = ino // new attributes, same children
+			return nil
 		}
+		unlinkTree(old)
 	}
-	if isDir && kids == nil {
-		kids = map[string]*node{}
+	n := &node{name: name, parent: parent, ino: ino}
+	if isDir {
+		n.children = map[string]*node{}
 	}
-	ino.nlink++
-	parent.children[name] = &node{name: name, parent: parent, children: kids, ino: ino}
+	parent.children[name] = n
 	return nil
 }
 

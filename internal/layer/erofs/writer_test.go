@@ -1,0 +1,257 @@
+package erofs_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	goerofs "github.com/erofs/go-erofs"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// image runs fill against a new writer and returns the image path and
+// the go-erofs view of it, after fsck.erofs has accepted it.
+func image(t *testing.T, fill func(w *erofs.Writer)) (string, fs.FS) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "img.erofs")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	w, err := erofs.NewWriter(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(w)
+	st, err := w.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := f.Stat(); fi.Size() != st.Size || st.Size%erofs.BlockSize != 0 {
+		t.Fatalf("image is %d bytes, stats say %d", fi.Size(), st.Size)
+	}
+	if out, err := exec.Command("fsck.erofs", p).CombinedOutput(); err != nil {
+		t.Fatalf("fsck.erofs: %v\n%s", err, out)
+	}
+	fsys, err := goerofs.Open(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, fsys
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func file(t *testing.T, w *erofs.Writer, p, body string) {
+	t.Helper()
+	must(t, w.Create(p, erofs.Attr{Mode: 0o644}, int64(len(body)), strings.NewReader(body)))
+}
+
+func read(t *testing.T, fsys fs.FS, p string) string {
+	t.Helper()
+	b, err := fs.ReadFile(fsys, p)
+	if err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	return string(b)
+}
+
+func TestSplitPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"": "", ".": "", "./": "", "/": "", "a": "a", "./a/b/": "a/b", "/a//b": "a/b", "a/./b": "a/b",
+	} {
+		got, err := erofs.SplitPath(in)
+		if err != nil || strings.Join(got, "/") != want {
+			t.Errorf("SplitPath(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"..", "a/../b", "../x", "a/\x00b", strings.Repeat("n", 256)} {
+		if _, err := erofs.SplitPath(bad); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("SplitPath(%.20q) = %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+func TestEmptyImage(t *testing.T) {
+	_, fsys := image(t, func(w *erofs.Writer) {})
+	ents, err := fs.ReadDir(fsys, ".")
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("root = %v, %v", ents, err)
+	}
+}
+
+func TestReplaceRemoveAndLink(t *testing.T) {
+	_, fsys := image(t, func(w *erofs.Writer) {
+		file(t, w, "a/f", "one")
+		file(t, w, "a/f", "two") // a later entry replaces an earlier one
+		file(t, w, "a/sub/keep", "k")
+		must(t, w.Mkdir("a", erofs.Attr{Mode: 0o700})) // a directory over a directory keeps children
+		file(t, w, "b/dir/x", "x")
+		file(t, w, "b/dir", "now a file") // a file over a directory drops the tree
+		file(t, w, "c/gone/y", "y")
+		must(t, w.Remove("c/gone"))
+		must(t, w.Remove("c/never-there"))
+		file(t, w, "l/target", "shared")
+		must(t, w.Link("l/one", "l/target"))
+		must(t, w.Link("l/two", "l/one"))
+		if err := w.Link("l/bad", "l/missing"); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("link to missing target: %v", err)
+		}
+		if err := w.Link("l/bad", "a"); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("link to a directory: %v", err)
+		}
+		if err := w.Create("b/dir/under-file", erofs.Attr{}, 0, strings.NewReader("")); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("entry below a file: %v", err)
+		}
+	})
+	if got := read(t, fsys, "a/f"); got != "two" {
+		t.Errorf("a/f = %q", got)
+	}
+	if got := read(t, fsys, "a/sub/keep"); got != "k" {
+		t.Errorf("a/sub/keep = %q", got)
+	}
+	if st, _ := fs.Stat(fsys, "a"); st.Mode().Perm() != 0o700 {
+		t.Errorf("a mode %v", st.Mode())
+	}
+	if got := read(t, fsys, "b/dir"); got != "now a file" {
+		t.Errorf("b/dir = %q", got)
+	}
+	if _, err := fs.Stat(fsys, "c/gone"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("c/gone: %v", err)
+	}
+	var ino int64
+	for _, p := range []string{"l/target", "l/one", "l/two"} {
+		st, err := fs.Stat(fsys, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := st.Sys().(*goerofs.Stat)
+		if s.Nlink != 3 {
+			t.Errorf("%s nlink %d, want 3", p, s.Nlink)
+		}
+		if ino == 0 {
+			ino = s.Ino
+		} else if s.Ino != ino {
+			t.Errorf("%s is inode %d, want %d: hard links must share one inode", p, s.Ino, ino)
+		}
+	}
+	if st, _ := fs.Stat(fsys, "a"); st.Sys().(*goerofs.Stat).Nlink != 3 { // ., .. of sub, entry in root
+		t.Errorf("a nlink %d, want 3", st.Sys().(*goerofs.Stat).Nlink)
+	}
+}
+
+func TestInvalidInput(t *testing.T) {
+	image(t, func(w *erofs.Writer) {
+		if err := w.Create("x", erofs.Attr{Xattrs: map[string][]byte{"system.nfs4_acl": {1}}}, 1, strings.NewReader("x")); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("unknown xattr namespace: %v", err)
+		}
+		if err := w.Create("x", erofs.Attr{Xattrs: map[string][]byte{"user.v": make([]byte, 70000)}}, 0, strings.NewReader("")); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("oversized xattr: %v", err)
+		}
+		if err := w.Create("short", erofs.Attr{}, 10, strings.NewReader("abc")); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("short data: %v", err)
+		}
+		if err := w.Symlink("s", "", erofs.Attr{}); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("empty symlink target: %v", err)
+		}
+		if err := w.Mknod("n", erofs.Attr{Mode: erofs.S_IFREG}); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("mknod of a regular file: %v", err)
+		}
+		if err := w.Create("", erofs.Attr{}, 0, strings.NewReader("")); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("regular file as root: %v", err)
+		}
+	})
+}
+
+func TestFileGrowingWhileReadIsAnError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	must(t, os.WriteFile(p, []byte("0123456789"), 0o644))
+	f, _ := os.Open(p)
+	defer f.Close()
+	image(t, func(w *erofs.Writer) {
+		if err := w.Create("f", erofs.Attr{}, 5, f); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("file longer than its size: %v", err)
+		}
+	})
+}
+
+func TestLargeDirectoryAndXattrs(t *testing.T) {
+	big := map[string][]byte{}
+	for i := range 5 {
+		big[fmt.Sprintf("user.x%d", i)] = bytes.Repeat([]byte{byte('a' + i)}, 2000)
+	}
+	p, fsys := image(t, func(w *erofs.Writer) {
+		for i := range 5000 {
+			file(t, w, fmt.Sprintf("d/%05d-%s", i, strings.Repeat("n", i%200)), fmt.Sprint(i))
+		}
+		// 10 KB of xattrs: the inode spans blocks.
+		must(t, w.Create("x", erofs.Attr{Mode: 0o600, Xattrs: big}, 3, strings.NewReader("xyz")))
+		file(t, w, "after-x", "after")
+	})
+	ents, err := fs.ReadDir(fsys, "d")
+	if err != nil || len(ents) != 5000 {
+		t.Fatalf("d has %d entries: %v", len(ents), err)
+	}
+	for _, i := range []int{0, 1234, 4999} {
+		name := fmt.Sprintf("d/%05d-%s", i, strings.Repeat("n", i%200))
+		if got := read(t, fsys, name); got != fmt.Sprint(i) {
+			t.Fatalf("%s = %q", name, got)
+		}
+	}
+	st, _ := fs.Stat(fsys, "x")
+	if x := st.Sys().(*goerofs.Stat).Xattrs; len(x) != 5 || x["user.x4"] != string(big["user.x4"]) {
+		t.Fatalf("xattrs of x: %d names", len(x))
+	}
+	if read(t, fsys, "after-x") != "after" {
+		t.Fatal("inode after a block-spanning one is wrong")
+	}
+	if os.Geteuid() != 0 {
+		return // the kernel's view is checked where we can mount: CI runs as root
+	}
+	mnt := t.TempDir()
+	must(t, mount.EROFS(p).Mount(mnt))
+	defer mount.Unmount(mnt)
+	buf := make([]byte, 4096)
+	n, err := unix.Lgetxattr(filepath.Join(mnt, "x"), "user.x3", buf)
+	if err != nil || !bytes.Equal(buf[:n], big["user.x3"]) {
+		t.Fatalf("kernel: user.x3 = %d bytes, %v", n, err)
+	}
+	names, _ := os.ReadDir(filepath.Join(mnt, "d"))
+	if len(names) != 5000 {
+		t.Fatalf("kernel lists %d entries", len(names))
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "d", "04999-"+strings.Repeat("n", 4999%200))); err != nil || string(b) != "4999" {
+		t.Fatalf("kernel lookup: %q %v", b, err)
+	}
+}
+
+func TestSameCallsSameBytes(t *testing.T) {
+	fill := func(w *erofs.Writer) {
+		file(t, w, "b", "b")
+		file(t, w, "a/z", "z")
+		must(t, w.Symlink("s", "a/z", erofs.Attr{Mode: 0o777, Mtime: 5}))
+		must(t, w.Mkdir("a", erofs.Attr{Mode: 0o755, Xattrs: map[string][]byte{"user.b": {2}, "user.a": {1}, "trusted.c": {3}}}))
+	}
+	p1, _ := image(t, fill)
+	p2, _ := image(t, fill)
+	b1, _ := os.ReadFile(p1)
+	b2, _ := os.ReadFile(p2)
+	if !bytes.Equal(b1, b2) {
+		t.Fatal("same calls gave different images")
+	}
+}

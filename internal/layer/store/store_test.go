@@ -1,0 +1,154 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+func open(t *testing.T) *store.Store {
+	t.Helper()
+	s, err := store.Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestLayoutIsOCI(t *testing.T) {
+	s := open(t)
+	b, err := os.ReadFile(filepath.Join(s.Dir(), "oci-layout"))
+	if err != nil || string(b) != `{"imageLayoutVersion":"1.0.0"}` {
+		t.Fatalf("oci-layout = %s, %v", b, err)
+	}
+	var idx ocispec.Index
+	b, _ = os.ReadFile(filepath.Join(s.Dir(), "index.json"))
+	if err := json.Unmarshal(b, &idx); err != nil || idx.SchemaVersion != 2 {
+		t.Fatalf("index.json = %s, %v", b, err)
+	}
+	// Opening again keeps what is there.
+	d, _ := s.WriteBlob("application/json", []byte("{}"))
+	if err := s.Tag(context.Background(), "a:1", d, false); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := store.Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s2.Resolve(context.Background(), "a:1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBlobsVerifyOnRead(t *testing.T) {
+	s := open(t)
+	d, err := s.WriteBlob("application/json", []byte(`{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Digest != digest.FromString(`{"a":1}`) || d.Size != 7 {
+		t.Fatalf("descriptor %+v", d)
+	}
+	if st, _ := os.Stat(s.BlobPath(d.Digest)); st.Mode().Perm() != 0o444 {
+		t.Errorf("blob mode %v, want read-only", st.Mode())
+	}
+	b, err := s.ReadBlob(d.Digest, 100)
+	if err != nil || string(b) != `{"a":1}` {
+		t.Fatalf("read %s, %v", b, err)
+	}
+	if _, err := s.ReadBlob(d.Digest, 3); !errdefs.IsDataLoss(err) {
+		t.Errorf("oversized read: %v", err)
+	}
+	os.Chmod(s.BlobPath(d.Digest), 0o644)
+	os.WriteFile(s.BlobPath(d.Digest), []byte(`{"a":2}`), 0o644)
+	if _, err := s.ReadBlob(d.Digest, 100); !errdefs.IsDataLoss(err) {
+		t.Fatalf("corrupt blob read: %v", err)
+	}
+	if err := s.VerifyBlob(d.Digest); !errdefs.IsDataLoss(err) {
+		t.Fatalf("corrupt blob verify: %v", err)
+	}
+	if _, err := s.ReadBlob(digest.FromString("nope"), 100); !errdefs.IsNotFound(err) {
+		t.Fatalf("missing blob: %v", err)
+	}
+	// An ingest whose bytes do not match the expected digest is refused
+	// and leaves nothing behind.
+	in, _ := s.NewIngest()
+	in.Write([]byte("abc"))
+	if _, err := in.Commit(digest.FromString("abd")); !errdefs.IsDataLoss(err) {
+		t.Fatalf("mismatched commit: %v", err)
+	}
+	if s.Exists(digest.FromString("abc")) {
+		t.Fatal("mismatched ingest was published")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
+		t.Fatalf("ingest left %d files", len(ents))
+	}
+}
+
+func TestTags(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	a, _ := s.WriteBlob("application/json", []byte(`"a"`))
+	b, _ := s.WriteBlob("application/json", []byte(`"b"`))
+	if err := s.Tag(ctx, "x:1", a, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Tag(ctx, "x:1", a, false); err != nil {
+		t.Fatalf("retag of the same content: %v", err)
+	}
+	if err := s.Tag(ctx, "x:1", b, false); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("retag of other content without force: %v", err)
+	}
+	if err := s.Tag(ctx, "x:1", b, true); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := s.Resolve(ctx, "x:1"); d.Digest != b.Digest {
+		t.Fatalf("x:1 -> %s", d.Digest)
+	}
+	if err := s.Tag(ctx, "y:1", ocispec.Descriptor{Digest: digest.FromString("missing")}, false); !errdefs.IsNotFound(err) {
+		t.Fatalf("tag of a missing blob: %v", err)
+	}
+	if _, err := s.Untag(ctx, "x:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Untag(ctx, "x:1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("second untag: %v", err)
+	}
+}
+
+func TestGC(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	leaf, _ := s.WriteBlob("application/octet-stream", []byte("leaf"))
+	orphan, _ := s.WriteBlob("application/octet-stream", []byte("orphan"))
+	parentBody, _ := json.Marshal(leaf)
+	parent, _ := s.WriteBlob("application/vnd.test+json", parentBody)
+	if err := s.Tag(ctx, "p:1", parent, false); err != nil {
+		t.Fatal(err)
+	}
+	in, _ := s.NewIngest() // a killed writer's leftover
+	in.Write([]byte("partial"))
+	in.Close()
+	refs := func(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
+		var child ocispec.Descriptor
+		return []ocispec.Descriptor{child}, json.Unmarshal(b, &child)
+	}
+	res, err := s.GC(ctx, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Blobs != 1 || res.Bytes != 6 || res.Ingests != 1 {
+		t.Fatalf("gc = %+v", res)
+	}
+	if !s.Exists(leaf.Digest) || !s.Exists(parent.Digest) || s.Exists(orphan.Digest) {
+		t.Fatal("gc kept or removed the wrong blobs")
+	}
+}
