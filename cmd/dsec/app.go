@@ -89,7 +89,7 @@ are root, log-level, log-format and progress; unknown keys are an error.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.String("root", defaultRoot(), "directory holding all dsec state (env DSEC_ROOT)")
-	pf.String("config", "", "config file (env DSEC_CONFIG; default "+defaultConfigFile()+")")
+	pf.String("config", "", "config file (env DSEC_CONFIG; default /etc/dsec/config.yaml as root, $XDG_CONFIG_HOME/dsec/config.yaml otherwise)")
 	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")

@@ -26,6 +26,10 @@ func (a *app) docsCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			root := cmd.Root()
 			root.DisableAutoGenTag = true
+			// Defaults that depend on who runs this would make the pages
+			// differ between machines: describe them instead.
+			pf := root.PersistentFlags()
+			pf.Lookup("root").DefValue = "/var/lib/dsec as root, $XDG_DATA_HOME/dsec otherwise"
 			man := filepath.Join(args[0], "man", "man1")
 			comp := filepath.Join(args[0], "completions")
 			for _, d := range []string{man, comp} {

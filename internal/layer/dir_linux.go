@@ -18,9 +18,10 @@ import (
 type inodeKey struct{ dev, ino uint64 }
 
 // addDir walks root depth first in byte order of names and adds every
-// entry to w. It never follows a symlink, reads every xattr, and keeps
+// entry to w. Regular files are planned: their data is read when the
+// image is written, and progress is reported then. It never follows a symlink, reads every xattr, and keeps
 // hard links (same device and inode) as one inode.
-func addDir(ctx context.Context, w *erofs.Writer, root string, p Progress) error {
+func addDir(ctx context.Context, w *erofs.Writer, root string, _ Progress) error {
 	st, err := lstat(root)
 	if err != nil {
 		return err
@@ -28,7 +29,7 @@ func addDir(ctx context.Context, w *erofs.Writer, root string, p Progress) error
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("%s is not a directory", root)
 	}
-	d := &dirWalker{w: w, links: map[inodeKey]string{}, p: p, buf: make([]byte, 0, 4096)}
+	d := &dirWalker{w: w, links: map[inodeKey]string{}, buf: make([]byte, 0, 4096)}
 	a, err := d.attr(root, st)
 	if err != nil {
 		return err
@@ -42,7 +43,6 @@ func addDir(ctx context.Context, w *erofs.Writer, root string, p Progress) error
 type dirWalker struct {
 	w     *erofs.Writer
 	links map[inodeKey]string
-	p     Progress
 	buf   []byte
 }
 
@@ -102,23 +102,11 @@ func (d *dirWalker) add(ctx context.Context, hp, rp string, st *unix.Stat_t) err
 		}
 		return d.walk(ctx, hp, rp)
 	case unix.S_IFREG:
-		f, err := os.OpenFile(hp, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
-		if errors.Is(err, unix.EPERM) { // O_NOATIME needs ownership or CAP_FOWNER
-			f, err = os.OpenFile(hp, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		}
+		holes, err := findHoles(hp, st)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		var src io.Reader = f
-		if st.Blocks*512 < st.Size {
-			src = sparseFile{f, st.Size}
-		}
-		if err := d.w.Create(rp, a, st.Size, src); err != nil {
-			return err
-		}
-		d.p.Add(st.Size)
-		return nil
+		return d.w.Plan(rp, a, st.Size, erofs.Planned{Open: opener(hp), Holes: holes})
 	case unix.S_IFLNK:
 		target, err := os.Readlink(hp)
 		if err != nil {
@@ -203,22 +191,86 @@ func getxattr(p, name string) ([]byte, error) {
 	}
 }
 
-// sparseFile finds holes with SEEK_DATA.
-type sparseFile struct {
-	f    *os.File
-	size int64
+// opener opens a planned file when its data is due, without following
+// a symlink that replaced it since the walk.
+func opener(p string) func() (erofs.ReadAtCloser, error) {
+	return func() (erofs.ReadAtCloser, error) {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.EPERM) { // O_NOATIME needs ownership or CAP_FOWNER
+			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "open", Path: p, Err: err}
+		}
+		return fdFile{fd, p}, nil
+	}
 }
 
-func (s sparseFile) Read(p []byte) (int, error)              { return s.f.Read(p) }
-func (s sparseFile) ReadAt(p []byte, off int64) (int, error) { return s.f.ReadAt(p, off) }
+// fdFile reads with pread(2) on a raw descriptor: an os.File costs an
+// fcntl and an epoll registration attempt per file.
+type fdFile struct {
+	fd   int
+	name string
+}
 
-func (s sparseFile) DataAfter(off int64) (int64, error) {
-	next, err := unix.Seek(int(s.f.Fd()), off, unix.SEEK_DATA)
-	if errors.Is(err, unix.ENXIO) {
-		return s.size, nil
+func (f fdFile) ReadAt(b []byte, off int64) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := unix.Pread(f.fd, b[n:], off+int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return n, &os.PathError{Op: "read", Path: f.name, Err: err}
+		}
+		if m == 0 {
+			return n, io.EOF
+		}
+		n += m
 	}
+	return n, nil
+}
+
+func (f fdFile) Close() error { return unix.Close(f.fd) }
+
+// findHoles marks the 1 MiB units of a file that are all zeros. Units a
+// sparse file has no data in are holes without being read; the others
+// are scanned through a read-only mapping, which stops at the first
+// non-zero byte, so a dense file costs about one page per MiB.
+func findHoles(p string, st *unix.Stat_t) ([]bool, error) {
+	if st.Size < erofs.HoleSize {
+		return nil, nil // a unit counts as a hole only after a full one
+	}
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return 0, &os.PathError{Op: "lseek SEEK_DATA", Path: s.f.Name(), Err: err}
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
 	}
-	return next, nil
+	defer unix.Close(fd)
+	m, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, &os.PathError{Op: "mmap", Path: p, Err: err}
+	}
+	defer unix.Munmap(m)
+	sparse := st.Blocks*512 < st.Size
+	units := (st.Size + erofs.HoleSize - 1) / erofs.HoleSize
+	holes := make([]bool, units)
+	any := false
+	for u := int64(0); u < units; u++ {
+		off := u * erofs.HoleSize
+		end := min(off+erofs.HoleSize, st.Size)
+		if sparse {
+			next, err := unix.Seek(fd, off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) || err == nil && next >= end {
+				holes[u], any = true, true
+				continue
+			}
+		}
+		if erofs.IsZero(m[off:end]) {
+			holes[u], any = true, true
+		}
+	}
+	if !any {
+		return nil, nil
+	}
+	return holes, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	dlog "github.com/dsec-project/dsec/internal/log"
 )
 
 // Media types of what a layer is made of.
@@ -167,6 +169,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 			return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
 		}
 	}
+	start := time.Now()
 	src, err := openSource(o.Source, o.Stdin)
 	if err != nil {
 		return nil, err
@@ -183,9 +186,20 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		return nil, err
 	}
 	defer in.Abort()
-	w, err := erofs.NewWriter(in.File)
+	w, err := erofs.NewWriter(in)
 	if err != nil {
 		return nil, storeErr(err)
+	}
+	// A directory is planned then written in one pass that is hashed as
+	// it goes; a stream is written as it arrives and hashed afterwards.
+	var h *hasher
+	if src.kind == "dir" {
+		h = newHasher(0)
+		defer h.Close()
+		w.Observe(func(b []byte) {
+			h.Write(b)
+			o.Progress.Add(int64(len(b)))
+		})
 	}
 	if err := src.add(ctx, w, o.Progress); err != nil {
 		return nil, storeErr(err)
@@ -194,12 +208,20 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	wt := newWindowHasher(st.Size)
-	blob, err := in.Commit("", wt.Write)
+	lg := dlog.From(ctx)
+	lg.Debug("image written", "bytes", st.Size, "inodes", st.Inodes, "seconds", time.Since(start).Seconds())
+	if h == nil {
+		if h, err = hashFile(in.File, st.Size); err != nil {
+			return nil, err
+		}
+		defer h.Close()
+	}
+	dgst, n, wins := h.Sum()
+	blob, err := in.CommitDigest(dgst, n)
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	wins := wt.Sum()
+	lg.Debug("image committed", "digest", blob.Digest, "seconds", time.Since(start).Seconds())
 	blob.MediaType = MediaTypeLayer
 	winDesc, err := s.WriteBlob(MediaTypeWindows, wins)
 	if err != nil {
@@ -249,6 +271,21 @@ func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
 		Created: cfg.Created, Files: cfg.Files, Inodes: cfg.Inodes, Metadata: cfg.Metadata,
 		Windows: cfg.Windows, Source: cfg.Source,
 	}
+}
+
+// hashFile reads what was written back through a hasher.
+func hashFile(f *os.File, size int64) (*hasher, error) {
+	h := newHasher(size)
+	buf := make([]byte, hashChunk)
+	for off := int64(0); off < size; off += hashChunk {
+		n := min(hashChunk, size-off)
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			h.Sum()
+			return nil, fmt.Errorf("hash layer: %w", err)
+		}
+		h.Write(buf[:n])
+	}
+	return h, nil
 }
 
 // storeErr marks a full file system, wherever the write failed.

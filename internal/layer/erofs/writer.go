@@ -96,6 +96,8 @@ type inode struct {
 	chunkBits uint8    // chunk-based: log2 blocks per chunk
 	chunks    []uint32 // chunk-based: block address per chunk or nullAddr
 
+	plan *Planned // planned mode: where the data comes from
+
 	// set by Finish
 	order  int
 	nid    uint64
@@ -119,7 +121,7 @@ type dirent struct {
 
 // Writer builds one EROFS image. It is not safe for concurrent use.
 type Writer struct {
-	f       *os.File
+	f       File
 	bw      *bufio.Writer
 	nextBlk uint32 // next free data block
 	root    *node
@@ -127,10 +129,21 @@ type Writer struct {
 	buf     []byte
 	err     error
 	done    bool
+
+	started bool     // block 0 was reserved: streaming mode
+	planned []*inode // planned mode: files whose data Finish emits
+	observe func([]byte)
+}
+
+// File is where an image is written: sequentially, plus one WriteAt of
+// the superblock when the image is streamed.
+type File interface {
+	io.Writer
+	io.WriterAt
 }
 
 // NewWriter starts an image in f, which must be empty and positioned at 0.
-func NewWriter(f *os.File) (*Writer, error) {
+func NewWriter(f File) (*Writer, error) {
 	w := &Writer{
 		f:       f,
 		bw:      bufio.NewWriterSize(f, 1<<20),
@@ -139,10 +152,141 @@ func NewWriter(f *os.File) (*Writer, error) {
 		buf:     make([]byte, 1<<20),
 	}
 	w.root = &node{children: map[string]*node{}, ino: &inode{Attr: Attr{Mode: S_IFDIR | 0o755}, nlink: 1}}
-	if _, err := w.bw.Write(w.zero); err != nil { // block 0: superblock, written last
-		return nil, err
-	}
 	return w, nil
+}
+
+// Observe registers f to see every byte of the image in order as it is
+// written. Only a planned image (see Plan) is written in order; Finish
+// fails for a streamed one with an observer.
+func (w *Writer) Observe(f func([]byte)) { w.observe = f }
+
+// start reserves block 0 for the superblock of a streamed image.
+func (w *Writer) start() error {
+	if len(w.planned) > 0 {
+		return errors.New("erofs: Create after Plan: an image is either streamed or planned")
+	}
+	if !w.started {
+		w.started = true
+		if _, err := w.bw.Write(w.zero); err != nil {
+			w.err = err
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadAtCloser is an open planned file.
+type ReadAtCloser interface {
+	io.ReaderAt
+	io.Closer
+}
+
+// Planned is a regular file whose bytes Finish reads, so that the whole
+// image, superblock first, is written in one sequential pass an observer
+// can hash as it goes.
+type Planned struct {
+	// Open opens the file when its data is due.
+	Open func() (ReadAtCloser, error)
+	// Holes marks the HoleSize units that are all zeros (nil: none).
+	// The last unit counts only if a hole precedes it, as when streaming.
+	Holes []bool
+}
+
+// Plan adds a regular file whose data is read by Finish. It assigns the
+// same blocks Create would for the same content, so a planned image and
+// a streamed one of the same tree are byte-identical.
+func (w *Writer) Plan(p string, a Attr, size int64, pl Planned) error {
+	if w.started {
+		return errors.New("erofs: Plan after Create: an image is either streamed or planned")
+	}
+	if size < 0 {
+		return fmt.Errorf("%w: %q: negative size", ErrInvalid, p)
+	}
+	a.Mode = a.Mode&^S_IFMT | S_IFREG
+	ino := &inode{Attr: a, size: uint64(size), plan: &pl}
+	if err := checkAttr(p, &ino.Attr); err != nil {
+		return err
+	}
+	if _, _, err := w.lookup(p); err != nil {
+		return err
+	}
+	units := (ino.size + HoleSize - 1) / HoleSize
+	if pl.Holes != nil && uint64(len(pl.Holes)) != units {
+		return fmt.Errorf("erofs: plan %q: %d hole flags for %d units", p, len(pl.Holes), units)
+	}
+	var bp blockPlan
+	bp.begin(w)
+	for u := uint64(0); u < units; u++ {
+		n := min(HoleSize, ino.size-u*HoleSize)
+		if bp.hole(w, n, pl.Holes != nil && pl.Holes[u]) {
+			continue
+		}
+		if err := w.reserve(n); err != nil {
+			return err
+		}
+	}
+	bp.end(w, ino)
+	if err := w.place(p, ino); err != nil {
+		return err
+	}
+	w.planned = append(w.planned, ino)
+	return nil
+}
+
+// emitPlanned writes the data of every planned file, in plan order.
+func (w *Writer) emitPlanned() error {
+	for _, ino := range w.planned {
+		if ino.size == 0 {
+			continue
+		}
+		if err := w.emitFile(ino); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *Writer) emitFile(ino *inode) error {
+	f, err := ino.plan.Open()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	units := (ino.size + HoleSize - 1) / HoleSize
+	for u := uint64(0); u < units; u++ {
+		if ino.chunks != nil && ino.chunks[u] == nullAddr {
+			continue
+		}
+		n := min(HoleSize, ino.size-u*HoleSize)
+		b := w.buf[:n]
+		if _, err := f.ReadAt(b, int64(u*HoleSize)); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: a file shrank while the layer was built; build again from a tree nothing writes to", ErrInvalid)
+			}
+			return err
+		}
+		if err := w.emit(b); err != nil {
+			return err
+		}
+		if pad := int(-n & (BlockSize - 1)); pad > 0 {
+			if err := w.emit(w.zero[:pad]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// emit writes b in image order and shows it to the observer.
+func (w *Writer) emit(b []byte) error {
+	if w.observe != nil {
+		w.observe(b)
+	}
+	if _, err := w.bw.Write(b); err != nil {
+		w.err = err
+		return err
+	}
+	return nil
 }
 
 // SplitPath cleans an archive path into its components. It accepts
@@ -345,8 +489,10 @@ func (w *Writer) Create(p string, a Attr, size int64, r io.Reader) error {
 	if err := checkAttr(p, &ino.Attr); err != nil {
 		return err
 	}
-	ino.xattr = encodeXattrs(ino.Xattrs)
 	if _, _, err := w.lookup(p); err != nil {
+		return err
+	}
+	if err := w.start(); err != nil {
 		return err
 	}
 	if err := w.writeData(p, ino, r); err != nil {
@@ -355,96 +501,98 @@ func (w *Writer) Create(p string, a Attr, size int64, r io.Reader) error {
 	return w.place(p, ino)
 }
 
-// HoleFinder is a file source that knows where its holes are. The writer
-// reads it with ReadAt and skips hole units without reading them, so a
-// sparse file costs time in proportion to its data, not its size.
-type HoleFinder interface {
-	io.ReaderAt
-	// DataAfter returns the offset of the first data byte at or after
-	// off, or the file's size if only a hole follows.
-	DataAfter(off int64) (int64, error)
-}
-
 // writeData streams the file's data into the data region in HoleSize
 // units. A unit of zeros becomes a hole (after the first full one), and
 // a file with a hole is stored chunk-based with HoleSize chunks, each
 // chunk either a hole or written whole. Other files are flat.
 func (w *Writer) writeData(p string, ino *inode, r io.Reader) error {
-	var (
-		chunks []uint32 // per unit: first block or nullAddr; nil while no hole
-		start  = w.nextBlk
-		buf    = w.buf[:HoleSize]
-	)
-	hf, sparse := r.(HoleFinder)
+	var bp blockPlan
+	bp.begin(w)
 	for off := uint64(0); off < ino.size; off += HoleSize {
-		n := min(HoleSize, ino.size-off)
-		b := buf[:n]
-		var err error
-		switch {
-		case !sparse:
-			_, err = io.ReadFull(r, b)
-		default:
-			var next int64
-			if next, err = hf.DataAfter(int64(off)); err == nil && uint64(next) >= off+n {
-				clear(b) // a hole in the source: nothing to read
-			} else if err == nil {
-				_, err = hf.ReadAt(b, int64(off))
-			}
-		}
-		if err != nil {
+		b := w.buf[:min(HoleSize, ino.size-off)]
+		if _, err := io.ReadFull(r, b); err != nil {
 			return shortRead(p, err)
 		}
-		if isZero(b) && (n == HoleSize || chunks != nil) {
-			if chunks == nil {
-				for c := start; c < w.nextBlk; c += HoleSize / BlockSize {
-					chunks = append(chunks, c)
-				}
-			}
-			chunks = append(chunks, nullAddr)
+		if bp.hole(w, uint64(len(b)), isZero(b)) {
 			continue
-		}
-		if chunks != nil {
-			chunks = append(chunks, w.nextBlk)
 		}
 		if err := w.appendData(b); err != nil {
 			return err
 		}
 	}
-	if !sparse {
-		if err := checkEOF(p, r); err != nil {
-			return err
+	if err := checkEOF(p, r); err != nil {
+		return err
+	}
+	bp.end(w, ino)
+	return nil
+}
+
+// blockPlan assigns a file's blocks unit by unit, the same way whether
+// the data is streamed now (Create) or read later (Plan).
+type blockPlan struct {
+	start  uint32
+	chunks []uint32 // per unit: first block or nullAddr; nil while no hole
+}
+
+func (bp *blockPlan) begin(w *Writer) { bp.start = w.nextBlk }
+
+// hole records the next unit of n bytes. A zero unit is a hole if it is
+// full or a hole came before; then it reports true and takes no blocks.
+// Otherwise the caller gives the unit blocks at w.nextBlk.
+func (bp *blockPlan) hole(w *Writer, n uint64, zero bool) bool {
+	if zero && (n == HoleSize || bp.chunks != nil) {
+		if bp.chunks == nil {
+			for c := bp.start; c < w.nextBlk; c += HoleSize / BlockSize {
+				bp.chunks = append(bp.chunks, c)
+			}
 		}
+		bp.chunks = append(bp.chunks, nullAddr)
+		return true
 	}
-	if chunks != nil {
+	if bp.chunks != nil {
+		bp.chunks = append(bp.chunks, w.nextBlk)
+	}
+	return false
+}
+
+// end sets the inode's layout: chunk-based after a hole, else flat.
+func (bp *blockPlan) end(w *Writer, ino *inode) {
+	if bp.chunks != nil {
 		ino.chunkBits = holeBits - blkBits
-		ino.chunks = chunks
-		return nil
+		ino.chunks = bp.chunks
+		return
 	}
-	ino.nblocks = w.nextBlk - start
-	if ino.nblocks > 0 {
-		ino.blkaddr = start
+	if ino.nblocks = w.nextBlk - bp.start; ino.nblocks > 0 {
+		ino.blkaddr = bp.start
 	}
+}
+
+// reserve takes the blocks for n bytes of a planned file.
+func (w *Writer) reserve(n uint64) error {
+	blocks := uint32((n + BlockSize - 1) / BlockSize)
+	if uint64(w.nextBlk)+uint64(blocks) >= nullAddr {
+		w.err = fmt.Errorf("image exceeds %d blocks of %d bytes", uint32(nullAddr-1), BlockSize)
+		return w.err
+	}
+	w.nextBlk += blocks
 	return nil
 }
 
 // appendData writes b padded to whole blocks.
 func (w *Writer) appendData(b []byte) error {
-	blocks := (len(b) + BlockSize - 1) / BlockSize
-	if uint64(w.nextBlk)+uint64(blocks) >= nullAddr {
-		w.err = fmt.Errorf("image exceeds %d blocks of %d bytes", uint32(nullAddr-1), BlockSize)
-		return w.err
+	start := w.nextBlk
+	if err := w.reserve(uint64(len(b))); err != nil {
+		return err
 	}
+	pad := int(w.nextBlk-start)*BlockSize - len(b)
 	if _, err := w.bw.Write(b); err != nil {
 		w.err = err
 		return err
 	}
-	if pad := blocks*BlockSize - len(b); pad > 0 {
-		if _, err := w.bw.Write(w.zero[:pad]); err != nil {
-			w.err = err
-			return err
-		}
+	if _, err := w.bw.Write(w.zero[:pad]); err != nil {
+		w.err = err
+		return err
 	}
-	w.nextBlk += uint32(blocks)
 	return nil
 }
 
@@ -493,7 +641,8 @@ func isZero(b []byte) bool {
 	return true
 }
 
-func (w *Writer) appendBlock(b []byte) error { return w.appendData(b) }
+// IsZero reports whether b holds only zero bytes.
+func IsZero(b []byte) bool { return isZero(b) }
 
 var xattrPrefixes = []struct {
 	prefix string
@@ -711,11 +860,6 @@ func (w *Writer) Finish() (Stats, error) {
 	}
 
 	inodeBlk := metaBlk + uint32(len(metaBlocks))
-	for _, b := range metaBlocks {
-		if err := w.appendBlock(b); err != nil {
-			return Stats{}, err
-		}
-	}
 
 	// 5. The inode area.
 	area := make([]byte, align(pos, BlockSize))
@@ -723,16 +867,56 @@ func (w *Writer) Finish() (Stats, error) {
 		off := int(ino.nid * slotSize)
 		w.encodeInode(area[off:], ino)
 	}
-	if _, err := w.bw.Write(area); err != nil {
+	total := inodeBlk + uint32(len(area)/BlockSize)
+
+	// 6. The superblock.
+	sb := make([]byte, BlockSize)
+	w.encodeSuper(sb[sbOffset:], order, total, inodeBlk)
+
+	// 7. Write: a planned image in one sequential pass, a streamed one
+	// by appending the metadata and patching block 0.
+	streamed := w.started || len(w.planned) == 0 && w.nextBlk == 1 && w.observe == nil
+	if streamed && w.observe != nil {
+		return Stats{}, errors.New("erofs: an observer needs a planned image")
+	}
+	if !streamed {
+		if err := w.emit(sb); err != nil {
+			return Stats{}, err
+		}
+		if err := w.emitPlanned(); err != nil {
+			return Stats{}, err
+		}
+	} else if !w.started {
+		if err := w.start(); err != nil {
+			return Stats{}, err
+		}
+	}
+	for _, b := range metaBlocks {
+		if err := w.emit(b); err != nil {
+			return Stats{}, err
+		}
+	}
+	if err := w.emit(area); err != nil {
 		return Stats{}, err
 	}
-	total := inodeBlk + uint32(len(area)/BlockSize)
 	if err := w.bw.Flush(); err != nil {
 		return Stats{}, err
 	}
+	if streamed {
+		if _, err := w.f.WriteAt(sb[sbOffset:sbOffset+128], sbOffset); err != nil {
+			return Stats{}, err
+		}
+	}
+	return Stats{
+		Size:     int64(total) * BlockSize,
+		Inodes:   uint64(len(order)),
+		Entries:  entries,
+		Data:     Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
+		Metadata: Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
+	}, nil
+}
 
-	// 6. The superblock.
-	sb := make([]byte, 128)
+func (w *Writer) encodeSuper(sb []byte, order []*inode, total, inodeBlk uint32) {
 	le := binary.LittleEndian
 	le.PutUint32(sb[0:], magic)
 	sb[12] = blkBits
@@ -747,16 +931,6 @@ func (w *Writer) Finish() (Stats, error) {
 		}
 	}
 	le.PutUint32(sb[80:], incompat)
-	if _, err := w.f.WriteAt(sb, sbOffset); err != nil {
-		return Stats{}, err
-	}
-	return Stats{
-		Size:     int64(total) * BlockSize,
-		Inodes:   uint64(len(order)),
-		Entries:  entries,
-		Data:     Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
-		Metadata: Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
-	}, nil
 }
 
 func parentOf(n *node) *node {

@@ -124,10 +124,46 @@ func (s *Store) writeFile(name string, b []byte) error {
 	return syncDir(s.dir)
 }
 
-// Ingest is a blob being written. Write to File, then Commit or Abort.
+// Ingest is a blob being written. Write to it, then Commit or Abort.
+// Writes start the kernel's writeback every few MiB, so the fsync at
+// commit has little left to do.
 type Ingest struct {
 	*os.File
-	s *Store
+	s       *Store
+	written int64
+	kicked  int64
+}
+
+const writebackEvery = 32 << 20
+
+// Write appends to the blob.
+func (in *Ingest) Write(p []byte) (int, error) {
+	n, err := in.File.Write(p)
+	in.written += int64(n)
+	if in.written-in.kicked >= writebackEvery {
+		startWriteback(in.File, in.kicked, in.written-in.kicked)
+		in.kicked = in.written
+	}
+	return n, err
+}
+
+// CommitDigest publishes a blob whose digest the caller computed from
+// exactly the bytes it wrote, in order. It syncs, checks the size and
+// renames; it does not read the blob again.
+func (in *Ingest) CommitDigest(d digest.Digest, size int64) (ocispec.Descriptor, error) {
+	defer in.Abort()
+	if err := in.Sync(); err != nil {
+		return ocispec.Descriptor{}, classify("sync blob", err)
+	}
+	st, err := in.Stat()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	if st.Size() != size {
+		return ocispec.Descriptor{}, fmt.Errorf("blob is %d bytes, its writer hashed %d: %w", st.Size(), size, errdefs.ErrDataLoss)
+	}
+	desc := ocispec.Descriptor{Digest: d, Size: size}
+	return desc, in.s.publish(in.File.Name(), desc)
 }
 
 // NewIngest starts a blob.
@@ -146,10 +182,9 @@ func (in *Ingest) Abort() {
 }
 
 // Commit syncs the ingest, hashes what is on disk, checks it against
-// want (if not empty) and publishes it as a blob. Each observer sees the
-// bytes in order as they are hashed, so a caller can derive more from
-// the same read. The ingest is gone afterwards, whatever the result.
-func (in *Ingest) Commit(want digest.Digest, observers ...func([]byte)) (ocispec.Descriptor, error) {
+// want (if not empty) and publishes it as a blob. The ingest is gone
+// afterwards, whatever the result.
+func (in *Ingest) Commit(want digest.Digest) (ocispec.Descriptor, error) {
 	defer in.Abort()
 	if err := in.Sync(); err != nil {
 		return ocispec.Descriptor{}, classify("sync blob", err)
@@ -158,11 +193,7 @@ func (in *Ingest) Commit(want digest.Digest, observers ...func([]byte)) (ocispec
 		return ocispec.Descriptor{}, err
 	}
 	h := sha256.New()
-	var sink io.Writer = h
-	if len(observers) > 0 {
-		sink = observeWriter{h, observers}
-	}
-	n, err := io.CopyBuffer(sink, in.File, make([]byte, 1<<20))
+	n, err := io.CopyBuffer(h, in.File, make([]byte, 1<<20))
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("hash blob: %w", err)
 	}
@@ -454,16 +485,4 @@ func isJSON(mt string) bool {
 // yet; call the returned function when they are tagged or abandoned.
 func (s *Store) Writer() (func(), error) {
 	return s.lock(lockGC, false)
-}
-
-type observeWriter struct {
-	w   io.Writer
-	obs []func([]byte)
-}
-
-func (o observeWriter) Write(p []byte) (int, error) {
-	for _, f := range o.obs {
-		f(p)
-	}
-	return o.w.Write(p)
 }

@@ -166,16 +166,28 @@ func MakeRich(tb testing.TB, dir string, o Options) {
 // SetMtimes gives every entry below dir (and dir) a distinct mtime with
 // nanoseconds, children before parents so the parents' stick.
 func SetMtimes(tb testing.TB, dir string) {
+	tb.Helper()
+	must(tb, Touch(dir))
+}
+
+// Touch is SetMtimes for callers without a testing.TB.
+func Touch(dir string) error {
 	var paths []string
-	must(tb, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		paths = append(paths, p)
 		return err
-	}))
+	})
+	if err != nil {
+		return err
+	}
 	sort.Sort(sort.Reverse(sort.StringSlice(paths)))
 	for i, p := range paths {
 		ts := []unix.Timespec{{Sec: 1700000000 + int64(i), Nsec: 123456789}, {Sec: 1700000000 + int64(i), Nsec: 987654321}}
-		must(tb, unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW))
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // WriteTar writes dir as a PAX tar in the order the directory walker uses

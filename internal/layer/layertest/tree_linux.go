@@ -1,5 +1,3 @@
-// Package layertest builds source trees with every kind of entry a layer
-// must carry and compares trees as the kernel, go-erofs and tar see them.
 package layertest
 
 import (

@@ -1,0 +1,57 @@
+# dsec — make targets. `make demo` and `make test` do all set-up on a fresh
+# Debian machine with Go: missing Debian packages are installed first.
+
+GO       ?= go
+BIN      := bin/dsec
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+APT_PKGS := erofs-utils busybox-static attr
+FUZZTIME ?= 60s
+
+.PHONY: all deps build demo test vet docs check-docs bench fuzz clean
+
+all: build
+
+# deps installs the Debian packages the tests and the demo use, only when
+# one is missing, so it is idempotent and quiet on a prepared machine.
+deps:
+	@command -v $(GO) >/dev/null || { echo "make: Go is missing: install Go >= 1.26 first" >&2; exit 1; }
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "make: installing Debian packages:$$missing" >&2; \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build: deps
+	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
+
+demo: build
+	./scripts/demo.sh $(BIN)
+
+vet:
+	@test -z "$$(gofmt -l .)" || { echo "make: gofmt needed on:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	GOOS=darwin $(GO) vet ./...
+
+# docs regenerates the man pages and shell completions from the command tree.
+docs: build
+	rm -rf man/man1 completions
+	$(BIN) gen-docs .
+
+check-docs: build
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(BIN) gen-docs $$tmp; \
+	if ! diff -r $$tmp/man/man1 man/man1 >/dev/null || ! diff -r $$tmp/completions completions >/dev/null; then \
+		echo "make: man pages or completions are stale: run 'make docs' and commit the result" >&2; exit 1; fi
+
+test: deps vet check-docs
+	$(GO) test -count=1 -timeout 30m ./...
+
+bench: build
+	./scripts/bench.sh $(BIN)
+
+fuzz: deps
+	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
+	$(GO) test -run '^$$' -fuzz '^FuzzImageArchive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
+
+clean:
+	rm -rf bin .demo .bench

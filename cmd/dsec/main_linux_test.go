@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+)
+
+func TestMain(m *testing.M) {
+	testscript.Main(m, map[string]func(){
+		"dsec": func() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) },
+	})
+}
+
+// TestScripts runs the CLI scripts in testdata/script.
+func TestScripts(t *testing.T) {
+	testscript.Run(t, testscript.Params{
+		Dir: "testdata/script",
+		Setup: func(env *testscript.Env) error {
+			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
+			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
+			env.Setenv("DSEC_CONFIG", "")
+			return nil
+		},
+		Condition: func(cond string) (bool, error) {
+			if cond == "root" {
+				return os.Geteuid() == 0, nil
+			}
+			return false, errors.New("unknown condition " + cond)
+		},
+		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			"exitcode": cmdExitCode,
+			"mktree":   cmdMkTree,
+			"mkarchive": func(ts *testscript.TestScript, neg bool, args []string) {
+				if len(args) != 2 {
+					ts.Fatalf("usage: mkarchive docker|oci|tar FILE")
+				}
+				var b []byte
+				switch args[0] {
+				case "docker":
+					b = layertest.DockerArchive(layertest.FlattenLayers...)
+				case "oci":
+					b = layertest.OCIArchive(true, layertest.FlattenLayers...)
+				case "tar":
+					b = layertest.FlattenLayers[0]
+				default:
+					ts.Fatalf("unknown archive kind %s", args[0])
+				}
+				ts.Check(os.WriteFile(ts.MkAbs(args[1]), b, 0o644))
+			},
+			"truncate": func(ts *testscript.TestScript, neg bool, args []string) {
+				n, err := strconv.Atoi(args[1])
+				ts.Check(err)
+				ts.Check(os.Truncate(ts.MkAbs(args[0]), int64(n)))
+			},
+		},
+	})
+}
+
+// exitcode N CMD ARGS... runs CMD and checks it exits with N.
+func cmdExitCode(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) < 2 {
+		ts.Fatalf("usage: exitcode N CMD [ARGS...]")
+	}
+	want, err := strconv.Atoi(args[0])
+	ts.Check(err)
+	err = ts.Exec(args[1], args[2:]...)
+	got := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		got = ee.ExitCode()
+	} else if err != nil {
+		ts.Fatalf("%v", err)
+	}
+	if got != want {
+		ts.Fatalf("%s exited %d, want %d", args[1], got, want)
+	}
+}
+
+// mktree DIR makes a small tree with a file, a symlink and a hard link.
+func cmdMkTree(ts *testscript.TestScript, neg bool, args []string) {
+	dir := ts.MkAbs(args[0])
+	ts.Check(os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
+	ts.Check(os.WriteFile(filepath.Join(dir, "etc", "hostname"), []byte("sandbox\n"), 0o644))
+	ts.Check(os.WriteFile(filepath.Join(dir, "run.sh"), []byte("#!/bin/sh\necho hi\n"), 0o755))
+	ts.Check(os.Symlink("run.sh", filepath.Join(dir, "start")))
+	ts.Check(os.Link(filepath.Join(dir, "run.sh"), filepath.Join(dir, "again.sh")))
+	ts.Check(layertest.Touch(dir))
+}
