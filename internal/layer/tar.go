@@ -209,8 +209,9 @@ func (t *tarAdder) add(h *tar.Header, r io.Reader) error {
 		return fmt.Errorf("%w: %q: unsupported tar entry type %q", ErrBadSource, h.Name, h.Typeflag)
 	}
 	if err != nil {
-		if errors.Is(err, erofs.ErrInvalid) {
-			return fmt.Errorf("%w: %v", ErrBadSource, err)
+		var re *erofs.ReadError
+		if errors.Is(err, erofs.ErrInvalid) || errors.As(err, &re) {
+			return fmt.Errorf("%w: %v (truncated or corrupt archive?)", ErrBadSource, err)
 		}
 		return err
 	}

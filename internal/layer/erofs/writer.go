@@ -600,8 +600,19 @@ func shortRead(p string, err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %q: data is shorter than its recorded size (file changed or archive truncated?)", ErrInvalid, p)
 	}
-	return fmt.Errorf("read %q: %w", p, err)
+	return &ReadError{Path: p, Err: err}
 }
+
+// ReadError is a failure to read a file's data from its source, as
+// opposed to a failure to write the image. For a stream it means the
+// stream is corrupt; for a directory, an I/O error.
+type ReadError struct {
+	Path string
+	Err  error
+}
+
+func (e *ReadError) Error() string { return fmt.Sprintf("read %q: %v", e.Path, e.Err) }
+func (e *ReadError) Unwrap() error { return e.Err }
 
 // checkEOF makes sure a file's reader is exhausted when it is backed by a
 // file whose size could have grown since it was stat'ed.
