@@ -293,5 +293,12 @@ func addTar(ctx context.Context, w *erofs.Writer, r io.Reader, p Progress) error
 	if err := w.Mkdir("", erofs.Attr{Mode: 0o755}); err != nil {
 		return err
 	}
-	return newTarAdder(w, p).addLayer(ctx, plain, nil)
+	if err := newTarAdder(w, p).addLayer(ctx, plain, nil); err != nil {
+		return err
+	}
+	// An image archive piped in would become a layer of its own files.
+	if w.Exists("manifest.json") && (w.IsDir("blobs") || w.Exists("repositories")) || w.Exists("oci-layout") && w.Exists("index.json") {
+		return fmt.Errorf("%w: the stream is an image archive (docker save or OCI layout); save it to a file and build from the file, which dsec flattens", ErrBadSource)
+	}
+	return nil
 }
