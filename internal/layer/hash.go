@@ -22,6 +22,8 @@ type hasher struct {
 	wins    *windowHasher
 	n       int64
 	summed  bool
+	lent    *hbuf
+	onData  func(int)
 }
 
 type hbuf struct {
@@ -57,6 +59,9 @@ func (h *hasher) run(ch chan *hbuf, f func([]byte)) {
 // Write takes a copy of p; it never fails.
 func (h *hasher) Write(p []byte) {
 	h.n += int64(len(p))
+	if h.onData != nil {
+		h.onData(len(p))
+	}
 	for len(p) > 0 {
 		if h.cur == nil {
 			h.cur = h.pool.Get().(*hbuf)
@@ -97,5 +102,25 @@ func (h *hasher) Sum() (digest.Digest, int64, []byte) {
 func (h *hasher) Close() {
 	if !h.summed {
 		h.Sum()
+	}
+}
+
+// Lend returns an empty pooled buffer for the writer to fill.
+func (h *hasher) Lend() []byte {
+	h.lent = h.pool.Get().(*hbuf)
+	return h.lent.b[:cap(h.lent.b)]
+}
+
+// Take hashes a lent buffer without copying it.
+func (h *hasher) Take(b []byte) {
+	if h.cur != nil && len(h.cur.b) > 0 {
+		h.send()
+	}
+	h.n += int64(len(b))
+	h.lent.b = b
+	h.cur, h.lent = h.lent, nil
+	h.send()
+	if h.onData != nil {
+		h.onData(len(b))
 	}
 }

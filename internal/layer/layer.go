@@ -196,10 +196,8 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	if src.kind == "dir" {
 		h = newHasher(0)
 		defer h.Close()
-		w.Observe(func(b []byte) {
-			h.Write(b)
-			o.Progress.Add(int64(len(b)))
-		})
+		h.onData = func(n int) { o.Progress.Add(int64(n)) }
+		w.Observe(h)
 	}
 	if err := src.add(ctx, w, o.Progress); err != nil {
 		return nil, storeErr(err)

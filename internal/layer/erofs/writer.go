@@ -132,7 +132,7 @@ type Writer struct {
 
 	started bool     // block 0 was reserved: streaming mode
 	planned []*inode // planned mode: files whose data Finish emits
-	observe func([]byte)
+	observe Observer
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of
@@ -155,10 +155,20 @@ func NewWriter(f File) (*Writer, error) {
 	return w, nil
 }
 
-// Observe registers f to see every byte of the image in order as it is
-// written. Only a planned image (see Plan) is written in order; Finish
-// fails for a streamed one with an observer.
-func (w *Writer) Observe(f func([]byte)) { w.observe = f }
+// Observer sees every byte of a planned image in order as it is
+// written. Write gets bytes it must copy. Lend and Take let the writer
+// read file data straight into the observer's memory: Lend returns an
+// empty buffer of at least HoleSize capacity, Take hands it back filled
+// with the next bytes of the image, after they were written.
+type Observer interface {
+	Write(b []byte)
+	Lend() []byte
+	Take(b []byte)
+}
+
+// Observe registers o. Only a planned image (see Plan) is written in
+// order; Finish fails for a streamed one with an observer.
+func (w *Writer) Observe(o Observer) { w.observe = o }
 
 // start reserves block 0 for the superblock of a streamed image.
 func (w *Writer) start() error {
@@ -259,14 +269,21 @@ func (w *Writer) emitFile(ino *inode) error {
 		}
 		n := min(HoleSize, ino.size-u*HoleSize)
 		b := w.buf[:n]
+		if w.observe != nil {
+			b = w.observe.Lend()[:n]
+		}
 		if _, err := f.ReadAt(b, int64(u*HoleSize)); err != nil {
 			if errors.Is(err, io.EOF) {
 				return fmt.Errorf("%w: a file shrank while the layer was built; build again from a tree nothing writes to", ErrInvalid)
 			}
 			return err
 		}
-		if err := w.emit(b); err != nil {
+		if _, err := w.bw.Write(b); err != nil {
+			w.err = err
 			return err
+		}
+		if w.observe != nil {
+			w.observe.Take(b)
 		}
 		if pad := int(-n & (BlockSize - 1)); pad > 0 {
 			if err := w.emit(w.zero[:pad]); err != nil {
@@ -280,7 +297,7 @@ func (w *Writer) emitFile(ino *inode) error {
 // emit writes b in image order and shows it to the observer.
 func (w *Writer) emit(b []byte) error {
 	if w.observe != nil {
-		w.observe(b)
+		w.observe.Write(b)
 	}
 	if _, err := w.bw.Write(b); err != nil {
 		w.err = err
