@@ -111,7 +111,7 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.kind, "kind", "", "layer kind: base, workspace or toolkit (required)")
-	fl.StringVarP(&f.tag, "tag", "t", "", "tag NAME:VERSION for the layer (required)")
+	fl.StringVarP(&f.tag, "tag", "t", "", "tag NAME[:VERSION] for the layer, VERSION defaulting to latest (required)")
 	fl.BoolVar(&f.force, "force", false, "replace an existing tag that names other content")
 	fl.BoolVar(&f.json, "json", false, "print the layer as JSON (digest, size, name, kind, metadata, ...)")
 	_ = cmd.RegisterFlagCompletionFunc("kind", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
