@@ -443,6 +443,7 @@ func TestBadSourcesLeaveStoreUnchanged(t *testing.T) {
 	corruptGz[len(corruptGz)/2] ^= 0xff
 	escape := tarOf(t, map[string]string{"../../etc/evil": "x"})
 	badXattr := tarWithPAX(t, "f", map[string]string{"SCHILY.xattr.system.nfs4_acl": "x"})
+	unsupported := layertest.Tar(layertest.File{Name: "vol", Type: 'V'})
 
 	cases := []struct {
 		name, src string
@@ -456,6 +457,7 @@ func TestBadSourcesLeaveStoreUnchanged(t *testing.T) {
 		{"corrupt gzip", writeFile(t, filepath.Join(tmp, "c.tar.gz"), corruptGz), nil, isBad},
 		{"path escape", writeFile(t, filepath.Join(tmp, "esc.tar"), escape), nil, isBad},
 		{"bad xattr", writeFile(t, filepath.Join(tmp, "x.tar"), badXattr), nil, isBad},
+		{"unsupported entry", writeFile(t, filepath.Join(tmp, "v.tar"), unsupported), nil, isBad},
 		{"empty file", writeFile(t, filepath.Join(tmp, "empty"), nil), nil, isBad},
 	}
 	for _, c := range cases {

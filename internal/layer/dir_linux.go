@@ -106,7 +106,7 @@ func (d *dirWalker) add(ctx context.Context, hp, rp string, st *unix.Stat_t) err
 		if err != nil {
 			return err
 		}
-		return d.w.Plan(rp, a, st.Size, erofs.Planned{Open: opener(hp), Holes: holes})
+		return d.w.Plan(rp, a, st.Size, erofs.Planned{Open: opener(hp), Prefetch: prefetcher(hp), Holes: holes})
 	case unix.S_IFLNK:
 		target, err := os.Readlink(hp)
 		if err != nil {
@@ -203,6 +203,18 @@ func opener(p string) func() (erofs.ReadAtCloser, error) {
 			return nil, &os.PathError{Op: "open", Path: p, Err: err}
 		}
 		return fdFile{fd, p}, nil
+	}
+}
+
+// prefetcher starts the kernel's readahead of a whole file.
+func prefetcher(p string) func() {
+	return func() {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return // the writer's own open reports it
+		}
+		_ = unix.Fadvise(fd, 0, 0, unix.FADV_WILLNEED)
+		unix.Close(fd)
 	}
 }
 

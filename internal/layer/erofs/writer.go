@@ -197,6 +197,9 @@ type ReadAtCloser interface {
 type Planned struct {
 	// Open opens the file when its data is due.
 	Open func() (ReadAtCloser, error)
+	// Prefetch, if set, asks for the file's data to be read ahead; it
+	// runs on another goroutine, a bounded distance before Open.
+	Prefetch func()
 	// Holes marks the HoleSize units that are all zeros (nil: none).
 	// The last unit counts only if a hole precedes it, as when streaming.
 	Holes []bool
@@ -243,14 +246,43 @@ func (w *Writer) Plan(p string, a Attr, size int64, pl Planned) error {
 	return nil
 }
 
-// emitPlanned writes the data of every planned file, in plan order.
+// prefetchAhead bounds how far ahead of the writer Prefetch runs.
+const prefetchAhead = 64 << 20
+
+// emitPlanned writes the data of every planned file, in plan order,
+// while another goroutine prefetches the files ahead of it, so a cold
+// source is read with many requests in flight instead of one.
 func (w *Writer) emitPlanned() error {
+	credit := make(chan int64, len(w.planned)+1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		var ahead int64
+		for _, ino := range w.planned {
+			if ino.size == 0 || ino.plan.Prefetch == nil {
+				continue
+			}
+			for ahead > prefetchAhead {
+				select {
+				case n := <-credit:
+					ahead -= n
+				case <-stop:
+					return
+				}
+			}
+			ino.plan.Prefetch()
+			ahead += int64(ino.size)
+		}
+	}()
 	for _, ino := range w.planned {
 		if ino.size == 0 {
 			continue
 		}
 		if err := w.emitFile(ino); err != nil {
 			return err
+		}
+		if ino.plan.Prefetch != nil {
+			credit <- int64(ino.size)
 		}
 	}
 	return nil
