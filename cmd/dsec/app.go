@@ -24,10 +24,12 @@ import (
 // flags can give, resolved once in that order of precedence:
 // flag > env > file > default.
 type Config struct {
-	Root      string `mapstructure:"root"`
-	LogLevel  string `mapstructure:"log-level"`
-	LogFormat string `mapstructure:"log-format"`
-	Progress  string `mapstructure:"progress"`
+	Root      string            `mapstructure:"root"`
+	LogLevel  string            `mapstructure:"log-level"`
+	LogFormat string            `mapstructure:"log-format"`
+	Progress  string            `mapstructure:"progress"`
+	Remote    string            `mapstructure:"remote"`  // default remote: a name or a URL
+	Remotes   map[string]string `mapstructure:"remotes"` // name -> dir:///PATH or oci://HOST/REPO
 }
 
 type app struct {
@@ -71,9 +73,10 @@ func (a *app) rootCommand() *cobra.Command {
 toolkit), keeps them in a content-addressed store, and runs stateful sandboxes on them.
 
 All state lives under --root. Settings come from flags, then DSEC_* environment variables
-(DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS), then the config file (--config,
-DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
-are root, log-level, log-format and progress; unknown keys are an error.
+(DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS, DSEC_REMOTE), then the config file
+(--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
+are root, log-level, log-format, progress, remote (the default remote) and remotes (a map of names
+to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs); unknown keys are an error.
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
@@ -111,6 +114,8 @@ func (a *app) configure(cmd *cobra.Command) error {
 			return err
 		}
 	}
+	v.SetDefault("remote", "")
+	v.SetDefault("remotes", map[string]string{})
 	file, explicit := configFile(flags)
 	v.SetConfigFile(file)
 	v.SetConfigType("yaml")
@@ -121,7 +126,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	if err := v.UnmarshalExact(&a.cfg); err != nil {
-		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress)", file, err)}
+		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes)", file, err)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {

@@ -21,7 +21,8 @@ type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the 
 <root>/store, an OCI image layout. A sandbox stacks a toolkit layer over a workspace layer
 over a base layer.`,
 	}
-	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC())
+	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(),
+		a.layerCopyCommand(true), a.layerCopyCommand(false))
 	return cmd
 }
 

@@ -25,6 +25,7 @@ const (
 	exitNotFound = 4 // a layer, tag, file or blob does not exist
 	exitExists   = 5 // the tag already exists (use --force)
 	exitNoSpace  = 6 // the store's file system is full
+	exitDenied   = 7 // a registry refused the credentials
 )
 
 const exitCodesHelp = `Exit codes:
@@ -34,7 +35,8 @@ const exitCodesHelp = `Exit codes:
   3  invalid input (corrupt or truncated archive, an entry a layer cannot hold)
   4  not found (layer, tag, source path or blob)
   5  already exists (a tag names other content; pass --force)
-  6  no space left in the store's file system`
+  6  no space left in the store's file system
+  7  permission denied (registry credentials missing or refused)`
 
 var version = "dev"
 
@@ -69,6 +71,8 @@ func exitCode(err error) int {
 		return exitNoSpace
 	case errdefs.IsNotFound(err):
 		return exitNotFound
+	case errdefs.IsPermissionDenied(err):
+		return exitDenied
 	case errdefs.IsAlreadyExists(err):
 		return exitExists
 	case errdefs.IsInvalidArgument(err):
@@ -83,7 +87,7 @@ func exitCode(err error) int {
 // userMessage drops the errdefs class names that wrapping appends.
 func userMessage(err error) string {
 	msg := err.Error()
-	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented"} {
+	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied"} {
 		msg = strings.TrimSuffix(msg, suffix)
 	}
 	if errors.Is(err, store.ErrNoSpace) {

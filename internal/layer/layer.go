@@ -254,7 +254,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		return nil, storeErr(err)
 	}
 	mDesc.ArtifactType = ArtifactType
-	mDesc.Annotations = map[string]string{AnnotationKind: string(o.Kind), annotationLayer: blob.Digest.String()}
+	mDesc.Annotations = TagAnnotations(o.Kind, blob.Digest)
 	if err := s.Tag(ctx, o.Ref.String(), mDesc, o.Force); err != nil {
 		return nil, err
 	}

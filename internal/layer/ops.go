@@ -7,12 +7,42 @@ import (
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 const maxManifest = 4 << 20
+
+// ParseManifest parses a layer manifest and checks it is a dsec layer.
+func ParseManifest(b []byte) (*ocispec.Manifest, error) {
+	var man ocispec.Manifest
+	if err := json.Unmarshal(b, &man); err != nil {
+		return nil, fmt.Errorf("manifest: %v: %w", err, errdefs.ErrDataLoss)
+	}
+	if len(man.Layers) != 1 || man.Layers[0].MediaType != MediaTypeLayer || man.Config.MediaType != MediaTypeConfig {
+		return nil, fmt.Errorf("manifest is not a dsec layer: %w", errdefs.ErrInvalidArgument)
+	}
+	return &man, nil
+}
+
+// ParseConfig parses a layer config.
+func ParseConfig(b []byte) (*Config, error) {
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf("config: %v: %w", err, errdefs.ErrDataLoss)
+	}
+	if cfg.Windows.Digest.Validate() != nil {
+		return nil, fmt.Errorf("config names no window table: %w", errdefs.ErrDataLoss)
+	}
+	return &cfg, nil
+}
+
+// TagAnnotations are the annotations of a layer's entry in a store index.
+func TagAnnotations(kind Kind, layer digest.Digest) map[string]string {
+	return map[string]string{AnnotationKind: string(kind), annotationLayer: layer.String()}
+}
 
 // load reads and verifies a tagged layer's manifest and config.
 func load(s *store.Store, m ocispec.Descriptor) (*Info, error) {
@@ -21,22 +51,19 @@ func load(s *store.Store, m ocispec.Descriptor) (*Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}
-	var man ocispec.Manifest
-	if err := json.Unmarshal(mb, &man); err != nil {
-		return nil, fmt.Errorf("layer %s: manifest: %v: %w", ref, err, errdefs.ErrDataLoss)
-	}
-	if len(man.Layers) != 1 || man.Layers[0].MediaType != MediaTypeLayer || man.Config.MediaType != MediaTypeConfig {
-		return nil, fmt.Errorf("layer %s: manifest %s is not a dsec layer: %w", ref, m.Digest, errdefs.ErrInvalidArgument)
+	man, err := ParseManifest(mb)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}
 	cb, err := s.ReadBlob(man.Config.Digest, maxManifest)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}
-	var cfg Config
-	if err := json.Unmarshal(cb, &cfg); err != nil {
-		return nil, fmt.Errorf("layer %s: config: %v: %w", ref, err, errdefs.ErrDataLoss)
+	cfg, err := ParseConfig(cb)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}
-	return info(ref, m, man.Layers[0], cfg), nil
+	return info(ref, m, man.Layers[0], *cfg), nil
 }
 
 // List returns every tagged layer in tag order.

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+)
+
+// openRemote turns a REMOTE argument (a URL, or a name under remotes: in
+// the config file; the config's remote: when empty) into a target.
+func (a *app) openRemote(arg string, insecure bool) (remote.Target, error) {
+	if arg == "" {
+		arg = a.cfg.Remote
+	}
+	if arg == "" {
+		return nil, usageError{fmt.Errorf("no remote given: name one, give a URL (dir:///PATH, oci://HOST/REPO), or set remote: in the config file")}
+	}
+	u := arg
+	if !strings.Contains(arg, "://") {
+		var ok bool
+		if u, ok = a.cfg.Remotes[arg]; !ok {
+			return nil, usageError{fmt.Errorf("unknown remote %q: define it under remotes: in the config file or give a URL (dir:///PATH, oci://HOST/REPO)", arg)}
+		}
+	}
+	o := remote.Options{Insecure: insecure}
+	remote.EnvCredentials(&o)
+	t, err := remote.Open(u, o)
+	if errdefs.IsInvalidArgument(err) {
+		return nil, usageError{err}
+	}
+	return t, err
+}
+
+type copyFlags struct {
+	force, insecure, json bool
+}
+
+func (a *app) layerCopyCommand(push bool) *cobra.Command {
+	var f copyFlags
+	verb, short, long, example := "pull", "Copy a layer from a remote into the local store",
+		`Pull copies layer REF (NAME[:VERSION]) from REMOTE into the local store: every blob the store
+lacks (manifest, config, EROFS image, window table), each checked against its digest as it
+arrives, then the tag. Blobs already present are skipped, so pulling again resumes an
+interrupted pull and costs nothing when the layer is there.`,
+		`  dsec layer pull debian/bookworm:2026.11 oci://registry.internal:5000/dsec
+  dsec layer pull tools/harness:3 shared        # a remote named in the config file`
+	if push {
+		verb, short, long, example = "push", "Copy a layer from the local store to a remote",
+			`Push copies layer REF (NAME[:VERSION]) from the local store to REMOTE: every blob the remote
+lacks, then the tag, which moves last, so a remote never names a layer it does not hold whole.
+Blobs already there are skipped: pushing again resumes an interrupted push. A tag that
+names other content on the remote is replaced only with --force.
+
+REMOTE is dir:///PATH (the store layout on any POSIX path: a 3FS, CephFS, JuiceFS or NFS
+mount), oci://HOST[:PORT]/REPOSITORY (a registry; the layer goes to REPOSITORY/NAME:VERSION),
+or a name under remotes: in the config file. Without REMOTE, the config's remote: is used.
+Registry credentials come from the docker config file (docker login) or from
+DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
+			`  dsec layer push debian/bookworm:2026.11 dir:///mnt/3fs/dsec
+  dsec layer push tools/harness:3 oci://127.0.0.1:5000/dsec --insecure --json`
+	}
+	cmd := &cobra.Command{
+		Use:     verb + " REF [REMOTE]",
+		Short:   short,
+		Long:    long + "\n\n" + exitCodesHelp,
+		Example: example,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usageError{fmt.Errorf("layer %s takes REF and an optional REMOTE", verb)}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, err := layer.ParseRef(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			target, err := a.openRemote(strings.Join(args[1:], ""), f.insecure)
+			if err != nil {
+				return err
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			src, dst := target, remote.Target(remote.Local(s))
+			if push {
+				src, dst = dst, src
+			}
+			var p remote.Progress
+			var bar *progressbar.ProgressBar
+			if a.showProgress() {
+				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
+					progressbar.OptionSetDescription(verb+" "+ref.String()), progressbar.OptionShowBytes(true),
+					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+				p = barProgress{bar}
+			}
+			res, err := remote.Copy(cmd.Context(), src, dst, ref, f.force, p)
+			if bar != nil {
+				bar.Finish()
+			}
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return a.printJSON(res)
+			}
+			fmt.Fprintf(a.stderr, "%s %s: %d blobs copied (%s), %d already there\n", verb, res.Ref, len(res.Copied), humanBytes(res.Bytes), len(res.Skipped))
+			_, err = fmt.Fprintln(a.stdout, res.Digest)
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&f.force, "force", false, "replace a tag that names other content")
+	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	fl.BoolVar(&f.json, "json", false, "print what was copied as JSON")
+	return cmd
+}

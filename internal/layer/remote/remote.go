@@ -1,0 +1,230 @@
+// Package remote moves layers between stores: the local store, a dir:
+// remote (the same OCI image layout on any POSIX path, such as a 3FS,
+// CephFS, JuiceFS or NFS mount) and an oci: remote (a repository of an
+// OCI distribution registry, through oras-go).
+//
+// A layer NAME:VERSION is four blobs: its manifest, its config, the EROFS
+// image and the window table the config names. In a dir: remote it is
+// tagged NAME:VERSION like in the local store; in oci://HOST/REPO it is
+// HOST/REPO/NAME:VERSION, a repository per layer name.
+package remote
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+)
+
+// Target is a store that layers are pushed to and pulled from.
+type Target interface {
+	// Repo opens the part of the store that holds ref.
+	Repo(ctx context.Context, ref layer.Ref) (Repo, error)
+	String() string
+}
+
+// Repo holds the blobs and the tag of one layer name.
+type Repo interface {
+	Resolve(ctx context.Context) (ocispec.Descriptor, error)
+	Exists(ctx context.Context, d ocispec.Descriptor) (bool, error)
+	Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error)
+	// Push stores d's bytes from r and refuses them unless they hash to
+	// d.Digest.
+	Push(ctx context.Context, d ocispec.Descriptor, r io.Reader) error
+	// Tag points the layer's tag at manifest d; an existing tag for
+	// other content is replaced only with force.
+	Tag(ctx context.Context, d ocispec.Descriptor, force bool) error
+}
+
+// Options are what opening a remote may need.
+type Options struct {
+	// Insecure allows plain HTTP to a registry on a loopback address.
+	Insecure bool
+	// Username and Password, if set, override the docker config file.
+	Username, Password string
+}
+
+// Open opens a remote URL: dir:///PATH or oci://HOST[:PORT]/REPOSITORY.
+func Open(rawURL string, o Options) (Target, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" {
+		return nil, fmt.Errorf("bad remote %q: give dir:///PATH or oci://HOST[:PORT]/REPOSITORY: %w", rawURL, errdefs.ErrInvalidArgument)
+	}
+	switch u.Scheme {
+	case "dir":
+		if u.Host != "" || !filepath.IsAbs(u.Path) {
+			return nil, fmt.Errorf("bad remote %q: a dir: remote is dir:///ABSOLUTE/PATH: %w", rawURL, errdefs.ErrInvalidArgument)
+		}
+		return openDir(u.Path)
+	case "oci":
+		repo := strings.Trim(u.Path, "/")
+		if u.Host == "" || repo == "" {
+			return nil, fmt.Errorf("bad remote %q: an oci: remote is oci://HOST[:PORT]/REPOSITORY: %w", rawURL, errdefs.ErrInvalidArgument)
+		}
+		if o.Insecure && !isLoopback(u.Hostname()) {
+			return nil, fmt.Errorf("--insecure (plain HTTP) is allowed only for a registry on localhost, not %s: %w", u.Host, errdefs.ErrInvalidArgument)
+		}
+		return openOCI(u.Host, repo, o), nil
+	}
+	return nil, fmt.Errorf("bad remote %q: unknown scheme %q (want dir or oci): %w", rawURL, u.Scheme, errdefs.ErrInvalidArgument)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Progress receives bytes copied.
+type Progress interface{ Add(n int64) }
+
+type noProgress struct{}
+
+func (noProgress) Add(int64) {}
+
+// Result says what a copy did.
+type Result struct {
+	Ref      string          `json:"name"`
+	Digest   digest.Digest   `json:"digest"`
+	Manifest digest.Digest   `json:"manifest"`
+	From     string          `json:"from"`
+	To       string          `json:"to"`
+	Copied   []digest.Digest `json:"copied"`
+	Skipped  []digest.Digest `json:"skipped"`
+	Bytes    int64           `json:"bytes"`
+}
+
+type countingReader struct {
+	r io.Reader
+	p Progress
+	n *int64
+}
+
+func (c countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	*c.n += int64(n)
+	c.p.Add(int64(n))
+	return n, err
+}
+
+// Copy copies layer ref from src to dst: every blob dst lacks, then the
+// tag. Blobs already there are skipped, so a copy interrupted at any
+// point resumes by running it again; the tag moves last, so dst never
+// names a layer whose blobs it does not hold.
+func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Progress) (*Result, error) {
+	if p == nil {
+		p = noProgress{}
+	}
+	if d, ok := dst.(*Dir); ok {
+		// Hold gc off until the copied blobs are tagged.
+		release, err := d.s.Writer()
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
+	from, err := src.Repo(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	to, err := dst.Repo(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	mdesc, err := from.Resolve(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
+	}
+	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
+		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
+	} else if err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%s: %w", dst, err)
+	}
+	man, cfg, err := readLayer(ctx, from, mdesc)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
+	}
+	res := &Result{Ref: ref.String(), Digest: man.Layers[0].Digest, Manifest: mdesc.Digest, From: src.String(), To: dst.String()}
+	windows := ocispec.Descriptor{MediaType: layer.MediaTypeWindows, Digest: cfg.Windows.Digest, Size: int64(cfg.Windows.Count) * 32}
+	for _, d := range []ocispec.Descriptor{man.Layers[0], windows, man.Config, mdesc} {
+		ok, err := to.Exists(ctx, d)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", dst, err)
+		}
+		if ok {
+			res.Skipped = append(res.Skipped, d.Digest)
+			continue
+		}
+		rc, err := from.Fetch(ctx, d)
+		if err != nil {
+			return nil, fmt.Errorf("fetch %s from %s: %w", d.Digest, src, err)
+		}
+		err = to.Push(ctx, d, countingReader{rc, p, &res.Bytes})
+		rc.Close()
+		if err != nil {
+			return nil, fmt.Errorf("copy %s to %s: %w", d.Digest, dst, err)
+		}
+		res.Copied = append(res.Copied, d.Digest)
+	}
+	mdesc.MediaType = ocispec.MediaTypeImageManifest
+	mdesc.ArtifactType = layer.ArtifactType
+	mdesc.Annotations = layer.TagAnnotations(cfg.Kind, man.Layers[0].Digest)
+	if err := to.Tag(ctx, mdesc, force); err != nil {
+		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
+	}
+	return res, nil
+}
+
+// readLayer fetches and checks a layer's manifest and config.
+func readLayer(ctx context.Context, r Repo, mdesc ocispec.Descriptor) (*ocispec.Manifest, *layer.Config, error) {
+	mdesc.MediaType = ocispec.MediaTypeImageManifest
+	mb, err := fetchSmall(ctx, r, mdesc)
+	if err != nil {
+		return nil, nil, err
+	}
+	man, err := layer.ParseManifest(mb)
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, err := fetchSmall(ctx, r, man.Config)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := layer.ParseConfig(cb)
+	if err != nil {
+		return nil, nil, err
+	}
+	return man, cfg, nil
+}
+
+const maxSmall = 4 << 20
+
+func fetchSmall(ctx context.Context, r Repo, d ocispec.Descriptor) ([]byte, error) {
+	if d.Size > maxSmall {
+		return nil, fmt.Errorf("%s is %d bytes, more than a manifest or config may be: %w", d.Digest, d.Size, errdefs.ErrInvalidArgument)
+	}
+	rc, err := r.Fetch(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxSmall+1))
+	if err != nil {
+		return nil, err
+	}
+	if digest.FromBytes(b) != d.Digest {
+		return nil, fmt.Errorf("%s does not match its digest (corrupt remote?): %w", d.Digest, errdefs.ErrDataLoss)
+	}
+	return b, nil
+}

@@ -1,0 +1,289 @@
+package remote_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// registryVersion is the distribution registry the tests run.
+const registryVersion = "v3.1.2"
+
+// registryBinary returns the registry, built with go install on first use
+// into the user cache, so CI and developers run the same real registry.
+func registryBinary(t *testing.T) string {
+	t.Helper()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(cache, "dsec-test", "registry-"+registryVersion)
+	exe := filepath.Join(bin, "registry")
+	if _, err := os.Stat(exe); err == nil {
+		return exe
+	}
+	goexe := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(goexe, "install", "github.com/distribution/distribution/v3/cmd/registry@"+registryVersion)
+	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOFLAGS=-mod=mod")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install the test registry: %v\n%s", err, out)
+	}
+	return exe
+}
+
+// startRegistry runs a registry on 127.0.0.1 with storage in a temp dir
+// and returns its host:port and storage root.
+func startRegistry(t *testing.T) (string, string) {
+	t.Helper()
+	return startRegistryWith(t, "")
+}
+
+// startRegistryWith adds extra top-level configuration.
+func startRegistryWith(t *testing.T, extra string) (string, string) {
+	t.Helper()
+	exe := registryBinary(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n%s", filepath.Join(dir, "data"), addr, extra)
+	cfgPath := filepath.Join(dir, "config.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cmd := exec.Command(exe, "serve", cfgPath)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 || resp.StatusCode == 401 {
+				return addr, filepath.Join(dir, "data")
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registry did not start: %v\n%s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func newLocal(t *testing.T) *store.Store {
+	s, err := store.Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func buildLayer(t *testing.T, s *store.Store, tag string) *layer.Info {
+	t.Helper()
+	src := t.TempDir()
+	for i := range 20 {
+		os.WriteFile(filepath.Join(src, fmt.Sprint("f", i)), bytes.Repeat([]byte{byte(i)}, 100000*i), 0o644)
+	}
+	ref, _ := layer.ParseRef(tag)
+	info, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindToolkit, Ref: ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// roundTrip pushes a layer to target, pulls it into a fresh store and
+// checks it arrives whole, and that a second push copies nothing.
+func roundTrip(t *testing.T, target remote.Target) {
+	ctx := context.Background()
+	a, b := newLocal(t), newLocal(t)
+	info := buildLayer(t, a, "tools/harness:1")
+	ref, _ := layer.ParseRef("tools/harness:1")
+
+	res, err := remote.Copy(ctx, remote.Local(a), target, ref, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Copied) != 4 || res.Bytes < info.Size {
+		t.Fatalf("push copied %d blobs, %d bytes", len(res.Copied), res.Bytes)
+	}
+	again, err := remote.Copy(ctx, remote.Local(a), target, ref, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Copied) != 0 || len(again.Skipped) != 4 {
+		t.Fatalf("second push copied %d blobs, want none", len(again.Copied))
+	}
+	if _, err := remote.Copy(ctx, target, remote.Local(b), ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := layer.Resolve(ctx, b, "tools/harness:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Digest != info.Digest || got.Kind != info.Kind || got.Files != info.Files {
+		t.Fatalf("pulled %+v, pushed %+v", got, info)
+	}
+	for _, d := range []string{string(got.Digest), string(got.Windows.Digest)} {
+		if err := b.VerifyBlob(digestOf(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Other content under the same tag needs force.
+	other := buildLayerFrom(t, a, "tools/harness:1", "different")
+	if _, err := remote.Copy(ctx, remote.Local(a), target, ref, false, nil); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("push over another layer's tag: %v", err)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(a), target, ref, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, target, remote.Local(b), ref, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := layer.Resolve(ctx, b, "tools/harness:1"); got.Digest != other.Digest {
+		t.Fatalf("forced pull did not move the tag")
+	}
+	missing, _ := layer.ParseRef("tools/none:1")
+	if _, err := remote.Copy(ctx, target, remote.Local(b), missing, false, nil); !errdefs.IsNotFound(err) {
+		t.Fatalf("pull of a missing layer: %v", err)
+	}
+}
+
+func buildLayerFrom(t *testing.T, s *store.Store, tag, content string) *layer.Info {
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "only"), []byte(content), 0o644)
+	ref, _ := layer.ParseRef(tag)
+	info, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindToolkit, Ref: ref, Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func TestDirRemote(t *testing.T) {
+	target, err := remote.Open("dir://"+filepath.Join(t.TempDir(), "shared"), remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, target)
+}
+
+func TestOCIRemote(t *testing.T) {
+	addr, _ := startRegistry(t)
+	target, err := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, target)
+}
+
+func TestOCIRemoteCorruptBlob(t *testing.T) {
+	ctx := context.Background()
+	addr, data := startRegistry(t)
+	target, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	a, b := newLocal(t), newLocal(t)
+	info := buildLayer(t, a, "x:1")
+	ref, _ := layer.ParseRef("x:1")
+	if _, err := remote.Copy(ctx, remote.Local(a), target, ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	blob := filepath.Join(data, "docker/registry/v2/blobs/sha256", info.Digest.Encoded()[:2], info.Digest.Encoded(), "data")
+	raw, err := os.ReadFile(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)/2] ^= 0xff
+	os.Chmod(blob, 0o644)
+	if err := os.WriteFile(blob, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = remote.Copy(ctx, target, remote.Local(b), ref, false, nil)
+	if err == nil {
+		t.Fatal("pulled a corrupt blob")
+	}
+	if b.Exists(info.Digest) {
+		t.Fatal("corrupt blob is in the local store")
+	}
+	if _, err := b.Resolve(ctx, "x:1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("tag after failed pull: %v", err)
+	}
+}
+
+func TestBadRemotes(t *testing.T) {
+	for _, u := range []string{"nope", "ftp://x/y", "dir://host/path", "dir:relative", "oci://", "oci://host"} {
+		if _, err := remote.Open(u, remote.Options{}); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("Open(%q) = %v", u, err)
+		}
+	}
+	if _, err := remote.Open("oci://registry.example.com/x", remote.Options{Insecure: true}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("insecure to a non-loopback host: %v", err)
+	}
+	// A registry that is not there: a clear error, quickly.
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	target, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	ref, _ := layer.ParseRef("x:1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := remote.Copy(ctx, target, remote.Local(newLocal(t)), ref, false, nil)
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("connection refused")) {
+		t.Fatalf("unreachable registry: %v", err)
+	}
+}
+
+func digestOf(s string) digest.Digest { return digest.Digest(s) }
+
+func TestOCIRemoteAuth(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	htpasswd := filepath.Join(t.TempDir(), "htpasswd")
+	os.WriteFile(htpasswd, []byte("agent:"+string(hash)+"\n"), 0o644)
+	addr, _ := startRegistryWith(t, fmt.Sprintf("auth:\n  htpasswd:\n    realm: dsec-test\n    path: %s\n", htpasswd))
+	ctx := context.Background()
+	a := newLocal(t)
+	buildLayer(t, a, "x:1")
+	ref, _ := layer.ParseRef("x:1")
+	t.Setenv("DOCKER_CONFIG", t.TempDir()) // no stored credentials
+	anon, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	if _, err := remote.Copy(ctx, remote.Local(a), anon, ref, false, nil); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("push without credentials: %v", err)
+	}
+	wrong, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true, Username: "agent", Password: "nope"})
+	if _, err := remote.Copy(ctx, remote.Local(a), wrong, ref, false, nil); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("push with a wrong password: %v", err)
+	}
+	good, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true, Username: "agent", Password: "s3cret"})
+	if _, err := remote.Copy(ctx, remote.Local(a), good, ref, false, nil); err != nil {
+		t.Fatalf("push with credentials: %v", err)
+	}
+}
