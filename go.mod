@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/containerd/errdefs v1.0.0
 	github.com/erofs/go-erofs v0.3.1
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/klauspost/compress v1.20.4
 	github.com/opencontainers/go-digest v1.0.0
 	github.com/opencontainers/image-spec v1.1.1

@@ -228,3 +228,42 @@ func fetchSmall(ctx context.Context, r Repo, d ocispec.Descriptor) ([]byte, erro
 	}
 	return b, nil
 }
+
+// Layer is what a host needs to mount a remote layer lazily.
+type Layer struct {
+	Manifest ocispec.Descriptor
+	Blob     ocispec.Descriptor // the EROFS image
+	Config   *layer.Config
+	Windows  []byte // the window table, verified
+}
+
+// Describe fetches a layer's manifest, config and window table, each
+// checked against its digest, without its EROFS image.
+func Describe(ctx context.Context, t Target, ref layer.Ref) (*Layer, error) {
+	r, err := t.Repo(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	mdesc, err := r.Resolve(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s in %s: %w", ref, t, err)
+	}
+	man, cfg, err := readLayer(ctx, r, mdesc)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s in %s: %w", ref, t, err)
+	}
+	wd := ocispec.Descriptor{MediaType: layer.MediaTypeWindows, Digest: cfg.Windows.Digest, Size: int64(cfg.Windows.Count) * 32}
+	rc, err := r.Fetch(ctx, wd)
+	if err != nil {
+		return nil, fmt.Errorf("window table of %s in %s: %w", ref, t, err)
+	}
+	defer rc.Close()
+	table, err := io.ReadAll(io.LimitReader(rc, wd.Size+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(table)) != wd.Size || digest.FromBytes(table) != wd.Digest {
+		return nil, fmt.Errorf("window table of %s in %s does not match its digest: %w", ref, t, errdefs.ErrDataLoss)
+	}
+	return &Layer{Manifest: mdesc, Blob: man.Layers[0], Config: cfg, Windows: table}, nil
+}

@@ -1,0 +1,251 @@
+// Package lazy mounts a layer whose bytes live in a remote store and are
+// fetched only when read.
+//
+// A fetcher process serves the layer's EROFS image as one file of a FUSE
+// file system; the kernel mounts EROFS on that file (file-backed, no loop
+// device). A read of a window the host has not got is fetched from the
+// remote in one request for the whole window (1 MiB: never a 4 KiB
+// request to a shared file system), checked against the layer's window
+// table, written to the host cache and served. Block 0 and the metadata
+// region are fetched before the mount, so listing, stat and readlink never
+// wait for the network.
+//
+// It fails closed: a window that cannot be fetched or does not match its
+// hash makes the read fail with EIO, and a dead fetcher makes every
+// uncached read fail (the FUSE connection is gone); a sandbox never reads
+// zeros or stale bytes.
+//
+// Layout of the host cache, one directory per layer digest:
+//
+//	<root>/cache/<hex>/layer.json   what the fetcher serves and from where
+//	<root>/cache/<hex>/windows      the window table (sha256 per window)
+//	<root>/cache/<hex>/image        sparse file: fetched windows in place
+//	<root>/cache/<hex>/present      one byte per window: 1 when cached
+//	<root>/cache/<hex>/stats.json   counters, rewritten by the fetcher
+//	<root>/cache/<hex>/fuse/image   the FUSE file the kernel mounts
+//	<root>/cache/<hex>/fetcher.*    lock, pid and log of the fetcher
+package lazy
+
+import (
+	"bytes"
+	"container/list"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+)
+
+// Spec is what a fetcher serves: written by Mount, read by the fetcher.
+type Spec struct {
+	Ref      string        `json:"name"`
+	Digest   digest.Digest `json:"digest"`
+	Size     int64         `json:"size"`
+	Metadata erofs.Region  `json:"metadata"`
+	Windows  layer.Windows `json:"windows"`
+	Remote   string        `json:"remote"`
+	Insecure bool          `json:"insecure,omitempty"`
+	MaxBytes int64         `json:"max_bytes,omitempty"` // cache budget for this layer, 0: unbounded
+}
+
+// Stats are a fetcher's counters.
+type Stats struct {
+	BytesTotal     int64 `json:"bytes_total"`
+	BytesFetched   int64 `json:"bytes_fetched"`
+	BytesCached    int64 `json:"bytes_cached"`
+	WindowsFetched int64 `json:"windows_fetched"`
+	CacheHits      int64 `json:"cache_hits"`
+	FetchErrors    int64 `json:"fetch_errors"`
+	Evictions      int64 `json:"evictions"`
+}
+
+// Dir is the cache directory of a layer.
+func Dir(root string, d digest.Digest) string {
+	return filepath.Join(root, "cache", d.Encoded())
+}
+
+// cache holds fetched windows of one layer on local disk.
+type cache struct {
+	spec    Spec
+	dir     string
+	img     *os.File
+	present *os.File
+	table   []byte // window hashes
+	pinned  []bool // block 0 and metadata windows: never evicted
+
+	mu     sync.Mutex
+	have   []bool
+	lru    *list.List // of int (window index), front = most recent
+	elem   map[int]*list.Element
+	cached int64
+	stats  Stats
+}
+
+func (c *cache) windowRange(w int) (int64, int64) {
+	off := int64(w) * c.spec.Windows.Size
+	return off, min(c.spec.Windows.Size, c.spec.Size-off)
+}
+
+// openCache opens (or creates) a layer's cache and drops any window whose
+// bytes no longer match the table, so a restart after a crash serves
+// only verified bytes.
+func openCache(dir string, spec Spec) (*cache, error) {
+	table, err := os.ReadFile(filepath.Join(dir, "windows"))
+	if err != nil {
+		return nil, err
+	}
+	if digest.FromBytes(table) != spec.Windows.Digest || len(table) != 32*spec.Windows.Count {
+		return nil, fmt.Errorf("window table of %s is corrupt", spec.Digest)
+	}
+	img, err := os.OpenFile(filepath.Join(dir, "image"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := img.Truncate(spec.Size); err != nil {
+		img.Close()
+		return nil, err
+	}
+	present, err := os.OpenFile(filepath.Join(dir, "present"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		img.Close()
+		return nil, err
+	}
+	c := &cache{spec: spec, dir: dir, img: img, present: present, table: table,
+		have: make([]bool, spec.Windows.Count), pinned: make([]bool, spec.Windows.Count),
+		lru: list.New(), elem: map[int]*list.Element{}}
+	c.stats.BytesTotal = spec.Size
+	c.pinned[0] = true
+	for w := int(spec.Metadata.Offset / spec.Windows.Size); w < spec.Windows.Count; w++ {
+		c.pinned[w] = true
+	}
+	marks := make([]byte, spec.Windows.Count)
+	if _, err := present.ReadAt(marks, 0); err != nil && !errors.Is(err, errEOF) {
+		c.close()
+		return nil, err
+	}
+	buf := make([]byte, spec.Windows.Size)
+	for w, m := range marks {
+		if m != 1 {
+			continue
+		}
+		off, n := c.windowRange(w)
+		if _, err := img.ReadAt(buf[:n], off); err == nil && c.verify(w, buf[:n]) {
+			c.have[w] = true
+			c.cached += n
+			c.elem[w] = c.lru.PushBack(w)
+			continue
+		}
+		present.WriteAt([]byte{0}, int64(w)) // stale: fetch again
+	}
+	c.stats.BytesCached = c.cached
+	return c, nil
+}
+
+func (c *cache) verify(w int, b []byte) bool {
+	sum := sha256.Sum256(b)
+	return bytes.Equal(sum[:], c.table[32*w:32*w+32])
+}
+
+func (c *cache) close() {
+	c.img.Close()
+	c.present.Close()
+}
+
+// store puts a verified window in the cache and evicts the least recently
+// used unpinned windows beyond the budget.
+func (c *cache) store(w int, b []byte) error {
+	off, _ := c.windowRange(w)
+	if _, err := c.img.WriteAt(b, off); err != nil {
+		return err
+	}
+	if _, err := c.present.WriteAt([]byte{1}, int64(w)); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.have[w] = true
+	c.cached += int64(len(b))
+	c.elem[w] = c.lru.PushFront(w)
+	for c.spec.MaxBytes > 0 && c.cached > c.spec.MaxBytes {
+		if !c.evictOne() {
+			break
+		}
+	}
+	c.stats.BytesCached = c.cached
+	return nil
+}
+
+// touch records a use of a cached window.
+func (c *cache) touch(w int) {
+	c.mu.Lock()
+	if e := c.elem[w]; e != nil {
+		c.lru.MoveToFront(e)
+	}
+	c.mu.Unlock()
+}
+
+func (c *cache) evictOne() bool {
+	for e := c.lru.Back(); e != nil; e = e.Prev() {
+		w := e.Value.(int)
+		if c.pinned[w] {
+			continue
+		}
+		off, n := c.windowRange(w)
+		c.present.WriteAt([]byte{0}, int64(w))
+		punchHole(c.img, off, n)
+		c.have[w] = false
+		c.cached -= n
+		c.lru.Remove(e)
+		delete(c.elem, w)
+		c.stats.Evictions++
+		return true
+	}
+	return false
+}
+
+func (c *cache) has(w int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.have[w]
+}
+
+func (c *cache) snapshot() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+func (c *cache) count(f func(*Stats)) {
+	c.mu.Lock()
+	f(&c.stats)
+	c.mu.Unlock()
+}
+
+// ReadStats reads the counters a layer's fetcher last wrote.
+func ReadStats(root string, d digest.Digest) (*Stats, error) {
+	b, err := os.ReadFile(filepath.Join(Dir(root, d), "stats.json"))
+	if err != nil {
+		return nil, err
+	}
+	var s Stats
+	return &s, json.Unmarshal(b, &s)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,270 @@
+package lazy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// ErrBusy says another fetcher already serves the layer.
+var ErrBusy = errors.New("a fetcher already serves this layer")
+
+type fetcher struct {
+	spec  Spec
+	c     *cache
+	src   source
+	log   *slog.Logger
+	evict sync.RWMutex // readers of the cache file vs eviction
+
+	mu       sync.Mutex
+	inflight map[int]*flight
+}
+
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+// ensure makes window w present: a cache hit, or one fetch shared by
+// every reader that wants it meanwhile.
+func (f *fetcher) ensure(ctx context.Context, w int) error {
+	if f.c.has(w) {
+		f.c.touch(w)
+		f.c.count(func(s *Stats) { s.CacheHits++ })
+		return nil
+	}
+	f.mu.Lock()
+	if fl := f.inflight[w]; fl != nil {
+		f.mu.Unlock()
+		<-fl.done
+		return fl.err
+	}
+	fl := &flight{done: make(chan struct{})}
+	f.inflight[w] = fl
+	f.mu.Unlock()
+	fl.err = f.fetch(ctx, w)
+	f.mu.Lock()
+	delete(f.inflight, w)
+	f.mu.Unlock()
+	close(fl.done)
+	return fl.err
+}
+
+func (f *fetcher) fetch(ctx context.Context, w int) error {
+	off, n := f.c.windowRange(w)
+	buf := make([]byte, n)
+	err := f.src.ReadAt(ctx, buf, off)
+	if err == nil && !f.c.verify(w, buf) {
+		err = fmt.Errorf("window at offset %d does not match the layer's window table (corrupt remote?)", off)
+	}
+	if err != nil {
+		f.c.count(func(s *Stats) { s.FetchErrors++ })
+		f.log.Error("fetch failed: reads of it fail with EIO", "layer", f.spec.Ref, "digest", f.spec.Digest, "offset", off, "err", err)
+		return fmt.Errorf("layer %s: window at offset %d: %w", f.spec.Ref, off, err)
+	}
+	f.evict.Lock()
+	err = f.c.store(w, buf)
+	f.evict.Unlock()
+	if err != nil {
+		f.c.count(func(s *Stats) { s.FetchErrors++ })
+		return err
+	}
+	f.c.count(func(s *Stats) { s.WindowsFetched++; s.BytesFetched += n })
+	return nil
+}
+
+// read serves a FUSE read: every window it touches is made present, then
+// the bytes come from the cache file while eviction is held off.
+func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error) {
+	if off >= f.spec.Size {
+		return 0, nil
+	}
+	end := min(off+int64(len(dest)), f.spec.Size)
+	for {
+		for w := int(off / f.spec.Windows.Size); int64(w)*f.spec.Windows.Size < end; w++ {
+			if err := f.ensure(ctx, w); err != nil {
+				return 0, err
+			}
+		}
+		f.evict.RLock()
+		ok := true
+		for w := int(off / f.spec.Windows.Size); int64(w)*f.spec.Windows.Size < end; w++ {
+			ok = ok && f.c.has(w)
+		}
+		var n int
+		var err error
+		if ok {
+			n, err = f.c.img.ReadAt(dest[:end-off], off)
+		}
+		f.evict.RUnlock()
+		if ok {
+			return n, err
+		}
+		// A window was evicted between fetch and read: fetch again.
+	}
+}
+
+type imageNode struct {
+	fs.Inode
+	f *fetcher
+}
+
+var (
+	_ fs.NodeOpener    = (*imageNode)(nil)
+	_ fs.NodeReader    = (*imageNode)(nil)
+	_ fs.NodeGetattrer = (*imageNode)(nil)
+)
+
+func (n *imageNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Size = uint64(n.f.spec.Size)
+	return 0
+}
+
+// Open asks for direct I/O: the EROFS mount above caches what it reads,
+// so the FUSE file must not cache the same bytes a second time.
+func (n *imageNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (n *imageNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	k, err := n.f.read(ctx, dest, off)
+	if err != nil {
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+type rootNode struct {
+	fs.Inode
+	img *imageNode
+}
+
+func (r *rootNode) OnAdd(ctx context.Context) {
+	r.AddChild("image", r.NewPersistentInode(ctx, r.img, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2}), false)
+}
+
+// Users counts the EROFS mounts of a layer's FUSE file on this host.
+func Users(dir string) int {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0
+	}
+	want := filepath.Join(dir, "fuse", "image")
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		_, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(post); ok && len(f) >= 2 && f[0] == "erofs" && f[1] == want {
+			n++
+		}
+	}
+	return n
+}
+
+// Serve runs a layer's fetcher until no mount has used it for idle. It
+// fetches block 0 and the metadata region first, mounts the FUSE file and
+// writes fetcher.ready.
+func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger) error {
+	lock, err := os.OpenFile(filepath.Join(dir, "fetcher.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return ErrBusy
+	}
+	var spec Spec
+	if err := readJSON(filepath.Join(dir, "layer.json"), &spec); err != nil {
+		return err
+	}
+	c, err := openCache(dir, spec)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	src, err := openSource(spec)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	f := &fetcher{spec: spec, c: c, src: src, log: log, inflight: map[int]*flight{}}
+	for w := 0; w < spec.Windows.Count; w++ {
+		if c.pinned[w] {
+			if err := f.ensure(ctx, w); err != nil {
+				return fmt.Errorf("fetch metadata: %w", err)
+			}
+		}
+	}
+	mnt := filepath.Join(dir, "fuse")
+	_ = unix.Unmount(mnt, unix.MNT_DETACH) // a killed fetcher's dead mount
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return err
+	}
+	root := &rootNode{img: &imageNode{f: f}}
+	sec := time.Hour // attributes never change
+	srv, err := fs.Mount(mnt, root, &fs.Options{
+		EntryTimeout: &sec, AttrTimeout: &sec,
+		MountOptions: fuse.MountOptions{
+			FsName: "dsec-" + spec.Digest.Encoded()[:12], Name: "dsec", AllowOther: true,
+			DirectMount: true, DirectMountStrict: true, MaxReadAhead: 1 << 20,
+			// The kernel refuses a file-backed EROFS mount on a FUSE file
+			// that may pass through to a backing file.
+			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("mount FUSE: %w", err)
+	}
+	defer srv.Unmount()
+	os.WriteFile(filepath.Join(dir, "fetcher.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(dir, "fetcher.ready"))
+	log.Info("serving", "layer", spec.Ref, "digest", spec.Digest, "cached", c.cached)
+
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var last Stats
+	idleSince := time.Now()
+	for {
+		select {
+		case <-term:
+			idleSince = time.Time{} // check now
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if s := c.snapshot(); s != last {
+			last = s
+			writeJSON(filepath.Join(dir, "stats.json"), s)
+		}
+		if Users(dir) > 0 {
+			idleSince = time.Now()
+			continue
+		}
+		if idleSince.IsZero() || time.Since(idleSince) >= idle {
+			writeJSON(filepath.Join(dir, "stats.json"), c.snapshot())
+			log.Info("no mount uses the layer: exiting", "layer", spec.Ref)
+			return nil
+		}
+	}
+}

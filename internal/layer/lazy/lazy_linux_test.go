@@ -1,0 +1,306 @@
+package lazy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// TestMain doubles as the fetcher process the mounts start.
+func TestMain(m *testing.M) {
+	if os.Getenv("DSEC_TEST_FETCHER") == "1" {
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], 300*time.Millisecond, log)
+		if err != nil && !errors.Is(err, lazy.ErrBusy) {
+			fmt.Fprintln(os.Stderr, "fetcher:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+type env struct {
+	root, remoteDir string
+	target          remote.Target
+	info            *layer.Info
+	desc            *remote.Layer
+	ref             layer.Ref
+}
+
+// setup builds src into a local store, pushes it to a dir: remote and
+// describes it from there.
+func setup(t *testing.T, src string) *env {
+	t.Helper()
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := layer.ParseRef("lazy/test:1")
+	info, err := layer.Build(ctx, s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdir := filepath.Join(t.TempDir(), "remote")
+	target, err := remote.Open("dir://"+rdir, remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(s), target, ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Describe(ctx, target, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{root: filepath.Join(root, "host"), remoteDir: rdir, target: target, info: info, desc: desc, ref: ref}
+}
+
+func (e *env) spec(maxBytes int64) lazy.Spec {
+	return lazy.Spec{Ref: e.ref.String(), Digest: e.info.Digest, Size: e.info.Size, Metadata: e.info.Metadata,
+		Windows: e.info.Windows, Remote: e.target.String(), MaxBytes: maxBytes}
+}
+
+// mount mounts the layer lazily and unmounts it, waiting for the fetcher
+// to exit, when the test ends.
+func (e *env) mount(t *testing.T, maxBytes int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	start := lazy.Start{Path: os.Args[0]}
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	err := lazy.Mount(context.Background(), e.root, e.spec(maxBytes), e.desc.Windows, dir, start)
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.umount(t, dir) })
+	return dir
+}
+
+func (e *env) umount(t *testing.T, dir string) {
+	cache := lazy.Dir(e.root, e.info.Digest)
+	pid := pidOf(cache)
+	if err := lazy.Unmount(dir); err != nil && !errors.Is(err, unix.EINVAL) {
+		t.Error(err)
+	}
+	if lazy.Users(cache) == 0 {
+		waitGone(t, pid)
+	}
+}
+
+func pidOf(cache string) int {
+	b, _ := os.ReadFile(filepath.Join(cache, "fetcher.pid"))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// waitGone waits for a fetcher the test started to exit.
+func waitGone(t *testing.T, pid int) {
+	if pid <= 0 {
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Errorf("fetcher %d still running", pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func stats(t *testing.T, e *env) lazy.Stats {
+	t.Helper()
+	time.Sleep(400 * time.Millisecond) // the fetcher writes stats every 250 ms
+	s, err := lazy.ReadStats(e.root, e.info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *s
+}
+
+func dataTree(t *testing.T) string {
+	src := t.TempDir()
+	r := rand.New(rand.NewSource(1))
+	for i := range 8 {
+		b := make([]byte, 1<<20+512<<10)
+		r.Read(b)
+		os.WriteFile(filepath.Join(src, fmt.Sprintf("blob%d", i)), b, 0o644)
+	}
+	for i := range 50 {
+		os.WriteFile(filepath.Join(src, fmt.Sprintf("small%02d", i)), []byte(strings.Repeat("x", i*100)), 0o644)
+	}
+	return src
+}
+
+func TestLazyMountReadsEqualSource(t *testing.T) {
+	layertest.RequireRoot(t)
+	src := t.TempDir()
+	layertest.MakeRich(t, src, layertest.Options{Sockets: true})
+	e := setup(t, src)
+	dir := e.mount(t, 0)
+	before := stats(t, e)
+	// Listing and stat need no file data: only block 0 and metadata.
+	want := layertest.ScanDir(t, src)
+	for p := range want {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := stats(t, e); s.WindowsFetched != before.WindowsFetched {
+		t.Fatalf("stat of every path fetched %d data windows", s.WindowsFetched-before.WindowsFetched)
+	}
+	got := layertest.ScanDir(t, dir)
+	if d := layertest.Diff(want, got); len(d) > 0 {
+		t.Fatalf("lazy mount differs:\n%s", strings.Join(d, "\n"))
+	}
+	s := stats(t, e)
+	if s.BytesTotal != e.info.Size || s.BytesFetched > e.info.Size || s.WindowsFetched == 0 {
+		t.Fatalf("stats %+v for a %d-byte layer", s, e.info.Size)
+	}
+}
+
+func TestOneFetcherPerLayer(t *testing.T) {
+	e := setup(t, dataTree(t))
+	a := e.mount(t, 0)
+	pid := pidOf(lazy.Dir(e.root, e.info.Digest))
+	b := e.mount(t, 0)
+	if p := pidOf(lazy.Dir(e.root, e.info.Digest)); p != pid {
+		t.Fatalf("second mount started fetcher %d, first was %d", p, pid)
+	}
+	if n := lazy.Users(lazy.Dir(e.root, e.info.Digest)); n != 2 {
+		t.Fatalf("%d users, want 2", n)
+	}
+	x, _ := os.ReadFile(filepath.Join(a, "blob3"))
+	y, _ := os.ReadFile(filepath.Join(b, "blob3"))
+	if !bytes.Equal(x, y) || len(x) == 0 {
+		t.Fatal("two mounts of one layer read different bytes")
+	}
+}
+
+func TestKilledFetcherFailsClosed(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	dir := e.mount(t, 0)
+	if _, err := os.ReadFile(filepath.Join(dir, "blob0")); err != nil {
+		t.Fatal(err)
+	}
+	cache := lazy.Dir(e.root, e.info.Digest)
+	pid := pidOf(cache)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+	b, err := os.ReadFile(filepath.Join(dir, "blob5"))
+	if err == nil {
+		t.Fatalf("read %d bytes through a dead fetcher", len(b))
+	}
+	if !errors.Is(err, syscall.EIO) && !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("read through a dead fetcher: %v, want EIO", err)
+	}
+	// The dead FUSE mount goes with the layer mount.
+	if err := lazy.Unmount(dir); err != nil {
+		t.Fatal(err)
+	}
+	unix.Unmount(filepath.Join(cache, "fuse"), unix.MNT_DETACH)
+}
+
+func TestCorruptWindowFailsThatReadOnly(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	blob := filepath.Join(e.remoteDir, "blobs", "sha256", e.info.Digest.Encoded())
+	raw, err := os.ReadFile(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// blob2 starts at the third 1.5 MiB file: corrupt a byte inside it.
+	fi, _ := os.Stat(filepath.Join(src, "blob2"))
+	want, _ := os.ReadFile(filepath.Join(src, "blob2"))
+	off := bytes.Index(raw, want[:4096])
+	if off < 0 || fi.Size() != int64(len(want)) {
+		t.Fatal("blob2 not found in the image")
+	}
+	raw[off+100] ^= 0xff
+	os.Chmod(blob, 0o644)
+	if err := os.WriteFile(blob, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := e.mount(t, 0)
+	if _, err := os.ReadFile(filepath.Join(dir, "blob2")); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a corrupt window: %v, want EIO", err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "blob6"))
+	exp, _ := os.ReadFile(filepath.Join(src, "blob6"))
+	if err != nil || !bytes.Equal(got, exp) {
+		t.Fatalf("other files must still read: %v", err)
+	}
+	if s := stats(t, e); s.FetchErrors == 0 {
+		t.Fatal("no fetch error counted")
+	}
+	log, _ := os.ReadFile(filepath.Join(lazy.Dir(e.root, e.info.Digest), "fetcher.log"))
+	if !bytes.Contains(log, []byte("lazy/test:1")) || !bytes.Contains(log, []byte(fmt.Sprintf("offset=%d", int64(off)/layer.WindowSize*layer.WindowSize))) {
+		t.Fatalf("fetcher log does not name the layer and offset:\n%s", log)
+	}
+}
+
+func TestEvictionAndRestart(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	readAll := func(dir string) {
+		for i := range 8 {
+			got, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("blob%d", i)))
+			exp, _ := os.ReadFile(filepath.Join(src, fmt.Sprintf("blob%d", i)))
+			if err != nil || !bytes.Equal(got, exp) {
+				t.Fatalf("blob%d: %v", i, err)
+			}
+		}
+	}
+	// A budget of 4 MiB holds the metadata and a few data windows.
+	small := e.mount(t, 4<<20)
+	readAll(small)
+	s := stats(t, e)
+	if s.Evictions == 0 || s.BytesCached > 4<<20 {
+		t.Fatalf("small cache: %+v", s)
+	}
+	e.umount(t, small)
+	// Unbounded: fetch everything, then restart: nothing is fetched again.
+	dir := e.mount(t, 0)
+	readAll(dir)
+	e.umount(t, dir)
+	again := e.mount(t, 0)
+	dropCaches(t)
+	readAll(again)
+	if s := stats(t, e); s.WindowsFetched != 0 || s.CacheHits == 0 {
+		t.Fatalf("after restart: %+v, want every read from the cache", s)
+	}
+}
+
+// dropCaches drops the page cache so reads reach the fetcher.
+func dropCaches(t *testing.T) {
+	unix.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200); err != nil {
+		t.Fatal(err)
+	}
+}

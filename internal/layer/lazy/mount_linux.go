@@ -1,0 +1,167 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Start describes how to start a fetcher process for a cache directory:
+// the command and arguments, to which the directory is appended.
+type Start struct {
+	Path string
+	Args []string
+}
+
+// Mount mounts a layer lazily on target. It writes the layer's spec and
+// window table to its cache directory, starts the layer's fetcher unless
+// one already serves it (one fetcher and one cache per layer per host,
+// shared by every mount), and mounts EROFS on the fetcher's file.
+func Mount(ctx context.Context, root string, spec Spec, table []byte, target string, start Start) error {
+	dir := Dir(root, spec.Digest)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
+		return err
+	}
+	if err := writeJSON(filepath.Join(dir, "layer.json"), spec); err != nil {
+		return err
+	}
+	if !ready(dir) {
+		if err := startFetcher(ctx, dir, start); err != nil {
+			return err
+		}
+	}
+	return mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target)
+}
+
+func writeIfChanged(p string, b []byte) error {
+	if cur, err := os.ReadFile(p); err == nil && bytes.Equal(cur, b) {
+		return nil
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// ready reports whether a live fetcher serves dir.
+func ready(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "fetcher.ready")); err != nil {
+		return false
+	}
+	pid := fetcherPID(dir)
+	return pid > 0 && syscall.Kill(pid, 0) == nil
+}
+
+func fetcherPID(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, "fetcher.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// startFetcher runs the fetcher in a session of its own, so it outlives
+// the command that started it, and waits until its FUSE file is served.
+func startFetcher(ctx context.Context, dir string, start Start) error {
+	os.Remove(filepath.Join(dir, "fetcher.ready"))
+	logf, err := os.OpenFile(filepath.Join(dir, "fetcher.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(start.Path, append(append([]string(nil), start.Args...), dir)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start fetcher: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.NewTimer(2 * time.Minute)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			if ready(dir) { // another fetcher won the race and serves it
+				return nil
+			}
+			return fmt.Errorf("fetcher for %s exited (%v): %s", dir, err, lastLine(filepath.Join(dir, "fetcher.log")))
+		case <-deadline.C:
+			return fmt.Errorf("fetcher for %s did not become ready in 2 minutes: %s", dir, lastLine(filepath.Join(dir, "fetcher.log")))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			if _, err := os.Stat(filepath.Join(dir, "fetcher.ready")); err == nil {
+				return nil // the process lives on; Wait's goroutine ends with us
+			}
+		}
+	}
+}
+
+func lastLine(p string) string {
+	b, _ := os.ReadFile(p)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+// Unmount unmounts a lazily mounted layer and tells its fetcher, which
+// exits once no mount uses it.
+func Unmount(target string) error {
+	src := mountSource(target)
+	if err := mount.Unmount(target); err != nil {
+		return err
+	}
+	if strings.HasSuffix(src, "/fuse/image") {
+		dir := filepath.Dir(filepath.Dir(src))
+		if pid := fetcherPID(dir); pid > 0 && Users(dir) == 0 {
+			syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	return nil
+}
+
+// mountSource returns the source of the mount on target, if any.
+func mountSource(target string) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) > 4 && f[4] == target && len(g) > 1 {
+			return g[1]
+		}
+	}
+	return ""
+}
+
+func readJSON(p string, v any) error {
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s is missing: mount the layer again", p)
+	}
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
