@@ -30,6 +30,12 @@ type Config struct {
 	Progress  string            `mapstructure:"progress"`
 	Remote    string            `mapstructure:"remote"`  // default remote: a name or a URL
 	Remotes   map[string]string `mapstructure:"remotes"` // name -> dir:///PATH or oci://HOST/REPO
+	Cache     CacheConfig       `mapstructure:"cache"`
+}
+
+// CacheConfig bounds the host cache of lazily fetched layers.
+type CacheConfig struct {
+	MaxBytes int64 `mapstructure:"max_bytes"` // per layer; 0: unbounded
 }
 
 type app struct {
@@ -75,8 +81,9 @@ toolkit), keeps them in a content-addressed store, and runs stateful sandboxes o
 All state lives under --root. Settings come from flags, then DSEC_* environment variables
 (DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS, DSEC_REMOTE), then the config file
 (--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
-are root, log-level, log-format, progress, remote (the default remote) and remotes (a map of names
-to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs); unknown keys are an error.
+are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
+to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs) and cache.max_bytes (DSEC_CACHE_MAX_BYTES:
+the host cache budget of each lazily mounted layer); unknown keys are an error.
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
@@ -104,7 +111,7 @@ to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs); unknown keys are an error.
 func (a *app) configure(cmd *cobra.Command) error {
 	v := viper.New()
 	v.SetEnvPrefix("DSEC")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
 	v.AutomaticEnv()
 	flags := cmd.Root().PersistentFlags()
 	for _, name := range []string{"root", "log-level", "log-format", "progress"} {
@@ -115,6 +122,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	v.SetDefault("remote", "")
+	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("remotes", map[string]string{})
 	file, explicit := configFile(flags)
 	v.SetConfigFile(file)
@@ -126,7 +134,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	if err := v.UnmarshalExact(&a.cfg); err != nil {
-		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes)", file, err)}
+		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.max_bytes)", file, err)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {

@@ -22,7 +22,7 @@ type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the 
 over a base layer.`,
 	}
 	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(),
-		a.layerCopyCommand(true), a.layerCopyCommand(false))
+		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerFetcher())
 	return cmd
 }
 

@@ -6,7 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
@@ -27,6 +30,7 @@ func TestScripts(t *testing.T) {
 			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
 			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
 			env.Setenv("DSEC_CONFIG", "")
+			env.Defer(func() { cleanMounts(env.WorkDir) })
 			return nil
 		},
 		Condition: func(cond string) (bool, error) {
@@ -93,4 +97,33 @@ func cmdMkTree(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(os.Symlink("run.sh", filepath.Join(dir, "start")))
 	ts.Check(os.Link(filepath.Join(dir, "run.sh"), filepath.Join(dir, "again.sh")))
 	ts.Check(layertest.Touch(dir))
+}
+
+// cleanMounts undoes what a failed script left mounted below dir: layer
+// mounts first, then fetchers' FUSE mounts; the fetchers then exit.
+func cleanMounts(dir string) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var erofs, fuse []string
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 || !strings.HasPrefix(f[4], dir+"/") {
+			continue
+		}
+		if strings.HasPrefix(g[0], "fuse") {
+			fuse = append(fuse, f[4])
+		} else {
+			erofs = append(erofs, f[4])
+		}
+	}
+	for _, m := range append(erofs, fuse...) {
+		unix.Unmount(m, unix.MNT_DETACH)
+	}
+	pids, _ := filepath.Glob(filepath.Join(dir, "*", "cache", "*", "fetcher.pid"))
+	for _, p := range pids {
+		b, _ := os.ReadFile(p)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			unix.Kill(pid, unix.SIGTERM)
+		}
+	}
 }

@@ -24,6 +24,7 @@ var ErrBusy = errors.New("a fetcher already serves this layer")
 
 type fetcher struct {
 	spec  Spec
+	dir   string
 	c     *cache
 	src   source
 	log   *slog.Logger
@@ -31,6 +32,22 @@ type fetcher struct {
 
 	mu       sync.Mutex
 	inflight map[int]*flight
+
+	statsMu sync.Mutex
+	written Stats
+}
+
+// writeStats publishes the counters when they changed: after every
+// fetch, so dsec layer stats sees a read that just happened, and on a
+// timer for cache hits.
+func (f *fetcher) writeStats() {
+	f.statsMu.Lock()
+	defer f.statsMu.Unlock()
+	if s := f.c.snapshot(); s != f.written {
+		if writeJSON(filepath.Join(f.dir, "stats.json"), s) == nil {
+			f.written = s
+		}
+	}
 }
 
 type flight struct {
@@ -56,6 +73,7 @@ func (f *fetcher) ensure(ctx context.Context, w int) error {
 	f.inflight[w] = fl
 	f.mu.Unlock()
 	fl.err = f.fetch(ctx, w)
+	f.writeStats()
 	f.mu.Lock()
 	delete(f.inflight, w)
 	f.mu.Unlock()
@@ -203,7 +221,7 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 		return err
 	}
 	defer src.Close()
-	f := &fetcher{spec: spec, c: c, src: src, log: log, inflight: map[int]*flight{}}
+	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}}
 	for w := 0; w < spec.Windows.Count; w++ {
 		if c.pinned[w] {
 			if err := f.ensure(ctx, w); err != nil {
@@ -233,6 +251,8 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	}
 	defer srv.Unmount()
 	os.WriteFile(filepath.Join(dir, "fetcher.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	f.written = Stats{BytesTotal: -1} // publish the first counters now
+	f.writeStats()
 	if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
 		return err
 	}
@@ -243,7 +263,6 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var last Stats
 	idleSince := time.Now()
 	for {
 		select {
@@ -253,16 +272,13 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 			return nil
 		case <-tick.C:
 		}
-		if s := c.snapshot(); s != last {
-			last = s
-			writeJSON(filepath.Join(dir, "stats.json"), s)
-		}
+		f.writeStats()
 		if Users(dir) > 0 {
 			idleSince = time.Now()
 			continue
 		}
 		if idleSince.IsZero() || time.Since(idleSince) >= idle {
-			writeJSON(filepath.Join(dir, "stats.json"), c.snapshot())
+			f.writeStats()
 			log.Info("no mount uses the layer: exiting", "layer", spec.Ref)
 			return nil
 		}

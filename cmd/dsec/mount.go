@@ -1,0 +1,206 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+type mountResult struct {
+	Ref    string        `json:"name"`
+	Digest digest.Digest `json:"digest"`
+	Dir    string        `json:"dir"`
+	Mode   string        `json:"mode"` // local: the store's blob, file-backed; lazy: fetched on demand
+	Remote string        `json:"remote,omitempty"`
+}
+
+func (a *app) layerMount() *cobra.Command {
+	var from string
+	var insecure, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "mount REF DIR [--from REMOTE]",
+		Short: "Mount a layer read-only, fetching a remote layer's bytes only when read",
+		Long: `Mount mounts layer REF (NAME[:VERSION]) read-only on DIR with the kernel's EROFS.
+
+A layer in the local store is mounted straight from its blob (file-backed, no loop device).
+With --from REMOTE (dir:///PATH, oci://HOST/REPO or a configured name) the layer is mounted
+lazily: block 0 and the metadata region are fetched first, so listing and stat never wait,
+and each 1 MiB window of file data is fetched on first read, checked against the layer's
+window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). One
+fetcher process per layer serves every mount of it and outlives this command; it exits
+when the last mount is gone. If the fetcher dies or the remote fails, reads fail with EIO:
+never zeros, never stale bytes.
+
+` + exitCodesHelp,
+		Example: `  dsec layer mount debian/bookworm:2026.11 /mnt/base
+  dsec layer mount myrepo:abc123 /mnt/ws --from dir:///mnt/3fs/dsec
+  dsec layer umount /mnt/ws`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, err := layer.ParseRef(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			dir, err := filepath.Abs(args[1])
+			if err != nil {
+				return err
+			}
+			if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+				return fmt.Errorf("mount point %s is not a directory: create it first: %w", dir, errdefs.ErrNotFound)
+			}
+			res := mountResult{Ref: ref.String(), Dir: dir}
+			if from == "" {
+				s, err := a.openStore()
+				if err != nil {
+					return err
+				}
+				info, err := layer.Resolve(cmd.Context(), s, ref.String())
+				if err != nil {
+					return fmt.Errorf("%w (to mount a remote layer lazily, add --from REMOTE)", err)
+				}
+				if err := mount.EROFS(s.BlobPath(info.Digest)).Mount(dir); err != nil {
+					return err
+				}
+				res.Digest, res.Mode = info.Digest, "local"
+			} else {
+				target, err := a.openRemote(from, insecure)
+				if err != nil {
+					return err
+				}
+				l, err := remote.Describe(cmd.Context(), target, ref)
+				if err != nil {
+					return err
+				}
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				spec := lazy.Spec{Ref: ref.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
+					Windows: l.Config.Windows, Remote: target.String(), Insecure: insecure, MaxBytes: a.cfg.Cache.MaxBytes}
+				start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
+				if err := lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start); err != nil {
+					return err
+				}
+				res.Digest, res.Mode, res.Remote = l.Blob.Digest, "lazy", target.String()
+			}
+			if asJSON {
+				return a.printJSON(res)
+			}
+			_, err = fmt.Fprintln(a.stdout, res.Digest)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "mount lazily from this remote (URL or configured name)")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) layerUmount() *cobra.Command {
+	return &cobra.Command{
+		Use:     "umount DIR",
+		Aliases: []string{"unmount"},
+		Short:   "Unmount a layer; its fetcher exits when no mount uses it",
+		Example: `  dsec layer umount /mnt/ws`,
+		Args:    exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			err = lazy.Unmount(dir)
+			if errors.Is(err, syscall.EINVAL) {
+				return fmt.Errorf("%s is not a mount point: %w", dir, errdefs.ErrNotFound)
+			}
+			return err
+		},
+	}
+}
+
+func (a *app) layerStats() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats REF",
+		Short: "Show what a lazily mounted layer fetched and served from the host cache",
+		Long: `Stats prints the counters of a layer's fetcher since it started: bytes_total (the image
+size), bytes_fetched, windows_fetched, cache_hits, fetch_errors, bytes_cached and evictions.
+REF is NAME[:VERSION] or the layer digest.
+
+` + exitCodesHelp,
+		Example: `  dsec layer stats myrepo:abc123 --json`,
+		Args:    exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, name, err := a.cachedLayer(args[0])
+			if err != nil {
+				return err
+			}
+			st, err := lazy.ReadStats(a.cfg.Root, d)
+			if err != nil {
+				return fmt.Errorf("layer %s has no fetcher statistics yet: %w", args[0], errdefs.ErrNotFound)
+			}
+			out := struct {
+				Ref    string        `json:"name"`
+				Digest digest.Digest `json:"digest"`
+				*lazy.Stats
+			}{name, d, st}
+			if asJSON {
+				return a.printJSON(out)
+			}
+			fmt.Fprintf(a.stdout, "%s %s\nfetched %s in %d windows of %s, %d cache hits, %d fetch errors, %s cached, %d evictions\n",
+				name, d, humanBytes(st.BytesFetched), st.WindowsFetched, humanBytes(st.BytesTotal), st.CacheHits, st.FetchErrors,
+				humanBytes(st.BytesCached), st.Evictions)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// cachedLayer finds the digest of a layer in the host cache by name or
+// digest.
+func (a *app) cachedLayer(ref string) (digest.Digest, string, error) {
+	ents, _ := os.ReadDir(filepath.Join(a.cfg.Root, "cache"))
+	for _, e := range ents {
+		var spec lazy.Spec
+		b, err := os.ReadFile(filepath.Join(a.cfg.Root, "cache", e.Name(), "layer.json"))
+		if err != nil || json.Unmarshal(b, &spec) != nil {
+			continue
+		}
+		if spec.Ref == ref || spec.Digest.String() == ref || spec.Digest.Encoded() == ref {
+			return spec.Digest, spec.Ref, nil
+		}
+	}
+	return "", "", fmt.Errorf("layer %s was never mounted lazily on this host: %w", ref, errdefs.ErrNotFound)
+}
+
+func (a *app) layerFetcher() *cobra.Command {
+	var idle time.Duration
+	cmd := &cobra.Command{
+		Use:    "fetcher CACHE-DIR",
+		Short:  "Serve a lazily mounted layer (started by dsec layer mount)",
+		Hidden: true,
+		Args:   exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			err := lazy.Serve(cmd.Context(), args[0], idle, a.log)
+			if errors.Is(err, lazy.ErrBusy) {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().DurationVar(&idle, "idle", 5*time.Second, "exit after no mount used the layer for this long")
+	return cmd
+}
