@@ -29,7 +29,7 @@ type mountResult struct {
 
 func (a *app) layerMount() *cobra.Command {
 	var from string
-	var insecure, asJSON bool
+	var insecure, asJSON, record bool
 	cmd := &cobra.Command{
 		Use:   "mount REF DIR [--from REMOTE]",
 		Short: "Mount a layer read-only, fetching a remote layer's bytes only when read",
@@ -39,7 +39,9 @@ A layer in the local store is mounted straight from its blob (file-backed, no lo
 With --from REMOTE (dir:///PATH, oci://HOST/REPO or a configured name) the layer is mounted
 lazily: block 0 and the metadata region are fetched first, so listing and stat never wait,
 and each 1 MiB window of file data is fetched on first read, checked against the layer's
-window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). One
+window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). With
+--record, the windows the run reads become the layer's prefetch hint on this host: later
+fetchers of the layer fetch them in the background as soon as they start. One
 fetcher process per layer serves every mount of it and outlives this command; it exits
 when the last mount is gone. If the fetcher dies or the remote fails, reads fail with EIO:
 never zeros, never stale bytes.
@@ -89,7 +91,8 @@ never zeros, never stale bytes.
 					return err
 				}
 				spec := lazy.Spec{Ref: ref.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
-					Windows: l.Config.Windows, Remote: target.String(), Insecure: insecure, MaxBytes: a.cfg.Cache.MaxBytes}
+					Windows: l.Config.Windows, Remote: target.String(), Insecure: insecure, MaxBytes: a.cfg.Cache.MaxBytes,
+					Record: record}
 				start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
 				if err := lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start); err != nil {
 					return err
@@ -105,6 +108,7 @@ never zeros, never stale bytes.
 	}
 	cmd.Flags().StringVar(&from, "from", "", "mount lazily from this remote (URL or configured name)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	cmd.Flags().BoolVar(&record, "record", false, "record the windows this run reads as the layer's prefetch hint on this host")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

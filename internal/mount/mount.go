@@ -22,3 +22,28 @@ func (m Mount) String() string {
 func EROFS(image string) Mount {
 	return Mount{Type: "erofs", Source: image, Options: []string{"ro", "nodev", "nosuid"}}
 }
+
+// Overlay describes the composition of a sandbox's root: read-only
+// lowers, topmost first (toolkit, workspace, base, with snapshot diffs
+// above the layer they were taken on), and a writable upper with its
+// work directory on the same file system. Redirects and metacopy stay
+// off: a directory rename in the merged view returns EXDEV and tools copy
+// instead, and the upper holds whole files, so it can be packed into a
+// layer as it is.
+func Overlay(lowers []string, upper, work string) Mount {
+	opts := []string{"lowerdir=" + escapeLowers(lowers)}
+	if upper != "" {
+		opts = append(opts, "upperdir="+upper, "workdir="+work)
+	}
+	opts = append(opts, "redirect_dir=off", "metacopy=off", "index=off", "xino=off")
+	return Mount{Type: "overlay", Source: "overlay", Options: opts}
+}
+
+// escapeLowers joins lower directories, escaping the separator.
+func escapeLowers(ls []string) string {
+	esc := make([]string, len(ls))
+	for i, l := range ls {
+		esc[i] = strings.NewReplacer(`\`, `\\`, ":", `\:`, ",", `\,`).Replace(l)
+	}
+	return strings.Join(esc, ":")
+}

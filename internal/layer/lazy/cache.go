@@ -22,6 +22,9 @@
 //	<root>/cache/<hex>/image        sparse file: fetched windows in place
 //	<root>/cache/<hex>/present      one byte per window: 1 when cached
 //	<root>/cache/<hex>/stats.json   counters, rewritten by the fetcher
+//	<root>/cache/<hex>/prefetch     windows a recorded run touched, one
+//	                                index a line: fetched in the background
+//	                                by every later fetcher of the layer
 //	<root>/cache/<hex>/fuse/image   the FUSE file the kernel mounts
 //	<root>/cache/<hex>/fetcher.*    lock, pid and log of the fetcher
 package lazy
@@ -53,6 +56,9 @@ type Spec struct {
 	Remote   string        `json:"remote"`
 	Insecure bool          `json:"insecure,omitempty"`
 	MaxBytes int64         `json:"max_bytes,omitempty"` // cache budget for this layer, 0: unbounded
+	// Record makes the fetcher write the windows reads touched, in first
+	// touch order, to the prefetch hint when it exits.
+	Record bool `json:"record,omitempty"`
 }
 
 // Stats are a fetcher's counters.

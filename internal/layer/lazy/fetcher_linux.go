@@ -35,6 +35,62 @@ type fetcher struct {
 
 	statsMu sync.Mutex
 	written Stats
+
+	recMu    sync.Mutex
+	recorded map[int]bool
+	order    []int
+}
+
+// record notes the first touch of each window, when recording.
+func (f *fetcher) record(w int) {
+	if f.recorded == nil {
+		return
+	}
+	f.recMu.Lock()
+	if !f.recorded[w] {
+		f.recorded[w] = true
+		f.order = append(f.order, w)
+	}
+	f.recMu.Unlock()
+}
+
+// saveRecord writes the prefetch hint of a recorded run.
+func (f *fetcher) saveRecord() error {
+	if f.recorded == nil {
+		return nil
+	}
+	f.recMu.Lock()
+	defer f.recMu.Unlock()
+	var b strings.Builder
+	for _, w := range f.order {
+		fmt.Fprintln(&b, w)
+	}
+	tmp := filepath.Join(f.dir, "prefetch.tmp")
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(f.dir, "prefetch"))
+}
+
+// prefetch fetches the windows of the layer's hint in order, in the
+// background, so a run that follows a recorded one finds them cached.
+func (f *fetcher) prefetch(ctx context.Context) {
+	b, err := os.ReadFile(filepath.Join(f.dir, "prefetch"))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Fields(string(b)) {
+		w, err := strconv.Atoi(line)
+		if err != nil || w < 0 || w >= f.spec.Windows.Count {
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !f.c.has(w) {
+			f.ensure(ctx, w)
+		}
+	}
 }
 
 // writeStats publishes the counters when they changed: after every
@@ -113,6 +169,7 @@ func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error)
 	end := min(off+int64(len(dest)), f.spec.Size)
 	for {
 		for w := int(off / f.spec.Windows.Size); int64(w)*f.spec.Windows.Size < end; w++ {
+			f.record(w)
 			if err := f.ensure(ctx, w); err != nil {
 				return 0, err
 			}
@@ -222,6 +279,10 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	}
 	defer src.Close()
 	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}}
+	if spec.Record {
+		f.recorded = map[int]bool{}
+		defer f.saveRecord()
+	}
 	for w := 0; w < spec.Windows.Count; w++ {
 		if c.pinned[w] {
 			if err := f.ensure(ctx, w); err != nil {
@@ -258,6 +319,9 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	}
 	defer os.Remove(filepath.Join(dir, "fetcher.ready"))
 	log.Info("serving", "layer", spec.Ref, "digest", spec.Digest, "cached", c.cached)
+	pctx, stopPrefetch := context.WithCancel(ctx)
+	defer stopPrefetch()
+	go f.prefetch(pctx)
 
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)

@@ -304,3 +304,94 @@ func dropCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLazyFromRegistry mounts a layer from a real registry: windows are
+// fetched with HTTP Range requests.
+func TestLazyFromRegistry(t *testing.T) {
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	src := dataTree(t)
+	e := setup(t, src)
+	addr, _ := layertest.StartRegistry(t)
+	reg, err := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, e.target, reg, e.ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.target = reg
+	if e.desc, err = remote.Describe(ctx, reg, e.ref); err != nil {
+		t.Fatal(err)
+	}
+	spec := e.spec(0)
+	spec.Insecure = true
+	dir := t.TempDir()
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	err = lazy.Mount(ctx, e.root, spec, e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.umount(t, dir) })
+	got, err := os.ReadFile(filepath.Join(dir, "blob4"))
+	exp, _ := os.ReadFile(filepath.Join(src, "blob4"))
+	if err != nil || !bytes.Equal(got, exp) {
+		t.Fatalf("blob4 through the registry: %v", err)
+	}
+	if s := stats(t, e); s.BytesFetched >= e.info.Size || s.WindowsFetched == 0 {
+		t.Fatalf("stats %+v: reading one file should not fetch the whole %d-byte layer", s, e.info.Size)
+	}
+}
+
+// TestRecordAndPrefetch records the windows a run reads; a later mount
+// on a cold cache fetches them in the background before they are read.
+func TestRecordAndPrefetch(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	spec := e.spec(0)
+	spec.Record = true
+	dir := t.TempDir()
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	err := lazy.Mount(context.Background(), e.root, spec, e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"blob1", "blob6"} {
+		if _, err := os.ReadFile(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.umount(t, dir)
+	cache := lazy.Dir(e.root, e.info.Digest)
+	hint, err := os.ReadFile(filepath.Join(cache, "prefetch"))
+	if err != nil || len(strings.Fields(string(hint))) < 2 {
+		t.Fatalf("prefetch hint %q: %v", hint, err)
+	}
+	// A cold cache, as on another host with the same hint.
+	os.Remove(filepath.Join(cache, "image"))
+	os.Remove(filepath.Join(cache, "present"))
+	again := e.mount(t, 0)
+	deadline := time.Now().Add(10 * time.Second)
+	prev := stats(t, e)
+	for {
+		s := stats(t, e)
+		if s.WindowsFetched >= int64(len(strings.Fields(string(hint)))) && s == prev {
+			break // prefetch done: nothing moved for a while
+		}
+		prev = s
+		if time.Now().After(deadline) {
+			t.Fatalf("hinted windows not prefetched: %+v", s)
+		}
+	}
+	before := stats(t, e)
+	got, _ := os.ReadFile(filepath.Join(again, "blob6"))
+	exp, _ := os.ReadFile(filepath.Join(src, "blob6"))
+	if !bytes.Equal(got, exp) {
+		t.Fatal("blob6 differs")
+	}
+	if s := stats(t, e); s.WindowsFetched != before.WindowsFetched {
+		t.Fatalf("reading a prefetched file fetched %d more windows", s.WindowsFetched-before.WindowsFetched)
+	}
+}

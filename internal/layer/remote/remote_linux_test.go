@@ -5,11 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -18,84 +15,10 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
-
-// registryVersion is the distribution registry the tests run.
-const registryVersion = "v3.1.2"
-
-// registryBinary returns the registry, built with go install on first use
-// into the user cache, so CI and developers run the same real registry.
-func registryBinary(t *testing.T) string {
-	t.Helper()
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(cache, "dsec-test", "registry-"+registryVersion)
-	exe := filepath.Join(bin, "registry")
-	if _, err := os.Stat(exe); err == nil {
-		return exe
-	}
-	goexe := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(goexe, "install", "github.com/distribution/distribution/v3/cmd/registry@"+registryVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOFLAGS=-mod=mod")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go install the test registry: %v\n%s", err, out)
-	}
-	return exe
-}
-
-// startRegistry runs a registry on 127.0.0.1 with storage in a temp dir
-// and returns its host:port and storage root.
-func startRegistry(t *testing.T) (string, string) {
-	t.Helper()
-	return startRegistryWith(t, "")
-}
-
-// startRegistryWith adds extra top-level configuration.
-func startRegistryWith(t *testing.T, extra string) (string, string) {
-	t.Helper()
-	exe := registryBinary(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	dir := t.TempDir()
-	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n%s", filepath.Join(dir, "data"), addr, extra)
-	cfgPath := filepath.Join(dir, "config.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	cmd := exec.Command(exe, "serve", cfgPath)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + "/v2/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 || resp.StatusCode == 401 {
-				return addr, filepath.Join(dir, "data")
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("registry did not start: %v\n%s", err, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 func newLocal(t *testing.T) *store.Store {
 	s, err := store.Open(filepath.Join(t.TempDir(), "store"))
@@ -196,7 +119,7 @@ func TestDirRemote(t *testing.T) {
 }
 
 func TestOCIRemote(t *testing.T) {
-	addr, _ := startRegistry(t)
+	addr, _ := layertest.StartRegistry(t)
 	target, err := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +129,7 @@ func TestOCIRemote(t *testing.T) {
 
 func TestOCIRemoteCorruptBlob(t *testing.T) {
 	ctx := context.Background()
-	addr, data := startRegistry(t)
+	addr, data := layertest.StartRegistry(t)
 	target, _ := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
 	a, b := newLocal(t), newLocal(t)
 	info := buildLayer(t, a, "x:1")
@@ -268,7 +191,7 @@ func TestOCIRemoteAuth(t *testing.T) {
 	}
 	htpasswd := filepath.Join(t.TempDir(), "htpasswd")
 	os.WriteFile(htpasswd, []byte("agent:"+string(hash)+"\n"), 0o644)
-	addr, _ := startRegistryWith(t, fmt.Sprintf("auth:\n  htpasswd:\n    realm: dsec-test\n    path: %s\n", htpasswd))
+	addr, _ := layertest.StartRegistryWith(t, fmt.Sprintf("auth:\n  htpasswd:\n    realm: dsec-test\n    path: %s\n", htpasswd))
 	ctx := context.Background()
 	a := newLocal(t)
 	buildLayer(t, a, "x:1")
