@@ -87,4 +87,3 @@ func StartRegistryWith(t *testing.T, extra string) (string, string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
