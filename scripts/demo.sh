@@ -43,6 +43,25 @@ fsck.erofs "$blob"
 fsck.erofs --extract="$work/extracted" "$blob" >/dev/null
 "$work/extracted/bin/busybox" echo "hello from inside the layer"
 
+step "share: push the layers to a dir: remote (a 3FS/NFS mount in a fleet; a local path here)"
+shared="$(dirname "$DSEC_ROOT")/shared"
+"$dsec" layer push demo/go-src:1 "dir://$shared"
+"$dsec" layer push demo/busybox:1 "dir://$shared"
+
+step "a second host mounts the workspace lazily: metadata first, file data only when read"
+export DSEC_ROOT_HOST2="$(dirname "$DSEC_ROOT")/host2"
+mnt="$work/ws"
+mkdir -p "$mnt"
+if [ "$(id -u)" = 0 ]; then
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer mount demo/go-src:1 "$mnt" --from "dir://$shared" >/dev/null
+	echo "files in the workspace: $(find "$mnt" -type f | wc -l)"
+	head -3 "$mnt/src/fmt/print.go"
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer stats demo/go-src:1
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer umount "$mnt"
+else
+	echo "(skipped: mounting needs root)"
+fi
+
 step "rm and gc"
 "$dsec" layer rm demo/busybox:rebuilt
 "$dsec" layer gc
