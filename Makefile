@@ -46,8 +46,16 @@ check-docs: build
 test: deps vet check-docs
 	$(GO) test -count=1 -timeout 30m ./...
 
+BENCH_PKGS := pv debootstrap
+
 bench: build
+	@missing=""; for p in $(BENCH_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	./scripts/bench.sh $(BIN)
+	./scripts/bench-lazy.sh $(BIN)
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

@@ -14,6 +14,8 @@ import (
 	"oras.land/oras-go/v2/registry/remote/auth"
 	"oras.land/oras-go/v2/registry/remote/credentials"
 	"oras.land/oras-go/v2/registry/remote/retry"
+
+	"github.com/dsec-project/dsec/internal/layer/remote"
 )
 
 // source reads byte ranges of one blob from a remote store.
@@ -34,7 +36,7 @@ func openSource(spec Spec) (source, error) {
 		if err != nil {
 			return nil, fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
 		}
-		return dirSource{f}, nil
+		return dirSource{f, remote.EmulationFromEnv()}, nil
 	case "oci":
 		name, _, _ := strings.Cut(spec.Ref, ":")
 		return newHTTPSource(u.Host, strings.Trim(u.Path, "/")+"/"+name, spec.Digest, spec.Insecure), nil
@@ -44,10 +46,15 @@ func openSource(spec Spec) (source, error) {
 
 // dirSource reads a blob file of a dir: remote (a 3FS, CephFS, JuiceFS or
 // NFS mount): one pread per window.
-type dirSource struct{ f *os.File }
+type dirSource struct {
+	f   *os.File
+	emu remote.Emulation
+}
 
 func (s dirSource) ReadAt(ctx context.Context, b []byte, off int64) error {
+	s.emu.Request()
 	_, err := s.f.ReadAt(b, off)
+	s.emu.Transfer(len(b))
 	return err
 }
 

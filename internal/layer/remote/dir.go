@@ -16,6 +16,7 @@ import (
 type Dir struct {
 	s    *store.Store
 	name string
+	emu  Emulation
 }
 
 func openDir(path string) (*Dir, error) {
@@ -23,7 +24,7 @@ func openDir(path string) (*Dir, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dir{s: s, name: "dir://" + path}, nil
+	return &Dir{s: s, name: "dir://" + path, emu: EmulationFromEnv()}, nil
 }
 
 // Local wraps the local store as a Target.
@@ -33,12 +34,13 @@ func (d *Dir) String() string { return d.name }
 
 // Repo returns the store: every layer name shares it.
 func (d *Dir) Repo(ctx context.Context, ref layer.Ref) (Repo, error) {
-	return dirRepo{d.s, ref}, nil
+	return dirRepo{d.s, ref, d.emu}, nil
 }
 
 type dirRepo struct {
 	s   *store.Store
 	ref layer.Ref
+	emu Emulation
 }
 
 func (r dirRepo) Resolve(ctx context.Context) (ocispec.Descriptor, error) {
@@ -50,7 +52,11 @@ func (r dirRepo) Exists(ctx context.Context, d ocispec.Descriptor) (bool, error)
 }
 
 func (r dirRepo) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
-	return r.s.Open(d.Digest)
+	f, err := r.s.Open(d.Digest)
+	if err != nil {
+		return nil, err
+	}
+	return r.emu.Reader(f), nil
 }
 
 // Push writes the blob through an ingest that is hashed and checked

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# make bench (as root): lazy-loading figures, each next to its baseline.
+#  1. Fraction of a >= 500 MB Debian base (debootstrap: python3, git, gcc) that an agent step fetches
+#     (start a shell, run python, git status in a new repo, compile a file).
+#  2. Workspace provisioning, per sandbox: tar.gz fetched and extracted vs lazy mount, to "ready and first
+#     command done", and bytes written to the local disk.
+#  3. Burst: 64 distinct workspace layers mounted at once + first command, lazy vs pull-then-mount.
+# The remote is a dir: store on this disk, slowed by DSEC_EMULATE_REMOTE (default: 2 ms per request, 200 MiB/s)
+# to stand for a shared store across a network; tar's download gets the same latency and bandwidth (pv -L).
+# Every run starts cold: host cache removed, page cache dropped.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-lazy: needs root (mount, drop_caches): skipped" >&2; exit 0; }
+dsec=$(realpath "${1:-bin/dsec}")
+runs=${BENCH_RUNS:-3}
+work=${BENCH_DIR:-$PWD/.bench-lazy}
+rootfs=${BENCH_ROOTFS:-/var/cache/dsec-bench/rootfs}
+export DSEC_EMULATE_REMOTE=${DSEC_EMULATE_REMOTE:-latency=2ms,bandwidth=200MiB}
+bw=$(sed -n 's/.*bandwidth=\([0-9]*\)MiB.*/\1/p' <<<"$DSEC_EMULATE_REMOTE")
+lat=$(sed -n 's/.*latency=\([0-9]*\)ms.*/\1/p' <<<"$DSEC_EMULATE_REMOTE")
+export DSEC_PROGRESS=never
+# unmount everything below $work, deepest first; fetchers exit once unused
+unmount_all() {
+	awk -v w="$work/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" || true; done
+}
+cleanup() { unmount_all; sleep 6; rm -rf "$work"; }
+trap cleanup EXIT
+rm -rf "$work"; mkdir -p "$work"
+dev=$(basename "$(df --output=source "$work" | tail -1)")
+written() { sync; awk -v d="$dev" '$3==d {printf "%.0f\n", $10*512}' /proc/diskstats; }
+now() { date +%s%N; }
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+mb() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
+
+if [ ! -x "$rootfs/usr/bin/python3" ]; then
+	echo "bench-lazy: building the Debian base with debootstrap (once, into $rootfs)" >&2
+	mkdir -p "$(dirname "$rootfs")"
+	debootstrap --variant=minbase --include=python3,git,gcc,libc6-dev bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+fi
+export DSEC_ROOT=$work/builder
+shared=dir://$work/shared
+
+# --- 1. fraction fetched by an agent step
+"$dsec" layer build "$rootfs" --kind base -t bench/debian:1 >/dev/null
+"$dsec" layer push bench/debian:1 "$shared" >/dev/null 2>&1
+total=$("$dsec" layer inspect bench/debian:1 --json | sed -n 's/^  "size": \([0-9]*\).*/\1/p')
+host=$work/host1
+base=$work/base; merged=$work/merged; upper=$work/rw
+mkdir -p "$base" "$merged" "$upper"
+cold
+DSEC_ROOT=$host "$dsec" layer mount bench/debian:1 "$base" --from "$shared" >/dev/null
+mount -t tmpfs tmpfs "$upper"; mkdir "$upper/u" "$upper/w"
+mount -t overlay overlay -o "lowerdir=$base,upperdir=$upper/u,workdir=$upper/w" "$merged"
+mount --bind /dev "$merged/dev"
+mount -t proc proc "$merged/proc"
+meta=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_fetched": \([0-9]*\).*/\1/p')
+chroot "$merged" /bin/sh -c '
+	python3 -c "import json, os, subprocess; print(len(os.listdir(\"/usr/lib\")))" >/dev/null
+	mkdir -p /tmp/repo && cd /tmp/repo && git init -q && echo hi >f && git add f && git status --short >/dev/null
+	printf "#include <stdio.h>\nint main(void){puts(\"hi\");return 0;}\n" >/tmp/h.c && gcc -O2 -o /tmp/h /tmp/h.c && /tmp/h >/dev/null'
+fetched=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_fetched": \([0-9]*\).*/\1/p')
+for m in "$merged/proc" "$merged/dev" "$merged" "$upper"; do umount "$m"; done
+DSEC_ROOT=$host "$dsec" layer umount "$base"
+printf '1. agent step on a %s MiB Debian base: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB)\n' \
+	"$(mb "$total")" "$(mb "$fetched")" "$(awk -v a="$fetched" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')" "$(mb "$meta")"
+
+# --- 2. workspace provisioning
+ws=$work/ws-src; mkdir -p "$ws"
+cp -a /usr/local/go "$ws/go"; cp -a /usr/local/go/src "$ws/src2"
+tar czf "$work/ws.tar.gz" -C "$ws" .
+"$dsec" layer build "$ws" --kind workspace -t bench/ws:1 >/dev/null
+"$dsec" layer push bench/ws:1 "$shared" >/dev/null 2>&1
+wsize=$(du -sm "$ws" | cut -f1)
+declare -a tt tw dt dw
+for i in $(seq "$runs"); do
+	d=$work/x$i; mkdir -p "$d"; cold; w0=$(written); t0=$(now)
+	{ sleep "0.00$lat"; pv -q -L "${bw}m" "$work/ws.tar.gz"; } | tar xzf - -C "$d"; cat "$d/go/VERSION" >/dev/null
+	tt+=($(( ($(now) - t0) / 1000000 ))); tw+=($(( $(written) - w0 ))); rm -rf "$d"
+	d=$work/m$i; mkdir -p "$d"; cold; w0=$(written); t0=$(now)
+	DSEC_ROOT=$work/host2-$i "$dsec" layer mount bench/ws:1 "$d" --from "$shared" >/dev/null; cat "$d/go/VERSION" >/dev/null
+	dt+=($(( ($(now) - t0) / 1000000 ))); dw+=($(( $(written) - w0 )))
+	DSEC_ROOT=$work/host2-$i "$dsec" layer umount "$d"
+done
+m() { printf '%s\n' "$@" | median; }
+printf '2. workspace of %s MB (tar.gz %s MB), per sandbox, to ready + first command:\n' "$wsize" "$(du -m "$work/ws.tar.gz" | cut -f1)"
+printf '   tar xzf: %s ms, %s MiB written | dsec lazy mount: %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
+	"$(m "${tt[@]}")" "$(mb "$(m "${tw[@]}")")" "$(m "${dt[@]}")" "$(mb "$(m "${dw[@]}")")" \
+	"$(awk -v a="$(m "${tt[@]}")" -v b="$(m "${dt[@]}")" 'BEGIN{printf "%.1f", a/b}')" \
+	"$(awk -v a="$(m "${tw[@]}")" -v b="$(m "${dw[@]}")" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')"
+
+# --- 3. burst of 64 distinct layers
+n=${BENCH_BURST:-64}
+src=$work/burst-src; cp -a /usr/local/go/src/cmd "$src"
+for i in $(seq "$n"); do
+	echo "layer $i" >"$src/unique"
+	"$dsec" layer build "$src" --kind workspace -t bench/burst$i:1 >/dev/null
+	"$dsec" layer push bench/burst$i:1 "$shared" >/dev/null 2>&1
+done
+burst() { # $1: lazy or full
+	local root=$work/burst-$1 t0 w0
+	rm -rf "$root"; cold; w0=$(written); t0=$(now)
+	for i in $(seq "$n"); do
+		mkdir -p "$root/m$i"
+		if [ "$1" = lazy ]; then
+			(DSEC_ROOT=$root "$dsec" layer mount bench/burst$i:1 "$root/m$i" --from "$shared" >/dev/null && cat "$root/m$i/unique" >/dev/null) &
+		else
+			(DSEC_ROOT=$root "$dsec" layer pull bench/burst$i:1 "$shared" >/dev/null 2>&1 && DSEC_ROOT=$root "$dsec" layer mount bench/burst$i:1 "$root/m$i" >/dev/null && cat "$root/m$i/unique" >/dev/null) &
+		fi
+	done
+	local failed=0
+	for job in $(jobs -p); do wait "$job" || failed=$((failed + 1)); done
+	bt=$(( ($(now) - t0) / 1000000 )); bw_=$(( $(written) - w0 ))
+	[ "$failed" = 0 ] || { echo "bench-lazy: $failed of $n $1 mounts failed" >&2; exit 1; }
+	for i in $(seq "$n"); do DSEC_ROOT=$root "$dsec" layer umount "$root/m$i"; done
+}
+burst lazy; lt=$bt; lw=$bw_
+burst full; ft=$bt; fw=$bw_
+printf '3. burst of %s cold mounts + first command (%s MiB layers): lazy %s ms, %s MiB written | pull then mount %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
+	"$n" "$(mb "$(stat -c %s "$work/builder/store/blobs/sha256/$("$dsec" layer inspect bench/burst1:1 --json | sed -n 's/.*"digest": "sha256:\([0-9a-f]*\)".*/\1/p' | head -1)")")" \
+	"$lt" "$(mb "$lw")" "$ft" "$(mb "$fw")" "$(awk -v a="$ft" -v b="$lt" 'BEGIN{printf "%.1f", a/b}')" "$(awk -v a="$fw" -v b="$lw" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')"
+printf 'remote: dir: store on the same disk, emulated with DSEC_EMULATE_REMOTE=%s\n' "$DSEC_EMULATE_REMOTE"
