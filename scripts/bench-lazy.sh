@@ -59,10 +59,12 @@ chroot "$merged" /bin/sh -c '
 	mkdir -p /tmp/repo && cd /tmp/repo && git init -q && echo hi >f && git add f && git status --short >/dev/null
 	printf "#include <stdio.h>\nint main(void){puts(\"hi\");return 0;}\n" >/tmp/h.c && gcc -O2 -o /tmp/h /tmp/h.c && /tmp/h >/dev/null'
 fetched=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_fetched": \([0-9]*\).*/\1/p')
+readb=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_read": \([0-9]*\).*/\1/p')
 for m in "$merged/proc" "$merged/dev" "$merged" "$upper"; do umount "$m"; done
 DSEC_ROOT=$host "$dsec" layer umount "$base"
-printf '1. agent step on a %s MiB Debian base: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB)\n' \
-	"$(mb "$total")" "$(mb "$fetched")" "$(awk -v a="$fetched" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')" "$(mb "$meta")"
+printf '1. agent step on a %s MiB Debian base: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%)\n' \
+	"$(mb "$total")" "$(mb "$fetched")" "$(awk -v a="$fetched" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')" "$(mb "$meta")" \
+	"$(mb "$readb")" "$(awk -v a="$readb" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')"
 
 # --- 2. workspace provisioning
 ws=$work/ws-src; mkdir -p "$ws"

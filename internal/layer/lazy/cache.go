@@ -64,6 +64,7 @@ type Spec struct {
 // Stats are a fetcher's counters.
 type Stats struct {
 	BytesTotal     int64 `json:"bytes_total"`
+	BytesRead      int64 `json:"bytes_read"` // served to the kernel: what reads asked for
 	BytesFetched   int64 `json:"bytes_fetched"`
 	BytesCached    int64 `json:"bytes_cached"`
 	WindowsFetched int64 `json:"windows_fetched"`

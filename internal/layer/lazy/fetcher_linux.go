@@ -186,6 +186,7 @@ func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error)
 		}
 		f.evict.RUnlock()
 		if ok {
+			f.c.count(func(s *Stats) { s.BytesRead += int64(n) })
 			return n, err
 		}
 		// A window was evicted between fetch and read: fetch again.
