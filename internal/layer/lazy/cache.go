@@ -39,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/opencontainers/go-digest"
 
@@ -166,11 +167,25 @@ func (c *cache) close() {
 }
 
 // store puts a verified window in the cache and evicts the least recently
-// used unpinned windows beyond the budget.
+// used unpinned windows beyond the budget. When the host's disk is full it
+// evicts until the window fits, and fails only if nothing is left to
+// evict: the present map never claims a window whose write failed.
 func (c *cache) store(w int, b []byte) error {
 	off, _ := c.windowRange(w)
-	if _, err := c.img.WriteAt(b, off); err != nil {
-		return err
+	for {
+		_, err := c.img.WriteAt(b, off)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENOSPC) {
+			return err
+		}
+		c.mu.Lock()
+		ok := c.evictOne()
+		c.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("host cache full (%s) and nothing left to evict: %w", c.dir, err)
+		}
 	}
 	if _, err := c.present.WriteAt([]byte{1}, int64(w)); err != nil {
 		return err

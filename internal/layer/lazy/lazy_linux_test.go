@@ -395,3 +395,68 @@ func TestRecordAndPrefetch(t *testing.T) {
 		t.Fatalf("reading a prefetched file fetched %d more windows", s.WindowsFetched-before.WindowsFetched)
 	}
 }
+
+// TestRemoteFaults: a blob missing from the remote fails the mount with
+// a clear error; a remote blob that shrinks mid-use fails the reads it
+// cannot serve; a full host disk makes the cache evict, and reads go on.
+func TestRemoteFaults(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	blob := filepath.Join(e.remoteDir, "blobs", "sha256", e.info.Digest.Encoded())
+
+	t.Run("missing blob", func(t *testing.T) {
+		os.Rename(blob, blob+".away")
+		defer os.Rename(blob+".away", blob)
+		dir := t.TempDir()
+		t.Setenv("DSEC_TEST_FETCHER", "1")
+		err := lazy.Mount(context.Background(), e.root, e.spec(0), e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
+		os.Unsetenv("DSEC_TEST_FETCHER")
+		if err == nil || !strings.Contains(err.Error(), "no such file") {
+			t.Fatalf("mount with the blob missing: %v", err)
+		}
+		if lazy.Users(lazy.Dir(e.root, e.info.Digest)) != 0 {
+			t.Fatal("a failed mount left a mount behind")
+		}
+	})
+
+	t.Run("store shrinks", func(t *testing.T) {
+		dir := e.mount(t, 0)
+		if _, err := os.ReadFile(filepath.Join(dir, "blob0")); err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := os.ReadFile(blob)
+		defer func() { os.Chmod(blob, 0o644); os.WriteFile(blob, raw, 0o444) }()
+		os.Chmod(blob, 0o644)
+		if err := os.Truncate(blob, 2<<20); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.ReadFile(filepath.Join(dir, "blob7")); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("read past what the store still has: %v, want EIO", err)
+		}
+		e.umount(t, dir)
+	})
+
+	t.Run("full cache", func(t *testing.T) {
+		full := &env{root: t.TempDir(), remoteDir: e.remoteDir, target: e.target, info: e.info, desc: e.desc, ref: e.ref}
+		cacheDir := filepath.Join(full.root, "cache")
+		os.MkdirAll(cacheDir, 0o755)
+		// Room for the metadata windows and a little more.
+		if err := unix.Mount("tmpfs", cacheDir, "tmpfs", 0, "size=6m"); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Unmount(cacheDir, unix.MNT_DETACH)
+		dir := full.mount(t, 0)
+		for i := range 8 {
+			got, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("blob%d", i)))
+			exp, _ := os.ReadFile(filepath.Join(src, fmt.Sprintf("blob%d", i)))
+			if err != nil || !bytes.Equal(got, exp) {
+				t.Fatalf("blob%d with a full disk: %v", i, err)
+			}
+		}
+		s, err := lazy.ReadStats(full.root, full.info.Digest)
+		if err != nil || s.Evictions == 0 {
+			t.Fatalf("a 6 MiB disk held a 12 MiB layer without evicting: %+v %v", s, err)
+		}
+		full.umount(t, dir)
+	})
+}
