@@ -35,7 +35,7 @@ type Config struct {
 
 // CacheConfig bounds the host cache of lazily fetched layers.
 type CacheConfig struct {
-	MaxBytes int64 `mapstructure:"max_bytes"` // per layer; 0: unbounded
+	MaxBytes int64 `mapstructure:"max_bytes"` // the whole host cache; 0: unbounded
 }
 
 type app struct {
@@ -83,7 +83,7 @@ All state lives under --root. Settings come from flags, then DSEC_* environment 
 (--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
 are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
 to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs) and cache.max_bytes (DSEC_CACHE_MAX_BYTES:
-the host cache budget of each lazily mounted layer); unknown keys are an error.
+the budget of the host cache of lazily mounted layers); unknown keys are an error.
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,

@@ -56,7 +56,7 @@ type Spec struct {
 	Windows  layer.Windows `json:"windows"`
 	Remote   string        `json:"remote"`
 	Insecure bool          `json:"insecure,omitempty"`
-	MaxBytes int64         `json:"max_bytes,omitempty"` // cache budget for this layer, 0: unbounded
+	MaxBytes int64         `json:"max_bytes,omitempty"` // budget of the whole host cache, 0: unbounded
 	// Record makes the fetcher write the windows reads touched, in first
 	// touch order, to the prefetch hint when it exits.
 	Record bool `json:"record,omitempty"`
@@ -195,13 +195,74 @@ func (c *cache) store(w int, b []byte) error {
 	c.have[w] = true
 	c.cached += int64(len(b))
 	c.elem[w] = c.lru.PushFront(w)
-	for c.spec.MaxBytes > 0 && c.cached > c.spec.MaxBytes {
-		if !c.evictOne() {
-			break
-		}
+	if c.spec.MaxBytes > 0 {
+		c.enforceBudget()
 	}
 	c.stats.BytesCached = c.cached
 	return nil
+}
+
+// enforceBudget keeps the whole host cache, every layer's, under
+// MaxBytes: first the caches of layers no fetcher serves (nothing pins
+// them; oldest first), then this layer's least recently used unpinned
+// windows. Pinned windows stay: a mounted layer's metadata is never
+// evicted. c.mu is held.
+func (c *cache) enforceBudget() {
+	others := filepath.Dir(c.dir)
+	for hostUsage(others) > c.spec.MaxBytes {
+		if dropIdleCache(others, c.dir) {
+			continue
+		}
+		if !c.evictOne() {
+			return
+		}
+	}
+}
+
+// hostUsage is the disk space the host cache's images take.
+func hostUsage(cacheRoot string) int64 {
+	ents, _ := os.ReadDir(cacheRoot)
+	var n int64
+	for _, e := range ents {
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join(cacheRoot, e.Name(), "image"), &st) == nil {
+			n += st.Blocks * 512
+		}
+	}
+	return n
+}
+
+// dropIdleCache empties the oldest cache of a layer that no fetcher
+// serves (its fetcher lock is free), and reports whether it found one.
+func dropIdleCache(cacheRoot, self string) bool {
+	ents, _ := os.ReadDir(cacheRoot)
+	var oldest string
+	var oldestTime int64
+	for _, e := range ents {
+		dir := filepath.Join(cacheRoot, e.Name())
+		var st syscall.Stat_t
+		if dir == self || syscall.Stat(filepath.Join(dir, "image"), &st) != nil || st.Blocks == 0 {
+			continue
+		}
+		if oldest == "" || st.Mtim.Sec < oldestTime {
+			oldest, oldestTime = dir, st.Mtim.Sec
+		}
+	}
+	if oldest == "" {
+		return false
+	}
+	lock, err := os.OpenFile(filepath.Join(oldest, "fetcher.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return false
+	}
+	defer lock.Close()
+	if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		return false // served: its fetcher manages it
+	}
+	// Present map first, so a crash in between leaves no claim to data.
+	os.Remove(filepath.Join(oldest, "present"))
+	os.Remove(filepath.Join(oldest, "image"))
+	return true
 }
 
 // touch records a use of a cached window.

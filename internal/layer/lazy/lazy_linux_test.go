@@ -460,3 +460,34 @@ func TestRemoteFaults(t *testing.T) {
 		full.umount(t, dir)
 	})
 }
+
+// TestHostWideBudget: cache.max_bytes bounds the host cache across
+// layers; the cache of a layer nothing mounts goes first.
+func TestHostWideBudget(t *testing.T) {
+	src := dataTree(t)
+	a := setup(t, src)
+	os.WriteFile(filepath.Join(src, "other"), []byte("a second layer"), 0o644)
+	b := setup(t, src)
+	b.root = a.root // one host
+	dirA := a.mount(t, 0)
+	for i := range 8 {
+		os.ReadFile(filepath.Join(dirA, fmt.Sprintf("blob%d", i)))
+	}
+	a.umount(t, dirA)
+	imgA := filepath.Join(lazy.Dir(a.root, a.info.Digest), "image")
+	var st syscall.Stat_t
+	if err := syscall.Stat(imgA, &st); err != nil || st.Blocks*512 < 12<<20 {
+		t.Fatalf("layer a's cache holds %d bytes", st.Blocks*512)
+	}
+	dirB := b.mount(t, 16<<20)
+	for i := range 8 {
+		got, err := os.ReadFile(filepath.Join(dirB, fmt.Sprintf("blob%d", i)))
+		exp, _ := os.ReadFile(filepath.Join(src, fmt.Sprintf("blob%d", i)))
+		if err != nil || !bytes.Equal(got, exp) {
+			t.Fatalf("blob%d: %v", i, err)
+		}
+	}
+	if err := syscall.Stat(imgA, &st); err == nil && st.Blocks > 0 {
+		t.Fatalf("the idle layer's cache (%d bytes) was kept over a full budget", st.Blocks*512)
+	}
+}
