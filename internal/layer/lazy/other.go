@@ -44,3 +44,7 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 func Users(dir string) int { return 0 }
 
 func punchHole(f *os.File, off, n int64) {}
+
+func hostUsage(cacheRoot string) int64 { return 0 }
+
+func dropIdleCache(cacheRoot, self string) bool { return false }
