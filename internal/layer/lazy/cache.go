@@ -219,6 +219,34 @@ func (c *cache) enforceBudget() {
 	}
 }
 
+// touch records a use of a cached window.
+func (c *cache) touch(w int) {
+	c.mu.Lock()
+	if e := c.elem[w]; e != nil {
+		c.lru.MoveToFront(e)
+	}
+	c.mu.Unlock()
+}
+
+func (c *cache) evictOne() bool {
+	for e := c.lru.Back(); e != nil; e = e.Prev() {
+		w := e.Value.(int)
+		if c.pinned[w] {
+			continue
+		}
+		off, n := c.windowRange(w)
+		c.present.WriteAt([]byte{0}, int64(w))
+		punchHole(c.img, off, n)
+		c.have[w] = false
+		c.cached -= n
+		c.lru.Remove(e)
+		delete(c.elem, w)
+		c.stats.Evictions++
+		return true
+	}
+	return false
+}
+
 func (c *cache) has(w int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
