@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -198,7 +199,10 @@ func (a *app) layerFetcher() *cobra.Command {
 		Hidden: true,
 		Args:   exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			err := lazy.Serve(cmd.Context(), args[0], idle, a.log)
+			// Not cmd.Context(): SIGTERM cancels that, and for a fetcher
+			// SIGTERM means "exit if no mount uses the layer", which Serve
+			// decides itself.
+			err := lazy.Serve(context.Background(), args[0], idle, a.log)
 			if errors.Is(err, lazy.ErrBusy) {
 				return nil
 			}
