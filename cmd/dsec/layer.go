@@ -23,6 +23,12 @@ over a base layer.`,
 	}
 	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(),
 		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerFetcher())
+	for _, c := range cmd.Commands() {
+		switch c.Name() {
+		case "inspect", "rm", "push", "mount", "stats":
+			c.ValidArgsFunction = a.completeRefs
+		}
+	}
 	return cmd
 }
 
@@ -287,4 +293,27 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// completeRefs completes the first argument with the layers in the store.
+func (a *app) completeRefs(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveDefault
+	}
+	if err := a.configure(cmd); err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	s, err := a.openStore()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	tags, err := s.Tags(cmd.Context())
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	var out []string
+	for _, t := range tags {
+		out = append(out, t.Annotations[store.RefAnnotation])
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }
