@@ -65,11 +65,7 @@ func (f *fetcher) saveRecord() error {
 	for _, w := range f.order {
 		fmt.Fprintln(&b, w)
 	}
-	tmp := filepath.Join(f.dir, "prefetch.tmp")
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(f.dir, "prefetch"))
+	return writeAtomic(filepath.Join(f.dir, "prefetch"), []byte(b.String()))
 }
 
 // prefetch fetches the windows of the layer's hint in order, in the

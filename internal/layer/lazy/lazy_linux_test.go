@@ -491,3 +491,30 @@ func TestHostWideBudget(t *testing.T) {
 		t.Fatalf("the idle layer's cache (%d bytes) was kept over a full budget", st.Blocks*512)
 	}
 }
+
+// TestConcurrentMountsShareOneFetcher: mounts racing to start the same
+// layer's fetcher all succeed on one fetcher.
+func TestConcurrentMountsShareOneFetcher(t *testing.T) {
+	e := setup(t, dataTree(t))
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	dirs := make([]string, 4)
+	errs := make(chan error, len(dirs))
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+		go func(d string) {
+			errs <- lazy.Mount(context.Background(), e.root, e.spec(0), e.desc.Windows, d, lazy.Start{Path: os.Args[0]})
+		}(dirs[i])
+	}
+	for range dirs {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	for _, d := range dirs {
+		t.Cleanup(func() { e.umount(t, d) })
+	}
+	if n := lazy.Users(lazy.Dir(e.root, e.info.Digest)); n != len(dirs) {
+		t.Fatalf("%d mounts, want %d", n, len(dirs))
+	}
+}

@@ -52,11 +52,7 @@ func writeIfChanged(p string, b []byte) error {
 	if cur, err := os.ReadFile(p); err == nil && bytes.Equal(cur, b) {
 		return nil
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return writeAtomic(p, b)
 }
 
 // ready reports whether a live fetcher serves dir.
@@ -101,10 +97,12 @@ func startFetcher(ctx context.Context, dir string, start Start) error {
 	for {
 		select {
 		case err := <-exited:
-			if ready(dir) { // another fetcher won the race and serves it
-				return nil
+			if err != nil {
+				return fmt.Errorf("fetcher for %s exited (%v): %s", dir, err, lastLine(filepath.Join(dir, "fetcher.log")))
 			}
-			return fmt.Errorf("fetcher for %s exited (%v): %s", dir, err, lastLine(filepath.Join(dir, "fetcher.log")))
+			// A clean exit: another fetcher holds the layer and serves
+			// it, or is about to. Keep waiting for it to be ready.
+			exited = nil
 		case <-deadline.C:
 			return fmt.Errorf("fetcher for %s did not become ready in 2 minutes: %s", dir, lastLine(filepath.Join(dir, "fetcher.log")))
 		case <-ctx.Done():
