@@ -44,7 +44,7 @@ check-docs: build
 		echo "make: man pages or completions are stale: run 'make docs' and commit the result" >&2; exit 1; fi
 
 test: deps vet check-docs
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 BENCH_PKGS := pv debootstrap
 
