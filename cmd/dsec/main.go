@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
 // Exit codes. One place decides them; every command's help lists them.
@@ -40,7 +41,10 @@ const exitCodesHelp = `Exit codes:
 
 var version = "dev"
 
-func main() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() {
+	container.MaybeInit() // a sandbox's init is this binary re-executed
+	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
 
 // Main runs dsec with args and returns its exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

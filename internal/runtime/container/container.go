@@ -1,0 +1,49 @@
+// Package container starts a sandbox's first process in its own mount,
+// pid, uts, ipc and net namespaces on an already composed root: the
+// container backend's core, without the worker that will own sandboxes.
+//
+// The process is the dsec binary re-executed (as runc does with its
+// init): it reads its Spec from a pipe, sets up the root (pivot_root,
+// /proc with sensitive paths masked or read-only, a minimal /dev, a
+// read-only /sys, the loopback interface up, the hostname), drops to a
+// reduced capability set with no_new_privs, marks every inherited
+// descriptor close-on-exec and executes the command as the sandbox's
+// pid 1. A binary that uses the package calls MaybeInit first thing in
+// main.
+package container
+
+import "io"
+
+// Spec describes a sandbox process.
+type Spec struct {
+	Root     string   `json:"root"` // the composed root file system
+	Args     []string `json:"args"`
+	Env      []string `json:"env"`
+	Cwd      string   `json:"cwd"`
+	Hostname string   `json:"hostname"`
+
+	Stdin          io.Reader `json:"-"`
+	Stdout, Stderr io.Writer `json:"-"`
+}
+
+// initEnv marks the re-executed binary as a sandbox init.
+const initEnv = "_DSEC_CONTAINER_INIT"
+
+// KeptCaps are the capabilities a sandbox keeps: Docker's default set
+// without CAP_NET_RAW (raw sockets are for the policy to allow, not the
+// default).
+var KeptCaps = []int{
+	0,  // CAP_CHOWN
+	1,  // CAP_DAC_OVERRIDE
+	3,  // CAP_FOWNER
+	4,  // CAP_FSETID
+	5,  // CAP_KILL
+	6,  // CAP_SETGID
+	7,  // CAP_SETUID
+	8,  // CAP_SETPCAP
+	10, // CAP_NET_BIND_SERVICE
+	18, // CAP_SYS_CHROOT
+	27, // CAP_MKNOD
+	29, // CAP_AUDIT_WRITE
+	31, // CAP_SETFCAP
+}
