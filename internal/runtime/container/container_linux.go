@@ -142,8 +142,8 @@ func envPath(env []string) string {
 
 type mnt struct {
 	src, target, fstype string
-	flags                uintptr
-	data                 string
+	flags               uintptr
+	data                string
 }
 
 // setupRoot mounts /proc, /dev and /sys in root, pivots into it and
