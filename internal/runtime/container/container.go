@@ -24,6 +24,11 @@ type Spec struct {
 
 	Stdin          io.Reader `json:"-"`
 	Stdout, Stderr io.Writer `json:"-"`
+
+	// Setup, if set, runs with the new process's host pid before the
+	// process does anything (it waits for its spec): the place to put it
+	// in its cgroup, so no instruction of the command runs outside it.
+	Setup func(pid int) error `json:"-"`
 }
 
 // initEnv marks the re-executed binary as a sandbox init.

@@ -65,6 +65,14 @@ func Start(spec Spec) (*Process, error) {
 		w.Close()
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
+	if spec.Setup != nil {
+		if err := spec.Setup(cmd.Process.Pid); err != nil {
+			w.Close()
+			cmd.Process.Kill()
+			cmd.Wait()
+			return nil, err
+		}
+	}
 	err = json.NewEncoder(w).Encode(spec)
 	w.Close()
 	if err != nil {

@@ -1,0 +1,341 @@
+// Package cgroup gives each sandbox a control group: memory, cpu and pids
+// limits, freeze and thaw, kill-all and OOM reporting, on the hybrid
+// layout these hosts have (v1 controllers plus a cgroup2 hierarchy at
+// /sys/fs/cgroup/unified with cgroup.freeze, cgroup.kill and BPF attach
+// points) and on pure cgroup v2 hosts.
+package cgroup
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Root is where cgroup file systems are mounted.
+var Root = "/sys/fs/cgroup"
+
+// Parent is the group under which sandboxes' groups are made.
+const Parent = "dsec"
+
+// Limits are a sandbox's resource limits; zero means none.
+type Limits struct {
+	MemoryBytes int64
+	CPUMilli    int64 // 1000 = one CPU
+	Pids        int64
+}
+
+// Group is one sandbox's cgroup, in every hierarchy it spans.
+type Group struct {
+	name string
+	v1   map[string]string // controller -> directory (hybrid hosts)
+	v2   string            // the cgroup2 directory (both layouts)
+	pure bool              // pure v2: every controller lives in v2
+}
+
+var v1Controllers = []string{"memory", "cpu", "pids", "freezer"}
+
+// pureV2 reports whether the host has only the unified hierarchy.
+func pureV2() bool {
+	_, err := os.Stat(filepath.Join(Root, "cgroup.controllers"))
+	return err == nil
+}
+
+func write(dir, file, value string) error {
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644); err != nil {
+		return fmt.Errorf("cgroup: write %s to %s: %w", value, filepath.Join(dir, file), err)
+	}
+	return nil
+}
+
+// New makes the group name with limits. A name already in use is an
+// error; Remove takes it away.
+func New(name string, l Limits) (*Group, error) {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return nil, fmt.Errorf("cgroup: bad name %q", name)
+	}
+	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
+	if g.pure {
+		parent := filepath.Join(Root, Parent)
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return nil, err
+		}
+		// Hand the controllers down to the sandboxes' groups.
+		for _, c := range []string{"+memory", "+cpu", "+pids"} {
+			_ = write(Root, "cgroup.subtree_control", c)
+			_ = write(parent, "cgroup.subtree_control", c)
+		}
+		g.v2 = filepath.Join(parent, name)
+	} else {
+		g.v2 = filepath.Join(Root, "unified", Parent, name)
+		for _, c := range v1Controllers {
+			g.v1[c] = filepath.Join(Root, c, Parent, name)
+		}
+	}
+	for _, d := range g.dirs() {
+		var err error
+		for try := 0; try < 3; try++ { // a Remove may take the parent away meanwhile
+			if err = os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
+				continue
+			}
+			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
+				break
+			}
+		}
+		if err != nil {
+			g.Remove()
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	if err := g.limit(l); err != nil {
+		g.Remove()
+		return nil, err
+	}
+	return g, nil
+}
+
+// Open returns the group name made earlier, for a worker that restarts.
+func Open(name string) (*Group, error) {
+	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
+	if g.pure {
+		g.v2 = filepath.Join(Root, Parent, name)
+	} else {
+		g.v2 = filepath.Join(Root, "unified", Parent, name)
+		for _, c := range v1Controllers {
+			g.v1[c] = filepath.Join(Root, c, Parent, name)
+		}
+	}
+	if _, err := os.Stat(g.v2); err != nil {
+		return nil, fmt.Errorf("cgroup %s: %w", name, err)
+	}
+	return g, nil
+}
+
+func (g *Group) dirs() []string {
+	out := []string{g.v2}
+	for _, c := range v1Controllers {
+		if d, ok := g.v1[c]; ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Path is the cgroup2 directory: where BPF programs attach.
+func (g *Group) Path() string { return g.v2 }
+
+func (g *Group) limit(l Limits) error {
+	if g.pure {
+		if l.MemoryBytes > 0 {
+			if err := write(g.v2, "memory.max", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+				return err
+			}
+			_ = write(g.v2, "memory.swap.max", "0")
+		}
+		if l.CPUMilli > 0 {
+			if err := write(g.v2, "cpu.max", fmt.Sprintf("%d 100000", l.CPUMilli*100)); err != nil {
+				return err
+			}
+		}
+		if l.Pids > 0 {
+			return write(g.v2, "pids.max", strconv.FormatInt(l.Pids, 10))
+		}
+		return nil
+	}
+	if l.MemoryBytes > 0 {
+		if err := write(g.v1["memory"], "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		_ = write(g.v1["memory"], "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+	}
+	if l.CPUMilli > 0 {
+		if err := write(g.v1["cpu"], "cpu.cfs_period_us", "100000"); err != nil {
+			return err
+		}
+		if err := write(g.v1["cpu"], "cpu.cfs_quota_us", strconv.FormatInt(l.CPUMilli*100, 10)); err != nil {
+			return err
+		}
+	}
+	if l.Pids > 0 {
+		return write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10))
+	}
+	return nil
+}
+
+// Add moves a process into the group, in every hierarchy.
+func (g *Group) Add(pid int) error {
+	for _, d := range g.dirs() {
+		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Pids lists the processes in the group.
+func (g *Group) Pids() ([]int, error) {
+	f, err := os.Open(filepath.Join(g.v2, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []int
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if pid, err := strconv.Atoi(s.Text()); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out, s.Err()
+}
+
+// Freeze stops every process of the group and waits until it is frozen.
+func (g *Group) Freeze() error { return g.setFrozen(true) }
+
+// Thaw lets a frozen group run again.
+func (g *Group) Thaw() error { return g.setFrozen(false) }
+
+func (g *Group) setFrozen(on bool) error {
+	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.freeze")); err == nil {
+		v := map[bool]string{true: "1", false: "0"}[on]
+		if err := write(g.v2, "cgroup.freeze", v); err != nil {
+			return err
+		}
+		return g.wait(func() bool { return eventValue(g.v2, "frozen") == v })
+	}
+	v := map[bool]string{true: "FROZEN", false: "THAWED"}[on]
+	if err := write(g.v1["freezer"], "freezer.state", v); err != nil {
+		return err
+	}
+	return g.wait(func() bool {
+		b, _ := os.ReadFile(filepath.Join(g.v1["freezer"], "freezer.state"))
+		return strings.TrimSpace(string(b)) == v
+	})
+}
+
+// Frozen reports whether the group is frozen.
+func (g *Group) Frozen() bool {
+	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.freeze")); err == nil {
+		return eventValue(g.v2, "frozen") == "1"
+	}
+	b, _ := os.ReadFile(filepath.Join(g.v1["freezer"], "freezer.state"))
+	return strings.TrimSpace(string(b)) == "FROZEN"
+}
+
+func eventValue(dir, key string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (g *Group) wait(done func() bool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: state change timed out", g.name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// Kill kills every process of the group and waits until none is left.
+func (g *Group) Kill() error {
+	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.kill")); err == nil {
+		if err := write(g.v2, "cgroup.kill", "1"); err != nil {
+			return err
+		}
+	} else {
+		// No cgroup.kill: freeze so nothing forks, kill, thaw.
+		if err := g.Freeze(); err != nil {
+			return err
+		}
+		pids, _ := g.Pids()
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		if err := g.Thaw(); err != nil {
+			return err
+		}
+	}
+	return g.wait(func() bool {
+		pids, err := g.Pids()
+		return err == nil && len(pids) == 0
+	})
+}
+
+// OOMKilled reports whether the kernel killed a process of the group
+// for exceeding its memory limit.
+func (g *Group) OOMKilled() bool {
+	dir, file := g.v2, "memory.events"
+	if !g.pure {
+		dir, file = g.v1["memory"], "memory.oom_control"
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, file))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n > 0
+		}
+	}
+	return false
+}
+
+// PidsLimitHits counts the forks the pids limit refused.
+func (g *Group) PidsLimitHits() int {
+	dir := g.v2
+	if !g.pure {
+		dir = g.v1["pids"]
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "pids.events"))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "max "); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// MemoryCharged is the memory charged to the group, page cache included.
+func (g *Group) MemoryCharged() (int64, error) {
+	dir, file := g.v2, "memory.current"
+	if !g.pure {
+		dir, file = g.v1["memory"], "memory.usage_in_bytes"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// Remove deletes the group; it must hold no process (Kill first).
+func (g *Group) Remove() error {
+	var errs []error
+	for _, d := range g.dirs() {
+		var err error
+		for i := 0; i < 100; i++ { // a just-killed task may linger a moment
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		os.Remove(filepath.Dir(d)) // the parent goes with its last group
+	}
+	return errors.Join(errs...)
+}
