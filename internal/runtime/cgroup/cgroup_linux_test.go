@@ -2,6 +2,7 @@ package cgroup_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,8 +40,14 @@ func busyboxRoot(t *testing.T) string {
 	return root
 }
 
-// sandbox runs script in a new sandbox inside a new group.
-func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *container.Process, *bytes.Buffer) {
+type result struct {
+	code int
+	err  error
+}
+
+// sandbox runs script in a new sandbox inside a new group; the result
+// arrives on the channel.
+func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *container.Sandbox, <-chan result, *os.File) {
 	t.Helper()
 	layertest.RequireRoot(t)
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), time.Now().UnixNano())
@@ -56,32 +63,44 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 			t.Error(err)
 		}
 	})
-	var out bytes.Buffer
-	p, err := container.Start(container.Spec{Root: busyboxRoot(t), Args: []string{"/bin/sh", "-c", script},
-		Env: []string{"PATH=/bin"}, Stdout: &out, Stderr: &out, Setup: g.Add})
+	var initErr bytes.Buffer
+	sb, err := container.Create(container.Spec{Root: busyboxRoot(t), Stderr: &initErr, Setup: g.Add})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v: %s", err, initErr.String())
 	}
-	return g, p, &out
+	t.Cleanup(func() { sb.Destroy() })
+	out, _ := os.CreateTemp(t.TempDir(), "out")
+	t.Cleanup(func() { out.Close() })
+	ch := make(chan result, 1)
+	go func() {
+		code, err := sb.Exec(context.Background(), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+		ch <- result{code, err}
+	}()
+	return g, sb, ch, out
+}
+
+func output(f *os.File) string {
+	b, _ := os.ReadFile(f.Name())
+	return string(b)
 }
 
 func TestMemoryLimitReportsOOM(t *testing.T) {
-	g, p, out := sandbox(t, cgroup.Limits{MemoryBytes: 32 << 20}, `dd if=/dev/zero of=/dev/null bs=256M count=1`)
-	code, err := p.Wait()
-	if err != nil {
-		t.Fatal(err)
+	g, _, ch, out := sandbox(t, cgroup.Limits{MemoryBytes: 32 << 20}, `dd if=/dev/zero of=/dev/null bs=256M count=1`)
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	if code != 137 && code == 0 {
-		t.Fatalf("a 256 MiB buffer under a 32 MiB limit exited %d: %s", code, out)
+	if r.code != 137 {
+		t.Fatalf("a 256 MiB buffer under a 32 MiB limit exited %d: %s", r.code, output(out))
 	}
 	if !g.OOMKilled() {
-		t.Fatalf("no OOM kill recorded (exit %d): %s", code, out)
+		t.Fatalf("no OOM kill recorded: %s", output(out))
 	}
 }
 
 func TestPidsLimit(t *testing.T) {
 	// The shell gives up (exit 2) at the first fork the limit refuses.
-	g, p, out := sandbox(t, cgroup.Limits{Pids: 16}, `i=0; while [ $i -lt 40 ]; do sleep 10 & i=$((i+1)); done; wait`)
+	g, _, ch, out := sandbox(t, cgroup.Limits{Pids: 16}, `i=0; while [ $i -lt 40 ]; do sleep 10 & i=$((i+1)); done; wait`)
 	most := 0
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -97,19 +116,19 @@ func TestPidsLimit(t *testing.T) {
 			}
 		}
 	}()
-	code, err := p.Wait()
+	r := <-ch
 	close(stop)
 	<-done
-	if err != nil {
-		t.Fatal(err)
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
 	if most > 16 || g.PidsLimitHits() == 0 {
-		t.Fatalf("pids.max 16: up to %d processes, %d refused forks (exit %d): %s", most, g.PidsLimitHits(), code, out)
+		t.Fatalf("pids.max 16: up to %d processes, %d refused forks (exit %d): %s", most, g.PidsLimitHits(), r.code, output(out))
 	}
 }
 
 func TestFreezeThawKill(t *testing.T) {
-	g, p, _ := sandbox(t, cgroup.Limits{CPUMilli: 500}, `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done`)
+	g, sb, ch, _ := sandbox(t, cgroup.Limits{CPUMilli: 500}, `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done`)
 	time.Sleep(200 * time.Millisecond)
 	if err := g.Freeze(); err != nil {
 		t.Fatal(err)
@@ -122,7 +141,7 @@ func TestFreezeThawKill(t *testing.T) {
 		t.Fatalf("pids %v, %v", pids, err)
 	}
 	// A frozen task is stopped in the freezer: its state says so.
-	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", sb.Pid()))
 	if f := strings.Fields(string(stat)); len(f) < 3 || (f[2] != "D" && f[2] != "S") {
 		t.Fatalf("frozen pid 1 in state %v", f)
 	}
@@ -135,8 +154,8 @@ func TestFreezeThawKill(t *testing.T) {
 	if err := g.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := p.Wait(); code != 137 {
-		t.Fatalf("killed sandbox exited %d", code)
+	if r := <-ch; r.err == nil {
+		t.Fatalf("a killed sandbox's exec returned %d, want ErrSandboxDied", r.code)
 	}
 	if pids, _ := g.Pids(); len(pids) != 0 {
 		t.Fatalf("processes left after kill: %v", pids)

@@ -1,28 +1,29 @@
-// Package container starts a sandbox's first process in its own mount,
-// pid, uts, ipc and net namespaces on an already composed root: the
-// container backend's core, without the worker that will own sandboxes.
+// Package container runs sandboxes in their own mount, pid, uts, ipc and
+// net namespaces on an already composed root: the container backend's
+// core, without the worker that will own sandboxes.
 //
-// The process is the dsec binary re-executed (as runc does with its
-// init): it reads its Spec from a pipe, sets up the root (pivot_root,
+// A sandbox's pid 1 is its init, the dsec binary re-executed (as runc
+// does): it reads its Spec from a pipe, sets up the root (pivot_root,
 // /proc with sensitive paths masked or read-only, a minimal /dev, a
-// read-only /sys, the loopback interface up, the hostname), drops to a
-// reduced capability set with no_new_privs, marks every inherited
-// descriptor close-on-exec and executes the command as the sandbox's
-// pid 1. A binary that uses the package calls MaybeInit first thing in
-// main.
+// read-only /sys, the loopback interface up, the hostname), then idles,
+// reaping every process, and starts the processes Exec asks for over a
+// control socket (stdio descriptors passed along). Each such process is
+// the binary once more, the payload stage: it drops to a reduced
+// capability set with no_new_privs, marks every inherited descriptor
+// close-on-exec and executes the command. The sandbox lives until
+// Destroy or until its worker's end of the control socket closes. A
+// binary that uses the package calls MaybeInit first thing in main.
 package container
 
 import "io"
 
-// Spec describes a sandbox process.
+// Spec describes a sandbox.
 type Spec struct {
-	Root     string   `json:"root"` // the composed root file system
-	Args     []string `json:"args"`
-	Env      []string `json:"env"`
-	Cwd      string   `json:"cwd"`
-	Hostname string   `json:"hostname"`
+	Root     string `json:"root"` // the composed root file system
+	Hostname string `json:"hostname"`
 
-	Stdin          io.Reader `json:"-"`
+	// Where the init's own complaints go (the commands' output goes
+	// where each Exec says).
 	Stdout, Stderr io.Writer `json:"-"`
 
 	// Setup, if set, runs with the new process's host pid before the

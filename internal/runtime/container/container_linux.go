@@ -1,49 +1,55 @@
 package container
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// Process is a started sandbox process.
-type Process struct {
-	cmd *exec.Cmd
+// Sandbox is a running sandbox: its init is pid 1 of the namespaces; it
+// reaps every process, keeps the sandbox alive while idle and starts the
+// processes Exec asks for.
+type Sandbox struct {
+	cmd  *exec.Cmd
+	ctl  *os.File // our end of the init's control socket
+	mu   sync.Mutex
+	next int
+	wait map[int]chan execReply
+	dead chan struct{}
+	err  error
 }
 
-// Pid is the process's pid in the host's pid namespace.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
-
-// Wait waits for the sandbox's pid 1 to exit and returns its exit code.
-func (p *Process) Wait() (int, error) {
-	err := p.cmd.Wait()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal()), nil
-		}
-		return ee.ExitCode(), nil
-	}
-	if err != nil {
-		return -1, err
-	}
-	return 0, nil
+// execRequest asks the init to start a process; its stdio descriptors
+// travel with it (SCM_RIGHTS).
+type execRequest struct {
+	ID   int      `json:"id"`
+	Args []string `json:"args"`
+	Env  []string `json:"env"`
+	Cwd  string   `json:"cwd"`
 }
 
-// Start starts spec's command as pid 1 of new namespaces on spec.Root.
-func Start(spec Spec) (*Process, error) {
-	if len(spec.Args) == 0 {
-		return nil, errors.New("container: no command")
-	}
+type execReply struct {
+	ID    int    `json:"id"`
+	Pid   int    `json:"pid,omitempty"`
+	Exit  *int   `json:"exit,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// Create starts a sandbox's init on spec.Root. spec.Args is ignored; the
+// sandbox idles until Exec.
+func Create(spec Spec) (*Sandbox, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -53,48 +59,166 @@ func Start(spec Spec) (*Process, error) {
 		return nil, err
 	}
 	defer r.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "ctl"), os.NewFile(uintptr(fds[1]), "ctl")
+	defer theirs.Close()
 	cmd := exec.Command(self)
 	cmd.Env = []string{initEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{r}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = spec.Stdin, spec.Stdout, spec.Stderr
+	cmd.ExtraFiles = []*os.File{r, theirs}
+	cmd.Stdout, cmd.Stderr = spec.Stdout, spec.Stderr // the init's own complaints
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
-		Pdeathsig:  syscall.SIGKILL,
+		Setsid:     true,
 	}
 	if err := cmd.Start(); err != nil {
 		w.Close()
+		ours.Close()
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
-	if spec.Setup != nil {
-		if err := spec.Setup(cmd.Process.Pid); err != nil {
-			w.Close()
-			cmd.Process.Kill()
-			cmd.Wait()
-			return nil, err
-		}
-	}
-	err = json.NewEncoder(w).Encode(spec)
-	w.Close()
-	if err != nil {
+	fail := func(err error) (*Sandbox, error) {
+		w.Close()
+		ours.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
 		return nil, err
 	}
-	return &Process{cmd: cmd}, nil
+	if spec.Setup != nil {
+		if err := spec.Setup(cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
+	}
+	if err := json.NewEncoder(w).Encode(spec); err != nil {
+		return fail(err)
+	}
+	w.Close()
+	// The init answers once the root is ready, or exits with why not.
+	buf := make([]byte, 4096)
+	n, err := ours.Read(buf)
+	if err != nil || n == 0 {
+		cmd.Wait()
+		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", cmd.ProcessState.ExitCode())
+	}
+	s := &Sandbox{cmd: cmd, ctl: ours, wait: map[int]chan execReply{}, dead: make(chan struct{})}
+	go s.readReplies()
+	return s, nil
+}
+
+// Pid is the init's pid on the host.
+func (s *Sandbox) Pid() int { return s.cmd.Process.Pid }
+
+func (s *Sandbox) readReplies() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.ctl.Read(buf)
+		if err != nil || n == 0 {
+			s.mu.Lock()
+			s.err = errors.New("sandbox init exited")
+			for _, ch := range s.wait {
+				close(ch)
+			}
+			s.wait = map[int]chan execReply{}
+			s.mu.Unlock()
+			close(s.dead)
+			return
+		}
+		var rep execReply
+		if json.Unmarshal(buf[:n], &rep) != nil {
+			continue
+		}
+		s.mu.Lock()
+		ch := s.wait[rep.ID]
+		if rep.Exit != nil || rep.Error != "" {
+			delete(s.wait, rep.ID)
+		}
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- rep
+		}
+	}
+}
+
+// ErrSandboxDied says the sandbox's init is gone: an infrastructure
+// failure, not the command's.
+var ErrSandboxDied = errors.New("sandbox died")
+
+// Exec runs a command in the sandbox and returns its exit code (128+N
+// for a signal). stdio may be nil (/dev/null).
+func (s *Sandbox) Exec(ctx context.Context, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
+	if len(args) == 0 {
+		return -1, errors.New("exec: no command")
+	}
+	var files []int
+	for _, f := range []*os.File{stdin, stdout, stderr} {
+		if f == nil {
+			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			if err != nil {
+				return -1, err
+			}
+			defer null.Close()
+			f = null
+		}
+		files = append(files, int(f.Fd()))
+	}
+	ch := make(chan execReply, 2)
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
+	}
+	s.next++
+	id := s.next
+	s.wait[id] = ch
+	s.mu.Unlock()
+	b, _ := json.Marshal(execRequest{ID: id, Args: args, Env: env, Cwd: cwd})
+	if err := unix.Sendmsg(int(s.ctl.Fd()), b, unix.UnixRights(files...), nil, 0); err != nil {
+		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+	}
+	for {
+		select {
+		case rep, ok := <-ch:
+			if !ok {
+				return -1, ErrSandboxDied
+			}
+			if rep.Error != "" {
+				return 127, errors.New(rep.Error)
+			}
+			if rep.Exit != nil {
+				return *rep.Exit, nil
+			}
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		}
+	}
+}
+
+// Destroy kills every process of the sandbox and waits for its init.
+func (s *Sandbox) Destroy() error {
+	s.cmd.Process.Kill() // pid 1 gone: the kernel kills the namespace
+	s.cmd.Wait()
+	s.ctl.Close()
+	<-s.dead
+	return nil
 }
 
 // MaybeInit runs the sandbox init and never returns if this process was
-// started by Start; otherwise it returns at once.
+// started as one; otherwise it returns at once.
 func MaybeInit() {
 	if os.Getenv(initEnv) != "1" {
 		return
 	}
-	runtime.LockOSThread() // capabilities and no_new_privs are per thread
+	// Capabilities and no_new_privs are per thread: the init drops them
+	// on this thread and forks every command from it.
+	runtime.LockOSThread()
 	err := initSandbox()
 	fmt.Fprintf(os.Stderr, "dsec init: %v\n", err)
 	os.Exit(127)
 }
 
+// initSandbox sets the root up, then serves exec requests and reaps.
 func initSandbox() error {
 	var spec Spec
 	f := os.NewFile(3, "spec")
@@ -102,6 +226,7 @@ func initSandbox() error {
 		return fmt.Errorf("read spec: %w", err)
 	}
 	f.Close()
+	ctl := os.NewFile(4, "ctl")
 	if err := setupRoot(spec.Root); err != nil {
 		return err
 	}
@@ -113,31 +238,133 @@ func initSandbox() error {
 	if err := loopbackUp(); err != nil {
 		return err
 	}
-	cwd := spec.Cwd
-	if cwd == "" {
-		cwd = "/"
-	}
-	if err := os.Chdir(cwd); err != nil {
-		return fmt.Errorf("working directory: %w", err)
-	}
-	path := spec.Args[0]
-	if !strings.Contains(path, "/") {
-		os.Setenv("PATH", envPath(spec.Env))
-		p, err := exec.LookPath(path)
-		if err != nil {
-			return fmt.Errorf("%s: command not found in the sandbox", path)
-		}
-		path = p
+	// Nothing the worker, the host or the init holds reaches a command:
+	// commands get exactly the three descriptors of their request.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return err
 	}
 	if err := dropPrivileges(); err != nil {
 		return err
 	}
-	// Nothing the worker or the host left open reaches the command.
-	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return fmt.Errorf("close inherited descriptors: %w", err)
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	if _, err := ctl.Write([]byte(`{"ready":true}`)); err != nil {
+		return err
 	}
-	return unix.Exec(path, spec.Args, spec.Env)
+	type incoming struct {
+		req   execRequest
+		files []*os.File
+	}
+	in := make(chan incoming)
+	go func() { // read requests; the worker closing the socket ends the sandbox
+		buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+		for {
+			n, oobn, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
+			if err != nil || n == 0 {
+				os.Exit(0)
+			}
+			var r incoming
+			if json.Unmarshal(buf[:n], &r.req) != nil {
+				continue
+			}
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+				if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
+					for _, fd := range fds {
+						r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
+					}
+				}
+			}
+			in <- r
+		}
+	}()
+	running := map[int]int{} // pid -> request id
+	reply := func(r execReply) {
+		b, _ := json.Marshal(r)
+		ctl.Write(b)
+	}
+	for {
+		select {
+		case r := <-in:
+			pid, err := start(r.req, r.files)
+			var nf *notFound
+			if errors.As(err, &nf) {
+				// Like a shell: a message on the command's stderr, 127.
+				fmt.Fprintf(r.files[2], "%v\n", err)
+				code := 127
+				reply(execReply{ID: r.req.ID, Exit: &code})
+			} else if err != nil {
+				reply(execReply{ID: r.req.ID, Error: err.Error()})
+			}
+			for _, f := range r.files {
+				f.Close()
+			}
+			if err != nil {
+				continue
+			}
+			running[pid] = r.req.ID
+			reply(execReply{ID: r.req.ID, Pid: pid})
+		case <-sigs:
+		}
+		// Reap everything: tracked processes report their status,
+		// orphans that reparented to us just go away.
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			if id, ok := running[pid]; ok {
+				delete(running, pid)
+				code := ws.ExitStatus()
+				if ws.Signaled() {
+					code = 128 + int(ws.Signal())
+				}
+				reply(execReply{ID: id, Exit: &code})
+			}
+		}
+	}
 }
+
+// start starts a request's command from the init's thread, so it
+// inherits the dropped capabilities and no_new_privs.
+func start(r execRequest, stdio []*os.File) (int, error) {
+	if len(stdio) != 3 || len(r.Args) == 0 {
+		return 0, errors.New("bad exec request")
+	}
+	path := r.Args[0]
+	if !strings.Contains(path, "/") {
+		p, err := lookPath(path, envPath(r.Env))
+		if err != nil {
+			return 0, err
+		}
+		path = p
+	}
+	cwd := r.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	return syscall.ForkExec(path, r.Args, &syscall.ProcAttr{
+		Dir:   cwd,
+		Env:   r.Env,
+		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	})
+}
+
+// lookPath finds a command in a PATH of the sandbox.
+func lookPath(name, path string) (string, error) {
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", &notFound{name}
+}
+
+type notFound struct{ name string }
+
+func (e *notFound) Error() string { return e.name + ": command not found in the sandbox" }
 
 func envPath(env []string) string {
 	for _, e := range env {
@@ -289,8 +516,8 @@ func dropPrivileges() error {
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	data := [2]unix.CapUserData{
-		{Effective: mask[0], Permitted: mask[0], Inheritable: 0},
-		{Effective: mask[1], Permitted: mask[1], Inheritable: 0},
+		{Effective: mask[0], Permitted: mask[0]},
+		{Effective: mask[1], Permitted: mask[1]},
 	}
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("capset: %w", err)

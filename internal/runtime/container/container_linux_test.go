@@ -2,6 +2,8 @@ package container_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,19 +45,37 @@ func busyboxRoot(t *testing.T) string {
 	return root
 }
 
-func run(t *testing.T, root, script string) (string, int) {
+// create starts a sandbox on root and destroys it when the test ends.
+func create(t *testing.T, root string) *container.Sandbox {
 	t.Helper()
-	var out bytes.Buffer
-	p, err := container.Start(container.Spec{Root: root, Args: []string{"/bin/sh", "-c", script},
-		Env: []string{"PATH=/bin"}, Hostname: "sandbox", Stdout: &out, Stderr: &out})
+	layertest.RequireRoot(t)
+	var initErr bytes.Buffer
+	sb, err := container.Create(container.Spec{Root: root, Hostname: "sandbox", Stderr: &initErr})
+	if err != nil {
+		t.Fatalf("%v: %s", err, initErr.String())
+	}
+	t.Cleanup(func() { sb.Destroy() })
+	return sb
+}
+
+// sh runs a script in the sandbox and returns its output and exit code.
+func sh(t *testing.T, sb *container.Sandbox, script string) (string, int) {
+	t.Helper()
+	out, err := os.CreateTemp(t.TempDir(), "out")
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, err := p.Wait()
+	defer out.Close()
+	code, err := sb.Exec(context.Background(), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out.String(), code
+	b, _ := os.ReadFile(out.Name())
+	return string(b), code
+}
+
+func run(t *testing.T, root, script string) (string, int) {
+	return sh(t, create(t, root), script)
 }
 
 func TestIsolation(t *testing.T) {
@@ -74,7 +94,6 @@ func TestIsolation(t *testing.T) {
 	}
 	defer unix.Close(fd)
 	out, code := run(t, root, `
-		echo pid=$$
 		echo host=$(hostname)
 		echo ifs=$(ls /sys/class/net)
 		echo lo=$(cat /sys/class/net/lo/flags)
@@ -83,7 +102,6 @@ func TestIsolation(t *testing.T) {
 		echo fds=$(ls /proc/self/fd | tr '\n' ' ')
 		grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status
 		echo procs=$(ls /proc | grep -c '^[0-9]')
-		echo init=$(cat /proc/1/comm)
 		mount -t tmpfs tmpfs /tmp 2>/dev/null && echo mount=yes || echo mount=no
 		echo 1 > /proc/sys/kernel/hostname 2>/dev/null && echo sysctl=yes || echo sysctl=no
 		ls /dev | tr '\n' ' '; echo
@@ -93,7 +111,7 @@ func TestIsolation(t *testing.T) {
 	}
 	// The kept set: chown dac_override fowner fsetid kill setgid setuid
 	// setpcap net_bind_service sys_chroot mknod audit_write setfcap.
-	for _, want := range []string{"pid=1\n", "init=sh\n", "host=sandbox\n", "ifs=lo\n", "lo=0x9\n", "kallsyms=0\n", "timers=0\n",
+	for _, want := range []string{"host=sandbox\n", "ifs=lo\n", "lo=0x9\n", "kallsyms=0\n", "timers=0\n",
 		"mount=no\n", "sysctl=no\n", "NoNewPrivs:\t1\n", "CapBnd:\t00000000a80405fb\n", "CapEff:\t00000000a80405fb\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
@@ -103,7 +121,7 @@ func TestIsolation(t *testing.T) {
 		if f, ok := strings.CutPrefix(line, "fds="); ok && strings.TrimSpace(f) != "0 1 2 3" { // 3: ls's own directory
 			t.Errorf("sandbox sees descriptors %q, want only 0 1 2 (and ls's own)", f)
 		}
-		// sh, the $(...) subshell, ls and grep: the host has hundreds.
+		// init, sh, the $(...) subshell, ls and grep: the host has hundreds.
 		if n, ok := strings.CutPrefix(line, "procs="); ok && len(n) > 1 {
 			t.Errorf("sandbox sees %s processes: the host's pid namespace leaks", n)
 		}
@@ -111,13 +129,41 @@ func TestIsolation(t *testing.T) {
 }
 
 func TestCommandNotFound(t *testing.T) {
-	layertest.RequireRoot(t)
-	var out bytes.Buffer
-	p, err := container.Start(container.Spec{Root: busyboxRoot(t), Args: []string{"no-such-tool"}, Stderr: &out})
+	sb := create(t, busyboxRoot(t))
+	out, err := os.CreateTemp(t.TempDir(), "err")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := p.Wait(); code != 127 || !strings.Contains(out.String(), "command not found") {
-		t.Fatalf("exit %d, %q", code, out.String())
+	code, err := sb.Exec(context.Background(), []string{"no-such-tool"}, nil, "/", nil, nil, out)
+	b, _ := os.ReadFile(out.Name())
+	if err != nil || code != 127 || !strings.Contains(string(b), "command not found") {
+		t.Fatalf("exit %d, %v, %q", code, err, b)
+	}
+}
+
+// TestStateAndReaping: files and processes persist across execs; orphans
+// are reaped by the init; exit codes and signals come back.
+func TestStateAndReaping(t *testing.T) {
+	sb := create(t, busyboxRoot(t))
+	if _, code := sh(t, sb, "mkdir -p /work && echo step1 > /work/state && (sleep 301 &) && exit 3"); code != 3 {
+		t.Fatalf("exit %d, want 3", code)
+	}
+	out, code := sh(t, sb, "cat /work/state; ps -o stat,args | grep -c '^Z' || true")
+	if code != 0 || !strings.HasPrefix(out, "step1\n") {
+		t.Fatalf("state lost between execs: %q (exit %d)", out, code)
+	}
+	if !strings.HasSuffix(out, "0\n") {
+		t.Fatalf("zombies in the sandbox: %q", out)
+	}
+	out, _ = sh(t, sb, "ps -o args | grep -c '[s]leep 301'")
+	if strings.TrimSpace(out) != "1" {
+		t.Fatalf("a background process did not survive its exec: %q", out)
+	}
+	if _, code := sh(t, sb, "kill -TERM $$"); code != 128+15 {
+		t.Fatalf("signalled command: exit %d, want 143", code)
+	}
+	sb.Destroy()
+	if _, err := sb.Exec(context.Background(), []string{"true"}, nil, "/", nil, nil, nil); !errors.Is(err, container.ErrSandboxDied) {
+		t.Fatalf("exec into a destroyed sandbox: %v", err)
 	}
 }
