@@ -64,7 +64,8 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 		}
 	})
 	var initErr bytes.Buffer
-	sb, err := container.Create(container.Spec{Root: busyboxRoot(t), Stderr: &initErr, Setup: g.Add})
+	sb, err := container.Create(container.Spec{Root: busyboxRoot(t), Stderr: &initErr, Setup: g.Add,
+		Socket: filepath.Join(t.TempDir(), "init.sock")})
 	if err != nil {
 		t.Fatalf("%v: %s", err, initErr.String())
 	}
@@ -73,7 +74,7 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 	t.Cleanup(func() { out.Close() })
 	ch := make(chan result, 1)
 	go func() {
-		code, err := sb.Exec(context.Background(), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+		code, err := sb.Exec(context.Background(), "test", []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
 		ch <- result{code, err}
 	}()
 	return g, sb, ch, out

@@ -7,12 +7,13 @@
 // /proc with sensitive paths masked or read-only, a minimal /dev, a
 // read-only /sys, the loopback interface up, the hostname), then idles,
 // reaping every process, and starts the processes Exec asks for over a
-// control socket (stdio descriptors passed along). Each such process is
-// the binary once more, the payload stage: it drops to a reduced
-// capability set with no_new_privs, marks every inherited descriptor
-// close-on-exec and executes the command. The sandbox lives until
-// Destroy or until its worker's end of the control socket closes. A
-// binary that uses the package calls MaybeInit first thing in main.
+// unix socket on the host (stdio descriptors passed along), forking them
+// from the thread on which it dropped to a reduced capability set with
+// no_new_privs and marked every descriptor close-on-exec. The sandbox
+// lives until Destroy, whatever happens to the workers connected to it:
+// a restarted worker Attaches and asks for the results of the commands
+// its predecessor started. A binary that uses the package calls
+// MaybeInit first thing in main.
 package container
 
 import "io"
@@ -21,6 +22,8 @@ import "io"
 type Spec struct {
 	Root     string `json:"root"` // the composed root file system
 	Hostname string `json:"hostname"`
+	// Socket is the host path the init listens on for workers.
+	Socket string `json:"-"`
 
 	// Where the init's own complaints go (the commands' output goes
 	// where each Exec says).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,57 +19,68 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sandbox is a running sandbox: its init is pid 1 of the namespaces; it
-// reaps every process, keeps the sandbox alive while idle and starts the
-// processes Exec asks for.
+// Sandbox is a connection to a running sandbox's init: pid 1 of the
+// namespaces, which reaps every process, keeps the sandbox alive while
+// idle and starts the processes Exec asks for. The init listens on a unix
+// socket on the host, so the sandbox outlives the worker that created
+// it: a restarted worker Attaches again.
 type Sandbox struct {
-	cmd  *exec.Cmd
-	ctl  *os.File // our end of the init's control socket
+	pid  int
+	cmd  *exec.Cmd // set when this process created the sandbox
+	conn *net.UnixConn
+
 	mu   sync.Mutex
-	next int
-	wait map[int]chan execReply
+	wait map[string]chan execReply
 	dead chan struct{}
 	err  error
 }
 
-// execRequest asks the init to start a process; its stdio descriptors
-// travel with it (SCM_RIGHTS).
-type execRequest struct {
-	ID   int      `json:"id"`
-	Args []string `json:"args"`
-	Env  []string `json:"env"`
-	Cwd  string   `json:"cwd"`
+// request is what the worker sends the init: start a process (its stdio
+// travels along as SCM_RIGHTS), or the result of an earlier one.
+type request struct {
+	Op   string   `json:"op"` // exec or result
+	ID   string   `json:"id"`
+	Args []string `json:"args,omitempty"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
 }
 
 type execReply struct {
-	ID    int    `json:"id"`
+	ID    string `json:"id"`
 	Pid   int    `json:"pid,omitempty"`
 	Exit  *int   `json:"exit,omitempty"`
 	Error string `json:"error,omitempty"`
 }
 
-// Create starts a sandbox's init on spec.Root. spec.Args is ignored; the
-// sandbox idles until Exec.
+// Create starts a sandbox's init on spec.Root, listening on spec.Socket.
 func Create(spec Spec) (*Sandbox, error) {
+	if spec.Socket == "" {
+		return nil, errors.New("container: no control socket path")
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
+	os.Remove(spec.Socket)
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: spec.Socket, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	lf, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		w.Close()
-		return nil, err
-	}
-	ours, theirs := os.NewFile(uintptr(fds[0]), "ctl"), os.NewFile(uintptr(fds[1]), "ctl")
-	defer theirs.Close()
 	cmd := exec.Command(self)
 	cmd.Env = []string{initEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{r, theirs}
+	cmd.ExtraFiles = []*os.File{r, lf}
 	cmd.Stdout, cmd.Stderr = spec.Stdout, spec.Stderr // the init's own complaints
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
@@ -76,14 +88,13 @@ func Create(spec Spec) (*Sandbox, error) {
 	}
 	if err := cmd.Start(); err != nil {
 		w.Close()
-		ours.Close()
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
 	fail := func(err error) (*Sandbox, error) {
 		w.Close()
-		ours.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
+		os.Remove(spec.Socket)
 		return nil, err
 	}
 	if spec.Setup != nil {
@@ -95,32 +106,47 @@ func Create(spec Spec) (*Sandbox, error) {
 		return fail(err)
 	}
 	w.Close()
-	// The init answers once the root is ready, or exits with why not.
-	buf := make([]byte, 4096)
-	n, err := ours.Read(buf)
-	if err != nil || n == 0 {
+	sb, err := Attach(spec.Socket, cmd.Process.Pid)
+	if err != nil {
 		cmd.Wait()
+		os.Remove(spec.Socket)
 		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", cmd.ProcessState.ExitCode())
 	}
-	s := &Sandbox{cmd: cmd, ctl: ours, wait: map[int]chan execReply{}, dead: make(chan struct{})}
+	sb.cmd = cmd
+	return sb, nil
+}
+
+// Attach connects to the init of a running sandbox, whose host pid is
+// pid: how a restarted worker takes its sandboxes back.
+func Attach(socket string, pid int) (*Sandbox, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+	}
+	buf := make([]byte, 4096)
+	if n, err := c.Read(buf); err != nil || n == 0 { // the init greets once it is ready
+		c.Close()
+		return nil, fmt.Errorf("%w: init did not answer", ErrSandboxDied)
+	}
+	s := &Sandbox{pid: pid, conn: c, wait: map[string]chan execReply{}, dead: make(chan struct{})}
 	go s.readReplies()
 	return s, nil
 }
 
 // Pid is the init's pid on the host.
-func (s *Sandbox) Pid() int { return s.cmd.Process.Pid }
+func (s *Sandbox) Pid() int { return s.pid }
 
 func (s *Sandbox) readReplies() {
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := s.ctl.Read(buf)
+		n, err := s.conn.Read(buf)
 		if err != nil || n == 0 {
 			s.mu.Lock()
-			s.err = errors.New("sandbox init exited")
+			s.err = errors.New("connection to the sandbox init lost")
 			for _, ch := range s.wait {
 				close(ch)
 			}
-			s.wait = map[int]chan execReply{}
+			s.wait = map[string]chan execReply{}
 			s.mu.Unlock()
 			close(s.dead)
 			return
@@ -141,13 +167,14 @@ func (s *Sandbox) readReplies() {
 	}
 }
 
-// ErrSandboxDied says the sandbox's init is gone: an infrastructure
-// failure, not the command's.
+// ErrSandboxDied says the sandbox's init is gone or unreachable: an
+// infrastructure failure, not the command's.
 var ErrSandboxDied = errors.New("sandbox died")
 
-// Exec runs a command in the sandbox and returns its exit code (128+N
-// for a signal). stdio may be nil (/dev/null).
-func (s *Sandbox) Exec(ctx context.Context, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
+// Exec runs a command in the sandbox under id, which must be unique for
+// the sandbox, and returns its exit code (128+N for a signal, 127 for a
+// command not found). stdio may be nil (/dev/null).
+func (s *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
 	if len(args) == 0 {
 		return -1, errors.New("exec: no command")
 	}
@@ -163,18 +190,31 @@ func (s *Sandbox) Exec(ctx context.Context, args, env []string, cwd string, stdi
 		}
 		files = append(files, int(f.Fd()))
 	}
+	return s.call(ctx, request{Op: "exec", ID: id, Args: args, Env: env, Cwd: cwd}, unix.UnixRights(files...))
+}
+
+// Result waits for the exit code of an earlier Exec with id, also one a
+// previous connection started: what a worker that restarted mid-step
+// asks before running anything again.
+func (s *Sandbox) Result(ctx context.Context, id string) (int, error) {
+	return s.call(ctx, request{Op: "result", ID: id}, nil)
+}
+
+func (s *Sandbox) call(ctx context.Context, r request, oob []byte) (int, error) {
 	ch := make(chan execReply, 2)
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
 		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
 	}
-	s.next++
-	id := s.next
-	s.wait[id] = ch
+	if _, busy := s.wait[r.ID]; busy {
+		s.mu.Unlock()
+		return -1, fmt.Errorf("exec %s is already being waited for", r.ID)
+	}
+	s.wait[r.ID] = ch
 	s.mu.Unlock()
-	b, _ := json.Marshal(execRequest{ID: id, Args: args, Env: env, Cwd: cwd})
-	if err := unix.Sendmsg(int(s.ctl.Fd()), b, unix.UnixRights(files...), nil, 0); err != nil {
+	b, _ := json.Marshal(r)
+	if _, _, err := s.conn.WriteMsgUnix(b, oob, nil); err != nil {
 		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
 	for {
@@ -184,22 +224,37 @@ func (s *Sandbox) Exec(ctx context.Context, args, env []string, cwd string, stdi
 				return -1, ErrSandboxDied
 			}
 			if rep.Error != "" {
-				return 127, errors.New(rep.Error)
+				return -1, errors.New(rep.Error)
 			}
 			if rep.Exit != nil {
 				return *rep.Exit, nil
 			}
 		case <-ctx.Done():
+			s.mu.Lock()
+			delete(s.wait, r.ID)
+			s.mu.Unlock()
 			return -1, ctx.Err()
 		}
 	}
 }
 
-// Destroy kills every process of the sandbox and waits for its init.
+// Close drops the connection; the sandbox runs on.
+func (s *Sandbox) Close() error {
+	err := s.conn.Close()
+	<-s.dead
+	return err
+}
+
+// Destroy kills every process of the sandbox: its pid 1 gone, the kernel
+// kills the rest of the namespace.
 func (s *Sandbox) Destroy() error {
-	s.cmd.Process.Kill() // pid 1 gone: the kernel kills the namespace
-	s.cmd.Wait()
-	s.ctl.Close()
+	if s.cmd != nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	} else if s.pid > 0 {
+		syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+	s.conn.Close()
 	<-s.dead
 	return nil
 }
@@ -218,7 +273,15 @@ func MaybeInit() {
 	os.Exit(127)
 }
 
-// initSandbox sets the root up, then serves exec requests and reaps.
+// maxResults bounds the exit codes the init keeps for Result.
+const maxResults = 4096
+
+type job struct {
+	id   string
+	conn *net.UnixConn // who hears the exit; nil once it went away
+}
+
+// initSandbox sets the root up, then serves requests and reaps.
 func initSandbox() error {
 	var spec Spec
 	f := os.NewFile(3, "spec")
@@ -226,7 +289,11 @@ func initSandbox() error {
 		return fmt.Errorf("read spec: %w", err)
 	}
 	f.Close()
-	ctl := os.NewFile(4, "ctl")
+	l, err := net.FileListener(os.NewFile(4, "ctl"))
+	if err != nil {
+		return err
+	}
+	ul := l.(*net.UnixListener)
 	if err := setupRoot(spec.Root); err != nil {
 		return err
 	}
@@ -246,63 +313,108 @@ func initSandbox() error {
 	if err := dropPrivileges(); err != nil {
 		return err
 	}
+	// Its other threads still hold the host's capabilities: no process
+	// of the sandbox may ptrace the init or read its /proc entries.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the init undumpable: %w", err)
+	}
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	if _, err := ctl.Write([]byte(`{"ready":true}`)); err != nil {
-		return err
-	}
 	type incoming struct {
-		req   execRequest
+		req   request
 		files []*os.File
+		conn  *net.UnixConn
 	}
 	in := make(chan incoming)
-	go func() { // read requests; the worker closing the socket ends the sandbox
-		buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+	gone := make(chan *net.UnixConn)
+	go func() { // accept workers, one after another or at once
 		for {
-			n, oobn, _, _, err := unix.Recvmsg(int(ctl.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
-			if err != nil || n == 0 {
-				os.Exit(0)
-			}
-			var r incoming
-			if json.Unmarshal(buf[:n], &r.req) != nil {
+			c, err := ul.AcceptUnix()
+			if err != nil {
 				continue
 			}
-			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-				if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
-					for _, fd := range fds {
-						r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
+			c.Write([]byte(`{"ready":true}`))
+			go func() {
+				buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+				for {
+					n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+					if err != nil || n == 0 {
+						gone <- c
+						return
 					}
+					var r incoming
+					if json.Unmarshal(buf[:n], &r.req) != nil {
+						continue
+					}
+					r.conn = c
+					if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+						if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
+							for _, fd := range fds {
+								r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
+							}
+						}
+					}
+					in <- r
 				}
-			}
-			in <- r
+			}()
 		}
 	}()
-	running := map[int]int{} // pid -> request id
-	reply := func(r execReply) {
-		b, _ := json.Marshal(r)
-		ctl.Write(b)
+	running := map[int]*job{} // pid -> job
+	byID := map[string]*job{}
+	done := map[string]int{}
+	var doneOrder []string
+	reply := func(c *net.UnixConn, r execReply) {
+		if c != nil {
+			b, _ := json.Marshal(r)
+			c.Write(b)
+		}
 	}
 	for {
 		select {
 		case r := <-in:
-			pid, err := start(r.req, r.files)
-			var nf *notFound
-			if errors.As(err, &nf) {
-				// Like a shell: a message on the command's stderr, 127.
-				fmt.Fprintf(r.files[2], "%v\n", err)
-				code := 127
-				reply(execReply{ID: r.req.ID, Exit: &code})
-			} else if err != nil {
-				reply(execReply{ID: r.req.ID, Error: err.Error()})
+			switch r.req.Op {
+			case "result":
+				if code, ok := done[r.req.ID]; ok {
+					reply(r.conn, execReply{ID: r.req.ID, Exit: &code})
+				} else if j := byID[r.req.ID]; j != nil {
+					j.conn = r.conn // the exit goes to whoever asks last
+				} else {
+					reply(r.conn, execReply{ID: r.req.ID, Error: "no process " + r.req.ID + " in this sandbox"})
+				}
+			case "exec":
+				_, seen := done[r.req.ID]
+				if seen || byID[r.req.ID] != nil {
+					reply(r.conn, execReply{ID: r.req.ID, Error: "exec id " + r.req.ID + " was used already"})
+					break
+				}
+				pid, err := start(r.req, r.files)
+				var nf *notFound
+				switch {
+				case errors.As(err, &nf):
+					// Like a shell: a message on the command's stderr, 127.
+					fmt.Fprintf(r.files[2], "%v\n", err)
+					code := 127
+					done[r.req.ID] = code
+					doneOrder = append(doneOrder, r.req.ID)
+					reply(r.conn, execReply{ID: r.req.ID, Exit: &code})
+				case err != nil:
+					reply(r.conn, execReply{ID: r.req.ID, Error: err.Error()})
+				default:
+					j := &job{id: r.req.ID, conn: r.conn}
+					running[pid], byID[r.req.ID] = j, j
+					reply(r.conn, execReply{ID: r.req.ID, Pid: pid})
+				}
 			}
 			for _, f := range r.files {
 				f.Close()
 			}
-			if err != nil {
-				continue
+		case c := <-gone:
+			c.Close()
+			for _, j := range byID {
+				if j.conn == c {
+					j.conn = nil
+				}
 			}
-			running[pid] = r.req.ID
-			reply(execReply{ID: r.req.ID, Pid: pid})
 		case <-sigs:
 		}
 		// Reap everything: tracked processes report their status,
@@ -313,21 +425,30 @@ func initSandbox() error {
 			if pid <= 0 || err != nil {
 				break
 			}
-			if id, ok := running[pid]; ok {
-				delete(running, pid)
-				code := ws.ExitStatus()
-				if ws.Signaled() {
-					code = 128 + int(ws.Signal())
-				}
-				reply(execReply{ID: id, Exit: &code})
+			j, ok := running[pid]
+			if !ok {
+				continue
 			}
+			delete(running, pid)
+			delete(byID, j.id)
+			code := ws.ExitStatus()
+			if ws.Signaled() {
+				code = 128 + int(ws.Signal())
+			}
+			done[j.id] = code
+			doneOrder = append(doneOrder, j.id)
+			if len(doneOrder) > maxResults {
+				delete(done, doneOrder[0])
+				doneOrder = doneOrder[1:]
+			}
+			reply(j.conn, execReply{ID: j.id, Exit: &code})
 		}
 	}
 }
 
 // start starts a request's command from the init's thread, so it
 // inherits the dropped capabilities and no_new_privs.
-func start(r execRequest, stdio []*os.File) (int, error) {
+func start(r request, stdio []*os.File) (int, error) {
 	if len(stdio) != 3 || len(r.Args) == 0 {
 		return 0, errors.New("bad exec request")
 	}

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -50,13 +52,16 @@ func create(t *testing.T, root string) *container.Sandbox {
 	t.Helper()
 	layertest.RequireRoot(t)
 	var initErr bytes.Buffer
-	sb, err := container.Create(container.Spec{Root: root, Hostname: "sandbox", Stderr: &initErr})
+	sb, err := container.Create(container.Spec{Root: root, Hostname: "sandbox", Stderr: &initErr,
+		Socket: filepath.Join(t.TempDir(), "init.sock")})
 	if err != nil {
 		t.Fatalf("%v: %s", err, initErr.String())
 	}
 	t.Cleanup(func() { sb.Destroy() })
 	return sb
 }
+
+var ids int
 
 // sh runs a script in the sandbox and returns its output and exit code.
 func sh(t *testing.T, sb *container.Sandbox, script string) (string, int) {
@@ -66,7 +71,8 @@ func sh(t *testing.T, sb *container.Sandbox, script string) (string, int) {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	code, err := sb.Exec(context.Background(), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+	ids++
+	code, err := sb.Exec(context.Background(), fmt.Sprint("step-", ids), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +110,8 @@ func TestIsolation(t *testing.T) {
 		echo procs=$(ls /proc | grep -c '^[0-9]')
 		mount -t tmpfs tmpfs /tmp 2>/dev/null && echo mount=yes || echo mount=no
 		echo 1 > /proc/sys/kernel/hostname 2>/dev/null && echo sysctl=yes || echo sysctl=no
+		cat /proc/1/environ >/dev/null 2>&1 && echo initenv=yes || echo initenv=no
+		readlink /proc/1/exe >/dev/null 2>&1 && echo initexe=yes || echo initexe=no
 		ls /dev | tr '\n' ' '; echo
 		exit 7`)
 	if code != 7 {
@@ -112,7 +120,7 @@ func TestIsolation(t *testing.T) {
 	// The kept set: chown dac_override fowner fsetid kill setgid setuid
 	// setpcap net_bind_service sys_chroot mknod audit_write setfcap.
 	for _, want := range []string{"host=sandbox\n", "ifs=lo\n", "lo=0x9\n", "kallsyms=0\n", "timers=0\n",
-		"mount=no\n", "sysctl=no\n", "NoNewPrivs:\t1\n", "CapBnd:\t00000000a80405fb\n", "CapEff:\t00000000a80405fb\n"} {
+		"mount=no\n", "sysctl=no\n", "initenv=no\n", "initexe=no\n", "NoNewPrivs:\t1\n", "CapBnd:\t00000000a80405fb\n", "CapEff:\t00000000a80405fb\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}
@@ -134,7 +142,7 @@ func TestCommandNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, err := sb.Exec(context.Background(), []string{"no-such-tool"}, nil, "/", nil, nil, out)
+	code, err := sb.Exec(context.Background(), "x", []string{"no-such-tool"}, nil, "/", nil, nil, out)
 	b, _ := os.ReadFile(out.Name())
 	if err != nil || code != 127 || !strings.Contains(string(b), "command not found") {
 		t.Fatalf("exit %d, %v, %q", code, err, b)
@@ -163,7 +171,58 @@ func TestStateAndReaping(t *testing.T) {
 		t.Fatalf("signalled command: exit %d, want 143", code)
 	}
 	sb.Destroy()
-	if _, err := sb.Exec(context.Background(), []string{"true"}, nil, "/", nil, nil, nil); !errors.Is(err, container.ErrSandboxDied) {
+	if _, err := sb.Exec(context.Background(), "after", []string{"true"}, nil, "/", nil, nil, nil); !errors.Is(err, container.ErrSandboxDied) {
 		t.Fatalf("exec into a destroyed sandbox: %v", err)
+	}
+}
+
+// TestWorkerCrash: the worker's connection dies mid-step; the sandbox and
+// the step go on, and a new connection gets the step's result without
+// running it again.
+func TestWorkerCrash(t *testing.T) {
+	layertest.RequireRoot(t)
+	socket := filepath.Join(t.TempDir(), "init.sock")
+	var initErr bytes.Buffer
+	sb, err := container.Create(container.Spec{Root: busyboxRoot(t), Socket: socket, Stderr: &initErr})
+	if err != nil {
+		t.Fatalf("%v: %s", err, initErr.String())
+	}
+	defer sb.Destroy()
+	res := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(context.Background(), "step-7", []string{"/bin/sh", "-c", "sleep 0.5; echo once >> /ran; exit 5"},
+			[]string{"PATH=/bin"}, "/", nil, nil, nil)
+		res <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	sb.Close() // the worker dies
+	if err := <-res; !errors.Is(err, container.ErrSandboxDied) {
+		t.Fatalf("exec across a lost connection: %v", err)
+	}
+	again, err := container.Attach(socket, sb.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	code, err := again.Result(context.Background(), "step-7")
+	if err != nil || code != 5 {
+		t.Fatalf("result after reattaching: %d, %v", code, err)
+	}
+	if _, err := again.Exec(context.Background(), "step-7", []string{"true"}, nil, "/", nil, nil, nil); err == nil {
+		t.Fatal("an exec id ran twice")
+	}
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if code, err := again.Exec(context.Background(), "step-8", []string{"cat", "/ran"}, []string{"PATH=/bin"}, "/", nil, out, out); err != nil || code != 0 {
+		t.Fatalf("exec after reattaching: %d %v", code, err)
+	}
+	if b, _ := os.ReadFile(out.Name()); string(b) != "once\n" {
+		t.Fatalf("the step ran %q", b)
+	}
+	if _, err := again.Result(context.Background(), "never"); err == nil {
+		t.Fatal("result of an unknown id")
 	}
 }

@@ -25,10 +25,19 @@ func Create(spec Spec) (*Sandbox, error) { return nil, errNotLinux }
 // Pid is not supported off Linux.
 func (s *Sandbox) Pid() int { return 0 }
 
+// Attach is not supported off Linux.
+func Attach(socket string, pid int) (*Sandbox, error) { return nil, errNotLinux }
+
 // Exec is not supported off Linux.
-func (s *Sandbox) Exec(ctx context.Context, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
+func (s *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
 	return -1, errNotLinux
 }
+
+// Result is not supported off Linux.
+func (s *Sandbox) Result(ctx context.Context, id string) (int, error) { return -1, errNotLinux }
+
+// Close is not supported off Linux.
+func (s *Sandbox) Close() error { return errNotLinux }
 
 // Destroy is not supported off Linux.
 func (s *Sandbox) Destroy() error { return errNotLinux }
