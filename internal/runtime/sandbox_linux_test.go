@@ -1,0 +1,159 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+func TestMain(m *testing.M) {
+	container.MaybeInit()
+	os.Exit(m.Run())
+}
+
+// layers builds a busybox base and a workspace into a store.
+func layers(t *testing.T) (string, *store.Store) {
+	t.Helper()
+	layertest.RequireRoot(t)
+	root := t.TempDir()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	os.MkdirAll(filepath.Join(base, "bin"), 0o755)
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Fatal("busybox-static is missing: make deps installs it")
+	}
+	b, _ := os.ReadFile(bb)
+	os.WriteFile(filepath.Join(base, "bin", "busybox"), b, 0o755)
+	out, _ := exec.Command(bb, "--list").Output()
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			os.Symlink("busybox", filepath.Join(base, "bin", a))
+		}
+	}
+	os.MkdirAll(filepath.Join(base, "etc"), 0o755)
+	os.WriteFile(filepath.Join(base, "etc", "answer"), []byte("42\n"), 0o644)
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "work"), 0o755)
+	os.WriteFile(filepath.Join(ws, "work", "hello"), []byte("from the workspace\n"), 0o644)
+	for tag, src := range map[string]string{"bb:1": base, "ws:1": ws} {
+		ref, _ := layer.ParseRef(tag)
+		if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root, s
+}
+
+func sh(t *testing.T, sb *runtime.Sandbox, id, script string) (string, int) {
+	t.Helper()
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	code, err := sb.Exec(context.Background(), id, []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(out.Name())
+	return string(b), code
+}
+
+// leftovers lists what a removed sandbox must not leave: mounts below
+// root and its cgroup.
+func leftovers(t *testing.T, root, name string) []string {
+	var out []string
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+			out = append(out, "mount "+f[4])
+		}
+	}
+	if _, err := cgroup.Open("sb-" + name); err == nil {
+		out = append(out, "cgroup sb-"+name)
+	}
+	if _, err := os.Stat(filepath.Join(root, "sandboxes", name)); err == nil {
+		out = append(out, "state dir")
+	}
+	return out
+}
+
+func TestSandboxLifecycle(t *testing.T) {
+	root, s := layers(t)
+	ctx := context.Background()
+	sb, err := runtime.Create(ctx, root, s, runtime.Options{Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
+		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := false
+	t.Cleanup(func() {
+		if !removed {
+			sb.Remove()
+		}
+	})
+	out, code := sh(t, sb, "1", "cat /work/hello /etc/answer; hostname; echo step > /work/new; echo changed > /etc/answer")
+	if code != 0 || out != "from the workspace\n42\nrollout-1\n" {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(sb.Upper(), "work", "new")); err != nil || string(b) != "step\n" {
+		t.Fatalf("the write is not in the upper: %q %v", b, err)
+	}
+	// The worker goes away and a new one re-adopts the sandbox.
+	sb.Close()
+	again, err := runtime.Load(root, "rollout-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ = sh(t, again, "2", "cat /work/new")
+	if out != "step\n" {
+		t.Fatalf("state lost across re-adoption: %q", out)
+	}
+	if _, err := runtime.Create(ctx, root, s, runtime.Options{Name: "rollout-1", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("duplicate name: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(sb.Upper(), "etc", "answer")); string(b) != "changed\n" {
+		t.Fatalf("overwriting a base file: upper has %q", b)
+	}
+	removed = true
+	if err := again.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if l := leftovers(t, root, "rollout-1"); len(l) > 0 {
+		t.Fatalf("left behind: %v", l)
+	}
+	if _, err := runtime.Load(root, "rollout-1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("load after remove: %v", err)
+	}
+}
+
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	root, s := layers(t)
+	_, err := runtime.Create(context.Background(), root, s, runtime.Options{Name: "bad", Layers: []string{"ws:1", "missing:1"}})
+	if !errdefs.IsNotFound(err) {
+		t.Fatalf("missing layer: %v", err)
+	}
+	if l := leftovers(t, root, "bad"); len(l) > 0 {
+		t.Fatalf("a failed create left: %v", l)
+	}
+	if _, err := runtime.Create(context.Background(), root, s, runtime.Options{Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bad name: %v", err)
+	}
+}
