@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,21 +32,7 @@ func layers(t *testing.T) (string, *store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := t.TempDir()
-	os.MkdirAll(filepath.Join(base, "bin"), 0o755)
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Fatal("busybox-static is missing: make deps installs it")
-	}
-	b, _ := os.ReadFile(bb)
-	os.WriteFile(filepath.Join(base, "bin", "busybox"), b, 0o755)
-	out, _ := exec.Command(bb, "--list").Output()
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			os.Symlink("busybox", filepath.Join(base, "bin", a))
-		}
-	}
-	os.MkdirAll(filepath.Join(base, "etc"), 0o755)
+	base := layertest.BusyboxRoot(t, t.TempDir())
 	os.WriteFile(filepath.Join(base, "etc", "answer"), []byte("42\n"), 0o644)
 	ws := t.TempDir()
 	os.MkdirAll(filepath.Join(ws, "work"), 0o755)

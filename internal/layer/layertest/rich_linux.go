@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -254,4 +255,27 @@ func WriteTar(tb testing.TB, dir string, w io.Writer) {
 		return nil
 	}))
 	must(tb, tw.Close())
+}
+
+// BusyboxRoot fills dir with a root file system of Debian's
+// busybox-static: /bin/busybox and a symlink per applet.
+func BusyboxRoot(tb testing.TB, dir string) string {
+	tb.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		tb.Fatal("busybox-static is missing: make deps installs it")
+	}
+	b, err := os.ReadFile(bb)
+	must(tb, err)
+	must(tb, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
+	must(tb, os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
+	must(tb, os.WriteFile(filepath.Join(dir, "bin", "busybox"), b, 0o755))
+	out, err := exec.Command(bb, "--list").Output()
+	must(tb, err)
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			must(tb, os.Symlink("busybox", filepath.Join(dir, "bin", a)))
+		}
+	}
+	return dir
 }

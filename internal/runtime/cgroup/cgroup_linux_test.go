@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,24 +20,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func busyboxRoot(t *testing.T) string {
-	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Fatal("busybox-static is missing: make deps installs it")
-	}
-	root := t.TempDir()
-	os.MkdirAll(filepath.Join(root, "bin"), 0o755)
-	b, _ := os.ReadFile(bb)
-	os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755)
-	out, _ := exec.Command(bb, "--list").Output()
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			os.Symlink("busybox", filepath.Join(root, "bin", a))
-		}
-	}
-	return root
-}
+func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }
 
 type result struct {
 	code int

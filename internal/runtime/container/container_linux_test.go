@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,29 +22,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// busyboxRoot makes a root file system of Debian's busybox-static.
-func busyboxRoot(t *testing.T) string {
-	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Fatal("busybox-static is missing: make deps installs it")
-	}
-	root := t.TempDir()
-	os.MkdirAll(filepath.Join(root, "bin"), 0o755)
-	b, err := os.ReadFile(bb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755)
-	out, _ := exec.Command(bb, "--list").Output()
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			os.Symlink("busybox", filepath.Join(root, "bin", a))
-		}
-	}
-	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
-	return root
-}
+func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }
 
 // create starts a sandbox on root and destroys it when the test ends.
 func create(t *testing.T, root string) *container.Sandbox {
