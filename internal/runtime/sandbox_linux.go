@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -23,9 +25,16 @@ import (
 // Options describe a sandbox to create.
 type Options struct {
 	Name     string
-	Layers   []string // refs in the local store, topmost first: toolkit, workspace, base
+	Layers   []string // refs, topmost first: toolkit, workspace, base
 	Limits   cgroup.Limits
 	Hostname string
+
+	// Remote, if set, is where layers missing from the local store are
+	// mounted from lazily, by fetchers started with Fetcher.
+	Remote   remote.Target
+	Insecure bool
+	Fetcher  lazy.Start
+	CacheMax int64 // the host cache budget (cache.max_bytes)
 }
 
 // State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
@@ -80,19 +89,16 @@ func Create(ctx context.Context, root string, s *store.Store, o Options) (_ *San
 	}()
 	var lowers []string
 	for i, ref := range o.Layers {
-		info, err := layer.Resolve(ctx, s, ref)
-		if err != nil {
-			return nil, err
-		}
 		mnt := filepath.Join(dir, "layers", fmt.Sprint(i))
 		if err := os.MkdirAll(mnt, 0o700); err != nil {
 			return nil, err
 		}
-		if err := mount.EROFS(s.BlobPath(info.Digest)).Mount(mnt); err != nil {
+		d, err := mountLayer(ctx, root, s, o, ref, mnt)
+		if err != nil {
 			return nil, err
 		}
 		lowers = append(lowers, mnt)
-		sb.Digests = append(sb.Digests, info.Digest.String())
+		sb.Digests = append(sb.Digests, d)
 	}
 	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{upper, work, rootfs} {
@@ -125,6 +131,29 @@ func Create(ctx context.Context, root string, s *store.Store, o Options) (_ *San
 		return nil, err
 	}
 	return sb, nil
+}
+
+// mountLayer mounts a layer from the local store, or lazily from the
+// remote when the store lacks it, and returns its digest.
+func mountLayer(ctx context.Context, root string, s *store.Store, o Options, ref, mnt string) (string, error) {
+	info, err := layer.Resolve(ctx, s, ref)
+	if err == nil {
+		return info.Digest.String(), mount.EROFS(s.BlobPath(info.Digest)).Mount(mnt)
+	}
+	if !errdefs.IsNotFound(err) || o.Remote == nil {
+		return "", err
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return "", err
+	}
+	l, err := remote.Describe(ctx, o.Remote, r)
+	if err != nil {
+		return "", err
+	}
+	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
+		Windows: l.Config.Windows, Remote: o.Remote.String(), Insecure: o.Insecure, MaxBytes: o.CacheMax}
+	return l.Blob.Digest.String(), lazy.Mount(ctx, root, spec, l.Windows, mnt, o.Fetcher)
 }
 
 // Load re-adopts a sandbox a previous worker created.
@@ -194,7 +223,8 @@ func (sb *Sandbox) teardown() error {
 	}
 	layers, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
 	for _, m := range layers {
-		if err := mount.Unmount(m); err != nil && !isNotMounted(err) {
+		// lazy.Unmount also tells a lazy layer's fetcher it may go.
+		if err := lazy.Unmount(m); err != nil && !isNotMounted(err) {
 			errs = append(errs, err)
 		}
 	}

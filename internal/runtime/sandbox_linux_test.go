@@ -3,23 +3,35 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
+// TestMain doubles as a sandbox init and as a lazy layer's fetcher.
 func TestMain(m *testing.M) {
 	container.MaybeInit()
+	if os.Getenv("DSEC_TEST_FETCHER") == "1" {
+		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], 300*time.Millisecond, slog.Default())
+		if err != nil && !errors.Is(err, lazy.ErrBusy) {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
@@ -140,5 +152,51 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	}
 	if _, err := runtime.Create(context.Background(), root, s, runtime.Options{Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad name: %v", err)
+	}
+}
+
+// TestLazyLayers: a host without the layers creates a sandbox from a
+// remote; the layers are mounted lazily and go away with the sandbox.
+func TestLazyLayers(t *testing.T) {
+	_, s := layers(t)
+	ctx := context.Background()
+	shared, err := remote.Open("dir://"+filepath.Join(t.TempDir(), "shared"), remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"bb:1", "ws:1"} {
+		ref, _ := layer.ParseRef(tag)
+		if _, err := remote.Copy(ctx, remote.Local(s), shared, ref, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := t.TempDir() // a second host: empty store
+	hs, err := store.Open(filepath.Join(host, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	sb, err := runtime.Create(ctx, host, hs, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"},
+		Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}})
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := false
+	t.Cleanup(func() {
+		if !removed {
+			sb.Remove()
+		}
+	})
+	if out, code := sh(t, sb, "1", "cat /work/hello"); code != 0 || out != "from the workspace\n" {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+	removed = true
+	if err := sb.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the fetchers see no user and exit
+	if l := leftovers(t, host, "lazy-1"); len(l) > 0 {
+		t.Fatalf("left behind: %v", l)
 	}
 }
