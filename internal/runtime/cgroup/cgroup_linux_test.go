@@ -68,7 +68,7 @@ func output(f *os.File) string {
 }
 
 func TestMemoryLimitReportsOOM(t *testing.T) {
-	g, _, ch, out := sandbox(t, cgroup.Limits{MemoryBytes: 32 << 20}, `dd if=/dev/zero of=/dev/null bs=256M count=1`)
+	g, sb, ch, out := sandbox(t, cgroup.Limits{MemoryBytes: 32 << 20}, `dd if=/dev/zero of=/dev/null bs=256M count=1`)
 	r := <-ch
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -78,6 +78,10 @@ func TestMemoryLimitReportsOOM(t *testing.T) {
 	}
 	if !g.OOMKilled() {
 		t.Fatalf("no OOM kill recorded: %s", output(out))
+	}
+	// The sandbox survived its command's OOM.
+	if code, err := sb.Exec(context.Background(), "after", []string{"true"}, nil, "/", nil, nil, nil); err != nil || code != 0 {
+		t.Fatalf("sandbox after an OOM: %d %v", code, err)
 	}
 }
 

@@ -72,7 +72,6 @@ func Create(spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer lf.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -86,7 +85,11 @@ func Create(spec Spec) (*Sandbox, error) {
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 		Setsid:     true,
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// Only the init may hold the listener: if it dies, a connection
+	// waiting for its greeting must see the socket go.
+	lf.Close()
+	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("start sandbox: %w", err)
 	}
@@ -464,12 +467,20 @@ func start(r request, stdio []*os.File) (int, error) {
 	if cwd == "" {
 		cwd = "/"
 	}
-	return syscall.ForkExec(path, r.Args, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(path, r.Args, &syscall.ProcAttr{
 		Dir:   cwd,
 		Env:   r.Env,
 		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	})
+	if err == nil {
+		// A command that runs the sandbox out of memory is what the OOM
+		// killer must take, never the init, whose death ends the
+		// sandbox. Raising a score needs no privilege (lowering the
+		// init's would need CAP_SYS_RESOURCE, which hosts may withhold).
+		os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("1000"), 0)
+	}
+	return pid, err
 }
 
 // lookPath finds a command in a PATH of the sandbox.
