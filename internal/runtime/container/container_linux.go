@@ -25,9 +25,10 @@ import (
 // socket on the host, so the sandbox outlives the worker that created
 // it: a restarted worker Attaches again.
 type Sandbox struct {
-	pid  int
-	cmd  *exec.Cmd // set when this process created the sandbox
-	conn *net.UnixConn
+	pid    int
+	cmd    *exec.Cmd     // set when this process created the sandbox
+	exited chan struct{} // closed once cmd is reaped
+	conn   *net.UnixConn
 
 	mu   sync.Mutex
 	wait map[string]chan execReply
@@ -115,7 +116,10 @@ func Create(spec Spec) (*Sandbox, error) {
 		os.Remove(spec.Socket)
 		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", cmd.ProcessState.ExitCode())
 	}
-	sb.cmd = cmd
+	// Reap the init whenever it exits, whether or not this process still
+	// holds a connection: a long-lived worker must not collect zombies.
+	sb.cmd, sb.exited = cmd, make(chan struct{})
+	go func() { cmd.Wait(); close(sb.exited) }()
 	return sb, nil
 }
 
@@ -253,7 +257,7 @@ func (s *Sandbox) Close() error {
 func (s *Sandbox) Destroy() error {
 	if s.cmd != nil {
 		s.cmd.Process.Kill()
-		s.cmd.Wait()
+		<-s.exited
 	} else if s.pid > 0 {
 		syscall.Kill(s.pid, syscall.SIGKILL)
 	}
