@@ -2,12 +2,15 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"syscall"
 	"time"
 
@@ -27,46 +30,87 @@ type Options struct {
 	Name     string
 	Layers   []string // refs, topmost first: toolkit, workspace, base
 	Limits   cgroup.Limits
-	Hostname string
+	Hostname string   // default: the name
+	Env      []string // every exec's environment, before its own
+	Workdir  string   // every exec's default directory
 
-	// Remote, if set, is where layers missing from the local store are
-	// mounted from lazily, by fetchers started with Fetcher.
+	Mounter // where layers come from
+}
+
+// Mounter finds the layers of a sandbox: in the local store, or, for
+// those missing there, lazily from Remote, by fetchers started with
+// Fetcher.
+type Mounter struct {
+	Store    *store.Store
 	Remote   remote.Target
 	Insecure bool
 	Fetcher  lazy.Start
 	CacheMax int64 // the host cache budget (cache.max_bytes)
 }
 
+// Sandbox states.
+const (
+	Creating = "creating" // a worker died before finishing: recovery removes it
+	Running  = "running"
+	Stopped  = "stopped"
+	Dead     = "dead" // the init died without a stop
+)
+
 // State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
 type State struct {
-	Name    string    `json:"name"`
-	Pid     int       `json:"pid"` // the init's host pid
-	Layers  []string  `json:"layers"`
-	Digests []string  `json:"digests"`
-	Created time.Time `json:"created"`
+	Name       string        `json:"name"`
+	Status     string        `json:"status"`
+	Pid        int           `json:"pid,omitempty"` // the init's host pid
+	Layers     []string      `json:"layers"`
+	Digests    []string      `json:"digests"`
+	Limits     cgroup.Limits `json:"limits"`
+	Hostname   string        `json:"hostname"`
+	Env        []string      `json:"env,omitempty"`
+	Workdir    string        `json:"workdir,omitempty"`
+	CgroupName string        `json:"cgroup"` // the group's name
+	Created    time.Time     `json:"created"`
 }
 
-// Sandbox is a created sandbox: its layers mounted, its overlay root, its
-// cgroup and its init.
+// Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
+// and its init while it runs, and the journal of its execs.
 type Sandbox struct {
+	mu sync.Mutex // guards State and c, g
 	State
 	dir string
 	c   *container.Sandbox
 	g   *cgroup.Group
+
+	execMu sync.Mutex
+	execs  map[string]*Exec // known this worker's lifetime
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
 func sandboxDir(root, name string) string { return filepath.Join(root, "sandboxes", name) }
 
-func cgroupName(name string) string { return "sb-" + name }
+// cgroupName is unique per root, so that two roots on a host (two
+// workers, two test runs) never share a group.
+func cgroupName(root, name string) string {
+	abs, _ := filepath.Abs(root)
+	h := sha256.Sum256([]byte(abs))
+	return "sb-" + name + "-" + hex.EncodeToString(h[:4])
+}
+
+// ValidName reports whether name may name a sandbox.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("bad sandbox name %q: use up to 63 letters, digits, '_', '.' and '-': %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
 
 // Create composes the layers under an upper on local disk, makes the
 // cgroup and starts the init. On any failure everything done so far is
-// undone: no mount, cgroup or directory is left behind.
-func Create(ctx context.Context, root string, s *store.Store, o Options) (_ *Sandbox, err error) {
-	if !nameRE.MatchString(o.Name) {
-		return nil, fmt.Errorf("bad sandbox name %q: use up to 63 letters, digits, '_', '.' and '-': %w", o.Name, errdefs.ErrInvalidArgument)
+// undone: no mount, cgroup or directory is left behind. A worker killed
+// half-way leaves a sandbox in state creating, which Recover removes.
+func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error) {
+	if err := ValidName(o.Name); err != nil {
+		return nil, err
 	}
 	if len(o.Layers) == 0 {
 		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
@@ -81,86 +125,141 @@ func Create(ctx context.Context, root string, s *store.Store, o Options) (_ *San
 		}
 		return nil, err
 	}
-	sb := &Sandbox{State: State{Name: o.Name, Layers: o.Layers, Created: time.Now().UTC()}, dir: dir}
-	defer func() {
-		if err != nil {
-			sb.teardown()
-		}
-	}()
-	var lowers []string
-	for i, ref := range o.Layers {
-		mnt := filepath.Join(dir, "layers", fmt.Sprint(i))
-		if err := os.MkdirAll(mnt, 0o700); err != nil {
-			return nil, err
-		}
-		d, err := mountLayer(ctx, root, s, o, ref, mnt)
-		if err != nil {
-			return nil, err
-		}
-		lowers = append(lowers, mnt)
-		sb.Digests = append(sb.Digests, d)
-	}
-	upper, work, rootfs := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
-	for _, d := range []string{upper, work, rootfs} {
-		if err := os.Mkdir(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := mount.Overlay(lowers, upper, work).Mount(rootfs); err != nil {
-		return nil, err
-	}
-	if sb.g, err = cgroup.New(cgroupName(o.Name), o.Limits); err != nil {
-		return nil, err
-	}
-	logf, err := os.OpenFile(filepath.Join(dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
 	hostname := o.Hostname
 	if hostname == "" {
 		hostname = o.Name
 	}
-	if sb.c, err = container.Create(container.Spec{Root: rootfs, Hostname: hostname, Socket: filepath.Join(dir, "init.sock"),
-		Setup: sb.g.Add, Stdout: logf, Stderr: logf}); err != nil {
+	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Limits: o.Limits, Hostname: hostname,
+		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC()}, dir: dir}
+	defer func() {
+		if err != nil {
+			sb.teardown(true)
+		}
+	}()
+	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	sb.Pid = sb.c.Pid()
-	b, _ := json.MarshalIndent(sb.State, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "state.json"), b, 0o600); err != nil {
+	for _, d := range []string{"upper", "work", "rootfs", "execs"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := sb.start(ctx, o.Mounter); err != nil {
 		return nil, err
 	}
 	return sb, nil
 }
 
+// start mounts the layers and the overlay, makes the cgroup and starts
+// the init: creating a sandbox, or starting a stopped one on its upper.
+func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
+	root := filepath.Dir(filepath.Dir(sb.dir))
+	var lowers, digests []string
+	for i, ref := range sb.Layers {
+		mnt := filepath.Join(sb.dir, "layers", fmt.Sprint(i))
+		if err := os.MkdirAll(mnt, 0o700); err != nil {
+			return err
+		}
+		d, err := mountLayer(ctx, root, m, ref, mnt)
+		if err != nil {
+			return err
+		}
+		if len(sb.Digests) > i && sb.Digests[i] != d {
+			return fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, d, sb.Digests[i], errdefs.ErrFailedPrecondition)
+		}
+		lowers = append(lowers, mnt)
+		digests = append(digests, d)
+	}
+	sb.Digests = digests
+	rootfs := filepath.Join(sb.dir, "rootfs")
+	if err := mount.Overlay(lowers, filepath.Join(sb.dir, "upper"), filepath.Join(sb.dir, "work")).Mount(rootfs); err != nil {
+		return err
+	}
+	g, err := cgroup.New(sb.CgroupName, sb.Limits)
+	if err != nil {
+		return err
+	}
+	sb.g = g
+	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	if sb.c, err = container.Create(container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
+		Setup: g.Add, Stdout: logf, Stderr: logf}); err != nil {
+		return err
+	}
+	sb.Pid, sb.Status = sb.c.Pid(), Running
+	return sb.save()
+}
+
+// save writes the state atomically.
+func (sb *Sandbox) save() error {
+	b, _ := json.MarshalIndent(sb.State, "", "  ")
+	return writeFileAtomic(filepath.Join(sb.dir, "state.json"), b)
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 // mountLayer mounts a layer from the local store, or lazily from the
 // remote when the store lacks it, and returns its digest.
-func mountLayer(ctx context.Context, root string, s *store.Store, o Options, ref, mnt string) (string, error) {
-	info, err := layer.Resolve(ctx, s, ref)
+func mountLayer(ctx context.Context, root string, m Mounter, ref, mnt string) (string, error) {
+	info, err := layer.Resolve(ctx, m.Store, ref)
 	if err == nil {
-		return info.Digest.String(), mount.EROFS(s.BlobPath(info.Digest)).Mount(mnt)
+		return info.Digest.String(), mount.EROFS(m.Store.BlobPath(info.Digest)).Mount(mnt)
 	}
-	if !errdefs.IsNotFound(err) || o.Remote == nil {
+	if !errdefs.IsNotFound(err) || m.Remote == nil {
 		return "", err
 	}
 	r, err := layer.ParseRef(ref)
 	if err != nil {
 		return "", err
 	}
-	l, err := remote.Describe(ctx, o.Remote, r)
+	l, err := remote.Describe(ctx, m.Remote, r)
 	if err != nil {
 		return "", err
 	}
 	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
-		Windows: l.Config.Windows, Remote: o.Remote.String(), Insecure: o.Insecure, MaxBytes: o.CacheMax}
-	return l.Blob.Digest.String(), lazy.Mount(ctx, root, spec, l.Windows, mnt, o.Fetcher)
+		Windows: l.Config.Windows, Remote: m.Remote.String(), Insecure: m.Insecure, MaxBytes: m.CacheMax}
+	return l.Blob.Digest.String(), lazy.Mount(ctx, root, spec, l.Windows, mnt, m.Fetcher)
 }
 
-// Load re-adopts a sandbox a previous worker created.
+// List names the sandboxes under root.
+func List(root string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(root, "sandboxes"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() && ValidName(e.Name()) == nil {
+			names = append(names, e.Name())
+		}
+	}
+	return names, err
+}
+
+// Load re-adopts a sandbox a previous worker created: a running one's
+// init is attached again (a sandbox whose init is gone is Dead), and the
+// results of execs that were running when that worker died are collected
+// as they finish. A sandbox a worker died creating is removed, and Load
+// says it does not exist.
 func Load(root, name string) (*Sandbox, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
 	dir := sandboxDir(root, name)
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
+		if _, serr := os.Stat(dir); serr == nil { // died before its first state
+			(&Sandbox{State: State{Name: name, CgroupName: cgroupName(root, name)}, dir: dir}).teardown(true)
+		}
 		return nil, fmt.Errorf("no sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
 	if err != nil {
@@ -170,43 +269,118 @@ func Load(root, name string) (*Sandbox, error) {
 	if err := json.Unmarshal(b, &sb.State); err != nil {
 		return nil, fmt.Errorf("sandbox %s: state: %v: %w", name, err, errdefs.ErrDataLoss)
 	}
-	sb.g, _ = cgroup.Open(cgroupName(name))
-	if sb.c, err = container.Attach(filepath.Join(dir, "init.sock"), sb.Pid); err != nil {
-		return sb, err // the caller may still Remove what is left
+	switch sb.Status {
+	case Creating:
+		sb.teardown(true)
+		return nil, fmt.Errorf("no sandbox %s (a worker died creating it; removed): %w", name, errdefs.ErrNotFound)
+	case Running:
+		sb.g, _ = cgroup.Open(sb.CgroupName)
+		if sb.c, err = container.Attach(filepath.Join(dir, "init.sock"), sb.Pid); err != nil {
+			sb.Status = Dead
+		}
 	}
+	sb.recoverExecs()
 	return sb, nil
 }
 
-// Exec runs a command in the sandbox (see container.Sandbox.Exec).
-func (sb *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
-	if sb.c == nil {
-		return -1, container.ErrSandboxDied
-	}
-	return sb.c.Exec(ctx, id, args, env, cwd, stdin, stdout, stderr)
-}
+// Dir is the sandbox's directory.
+func (sb *Sandbox) Dir() string { return sb.dir }
 
 // Upper is the directory holding everything the sandbox wrote.
 func (sb *Sandbox) Upper() string { return filepath.Join(sb.dir, "upper") }
 
-// Cgroup is the sandbox's control group.
-func (sb *Sandbox) Cgroup() *cgroup.Group { return sb.g }
+// RootFS is the sandbox's composed root, as the host sees it.
+func (sb *Sandbox) RootFS() string { return filepath.Join(sb.dir, "rootfs") }
+
+// Snapshot returns a copy of the state. A running sandbox whose init
+// died is Dead from then on.
+func (sb *Sandbox) Snapshot() State {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status == Running && sb.c != nil {
+		select {
+		case <-sb.c.Done():
+			sb.Status = Dead
+			sb.save()
+		default:
+		}
+	}
+	return sb.State
+}
+
+// Cgroup is the sandbox's control group, nil when it is not running.
+func (sb *Sandbox) Cgroup() *cgroup.Group {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.g
+}
 
 // Close lets go of the sandbox, which keeps running.
 func (sb *Sandbox) Close() error {
-	if sb.c != nil {
-		return sb.c.Close()
+	sb.mu.Lock()
+	c := sb.c
+	sb.c = nil
+	sb.mu.Unlock()
+	if c != nil {
+		return c.Close()
+	}
+	return nil
+}
+
+// Stop kills every process of the sandbox and unmounts its root; its
+// files (the upper) stay for Start.
+func (sb *Sandbox) Stop() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status == Stopped {
+		return nil
+	}
+	if err := sb.teardown(false); err != nil {
+		return err
+	}
+	sb.Status, sb.Pid = Stopped, 0
+	return sb.save()
+}
+
+// Start starts a stopped (or dead) sandbox again on its files.
+func (sb *Sandbox) Start(ctx context.Context, m Mounter) (err error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status == Running {
+		return fmt.Errorf("sandbox %s is already running: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.Status == Dead {
+		if err := sb.teardown(false); err != nil {
+			return err
+		}
+	}
+	if err := sb.start(ctx, m); err != nil {
+		sb.teardown(false)
+		sb.Status, sb.Pid = Stopped, 0
+		sb.save()
+		return err
 	}
 	return nil
 }
 
 // Remove stops every process of the sandbox and removes its mounts,
-// cgroup and state.
-func (sb *Sandbox) Remove() error { return sb.teardown() }
+// cgroup, files and state.
+func (sb *Sandbox) Remove() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.teardown(true)
+}
 
-func (sb *Sandbox) teardown() error {
+// teardown kills the processes, removes the cgroup, unmounts the root
+// and the layers, and with all removes the directory too.
+func (sb *Sandbox) teardown(all bool) error {
 	var errs []error
 	if sb.c != nil {
 		sb.c.Destroy()
+		sb.c = nil
+	}
+	if sb.g == nil {
+		sb.g, _ = cgroup.Open(sb.CgroupName)
 	}
 	if sb.g != nil {
 		if err := sb.g.Kill(); err != nil {
@@ -215,11 +389,10 @@ func (sb *Sandbox) teardown() error {
 		if err := sb.g.Remove(); err != nil {
 			errs = append(errs, err)
 		}
+		sb.g = nil
 	}
-	for _, m := range []string{filepath.Join(sb.dir, "rootfs")} {
-		if err := mount.Unmount(m); err != nil && !errors.Is(err, os.ErrNotExist) && !isNotMounted(err) {
-			errs = append(errs, err)
-		}
+	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
+		errs = append(errs, err)
 	}
 	layers, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
 	for _, m := range layers {
@@ -228,7 +401,10 @@ func (sb *Sandbox) teardown() error {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) == 0 {
+	if err := os.RemoveAll(filepath.Join(sb.dir, "work", "work")); err != nil {
+		errs = append(errs, err)
+	}
+	if all && len(errs) == 0 {
 		if err := os.RemoveAll(sb.dir); err != nil {
 			errs = append(errs, err)
 		}

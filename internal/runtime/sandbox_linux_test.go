@@ -60,17 +60,17 @@ func layers(t *testing.T) (string, *store.Store) {
 
 func sh(t *testing.T, sb *runtime.Sandbox, id, script string) (string, int) {
 	t.Helper()
-	out, err := os.CreateTemp(t.TempDir(), "out")
+	e, _, err := sb.Run(context.Background(), runtime.ExecSpec{ID: id, Args: []string{"/bin/sh", "-c", script}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer out.Close()
-	code, err := sb.Exec(context.Background(), id, []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+	res, err := e.Result(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(out.Name())
-	return string(b), code
+	out, _ := os.ReadFile(e.StdoutPath())
+	errb, _ := os.ReadFile(e.StderrPath())
+	return string(out) + string(errb), res.ExitCode
 }
 
 // leftovers lists what a removed sandbox must not leave: mounts below
@@ -83,8 +83,11 @@ func leftovers(t *testing.T, root, name string) []string {
 			out = append(out, "mount "+f[4])
 		}
 	}
-	if _, err := cgroup.Open("sb-" + name); err == nil {
-		out = append(out, "cgroup sb-"+name)
+	ents, _ := os.ReadDir(filepath.Join(cgroup.Root, "unified", cgroup.Parent))
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "sb-"+name+"-") {
+			out = append(out, "cgroup "+e.Name())
+		}
 	}
 	if _, err := os.Stat(filepath.Join(root, "sandboxes", name)); err == nil {
 		out = append(out, "state dir")
@@ -95,7 +98,7 @@ func leftovers(t *testing.T, root, name string) []string {
 func TestSandboxLifecycle(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	sb, err := runtime.Create(ctx, root, s, runtime.Options{Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
+	sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
 		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +126,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if out != "step\n" {
 		t.Fatalf("state lost across re-adoption: %q", out)
 	}
-	if _, err := runtime.Create(ctx, root, s, runtime.Options{Name: "rollout-1", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
+	if _, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "rollout-1", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(sb.Upper(), "etc", "answer")); string(b) != "changed\n" {
@@ -143,14 +146,14 @@ func TestSandboxLifecycle(t *testing.T) {
 
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	root, s := layers(t)
-	_, err := runtime.Create(context.Background(), root, s, runtime.Options{Name: "bad", Layers: []string{"ws:1", "missing:1"}})
+	_, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "bad", Layers: []string{"ws:1", "missing:1"}})
 	if !errdefs.IsNotFound(err) {
 		t.Fatalf("missing layer: %v", err)
 	}
 	if l := leftovers(t, root, "bad"); len(l) > 0 {
 		t.Fatalf("a failed create left: %v", l)
 	}
-	if _, err := runtime.Create(context.Background(), root, s, runtime.Options{Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad name: %v", err)
 	}
 }
@@ -176,8 +179,8 @@ func TestLazyLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("DSEC_TEST_FETCHER", "1")
-	sb, err := runtime.Create(ctx, host, hs, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"},
-		Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}})
+	sb, err := runtime.Create(ctx, host, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"},
+		Mounter: runtime.Mounter{Store: hs, Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}}})
 	os.Unsetenv("DSEC_TEST_FETCHER")
 	if err != nil {
 		t.Fatal(err)

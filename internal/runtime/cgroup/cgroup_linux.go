@@ -273,9 +273,9 @@ func (g *Group) Kill() error {
 	})
 }
 
-// OOMKilled reports whether the kernel killed a process of the group
-// for exceeding its memory limit.
-func (g *Group) OOMKilled() bool {
+// OOMKills counts the processes of the group the kernel killed for
+// exceeding its memory limit.
+func (g *Group) OOMKills() int {
 	dir, file := g.v2, "memory.events"
 	if !g.pure {
 		dir, file = g.v1["memory"], "memory.oom_control"
@@ -284,10 +284,10 @@ func (g *Group) OOMKilled() bool {
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
 			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n > 0
+			return n
 		}
 	}
-	return false
+	return 0
 }
 
 // PidsLimitHits counts the forks the pids limit refused.

@@ -47,10 +47,11 @@ type request struct {
 }
 
 type execReply struct {
-	ID    string `json:"id"`
-	Pid   int    `json:"pid,omitempty"`
-	Exit  *int   `json:"exit,omitempty"`
-	Error string `json:"error,omitempty"`
+	ID      string `json:"id"`
+	Pid     int    `json:"pid,omitempty"`
+	Exit    *int   `json:"exit,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Unknown bool   `json:"unknown,omitempty"` // Result of an id the init never started
 }
 
 // Create starts a sandbox's init on spec.Root, listening on spec.Socket.
@@ -140,6 +141,10 @@ func Attach(socket string, pid int) (*Sandbox, error) {
 	return s, nil
 }
 
+// Done is closed when the connection to the init is lost: the init died
+// (or Close was called).
+func (s *Sandbox) Done() <-chan struct{} { return s.dead }
+
 // Pid is the init's pid on the host.
 func (s *Sandbox) Pid() int { return s.pid }
 
@@ -164,7 +169,7 @@ func (s *Sandbox) readReplies() {
 		}
 		s.mu.Lock()
 		ch := s.wait[rep.ID]
-		if rep.Exit != nil || rep.Error != "" {
+		if rep.Exit != nil || rep.Error != "" || rep.Pid == -1 {
 			delete(s.wait, rep.ID)
 		}
 		s.mu.Unlock()
@@ -177,6 +182,10 @@ func (s *Sandbox) readReplies() {
 // ErrSandboxDied says the sandbox's init is gone or unreachable: an
 // infrastructure failure, not the command's.
 var ErrSandboxDied = errors.New("sandbox died")
+
+// ErrUnknownExec says the init never started a command under the id
+// Result asked for (or forgot it: it keeps the last 4096).
+var ErrUnknownExec = errors.New("no such exec in the sandbox")
 
 // Exec runs a command in the sandbox under id, which must be unique for
 // the sandbox, and returns its exit code (128+N for a signal, 127 for a
@@ -207,6 +216,18 @@ func (s *Sandbox) Result(ctx context.Context, id string) (int, error) {
 	return s.call(ctx, request{Op: "result", ID: id}, nil)
 }
 
+// Probe says whether the command under id still runs; if it ended, its
+// exit code. ErrUnknownExec: the init never started it.
+func (s *Sandbox) Probe(ctx context.Context, id string) (running bool, code int, err error) {
+	code, err = s.call(ctx, request{Op: "probe", ID: id}, nil)
+	if errors.Is(err, errRunning) {
+		return true, -1, nil
+	}
+	return false, code, err
+}
+
+var errRunning = errors.New("running")
+
 func (s *Sandbox) call(ctx context.Context, r request, oob []byte) (int, error) {
 	ch := make(chan execReply, 2)
 	s.mu.Lock()
@@ -230,11 +251,17 @@ func (s *Sandbox) call(ctx context.Context, r request, oob []byte) (int, error) 
 			if !ok {
 				return -1, ErrSandboxDied
 			}
+			if rep.Unknown {
+				return -1, fmt.Errorf("%w: %s", ErrUnknownExec, r.ID)
+			}
 			if rep.Error != "" {
 				return -1, errors.New(rep.Error)
 			}
 			if rep.Exit != nil {
 				return *rep.Exit, nil
+			}
+			if r.Op == "probe" {
+				return -1, errRunning
 			}
 		case <-ctx.Done():
 			s.mu.Lock()
@@ -380,13 +407,15 @@ func initSandbox() error {
 		select {
 		case r := <-in:
 			switch r.req.Op {
-			case "result":
+			case "result", "probe":
 				if code, ok := done[r.req.ID]; ok {
 					reply(r.conn, execReply{ID: r.req.ID, Exit: &code})
-				} else if j := byID[r.req.ID]; j != nil {
+				} else if j := byID[r.req.ID]; j != nil && r.req.Op == "probe" {
+					reply(r.conn, execReply{ID: r.req.ID, Pid: -1})
+				} else if j != nil {
 					j.conn = r.conn // the exit goes to whoever asks last
 				} else {
-					reply(r.conn, execReply{ID: r.req.ID, Error: "no process " + r.req.ID + " in this sandbox"})
+					reply(r.conn, execReply{ID: r.req.ID, Unknown: true, Error: "no process " + r.req.ID + " in this sandbox"})
 				}
 			case "exec":
 				_, seen := done[r.req.ID]

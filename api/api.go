@@ -1,0 +1,140 @@
+// Package api is the wire format of the dsec worker's HTTP/JSON API, served
+// on a unix socket under the root (<root>/dsec.sock). Every path starts
+// with the version, /v1. Fields may be added, never change meaning.
+//
+//	GET    /v1/version
+//	POST   /v1/sandboxes                    SandboxSpec -> Sandbox
+//	GET    /v1/sandboxes                    -> []Sandbox
+//	GET    /v1/sandboxes/{name}             -> Sandbox
+//	POST   /v1/sandboxes/{name}/stop        -> Sandbox
+//	POST   /v1/sandboxes/{name}/start       -> Sandbox
+//	DELETE /v1/sandboxes/{name}[?force=1]
+//	POST   /v1/sandboxes/{name}/exec        ExecRequest line, then stdin -> Frame lines
+//	GET    /v1/sandboxes/{name}/execs/{id}  -> Frame lines: a recorded exec's output and result
+//	PUT    /v1/sandboxes/{name}/files?path=P&mode=M   body: the file's bytes
+//	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
+//
+// Errors are an HTTP status and an Error body; the status tells the
+// class (StatusClass).
+package api
+
+import (
+	"net/http"
+	"time"
+)
+
+// Version is the API version this package describes.
+const Version = "v1"
+
+// Socket is the worker's socket, relative to the root.
+const Socket = "dsec.sock"
+
+// SandboxSpec asks for a sandbox.
+type SandboxSpec struct {
+	Name    string   `json:"name,omitempty"`    // default: generated
+	Backend string   `json:"backend,omitempty"` // default: container
+	Layers  []string `json:"layers"`            // topmost first: toolkit, workspace, base
+	// Resources; zero means no limit.
+	CPU    float64 `json:"cpu,omitempty"` // CPUs
+	Memory int64   `json:"memory,omitempty"`
+	Pids   int64   `json:"pids,omitempty"`
+	// Defaults for every exec.
+	Env     []string `json:"env,omitempty"`
+	Workdir string   `json:"workdir,omitempty"`
+	// Hostname defaults to the name.
+	Hostname string `json:"hostname,omitempty"`
+}
+
+// Sandbox states.
+const (
+	StatusRunning = "running"
+	StatusStopped = "stopped" // no process; its files are kept (start it again)
+	StatusDead    = "dead"    // its init died without being stopped
+)
+
+// Sandbox describes a sandbox.
+type Sandbox struct {
+	SandboxSpec
+	Status  string    `json:"status"`
+	Pid     int       `json:"pid,omitempty"` // the init's host pid while running
+	Digests []string  `json:"digests"`       // of Layers
+	Created time.Time `json:"created"`
+	Cgroup  string    `json:"cgroup,omitempty"` // the cgroup2 directory
+	// MemoryBytes is the memory charged to the sandbox now; OOMKills
+	// counts the processes its memory limit killed.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	OOMKills    int   `json:"oom_kills,omitempty"`
+	Execs       int   `json:"execs"` // journaled execs
+}
+
+// ExecRequest runs a command. An ID makes it a step that runs at most
+// once: the same ID again returns the recorded output and exit code, or
+// waits for them while the command still runs.
+type ExecRequest struct {
+	ID    string   `json:"id,omitempty"` // default: generated
+	Args  []string `json:"args"`
+	Env   []string `json:"env,omitempty"` // added to the sandbox's
+	Cwd   string   `json:"cwd,omitempty"` // default: the sandbox's workdir
+	Stdin bool     `json:"stdin,omitempty"`
+	TTY   bool     `json:"tty,omitempty"`
+	Rows  int      `json:"rows,omitempty"`
+	Cols  int      `json:"cols,omitempty"`
+}
+
+// Frame is one line of an exec's response: output, then one result or
+// one error.
+type Frame struct {
+	ID     string      `json:"id,omitempty"` // the first frame names the exec
+	Stdout []byte      `json:"stdout,omitempty"`
+	Stderr []byte      `json:"stderr,omitempty"`
+	Result *ExecResult `json:"result,omitempty"`
+	Error  *Error      `json:"error,omitempty"`
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ID       string    `json:"id"`
+	ExitCode int       `json:"exit_code"` // 128+N: killed by signal N; 127: not found
+	OOM      bool      `json:"oom,omitempty"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	// Replayed says the result was recorded by an earlier request with
+	// the same ID: the command did not run again.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// Error classes.
+const (
+	ClassInvalid  = "invalid"  // bad request: fix it
+	ClassNotFound = "not_found"
+	ClassExists   = "exists"
+	ClassState    = "state"    // the sandbox is in the wrong state (stopped, running)
+	ClassInfra    = "infra"    // the sandbox died or the host failed: not the command's fault
+	ClassInternal = "internal" // anything else
+)
+
+// Error is an API error.
+type Error struct {
+	Class   string `json:"class"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// StatusClass maps HTTP statuses to error classes and back.
+var StatusClass = map[int]string{
+	http.StatusBadRequest:          ClassInvalid,
+	http.StatusNotFound:            ClassNotFound,
+	http.StatusConflict:            ClassExists,
+	http.StatusPreconditionFailed:  ClassState,
+	http.StatusServiceUnavailable:  ClassInfra,
+	http.StatusInternalServerError: ClassInternal,
+}
+
+// VersionInfo is GET /v1/version.
+type VersionInfo struct {
+	API      string   `json:"api"`
+	Version  string   `json:"version"` // the worker binary's
+	Pid      int      `json:"pid"`
+	Backends []string `json:"backends"`
+}

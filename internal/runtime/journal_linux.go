@@ -1,0 +1,295 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+// The exec journal: every exec runs under an id, in
+// <sandbox>/execs/<id>/ with its output (stdout, stderr: the files the
+// command writes to, passed to the init as descriptors, so the output
+// survives the worker) and, once it ended, result.json. An id runs at
+// most once per sandbox: asking again returns the journaled result, or
+// waits for it.
+
+// ExecSpec is a command to run.
+type ExecSpec struct {
+	ID   string
+	Args []string
+	Env  []string // after the sandbox's
+	Cwd  string   // default: the sandbox's workdir, then /
+	// Stdin is nil for /dev/null. Stdout and Stderr, when set, replace
+	// the journal's output files (a terminal: the caller records it).
+	Stdin, Stdout, Stderr *os.File
+}
+
+// Result is how an exec ended. Err, when set, is an infrastructure
+// failure: the sandbox died or was stopped under the command.
+type Result struct {
+	ID       string    `json:"id"`
+	ExitCode int       `json:"exit_code"`
+	OOM      bool      `json:"oom,omitempty"`
+	Err      string    `json:"error,omitempty"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+}
+
+// ErrInfra marks failures of the sandbox or the host, not of a command:
+// a trainer retries these elsewhere instead of scoring them.
+var ErrInfra = fmt.Errorf("sandbox infrastructure failure: %w", errdefs.ErrUnavailable)
+
+// Exec is a journaled command, running or ended.
+type Exec struct {
+	ID   string
+	dir  string
+	done chan struct{}
+	res  Result
+}
+
+// StdoutPath and StderrPath are the journaled output files.
+func (e *Exec) StdoutPath() string { return filepath.Join(e.dir, "stdout") }
+func (e *Exec) StderrPath() string { return filepath.Join(e.dir, "stderr") }
+
+// Done is closed when the command has ended and its result is journaled.
+func (e *Exec) Done() <-chan struct{} { return e.done }
+
+// Result waits for the command to end.
+func (e *Exec) Result(ctx context.Context) (Result, error) {
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	if e.res.Err != "" {
+		return e.res, fmt.Errorf("exec %s: %s: %w", e.ID, e.res.Err, ErrInfra)
+	}
+	return e.res, nil
+}
+
+var execIDRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:@-]{0,127}$`)
+
+// defaultEnv is what every exec starts from.
+var defaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+
+// mergeEnv lays the lists over each other, later ones winning per name.
+func mergeEnv(lists ...[]string) []string {
+	idx := map[string]int{}
+	var out []string
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Run starts spec under its id and returns the journaled exec. If the
+// id ran before (in this worker's life or an earlier one) it returns
+// that exec instead, with replayed set: the command does not run again.
+func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bool, err error) {
+	if !execIDRE.MatchString(spec.ID) {
+		return nil, false, fmt.Errorf("bad exec id %q: use up to 128 letters, digits and '_.:@-': %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if len(spec.Args) == 0 {
+		return nil, false, fmt.Errorf("exec: no command: %w", errdefs.ErrInvalidArgument)
+	}
+	sb.execMu.Lock()
+	defer sb.execMu.Unlock()
+	if e := sb.execs[spec.ID]; e != nil {
+		return e, true, nil
+	}
+	dir := filepath.Join(sb.dir, "execs", spec.ID)
+	if e, err := loadExec(dir, spec.ID); err == nil {
+		sb.remember(e)
+		return e, true, nil
+	}
+	sb.mu.Lock()
+	c, g, st := sb.c, sb.g, sb.State
+	sb.mu.Unlock()
+	if st.Status != Running || c == nil {
+		return nil, false, fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	select {
+	case <-c.Done():
+		return nil, false, fmt.Errorf("sandbox %s: its init died: %w", sb.Name, ErrInfra)
+	default:
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	stdout, stderr := spec.Stdout, spec.Stderr
+	for _, f := range []struct {
+		name string
+		out  **os.File
+	}{{"stdout", &stdout}, {"stderr", &stderr}} {
+		jf, err := os.OpenFile(filepath.Join(dir, f.name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, false, err
+		}
+		defer jf.Close()
+		if *f.out == nil {
+			*f.out = jf
+		}
+	}
+	cwd := spec.Cwd
+	if cwd == "" {
+		cwd = st.Workdir
+	}
+	env := mergeEnv(defaultEnv, st.Env, spec.Env)
+	e = &Exec{ID: spec.ID, dir: dir, done: make(chan struct{})}
+	e.res.ID, e.res.Started = spec.ID, time.Now().UTC()
+	oomBefore := 0
+	if g != nil {
+		oomBefore = g.OOMKills()
+	}
+	started := make(chan error, 1)
+	go func() {
+		// The call returns when the command ends; the init answers at
+		// once if it cannot start it.
+		code, err := c.Exec(context.Background(), spec.ID, spec.Args, env, cwd, spec.Stdin, stdout, stderr)
+		switch {
+		case errors.Is(err, container.ErrSandboxDied):
+			e.res.Err = "the sandbox died under the command"
+			if sb.Snapshot().Status == Stopped {
+				e.res.Err = "the sandbox was stopped under the command"
+			}
+		case err != nil:
+			started <- err
+			return
+		}
+		e.res.ExitCode = code
+		if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
+			e.res.OOM = true
+		}
+		e.finish()
+	}()
+	// A refused start (bad directory, say) is the caller's error, not a
+	// journaled result: give the init a moment to refuse.
+	select {
+	case err := <-started:
+		os.RemoveAll(dir)
+		return nil, false, fmt.Errorf("exec %s: %v: %w", spec.ID, err, errdefs.ErrInvalidArgument)
+	case <-e.done:
+	case <-time.After(2 * time.Millisecond):
+	}
+	sb.remember(e)
+	return e, false, nil
+}
+
+// finish journals the result and wakes the waiters. A worker killed
+// before the rename leaves no result: the next asks the init.
+func (e *Exec) finish() {
+	e.res.Finished = time.Now().UTC()
+	b, _ := json.Marshal(e.res)
+	if err := writeFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
+		e.res.Err = "journal the result: " + err.Error()
+	}
+	close(e.done)
+}
+
+func (sb *Sandbox) remember(e *Exec) {
+	if sb.execs == nil {
+		sb.execs = map[string]*Exec{}
+	}
+	sb.execs[e.ID] = e
+}
+
+func loadExec(dir, id string) (*Exec, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	e := &Exec{ID: id, dir: dir, done: make(chan struct{})}
+	if err := json.Unmarshal(b, &e.res); err != nil {
+		return nil, err
+	}
+	close(e.done)
+	return e, nil
+}
+
+// LookupExec returns the exec with id, running or journaled.
+func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
+	if !execIDRE.MatchString(id) {
+		return nil, fmt.Errorf("bad exec id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	sb.execMu.Lock()
+	defer sb.execMu.Unlock()
+	if e := sb.execs[id]; e != nil {
+		return e, nil
+	}
+	e, err := loadExec(filepath.Join(sb.dir, "execs", id), id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s has no exec %s: %w", sb.Name, id, errdefs.ErrNotFound)
+	}
+	return e, nil
+}
+
+// ExecCount counts the journaled execs.
+func (sb *Sandbox) ExecCount() int {
+	ents, _ := os.ReadDir(filepath.Join(sb.dir, "execs"))
+	return len(ents)
+}
+
+// recoverExecs collects the results of the execs an earlier worker left
+// running: the init still has them. One the init never started (that
+// worker died between journaling and asking) is forgotten, so that a
+// retry runs it.
+func (sb *Sandbox) recoverExecs() {
+	ents, _ := os.ReadDir(filepath.Join(sb.dir, "execs"))
+	for _, ent := range ents {
+		dir := filepath.Join(sb.dir, "execs", ent.Name())
+		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
+			continue
+		}
+		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{})}
+		e.res.ID = e.ID
+		if st, err := os.Stat(filepath.Join(dir, "stdout")); err == nil {
+			e.res.Started = st.ModTime().UTC()
+		}
+		if sb.c == nil {
+			e.res.Err = "the sandbox died under the command (found on worker restart)"
+			e.finish()
+			continue
+		}
+		running, code, err := sb.c.Probe(context.Background(), e.ID)
+		if errors.Is(err, container.ErrUnknownExec) {
+			os.RemoveAll(dir)
+			continue
+		}
+		sb.remember(e)
+		if !running { // it ended while no worker was there
+			e.res.ExitCode = code
+			if err != nil {
+				e.res.Err = "the sandbox died under the command"
+			}
+			e.finish()
+			continue
+		}
+		go func(c *container.Sandbox) { // still running: wait on it
+			code, err := c.Result(context.Background(), e.ID)
+			if err != nil {
+				e.res.Err = "the sandbox died under the command"
+			}
+			e.res.ExitCode = code
+			e.finish()
+		}(sb.c)
+	}
+}
