@@ -79,6 +79,9 @@ type ExecRequest struct {
 	TTY   bool     `json:"tty,omitempty"`
 	Rows  int      `json:"rows,omitempty"`
 	Cols  int      `json:"cols,omitempty"`
+	// Detach answers with the first frame (the id) and leaves the
+	// command running; its output and result stay in the journal.
+	Detach bool `json:"detach,omitempty"`
 }
 
 // Frame is one line of an exec's response: output, then one result or

@@ -42,6 +42,7 @@ type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	cfg            Config
+	configFile     string // given with --config or DSEC_CONFIG
 	log            *slog.Logger
 }
 
@@ -104,6 +105,7 @@ the budget of the host cache of lazily mounted layers); unknown keys are an erro
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
 	root.AddCommand(a.layerCommand(), a.versionCommand(), a.docsCommand())
+	root.AddCommand(a.sandboxCommands()...)
 	return root
 }
 
@@ -125,6 +127,9 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("remotes", map[string]string{})
 	file, explicit := configFile(flags)
+	if explicit {
+		a.configFile = file
+	}
 	v.SetConfigFile(file)
 	v.SetConfigType("yaml")
 	if err := v.ReadInConfig(); err != nil {

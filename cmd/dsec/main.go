@@ -27,6 +27,8 @@ const (
 	exitExists   = 5 // the tag already exists (use --force)
 	exitNoSpace  = 6 // the store's file system is full
 	exitDenied   = 7 // a registry refused the credentials
+	exitState    = 8 // the sandbox is in the wrong state (running, stopped)
+	exitInfraErr = 9 // the worker or a sandbox failed (infrastructure, not input)
 )
 
 const exitCodesHelp = `Exit codes:
@@ -37,7 +39,9 @@ const exitCodesHelp = `Exit codes:
   4  not found (layer, tag, source path or blob)
   5  already exists (a tag names other content; pass --force)
   6  no space left in the store's file system
-  7  permission denied (registry credentials missing or refused)`
+  7  permission denied (registry credentials missing or refused)
+  8  wrong state (a running sandbox to rm without -f, a stopped one to exec in)
+  9  infrastructure failure (the worker or the sandbox died; not your input)`
 
 var version = "dev"
 
@@ -57,6 +61,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
+	var ce cmdExit
+	if errors.As(err, &ce) { // a command's exit code, passed through
+		return ce.code
+	}
 	fmt.Fprintf(stderr, "dsec: %s\n", userMessage(err))
 	return exitCode(err)
 }
@@ -68,7 +76,10 @@ func (u usageError) Unwrap() error { return u.error }
 
 func exitCode(err error) int {
 	var u usageError
+	var coded *codedError
 	switch {
+	case errors.As(err, &coded):
+		return coded.code
 	case errors.As(err, &u):
 		return exitUsage
 	case errors.Is(err, store.ErrNoSpace):
@@ -79,6 +90,10 @@ func exitCode(err error) int {
 		return exitDenied
 	case errdefs.IsAlreadyExists(err):
 		return exitExists
+	case errdefs.IsFailedPrecondition(err):
+		return exitState
+	case errdefs.IsUnavailable(err):
+		return exitInfraErr
 	case errdefs.IsInvalidArgument(err):
 		if isBadInput(err) {
 			return exitBadInput
@@ -91,7 +106,7 @@ func exitCode(err error) int {
 // userMessage drops the errdefs class names that wrapping appends.
 func userMessage(err error) string {
 	msg := err.Error()
-	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied"} {
+	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable"} {
 		msg = strings.TrimSuffix(msg, suffix)
 	}
 	if errors.Is(err, store.ErrNoSpace) {

@@ -32,6 +32,7 @@ type ExecSpec struct {
 	// Stdin is nil for /dev/null. Stdout and Stderr, when set, replace
 	// the journal's output files (a terminal: the caller records it).
 	Stdin, Stdout, Stderr *os.File
+	TTY                   bool // Stdin is a terminal to make the controlling one
 }
 
 // Result is how an exec ended. Err, when set, is an infrastructure
@@ -164,7 +165,8 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	go func() {
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
-		code, err := c.Exec(context.Background(), spec.ID, spec.Args, env, cwd, spec.Stdin, stdout, stderr)
+		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
+			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied):
 			e.res.Err = "the sandbox died under the command"

@@ -56,7 +56,7 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 	t.Cleanup(func() { out.Close() })
 	ch := make(chan result, 1)
 	go func() {
-		code, err := sb.Exec(context.Background(), "test", []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+		code, err := sb.Exec(context.Background(), container.Cmd{ID: "test", Args: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/bin"}, Stdout: out, Stderr: out})
 		ch <- result{code, err}
 	}()
 	return g, sb, ch, out
@@ -80,7 +80,7 @@ func TestMemoryLimitReportsOOM(t *testing.T) {
 		t.Fatalf("no OOM kill recorded: %s", output(out))
 	}
 	// The sandbox survived its command's OOM.
-	if code, err := sb.Exec(context.Background(), "after", []string{"true"}, nil, "/", nil, nil, nil); err != nil || code != 0 {
+	if code, err := sb.Exec(context.Background(), container.Cmd{ID: "after", Args: []string{"true"}}); err != nil || code != 0 {
 		t.Fatalf("sandbox after an OOM: %d %v", code, err)
 	}
 }

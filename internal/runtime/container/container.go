@@ -16,7 +16,10 @@
 // MaybeInit first thing in main.
 package container
 
-import "io"
+import (
+	"io"
+	"os"
+)
 
 // Spec describes a sandbox.
 type Spec struct {
@@ -33,6 +36,19 @@ type Spec struct {
 	// process does anything (it waits for its spec): the place to put it
 	// in its cgroup, so no instruction of the command runs outside it.
 	Setup func(pid int) error `json:"-"`
+}
+
+// Cmd is a command to run in a sandbox.
+type Cmd struct {
+	// ID names the command for Result; it must be unique in the sandbox.
+	ID   string
+	Args []string
+	Env  []string
+	Cwd  string
+	// TTY makes Stdin the command's controlling terminal.
+	TTY bool
+	// nil: /dev/null.
+	Stdin, Stdout, Stderr *os.File
 }
 
 // initEnv marks the re-executed binary as a sandbox init.

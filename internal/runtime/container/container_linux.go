@@ -44,6 +44,7 @@ type request struct {
 	Args []string `json:"args,omitempty"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
+	TTY  bool     `json:"tty,omitempty"`
 }
 
 type execReply struct {
@@ -187,15 +188,14 @@ var ErrSandboxDied = errors.New("sandbox died")
 // Result asked for (or forgot it: it keeps the last 4096).
 var ErrUnknownExec = errors.New("no such exec in the sandbox")
 
-// Exec runs a command in the sandbox under id, which must be unique for
-// the sandbox, and returns its exit code (128+N for a signal, 127 for a
-// command not found). stdio may be nil (/dev/null).
-func (s *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
-	if len(args) == 0 {
+// Exec runs cmd in the sandbox and returns its exit code (128+N for a
+// signal, 127 for a command not found).
+func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
+	if len(cmd.Args) == 0 {
 		return -1, errors.New("exec: no command")
 	}
 	var files []int
-	for _, f := range []*os.File{stdin, stdout, stderr} {
+	for _, f := range []*os.File{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
 		if f == nil {
 			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 			if err != nil {
@@ -206,7 +206,7 @@ func (s *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd s
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: "exec", ID: id, Args: args, Env: env, Cwd: cwd}, unix.UnixRights(files...))
+	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY}, unix.UnixRights(files...))
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a
@@ -504,7 +504,9 @@ func start(r request, stdio []*os.File) (int, error) {
 		Dir:   cwd,
 		Env:   r.Env,
 		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
-		Sys:   &syscall.SysProcAttr{Setsid: true},
+		// A terminal's command leads its session with stdin as its
+		// controlling terminal, as a login shell does.
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: r.TTY, Ctty: 0},
 	})
 	if err == nil {
 		// A command that runs the sandbox out of memory is what the OOM

@@ -49,7 +49,7 @@ func sh(t *testing.T, sb *container.Sandbox, script string) (string, int) {
 	}
 	defer out.Close()
 	ids++
-	code, err := sb.Exec(context.Background(), fmt.Sprint("step-", ids), []string{"/bin/sh", "-c", script}, []string{"PATH=/bin"}, "/", nil, out, out)
+	code, err := sb.Exec(context.Background(), container.Cmd{ID: fmt.Sprint("step-", ids), Args: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/bin"}, Stdout: out, Stderr: out})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestCommandNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, err := sb.Exec(context.Background(), "x", []string{"no-such-tool"}, nil, "/", nil, nil, out)
+	code, err := sb.Exec(context.Background(), container.Cmd{ID: "x", Args: []string{"no-such-tool"}, Stderr: out})
 	b, _ := os.ReadFile(out.Name())
 	if err != nil || code != 127 || !strings.Contains(string(b), "command not found") {
 		t.Fatalf("exit %d, %v, %q", code, err, b)
@@ -148,7 +148,7 @@ func TestStateAndReaping(t *testing.T) {
 		t.Fatalf("signalled command: exit %d, want 143", code)
 	}
 	sb.Destroy()
-	if _, err := sb.Exec(context.Background(), "after", []string{"true"}, nil, "/", nil, nil, nil); !errors.Is(err, container.ErrSandboxDied) {
+	if _, err := sb.Exec(context.Background(), container.Cmd{ID: "after", Args: []string{"true"}}); !errors.Is(err, container.ErrSandboxDied) {
 		t.Fatalf("exec into a destroyed sandbox: %v", err)
 	}
 }
@@ -167,8 +167,8 @@ func TestWorkerCrash(t *testing.T) {
 	defer sb.Destroy()
 	res := make(chan error, 1)
 	go func() {
-		_, err := sb.Exec(context.Background(), "step-7", []string{"/bin/sh", "-c", "sleep 0.5; echo once >> /ran; exit 5"},
-			[]string{"PATH=/bin"}, "/", nil, nil, nil)
+		_, err := sb.Exec(context.Background(), container.Cmd{ID: "step-7",
+			Args: []string{"/bin/sh", "-c", "sleep 0.5; echo once >> /ran; exit 5"}, Env: []string{"PATH=/bin"}})
 		res <- err
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -185,7 +185,7 @@ func TestWorkerCrash(t *testing.T) {
 	if err != nil || code != 5 {
 		t.Fatalf("result after reattaching: %d, %v", code, err)
 	}
-	if _, err := again.Exec(context.Background(), "step-7", []string{"true"}, nil, "/", nil, nil, nil); err == nil {
+	if _, err := again.Exec(context.Background(), container.Cmd{ID: "step-7", Args: []string{"true"}}); err == nil {
 		t.Fatal("an exec id ran twice")
 	}
 	out, err := os.CreateTemp(t.TempDir(), "out")
@@ -193,7 +193,7 @@ func TestWorkerCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	if code, err := again.Exec(context.Background(), "step-8", []string{"cat", "/ran"}, []string{"PATH=/bin"}, "/", nil, out, out); err != nil || code != 0 {
+	if code, err := again.Exec(context.Background(), container.Cmd{ID: "step-8", Args: []string{"cat", "/ran"}, Env: []string{"PATH=/bin"}, Stdout: out, Stderr: out}); err != nil || code != 0 {
 		t.Fatalf("exec after reattaching: %d %v", code, err)
 	}
 	if b, _ := os.ReadFile(out.Name()); string(b) != "once\n" {

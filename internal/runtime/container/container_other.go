@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/containerd/errdefs"
 )
@@ -29,7 +28,7 @@ func (s *Sandbox) Pid() int { return 0 }
 func Attach(socket string, pid int) (*Sandbox, error) { return nil, errNotLinux }
 
 // Exec is not supported off Linux.
-func (s *Sandbox) Exec(ctx context.Context, id string, args, env []string, cwd string, stdin, stdout, stderr *os.File) (int, error) {
+func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	return -1, errNotLinux
 }
 

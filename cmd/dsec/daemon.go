@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+func (a *app) daemonCommand() *cobra.Command {
+	var exitIdle time.Duration
+	var insecure bool
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "Run the host worker that owns the root's sandboxes",
+		Long: `Daemon runs the worker: the one process that owns the sandboxes and mounts under --root
+and serves the versioned HTTP/JSON API (package api) on <root>/dsec.sock, for the dsec CLI
+and the Go SDK (package sdk). The CLI starts one on demand (with --exit-idle 10m); hosts
+that prefer a supervised worker run it from systemd (contrib/systemd/dsec.service).
+
+Sandboxes do not depend on the worker: each sandbox's init and each lazy layer's fetcher
+is a process of its own. A worker that stops or dies (kill -9 included) leaves them
+running, and the next worker on the root re-adopts them, collects the results of the
+commands that ran meanwhile, and removes the sandboxes a dying worker left half-created.
+Layers missing from the local store are mounted lazily from the configured remote.
+
+` + exitCodesHelp,
+		Example: `  dsec daemon                  # in the foreground, logs on stderr
+  dsec daemon stop             # ask the root's worker to exit; sandboxes run on`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			var target remote.Target
+			if a.cfg.Remote != "" {
+				if target, err = a.openRemote("", insecure); err != nil {
+					return err
+				}
+			}
+			return worker.Serve(cmd.Context(), worker.Config{
+				Root: a.cfg.Root, Version: version, Remote: target, Insecure: insecure, CacheMax: a.cfg.Cache.MaxBytes,
+				Fetcher:  lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
+				Log:      a.log,
+				ExitIdle: exitIdle,
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the remote registry on localhost")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "stop",
+		Short: "Ask the root's worker to exit (its sandboxes run on)",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := sdk.New(sdk.Options{Root: a.cfg.Root})
+			if err != nil {
+				fmt.Fprintf(a.stderr, "dsec: no worker serves %s\n", a.cfg.Root)
+				return nil
+			}
+			v, err := c.Version(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := c.Shutdown(cmd.Context()); err != nil {
+				return err
+			}
+			// Wait for it to let go of the root.
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if _, err := c.Version(context.Background()); err != nil {
+					break
+				}
+			}
+			fmt.Fprintln(a.stdout, v.Pid)
+			return nil
+		},
+	})
+	return cmd
+}

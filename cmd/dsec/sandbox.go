@@ -1,0 +1,517 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// Exit codes of run and exec, which otherwise exit with the command's.
+const (
+	exitDsec  = 125 // dsec could not run the command (bad flags, unknown sandbox, ...)
+	exitInfra = 255 // the sandbox or the worker failed under the command
+)
+
+const runExitHelp = `Exit codes: the command's own exit code (128+N if a signal N killed it, 127 if it
+was not found in the sandbox); 125 if dsec could not run it (bad flags, unknown sandbox or
+layer, a stopped sandbox: the message says which); 255 if the sandbox or the worker failed
+under it (an infrastructure failure: the step says nothing about the command; retry it with
+the same --id to collect its result if it ran).`
+
+// cmdExit makes dsec exit with a command's code, silently.
+type cmdExit struct{ code int }
+
+func (e cmdExit) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// runError gives run's and exec's own failures their exit codes.
+func runError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce cmdExit
+	if errors.As(err, &ce) {
+		return err
+	}
+	code := exitDsec
+	if sdk.IsInfra(err) {
+		code = exitInfra
+	}
+	return &codedError{err, code}
+}
+
+type codedError struct {
+	error
+	code int
+}
+
+func (e *codedError) Unwrap() error { return e.error }
+
+// client connects to the root's worker, starting one if none runs.
+func (a *app) client() (*sdk.Client, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	start := []string{self, "--root", a.cfg.Root, "--log-level", "info", "daemon", "--exit-idle", "10m"}
+	if a.configFile != "" {
+		start = append(start[:1], append([]string{"--config", a.configFile}, start[1:]...)...)
+	}
+	return sdk.New(sdk.Options{Root: a.cfg.Root, StartWorker: start, Started: func(pid int) {
+		fmt.Fprintf(a.stderr, "dsec: no worker served %s; started one (pid %d, log %s/worker.log; it exits after 10 minutes without sandboxes)\n",
+			a.cfg.Root, pid, a.cfg.Root)
+	}})
+}
+
+// parseBytes reads a size: 1048576, 512K, 64M, 2G (powers of 1024; KiB
+// style suffixes and a trailing B are accepted too).
+func parseBytes(s string) (int64, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'K':
+			mult, t = 1<<10, t[:n-1]
+		case 'M':
+			mult, t = 1<<20, t[:n-1]
+		case 'G':
+			mult, t = 1<<30, t[:n-1]
+		case 'T':
+			mult, t = 1<<40, t[:n-1]
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v < 0 || v*float64(mult) > 1<<62 {
+		return 0, usageError{fmt.Errorf("bad size %q: give bytes, or a number with K, M, G or T (powers of 1024)", s)}
+	}
+	return int64(v * float64(mult)), nil
+}
+
+type runFlags struct {
+	base, workspace, toolkit string
+	name, backend, hostname  string
+	cpu                      float64
+	memory                   string
+	pids                     int64
+	env                      []string
+	workdir, id              string
+	detach, rm, tty, stdin   bool
+	asJSON                   bool
+}
+
+func (a *app) runCommand() *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run --base REF [--workspace REF] [--toolkit REF] [flags] [-- CMD [ARG...]]",
+		Short: "Create a sandbox on layers and run a command in it",
+		Long: `Run composes the layers (toolkit over workspace over base, each mounted from the local
+store, or lazily from the configured remote when the store lacks it) under a writable upper
+of the sandbox's own, starts the sandbox and runs CMD in it, streaming its output. The
+sandbox lives on after CMD (its files and background processes persist for later
+dsec exec steps) unless --rm is given; with -d, run prints the sandbox's name and returns,
+CMD (if any) running in the background (dsec logs NAME shows its output).
+
+The worker (dsec daemon) owns the sandbox; run starts one when none serves the root.
+CMD's exec id is --id (default "run").
+
+` + runExitHelp,
+		Example: `  # one-shot: run the tests and throw the sandbox away
+  dsec run --rm --base debian:12 --workspace repo:abc123 -- make test
+
+  # a stateful sandbox for a rollout, then steps in it
+  dsec run -d --name rollout-7 --base debian:12 --workspace repo:abc123 --toolkit harness:3 \
+      --cpu 1 --memory 2G --env PYTHONDONTWRITEBYTECODE=1 --workdir /work
+  dsec exec --id step-1 rollout-7 -- pytest -x`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runError(a.run(cmd.Context(), f, args))
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
+	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
+	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
+	fl.StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")
+	fl.StringVar(&f.backend, "backend", "container", "the backend to run it on")
+	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
+	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
+	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")
+	fl.BoolVar(&f.rm, "rm", false, "remove the sandbox when CMD exits")
+	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to CMD")
+	fl.BoolVarP(&f.tty, "tty", "t", false, "run CMD on a terminal")
+	fl.BoolVar(&f.asJSON, "json", false, "with -d, print the sandbox as JSON")
+	cmd.RegisterFlagCompletionFunc("base", a.completeRefs)
+	cmd.RegisterFlagCompletionFunc("workspace", a.completeRefs)
+	cmd.RegisterFlagCompletionFunc("toolkit", a.completeRefs)
+	return cmd
+}
+
+func (a *app) run(ctx context.Context, f runFlags, args []string) error {
+	if f.base == "" {
+		return usageError{errors.New("run needs --base REF (dsec layer ls lists the layers)")}
+	}
+	if len(args) == 0 && !f.detach {
+		return usageError{errors.New("give a command after --, or -d to keep the sandbox running idle")}
+	}
+	if f.detach && (f.rm || f.tty || f.stdin) {
+		return usageError{errors.New("-d runs in the background: it cannot be combined with --rm, -t or -i")}
+	}
+	spec := api.SandboxSpec{Name: f.name, Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname}
+	for _, l := range []string{f.toolkit, f.workspace, f.base} {
+		if l != "" {
+			spec.Layers = append(spec.Layers, l)
+		}
+	}
+	if f.memory != "" {
+		m, err := parseBytes(f.memory)
+		if err != nil {
+			return err
+		}
+		spec.Memory = m
+	}
+	if err := checkEnv(f.env); err != nil {
+		return err
+	}
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	sb, err := c.Create(ctx, spec)
+	if err != nil {
+		return err
+	}
+	if f.detach {
+		if len(args) > 0 {
+			if _, err := sb.Exec(ctx, sdk.ExecOptions{ID: f.id, Args: args, Detach: true}); err != nil {
+				return err
+			}
+		}
+		if f.asJSON {
+			info, err := sb.Inspect(ctx)
+			if err != nil {
+				return err
+			}
+			return a.printJSON(info)
+		}
+		_, err := fmt.Fprintln(a.stdout, sb.Name)
+		return err
+	}
+	err = a.execute(ctx, sb, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
+	if f.rm {
+		// Not the caller's context: an interrupted run still cleans up.
+		if rerr := sb.Remove(context.Background(), true); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+func checkEnv(env []string) error {
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return usageError{fmt.Errorf("bad --env %q: give K=V", kv)}
+		}
+	}
+	return nil
+}
+
+type execFlags struct {
+	id, workdir       string
+	env               []string
+	tty, stdin, jsonO bool
+}
+
+func (a *app) execCommand() *cobra.Command {
+	var f execFlags
+	cmd := &cobra.Command{
+		Use:   "exec [flags] NAME -- CMD [ARG...]",
+		Short: "Run a command in a running sandbox",
+		Long: `Exec runs CMD in the sandbox NAME, streams its stdout and stderr, and exits with its exit
+code. Files, installed packages and background processes of earlier steps are all there.
+
+--id names the step: a step runs at most once per sandbox. Running exec again with the
+same --id (after a client crash, a timeout, a trainer's preemption) does not run the command
+again: it replays the recorded output and exit code, or waits for them if the command is
+still running. Without --id each exec gets a fresh id.
+
+With --json the output is collected and printed with the result as one JSON object.
+
+` + runExitHelp,
+		Example: `  dsec exec rollout-7 -- ls /work
+  dsec exec --id rollout-7/step-12 rollout-7 -- sh -c 'pip install -e . && pytest -x'
+  echo 'print(1)' | dsec exec -i rollout-7 -- python3
+  dsec exec -it rollout-7 -- sh`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return usageError{errors.New("exec needs a sandbox and a command: dsec exec NAME -- CMD [ARG...]")}
+			}
+			return nil
+		},
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkEnv(f.env); err != nil {
+				return runError(err)
+			}
+			c, err := a.client()
+			if err != nil {
+				return runError(err)
+			}
+			return runError(a.execute(cmd.Context(), c.Sandbox(args[0]), f, args[1:]))
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.id, "id", "", "the step's id: the same id never runs twice (default: fresh)")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V added to the sandbox's environment (repeatable)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory (default: the sandbox's)")
+	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
+	fl.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal")
+	fl.BoolVar(&f.jsonO, "json", false, "print the output and the result as JSON")
+	return cmd
+}
+
+// execResult is exec --json's output.
+type execResult struct {
+	api.ExecResult
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+}
+
+// execute runs args in sb and turns its end into dsec's exit.
+func (a *app) execute(ctx context.Context, sb *sdk.Sandbox, f execFlags, args []string) error {
+	opts := sdk.ExecOptions{ID: f.id, Args: args, Env: f.env, Cwd: f.workdir, Stdout: a.stdout, Stderr: a.stderr, TTY: f.tty}
+	var outBuf, errBuf bytes.Buffer
+	if f.jsonO {
+		opts.Stdout, opts.Stderr = &outBuf, &errBuf
+	}
+	if f.stdin {
+		opts.Stdin = a.stdin
+	}
+	if in, ok := a.stdin.(*os.File); ok && f.tty && term.IsTerminal(int(in.Fd())) {
+		if cols, rows, err := term.GetSize(int(in.Fd())); err == nil {
+			opts.Rows, opts.Cols = rows, cols
+		}
+		if f.stdin {
+			if old, err := term.MakeRaw(int(in.Fd())); err == nil {
+				defer term.Restore(int(in.Fd()), old)
+			}
+		}
+	}
+	res, err := sb.Exec(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if f.jsonO {
+		if err := a.printJSON(execResult{res, outBuf.String(), errBuf.String()}); err != nil {
+			return err
+		}
+	}
+	if res.Replayed {
+		fmt.Fprintf(a.stderr, "dsec: exec %s ran before: replayed its recorded output and exit code\n", res.ID)
+	}
+	if res.OOM {
+		fmt.Fprintf(a.stderr, "dsec: the command was killed: sandbox %s hit its memory limit (out of memory)\n", sb.Name)
+	}
+	if res.ExitCode != 0 {
+		return cmdExit{res.ExitCode}
+	}
+	return nil
+}
+
+func (a *app) completeSandboxes(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	c, err := sdk.New(sdk.Options{Root: a.cfg.Root})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	list, _ := c.List(cmd.Context())
+	var names []string
+	for _, s := range list {
+		names = append(names, s.Name)
+	}
+	return names, cobra.ShellCompDirectiveNoFileComp
+}
+
+func (a *app) psCommand() *cobra.Command {
+	var asJSON, quiet bool
+	cmd := &cobra.Command{
+		Use:     "ps",
+		Aliases: []string{"ls"},
+		Short:   "List sandboxes",
+		Long: `Ps lists the worker's sandboxes, oldest first: name, status (running, stopped, or dead
+when its init died), the init's host pid, memory charged now, journaled execs, age and
+layers. --json prints every field.
+
+` + exitCodesHelp,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			switch {
+			case asJSON:
+				return a.printJSON(list)
+			case quiet:
+				for _, s := range list {
+					fmt.Fprintln(a.stdout, s.Name)
+				}
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATUS\tPID\tMEMORY\tEXECS\tCREATED\tLAYERS")
+			for _, s := range list {
+				pid := "-"
+				if s.Pid > 0 {
+					pid = strconv.Itoa(s.Pid)
+				}
+				mem := "-"
+				if s.MemoryBytes > 0 {
+					mem = humanBytes(s.MemoryBytes)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, pid, mem, s.Execs,
+					time.Since(s.Created).Round(time.Second), strings.Join(s.Layers, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
+	return cmd
+}
+
+
+func (a *app) inspectCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "inspect NAME",
+		Short:             "Describe a sandbox as JSON",
+		Long:              "Inspect prints the sandbox's spec and state as JSON.\n\n" + exitCodesHelp,
+		Args:              exactArgs(1),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			info, err := c.Sandbox(args[0]).Inspect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.printJSON(info)
+		},
+	}
+	return cmd
+}
+
+// lifecycleCommand is stop, start and rm: one call per named sandbox.
+func (a *app) lifecycleCommand(use, short, long string, call func(context.Context, *sdk.Sandbox, bool) error) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:               use + " NAME...",
+		Short:             short,
+		Long:              long + "\n\n" + exitCodesHelp,
+		ValidArgsFunction: a.completeSandboxes,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("%s needs at least one sandbox name", use)}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, name := range args {
+				if err := call(cmd.Context(), c.Sandbox(name), force); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(a.stdout, name)
+			}
+			if len(errs) > 1 {
+				for _, e := range errs[:len(errs)-1] {
+					fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(e))
+				}
+			}
+			if len(errs) > 0 {
+				return errs[len(errs)-1]
+			}
+			return nil
+		},
+	}
+	if use == "rm" {
+		cmd.Flags().BoolVarP(&force, "force", "f", false, "remove running sandboxes too (their processes are killed)")
+	}
+	return cmd
+}
+
+func (a *app) sandboxCommands() []*cobra.Command {
+	return []*cobra.Command{
+		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.daemonCommand(),
+		a.lifecycleCommand("stop", "Stop sandboxes, keeping their files",
+			"Stop kills every process of each sandbox and unmounts its root; its files (everything it\nwrote) stay, and dsec start runs it again on them.",
+			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Stop(ctx) }),
+		a.lifecycleCommand("start", "Start stopped sandboxes again on their files",
+			"Start mounts a stopped (or dead) sandbox's layers and upper again and starts its init.\nProcesses do not come back: only files persist across stop and start.",
+			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Start(ctx) }),
+		a.lifecycleCommand("rm", "Remove sandboxes",
+			"Rm removes each sandbox: its processes, mounts, cgroup, files and journal. A running\nsandbox needs -f.",
+			func(ctx context.Context, s *sdk.Sandbox, force bool) error { return s.Remove(ctx, force) }),
+	}
+}
+
+func (a *app) logsCommand() *cobra.Command {
+	var id string
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs NAME",
+		Short: "Print the recorded output of a sandbox's command",
+		Long: `Logs prints the journaled stdout and stderr of the command dsec run started in the sandbox
+(exec id "run"), or of the exec --id names. With -f it follows the output until the
+command ends and exits with its exit code.
+
+` + exitCodesHelp,
+		Args:              exactArgs(1),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Sandbox(args[0]).Logs(cmd.Context(), id, follow, a.stdout, a.stderr)
+			if errors.Is(err, sdk.ErrRunning) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if follow && res.ExitCode != 0 {
+				return cmdExit{res.ExitCode}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "run", "the exec whose output to print")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the command ends")
+	return cmd
+}
+

@@ -1,0 +1,328 @@
+package worker
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
+)
+
+// exec runs a command: the body is an ExecRequest line, then the
+// command's stdin; the response is Frame lines, the output as it is
+// journaled, then the result.
+func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	body := bufio.NewReaderSize(r.Body, 64<<10)
+	line, err := body.ReadSlice('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		fail(rw, fmt.Errorf("bad exec request: the first line must be the request (up to 64 KiB): %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	var req api.ExecRequest
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		fail(rw, fmt.Errorf("bad exec request: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.Detach && (req.Stdin || req.TTY) {
+		fail(rw, fmt.Errorf("a detached exec has no stdin or terminal: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.ID == "" {
+		req.ID = randomID("x-")
+	}
+	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd}
+	var master, stdinW *os.File
+	var ours []*os.File // the command's ends, closed once the init has them
+	switch {
+	case req.TTY:
+		m, tty, err := pty.Open()
+		if err != nil {
+			fail(rw, fmt.Errorf("allocate a terminal: %w", err))
+			return
+		}
+		defer m.Close()
+		rows, cols := req.Rows, req.Cols
+		if rows <= 0 || cols <= 0 {
+			rows, cols = 24, 80
+		}
+		pty.Setsize(m, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)})
+		master, ours = m, []*os.File{tty}
+		spec.Stdin, spec.Stdout, spec.Stderr, spec.TTY = tty, tty, tty, true
+		spec.Env = append([]string{"TERM=xterm"}, spec.Env...)
+	case req.Stdin:
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+		defer pw.Close()
+		stdinW, ours = pw, []*os.File{pr}
+		spec.Stdin = pr
+	}
+	ex, replayed, err := e.sb.Run(r.Context(), spec)
+	for _, f := range ours {
+		f.Close()
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rc := http.NewResponseController(rw)
+	rc.EnableFullDuplex() // stdin keeps coming while output goes out
+	var ttyDone chan struct{}
+	if !replayed {
+		switch {
+		case master != nil:
+			ttyDone = make(chan struct{})
+			go func() { // the terminal's output is journaled as stdout
+				defer close(ttyDone)
+				if out, err := os.OpenFile(ex.StdoutPath(), os.O_WRONLY|os.O_APPEND, 0); err == nil {
+					io.Copy(out, master)
+					out.Close()
+				}
+			}()
+			if req.Stdin {
+				go io.Copy(master, body)
+			}
+		case stdinW != nil:
+			go func() {
+				io.Copy(stdinW, body)
+				stdinW.Close()
+			}()
+			stdinW = nil // the copier closes it
+		}
+	}
+	rw.Header().Set("Content-Type", "application/x-ndjson")
+	rw.WriteHeader(http.StatusOK)
+	if req.Detach {
+		json.NewEncoder(rw).Encode(api.Frame{ID: ex.ID})
+		return
+	}
+	w.stream(r.Context(), rw, rc, ex, true, replayed, ttyDone)
+}
+
+// logs replays a journaled exec's output (and, with follow=1, follows
+// it to its result).
+func (w *worker) logs(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	ex, err := e.sb.LookupExec(r.PathValue("id"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rw.Header().Set("Content-Type", "application/x-ndjson")
+	rw.WriteHeader(http.StatusOK)
+	w.stream(r.Context(), rw, http.NewResponseController(rw), ex, r.URL.Query().Get("follow") == "1", true, nil)
+}
+
+// stream sends an exec's journaled output from the start, as it grows,
+// then its result. Without follow it stops at the end of what is
+// there, with the result only if the command has ended.
+func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseController, ex *runtime.Exec, follow, replayed bool, ttyDone <-chan struct{}) {
+	enc := json.NewEncoder(rw)
+	enc.Encode(api.Frame{ID: ex.ID})
+	var files [2]*os.File
+	for i, p := range []string{ex.StdoutPath(), ex.StderrPath()} {
+		f, err := os.Open(p)
+		if err != nil {
+			enc.Encode(api.Frame{Error: apiError(fmt.Errorf("exec %s: its output is gone: %w", ex.ID, err))})
+			return
+		}
+		defer f.Close()
+		files[i] = f
+	}
+	buf := make([]byte, 64<<10)
+	pump := func() (sent int) {
+		for i, f := range files {
+			for {
+				n, _ := f.Read(buf)
+				if n == 0 {
+					break
+				}
+				fr := api.Frame{Stdout: buf[:n]}
+				if i == 1 {
+					fr = api.Frame{Stderr: buf[:n]}
+				}
+				if enc.Encode(fr) != nil {
+					return -1
+				}
+				sent += n
+			}
+		}
+		if sent > 0 {
+			rc.Flush()
+		}
+		return sent
+	}
+	wait := time.Millisecond
+	for {
+		n := pump()
+		if n < 0 {
+			return // the client went away; the command runs on
+		}
+		if n > 0 {
+			wait = time.Millisecond
+		}
+		select {
+		case <-ex.Done():
+			if ttyDone != nil {
+				select { // the terminal's last bytes
+				case <-ttyDone:
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+			pump()
+			res, err := ex.Result(ctx)
+			if err != nil {
+				enc.Encode(api.Frame{Error: apiError(err)})
+			} else {
+				enc.Encode(api.Frame{Result: &api.ExecResult{ID: res.ID, ExitCode: res.ExitCode, OOM: res.OOM,
+					Started: res.Started, Finished: res.Finished, Replayed: replayed}})
+			}
+			rc.Flush()
+			return
+		default:
+		}
+		if !follow {
+			rc.Flush()
+			return
+		}
+		select {
+		case <-ex.Done():
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+			wait = min(2*wait, 50*time.Millisecond)
+		}
+	}
+}
+
+// openIn opens p inside the sandbox's root as the sandbox would resolve
+// it: symlinks (absolute ones included) and ".." stay inside the root,
+// so a path the agent planted never leads the worker to a host file.
+func openIn(sb *runtime.Sandbox, p string, flags int, mode uint32) (*os.File, error) {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return nil, fmt.Errorf("bad path %q: give a clean absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument)
+	}
+	if st := sb.Snapshot().Status; st != runtime.Running {
+		return nil, fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, st, errdefs.ErrFailedPrecondition)
+	}
+	root, err := unix.Open(sb.RootFS(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, p, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode),
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("%s: no such file in sandbox %s: %w", p, sb.Name, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("%s in sandbox %s: %w", p, sb.Name, err)
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// putFile writes a file into the sandbox atomically: a temporary file
+// in the target's directory, renamed over the target.
+func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	p := r.URL.Query().Get("path")
+	mode := uint64(0o644)
+	if m := r.URL.Query().Get("mode"); m != "" {
+		if mode, err = strconv.ParseUint(m, 8, 32); err != nil || mode&^0o7777 != 0 {
+			fail(rw, fmt.Errorf("bad mode %q: give octal permission bits like 0644: %w", m, errdefs.ErrInvalidArgument))
+			return
+		}
+	}
+	if p == "/" {
+		fail(rw, fmt.Errorf("bad path /: name a file: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	dir, err := openIn(e.sb, path.Dir(p), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	defer dir.Close()
+	tmp := ".dsec-put-" + randomID("")
+	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
+	if err != nil {
+		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))
+		return
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = io.Copy(f, r.Body)
+	if err == nil {
+		err = f.Chmod(os.FileMode(mode) & os.ModePerm) // past the umask
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), path.Base(p))
+	}
+	if err != nil {
+		unix.Unlinkat(int(dir.Fd()), tmp, 0)
+		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+func (w *worker) getFile(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	p := r.URL.Query().Get("path")
+	// Non-blocking, so that a fifo the agent left cannot hang the worker.
+	f, err := openIn(e.sb, p, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	if !st.Mode().IsRegular() {
+		fail(rw, fmt.Errorf("%s in sandbox %s is not a regular file (%s): %w", p, e.sb.Name, st.Mode().Type(), errdefs.ErrInvalidArgument))
+		return
+	}
+	rw.Header().Set("Content-Type", "application/octet-stream")
+	rw.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
+	io.Copy(rw, f)
+}

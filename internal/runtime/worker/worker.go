@@ -1,0 +1,36 @@
+// Package worker is the host worker: the one process that owns a root's
+// sandboxes and their mounts and serves the API of package api on
+// <root>/dsec.sock. Clients (the CLI, the SDK) come and go; sandboxes do
+// not depend on them, nor on the worker: each sandbox's init and each
+// lazy layer's fetcher is its own process, so a worker that dies (kill
+// -9 included) leaves every sandbox running, and the next worker on the
+// root re-adopts them (Serve's first step), collecting the results of
+// the commands that ran meanwhile.
+//
+// One worker per root: <root>/worker.lock is held while it runs and
+// <root>/worker.pid names it.
+package worker
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+)
+
+// Config configures a worker.
+type Config struct {
+	Root     string
+	Version  string // reported by GET /v1/version
+	Remote   remote.Target
+	Insecure bool
+	Fetcher  lazy.Start // how to start a lazy layer's fetcher
+	CacheMax int64
+	Log      *slog.Logger
+	// ExitIdle, if set, stops the worker once no sandbox exists and no
+	// request came for that long (a worker the CLI started on demand).
+	ExitIdle time.Duration
+	// Ready, if set, is called once the socket accepts requests.
+	Ready func()
+}

@@ -1,0 +1,423 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+)
+
+// backends are the sandbox backends this worker runs, by name.
+var backends = []string{"container"}
+
+type worker struct {
+	cfg     Config
+	log     *slog.Logger
+	mounter runtime.Mounter
+
+	mu        sync.Mutex
+	sandboxes map[string]*entry
+	lastReq   time.Time
+	shutdown  func()
+}
+
+// entry is a sandbox the worker owns; op serialises its lifecycle
+// (create, stop, start, remove).
+type entry struct {
+	op sync.Mutex
+	sb *runtime.Sandbox // nil while being created
+}
+
+// ErrRunning says another worker serves the root.
+var ErrRunning = errors.New("a worker already serves this root")
+
+// Serve runs the worker until ctx ends (or a shutdown request, or
+// ExitIdle). Sandboxes keep running when it returns.
+func Serve(ctx context.Context, cfg Config) error {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.Root, "worker.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(filepath.Join(cfg.Root, "worker.pid"))
+		return fmt.Errorf("%w (%s, pid %s): %w", ErrRunning, cfg.Root, string(pid), errdefs.ErrAlreadyExists)
+	}
+	s, err := store.Open(filepath.Join(cfg.Root, "store"))
+	if err != nil {
+		return err
+	}
+	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, lastReq: time.Now(),
+		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, CacheMax: cfg.CacheMax}}
+	if err := w.adopt(); err != nil {
+		return err
+	}
+	defer w.release()
+
+	sock := filepath.Join(cfg.Root, api.Socket)
+	os.Remove(sock) // a dead worker's: we hold the lock
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", sock, err)
+	}
+	defer os.Remove(sock)
+	os.Chmod(sock, 0o600)
+	if err := os.WriteFile(filepath.Join(cfg.Root, "worker.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(cfg.Root, "worker.pid"))
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.shutdown = cancel
+	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes))
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+	var idle <-chan time.Time
+	if cfg.ExitIdle > 0 {
+		t := time.NewTicker(min(cfg.ExitIdle/4, 5*time.Second))
+		defer t.Stop()
+		idle = t.C
+	}
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-idle:
+			w.mu.Lock()
+			quiet := len(w.sandboxes) == 0 && time.Since(w.lastReq) > cfg.ExitIdle
+			w.mu.Unlock()
+			if !quiet {
+				continue
+			}
+			w.log.Info("worker idle: exiting", "after", cfg.ExitIdle)
+		case <-ctx.Done():
+		}
+		// Requests in flight get a moment; running execs go on in
+		// their sandboxes and a later worker collects their results.
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer scancel()
+		srv.Shutdown(sctx)
+		return nil
+	}
+}
+
+// adopt takes over the sandboxes an earlier worker left.
+func (w *worker) adopt() error {
+	names, err := runtime.List(w.cfg.Root)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		sb, err := runtime.Load(w.cfg.Root, name)
+		if errdefs.IsNotFound(err) {
+			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
+			continue
+		}
+		if err != nil {
+			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
+			continue
+		}
+		w.log.Info("adopted sandbox", "sandbox", name, "status", sb.Snapshot().Status)
+		w.sandboxes[name] = &entry{sb: sb}
+	}
+	return nil
+}
+
+// release lets go of every sandbox; they run on.
+func (w *worker) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.sandboxes {
+		if e.sb != nil {
+			e.sb.Close()
+		}
+	}
+}
+
+func (w *worker) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/version", w.version)
+	mux.HandleFunc("POST /v1/shutdown", w.shutdownReq)
+	mux.HandleFunc("POST /v1/sandboxes", w.create)
+	mux.HandleFunc("GET /v1/sandboxes", w.list)
+	mux.HandleFunc("GET /v1/sandboxes/{name}", w.inspect)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.stop)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.start)
+	mux.HandleFunc("DELETE /v1/sandboxes/{name}", w.remove)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
+	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
+	mux.HandleFunc("PUT /v1/sandboxes/{name}/files", w.putFile)
+	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
+	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
+	})
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		w.lastReq = time.Now()
+		w.mu.Unlock()
+		mux.ServeHTTP(rw, r)
+	})
+}
+
+// statusOf maps an error's class to its HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return http.StatusBadRequest
+	case errdefs.IsNotFound(err):
+		return http.StatusNotFound
+	case errdefs.IsAlreadyExists(err):
+		return http.StatusConflict
+	case errdefs.IsFailedPrecondition(err):
+		return http.StatusPreconditionFailed
+	case errdefs.IsUnavailable(err):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func apiError(err error) *api.Error {
+	return &api.Error{Class: api.StatusClass[statusOf(err)], Message: err.Error()}
+}
+
+func fail(rw http.ResponseWriter, err error) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(statusOf(err))
+	json.NewEncoder(rw).Encode(apiError(err))
+}
+
+func reply(rw http.ResponseWriter, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(rw).Encode(v)
+}
+
+func (w *worker) version(rw http.ResponseWriter, r *http.Request) {
+	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: backends})
+}
+
+func (w *worker) shutdownReq(rw http.ResponseWriter, r *http.Request) {
+	rw.WriteHeader(http.StatusNoContent)
+	w.shutdown()
+}
+
+// get finds a sandbox the worker owns.
+func (w *worker) get(name string) (*entry, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.sandboxes[name]; e != nil && e.sb != nil {
+		return e, nil
+	}
+	if err := runtime.ValidName(name); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
+}
+
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func randomID(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
+	var spec api.SandboxSpec
+	if err := decode(r, &spec); err != nil {
+		fail(rw, err)
+		return
+	}
+	sb, err := w.createSandbox(r.Context(), spec)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusCreated)
+	reply(rw, w.describe(sb))
+}
+
+func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
+	if spec.Backend == "" {
+		spec.Backend = backends[0]
+	}
+	if spec.Backend != "container" {
+		return nil, fmt.Errorf("unknown backend %q: this worker runs %v: %w", spec.Backend, backends, errdefs.ErrInvalidArgument)
+	}
+	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 {
+		return nil, fmt.Errorf("negative resource limit (cpu %g, memory %d, pids %d): %w", spec.CPU, spec.Memory, spec.Pids, errdefs.ErrInvalidArgument)
+	}
+	if spec.Memory > 0 && spec.Memory < 4<<20 {
+		return nil, fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
+	}
+	if spec.Name == "" {
+		spec.Name = randomID("sb-")
+	}
+	if err := runtime.ValidName(spec.Name); err != nil {
+		return nil, err
+	}
+	// Reserve the name: a second create of it fails at once.
+	e := &entry{}
+	e.op.Lock()
+	defer e.op.Unlock()
+	w.mu.Lock()
+	if _, taken := w.sandboxes[spec.Name]; taken {
+		w.mu.Unlock()
+		return nil, fmt.Errorf("sandbox %s already exists: %w", spec.Name, errdefs.ErrAlreadyExists)
+	}
+	w.sandboxes[spec.Name] = e
+	w.mu.Unlock()
+	// A client that goes away mid-create does not undo it: the sandbox
+	// is there for its retry.
+	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
+		Name: spec.Name, Layers: spec.Layers, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
+		Limits:  cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
+		Mounter: w.mounter,
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		delete(w.sandboxes, spec.Name)
+		return nil, err
+	}
+	e.sb = sb
+	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers)
+	return sb, nil
+}
+
+// describe is a sandbox as the API shows it.
+func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
+	st := sb.Snapshot()
+	out := api.Sandbox{
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname},
+		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
+	}
+	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
+		out.Cgroup = g.Path()
+		out.MemoryBytes, _ = g.MemoryCharged()
+		out.OOMKills = g.OOMKills()
+	}
+	return out
+}
+
+func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
+	w.mu.Lock()
+	var sbs []*runtime.Sandbox
+	for _, e := range w.sandboxes {
+		if e.sb != nil {
+			sbs = append(sbs, e.sb)
+		}
+	}
+	w.mu.Unlock()
+	out := []api.Sandbox{}
+	for _, sb := range sbs {
+		out = append(out, w.describe(sb))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	reply(rw, out)
+}
+
+func (w *worker) inspect(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	reply(rw, w.describe(e.sb))
+}
+
+func (w *worker) stop(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	e.op.Lock()
+	err = e.sb.Stop()
+	e.op.Unlock()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	reply(rw, w.describe(e.sb))
+}
+
+func (w *worker) start(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	e.op.Lock()
+	err = e.sb.Start(context.WithoutCancel(r.Context()), w.mounter)
+	e.op.Unlock()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	reply(rw, w.describe(e.sb))
+}
+
+func (w *worker) remove(rw http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	e, err := w.get(name)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	force := r.URL.Query().Get("force") == "1"
+	e.op.Lock()
+	defer e.op.Unlock()
+	if st := e.sb.Snapshot().Status; st == runtime.Running && !force {
+		fail(rw, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition))
+		return
+	}
+	if err := e.sb.Remove(); err != nil {
+		fail(rw, fmt.Errorf("remove sandbox %s: %w", name, err))
+		return
+	}
+	w.mu.Lock()
+	delete(w.sandboxes, name)
+	w.mu.Unlock()
+	w.log.Info("removed sandbox", "sandbox", name)
+	rw.WriteHeader(http.StatusNoContent)
+}

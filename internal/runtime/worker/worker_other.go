@@ -1,0 +1,19 @@
+//go:build !linux
+
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+// ErrRunning says another worker serves the root.
+var ErrRunning = errors.New("a worker already serves this root")
+
+// Serve is not supported off Linux: sandboxes need its namespaces.
+func Serve(ctx context.Context, cfg Config) error {
+	return fmt.Errorf("the dsec worker needs Linux: %w", errdefs.ErrNotImplemented)
+}

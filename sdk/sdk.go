@@ -1,0 +1,369 @@
+// Package sdk is the Go client of a dsec worker: create sandboxes, run
+// steps in them exactly once, move files in and out, stop, start and
+// remove them. It speaks the API of package api over the worker's unix
+// socket, <root>/dsec.sock.
+//
+//	c, err := sdk.New(sdk.Options{Root: "/var/lib/dsec"})
+//	sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"toolkit:1", "ws:7", "debian:12"}})
+//	res, err := sb.Exec(ctx, sdk.ExecOptions{ID: "rollout-3/step-17", Args: []string{"pytest", "-x"}, Stdout: os.Stdout})
+//
+// Errors: a command that fails is not an error (its ExitCode says how it
+// ended); an error for which IsInfra reports true means the sandbox or
+// the worker failed under the call, so the step says nothing about the
+// agent. Retrying an Exec with the same ID never runs the command twice:
+// it returns the recorded output and result, or waits for them. Other
+// errors match the errdefs classes (errdefs.IsNotFound, IsAlreadyExists,
+// IsInvalidArgument, IsFailedPrecondition for a sandbox in the wrong
+// state).
+package sdk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+// Options say where the worker is.
+type Options struct {
+	Root string // the worker's root: its socket is Root/dsec.sock
+	// StartWorker, if set, is the command that starts a worker for Root
+	// when none answers (for example dsec --root ROOT daemon); it runs
+	// detached, its output in Root/worker.log. Started is called with its
+	// pid.
+	StartWorker []string
+	Started     func(pid int)
+}
+
+// Client talks to one worker.
+type Client struct {
+	opts Options
+	hc   *http.Client
+}
+
+// ErrInfra marks failures of the sandbox, the worker or the host rather
+// than of a command (errdefs.IsUnavailable matches it too).
+var ErrInfra = fmt.Errorf("infrastructure failure: %w", errdefs.ErrUnavailable)
+
+// IsInfra reports whether err is an infrastructure failure.
+func IsInfra(err error) bool { return errors.Is(err, ErrInfra) || errdefs.IsUnavailable(err) }
+
+// New returns a client of the worker at opts.Root, starting one if
+// asked and none answers.
+func New(opts Options) (*Client, error) {
+	sock := filepath.Join(opts.Root, api.Socket)
+	c := &Client{opts: opts, hc: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		DisableCompression: true,
+	}}}
+	ctx := context.Background()
+	if _, err := c.Version(ctx); err == nil || len(opts.StartWorker) == 0 {
+		if err != nil {
+			return nil, fmt.Errorf("no dsec worker answers on %s (start one with dsec daemon): %w", sock, ErrInfra)
+		}
+		return c, nil
+	}
+	if err := c.startWorker(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Client) startWorker() error {
+	if err := os.MkdirAll(c.opts.Root, 0o700); err != nil {
+		return err
+	}
+	logPath := filepath.Join(c.opts.Root, "worker.log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(c.opts.StartWorker[0], c.opts.StartWorker[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // not the caller's terminal's
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start a worker: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		if _, err := c.Version(context.Background()); err == nil {
+			if c.opts.Started != nil {
+				c.opts.Started(cmd.Process.Pid)
+			}
+			return nil
+		}
+		select {
+		case <-exited:
+			// Another client's worker may have won the race for the root.
+			if _, err := c.Version(context.Background()); err == nil {
+				return nil
+			}
+			return fmt.Errorf("the worker exited at once (exit %d): see %s: %w", cmd.ProcessState.ExitCode(), logPath, ErrInfra)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("the worker started but does not answer: see %s: %w", logPath, ErrInfra)
+}
+
+// Error is an error the worker returned.
+type Error struct{ API api.Error }
+
+// Unwrap gives the errdefs class.
+func (e *Error) Unwrap() error {
+	switch e.API.Class {
+	case api.ClassInvalid:
+		return errdefs.ErrInvalidArgument
+	case api.ClassNotFound:
+		return errdefs.ErrNotFound
+	case api.ClassExists:
+		return errdefs.ErrAlreadyExists
+	case api.ClassState:
+		return errdefs.ErrFailedPrecondition
+	case api.ClassInfra:
+		return ErrInfra
+	}
+	return nil
+}
+
+func (e *Error) Error() string { return e.API.Message }
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, out any) error {
+	resp, err := c.send(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: bad answer from the worker: %v: %w", method, path, err, ErrInfra)
+	}
+	return nil
+}
+
+// send makes a request; an error status becomes an *Error.
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://dsec/"+api.Version+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("the dsec worker at %s: %v: %w", c.opts.Root, err, ErrInfra)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		var e api.Error
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if json.Unmarshal(b, &e) != nil || e.Message == "" {
+			e = api.Error{Class: api.StatusClass[resp.StatusCode], Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+		}
+		if e.Class == "" {
+			e.Class = api.ClassInternal
+		}
+		return nil, &Error{API: e}
+	}
+	return resp, nil
+}
+
+// Version asks the worker who it is.
+func (c *Client) Version(ctx context.Context) (api.VersionInfo, error) {
+	var v api.VersionInfo
+	return v, c.do(ctx, "GET", "/version", nil, &v)
+}
+
+// Shutdown asks the worker to exit; its sandboxes run on.
+func (c *Client) Shutdown(ctx context.Context) error { return c.do(ctx, "POST", "/shutdown", nil, nil) }
+
+// Sandbox is a handle on a sandbox by name.
+type Sandbox struct {
+	c    *Client
+	Name string
+}
+
+// Sandbox returns a handle on an existing sandbox.
+func (c *Client) Sandbox(name string) *Sandbox { return &Sandbox{c: c, Name: name} }
+
+// Create creates and starts a sandbox; the backend is spec.Backend
+// (default container).
+func (c *Client) Create(ctx context.Context, spec api.SandboxSpec) (*Sandbox, error) {
+	b, _ := json.Marshal(spec)
+	var out api.Sandbox
+	if err := c.do(ctx, "POST", "/sandboxes", bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	return c.Sandbox(out.Name), nil
+}
+
+// List describes every sandbox of the worker, oldest first.
+func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.do(ctx, "GET", "/sandboxes", nil, &out)
+}
+
+func (s *Sandbox) path(p string) string { return "/sandboxes/" + url.PathEscape(s.Name) + p }
+
+// Inspect describes the sandbox.
+func (s *Sandbox) Inspect(ctx context.Context) (api.Sandbox, error) {
+	var out api.Sandbox
+	return out, s.c.do(ctx, "GET", s.path(""), nil, &out)
+}
+
+// Stop kills the sandbox's processes; its files stay.
+func (s *Sandbox) Stop(ctx context.Context) error { return s.c.do(ctx, "POST", s.path("/stop"), nil, nil) }
+
+// Start starts a stopped sandbox again on its files.
+func (s *Sandbox) Start(ctx context.Context) error { return s.c.do(ctx, "POST", s.path("/start"), nil, nil) }
+
+// Remove removes the sandbox; a running one only with force.
+func (s *Sandbox) Remove(ctx context.Context, force bool) error {
+	p := s.path("")
+	if force {
+		p += "?force=1"
+	}
+	return s.c.do(ctx, "DELETE", p, nil, nil)
+}
+
+// ExecOptions describe a step.
+type ExecOptions struct {
+	// ID makes the step run at most once: the same ID again returns the
+	// recorded output and result. Default: a fresh id.
+	ID   string
+	Args []string
+	Env  []string // over the sandbox's
+	Cwd  string
+	// Stdin, if set, is copied to the command (else /dev/null).
+	Stdin io.Reader
+	// Output; nil discards it.
+	Stdout, Stderr io.Writer
+	// TTY runs the command on a terminal of Rows x Cols; its output all
+	// comes as Stdout.
+	TTY        bool
+	Rows, Cols int
+	// Detach returns once the command started, with a zero result; Logs
+	// collects its output and result later.
+	Detach bool
+}
+
+// Exec runs a command in the sandbox and returns how it ended; the
+// output streams to opts.Stdout and opts.Stderr as it comes.
+func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, error) {
+	req := api.ExecRequest{ID: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd, Stdin: opts.Stdin != nil,
+		TTY: opts.TTY, Rows: opts.Rows, Cols: opts.Cols, Detach: opts.Detach}
+	line, _ := json.Marshal(req)
+	var body io.Reader = bytes.NewReader(append(line, '\n'))
+	if opts.Stdin != nil {
+		body = io.MultiReader(body, opts.Stdin)
+	}
+	resp, err := s.c.send(ctx, "POST", s.path("/exec"), body)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	res, err := readFrames(resp.Body, opts.Stdout, opts.Stderr, !opts.Detach)
+	if opts.Detach && errors.Is(err, ErrRunning) {
+		err = nil
+	}
+	return res, err
+}
+
+// Logs writes the recorded output of the exec id; with follow it waits
+// for the command to end and returns its result. Without follow a
+// command still running returns a zero result and ErrRunning.
+func (s *Sandbox) Logs(ctx context.Context, id string, follow bool, stdout, stderr io.Writer) (api.ExecResult, error) {
+	p := s.path("/execs/" + url.PathEscape(id))
+	if follow {
+		p += "?follow=1"
+	}
+	resp, err := s.c.send(ctx, "GET", p, nil)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	return readFrames(resp.Body, stdout, stderr, follow)
+}
+
+// ErrRunning says a command has no result yet.
+var ErrRunning = errors.New("the command is still running")
+
+func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool) (api.ExecResult, error) {
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 256<<10), 1<<20)
+	for sc.Scan() {
+		var f api.Frame
+		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
+			return api.ExecResult{}, fmt.Errorf("bad frame from the worker: %v: %w", err, ErrInfra)
+		}
+		switch {
+		case f.Error != nil:
+			return api.ExecResult{}, &Error{API: *f.Error}
+		case f.Result != nil:
+			return *f.Result, nil
+		}
+		if len(f.Stdout) > 0 {
+			if _, err := stdout.Write(f.Stdout); err != nil {
+				return api.ExecResult{}, err
+			}
+		}
+		if len(f.Stderr) > 0 {
+			if _, err := stderr.Write(f.Stderr); err != nil {
+				return api.ExecResult{}, err
+			}
+		}
+	}
+	if !needResult && sc.Err() == nil {
+		return api.ExecResult{}, ErrRunning
+	}
+	// The worker went away mid-command: the command runs on in its
+	// sandbox and a retry with the same id collects its result.
+	return api.ExecResult{}, fmt.Errorf("lost the worker before the command's result (retry with the same exec id): %w", ErrInfra)
+}
+
+// WriteFile writes r to the file p in the sandbox (atomically: readers
+// see the old file or the whole new one).
+func (s *Sandbox) WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileMode) error {
+	q := url.Values{"path": {p}, "mode": {"0" + strconv.FormatUint(uint64(mode.Perm()), 8)}}
+	return s.c.do(ctx, "PUT", s.path("/files?"+q.Encode()), r, nil)
+}
+
+// ReadFile copies the file p of the sandbox to w.
+func (s *Sandbox) ReadFile(ctx context.Context, p string, w io.Writer) error {
+	resp, err := s.c.send(ctx, "GET", s.path("/files?"+url.Values{"path": {p}}.Encode()), nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
