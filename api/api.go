@@ -108,7 +108,7 @@ type ExecResult struct {
 
 // Error classes.
 const (
-	ClassInvalid  = "invalid"  // bad request: fix it
+	ClassInvalid  = "invalid" // bad request: fix it
 	ClassNotFound = "not_found"
 	ClassExists   = "exists"
 	ClassState    = "state"    // the sandbox is in the wrong state (stopped, running)

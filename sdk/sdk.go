@@ -235,10 +235,14 @@ func (s *Sandbox) Inspect(ctx context.Context) (api.Sandbox, error) {
 }
 
 // Stop kills the sandbox's processes; its files stay.
-func (s *Sandbox) Stop(ctx context.Context) error { return s.c.do(ctx, "POST", s.path("/stop"), nil, nil) }
+func (s *Sandbox) Stop(ctx context.Context) error {
+	return s.c.do(ctx, "POST", s.path("/stop"), nil, nil)
+}
 
 // Start starts a stopped sandbox again on its files.
-func (s *Sandbox) Start(ctx context.Context) error { return s.c.do(ctx, "POST", s.path("/start"), nil, nil) }
+func (s *Sandbox) Start(ctx context.Context) error {
+	return s.c.do(ctx, "POST", s.path("/start"), nil, nil)
+}
 
 // Remove removes the sandbox; a running one only with force.
 func (s *Sandbox) Remove(ctx context.Context, force bool) error {

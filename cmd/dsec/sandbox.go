@@ -397,7 +397,6 @@ layers. --json prints every field.
 	return cmd
 }
 
-
 func (a *app) inspectCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "inspect NAME",
@@ -514,4 +513,3 @@ command ends and exits with its exit code.
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the command ends")
 	return cmd
 }
-
