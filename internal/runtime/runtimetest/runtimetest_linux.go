@@ -1,0 +1,167 @@
+// Package runtimetest helps tests of the sandbox runtime: a store with
+// busybox layers, a worker in a process of its own (so that a test can
+// kill -9 it), cleanup, and the list of what a root leaked.
+package runtimetest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// workerEnv makes a test binary a worker (see MaybeWorker).
+const workerEnv = "DSEC_TEST_WORKER_ROOT"
+
+// MaybeWorker runs a worker and exits if the test binary was started as
+// one by StartWorker; a TestMain calls it (after container.MaybeInit).
+func MaybeWorker() {
+	root := os.Getenv(workerEnv)
+	if root == "" {
+		return
+	}
+	if err := worker.Serve(context.Background(), worker.Config{Root: root, Version: "test"}); err != nil {
+		os.Stderr.WriteString("worker: " + err.Error() + "\n")
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// Layers builds into root's store bb:1, a busybox base with
+// /etc/answer, and ws:1, a workspace with /work/hello.
+func Layers(t testing.TB, root string) {
+	t.Helper()
+	layertest.RequireRoot(t)
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := layertest.BusyboxRoot(t, t.TempDir())
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "root", "work"} {
+		os.MkdirAll(filepath.Join(base, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(base, "etc", "answer"), []byte("42\n"), 0o644)
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "work"), 0o755)
+	os.WriteFile(filepath.Join(ws, "work", "hello"), []byte("from the workspace\n"), 0o644)
+	for tag, src := range map[string]string{"bb:1": base, "ws:1": ws} {
+		ref, _ := layer.ParseRef(tag)
+		if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Worker is a worker process a test started.
+type Worker struct {
+	Root string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartWorker starts the test binary as root's worker and waits until
+// it answers.
+func StartWorker(t testing.TB, root string) *Worker {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), workerEnv+"="+root)
+	log, err := os.OpenFile(filepath.Join(root, "worker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &Worker{Root: root, cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(w.done) }()
+	t.Cleanup(w.Kill)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if c, err := sdk.New(sdk.Options{Root: root}); err == nil {
+			if v, err := c.Version(context.Background()); err == nil && v.Pid == cmd.Process.Pid {
+				return w
+			}
+		}
+		select {
+		case <-w.done:
+			b, _ := os.ReadFile(filepath.Join(root, "worker.log"))
+			t.Fatalf("worker exited: %s", b)
+		default:
+		}
+	}
+	t.Fatal("worker does not answer")
+	return nil
+}
+
+// Pid is the worker's pid.
+func (w *Worker) Pid() int { return w.cmd.Process.Pid }
+
+// Kill kills the worker with SIGKILL and reaps it.
+func (w *Worker) Kill() {
+	w.cmd.Process.Signal(syscall.SIGKILL)
+	<-w.done
+}
+
+// Children lists the worker's child processes (zombies included).
+func (w *Worker) Children() []string {
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(w.Pid()), "task", "*", "children"))
+	var out []string
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		out = append(out, strings.Fields(string(b))...)
+	}
+	return out
+}
+
+// Clean removes every sandbox under root, as a test's cleanup: after
+// the worker is gone, through the runtime directly.
+func Clean(root string) {
+	names, _ := runtime.List(root)
+	for _, n := range names {
+		if sb, err := runtime.Load(root, n); err == nil {
+			sb.Remove()
+		}
+	}
+}
+
+// Leftovers lists what the sandboxes of root left on the host: mounts
+// below root, cgroups of its sandboxes, sandbox directories.
+func Leftovers(root string) []string {
+	var out []string
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+			out = append(out, "mount "+f[4])
+		}
+	}
+	abs, _ := filepath.Abs(root)
+	h := sha256.Sum256([]byte(abs))
+	suffix := "-" + hex.EncodeToString(h[:4])
+	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix)} {
+		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
+		for _, d := range dirs {
+			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
+	for _, e := range ents {
+		out = append(out, "sandbox dir "+e.Name())
+	}
+	return out
+}

@@ -1,0 +1,408 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// TestMain doubles as a sandbox init and as a worker.
+func TestMain(m *testing.M) {
+	container.MaybeInit()
+	runtimetest.MaybeWorker()
+	os.Exit(m.Run())
+}
+
+// setup starts a worker on a fresh root with the test layers; cleanup
+// kills it, removes every sandbox and checks nothing is left.
+func setup(t *testing.T) (*runtimetest.Worker, *sdk.Client) {
+	t.Helper()
+	root := t.TempDir()
+	runtimetest.Layers(t, root)
+	w := runtimetest.StartWorker(t, root)
+	t.Cleanup(func() {
+		w.Kill()
+		runtimetest.Clean(root)
+		if l := runtimetest.Leftovers(root); len(l) > 0 {
+			t.Errorf("left behind: %v", l)
+		}
+	})
+	c, err := sdk.New(sdk.Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, c
+}
+
+// run runs a shell script and returns its combined output and result.
+func run(t *testing.T, sb *sdk.Sandbox, id, script string) (string, api.ExecResult) {
+	t.Helper()
+	var out bytes.Buffer
+	res, err := sb.Exec(context.Background(), sdk.ExecOptions{ID: id, Args: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return out.String(), res
+}
+
+func create(t *testing.T, c *sdk.Client, spec api.SandboxSpec) *sdk.Sandbox {
+	t.Helper()
+	if spec.Layers == nil {
+		spec.Layers = []string{"ws:1", "bb:1"}
+	}
+	sb, err := c.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+func capMask() string {
+	var m uint64
+	for _, c := range container.KeptCaps {
+		m |= 1 << c
+	}
+	return fmt.Sprintf("%016x", m)
+}
+
+func TestIsolationAndState(t *testing.T) {
+	_, c := setup(t)
+	a := create(t, c, api.SandboxSpec{Name: "a", Memory: 256 << 20})
+	b := create(t, c, api.SandboxSpec{Name: "b"})
+	checks := []struct{ script, want string }{
+		{"cat /work/hello /etc/answer", "from the workspace\n42\n"},
+		{"hostname", "a\n"},
+		{"ls /sys/class/net", "lo\n"},
+		{"ls -d /proc/[0-9]* | wc -l", "count"}, // the init and this pipeline only
+		{"wc -c < /proc/kallsyms; wc -c < /proc/timer_list", "0\n0\n"}, // masked: /dev/null
+		{"grep CapEff /proc/self/status | cut -f2", capMask() + "\n"},
+		{"grep NoNewPrivs /proc/self/status | cut -f2", "1\n"},
+		{"ls /proc/self/fd", "0\n1\n2\n3\n"},
+		{"(echo 1 > /proc/sys/kernel/domainname) 2>/dev/null && echo writable || echo ro", "ro\n"},
+		{"readlink /proc/1/exe >/dev/null 2>&1; echo $?", "1\n"}, // the init is not dumpable
+	}
+	for i, ck := range checks {
+		out, res := run(t, a, fmt.Sprint("check-", i), ck.script)
+		if ck.want == "count" {
+			n, _ := strconv.Atoi(strings.TrimSpace(out))
+			if n < 3 || n > 5 {
+				t.Errorf("%s: %d processes visible, want the init and the pipeline only", ck.script, n)
+			}
+			continue
+		}
+		if out != ck.want || res.ExitCode != 0 {
+			t.Errorf("%s: got %q (exit %d), want %q", ck.script, out, res.ExitCode, ck.want)
+		}
+	}
+	// State persists across execs and idle time, processes too.
+	run(t, a, "s1", "echo kept > /work/state; sleep 1000 &")
+	time.Sleep(1500 * time.Millisecond)
+	if out, _ := run(t, a, "s2", "cat /work/state; ps | grep -q '[s]leep 1000' && echo alive"); out != "kept\nalive\n" {
+		t.Fatalf("after idling: %q", out)
+	}
+	// The other sandbox sees neither.
+	if out, _ := run(t, b, "s1", "cat /work/state 2>&1; ps | grep '[s]leep 1000' || echo none"); !strings.Contains(out, "No such file") || !strings.HasSuffix(out, "none\n") {
+		t.Fatalf("sandbox b sees a's state: %q", out)
+	}
+	info, err := a.Inspect(context.Background())
+	if err != nil || info.Status != api.StatusRunning || info.Memory != 256<<20 || info.Execs != len(checks)+2 || info.MemoryBytes <= 0 {
+		t.Fatalf("inspect: %+v %v", info, err)
+	}
+}
+
+func TestExactlyOnce(t *testing.T) {
+	_, c := setup(t)
+	sb := create(t, c, api.SandboxSpec{Name: "once"})
+	out1, r1 := run(t, sb, "step-1", "echo ran >> /count; echo out; echo err >&2; exit 3")
+	out2, r2 := run(t, sb, "step-1", "echo ran >> /count; echo out; echo err >&2; exit 3")
+	if out1 != "out\nerr\n" || r1.ExitCode != 3 || r1.Replayed {
+		t.Fatalf("first: %q %+v", out1, r1)
+	}
+	if out2 != out1 || r2.ExitCode != 3 || !r2.Replayed || !r2.Finished.Equal(r1.Finished) {
+		t.Fatalf("replay: %q %+v", out2, r2)
+	}
+	// A retry while the command still runs waits for the same result.
+	var wg sync.WaitGroup
+	results := make([]api.ExecResult, 2)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i == 1 {
+				time.Sleep(200 * time.Millisecond)
+			}
+			_, results[i] = run(t, sb, "slow", "sleep 0.6; echo ran >> /count; exit 4")
+		}()
+	}
+	wg.Wait()
+	if results[0].ExitCode != 4 || results[1].ExitCode != 4 || !results[1].Replayed {
+		t.Fatalf("concurrent same id: %+v", results)
+	}
+	if out, _ := run(t, sb, "count", "wc -l < /count"); out != "2\n" {
+		t.Fatalf("commands ran %s times, want 2 (one per id)", out)
+	}
+	var buf bytes.Buffer
+	res, err := sb.Logs(context.Background(), "step-1", false, &buf, &buf)
+	if err != nil || res.ExitCode != 3 || buf.String() != "out\nerr\n" {
+		t.Fatalf("logs: %q %+v %v", buf.String(), res, err)
+	}
+	// Files in and out.
+	if err := sb.WriteFile(context.Background(), "/work/in.txt", strings.NewReader("payload\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sb, "stat-in", "cat /work/in.txt; stat -c %a /work/in.txt"); out != "payload\n600\n" {
+		t.Fatalf("file in: %q", out)
+	}
+	buf.Reset()
+	if err := sb.ReadFile(context.Background(), "/count", &buf); err != nil || buf.String() != "ran\nran\n" {
+		t.Fatalf("file out: %q %v", buf.String(), err)
+	}
+}
+
+// TestHostileFiles: paths the agent planted never lead the worker out of
+// the sandbox.
+func TestHostileFiles(t *testing.T) {
+	_, c := setup(t)
+	sb := create(t, c, api.SandboxSpec{Name: "hostile"})
+	host := t.TempDir()
+	os.WriteFile(filepath.Join(host, "secret"), []byte("host secret\n"), 0o600)
+	run(t, sb, "plant", fmt.Sprintf("ln -s %s/secret /work/link; ln -s %s /work/dir; ln -s ../../../../../../%s /work/rel; mkfifo /work/fifo", host, host, host))
+	ctx := context.Background()
+	var buf bytes.Buffer
+	for _, p := range []string{"/work/link", "/work/rel/secret"} {
+		if err := sb.ReadFile(ctx, p, &buf); !errdefs.IsNotFound(err) || buf.Len() > 0 {
+			t.Errorf("read %s: %q, %v: a symlink led out of the sandbox", p, buf.String(), err)
+		}
+	}
+	if err := sb.WriteFile(ctx, "/work/dir/planted", strings.NewReader("x"), 0o644); err == nil {
+		t.Errorf("write through a symlinked dir succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(host, "planted")); err == nil {
+		t.Fatalf("a write through a planted symlink landed on the host")
+	}
+	done := make(chan error, 1)
+	go func() { done <- sb.ReadFile(ctx, "/work/fifo", &buf) }()
+	select {
+	case err := <-done:
+		if !errdefs.IsInvalidArgument(err) {
+			t.Errorf("read a fifo: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reading a fifo the agent made hangs the worker")
+	}
+	if err := sb.WriteFile(ctx, "work/relative", strings.NewReader("x"), 0o644); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("relative path: %v", err)
+	}
+}
+
+func TestWorkerKill9(t *testing.T) {
+	w, c := setup(t)
+	ctx := context.Background()
+	sb := create(t, c, api.SandboxSpec{Name: "survivor"})
+	run(t, sb, "before", "echo kept > /work/state")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", "sleep 1; echo finished; echo ran >> /mid; exit 7"}})
+		errc <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	w.Kill()
+	if err := <-errc; !sdk.IsInfra(err) {
+		t.Fatalf("the client of a killed worker: %v, want an infrastructure error", err)
+	}
+	w2 := runtimetest.StartWorker(t, w.Root)
+	// The sandbox is back, with its files and the step's result.
+	var out bytes.Buffer
+	res, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"false"}, Stdout: &out})
+	if err != nil || res.ExitCode != 7 || !res.Replayed || out.String() != "finished\n" {
+		t.Fatalf("retry after the worker's restart: %q %+v %v", out.String(), res, err)
+	}
+	if got, _ := run(t, sb, "after", "cat /work/state; wc -l < /mid"); got != "kept\n1\n" {
+		t.Fatalf("after re-adoption: %q", got)
+	}
+	// A step the dead worker never handed to the sandbox runs on retry.
+	os.MkdirAll(filepath.Join(w.Root, "sandboxes", "survivor", "execs", "orphan"), 0o700)
+	w2.Kill()
+	runtimetest.StartWorker(t, w.Root)
+	if got, res := run(t, sb, "orphan", "echo fresh"); got != "fresh\n" || res.Replayed {
+		t.Fatalf("a journaled but never started step: %q %+v", got, res)
+	}
+}
+
+// TestKilledMidCreate kills the worker at many points of a create: after
+// a restart each sandbox either exists and works or left nothing.
+func TestKilledMidCreate(t *testing.T) {
+	w, _ := setup(t)
+	ctx := context.Background()
+	made := 0
+	defer func() { t.Logf("%d of 12 creates finished before the kill", made) }()
+	for i := 0; i < 12; i++ {
+		c, err := sdk.New(sdk.Options{Root: w.Root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprint("mid-", i)
+		go c.Create(ctx, api.SandboxSpec{Name: name, Layers: []string{"ws:1", "bb:1"}})
+		time.Sleep(time.Duration(i) * 3 * time.Millisecond)
+		w.Kill()
+		w = runtimetest.StartWorker(t, w.Root)
+		c, _ = sdk.New(sdk.Options{Root: w.Root})
+		sb := c.Sandbox(name)
+		if info, err := sb.Inspect(ctx); err == nil {
+			made++
+			if info.Status != api.StatusRunning {
+				t.Fatalf("%s after restart: %s", name, info.Status)
+			}
+			if out, _ := run(t, sb, "x", "cat /etc/answer"); out != "42\n" {
+				t.Fatalf("%s after restart: %q", name, out)
+			}
+			if err := sb.Remove(ctx, true); err != nil {
+				t.Fatal(err)
+			}
+		} else if !errdefs.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if l := runtimetest.Leftovers(w.Root); len(l) > 0 {
+			t.Fatalf("killed %d ms into a create: left %v", i*3, l)
+		}
+	}
+}
+
+func TestLimitsAndErrors(t *testing.T) {
+	_, c := setup(t)
+	ctx := context.Background()
+	sb := create(t, c, api.SandboxSpec{Name: "small", Memory: 32 << 20, Pids: 32})
+	out, res := run(t, sb, "hog", `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo ${#x}`)
+	if res.ExitCode != 137 || !res.OOM {
+		t.Fatalf("a 200 MB string under a 32 MiB limit: %q %+v", out, res)
+	}
+	// The shell dies at its first refused fork; count what started.
+	run(t, sb, "forks", "for i in $(seq 64); do (echo x >> /tmp/n; exec sleep 1) & done")
+	time.Sleep(1500 * time.Millisecond)
+	out, _ = run(t, sb, "count-forks", "wc -l < /tmp/n")
+	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n == 0 || n >= 32 {
+		t.Fatalf("pids limit 32: %q sleeps", out)
+	}
+	if _, res := run(t, sb, "after", "true"); res.ExitCode != 0 {
+		t.Fatalf("the sandbox did not survive its OOM: %+v", res)
+	}
+	var errb bytes.Buffer
+	res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"no-such-tool"}, Stderr: &errb})
+	if err != nil || res.ExitCode != 127 || !strings.Contains(errb.String(), "not found") {
+		t.Fatalf("command not found: %+v %q %v", res, errb.String(), err)
+	}
+	for _, tc := range []struct {
+		what string
+		err  error
+		is   func(error) bool
+	}{
+		{"unknown sandbox", c.Sandbox("nope").Remove(ctx, true), errdefs.IsNotFound},
+		{"exec in unknown sandbox", execErr(c.Sandbox("nope")), errdefs.IsNotFound},
+		{"duplicate name", createErr(c, api.SandboxSpec{Name: "small", Layers: []string{"bb:1"}}), errdefs.IsAlreadyExists},
+		{"unknown layer", createErr(c, api.SandboxSpec{Name: "x", Layers: []string{"missing:1"}}), errdefs.IsNotFound},
+		{"unknown backend", createErr(c, api.SandboxSpec{Name: "y", Backend: "warp", Layers: []string{"bb:1"}}), errdefs.IsInvalidArgument},
+		{"bad name", createErr(c, api.SandboxSpec{Name: "../z", Layers: []string{"bb:1"}}), errdefs.IsInvalidArgument},
+		{"rm running", sb.Remove(ctx, false), errdefs.IsFailedPrecondition},
+		{"bad exec id", execIDErr(sb, "a/../b"), errdefs.IsInvalidArgument},
+	} {
+		if !tc.is(tc.err) {
+			t.Errorf("%s: %v", tc.what, tc.err)
+		}
+	}
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := execErr(sb); !errdefs.IsFailedPrecondition(err) || sdk.IsInfra(err) {
+		t.Fatalf("exec in a stopped sandbox: %v", err)
+	}
+	if err := sb.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sb, "restarted", "ps | grep '[s]leep' || echo no-processes; echo ok"); out != "no-processes\nok\n" {
+		t.Fatalf("after stop and start: %q", out)
+	}
+	// The init dies under a command: an infrastructure failure, and the
+	// sandbox is dead.
+	errc := make(chan error, 1)
+	go func() { errc <- execErr(sb, "sleep", "5") }()
+	time.Sleep(200 * time.Millisecond)
+	info, _ := sb.Inspect(ctx)
+	syscallKill(t, info.Pid)
+	if err := <-errc; !sdk.IsInfra(err) {
+		t.Fatalf("the init died under the command: %v", err)
+	}
+	if info, _ := sb.Inspect(ctx); info.Status != api.StatusDead {
+		t.Fatalf("status after the init died: %s", info.Status)
+	}
+	if err := execErr(sb); !sdk.IsInfra(err) && !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("exec in a dead sandbox: %v", err)
+	}
+}
+
+func execErr(sb *sdk.Sandbox, args ...string) error {
+	if len(args) == 0 {
+		args = []string{"true"}
+	}
+	_, err := sb.Exec(context.Background(), sdk.ExecOptions{Args: args})
+	return err
+}
+
+func execIDErr(sb *sdk.Sandbox, id string) error {
+	_, err := sb.Exec(context.Background(), sdk.ExecOptions{ID: id, Args: []string{"true"}})
+	return err
+}
+
+func createErr(c *sdk.Client, spec api.SandboxSpec) error {
+	_, err := c.Create(context.Background(), spec)
+	return err
+}
+
+func syscallKill(t *testing.T, pid int) {
+	t.Helper()
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNoLeaks: 100 create, exec, rm cycles leave no mount, cgroup,
+// process or file behind.
+func TestNoLeaks(t *testing.T) {
+	w, c := setup(t)
+	ctx := context.Background()
+	for i := 0; i < 100; i++ {
+		sb := create(t, c, api.SandboxSpec{Memory: 64 << 20})
+		if _, res := run(t, sb, "x", "echo $$ > /tmp/pid; sleep 100 &"); res.ExitCode != 0 {
+			t.Fatalf("cycle %d: %+v", i, res)
+		}
+		if err := sb.Remove(ctx, true); err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+	}
+	if l := runtimetest.Leftovers(w.Root); len(l) > 0 {
+		t.Fatalf("after 100 cycles: %v", l)
+	}
+	if kids := w.Children(); len(kids) > 0 {
+		t.Fatalf("after 100 cycles the worker has children (zombies or leaked inits): %v", kids)
+	}
+	if list, err := c.List(ctx); err != nil || len(list) != 0 {
+		t.Fatalf("ps after 100 cycles: %v %v", list, err)
+	}
+}
