@@ -87,7 +87,7 @@ func TestIsolationAndState(t *testing.T) {
 		{"cat /work/hello /etc/answer", "from the workspace\n42\n"},
 		{"hostname", "a\n"},
 		{"ls /sys/class/net", "lo\n"},
-		{"ls -d /proc/[0-9]* | wc -l", "count"}, // the init and this pipeline only
+		{"ls -d /proc/[0-9]* | wc -l", "count"},                        // the init and this pipeline only
 		{"wc -c < /proc/kallsyms; wc -c < /proc/timer_list", "0\n0\n"}, // masked: /dev/null
 		{"grep CapEff /proc/self/status | cut -f2", capMask() + "\n"},
 		{"grep NoNewPrivs /proc/self/status | cut -f2", "1\n"},
