@@ -8,17 +8,23 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
 func TestMain(m *testing.M) {
 	testscript.Main(m, map[string]func(){
-		"dsec": func() { os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) },
+		"dsec": func() {
+			container.MaybeInit() // sandboxes' inits are this command re-executed
+			os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+		},
 	})
 }
 
@@ -30,7 +36,10 @@ func TestScripts(t *testing.T) {
 			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
 			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
 			env.Setenv("DSEC_CONFIG", "")
-			env.Defer(func() { cleanMounts(env.WorkDir) })
+			env.Defer(func() {
+				stopWorkers(env.WorkDir)
+				cleanMounts(env.WorkDir)
+			})
 			return nil
 		},
 		Condition: func(cond string) (bool, error) {
@@ -41,7 +50,10 @@ func TestScripts(t *testing.T) {
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
 			"exitcode": cmdExitCode,
-			"mktree":   cmdMkTree,
+			"mkbusybox": func(ts *testscript.TestScript, neg bool, args []string) {
+				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
+			},
+			"mktree": cmdMkTree,
 			"mkarchive": func(ts *testscript.TestScript, neg bool, args []string) {
 				if len(args) != 2 {
 					ts.Fatalf("usage: mkarchive docker|oci|tar FILE")
@@ -97,6 +109,22 @@ func cmdMkTree(ts *testscript.TestScript, neg bool, args []string) {
 	ts.Check(os.Symlink("run.sh", filepath.Join(dir, "start")))
 	ts.Check(os.Link(filepath.Join(dir, "run.sh"), filepath.Join(dir, "again.sh")))
 	ts.Check(layertest.Touch(dir))
+}
+
+// stopWorkers kills the workers the script's dsec commands started on
+// demand (by the pid they wrote) and removes the sandboxes they left.
+func stopWorkers(dir string) {
+	pids, _ := filepath.Glob(filepath.Join(dir, "*", "worker.pid"))
+	for _, p := range pids {
+		b, _ := os.ReadFile(p)
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			unix.Kill(pid, unix.SIGKILL)
+			for i := 0; i < 200 && unix.Kill(pid, 0) == nil; i++ {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		runtimetest.Clean(filepath.Dir(p))
+	}
 }
 
 // cleanMounts undoes what a failed script left mounted below dir: layer

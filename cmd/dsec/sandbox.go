@@ -20,13 +20,13 @@ import (
 
 // Exit codes of run and exec, which otherwise exit with the command's.
 const (
-	exitDsec  = 125 // dsec could not run the command (bad flags, unknown sandbox, ...)
+	exitDsec  = 125 // dsec could not run the command (unknown sandbox, ...)
 	exitInfra = 255 // the sandbox or the worker failed under the command
 )
 
 const runExitHelp = `Exit codes: the command's own exit code (128+N if a signal N killed it, 127 if it
-was not found in the sandbox); 125 if dsec could not run it (bad flags, unknown sandbox or
-layer, a stopped sandbox: the message says which); 255 if the sandbox or the worker failed
+was not found in the sandbox); 2 for a bad command line; 125 if dsec could not run it (unknown
+sandbox or layer, a stopped sandbox: the message says which); 255 if the sandbox or the worker failed
 under it (an infrastructure failure: the step says nothing about the command; retry it with
 the same --id to collect its result if it ran).`
 
@@ -41,7 +41,8 @@ func runError(err error) error {
 		return nil
 	}
 	var ce cmdExit
-	if errors.As(err, &ce) {
+	var ue usageError
+	if errors.As(err, &ce) || errors.As(err, &ue) {
 		return err
 	}
 	code := exitDsec

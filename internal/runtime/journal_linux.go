@@ -145,6 +145,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			os.RemoveAll(dir)
 			return nil, false, err
 		}
+		// Sent with the request, the kernel holds them from then on.
 		defer jf.Close()
 		if *f.out == nil {
 			*f.out = jf
@@ -161,12 +162,13 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	if g != nil {
 		oomBefore = g.OOMKills()
 	}
-	started := make(chan error, 1)
+	started := make(chan struct{})
+	refused := make(chan error, 1)
 	go func() {
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
-			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr})
+			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied):
 			e.res.Err = "the sandbox died under the command"
@@ -174,7 +176,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 				e.res.Err = "the sandbox was stopped under the command"
 			}
 		case err != nil:
-			started <- err
+			refused <- err
 			return
 		}
 		e.res.ExitCode = code
@@ -183,14 +185,12 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		}
 		e.finish()
 	}()
-	// A refused start (bad directory, say) is the caller's error, not a
-	// journaled result: give the init a moment to refuse.
 	select {
-	case err := <-started:
+	case err := <-refused: // a bad directory, say: the caller's error, not a result
 		os.RemoveAll(dir)
 		return nil, false, fmt.Errorf("exec %s: %v: %w", spec.ID, err, errdefs.ErrInvalidArgument)
-	case <-e.done:
-	case <-time.After(2 * time.Millisecond):
+	case <-started:
+	case <-e.done: // not found (127), or the sandbox died
 	}
 	sb.remember(e)
 	return e, false, nil

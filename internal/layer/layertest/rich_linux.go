@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -261,21 +262,40 @@ func WriteTar(tb testing.TB, dir string, w io.Writer) {
 // busybox-static: /bin/busybox and a symlink per applet.
 func BusyboxRoot(tb testing.TB, dir string) string {
 	tb.Helper()
+	must(tb, MakeBusyboxRoot(dir))
+	return dir
+}
+
+// MakeBusyboxRoot is BusyboxRoot for callers without a testing.TB: a
+// root with busybox and its applets' links in /bin and the usual empty
+// mount points.
+func MakeBusyboxRoot(dir string) error {
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
-		tb.Fatal("busybox-static is missing: make deps installs it")
+		return errors.New("busybox-static is missing: make deps installs it")
 	}
 	b, err := os.ReadFile(bb)
-	must(tb, err)
-	must(tb, os.MkdirAll(filepath.Join(dir, "bin"), 0o755))
-	must(tb, os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
-	must(tb, os.WriteFile(filepath.Join(dir, "bin", "busybox"), b, 0o755))
-	out, err := exec.Command(bb, "--list").Output()
-	must(tb, err)
-	for _, a := range strings.Fields(string(out)) {
-		if a != "busybox" {
-			must(tb, os.Symlink("busybox", filepath.Join(dir, "bin", a)))
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{"bin", "etc", "proc", "sys", "dev", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
 		}
 	}
-	return dir
+	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), b, 0o755); err != nil {
+		return err
+	}
+	out, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		return err
+	}
+	for _, a := range strings.Fields(string(out)) {
+		if a != "busybox" {
+			if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -47,8 +47,12 @@ type Cmd struct {
 	Cwd  string
 	// TTY makes Stdin the command's controlling terminal.
 	TTY bool
-	// nil: /dev/null.
+	// nil: /dev/null. The caller may close them once Started ran (or
+	// Exec returned).
 	Stdin, Stdout, Stderr *os.File
+	// Started, if set, is called with the command's pid in the
+	// sandbox's pid namespace once it runs.
+	Started func(pid int)
 }
 
 // initEnv marks the re-executed binary as a sandbox init.

@@ -206,20 +206,20 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY}, unix.UnixRights(files...))
+	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY}, unix.UnixRights(files...), cmd.Started)
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a
 // previous connection started: what a worker that restarted mid-step
 // asks before running anything again.
 func (s *Sandbox) Result(ctx context.Context, id string) (int, error) {
-	return s.call(ctx, request{Op: "result", ID: id}, nil)
+	return s.call(ctx, request{Op: "result", ID: id}, nil, nil)
 }
 
 // Probe says whether the command under id still runs; if it ended, its
 // exit code. ErrUnknownExec: the init never started it.
 func (s *Sandbox) Probe(ctx context.Context, id string) (running bool, code int, err error) {
-	code, err = s.call(ctx, request{Op: "probe", ID: id}, nil)
+	code, err = s.call(ctx, request{Op: "probe", ID: id}, nil, nil)
 	if errors.Is(err, errRunning) {
 		return true, -1, nil
 	}
@@ -228,7 +228,7 @@ func (s *Sandbox) Probe(ctx context.Context, id string) (running bool, code int,
 
 var errRunning = errors.New("running")
 
-func (s *Sandbox) call(ctx context.Context, r request, oob []byte) (int, error) {
+func (s *Sandbox) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
 	ch := make(chan execReply, 2)
 	s.mu.Lock()
 	if s.err != nil {
@@ -262,6 +262,9 @@ func (s *Sandbox) call(ctx context.Context, r request, oob []byte) (int, error) 
 			}
 			if r.Op == "probe" {
 				return -1, errRunning
+			}
+			if rep.Pid > 0 && started != nil {
+				started(rep.Pid)
 			}
 		case <-ctx.Done():
 			s.mu.Lock()

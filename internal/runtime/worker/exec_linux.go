@@ -76,7 +76,7 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 			fail(rw, err)
 			return
 		}
-		defer pw.Close()
+		defer pw.Close() // if the copier never starts
 		stdinW, ours = pw, []*os.File{pr}
 		spec.Stdin = pr
 	}
@@ -106,14 +106,18 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 				go io.Copy(master, body)
 			}
 		case stdinW != nil:
-			go func() {
-				io.Copy(stdinW, body)
-				stdinW.Close()
-			}()
-			stdinW = nil // the copier closes it
+			go func(w *os.File) {
+				io.Copy(w, body)
+				w.Close() // the command's EOF
+			}(stdinW)
 		}
 	}
 	rw.Header().Set("Content-Type", "application/x-ndjson")
+	if req.Stdin || req.TTY {
+		// The copier may still be reading the body when the command
+		// ends: this connection serves no further request.
+		rw.Header().Set("Connection", "close")
+	}
 	rw.WriteHeader(http.StatusOK)
 	if req.Detach {
 		json.NewEncoder(rw).Encode(api.Frame{ID: ex.ID})
