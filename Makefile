@@ -46,7 +46,7 @@ check-docs: build
 test: deps vet check-docs
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-BENCH_PKGS := pv debootstrap
+BENCH_PKGS := pv debootstrap runc
 
 bench: build
 	@missing=""; for p in $(BENCH_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -56,10 +56,11 @@ bench: build
 	fi
 	./scripts/bench.sh $(BIN)
 	./scripts/bench-lazy.sh $(BIN)
+	./scripts/bench-run.sh $(BIN)
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzImageArchive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 
 clean:
-	rm -rf bin .demo .bench
+	rm -rf bin .demo .bench .bench-lazy .bench-run

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job end to end on the embedded default (the local store):
-# build base, workspace and toolkit layers from real trees, list and
-# inspect them, check them with fsck.erofs and run a program from one.
+# The main job end to end on the embedded default (the local store, the
+# container backend): build base, workspace and toolkit layers from real
+# trees, list and inspect them, check them with fsck.erofs, share them,
+# mount them lazily on a second host, and run stateful sandboxes on them
+# through the worker: steps that persist, run exactly once and survive
+# the worker's kill -9.
 set -euo pipefail
 dsec=$(realpath "${1:-bin/dsec}")
 export DSEC_ROOT=${DSEC_ROOT:-$PWD/.demo/root}
@@ -60,6 +63,42 @@ if [ "$(id -u)" = 0 ]; then
 	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer umount "$mnt"
 else
 	echo "(skipped: mounting needs root)"
+fi
+
+if [ "$(id -u)" = 0 ]; then
+	step "a sandbox: toolkit over workspace over base, the worker started on demand"
+	"$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 --workdir /src -- /opt/harness/run
+
+	step "a stateful sandbox for a rollout: steps keep files and processes"
+	"$dsec" rm -f demo-rollout >/dev/null 2>&1 || true # an interrupted earlier demo's
+	"$dsec" run -d --name demo-rollout --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 \
+		--memory 256M --cpu 1 --env STEP_LOG=/var/log/steps --workdir /src
+	"$dsec" exec --id step-1 demo-rollout -- sh -c 'mkdir -p /var/log; echo "step 1 in $(hostname), pid $$" | tee -a $STEP_LOG; sleep 3600 &'
+	"$dsec" exec --id step-2 demo-rollout -- sh -c 'wc -l fmt/print.go >> $STEP_LOG; cat $STEP_LOG'
+	"$dsec" ps
+
+	step "exactly once: a retried step replays its recorded output instead of running again"
+	"$dsec" exec --id step-2 demo-rollout -- sh -c 'wc -l fmt/print.go >> $STEP_LOG; cat $STEP_LOG'
+
+	step "the worker is killed (kill -9); the sandbox runs on and the next worker re-adopts it"
+	kill -9 "$(cat "$DSEC_ROOT/worker.pid")"
+	"$dsec" exec --id step-3 demo-rollout -- sh -c 'ps | grep "[s]leep 3600"; cat $STEP_LOG'
+
+	step "a memory limit hit is reported as such"
+	"$dsec" exec demo-rollout -- sh -c 'x=$(head -c 400000000 /dev/zero | tr "\\0" a)' || echo "exit code $?"
+
+	step "stop keeps the files, start runs it again; rm removes everything"
+	"$dsec" stop demo-rollout
+	"$dsec" start demo-rollout
+	"$dsec" exec demo-rollout -- cat /var/log/steps
+	"$dsec" rm -f demo-rollout
+
+	step "the second host runs a sandbox on lazily mounted layers"
+	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \
+		-- sh -c 'head -1 /src/fmt/print.go'
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer stats demo/go-src:1
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" daemon stop >/dev/null
+	"$dsec" daemon stop >/dev/null
 fi
 
 step "rm and gc"

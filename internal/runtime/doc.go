@@ -1,6 +1,16 @@
-// Package runtime will own sandbox lifecycle: overlay composition of
-// layers, the container, fncall, microvm and vm backends, and the host
-// worker's API (the sandboxes issue). Its first piece is package
-// container, which starts a sandbox's first process in new namespaces on
-// a composed root.
+// Package runtime owns a sandbox's lifecycle on a host: its layers
+// mounted (from the local store, or lazily from a remote), composed with
+// overlay under a writable upper of its own, a cgroup, and an init
+// (package container) in new namespaces; stop and start on the same
+// files; removal without leftovers; re-adoption by a new worker.
+//
+// Every command runs under an exec id and is journaled in
+// <root>/sandboxes/NAME/execs/ID/: the output files the command writes
+// to directly (so output survives the worker) and result.json once it
+// ended. An id runs at most once per sandbox; asking again returns the
+// journal. States: creating (a worker died making it: recovery removes
+// it), running, stopped (files kept, no process), dead (its init died).
+//
+// The host worker that owns sandboxes and serves the API is package
+// worker; the backends are container (package container) for now.
 package runtime

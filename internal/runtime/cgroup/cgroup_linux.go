@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -167,14 +168,22 @@ func (g *Group) limit(l Limits) error {
 	return nil
 }
 
-// Add moves a process into the group, in every hierarchy.
+// Add moves a process into the group, in every hierarchy. The moves run
+// at once: each may wait for an RCU grace period (cgroup v1 attach takes
+// the thread-group rwsem for writing), and concurrent writers share one.
 func (g *Group) Add(pid int) error {
-	for _, d := range g.dirs() {
-		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
-			return err
-		}
+	dirs := g.dirs()
+	errs := make([]error, len(dirs))
+	var wg sync.WaitGroup
+	for i, d := range dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = write(d, "cgroup.procs", strconv.Itoa(pid))
+		}()
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Pids lists the processes in the group.

@@ -184,10 +184,12 @@ func (w *worker) routes() http.Handler {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		t0 := time.Now()
 		w.mu.Lock()
-		w.lastReq = time.Now()
+		w.lastReq = t0
 		w.mu.Unlock()
 		mux.ServeHTTP(rw, r)
+		w.log.Debug("request", "method", r.Method, "path", r.URL.Path, "took", time.Since(t0))
 	})
 }
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# make bench (as root): sandbox figures, dsec next to runc (Debian's) on the same rootfs in the same run.
+#  1. create-to-first-exec: `dsec run --rm --base L -- true` (the worker already running, as containerd
+#     would be) vs `runc run` of /bin/true on the same tree: p50 and p99 over BENCH_N runs, and the
+#     serial rate (runs per second) of each loop.
+#  2. exec latency into a running sandbox: `dsec exec NAME -- true` vs `runc exec ID true`.
+# Those figures are whole CLI invocations, timed from the shell the same way for both. Then the same
+# through the Go SDK against the same worker and layer (go test -bench ./sdk): what a trainer pays,
+# without a CLI process per step.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-run: needs root (namespaces, mounts): skipped" >&2; exit 0; }
+dsec=$(realpath "${1:-bin/dsec}")
+n=${BENCH_N:-100}
+work=${BENCH_DIR:-$PWD/.bench-run}
+rootfs=${BENCH_ROOTFS:-/var/cache/dsec-bench/rootfs}
+export DSEC_ROOT=$work/root DSEC_PROGRESS=never
+cleanup() {
+	"$dsec" rm -f bench-exec >/dev/null 2>&1 || true
+	"$dsec" daemon stop >/dev/null 2>&1 || true
+	runc kill bench-exec KILL >/dev/null 2>&1 || true
+	sleep 0.2
+	runc delete -f bench-exec >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+rm -rf "$work"; mkdir -p "$work/bundle"
+now() { date +%s%N; }
+pct() { sort -n | awk -v p="$1" '{a[NR]=$1} END {i=int(NR*p/100+0.999); if (i<1) i=1; printf "%.1f", a[i]/1e6}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+
+if [ ! -x "$rootfs/usr/bin/python3" ]; then
+	echo "bench-run: building the Debian base with debootstrap (once, into $rootfs)" >&2
+	mkdir -p "$(dirname "$rootfs")"
+	debootstrap --variant=minbase --include=python3,git,gcc,libc6-dev bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+fi
+"$dsec" layer build "$rootfs" --kind base -t bench:1 >/dev/null
+
+# runc's bundle: the same tree, read-only, running /bin/true without a terminal.
+(cd "$work/bundle" && runc spec)
+sed -i -e 's/"terminal": true/"terminal": false/' -e 's/"sh"/"true"/' -e "s|\"path\": \"rootfs\"|\"path\": \"$rootfs\"|" "$work/bundle/config.json"
+
+# loop NAME CMD...: runs CMD n times, one duration (ns) per line in $work/NAME; the loop's total in $work/NAME.total
+loop() {
+	local name=$1; shift
+	: >"$work/$name"
+	local t0 t start; start=$(now)
+	for i in $(seq "$n"); do
+		t0=$(now)
+		"$@" "$i" >/dev/null 2>&1 || { echo "bench-run: $* failed" >&2; exit 1; }
+		t=$(now); echo $((t - t0)) >>"$work/$name"
+	done
+	echo $(( $(now) - start )) >"$work/$name.total"
+}
+dsec_run()  { "$dsec" run --rm --name "b$1" --base bench:1 -- true; }
+runc_run()  { runc run --bundle "$work/bundle" "b$1"; }
+dsec_exec() { "$dsec" exec bench-exec -- true; }
+runc_exec() { runc exec bench-exec true; }
+
+"$dsec" run --rm --base bench:1 -- true 2>/dev/null # starts the worker, warms the caches
+runc_run warm >/dev/null
+for round in 1 2; do # interleaved rounds: the second is the one reported
+	loop dsec_run.$round dsec_run
+	loop runc_run.$round runc_run
+done
+"$dsec" run -d --name bench-exec --base bench:1 >/dev/null
+sed -i 's/"true"/"sleep", "3600"/' "$work/bundle/config.json"
+runc run -d --bundle "$work/bundle" bench-exec >/dev/null 2>&1 </dev/null
+loop dsec_exec dsec_exec
+loop runc_exec runc_exec
+sdkbench=$(DSEC_BENCH_ROOT=$DSEC_ROOT DSEC_BENCH_LAYER=bench:1 go test -run '^$' -bench . -benchtime "${n}x" ./sdk/)
+metric() { awk -v m="$1" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$sdkbench"; }
+
+row() { # figure, dsec file, runc file
+	local d50 d99 r50 r99
+	d50=$(pct 50 <"$work/$2"); d99=$(pct 99 <"$work/$2"); r50=$(pct 50 <"$work/$3"); r99=$(pct 99 <"$work/$3")
+	printf '%-34s %8s %8s   %8s %8s   %s\n' "$1" "$d50" "$d99" "$r50" "$r99" "$(ratio "$d50" "$r50")"
+}
+rate() { awk -v n="$n" -v t="$(cat "$1")" 'BEGIN { printf "%.1f", n / (t / 1e9) }'; }
+printf 'rootfs: %s (%s MB), %d runs each, %s, %d CPUs\n' "$rootfs" "$(du -sm "$rootfs" | cut -f1)" "$n" "$(uname -r)" "$(nproc)"
+printf '%-34s %8s %8s   %8s %8s   %s\n' "figure (ms)" "dsec p50" "p99" "runc p50" "p99" "dsec/runc p50"
+row "run --rm true (create to exit)" dsec_run.2 runc_run.2
+row "exec true into a running sandbox" dsec_exec runc_exec
+sdkrow() { # figure, dsec metric prefix, runc file
+	local r50 r99; r50=$(pct 50 <"$work/$3"); r99=$(pct 99 <"$work/$3")
+	printf '%-34s %8s %8s   %8s %8s   %s\n' "$1" "$(metric "$2-p50-ms")" "$(metric "$2-p99-ms")" "$r50" "$r99" "$(ratio "$(metric "$2-p50-ms")" "$r50")"
+}
+sdkrow "SDK: create to first exec done" first-exec runc_run.2
+sdkrow "SDK: create, exec, remove" with-rm runc_run.2
+sdkrow "SDK: exec true" exec runc_exec
+printf 'serial rate, run --rm true: dsec %s/s, runc %s/s\n' "$(rate "$work/dsec_run.2.total")" "$(rate "$work/runc_run.2.total")"
