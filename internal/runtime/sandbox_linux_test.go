@@ -13,13 +13,13 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
 // TestMain doubles as a sandbox init and as a lazy layer's fetcher.
@@ -35,25 +35,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// layers builds a busybox base and a workspace into a store.
+// layers builds the test layers (bb:1, ws:1) into a fresh root's store.
 func layers(t *testing.T) (string, *store.Store) {
 	t.Helper()
-	layertest.RequireRoot(t)
 	root := t.TempDir()
+	runtimetest.Layers(t, root)
 	s, err := store.Open(filepath.Join(root, "store"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	base := layertest.BusyboxRoot(t, t.TempDir())
-	os.WriteFile(filepath.Join(base, "etc", "answer"), []byte("42\n"), 0o644)
-	ws := t.TempDir()
-	os.MkdirAll(filepath.Join(ws, "work"), 0o755)
-	os.WriteFile(filepath.Join(ws, "work", "hello"), []byte("from the workspace\n"), 0o644)
-	for tag, src := range map[string]string{"bb:1": base, "ws:1": ws} {
-		ref, _ := layer.ParseRef(tag)
-		if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return root, s
 }

@@ -173,8 +173,8 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes", w.create)
 	mux.HandleFunc("GET /v1/sandboxes", w.list)
 	mux.HandleFunc("GET /v1/sandboxes/{name}", w.inspect)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.stop)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.start)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.lifecycle(func(_ context.Context, sb *runtime.Sandbox) error { return sb.Stop() }))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.lifecycle(func(ctx context.Context, sb *runtime.Sandbox) error { return sb.Start(ctx, w.mounter) }))
 	mux.HandleFunc("DELETE /v1/sandboxes/{name}", w.remove)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
@@ -367,36 +367,24 @@ func (w *worker) inspect(rw http.ResponseWriter, r *http.Request) {
 	reply(rw, w.describe(e.sb))
 }
 
-func (w *worker) stop(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
-	if err != nil {
-		fail(rw, err)
-		return
+// lifecycle serves stop and start: one operation on the sandbox under
+// its lifecycle lock, answered with the sandbox as it is then.
+func (w *worker) lifecycle(op func(ctx context.Context, sb *runtime.Sandbox) error) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		e, err := w.get(r.PathValue("name"))
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+		e.op.Lock()
+		err = op(context.WithoutCancel(r.Context()), e.sb)
+		e.op.Unlock()
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+		reply(rw, w.describe(e.sb))
 	}
-	e.op.Lock()
-	err = e.sb.Stop()
-	e.op.Unlock()
-	if err != nil {
-		fail(rw, err)
-		return
-	}
-	reply(rw, w.describe(e.sb))
-}
-
-func (w *worker) start(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
-	if err != nil {
-		fail(rw, err)
-		return
-	}
-	e.op.Lock()
-	err = e.sb.Start(context.WithoutCancel(r.Context()), w.mounter)
-	e.op.Unlock()
-	if err != nil {
-		fail(rw, err)
-		return
-	}
-	reply(rw, w.describe(e.sb))
 }
 
 func (w *worker) remove(rw http.ResponseWriter, r *http.Request) {
