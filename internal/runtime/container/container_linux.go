@@ -26,6 +26,7 @@ import (
 // it: a restarted worker Attaches again.
 type Sandbox struct {
 	pid    int
+	pidfd  int           // the init's, from Attach; -1 when closed
 	cmd    *exec.Cmd     // set when this process created the sandbox
 	exited chan struct{} // closed once cmd is reaped
 	conn   *net.UnixConn
@@ -137,7 +138,13 @@ func Attach(socket string, pid int) (*Sandbox, error) {
 		c.Close()
 		return nil, fmt.Errorf("%w: init did not answer", ErrSandboxDied)
 	}
-	s := &Sandbox{pid: pid, conn: c, wait: map[string]chan execReply{}, dead: make(chan struct{})}
+	s := &Sandbox{pid: pid, conn: c, wait: map[string]chan execReply{}, dead: make(chan struct{}), pidfd: -1}
+	// Only the init holds the listener, so the init is alive now and pid
+	// is still its own: a pidfd keeps Destroy from ever signalling
+	// another process that reuses the pid after the init's death.
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		s.pidfd = fd
+	}
 	go s.readReplies()
 	return s, nil
 }
@@ -277,6 +284,7 @@ func (s *Sandbox) call(ctx context.Context, r request, oob []byte, started func(
 
 // Close drops the connection; the sandbox runs on.
 func (s *Sandbox) Close() error {
+	s.closePidfd()
 	err := s.conn.Close()
 	<-s.dead
 	return err
@@ -288,12 +296,22 @@ func (s *Sandbox) Destroy() error {
 	if s.cmd != nil {
 		s.cmd.Process.Kill()
 		<-s.exited
-	} else if s.pid > 0 {
-		syscall.Kill(s.pid, syscall.SIGKILL)
+	} else if s.pidfd >= 0 {
+		unix.PidfdSendSignal(s.pidfd, unix.SIGKILL, nil, 0)
 	}
+	s.closePidfd()
 	s.conn.Close()
 	<-s.dead
 	return nil
+}
+
+func (s *Sandbox) closePidfd() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidfd >= 0 {
+		unix.Close(s.pidfd)
+		s.pidfd = -1
+	}
 }
 
 // MaybeInit runs the sandbox init and never returns if this process was
