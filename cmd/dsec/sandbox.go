@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
@@ -466,7 +469,7 @@ func (a *app) lifecycleCommand(use, short, long string, call func(context.Contex
 
 func (a *app) sandboxCommands() []*cobra.Command {
 	return []*cobra.Command{
-		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.daemonCommand(),
+		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.cpCommand(), a.daemonCommand(),
 		a.lifecycleCommand("stop", "Stop sandboxes, keeping their files",
 			"Stop kills every process of each sandbox and unmounts its root; its files (everything it\nwrote) stay, and dsec start runs it again on them.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Stop(ctx) }),
@@ -513,4 +516,90 @@ command ends and exits with its exit code.
 	cmd.Flags().StringVar(&id, "id", "run", "the exec whose output to print")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the command ends")
 	return cmd
+}
+
+// cpCommand copies one file between the host and a sandbox.
+func (a *app) cpCommand() *cobra.Command {
+	var mode string
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file into or out of a running sandbox",
+		Long: `Cp copies one regular file between the host and a running sandbox; the sandbox side is
+NAME:/ABSOLUTE/PATH, the host side a path or - (stdin or stdout). The sandbox path is
+resolved inside the sandbox's root, as the sandbox would resolve it: a symlink the agent
+planted never leads to a host file. A copy in replaces the target atomically (its directory
+must exist); its mode is the source file's, or --mode.
+
+` + exitCodesHelp,
+		Example: `  dsec cp patch.diff rollout-7:/work/patch.diff
+  dsec cp rollout-7:/work/report.json ./report.json
+  echo 'print(1)' | dsec cp - rollout-7:/tmp/x.py`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcBox, srcPath, srcIn := splitSandboxPath(args[0])
+			dstBox, dstPath, dstIn := splitSandboxPath(args[1])
+			if srcIn == dstIn {
+				return usageError{errors.New("cp copies between the host and a sandbox: give exactly one side as NAME:/PATH")}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if dstIn { // into the sandbox
+				var in io.Reader = a.stdin
+				perm := os.FileMode(0o644)
+				if srcPath != "-" {
+					f, err := os.Open(srcPath)
+					if errors.Is(err, os.ErrNotExist) {
+						return fmt.Errorf("%v: %w", err, errdefs.ErrNotFound)
+					} else if err != nil {
+						return err
+					}
+					defer f.Close()
+					if st, err := f.Stat(); err == nil {
+						perm = st.Mode().Perm()
+					}
+					in = f
+				}
+				if mode != "" {
+					m, err := strconv.ParseUint(mode, 8, 32)
+					if err != nil || m > 0o777 {
+						return usageError{fmt.Errorf("bad --mode %q: give octal permission bits like 0644", mode)}
+					}
+					perm = os.FileMode(m)
+				}
+				return c.Sandbox(dstBox).WriteFile(ctx, dstPath, in, perm)
+			}
+			if dstPath == "-" {
+				return c.Sandbox(srcBox).ReadFile(ctx, srcPath, a.stdout)
+			}
+			// Out of the sandbox: a temporary file renamed into place, so
+			// a failed copy leaves nothing half-written.
+			tmp, err := os.CreateTemp(filepath.Dir(dstPath), ".dsec-cp-*")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			err = c.Sandbox(srcBox).ReadFile(ctx, srcPath, tmp)
+			if cerr := tmp.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			return os.Rename(tmp.Name(), dstPath)
+		},
+	}
+	cmd.Flags().StringVar(&mode, "mode", "", "permission bits of a file copied in, octal (default: the source's)")
+	return cmd
+}
+
+// splitSandboxPath splits NAME:/PATH; anything else is a host path.
+func splitSandboxPath(arg string) (name, path string, inSandbox bool) {
+	name, path, ok := strings.Cut(arg, ":")
+	if !ok || !strings.HasPrefix(path, "/") || name == "" || strings.Contains(name, "/") {
+		return "", arg, false
+	}
+	return name, path, true
 }
