@@ -174,7 +174,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("the dsec worker at %s: %v: %w", c.opts.Root, err, ErrInfra)
+		return nil, fmt.Errorf("no answer from the dsec worker at %s (%v): is it running? (dsec daemon); a retried exec with the same id never runs twice: %w", c.opts.Root, err, ErrInfra)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -324,10 +324,14 @@ func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool) (api.Exe
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 256<<10), 1<<20)
+	id := ""
 	for sc.Scan() {
 		var f api.Frame
 		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
 			return api.ExecResult{}, fmt.Errorf("bad frame from the worker: %v: %w", err, ErrInfra)
+		}
+		if f.ID != "" {
+			id = f.ID
 		}
 		switch {
 		case f.Error != nil:
@@ -351,7 +355,10 @@ func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool) (api.Exe
 	}
 	// The worker went away mid-command: the command runs on in its
 	// sandbox and a retry with the same id collects its result.
-	return api.ExecResult{}, fmt.Errorf("lost the worker before the command's result (retry with the same exec id): %w", ErrInfra)
+	if id == "" {
+		return api.ExecResult{}, fmt.Errorf("lost the worker before it answered; if the exec had an id, retrying with it never runs it twice: %w", ErrInfra)
+	}
+	return api.ExecResult{}, fmt.Errorf("lost the worker before the result of exec %s; it runs on in the sandbox: collect it with the same id (dsec exec --id %s, or dsec logs -f --id %s): %w", id, id, id, ErrInfra)
 }
 
 // WriteFile writes r to the file p in the sandbox (atomically: readers

@@ -172,6 +172,9 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 	if len(args) == 0 && !f.detach {
 		return usageError{errors.New("give a command after --, or -d to keep the sandbox running idle")}
 	}
+	if f.asJSON && !f.detach {
+		return usageError{errors.New("run --json prints the sandbox of a detached run: add -d (dsec exec --json prints a command's result)")}
+	}
 	if f.detach && (f.rm || f.tty || f.stdin) {
 		return usageError{errors.New("-d runs in the background: it cannot be combined with --rm, -t or -i")}
 	}

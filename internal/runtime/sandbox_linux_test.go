@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,28 +61,6 @@ func sh(t *testing.T, sb *runtime.Sandbox, id, script string) (string, int) {
 	return string(out) + string(errb), res.ExitCode
 }
 
-// leftovers lists what a removed sandbox must not leave: mounts below
-// root and its cgroup.
-func leftovers(t *testing.T, root, name string) []string {
-	var out []string
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
-			out = append(out, "mount "+f[4])
-		}
-	}
-	ents, _ := os.ReadDir(filepath.Join(cgroup.Root, "unified", cgroup.Parent))
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "sb-"+name+"-") {
-			out = append(out, "cgroup "+e.Name())
-		}
-	}
-	if _, err := os.Stat(filepath.Join(root, "sandboxes", name)); err == nil {
-		out = append(out, "state dir")
-	}
-	return out
-}
-
 func TestSandboxLifecycle(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
@@ -125,7 +102,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if err := again.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	if l := leftovers(t, root, "rollout-1"); len(l) > 0 {
+	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)
 	}
 	if _, err := runtime.Load(root, "rollout-1"); !errdefs.IsNotFound(err) {
@@ -139,7 +116,7 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	if !errdefs.IsNotFound(err) {
 		t.Fatalf("missing layer: %v", err)
 	}
-	if l := leftovers(t, root, "bad"); len(l) > 0 {
+	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("a failed create left: %v", l)
 	}
 	if _, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -188,7 +165,7 @@ func TestLazyLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond) // the fetchers see no user and exit
-	if l := leftovers(t, host, "lazy-1"); len(l) > 0 {
+	if l := runtimetest.Leftovers(host); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)
 	}
 }
