@@ -245,6 +245,10 @@ func (f fdFile) ReadAt(b []byte, off int64) (int, error) {
 
 func (f fdFile) Close() error { return unix.Close(f.fd) }
 
+// FDReader reads an open file descriptor, named name in errors, with
+// pread(2), and closes it on Close.
+func FDReader(fd int, name string) erofs.ReadAtCloser { return fdFile{fd, name} }
+
 // findHoles marks the 1 MiB units of a file that are all zeros. Units a
 // sparse file has no data in are holes without being read; the others
 // are scanned through a read-only mapping, which stops at the first

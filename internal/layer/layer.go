@@ -45,6 +45,9 @@ const (
 	KindBase      Kind = "base"
 	KindWorkspace Kind = "workspace"
 	KindToolkit   Kind = "toolkit"
+	// KindSnapshot is a sandbox's changes over the layers it ran on,
+	// made by dsec snap pack-diff; its config names those layers.
+	KindSnapshot Kind = "snapshot"
 )
 
 // Kinds lists the valid kinds.
@@ -115,6 +118,29 @@ type Config struct {
 	Data      erofs.Region `json:"data"`
 	Metadata  erofs.Region `json:"metadata"`
 	Windows   Windows      `json:"windows"`
+	Snapshot  *Lineage     `json:"snapshot,omitempty"` // KindSnapshot only
+}
+
+// Lineage is where a snapshot layer comes from: the layers it stands on
+// (its parent first, the base last) and the sandbox it was packed from.
+// Stacking the snapshot over Lowers gives the sandbox's view when it was
+// packed.
+type Lineage struct {
+	Lowers  []Lower `json:"lowers"`
+	Sandbox string  `json:"sandbox"`
+	// Incremental: only what changed since the parent snapshot, which
+	// came from the same sandbox; else everything the sandbox wrote.
+	Incremental bool `json:"incremental,omitempty"`
+}
+
+// Parent is the layer the snapshot was taken over.
+func (l *Lineage) Parent() Lower { return l.Lowers[0] }
+
+// Lower is one layer under a snapshot, by tag and by layer digest: a
+// snapshot stands on exactly those bytes, whatever the tag names later.
+type Lower struct {
+	Ref    string        `json:"ref"`
+	Digest digest.Digest `json:"digest"`
 }
 
 // Windows describes the per-window sha256 table stored beside the image:
@@ -139,6 +165,7 @@ type Info struct {
 	Metadata erofs.Region  `json:"metadata"`
 	Windows  Windows       `json:"windows"`
 	Source   string        `json:"source,omitempty"`
+	Snapshot *Lineage      `json:"snapshot,omitempty"`
 }
 
 // BuildOptions says what to build.
@@ -150,6 +177,13 @@ type BuildOptions struct {
 	Force    bool // replace an existing tag that names other content
 	Progress Progress
 	Now      func() time.Time
+
+	// Walk, when set, is the source instead of Source: it plans every
+	// regular file (erofs.Writer.Plan), so the image is hashed as it is
+	// written. SourceKind names it in the config.
+	Walk       func(context.Context, *erofs.Writer) error
+	SourceKind string
+	Snapshot   *Lineage // a snapshot layer's lineage
 }
 
 // Build converts the source into an EROFS layer, stores it and tags it.
@@ -161,7 +195,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	if _, err := ParseKind(string(o.Kind)); err != nil {
+	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
 		return nil, err
 	}
 	if !o.Force {
@@ -170,9 +204,15 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		}
 	}
 	start := time.Now()
-	src, err := openSource(o.Source, o.Stdin)
-	if err != nil {
-		return nil, err
+	var src *source
+	if o.Walk != nil {
+		src = &source{kind: o.SourceKind, close: func() {}, planned: true,
+			add: func(ctx context.Context, w *erofs.Writer, _ Progress) error { return o.Walk(ctx, w) }}
+	} else {
+		var err error
+		if src, err = openSource(o.Source, o.Stdin); err != nil {
+			return nil, err
+		}
 	}
 	defer src.close()
 
@@ -193,7 +233,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	// A directory is planned then written in one pass that is hashed as
 	// it goes; a stream is written as it arrives and hashed afterwards.
 	var h *hasher
-	if src.kind == "dir" {
+	if src.planned {
 		h = newHasher(0)
 		defer h.Close()
 		h.onData = func(n int) { o.Progress.Add(int64(n)) }
@@ -228,7 +268,8 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	cfg := Config{
 		Kind: o.Kind, Created: o.Now().UTC().Round(time.Second), Source: src.kind, BlockSize: erofs.BlockSize,
 		Files: st.Entries, Inodes: st.Inodes, Data: st.Data, Metadata: st.Metadata,
-		Windows: Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
+		Windows:  Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
+		Snapshot: o.Snapshot,
 	}
 	cb, _ := json.Marshal(cfg)
 	cfgDesc, err := s.WriteBlob(MediaTypeConfig, cb)
@@ -267,7 +308,7 @@ func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
 	return &Info{
 		Ref: ref, Kind: cfg.Kind, Digest: blob.Digest, Size: blob.Size, Manifest: m.Digest,
 		Created: cfg.Created, Files: cfg.Files, Inodes: cfg.Inodes, Metadata: cfg.Metadata,
-		Windows: cfg.Windows, Source: cfg.Source,
+		Windows: cfg.Windows, Source: cfg.Source, Snapshot: cfg.Snapshot,
 	}
 }
 

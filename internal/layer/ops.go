@@ -36,6 +36,19 @@ func ParseConfig(b []byte) (*Config, error) {
 	if cfg.Windows.Digest.Validate() != nil {
 		return nil, fmt.Errorf("config names no window table: %w", errdefs.ErrDataLoss)
 	}
+	if (cfg.Kind == KindSnapshot) != (cfg.Snapshot != nil) {
+		return nil, fmt.Errorf("config of kind %q with lineage %v: only snapshots have one: %w", cfg.Kind, cfg.Snapshot != nil, errdefs.ErrDataLoss)
+	}
+	if l := cfg.Snapshot; l != nil {
+		if len(l.Lowers) == 0 {
+			return nil, fmt.Errorf("snapshot config names no layers under it: %w", errdefs.ErrDataLoss)
+		}
+		for _, lo := range l.Lowers {
+			if _, err := ParseRef(lo.Ref); err != nil || lo.Digest.Validate() != nil {
+				return nil, fmt.Errorf("snapshot config: bad lower %q@%q: %w", lo.Ref, lo.Digest, errdefs.ErrDataLoss)
+			}
+		}
+	}
 	return &cfg, nil
 }
 

@@ -16,9 +16,10 @@ import (
 
 // source is an opened build source.
 type source struct {
-	kind  string // dir, tar or image-archive
-	add   func(context.Context, *erofs.Writer, Progress) error
-	close func()
+	kind    string // dir, tar or image-archive
+	planned bool   // add plans every file: the image is hashed as written
+	add     func(context.Context, *erofs.Writer, Progress) error
+	close   func()
 }
 
 // openSource decides what SRC is: a directory, an image archive file
@@ -42,7 +43,7 @@ func openSource(src string, stdin io.Reader) (*source, error) {
 		return nil, fmt.Errorf("source: %w", err)
 	}
 	if st.IsDir() {
-		return &source{kind: "dir", close: func() {},
+		return &source{kind: "dir", close: func() {}, planned: true,
 			add: func(ctx context.Context, w *erofs.Writer, p Progress) error { return addDir(ctx, w, src, p) }}, nil
 	}
 	if !st.Mode().IsRegular() {

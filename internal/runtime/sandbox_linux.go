@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +34,9 @@ type Options struct {
 	Hostname string   // default: the name
 	Env      []string // every exec's environment, before its own
 	Workdir  string   // every exec's default directory
+	// From, instead of Layers, starts the sandbox on a snapshot: the
+	// snapshot over exactly the layers it was taken on.
+	From string
 
 	Mounter // where layers come from
 }
@@ -69,6 +73,10 @@ type State struct {
 	Workdir    string        `json:"workdir,omitempty"`
 	CgroupName string        `json:"cgroup"` // the group's name
 	Created    time.Time     `json:"created"`
+	From       string        `json:"from,omitempty"` // the snapshot it was made from
+	// Top is the last snapshot packed from this sandbox: the parent of
+	// the next, which then holds only what changed since.
+	Top *layer.Lower `json:"top,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -112,6 +120,21 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if err := ValidName(o.Name); err != nil {
 		return nil, err
 	}
+	var digests []string
+	if o.From != "" {
+		if len(o.Layers) > 0 {
+			return nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
+		}
+		l, d, err := lineage(ctx, o.Mounter, o.From)
+		if err != nil {
+			return nil, err
+		}
+		o.Layers, digests = []string{o.From}, []string{d}
+		for _, lo := range l.Lowers {
+			o.Layers = append(o.Layers, lo.Ref)
+			digests = append(digests, lo.Digest.String())
+		}
+	}
 	if len(o.Layers) == 0 {
 		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
 	}
@@ -129,8 +152,8 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if hostname == "" {
 		hostname = o.Name
 	}
-	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Limits: o.Limits, Hostname: hostname,
-		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC()}, dir: dir}
+	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: o.Limits, Hostname: hostname,
+		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From}, dir: dir}
 	defer func() {
 		if err != nil {
 			sb.teardown(true)
@@ -145,6 +168,9 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 		}
 	}
 	if err := sb.start(ctx, o.Mounter); err != nil {
+		if o.From != "" && errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("snapshot %s stands on a layer this host cannot find (pull it: dsec layer pull): %w", o.From, err)
+		}
 		return nil, err
 	}
 	return sb, nil
@@ -156,23 +182,24 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	root := filepath.Dir(filepath.Dir(sb.dir))
 	var lowers, digests []string
 	for i, ref := range sb.Layers {
-		mnt := filepath.Join(sb.dir, "layers", fmt.Sprint(i))
-		if err := os.MkdirAll(mnt, 0o700); err != nil {
-			return err
+		want := ""
+		if len(sb.Digests) > i {
+			want = sb.Digests[i]
 		}
-		d, err := mountLayer(ctx, root, m, ref, mnt)
+		mnt, d, err := acquireLower(ctx, root, m, ref, sb.Name, want)
 		if err != nil {
 			return err
-		}
-		if len(sb.Digests) > i && sb.Digests[i] != d {
-			return fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, d, sb.Digests[i], errdefs.ErrFailedPrecondition)
 		}
 		lowers = append(lowers, mnt)
 		digests = append(digests, d)
 	}
 	sb.Digests = digests
 	rootfs := filepath.Join(sb.dir, "rootfs")
-	if err := mount.Overlay(lowers, filepath.Join(sb.dir, "upper"), filepath.Join(sb.dir, "work")).Mount(rootfs); err != nil {
+	ov := mount.Overlay(lowers, filepath.Join(sb.dir, "upper"), filepath.Join(sb.dir, "work"))
+	if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
+		return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
+	}
+	if err := ov.Mount(rootfs); err != nil {
 		return err
 	}
 	g, err := cgroup.New(sb.CgroupName, sb.Limits)
@@ -205,29 +232,6 @@ func writeFileAtomic(path string, b []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// mountLayer mounts a layer from the local store, or lazily from the
-// remote when the store lacks it, and returns its digest.
-func mountLayer(ctx context.Context, root string, m Mounter, ref, mnt string) (string, error) {
-	info, err := layer.Resolve(ctx, m.Store, ref)
-	if err == nil {
-		return info.Digest.String(), mount.EROFS(m.Store.BlobPath(info.Digest)).Mount(mnt)
-	}
-	if !errdefs.IsNotFound(err) || m.Remote == nil {
-		return "", err
-	}
-	r, err := layer.ParseRef(ref)
-	if err != nil {
-		return "", err
-	}
-	l, err := remote.Describe(ctx, m.Remote, r)
-	if err != nil {
-		return "", err
-	}
-	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
-		Windows: l.Config.Windows, Remote: m.Remote.String(), Insecure: m.Insecure, MaxBytes: m.CacheMax}
-	return l.Blob.Digest.String(), lazy.Mount(ctx, root, spec, l.Windows, mnt, m.Fetcher)
 }
 
 // List names the sandboxes under root.
@@ -275,6 +279,9 @@ func Load(root, name string) (*Sandbox, error) {
 		return nil, fmt.Errorf("no sandbox %s (a worker died creating it; removed): %w", name, errdefs.ErrNotFound)
 	case Running:
 		sb.g, _ = cgroup.Open(sb.CgroupName)
+		if sb.g != nil && sb.g.Frozen() { // a worker died packing it
+			sb.g.Thaw()
+		}
 		if sb.c, err = container.Attach(filepath.Join(dir, "init.sock"), sb.Pid); err != nil {
 			sb.Status = Dead
 		}
@@ -394,12 +401,8 @@ func (sb *Sandbox) teardown(all bool) error {
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
-	layers, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
-	for _, m := range layers {
-		// lazy.Unmount also tells a lazy layer's fetcher it may go.
-		if err := lazy.Unmount(m); err != nil && !isNotMounted(err) {
-			errs = append(errs, err)
-		}
+	if err := releaseLowers(filepath.Dir(filepath.Dir(sb.dir)), sb.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(filepath.Join(sb.dir, "work", "work")); err != nil {
 		errs = append(errs, err)

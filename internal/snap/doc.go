@@ -1,4 +1,5 @@
-// Package snap will turn a sandbox's overlay upper into an incremental
-// layer (pack-diff), branch sandboxes from a snapshot and keep their
-// lineage. Nothing is here yet; see the snapshots issue.
+// Package snap turns a sandbox's overlay upper into an incremental
+// snapshot layer (Pack, pack-diff), and keeps the lineage of snapshots:
+// which layers each stands on, which sandboxes and snapshots stand on
+// it (Tree), removing (Remove) and folding chains (Squash).
 package snap

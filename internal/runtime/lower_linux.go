@@ -1,0 +1,153 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Every sandbox of a root that stands on a layer shares one read-only
+// mount of it, <root>/lower/<digest prefix>/mnt: one EROFS super block,
+// so one page cache for its files, and for a lazy layer one fetcher and
+// one cache. users/ holds a file per sandbox using it; the last one out
+// unmounts it. The files, not a count, make it survive a worker's death.
+var lowerMu sync.Mutex
+
+func lowerDir(root, dgst string) string {
+	hex := digest.Digest(dgst).Encoded()
+	return filepath.Join(root, "lower", hex[:min(16, len(hex))])
+}
+
+// acquireLower mounts the layer ref (if no sandbox has it mounted yet)
+// for user and returns the mount and the layer's digest. want, if set,
+// is the digest the layer must have.
+func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, string, error) {
+	dgst, mountOn, err := resolveLayer(ctx, root, m, ref)
+	if err != nil {
+		return "", "", err
+	}
+	if want != "" && dgst != want {
+		return "", "", fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
+	}
+	dir := lowerDir(root, dgst)
+	mnt := filepath.Join(dir, "mnt")
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	if err := os.MkdirAll(filepath.Join(dir, "users"), 0o700); err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		return "", "", err
+	}
+	if !isMountpoint(mnt) {
+		if err := mountOn(mnt); err != nil {
+			return "", "", err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
+		return "", "", err
+	}
+	return mnt, dgst, nil
+}
+
+// releaseLowers lets go of every layer user stands on, unmounting those
+// no other sandbox uses.
+func releaseLowers(root, user string) error {
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", user))
+	var errs []error
+	for _, h := range held {
+		if err := os.Remove(h); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		dir := filepath.Dir(filepath.Dir(h))
+		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
+			continue
+		}
+		mnt := filepath.Join(dir, "mnt")
+		if isMountpoint(mnt) {
+			// lazy.Unmount also tells a lazy layer's fetcher it may go.
+			if err := lazy.Unmount(mnt); err != nil && !isNotMounted(err) {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isMountpoint(p string) bool {
+	var st, parent unix.Stat_t
+	if unix.Lstat(p, &st) != nil || unix.Lstat(filepath.Dir(p), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}
+
+// resolveLayer finds a layer in the local store, or in the remote when
+// the store lacks it, and says how to mount it (lazily from a remote).
+func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (string, func(string) error, error) {
+	info, err := layer.Resolve(ctx, m.Store, ref)
+	if err == nil {
+		return info.Digest.String(), mount.EROFS(m.Store.BlobPath(info.Digest)).Mount, nil
+	}
+	if !errdefs.IsNotFound(err) || m.Remote == nil {
+		return "", nil, err
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := remote.Describe(ctx, m.Remote, r)
+	if err != nil {
+		return "", nil, err
+	}
+	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
+		Windows: l.Config.Windows, Remote: m.Remote.String(), Insecure: m.Insecure, MaxBytes: m.CacheMax}
+	return l.Blob.Digest.String(), func(target string) error {
+		return lazy.Mount(ctx, root, spec, l.Windows, target, m.Fetcher)
+	}, nil
+}
+
+// lineage reads a snapshot's lineage from the store or the remote.
+func lineage(ctx context.Context, m Mounter, ref string) (*layer.Lineage, string, error) {
+	info, err := layer.Resolve(ctx, m.Store, ref)
+	if err == nil {
+		if info.Snapshot == nil {
+			return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, info.Kind, errdefs.ErrInvalidArgument)
+		}
+		return info.Snapshot, info.Digest.String(), nil
+	}
+	if !errdefs.IsNotFound(err) || m.Remote == nil {
+		return nil, "", err
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return nil, "", err
+	}
+	l, err := remote.Describe(ctx, m.Remote, r)
+	if err != nil {
+		return nil, "", err
+	}
+	if l.Config.Snapshot == nil {
+		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot: %w", ref, l.Config.Kind, errdefs.ErrInvalidArgument)
+	}
+	return l.Config.Snapshot, l.Blob.Digest.String(), nil
+}

@@ -1,0 +1,103 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/snap"
+)
+
+// PackOptions says what PackDiff makes.
+type PackOptions struct {
+	Store  *store.Store
+	Ref    layer.Ref   // the snapshot's tag, NAME:STEP; must be new
+	Limits snap.Limits // bounds on what the sandbox wrote
+}
+
+// Packed is a snapshot PackDiff made.
+type Packed struct {
+	Layer  *layer.Info
+	Packed *snap.Packed
+	Frozen time.Duration // how long the sandbox was frozen
+}
+
+// PackDiff freezes the sandbox, packs what it wrote into a snapshot
+// layer tagged o.Ref and thaws it. The first snapshot holds everything
+// the sandbox wrote over its layers; later ones only what changed since
+// the previous, which is their parent. The sandbox runs on unchanged.
+// A worker killed mid-pack leaves no tag (the store publishes the layer
+// whole or not at all) and a frozen sandbox, which Load thaws.
+func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status == Running && sb.c != nil {
+		select {
+		case <-sb.c.Done():
+			sb.Status = Dead
+			sb.save()
+		default:
+		}
+	}
+	if sb.Status != Running || sb.g == nil {
+		return nil, fmt.Errorf("sandbox %s is %s: pack-diff snapshots a running sandbox (dsec start %s): %w", sb.Name, sb.Status, sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := layer.Resolve(ctx, o.Store, o.Ref.String()); err == nil {
+		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
+	}
+	lowers := make([]layer.Lower, 0, len(sb.Layers)+1)
+	for i, ref := range sb.Layers {
+		lowers = append(lowers, layer.Lower{Ref: ref, Digest: digest.Digest(sb.Digests[i])})
+	}
+	indexPath := filepath.Join(sb.dir, "snap.index")
+	var prev snap.Index
+	if sb.Top != nil {
+		// Incremental only over a parent that is still there as it was.
+		if top, err := layer.Resolve(ctx, o.Store, sb.Top.Ref); err == nil && top.Digest == sb.Top.Digest && top.Snapshot != nil {
+			if prev, _ = snap.ReadIndex(indexPath, top.Digest.String()); prev != nil {
+				lowers = append([]layer.Lower{*sb.Top}, top.Snapshot.Lowers...)
+			}
+		}
+	}
+	if err := sb.g.Freeze(); err != nil {
+		return nil, fmt.Errorf("freeze sandbox %s: %w", sb.Name, err)
+	}
+	frozen := time.Now()
+	var packed *snap.Packed
+	info, err := layer.Build(ctx, o.Store, layer.BuildOptions{
+		Kind: layer.KindSnapshot, Ref: o.Ref, SourceKind: "upper",
+		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil},
+		Walk: func(ctx context.Context, w *erofs.Writer) error {
+			var err error
+			packed, err = snap.Pack(ctx, w, sb.Upper(), prev, o.Limits)
+			return err
+		},
+	})
+	if packed != nil {
+		packed.Close()
+	}
+	terr := sb.g.Thaw()
+	held := time.Since(frozen)
+	if err != nil {
+		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+	}
+	if terr != nil {
+		return nil, fmt.Errorf("thaw sandbox %s after packing %s: %w", sb.Name, o.Ref, terr)
+	}
+	// The index is written before the state names its snapshot, and
+	// names that snapshot itself, so a crash between the two leaves a
+	// state whose next pack is a whole one, never a wrong increment.
+	snap.WriteIndex(indexPath, info.Digest.String(), packed.Index)
+	sb.Top = &layer.Lower{Ref: o.Ref.String(), Digest: info.Digest}
+	if err := sb.save(); err != nil {
+		return nil, err
+	}
+	return &Packed{Layer: info, Packed: packed, Frozen: held}, nil
+}

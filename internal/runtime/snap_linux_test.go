@@ -1,0 +1,285 @@
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/snap"
+)
+
+// snapFixture is a root with the test layers and the sandboxes a test
+// made, all removed (and checked for leftovers) at its end.
+type snapFixture struct {
+	t    *testing.T
+	root string
+	s    *store.Store
+	m    runtime.Mounter
+	sbs  []*runtime.Sandbox
+	n     int    // exec ids
+	shell string // default /bin/sh
+}
+
+func newSnapFixture(t *testing.T) *snapFixture {
+	root, s := layers(t)
+	f := &snapFixture{t: t, root: root, s: s, m: runtime.Mounter{Store: s}}
+	t.Cleanup(func() {
+		for _, sb := range f.sbs {
+			sb.Remove()
+		}
+		if left := runtimetest.Leftovers(root); len(left) > 0 {
+			t.Errorf("leftovers: %v", left)
+		}
+	})
+	return f
+}
+
+func (f *snapFixture) create(o runtime.Options) *runtime.Sandbox {
+	f.t.Helper()
+	o.Mounter = f.m
+	sb, err := runtime.Create(context.Background(), f.root, o)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.sbs = append(f.sbs, sb)
+	return sb
+}
+
+func (f *snapFixture) pack(sb *runtime.Sandbox, tag string, lim snap.Limits) (*runtime.Packed, error) {
+	ref, err := layer.ParseRef(tag)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return sb.PackDiff(context.Background(), runtime.PackOptions{Store: f.s, Ref: ref, Limits: lim})
+}
+
+func (f *snapFixture) mustPack(sb *runtime.Sandbox, tag string) *runtime.Packed {
+	f.t.Helper()
+	p, err := f.pack(sb, tag, snap.Limits{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+func (f *snapFixture) run(sb *runtime.Sandbox, script string) {
+	f.t.Helper()
+	shell := f.shell
+	if shell == "" {
+		shell = "/bin/sh"
+	}
+	f.runShell(sb, shell, script)
+}
+
+func (f *snapFixture) runShell(sb *runtime.Sandbox, shell, script string) {
+	f.t.Helper()
+	f.n++
+	e, _, err := sb.Run(context.Background(), runtime.ExecSpec{ID: fmt.Sprint(f.n), Args: []string{shell, "-c", "set -e; " + script}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	res, err := e.Result(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		out, _ := os.ReadFile(e.StdoutPath())
+		errb, _ := os.ReadFile(e.StderrPath())
+		f.t.Fatalf("%s: exit %d: %s%s", script, res.ExitCode, out, errb)
+	}
+}
+
+// view is a sandbox's merged root as the host sees it, minus what
+// differs by design: the root directory's own times (each sandbox has
+// its own upper root).
+func view(t *testing.T, sb *runtime.Sandbox) layertest.Tree {
+	t.Helper()
+	tr := layertest.ScanDir(t, sb.RootFS())
+	r := tr[""]
+	r.Mtime, r.MtimeNsec = 0, 0
+	tr[""] = r
+	return tr
+}
+
+func sameView(t *testing.T, what string, want, got layertest.Tree) {
+	t.Helper()
+	var diffs []string
+	for p, w := range want {
+		g, ok := got[p]
+		switch {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("/%s missing", p))
+		case fmt.Sprint(w) != fmt.Sprint(g):
+			diffs = append(diffs, fmt.Sprintf("/%s: want %+v, got %+v", p, w, g))
+		}
+	}
+	for p := range got {
+		if _, ok := want[p]; !ok {
+			diffs = append(diffs, fmt.Sprintf("/%s extra", p))
+		}
+	}
+	if len(diffs) > 0 {
+		if len(diffs) > 20 {
+			diffs = append(diffs[:20], "...")
+		}
+		t.Fatalf("%s differs:\n%s", what, strings.Join(diffs, "\n"))
+	}
+}
+
+// mutate makes every kind of change a layer must carry, from inside the
+// sandbox and (for xattrs, which busybox cannot set) through its root.
+const mutate = `
+echo new > /work/new; chmod 0640 /work/new; chown 1000:100 /work/new
+echo appended >> /etc/answer
+rm /work/hello
+mkdir -p /opt/d/e; echo deep > /opt/d/e/f
+rm -r /bin && mkdir /bin && ln -s /sbin-gone/sh /bin/dangling
+ln -s /etc/shadow /work/host-link; ln -s ../../../../../../root /work/up
+echo h > /work/h1; ln /work/h1 /work/h2
+mkfifo /work/fifo
+chmod 1777 /tmp; touch /tmp/.keep
+`
+
+func setXattr(t *testing.T, p, name, value string) {
+	t.Helper()
+	if err := unix.Lsetxattr(p, name, []byte(value), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPackDiffBranchIdentity(t *testing.T) {
+	f := newSnapFixture(t)
+	orig := f.create(runtime.Options{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
+	// /bin goes away in mutate: keep a shell where the tests look for it.
+	f.run(orig, "mkdir -p /sbin2 && cp /bin/busybox /sbin2/ && ln -s busybox /sbin2/sh")
+	f.run(orig, mutate)
+	f.shell = "/sbin2/sh" // in every sandbox from here on
+	setXattr(t, filepath.Join(orig.RootFS(), "work/new"), "user.origin", "orig")
+	setXattr(t, filepath.Join(orig.RootFS(), "opt/d"), "user.dir", "x")
+	want := view(t, orig)
+
+	p1 := f.mustPack(orig, "rollout/a:1")
+	lin := p1.Layer.Snapshot
+	if lin == nil || lin.Incremental || lin.Parent().Ref != "ws:1" || len(lin.Lowers) != 2 || lin.Sandbox != "orig" {
+		t.Fatalf("lineage %+v", lin)
+	}
+	if p1.Packed.Whiteouts < 1 || p1.Packed.Unchanged != 0 {
+		t.Fatalf("pack %v", p1.Packed)
+	}
+	sameView(t, "the sandbox after its pack", want, view(t, orig))
+
+	b1 := f.create(runtime.Options{Name: "b1", From: "rollout/a:1"})
+	b2 := f.create(runtime.Options{Name: "b2", From: "rollout/a:1"})
+	if st := b1.Snapshot(); st.From != "rollout/a:1" || len(st.Layers) != 3 || st.Layers[0] != "rollout/a:1" {
+		t.Fatalf("branch state %+v", st)
+	}
+	sameView(t, "branch b1", want, view(t, b1))
+	sameView(t, "branch b2", want, view(t, b2))
+
+	// Branches share each read-only layer's mount: 3 layers, 3 mounts.
+	mnts, _ := filepath.Glob(filepath.Join(f.root, "lower", "*", "mnt"))
+	if len(mnts) != 3 {
+		t.Fatalf("%d layer mounts for 3 layers: %v", len(mnts), mnts)
+	}
+
+	// Branches diverge independently.
+	f.run(b1, "echo one > /work/only-b1")
+	f.run(b2, "rm /work/new")
+	if _, err := os.Lstat(filepath.Join(b2.RootFS(), "work/only-b1")); err == nil {
+		t.Fatal("b1's file shows in b2")
+	}
+	if _, err := os.Lstat(filepath.Join(b1.RootFS(), "work/new")); err != nil {
+		t.Fatal("b2's delete shows in b1")
+	}
+	sameView(t, "the original after its branches diverged", want, view(t, orig))
+
+	// Second generation: an increment over the first snapshot.
+	f.run(orig, "rm -r /opt/d/e; echo more >> /work/h1; echo 2 > /work/gen2; rm /work/fifo; chmod 0600 /etc/answer")
+	setXattr(t, filepath.Join(orig.RootFS(), "work/new"), "user.gen", "2")
+	want2 := view(t, orig)
+	p2 := f.mustPack(orig, "rollout/a:2")
+	if l := p2.Layer.Snapshot; !l.Incremental || l.Parent().Ref != "rollout/a:1" || len(l.Lowers) != 3 {
+		t.Fatalf("second lineage %+v", l)
+	}
+	if p2.Packed.Unchanged == 0 || p2.Packed.Whiteouts < 2 {
+		t.Fatalf("second pack %v: want unchanged files left out and whiteouts for the removed ones", p2.Packed)
+	}
+	if p2.Layer.Size >= p1.Layer.Size {
+		t.Fatalf("increment of %d bytes is not smaller than the first snapshot's %d", p2.Layer.Size, p1.Layer.Size)
+	}
+	c1 := f.create(runtime.Options{Name: "c1", From: "rollout/a:2"})
+	sameView(t, "a branch of the second generation", want2, view(t, c1))
+
+	// Third generation, from a branch: its diff stands on a:1.
+	f.run(b1, "rm -r /opt/d; mkdir /opt/d; echo opaque > /opt/d/x")
+	want3 := view(t, b1)
+	p3 := f.mustPack(b1, "rollout/b1:3")
+	if l := p3.Layer.Snapshot; l.Incremental || l.Parent().Ref != "rollout/a:1" {
+		t.Fatalf("branch lineage %+v", l)
+	}
+	d1 := f.create(runtime.Options{Name: "d1", From: "rollout/b1:3"})
+	sameView(t, "a branch of a branch", want3, view(t, d1))
+	// And a third generation on the original: an upper-only directory
+	// that went away must be hidden from the increment's parents.
+	f.run(orig, "rm -r /opt/d; rm /work/h2")
+	want4 := view(t, orig)
+	f.mustPack(orig, "rollout/a:3")
+	e1 := f.create(runtime.Options{Name: "e1", From: "rollout/a:3"})
+	sameView(t, "the third generation", want4, view(t, e1))
+}
+
+func TestPackDiffErrors(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(runtime.Options{Name: "x", Layers: []string{"bb:1"}})
+	f.run(sb, "echo a > /a")
+	f.mustPack(sb, "s:1")
+	if _, err := f.pack(sb, "s:1", snap.Limits{}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("existing tag: %v", err)
+	}
+	f.run(sb, "dd if=/dev/zero of=/big bs=1k count=64 2>/dev/null")
+	_, err := f.pack(sb, "s:2", snap.Limits{MaxBytes: 32 << 10})
+	if !errdefs.IsOutOfRange(err) || !strings.Contains(err.Error(), "--max-bytes") {
+		t.Fatalf("over the byte limit: %v", err)
+	}
+	if _, err := layer.Resolve(context.Background(), f.s, "s:2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a failed pack left a tag: %v", err)
+	}
+	if cg := sb.Cgroup(); cg.Frozen() {
+		t.Fatal("a failed pack left the sandbox frozen")
+	}
+	if _, err := f.pack(sb, "s:3", snap.Limits{MaxEntries: 1}); !errdefs.IsOutOfRange(err) {
+		t.Fatalf("over the entry limit: %v", err)
+	}
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pack(sb, "s:4", snap.Limits{}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("stopped sandbox: %v", err)
+	}
+	// A branch of something that is not a snapshot, or of a snapshot
+	// whose layers are gone.
+	if _, err := runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "bb:1", Mounter: f.m}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("branch of a base layer: %v", err)
+	}
+	if _, err := layer.Remove(context.Background(), f.s, "bb:1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "s:1", Mounter: f.m})
+	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "s:1") {
+		t.Fatalf("branch with a missing layer: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, "sandboxes", "y")); !os.IsNotExist(err) {
+		t.Fatal("a failed branch left its directory")
+	}
+}
