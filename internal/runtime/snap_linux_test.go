@@ -22,11 +22,11 @@ import (
 // snapFixture is a root with the test layers and the sandboxes a test
 // made, all removed (and checked for leftovers) at its end.
 type snapFixture struct {
-	t    *testing.T
-	root string
-	s    *store.Store
-	m    runtime.Mounter
-	sbs  []*runtime.Sandbox
+	t     *testing.T
+	root  string
+	s     *store.Store
+	m     runtime.Mounter
+	sbs   []*runtime.Sandbox
 	n     int    // exec ids
 	shell string // default /bin/sh
 }
