@@ -13,6 +13,8 @@
 //	GET    /v1/sandboxes/{name}/execs/{id}  -> Frame lines: a recorded exec's output and result
 //	PUT    /v1/sandboxes/{name}/files?path=P&mode=M   body: the file's bytes
 //	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
+//	POST   /v1/sandboxes/{name}/snapshots   PackRequest -> Snapshot (pack-diff)
+//	POST   /v1/branches                     BranchRequest -> []Sandbox
 //
 // Errors are an HTTP status and an Error body; the status tells the
 // class (StatusClass).
@@ -43,6 +45,52 @@ type SandboxSpec struct {
 	Workdir string   `json:"workdir,omitempty"`
 	// Hostname defaults to the name.
 	Hostname string `json:"hostname,omitempty"`
+	// Snapshot, instead of Layers, starts the sandbox on a snapshot
+	// (NAME:STEP): the snapshot over the layers it was taken on. Only
+	// files are restored; the sandbox starts fresh processes.
+	Snapshot string `json:"snapshot,omitempty"`
+}
+
+// PackRequest asks for a snapshot of a running sandbox's changes.
+type PackRequest struct {
+	Tag string `json:"tag"` // NAME:STEP, new
+	// Bounds on what the sandbox wrote; zero: the worker's defaults.
+	MaxBytes   int64 `json:"max_bytes,omitempty"`
+	MaxEntries int   `json:"max_entries,omitempty"`
+	MaxDepth   int   `json:"max_depth,omitempty"`
+}
+
+// Snapshot is a snapshot layer pack-diff made.
+type Snapshot struct {
+	Name        string    `json:"name"`    // NAME:STEP
+	Digest      string    `json:"digest"`  // of the layer
+	Size        int64     `json:"size"`    // bytes of the layer
+	Parent      string    `json:"parent"`  // the layer it was taken over
+	Layers      []string  `json:"layers"`  // what it stands on, its parent first
+	Sandbox     string    `json:"sandbox"` // where it was packed from
+	Incremental bool      `json:"incremental"`
+	Created     time.Time `json:"created"`
+	// What went in: paths (whiteouts included), bytes of file data,
+	// paths left out as unchanged since the parent, and entries a layer
+	// may not carry (device nodes), dropped.
+	Entries   int      `json:"entries"`
+	Bytes     int64    `json:"bytes"`
+	Whiteouts int      `json:"whiteouts"`
+	Unchanged int      `json:"unchanged"`
+	Dropped   []string `json:"dropped,omitempty"`
+	// FrozenSeconds is how long the sandbox's processes were frozen.
+	FrozenSeconds float64 `json:"frozen_seconds"`
+}
+
+// BranchRequest asks for N sandboxes on one snapshot, named
+// NamePrefix-1 ... NamePrefix-N. Spec's resources, env, workdir and
+// backend apply to each; its name, layers and snapshot are ignored.
+// Either every branch is made or none.
+type BranchRequest struct {
+	Snapshot   string      `json:"snapshot"`
+	N          int         `json:"n"`
+	NamePrefix string      `json:"name_prefix,omitempty"` // default: from the snapshot's name
+	Spec       SandboxSpec `json:"spec,omitempty"`
 }
 
 // Sandbox states.

@@ -378,3 +378,29 @@ func (s *Sandbox) ReadFile(ctx context.Context, p string, w io.Writer) error {
 	_, err = io.Copy(w, resp.Body)
 	return err
 }
+
+// PackDiff snapshots the sandbox's files: it is frozen for the time it
+// takes to pack what it wrote (since its previous snapshot, which is
+// the parent) into a layer tagged req.Tag (NAME:STEP), then runs on.
+// Processes are not captured.
+func (s *Sandbox) PackDiff(ctx context.Context, req api.PackRequest) (api.Snapshot, error) {
+	b, _ := json.Marshal(req)
+	var out api.Snapshot
+	return out, s.c.do(ctx, "POST", s.path("/snapshots"), bytes.NewReader(b), &out)
+}
+
+// Branch starts req.N sandboxes on one snapshot, each with its own
+// empty upper over the shared read-only layers; all or none. To start
+// one sandbox on a snapshot, Create with SandboxSpec.Snapshot.
+func (c *Client) Branch(ctx context.Context, req api.BranchRequest) ([]*Sandbox, error) {
+	b, _ := json.Marshal(req)
+	var out []api.Sandbox
+	if err := c.do(ctx, "POST", "/branches", bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	sbs := make([]*Sandbox, len(out))
+	for i, d := range out {
+		sbs[i] = c.Sandbox(d.Name)
+	}
+	return sbs, nil
+}

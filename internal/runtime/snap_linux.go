@@ -2,7 +2,9 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -100,4 +102,26 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 		return nil, err
 	}
 	return &Packed{Layer: info, Packed: packed, Frozen: held}, nil
+}
+
+// SnapUsers reads what every sandbox of root stands on, for lineage,
+// from the state files alone: it does not adopt or change any sandbox.
+func SnapUsers(root string) ([]snap.User, error) {
+	names, err := List(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []snap.User
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(sandboxDir(root, n), "state.json"))
+		if err != nil {
+			continue // being created or removed
+		}
+		var st State
+		if json.Unmarshal(b, &st) != nil {
+			continue
+		}
+		out = append(out, snap.User{Name: st.Name, From: st.From, Digests: st.Digests})
+	}
+	return out, nil
 }

@@ -237,6 +237,56 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	f.mustPack(orig, "rollout/a:3")
 	e1 := f.create(runtime.Options{Name: "e1", From: "rollout/a:3"})
 	sameView(t, "the third generation", want4, view(t, e1))
+
+	// Squash folds a:3, a:2 and a:1 into one diff over ws:1 and bb:1.
+	to, _ := layer.ParseRef("rollout/flat:3")
+	sq, n, err := snap.Squash(context.Background(), f.s, "rollout/a:3", to, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 || len(sq.Snapshot.Lowers) != 2 || sq.Snapshot.Parent().Ref != "ws:1" {
+		t.Fatalf("squashed %d: %+v", n, sq.Snapshot)
+	}
+	g1 := f.create(runtime.Options{Name: "g1", From: "rollout/flat:3"})
+	sameView(t, "a branch of the squashed chain", want4, view(t, g1))
+	sq2, _, err := snap.Squash(context.Background(), f.s, "rollout/b1:3", layer.Ref{Name: "rollout/flatb", Version: "3"}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h1 := f.create(runtime.Options{Name: "h1", From: sq2.Ref})
+	sameView(t, "a branch of a squashed branch", want3, view(t, h1))
+
+	// Lineage: who stands on what; rm refuses while anything does.
+	users, err := runtime.SnapUsers(f.root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := snap.Tree(context.Background(), f.s, users)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*snap.Node{}
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	a1 := byName["rollout/a:1"]
+	if a1 == nil || fmt.Sprint(a1.Children) != "[rollout/a:2 rollout/b1:3]" || fmt.Sprint(a1.Branches) != "[b1 b2]" ||
+		fmt.Sprint(a1.Sandboxes) != "[b1 b2 c1 d1 e1]" { // not g1 or h1: they stand on squashed copies
+		t.Fatalf("a:1 in the tree: %+v", a1)
+	}
+	if _, err := snap.Remove(context.Background(), f.s, "rollout/a:1", users, false); !errdefs.IsFailedPrecondition(err) ||
+		!strings.Contains(err.Error(), "snapshot rollout/a:2") {
+		t.Fatalf("rm of a snapshot others stand on: %v", err)
+	}
+	if _, err := snap.Remove(context.Background(), f.s, "rollout/flat:3", users, false); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("rm of a snapshot a sandbox stands on: %v", err)
+	}
+	if _, err := snap.Remove(context.Background(), f.s, "bb:1", users, false); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("snap rm of a layer: %v", err)
+	}
+	if _, err := snap.Remove(context.Background(), f.s, "rollout/flat:3", users, true); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestPackDiffErrors(t *testing.T) {

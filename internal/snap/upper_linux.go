@@ -41,13 +41,31 @@ const opaqueXattr = "trusted.overlay.opaque"
 // a layer may not carry (device nodes, foreign trusted.* xattrs) is
 // dropped and reported.
 func Pack(ctx context.Context, w *erofs.Writer, upper string, prev Index, lim Limits) (*Packed, error) {
+	return pack(ctx, w, upper, prev, lim, "")
+}
+
+// Merge adds a mounted diff layer to w over the diffs added before it,
+// as overlay would stack them: an opaque directory, or a directory over
+// what was no directory, hides what the diffs below put there, and a
+// directory opaque below stays opaque. Adding the diffs of a chain
+// bottom-up folds them into one diff over the same lower layers.
+//
+// base is the merged view of the layers the chain stands on: a whiteout
+// of what base lacks hides nothing there and is left out, since in a
+// directory only one layer has, overlay lists whiteouts as they are.
+func Merge(ctx context.Context, w *erofs.Writer, diff, base string) (*Packed, error) {
+	return pack(ctx, w, diff, nil, Limits{}, base)
+}
+
+func pack(ctx context.Context, w *erofs.Writer, upper string, prev Index, lim Limits, mergeBase string) (*Packed, error) {
+	merge := mergeBase != ""
 	lim = lim.withDefaults()
 	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: upper, Err: err}
 	}
 	p := &packer{w: w, upper: upper, root: fd, prev: prev, lim: lim, links: map[uint64]string{},
-		out: &Packed{Index: Index{}}}
+		out: &Packed{Index: Index{}}, merge: merge, base: mergeBase}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -112,6 +130,8 @@ type packer struct {
 	links map[uint64]string // inode -> first path, for hard links
 	out   *Packed
 	buf   []byte
+	merge bool   // over earlier diffs (Merge)
+	base  string // Merge's base
 }
 
 func limitErr(format string, args ...any) error {
@@ -187,6 +207,9 @@ func (p *packer) add(ctx context.Context, dirfd int, name, rp string, st *unix.S
 			// directory; repeating it would hide that pack's files.
 			delete(a.Xattrs, opaqueXattr)
 		}
+		if p.merge {
+			p.mergeDir(rp, &a)
+		}
 		if err := p.w.Mkdir(rp, a); err != nil {
 			return err
 		}
@@ -212,10 +235,37 @@ func (p *packer) add(ctx context.Context, dirfd int, name, rp string, st *unix.S
 		}
 		return p.w.Symlink(rp, target, a)
 	case unix.S_IFCHR:
+		if p.merge {
+			var bst unix.Stat_t
+			if err := unix.Lstat(path.Join(p.base, rp), &bst); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+				return p.w.Remove(rp) // what the diffs below added, gone
+			}
+		}
 		p.out.Whiteouts++
 		return p.w.Whiteout(rp, a)
 	default: // fifo, socket
 		return p.w.Mknod(rp, a)
+	}
+}
+
+// mergeDir prepares the writer for directory rp of a diff stacked over
+// what it holds.
+func (p *packer) mergeDir(rp string, a *erofs.Attr) {
+	old, had := p.w.Attr(rp)
+	opaque := func() {
+		if a.Xattrs == nil {
+			a.Xattrs = map[string][]byte{}
+		}
+		a.Xattrs[opaqueXattr] = []byte("y")
+	}
+	switch {
+	case string(a.Xattrs[opaqueXattr]) == "y":
+		p.w.Remove(rp)
+	case had && old.Mode&unix.S_IFMT != unix.S_IFDIR: // over a whiteout or a file
+		p.w.Remove(rp)
+		opaque()
+	case had && string(old.Xattrs[opaqueXattr]) == "y":
+		opaque()
 	}
 }
 

@@ -456,6 +456,15 @@ func (w *Writer) place(p string, ino *inode) error {
 	return nil
 }
 
+// Attr returns the attributes of the entry at p, if there is one.
+func (w *Writer) Attr(p string) (Attr, bool) {
+	n, err := w.find(p)
+	if err != nil || n == nil {
+		return Attr{}, false
+	}
+	return n.ino.Attr, true
+}
+
 // Mkdir adds or updates a directory.
 func (w *Writer) Mkdir(p string, a Attr) error {
 	a.Mode = a.Mode&^S_IFMT | S_IFDIR

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/snap"
 )
 
 // Config configures a worker.
@@ -27,7 +28,9 @@ type Config struct {
 	Insecure bool
 	Fetcher  lazy.Start // how to start a lazy layer's fetcher
 	CacheMax int64
-	Log      *slog.Logger
+	// SnapLimits bound pack-diff where a request does not (snap.max_*).
+	SnapLimits snap.Limits
+	Log        *slog.Logger
 	// ExitIdle, if set, stops the worker once no sandbox exists and no
 	// request came for that long (a worker the CLI started on demand).
 	ExitIdle time.Duration

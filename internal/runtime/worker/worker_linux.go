@@ -180,6 +180,8 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/files", w.putFile)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", w.packDiff)
+	mux.HandleFunc("POST /v1/branches", w.branch)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
@@ -196,7 +198,7 @@ func (w *worker) routes() http.Handler {
 // statusOf maps an error's class to its HTTP status.
 func statusOf(err error) int {
 	switch {
-	case errdefs.IsInvalidArgument(err):
+	case errdefs.IsInvalidArgument(err), errdefs.IsOutOfRange(err):
 		return http.StatusBadRequest
 	case errdefs.IsNotFound(err):
 		return http.StatusNotFound
@@ -310,7 +312,7 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 	// A client that goes away mid-create does not undo it: the sandbox
 	// is there for its retry.
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
-		Name: spec.Name, Layers: spec.Layers, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
+		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Limits:  cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
 		Mounter: w.mounter,
 	})
@@ -330,7 +332,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
-			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname},
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 	}
 	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
@@ -401,13 +403,22 @@ func (w *worker) remove(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition))
 		return
 	}
-	if err := e.sb.Remove(); err != nil {
-		fail(rw, fmt.Errorf("remove sandbox %s: %w", name, err))
+	if err := w.removeSandbox(name, e.sb); err != nil {
+		fail(rw, err)
 		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// removeSandbox removes a sandbox and forgets it; the caller holds its
+// lifecycle lock, or made it and nobody else knows it yet.
+func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
+	if err := sb.Remove(); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", name, err)
 	}
 	w.mu.Lock()
 	delete(w.sandboxes, name)
 	w.mu.Unlock()
 	w.log.Info("removed sandbox", "sandbox", name)
-	rw.WriteHeader(http.StatusNoContent)
+	return nil
 }

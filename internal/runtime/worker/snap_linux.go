@@ -1,0 +1,167 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime"
+)
+
+// maxBranches bounds one branch request.
+const maxBranches = 1024
+
+func (w *worker) packDiff(rw http.ResponseWriter, r *http.Request) {
+	var req api.PackRequest
+	if err := decode(r, &req); err != nil {
+		fail(rw, err)
+		return
+	}
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	ref, err := layer.ParseRef(req.Tag)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	if !strings.Contains(req.Tag, ":") {
+		fail(rw, fmt.Errorf("snapshot tag %q needs a step: NAME:STEP, e.g. %s:1: %w", req.Tag, req.Tag, errdefs.ErrInvalidArgument))
+		return
+	}
+	lim := w.cfg.SnapLimits
+	if req.MaxBytes != 0 {
+		lim.MaxBytes = req.MaxBytes
+	}
+	if req.MaxEntries != 0 {
+		lim.MaxEntries = req.MaxEntries
+	}
+	if req.MaxDepth != 0 {
+		lim.MaxDepth = req.MaxDepth
+	}
+	if lim.MaxBytes < 0 || lim.MaxEntries < 0 || lim.MaxDepth < 0 {
+		fail(rw, fmt.Errorf("negative pack limit (%+v): %w", lim, errdefs.ErrInvalidArgument))
+		return
+	}
+	e.op.Lock()
+	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim})
+	e.op.Unlock()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
+	rw.WriteHeader(http.StatusCreated)
+	reply(rw, snapshotOf(p))
+}
+
+func snapshotOf(p *runtime.Packed) api.Snapshot {
+	l := p.Layer
+	out := api.Snapshot{Name: l.Ref, Digest: l.Digest.String(), Size: l.Size, Parent: l.Snapshot.Parent().Ref,
+		Sandbox: l.Snapshot.Sandbox, Incremental: l.Snapshot.Incremental, Created: l.Created,
+		Entries: p.Packed.Entries, Bytes: p.Packed.Bytes, Whiteouts: p.Packed.Whiteouts, Unchanged: p.Packed.Unchanged,
+		Dropped: p.Packed.Dropped, FrozenSeconds: p.Frozen.Seconds()}
+	for _, lo := range l.Snapshot.Lowers {
+		out.Layers = append(out.Layers, lo.Ref)
+	}
+	return out
+}
+
+// branch makes N sandboxes on one snapshot, concurrently; if one
+// fails, those made are removed again.
+func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
+	var req api.BranchRequest
+	if err := decode(r, &req); err != nil {
+		fail(rw, err)
+		return
+	}
+	if req.Snapshot == "" {
+		fail(rw, fmt.Errorf("branch needs a snapshot (NAME:STEP; dsec snap ls lists them): %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.N < 1 || req.N > maxBranches {
+		fail(rw, fmt.Errorf("branch count %d: give 1 to %d: %w", req.N, maxBranches, errdefs.ErrInvalidArgument))
+		return
+	}
+	prefix := req.NamePrefix
+	if prefix == "" {
+		prefix = strings.NewReplacer("/", "-", ":", "-").Replace(req.Snapshot)
+	}
+	names := make([]string, req.N)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i+1)
+		if err := runtime.ValidName(names[i]); err != nil {
+			fail(rw, fmt.Errorf("branch names %s-1..%d: %w (give --name-prefix)", prefix, req.N, err))
+			return
+		}
+	}
+	spec := req.Spec
+	spec.Layers, spec.Snapshot = nil, req.Snapshot
+	ctx := context.WithoutCancel(r.Context())
+	// The first branch mounts the layers; the others then only stack
+	// their own upper over the shared mounts, as many at a time as the
+	// host has cores to spare.
+	sbs := make([]*runtime.Sandbox, req.N)
+	errs := make([]error, req.N)
+	spec.Name = names[0]
+	sbs[0], errs[0] = w.createSandbox(ctx, spec)
+	if errs[0] == nil {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 8)
+		for i := 1; i < req.N; i++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(i int, spec api.SandboxSpec) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				spec.Name = names[i]
+				sbs[i], errs[i] = w.createSandbox(ctx, spec)
+			}(i, spec)
+		}
+		wg.Wait()
+	}
+	if err := errors.Join(errs...); err != nil {
+		for i, sb := range sbs {
+			if sb != nil {
+				w.removeSandbox(names[i], sb)
+			}
+		}
+		fail(rw, firstErr(errs))
+		return
+	}
+	out := make([]api.Sandbox, len(sbs))
+	for i, sb := range sbs {
+		out[i] = w.describe(sb)
+	}
+	w.log.Info("branched", "snapshot", req.Snapshot, "n", req.N, "prefix", prefix)
+	rw.WriteHeader(http.StatusCreated)
+	reply(rw, out)
+}
+
+// firstErr is the first error, with how many more there were.
+func firstErr(errs []error) error {
+	var first error
+	n := 0
+	for _, err := range errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	if n > 1 {
+		return fmt.Errorf("%w (and %d more branches failed; none was kept)", first, n-1)
+	}
+	return first
+}
+

@@ -1,0 +1,123 @@
+package snap
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Node is a snapshot in the lineage DAG.
+type Node struct {
+	Name        string        `json:"name"` // NAME:STEP
+	Digest      digest.Digest `json:"digest"`
+	Size        int64         `json:"size"`
+	Parent      string        `json:"parent"` // the layer it was taken over
+	Layers      []string      `json:"layers"` // all it stands on, its parent first
+	Sandbox     string        `json:"sandbox"`
+	Incremental bool          `json:"incremental"`
+	Created     time.Time     `json:"created"`
+	Children    []string      `json:"children"`  // snapshots taken over it
+	Branches    []string      `json:"branches"`  // sandboxes started on it
+	Sandboxes   []string      `json:"sandboxes"` // sandboxes standing on it now
+
+	lowers []layer.Lower
+}
+
+// User is a sandbox, as far as lineage cares: what it stands on.
+type User struct {
+	Name    string
+	From    string   // the snapshot it was started on
+	Digests []string // of its layers
+}
+
+// Tree lists the store's snapshots, oldest first, with what stands on
+// each.
+func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
+	all, err := layer.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []*Node
+	for _, i := range all {
+		if i.Snapshot == nil {
+			continue
+		}
+		n := &Node{Name: i.Ref, Digest: i.Digest, Size: i.Size, Parent: i.Snapshot.Parent().Ref, Sandbox: i.Snapshot.Sandbox,
+			Incremental: i.Snapshot.Incremental, Created: i.Created, lowers: i.Snapshot.Lowers,
+			Children: []string{}, Branches: []string{}, Sandboxes: []string{}}
+		for _, lo := range i.Snapshot.Lowers {
+			n.Layers = append(n.Layers, lo.Ref)
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		for _, m := range nodes {
+			if m.lowers[0].Digest == n.Digest {
+				n.Children = append(n.Children, m.Name)
+			}
+		}
+		for _, u := range users {
+			if slices.Contains(u.Digests, n.Digest.String()) {
+				n.Sandboxes = append(n.Sandboxes, u.Name)
+				if u.From == n.Name {
+					n.Branches = append(n.Branches, u.Name)
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(nodes, func(a, b *Node) int { return a.Created.Compare(b.Created) })
+	return nodes, nil
+}
+
+// Remove untags the snapshot ref. Without force it refuses while a
+// snapshot or a sandbox stands on it; forced, those can no longer start.
+// Its blobs go at the next dsec layer gc.
+func Remove(ctx context.Context, s *store.Store, ref string, users []User, force bool) (*Node, error) {
+	nodes, err := Tree(ctx, s, users)
+	if err != nil {
+		return nil, err
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	var n *Node
+	for _, c := range nodes {
+		if c.Name == r.String() {
+			n = c
+		}
+	}
+	if n == nil {
+		if _, err := layer.Resolve(ctx, s, r.String()); err == nil {
+			return nil, fmt.Errorf("%s is a layer, not a snapshot: remove it with dsec layer rm: %w", r, errdefs.ErrInvalidArgument)
+		}
+		return nil, fmt.Errorf("no snapshot %s (dsec snap ls lists them): %w", r, errdefs.ErrNotFound)
+	}
+	var on []string
+	for _, c := range nodes {
+		for _, lo := range c.lowers {
+			if lo.Digest == n.Digest {
+				on = append(on, "snapshot "+c.Name)
+			}
+		}
+	}
+	for _, sb := range n.Sandboxes {
+		on = append(on, "sandbox "+sb)
+	}
+	if len(on) > 0 && !force {
+		return nil, fmt.Errorf("snapshot %s is still stood on by %s: remove those first, or --force (they could not start again): %w",
+			r, strings.Join(on, ", "), errdefs.ErrFailedPrecondition)
+	}
+	if _, err := layer.Remove(ctx, s, r.String()); err != nil {
+		return nil, err
+	}
+	return n, nil
+}

@@ -1,0 +1,126 @@
+package snap
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Squash folds the chain of snapshots that ends in ref (ref, its parent
+// snapshot, and so on down to the first layer that is no snapshot) into
+// one snapshot layer tagged to, standing on the same layers the chain
+// stands on. Stacked, it gives the view the chain gives. The chain is
+// left as it is (dsec snap rm removes it).
+func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp string) (*layer.Info, int, error) {
+	top, err := layer.Resolve(ctx, s, ref)
+	if err != nil {
+		return nil, 0, err
+	}
+	if top.Snapshot == nil {
+		return nil, 0, fmt.Errorf("%s is a %s layer, not a snapshot: %w", ref, top.Kind, errdefs.ErrInvalidArgument)
+	}
+	chain := []*layer.Info{top}
+	lowers := top.Snapshot.Lowers
+	for len(lowers) > 0 {
+		i, err := layer.Resolve(ctx, s, lowers[0].Ref)
+		if err != nil || i.Digest != lowers[0].Digest {
+			if i, err = layer.Resolve(ctx, s, lowers[0].Digest.String()); err != nil {
+				return nil, 0, fmt.Errorf("snapshot chain of %s: layer %s (%s) is not in the store: %w", ref, lowers[0].Ref, lowers[0].Digest, errdefs.ErrNotFound)
+			}
+		}
+		if i.Snapshot == nil {
+			break
+		}
+		chain = append(chain, i)
+		lowers = lowers[1:]
+	}
+	if len(chain) < 2 {
+		return nil, 0, fmt.Errorf("%s stands on no other snapshot: there is no chain to squash: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	// Mount each diff, bottom first, where Merge reads it.
+	var mnts []string
+	defer func() {
+		for _, m := range mnts {
+			mount.Unmount(m)
+			os.Remove(m)
+		}
+	}()
+	for i := len(chain) - 1; i >= 0; i-- {
+		m, err := os.MkdirTemp(tmp, "squash-")
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := mount.EROFS(s.BlobPath(chain[i].Digest)).Mount(m); err != nil {
+			os.Remove(m)
+			return nil, 0, err
+		}
+		mnts = append(mnts, m)
+	}
+	// The merged view of the layers under the chain, to look up what a
+	// whiteout hides.
+	var lowerMnts []string
+	for _, lo := range lowers {
+		i, err := layer.Resolve(ctx, s, lo.Digest.String())
+		if err != nil {
+			return nil, 0, fmt.Errorf("snapshot chain of %s stands on %s (%s), which is not in the store: %w", ref, lo.Ref, lo.Digest, err)
+		}
+		m, err := os.MkdirTemp(tmp, "squash-lower-")
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := mount.EROFS(s.BlobPath(i.Digest)).Mount(m); err != nil {
+			os.Remove(m)
+			return nil, 0, err
+		}
+		lowerMnts = append(lowerMnts, m)
+	}
+	defer func() {
+		for _, m := range lowerMnts {
+			mount.Unmount(m)
+			os.Remove(m)
+		}
+	}()
+	base := lowerMnts[0]
+	if len(lowerMnts) > 1 {
+		if base, err = os.MkdirTemp(tmp, "squash-base-"); err != nil {
+			return nil, 0, err
+		}
+		defer os.Remove(base)
+		if err := mount.Overlay(lowerMnts, "", "").Mount(base); err != nil {
+			return nil, 0, err
+		}
+		defer mount.Unmount(base)
+	}
+	var packs []*Packed
+	defer func() {
+		for _, p := range packs {
+			p.Close()
+		}
+	}()
+	info, err := layer.Build(ctx, s, layer.BuildOptions{
+		Kind: layer.KindSnapshot, Ref: to, SourceKind: "squash",
+		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: top.Snapshot.Sandbox},
+		Walk: func(ctx context.Context, w *erofs.Writer) error {
+			for _, m := range mnts {
+				p, err := Merge(ctx, w, m, base)
+				if err != nil {
+					return err
+				}
+				packs = append(packs, p)
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return info, len(chain), nil
+}
+
