@@ -161,6 +161,7 @@ const (
 	ClassExists   = "exists"
 	ClassState    = "state"    // the sandbox is in the wrong state (stopped, running)
 	ClassInfra    = "infra"    // the sandbox died or the host failed: not the command's fault
+	ClassLimit    = "limit"    // over a bound (a snapshot's size, entries, depth)
 	ClassInternal = "internal" // anything else
 )
 
@@ -174,12 +175,13 @@ func (e *Error) Error() string { return e.Message }
 
 // StatusClass maps HTTP statuses to error classes and back.
 var StatusClass = map[int]string{
-	http.StatusBadRequest:          ClassInvalid,
-	http.StatusNotFound:            ClassNotFound,
-	http.StatusConflict:            ClassExists,
-	http.StatusPreconditionFailed:  ClassState,
-	http.StatusServiceUnavailable:  ClassInfra,
-	http.StatusInternalServerError: ClassInternal,
+	http.StatusBadRequest:            ClassInvalid,
+	http.StatusNotFound:              ClassNotFound,
+	http.StatusConflict:              ClassExists,
+	http.StatusPreconditionFailed:    ClassState,
+	http.StatusServiceUnavailable:    ClassInfra,
+	http.StatusRequestEntityTooLarge: ClassLimit,
+	http.StatusInternalServerError:   ClassInternal,
 }
 
 // VersionInfo is GET /v1/version.

@@ -142,6 +142,8 @@ func (e *Error) Unwrap() error {
 		return errdefs.ErrFailedPrecondition
 	case api.ClassInfra:
 		return ErrInfra
+	case api.ClassLimit:
+		return errdefs.ErrOutOfRange
 	}
 	return nil
 }

@@ -106,6 +106,7 @@ the budget of the host cache of lazily mounted layers); unknown keys are an erro
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
 	root.AddCommand(a.layerCommand(), a.versionCommand(), a.docsCommand())
 	root.AddCommand(a.sandboxCommands()...)
+	root.AddCommand(a.snapCommand())
 	return root
 }
 

@@ -35,7 +35,7 @@ const exitCodesHelp = `Exit codes:
   0  success
   1  failure (I/O error, corrupt store, anything unexpected)
   2  usage error (bad flag, argument, tag or configuration)
-  3  invalid input (corrupt or truncated archive, an entry a layer cannot hold)
+  3  invalid input (corrupt or truncated archive, an entry a layer cannot hold, a snapshot over its limits)
   4  not found (layer, tag, source path or blob)
   5  already exists (a tag names other content; pass --force)
   6  no space left in the store's file system
@@ -94,6 +94,8 @@ func exitCode(err error) int {
 		return exitState
 	case errdefs.IsUnavailable(err):
 		return exitInfraErr
+	case errdefs.IsOutOfRange(err):
+		return exitBadInput
 	case errdefs.IsInvalidArgument(err):
 		if isBadInput(err) {
 			return exitBadInput
@@ -106,7 +108,7 @@ func exitCode(err error) int {
 // userMessage drops the errdefs class names that wrapping appends.
 func userMessage(err error) string {
 	msg := err.Error()
-	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable"} {
+	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable", ": out of range"} {
 		msg = strings.TrimSuffix(msg, suffix)
 	}
 	if errors.Is(err, store.ErrNoSpace) {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 )
@@ -143,9 +142,4 @@ func ReadIndex(p, top string) (Index, error) {
 		e.Dir = flag == 1
 		idx[string(name)] = e
 	}
-}
-
-// String describes a pack for a log line.
-func (p *Packed) String() string {
-	return fmt.Sprintf("%d paths, %d bytes, %d whiteouts, %d unchanged, %d dropped", p.Entries, p.Bytes, p.Whiteouts, p.Unchanged, len(p.Dropped))
 }

@@ -123,4 +123,3 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	}
 	return info, len(chain), nil
 }
-

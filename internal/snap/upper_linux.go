@@ -221,7 +221,9 @@ func (p *packer) add(ctx context.Context, dirfd int, name, rp string, st *unix.S
 			unix.Close(fd)
 			return err
 		}
-		return p.walk(ctx, fd, rp, depth+1, all || !same)
+		// A directory that is new since the last pack (not one whose
+		// entries changed) is added whole.
+		return p.walk(ctx, fd, rp, depth+1, all || !had || old.Ino != seen.Ino || !old.Dir)
 	case unix.S_IFREG:
 		p.out.Bytes += st.Size
 		if p.out.Bytes > p.lim.MaxBytes {
@@ -443,4 +445,9 @@ func lgetxattr(path, name string) ([]byte, error) {
 		}
 		return buf[:n], nil
 	}
+}
+
+// String describes a pack for a log line.
+func (p *Packed) String() string {
+	return fmt.Sprintf("%d paths, %d bytes, %d whiteouts, %d unchanged, %d dropped", p.Entries, p.Bytes, p.Whiteouts, p.Unchanged, len(p.Dropped))
 }

@@ -229,13 +229,15 @@ func TestPack100kFiles(t *testing.T) {
 	if p.Entries != 100100 {
 		t.Fatalf("%d entries packed", p.Entries)
 	}
-	// Nothing changed: the increment holds the directories only.
+	// One new file: the increment holds it and the directories, not
+	// the 1000 unchanged files beside it.
+	must(t, os.WriteFile(filepath.Join(up, "0", "new"), []byte("twelve bytes"), 0o644))
 	_, p2, err := packImage(t, up, p.Index, snap.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p2.Unchanged != 100000 || p2.Bytes != 0 {
-		t.Fatalf("increment over an unchanged upper: %v", p2)
+	if p2.Unchanged != 100000 || p2.Bytes != 12 {
+		t.Fatalf("increment after adding a file: %v", p2)
 	}
 }
 

@@ -164,4 +164,3 @@ func firstErr(errs []error) error {
 	}
 	return first
 }
-

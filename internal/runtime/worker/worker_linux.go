@@ -198,7 +198,9 @@ func (w *worker) routes() http.Handler {
 // statusOf maps an error's class to its HTTP status.
 func statusOf(err error) int {
 	switch {
-	case errdefs.IsInvalidArgument(err), errdefs.IsOutOfRange(err):
+	case errdefs.IsOutOfRange(err):
+		return http.StatusRequestEntityTooLarge
+	case errdefs.IsInvalidArgument(err):
 		return http.StatusBadRequest
 	case errdefs.IsNotFound(err):
 		return http.StatusNotFound

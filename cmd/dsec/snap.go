@@ -1,0 +1,449 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/snap"
+)
+
+const snapNote = `A snapshot holds files only: a branch or a restore starts fresh processes on the captured
+disk state; processes running at pack time are not captured.`
+
+func (a *app) snapCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "snap",
+		Short: "Snapshot sandboxes, branch them and keep their lineage",
+		Long: `Snapshots capture a sandbox's changes as an incremental layer (pack-diff) and start new
+sandboxes from it (branch, restore), sharing every read-only layer; ls shows the lineage,
+rm and squash keep it tidy. A snapshot is a layer: dsec layer push, pull and mount apply.
+
+` + snapNote,
+	}
+	cmd.AddCommand(a.packDiffCommand(), a.branchCommand(), a.restoreCommand(), a.snapLsCommand(), a.snapRmCommand(), a.squashCommand())
+	return cmd
+}
+
+func (a *app) packDiffCommand() *cobra.Command {
+	var tag string
+	var asJSON bool
+	var maxBytes string
+	var maxEntries, maxDepth int
+	cmd := &cobra.Command{
+		Use:   "pack-diff SANDBOX -t NAME:STEP",
+		Short: "Snapshot a running sandbox's changes as a layer",
+		Long: `Pack-diff freezes the sandbox (cgroup freezer), packs what it wrote into an EROFS layer
+tagged NAME:STEP and thaws it; the sandbox runs on. Its first snapshot holds everything it
+wrote over its layers; each later one only what changed since the previous, which is its
+parent. Whiteouts, opaque directories, xattrs, hard links, modes and owners are kept:
+stacked over its parents, a snapshot reproduces the sandbox's files exactly. Device nodes
+and trusted.* xattrs other than overlay's markers are dropped (and listed); sizes, entry
+count and depth are bounded by --max-bytes, --max-entries and --max-depth.
+
+` + snapNote + "\n\n" + exitCodesHelp,
+		Example: `  dsec snap pack-diff rollout-7 -t rollout-7:12
+  dsec snap pack-diff rollout-7 -t rollout-7:13 --json`,
+		Args:              exactArgs(1),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tag == "" {
+				return usageError{errors.New("pack-diff needs -t NAME:STEP, the snapshot's tag")}
+			}
+			req := api.PackRequest{Tag: tag, MaxEntries: maxEntries, MaxDepth: maxDepth}
+			if maxBytes != "" {
+				n, err := parseBytes(maxBytes)
+				if err != nil {
+					return err
+				}
+				req.MaxBytes = n
+			}
+			if maxEntries < 0 || maxDepth < 0 {
+				return usageError{errors.New("--max-entries and --max-depth must be positive")}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.Sandbox(args[0]).PackDiff(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(s)
+			}
+			kind := "whole"
+			if s.Incremental {
+				kind = "increment"
+			}
+			fmt.Fprintf(a.stdout, "%s\t%s over %s: %d paths, %s of files, %d whiteouts, %s layer; frozen %s\n", s.Name, kind,
+				s.Parent, s.Entries-s.Unchanged, humanBytes(s.Bytes), s.Whiteouts, humanBytes(s.Size),
+				time.Duration(s.FrozenSeconds*float64(time.Second)).Round(time.Millisecond))
+			for _, d := range s.Dropped {
+				fmt.Fprintf(a.stderr, "dsec: dropped %s\n", d)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&tag, "tag", "t", "", "the snapshot's tag, NAME:STEP (required, new)")
+	fl.BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	fl.StringVar(&maxBytes, "max-bytes", "", fmt.Sprintf("refuse more file data than this, e.g. 10G (default %s)", humanBytes(snap.DefaultMaxBytes)))
+	fl.IntVar(&maxEntries, "max-entries", 0, fmt.Sprintf("refuse more changed paths than this (default %d)", snap.DefaultMaxEntries))
+	fl.IntVar(&maxDepth, "max-depth", 0, fmt.Sprintf("refuse directories nested deeper than this (default %d)", snap.DefaultMaxDepth))
+	return cmd
+}
+
+type branchFlags struct {
+	n                int
+	prefix, name     string
+	cpu              float64
+	memory           string
+	pids             int64
+	env              []string
+	workdir, backend string
+	asJSON           bool
+}
+
+func (f *branchFlags) spec() (api.SandboxSpec, error) {
+	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir}
+	if f.memory != "" {
+		m, err := parseBytes(f.memory)
+		if err != nil {
+			return spec, err
+		}
+		spec.Memory = m
+	}
+	return spec, checkEnv(f.env)
+}
+
+func (f *branchFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.backend, "backend", "container", "the backend to run them on")
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
+	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
+	fl.Int64Var(&f.pids, "pids", 0, "process limit of each")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.BoolVar(&f.asJSON, "json", false, "print the sandboxes as JSON")
+}
+
+func (a *app) printSandboxes(list []api.Sandbox, asJSON bool) error {
+	if asJSON {
+		return a.printJSON(list)
+	}
+	for _, s := range list {
+		fmt.Fprintln(a.stdout, s.Name)
+	}
+	return nil
+}
+
+func (a *app) branchCommand() *cobra.Command {
+	var f branchFlags
+	cmd := &cobra.Command{
+		Use:   "branch SNAPSHOT -n K",
+		Short: "Start K sandboxes on one snapshot",
+		Long: `Branch starts K sandboxes on a snapshot, named PREFIX-1 ... PREFIX-K (default prefix: the
+snapshot's tag with '/' and ':' as '-'). Each stacks its own empty upper over the snapshot and
+the layers under it, which all branches share: one mount, one page cache, and for lazily
+mounted layers one fetcher and one cache. Either all K start or none is kept.
+
+` + snapNote + "\n\n" + exitCodesHelp,
+		Example: `  # 8 rollouts from step 12 of rollout-7
+  dsec snap branch rollout-7:12 -n 8 --name-prefix r7s12
+  dsec exec r7s12-3 -- pytest -x`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.n < 1 {
+				return usageError{errors.New("branch needs -n K, the number of sandboxes (at least 1)")}
+			}
+			spec, err := f.spec()
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := c.Branch(cmd.Context(), api.BranchRequest{Snapshot: args[0], N: f.n, NamePrefix: f.prefix, Spec: spec})
+			if err != nil {
+				return err
+			}
+			var list []api.Sandbox
+			for _, sb := range sbs {
+				if !f.asJSON {
+					list = append(list, api.Sandbox{SandboxSpec: api.SandboxSpec{Name: sb.Name}})
+					continue
+				}
+				d, err := sb.Inspect(cmd.Context())
+				if err != nil {
+					return err
+				}
+				list = append(list, d)
+			}
+			return a.printSandboxes(list, f.asJSON)
+		},
+	}
+	cmd.Flags().IntVarP(&f.n, "n", "n", 0, "how many sandboxes (required)")
+	cmd.Flags().StringVar(&f.prefix, "name-prefix", "", "name them PREFIX-1 ... PREFIX-K")
+	f.register(cmd)
+	return cmd
+}
+
+func (a *app) restoreCommand() *cobra.Command {
+	var f branchFlags
+	cmd := &cobra.Command{
+		Use:   "restore SNAPSHOT [--name NAME]",
+		Short: "Start one sandbox on a snapshot",
+		Long: `Restore starts one sandbox on a snapshot (branch with K=1), with its own empty upper over the
+snapshot and the layers under it.
+
+` + snapNote + "\n\n" + exitCodesHelp,
+		Example: `  dsec snap restore rollout-7:12 --name debug-r7
+  dsec exec -it debug-r7 -- sh`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec, err := f.spec()
+			if err != nil {
+				return err
+			}
+			spec.Name, spec.Snapshot = f.name, args[0]
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Create(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			d := api.Sandbox{SandboxSpec: api.SandboxSpec{Name: sb.Name}}
+			if f.asJSON {
+				if d, err = sb.Inspect(cmd.Context()); err != nil {
+					return err
+				}
+				return a.printJSON(d)
+			}
+			return a.printSandboxes([]api.Sandbox{d}, false)
+		},
+	}
+	cmd.Flags().StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")
+	f.register(cmd)
+	return cmd
+}
+
+func (a *app) snapNodes(cmd *cobra.Command) ([]*snap.Node, []snap.User, error) {
+	s, err := a.openStore()
+	if err != nil {
+		return nil, nil, err
+	}
+	users, err := runtime.SnapUsers(a.cfg.Root)
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes, err := snap.Tree(cmd.Context(), s, users)
+	return nodes, users, err
+}
+
+func (a *app) snapLsCommand() *cobra.Command {
+	var tree, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List snapshots and their lineage",
+		Long: `Ls lists the snapshots, oldest first: tag, parent, the sandbox it was packed from, whether it
+is an increment, its size, the snapshots taken over it and the sandboxes standing on it.
+--tree draws the lineage as a tree under the layers the first snapshots stand on; --json
+prints every field (branches: sandboxes started on it; sandboxes: all standing on it).
+
+` + exitCodesHelp,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			nodes, _, err := a.snapNodes(cmd)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if nodes == nil {
+					nodes = []*snap.Node{}
+				}
+				return a.printJSON(nodes)
+			}
+			if tree {
+				return a.printTree(nodes)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SNAPSHOT\tPARENT\tFROM\tKIND\tSIZE\tCREATED\tCHILDREN\tSANDBOXES")
+			for _, n := range nodes {
+				kind := "whole"
+				if n.Incremental {
+					kind = "increment"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Parent, n.Sandbox, kind, humanBytes(n.Size),
+					n.Created.Local().Format(time.DateTime), dash(n.Children), dash(n.Sandboxes))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&tree, "tree", false, "draw the lineage as a tree")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func dash(s []string) string {
+	if len(s) == 0 {
+		return "-"
+	}
+	return strings.Join(s, ",")
+}
+
+// printTree draws each snapshot under its parent, and the sandboxes
+// started on a snapshot under it; roots are the layers the first
+// snapshots were taken over.
+func (a *app) printTree(nodes []*snap.Node) error {
+	byName := map[string]*snap.Node{}
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	var roots []string
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		if byName[n.Parent] == nil && !seen[n.Parent] {
+			seen[n.Parent] = true
+			roots = append(roots, n.Parent)
+		}
+	}
+	var draw func(name, indent string, last bool, top bool)
+	draw = func(name, indent string, last, top bool) {
+		n := byName[name]
+		label := name
+		if n != nil {
+			label = fmt.Sprintf("%s  (%s, from %s)", name, humanBytes(n.Size), n.Sandbox)
+		} else if !top {
+			label = name + "  (sandbox)"
+		}
+		branch, next := "├── ", "│   "
+		if last {
+			branch, next = "└── ", "    "
+		}
+		if top {
+			branch, next = "", ""
+		}
+		fmt.Fprintln(a.stdout, indent+branch+label)
+		var kids []string
+		if n != nil {
+			kids = append(kids, n.Children...)
+			kids = append(kids, n.Branches...)
+		} else if top {
+			for _, m := range nodes {
+				if m.Parent == name {
+					kids = append(kids, m.Name)
+				}
+			}
+		}
+		for i, k := range kids {
+			draw(k, indent+next, i == len(kids)-1, false)
+		}
+	}
+	for _, r := range roots {
+		draw(r, "", true, true)
+	}
+	return nil
+}
+
+func (a *app) snapRmCommand() *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm SNAPSHOT...",
+		Short: "Remove snapshots nothing stands on",
+		Long: `Rm untags snapshots; their blobs go at the next dsec layer gc. It refuses to remove a
+snapshot that another snapshot or a sandbox still stands on, unless --force (those could
+then not start again).
+
+` + exitCodesHelp,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("rm needs at least one snapshot (dsec snap ls lists them)")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			var last error
+			for _, ref := range args {
+				users, err := runtime.SnapUsers(a.cfg.Root)
+				if err != nil {
+					return err
+				}
+				if _, err := snap.Remove(cmd.Context(), s, ref, users, force); err != nil {
+					if last != nil {
+						fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(last))
+					}
+					last = err
+					continue
+				}
+				fmt.Fprintln(a.stdout, ref)
+			}
+			return last
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "remove even what others stand on")
+	return cmd
+}
+
+func (a *app) squashCommand() *cobra.Command {
+	var tag string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "squash SNAPSHOT -t NAME:STEP",
+		Short: "Fold a chain of snapshots into one",
+		Long: `Squash folds SNAPSHOT and the snapshots under it (down to the first layer that is not a
+snapshot) into one snapshot layer tagged NAME:STEP over the same base layers. Long chains
+slow lookups, and overlay stacks a bounded number of layers. The chain stays until
+dsec snap rm removes it.
+
+` + exitCodesHelp,
+		Example: `  dsec snap squash rollout-7:40 -t rollout-7:40-flat
+  dsec snap branch rollout-7:40-flat -n 16`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tag == "" {
+				return usageError{errors.New("squash needs -t NAME:STEP, the new snapshot's tag")}
+			}
+			to, err := layer.ParseRef(tag)
+			if err != nil {
+				return err
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			tmp, err := os.MkdirTemp(a.cfg.Root, "squash-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(tmp)
+			info, n, err := snap.Squash(cmd.Context(), s, args[0], to, tmp)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(info)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s\t%d snapshots folded over %s, %s\n", info.Ref, n, info.Snapshot.Parent().Ref, humanBytes(info.Size))
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&tag, "tag", "t", "", "the new snapshot's tag, NAME:STEP (required)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new layer as JSON")
+	return cmd
+}
