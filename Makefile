@@ -57,10 +57,11 @@ bench: build
 	./scripts/bench.sh $(BIN)
 	./scripts/bench-lazy.sh $(BIN)
 	./scripts/bench-run.sh $(BIN)
+	./scripts/bench-snap.sh $(BIN)
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzImageArchive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 
 clean:
-	rm -rf bin .demo .bench .bench-lazy .bench-run
+	rm -rf bin .demo .bench .bench-lazy .bench-run .bench-snap

@@ -48,8 +48,9 @@ fsck.erofs --extract="$work/extracted" "$blob" >/dev/null
 
 step "share: push the layers to a dir: remote (a 3FS/NFS mount in a fleet; a local path here)"
 shared="$(dirname "$DSEC_ROOT")/shared"
-"$dsec" layer push demo/go-src:1 "dir://$shared"
-"$dsec" layer push demo/busybox:1 "dir://$shared"
+# --force: a rerun of the demo replaces what an earlier run (maybe an older dsec) pushed
+"$dsec" layer push demo/go-src:1 "dir://$shared" --force
+"$dsec" layer push demo/busybox:1 "dir://$shared" --force
 
 step "a second host mounts the workspace lazily: metadata first, file data only when read"
 export DSEC_ROOT_HOST2="$(dirname "$DSEC_ROOT")/host2"
@@ -87,11 +88,23 @@ if [ "$(id -u)" = 0 ]; then
 	step "a memory limit hit is reported as such"
 	"$dsec" exec demo-rollout -- sh -c 'x=$(head -c 400000000 /dev/zero | tr "\\0" a)' || echo "exit code $?"
 
+	step "snapshot the rollout at step 3 (pack-diff) and branch it three ways"
+	"$dsec" snap rm -f demo/rollout:3 demo/rollout:4 >/dev/null 2>&1 || true # an interrupted earlier demo's
+	"$dsec" snap pack-diff demo-rollout -t demo/rollout:3
+	"$dsec" snap branch demo/rollout:3 -n 3 --name-prefix demo-branch
+	for i in 1 2 3; do
+		"$dsec" exec "demo-branch-$i" -- sh -c "echo 'branch $i tries its own step 4' >> \$STEP_LOG; tail -2 \$STEP_LOG"
+	done
+	"$dsec" exec --id step-4 demo-rollout -- sh -c 'echo "step 4 on the original" >> $STEP_LOG'
+	"$dsec" snap pack-diff demo-rollout -t demo/rollout:4
+	"$dsec" snap ls --tree
+
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout
 	"$dsec" start demo-rollout
 	"$dsec" exec demo-rollout -- cat /var/log/steps
-	"$dsec" rm -f demo-rollout
+	"$dsec" rm -f demo-rollout demo-branch-1 demo-branch-2 demo-branch-3
+	"$dsec" snap rm demo/rollout:4 demo/rollout:3
 
 	step "the second host runs a sandbox on lazily mounted layers"
 	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \

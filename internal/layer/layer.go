@@ -131,6 +131,10 @@ type Lineage struct {
 	// Incremental: only what changed since the parent snapshot, which
 	// came from the same sandbox; else everything the sandbox wrote.
 	Incremental bool `json:"incremental,omitempty"`
+	// The sandbox's environment and working directory for every exec,
+	// which sandboxes started on the snapshot inherit unless given.
+	Env     []string `json:"env,omitempty"`
+	Workdir string   `json:"workdir,omitempty"`
 }
 
 // Parent is the layer the snapshot was taken over.

@@ -35,7 +35,9 @@ type Options struct {
 	Env      []string // every exec's environment, before its own
 	Workdir  string   // every exec's default directory
 	// From, instead of Layers, starts the sandbox on a snapshot: the
-	// snapshot over exactly the layers it was taken on.
+	// snapshot over exactly the layers it was taken on, with the env and
+	// workdir of the sandbox it was taken from unless Env and Workdir
+	// are given.
 	From string
 
 	Mounter // where layers come from
@@ -130,6 +132,12 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 			return nil, err
 		}
 		o.Layers, digests = []string{o.From}, []string{d}
+		if o.Env == nil {
+			o.Env = l.Env
+		}
+		if o.Workdir == "" {
+			o.Workdir = l.Workdir
+		}
 		for _, lo := range l.Lowers {
 			o.Layers = append(o.Layers, lo.Ref)
 			digests = append(digests, lo.Digest.String())

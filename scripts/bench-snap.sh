@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# make bench (as root): snapshot figures on a >= 500 MB Debian base, each next to its baseline in the same run.
+#  1. pack-diff of 1, 10 and 100 MB of changes (random bytes, 1 MiB files) in a sandbox on the base:
+#     wall time of `dsec snap pack-diff` and how long the sandbox was frozen. Baseline: the base itself
+#     turned into a layer (`dsec layer build` of the whole tree), what a snapshot costs when it grows
+#     with the image, not the change.
+#  2. K=16 branches: `dsec snap branch S -n 16` then one `dsec exec NAME -- true` in each, all at once,
+#     until all 16 answered. Baseline: 16 sandboxes made by copying the rootfs (cp -a), the copies alone.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-snap: needs root (namespaces, mounts): skipped" >&2; exit 0; }
+dsec=$(realpath "${1:-bin/dsec}")
+work=${BENCH_DIR:-$PWD/.bench-snap}
+rootfs=${BENCH_ROOTFS:-/var/cache/dsec-bench/rootfs}
+k=${BENCH_K:-16}
+export DSEC_ROOT=$work/root DSEC_PROGRESS=never
+cleanup() {
+	"$dsec" ps -q 2>/dev/null | xargs -r "$dsec" rm -f >/dev/null 2>&1 || true
+	"$dsec" daemon stop >/dev/null 2>&1 || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+rm -rf "$work"; mkdir -p "$work"
+[ -x "$rootfs/usr/bin/python3" ] || { echo "bench-snap: no Debian rootfs at $rootfs (scripts/bench-run.sh builds it)" >&2; exit 1; }
+now() { date +%s%N; }
+ms() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", (b - a) / 1e6 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
+
+t0=$(now); "$dsec" layer build "$rootfs" --kind base -t bench:1 >/dev/null; t1=$(now)
+full=$(ms "$t0" "$t1")
+printf 'base: %s (%s MB), %s, %d CPUs\n' "$rootfs" "$(du -sm "$rootfs" | cut -f1)" "$(uname -r)" "$(nproc)"
+printf '%-40s %10s %12s   %s\n' "figure (ms)" "dsec" "baseline" "dsec/baseline"
+for mb in 1 10 100; do
+	"$dsec" run -d --name "p$mb" --base bench:1 -- sleep 3600 >/dev/null 2>&1
+	"$dsec" exec "p$mb" -- sh -c "mkdir -p /root/data && for i in \$(seq $mb); do head -c 1048576 /dev/urandom > /root/data/f\$i; done"
+	t0=$(now); out=$("$dsec" snap pack-diff "p$mb" -t "p$mb:1" --json); t1=$(now)
+	frozen=$(awk -F': ' '/"frozen_seconds"/ {gsub(/,/, "", $2); printf "%.1f", $2 * 1000}' <<<"$out")
+	printf '%-40s %10s %12s   %s\n' "pack-diff ${mb} MB (frozen ${frozen} ms)" "$(ms "$t0" "$t1")" "$full" "$(ratio "$(ms "$t0" "$t1")" "$full")"
+done
+
+# K branches of a snapshot with 10 MB of changes, until each answered an exec.
+t0=$(now)
+"$dsec" snap branch p10:1 -n "$k" --name-prefix br >/dev/null
+pids=()
+for i in $(seq "$k"); do "$dsec" exec "br-$i" -- true & pids+=($!); done
+for p in "${pids[@]}"; do wait "$p"; done
+t1=$(now)
+branch=$(ms "$t0" "$t1")
+mkdir -p "$work/copies"
+t0=$(now)
+for i in $(seq "$k"); do cp -a "$rootfs" "$work/copies/$i"; done
+sync
+t1=$(now)
+copies=$(ms "$t0" "$t1")
+rm -rf "$work/copies"
+printf '%-40s %10s %12s   %s\n' "$k branches answering an exec" "$branch" "$copies" "$(ratio "$branch" "$copies")"
