@@ -412,6 +412,13 @@ func (sb *Sandbox) teardown(all bool) error {
 	if err := releaseLowers(filepath.Dir(filepath.Dir(sb.dir)), sb.Name); err != nil {
 		errs = append(errs, err)
 	}
+	// Sandboxes made before layer mounts were shared mounted their own.
+	old, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
+	for _, m := range old {
+		if err := lazy.Unmount(m); err != nil && !isNotMounted(err) {
+			errs = append(errs, err)
+		}
+	}
 	if err := os.RemoveAll(filepath.Join(sb.dir, "work", "work")); err != nil {
 		errs = append(errs, err)
 	}
