@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/snap"
+	"github.com/dsec-project/dsec/sdk"
 )
 
 const snapNote = `A snapshot holds files only: a branch or a restore starts fresh processes on the captured
@@ -136,14 +138,23 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.asJSON, "json", false, "print the sandboxes as JSON")
 }
 
-func (a *app) printSandboxes(list []api.Sandbox, asJSON bool) error {
-	if asJSON {
-		return a.printJSON(list)
+// printSandboxes prints the names of sbs, or with asJSON each described.
+func (a *app) printSandboxes(ctx context.Context, sbs []*sdk.Sandbox, asJSON bool) error {
+	if !asJSON {
+		for _, sb := range sbs {
+			fmt.Fprintln(a.stdout, sb.Name)
+		}
+		return nil
 	}
-	for _, s := range list {
-		fmt.Fprintln(a.stdout, s.Name)
+	list := make([]api.Sandbox, 0, len(sbs))
+	for _, sb := range sbs {
+		d, err := sb.Inspect(ctx)
+		if err != nil {
+			return err
+		}
+		list = append(list, d)
 	}
-	return nil
+	return a.printJSON(list)
 }
 
 func (a *app) branchCommand() *cobra.Command {
@@ -178,19 +189,7 @@ mounted layers one fetcher and one cache. Either all K start or none is kept.
 			if err != nil {
 				return err
 			}
-			var list []api.Sandbox
-			for _, sb := range sbs {
-				if !f.asJSON {
-					list = append(list, api.Sandbox{SandboxSpec: api.SandboxSpec{Name: sb.Name}})
-					continue
-				}
-				d, err := sb.Inspect(cmd.Context())
-				if err != nil {
-					return err
-				}
-				list = append(list, d)
-			}
-			return a.printSandboxes(list, f.asJSON)
+			return a.printSandboxes(cmd.Context(), sbs, f.asJSON)
 		},
 	}
 	cmd.Flags().IntVarP(&f.n, "n", "n", 0, "how many sandboxes (required)")
@@ -225,14 +224,14 @@ snapshot and the layers under it.
 			if err != nil {
 				return err
 			}
-			d := api.Sandbox{SandboxSpec: api.SandboxSpec{Name: sb.Name}}
-			if f.asJSON {
-				if d, err = sb.Inspect(cmd.Context()); err != nil {
+			if f.asJSON { // one object, as dsec inspect prints
+				d, err := sb.Inspect(cmd.Context())
+				if err != nil {
 					return err
 				}
 				return a.printJSON(d)
 			}
-			return a.printSandboxes([]api.Sandbox{d}, false)
+			return a.printSandboxes(cmd.Context(), []*sdk.Sandbox{sb}, false)
 		},
 	}
 	cmd.Flags().StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")

@@ -34,10 +34,11 @@ func lowerDir(root, dgst string) string {
 // for user and returns the mount and the layer's digest. want, if set,
 // is the digest the layer must have.
 func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, string, error) {
-	dgst, mountOn, err := resolveLayer(ctx, root, m, ref)
+	f, err := resolveLayer(ctx, root, m, ref)
 	if err != nil {
 		return "", "", err
 	}
+	dgst := f.digest
 	if want != "" && dgst != want {
 		return "", "", fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
 	}
@@ -52,7 +53,7 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 		return "", "", err
 	}
 	if !isMountpoint(mnt) {
-		if err := mountOn(mnt); err != nil {
+		if err := f.mountOn(mnt); err != nil {
 			return "", "", err
 		}
 	}
@@ -101,53 +102,47 @@ func isMountpoint(p string) bool {
 	return st.Dev != parent.Dev
 }
 
+// found is a layer resolveLayer found.
+type found struct {
+	digest  string
+	kind    layer.Kind
+	lineage *layer.Lineage // snapshots only
+	mountOn func(target string) error
+}
+
 // resolveLayer finds a layer in the local store, or in the remote when
 // the store lacks it, and says how to mount it (lazily from a remote).
-func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (string, func(string) error, error) {
+func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (*found, error) {
 	info, err := layer.Resolve(ctx, m.Store, ref)
 	if err == nil {
-		return info.Digest.String(), mount.EROFS(m.Store.BlobPath(info.Digest)).Mount, nil
+		return &found{info.Digest.String(), info.Kind, info.Snapshot, mount.EROFS(m.Store.BlobPath(info.Digest)).Mount}, nil
 	}
 	if !errdefs.IsNotFound(err) || m.Remote == nil {
-		return "", nil, err
+		return nil, err
 	}
 	r, err := layer.ParseRef(ref)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	l, err := remote.Describe(ctx, m.Remote, r)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
 		Windows: l.Config.Windows, Remote: m.Remote.String(), Insecure: m.Insecure, MaxBytes: m.CacheMax}
-	return l.Blob.Digest.String(), func(target string) error {
+	return &found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, func(target string) error {
 		return lazy.Mount(ctx, root, spec, l.Windows, target, m.Fetcher)
-	}, nil
+	}}, nil
 }
 
 // lineage reads a snapshot's lineage from the store or the remote.
 func lineage(ctx context.Context, m Mounter, ref string) (*layer.Lineage, string, error) {
-	info, err := layer.Resolve(ctx, m.Store, ref)
-	if err == nil {
-		if info.Snapshot == nil {
-			return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, info.Kind, errdefs.ErrInvalidArgument)
-		}
-		return info.Snapshot, info.Digest.String(), nil
-	}
-	if !errdefs.IsNotFound(err) || m.Remote == nil {
-		return nil, "", err
-	}
-	r, err := layer.ParseRef(ref)
+	f, err := resolveLayer(ctx, "", m, ref)
 	if err != nil {
 		return nil, "", err
 	}
-	l, err := remote.Describe(ctx, m.Remote, r)
-	if err != nil {
-		return nil, "", err
+	if f.lineage == nil {
+		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, f.kind, errdefs.ErrInvalidArgument)
 	}
-	if l.Config.Snapshot == nil {
-		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot: %w", ref, l.Config.Kind, errdefs.ErrInvalidArgument)
-	}
-	return l.Config.Snapshot, l.Blob.Digest.String(), nil
+	return f.lineage, f.digest, nil
 }

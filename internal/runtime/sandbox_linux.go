@@ -312,6 +312,12 @@ func (sb *Sandbox) RootFS() string { return filepath.Join(sb.dir, "rootfs") }
 func (sb *Sandbox) Snapshot() State {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	sb.noteDeath()
+	return sb.State
+}
+
+// noteDeath marks a running sandbox whose init died Dead; sb.mu is held.
+func (sb *Sandbox) noteDeath() {
 	if sb.Status == Running && sb.c != nil {
 		select {
 		case <-sb.c.Done():
@@ -320,7 +326,6 @@ func (sb *Sandbox) Snapshot() State {
 		default:
 		}
 	}
-	return sb.State
 }
 
 // Cgroup is the sandbox's control group, nil when it is not running.

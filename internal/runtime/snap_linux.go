@@ -40,14 +40,7 @@ type Packed struct {
 func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if sb.Status == Running && sb.c != nil {
-		select {
-		case <-sb.c.Done():
-			sb.Status = Dead
-			sb.save()
-		default:
-		}
-	}
+	sb.noteDeath()
 	if sb.Status != Running || sb.g == nil {
 		return nil, fmt.Errorf("sandbox %s is %s: pack-diff snapshots a running sandbox (dsec start %s): %w", sb.Name, sb.Status, sb.Name, errdefs.ErrFailedPrecondition)
 	}

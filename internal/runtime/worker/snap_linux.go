@@ -108,8 +108,7 @@ func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
 	ctx := context.WithoutCancel(r.Context())
 	// The first branch mounts the layers; the others then only stack
-	// their own upper over the shared mounts, as many at a time as the
-	// host has cores to spare.
+	// their own upper over the shared mounts, 8 at a time.
 	sbs := make([]*runtime.Sandbox, req.N)
 	errs := make([]error, req.N)
 	spec.Name = names[0]
