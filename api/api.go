@@ -15,6 +15,9 @@
 //	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
 //	POST   /v1/sandboxes/{name}/snapshots   PackRequest -> Snapshot (pack-diff)
 //	POST   /v1/branches                     BranchRequest -> []Sandbox
+//	GET    /v1/snapshots                    -> []SnapshotNode (the lineage DAG)
+//	DELETE /v1/snapshots/{ref...}[?force=1]
+//	POST   /v1/squash                       SquashRequest -> Snapshot
 //
 // Errors are an HTTP status and an Error body; the status tells the
 // class (StatusClass).
@@ -80,6 +83,30 @@ type Snapshot struct {
 	Dropped   []string `json:"dropped,omitempty"`
 	// FrozenSeconds is how long the sandbox's processes were frozen.
 	FrozenSeconds float64 `json:"frozen_seconds"`
+	// Folded: for a squash, how many snapshots went into this one.
+	Folded int `json:"folded,omitempty"`
+}
+
+// SnapshotNode is a snapshot in the lineage DAG.
+type SnapshotNode struct {
+	Name        string    `json:"name"` // NAME:STEP
+	Digest      string    `json:"digest"`
+	Size        int64     `json:"size"`
+	Parent      string    `json:"parent"` // the layer it was taken over
+	Layers      []string  `json:"layers"` // all it stands on, its parent first
+	Sandbox     string    `json:"sandbox"`
+	Incremental bool      `json:"incremental"`
+	Created     time.Time `json:"created"`
+	Children    []string  `json:"children"`  // snapshots taken over it
+	Branches    []string  `json:"branches"`  // sandboxes started on it
+	Sandboxes   []string  `json:"sandboxes"` // sandboxes standing on it now
+}
+
+// SquashRequest folds the chain of snapshots ending in Snapshot into one
+// new snapshot tagged Tag, over the same base layers.
+type SquashRequest struct {
+	Snapshot string `json:"snapshot"`
+	Tag      string `json:"tag"`
 }
 
 // BranchRequest asks for N sandboxes on one snapshot, named

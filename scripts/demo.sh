@@ -98,6 +98,8 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" exec --id step-4 demo-rollout -- sh -c 'echo "step 4 on the original" >> $STEP_LOG'
 	"$dsec" snap pack-diff demo-rollout -t demo/rollout:4
 	"$dsec" snap ls --tree
+	# A snapshot is a layer: push takes the layers it stands on along.
+	"$dsec" layer push demo/rollout:4 "dir://$shared" --force
 
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout
@@ -110,6 +112,12 @@ if [ "$(id -u)" = 0 ]; then
 	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \
 		-- sh -c 'head -1 /src/fmt/print.go'
 	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" layer stats demo/go-src:1
+
+	step "the second host restores the step-4 snapshot straight from the remote, lazily"
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" rm -f demo-far >/dev/null 2>&1 || true # an interrupted earlier demo's
+	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" snap restore demo/rollout:4 --name demo-far
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" exec demo-far -- tail -2 /var/log/steps
+	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" rm -f demo-far
 	DSEC_ROOT=$DSEC_ROOT_HOST2 "$dsec" daemon stop >/dev/null
 	"$dsec" daemon stop >/dev/null
 fi

@@ -391,6 +391,35 @@ func (s *Sandbox) PackDiff(ctx context.Context, req api.PackRequest) (api.Snapsh
 	return out, s.c.do(ctx, "POST", s.path("/snapshots"), bytes.NewReader(b), &out)
 }
 
+// Snapshots lists the snapshots, oldest first, with their lineage: the
+// parent, the snapshots taken over each, and the sandboxes on each.
+func (c *Client) Snapshots(ctx context.Context) ([]api.SnapshotNode, error) {
+	var out []api.SnapshotNode
+	return out, c.do(ctx, "GET", "/snapshots", nil, &out)
+}
+
+// RemoveSnapshot untags snapshot ref (NAME:STEP). Unless forced it
+// refuses (errdefs.ErrFailedPrecondition) while a snapshot or sandbox
+// stands on it.
+func (c *Client) RemoveSnapshot(ctx context.Context, ref string, force bool) error {
+	q := ""
+	if force {
+		q = "?force=1"
+	}
+	return c.do(ctx, "DELETE", "/snapshots/"+(&url.URL{Path: ref}).EscapedPath()+q, nil, nil)
+}
+
+// Squash folds the chain of snapshots ending in snapshot into one new
+// snapshot tagged tag (NAME:STEP) over the same base layers.
+func (c *Client) Squash(ctx context.Context, snapshot, tag string) (*api.Snapshot, error) {
+	b, _ := json.Marshal(api.SquashRequest{Snapshot: snapshot, Tag: tag})
+	var out api.Snapshot
+	if err := c.do(ctx, "POST", "/squash", bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Branch starts req.N sandboxes on one snapshot, each with its own
 // empty upper over the shared read-only layers; all or none. To start
 // one sandbox on a snapshot, Create with SandboxSpec.Snapshot.

@@ -89,6 +89,55 @@ func TestSnapshotAndBranch(t *testing.T) {
 	if _, err := c.Sandbox("nope").PackDiff(ctx, api.PackRequest{Tag: "x:1"}); !errdefs.IsNotFound(err) {
 		t.Fatalf("unknown sandbox: %v", err)
 	}
+
+	// Lineage, squash and removal.
+	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "traj/sub:4"}); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := c.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 2 || nodes[0].Name != "traj:3" || nodes[1].Name != "traj/sub:4" || nodes[1].Parent != "traj:3" ||
+		!nodes[1].Incremental || strings.Join(nodes[0].Children, ",") != "traj/sub:4" ||
+		strings.Join(nodes[0].Branches, ",") != "br-1,br-2,br-3,br-4,restored" {
+		t.Fatalf("lineage %+v", nodes)
+	}
+	sq, err := c.Squash(ctx, "traj/sub:4", "flat:4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sq.Folded != 2 || sq.Parent != "ws:1" || len(sq.Layers) != 2 {
+		t.Fatalf("squash %+v", sq)
+	}
+	flat, err := c.Create(ctx, api.SandboxSpec{Name: "flat", Snapshot: "flat:4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, flat, "1", "cat /work/at-k /work/later; test -e /etc/answer || echo gone"); out != "k\nafter\ngone\n" {
+		t.Fatalf("sandbox on the squashed snapshot: %q", out)
+	}
+	if err := c.RemoveSnapshot(ctx, "traj:3", false); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "snapshot traj/sub:4") {
+		t.Fatalf("rm of a snapshot stood on: %v", err)
+	}
+	if err := c.RemoveSnapshot(ctx, "nope:1", false); !errdefs.IsNotFound(err) {
+		t.Fatalf("rm of no snapshot: %v", err)
+	}
+	if _, err := c.Squash(ctx, "traj:3", "x:1"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("squash of a chain of one: %v", err)
+	}
+	if err := flat.Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveSnapshot(ctx, "flat:4", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveSnapshot(ctx, "traj/sub:4", false); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, _ := c.Snapshots(ctx); len(nodes) != 1 || len(nodes[0].Children) != 0 {
+		t.Fatalf("after rm: %+v", nodes)
+	}
 }
 
 // A process renaming files as fast as it can while the sandbox is

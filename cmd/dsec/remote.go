@@ -48,7 +48,8 @@ func (a *app) layerCopyCommand(push bool) *cobra.Command {
 		`Pull copies layer REF (NAME[:VERSION]) from REMOTE into the local store: every blob the store
 lacks (manifest, config, EROFS image, window table), each checked against its digest as it
 arrives, then the tag. Blobs already present are skipped, so pulling again resumes an
-interrupted pull and costs nothing when the layer is there.`,
+interrupted pull and costs nothing when the layer is there. A snapshot comes with every
+layer it stands on.`,
 		`  dsec layer pull debian/bookworm:2026.11 oci://registry.internal:5000/dsec
   dsec layer pull tools/harness:3 shared        # a remote named in the config file`
 	if push {
@@ -56,7 +57,9 @@ interrupted pull and costs nothing when the layer is there.`,
 			`Push copies layer REF (NAME[:VERSION]) from the local store to REMOTE: every blob the remote
 lacks, then the tag, which moves last, so a remote never names a layer it does not hold whole.
 Blobs already there are skipped: pushing again resumes an interrupted push. A tag that
-names other content on the remote is replaced only with --force.
+names other content on the remote is replaced only with --force. A snapshot goes with every
+layer it stands on, bottom first (their tags are never replaced: a remote tag naming other
+content than the snapshot stands on is an error).
 
 REMOTE is dir:///PATH (the store layout on any POSIX path: a 3FS, CephFS, JuiceFS or NFS
 mount), oci://HOST[:PORT]/REPOSITORY (a registry; the layer goes to REPOSITORY/NAME:VERSION),
@@ -112,7 +115,12 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 			if f.json {
 				return a.printJSON(res)
 			}
-			fmt.Fprintf(a.stderr, "%s %s: %d blobs copied (%s), %d already there\n", verb, res.Ref, len(res.Copied), humanBytes(res.Bytes), len(res.Skipped))
+			copied, skipped, n := res.Totals()
+			with := ""
+			if len(res.Lowers) > 0 {
+				with = fmt.Sprintf(" with the %d layers it stands on", len(res.Lowers))
+			}
+			fmt.Fprintf(a.stderr, "%s %s%s: %d blobs copied (%s), %d already there\n", verb, res.Ref, with, copied, humanBytes(n), skipped)
 			_, err = fmt.Fprintln(a.stdout, res.Digest)
 			return err
 		},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,8 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -239,19 +236,6 @@ snapshot and the layers under it.
 	return cmd
 }
 
-func (a *app) snapNodes(cmd *cobra.Command) ([]*snap.Node, []snap.User, error) {
-	s, err := a.openStore()
-	if err != nil {
-		return nil, nil, err
-	}
-	users, err := runtime.SnapUsers(a.cfg.Root)
-	if err != nil {
-		return nil, nil, err
-	}
-	nodes, err := snap.Tree(cmd.Context(), s, users)
-	return nodes, users, err
-}
-
 func (a *app) snapLsCommand() *cobra.Command {
 	var tree, asJSON bool
 	cmd := &cobra.Command{
@@ -265,13 +249,17 @@ prints every field (branches: sandboxes started on it; sandboxes: all standing o
 ` + exitCodesHelp,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nodes, _, err := a.snapNodes(cmd)
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			nodes, err := c.Snapshots(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				if nodes == nil {
-					nodes = []*snap.Node{}
+					nodes = []api.SnapshotNode{}
 				}
 				return a.printJSON(nodes)
 			}
@@ -306,10 +294,10 @@ func dash(s []string) string {
 // printTree draws each snapshot under its parent, and the sandboxes
 // started on a snapshot under it; roots are the layers the first
 // snapshots were taken over.
-func (a *app) printTree(nodes []*snap.Node) error {
-	byName := map[string]*snap.Node{}
-	for _, n := range nodes {
-		byName[n.Name] = n
+func (a *app) printTree(nodes []api.SnapshotNode) error {
+	byName := map[string]*api.SnapshotNode{}
+	for i := range nodes {
+		byName[nodes[i].Name] = &nodes[i]
 	}
 	var roots []string
 	seen := map[string]bool{}
@@ -374,17 +362,13 @@ then not start again).
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := a.openStore()
+			c, err := a.client()
 			if err != nil {
 				return err
 			}
 			var last error
 			for _, ref := range args {
-				users, err := runtime.SnapUsers(a.cfg.Root)
-				if err != nil {
-					return err
-				}
-				if _, err := snap.Remove(cmd.Context(), s, ref, users, force); err != nil {
+				if err := c.RemoveSnapshot(cmd.Context(), ref, force); err != nil {
 					if last != nil {
 						fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(last))
 					}
@@ -419,31 +403,22 @@ dsec snap rm removes it.
 			if tag == "" {
 				return usageError{errors.New("squash needs -t NAME:STEP, the new snapshot's tag")}
 			}
-			to, err := layer.ParseRef(tag)
+			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			s, err := a.openStore()
-			if err != nil {
-				return err
-			}
-			tmp, err := os.MkdirTemp(a.cfg.Root, "squash-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(tmp)
-			info, n, err := snap.Squash(cmd.Context(), s, args[0], to, tmp)
+			sq, err := c.Squash(cmd.Context(), args[0], tag)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return a.printJSON(info)
+				return a.printJSON(sq)
 			}
-			_, err = fmt.Fprintf(a.stdout, "%s\t%d snapshots folded over %s, %s\n", info.Ref, n, info.Snapshot.Parent().Ref, humanBytes(info.Size))
+			_, err = fmt.Fprintf(a.stdout, "%s\t%d snapshots folded over %s, %s\n", sq.Name, sq.Folded, sq.Parent, humanBytes(sq.Size))
 			return err
 		},
 	}
 	cmd.Flags().StringVarP(&tag, "tag", "t", "", "the new snapshot's tag, NAME:STEP (required)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new layer as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the new snapshot as JSON")
 	return cmd
 }

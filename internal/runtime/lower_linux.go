@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -52,15 +53,42 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return "", "", err
 	}
-	if !isMountpoint(mnt) {
-		if err := f.mountOn(mnt); err != nil {
-			return "", "", err
-		}
-	}
+	// The user is recorded first: a worker killed here leaves a user
+	// file SweepLowers finds, never a mount nobody owns.
 	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
 		return "", "", err
 	}
+	if !isMountpoint(mnt) {
+		if err := f.mountOn(mnt); err != nil {
+			os.Remove(filepath.Join(dir, "users", user))
+			return "", "", err
+		}
+	}
 	return mnt, dgst, nil
+}
+
+// SweepLowers drops the layer users that are not among live (sandboxes
+// a killed worker was creating or removing) and unmounts the layers
+// nobody uses. Call it with the root's worker lock held, before any
+// create.
+func SweepLowers(root string, live []string) error {
+	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "*"))
+	var errs []error
+	for _, h := range held {
+		if !slices.Contains(live, filepath.Base(h)) {
+			if err := os.Remove(h); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(root, "lower", "*"))
+	for _, dir := range dirs {
+		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
+			continue
+		}
+		errs = append(errs, unmountLower(dir))
+	}
+	return errors.Join(errs...)
 }
 
 // releaseLowers lets go of every layer user stands on, unmounting those
@@ -79,19 +107,23 @@ func releaseLowers(root, user string) error {
 		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
 			continue
 		}
-		mnt := filepath.Join(dir, "mnt")
-		if isMountpoint(mnt) {
-			// lazy.Unmount also tells a lazy layer's fetcher it may go.
-			if err := lazy.Unmount(mnt); err != nil && !isNotMounted(err) {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		if err := os.RemoveAll(dir); err != nil {
+		if err := unmountLower(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unmountLower unmounts a layer nobody uses and removes its directory.
+func unmountLower(dir string) error {
+	mnt := filepath.Join(dir, "mnt")
+	if isMountpoint(mnt) {
+		// lazy.Unmount also tells a lazy layer's fetcher it may go.
+		if err := lazy.Unmount(mnt); err != nil && !isNotMounted(err) {
+			return err
+		}
+	}
+	return os.RemoveAll(dir)
 }
 
 func isMountpoint(p string) bool {

@@ -139,28 +139,37 @@ func TestLazyLayers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	host := t.TempDir() // a second host: empty store
+	host, sb := createOnSecondHost(t, shared, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"}})
+	if out, code := sh(t, sb, "1", "cat /work/hello"); code != 0 || out != "from the workspace\n" {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+	removeOnSecondHost(t, host, sb)
+}
+
+// createOnSecondHost creates a sandbox on a new host whose store is
+// empty, so its layers come lazily from shared.
+func createOnSecondHost(t *testing.T, shared remote.Target, o runtime.Options) (string, *runtime.Sandbox) {
+	t.Helper()
+	host := t.TempDir()
 	hs, err := store.Open(filepath.Join(host, "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("DSEC_TEST_FETCHER", "1")
-	sb, err := runtime.Create(ctx, host, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"},
-		Mounter: runtime.Mounter{Store: hs, Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}}})
+	o.Mounter = runtime.Mounter{Store: hs, Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}}
+	sb, err := runtime.Create(context.Background(), host, o)
 	os.Unsetenv("DSEC_TEST_FETCHER")
 	if err != nil {
 		t.Fatal(err)
 	}
-	removed := false
-	t.Cleanup(func() {
-		if !removed {
-			sb.Remove()
-		}
-	})
-	if out, code := sh(t, sb, "1", "cat /work/hello"); code != 0 || out != "from the workspace\n" {
-		t.Fatalf("exit %d, %q", code, out)
-	}
-	removed = true
+	t.Cleanup(func() { sb.Remove() }) // a second Remove finds nothing to do
+	return host, sb
+}
+
+// removeOnSecondHost removes sb and checks its host is left clean once
+// the fetchers have gone.
+func removeOnSecondHost(t *testing.T, host string, sb *runtime.Sandbox) {
+	t.Helper()
 	if err := sb.Remove(); err != nil {
 		t.Fatal(err)
 	}

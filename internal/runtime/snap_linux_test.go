@@ -13,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
@@ -332,4 +333,46 @@ func TestPackDiffErrors(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.root, "sandboxes", "y")); !os.IsNotExist(err) {
 		t.Fatal("a failed branch left its directory")
 	}
+}
+
+// TestLazySnapshotBranch: a snapshot pushed to a shared store goes with
+// the layers it stands on, and a host that has none of them branches
+// from it lazily (its store stays empty) into the same view.
+func TestLazySnapshotBranch(t *testing.T) {
+	f := newSnapFixture(t)
+	ctx := context.Background()
+	orig := f.create(runtime.Options{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
+	f.run(orig, "echo one > /work/step1; rm /work/hello")
+	f.mustPack(orig, "lazy/r:1")
+	f.run(orig, "echo two >> /work/step1; mkdir -p /opt/x; ln /work/step1 /opt/x/hard")
+	want := view(t, orig)
+	f.mustPack(orig, "lazy/r:2")
+
+	shared, err := remote.Open("dir://"+filepath.Join(t.TempDir(), "shared"), remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := layer.ParseRef("lazy/r:2")
+	res, err := remote.Copy(ctx, remote.Local(f.s), shared, ref, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lowers []string
+	for _, l := range res.Lowers {
+		lowers = append(lowers, l.Ref)
+	}
+	if strings.Join(lowers, " ") != "bb:1 ws:1 lazy/r:1" {
+		t.Fatalf("pushed lowers %v, want the lineage bottom first", lowers)
+	}
+
+	host, sb := createOnSecondHost(t, shared, runtime.Options{Name: "far", From: "lazy/r:2"})
+	sameView(t, "a branch on another host", want, view(t, sb))
+	hs, _ := store.Open(filepath.Join(host, "store"))
+	if l, _ := layer.List(ctx, hs); len(l) != 0 {
+		t.Fatalf("the lazy branch pulled %d layers into its host's store", len(l))
+	}
+	if st := sb.Snapshot(); st.From != "lazy/r:2" || len(st.Layers) != 4 {
+		t.Fatalf("branch state %+v", st)
+	}
+	removeOnSecondHost(t, host, sb)
 }

@@ -1,33 +1,22 @@
 package snap
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/opencontainers/go-digest"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 // Node is a snapshot in the lineage DAG.
 type Node struct {
-	Name        string        `json:"name"` // NAME:STEP
-	Digest      digest.Digest `json:"digest"`
-	Size        int64         `json:"size"`
-	Parent      string        `json:"parent"` // the layer it was taken over
-	Layers      []string      `json:"layers"` // all it stands on, its parent first
-	Sandbox     string        `json:"sandbox"`
-	Incremental bool          `json:"incremental"`
-	Created     time.Time     `json:"created"`
-	Children    []string      `json:"children"`  // snapshots taken over it
-	Branches    []string      `json:"branches"`  // sandboxes started on it
-	Sandboxes   []string      `json:"sandboxes"` // sandboxes standing on it now
-
+	api.SnapshotNode
 	lowers []layer.Lower
 }
 
@@ -50,9 +39,9 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 		if i.Snapshot == nil {
 			continue
 		}
-		n := &Node{Name: i.Ref, Digest: i.Digest, Size: i.Size, Parent: i.Snapshot.Parent().Ref, Sandbox: i.Snapshot.Sandbox,
-			Incremental: i.Snapshot.Incremental, Created: i.Created, lowers: i.Snapshot.Lowers,
-			Children: []string{}, Branches: []string{}, Sandboxes: []string{}}
+		n := &Node{SnapshotNode: api.SnapshotNode{Name: i.Ref, Digest: i.Digest.String(), Size: i.Size,
+			Parent: i.Snapshot.Parent().Ref, Sandbox: i.Snapshot.Sandbox, Incremental: i.Snapshot.Incremental,
+			Created: i.Created, Children: []string{}, Branches: []string{}, Sandboxes: []string{}}, lowers: i.Snapshot.Lowers}
 		for _, lo := range i.Snapshot.Lowers {
 			n.Layers = append(n.Layers, lo.Ref)
 		}
@@ -60,12 +49,12 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 	}
 	for _, n := range nodes {
 		for _, m := range nodes {
-			if m.lowers[0].Digest == n.Digest {
+			if m.lowers[0].Digest.String() == n.Digest {
 				n.Children = append(n.Children, m.Name)
 			}
 		}
 		for _, u := range users {
-			if slices.Contains(u.Digests, n.Digest.String()) {
+			if slices.Contains(u.Digests, n.Digest) {
 				n.Sandboxes = append(n.Sandboxes, u.Name)
 				if u.From == n.Name {
 					n.Branches = append(n.Branches, u.Name)
@@ -73,7 +62,14 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 			}
 		}
 	}
-	slices.SortStableFunc(nodes, func(a, b *Node) int { return a.Created.Compare(b.Created) })
+	// Oldest first; within a second (configs keep whole seconds), a
+	// parent before what stands on it.
+	slices.SortStableFunc(nodes, func(a, b *Node) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return cmp.Compare(len(a.lowers), len(b.lowers))
+	})
 	return nodes, nil
 }
 
@@ -104,7 +100,7 @@ func Remove(ctx context.Context, s *store.Store, ref string, users []User, force
 	var on []string
 	for _, c := range nodes {
 		for _, lo := range c.lowers {
-			if lo.Digest == n.Digest {
+			if lo.Digest.String() == n.Digest {
 				on = append(on, "snapshot "+c.Name)
 			}
 		}

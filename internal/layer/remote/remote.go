@@ -103,6 +103,20 @@ type Result struct {
 	Copied   []digest.Digest `json:"copied"`
 	Skipped  []digest.Digest `json:"skipped"`
 	Bytes    int64           `json:"bytes"`
+	// Lowers: for a snapshot, the copies of the layers it stands on,
+	// bottom first.
+	Lowers []*Result `json:"lowers,omitempty"`
+}
+
+// Totals are the blobs copied and skipped, and bytes copied, with the
+// lowers'.
+func (r *Result) Totals() (copied, skipped int, bytes int64) {
+	copied, skipped, bytes = len(r.Copied), len(r.Skipped), r.Bytes
+	for _, l := range r.Lowers {
+		c, s, b := l.Totals()
+		copied, skipped, bytes = copied+c, skipped+s, bytes+b
+	}
+	return copied, skipped, bytes
 }
 
 type countingReader struct {
@@ -121,7 +135,9 @@ func (c countingReader) Read(b []byte) (int, error) {
 // Copy copies layer ref from src to dst: every blob dst lacks, then the
 // tag. Blobs already there are skipped, so a copy interrupted at any
 // point resumes by running it again; the tag moves last, so dst never
-// names a layer whose blobs it does not hold.
+// names a layer whose blobs it does not hold. A snapshot brings the
+// layers it stands on, first: dst never names a snapshot it cannot
+// mount. force replaces ref's own tag, never a lower's.
 func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Progress) (*Result, error) {
 	if p == nil {
 		p = noProgress{}
@@ -134,6 +150,12 @@ func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Pro
 		}
 		defer release()
 	}
+	return copyLayer(ctx, src, dst, ref, "", force, p)
+}
+
+// copyLayer is Copy without the gc lock; want, if set, is the layer
+// digest ref must name in src (a snapshot's lower).
+func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.Digest, force bool, p Progress) (*Result, error) {
 	from, err := src.Repo(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -146,16 +168,38 @@ func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Pro
 	if err != nil {
 		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
 	}
-	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
-		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
-	} else if err != nil && !errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("%s: %w", dst, err)
-	}
 	man, cfg, err := readLayer(ctx, from, mdesc)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
 	}
-	res := &Result{Ref: ref.String(), Digest: man.Layers[0].Digest, Manifest: mdesc.Digest, From: src.String(), To: dst.String()}
+	blob := man.Layers[0].Digest
+	if want != "" && blob != want {
+		return nil, fmt.Errorf("%s in %s is now %s, not the %s a snapshot over it stands on: %w", ref, src, blob, want, errdefs.ErrFailedPrecondition)
+	}
+	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
+		if want != "" {
+			return nil, fmt.Errorf("tag %s in %s names other content (%s) than the snapshot stands on; a snapshot never moves its lowers' tags: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
+	} else if err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%s: %w", dst, err)
+	}
+	res := &Result{Ref: ref.String(), Digest: blob, Manifest: mdesc.Digest, From: src.String(), To: dst.String()}
+	if cfg.Snapshot != nil {
+		// Bottom up, so each tag moves only over whole lowers.
+		for i := len(cfg.Snapshot.Lowers) - 1; i >= 0; i-- {
+			lo := cfg.Snapshot.Lowers[i]
+			lref, err := layer.ParseRef(lo.Ref)
+			if err != nil {
+				return nil, err
+			}
+			lres, err := copyLayer(ctx, src, dst, lref, lo.Digest, false, p)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot %s stands on %s: %w", ref, lo.Ref, err)
+			}
+			res.Lowers = append(res.Lowers, lres)
+		}
+	}
 	windows := ocispec.Descriptor{MediaType: layer.MediaTypeWindows, Digest: cfg.Windows.Digest, Size: int64(cfg.Windows.Count) * 32}
 	for _, d := range []ocispec.Descriptor{man.Layers[0], windows, man.Config, mdesc} {
 		ok, err := to.Exists(ctx, d)
@@ -179,7 +223,7 @@ func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Pro
 	}
 	mdesc.MediaType = ocispec.MediaTypeImageManifest
 	mdesc.ArtifactType = layer.ArtifactType
-	mdesc.Annotations = layer.TagAnnotations(cfg.Kind, man.Layers[0].Digest)
+	mdesc.Annotations = layer.TagAnnotations(cfg.Kind, blob)
 	if err := to.Tag(ctx, mdesc, force); err != nil {
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
 	}

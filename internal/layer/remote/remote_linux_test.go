@@ -210,3 +210,65 @@ func TestOCIRemoteAuth(t *testing.T) {
 		t.Fatalf("push with credentials: %v", err)
 	}
 }
+
+// TestSnapshotCarriesLineage: pushing a snapshot pushes the layers it
+// stands on, bottom first; pulling brings them; a remote tag of a lower
+// naming other content, or a lower whose tag moved at the source, is an
+// error that leaves the snapshot's tag where it was.
+func TestSnapshotCarriesLineage(t *testing.T) {
+	ctx := context.Background()
+	addr, _ := layertest.StartRegistry(t)
+	target, err := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newLocal(t), newLocal(t)
+	base := buildLayer(t, a, "base:1")
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "step"), []byte("1"), 0o644)
+	snapRef, _ := layer.ParseRef("run/r:1")
+	snap, err := layer.Build(ctx, a, layer.BuildOptions{Source: src, Kind: layer.KindSnapshot, Ref: snapRef,
+		Snapshot: &layer.Lineage{Lowers: []layer.Lower{{Ref: "base:1", Digest: base.Digest}}, Sandbox: "sb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := remote.Copy(ctx, remote.Local(a), target, snapRef, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Lowers) != 1 || res.Lowers[0].Ref != "base:1" || len(res.Lowers[0].Copied) != 4 {
+		t.Fatalf("push of a snapshot: lowers %+v", res.Lowers)
+	}
+	if c, s, _ := res.Totals(); c != 8 || s != 0 {
+		t.Fatalf("totals %d copied, %d skipped", c, s)
+	}
+	if _, err := remote.Copy(ctx, target, remote.Local(b), snapRef, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for ref, want := range map[string]digest.Digest{"base:1": base.Digest, "run/r:1": snap.Digest} {
+		if got, err := layer.Resolve(ctx, b, ref); err != nil || got.Digest != want {
+			t.Fatalf("pulled %s: %v %v", ref, got, err)
+		}
+	}
+
+	// The source's base:1 moves: the snapshot no longer stands on it.
+	buildLayerFrom(t, a, "base:1", "moved")
+	other, err := remote.Open("dir://"+filepath.Join(t.TempDir(), "other"), remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(a), other, snapRef, false, nil); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("push of a snapshot whose lower moved: %v", err)
+	}
+	if _, err := remote.Describe(ctx, other, snapRef); !errdefs.IsNotFound(err) {
+		t.Fatalf("a failed snapshot push tagged it: %v", err)
+	}
+	// The remote's base:1 names other content: never forced, even with --force.
+	baseRef, _ := layer.ParseRef("base:1")
+	if _, err := remote.Copy(ctx, remote.Local(a), target, baseRef, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(b), target, snapRef, true, nil); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("push of a snapshot over a moved remote lower: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/snap"
 )
 
 // maxBranches bounds one branch request.
@@ -61,15 +63,15 @@ func (w *worker) packDiff(rw http.ResponseWriter, r *http.Request) {
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
 	rw.WriteHeader(http.StatusCreated)
-	reply(rw, snapshotOf(p))
+	out := snapshotOf(p.Layer)
+	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
+	out.Dropped, out.FrozenSeconds = p.Packed.Dropped, p.Frozen.Seconds()
+	reply(rw, out)
 }
 
-func snapshotOf(p *runtime.Packed) api.Snapshot {
-	l := p.Layer
+func snapshotOf(l *layer.Info) api.Snapshot {
 	out := api.Snapshot{Name: l.Ref, Digest: l.Digest.String(), Size: l.Size, Parent: l.Snapshot.Parent().Ref,
-		Sandbox: l.Snapshot.Sandbox, Incremental: l.Snapshot.Incremental, Created: l.Created,
-		Entries: p.Packed.Entries, Bytes: p.Packed.Bytes, Whiteouts: p.Packed.Whiteouts, Unchanged: p.Packed.Unchanged,
-		Dropped: p.Packed.Dropped, FrozenSeconds: p.Frozen.Seconds()}
+		Sandbox: l.Snapshot.Sandbox, Incremental: l.Snapshot.Incremental, Created: l.Created}
 	for _, lo := range l.Snapshot.Lowers {
 		out.Layers = append(out.Layers, lo.Ref)
 	}
@@ -162,4 +164,82 @@ func firstErr(errs []error) error {
 		return fmt.Errorf("%w (and %d more branches failed; none was kept)", first, n-1)
 	}
 	return first
+}
+
+// snapshots lists the lineage DAG.
+func (w *worker) snapshots(rw http.ResponseWriter, r *http.Request) {
+	w.lineage.RLock()
+	defer w.lineage.RUnlock()
+	nodes, err := w.tree(r.Context())
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	out := make([]api.SnapshotNode, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.SnapshotNode
+	}
+	reply(rw, out)
+}
+
+func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
+	users, err := runtime.SnapUsers(w.cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	return snap.Tree(ctx, w.mounter.Store, users)
+}
+
+// removeSnapshot untags a snapshot nothing stands on (or, forced, one
+// something does); no sandbox comes to stand on it meanwhile.
+func (w *worker) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
+	w.lineage.Lock()
+	defer w.lineage.Unlock()
+	users, err := runtime.SnapUsers(w.cfg.Root)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	if _, err := snap.Remove(r.Context(), w.mounter.Store, r.PathValue("ref"), users, r.URL.Query().Get("force") == "1"); err != nil {
+		fail(rw, err)
+		return
+	}
+	w.log.Info("removed snapshot", "snapshot", r.PathValue("ref"))
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// squash folds a chain of snapshots into a new one.
+func (w *worker) squash(rw http.ResponseWriter, r *http.Request) {
+	var req api.SquashRequest
+	if err := decode(r, &req); err != nil {
+		fail(rw, err)
+		return
+	}
+	if req.Snapshot == "" || req.Tag == "" {
+		fail(rw, fmt.Errorf("squash needs the snapshot and the new tag (NAME:STEP): %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	to, err := layer.ParseRef(req.Tag)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	w.lineage.Lock()
+	defer w.lineage.Unlock()
+	tmp, err := os.MkdirTemp(w.cfg.Root, "squash-")
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	defer os.RemoveAll(tmp) // Squash unmounts what it mounted there first
+	info, n, err := snap.Squash(context.WithoutCancel(r.Context()), w.mounter.Store, req.Snapshot, to, tmp)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	out := snapshotOf(info)
+	out.Folded = n
+	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n)
+	rw.WriteHeader(http.StatusCreated)
+	reply(rw, out)
 }

@@ -35,6 +35,10 @@ type worker struct {
 	log     *slog.Logger
 	mounter runtime.Mounter
 
+	// lineage: creates read it (a sandbox comes to stand on layers),
+	// snapshot removal and squash write it.
+	lineage sync.RWMutex
+
 	mu        sync.Mutex
 	sandboxes map[string]*entry
 	lastReq   time.Time
@@ -139,18 +143,23 @@ func (w *worker) adopt() error {
 	if err != nil {
 		return err
 	}
+	var live []string // what may still stand on layers
 	for _, name := range names {
 		sb, err := runtime.Load(w.cfg.Root, name)
 		if errdefs.IsNotFound(err) {
 			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
 			continue
 		}
+		live = append(live, name)
 		if err != nil {
 			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
 			continue
 		}
 		w.log.Info("adopted sandbox", "sandbox", name, "status", sb.Snapshot().Status)
 		w.sandboxes[name] = &entry{sb: sb}
+	}
+	if err := runtime.SweepLowers(w.cfg.Root, live); err != nil {
+		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
 	}
 	return nil
 }
@@ -182,6 +191,9 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", w.packDiff)
 	mux.HandleFunc("POST /v1/branches", w.branch)
+	mux.HandleFunc("GET /v1/snapshots", w.snapshots)
+	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", w.removeSnapshot)
+	mux.HandleFunc("POST /v1/squash", w.squash)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
@@ -282,6 +294,8 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 }
 
 func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
+	w.lineage.RLock()
+	defer w.lineage.RUnlock()
 	if spec.Backend == "" {
 		spec.Backend = backends[0]
 	}
