@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/units"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -78,28 +79,13 @@ func (a *app) client() (*sdk.Client, error) {
 	}})
 }
 
-// parseBytes reads a size: 1048576, 512K, 64M, 2G (powers of 1024; KiB
-// style suffixes and a trailing B are accepted too).
+// parseBytes reads a size flag.
 func parseBytes(s string) (int64, error) {
-	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'K':
-			mult, t = 1<<10, t[:n-1]
-		case 'M':
-			mult, t = 1<<20, t[:n-1]
-		case 'G':
-			mult, t = 1<<30, t[:n-1]
-		case 'T':
-			mult, t = 1<<40, t[:n-1]
-		}
+	n, err := units.ParseBytes(s)
+	if err != nil {
+		return 0, usageError{err}
 	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v < 0 || v*float64(mult) > 1<<62 {
-		return 0, usageError{fmt.Errorf("bad size %q: give bytes, or a number with K, M, G or T (powers of 1024)", s)}
-	}
-	return int64(v * float64(mult)), nil
+	return n, nil
 }
 
 type runFlags struct {

@@ -3,9 +3,10 @@ package remote
 import (
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/units"
 )
 
 // Emulation slows reads from a dir: remote down to a given round-trip
@@ -34,14 +35,8 @@ func EmulationFromEnv() Emulation {
 }
 
 func parseBytes(s string) int64 {
-	mult := int64(1)
-	for suffix, m := range map[string]int64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suffix) {
-			s, mult = strings.TrimSuffix(s, suffix), m
-		}
-	}
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n * mult
+	n, _ := units.ParseBytes(s)
+	return n
 }
 
 // Request waits one round trip before a request's first byte.

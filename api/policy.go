@@ -1,0 +1,113 @@
+package api
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// PolicyVersion is the apiVersion of policy documents this API reads.
+const PolicyVersion = "dsec/v1"
+
+// Policy is a sandbox policy document (YAML or JSON; kind: Policy). A
+// section left out keeps the secure default's; see dsec policy(5).
+type Policy struct {
+	APIVersion string          `json:"apiVersion"`
+	Kind       string          `json:"kind"`
+	Metadata   *PolicyMetadata `json:"metadata,omitempty"`
+	Files      *FilePolicy     `json:"files,omitempty"`
+	Syscalls   *SyscallPolicy  `json:"syscalls,omitempty"`
+	Network    *NetworkPolicy  `json:"network,omitempty"`
+	Resources  *ResourcePolicy `json:"resources,omitempty"`
+}
+
+// PolicyMetadata names a policy.
+type PolicyMetadata struct {
+	Name string `json:"name,omitempty"`
+}
+
+// FilePolicy says what processes in the sandbox may do with paths of
+// its root (enforced with Landlock, for processes started after it is
+// applied). Paths are absolute, inside the sandbox.
+type FilePolicy struct {
+	// ReadOnly paths (and what is under them) may be read and run,
+	// never written, created in, renamed or removed.
+	ReadOnly []string `json:"readOnly,omitempty"`
+	// Hidden paths may not be read, listed, written or run at all.
+	Hidden []string `json:"hidden,omitempty"`
+	// ToolkitWritable lifts the default that the toolkit layer's
+	// paths are read-only (and nosuid).
+	ToolkitWritable bool `json:"toolkitWritable,omitempty"`
+}
+
+// SyscallPolicy tightens the seccomp allowlist every sandbox runs under.
+type SyscallPolicy struct {
+	// Deny lists more system calls (by name, native architecture) that
+	// fail with EPERM.
+	Deny []string `json:"deny,omitempty"`
+}
+
+// NetworkPolicy is the sandbox's egress allowlist: what is not allowed
+// is denied (connect and sendmsg fail with EPERM).
+type NetworkPolicy struct {
+	Egress []EgressRule `json:"egress"`
+}
+
+// EgressRule allows traffic to an address range.
+type EgressRule struct {
+	// To is a CIDR (v4 or v6), an address, or a host name the worker
+	// resolves when the policy is applied (and pins).
+	To string `json:"to"`
+	// Ports are port numbers or "LOW-HIGH" ranges; none: every port.
+	Ports []PortRange `json:"ports,omitempty"`
+	// Protocol is tcp or udp; empty: both.
+	Protocol string `json:"protocol,omitempty"`
+}
+
+// PortRange is a port or an inclusive range of ports.
+type PortRange struct {
+	Low, High uint16
+}
+
+// ResourcePolicy bounds what the sandbox may use; zero: no bound beyond
+// the sandbox's own limits.
+type ResourcePolicy struct {
+	Pids   int     `json:"pids,omitempty"`
+	Memory string  `json:"memory,omitempty"` // bytes, or with a unit: 512M, 2G
+	CPU    float64 `json:"cpu,omitempty"`    // cores
+}
+
+// PolicyReport says what applying a policy to a running sandbox did.
+type PolicyReport struct {
+	// Now: what took effect for every process of the sandbox at once.
+	Now []string `json:"now"`
+	// NewProcesses: what holds for processes started from now on only
+	// (Landlock and seccomp cannot reach processes already running).
+	NewProcesses []string `json:"new_processes"`
+	// Unchanged: sections the new policy could not loosen.
+	Unchanged []string `json:"unchanged,omitempty"`
+}
+
+// MarshalJSON writes a port as a number and a range as "LOW-HIGH".
+func (p PortRange) MarshalJSON() ([]byte, error) {
+	if p.Low == p.High {
+		return strconv.AppendUint(nil, uint64(p.Low), 10), nil
+	}
+	return []byte(fmt.Sprintf(`"%d-%d"`, p.Low, p.High)), nil
+}
+
+// UnmarshalJSON reads 443, "443" or "8000-8100".
+func (p *PortRange) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	lo, hi, isRange := strings.Cut(s, "-")
+	if !isRange {
+		hi = lo
+	}
+	l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	h, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if err1 != nil || err2 != nil || l == 0 || h < l {
+		return fmt.Errorf("bad port %s: give a port 1-65535 or a range \"LOW-HIGH\"", b)
+	}
+	p.Low, p.High = uint16(l), uint16(h)
+	return nil
+}

@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+// The child side of the network tests: it runs in the test's cgroup and
+// tries what DSEC_NET_PROBES lists ("tcp ADDR", "udp ADDR", or "until
+// tcp ADDR": retry until it connects), printing one line each.
+func init() {
+	probes := os.Getenv("DSEC_NET_PROBES")
+	if probes == "" {
+		return
+	}
+	for _, p := range strings.Split(probes, ";") {
+		f := strings.Fields(p)
+		if f[0] == "until" {
+			denied := 0
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+				c, err := net.Dial(f[1], f[2])
+				if err == nil {
+					c.Close()
+					fmt.Printf("%s ok after %d denied\n", p, denied)
+					break
+				}
+				if errors.Is(err, unix.EPERM) {
+					denied++
+					if denied == 1 {
+						fmt.Println("denied once") // the parent updates the list now
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			continue
+		}
+		var err error
+		switch f[0] {
+		case "tcp":
+			var c net.Conn
+			if c, err = net.DialTimeout("tcp", f[1], time.Second); err == nil {
+				c.Close()
+			}
+		case "udp":
+			var c net.Conn
+			if c, err = net.Dial("udp", f[1]); err == nil {
+				// An unconnected send goes through sendmsg's hook.
+				c.Close()
+				var pc net.PacketConn
+				if pc, err = net.ListenPacket("udp", ":0"); err == nil {
+					_, err = pc.WriteTo([]byte("x"), net.UDPAddrFromAddrPort(netip.MustParseAddrPort(f[1])))
+					pc.Close()
+				}
+			}
+		}
+		switch {
+		case err == nil:
+			fmt.Println(p, "ok")
+		case errors.Is(err, unix.EPERM):
+			fmt.Println(p, "EPERM")
+		default:
+			fmt.Println(p, "error", err)
+		}
+	}
+	os.Exit(0)
+}
+
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	base := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
+		base = "/sys/fs/cgroup"
+		var st unix.Statfs_t
+		if unix.Statfs(base, &st) != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			t.Skip("SKIPPED LOUDLY: no cgroup2 hierarchy on this host: the egress allowlist cannot be tested")
+		}
+	}
+	cg := filepath.Join(base, fmt.Sprintf("dsec-policy-test-%d", os.Getpid()))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(cg); err != nil {
+			t.Errorf("remove the test cgroup: %v", err)
+		}
+	})
+	return cg
+}
+
+// probe runs the probes in a child started inside cg.
+func probe(t *testing.T, cg string, probes ...string) map[string]string {
+	t.Helper()
+	out, err := startProbes(t, cg, probes...).Output()
+	if err != nil {
+		t.Fatalf("probes: %v", err)
+	}
+	res := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		for _, p := range probes {
+			if r, ok := strings.CutPrefix(l, p+" "); ok {
+				res[p] = r
+			}
+		}
+	}
+	return res
+}
+
+func startProbes(t *testing.T, cg string, probes ...string) *exec.Cmd {
+	dir, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dir.Close() })
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "DSEC_NET_PROBES="+strings.Join(probes, ";"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
+	return cmd
+}
+
+func listen(t *testing.T, network, addr string) string {
+	t.Helper()
+	if network == "udp" {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		return pc.LocalAddr().String()
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return l.Addr().String()
+}
+
+func port(addr string) uint16 {
+	ap := netip.MustParseAddrPort(addr)
+	return ap.Port()
+}
+
+func TestEgressAllowlist(t *testing.T) {
+	cg := testCgroup(t)
+	allowed, denied := listen(t, "tcp", "127.0.0.1:0"), listen(t, "tcp", "127.0.0.1:0")
+	udpAllowed, udpDenied := listen(t, "udp", "127.0.0.1:0"), listen(t, "udp", "127.0.0.1:0")
+	mapped := func(a string) string { return "[::ffff:127.0.0.1]:" + strconv.Itoa(int(port(a))) }
+	probes := []string{"tcp " + allowed, "tcp " + denied, "tcp " + mapped(allowed), "tcp " + mapped(denied),
+		"udp " + udpAllowed, "udp " + udpDenied}
+
+	// The positive control: no policy, everything connects.
+	for p, r := range probe(t, cg, probes...) {
+		if r != "ok" {
+			t.Fatalf("without a policy, %s: %s", p, r)
+		}
+	}
+	entries, err := Allowlist([]api.EgressRule{
+		{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(allowed), High: port(allowed)}}, Protocol: "tcp"},
+		{To: "127.0.0.1", Ports: []api.PortRange{{Low: port(udpAllowed), High: port(udpAllowed)}}, Protocol: "udp"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyNetwork(cg, entries); err != nil {
+		t.Fatal(err)
+	}
+	if !NetworkAttached(cg) {
+		t.Fatal("the programs are not attached")
+	}
+	got := probe(t, cg, probes...)
+	want := map[string]string{probes[0]: "ok", probes[1]: "EPERM", probes[2]: "ok", probes[3]: "EPERM", probes[4]: "ok", probes[5]: "EPERM"}
+	for p, w := range want {
+		if got[p] != w {
+			t.Errorf("%s: %q, want %q", p, got[p], w)
+		}
+	}
+
+	// Live: a process retrying the denied port gets through once the
+	// list changes under it, without restarting anything.
+	cmd := startProbes(t, cg, "until tcp "+denied)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != "denied once" {
+		t.Fatalf("the retrying child: %q", sc.Text())
+	}
+	entries, _ = Allowlist([]api.EgressRule{{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(denied), High: port(denied)}}}})
+	start := time.Now()
+	if err := ApplyNetwork(cg, entries); err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Scan() || !strings.Contains(sc.Text(), " ok after ") {
+		t.Fatalf("after the update: %q", sc.Text())
+	}
+	t.Logf("the retrying process connected %v after the update: %s", time.Since(start), sc.Text())
+	cmd.Wait()
+	if got := probe(t, cg, "tcp "+allowed); got["tcp "+allowed] != "EPERM" {
+		t.Fatalf("the old rule still holds after the swap: %v", got)
+	}
+}

@@ -1,0 +1,139 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+// Protocols a port rule allows, as bits.
+const (
+	ProtoTCP uint8 = 1 << iota
+	ProtoUDP
+)
+
+// MaxPortRules bounds the port rules one address range carries (its
+// own and those of every range that contains it).
+const MaxPortRules = 16
+
+// PortRule allows ports Low..High over the protocols in Protos.
+type PortRule struct {
+	Low, High uint16
+	Protos    uint8
+}
+
+// Entry is one allowlist entry: an address range, as a 16-byte IPv6
+// prefix (IPv4 as ::ffff:a.b.c.d/96+n, so IPv4-mapped IPv6 addresses
+// match IPv4 rules), and the port rules that apply to addresses in it.
+type Entry struct {
+	Prefix netip.Prefix
+	Rules  []PortRule
+}
+
+// Allowlist compiles egress rules into allowlist entries, resolving host
+// names (each of their addresses is a /32 or /128). Because a lookup
+// finds only the longest matching prefix, an entry carries the rules of
+// every entry that contains it too.
+func Allowlist(rules []api.EgressRule) ([]Entry, error) {
+	byPrefix := map[netip.Prefix][]PortRule{}
+	var order []netip.Prefix
+	for i, r := range rules {
+		var pfxs []netip.Prefix
+		if pfx, err := parseTo(r.To); err == nil {
+			pfxs = append(pfxs, pfx)
+		} else {
+			addrs, err := lookup(strings.TrimSuffix(r.To, "."))
+			if err != nil || len(addrs) == 0 {
+				return nil, fmt.Errorf("network.egress[%d].to: cannot resolve %q (%v): give an address or fix the name: %w", i, r.To, err, errdefs.ErrInvalidArgument)
+			}
+			for _, a := range addrs {
+				pfxs = append(pfxs, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+		protos := ProtoTCP | ProtoUDP
+		switch r.Protocol {
+		case "tcp":
+			protos = ProtoTCP
+		case "udp":
+			protos = ProtoUDP
+		}
+		ports := r.Ports
+		if len(ports) == 0 {
+			ports = []api.PortRange{{Low: 0, High: 65535}}
+		}
+		for _, pfx := range pfxs {
+			pfx = mapped(pfx)
+			if _, ok := byPrefix[pfx]; !ok {
+				order = append(order, pfx)
+			}
+			for _, p := range ports {
+				pr := PortRule{Low: p.Low, High: p.High, Protos: protos}
+				if !slices.Contains(byPrefix[pfx], pr) {
+					byPrefix[pfx] = append(byPrefix[pfx], pr)
+				}
+			}
+		}
+	}
+	out := make([]Entry, 0, len(order))
+	for _, pfx := range order {
+		var rs []PortRule
+		for _, other := range order {
+			if other.Bits() <= pfx.Bits() && other.Contains(pfx.Addr()) {
+				for _, r := range byPrefix[other] {
+					if !slices.Contains(rs, r) {
+						rs = append(rs, r)
+					}
+				}
+			}
+		}
+		if len(rs) > MaxPortRules {
+			return nil, fmt.Errorf("network.egress: %s carries %d port rules (its own and those of the ranges that contain it), more than %d: merge ports into ranges: %w",
+				unmapped(pfx), len(rs), MaxPortRules, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, Entry{Prefix: pfx, Rules: rs})
+	}
+	return out, nil
+}
+
+// mapped turns an IPv4 prefix into its IPv4-mapped IPv6 form.
+func mapped(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4() {
+		return netip.PrefixFrom(netip.AddrFrom16(p.Addr().As16()), 96+p.Bits())
+	}
+	return p
+}
+
+func unmapped(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
+// Allows says whether the entries allow a connection to addr:port over
+// proto: the lookup the BPF programs do, for tests and for dsec policy
+// check.
+func Allows(entries []Entry, addr netip.Addr, port uint16, proto uint8) bool {
+	a := netip.AddrFrom16(addr.As16())
+	var best *Entry
+	for i := range entries {
+		e := &entries[i]
+		if e.Prefix.Contains(a) && (best == nil || e.Prefix.Bits() > best.Prefix.Bits()) {
+			best = e
+		}
+	}
+	if best == nil {
+		return false
+	}
+	for _, r := range best.Rules {
+		if r.Protos&proto != 0 && r.Low <= port && port <= r.High {
+			return true
+		}
+	}
+	return false
+}

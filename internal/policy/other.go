@@ -1,0 +1,22 @@
+//go:build !linux
+
+package policy
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+// ApplyNetwork needs Linux cgroup BPF.
+func ApplyNetwork(cg string, entries []Entry) error {
+	return fmt.Errorf("network policy: %w", errdefs.ErrNotImplemented)
+}
+
+// NetworkAttached is false off Linux.
+func NetworkAttached(cg string) bool { return false }
+
+// Seccomp needs Linux.
+func Seccomp(deny []string) ([]byte, error) {
+	return nil, fmt.Errorf("seccomp: %w", errdefs.ErrNotImplemented)
+}

@@ -1,0 +1,217 @@
+package policy
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/units"
+)
+
+// MaxSize bounds a policy document.
+const MaxSize = 1 << 20
+
+// MaxEgress bounds a policy's egress rules.
+const MaxEgress = 65536
+
+// Parse reads a policy document (YAML or JSON) and validates it. Unknown
+// and duplicate fields are errors.
+func Parse(b []byte) (*api.Policy, error) {
+	if len(b) > MaxSize {
+		return nil, fmt.Errorf("policy is %d bytes, more than the %d a policy may be: %w", len(b), MaxSize, errdefs.ErrInvalidArgument)
+	}
+	var p api.Policy
+	if err := yaml.UnmarshalStrict(b, &p); err != nil {
+		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "), "error unmarshaling JSON: ")
+		msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "unmarshal errors:\n", "")), " ")
+		return nil, fmt.Errorf("policy: %s: %w", msg, errdefs.ErrInvalidArgument)
+	}
+	if err := Validate(&p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+var hostName = regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.?$`)
+
+// Validate checks a policy; the error names the field and what to do.
+func Validate(p *api.Policy) error {
+	bad := func(field, format string, a ...any) error {
+		return fmt.Errorf("policy %s: %s: %w", field, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
+	}
+	if p.APIVersion != api.PolicyVersion {
+		return bad("apiVersion", "%q: this dsec reads apiVersion: %s", p.APIVersion, api.PolicyVersion)
+	}
+	if p.Kind != "Policy" {
+		return bad("kind", "%q: want kind: Policy", p.Kind)
+	}
+	if m := p.Metadata; m != nil && m.Name != "" && !validName(m.Name) {
+		return bad("metadata.name", "%q: use letters, digits, '.', '_' and '-' (at most 128)", m.Name)
+	}
+	if f := p.Files; f != nil {
+		for field, paths := range map[string][]string{"files.readOnly": f.ReadOnly, "files.hidden": f.Hidden} {
+			for i, q := range paths {
+				if !path.IsAbs(q) || path.Clean(q) != q || strings.ContainsRune(q, 0) {
+					return bad(fmt.Sprintf("%s[%d]", field, i), "%q: give an absolute, clean path inside the sandbox", q)
+				}
+				if q == "/" && field == "files.hidden" {
+					return bad(fmt.Sprintf("%s[%d]", field, i), "the root cannot be hidden")
+				}
+			}
+		}
+	}
+	if s := p.Syscalls; s != nil {
+		for i, name := range s.Deny {
+			if err := checkDeny(name); err != nil {
+				return bad(fmt.Sprintf("syscalls.deny[%d]", i), "%v", err)
+			}
+		}
+	}
+	if n := p.Network; n != nil {
+		if len(n.Egress) > MaxEgress {
+			return bad("network.egress", "%d rules, more than %d", len(n.Egress), MaxEgress)
+		}
+		for i, r := range n.Egress {
+			field := fmt.Sprintf("network.egress[%d]", i)
+			if _, err := parseTo(r.To); err != nil && !hostName.MatchString(r.To) {
+				return bad(field+".to", "%q is not a CIDR, an address or a host name", r.To)
+			}
+			if r.Protocol != "" && r.Protocol != "tcp" && r.Protocol != "udp" {
+				return bad(field+".protocol", "%q: give tcp or udp (or leave it out for both)", r.Protocol)
+			}
+			for j, pr := range r.Ports {
+				if pr.Low == 0 || pr.High < pr.Low {
+					return bad(fmt.Sprintf("%s.ports[%d]", field, j), "give a port 1-65535 or a range \"LOW-HIGH\"")
+				}
+			}
+		}
+	}
+	if r := p.Resources; r != nil {
+		if r.Pids < 0 || r.CPU < 0 {
+			return bad("resources", "pids and cpu cannot be negative")
+		}
+		if r.Memory != "" {
+			if _, err := units.ParseBytes(r.Memory); err != nil {
+				return bad("resources.memory", "%q: give bytes, or a number with K, M, G or T", r.Memory)
+			}
+		}
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	return len(s) <= 128 && regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`).MatchString(s)
+}
+
+// ValidName says whether s may name a stored policy.
+func ValidName(s string) bool { return validName(s) }
+
+// parseTo reads a CIDR or an address as a prefix.
+func parseTo(s string) (netip.Prefix, error) {
+	if pfx, err := netip.ParsePrefix(s); err == nil {
+		if pfx.Masked() != pfx {
+			return netip.Prefix{}, fmt.Errorf("%s has host bits set (did you mean %s?)", s, pfx.Masked())
+		}
+		return pfx, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// Default is the secure default every sandbox runs under: the syscall
+// allowlist, the toolkit layer read-only, and no network but the
+// sandbox's own loopback.
+func Default() *api.Policy {
+	return &api.Policy{
+		APIVersion: api.PolicyVersion, Kind: "Policy", Metadata: &api.PolicyMetadata{Name: "default"},
+		Files:    &api.FilePolicy{},
+		Syscalls: &api.SyscallPolicy{},
+		Network: &api.NetworkPolicy{Egress: []api.EgressRule{
+			{To: "127.0.0.0/8"}, {To: "::1/128"},
+		}},
+		Resources: &api.ResourcePolicy{},
+	}
+}
+
+// Effective is p with every section it leaves out taken from the
+// default. p may be nil.
+func Effective(p *api.Policy) *api.Policy {
+	d := Default()
+	if p == nil {
+		return d
+	}
+	out := *p
+	if out.Files == nil {
+		out.Files = d.Files
+	}
+	if out.Syscalls == nil {
+		out.Syscalls = d.Syscalls
+	}
+	if out.Network == nil {
+		out.Network = d.Network
+	}
+	if out.Resources == nil {
+		out.Resources = d.Resources
+	}
+	if out.Metadata == nil {
+		out.Metadata = &api.PolicyMetadata{}
+	}
+	return &out
+}
+
+// Tightens says whether next can replace cur on a running sandbox: its
+// file and syscall sections may only add restrictions (Landlock and
+// seccomp cannot be loosened for a process). The network may change
+// either way. cur and next are effective policies.
+func Tightens(cur, next *api.Policy) error {
+	var lost []string
+	for _, q := range cur.Files.ReadOnly {
+		if !slices.Contains(next.Files.ReadOnly, q) && !slices.Contains(next.Files.Hidden, q) {
+			lost = append(lost, "files.readOnly "+q)
+		}
+	}
+	for _, q := range cur.Files.Hidden {
+		if !slices.Contains(next.Files.Hidden, q) {
+			lost = append(lost, "files.hidden "+q)
+		}
+	}
+	if !cur.Files.ToolkitWritable && next.Files.ToolkitWritable {
+		lost = append(lost, "files.toolkitWritable")
+	}
+	for _, s := range cur.Syscalls.Deny {
+		if !slices.Contains(next.Syscalls.Deny, s) {
+			lost = append(lost, "syscalls.deny "+s)
+		}
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("the policy would loosen %s, which cannot be undone for a running sandbox: keep them, or restart it with dsec rm and dsec run --policy: %w",
+			strings.Join(lost, ", "), errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// lookup resolves host names with the system resolver.
+var lookup = func(host string) ([]netip.Addr, error) {
+	addrs, err := net.LookupHost(host)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}

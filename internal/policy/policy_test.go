@@ -1,0 +1,159 @@
+package policy
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+)
+
+const issueExample = `apiVersion: dsec/v1
+kind: Policy
+network:
+  egress:
+    - to: 127.0.0.1/32
+      ports: [18081]
+      protocol: tcp
+`
+
+func TestParseExample(t *testing.T) {
+	p, err := Parse([]byte(issueExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Network.Egress
+	if len(r) != 1 || r[0].To != "127.0.0.1/32" || r[0].Protocol != "tcp" || r[0].Ports[0] != (api.PortRange{Low: 18081, High: 18081}) {
+		t.Fatalf("parsed %+v", r)
+	}
+	if p.Files != nil || p.Syscalls != nil {
+		t.Fatal("sections left out must stay nil (the default's apply)")
+	}
+	e := Effective(p)
+	if e.Syscalls == nil || e.Files == nil || len(e.Network.Egress) != 1 {
+		t.Fatalf("effective %+v", e)
+	}
+	full, err := Parse([]byte(`{"apiVersion":"dsec/v1","kind":"Policy","metadata":{"name":"ci-strict"},
+		"files":{"readOnly":["/opt/harness"],"hidden":["/answers"]},"syscalls":{"deny":["chroot"]},
+		"network":{"egress":[{"to":"10.0.0.0/8","ports":[80,"8000-8100"]},{"to":"localhost","protocol":"udp"}]},
+		"resources":{"pids":100,"memory":"512M","cpu":0.5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := full.Network.Egress[0].Ports[1]; got != (api.PortRange{Low: 8000, High: 8100}) {
+		t.Fatalf("range %+v", got)
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{"apiVersion: dsec/v2\nkind: Policy\n", "apiVersion"},
+		{"apiVersion: dsec/v1\nkind: Pod\n", "kind"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egres: []\n", "unknown field"},
+		{"apiVersion: dsec/v1\nkind: Policy\nkind: Policy\n", "already set"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: 10.0.0.0/33\n", "network.egress[0].to"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: 10.0.0.1/8\n", "network.egress[0].to"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    protocol: icmp\n", "protocol"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [0]\n", "bad port"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [\"9-3\"]\n", "bad port"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [70000]\n", "bad port"},
+		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [answers]\n", "files.hidden[0]"},
+		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readOnly: [/a/../b]\n", "files.readOnly[0]"},
+		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [nosuchcall]\n", "no system call"},
+		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [futex]\n", "init needs"},
+		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  memory: lots\n", "resources.memory"},
+		{"apiVersion: dsec/v1\nkind: Policy\nmetadata:\n  name: ../x\n", "metadata.name"},
+		{"[", "policy"},
+	} {
+		_, err := Parse([]byte(c.doc))
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q: %v (want a one-line invalid-argument error naming %q)", c.doc, err, c.want)
+		}
+	}
+}
+
+func TestAllowlist(t *testing.T) {
+	es, err := Allowlist([]api.EgressRule{
+		{To: "10.0.0.0/8", Ports: []api.PortRange{{Low: 80, High: 80}}, Protocol: "tcp"},
+		{To: "10.1.0.0/16", Ports: []api.PortRange{{Low: 443, High: 443}}},
+		{To: "2001:db8::/32", Protocol: "udp"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := netip.MustParseAddr
+	for _, c := range []struct {
+		addr  string
+		port  uint16
+		proto uint8
+		want  bool
+	}{
+		{"10.1.2.3", 80, ProtoTCP, true}, // the /8's rule holds inside the /16
+		{"10.1.2.3", 443, ProtoUDP, true},
+		{"10.2.0.1", 443, ProtoTCP, false},
+		{"10.2.0.1", 80, ProtoUDP, false},
+		{"::ffff:10.2.0.1", 80, ProtoTCP, true}, // IPv4-mapped meets the IPv4 rule
+		{"11.0.0.1", 80, ProtoTCP, false},
+		{"2001:db8::1", 53, ProtoUDP, true},
+		{"2001:db8::1", 53, ProtoTCP, false},
+	} {
+		if got := Allows(es, ip(c.addr), c.port, c.proto); got != c.want {
+			t.Errorf("%s:%d/%d: %v, want %v", c.addr, c.port, c.proto, got, c.want)
+		}
+	}
+	var many []api.EgressRule
+	for i := range MaxPortRules + 1 {
+		many = append(many, api.EgressRule{To: "10.0.0.0/8", Ports: []api.PortRange{{Low: uint16(i + 1), High: uint16(i + 1)}}})
+	}
+	if _, err := Allowlist(many); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("too many port rules: %v", err)
+	}
+	if _, err := Allowlist([]api.EgressRule{{To: "no-such-host.invalid"}}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("an unresolvable name: %v", err)
+	}
+}
+
+func TestTightens(t *testing.T) {
+	cur := Effective(&api.Policy{Files: &api.FilePolicy{Hidden: []string{"/answers"}}, Syscalls: &api.SyscallPolicy{Deny: []string{"chroot"}}})
+	if err := Tightens(cur, Effective(&api.Policy{Files: &api.FilePolicy{Hidden: []string{"/answers", "/more"}},
+		Syscalls: &api.SyscallPolicy{Deny: []string{"chroot", "mknod"}}})); err != nil {
+		t.Fatal(err)
+	}
+	err := Tightens(cur, Effective(nil))
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "files.hidden /answers") || !strings.Contains(err.Error(), "syscalls.deny chroot") {
+		t.Fatalf("loosening: %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(issueExample))
+	f.Add([]byte(`{"apiVersion":"dsec/v1","kind":"Policy","network":{"egress":[{"to":"::ffff:1.2.3.4/128","ports":["1-2"]}]}}`))
+	f.Add([]byte("apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [/a]\nsyscalls:\n  deny: [ptrace]\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := Parse(b)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("a multi-line error: %q", err)
+			}
+			return
+		}
+		if err := Validate(p); err != nil {
+			t.Fatalf("parsed, then invalid: %v", err)
+		}
+		// What parses compiles (host names aside: no lookups here).
+		var literal []api.EgressRule
+		if p.Network != nil {
+			for _, r := range p.Network.Egress {
+				if _, err := parseTo(r.To); err == nil {
+					literal = append(literal, r)
+				}
+			}
+		}
+		if _, err := Allowlist(literal); err != nil && !errdefs.IsInvalidArgument(err) {
+			t.Fatalf("allowlist: %v", err)
+		}
+	})
+}

@@ -1,0 +1,176 @@
+package policy
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/containerd/errdefs"
+	seccomp "github.com/elastic/go-seccomp-bpf"
+	"github.com/elastic/go-seccomp-bpf/arch"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// argRule returns Ret when the low 32 bits of argument Arg, and Mask
+// (0: all of them), equal Value; with AnyBit, when any bit of Mask is
+// set; with Always, whatever the arguments.
+type argRule struct {
+	Syscall string
+	Arg     uint32
+	Mask    uint32
+	Value   uint32
+	AnyBit  bool
+	Always  bool
+	Ret     uint32
+}
+
+const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER |
+	unix.CLONE_NEWPID | unix.CLONE_NEWNET
+
+// Ioctls are the ioctl requests no sandbox may make.
+var Ioctls = map[string]uint32{
+	"XFS_IOC_SWAPEXT":        0xc0c0586d,
+	"XFS_IOC_EXCHANGE_RANGE": 0x40285881,
+	"FICLONE":                0x40049409,
+	"FICLONERANGE":           0x4020940d,
+	"FIDEDUPERANGE":          0xc0189436,
+	"EXT4_IOC_MOVE_EXT":      0xc028660f,
+	"TIOCSTI":                0x5412,
+	"TIOCLINUX":              0x541c,
+}
+
+const (
+	retEPERM = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+	retKill  = unix.SECCOMP_RET_KILL_PROCESS
+)
+
+func argRules() []argRule {
+	rs := []argRule{
+		// Namespaces: clone with any namespace flag (CLONE_NEWTIME is
+		// a signal bit to clone), unshare with any.
+		{Syscall: "clone", Arg: 0, Mask: nsFlags, AnyBit: true, Ret: retEPERM},
+		{Syscall: "unshare", Arg: 0, Mask: nsFlags | unix.CLONE_NEWTIME, AnyBit: true, Ret: retEPERM},
+		// clone3 passes its flags in memory a filter cannot read:
+		// ENOSYS makes libcs fall back to clone, which it can.
+		{Syscall: "clone3", Always: true, Ret: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
+		// Sockets: families, raw and packet types, MPTCP (which
+		// Landlock's TCP rules do not cover).
+		{Syscall: "socket", Arg: 0, Value: unix.AF_ALG, Ret: retEPERM},
+		{Syscall: "socket", Arg: 0, Value: unix.AF_PACKET, Ret: retEPERM},
+		{Syscall: "socket", Arg: 0, Value: unix.AF_VSOCK, Ret: retEPERM},
+		{Syscall: "socket", Arg: 1, Mask: 0xf, Value: unix.SOCK_RAW, Ret: retEPERM},
+		{Syscall: "socket", Arg: 1, Mask: 0xf, Value: unix.SOCK_PACKET, Ret: retEPERM},
+		{Syscall: "socket", Arg: 2, Value: unix.IPPROTO_MPTCP, Ret: retEPERM},
+		{Syscall: "socketpair", Arg: 0, Value: unix.AF_ALG, Ret: retEPERM},
+	}
+	for _, name := range slices.Sorted(maps.Keys(Ioctls)) {
+		rs = append(rs, argRule{Syscall: "ioctl", Arg: 1, Value: Ioctls[name], Ret: retEPERM})
+	}
+	return rs
+}
+
+// Offsets in struct seccomp_data.
+const (
+	offNr   = 0
+	offArch = 4
+	offArgs = 16
+)
+
+// Seccomp assembles the profile, with deny's system calls denied too,
+// into a classic BPF program for seccomp(2), as the kernel's struct
+// sock_filter array (8 bytes an instruction, native byte order).
+func Seccomp(deny []string) ([]byte, error) {
+	a, err := nativeArch()
+	if err != nil {
+		return nil, err
+	}
+	known := func(names []string) []string {
+		var out []string
+		for _, n := range names {
+			if _, ok := a.SyscallNames[n]; ok && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	for _, n := range deny {
+		if err := checkDeny(n); err != nil {
+			return nil, fmt.Errorf("syscalls.deny: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	groups := []seccomp.SyscallGroup{{Names: known(append(slices.Clone(Denied), deny...)), Action: seccomp.ActionErrno}}
+	var allow []string
+	for _, n := range known(allowed) {
+		if !slices.Contains(deny, n) {
+			allow = append(allow, n)
+		}
+	}
+	groups = append(groups, seccomp.SyscallGroup{Names: allow, Action: seccomp.ActionAllow})
+	p := seccomp.Policy{DefaultAction: seccomp.ActionErrno, Syscalls: groups}
+	lib, err := p.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("assemble the seccomp profile: %w", err)
+	}
+
+	// Ours first: another architecture or the x32 ABI is killed; then
+	// the argument rules, each on the low 32 bits.
+	prog := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: offArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(a.ID), SkipTrue: 1},
+		bpf.RetConstant{Val: retKill},
+		bpf.LoadAbsolute{Off: offNr, Size: 4},
+	}
+	if a.ID == arch.X86_64.ID {
+		prog = append(prog,
+			bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: uint32(arch.X32.SeccompMask), SkipFalse: 1},
+			bpf.RetConstant{Val: retKill})
+	}
+	for _, r := range argRules() {
+		nr, ok := a.SyscallNames[r.Syscall]
+		if !ok {
+			continue
+		}
+		var check []bpf.Instruction
+		if r.Always {
+			check = []bpf.Instruction{bpf.RetConstant{Val: r.Ret}}
+		} else {
+			check = append(check, bpf.LoadAbsolute{Off: offArgs + 8*r.Arg + loOffset(), Size: 4})
+			switch {
+			case r.AnyBit:
+				check = append(check, bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: r.Mask, SkipFalse: 1})
+			case r.Mask != 0:
+				check = append(check, bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: r.Mask},
+					bpf.JumpIf{Cond: bpf.JumpEqual, Val: r.Value, SkipFalse: 1})
+			default:
+				check = append(check, bpf.JumpIf{Cond: bpf.JumpEqual, Val: r.Value, SkipFalse: 1})
+			}
+			check = append(check, bpf.RetConstant{Val: r.Ret}, bpf.LoadAbsolute{Off: offNr, Size: 4})
+		}
+		prog = append(prog, bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: uint32(nr), SkipTrue: uint8(len(check))})
+		prog = append(prog, check...)
+	}
+	raw, err := bpf.Assemble(append(prog, lib...))
+	if err != nil {
+		return nil, fmt.Errorf("assemble the seccomp profile: %w", err)
+	}
+	if len(raw) > unix.BPF_MAXINSNS {
+		return nil, fmt.Errorf("the seccomp profile has %d instructions, more than the kernel's %d: %w", len(raw), unix.BPF_MAXINSNS, errdefs.ErrInvalidArgument)
+	}
+	out := make([]byte, 0, 8*len(raw))
+	for _, in := range raw {
+		out = binary.NativeEndian.AppendUint16(out, in.Op)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.NativeEndian.AppendUint32(out, in.K)
+	}
+	return out, nil
+}
+
+// loOffset is where an argument's low 32 bits are in its 8 bytes.
+func loOffset() uint32 {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
+		return 0
+	}
+	return 4
+}

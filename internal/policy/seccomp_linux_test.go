@@ -1,0 +1,112 @@
+package policy
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/elastic/go-seccomp-bpf/arch"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// run runs the profile over one system call, as the kernel would.
+// x/net/bpf's VM loads words big-endian (packets), so seccomp_data is
+// written big-endian here; the program only loads 32-bit words.
+func run(t *testing.T, prog []byte, auditArch uint32, nr int, args ...uint64) uint32 {
+	t.Helper()
+	var raw []bpf.RawInstruction
+	for i := 0; i < len(prog); i += 8 {
+		raw = append(raw, bpf.RawInstruction{Op: binary.NativeEndian.Uint16(prog[i:]), Jt: prog[i+2], Jf: prog[i+3],
+			K: binary.NativeEndian.Uint32(prog[i+4:])})
+	}
+	ins, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatal("the profile does not disassemble")
+	}
+	vm, err := bpf.NewVM(ins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 64)
+	binary.BigEndian.PutUint32(data[0:], uint32(nr))
+	binary.BigEndian.PutUint32(data[4:], auditArch)
+	for i, a := range args {
+		binary.BigEndian.PutUint32(data[16+8*i+int(loOffset()):], uint32(a))
+		binary.BigEndian.PutUint32(data[16+8*i+4-int(loOffset()):], uint32(a>>32))
+	}
+	out, err := vm.Run(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(out)
+}
+
+func TestSeccompProfile(t *testing.T) {
+	a, err := arch.GetInfo("")
+	if err != nil {
+		t.Skipf("no seccomp tables for this architecture: %v", err)
+	}
+	prog, err := Seccomp([]string{"chroot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nr := func(name string) int {
+		n, ok := a.SyscallNames[name]
+		if !ok {
+			t.Fatalf("no %s on %s", name, a.Name)
+		}
+		return n
+	}
+	native := uint32(a.ID)
+	const allow = unix.SECCOMP_RET_ALLOW
+	eperm := uint32(unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM))
+	for _, c := range []struct {
+		what string
+		arch uint32
+		nr   int
+		args []uint64
+		want uint32
+	}{
+		{"read", native, nr("read"), nil, allow},
+		{"a plain clone (a thread, a fork)", native, nr("clone"), []uint64{unix.CLONE_VM | unix.CLONE_THREAD}, allow},
+		{"clone into a new pid namespace", native, nr("clone"), []uint64{unix.CLONE_NEWPID | uint64(unix.SIGCHLD)}, eperm},
+		{"clone3", native, nr("clone3"), nil, unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
+		{"unshare(CLONE_FILES)", native, nr("unshare"), []uint64{unix.CLONE_FILES}, allow},
+		{"unshare(CLONE_NEWUSER)", native, nr("unshare"), []uint64{unix.CLONE_NEWUSER}, eperm},
+		{"unshare(CLONE_NEWTIME)", native, nr("unshare"), []uint64{unix.CLONE_NEWTIME}, eperm},
+		{"an AF_INET stream socket", native, nr("socket"), []uint64{unix.AF_INET, unix.SOCK_STREAM | unix.SOCK_CLOEXEC, 0}, allow},
+		{"AF_ALG", native, nr("socket"), []uint64{unix.AF_ALG, unix.SOCK_SEQPACKET, 0}, eperm},
+		{"AF_PACKET", native, nr("socket"), []uint64{unix.AF_PACKET, unix.SOCK_DGRAM, 0}, eperm},
+		{"AF_VSOCK", native, nr("socket"), []uint64{unix.AF_VSOCK, unix.SOCK_STREAM, 0}, eperm},
+		{"SOCK_RAW with flags", native, nr("socket"), []uint64{unix.AF_INET, unix.SOCK_RAW | unix.SOCK_NONBLOCK, unix.IPPROTO_ICMP}, eperm},
+		{"MPTCP", native, nr("socket"), []uint64{unix.AF_INET6, unix.SOCK_STREAM, unix.IPPROTO_MPTCP}, eperm},
+		{"AF_ALG with high garbage", native, nr("socket"), []uint64{1<<40 | unix.AF_ALG, unix.SOCK_SEQPACKET, 0}, eperm},
+		{"an ordinary ioctl", native, nr("ioctl"), []uint64{0, unix.TCGETS}, allow},
+		{"TIOCSTI", native, nr("ioctl"), []uint64{0, unix.TIOCSTI}, eperm},
+		{"TIOCSTI with the high half set", native, nr("ioctl"), []uint64{0, 1<<32 | unix.TIOCSTI}, eperm},
+		{"XFS_IOC_SWAPEXT", native, nr("ioctl"), []uint64{3, uint64(Ioctls["XFS_IOC_SWAPEXT"])}, eperm},
+		{"FICLONE", native, nr("ioctl"), []uint64{3, unix.FICLONE}, eperm},
+		{"mount", native, nr("mount"), nil, eperm},
+		{"bpf", native, nr("bpf"), nil, eperm},
+		{"io_uring_setup", native, nr("io_uring_setup"), nil, eperm},
+		{"a policy's deny", native, nr("chroot"), nil, eperm},
+		{"a number no table has", native, 1000, nil, eperm},
+		{"another architecture", unix.AUDIT_ARCH_I386, 11, nil, unix.SECCOMP_RET_KILL_PROCESS},
+	} {
+		if got := run(t, prog, c.arch, c.nr, c.args...); got != c.want {
+			t.Errorf("%s: %#x, want %#x", c.what, got, c.want)
+		}
+	}
+	if a.ID == arch.X86_64.ID {
+		if got := run(t, prog, native, 0x40000000|nr("read")); got != unix.SECCOMP_RET_KILL_PROCESS {
+			t.Errorf("x32 read: %#x, want the process killed", got)
+		}
+	}
+	for _, d := range Denied {
+		for _, ok := range allowed {
+			if d == ok {
+				t.Errorf("%s is both denied and allowed", d)
+			}
+		}
+	}
+}
