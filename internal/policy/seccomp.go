@@ -107,4 +107,3 @@ func checkDeny(name string) error {
 	}
 	return nil
 }
-
