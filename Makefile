@@ -4,7 +4,7 @@
 GO       ?= go
 BIN      := bin/dsec
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr
+APT_PKGS := erofs-utils busybox-static attr xfsprogs
 FUZZTIME ?= 60s
 
 .PHONY: all deps build demo test vet docs check-docs bench fuzz clean
@@ -62,6 +62,7 @@ bench: build
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzImageArchive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/policy
 
 clean:
 	rm -rf bin .demo .bench .bench-lazy .bench-run .bench-snap

@@ -18,6 +18,11 @@
 //	GET    /v1/snapshots                    -> []SnapshotNode (the lineage DAG)
 //	DELETE /v1/snapshots/{ref...}[?force=1]
 //	POST   /v1/squash                       SquashRequest -> Snapshot
+//	POST   /v1/sandboxes/{name}/policy      PolicyRequest -> PolicyReport
+//	GET    /v1/policies                     -> []Policy (named, stored)
+//	GET    /v1/policies/{name}              -> Policy
+//	PUT    /v1/policies/{name}              Policy
+//	DELETE /v1/policies/{name}
 //
 // Errors are an HTTP status and an Error body; the status tells the
 // class (StatusClass).
@@ -52,6 +57,18 @@ type SandboxSpec struct {
 	// (NAME:STEP): the snapshot over the layers it was taken on. Only
 	// files are restored; the sandbox starts fresh processes.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Policy is the sandbox's policy document; PolicyName one stored
+	// with the worker (PUT /v1/policies/{name}). Neither: the secure
+	// default. A sandbox's description carries its effective policy.
+	Policy     *Policy `json:"policy,omitempty"`
+	PolicyName string  `json:"policy_name,omitempty"`
+}
+
+// PolicyRequest applies a policy to a running sandbox: Policy, or the
+// stored one named Name.
+type PolicyRequest struct {
+	Policy *Policy `json:"policy,omitempty"`
+	Name   string  `json:"name,omitempty"`
 }
 
 // PackRequest asks for a snapshot of a running sandbox's changes.

@@ -48,9 +48,9 @@ fsck.erofs --extract="$work/extracted" "$blob" >/dev/null
 
 step "share: push the layers to a dir: remote (a 3FS/NFS mount in a fleet; a local path here)"
 shared="$(dirname "$DSEC_ROOT")/shared"
-# --force: a rerun of the demo replaces what an earlier run (maybe an older dsec) pushed
-"$dsec" layer push demo/go-src:1 "dir://$shared" --force
-"$dsec" layer push demo/busybox:1 "dir://$shared" --force
+rm -rf "$shared" # a rerun starts from an empty remote (an earlier run's snapshots differ)
+"$dsec" layer push demo/go-src:1 "dir://$shared"
+"$dsec" layer push demo/busybox:1 "dir://$shared"
 
 step "a second host mounts the workspace lazily: metadata first, file data only when read"
 export DSEC_ROOT_HOST2="$(dirname "$DSEC_ROOT")/host2"
@@ -71,7 +71,7 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 --workdir /src -- /opt/harness/run
 
 	step "a stateful sandbox for a rollout: steps keep files and processes"
-	"$dsec" rm -f demo-rollout >/dev/null 2>&1 || true # an interrupted earlier demo's
+	"$dsec" rm -f demo-rollout demo-branch-1 demo-branch-2 demo-branch-3 >/dev/null 2>&1 || true # an interrupted earlier demo's
 	"$dsec" run -d --name demo-rollout --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 \
 		--memory 256M --cpu 1 --env STEP_LOG=/var/log/steps --workdir /src
 	"$dsec" exec --id step-1 demo-rollout -- sh -c 'mkdir -p /var/log; echo "step 1 in $(hostname), pid $$" | tee -a $STEP_LOG; sleep 3600 &'
@@ -99,7 +99,14 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" snap pack-diff demo-rollout -t demo/rollout:4
 	"$dsec" snap ls --tree
 	# A snapshot is a layer: push takes the layers it stands on along.
-	"$dsec" layer push demo/rollout:4 "dir://$shared" --force
+	"$dsec" layer push demo/rollout:4 "dir://$shared"
+
+	step "policy: root in the sandbox meets the seccomp allowlist and an egress allowlist, changed live"
+	printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n    - to: 127.0.0.1/32\n      ports: [18081]\n      protocol: tcp\n' >"$work/one-port.yaml"
+	"$dsec" policy validate "$work/one-port.yaml"
+	"$dsec" policy apply demo-rollout -f "$work/one-port.yaml"
+	"$dsec" exec demo-rollout -- sh -c 'nc 127.0.0.1 18082; nc 127.0.0.1 18081; mount -t tmpfs none /mnt; unshare -n true' || true
+	"$dsec" run --rm --base demo/busybox:1 -- sh -c 'id -u; echo 42 > /etc/answer; cat /etc/answer; chroot / true && echo "chroot allowed by the default"'
 
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout

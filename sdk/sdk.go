@@ -391,6 +391,47 @@ func (s *Sandbox) PackDiff(ctx context.Context, req api.PackRequest) (api.Snapsh
 	return out, s.c.do(ctx, "POST", s.path("/snapshots"), bytes.NewReader(b), &out)
 }
 
+// ApplyPolicy applies a policy to the sandbox (req.Policy, or the one
+// stored under req.Name). The report says what took effect for every
+// process now and what holds for processes started from now on only;
+// a policy that would loosen file or syscall rules is refused
+// (errdefs.ErrFailedPrecondition).
+func (s *Sandbox) ApplyPolicy(ctx context.Context, req api.PolicyRequest) (*api.PolicyReport, error) {
+	b, _ := json.Marshal(req)
+	var out api.PolicyReport
+	if err := s.c.do(ctx, "POST", s.path("/policy"), bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SavePolicy stores p under name, for SandboxSpec.PolicyName and
+// PolicyRequest.Name.
+func (c *Client) SavePolicy(ctx context.Context, name string, p *api.Policy) error {
+	b, _ := json.Marshal(p)
+	return c.do(ctx, "PUT", "/policies/"+url.PathEscape(name), bytes.NewReader(b), nil)
+}
+
+// Policies lists the stored policies.
+func (c *Client) Policies(ctx context.Context) ([]api.Policy, error) {
+	var out []api.Policy
+	return out, c.do(ctx, "GET", "/policies", nil, &out)
+}
+
+// Policy reads the stored policy name.
+func (c *Client) Policy(ctx context.Context, name string) (*api.Policy, error) {
+	var out api.Policy
+	if err := c.do(ctx, "GET", "/policies/"+url.PathEscape(name), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RemovePolicy removes the stored policy name; sandboxes keep theirs.
+func (c *Client) RemovePolicy(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/policies/"+url.PathEscape(name), nil, nil)
+}
+
 // Snapshots lists the snapshots, oldest first, with their lineage: the
 // parent, the snapshots taken over each, and the sandboxes on each.
 func (c *Client) Snapshots(ctx context.Context) ([]api.SnapshotNode, error) {

@@ -107,6 +107,7 @@ the budget of the host cache of lazily mounted layers); unknown keys are an erro
 	root.AddCommand(a.layerCommand(), a.versionCommand(), a.docsCommand())
 	root.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(a.snapCommand())
+	root.AddCommand(a.policyCommand())
 	return root
 }
 

@@ -96,6 +96,7 @@ type runFlags struct {
 	pids                     int64
 	env                      []string
 	workdir, id              string
+	policy                   string
 	detach, rm, tty, stdin   bool
 	asJSON                   bool
 }
@@ -140,6 +141,7 @@ CMD's exec id is --id (default "run").
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
 	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
+	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")
 	fl.BoolVar(&f.rm, "rm", false, "remove the sandbox when CMD exits")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to CMD")
@@ -178,6 +180,10 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		spec.Memory = m
 	}
 	if err := checkEnv(f.env); err != nil {
+		return err
+	}
+	var err error
+	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
 		return err
 	}
 	c, err := a.client()

@@ -109,11 +109,16 @@ type branchFlags struct {
 	pids             int64
 	env              []string
 	workdir, backend string
+	policy           string
 	asJSON           bool
 }
 
-func (f *branchFlags) spec() (api.SandboxSpec, error) {
+func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
 	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir}
+	var err error
+	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
+		return spec, err
+	}
 	if f.memory != "" {
 		m, err := parseBytes(f.memory)
 		if err != nil {
@@ -132,6 +137,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.pids, "pids", 0, "process limit of each")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the sandboxes as JSON")
 }
 
@@ -174,7 +180,7 @@ mounted layers one fetcher and one cache. Either all K start or none is kept.
 			if f.n < 1 {
 				return usageError{errors.New("branch needs -n K, the number of sandboxes (at least 1)")}
 			}
-			spec, err := f.spec()
+			spec, err := f.spec(a)
 			if err != nil {
 				return err
 			}
@@ -208,7 +214,7 @@ snapshot and the layers under it.
   dsec exec -it debug-r7 -- sh`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			spec, err := f.spec()
+			spec, err := f.spec(a)
 			if err != nil {
 				return err
 			}

@@ -201,7 +201,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 func (e *Exec) finish() {
 	e.res.Finished = time.Now().UTC()
 	b, _ := json.Marshal(e.res)
-	if err := writeFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
+	if err := WriteFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
 		e.res.Err = "journal the result: " + err.Error()
 	}
 	close(e.done)

@@ -17,11 +17,13 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -39,6 +41,9 @@ type Options struct {
 	// workdir of the sandbox it was taken from unless Env and Workdir
 	// are given.
 	From string
+	// Policy holds the sandbox to files, syscall and network rules; nil:
+	// the secure default.
+	Policy *api.Policy
 
 	Mounter // where layers come from
 }
@@ -79,6 +84,10 @@ type State struct {
 	// Top is the last snapshot packed from this sandbox: the parent of
 	// the next, which then holds only what changed since.
 	Top *layer.Lower `json:"top,omitempty"`
+	// Policy is the effective policy; Allowlist its egress rules as
+	// applied (host names resolved when it was applied, pinned).
+	Policy    *api.Policy    `json:"policy,omitempty"`
+	Allowlist []policy.Entry `json:"allowlist,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -146,6 +155,10 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if len(o.Layers) == 0 {
 		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
 	}
+	eff, allow, limits, err := withPolicy(o.Policy, o.Limits)
+	if err != nil {
+		return nil, err
+	}
 	dir := sandboxDir(root, o.Name)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
@@ -160,8 +173,9 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if hostname == "" {
 		hostname = o.Name
 	}
-	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: o.Limits, Hostname: hostname,
-		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From}, dir: dir}
+	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
+		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
+		Policy: eff, Allowlist: allow}, dir: dir}
 	defer func() {
 		if err != nil {
 			sb.teardown(true)
@@ -215,13 +229,28 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		return err
 	}
 	sb.g = g
+	// The egress allowlist holds before the init joins the cgroup, so
+	// before anything in the sandbox runs.
+	if sb.Policy == nil { // made by a dsec without policies
+		sb.Policy = policy.Effective(nil)
+		if sb.Allowlist, err = policy.Allowlist(sb.Policy.Network.Egress); err != nil {
+			return err
+		}
+	}
+	if err := policy.ApplyNetwork(g.Path(), sb.Allowlist); err != nil {
+		return err
+	}
+	restrict, err := restrictions(sb.Policy)
+	if err != nil {
+		return err
+	}
 	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
 	if sb.c, err = container.Create(container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
-		Setup: g.Add, Stdout: logf, Stderr: logf}); err != nil {
+		Restrictions: restrict, Setup: g.Add, Stdout: logf, Stderr: logf}); err != nil {
 		return err
 	}
 	sb.Pid, sb.Status = sb.c.Pid(), Running
@@ -231,10 +260,12 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 // save writes the state atomically.
 func (sb *Sandbox) save() error {
 	b, _ := json.MarshalIndent(sb.State, "", "  ")
-	return writeFileAtomic(filepath.Join(sb.dir, "state.json"), b)
+	return WriteFileAtomic(filepath.Join(sb.dir, "state.json"), b)
 }
 
-func writeFileAtomic(path string, b []byte) error {
+// WriteFileAtomic replaces path with b: a reader sees the old bytes or
+// the new, never part of them.
+func WriteFileAtomic(path string, b []byte) error {
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err

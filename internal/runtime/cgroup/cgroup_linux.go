@@ -348,3 +348,7 @@ func (g *Group) Remove() error {
 	}
 	return errors.Join(errs...)
 }
+
+// SetLimits changes the group's limits while its processes run (a zero
+// field leaves that limit as it is).
+func (g *Group) SetLimits(l Limits) error { return g.limit(l) }

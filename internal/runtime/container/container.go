@@ -32,10 +32,21 @@ type Spec struct {
 	// where each Exec says).
 	Stdout, Stderr io.Writer `json:"-"`
 
+	// Restrictions every command runs under.
+	Restrictions *Restrictions `json:"restrictions,omitempty"`
+
 	// Setup, if set, runs with the new process's host pid before the
 	// process does anything (it waits for its spec): the place to put it
 	// in its cgroup, so no instruction of the command runs outside it.
 	Setup func(pid int) error `json:"-"`
+}
+
+// Restrictions are what the kernel holds a sandbox's commands to beyond
+// namespaces and capabilities.
+type Restrictions struct {
+	// Seccomp is a classic BPF program for seccomp(2), as an array of
+	// struct sock_filter (policy.Seccomp makes one).
+	Seccomp []byte `json:"seccomp,omitempty"`
 }
 
 // Cmd is a command to run in a sandbox.

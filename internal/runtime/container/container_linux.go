@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,12 +43,15 @@ type Sandbox struct {
 // request is what the worker sends the init: start a process (its stdio
 // travels along as SCM_RIGHTS), or the result of an earlier one.
 type request struct {
-	Op   string   `json:"op"` // exec or result
+	Op   string   `json:"op"` // exec, result, probe or restrict
 	ID   string   `json:"id"`
 	Args []string `json:"args,omitempty"`
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
 	TTY  bool     `json:"tty,omitempty"`
+	// Restrict: what commands started from now on run under, on top
+	// of what they did.
+	Restrict *Restrictions `json:"restrict,omitempty"`
 }
 
 type execReply struct {
@@ -235,6 +241,16 @@ func (s *Sandbox) Probe(ctx context.Context, id string) (running bool, code int,
 
 var errRunning = errors.New("running")
 
+// Restrict makes every command the sandbox starts from now on run under
+// r too (on top of what they did: seccomp filters and Landlock domains
+// only stack). Commands already running keep what they had.
+func (s *Sandbox) Restrict(ctx context.Context, r Restrictions) error {
+	_, err := s.call(ctx, request{Op: "restrict", ID: fmt.Sprintf("#restrict-%d", restrictSeq.Add(1)), Restrict: &r}, nil, nil)
+	return err
+}
+
+var restrictSeq atomic.Int64
+
 func (s *Sandbox) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
 	ch := make(chan execReply, 2)
 	s.mu.Lock()
@@ -368,6 +384,10 @@ func initSandbox() error {
 	if err := dropPrivileges(); err != nil {
 		return err
 	}
+	// On this thread, which forks every command: they inherit it.
+	if err := spec.Restrictions.apply(); err != nil {
+		return err
+	}
 	// Its other threads still hold the host's capabilities: no process
 	// of the sandbox may ptrace the init or read its /proc entries.
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -437,6 +457,13 @@ func initSandbox() error {
 					j.conn = r.conn // the exit goes to whoever asks last
 				} else {
 					reply(r.conn, execReply{ID: r.req.ID, Unknown: true, Error: "no process " + r.req.ID + " in this sandbox"})
+				}
+			case "restrict":
+				if err := r.req.Restrict.apply(); err != nil {
+					reply(r.conn, execReply{ID: r.req.ID, Error: err.Error()})
+				} else {
+					zero := 0
+					reply(r.conn, execReply{ID: r.req.ID, Exit: &zero})
 				}
 			case "exec":
 				_, seen := done[r.req.ID]
@@ -715,6 +742,27 @@ func dropPrivileges() error {
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	return nil
+}
+
+// apply loads the restrictions on the calling thread; no_new_privs is
+// set already.
+func (r *Restrictions) apply() error {
+	if r == nil || len(r.Seccomp) == 0 {
+		return nil
+	}
+	if len(r.Seccomp)%8 != 0 || len(r.Seccomp)/8 > unix.BPF_MAXINSNS {
+		return fmt.Errorf("seccomp program of %d bytes: not a filter", len(r.Seccomp))
+	}
+	filter := make([]unix.SockFilter, len(r.Seccomp)/8)
+	for i := range filter {
+		b := r.Seccomp[8*i:]
+		filter[i] = unix.SockFilter{Code: binary.NativeEndian.Uint16(b), Jt: b[2], Jf: b[3], K: binary.NativeEndian.Uint32(b[4:])}
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog))); errno != 0 {
+		return fmt.Errorf("load the seccomp filter: %w", errno)
 	}
 	return nil
 }

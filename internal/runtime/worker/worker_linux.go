@@ -194,6 +194,11 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/snapshots", w.snapshots)
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", w.removeSnapshot)
 	mux.HandleFunc("POST /v1/squash", w.squash)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", w.applyPolicy)
+	mux.HandleFunc("GET /v1/policies", w.policies)
+	mux.HandleFunc("GET /v1/policies/{name}", w.getPolicy)
+	mux.HandleFunc("PUT /v1/policies/{name}", w.putPolicy)
+	mux.HandleFunc("DELETE /v1/policies/{name}", w.deletePolicy)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
@@ -327,8 +332,13 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 	w.mu.Unlock()
 	// A client that goes away mid-create does not undo it: the sandbox
 	// is there for its retry.
+	pol, err := w.policyOf(spec.Policy, spec.PolicyName)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
+		Policy:  pol,
 		Limits:  cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
 		Mounter: w.mounter,
 	})
@@ -348,7 +358,8 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
-			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From},
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
+			Policy: st.Policy},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 	}
 	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {

@@ -1,0 +1,254 @@
+//go:build linux
+
+// Command attack is the policy test suite's attacker: run as root inside
+// a sandbox (or, as the positive control, outside), it tries what a
+// sandbox policy must stop and prints one line per attempt: the attempt's
+// name and its errno ("ok" when the call went through). It is built by
+// the tests, statically, and never shipped.
+package main
+
+import (
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+type attempt struct {
+	name string
+	try  func() error
+}
+
+func raw(nr uintptr, args ...uintptr) error {
+	var a [6]uintptr
+	copy(a[:], args)
+	r, _, e := unix.Syscall6(nr, a[0], a[1], a[2], a[3], a[4], a[5])
+	if e != 0 {
+		return e
+	}
+	if nr == unix.SYS_SOCKET || nr == unix.SYS_FSOPEN || nr == unix.SYS_OPEN_TREE || nr == unix.SYS_USERFAULTFD {
+		unix.Close(int(r))
+	}
+	return nil
+}
+
+func str(s string) uintptr {
+	p, _ := unix.BytePtrFromString(s)
+	return uintptr(unsafe.Pointer(p))
+}
+
+func ioctlOn(path string, req uint64) func() error {
+	return func() error {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		buf := make([]byte, 256)
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), uintptr(req), uintptr(unsafe.Pointer(&buf[0])))
+		if e != 0 {
+			return e
+		}
+		return nil
+	}
+}
+
+// onThread runs f on a thread of its own that dies after it (unshare
+// changes the calling thread).
+func onThread(f func() error) error {
+	ch := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		ch <- f()
+	}()
+	return <-ch
+}
+
+func dial(network, addr string) func() error {
+	return func() error {
+		c, err := net.DialTimeout(network, addr, time.Second)
+		if err != nil {
+			return err
+		}
+		if network == "udp" {
+			_, err = c.Write([]byte("x"))
+		}
+		c.Close()
+		return err
+	}
+}
+
+func main() {
+	dir := flag.String("dir", os.TempDir(), "a scratch directory")
+	xfs := flag.String("xfs", "", "a directory on XFS, for the XFS ioctls")
+	tcp := flag.String("tcp", "", "HOST:PORT to connect to over TCP, IPv4, IPv4-mapped IPv6 and MPTCP")
+	udp := flag.String("udp", "", "HOST:PORT to send a datagram to")
+	filter := flag.String("seccomp", "", "load this seccomp program (struct sock_filter array) on every thread first")
+	flag.Parse()
+	if *filter != "" {
+		if err := loadFilter(*filter); err != nil {
+			fmt.Fprintln(os.Stderr, "attack:", err)
+			os.Exit(2)
+		}
+	}
+	scratch := filepath.Join(*dir, "attack-scratch")
+	os.MkdirAll(scratch, 0o755)
+	file := filepath.Join(scratch, "f")
+	os.WriteFile(file, []byte("data"), 0o644)
+	as := []attempt{
+		{"mount", func() error { return unix.Mount("none", scratch, "tmpfs", 0, "") }},
+		{"umount2", func() error { return unix.Unmount("/nonexistent-dsec", 0) }},
+		{"fsopen", func() error { return raw(unix.SYS_FSOPEN, str("tmpfs"), 0) }},
+		{"fsconfig", func() error { return raw(unix.SYS_FSCONFIG, ^uintptr(0), 0) }},
+		{"fsmount", func() error { return raw(unix.SYS_FSMOUNT, ^uintptr(0), 0, 0) }},
+		{"move_mount", func() error { return raw(unix.SYS_MOVE_MOUNT, ^uintptr(0), str(""), ^uintptr(0), str(""), 0) }},
+		{"open_tree", func() error { return raw(unix.SYS_OPEN_TREE, atFDCWD, str("/"), 0) }},
+		{"mount_setattr", func() error { return raw(unix.SYS_MOUNT_SETATTR, ^uintptr(0), str(""), 0, 0, 0) }},
+		{"pivot_root", func() error { return raw(unix.SYS_PIVOT_ROOT, str("/nonexistent-dsec"), str("/nonexistent-dsec")) }},
+		{"unshare(CLONE_NEWUTS)", func() error { return onThread(func() error { return unix.Unshare(unix.CLONE_NEWUTS) }) }},
+		{"unshare(CLONE_NEWUSER)", func() error { return onThread(func() error { return unix.Unshare(unix.CLONE_NEWUSER) }) }},
+		{"setns", func() error { return raw(unix.SYS_SETNS, ^uintptr(0), 0) }},
+		{"clone(CLONE_NEWNET)", func() error {
+			// The child, if any, exits at once without touching Go state.
+			r, _, e := syscall.RawSyscall6(unix.SYS_CLONE, unix.CLONE_NEWNET|uintptr(unix.SIGCHLD), 0, 0, 0, 0, 0)
+			if e == 0 && r == 0 {
+				syscall.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+			}
+			if e != 0 {
+				return e
+			}
+			var ws unix.WaitStatus
+			unix.Wait4(int(r), &ws, 0, nil)
+			return nil
+		}},
+		{"clone3", func() error { return raw(unix.SYS_CLONE3, 0, 8) }},
+		{"ptrace", func() error { return raw(unix.SYS_PTRACE, unix.PTRACE_PEEKDATA, 0x7ffffff0, 0, 0) }},
+		{"process_vm_readv", func() error { return raw(unix.SYS_PROCESS_VM_READV, 0x7ffffff0, 0, 0, 0, 0, 0) }},
+		{"bpf", func() error { return raw(unix.SYS_BPF, 0xffff, 0, 0) }},
+		{"perf_event_open", func() error { return raw(unix.SYS_PERF_EVENT_OPEN, 0, 0, ^uintptr(0), ^uintptr(0), 0) }},
+		{"userfaultfd", func() error { return raw(unix.SYS_USERFAULTFD, 0) }},
+		{"keyctl", func() error { return raw(unix.SYS_KEYCTL, 0xffff) }},
+		{"add_key", func() error { return raw(unix.SYS_ADD_KEY, 0, 0, 0, 0, 0) }},
+		{"request_key", func() error { return raw(unix.SYS_REQUEST_KEY, 0, 0, 0, 0) }},
+		{"io_uring_setup", func() error { return raw(unix.SYS_IO_URING_SETUP, 0, 0) }},
+		{"kexec_load", func() error { return raw(unix.SYS_KEXEC_LOAD, 0, 0, 0, 0xdead0000) }},
+		{"init_module", func() error { return raw(unix.SYS_INIT_MODULE, 0, 0, str("")) }},
+		{"finit_module", func() error { return raw(unix.SYS_FINIT_MODULE, ^uintptr(0), str(""), 0) }},
+		{"delete_module", func() error { return raw(unix.SYS_DELETE_MODULE, str("dsec_no_such_module"), 0) }},
+		{"open_by_handle_at", func() error { return raw(unix.SYS_OPEN_BY_HANDLE_AT, ^uintptr(0), 0, 0) }},
+		{"swapon", func() error { return raw(unix.SYS_SWAPON, str("/nonexistent-dsec"), 0) }},
+		{"swapoff", func() error { return raw(unix.SYS_SWAPOFF, str("/nonexistent-dsec")) }},
+		{"acct", func() error { return raw(unix.SYS_ACCT, str("/nonexistent-dsec/acct")) }},
+		{"syslog", func() error { _, err := unix.Klogctl(10, nil); return err }},
+		{"FICLONE", ioctlOn(file, unix.FICLONE)},
+		{"FICLONERANGE", ioctlOn(file, unix.FICLONERANGE)},
+		{"FIDEDUPERANGE", ioctlOn(file, unix.FIDEDUPERANGE)},
+		{"EXT4_IOC_MOVE_EXT", ioctlOn(file, 0xc028660f)},
+		{"TIOCSTI", ioctlOn(file, unix.TIOCSTI)},
+		{"TIOCSTI, high half set", ioctlOn(file, 1<<32|unix.TIOCSTI)},
+		{"TIOCLINUX", ioctlOn(file, unix.TIOCLINUX)},
+		{"AF_ALG", func() error { return raw(unix.SYS_SOCKET, unix.AF_ALG, unix.SOCK_SEQPACKET, 0) }},
+		{"AF_PACKET", func() error { return raw(unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_DGRAM, 0) }},
+		{"AF_VSOCK", func() error { return raw(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM, 0) }},
+		{"SOCK_RAW", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) }},
+		{"MPTCP socket", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP) }},
+	}
+	if *xfs != "" {
+		as = append(as,
+			attempt{"XFS_IOC_SWAPEXT", ioctlOn(filepath.Join(*xfs, "a"), 0xc0c0586d)},
+			attempt{"XFS_IOC_EXCHANGE_RANGE", ioctlOn(filepath.Join(*xfs, "a"), 0x40285881)})
+	}
+	if *tcp != "" {
+		host, port, _ := net.SplitHostPort(*tcp)
+		as = append(as,
+			attempt{"connect tcp4", dial("tcp4", *tcp)},
+			attempt{"connect tcp6 to ::ffff:" + host, func() error {
+				// Go's dialer turns a mapped address back into IPv4:
+				// this is the IPv6 socket an attacker would open.
+				fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM, 0)
+				if err != nil {
+					return err
+				}
+				defer unix.Close(fd)
+				p, _ := strconv.Atoi(port)
+				sa := &unix.SockaddrInet6{Port: p}
+				copy(sa.Addr[:], net.ParseIP(host).To16())
+				return unix.Connect(fd, sa)
+			}},
+			attempt{"connect mptcp", func() error {
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP)
+				if err != nil {
+					return err
+				}
+				defer unix.Close(fd)
+				ap, _ := net.ResolveTCPAddr("tcp4", *tcp)
+				sa := &unix.SockaddrInet4{Port: ap.Port}
+				copy(sa.Addr[:], ap.IP.To4())
+				return unix.Connect(fd, sa)
+			}})
+	}
+	if *udp != "" {
+		as = append(as, attempt{"sendto udp", func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			ap, _ := net.ResolveUDPAddr("udp4", *udp)
+			sa := &unix.SockaddrInet4{Port: ap.Port}
+			copy(sa.Addr[:], ap.IP.To4())
+			return unix.Sendto(fd, []byte("x"), 0, sa)
+		}})
+	}
+	for _, a := range as {
+		res := "ok"
+		if err := a.try(); err != nil {
+			if e, ok := err.(syscall.Errno); ok {
+				res = unix.ErrnoName(e)
+			} else if op, ok := err.(*net.OpError); ok {
+				res = op.Err.Error()
+				if se, ok := op.Err.(*os.SyscallError); ok {
+					if e, ok := se.Err.(syscall.Errno); ok {
+						res = unix.ErrnoName(e)
+					}
+				}
+			} else {
+				res = err.Error()
+			}
+		}
+		fmt.Printf("%s\t%s\n", a.name, res)
+	}
+	unix.Unmount(scratch, unix.MNT_DETACH)
+	os.RemoveAll(scratch)
+}
+
+var atFDCWD = func() uintptr { fd := unix.AT_FDCWD; return uintptr(fd) }()
+
+func loadFilter(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	filter := make([]unix.SockFilter, len(b)/8)
+	for i := range filter {
+		f := b[8*i:]
+		filter[i] = unix.SockFilter{Code: binary.NativeEndian.Uint16(f), Jt: f[2], Jf: f[3], K: binary.NativeEndian.Uint32(f[4:])}
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return err
+	}
+	if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&prog))); e != 0 {
+		return fmt.Errorf("load the filter: %w", e)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime"
+)
+
+// Named policies live in <root>/policies/NAME.json, as validated JSON.
+
+func (w *worker) policyPath(name string) (string, error) {
+	if !policy.ValidName(name) {
+		return "", fmt.Errorf("policy name %q: use letters, digits, '.', '_' and '-': %w", name, errdefs.ErrInvalidArgument)
+	}
+	return filepath.Join(w.cfg.Root, "policies", name+".json"), nil
+}
+
+func (w *worker) loadPolicy(name string) (*api.Policy, error) {
+	p, err := w.policyPath(name)
+	if err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no policy %s (dsec policy ls lists them; dsec policy save stores one): %w", name, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return policy.Parse(b)
+}
+
+// policyOf is the policy a request names: inline, stored, or none.
+func (w *worker) policyOf(p *api.Policy, name string) (*api.Policy, error) {
+	switch {
+	case p != nil && name != "":
+		return nil, fmt.Errorf("give a policy or a policy name, not both: %w", errdefs.ErrInvalidArgument)
+	case name != "":
+		return w.loadPolicy(name)
+	case p != nil:
+		return p, policy.Validate(p)
+	}
+	return nil, nil
+}
+
+func (w *worker) applyPolicy(rw http.ResponseWriter, r *http.Request) {
+	var req api.PolicyRequest
+	if err := decode(r, &req); err != nil {
+		fail(rw, err)
+		return
+	}
+	p, err := w.policyOf(req.Policy, req.Name)
+	if err == nil && p == nil {
+		err = fmt.Errorf("apply needs a policy or a policy name: %w", errdefs.ErrInvalidArgument)
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	e.op.Lock()
+	rep, err := e.sb.ApplyPolicy(context.WithoutCancel(r.Context()), p)
+	e.op.Unlock()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	w.log.Info("applied policy", "sandbox", e.sb.Name, "now", rep.Now, "new_processes", rep.NewProcesses)
+	reply(rw, rep)
+}
+
+func (w *worker) policies(rw http.ResponseWriter, r *http.Request) {
+	files, _ := filepath.Glob(filepath.Join(w.cfg.Root, "policies", "*.json"))
+	sort.Strings(files)
+	out := []api.Policy{}
+	for _, f := range files {
+		name := filepath.Base(f)
+		p, err := w.loadPolicy(name[:len(name)-len(".json")])
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+		out = append(out, *p)
+	}
+	reply(rw, out)
+}
+
+func (w *worker) getPolicy(rw http.ResponseWriter, r *http.Request) {
+	p, err := w.loadPolicy(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	reply(rw, p)
+}
+
+// putPolicy stores a policy under a name (replacing one there; sandboxes
+// keep the policy they were given).
+func (w *worker) putPolicy(rw http.ResponseWriter, r *http.Request) {
+	var p api.Policy
+	if err := decode(r, &p); err != nil {
+		fail(rw, err)
+		return
+	}
+	name := r.PathValue("name")
+	path, err := w.policyPath(name)
+	if err == nil {
+		if p.Metadata == nil {
+			p.Metadata = &api.PolicyMetadata{}
+		}
+		p.Metadata.Name = name
+		err = policy.Validate(&p)
+	}
+	if err == nil {
+		err = os.MkdirAll(filepath.Dir(path), 0o700)
+	}
+	if err == nil {
+		b, _ := json.MarshalIndent(p, "", "  ")
+		err = runtime.WriteFileAtomic(path, b)
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+func (w *worker) deletePolicy(rw http.ResponseWriter, r *http.Request) {
+	path, err := w.policyPath(r.PathValue("name"))
+	if err == nil {
+		if err = os.Remove(path); errors.Is(err, os.ErrNotExist) {
+			err = fmt.Errorf("no policy %s: %w", r.PathValue("name"), errdefs.ErrNotFound)
+		}
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
