@@ -96,6 +96,9 @@ The JSON schema is docs/policy.schema.json.
 					return err
 				}
 				eff := policy.Effective(p)
+				if err := policy.Enforceable(eff); err != nil {
+					return fmt.Errorf("%s: %w", f, err)
+				}
 				if _, err := policy.Seccomp(eff.Syscalls.Deny); err != nil {
 					return fmt.Errorf("%s: %w", f, err)
 				}

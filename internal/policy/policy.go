@@ -215,3 +215,13 @@ var lookup = func(host string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// Enforceable says whether this dsec can enforce every rule of the
+// effective policy p: the files section (Landlock) is not enforced yet,
+// and a policy that asks for it is refused rather than half applied.
+func Enforceable(p *api.Policy) error {
+	if f := p.Files; f != nil && (len(f.ReadOnly) > 0 || len(f.Hidden) > 0 || f.ToolkitWritable) {
+		return fmt.Errorf("policy files: this dsec does not enforce file rules (Landlock) yet; leave files: out rather than trust it: %w", errdefs.ErrNotImplemented)
+	}
+	return nil
+}

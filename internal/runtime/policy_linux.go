@@ -22,6 +22,9 @@ func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cg
 	if err := policy.Validate(eff); err != nil {
 		return nil, nil, l, err
 	}
+	if err := policy.Enforceable(eff); err != nil {
+		return nil, nil, l, err
+	}
 	entries, err := policy.Allowlist(eff.Network.Egress)
 	if err != nil {
 		return nil, nil, l, err
