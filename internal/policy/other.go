@@ -20,3 +20,8 @@ func NetworkAttached(cg string) bool { return false }
 func Seccomp(deny []string) ([]byte, error) {
 	return nil, fmt.Errorf("seccomp: %w", errdefs.ErrNotImplemented)
 }
+
+// SeccompDeny needs Linux.
+func SeccompDeny(names []string) ([]byte, error) {
+	return nil, fmt.Errorf("seccomp: %w", errdefs.ErrNotImplemented)
+}

@@ -158,13 +158,7 @@ func Seccomp(deny []string) ([]byte, error) {
 	if len(raw) > unix.BPF_MAXINSNS {
 		return nil, fmt.Errorf("the seccomp profile has %d instructions, more than the kernel's %d: %w", len(raw), unix.BPF_MAXINSNS, errdefs.ErrInvalidArgument)
 	}
-	out := make([]byte, 0, 8*len(raw))
-	for _, in := range raw {
-		out = binary.NativeEndian.AppendUint16(out, in.Op)
-		out = append(out, in.Jt, in.Jf)
-		out = binary.NativeEndian.AppendUint32(out, in.K)
-	}
-	return out, nil
+	return encode(raw), nil
 }
 
 // loOffset is where an argument's low 32 bits are in its 8 bytes.
@@ -173,4 +167,36 @@ func loOffset() uint32 {
 		return 0
 	}
 	return 4
+}
+
+// SeccompDeny assembles a small filter that denies names (EPERM) and
+// lets everything else through to the filters under it: what a policy
+// applied to a running sandbox stacks on the profile its init already
+// holds (seccomp runs every filter and the strictest answer wins).
+func SeccompDeny(names []string) ([]byte, error) {
+	for _, n := range names {
+		if err := checkDeny(n); err != nil {
+			return nil, fmt.Errorf("syscalls.deny: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	p := seccomp.Policy{DefaultAction: seccomp.ActionAllow, Syscalls: []seccomp.SyscallGroup{{Names: names, Action: seccomp.ActionErrno}}}
+	ins, err := p.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("assemble the seccomp filter: %w", err)
+	}
+	raw, err := bpf.Assemble(ins)
+	if err != nil {
+		return nil, fmt.Errorf("assemble the seccomp filter: %w", err)
+	}
+	return encode(raw), nil
+}
+
+func encode(raw []bpf.RawInstruction) []byte {
+	out := make([]byte, 0, 8*len(raw))
+	for _, in := range raw {
+		out = binary.NativeEndian.AppendUint16(out, in.Op)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.NativeEndian.AppendUint32(out, in.K)
+	}
+	return out
 }

@@ -110,3 +110,23 @@ func TestSeccompProfile(t *testing.T) {
 		}
 	}
 }
+
+func TestSeccompDeny(t *testing.T) {
+	a, err := arch.GetInfo("")
+	if err != nil {
+		t.Skipf("no seccomp tables for this architecture: %v", err)
+	}
+	prog, err := SeccompDeny([]string{"chroot", "mknod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{"chroot": unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM),
+		"mknod": unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM), "read": unix.SECCOMP_RET_ALLOW, "mount": unix.SECCOMP_RET_ALLOW} {
+		if got := run(t, prog, uint32(a.ID), a.SyscallNames[name]); got != want {
+			t.Errorf("%s: %#x, want %#x (what the profile under it denies is its business)", name, got, want)
+		}
+	}
+	if _, err := SeccompDeny([]string{"wait4"}); err == nil {
+		t.Fatal("denied what the init needs")
+	}
+}

@@ -107,11 +107,11 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 			}
 		}
 		if len(added) > 0 {
-			r, err := restrictions(eff)
+			prog, err := policy.SeccompDeny(added)
 			if err != nil {
 				return nil, err
 			}
-			if err := sb.c.Restrict(ctx, *r); err != nil {
+			if err := sb.c.Restrict(ctx, container.Restrictions{Seccomp: prog}); err != nil {
 				return nil, fmt.Errorf("syscalls: %w", err)
 			}
 			rep.NewProcesses = append(rep.NewProcesses, "syscalls: also denied "+strings.Join(added, ", "))
