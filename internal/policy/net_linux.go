@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -13,18 +14,28 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The network allowlist is enforced by four cgroup programs on the
-// sandbox's cgroup2 directory, connect4, connect6, sendmsg4 and sendmsg6,
-// which look the destination up in an LPM trie of Entries (IPv4 as
-// IPv4-mapped IPv6, so an IPv6 socket to ::ffff:a.b.c.d meets the IPv4
-// rules) and return 0 (EPERM) unless a port rule allows it. The trie
-// hangs in slot 0 of an array of maps: an update builds a new trie and
-// swaps it in with one map write, so a connect sees the old list or the
-// new, never half of one. The programs are attached with BPF_PROG_ATTACH
-// and no flags: they stay with the cgroup without a pinned link or a
-// process holding them (the worker may die; the sandbox runs on), no
-// program in a sub-cgroup can override them, and removing the cgroup
-// detaches them.
+// The network allowlist is enforced by four cgroup programs, connect4,
+// connect6, sendmsg4 and sendmsg6, attached to each sandbox's cgroup2
+// directory. They return 0 (EPERM) unless the sandbox's allowlist lets
+// the destination through. One set of programs and two maps serve every
+// sandbox a process makes: loading and verifying programs costs
+// milliseconds, and so does any write to a map of maps (the kernel waits
+// for an RCU grace period), so a sandbox costs a few map writes and four
+// attachments, nothing more.
+//
+// The maps: gens, the caller's cgroup id -> the generation of its list
+// now in force; and one LPM trie keyed by (cgroup id, generation,
+// address as IPv6), IPv4 as IPv4-mapped IPv6 so an IPv6 socket to
+// ::ffff:a.b.c.d meets the IPv4 rules. An update writes the new list
+// under the next generation, flips gens with one write (a connect sees
+// the old list or the new, never half of one), then deletes the old.
+//
+// The programs are attached with BPF_PROG_ATTACH and no flags: they stay
+// with the cgroup without a pinned link or a process holding them (the
+// worker may die; the sandbox runs on, and a later worker finds the maps
+// through them), no program in a sub-cgroup can override them, and
+// removing the cgroup detaches them. ReleaseNetwork drops a sandbox's
+// entries before that.
 
 var netAttach = []ebpf.AttachType{
 	ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
@@ -32,9 +43,11 @@ var netAttach = []ebpf.AttachType{
 }
 
 const (
-	keySize      = 4 + 16
+	keySize      = 4 + 8 + 4 + 16 // prefix length, cgroup id, generation, address
+	keyFixedBits = (8 + 4) * 8
 	valueSize    = 4 + 8*MaxPortRules
-	trieCapacity = 1 << 17
+	maxSandboxes = 1 << 16
+	trieCapacity = 1 << 20
 )
 
 // struct bpf_sock_addr offsets.
@@ -45,17 +58,26 @@ const (
 	ctxType     = 32
 )
 
-func trieSpec() *ebpf.MapSpec {
-	return &ebpf.MapSpec{Name: "dsec_allow", Type: ebpf.LPMTrie, KeySize: keySize, ValueSize: valueSize,
-		MaxEntries: trieCapacity, Flags: unix.BPF_F_NO_PREALLOC}
-}
-
 // program is the allowlist check for one hook.
-func program(outer *ebpf.Map, v6 bool) asm.Instructions {
+func program(gens, trie *ebpf.Map, v6 bool) asm.Instructions {
 	ins := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
-		// The key, at fp-20: prefix length 128, then the address.
-		asm.StoreImm(asm.RFP, -20, 128, asm.Word),
+		asm.FnGetCurrentCgroupId.Call(),
+		asm.Mov.Reg(asm.R7, asm.R0),
+		asm.StoreMem(asm.RFP, -40, asm.R7, asm.DWord),
+		asm.LoadMapPtr(asm.R1, gens.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -40),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "deny"),
+		asm.LoadMem(asm.R8, asm.R0, 0, asm.Word),
+		// The key, at fp-32: prefix length, cgroup id (as the host
+		// lays a u64 out), generation, address.
+		asm.StoreImm(asm.RFP, -32, keySize*8-32, asm.Word),
+		asm.StoreMem(asm.RFP, -28+4*lowWord(), asm.R7, asm.Word),
+		asm.RSh.Imm(asm.R7, 32),
+		asm.StoreMem(asm.RFP, -28+4*(1-lowWord()), asm.R7, asm.Word),
+		asm.StoreMem(asm.RFP, -20, asm.R8, asm.Word),
 	}
 	if v6 {
 		for i := int16(0); i < 4; i++ {
@@ -73,16 +95,9 @@ func program(outer *ebpf.Map, v6 bool) asm.Instructions {
 			asm.StoreMem(asm.RFP, -4, asm.R0, asm.Word))
 	}
 	ins = append(ins,
-		// The trie: outer[0].
-		asm.StoreImm(asm.RFP, -24, 0, asm.Word),
-		asm.LoadMapPtr(asm.R1, outer.FD()),
+		asm.LoadMapPtr(asm.R1, trie.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -24),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "deny"),
-		asm.Mov.Reg(asm.R1, asm.R0),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -20),
+		asm.Add.Imm(asm.R2, -32),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "deny"),
 		asm.Mov.Reg(asm.R7, asm.R0),
@@ -120,84 +135,237 @@ func program(outer *ebpf.Map, v6 bool) asm.Instructions {
 	)
 }
 
-// newTrie makes a trie holding entries.
-func newTrie(entries []Entry) (*ebpf.Map, error) {
-	m, err := ebpf.NewMap(trieSpec())
-	if err != nil {
-		return nil, fmt.Errorf("create the allowlist map: %w", err)
+// lowWord is which 32-bit half of a u64 the host stores first.
+func lowWord() int16 {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
+		return 0
 	}
-	for _, e := range entries {
-		key := make([]byte, keySize)
-		binary.NativeEndian.PutUint32(key, uint32(e.Prefix.Bits()))
-		a := e.Prefix.Addr().As16()
-		copy(key[4:], a[:])
-		val := make([]byte, valueSize)
-		binary.NativeEndian.PutUint32(val, uint32(len(e.Rules)))
-		for i, r := range e.Rules {
-			off := 4 + 8*i
-			binary.NativeEndian.PutUint16(val[off:], r.Low)
-			binary.NativeEndian.PutUint16(val[off+2:], r.High)
-			val[off+4] = r.Protos
-		}
-		if err := m.Put(key, val); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("fill the allowlist map: %w", err)
-		}
-	}
-	return m, nil
+	return 1
 }
 
-// ApplyNetwork enforces entries on the cgroup2 directory cg: the first
-// time by loading and attaching the programs, later by swapping the
-// allowlist in place.
-func ApplyNetwork(cg string, entries []Entry) error {
+// progSet is a set of programs and the maps they read.
+type progSet struct {
+	gens, trie *ebpf.Map
+	progs      map[ebpf.AttachType]*ebpf.Program
+}
+
+func (s *progSet) Close() {
+	for _, p := range s.progs {
+		p.Close()
+	}
+	s.gens.Close()
+	s.trie.Close()
+}
+
+var (
+	setMu  sync.Mutex
+	shared *progSet
+)
+
+// sharedSet loads this process's programs, once.
+func sharedSet() (*progSet, error) {
+	setMu.Lock()
+	defer setMu.Unlock()
+	if shared != nil {
+		return shared, nil
+	}
+	gens, err := ebpf.NewMap(&ebpf.MapSpec{Name: "dsec_net_gen", Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: maxSandboxes})
+	if err != nil {
+		return nil, fmt.Errorf("create the allowlist map: %w", notSupported(err))
+	}
+	trie, err := ebpf.NewMap(&ebpf.MapSpec{Name: "dsec_net_allow", Type: ebpf.LPMTrie, KeySize: keySize, ValueSize: valueSize,
+		MaxEntries: trieCapacity, Flags: unix.BPF_F_NO_PREALLOC})
+	if err != nil {
+		gens.Close()
+		return nil, fmt.Errorf("create the allowlist map: %w", notSupported(err))
+	}
+	set := &progSet{gens: gens, trie: trie, progs: map[ebpf.AttachType]*ebpf.Program{}}
+	for _, at := range netAttach {
+		v6 := at == ebpf.AttachCGroupInet6Connect || at == ebpf.AttachCGroupUDP6Sendmsg
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "dsec_egress", Type: ebpf.CGroupSockAddr, AttachType: at,
+			Instructions: program(gens, trie, v6), License: "GPL"})
+		if err != nil {
+			set.Close()
+			return nil, fmt.Errorf("load the egress allowlist (%s): %w", at, notSupported(err))
+		}
+		set.progs[at] = prog
+	}
+	shared = set
+	return set, nil
+}
+
+// attached finds the maps of the programs already on the cgroup (put
+// there by this process or by a worker since dead), or nil.
+func attached(cg int) (gens, trie *ebpf.Map, err error) {
+	q, err := link.QueryPrograms(link.QueryOptions{Target: cg, Attach: netAttach[0]})
+	if err != nil || len(q.Programs) == 0 {
+		return nil, nil, nil
+	}
+	prog, err := ebpf.NewProgramFromID(q.Programs[0].ID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the sandbox's egress program: %w", err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return nil, nil, err
+	}
+	ids, _ := info.MapIDs()
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		switch m.Type() {
+		case ebpf.Hash:
+			gens = m
+		case ebpf.LPMTrie:
+			trie = m
+		default:
+			m.Close()
+		}
+	}
+	if gens == nil || trie == nil {
+		if gens != nil {
+			gens.Close()
+		}
+		if trie != nil {
+			trie.Close()
+		}
+		return nil, nil, fmt.Errorf("the sandbox's egress program does not read an allowlist: %w", errdefs.ErrFailedPrecondition)
+	}
+	return gens, trie, nil
+}
+
+// cgroupID is a cgroup2 directory's id: its inode number.
+func cgroupID(dir *os.File) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+func trieKey(cg uint64, gen uint32, e Entry) []byte {
+	key := make([]byte, keySize)
+	binary.NativeEndian.PutUint32(key, uint32(keyFixedBits+e.Prefix.Bits()))
+	binary.NativeEndian.PutUint64(key[4:], cg)
+	binary.NativeEndian.PutUint32(key[12:], gen)
+	a := e.Prefix.Addr().As16()
+	copy(key[16:], a[:])
+	return key
+}
+
+func trieValue(e Entry) []byte {
+	val := make([]byte, valueSize)
+	binary.NativeEndian.PutUint32(val, uint32(len(e.Rules)))
+	for i, r := range e.Rules {
+		off := 4 + 8*i
+		binary.NativeEndian.PutUint16(val[off:], r.Low)
+		binary.NativeEndian.PutUint16(val[off+2:], r.High)
+		val[off+4] = r.Protos
+	}
+	return val
+}
+
+// ApplyNetwork makes entries the allowlist of the cgroup2 directory cg,
+// replacing old (the list in force there, if any): the first time by
+// attaching the programs, later by flipping to a new generation.
+func ApplyNetwork(cg string, old, entries []Entry) error {
 	dir, err := os.Open(cg)
 	if err != nil {
 		return fmt.Errorf("open the sandbox's cgroup: %w", err)
 	}
 	defer dir.Close()
-	trie, err := newTrie(entries)
+	id, err := cgroupID(dir)
 	if err != nil {
 		return err
 	}
-	defer trie.Close()
-	outer, err := attachedOuter(int(dir.Fd()))
+	gens, trie, err := attached(int(dir.Fd()))
 	if err != nil {
 		return err
 	}
-	if outer != nil {
-		defer outer.Close()
-		if err := outer.Put(uint32(0), trie); err != nil {
-			return fmt.Errorf("swap in the new allowlist: %w", err)
+	fresh := gens == nil
+	if fresh {
+		set, err := sharedSet()
+		if err != nil {
+			return err
 		}
+		gens, trie = set.gens, set.trie
+	} else {
+		defer gens.Close()
+		defer trie.Close()
+	}
+	var cur uint32
+	if err := gens.Lookup(id, &cur); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("read the sandbox's allowlist: %w", err)
+	}
+	next := cur + 1
+	for _, e := range entries {
+		if err := trie.Put(trieKey(id, next, e), trieValue(e)); err != nil {
+			for _, d := range entries {
+				trie.Delete(trieKey(id, next, d))
+			}
+			return fmt.Errorf("write the allowlist: %w", err)
+		}
+	}
+	if err := gens.Put(id, next); err != nil {
+		return fmt.Errorf("switch to the new allowlist: %w", err)
+	}
+	for _, e := range old {
+		trie.Delete(trieKey(id, cur, e))
+	}
+	if !fresh {
 		return nil
 	}
-	outer, err = ebpf.NewMap(&ebpf.MapSpec{Name: "dsec_net", Type: ebpf.ArrayOfMaps, KeySize: 4, ValueSize: 4,
-		MaxEntries: 1, InnerMap: trieSpec()})
-	if err != nil {
-		return fmt.Errorf("create the allowlist map: %w", notSupported(err))
-	}
-	defer outer.Close()
-	if err := outer.Put(uint32(0), trie); err != nil {
-		return fmt.Errorf("install the allowlist: %w", err)
-	}
-	var attached []ebpf.AttachType
+	set, _ := sharedSet()
+	var done []ebpf.AttachType
 	for _, at := range netAttach {
-		v6 := at == ebpf.AttachCGroupInet6Connect || at == ebpf.AttachCGroupUDP6Sendmsg
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "dsec_egress", Type: ebpf.CGroupSockAddr, AttachType: at,
-			Instructions: program(outer, v6), License: "GPL"})
-		if err == nil {
-			err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(dir.Fd()), Program: prog, Attach: at})
-			prog.Close()
-		}
-		if err != nil {
-			for _, a := range attached {
-				detach(int(dir.Fd()), a)
+		if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(dir.Fd()), Program: set.progs[at], Attach: at}); err != nil {
+			for _, a := range done {
+				link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(dir.Fd()), Program: set.progs[a], Attach: a})
 			}
+			dropEntries(gens, trie, id, next, entries)
 			return fmt.Errorf("attach the egress allowlist (%s): %w", at, notSupported(err))
 		}
-		attached = append(attached, at)
+		done = append(done, at)
 	}
+	return nil
+}
+
+func dropEntries(gens, trie *ebpf.Map, id uint64, gen uint32, entries []Entry) {
+	gens.Delete(id)
+	for _, e := range entries {
+		trie.Delete(trieKey(id, gen, e))
+	}
+}
+
+// ReleaseNetwork drops the allowlist entries of the cgroup2 directory
+// cg, which is about to go (its programs go with it).
+func ReleaseNetwork(cg string, entries []Entry) error {
+	dir, err := os.Open(cg)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	id, err := cgroupID(dir)
+	if err != nil {
+		return err
+	}
+	gens, trie, err := attached(int(dir.Fd()))
+	if err != nil || gens == nil {
+		return err
+	}
+	defer gens.Close()
+	defer trie.Close()
+	var cur uint32
+	if err := gens.Lookup(id, &cur); err != nil {
+		return nil // nothing in force
+	}
+	dropEntries(gens, trie, id, cur, entries)
 	return nil
 }
 
@@ -206,42 +374,6 @@ func notSupported(err error) error {
 		return fmt.Errorf("%v: %w", err, errdefs.ErrNotImplemented)
 	}
 	return err
-}
-
-// attachedOuter finds the allowlist of programs already attached to the
-// cgroup (by a worker that may since have died), or nil.
-func attachedOuter(cg int) (*ebpf.Map, error) {
-	q, err := link.QueryPrograms(link.QueryOptions{Target: cg, Attach: netAttach[0]})
-	if err != nil || len(q.Programs) == 0 {
-		return nil, nil
-	}
-	prog, err := ebpf.NewProgramFromID(q.Programs[0].ID)
-	if err != nil {
-		return nil, fmt.Errorf("open the sandbox's egress program: %w", err)
-	}
-	defer prog.Close()
-	info, err := prog.Info()
-	if err != nil {
-		return nil, err
-	}
-	ids, ok := info.MapIDs()
-	if !ok || len(ids) != 1 {
-		return nil, fmt.Errorf("the sandbox's egress program uses %d maps, not its allowlist's one: %w", len(ids), errdefs.ErrFailedPrecondition)
-	}
-	return ebpf.NewMapFromID(ids[0])
-}
-
-func detach(cg int, at ebpf.AttachType) {
-	q, err := link.QueryPrograms(link.QueryOptions{Target: cg, Attach: at})
-	if err != nil {
-		return
-	}
-	for _, p := range q.Programs {
-		if prog, err := ebpf.NewProgramFromID(p.ID); err == nil {
-			link.RawDetachProgram(link.RawDetachProgramOptions{Target: cg, Program: prog, Attach: at})
-			prog.Close()
-		}
-	}
 }
 
 // NetworkAttached says whether the cgroup carries the allowlist.

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -185,7 +186,7 @@ func TestEgressAllowlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ApplyNetwork(cg, entries); err != nil {
+	if err := ApplyNetwork(cg, nil, entries); err != nil {
 		t.Fatal(err)
 	}
 	if !NetworkAttached(cg) {
@@ -211,9 +212,10 @@ func TestEgressAllowlist(t *testing.T) {
 	if !sc.Scan() || sc.Text() != "denied once" {
 		t.Fatalf("the retrying child: %q", sc.Text())
 	}
+	old := entries
 	entries, _ = Allowlist([]api.EgressRule{{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(denied), High: port(denied)}}}})
 	start := time.Now()
-	if err := ApplyNetwork(cg, entries); err != nil {
+	if err := ApplyNetwork(cg, old, entries); err != nil {
 		t.Fatal(err)
 	}
 	if !sc.Scan() || !strings.Contains(sc.Text(), " ok after ") {
@@ -224,4 +226,43 @@ func TestEgressAllowlist(t *testing.T) {
 	if got := probe(t, cg, "tcp "+allowed); got["tcp "+allowed] != "EPERM" {
 		t.Fatalf("the old rule still holds after the swap: %v", got)
 	}
+	if n := keysOf(t, cg); n != len(entries) {
+		t.Fatalf("%d allowlist entries for the cgroup after the swap, want the new list's %d", n, len(entries))
+	}
+	if err := ReleaseNetwork(cg, entries); err != nil {
+		t.Fatal(err)
+	}
+	if n := keysOf(t, cg); n != 0 {
+		t.Fatalf("%d allowlist entries left after release", n)
+	}
+}
+
+// keysOf counts the shared trie's entries for cg (and fails if its
+// generation outlived a release).
+func keysOf(t *testing.T, cg string) int {
+	t.Helper()
+	dir, _ := os.Open(cg)
+	defer dir.Close()
+	id, _ := cgroupID(dir)
+	set, err := sharedSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var key []byte
+	it := set.trie.Iterate()
+	var val []byte
+	for it.Next(&key, &val) {
+		if binary.NativeEndian.Uint64(key[4:]) == id {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var gen uint32
+	if n == 0 && set.gens.Lookup(id, &gen) == nil {
+		t.Fatalf("generation %d left for a released cgroup", gen)
+	}
+	return n
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // ApplyNetwork needs Linux cgroup BPF.
-func ApplyNetwork(cg string, entries []Entry) error {
+func ApplyNetwork(cg string, old, entries []Entry) error {
 	return fmt.Errorf("network policy: %w", errdefs.ErrNotImplemented)
 }
 
@@ -25,3 +25,6 @@ func Seccomp(deny []string) ([]byte, error) {
 func SeccompDeny(names []string) ([]byte, error) {
 	return nil, fmt.Errorf("seccomp: %w", errdefs.ErrNotImplemented)
 }
+
+// ReleaseNetwork has nothing to release off Linux.
+func ReleaseNetwork(cg string, entries []Entry) error { return nil }

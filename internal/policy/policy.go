@@ -107,9 +107,9 @@ func Validate(p *api.Policy) error {
 	return nil
 }
 
-func validName(s string) bool {
-	return len(s) <= 128 && regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`).MatchString(s)
-}
+var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+func validName(s string) bool { return len(s) <= 128 && nameRe.MatchString(s) }
 
 // ValidName says whether s may name a stored policy.
 func ValidName(s string) bool { return validName(s) }

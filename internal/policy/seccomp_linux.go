@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	seccomp "github.com/elastic/go-seccomp-bpf"
@@ -81,7 +83,23 @@ const (
 // Seccomp assembles the profile, with deny's system calls denied too,
 // into a classic BPF program for seccomp(2), as the kernel's struct
 // sock_filter array (8 bytes an instruction, native byte order).
+// Programs are assembled once per deny list; callers must not change
+// what they get.
 func Seccomp(deny []string) ([]byte, error) {
+	key := strings.Join(deny, ",")
+	if prog, ok := profiles.Load(key); ok {
+		return prog.([]byte), nil
+	}
+	prog, err := assemble(deny)
+	if err == nil {
+		profiles.Store(key, prog)
+	}
+	return prog, err
+}
+
+var profiles sync.Map // deny list -> program
+
+func assemble(deny []string) ([]byte, error) {
 	a, err := nativeArch()
 	if err != nil {
 		return nil, err

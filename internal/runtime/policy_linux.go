@@ -87,7 +87,7 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 	if !running {
 		rep.NewProcesses = append(rep.NewProcesses, fmt.Sprintf("all of it, when the %s sandbox starts", sb.Status))
 	} else {
-		if err := policy.ApplyNetwork(sb.g.Path(), entries); err != nil {
+		if err := policy.ApplyNetwork(sb.g.Path(), sb.Allowlist, entries); err != nil {
 			return nil, err
 		}
 		rep.Now = append(rep.Now, fmt.Sprintf("network: egress allowlist of %d address ranges, for every process", len(entries)))

@@ -237,7 +237,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 	}
-	if err := policy.ApplyNetwork(g.Path(), sb.Allowlist); err != nil {
+	if err := policy.ApplyNetwork(g.Path(), nil, sb.Allowlist); err != nil {
 		return err
 	}
 	restrict, err := restrictions(sb.Policy)
@@ -435,6 +435,9 @@ func (sb *Sandbox) teardown(all bool) error {
 	}
 	if sb.g != nil {
 		if err := sb.g.Kill(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
 			errs = append(errs, err)
 		}
 		if err := sb.g.Remove(); err != nil {
