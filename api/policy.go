@@ -27,14 +27,21 @@ type PolicyMetadata struct {
 }
 
 // FilePolicy says what processes in the sandbox may do with paths of
-// its root (enforced with Landlock, for processes started after it is
-// applied). Paths are absolute, inside the sandbox.
+// its root. Paths are absolute, inside the sandbox.
 type FilePolicy struct {
 	// ReadOnly paths (and what is under them) may be read and run,
-	// never written, created in, renamed or removed.
+	// never written, renamed or removed: read-only, nosuid bind mounts
+	// in the sandbox's mount namespace, for every process at once.
 	ReadOnly []string `json:"readOnly,omitempty"`
-	// Hidden paths may not be read, listed, written or run at all.
+	// Hidden paths show nothing: an empty read-only directory or an
+	// empty file mounted over them, for every process at once.
 	Hidden []string `json:"hidden,omitempty"`
+	// ReadWrite, when given, are the only trees processes may change
+	// (create, write, truncate, rename, remove in); everything else is
+	// read-only to them (Landlock, for the processes started after it
+	// is applied). /dev and /proc stay writable as devices and procfs
+	// allow.
+	ReadWrite []string `json:"readWrite,omitempty"`
 	// ToolkitWritable lifts the default that the toolkit layer's
 	// paths are read-only (and nosuid).
 	ToolkitWritable bool `json:"toolkitWritable,omitempty"`

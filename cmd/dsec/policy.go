@@ -15,14 +15,17 @@ import (
 )
 
 const policyNote = `A policy has four sections; one left out keeps the secure default's (dsec policy show):
-  files      read-only and hidden paths (Landlock)
+  files      readOnly and hidden paths (read-only nosuid or empty mounts the sandbox cannot
+             undo); readWrite, the only trees writable (Landlock); the toolkit layer's paths
+             are read-only and nosuid unless toolkitWritable
   syscalls   more system calls to deny, on top of the seccomp allowlist every sandbox has
   network    the egress allowlist: CIDRs, addresses or host names (resolved when applied,
              then pinned), ports, tcp/udp; everything else fails with EPERM
   resources  pids, memory, cpu caps
-The network allowlist and resources change at once for every process of a running sandbox;
-file and syscall rules can only be tightened there, and hold for processes started from then
-on (the kernel cannot add them to running ones). apply says which took effect how.`
+The network allowlist, resources, read-only and hidden paths change at once for every process
+of a running sandbox; file and syscall rules can only be tightened there, and readWrite and
+syscall rules hold for processes started from then on (the kernel cannot add them to running
+ones). apply says which took effect how.`
 
 func (a *app) policyCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -96,9 +99,6 @@ The JSON schema is docs/policy.schema.json.
 					return err
 				}
 				eff := policy.Effective(p)
-				if err := policy.Enforceable(eff); err != nil {
-					return fmt.Errorf("%s: %w", f, err)
-				}
 				if _, err := policy.Seccomp(eff.Syscalls.Deny); err != nil {
 					return fmt.Errorf("%s: %w", f, err)
 				}
@@ -228,8 +228,8 @@ func (a *app) policyLsCommand() *cobra.Command {
 			}
 			for _, p := range ps {
 				eff := policy.Effective(&p)
-				fmt.Fprintf(a.stdout, "%s\t%d egress rules, %d read-only, %d hidden paths, %d more syscalls denied\n", p.Metadata.Name,
-					len(eff.Network.Egress), len(eff.Files.ReadOnly), len(eff.Files.Hidden), len(eff.Syscalls.Deny))
+				fmt.Fprintf(a.stdout, "%s\t%d egress rules, %d read-only, %d hidden, %d read-write paths, %d more syscalls denied\n", p.Metadata.Name,
+					len(eff.Network.Egress), len(eff.Files.ReadOnly), len(eff.Files.Hidden), len(eff.Files.ReadWrite), len(eff.Syscalls.Deny))
 			}
 			return nil
 		},

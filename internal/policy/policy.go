@@ -57,7 +57,7 @@ func Validate(p *api.Policy) error {
 		return bad("metadata.name", "%q: use letters, digits, '.', '_' and '-' (at most 128)", m.Name)
 	}
 	if f := p.Files; f != nil {
-		for field, paths := range map[string][]string{"files.readOnly": f.ReadOnly, "files.hidden": f.Hidden} {
+		for field, paths := range map[string][]string{"files.readOnly": f.ReadOnly, "files.hidden": f.Hidden, "files.readWrite": f.ReadWrite} {
 			for i, q := range paths {
 				if !path.IsAbs(q) || path.Clean(q) != q || strings.ContainsRune(q, 0) {
 					return bad(fmt.Sprintf("%s[%d]", field, i), "%q: give an absolute, clean path inside the sandbox", q)
@@ -186,6 +186,16 @@ func Tightens(cur, next *api.Policy) error {
 			lost = append(lost, "files.hidden "+q)
 		}
 	}
+	if rw := cur.Files.ReadWrite; len(rw) > 0 {
+		if len(next.Files.ReadWrite) == 0 {
+			lost = append(lost, "files.readWrite")
+		}
+		for _, q := range next.Files.ReadWrite {
+			if !slices.ContainsFunc(rw, func(d string) bool { return Under(q, d) }) {
+				lost = append(lost, "files.readWrite "+q)
+			}
+		}
+	}
 	if !cur.Files.ToolkitWritable && next.Files.ToolkitWritable {
 		lost = append(lost, "files.toolkitWritable")
 	}
@@ -216,12 +226,7 @@ var lookup = func(host string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// Enforceable says whether this dsec can enforce every rule of the
-// effective policy p: the files section (Landlock) is not enforced yet,
-// and a policy that asks for it is refused rather than half applied.
-func Enforceable(p *api.Policy) error {
-	if f := p.Files; f != nil && (len(f.ReadOnly) > 0 || len(f.Hidden) > 0 || f.ToolkitWritable) {
-		return fmt.Errorf("policy files: this dsec does not enforce file rules (Landlock) yet; leave files: out rather than trust it: %w", errdefs.ErrNotImplemented)
-	}
-	return nil
+// Under says whether the sandbox path p is dir or beneath it.
+func Under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }

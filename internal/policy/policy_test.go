@@ -62,6 +62,7 @@ func TestParseBad(t *testing.T) {
 		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [70000]\n", "bad port"},
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [answers]\n", "files.hidden[0]"},
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readOnly: [/a/../b]\n", "files.readOnly[0]"},
+		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: [/tmp, tmp]\n", "files.readWrite[1]"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [nosuchcall]\n", "no system call"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [futex]\n", "init needs"},
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  memory: lots\n", "resources.memory"},
@@ -125,6 +126,23 @@ func TestTightens(t *testing.T) {
 	err := Tightens(cur, Effective(nil))
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "files.hidden /answers") || !strings.Contains(err.Error(), "syscalls.deny chroot") {
 		t.Fatalf("loosening: %v", err)
+	}
+	rw := func(paths ...string) *api.Policy { return Effective(&api.Policy{Files: &api.FilePolicy{ReadWrite: paths}}) }
+	for _, c := range []struct {
+		cur, next *api.Policy
+		lost      string // "": tightens
+	}{
+		{Effective(nil), rw("/tmp"), ""},
+		{rw("/tmp", "/work"), rw("/tmp/a", "/work"), ""},
+		{rw("/tmp"), Effective(nil), "files.readWrite,"},
+		{rw("/tmp"), rw("/tmp", "/etc"), "files.readWrite /etc"},
+		{rw("/tmp"), rw("/tmpx"), "files.readWrite /tmpx"},
+		{rw("/"), rw("/etc"), ""},
+	} {
+		err := Tightens(c.cur, c.next)
+		if c.lost == "" && err != nil || c.lost != "" && (err == nil || !strings.Contains(err.Error()+",", c.lost)) {
+			t.Errorf("%v -> %v: %v, want %q", c.cur.Files.ReadWrite, c.next.Files.ReadWrite, err, c.lost)
+		}
 	}
 }
 

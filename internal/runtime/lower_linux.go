@@ -32,39 +32,39 @@ func lowerDir(root, dgst string) string {
 }
 
 // acquireLower mounts the layer ref (if no sandbox has it mounted yet)
-// for user and returns the mount and the layer's digest. want, if set,
-// is the digest the layer must have.
-func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, string, error) {
+// for user and returns the mount and the layer found. want, if set, is
+// the digest the layer must have.
+func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, *found, error) {
 	f, err := resolveLayer(ctx, root, m, ref)
 	if err != nil {
-		return "", "", err
+		return "", nil, err
 	}
 	dgst := f.digest
 	if want != "" && dgst != want {
-		return "", "", fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
+		return "", nil, fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
 	}
 	dir := lowerDir(root, dgst)
 	mnt := filepath.Join(dir, "mnt")
 	lowerMu.Lock()
 	defer lowerMu.Unlock()
 	if err := os.MkdirAll(filepath.Join(dir, "users"), 0o700); err != nil {
-		return "", "", err
+		return "", nil, err
 	}
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
-		return "", "", err
+		return "", nil, err
 	}
 	// The user is recorded first: a worker killed here leaves a user
 	// file SweepLowers finds, never a mount nobody owns.
 	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
-		return "", "", err
+		return "", nil, err
 	}
 	if !isMountpoint(mnt) {
 		if err := f.mountOn(mnt); err != nil {
 			os.Remove(filepath.Join(dir, "users", user))
-			return "", "", err
+			return "", nil, err
 		}
 	}
-	return mnt, dgst, nil
+	return mnt, f, nil
 }
 
 // SweepLowers drops the layer users that are not among live (sandboxes

@@ -3,11 +3,18 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"math"
+	"os"
+	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
@@ -20,9 +27,6 @@ import (
 func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cgroup.Limits, error) {
 	eff := policy.Effective(p)
 	if err := policy.Validate(eff); err != nil {
-		return nil, nil, l, err
-	}
-	if err := policy.Enforceable(eff); err != nil {
 		return nil, nil, l, err
 	}
 	entries, err := policy.Allowlist(eff.Network.Egress)
@@ -60,7 +64,7 @@ func restrictions(eff *api.Policy) (*container.Restrictions, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &container.Restrictions{Seccomp: prog}, nil
+	return &container.Restrictions{Seccomp: prog, Writable: eff.Files.ReadWrite}, nil
 }
 
 // ApplyPolicy makes p (nil: the default) the sandbox's policy. The
@@ -100,6 +104,9 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		} else {
 			rep.Unchanged = append(rep.Unchanged, "resources")
 		}
+		if err := sb.applyFiles(ctx, cur.Files, eff.Files, rep); err != nil {
+			return nil, err
+		}
 		var added []string
 		for _, s := range eff.Syscalls.Deny {
 			if !slices.Contains(cur.Syscalls.Deny, s) {
@@ -124,4 +131,105 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		return nil, err
 	}
 	return rep, nil
+}
+
+// applyFiles takes a running sandbox from the file rules cur to next
+// (which Tightens allowed): new read-only and hidden paths are mounts,
+// in force for every process at once; a new readWrite list is one more
+// Landlock domain for the processes started from now on.
+func (sb *Sandbox) applyFiles(ctx context.Context, cur, next *api.FilePolicy, rep *api.PolicyReport) error {
+	var readOnly, hidden []string
+	if cur.ToolkitWritable && !next.ToolkitWritable {
+		readOnly = append(readOnly, sb.Toolkit...)
+	}
+	for _, q := range next.ReadOnly {
+		if !slices.Contains(cur.ReadOnly, q) {
+			readOnly = append(readOnly, q)
+		}
+	}
+	for _, q := range next.Hidden {
+		if !slices.Contains(cur.Hidden, q) {
+			hidden = append(hidden, q)
+		}
+	}
+	missing, err := sb.c.Protect(readOnly, hidden)
+	if err != nil {
+		return fmt.Errorf("files: %w", err)
+	}
+	changed := false
+	if len(readOnly) > 0 {
+		rep.Now = append(rep.Now, "files: read-only "+strings.Join(readOnly, ", ")+", for every process (descriptors open for writing already keep writing)")
+		changed = true
+	}
+	if len(hidden) > 0 {
+		rep.Now = append(rep.Now, "files: hidden "+strings.Join(hidden, ", ")+", for every process (descriptors open already keep reading)")
+		changed = true
+	}
+	if len(missing) > 0 {
+		rep.Now = append(rep.Now, "files: nothing mounted for "+strings.Join(missing, ", ")+": not in the sandbox")
+	}
+	if !slices.Equal(cur.ReadWrite, next.ReadWrite) {
+		if err := sb.c.Restrict(ctx, container.Restrictions{Writable: next.ReadWrite}); err != nil {
+			return fmt.Errorf("files: %w", err)
+		}
+		rep.NewProcesses = append(rep.NewProcesses, "files: writes confined to "+strings.Join(next.ReadWrite, ", ")+" (and /dev, /proc)")
+		changed = true
+	}
+	if !changed {
+		rep.Unchanged = append(rep.Unchanged, "files")
+	}
+	return nil
+}
+
+// maxToolkitPaths bounds the mounts that pin a toolkit read-only.
+const maxToolkitPaths = 1024
+
+// toolkitPaths are the sandbox paths the toolkit layers bring (lowers
+// and kinds topmost first): each tree no layer below has, taken whole,
+// and each file it puts in a directory the layers below share. Symbolic
+// links are left out: a mount cannot pin one.
+func toolkitPaths(lowers []string, kinds []layer.Kind) ([]string, error) {
+	var out []string
+	for i, k := range kinds {
+		if k != layer.KindToolkit {
+			continue
+		}
+		var walk func(rel string) error
+		walk = func(rel string) error {
+			ents, err := os.ReadDir(filepath.Join(lowers[i], rel))
+			if err != nil {
+				return err
+			}
+			for _, e := range ents {
+				p := path.Join(rel, e.Name())
+				if e.Type()&(fs.ModeSymlink|fs.ModeCharDevice) != 0 { // links and whiteouts
+					continue
+				}
+				dirBelow := false
+				for _, b := range lowers[i+1:] {
+					if fi, err := os.Lstat(filepath.Join(b, p)); err == nil && fi.IsDir() {
+						dirBelow = true
+					}
+				}
+				if e.IsDir() && dirBelow {
+					if err := walk(p); err != nil {
+						return err
+					}
+					continue
+				}
+				if !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+			return nil
+		}
+		if err := walk("/"); err != nil {
+			return nil, fmt.Errorf("toolkit layer: %w", err)
+		}
+		if len(out) > maxToolkitPaths {
+			return nil, fmt.Errorf("the toolkit layers put %d files among the directories of the layers below, more than the %d dsec pins read-only: put them under a directory of their own (such as /opt/NAME), or set files.toolkitWritable: %w",
+				len(out), maxToolkitPaths, errdefs.ErrOutOfRange)
+		}
+	}
+	return out, nil
 }

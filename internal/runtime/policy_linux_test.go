@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -231,4 +232,145 @@ func TestAttackSuite(t *testing.T) {
 		t.Errorf("XFS_IOC_SWAPEXT on the host's XFS: ENOTTY: the control did not reach XFS")
 	}
 	t.Logf("%d attempts; host control %d reached the kernel; inside: %v", len(inside), len(host), inside)
+}
+
+// buildHarness builds harness:1, a toolkit with its own busybox under
+// /opt/harness (a tree the base lacks) and /bin/hx (a file in a
+// directory the base has), and answers:1, a workspace holding what an
+// agent must not read and a test it must not change.
+func buildHarness(t *testing.T, f *snapFixture) {
+	t.Helper()
+	tk := t.TempDir()
+	os.MkdirAll(filepath.Join(tk, "opt", "harness", "bin"), 0o755)
+	os.MkdirAll(filepath.Join(tk, "bin"), 0o755)
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox-static: %v (make deps installs it)", err)
+	}
+	os.WriteFile(filepath.Join(tk, "opt", "harness", "bin", "busybox"), bb, 0o755)
+	os.WriteFile(filepath.Join(tk, "opt", "harness", "grader.py"), []byte("print('pass')\n"), 0o644)
+	os.WriteFile(filepath.Join(tk, "bin", "hx"), []byte("#!/opt/harness/bin/busybox sh\necho genuine hx\n"), 0o755)
+	ws := t.TempDir()
+	os.MkdirAll(filepath.Join(ws, "answers"), 0o755)
+	os.MkdirAll(filepath.Join(ws, "work", "tests"), 0o755)
+	os.WriteFile(filepath.Join(ws, "answers", "a.txt"), []byte("the answer\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "secret.txt"), []byte("secret\n"), 0o644)
+	os.WriteFile(filepath.Join(ws, "work", "tests", "test.sh"), []byte("exit 0\n"), 0o644)
+	for tag, l := range map[string]struct {
+		dir  string
+		kind layer.Kind
+	}{"harness:1": {tk, layer.KindToolkit}, "answers:1": {ws, layer.KindWorkspace}} {
+		ref, _ := layer.ParseRef(tag)
+		if _, err := layer.Build(context.Background(), f.s, layer.BuildOptions{Source: l.dir, Kind: l.kind, Ref: ref}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The agent's attempts on files, as root in the sandbox; each line says
+// whether one got through.
+const fileAttacks = `
+try() { if eval "$2" >/dev/null 2>&1; then echo "$1 ok"; else echo "$1 refused"; fi; }
+try toolkit-write 'echo x > /opt/harness/grader.py'
+try toolkit-file-write 'echo x > /bin/hx'
+try toolkit-file-rm 'rm -f /bin/hx && ! test -e /bin/hx'
+try toolkit-rename-parent 'mv /opt /opt.moved'
+try read-answers 'cat /answers/a.txt | grep -q answer'
+try read-secret 'grep -q secret /secret.txt'
+try test-write 'echo "exit 1" > /work/tests/test.sh'
+try test-rename-parent 'mv /work /work.moved'
+try new-top-level 'mkdir /newdir'
+try tmp-write 'echo x > /tmp/x'
+try bin-new 'echo x > /bin/newtool'
+rm -f /bin/sh && printf '#!/opt/harness/bin/busybox sh\necho pwned\n' > /bin/sh && chmod 755 /bin/sh && echo overwrote-sh
+`
+
+// TestFilePolicy runs the file attacks as root in a sandbox under file
+// rules and, as the positive control, in one under none (with the
+// toolkit writable): every attempt the rules stop goes through there.
+// The harness' own exec path survives /bin/sh being overwritten; rules
+// applied live hold at once (mounts) or for new processes (Landlock);
+// loosening them is refused.
+func TestFilePolicy(t *testing.T) {
+	f := newSnapFixture(t)
+	buildHarness(t, f)
+	layers := []string{"harness:1", "answers:1", "bb:1"}
+	strict, err := policy.Parse([]byte(`apiVersion: dsec/v1
+kind: Policy
+files:
+  readOnly: [/work/tests]
+  hidden: [/answers, /secret.txt]
+  readWrite: [/tmp, /bin, /work]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, _ := policy.Parse([]byte("apiVersion: dsec/v1\nkind: Policy\nfiles:\n  toolkitWritable: true\n"))
+	guarded := f.create(dsecrt.Options{Name: "guarded", Layers: layers, Policy: strict})
+	control := f.create(dsecrt.Options{Name: "control", Layers: layers, Policy: open})
+	live := f.create(dsecrt.Options{Name: "live", Layers: layers, Policy: open})
+	attack := func(sb *dsecrt.Sandbox) map[string]string {
+		// The harness runs its own busybox: the agent cannot reach it.
+		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: fmt.Sprint("files-", f.n),
+			Args: []string{"/opt/harness/bin/busybox", "sh", "-c", fileAttacks}})
+		f.n++
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Result(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(e.StdoutPath())
+		got := map[string]string{}
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			k, v, _ := strings.Cut(l, " ")
+			got[k] = v
+		}
+		return got
+	}
+	want := map[string]string{"toolkit-write": "refused", "toolkit-file-write": "refused", "toolkit-file-rm": "refused",
+		"toolkit-rename-parent": "refused", "read-answers": "refused", "read-secret": "refused", "test-write": "refused",
+		"test-rename-parent": "refused", "new-top-level": "refused", "tmp-write": "ok", "bin-new": "ok"}
+	g, c := attack(guarded), attack(control)
+	for k, w := range want {
+		if g[k] != w {
+			t.Errorf("guarded: %s %s, want %s", k, g[k], w)
+		}
+		if c[k] != "ok" {
+			t.Errorf("positive control: %s %s under no file rules: the attempt proves nothing", k, c[k])
+		}
+	}
+	if _, ok := g["overwrote-sh"]; !ok {
+		t.Errorf("the agent could not overwrite /bin/sh in its own sandbox: %v", g)
+	}
+	out, _ := sh(t, guarded, "after-sh", "true")
+	if !strings.Contains(out, "pwned") {
+		t.Errorf("/bin/sh after the overwrite printed %q: the overwrite did not take", out)
+	}
+	e, _, err := guarded.Run(context.Background(), dsecrt.ExecSpec{ID: "harness", Args: []string{"/bin/hx"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Result(context.Background())
+	if b, _ := os.ReadFile(e.StdoutPath()); string(b) != "genuine hx\n" {
+		t.Errorf("the harness' own command after /bin/sh was overwritten printed %q", b)
+	}
+
+	// Live: a sandbox under no file rules takes the strict ones; mounts
+	// hold at once, Landlock for processes started from now on.
+	rep, err := live.ApplyPolicy(context.Background(), strict)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, later := strings.Join(rep.Now, "\n"), strings.Join(rep.NewProcesses, "\n")
+	if !strings.Contains(now, "hidden /answers, /secret.txt") || !strings.Contains(now, "read-only /bin/hx, /opt, /work/tests") ||
+		!strings.Contains(later, "writes confined to /tmp, /bin, /work") {
+		t.Errorf("report: now %q, new processes %q", now, later)
+	}
+	if l := attack(live); !maps.Equal(l, g) {
+		t.Errorf("after a live apply: %v, want what the sandbox made under the rules got: %v", l, g)
+	}
+	if _, err := live.ApplyPolicy(context.Background(), open); err == nil || !strings.Contains(err.Error(), "would loosen") {
+		t.Errorf("loosening the file rules of a running sandbox: %v", err)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -88,6 +89,9 @@ type State struct {
 	// applied (host names resolved when it was applied, pinned).
 	Policy    *api.Policy    `json:"policy,omitempty"`
 	Allowlist []policy.Entry `json:"allowlist,omitempty"`
+	// Toolkit are the paths the toolkit layers bring, read-only unless
+	// the policy lets them be written.
+	Toolkit []string `json:"toolkit,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -203,17 +207,19 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	root := filepath.Dir(filepath.Dir(sb.dir))
 	var lowers, digests []string
+	var kinds []layer.Kind
 	for i, ref := range sb.Layers {
 		want := ""
 		if len(sb.Digests) > i {
 			want = sb.Digests[i]
 		}
-		mnt, d, err := acquireLower(ctx, root, m, ref, sb.Name, want)
+		mnt, f, err := acquireLower(ctx, root, m, ref, sb.Name, want)
 		if err != nil {
 			return err
 		}
 		lowers = append(lowers, mnt)
-		digests = append(digests, d)
+		digests = append(digests, f.digest)
+		kinds = append(kinds, f.kind)
 	}
 	sb.Digests = digests
 	rootfs := filepath.Join(sb.dir, "rootfs")
@@ -253,7 +259,20 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		Restrictions: restrict, Setup: g.Add, Stdout: logf, Stderr: logf}); err != nil {
 		return err
 	}
-	sb.Pid, sb.Status = sb.c.Pid(), Running
+	sb.Pid = sb.c.Pid()
+	// Before the first command: the toolkit and the policy's read-only
+	// and hidden paths.
+	if sb.Toolkit, err = toolkitPaths(lowers, kinds); err != nil {
+		return err
+	}
+	readOnly := sb.Policy.Files.ReadOnly
+	if !sb.Policy.Files.ToolkitWritable {
+		readOnly = append(slices.Clip(sb.Toolkit), readOnly...)
+	}
+	if _, err := sb.c.Protect(readOnly, sb.Policy.Files.Hidden); err != nil {
+		return fmt.Errorf("policy files: %w", err)
+	}
+	sb.Status = Running
 	return sb.save()
 }
 

@@ -47,6 +47,9 @@ type Restrictions struct {
 	// Seccomp is a classic BPF program for seccomp(2), as an array of
 	// struct sock_filter (policy.Seccomp makes one).
 	Seccomp []byte `json:"seccomp,omitempty"`
+	// Writable, when not nil, are the only trees (besides /dev and
+	// /proc) commands may change: a Landlock domain.
+	Writable []string `json:"writable,omitempty"`
 }
 
 // Cmd is a command to run in a sandbox.

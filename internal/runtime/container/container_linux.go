@@ -749,7 +749,15 @@ func dropPrivileges() error {
 // apply loads the restrictions on the calling thread; no_new_privs is
 // set already.
 func (r *Restrictions) apply() error {
-	if r == nil || len(r.Seccomp) == 0 {
+	if r == nil {
+		return nil
+	}
+	if r.Writable != nil {
+		if err := confineWrites(r.Writable); err != nil {
+			return err
+		}
+	}
+	if len(r.Seccomp) == 0 {
 		return nil
 	}
 	if len(r.Seccomp)%8 != 0 || len(r.Seccomp)/8 > unix.BPF_MAXINSNS {

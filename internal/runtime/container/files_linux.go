@@ -1,0 +1,262 @@
+package container
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"runtime"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Protect makes paths of the sandbox's root read-only (and nosuid,
+// nodev) and hides others, with mounts in the sandbox's mount namespace:
+// every process sees them at once, and no process of the sandbox can
+// undo them (it has no CAP_SYS_ADMIN, and the syscall profile denies the
+// mount API). A read-only path's ancestors are made mount points too, so
+// renaming one of them cannot swap another tree in under the path. A
+// hidden directory shows an empty read-only directory, a hidden file an
+// empty file. Paths are resolved in the sandbox's root without following
+// symbolic links (one is an error); a path that does not exist is
+// returned in missing, and nothing is mounted for it.
+func (s *Sandbox) Protect(readOnly, hidden []string) (missing []string, err error) {
+	if len(readOnly) == 0 && len(hidden) == 0 {
+		return nil, nil
+	}
+	type result struct {
+		missing []string
+		err     error
+	}
+	c := make(chan result, 1)
+	go func() {
+		// The thread enters the sandbox's mount namespace and dies with
+		// the goroutine: never unlocked.
+		runtime.LockOSThread()
+		m, err := protect(s.pid, readOnly, hidden)
+		c <- result{m, err}
+	}()
+	r := <-c
+	return r.missing, r.err
+}
+
+func protect(pid int, readOnly, hidden []string) (missing []string, err error) {
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("the sandbox's mount namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	// A hidden file gets the host's /dev/null, cloned before this
+	// thread leaves the host's namespace (the sandbox's /dev is its own).
+	var nulls []int
+	defer func() {
+		for _, fd := range nulls {
+			unix.Close(fd)
+		}
+	}()
+	for range hidden {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/null", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("clone /dev/null: %w", err)
+		}
+		nulls = append(nulls, fd)
+	}
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return nil, err
+	}
+	if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+		return nil, fmt.Errorf("enter the sandbox's mount namespace: %w", err)
+	}
+	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	resolve := func(p string) (int, *unix.Statx_t, error) {
+		fd, err := unix.Openat2(root, "."+p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			return -1, nil, nil
+		case errors.Is(err, unix.ELOOP):
+			return -1, nil, fmt.Errorf("%s passes a symbolic link in the sandbox: name the path it points to", p)
+		case err != nil:
+			return -1, nil, fmt.Errorf("%s: %w", p, err)
+		}
+		var st unix.Statx_t
+		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE, &st); err != nil {
+			unix.Close(fd)
+			return -1, nil, fmt.Errorf("%s: %w", p, err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			unix.Close(fd)
+			return -1, nil, fmt.Errorf("%s is a symbolic link in the sandbox: name the path it points to", p)
+		}
+		return fd, &st, nil
+	}
+	// attach mounts the detached tree m over the object fd.
+	attach := func(p string, m, fd int, attr uint64) error {
+		if attr != 0 {
+			if err := unix.MountSetattr(m, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
+				return fmt.Errorf("%s: set mount attributes: %w", p, err)
+			}
+		}
+		if err := unix.MoveMount(m, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+			return fmt.Errorf("%s: mount: %w", p, err)
+		}
+		return nil
+	}
+	bindOver := func(p string, fd int, attr uint64) error {
+		m, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+		if err != nil {
+			return fmt.Errorf("%s: clone: %w", p, err)
+		}
+		defer unix.Close(m)
+		return attach(p, m, fd, attr)
+	}
+
+	// Ancestors first, shallowest first, so each path below resolves
+	// through the mounts made above it.
+	var ancestors []string
+	for _, p := range readOnly {
+		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
+			if !slices.Contains(ancestors, d) {
+				ancestors = append(ancestors, d)
+			}
+		}
+	}
+	slices.SortFunc(ancestors, func(a, b string) int { return strings.Count(a, "/") - strings.Count(b, "/") })
+	for _, d := range ancestors {
+		fd, st, err := resolve(d)
+		if err != nil || fd < 0 {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+			err = bindOver(d, fd, 0)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return nil, err
+		}
+	}
+	const locked = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+	for _, p := range readOnly {
+		fd, _, err := resolve(p)
+		if err != nil {
+			return nil, err
+		}
+		if fd < 0 {
+			missing = append(missing, p)
+			continue
+		}
+		err = bindOver(p, fd, locked)
+		unix.Close(fd)
+		if err != nil {
+			return nil, err
+		}
+	}
+	for i, p := range hidden {
+		fd, st, err := resolve(p)
+		if err != nil {
+			return nil, err
+		}
+		if fd < 0 {
+			missing = append(missing, p)
+			continue
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			err = hideDir(p, fd, attach)
+		} else {
+			err = attach(p, nulls[i], fd, locked|unix.MOUNT_ATTR_NOEXEC)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return missing, nil
+}
+
+// hideDir mounts an empty read-only tmpfs over the directory fd.
+func hideDir(p string, fd int, attach func(string, int, int, uint64) error) error {
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	defer unix.Close(fs)
+	for k, v := range map[string]string{"mode": "0555", "size": "4k", "nr_inodes": "1"} {
+		if err := unix.FsconfigSetString(fs, k, v); err != nil {
+			return fmt.Errorf("%s: tmpfs %s: %w", p, k, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return fmt.Errorf("%s: tmpfs: %w", p, err)
+	}
+	const hidden = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, hidden)
+	if err != nil {
+		return fmt.Errorf("%s: tmpfs: %w", p, err)
+	}
+	defer unix.Close(m)
+	return attach(p, m, fd, 0)
+}
+
+// writeRights are the Landlock rights that change a file tree.
+const writeRights = unix.LANDLOCK_ACCESS_FS_WRITE_FILE | unix.LANDLOCK_ACCESS_FS_REMOVE_DIR | unix.LANDLOCK_ACCESS_FS_REMOVE_FILE |
+	unix.LANDLOCK_ACCESS_FS_MAKE_CHAR | unix.LANDLOCK_ACCESS_FS_MAKE_DIR | unix.LANDLOCK_ACCESS_FS_MAKE_REG |
+	unix.LANDLOCK_ACCESS_FS_MAKE_SOCK | unix.LANDLOCK_ACCESS_FS_MAKE_FIFO | unix.LANDLOCK_ACCESS_FS_MAKE_BLOCK |
+	unix.LANDLOCK_ACCESS_FS_MAKE_SYM | unix.LANDLOCK_ACCESS_FS_REFER | unix.LANDLOCK_ACCESS_FS_TRUNCATE
+
+// confineWrites restricts the calling thread (and what it starts) to
+// changing only the trees under writable, /dev and /proc, with a
+// Landlock domain; paths missing in the root are skipped.
+func confineWrites(writable []string) error {
+	abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
+	if errno != 0 {
+		return fmt.Errorf("files.readWrite needs Landlock, which this kernel does not offer (%v): leave readWrite out or run a kernel with Landlock", errno)
+	}
+	handled := uint64(writeRights)
+	if abi < 2 {
+		handled &^= unix.LANDLOCK_ACCESS_FS_REFER
+	}
+	if abi < 3 {
+		handled &^= unix.LANDLOCK_ACCESS_FS_TRUNCATE
+	}
+	attr := unix.LandlockRulesetAttr{Handled_access_fs: handled}
+	// Only the first field: every Landlock ABI reads a ruleset that short.
+	r, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), 8, 0)
+	if errno != 0 {
+		return fmt.Errorf("landlock ruleset: %w", errno)
+	}
+	rs := int(r)
+	defer unix.Close(rs)
+	for _, p := range append([]string{"/dev", "/proc"}, writable...) {
+		fd, err := unix.Openat2(unix.AT_FDCWD, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("files.readWrite %s: %w", p, err)
+		}
+		rule := unix.LandlockPathBeneathAttr{Allowed_access: handled, Parent_fd: int32(fd)}
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			rule.Allowed_access &= unix.LANDLOCK_ACCESS_FS_WRITE_FILE | unix.LANDLOCK_ACCESS_FS_TRUNCATE // all a file can take
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_LANDLOCK_ADD_RULE, uintptr(rs), unix.LANDLOCK_RULE_PATH_BENEATH, uintptr(unsafe.Pointer(&rule)), 0, 0, 0)
+		unix.Close(fd)
+		if errno != 0 {
+			return fmt.Errorf("files.readWrite %s: landlock rule: %w", p, errno)
+		}
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_LANDLOCK_RESTRICT_SELF, uintptr(rs), 0, 0); errno != 0 {
+		return fmt.Errorf("landlock: %w", errno)
+	}
+	return nil
+}
