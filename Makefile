@@ -33,15 +33,17 @@ vet:
 	$(GO) vet ./...
 	GOOS=darwin $(GO) vet ./...
 
-# docs regenerates the man pages and shell completions from the command tree.
+# docs regenerates the man pages and shell completions from the command tree,
+# and the policy JSON schema from the api types.
 docs: build
-	rm -rf man/man1 completions
+	rm -rf man/man1 completions docs/policy.schema.json
 	$(BIN) gen-docs .
 
 check-docs: build
 	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(BIN) gen-docs $$tmp; \
-	if ! diff -r $$tmp/man/man1 man/man1 >/dev/null || ! diff -r $$tmp/completions completions >/dev/null; then \
-		echo "make: man pages or completions are stale: run 'make docs' and commit the result" >&2; exit 1; fi
+	if ! diff -r $$tmp/man/man1 man/man1 >/dev/null || ! diff -r $$tmp/completions completions >/dev/null || \
+		! diff $$tmp/docs/policy.schema.json docs/policy.schema.json >/dev/null; then \
+		echo "make: man pages, completions or the policy schema are stale: run 'make docs' and commit the result" >&2; exit 1; fi
 
 test: deps vet check-docs
 	$(GO) test -race -count=1 -timeout 30m ./...

@@ -12,8 +12,8 @@ const PolicyVersion = "dsec/v1"
 // Policy is a sandbox policy document (YAML or JSON; kind: Policy). A
 // section left out keeps the secure default's; see dsec policy(5).
 type Policy struct {
-	APIVersion string          `json:"apiVersion"`
-	Kind       string          `json:"kind"`
+	APIVersion string          `json:"apiVersion" jsonschema:"enum=dsec/v1"`
+	Kind       string          `json:"kind" jsonschema:"enum=Policy"`
 	Metadata   *PolicyMetadata `json:"metadata,omitempty"`
 	Files      *FilePolicy     `json:"files,omitempty"`
 	Syscalls   *SyscallPolicy  `json:"syscalls,omitempty"`
@@ -33,8 +33,9 @@ type FilePolicy struct {
 	// never written, renamed or removed: read-only, nosuid bind mounts
 	// in the sandbox's mount namespace, for every process at once.
 	ReadOnly []string `json:"readOnly,omitempty"`
-	// Hidden paths show nothing: an empty read-only directory or an
-	// empty file mounted over them, for every process at once.
+	// Hidden paths show nothing: an empty read-only directory, or a
+	// file that cannot be opened, mounted over them, for every process
+	// at once.
 	Hidden []string `json:"hidden,omitempty"`
 	// ReadWrite, when given, are the only trees processes may change
 	// (create, write, truncate, rename, remove in); everything else is
@@ -68,7 +69,7 @@ type EgressRule struct {
 	// Ports are port numbers or "LOW-HIGH" ranges; none: every port.
 	Ports []PortRange `json:"ports,omitempty"`
 	// Protocol is tcp or udp; empty: both.
-	Protocol string `json:"protocol,omitempty"`
+	Protocol string `json:"protocol,omitempty" jsonschema:"enum=tcp,enum=udp"`
 }
 
 // PortRange is a port or an inclusive range of ports.

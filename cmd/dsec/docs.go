@@ -1,13 +1,18 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"time"
 
+	"github.com/invopop/jsonschema"
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
+
+	"github.com/dsec-project/dsec/api"
 )
 
 // docsDate is the date printed in generated man pages. It is fixed so
@@ -15,12 +20,12 @@ import (
 var docsDate = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 
 // docsCommand writes man pages and shell completions from the command
-// tree; `make docs` runs it and `make test` fails when its output differs
+// tree and the policy schema from the api types; `make docs` runs it and `make test` fails when its output differs
 // from what is committed.
 func (a *app) docsCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:    "gen-docs DIR",
-		Short:  "Write man pages to DIR/man and completions to DIR/completions",
+		Short:  "Write man pages to DIR/man, completions to DIR/completions and the policy schema to DIR/docs",
 		Hidden: true,
 		Args:   exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -51,7 +56,40 @@ func (a *app) docsCommand() *cobra.Command {
 					return fmt.Errorf("completion %s: %w", name, err)
 				}
 			}
-			return nil
+			return writeSchema(filepath.Join(args[0], "docs", "policy.schema.json"))
 		},
 	}
+}
+
+// writeSchema writes the JSON schema of policy documents, described from
+// the api package's comments (gen-docs runs in the repository).
+func writeSchema(path string) error {
+	r := &jsonschema.Reflector{
+		BaseSchemaID: "https://dsec.dev/schemas",
+		Mapper: func(t reflect.Type) *jsonschema.Schema {
+			if t != reflect.TypeFor[api.PortRange]() {
+				return nil
+			}
+			return &jsonschema.Schema{
+				Description: "a port, or an inclusive range of ports as \"LOW-HIGH\"",
+				OneOf: []*jsonschema.Schema{
+					{Type: "integer", Minimum: "1", Maximum: "65535"},
+					{Type: "string", Pattern: `^[0-9]{1,5}-[0-9]{1,5}$`},
+				},
+			}
+		},
+	}
+	if err := r.AddGoComments("github.com/dsec-project/dsec", "./api"); err != nil {
+		return fmt.Errorf("policy schema: read the api package's comments (run gen-docs in the repository): %w", err)
+	}
+	s := r.Reflect(&api.Policy{})
+	s.Title = "dsec policy (" + api.PolicyVersion + ")"
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }

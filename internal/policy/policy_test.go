@@ -1,12 +1,16 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dsec-project/dsec/api"
 )
@@ -174,4 +178,62 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("allowlist: %v", err)
 		}
 	})
+}
+
+// TestSchema checks docs/policy.schema.json (make docs writes it) against
+// the parser: documents the parser takes, the schema takes, and
+// structural mistakes both refuse.
+func TestSchema(t *testing.T) {
+	f, err := os.Open("../../docs/policy.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	doc, err := jsonschema.UnmarshalJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("policy.schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile("policy.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(y string) error {
+		j, err := yaml.YAMLToJSON([]byte(y))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := jsonschema.UnmarshalJSON(bytes.NewReader(j))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sch.Validate(v)
+	}
+	for _, good := range []string{issueExample, "apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: [/tmp]\n  toolkitWritable: true\n" +
+		"network:\n  egress:\n  - to: 10.0.0.0/8\n    ports: [80, \"8000-8100\"]\nresources:\n  pids: 10\n  memory: 1G\n  cpu: 0.5\n"} {
+		if _, err := Parse([]byte(good)); err != nil {
+			t.Fatal(err)
+		}
+		if err := check(good); err != nil {
+			t.Errorf("the schema refuses what the parser takes: %v\n%s", err, good)
+		}
+	}
+	for _, bad := range []string{
+		"apiVersion: dsec/v2\nkind: Policy\n",
+		"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egres: []\n",
+		"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    protocol: icmp\n",
+		"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [0]\n",
+		"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: /tmp\n",
+		"kind: Policy\n",
+	} {
+		if _, err := Parse([]byte(bad)); err == nil {
+			t.Fatalf("the parser takes %q", bad)
+		}
+		if err := check(bad); err == nil {
+			t.Errorf("the schema takes what the parser refuses:\n%s", bad)
+		}
+	}
 }
