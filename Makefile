@@ -60,6 +60,7 @@ bench: build
 	./scripts/bench-lazy.sh $(BIN)
 	./scripts/bench-run.sh $(BIN)
 	./scripts/bench-snap.sh $(BIN)
+	./scripts/bench-policy.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

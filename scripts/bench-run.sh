@@ -67,7 +67,7 @@ sed -i 's/"true"/"sleep", "3600"/' "$work/bundle/config.json"
 runc run -d --bundle "$work/bundle" bench-exec >/dev/null 2>&1 </dev/null
 loop dsec_exec dsec_exec
 loop runc_exec runc_exec
-sdkbench=$(DSEC_BENCH_ROOT=$DSEC_ROOT DSEC_BENCH_LAYER=bench:1 go test -run '^$' -bench . -benchtime "${n}x" ./sdk/)
+sdkbench=$(DSEC_BENCH_ROOT=$DSEC_ROOT DSEC_BENCH_LAYER=bench:1 go test -run '^$' -bench 'BenchmarkCreateExecRemove|BenchmarkExec$' -benchtime "${n}x" ./sdk/)
 metric() { awk -v m="$1" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$sdkbench"; }
 
 row() { # figure, dsec file, runc file

@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sort"
 	"testing"
@@ -83,4 +84,55 @@ func BenchmarkExec(b *testing.B) {
 		d = append(d, time.Since(t0))
 	}
 	report(b, "exec", d)
+}
+
+// BenchmarkApplyPolicy: a running sandbox's egress allowlist changed
+// live, alternating between 1,000 rules and one, next to what the change
+// costs without live apply: a new sandbox under the new policy, ready
+// for its first command (one for every ten applies).
+func BenchmarkApplyPolicy(b *testing.B) {
+	c, layers := benchClient(b)
+	ctx := context.Background()
+	many := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{}}
+	for i := range 999 {
+		many.Network.Egress = append(many.Network.Egress, api.EgressRule{To: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256),
+			Ports: []api.PortRange{{Low: 443, High: 443}}})
+	}
+	many.Network.Egress = append(many.Network.Egress, api.EgressRule{To: "127.0.0.1/32"})
+	one := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Egress: []api.EgressRule{{To: "127.0.0.1/32"}}}}
+	sb, err := c.Create(ctx, api.SandboxSpec{Layers: layers, Policy: one})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Remove(ctx, true)
+	var apply, recreate []time.Duration
+	i := 0
+	for b.Loop() {
+		p := many
+		if i%2 == 1 {
+			p = one
+		}
+		t0 := time.Now()
+		if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: p}); err != nil {
+			b.Fatal(err)
+		}
+		apply = append(apply, time.Since(t0))
+		if i%10 == 0 {
+			t0 = time.Now()
+			nb, err := c.Create(ctx, api.SandboxSpec{Layers: layers, Policy: p})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res, err := nb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
+				b.Fatal(res, err)
+			}
+			recreate = append(recreate, time.Since(t0))
+			if err := nb.Remove(ctx, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		i++
+	}
+	report(b, "apply", apply)
+	report(b, "recreate", recreate)
 }

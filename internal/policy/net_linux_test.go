@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +32,11 @@ func init() {
 	}
 	for _, p := range strings.Split(probes, ";") {
 		f := strings.Fields(p)
+		if f[0] == "bench" {
+			n, _ := strconv.Atoi(f[4])
+			fmt.Println(benchConnect(f[1], f[2], f[3], n))
+			continue
+		}
 		if f[0] == "until" {
 			denied := 0
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
@@ -81,7 +87,73 @@ func init() {
 	os.Exit(0)
 }
 
-func testCgroup(t *testing.T) string {
+// benchConnect times connects to addr (a closed port: refused),
+// alternating between cgroups a and b in rounds of 1,000 so that drift
+// in the machine's speed falls on both alike, and prints the mean
+// nanoseconds of the connect calls alone in each.
+func benchConnect(a, b, addr string, n int) string {
+	ap := netip.MustParseAddrPort(addr)
+	sa := &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	var total [2]time.Duration
+	const round = 1000
+	for i := 0; i < n; i += round {
+		for k, cg := range []string{a, b} {
+			if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+				return "error " + err.Error()
+			}
+			for range min(round, n-i) {
+				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+				if err != nil {
+					return "error " + err.Error()
+				}
+				start := time.Now()
+				err = unix.Connect(fd, sa)
+				total[k] += time.Since(start)
+				unix.Close(fd)
+				if !errors.Is(err, unix.ECONNREFUSED) {
+					return fmt.Sprintf("error: connect %s: %v, want ECONNREFUSED", addr, err)
+				}
+			}
+		}
+	}
+	return fmt.Sprint(int64(total[0])/int64(max(n, 1)), int64(total[1])/int64(max(n, 1)))
+}
+
+// BenchmarkConnect is what the egress allowlist costs a connect(): one
+// process alternates between a cgroup with no programs and one under a
+// 1,000-entry allowlist (the target allowed). make bench prints the
+// ratio.
+func BenchmarkConnect(b *testing.B) {
+	var rules []api.EgressRule
+	for i := range 999 {
+		rules = append(rules, api.EgressRule{To: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256), Ports: []api.PortRange{{Low: 443, High: 443}}})
+	}
+	rules = append(rules, api.EgressRule{To: "127.0.0.1/32", Protocol: "tcp"})
+	entries, err := Allowlist(rules)
+	if err != nil {
+		b.Fatal(err)
+	}
+	none, guarded := testCgroup(b), testCgroup(b)
+	if err := ApplyNetwork(guarded, nil, entries); err != nil {
+		b.Fatal(err)
+	}
+	defer ReleaseNetwork(guarded, entries)
+	out, err := startProbes(b, none, fmt.Sprintf("bench %s %s 127.0.0.1:1 %d", none, guarded, b.N)).Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ns0, ns1 float64
+	if _, err := fmt.Sscan(string(out), &ns0, &ns1); err != nil {
+		b.Fatalf("the child: %s", out)
+	}
+	b.ReportMetric(ns0, "ns/connect-none")
+	b.ReportMetric(ns1, fmt.Sprintf("ns/connect-%d", len(entries)))
+	b.ReportMetric(ns1/ns0, "ratio")
+}
+
+var cgroupSeq atomic.Int64
+
+func testCgroup(t testing.TB) string {
 	t.Helper()
 	base := "/sys/fs/cgroup/unified"
 	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
@@ -91,7 +163,7 @@ func testCgroup(t *testing.T) string {
 			t.Skip("SKIPPED LOUDLY: no cgroup2 hierarchy on this host: the egress allowlist cannot be tested")
 		}
 	}
-	cg := filepath.Join(base, fmt.Sprintf("dsec-policy-test-%d", os.Getpid()))
+	cg := filepath.Join(base, fmt.Sprintf("dsec-policy-test-%d-%d", os.Getpid(), cgroupSeq.Add(1)))
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +193,7 @@ func probe(t *testing.T, cg string, probes ...string) map[string]string {
 	return res
 }
 
-func startProbes(t *testing.T, cg string, probes ...string) *exec.Cmd {
+func startProbes(t testing.TB, cg string, probes ...string) *exec.Cmd {
 	dir, err := os.Open(cg)
 	if err != nil {
 		t.Fatal(err)

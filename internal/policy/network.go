@@ -79,11 +79,23 @@ func Allowlist(rules []api.EgressRule) ([]Entry, error) {
 			}
 		}
 	}
+	// The ranges containing a prefix are its own address masked to each
+	// prefix length in use, no longer than its own.
+	var lengths []int
+	for _, pfx := range order {
+		if !slices.Contains(lengths, pfx.Bits()) {
+			lengths = append(lengths, pfx.Bits())
+		}
+	}
+	slices.Sort(lengths)
 	out := make([]Entry, 0, len(order))
 	for _, pfx := range order {
 		var rs []PortRule
-		for _, other := range order {
-			if other.Bits() <= pfx.Bits() && other.Contains(pfx.Addr()) {
+		for _, bits := range lengths {
+			if bits > pfx.Bits() {
+				break
+			}
+			if other, err := pfx.Addr().Prefix(bits); err == nil {
 				for _, r := range byPrefix[other] {
 					if !slices.Contains(rs, r) {
 						rs = append(rs, r)

@@ -131,7 +131,9 @@ func TestTightens(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "files.hidden /answers") || !strings.Contains(err.Error(), "syscalls.deny chroot") {
 		t.Fatalf("loosening: %v", err)
 	}
-	rw := func(paths ...string) *api.Policy { return Effective(&api.Policy{Files: &api.FilePolicy{ReadWrite: paths}}) }
+	rw := func(paths ...string) *api.Policy {
+		return Effective(&api.Policy{Files: &api.FilePolicy{ReadWrite: paths}})
+	}
 	for _, c := range []struct {
 		cur, next *api.Policy
 		lost      string // "": tightens

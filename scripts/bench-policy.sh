@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# make bench (as root): what policies cost.
+#  1. connect() under a 1,000-entry egress allowlist vs no policy: one process alternates between a
+#     cgroup with no programs and one under the allowlist, in rounds of 1,000 refused loopback connects
+#     (the cheapest connect there is, so the largest relative cost), timing the connect calls alone.
+#  2. policy apply on a running sandbox (its allowlist swapped between 1,000 rules and one, through the
+#     SDK and the worker) vs what the change costs without live apply: a new sandbox under the new
+#     policy, ready for its first command.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-policy: needs root (cgroups, BPF, namespaces): skipped" >&2; exit 0; }
+n=${BENCH_N:-100}
+metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
+
+conn=$(go test -run '^$' -bench BenchmarkConnect -benchtime 200000x ./internal/policy/)
+none=$(metric "$conn" ns/connect-none); guarded=$(metric "$conn" ns/connect-1000)
+apply=$(go test -run '^$' -bench BenchmarkApplyPolicy -benchtime "${n}x" ./sdk/)
+
+echo "== policy (2-core VM; $(date -u +%F))"
+printf '%-52s %10s %10s %8s\n' figure dsec baseline ratio
+printf '%-52s %8s ns %8s ns %8s\n' "connect(), 1,000-entry allowlist vs no policy" "$guarded" "$none" "$(ratio "$guarded" "$none")"
+printf '%-52s %8s ms %8s ms %8s\n' "policy apply p50 vs a new sandbox under it" "$(metric "$apply" apply-p50-ms)" "$(metric "$apply" recreate-p50-ms)" \
+	"$(ratio "$(metric "$apply" apply-p50-ms)" "$(metric "$apply" recreate-p50-ms)")"
+printf '%-52s %8s ms %8s ms %8s\n' "policy apply p99 vs a new sandbox under it" "$(metric "$apply" apply-p99-ms)" "$(metric "$apply" recreate-p99-ms)" \
+	"$(ratio "$(metric "$apply" apply-p99-ms)" "$(metric "$apply" recreate-p99-ms)")"
