@@ -153,6 +153,9 @@ type Sandbox struct {
 	Created time.Time `json:"created"`
 	Cgroup  string    `json:"cgroup,omitempty"` // the cgroup2 directory
 	// MemoryBytes is the memory charged to the sandbox now; OOMKills
+	// Address is eth0's in network mode nat, Gateway the host side's.
+	Address string `json:"address,omitempty"`
+	Gateway string `json:"gateway,omitempty"`
 	// counts the processes its memory limit killed.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	OOMKills    int   `json:"oom_kills,omitempty"`

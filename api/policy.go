@@ -58,8 +58,19 @@ type SyscallPolicy struct {
 // NetworkPolicy is the sandbox's egress allowlist: what is not allowed
 // is denied (connect and sendmsg fail with EPERM).
 type NetworkPolicy struct {
+	// Mode is how the sandbox is connected: loopback (the default: its
+	// own loopback only) or nat (also eth0, a veth pair to the host,
+	// masqueraded out). Either way the egress allowlist decides what its
+	// processes may reach. It is fixed when the sandbox starts.
+	Mode   string       `json:"mode,omitempty" jsonschema:"enum=loopback,enum=nat"`
 	Egress []EgressRule `json:"egress"`
 }
+
+// Network modes.
+const (
+	NetworkLoopback = "loopback"
+	NetworkNAT      = "nat"
+)
 
 // EgressRule allows traffic to an address range.
 type EgressRule struct {

@@ -20,7 +20,9 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
              are read-only and nosuid unless toolkitWritable
   syscalls   more system calls to deny, on top of the seccomp allowlist every sandbox has
   network    the egress allowlist: CIDRs, addresses or host names (resolved when applied,
-             then pinned), ports, tcp/udp; everything else fails with EPERM
+             then pinned), ports, tcp/udp; everything else fails with EPERM. mode: nat gives
+             the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
+             only); the allowlist holds either way
   resources  pids, memory, cpu caps
 The network allowlist, resources, read-only and hidden paths change at once for every process
 of a running sandbox; file and syscall rules can only be tightened there, and readWrite and

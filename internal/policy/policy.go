@@ -76,6 +76,9 @@ func Validate(p *api.Policy) error {
 		}
 	}
 	if n := p.Network; n != nil {
+		if n.Mode != "" && n.Mode != api.NetworkLoopback && n.Mode != api.NetworkNAT {
+			return bad("network.mode", "%q: give loopback or nat", n.Mode)
+		}
 		if len(n.Egress) > MaxEgress {
 			return bad("network.egress", "%d rules, more than %d", len(n.Egress), MaxEgress)
 		}

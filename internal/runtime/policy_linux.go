@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
@@ -85,6 +86,10 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 	}
 	if err := policy.Tightens(cur, eff); err != nil {
 		return nil, err
+	}
+	if mode := func(p *api.Policy) string { return cmp.Or(p.Network.Mode, api.NetworkLoopback) }; mode(cur) != mode(eff) {
+		return nil, fmt.Errorf("network.mode %s is fixed when a sandbox is made: dsec rm it and dsec run --policy to have %s: %w",
+			mode(cur), mode(eff), errdefs.ErrFailedPrecondition)
 	}
 	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
 	running := sb.Status == Running && sb.c != nil && sb.g != nil

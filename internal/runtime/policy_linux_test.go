@@ -12,8 +12,12 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
@@ -372,5 +376,108 @@ files:
 	}
 	if _, err := live.ApplyPolicy(context.Background(), open); err == nil || !strings.Contains(err.Error(), "would loosen") {
 		t.Errorf("loosening the file rules of a running sandbox: %v", err)
+	}
+}
+
+// outside starts a server in a network namespace of its own, reachable
+// from the host at 10.201.0.2 over a veth pair, with no route back to
+// the sandboxes' pool: only masqueraded traffic gets an answer.
+func outside(t *testing.T) {
+	t.Helper()
+	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
+	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-srv.Process.Pid, syscall.SIGKILL); srv.Wait() })
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dsectout"}, PeerName: "dsectin"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName("dsectout"); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	host, _ := netlink.LinkByName("dsectout")
+	addr, _ := netlink.ParseAddr("10.201.0.1/30")
+	netlink.AddrAdd(host, addr)
+	netlink.LinkSetUp(host)
+	in, _ := netlink.LinkByName("dsectin")
+	if err := netlink.LinkSetNsPid(in, srv.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromPid(srv.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	in, _ = h.LinkByName("dsectin")
+	addr, _ = netlink.ParseAddr("10.201.0.2/30")
+	if err := h.AddrAdd(in, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(in); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNATMode: a sandbox in network mode nat reaches a server outside
+// the host through its veth pair and the masquerade rule, only where
+// the allowlist lets it; one in the default mode under the same
+// allowlist has no route (the positive control that nat, not the
+// allowlist, gives the way out). Removal takes the pair, the address
+// and the rule away.
+func TestNATMode(t *testing.T) {
+	f := newSnapFixture(t)
+	outside(t)
+	natPol, err := policy.Parse([]byte("apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n  - to: 10.201.0.2\n    ports: [8080]\n    protocol: tcp\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	loPol := *natPol
+	loPol.Network = &api.NetworkPolicy{Egress: natPol.Network.Egress}
+	sb := f.create(dsecrt.Options{Name: "nat", Layers: []string{"bb:1"}, Policy: natPol})
+	lo := f.create(dsecrt.Options{Name: "lo", Layers: []string{"bb:1"}, Policy: &loPol})
+	const dial = "for i in 1 2 3 4 5 6 7 8 9 10; do nc -w 2 10.201.0.2 %d </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
+	out, code := sh(t, sb, "out", fmt.Sprintf(dial, 8080))
+	if code != 0 || !strings.Contains(out, "hello from outside") {
+		t.Fatalf("nat: the allowed server said %q (exit %d)", out, code)
+	}
+	if out, _ := sh(t, sb, "denied", "nc -w 1 10.201.0.2 8081 </dev/null"); !strings.Contains(out, "Operation not permitted") {
+		t.Errorf("nat: a port the allowlist does not name: %q", out)
+	}
+	if out, _ := sh(t, sb, "eth0", "cat /sys/class/net/eth0/operstate"); strings.TrimSpace(out) != "up" {
+		t.Errorf("nat: eth0 is %q", out)
+	}
+	if out, code := sh(t, lo, "out", "nc -w 1 10.201.0.2 8080 </dev/null"); code == 0 || !strings.Contains(out, "unreachable") {
+		t.Errorf("loopback mode reached outside: %q (exit %d)", out, code)
+	}
+	n := sb.Snapshot().NAT
+	if n == nil || n.Sandbox == "" {
+		t.Fatalf("state: %+v", n)
+	}
+	if _, err := sb.ApplyPolicy(context.Background(), &loPol); err == nil || !strings.Contains(err.Error(), "network.mode nat is fixed") {
+		t.Errorf("changing the mode live: %v", err)
+	}
+	if err := sb.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlink.LinkByName(n.Link); err == nil {
+		t.Errorf("%s is left after remove", n.Link)
+	}
+	c, _ := nftables.New()
+	tables, _ := c.ListTablesOfFamily(nftables.TableFamilyIPv4)
+	for _, tb := range tables {
+		if tb.Name == "dsec" {
+			if held, _ := filepath.Glob("/run/dsec/nat/[0-9]*"); len(held) == 0 {
+				t.Errorf("the masquerade table outlived the last nat sandbox")
+			}
+		}
 	}
 }

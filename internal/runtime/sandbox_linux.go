@@ -92,6 +92,8 @@ type State struct {
 	// Toolkit are the paths the toolkit layers bring, read-only unless
 	// the policy lets them be written.
 	Toolkit []string `json:"toolkit,omitempty"`
+	// NAT is the sandbox's way out in network mode nat.
+	NAT *NAT `json:"nat,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -271,6 +273,11 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	if _, err := sb.c.Protect(readOnly, sb.Policy.Files.Hidden); err != nil {
 		return fmt.Errorf("policy files: %w", err)
+	}
+	if sb.Policy.Network.Mode == api.NetworkNAT {
+		if sb.NAT, err = natUp(sb.natOwner(), sb.Pid); err != nil {
+			return err
+		}
 	}
 	sb.Status = Running
 	return sb.save()
@@ -464,6 +471,10 @@ func (sb *Sandbox) teardown(all bool) error {
 		}
 		sb.g = nil
 	}
+	if err := natDown(sb.natOwner()); err != nil {
+		errs = append(errs, err)
+	}
+	sb.NAT = nil
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
@@ -486,6 +497,12 @@ func (sb *Sandbox) teardown(all bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// natOwner names the sandbox among every root's on this host.
+func (sb *Sandbox) natOwner() string {
+	abs, _ := filepath.Abs(sb.dir)
+	return abs
 }
 
 func isNotMounted(err error) bool {

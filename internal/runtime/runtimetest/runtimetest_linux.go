@@ -159,6 +159,12 @@ func Leftovers(root string) []string {
 			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))
 		}
 	}
+	held, _ := filepath.Glob("/run/dsec/nat/[0-9]*") // network mode nat's addresses
+	for _, h := range held {
+		if b, _ := os.ReadFile(h); strings.HasPrefix(string(b), abs+"/") {
+			out = append(out, "nat address "+h+" of "+string(b))
+		}
+	}
 	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
 	for _, e := range ents {
 		out = append(out, "sandbox dir "+e.Name())

@@ -362,6 +362,9 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Policy: st.Policy},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 	}
+	if st.NAT != nil {
+		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
+	}
 	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
 		out.Cgroup = g.Path()
 		out.MemoryBytes, _ = g.MemoryCharged()
