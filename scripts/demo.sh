@@ -107,6 +107,10 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" policy apply demo-rollout -f "$work/one-port.yaml"
 	"$dsec" exec demo-rollout -- sh -c 'nc 127.0.0.1 18082; nc 127.0.0.1 18081; mount -t tmpfs none /mnt; unshare -n true' || true
 	"$dsec" run --rm --base demo/busybox:1 -- sh -c 'id -u; echo 42 > /etc/answer; cat /etc/answer; chroot / true && echo "chroot allowed by the default"'
+	# File rules: a hidden tree, writes confined to /tmp (Landlock), even for root.
+	printf 'apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [/etc]\n  readWrite: [/tmp]\n' >"$work/files.yaml"
+	"$dsec" run --rm --base demo/busybox:1 --policy "$work/files.yaml" -- \
+		sh -c 'echo "/etc shows $(ls -A /etc | wc -l) entries"; echo x > /root/x; echo x > /tmp/ok && echo "/tmp is writable"' || true
 
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout
