@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 
@@ -193,7 +194,26 @@ const maxToolkitPaths = 1024
 // and kinds topmost first): each tree no layer below has, taken whole,
 // and each file it puts in a directory the layers below share. Symbolic
 // links are left out: a mount cannot pin one.
+// The answer depends only on the layers, and a lower's mount is named by
+// its digest: it is worked out once per stack, not per sandbox.
 func toolkitPaths(lowers []string, kinds []layer.Kind) ([]string, error) {
+	if !slices.Contains(kinds, layer.KindToolkit) {
+		return nil, nil
+	}
+	key := strings.Join(lowers, "\x00")
+	if v, ok := toolkitCache.Load(key); ok {
+		return v.([]string), nil
+	}
+	out, err := walkToolkit(lowers, kinds)
+	if err == nil {
+		toolkitCache.Store(key, out)
+	}
+	return out, err
+}
+
+var toolkitCache sync.Map // lowers joined -> []string
+
+func walkToolkit(lowers []string, kinds []layer.Kind) ([]string, error) {
 	var out []string
 	for i, k := range kinds {
 		if k != layer.KindToolkit {

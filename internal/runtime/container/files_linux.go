@@ -18,8 +18,8 @@ import (
 // undo them (it has no CAP_SYS_ADMIN, and the syscall profile denies the
 // mount API). A read-only path's ancestors are made mount points too, so
 // renaming one of them cannot swap another tree in under the path. A
-// hidden directory shows an empty read-only directory, a hidden file an
-// empty file. Paths are resolved in the sandbox's root without following
+// hidden directory shows an empty read-only directory, a hidden file is
+// a nodev /dev/null that cannot be opened. Paths are resolved in the sandbox's root without following
 // symbolic links (one is an error); a path that does not exist is
 // returned in missing, and nothing is mounted for it.
 func (s *Sandbox) Protect(readOnly, hidden []string) (missing []string, err error) {
@@ -130,10 +130,10 @@ func protect(pid int, readOnly, hidden []string) (missing []string, err error) {
 	slices.SortFunc(ancestors, func(a, b string) int { return strings.Count(a, "/") - strings.Count(b, "/") })
 	for _, d := range ancestors {
 		fd, st, err := resolve(d)
-		if err != nil || fd < 0 {
-			if err != nil {
-				return nil, err
-			}
+		if err != nil {
+			return nil, err
+		}
+		if fd < 0 {
 			continue
 		}
 		if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
