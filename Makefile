@@ -4,7 +4,7 @@
 GO       ?= go
 BIN      := bin/dsec
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr xfsprogs
+APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs
 FUZZTIME ?= 60s
 
 .PHONY: all deps build demo test vet docs check-docs bench fuzz clean

@@ -48,6 +48,8 @@ type SandboxSpec struct {
 	CPU    float64 `json:"cpu,omitempty"` // CPUs
 	Memory int64   `json:"memory,omitempty"`
 	Pids   int64   `json:"pids,omitempty"`
+	// Disk bounds what the sandbox writes (its upper), in bytes.
+	Disk int64 `json:"disk,omitempty"`
 	// Defaults for every exec.
 	Env     []string `json:"env,omitempty"`
 	Workdir string   `json:"workdir,omitempty"`
@@ -159,7 +161,9 @@ type Sandbox struct {
 	// counts the processes its memory limit killed.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	OOMKills    int   `json:"oom_kills,omitempty"`
-	Execs       int   `json:"execs"` // journaled execs
+	// DiskUsed is what the sandbox's writes take of its disk quota.
+	DiskUsed int64 `json:"disk_used,omitempty"`
+	Execs    int   `json:"execs"` // journaled execs
 }
 
 // ExecRequest runs a command. An ID makes it a step that runs at most

@@ -94,7 +94,16 @@ type ResourcePolicy struct {
 	Pids   int     `json:"pids,omitempty"`
 	Memory string  `json:"memory,omitempty"` // bytes, or with a unit: 512M, 2G
 	CPU    float64 `json:"cpu,omitempty"`    // cores
+	// Disk bounds what the sandbox writes (its upper): bytes or 16M, 10G.
+	// At least 16 MiB. Applied to a running sandbox with a disk quota it
+	// grows the quota at once; it cannot shrink one, or add one to a
+	// sandbox made without.
+	Disk string `json:"disk,omitempty"`
 }
+
+// MinDisk is the smallest disk quota: the file system holding the upper
+// needs a few MiB of its own.
+const MinDisk = 16 << 20
 
 // PolicyReport says what applying a policy to a running sandbox did.
 type PolicyReport struct {

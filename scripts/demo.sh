@@ -111,6 +111,9 @@ if [ "$(id -u)" = 0 ]; then
 	printf 'apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [/etc]\n  readWrite: [/tmp]\n' >"$work/files.yaml"
 	"$dsec" run --rm --base demo/busybox:1 --policy "$work/files.yaml" -- \
 		sh -c 'echo "/etc shows $(ls -A /etc | wc -l) entries"; echo x > /root/x; echo x > /tmp/ok && echo "/tmp is writable"' || true
+	# A disk quota: what the sandbox writes lives on a file system of that size; past it, ENOSPC.
+	"$dsec" run --rm --base demo/busybox:1 --disk 16M -- \
+		sh -c 'dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | head -1; df -h / | tail -1' || true
 
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout

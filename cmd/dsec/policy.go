@@ -23,9 +23,11 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
              then pinned), ports, tcp/udp; everything else fails with EPERM. mode: nat gives
              the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
              only); the allowlist holds either way
-  resources  pids, memory, cpu caps
+  resources  pids, memory, cpu caps; disk, the bound on what the sandbox writes (its upper on a
+             file system of that size: past it, writes fail with ENOSPC)
 The network allowlist, resources, read-only and hidden paths change at once for every process
-of a running sandbox; file and syscall rules can only be tightened there, and readWrite and
+of a running sandbox (a disk quota can grow, never shrink, and a sandbox made without one
+cannot get one; growing a running sandbox's needs CAP_SYS_RESOURCE, else stop it first); file and syscall rules can only be tightened there, and readWrite and
 syscall rules hold for processes started from then on (the kernel cannot add them to running
 ones). apply says which took effect how.`
 

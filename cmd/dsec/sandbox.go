@@ -88,11 +88,29 @@ func parseBytes(s string) (int64, error) {
 	return n, nil
 }
 
+// sizes sets the spec's memory limit and disk quota from flags.
+func sizes(spec *api.SandboxSpec, memory, disk string) error {
+	for _, s := range []struct {
+		flag, v string
+		to      *int64
+	}{{"memory", memory, &spec.Memory}, {"disk", disk, &spec.Disk}} {
+		if s.v == "" {
+			continue
+		}
+		n, err := parseBytes(s.v)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", s.flag, err)
+		}
+		*s.to = n
+	}
+	return nil
+}
+
 type runFlags struct {
 	base, workspace, toolkit string
 	name, backend, hostname  string
 	cpu                      float64
-	memory                   string
+	memory, disk             string
 	pids                     int64
 	env                      []string
 	workdir, id              string
@@ -122,7 +140,7 @@ CMD's exec id is --id (default "run").
 
   # a stateful sandbox for a rollout, then steps in it
   dsec run -d --name rollout-7 --base debian:12 --workspace repo:abc123 --toolkit harness:3 \
-      --cpu 1 --memory 2G --env PYTHONDONTWRITEBYTECODE=1 --workdir /work
+      --cpu 1 --memory 2G --disk 10G --env PYTHONDONTWRITEBYTECODE=1 --workdir /work
   dsec exec --id step-1 rollout-7 -- pytest -x`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runError(a.run(cmd.Context(), f, args))
@@ -137,6 +155,7 @@ CMD's exec id is --id (default "run").
 	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
+	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
 	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
@@ -172,12 +191,8 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 			spec.Layers = append(spec.Layers, l)
 		}
 	}
-	if f.memory != "" {
-		m, err := parseBytes(f.memory)
-		if err != nil {
-			return err
-		}
-		spec.Memory = m
+	if err := sizes(&spec, f.memory, f.disk); err != nil {
+		return err
 	}
 	if err := checkEnv(f.env); err != nil {
 		return err
@@ -351,8 +366,8 @@ func (a *app) psCommand() *cobra.Command {
 		Aliases: []string{"ls"},
 		Short:   "List sandboxes",
 		Long: `Ps lists the worker's sandboxes, oldest first: name, status (running, stopped, or dead
-when its init died), the init's host pid, memory charged now, journaled execs, age and
-layers. --json prints every field.
+when its init died), the init's host pid, memory charged now, disk used of its quota,
+journaled execs, age and layers. --json prints every field.
 
 ` + exitCodesHelp,
 		Args: exactArgs(0),
@@ -375,7 +390,7 @@ layers. --json prints every field.
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATUS\tPID\tMEMORY\tEXECS\tCREATED\tLAYERS")
+			fmt.Fprintln(tw, "NAME\tSTATUS\tPID\tMEMORY\tDISK\tEXECS\tCREATED\tLAYERS")
 			for _, s := range list {
 				pid := "-"
 				if s.Pid > 0 {
@@ -385,7 +400,11 @@ layers. --json prints every field.
 				if s.MemoryBytes > 0 {
 					mem = humanBytes(s.MemoryBytes)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, pid, mem, s.Execs,
+				disk := "-"
+				if s.Disk > 0 {
+					disk = humanBytes(s.DiskUsed) + "/" + humanBytes(s.Disk)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, pid, mem, disk, s.Execs,
 					time.Since(s.Created).Round(time.Second), strings.Join(s.Layers, ","))
 			}
 			return tw.Flush()

@@ -105,7 +105,7 @@ type branchFlags struct {
 	n                int
 	prefix, name     string
 	cpu              float64
-	memory           string
+	memory, disk     string
 	pids             int64
 	env              []string
 	workdir, backend string
@@ -119,12 +119,8 @@ func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
 	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
 		return spec, err
 	}
-	if f.memory != "" {
-		m, err := parseBytes(f.memory)
-		if err != nil {
-			return spec, err
-		}
-		spec.Memory = m
+	if err := sizes(&spec, f.memory, f.disk); err != nil {
+		return spec, err
 	}
 	return spec, checkEnv(f.env)
 }
@@ -134,6 +130,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.backend, "backend", "container", "the backend to run them on")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
 	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
+	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, e.g. 10G")
 	fl.Int64Var(&f.pids, "pids", 0, "process limit of each")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")

@@ -18,17 +18,33 @@ var flagWords = map[string]uintptr{
 
 // Mount mounts m on target. An EROFS source that is a regular file is
 // mounted file-backed by the kernel (Linux >= 6.12): no loop device.
+// With the option "loop", the source file is attached to a loop device
+// first, which goes away when target is unmounted.
 func (m Mount) Mount(target string) error {
 	var flags uintptr
 	var data []string
+	loop := false
 	for _, o := range m.Options {
 		if f, ok := flagWords[o]; ok {
 			flags |= f
+		} else if o == "loop" {
+			loop = true
 		} else {
 			data = append(data, o)
 		}
 	}
-	err := unix.Mount(m.Source, target, m.Type, flags, strings.Join(data, ","))
+	source := m.Source
+	if loop {
+		dev, err := attachLoop(m.Source, flags&unix.MS_RDONLY != 0)
+		if err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m, target, err)
+		}
+		// The mount holds the device; closing it here lets autoclear
+		// detach it at unmount (or now, if the mount fails).
+		defer dev.Close()
+		source = dev.Name()
+	}
+	err := unix.Mount(source, target, m.Type, flags, strings.Join(data, ","))
 	if err != nil {
 		if m.Type == "erofs" && (errors.Is(err, unix.ENOTBLK) || errors.Is(err, unix.ENODEV)) {
 			return fmt.Errorf("mount %s on %s: %w (this kernel cannot mount EROFS images from files; Linux 6.12+ with CONFIG_EROFS_FS_BACKED_BY_FILE can)", m, target, err)

@@ -106,6 +106,13 @@ func Validate(p *api.Policy) error {
 				return bad("resources.memory", "%q: give bytes, or a number with K, M, G or T", r.Memory)
 			}
 		}
+		if r.Disk != "" {
+			if d, err := units.ParseBytes(r.Disk); err != nil {
+				return bad("resources.disk", "%q: give bytes, or a number with K, M, G or T", r.Disk)
+			} else if d < api.MinDisk {
+				return bad("resources.disk", "%s is too small: give at least %d MiB", r.Disk, api.MinDisk>>20)
+			}
+		}
 	}
 	return nil
 }

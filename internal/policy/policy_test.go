@@ -70,6 +70,8 @@ func TestParseBad(t *testing.T) {
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [nosuchcall]\n", "no system call"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [futex]\n", "init needs"},
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  memory: lots\n", "resources.memory"},
+		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  disk: lots\n", "resources.disk"},
+		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  disk: 1M\n", "give at least 16 MiB"},
 		{"apiVersion: dsec/v1\nkind: Policy\nmetadata:\n  name: ../x\n", "metadata.name"},
 		{"[", "policy"},
 	} {
@@ -215,7 +217,7 @@ func TestSchema(t *testing.T) {
 		return sch.Validate(v)
 	}
 	for _, good := range []string{issueExample, "apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: [/tmp]\n  toolkitWritable: true\n" +
-		"network:\n  egress:\n  - to: 10.0.0.0/8\n    ports: [80, \"8000-8100\"]\nresources:\n  pids: 10\n  memory: 1G\n  cpu: 0.5\n"} {
+		"network:\n  egress:\n  - to: 10.0.0.0/8\n    ports: [80, \"8000-8100\"]\nresources:\n  pids: 10\n  memory: 1G\n  cpu: 0.5\n  disk: 10G\n"} {
 		if _, err := Parse([]byte(good)); err != nil {
 			t.Fatal(err)
 		}

@@ -60,6 +60,42 @@ func policyLimits(r *api.ResourcePolicy, l cgroup.Limits) (cgroup.Limits, error)
 	return l, nil
 }
 
+// policyDisk is the disk quota: the lower of cur and the policy's where
+// both set one.
+func policyDisk(r *api.ResourcePolicy, cur int64) (int64, error) {
+	if r.Disk == "" {
+		return cur, nil
+	}
+	d, err := units.ParseBytes(r.Disk)
+	if err != nil {
+		return 0, fmt.Errorf("resources.disk: %w", err)
+	}
+	if cur == 0 || d < cur {
+		return d, nil
+	}
+	return cur, nil
+}
+
+// nextDisk is the disk quota a policy applied to a sandbox with quota
+// cur asks for: the policy's, which may grow it but not shrink it or
+// add one (the upper of a sandbox made without cannot move).
+func nextDisk(name string, cur int64, r *api.ResourcePolicy) (int64, error) {
+	if r.Disk == "" {
+		return cur, nil
+	}
+	d, err := units.ParseBytes(r.Disk)
+	if err != nil {
+		return 0, fmt.Errorf("resources.disk: %w", err)
+	}
+	switch {
+	case cur == 0:
+		return 0, fmt.Errorf("resources.disk: sandbox %s was made without a disk quota and its files cannot move under one while it lives: give one when it is made (dsec run --disk, or a policy with resources.disk): %w", name, errdefs.ErrFailedPrecondition)
+	case d < cur:
+		return 0, fmt.Errorf("resources.disk %s is below sandbox %s's quota of %d bytes: a disk quota can grow, never shrink: %w", r.Disk, name, cur, errdefs.ErrFailedPrecondition)
+	}
+	return d, nil
+}
+
 // restrictions are what the init holds every command to.
 func restrictions(eff *api.Policy) (*container.Restrictions, error) {
 	prog, err := policy.Seccomp(eff.Syscalls.Deny)
@@ -92,7 +128,21 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		return nil, fmt.Errorf("network.mode %s is fixed when a sandbox is made: dsec rm it and dsec run --policy to have %s: %w",
 			mode(cur), mode(eff), errdefs.ErrFailedPrecondition)
 	}
+	disk, err := nextDisk(sb.Name, sb.Disk, eff.Resources)
+	if err != nil {
+		return nil, err
+	}
 	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
+	if disk != sb.Disk { // first: it is the step most likely to fail
+		if err := mountDisk(sb.dir, false); err != nil {
+			return nil, err
+		}
+		if err := growDisk(sb.dir, disk, sb.Status != Stopped); err != nil {
+			return nil, err
+		}
+		sb.Disk = disk
+		rep.Now = append(rep.Now, fmt.Sprintf("resources: disk quota grown to %d bytes, for every process", disk))
+	}
 	running := sb.Status == Running && sb.c != nil && sb.g != nil
 	if !running {
 		rep.NewProcesses = append(rep.NewProcesses, fmt.Sprintf("all of it, when the %s sandbox starts", sb.Status))

@@ -31,9 +31,12 @@ import (
 
 // Options describe a sandbox to create.
 type Options struct {
-	Name     string
-	Layers   []string // refs, topmost first: toolkit, workspace, base
-	Limits   cgroup.Limits
+	Name   string
+	Layers []string // refs, topmost first: toolkit, workspace, base
+	Limits cgroup.Limits
+	// Disk bounds what the sandbox writes (its upper), in bytes; 0: no
+	// bound but the host's disk.
+	Disk     int64
 	Hostname string   // default: the name
 	Env      []string // every exec's environment, before its own
 	Workdir  string   // every exec's default directory
@@ -70,18 +73,21 @@ const (
 
 // State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
 type State struct {
-	Name       string        `json:"name"`
-	Status     string        `json:"status"`
-	Pid        int           `json:"pid,omitempty"` // the init's host pid
-	Layers     []string      `json:"layers"`
-	Digests    []string      `json:"digests"`
-	Limits     cgroup.Limits `json:"limits"`
-	Hostname   string        `json:"hostname"`
-	Env        []string      `json:"env,omitempty"`
-	Workdir    string        `json:"workdir,omitempty"`
-	CgroupName string        `json:"cgroup"` // the group's name
-	Created    time.Time     `json:"created"`
-	From       string        `json:"from,omitempty"` // the snapshot it was made from
+	Name    string        `json:"name"`
+	Status  string        `json:"status"`
+	Pid     int           `json:"pid,omitempty"` // the init's host pid
+	Layers  []string      `json:"layers"`
+	Digests []string      `json:"digests"`
+	Limits  cgroup.Limits `json:"limits"`
+	// Disk is the size of the file system holding the upper (0: the
+	// upper is a directory on the root's own file system).
+	Disk       int64     `json:"disk,omitempty"`
+	Hostname   string    `json:"hostname"`
+	Env        []string  `json:"env,omitempty"`
+	Workdir    string    `json:"workdir,omitempty"`
+	CgroupName string    `json:"cgroup"` // the group's name
+	Created    time.Time `json:"created"`
+	From       string    `json:"from,omitempty"` // the snapshot it was made from
 	// Top is the last snapshot packed from this sandbox: the parent of
 	// the next, which then holds only what changed since.
 	Top *layer.Lower `json:"top,omitempty"`
@@ -165,6 +171,13 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if err != nil {
 		return nil, err
 	}
+	disk, err := policyDisk(eff.Resources, o.Disk)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckDisk(disk); err != nil {
+		return nil, err
+	}
 	dir := sandboxDir(root, o.Name)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
@@ -181,7 +194,7 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	}
 	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
 		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
-		Policy: eff, Allowlist: allow}, dir: dir}
+		Policy: eff, Allowlist: allow, Disk: disk}, dir: dir}
 	defer func() {
 		if err != nil {
 			sb.teardown(true)
@@ -190,7 +203,14 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"upper", "work", "rootfs", "execs"} {
+	dirs := []string{"rootfs", "execs", "upper", "work"}
+	if disk > 0 { // upper and work are made on the disk when it is mounted
+		dirs = dirs[:2]
+		if err := makeDisk(dir, disk); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range dirs {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
 		}
@@ -225,7 +245,12 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	sb.Digests = digests
 	rootfs := filepath.Join(sb.dir, "rootfs")
-	ov := mount.Overlay(lowers, filepath.Join(sb.dir, "upper"), filepath.Join(sb.dir, "work"))
+	if sb.Disk > 0 {
+		if err := mountDisk(sb.dir, sb.Status == Creating); err != nil {
+			return err
+		}
+	}
+	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
 	if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
 		return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
 	}
@@ -359,7 +384,18 @@ func Load(root, name string) (*Sandbox, error) {
 func (sb *Sandbox) Dir() string { return sb.dir }
 
 // Upper is the directory holding everything the sandbox wrote.
-func (sb *Sandbox) Upper() string { return filepath.Join(sb.dir, "upper") }
+func (sb *Sandbox) Upper() string { return filepath.Join(sb.base(), "upper") }
+
+// work is overlay's work directory, on the upper's file system.
+func (sb *Sandbox) work() string { return filepath.Join(sb.base(), "work") }
+
+// base holds the upper and work directories: the disk with a quota.
+func (sb *Sandbox) base() string {
+	if sb.Disk > 0 {
+		return diskDir(sb.dir)
+	}
+	return sb.dir
+}
 
 // RootFS is the sandbox's composed root, as the host sees it.
 func (sb *Sandbox) RootFS() string { return filepath.Join(sb.dir, "rootfs") }
@@ -488,8 +524,13 @@ func (sb *Sandbox) teardown(all bool) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := os.RemoveAll(filepath.Join(sb.dir, "work", "work")); err != nil {
+	if err := os.RemoveAll(filepath.Join(sb.work(), "work")); err != nil {
 		errs = append(errs, err)
+	}
+	if all && len(errs) == 0 {
+		if err := unmountDisk(sb.dir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if all && len(errs) == 0 {
 		if err := os.RemoveAll(sb.dir); err != nil {

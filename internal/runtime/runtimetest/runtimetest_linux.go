@@ -141,7 +141,8 @@ func Clean(root string) {
 }
 
 // Leftovers lists what the sandboxes of root left on the host: mounts
-// below root, cgroups of its sandboxes, sandbox directories.
+// below root, cgroups of its sandboxes, nat addresses, loop devices on
+// its files, sandbox directories.
 func Leftovers(root string) []string {
 	var out []string
 	b, _ := os.ReadFile("/proc/self/mountinfo")
@@ -163,6 +164,12 @@ func Leftovers(root string) []string {
 	for _, h := range held {
 		if b, _ := os.ReadFile(h); strings.HasPrefix(string(b), abs+"/") {
 			out = append(out, "nat address "+h+" of "+string(b))
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file") // disk quotas' images
+	for _, l := range loops {
+		if b, _ := os.ReadFile(l); strings.HasPrefix(string(b), abs+"/") {
+			out = append(out, "loop device "+strings.Split(l, "/")[3]+" on "+strings.TrimSpace(string(b)))
 		}
 	}
 	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))

@@ -307,8 +307,11 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 	if spec.Backend != "container" {
 		return nil, fmt.Errorf("unknown backend %q: this worker runs %v: %w", spec.Backend, backends, errdefs.ErrInvalidArgument)
 	}
-	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 {
-		return nil, fmt.Errorf("negative resource limit (cpu %g, memory %d, pids %d): %w", spec.CPU, spec.Memory, spec.Pids, errdefs.ErrInvalidArgument)
+	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 || spec.Disk < 0 {
+		return nil, fmt.Errorf("negative resource limit (cpu %g, memory %d, pids %d, disk %d): %w", spec.CPU, spec.Memory, spec.Pids, spec.Disk, errdefs.ErrInvalidArgument)
+	}
+	if err := runtime.CheckDisk(spec.Disk); err != nil {
+		return nil, err
 	}
 	if spec.Memory > 0 && spec.Memory < 4<<20 {
 		return nil, fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
@@ -340,6 +343,7 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:  pol,
 		Limits:  cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
+		Disk:    spec.Disk,
 		Mounter: w.mounter,
 	})
 	w.mu.Lock()
@@ -358,9 +362,10 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
-			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
+		DiskUsed: sb.DiskUsed(),
 	}
 	if st.NAT != nil {
 		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
