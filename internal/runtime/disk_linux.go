@@ -213,6 +213,9 @@ func growDisk(dir string, size int64, online bool) error {
 	if !hasCapSysResource() {
 		return errNoResize
 	}
+	if err := mountDisk(dir, false); err != nil { // a dead sandbox's, after a host restart
+		return err
+	}
 	d := diskDir(dir)
 	var st unix.Stat_t
 	if err := unix.Stat(d, &st); err != nil {

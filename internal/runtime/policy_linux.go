@@ -63,35 +63,37 @@ func policyLimits(r *api.ResourcePolicy, l cgroup.Limits) (cgroup.Limits, error)
 // policyDisk is the disk quota: the lower of cur and the policy's where
 // both set one.
 func policyDisk(r *api.ResourcePolicy, cur int64) (int64, error) {
-	if r.Disk == "" {
-		return cur, nil
+	d, err := diskOf(r)
+	if d > 0 && (cur == 0 || d < cur) {
+		return d, err
 	}
-	d, err := units.ParseBytes(r.Disk)
-	if err != nil {
-		return 0, fmt.Errorf("resources.disk: %w", err)
-	}
-	if cur == 0 || d < cur {
-		return d, nil
-	}
-	return cur, nil
+	return cur, err
 }
 
 // nextDisk is the disk quota a policy applied to a sandbox with quota
 // cur asks for: the policy's, which may grow it but not shrink it or
 // add one (the upper of a sandbox made without cannot move).
 func nextDisk(name string, cur int64, r *api.ResourcePolicy) (int64, error) {
-	if r.Disk == "" {
-		return cur, nil
-	}
-	d, err := units.ParseBytes(r.Disk)
-	if err != nil {
-		return 0, fmt.Errorf("resources.disk: %w", err)
-	}
+	d, err := diskOf(r)
 	switch {
+	case err != nil || d == 0:
+		return cur, err
 	case cur == 0:
 		return 0, fmt.Errorf("resources.disk: sandbox %s was made without a disk quota and its files cannot move under one while it lives: give one when it is made (dsec run --disk, or a policy with resources.disk): %w", name, errdefs.ErrFailedPrecondition)
 	case d < cur:
 		return 0, fmt.Errorf("resources.disk %s is below sandbox %s's quota of %d bytes: a disk quota can grow, never shrink: %w", r.Disk, name, cur, errdefs.ErrFailedPrecondition)
+	}
+	return d, nil
+}
+
+// diskOf is the policy's disk quota in bytes, 0 when it sets none.
+func diskOf(r *api.ResourcePolicy) (int64, error) {
+	if r.Disk == "" {
+		return 0, nil
+	}
+	d, err := units.ParseBytes(r.Disk)
+	if err != nil {
+		return 0, fmt.Errorf("resources.disk: %w", err)
 	}
 	return d, nil
 }
@@ -134,9 +136,6 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 	}
 	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
 	if disk != sb.Disk { // first: it is the step most likely to fail
-		if err := mountDisk(sb.dir, false); err != nil {
-			return nil, err
-		}
 		if err := growDisk(sb.dir, disk, sb.Status != Stopped); err != nil {
 			return nil, err
 		}
