@@ -61,6 +61,7 @@ bench: build
 	./scripts/bench-run.sh $(BIN)
 	./scripts/bench-snap.sh $(BIN)
 	./scripts/bench-policy.sh
+	./scripts/bench-density.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

@@ -4,7 +4,7 @@
 //
 //	GET    /v1/version
 //	POST   /v1/sandboxes                    SandboxSpec -> Sandbox
-//	GET    /v1/sandboxes                    -> []Sandbox
+//	GET    /v1/sandboxes[?all=1]            -> []Sandbox (all: warm pool sandboxes too)
 //	GET    /v1/sandboxes/{name}             -> Sandbox
 //	POST   /v1/sandboxes/{name}/stop        -> Sandbox
 //	POST   /v1/sandboxes/{name}/start       -> Sandbox
@@ -23,6 +23,10 @@
 //	GET    /v1/policies/{name}              -> Policy
 //	PUT    /v1/policies/{name}              Policy
 //	DELETE /v1/policies/{name}
+//	POST   /v1/calls                        CallRequest line, then stdin -> Frame lines (FnCall)
+//	GET    /v1/pools                        -> []Pool
+//	PUT    /v1/pools/{name}                 PoolSpec -> Pool
+//	DELETE /v1/pools/{name}
 //
 // Errors are an HTTP status and an Error body; the status tells the
 // class (StatusClass).
@@ -50,6 +54,14 @@ type SandboxSpec struct {
 	Pids   int64   `json:"pids,omitempty"`
 	// Disk bounds what the sandbox writes (its upper), in bytes.
 	Disk int64 `json:"disk,omitempty"`
+	// Requests: what the worker reserves for the sandbox when admitting
+	// it (default: the limit; a sandbox without either reserves
+	// nothing). The worker admits sandboxes while the requests of all
+	// fit the host times its overcommit ratios, and queues the rest.
+	CPURequest    float64 `json:"cpu_request,omitempty"`
+	MemoryRequest int64   `json:"memory_request,omitempty"`
+	// Class is SchedLatency (default) or SchedBatch.
+	Class string `json:"class,omitempty"`
 	// Defaults for every exec.
 	Env     []string `json:"env,omitempty"`
 	Workdir string   `json:"workdir,omitempty"`
@@ -139,11 +151,22 @@ type BranchRequest struct {
 	Spec       SandboxSpec `json:"spec,omitempty"`
 }
 
+// Scheduling classes.
+const (
+	// SchedLatency: interactive steps; a high CPU weight.
+	SchedLatency = "latency"
+	// SchedBatch: background builds and test suites; they run idle
+	// (cpu.idle, SCHED_IDLE): only on CPU nothing else wants.
+	SchedBatch = "batch"
+)
+
 // Sandbox states.
 const (
-	StatusRunning = "running"
-	StatusStopped = "stopped" // no process; its files are kept (start it again)
-	StatusDead    = "dead"    // its init died without being stopped
+	StatusQueued   = "queued"   // waiting for admission
+	StatusCreating = "creating" // admitted, being made
+	StatusRunning  = "running"
+	StatusStopped  = "stopped" // no process; its files are kept (start it again)
+	StatusDead     = "dead"    // its init died without being stopped
 )
 
 // Sandbox describes a sandbox.
@@ -163,7 +186,15 @@ type Sandbox struct {
 	OOMKills    int   `json:"oom_kills,omitempty"`
 	// DiskUsed is what the sandbox's writes take of its disk quota.
 	DiskUsed int64 `json:"disk_used,omitempty"`
-	Execs    int   `json:"execs"` // journaled execs
+	// CPUSeconds is the CPU time its processes used while running;
+	// IdleSeconds how long no exec started or ended in it (0 while one
+	// runs); Reclaimed when the worker last took back its idle memory.
+	CPUSeconds  float64    `json:"cpu_seconds,omitempty"`
+	IdleSeconds float64    `json:"idle_seconds"`
+	Reclaimed   *time.Time `json:"reclaimed,omitempty"`
+	// Pool names the FnCall pool a warm sandbox waits in.
+	Pool  string `json:"pool,omitempty"`
+	Execs int    `json:"execs"` // journaled execs
 }
 
 // ExecRequest runs a command. An ID makes it a step that runs at most
@@ -186,7 +217,9 @@ type ExecRequest struct {
 // Frame is one line of an exec's response: output, then one result or
 // one error.
 type Frame struct {
-	ID     string      `json:"id,omitempty"` // the first frame names the exec
+	ID string `json:"id,omitempty"` // the first frame names the exec
+	// Call, in a call's first frame, says where it ran.
+	Call   *CallInfo   `json:"call,omitempty"`
 	Stdout []byte      `json:"stdout,omitempty"`
 	Stderr []byte      `json:"stderr,omitempty"`
 	Result *ExecResult `json:"result,omitempty"`
@@ -205,6 +238,45 @@ type ExecResult struct {
 	Replayed bool `json:"replayed,omitempty"`
 }
 
+// CallRequest is the first line of POST /v1/calls: one command in a
+// fresh sandbox of the FnCall backend, taken warm from the pool named
+// Pool, or from the pool whose template is Spec (without one, a sandbox
+// is made for the call). The sandbox is discarded after the call: no
+// state passes from one call to the next. Stdin follows as for an exec;
+// Detach is refused.
+type CallRequest struct {
+	Pool string       `json:"pool,omitempty"`
+	Spec *SandboxSpec `json:"spec,omitempty"`
+	ExecRequest
+}
+
+// CallInfo says where a call ran.
+type CallInfo struct {
+	Sandbox string `json:"sandbox"`
+	Pool    string `json:"pool,omitempty"`
+	Warm    bool   `json:"warm"` // taken from the pool, not made for the call
+}
+
+// PoolSpec creates or resizes a FnCall pool (PUT /v1/pools/{name}):
+// Spec is the template of its sandboxes (required to create one; when
+// given for an existing pool it must be the same).
+type PoolSpec struct {
+	Size int          `json:"size"`
+	Spec *SandboxSpec `json:"spec,omitempty"`
+}
+
+// Pool is a FnCall pool.
+type Pool struct {
+	Name    string      `json:"name"`
+	Size    int         `json:"size"`    // warm sandboxes it keeps
+	Warm    int         `json:"warm"`    // ready now
+	Filling int         `json:"filling"` // being made
+	Spec    SandboxSpec `json:"spec"`
+	Calls   int64       `json:"calls"`
+	Misses  int64       `json:"misses"` // calls that found it empty and waited for a sandbox
+	Error   string      `json:"error,omitempty"`
+}
+
 // Error classes.
 const (
 	ClassInvalid  = "invalid" // bad request: fix it
@@ -213,6 +285,7 @@ const (
 	ClassState    = "state"    // the sandbox is in the wrong state (stopped, running)
 	ClassInfra    = "infra"    // the sandbox died or the host failed: not the command's fault
 	ClassLimit    = "limit"    // over a bound (a snapshot's size, entries, depth)
+	ClassBusy     = "busy"     // the host is at capacity: queued until the admission timeout
 	ClassInternal = "internal" // anything else
 )
 
@@ -232,6 +305,7 @@ var StatusClass = map[int]string{
 	http.StatusPreconditionFailed:    ClassState,
 	http.StatusServiceUnavailable:    ClassInfra,
 	http.StatusRequestEntityTooLarge: ClassLimit,
+	http.StatusTooManyRequests:       ClassBusy,
 	http.StatusInternalServerError:   ClassInternal,
 }
 

@@ -144,6 +144,8 @@ func (e *Error) Unwrap() error {
 		return ErrInfra
 	case api.ClassLimit:
 		return errdefs.ErrOutOfRange
+	case api.ClassBusy:
+		return errdefs.ErrResourceExhausted
 	}
 	return nil
 }
@@ -222,10 +224,17 @@ func (c *Client) Create(ctx context.Context, spec api.SandboxSpec) (*Sandbox, er
 	return c.Sandbox(out.Name), nil
 }
 
-// List describes every sandbox of the worker, oldest first.
+// List describes every sandbox of the worker, oldest first, queued ones
+// included, warm FnCall sandboxes not.
 func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	var out []api.Sandbox
 	return out, c.do(ctx, "GET", "/sandboxes", nil, &out)
+}
+
+// ListAll is List with the warm sandboxes of FnCall pools.
+func (c *Client) ListAll(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.do(ctx, "GET", "/sandboxes?all=1", nil, &out)
 }
 
 func (s *Sandbox) path(p string) string { return "/sandboxes/" + url.PathEscape(s.Name) + p }
@@ -279,23 +288,79 @@ type ExecOptions struct {
 // Exec runs a command in the sandbox and returns how it ended; the
 // output streams to opts.Stdout and opts.Stderr as it comes.
 func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, error) {
-	req := api.ExecRequest{ID: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd, Stdin: opts.Stdin != nil,
-		TTY: opts.TTY, Rows: opts.Rows, Cols: opts.Cols, Detach: opts.Detach}
-	line, _ := json.Marshal(req)
-	var body io.Reader = bytes.NewReader(append(line, '\n'))
-	if opts.Stdin != nil {
-		body = io.MultiReader(body, opts.Stdin)
-	}
-	resp, err := s.c.send(ctx, "POST", s.path("/exec"), body)
+	req := opts.request()
+	resp, err := s.c.send(ctx, "POST", s.path("/exec"), withStdin(req, opts.Stdin))
 	if err != nil {
 		return api.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	res, err := readFrames(resp.Body, opts.Stdout, opts.Stderr, !opts.Detach)
+	res, err := readFrames(resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil)
 	if opts.Detach && errors.Is(err, ErrRunning) {
 		err = nil
 	}
 	return res, err
+}
+
+func (opts ExecOptions) request() api.ExecRequest {
+	return api.ExecRequest{ID: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd, Stdin: opts.Stdin != nil,
+		TTY: opts.TTY, Rows: opts.Rows, Cols: opts.Cols, Detach: opts.Detach}
+}
+
+// withStdin is a request body: the request's line, then stdin.
+func withStdin(req any, stdin io.Reader) io.Reader {
+	line, _ := json.Marshal(req)
+	var body io.Reader = bytes.NewReader(append(line, '\n'))
+	if stdin != nil {
+		body = io.MultiReader(body, stdin)
+	}
+	return body
+}
+
+// CallOptions describe a call on the FnCall backend: a command in a
+// fresh sandbox taken warm from Pool, or from the pool whose template is
+// Spec (with no such pool, one is made for the call), discarded after.
+// ExecOptions' ID and Detach do not apply.
+type CallOptions struct {
+	Pool string
+	Spec *api.SandboxSpec
+	ExecOptions
+}
+
+// CallResult is how a call's command ended and where it ran.
+type CallResult struct {
+	api.ExecResult
+	api.CallInfo
+}
+
+// Call runs a command on the FnCall backend.
+func (c *Client) Call(ctx context.Context, opts CallOptions) (CallResult, error) {
+	req := api.CallRequest{Pool: opts.Pool, Spec: opts.Spec, ExecRequest: opts.request()}
+	resp, err := c.send(ctx, "POST", "/calls", withStdin(req, opts.Stdin))
+	if err != nil {
+		return CallResult{}, err
+	}
+	defer resp.Body.Close()
+	var out CallResult
+	out.ExecResult, err = readFrames(resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo)
+	return out, err
+}
+
+// Pools describes the FnCall pools.
+func (c *Client) Pools(ctx context.Context) ([]api.Pool, error) {
+	var out []api.Pool
+	return out, c.do(ctx, "GET", "/pools", nil, &out)
+}
+
+// ResizePool sets a pool's size, creating it from spec.Spec if new.
+func (c *Client) ResizePool(ctx context.Context, name string, spec api.PoolSpec) (api.Pool, error) {
+	b, _ := json.Marshal(spec)
+	var out api.Pool
+	return out, c.do(ctx, "PUT", "/pools/"+url.PathEscape(name), bytes.NewReader(b), &out)
+}
+
+// RemovePool removes a pool and discards its warm sandboxes.
+func (c *Client) RemovePool(ctx context.Context, name string) error {
+	return c.do(ctx, "DELETE", "/pools/"+url.PathEscape(name), nil, nil)
 }
 
 // Logs writes the recorded output of the exec id; with follow it waits
@@ -311,13 +376,14 @@ func (s *Sandbox) Logs(ctx context.Context, id string, follow bool, stdout, stde
 		return api.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	return readFrames(resp.Body, stdout, stderr, follow)
+	return readFrames(resp.Body, stdout, stderr, follow, nil)
 }
 
 // ErrRunning says a command has no result yet.
 var ErrRunning = errors.New("the command is still running")
 
-func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool) (api.ExecResult, error) {
+// readFrames reads an exec's frames; call, if set, gets a call's info.
+func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool, call *api.CallInfo) (api.ExecResult, error) {
 	if stdout == nil {
 		stdout = io.Discard
 	}
@@ -334,6 +400,9 @@ func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool) (api.Exe
 		}
 		if f.ID != "" {
 			id = f.ID
+		}
+		if f.Call != nil && call != nil {
+			*call = *f.Call
 		}
 		switch {
 		case f.Error != nil:

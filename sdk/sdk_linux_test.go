@@ -31,9 +31,15 @@ func TestMain(m *testing.M) {
 // kills it, removes every sandbox and checks nothing is left.
 func setup(t *testing.T) (*runtimetest.Worker, *sdk.Client) {
 	t.Helper()
+	return setupWith(t, runtimetest.Config{})
+}
+
+// setupWith is setup with a worker configured by cfg.
+func setupWith(t *testing.T, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.Client) {
+	t.Helper()
 	root := t.TempDir()
 	runtimetest.Layers(t, root)
-	w := runtimetest.StartWorker(t, root)
+	w := runtimetest.StartWorkerWith(t, root, cfg)
 	t.Cleanup(func() {
 		w.Kill()
 		runtimetest.Clean(root)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -24,13 +25,45 @@ import (
 // flags can give, resolved once in that order of precedence:
 // flag > env > file > default.
 type Config struct {
-	Root      string            `mapstructure:"root"`
-	LogLevel  string            `mapstructure:"log-level"`
-	LogFormat string            `mapstructure:"log-format"`
-	Progress  string            `mapstructure:"progress"`
-	Remote    string            `mapstructure:"remote"`  // default remote: a name or a URL
-	Remotes   map[string]string `mapstructure:"remotes"` // name -> dir:///PATH or oci://HOST/REPO
-	Cache     CacheConfig       `mapstructure:"cache"`
+	Root      string              `mapstructure:"root"`
+	LogLevel  string              `mapstructure:"log-level"`
+	LogFormat string              `mapstructure:"log-format"`
+	Progress  string              `mapstructure:"progress"`
+	Remote    string              `mapstructure:"remote"`  // default remote: a name or a URL
+	Remotes   map[string]string   `mapstructure:"remotes"` // name -> dir:///PATH or oci://HOST/REPO
+	Cache     CacheConfig         `mapstructure:"cache"`
+	Admission AdmissionConfig     `mapstructure:"admission"`
+	Reclaim   ReclaimConfig       `mapstructure:"reclaim"`
+	Pools     map[string]PoolFile `mapstructure:"pools"` // FnCall pools by name
+}
+
+// AdmissionConfig bounds what the worker runs (worker.Admission).
+type AdmissionConfig struct {
+	CPUOvercommit    float64       `mapstructure:"cpu_overcommit"`
+	MemoryOvercommit float64       `mapstructure:"memory_overcommit"`
+	HostReserve      string        `mapstructure:"host_reserve"` // a size: 1G
+	MaxCreating      int           `mapstructure:"max_creating"`
+	QueueTimeout     time.Duration `mapstructure:"queue_timeout"`
+}
+
+// ReclaimConfig is when idle sandboxes' memory is taken back.
+type ReclaimConfig struct {
+	IdleAfter time.Duration `mapstructure:"idle_after"`
+	KSM       bool          `mapstructure:"ksm"`
+}
+
+// PoolFile is a FnCall pool in the config file.
+type PoolFile struct {
+	Size      int      `mapstructure:"size"`
+	Base      string   `mapstructure:"base"`
+	Workspace string   `mapstructure:"workspace"`
+	Toolkit   string   `mapstructure:"toolkit"`
+	CPU       float64  `mapstructure:"cpu"`
+	Memory    string   `mapstructure:"memory"`
+	Class     string   `mapstructure:"class"`
+	Policy    string   `mapstructure:"policy"` // a stored policy's name
+	Env       []string `mapstructure:"env"`
+	Workdir   string   `mapstructure:"workdir"`
 }
 
 // CacheConfig bounds the host cache of lazily fetched layers.
@@ -83,8 +116,13 @@ All state lives under --root. Settings come from flags, then DSEC_* environment 
 (DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS, DSEC_REMOTE), then the config file
 (--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
 are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
-to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs) and cache.max_bytes (DSEC_CACHE_MAX_BYTES:
-the budget of the host cache of lazily mounted layers); unknown keys are an error.
+to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs), cache.max_bytes (DSEC_CACHE_MAX_BYTES:
+the budget of the host cache of lazily mounted layers), the worker's admission control
+(admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
+1G; admission.max_creating, 4; admission.queue_timeout, 1m), idle reclaim (reclaim.idle_after,
+10m, negative: never; reclaim.ksm, false) and FnCall pools (pools.NAME.size, .base,
+.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir); unknown keys are an
+error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
@@ -108,6 +146,7 @@ the budget of the host cache of lazily mounted layers); unknown keys are an erro
 	root.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(a.snapCommand())
 	root.AddCommand(a.policyCommand())
+	root.AddCommand(a.poolCommand())
 	return root
 }
 
@@ -128,6 +167,11 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remote", "")
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("remotes", map[string]string{})
+	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
+	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
+		"admission.max_creating": 0, "admission.queue_timeout": "0s", "reclaim.idle_after": "0s", "reclaim.ksm": false} {
+		v.SetDefault(k, zero)
+	}
 	file, explicit := configFile(flags)
 	if explicit {
 		a.configFile = file
@@ -141,7 +185,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	if err := v.UnmarshalExact(&a.cfg); err != nil {
-		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.max_bytes)", file, err)}
+		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.max_bytes, admission.*, reclaim.*, pools.NAME.*)", file, err)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {

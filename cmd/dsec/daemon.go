@@ -46,12 +46,16 @@ Layers missing from the local store are mounted lazily from the configured remot
 					return err
 				}
 			}
-			return worker.Serve(cmd.Context(), worker.Config{
+			cfg := worker.Config{
 				Root: a.cfg.Root, Version: version, Remote: target, Insecure: insecure, CacheMax: a.cfg.Cache.MaxBytes,
 				Fetcher:  lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
 				Log:      a.log,
 				ExitIdle: exitIdle,
-			})
+			}
+			if err := a.workerDensity(&cfg); err != nil {
+				return err
+			}
+			return worker.Serve(cmd.Context(), cfg)
 		},
 	}
 	cmd.Flags().DurationVar(&exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")

@@ -20,15 +20,16 @@ import (
 // Exit codes. One place decides them; every command's help lists them.
 const (
 	exitOK       = 0
-	exitFailure  = 1 // I/O error, corruption, anything unexpected
-	exitUsage    = 2 // bad flags, arguments or configuration
-	exitBadInput = 3 // the input's content is invalid (corrupt archive, bad entry)
-	exitNotFound = 4 // a layer, tag, file or blob does not exist
-	exitExists   = 5 // the tag already exists (use --force)
-	exitNoSpace  = 6 // the store's file system is full
-	exitDenied   = 7 // a registry refused the credentials
-	exitState    = 8 // the sandbox is in the wrong state (running, stopped)
-	exitInfraErr = 9 // the worker or a sandbox failed (infrastructure, not input)
+	exitFailure  = 1  // I/O error, corruption, anything unexpected
+	exitUsage    = 2  // bad flags, arguments or configuration
+	exitBadInput = 3  // the input's content is invalid (corrupt archive, bad entry)
+	exitNotFound = 4  // a layer, tag, file or blob does not exist
+	exitExists   = 5  // the tag already exists (use --force)
+	exitNoSpace  = 6  // the store's file system is full
+	exitDenied   = 7  // a registry refused the credentials
+	exitState    = 8  // the sandbox is in the wrong state (running, stopped)
+	exitInfraErr = 9  // the worker or a sandbox failed (infrastructure, not input)
+	exitBusy     = 10 // the host stayed at capacity for the admission queue's timeout
 )
 
 const exitCodesHelp = `Exit codes:
@@ -41,7 +42,8 @@ const exitCodesHelp = `Exit codes:
   6  no space left in the store's file system
   7  permission denied (registry credentials missing or refused)
   8  wrong state (a running sandbox to rm without -f, a stopped one to exec in)
-  9  infrastructure failure (the worker or the sandbox died; not your input)`
+  9  infrastructure failure (the worker or the sandbox died; not your input)
+  10 busy: the host stayed at capacity while the request waited in the admission queue`
 
 var version = "dev"
 
@@ -94,6 +96,8 @@ func exitCode(err error) int {
 		return exitState
 	case errdefs.IsUnavailable(err):
 		return exitInfraErr
+	case errdefs.IsResourceExhausted(err):
+		return exitBusy
 	case errdefs.IsOutOfRange(err):
 		return exitBadInput
 	case errdefs.IsInvalidArgument(err):

@@ -107,16 +107,11 @@ func sizes(spec *api.SandboxSpec, memory, disk string) error {
 }
 
 type runFlags struct {
-	base, workspace, toolkit string
-	name, backend, hostname  string
-	cpu                      float64
-	memory, disk             string
-	pids                     int64
-	env                      []string
-	workdir, id              string
-	policy                   string
-	detach, rm, tty, stdin   bool
-	asJSON                   bool
+	specFlags
+	name, backend, pool    string
+	id                     string
+	detach, rm, tty, stdin bool
+	asJSON                 bool
 }
 
 func (a *app) runCommand() *cobra.Command {
@@ -147,20 +142,11 @@ CMD's exec id is --id (default "run").
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
-	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
-	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
+	f.register(fl)
 	fl.StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")
-	fl.StringVar(&f.backend, "backend", "container", "the backend to run it on")
-	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
-	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
-	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
-	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
-	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
-	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
-	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVar(&f.backend, "backend", "container", "the backend: container (a sandbox that persists) or fncall (CMD in a warm sandbox, discarded after)")
+	fl.StringVar(&f.pool, "pool", "", "with --backend fncall: the pool to take the sandbox from (default: the pool of the same template)")
 	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
-	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")
 	fl.BoolVar(&f.rm, "rm", false, "remove the sandbox when CMD exits")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to CMD")
@@ -173,6 +159,22 @@ CMD's exec id is --id (default "run").
 }
 
 func (a *app) run(ctx context.Context, f runFlags, args []string) error {
+	if f.pool != "" && f.backend == "container" {
+		f.backend = "fncall"
+	}
+	if f.backend == "fncall" {
+		if len(args) == 0 || f.detach || f.name != "" || f.asJSON {
+			return usageError{errors.New("--backend fncall runs CMD in a sandbox discarded after it: give a command, and no -d, --name or --json")}
+		}
+		if f.base == "" && f.pool == "" {
+			return usageError{errors.New("--backend fncall needs --pool NAME or --base REF (dsec pool ls lists the pools)")}
+		}
+		spec, err := a.spec(f.specFlags)
+		if err != nil {
+			return err
+		}
+		return a.call(ctx, f.pool, &spec, execFlags{tty: f.tty, stdin: f.stdin}, args)
+	}
 	if f.base == "" {
 		return usageError{errors.New("run needs --base REF (dsec layer ls lists the layers)")}
 	}
@@ -185,22 +187,11 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 	if f.detach && (f.rm || f.tty || f.stdin) {
 		return usageError{errors.New("-d runs in the background: it cannot be combined with --rm, -t or -i")}
 	}
-	spec := api.SandboxSpec{Name: f.name, Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname}
-	for _, l := range []string{f.toolkit, f.workspace, f.base} {
-		if l != "" {
-			spec.Layers = append(spec.Layers, l)
-		}
-	}
-	if err := sizes(&spec, f.memory, f.disk); err != nil {
+	spec, err := a.spec(f.specFlags)
+	if err != nil {
 		return err
 	}
-	if err := checkEnv(f.env); err != nil {
-		return err
-	}
-	var err error
-	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
-		return err
-	}
+	spec.Name, spec.Backend = f.name, f.backend
 	c, err := a.client()
 	if err != nil {
 		return err
@@ -360,14 +351,16 @@ func (a *app) completeSandboxes(cmd *cobra.Command, args []string, _ string) ([]
 }
 
 func (a *app) psCommand() *cobra.Command {
-	var asJSON, quiet bool
+	var asJSON, quiet, all bool
 	cmd := &cobra.Command{
 		Use:     "ps",
 		Aliases: []string{"ls"},
 		Short:   "List sandboxes",
-		Long: `Ps lists the worker's sandboxes, oldest first: name, status (running, stopped, or dead
-when its init died), the init's host pid, memory charged now, disk used of its quota,
-journaled execs, age and layers. --json prints every field.
+		Long: `Ps lists the worker's sandboxes, oldest first: name, status (queued for admission,
+creating, running, stopped, or dead when its init died), scheduling class, CPU time used,
+memory charged now, disk used of its quota, how long no exec started or ended in it (IDLE),
+journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
+--json prints every field.
 
 ` + exitCodesHelp,
 		Args: exactArgs(0),
@@ -377,6 +370,9 @@ journaled execs, age and layers. --json prints every field.
 				return err
 			}
 			list, err := c.List(cmd.Context())
+			if all {
+				list, err = c.ListAll(cmd.Context())
+			}
 			if err != nil {
 				return err
 			}
@@ -390,13 +386,13 @@ journaled execs, age and layers. --json prints every field.
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATUS\tPID\tMEMORY\tDISK\tEXECS\tCREATED\tLAYERS")
+			fmt.Fprintln(tw, "NAME\tSTATUS\tCLASS\tCPU\tMEMORY\tDISK\tIDLE\tEXECS\tCREATED\tLAYERS")
 			for _, s := range list {
-				pid := "-"
-				if s.Pid > 0 {
-					pid = strconv.Itoa(s.Pid)
+				cpu, mem, idle := "-", "-", "-"
+				if s.Status == api.StatusRunning {
+					cpu = fmt.Sprintf("%.2fs", s.CPUSeconds)
+					idle = time.Duration(s.IdleSeconds * float64(time.Second)).Round(time.Second).String()
 				}
-				mem := "-"
 				if s.MemoryBytes > 0 {
 					mem = humanBytes(s.MemoryBytes)
 				}
@@ -404,7 +400,11 @@ journaled execs, age and layers. --json prints every field.
 				if s.Disk > 0 {
 					disk = humanBytes(s.DiskUsed) + "/" + humanBytes(s.Disk)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, pid, mem, disk, s.Execs,
+				class := s.Class
+				if class == "" {
+					class = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, class, cpu, mem, disk, idle, s.Execs,
 					time.Since(s.Created).Round(time.Second), strings.Join(s.Layers, ","))
 			}
 			return tw.Flush()
@@ -412,6 +412,7 @@ journaled execs, age and layers. --json prints every field.
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "list the warm sandboxes of FnCall pools too")
 	return cmd
 }
 

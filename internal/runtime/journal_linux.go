@@ -164,7 +164,13 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	}
 	started := make(chan struct{})
 	refused := make(chan error, 1)
+	sb.touch()
+	sb.running.Add(1)
 	go func() {
+		defer func() {
+			sb.running.Add(-1)
+			sb.touch()
+		}()
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,6 +49,15 @@ type Options struct {
 	// Policy holds the sandbox to files, syscall and network rules; nil:
 	// the secure default.
 	Policy *api.Policy
+	// Class is api.SchedLatency (the default) or api.SchedBatch.
+	Class string
+	// MergeMemory lets KSM merge the sandbox's identical anonymous pages.
+	MergeMemory bool
+	// What the worker admitted it with, kept for a worker that restarts.
+	CPURequest    float64
+	MemoryRequest int64
+	// Pool names the FnCall pool it is made for.
+	Pool string
 
 	Mounter // where layers come from
 }
@@ -100,6 +110,15 @@ type State struct {
 	Toolkit []string `json:"toolkit,omitempty"`
 	// NAT is the sandbox's way out in network mode nat.
 	NAT *NAT `json:"nat,omitempty"`
+	// Class is its scheduling class; MergeMemory marks its memory for
+	// KSM.
+	Class       string `json:"class,omitempty"`
+	MergeMemory bool   `json:"merge_memory,omitempty"`
+	// CPURequest and MemoryRequest are what it was admitted with.
+	CPURequest    float64 `json:"cpu_request,omitempty"`
+	MemoryRequest int64   `json:"memory_request,omitempty"`
+	// Pool is the FnCall pool it was made for.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -113,6 +132,10 @@ type Sandbox struct {
 
 	execMu sync.Mutex
 	execs  map[string]*Exec // known this worker's lifetime
+
+	active    atomic.Int64 // unix nanoseconds of the last exec's start or end
+	running   atomic.Int32 // execs running
+	reclaimed time.Time    // guarded by mu
 }
 
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
@@ -167,7 +190,11 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if len(o.Layers) == 0 {
 		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
 	}
-	eff, allow, limits, err := withPolicy(o.Policy, o.Limits)
+	limits, err := classLimits(o.Class, o.Limits)
+	if err != nil {
+		return nil, err
+	}
+	eff, allow, limits, err := withPolicy(o.Policy, limits)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +221,9 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	}
 	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
 		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
-		Policy: eff, Allowlist: allow, Disk: disk}, dir: dir}
+		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
+		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool}, dir: dir}
+	sb.touch()
 	defer func() {
 		if err != nil {
 			sb.teardown(true)
@@ -283,7 +312,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	defer logf.Close()
 	if sb.c, err = container.Create(container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
-		Restrictions: restrict, Setup: g.Add, Stdout: logf, Stderr: logf}); err != nil {
+		Restrictions: restrict, Setup: g.Add, Stdout: logf, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}); err != nil {
 		return err
 	}
 	sb.Pid = sb.c.Pid()
@@ -360,6 +389,9 @@ func Load(root, name string) (*Sandbox, error) {
 		return nil, err
 	}
 	sb := &Sandbox{dir: dir}
+	if fi, err := os.Stat(filepath.Join(dir, "execs")); err == nil { // its last exec began then
+		sb.active.Store(fi.ModTime().UnixNano())
+	}
 	if err := json.Unmarshal(b, &sb.State); err != nil {
 		return nil, fmt.Errorf("sandbox %s: state: %v: %w", name, err, errdefs.ErrDataLoss)
 	}
@@ -378,6 +410,66 @@ func Load(root, name string) (*Sandbox, error) {
 	}
 	sb.recoverExecs()
 	return sb, nil
+}
+
+// classLimits adds what a scheduling class means to l: batch sandboxes
+// run idle (cpu.idle and SCHED_IDLE), latency ones with 8x the default
+// CPU weight, so that an interactive step's wake-up preempts any batch
+// work and wins over plain host work.
+func classLimits(class string, l cgroup.Limits) (cgroup.Limits, error) {
+	switch classOf(class) {
+	case api.SchedLatency:
+		l.Weight, l.Idle = 800, false
+	case api.SchedBatch:
+		l.Weight, l.Idle = 0, true
+	default:
+		return l, fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
+	}
+	return l, nil
+}
+
+func classOf(class string) string {
+	if class == "" {
+		return api.SchedLatency
+	}
+	return class
+}
+
+// touch marks the sandbox active now.
+func (sb *Sandbox) touch() { sb.active.Store(time.Now().UnixNano()) }
+
+// Idle is how long no exec started or ended in the sandbox (its
+// background processes may run); zero while an exec runs.
+func (sb *Sandbox) Idle() time.Duration {
+	if sb.running.Load() > 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, sb.active.Load()))
+}
+
+// Reclaim takes back the memory the kernel can of a running sandbox: its
+// page cache, and (on cgroup v2 with swap) cold anonymous memory.
+func (sb *Sandbox) Reclaim() error {
+	sb.mu.Lock()
+	g := sb.g
+	sb.mu.Unlock()
+	if g == nil {
+		return fmt.Errorf("sandbox %s is not running: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if err := g.Reclaim(); err != nil {
+		return err
+	}
+	sb.mu.Lock()
+	sb.reclaimed = time.Now().UTC()
+	sb.mu.Unlock()
+	return nil
+}
+
+// Reclaimed is when Reclaim last ran (zero: never, in this worker).
+func (sb *Sandbox) Reclaimed() time.Time {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.reclaimed
 }
 
 // Dir is the sandbox's directory.

@@ -24,11 +24,24 @@ var Root = "/sys/fs/cgroup"
 // Parent is the group under which sandboxes' groups are made.
 const Parent = "dsec"
 
+// IdleParent holds the CPU groups of idle (batch) sandboxes: a sibling of
+// Parent marked cpu.idle, so that at the top of the hierarchy, where the
+// host's own tasks and the latency sandboxes' parent compete, any of
+// them that wakes up preempts the whole of the batch work at once (an
+// idle group under Parent would be idle only among Parent's children).
+const IdleParent = "dsec-batch"
+
 // Limits are a sandbox's resource limits; zero means none.
 type Limits struct {
 	MemoryBytes int64
 	CPUMilli    int64 // 1000 = one CPU
 	Pids        int64
+	// Weight is the group's CPU weight on cgroup v2's scale (1-10000,
+	// 100 the kernel's default; cpu.shares = Weight*1024/100 on v1).
+	Weight int64 `json:",omitempty"`
+	// Idle runs the group as SCHED_IDLE (cpu.idle): it gets only the CPU
+	// nothing else wants. Fixed when the group is made.
+	Idle bool `json:",omitempty"`
 }
 
 // Group is one sandbox's cgroup, in every hierarchy it spans.
@@ -60,9 +73,9 @@ func New(name string, l Limits) (*Group, error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cgroup: bad name %q", name)
 	}
-	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
+	g := layout(name, l.Idle)
 	if g.pure {
-		parent := filepath.Join(Root, Parent)
+		parent := filepath.Dir(g.v2)
 		if err := os.MkdirAll(parent, 0o755); err != nil {
 			return nil, err
 		}
@@ -70,12 +83,6 @@ func New(name string, l Limits) (*Group, error) {
 		for _, c := range []string{"+memory", "+cpu", "+pids"} {
 			_ = write(Root, "cgroup.subtree_control", c)
 			_ = write(parent, "cgroup.subtree_control", c)
-		}
-		g.v2 = filepath.Join(parent, name)
-	} else {
-		g.v2 = filepath.Join(Root, "unified", Parent, name)
-		for _, c := range v1Controllers {
-			g.v1[c] = filepath.Join(Root, c, Parent, name)
 		}
 	}
 	for _, d := range g.dirs() {
@@ -93,6 +100,14 @@ func New(name string, l Limits) (*Group, error) {
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 	}
+	// The idle parent is marked once it holds the group (a parent
+	// goes with its last group, so it may be new).
+	if l.Idle {
+		if err := write(filepath.Dir(g.cpuDir()), "cpu.idle", "1"); err != nil {
+			g.Remove()
+			return nil, err
+		}
+	}
 	if err := g.limit(l); err != nil {
 		g.Remove()
 		return nil, err
@@ -100,16 +115,39 @@ func New(name string, l Limits) (*Group, error) {
 	return g, nil
 }
 
+// layout says where the group name lives: an idle group's CPU
+// controller (on pure v2, all of it) under IdleParent.
+func layout(name string, idle bool) *Group {
+	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
+	cpuParent := Parent
+	if idle {
+		cpuParent = IdleParent
+	}
+	if g.pure {
+		g.v2 = filepath.Join(Root, cpuParent, name)
+		return g
+	}
+	g.v2 = filepath.Join(Root, "unified", Parent, name)
+	for _, c := range v1Controllers {
+		g.v1[c] = filepath.Join(Root, c, Parent, name)
+	}
+	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
+	return g
+}
+
+// cpuDir is the directory of the group's CPU controller.
+func (g *Group) cpuDir() string {
+	if g.pure {
+		return g.v2
+	}
+	return g.v1["cpu"]
+}
+
 // Open returns the group name made earlier, for a worker that restarts.
 func Open(name string) (*Group, error) {
-	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
-	if g.pure {
-		g.v2 = filepath.Join(Root, Parent, name)
-	} else {
-		g.v2 = filepath.Join(Root, "unified", Parent, name)
-		for _, c := range v1Controllers {
-			g.v1[c] = filepath.Join(Root, c, Parent, name)
-		}
+	g := layout(name, false)
+	if _, err := os.Stat(g.cpuDir()); err != nil {
+		g = layout(name, true)
 	}
 	if _, err := os.Stat(g.v2); err != nil {
 		return nil, fmt.Errorf("cgroup %s: %w", name, err)
@@ -144,9 +182,11 @@ func (g *Group) limit(l Limits) error {
 			}
 		}
 		if l.Pids > 0 {
-			return write(g.v2, "pids.max", strconv.FormatInt(l.Pids, 10))
+			if err := write(g.v2, "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+				return err
+			}
 		}
-		return nil
+		return g.schedule(l)
 	}
 	if l.MemoryBytes > 0 {
 		if err := write(g.v1["memory"], "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
@@ -163,7 +203,29 @@ func (g *Group) limit(l Limits) error {
 		}
 	}
 	if l.Pids > 0 {
-		return write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10))
+		if err := write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	return g.schedule(l)
+}
+
+// schedule sets the group's CPU weight and idleness.
+func (g *Group) schedule(l Limits) error {
+	if l.Weight < 0 || l.Weight > 10000 {
+		return fmt.Errorf("cgroup: CPU weight %d out of 1-10000", l.Weight)
+	}
+	if l.Weight > 0 {
+		file, v := "cpu.weight", l.Weight
+		if !g.pure {
+			file, v = "cpu.shares", max(2, l.Weight*1024/100)
+		}
+		if err := write(g.cpuDir(), file, strconv.FormatInt(v, 10)); err != nil {
+			return err
+		}
+	}
+	if l.Idle {
+		return write(g.cpuDir(), "cpu.idle", "1")
 	}
 	return nil
 }
@@ -344,11 +406,46 @@ func (g *Group) Remove() error {
 			errs = append(errs, err)
 			continue
 		}
-		os.Remove(filepath.Dir(d)) // the parent goes with its last group
+		os.Remove(filepath.Dir(d)) // a parent goes with its last group
 	}
 	return errors.Join(errs...)
 }
 
 // SetLimits changes the group's limits while its processes run (a zero
-// field leaves that limit as it is).
+// field leaves that limit as it is; Idle cannot change).
 func (g *Group) SetLimits(l Limits) error { return g.limit(l) }
+
+// CPUUsage is the CPU time the group's processes used, from the cgroup2
+// directory's cpu.stat (kept with or without the cpu controller).
+func (g *Group) CPUUsage() (time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join(g.v2, "cpu.stat"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			us, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return time.Duration(us) * time.Microsecond, err
+		}
+	}
+	return 0, fmt.Errorf("cgroup %s: no usage_usec in cpu.stat", g.name)
+}
+
+// Reclaim takes back what memory of the group the kernel can: its page
+// cache (clean pages go, dirty ones are written first) and, on v2 with
+// swap, cold anonymous memory. On v1 that is memory.force_empty, which
+// needs no limit; on v2 memory.reclaim of all it holds, which stops
+// short with EAGAIN when nothing more can go (not an error here).
+func (g *Group) Reclaim() error {
+	if !g.pure {
+		return write(g.v1["memory"], "memory.force_empty", "0")
+	}
+	n, err := g.MemoryCharged()
+	if err != nil {
+		return err
+	}
+	if err := write(g.v2, "memory.reclaim", strconv.FormatInt(n, 10)); err != nil && !errors.Is(err, syscall.EAGAIN) {
+		return err
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,9 +54,15 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 	}
 	t.Cleanup(func() { sb.Destroy() })
 	out, _ := os.CreateTemp(t.TempDir(), "out")
-	t.Cleanup(func() { out.Close() })
 	ch := make(chan result, 1)
+	finished := make(chan struct{})
+	t.Cleanup(func() { // first: the command ends before its output closes
+		g.Kill()
+		<-finished
+		out.Close()
+	})
 	go func() {
+		defer close(finished)
 		code, err := sb.Exec(context.Background(), container.Cmd{ID: "test", Args: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/bin"}, Stdout: out, Stderr: out})
 		ch <- result{code, err}
 	}()
@@ -154,5 +161,94 @@ func TestBadNames(t *testing.T) {
 		if _, err := cgroup.New(n, cgroup.Limits{}); err == nil {
 			t.Errorf("New(%q) succeeded", n)
 		}
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// cpuDir finds a group's CPU controller directory from one of its pids.
+func cpuDir(t *testing.T, pid int) string {
+	t.Helper()
+	for _, line := range strings.Split(readFile(t, fmt.Sprintf("/proc/%d/cgroup", pid)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		switch {
+		case len(f) != 3:
+		case isPureV2() && f[0] == "0":
+			return filepath.Join(cgroup.Root, f[2])
+		case slices.Contains(strings.Split(f[1], ","), "cpu"):
+			return filepath.Join(cgroup.Root, "cpu", f[2])
+		}
+	}
+	t.Fatalf("pid %d is in no cpu group", pid)
+	return ""
+}
+
+func isPureV2() bool {
+	_, err := os.Stat(filepath.Join(cgroup.Root, "cgroup.controllers"))
+	return err == nil
+}
+
+func TestBatchAndLatencyGroups(t *testing.T) {
+	_, batch, _, _ := sandbox(t, cgroup.Limits{Idle: true}, `sleep 100`)
+	_, lat, _, _ := sandbox(t, cgroup.Limits{Weight: 800}, `sleep 100`)
+	bd, ld := cpuDir(t, batch.Pid()), cpuDir(t, lat.Pid())
+	// The batch group sits under the idle parent, both marked idle, so
+	// that the host's tasks and latency groups preempt it at the top.
+	if filepath.Base(filepath.Dir(bd)) != cgroup.IdleParent || filepath.Base(filepath.Dir(ld)) != cgroup.Parent {
+		t.Fatalf("batch group at %s, latency group at %s", bd, ld)
+	}
+	for _, d := range []string{bd, filepath.Dir(bd)} {
+		if v := readFile(t, filepath.Join(d, "cpu.idle")); v != "1" {
+			t.Errorf("%s/cpu.idle = %s", d, v)
+		}
+	}
+	if v := readFile(t, filepath.Join(ld, "cpu.idle")); v != "0" {
+		t.Errorf("latency group idle: %s", v)
+	}
+	file, want := "cpu.shares", "8192"
+	if isPureV2() {
+		file, want = "cpu.weight", "800"
+	}
+	if v := readFile(t, filepath.Join(ld, file)); v != want {
+		t.Errorf("latency group %s = %s, want %s", file, v, want)
+	}
+	// A restarted worker finds the batch group again.
+	name := filepath.Base(bd)
+	g, err := cgroup.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := g.Pids(); err != nil || len(pids) == 0 {
+		t.Fatalf("reopened batch group: pids %v, %v", pids, err)
+	}
+}
+
+func TestCPUUsageAndReclaim(t *testing.T) {
+	// Spinning (~0.3 s), then 32 MiB of page cache, then idle.
+	g, _, ch, out := sandbox(t, cgroup.Limits{}, `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; dd if=/dev/zero of=/tmp/cache bs=1M count=32 2>/dev/null; sync; echo done`)
+	if r := <-ch; r.err != nil || r.code != 0 {
+		t.Fatalf("%v %d: %s", r.err, r.code, output(out))
+	}
+	used, err := g.CPUUsage()
+	if err != nil || used < 100*time.Millisecond {
+		t.Fatalf("CPU usage after spinning: %v, %v", used, err)
+	}
+	before, err := g.MemoryCharged()
+	if err != nil || before < 32<<20 {
+		t.Fatalf("charged %d bytes after writing 32 MiB, %v", before, err)
+	}
+	if err := g.Reclaim(); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := g.MemoryCharged()
+	if before-after < 28<<20 {
+		t.Fatalf("reclaim took charged memory from %d to %d bytes", before, after)
 	}
 }

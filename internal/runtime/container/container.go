@@ -35,6 +35,14 @@ type Spec struct {
 	// Restrictions every command runs under.
 	Restrictions *Restrictions `json:"restrictions,omitempty"`
 
+	// Idle runs every process of the sandbox under SCHED_IDLE: batch
+	// work that yields the CPU to anything else that wants it.
+	Idle bool `json:"idle,omitempty"`
+	// MergeMemory lets KSM merge the identical anonymous pages of every
+	// process of the sandbox (PR_SET_MEMORY_MERGE, inherited by forks and
+	// kept across exec); ksmd must run (/sys/kernel/mm/ksm/run).
+	MergeMemory bool `json:"merge_memory,omitempty"`
+
 	// Setup, if set, runs with the new process's host pid before the
 	// process does anything (it waits for its spec): the place to put it
 	// in its cgroup, so no instruction of the command runs outside it.

@@ -376,6 +376,17 @@ func initSandbox() error {
 	if err := loopbackUp(); err != nil {
 		return err
 	}
+	// Both are inherited by every command forked from this thread.
+	if spec.Idle {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+			return fmt.Errorf("SCHED_IDLE: %w", err)
+		}
+	}
+	if spec.MergeMemory {
+		if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("let KSM merge the sandbox's memory: %w", err)
+		}
+	}
 	// Nothing the worker, the host or the init holds reaches a command:
 	// commands get exactly the three descriptors of their request.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {

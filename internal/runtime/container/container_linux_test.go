@@ -26,11 +26,15 @@ func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDi
 
 // create starts a sandbox on root and destroys it when the test ends.
 func create(t *testing.T, root string) *container.Sandbox {
+	return createSpec(t, container.Spec{Root: root})
+}
+
+func createSpec(t *testing.T, spec container.Spec) *container.Sandbox {
 	t.Helper()
 	layertest.RequireRoot(t)
 	var initErr bytes.Buffer
-	sb, err := container.Create(container.Spec{Root: root, Hostname: "sandbox", Stderr: &initErr,
-		Socket: filepath.Join(t.TempDir(), "init.sock")})
+	spec.Hostname, spec.Stderr, spec.Socket = "sandbox", &initErr, filepath.Join(t.TempDir(), "init.sock")
+	sb, err := container.Create(spec)
 	if err != nil {
 		t.Fatalf("%v: %s", err, initErr.String())
 	}
@@ -201,5 +205,18 @@ func TestWorkerCrash(t *testing.T) {
 	}
 	if _, err := again.Result(context.Background(), "never"); err == nil {
 		t.Fatal("result of an unknown id")
+	}
+}
+
+func TestIdleAndMergeableCommands(t *testing.T) {
+	// Field 41 of stat is the scheduling policy: 5 is SCHED_IDLE.
+	const script = `cut -d' ' -f41 /proc/self/stat; grep ksm_merge_any /proc/self/ksm_stat`
+	out, code := sh(t, createSpec(t, container.Spec{Root: busyboxRoot(t), Idle: true, MergeMemory: true}), script)
+	if code != 0 || out != "5\nksm_merge_any: yes\n" {
+		t.Fatalf("an idle, mergeable sandbox's command (exit %d) says:\n%s", code, out)
+	}
+	out, _ = run(t, busyboxRoot(t), script)
+	if out != "0\nksm_merge_any: no\n" {
+		t.Fatalf("a plain sandbox's command says:\n%s", out)
 	}
 }

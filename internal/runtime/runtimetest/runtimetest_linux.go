@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +26,12 @@ import (
 	"github.com/dsec-project/dsec/sdk"
 )
 
-// workerEnv makes a test binary a worker (see MaybeWorker).
-const workerEnv = "DSEC_TEST_WORKER_ROOT"
+// workerEnv makes a test binary a worker (see MaybeWorker);
+// workerConfigEnv, if set, is its worker.Config as JSON.
+const (
+	workerEnv       = "DSEC_TEST_WORKER_ROOT"
+	workerConfigEnv = "DSEC_TEST_WORKER_CONFIG"
+)
 
 // MaybeWorker runs a worker and exits if the test binary was started as
 // one by StartWorker; a TestMain calls it (after container.MaybeInit).
@@ -35,7 +40,14 @@ func MaybeWorker() {
 	if root == "" {
 		return
 	}
-	if err := worker.Serve(context.Background(), worker.Config{Root: root, Version: "test"}); err != nil {
+	cfg := worker.Config{Root: root, Version: "test"}
+	if b := os.Getenv(workerConfigEnv); b != "" {
+		if err := json.Unmarshal([]byte(b), &cfg); err != nil {
+			os.Stderr.WriteString("worker config: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+	}
+	if err := worker.Serve(context.Background(), cfg); err != nil {
 		os.Stderr.WriteString("worker: " + err.Error() + "\n")
 		os.Exit(1)
 	}
@@ -78,8 +90,22 @@ type Worker struct {
 // it answers.
 func StartWorker(t testing.TB, root string) *Worker {
 	t.Helper()
+	return StartWorkerWith(t, root, Config{})
+}
+
+// Config is what a test sets of a worker's configuration.
+type Config struct {
+	Admission worker.Admission
+	Reclaim   worker.Reclaim
+	Pools     []worker.PoolConfig
+}
+
+// StartWorkerWith is StartWorker with cfg.
+func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
+	t.Helper()
+	b, _ := json.Marshal(cfg)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), workerEnv+"="+root)
+	cmd.Env = append(os.Environ(), workerEnv+"="+root, workerConfigEnv+"="+string(b))
 	log, err := os.OpenFile(filepath.Join(root, "worker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +180,8 @@ func Leftovers(root string) []string {
 	abs, _ := filepath.Abs(root)
 	h := sha256.Sum256([]byte(abs))
 	suffix := "-" + hex.EncodeToString(h[:4])
-	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix)} {
+	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix),
+		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
 		for _, d := range dirs {
 			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))

@@ -32,16 +32,9 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := bufio.NewReaderSize(r.Body, 64<<10)
-	line, err := body.ReadSlice('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		fail(rw, fmt.Errorf("bad exec request: the first line must be the request (up to 64 KiB): %w", errdefs.ErrInvalidArgument))
-		return
-	}
 	var req api.ExecRequest
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		fail(rw, fmt.Errorf("bad exec request: %v: %w", err, errdefs.ErrInvalidArgument))
+	if err := firstLine(body, "exec", &req); err != nil {
+		fail(rw, err)
 		return
 	}
 	if req.Detach && (req.Stdin || req.TTY) {
@@ -51,6 +44,26 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 	if req.ID == "" {
 		req.ID = randomID("x-")
 	}
+	w.serveExec(rw, r, e.sb, req, body, api.Frame{})
+}
+
+// firstLine reads a request's first line, the JSON of v (stdin follows).
+func firstLine(body *bufio.Reader, what string, v any) error {
+	line, err := body.ReadSlice('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("bad %s request: the first line must be the request (up to 64 KiB): %w", what, errdefs.ErrInvalidArgument)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad %s request: %v: %w", what, err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// serveExec runs req in sb and streams its frames: first (with the id
+// set) first, the output, the result.
+func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.Sandbox, req api.ExecRequest, body *bufio.Reader, first api.Frame) {
 	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd}
 	var master, stdinW *os.File
 	var ours []*os.File // the command's ends, closed once the init has them
@@ -80,7 +93,7 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 		stdinW, ours = pw, []*os.File{pr}
 		spec.Stdin = pr
 	}
-	ex, replayed, err := e.sb.Run(r.Context(), spec)
+	ex, replayed, err := sb.Run(r.Context(), spec)
 	for _, f := range ours {
 		f.Close()
 	}
@@ -120,10 +133,11 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.WriteHeader(http.StatusOK)
 	if req.Detach {
-		json.NewEncoder(rw).Encode(api.Frame{ID: ex.ID})
+		first.ID = ex.ID
+		json.NewEncoder(rw).Encode(first)
 		return
 	}
-	w.stream(r.Context(), rw, rc, ex, true, replayed, ttyDone)
+	w.stream(r.Context(), rw, rc, ex, true, replayed, ttyDone, first)
 }
 
 // logs replays a journaled exec's output (and, with follow=1, follows
@@ -141,15 +155,16 @@ func (w *worker) logs(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.WriteHeader(http.StatusOK)
-	w.stream(r.Context(), rw, http.NewResponseController(rw), ex, r.URL.Query().Get("follow") == "1", true, nil)
+	w.stream(r.Context(), rw, http.NewResponseController(rw), ex, r.URL.Query().Get("follow") == "1", true, nil, api.Frame{})
 }
 
 // stream sends an exec's journaled output from the start, as it grows,
 // then its result. Without follow it stops at the end of what is
 // there, with the result only if the command has ended.
-func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseController, ex *runtime.Exec, follow, replayed bool, ttyDone <-chan struct{}) {
+func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseController, ex *runtime.Exec, follow, replayed bool, ttyDone <-chan struct{}, first api.Frame) {
 	enc := json.NewEncoder(rw)
-	enc.Encode(api.Frame{ID: ex.ID})
+	first.ID = ex.ID
+	enc.Encode(first)
 	var files [2]*os.File
 	for i, p := range []string{ex.StdoutPath(), ex.StderrPath()} {
 		f, err := os.Open(p)

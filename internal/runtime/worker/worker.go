@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/snap"
@@ -36,4 +37,28 @@ type Config struct {
 	ExitIdle time.Duration
 	// Ready, if set, is called once the socket accepts requests.
 	Ready func()
+	// Admission bounds what runs and how much is made at once.
+	Admission Admission
+	// Reclaim takes back idle sandboxes' memory.
+	Reclaim Reclaim
+	// Pools are the FnCall backend's warm pools, kept from the start.
+	Pools []PoolConfig
+}
+
+// Reclaim says when the worker takes back an idle sandbox's memory.
+type Reclaim struct {
+	// IdleAfter: a running sandbox in which no exec started or ended
+	// for this long has its page cache reclaimed, once per idle spell
+	// (default 10 minutes; negative: never).
+	IdleAfter time.Duration
+	// KSM marks every sandbox's anonymous memory mergeable by KSM (the
+	// host must run ksmd: /sys/kernel/mm/ksm/run).
+	KSM bool
+}
+
+// PoolConfig is a FnCall pool: Size warm sandboxes made from Spec.
+type PoolConfig struct {
+	Name string          `json:"name"`
+	Size int             `json:"size"`
+	Spec api.SandboxSpec `json:"spec"`
 }

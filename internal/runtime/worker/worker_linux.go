@@ -28,7 +28,7 @@ import (
 )
 
 // backends are the sandbox backends this worker runs, by name.
-var backends = []string{"container"}
+var backends = []string{"container", "fncall"}
 
 type worker struct {
 	cfg     Config
@@ -39,17 +39,28 @@ type worker struct {
 	// snapshot removal and squash write it.
 	lineage sync.RWMutex
 
+	gate *gate
+	ctx  context.Context // the worker's life: pools' fillers run in it
+
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+	pools     map[string]*pool
 	lastReq   time.Time
 	shutdown  func()
 }
 
 // entry is a sandbox the worker owns; op serialises its lifecycle
-// (create, stop, start, remove).
+// (create, stop, start, remove). w.mu guards the fields but op and sb.
 type entry struct {
 	op sync.Mutex
 	sb *runtime.Sandbox // nil while being created
+
+	spec    api.SandboxSpec // as asked for
+	pending string          // while sb is nil: api.StatusQueued or api.StatusCreating
+	since   time.Time       // of pending
+	req     request         // what it holds of the host's capacity
+	held    bool            // whether it holds req
+	pool    string          // the FnCall pool it waits in, warm
 }
 
 // ErrRunning says another worker serves the root.
@@ -77,7 +88,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, lastReq: time.Now(),
+	if err := cfg.Admission.Validate(); err != nil {
+		return err
+	}
+	cpus, mem, err := hostCapacity()
+	if err != nil {
+		return err
+	}
+	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(),
+		gate:    newGate(cfg.Admission, cpus, mem),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, CacheMax: cfg.CacheMax}}
 	if err := w.adopt(); err != nil {
 		return err
@@ -99,7 +118,12 @@ func Serve(ctx context.Context, cfg Config) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w.shutdown = cancel
+	w.shutdown, w.ctx = cancel, ctx
+	if err := w.startPools(ctx); err != nil {
+		return err
+	}
+	defer w.stopPools()
+	go w.reclaimLoop(ctx)
 	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
@@ -120,7 +144,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		case <-idle:
 			w.mu.Lock()
-			quiet := len(w.sandboxes) == 0 && time.Since(w.lastReq) > cfg.ExitIdle
+			quiet := len(w.sandboxes) == 0 && len(w.pools) == 0 && time.Since(w.lastReq) > cfg.ExitIdle
 			w.mu.Unlock()
 			if !quiet {
 				continue
@@ -150,13 +174,27 @@ func (w *worker) adopt() error {
 			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
 			continue
 		}
-		live = append(live, name)
 		if err != nil {
+			live = append(live, name)
 			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
 			continue
 		}
-		w.log.Info("adopted sandbox", "sandbox", name, "status", sb.Snapshot().Status)
-		w.sandboxes[name] = &entry{sb: sb}
+		st := sb.Snapshot()
+		if st.Pool != "" { // a warm sandbox (or one a call had): made again
+			if err := sb.Remove(); err != nil {
+				live = append(live, name)
+				w.log.Error("cannot remove a pool's sandbox", "sandbox", name, "err", err)
+			}
+			continue
+		}
+		live = append(live, name)
+		w.log.Info("adopted sandbox", "sandbox", name, "status", st.Status)
+		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}}
+		if st.Status == runtime.Running {
+			w.gate.hold(e.req)
+			e.held = true
+		}
+		w.sandboxes[name] = e
 	}
 	if err := runtime.SweepLowers(w.cfg.Root, live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
@@ -182,8 +220,8 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes", w.create)
 	mux.HandleFunc("GET /v1/sandboxes", w.list)
 	mux.HandleFunc("GET /v1/sandboxes/{name}", w.inspect)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.lifecycle(func(_ context.Context, sb *runtime.Sandbox) error { return sb.Stop() }))
-	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.lifecycle(func(ctx context.Context, sb *runtime.Sandbox) error { return sb.Start(ctx, w.mounter) }))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.lifecycle(w.stop))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.lifecycle(w.start))
 	mux.HandleFunc("DELETE /v1/sandboxes/{name}", w.remove)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
@@ -199,6 +237,10 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/policies/{name}", w.getPolicy)
 	mux.HandleFunc("PUT /v1/policies/{name}", w.putPolicy)
 	mux.HandleFunc("DELETE /v1/policies/{name}", w.deletePolicy)
+	mux.HandleFunc("POST /v1/calls", w.call)
+	mux.HandleFunc("GET /v1/pools", w.listPools)
+	mux.HandleFunc("PUT /v1/pools/{name}", w.putPool)
+	mux.HandleFunc("DELETE /v1/pools/{name}", w.deletePool)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
@@ -227,6 +269,8 @@ func statusOf(err error) int {
 		return http.StatusPreconditionFailed
 	case errdefs.IsUnavailable(err):
 		return http.StatusServiceUnavailable
+	case errdefs.IsResourceExhausted(err):
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }
@@ -298,23 +342,62 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 	reply(rw, w.describe(sb))
 }
 
+// checkSpec refuses a spec no worker could make.
+func checkSpec(spec *api.SandboxSpec) error {
+	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 || spec.Disk < 0 || spec.CPURequest < 0 || spec.MemoryRequest < 0 {
+		return fmt.Errorf("negative resource (cpu %g, memory %d, pids %d, disk %d, cpu request %g, memory request %d): %w",
+			spec.CPU, spec.Memory, spec.Pids, spec.Disk, spec.CPURequest, spec.MemoryRequest, errdefs.ErrInvalidArgument)
+	}
+	if err := runtime.CheckDisk(spec.Disk); err != nil {
+		return err
+	}
+	if spec.Memory > 0 && spec.Memory < 4<<20 {
+		return fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
+	}
+	if spec.CPU > 0 && spec.CPURequest > spec.CPU || spec.Memory > 0 && spec.MemoryRequest > spec.Memory {
+		return fmt.Errorf("a request above its limit (cpu %g > %g or memory %d > %d): a sandbox cannot use more than its limit: %w",
+			spec.CPURequest, spec.CPU, spec.MemoryRequest, spec.Memory, errdefs.ErrInvalidArgument)
+	}
+	switch spec.Class {
+	case "", api.SchedLatency, api.SchedBatch:
+	default:
+		return fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", spec.Class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// requestOf is what a sandbox reserves: its requests, or its limits.
+func requestOf(spec api.SandboxSpec) request {
+	r := request{CPU: spec.CPURequest, Memory: spec.MemoryRequest}
+	if r.CPU == 0 {
+		r.CPU = spec.CPU
+	}
+	if r.Memory == 0 {
+		r.Memory = spec.Memory
+	}
+	return r
+}
+
 func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
+	return w.makeSandbox(ctx, spec, "")
+}
+
+// makeSandbox makes a sandbox once the gate admits it; pool names the
+// FnCall pool it is made for.
+func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
 	w.lineage.RLock()
 	defer w.lineage.RUnlock()
 	if spec.Backend == "" {
 		spec.Backend = backends[0]
 	}
+	if spec.Backend == "fncall" {
+		return nil, fmt.Errorf("the fncall backend runs calls, not sandboxes that persist: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
+	}
 	if spec.Backend != "container" {
 		return nil, fmt.Errorf("unknown backend %q: this worker runs %v: %w", spec.Backend, backends, errdefs.ErrInvalidArgument)
 	}
-	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 || spec.Disk < 0 {
-		return nil, fmt.Errorf("negative resource limit (cpu %g, memory %d, pids %d, disk %d): %w", spec.CPU, spec.Memory, spec.Pids, spec.Disk, errdefs.ErrInvalidArgument)
-	}
-	if err := runtime.CheckDisk(spec.Disk); err != nil {
+	if err := checkSpec(&spec); err != nil {
 		return nil, err
-	}
-	if spec.Memory > 0 && spec.Memory < 4<<20 {
-		return nil, fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
 	}
 	if spec.Name == "" {
 		spec.Name = randomID("sb-")
@@ -323,7 +406,7 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 		return nil, err
 	}
 	// Reserve the name: a second create of it fails at once.
-	e := &entry{}
+	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool}
 	e.op.Lock()
 	defer e.op.Unlock()
 	w.mu.Lock()
@@ -333,28 +416,94 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 	}
 	w.sandboxes[spec.Name] = e
 	w.mu.Unlock()
-	// A client that goes away mid-create does not undo it: the sandbox
-	// is there for its retry.
+	forget := func() {
+		w.mu.Lock()
+		delete(w.sandboxes, spec.Name)
+		w.mu.Unlock()
+	}
 	pol, err := w.policyOf(spec.Policy, spec.PolicyName)
 	if err != nil {
+		forget()
 		return nil, err
 	}
+	// A client that goes away while its creation is queued takes it out
+	// of the queue; once admitted, the sandbox is made for its retry.
+	err = w.gate.admit(ctx, e.req, func() {
+		w.mu.Lock()
+		e.pending, e.since = api.StatusQueued, time.Now()
+		w.mu.Unlock()
+		w.log.Info("sandbox queued for admission", "sandbox", spec.Name)
+	})
+	if err != nil {
+		forget()
+		return nil, err
+	}
+	w.mu.Lock()
+	e.pending, e.held = api.StatusCreating, true
+	w.mu.Unlock()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
-		Policy:  pol,
-		Limits:  cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
-		Disk:    spec.Disk,
-		Mounter: w.mounter,
+		Policy:        pol,
+		Limits:        cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
+		Disk:          spec.Disk,
+		Class:         spec.Class,
+		CPURequest:    e.req.CPU,
+		MemoryRequest: e.req.Memory,
+		MergeMemory:   w.cfg.Reclaim.KSM,
+		Pool:          pool,
+		Mounter:       w.mounter,
 	})
+	w.gate.created()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
 		delete(w.sandboxes, spec.Name)
+		w.gate.release(e.req)
 		return nil, err
 	}
-	e.sb = sb
-	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers)
+	e.sb, e.pending = sb, ""
+	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool)
 	return sb, nil
+}
+
+// stop stops a sandbox and gives back what it held of the host.
+func (w *worker) stop(_ context.Context, e *entry) error {
+	if err := e.sb.Stop(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.held {
+		w.gate.release(e.req)
+		e.held = false
+	}
+	return nil
+}
+
+// start starts a stopped sandbox once the gate admits it again.
+func (w *worker) start(ctx context.Context, e *entry) error {
+	if st := e.sb.Snapshot().Status; st == runtime.Running {
+		return fmt.Errorf("sandbox %s is already running: %w", st, errdefs.ErrFailedPrecondition)
+	}
+	w.mu.Lock()
+	held := e.held
+	w.mu.Unlock()
+	if !held {
+		if err := w.gate.admit(ctx, e.req, nil); err != nil {
+			return err
+		}
+		defer w.gate.created()
+	}
+	if err := e.sb.Start(context.WithoutCancel(ctx), w.mounter); err != nil {
+		if !held {
+			w.gate.release(e.req)
+		}
+		return err
+	}
+	w.mu.Lock()
+	e.held = true
+	w.mu.Unlock()
+	return nil
 }
 
 // describe is a sandbox as the API shows it.
@@ -365,7 +514,11 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(),
+		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(), Pool: st.Pool,
+	}
+	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
+	if t := sb.Reclaimed(); !t.IsZero() {
+		out.Reclaimed = &t
 	}
 	if st.NAT != nil {
 		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
@@ -374,20 +527,32 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		out.Cgroup = g.Path()
 		out.MemoryBytes, _ = g.MemoryCharged()
 		out.OOMKills = g.OOMKills()
+		if used, err := g.CPUUsage(); err == nil {
+			out.CPUSeconds = used.Seconds()
+		}
 	}
 	return out
 }
 
+// list lists the sandboxes, queued and being made ones included; warm
+// pool sandboxes only with all=1.
 func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
+	all := r.URL.Query().Get("all") == "1"
+	out := []api.Sandbox{}
 	w.mu.Lock()
 	var sbs []*runtime.Sandbox
 	for _, e := range w.sandboxes {
-		if e.sb != nil {
+		switch {
+		case e.pool != "" && !all:
+		case e.sb != nil:
 			sbs = append(sbs, e.sb)
+		default:
+			spec := e.spec
+			spec.Policy = nil
+			out = append(out, api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Pool: e.pool, Digests: []string{}})
 		}
 	}
 	w.mu.Unlock()
-	out := []api.Sandbox{}
 	for _, sb := range sbs {
 		out = append(out, w.describe(sb))
 	}
@@ -406,7 +571,7 @@ func (w *worker) inspect(rw http.ResponseWriter, r *http.Request) {
 
 // lifecycle serves stop and start: one operation on the sandbox under
 // its lifecycle lock, answered with the sandbox as it is then.
-func (w *worker) lifecycle(op func(ctx context.Context, sb *runtime.Sandbox) error) http.HandlerFunc {
+func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) http.HandlerFunc {
 	return func(rw http.ResponseWriter, r *http.Request) {
 		e, err := w.get(r.PathValue("name"))
 		if err != nil {
@@ -414,7 +579,7 @@ func (w *worker) lifecycle(op func(ctx context.Context, sb *runtime.Sandbox) err
 			return
 		}
 		e.op.Lock()
-		err = op(context.WithoutCancel(r.Context()), e.sb)
+		err = op(r.Context(), e)
 		e.op.Unlock()
 		if err != nil {
 			fail(rw, err)
@@ -452,6 +617,9 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 		return fmt.Errorf("remove sandbox %s: %w", name, err)
 	}
 	w.mu.Lock()
+	if e := w.sandboxes[name]; e != nil && e.held {
+		w.gate.release(e.req)
+	}
 	delete(w.sandboxes, name)
 	w.mu.Unlock()
 	w.log.Info("removed sandbox", "sandbox", name)

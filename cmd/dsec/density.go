@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// workerDensity is the worker's admission, reclaim and pool settings
+// from the configuration.
+func (a *app) workerDensity(cfg *worker.Config) error {
+	ad := a.cfg.Admission
+	cfg.Admission = worker.Admission{CPUOvercommit: ad.CPUOvercommit, MemoryOvercommit: ad.MemoryOvercommit,
+		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout}
+	if ad.HostReserve != "" {
+		n, err := parseBytes(ad.HostReserve)
+		if err != nil {
+			return usageError{fmt.Errorf("admission.host_reserve: %w", err)}
+		}
+		cfg.Admission.HostReserve = n
+	}
+	if err := cfg.Admission.Validate(); err != nil {
+		return usageError{err}
+	}
+	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM}
+	for name, p := range a.cfg.Pools {
+		spec := api.SandboxSpec{CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir}
+		spec.Layers = layerStack(p.Toolkit, p.Workspace, p.Base)
+		if p.Memory != "" {
+			n, err := parseBytes(p.Memory)
+			if err != nil {
+				return usageError{fmt.Errorf("pools.%s.memory: %w", name, err)}
+			}
+			spec.Memory = n
+		}
+		cfg.Pools = append(cfg.Pools, worker.PoolConfig{Name: name, Size: p.Size, Spec: spec})
+	}
+	return nil
+}
+
+// layerStack lists the layers given, topmost first.
+func layerStack(toolkit, workspace, base string) []string {
+	var out []string
+	for _, l := range []string{toolkit, workspace, base} {
+		if l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// specFlags are the flags that describe a sandbox: run's, and a pool's
+// template.
+type specFlags struct {
+	base, workspace, toolkit string
+	hostname                 string
+	cpu, cpuRequest          float64
+	memory, memoryRequest    string
+	disk                     string
+	pids                     int64
+	class                    string
+	env                      []string
+	workdir                  string
+	policy                   string
+}
+
+func (f *specFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
+	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
+	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
+	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
+	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
+	fl.Float64Var(&f.cpuRequest, "cpu-request", 0, "CPUs reserved at admission (default: the limit)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
+	fl.StringVar(&f.memoryRequest, "memory-request", "", "memory reserved at admission (default: the limit)")
+	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
+	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
+	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
+	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
+}
+
+// spec is the sandbox the flags describe.
+func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
+	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname,
+		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base)}
+	if err := sizes(&spec, f.memory, f.disk); err != nil {
+		return spec, err
+	}
+	if f.memoryRequest != "" {
+		n, err := parseBytes(f.memoryRequest)
+		if err != nil {
+			return spec, fmt.Errorf("--memory-request: %w", err)
+		}
+		spec.MemoryRequest = n
+	}
+	switch f.class {
+	case "", api.SchedLatency, api.SchedBatch:
+	default:
+		return spec, usageError{fmt.Errorf("bad --class %q: use latency or batch", f.class)}
+	}
+	if err := checkEnv(f.env); err != nil {
+		return spec, err
+	}
+	var err error
+	spec.Policy, spec.PolicyName, err = a.policyArg(f.policy)
+	return spec, err
+}
+
+// call runs a command on the FnCall backend, as run --backend fncall.
+func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, f execFlags, args []string) error {
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	opts := sdk.CallOptions{Pool: pool, Spec: spec, ExecOptions: sdk.ExecOptions{Args: args, Stdout: a.stdout, Stderr: a.stderr, TTY: f.tty}}
+	if pool != "" && len(spec.Layers) == 0 {
+		opts.Spec = nil
+	}
+	if f.stdin {
+		opts.Stdin = a.stdin
+	}
+	res, err := c.Call(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 {
+		return cmdExit{res.ExitCode}
+	}
+	return nil
+}
+
+func (a *app) poolCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "pool",
+		Short: "Manage the FnCall backend's pools of warm sandboxes",
+		Long: `The FnCall backend runs short calls (dsec run --backend fncall, the SDK's Call) in sandboxes
+made ahead of time: each pool keeps SIZE sandboxes of one template warm (layers mounted,
+init running), a call takes one, runs its command and discards it (a call never sees what
+an earlier call left), and the worker makes a new one in the background. A call whose
+template matches no pool gets a sandbox made for it.
+
+Pools come from the config file (pools.NAME.size, .base, ...) and from pool resize, which
+the worker keeps across restarts.
+
+` + exitCodesHelp,
+	}
+	cmd.AddCommand(a.poolLsCommand(), a.poolResizeCommand(), a.poolRmCommand())
+	return cmd
+}
+
+func (a *app) poolLsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the pools: size, warm sandboxes, calls",
+		Args:    exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			pools, err := c.Pools(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(pools)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSIZE\tWARM\tFILLING\tCALLS\tMISSES\tLAYERS\tERROR")
+			for _, p := range pools {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", p.Name, p.Size, p.Warm, p.Filling, p.Calls, p.Misses,
+					strings.Join(p.Spec.Layers, ","), p.Error)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) poolResizeCommand() *cobra.Command {
+	var f specFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "resize NAME SIZE [--base REF ...]",
+		Short: "Create a pool, or change how many warm sandboxes it keeps",
+		Long: `Resize sets how many warm sandboxes the pool NAME keeps. A new pool needs its template:
+the layers and resources of its sandboxes, as dsec run takes them; its first sandbox is
+made before resize returns, so a template that cannot run is refused at once. SIZE 0
+keeps the pool with no warm sandbox (calls then wait for one to be made).
+
+` + exitCodesHelp,
+		Example: `  dsec pool resize py 8 --base debian:12 --toolkit harness:3 --memory 512M
+  dsec pool resize py 32
+  dsec run --backend fncall --pool py -- python3 -c 'print(1+1)'`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var size int
+			if _, err := fmt.Sscan(args[1], &size); err != nil || size < 0 {
+				return usageError{fmt.Errorf("bad pool size %q: give a number of sandboxes, 0 or more", args[1])}
+			}
+			ps := api.PoolSpec{Size: size}
+			if f.base != "" {
+				spec, err := a.spec(f)
+				if err != nil {
+					return err
+				}
+				ps.Spec = &spec
+			} else {
+				var given []string
+				cmd.LocalNonPersistentFlags().VisitAll(func(fl *pflag.Flag) {
+					if fl.Changed && fl.Name != "json" {
+						given = append(given, "--"+fl.Name)
+					}
+				})
+				if len(given) > 0 {
+					return usageError{fmt.Errorf("%s describe a new pool's sandboxes: give --base REF too (an existing pool keeps its template)", strings.Join(given, ", "))}
+				}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			p, err := c.ResizePool(cmd.Context(), args[0], ps)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(p)
+			}
+			_, err = fmt.Fprintf(a.stdout, "pool %s: size %d, %d warm\n", p.Name, p.Size, p.Warm)
+			return err
+		},
+	}
+	f.register(cmd.Flags())
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the pool as JSON")
+	return cmd
+}
+
+func (a *app) poolRmCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove pools and discard their warm sandboxes",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			for _, name := range args {
+				if err := c.RemovePool(cmd.Context(), name); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,197 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// Admission bounds what a worker runs: the requests of its running
+// sandboxes against the host times the overcommit ratios, and how many
+// sandboxes it makes at once. A creation beyond either waits in a FIFO
+// queue (its sandbox shows as queued) until capacity frees or
+// QueueTimeout passes.
+type Admission struct {
+	CPUOvercommit    float64       // admitted CPU requests per host CPU (default 50)
+	MemoryOvercommit float64       // admitted memory requests per byte of host memory beyond the reserve (default 1)
+	HostReserve      int64         // memory kept for the host (default 1 GiB)
+	MaxCreating      int           // sandboxes made at once (default 4)
+	QueueTimeout     time.Duration // longest wait in the queue (default 1 minute)
+}
+
+// withDefaults fills what is zero.
+func (a Admission) withDefaults() Admission {
+	if a.CPUOvercommit == 0 {
+		a.CPUOvercommit = 50
+	}
+	if a.MemoryOvercommit == 0 {
+		a.MemoryOvercommit = 1
+	}
+	if a.HostReserve == 0 {
+		a.HostReserve = 1 << 30
+	}
+	if a.MaxCreating == 0 {
+		a.MaxCreating = 4
+	}
+	if a.QueueTimeout == 0 {
+		a.QueueTimeout = time.Minute
+	}
+	return a
+}
+
+// Validate reports a setting that makes no sense.
+func (a Admission) Validate() error {
+	if a.CPUOvercommit < 0 || a.MemoryOvercommit < 0 || a.HostReserve < 0 || a.MaxCreating < 0 || a.QueueTimeout < 0 {
+		return fmt.Errorf("admission settings must not be negative (%+v): %w", a, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// request is what a sandbox reserves while it runs.
+type request struct {
+	CPU    float64
+	Memory int64
+}
+
+// gate admits creations in order. Capacity is reserved from admission
+// until release; a creation slot from admission until created.
+type gate struct {
+	cfg    Admission
+	cpuCap float64 // CPUs of requests
+	memCap int64   // bytes of requests
+
+	mu       sync.Mutex
+	used     request
+	creating int
+	queue    []*waiter
+}
+
+type waiter struct {
+	req   request
+	ready chan struct{} // closed when admitted
+}
+
+func newGate(cfg Admission, cpus int, memTotal int64) *gate {
+	cfg = cfg.withDefaults()
+	return &gate{cfg: cfg, cpuCap: float64(cpus) * cfg.CPUOvercommit,
+		memCap: int64(float64(max(memTotal-cfg.HostReserve, 0)) * cfg.MemoryOvercommit)}
+}
+
+// check refuses a request no amount of waiting would admit.
+func (g *gate) check(r request) error {
+	if r.CPU > g.cpuCap {
+		return fmt.Errorf("the sandbox requests %g CPUs but this host admits %g in all (%d CPUs x admission.cpu_overcommit %g): request less (--cpu-request) or raise the ratio: %w",
+			r.CPU, g.cpuCap, int(g.cpuCap/g.cfg.CPUOvercommit), g.cfg.CPUOvercommit, errdefs.ErrOutOfRange)
+	}
+	if r.Memory > g.memCap {
+		return fmt.Errorf("the sandbox requests %d bytes of memory but this host admits %d in all (memory beyond admission.host_reserve x admission.memory_overcommit %g): request less (--memory-request) or raise the ratio: %w",
+			r.Memory, g.memCap, g.cfg.MemoryOvercommit, errdefs.ErrOutOfRange)
+	}
+	return nil
+}
+
+// fits says whether r can be admitted now; g.mu is held.
+func (g *gate) fits(r request) bool {
+	return g.creating < g.cfg.MaxCreating && g.used.CPU+r.CPU <= g.cpuCap+1e-9 && g.used.Memory+r.Memory <= g.memCap
+}
+
+// admit waits until r is admitted (queued calls queued first, if given,
+// when it has to wait), reserving its capacity and a creation slot.
+func (g *gate) admit(ctx context.Context, r request, queued func()) error {
+	if err := g.check(r); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	if len(g.queue) == 0 && g.fits(r) {
+		g.take(r)
+		g.mu.Unlock()
+		return nil
+	}
+	w := &waiter{req: r, ready: make(chan struct{})}
+	g.queue = append(g.queue, w)
+	g.mu.Unlock()
+	if queued != nil {
+		queued()
+	}
+	t := time.NewTimer(g.cfg.QueueTimeout)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-w.ready: // admitted meanwhile: it is ours
+		return nil
+	default:
+	}
+	for i, q := range g.queue {
+		if q == w {
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			break
+		}
+	}
+	g.wake() // who was behind it may fit now
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("queued for %v and the host is still at capacity (%s): retry later, remove sandboxes, or raise admission.queue_timeout: %w",
+		g.cfg.QueueTimeout, g.usage(), errdefs.ErrResourceExhausted)
+}
+
+// take reserves r; g.mu is held.
+func (g *gate) take(r request) {
+	g.used.CPU += r.CPU
+	g.used.Memory += r.Memory
+	g.creating++
+}
+
+// wake admits waiters from the head of the queue while they fit; g.mu
+// is held.
+func (g *gate) wake() {
+	for len(g.queue) > 0 && g.fits(g.queue[0].req) {
+		w := g.queue[0]
+		g.queue = g.queue[1:]
+		g.take(w.req)
+		close(w.ready)
+	}
+}
+
+// created frees an admitted creation's slot (its capacity stays).
+func (g *gate) created() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.creating--
+	g.wake()
+}
+
+// release frees a sandbox's capacity: removed, stopped, or failed to
+// make (then call created too).
+func (g *gate) release(r request) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.used.CPU -= r.CPU
+	g.used.Memory -= r.Memory
+	g.wake()
+}
+
+// hold counts a sandbox already running (one a restarted worker adopts),
+// at capacity or not.
+func (g *gate) hold(r request) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.used.CPU += r.CPU
+	g.used.Memory += r.Memory
+}
+
+// usage describes what is admitted; g.mu is held.
+func (g *gate) usage() string {
+	return fmt.Sprintf("CPU requests %g of %g, memory requests %d of %d bytes, %d queued, %d being made",
+		g.used.CPU, g.cpuCap, g.used.Memory, g.memCap, len(g.queue), g.creating)
+}

@@ -1,0 +1,495 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	goruntime "runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
+)
+
+// The FnCall backend: pools of warm sandboxes, made ahead from a
+// template, one taken per call and discarded after it (never reused,
+// so nothing of a call reaches the next), refilled in the background.
+
+// callPool marks a sandbox made for a call no pool served.
+const callPool = "(call)"
+
+var poolNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`)
+
+// pool is a FnCall pool; w.mu guards it.
+type pool struct {
+	PoolConfig
+	key          string   // the template's identity
+	warm         []string // ready sandboxes, oldest first
+	filling      int
+	calls, miss  int64
+	lastErr      string
+	kick         chan struct{} // the filler looks again
+	stop         chan struct{} // closed when the pool goes
+	fillerExited chan struct{}
+}
+
+// templateKey identifies a template: its spec without name and backend.
+func templateKey(spec api.SandboxSpec) string {
+	spec.Name, spec.Backend = "", ""
+	b, _ := json.Marshal(spec)
+	return string(b)
+}
+
+func (p *pool) describe() api.Pool {
+	return api.Pool{Name: p.Name, Size: p.Size, Warm: len(p.warm), Filling: p.filling, Spec: p.Spec, Calls: p.calls, Misses: p.miss, Error: p.lastErr}
+}
+
+func poolsFile(root string) string { return filepath.Join(root, "pools.json") }
+
+// startPools brings up the configured pools and those a resize stored,
+// a stored size winning over the configured one while the template is
+// the same.
+func (w *worker) startPools(ctx context.Context) error {
+	var stored []PoolConfig
+	if b, err := os.ReadFile(poolsFile(w.cfg.Root)); err == nil {
+		if err := json.Unmarshal(b, &stored); err != nil {
+			return fmt.Errorf("%s: %v: remove it to start from the configured pools: %w", poolsFile(w.cfg.Root), err, errdefs.ErrDataLoss)
+		}
+	}
+	byName := map[string]PoolConfig{}
+	for _, pc := range stored {
+		byName[pc.Name] = pc
+	}
+	for _, pc := range w.cfg.Pools {
+		if err := checkPool(pc); err != nil {
+			return fmt.Errorf("pool %s in the configuration: %w", pc.Name, err)
+		}
+		if old, ok := byName[pc.Name]; ok && templateKey(old.Spec) == templateKey(pc.Spec) {
+			pc.Size = old.Size
+		}
+		byName[pc.Name] = pc
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, pc := range byName {
+		w.addPool(ctx, pc)
+	}
+	return nil
+}
+
+func checkPool(pc PoolConfig) error {
+	if !poolNameRE.MatchString(pc.Name) {
+		return fmt.Errorf("bad pool name %q: use up to 40 letters, digits, '_', '.' and '-': %w", pc.Name, errdefs.ErrInvalidArgument)
+	}
+	if pc.Size < 0 || pc.Size > 10000 {
+		return fmt.Errorf("pool size %d out of 0-10000: %w", pc.Size, errdefs.ErrInvalidArgument)
+	}
+	if len(pc.Spec.Layers) == 0 && pc.Spec.Snapshot == "" {
+		return fmt.Errorf("a pool's template needs layers (a base at least) or a snapshot: %w", errdefs.ErrInvalidArgument)
+	}
+	if pc.Spec.Backend != "" && pc.Spec.Backend != "container" {
+		return fmt.Errorf("a pool's sandboxes run on the container backend, not %q: %w", pc.Spec.Backend, errdefs.ErrInvalidArgument)
+	}
+	if pc.Spec.Name != "" {
+		return fmt.Errorf("a pool's template names no sandbox (its sandboxes are named after the pool): %w", errdefs.ErrInvalidArgument)
+	}
+	return checkSpec(&pc.Spec)
+}
+
+// addPool starts a pool and its filler; w.mu is held.
+func (w *worker) addPool(ctx context.Context, pc PoolConfig) *pool {
+	p := &pool{PoolConfig: pc, key: templateKey(pc.Spec), kick: make(chan struct{}, 1), stop: make(chan struct{}), fillerExited: make(chan struct{})}
+	w.pools[pc.Name] = p
+	go w.fill(ctx, p)
+	return p
+}
+
+// savePools stores the pools; w.mu is held.
+func (w *worker) savePools() error {
+	out := []PoolConfig{}
+	for _, p := range w.pools {
+		out = append(out, p.PoolConfig)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	b, _ := json.MarshalIndent(out, "", "  ")
+	return runtime.WriteFileAtomic(poolsFile(w.cfg.Root), b)
+}
+
+// stopPools stops the fillers (the warm sandboxes stay for the next
+// worker to discard).
+func (w *worker) stopPools() {
+	w.mu.Lock()
+	var wait []chan struct{}
+	for _, p := range w.pools {
+		close(p.stop)
+		wait = append(wait, p.fillerExited)
+	}
+	w.mu.Unlock()
+	for _, c := range wait {
+		<-c
+	}
+}
+
+// fill keeps the pool at its size, one sandbox at a time, backing off
+// while making them fails.
+func (w *worker) fill(ctx context.Context, p *pool) {
+	defer close(p.fillerExited)
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		w.mu.Lock()
+		need := p.Size - len(p.warm) - p.filling
+		var extra []string
+		if need < 0 && len(p.warm) > 0 { // shrunk: the oldest go
+			n := min(-need, len(p.warm))
+			extra, p.warm = p.warm[:n], p.warm[n:]
+		}
+		if need > 0 {
+			p.filling++
+		}
+		w.mu.Unlock()
+		for _, name := range extra {
+			w.discard(name)
+		}
+		if need <= 0 {
+			select {
+			case <-p.kick:
+				continue
+			case <-p.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		spec := p.Spec
+		spec.Name = randomID("pool-" + p.Name + "-")
+		_, err := w.makeSandbox(ctx, spec, p.Name)
+		w.mu.Lock()
+		p.filling--
+		if err == nil {
+			p.warm = append(p.warm, spec.Name)
+			p.lastErr, backoff = "", 100*time.Millisecond
+		} else {
+			p.lastErr = err.Error()
+		}
+		gone := w.pools[p.Name] != p
+		w.mu.Unlock()
+		if gone && err == nil {
+			w.discard(spec.Name)
+		}
+		if err != nil {
+			w.log.Error("cannot fill pool", "pool", p.Name, "err", err, "retry in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-p.stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}
+}
+
+// discard removes a pool's (or a call's) sandbox.
+func (w *worker) discard(name string) {
+	w.mu.Lock()
+	e := w.sandboxes[name]
+	w.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.sb == nil {
+		return
+	}
+	if err := w.removeSandbox(name, e.sb); err != nil {
+		w.log.Error("cannot discard a call's sandbox", "sandbox", name, "err", err)
+	}
+}
+
+// take hands out p's oldest warm sandbox that still runs, nil if none.
+func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
+	for {
+		w.mu.Lock()
+		if len(p.warm) == 0 {
+			w.mu.Unlock()
+			return "", nil
+		}
+		name := p.warm[0]
+		p.warm = p.warm[1:]
+		e := w.sandboxes[name]
+		w.mu.Unlock()
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+		if e != nil && e.sb != nil && e.sb.Snapshot().Status == runtime.Running {
+			return name, e.sb
+		}
+		go w.discard(name) // died while warm
+	}
+}
+
+// call runs one command in a fresh sandbox and discards it.
+func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
+	body := bufio.NewReaderSize(r.Body, 64<<10)
+	var req api.CallRequest
+	if err := firstLine(body, "call", &req); err != nil {
+		fail(rw, err)
+		return
+	}
+	if req.Detach {
+		fail(rw, fmt.Errorf("a call runs to its end (its sandbox is discarded after it): no detach: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	w.mu.Lock()
+	var p *pool
+	switch {
+	case req.Pool != "":
+		if p = w.pools[req.Pool]; p == nil {
+			w.mu.Unlock()
+			fail(rw, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", req.Pool, errdefs.ErrNotFound))
+			return
+		}
+		if req.Spec != nil && templateKey(*req.Spec) != p.key {
+			w.mu.Unlock()
+			fail(rw, fmt.Errorf("the call's sandbox spec differs from pool %s's template: give one or the other: %w", req.Pool, errdefs.ErrInvalidArgument))
+			return
+		}
+	case req.Spec != nil:
+		key := templateKey(*req.Spec)
+		for _, q := range w.pools {
+			if q.key == key {
+				p = q
+			}
+		}
+	default:
+		w.mu.Unlock()
+		fail(rw, fmt.Errorf("a call needs a pool or a sandbox spec: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	var spec api.SandboxSpec
+	mark := callPool
+	if p != nil {
+		p.calls++
+		spec, mark = p.Spec, p.Name
+	} else {
+		spec = *req.Spec
+	}
+	w.mu.Unlock()
+	info := &api.CallInfo{Pool: mark, Warm: true}
+	if p == nil {
+		info.Pool = ""
+	}
+	var sb *runtime.Sandbox
+	if p != nil {
+		info.Sandbox, sb = w.take(p)
+	}
+	if sb == nil {
+		if p != nil {
+			w.mu.Lock()
+			p.miss++
+			w.mu.Unlock()
+		}
+		spec.Name, info.Warm = randomID("call-"), false
+		var err error
+		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {
+			fail(rw, err)
+			return
+		}
+		info.Sandbox = spec.Name
+	}
+	defer func() { go w.discard(info.Sandbox) }()
+	if req.ID == "" {
+		req.ID = "call"
+	}
+	w.serveExec(rw, r, sb, req.ExecRequest, body, api.Frame{Call: info})
+}
+
+func (w *worker) listPools(rw http.ResponseWriter, r *http.Request) {
+	w.mu.Lock()
+	out := []api.Pool{}
+	for _, p := range w.pools {
+		out = append(out, p.describe())
+	}
+	w.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	reply(rw, out)
+}
+
+// putPool creates a pool (its first sandbox is made before the answer,
+// so a template that cannot run is refused at once) or resizes one.
+func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
+	var ps api.PoolSpec
+	if err := decode(r, &ps); err != nil {
+		fail(rw, err)
+		return
+	}
+	name := r.PathValue("name")
+	w.mu.Lock()
+	p := w.pools[name]
+	w.mu.Unlock()
+	if p == nil {
+		if ps.Spec == nil {
+			fail(rw, fmt.Errorf("no pool %s: to create it give its sandboxes' layers (dsec pool resize %s N --base REF ...): %w", name, name, errdefs.ErrNotFound))
+			return
+		}
+		pc := PoolConfig{Name: name, Size: ps.Size, Spec: *ps.Spec}
+		if err := checkPool(pc); err != nil {
+			fail(rw, err)
+			return
+		}
+		first := ""
+		if pc.Size > 0 { // the template must work before the pool exists
+			spec := pc.Spec
+			spec.Name = randomID("pool-" + name + "-")
+			if _, err := w.makeSandbox(r.Context(), spec, name); err != nil {
+				fail(rw, fmt.Errorf("pool %s: its first sandbox: %w", name, err))
+				return
+			}
+			first = spec.Name
+		}
+		w.mu.Lock()
+		if w.pools[name] != nil {
+			w.mu.Unlock()
+			w.discard(first)
+			fail(rw, fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists))
+			return
+		}
+		p = w.addPool(w.ctx, pc)
+		if first != "" {
+			p.warm = append(p.warm, first)
+		}
+	} else {
+		if ps.Spec != nil && templateKey(*ps.Spec) != p.key {
+			fail(rw, fmt.Errorf("pool %s has another template: delete it first (dsec pool rm %s) to change its sandboxes: %w", name, name, errdefs.ErrAlreadyExists))
+			return
+		}
+		if err := checkPool(PoolConfig{Name: name, Size: ps.Size, Spec: p.Spec}); err != nil {
+			fail(rw, err)
+			return
+		}
+		w.mu.Lock()
+		p.Size = ps.Size
+	}
+	err := w.savePools()
+	out := p.describe()
+	w.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	w.log.Info("pool sized", "pool", name, "size", ps.Size)
+	reply(rw, out)
+}
+
+// deletePool stops a pool and discards its warm sandboxes.
+func (w *worker) deletePool(rw http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	w.mu.Lock()
+	p := w.pools[name]
+	if p == nil {
+		w.mu.Unlock()
+		fail(rw, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", name, errdefs.ErrNotFound))
+		return
+	}
+	delete(w.pools, name)
+	close(p.stop)
+	warm := p.warm
+	p.warm = nil
+	err := w.savePools()
+	w.mu.Unlock()
+	<-p.fillerExited
+	for _, n := range warm {
+		w.discard(n)
+	}
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	rw.WriteHeader(http.StatusNoContent)
+}
+
+// reclaimLoop takes back the memory of sandboxes idle for longer than
+// Reclaim.IdleAfter, once per idle spell.
+func (w *worker) reclaimLoop(ctx context.Context) {
+	after := w.cfg.Reclaim.IdleAfter
+	if after == 0 {
+		after = 10 * time.Minute
+	}
+	if after < 0 {
+		return
+	}
+	t := time.NewTicker(min(max(after/4, 10*time.Millisecond), 30*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		var sbs []*runtime.Sandbox
+		for _, e := range w.sandboxes {
+			if e.sb != nil && e.pool == "" {
+				sbs = append(sbs, e.sb)
+			}
+		}
+		w.mu.Unlock()
+		for _, sb := range sbs {
+			idle := sb.Idle()
+			if idle < after || sb.Snapshot().Status != runtime.Running {
+				continue
+			}
+			// Once per idle spell: not again unless an exec came since.
+			if last := sb.Reclaimed(); !last.IsZero() && time.Since(last) < idle {
+				continue
+			}
+			if err := sb.Reclaim(); err != nil {
+				w.log.Error("cannot reclaim an idle sandbox's memory", "sandbox", sb.Name, "err", err)
+				continue
+			}
+			w.log.Debug("reclaimed an idle sandbox's memory", "sandbox", sb.Name, "idle", idle)
+		}
+	}
+}
+
+// hostCapacity is what admission divides: the CPUs this process may run
+// on and the host's memory.
+func hostCapacity() (cpus int, mem int64, err error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("/proc/meminfo: %q: %w", line, err)
+			}
+			return goruntime.NumCPU(), kb << 10, nil
+		}
+	}
+	return 0, 0, errors.New("/proc/meminfo has no MemTotal")
+}

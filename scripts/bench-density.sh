@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# make bench (as root): density (issue 7), on busybox layers through the SDK and a test worker.
+#  1. FnCall: a call on a warm pool (true in a fresh sandbox, discarded after) vs exec of true in a
+#     running sandbox, alternating; each call after the pool refilled (untimed).
+#  2. Interference: exec latency into a latency-class sandbox alone, then with two sandboxes spinning
+#     under a 0.5 CPU limit each (half of the 2-CPU host) in class batch, then the same load in class
+#     latency (no class distinction: the mapping off).
+#  3. Density: idle stateful sandboxes (a resident sleep, 2 MiB written) at 1 CPU requested each under
+#     a 500x CPU overcommit, up to BENCH_DENSITY_N (default 1000) or the 2 GiB memory reserve.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-density: needs root (cgroups, namespaces): skipped" >&2; exit 0; }
+n=${BENCH_N:-100}
+metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
+
+fn=$(go test -run '^$' -bench BenchmarkFnCall -benchtime "${n}x" ./sdk/)
+intf=$(go test -run '^$' -bench BenchmarkInterference -benchtime "$((2 * n))x" ./sdk/)
+dens=$(DSEC_DENSITY_N=${BENCH_DENSITY_N:-1000} go test -run '^$' -bench BenchmarkDensity -benchtime 1x -timeout 30m ./sdk/)
+
+echo "== density (2-core VM, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(date -u +%F))"
+printf '%-58s %10s %10s %8s\n' figure dsec baseline ratio
+for p in p50 p99; do
+	printf '%-58s %8s ms %8s ms %8s\n' "FnCall warm call vs exec in a running sandbox, $p" "$(metric "$fn" call-$p-ms)" "$(metric "$fn" exec-$p-ms)" \
+		"$(ratio "$(metric "$fn" call-$p-ms)" "$(metric "$fn" exec-$p-ms)")"
+done
+for p in p50 p99; do
+	printf '%-58s %8s ms %8s ms %8s\n' "exec, 50% CPU of batch load vs alone, $p" "$(metric "$intf" batch-load-$p-ms)" "$(metric "$intf" alone-$p-ms)" \
+		"$(ratio "$(metric "$intf" batch-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")"
+	printf '%-58s %8s ms %8s ms %8s\n' "exec, the same load without classes vs alone, $p" "$(metric "$intf" unmapped-load-$p-ms)" "$(metric "$intf" alone-$p-ms)" \
+		"$(ratio "$(metric "$intf" unmapped-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")"
+done
+printf '%-58s %10s %10s %8s\n' "idle sandboxes started (target)" "$(metric "$dens" sandboxes)" "1000" "$(ratio "$(metric "$dens" sandboxes)" 1000)"
+printf '%-58s %10s %10s %8s\n' "CPU overcommit at 1 CPU requested each (target)" "$(metric "$dens" cpu-overcommit)x" "500x" "$(ratio "$(metric "$dens" cpu-overcommit)" 500)"
+printf '%-58s %7s MiB %6s MiB %8s\n' "host memory per sandbox beyond its processes (target)" "$(metric "$dens" overhead-MiB/sandbox)" "5" "$(ratio "$(metric "$dens" overhead-MiB/sandbox)" 5)"
+printf '%-58s %7s MiB\n' "  host memory per sandbox, all" "$(metric "$dens" host-MiB/sandbox)"
+printf '%-58s %7s MiB\n' "  its own processes' PSS (the sleep)" "$(metric "$dens" own-pss-MiB/sandbox)"
+printf '%-58s %7s MiB\n' "  the init's PSS" "$(metric "$dens" init-pss-MiB/sandbox)"
+printf '%-58s %7s MiB\n' "  charged to its memory cgroup" "$(metric "$dens" charged-MiB/sandbox)"
+printf '%-58s %7s ms\n' "  start (create + first exec), serial" "$(metric "$dens" start-ms/sandbox)"
