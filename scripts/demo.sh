@@ -115,6 +115,20 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" run --rm --base demo/busybox:1 --disk 16M -- \
 		sh -c 'dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | head -1; df -h / | tail -1' || true
 
+	step "density: a warm FnCall pool (a fresh sandbox per call, discarded after), classes, admission"
+	"$dsec" pool resize demo-fn 2 --base demo/busybox:1 --memory 64M
+	"$dsec" run --backend fncall --pool demo-fn -- sh -c 'echo secret > /tmp/s; echo "call 1 ran in $(hostname)"'
+	"$dsec" run --backend fncall --pool demo-fn -- sh -c 'cat /tmp/s 2>/dev/null || echo "call 2 ran in $(hostname): no trace of call 1"'
+	"$dsec" pool ls
+	"$dsec" rm -f demo-batch >/dev/null 2>&1 || true # an interrupted earlier demo's
+	"$dsec" run -d --name demo-batch --class batch --cpu 0.5 --base demo/busybox:1 -- sh -c 'while :; do :; done'
+	sleep 1
+	"$dsec" exec demo-rollout -- sh -c 'echo "a latency-class step while a batch sandbox spins"'
+	"$dsec" ps
+	"$dsec" run --rm --cpu-request 100000 --base demo/busybox:1 -- true || true
+	"$dsec" rm -f demo-batch
+	"$dsec" pool rm demo-fn
+
 	step "stop keeps the files, start runs it again; rm removes everything"
 	"$dsec" stop demo-rollout
 	"$dsec" start demo-rollout

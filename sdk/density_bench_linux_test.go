@@ -82,9 +82,11 @@ func BenchmarkFnCall(b *testing.B) {
 }
 
 // BenchmarkInterference: exec latency into a latency-class sandbox
-// alone, then with two batch sandboxes spinning under a 0.5 CPU limit
-// each (half the host's 2 CPUs), then with the same load in latency-
-// class sandboxes (no class distinction: the mapping off).
+// alone, with two batch sandboxes spinning under a 0.5 CPU limit each
+// (half the host's 2 CPUs), and with the same load in latency-class
+// sandboxes (no class distinction: the mapping off). The three take
+// turns in rounds of 10 execs, so that drift in the VM's speed falls on
+// all alike.
 func BenchmarkInterference(b *testing.B) {
 	c, _ := densityClient(b, runtimetest.Config{})
 	ctx := context.Background()
@@ -92,43 +94,52 @@ func BenchmarkInterference(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	burners := func(class string) func() {
-		var sbs []*sdk.Sandbox
+	load := map[string][]*sdk.Sandbox{}
+	for _, class := range []string{api.SchedBatch, api.SchedLatency} {
 		for i := 0; i < 2; i++ {
 			sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Class: class, CPU: 0.5})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", "while :; do :; done"}, Detach: true}); err != nil {
+			load[class] = append(load[class], sb)
+		}
+	}
+	spin := func(class string, on bool) {
+		for _, sb := range load[class] {
+			args := []string{"sh", "-c", "while :; do :; done"}
+			if !on {
+				args = []string{"kill", "-9", "-1"} // all but the init
+			}
+			if _, err := sb.Exec(ctx, sdk.ExecOptions{Args: args, Detach: on}); err != nil {
 				b.Fatal(err)
 			}
-			sbs = append(sbs, sb)
 		}
-		time.Sleep(200 * time.Millisecond)
-		return func() {
-			for _, sb := range sbs {
-				sb.Remove(ctx, true)
-			}
+		if on {
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	var alone, mapped, unmapped []time.Duration
-	for b.Loop() {
-		b.StopTimer()
-		time.Sleep(2 * time.Millisecond)
-		b.StartTimer()
-		alone = append(alone, execTrue(b, lat))
-	}
-	n := len(alone)
-	for _, phase := range []struct {
+	phases := []struct {
 		class string
 		into  *[]time.Duration
-	}{{api.SchedBatch, &mapped}, {api.SchedLatency, &unmapped}} {
-		stop := burners(phase.class)
-		for i := 0; i < n; i++ {
-			time.Sleep(2 * time.Millisecond)
-			*phase.into = append(*phase.into, execTrue(b, lat))
+	}{{"", &alone}, {api.SchedBatch, &mapped}, {api.SchedLatency, &unmapped}}
+	for b.Loop() {
+		for _, ph := range phases {
+			if ph.class != "" {
+				b.StopTimer()
+				spin(ph.class, true)
+				b.StartTimer()
+			}
+			for i := 0; i < 10; i++ {
+				time.Sleep(2 * time.Millisecond)
+				*ph.into = append(*ph.into, execTrue(b, lat))
+			}
+			if ph.class != "" {
+				b.StopTimer()
+				spin(ph.class, false)
+				b.StartTimer()
+			}
 		}
-		stop()
 	}
 	report(b, "alone", alone)
 	report(b, "batch-load", mapped)
