@@ -219,4 +219,14 @@ func TestIdleAndMergeableCommands(t *testing.T) {
 	if out != "0\nksm_merge_any: no\n" {
 		t.Fatalf("a plain sandbox's command says:\n%s", out)
 	}
+	// Core scheduling: an idle sandbox's commands get a cookie of their
+	// own, where the kernel can.
+	if !container.CoreScheduling() {
+		t.Log("NOTE: no core scheduling on this host (CONFIG_SCHED_CORE unset or no SMT): the cookie is not exercised here")
+		return
+	}
+	out, _ = sh(t, createSpec(t, container.Spec{Root: busyboxRoot(t), Idle: true}), `grep core_cookie /proc/self/sched`)
+	if !strings.Contains(out, "core_cookie") || strings.Contains(out, ": 0\n") || strings.HasSuffix(strings.TrimSpace(out), " 0") {
+		t.Fatalf("an idle sandbox's command has no core-scheduling cookie: %q", out)
+	}
 }

@@ -385,8 +385,6 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 // makeSandbox makes a sandbox once the gate admits it; pool names the
 // FnCall pool it is made for.
 func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
-	w.lineage.RLock()
-	defer w.lineage.RUnlock()
 	if spec.Backend == "" {
 		spec.Backend = backends[0]
 	}
@@ -441,6 +439,8 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	w.mu.Lock()
 	e.pending, e.held = api.StatusCreating, true
 	w.mu.Unlock()
+	// Not while queued: snapshot removal and squash wait for this.
+	w.lineage.RLock()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:        pol,
@@ -453,6 +453,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		Pool:          pool,
 		Mounter:       w.mounter,
 	})
+	w.lineage.RUnlock()
 	w.gate.created()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -482,8 +483,8 @@ func (w *worker) stop(_ context.Context, e *entry) error {
 
 // start starts a stopped sandbox once the gate admits it again.
 func (w *worker) start(ctx context.Context, e *entry) error {
-	if st := e.sb.Snapshot().Status; st == runtime.Running {
-		return fmt.Errorf("sandbox %s is already running: %w", st, errdefs.ErrFailedPrecondition)
+	if e.sb.Snapshot().Status == runtime.Running {
+		return fmt.Errorf("sandbox %s is already running: %w", e.sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	w.mu.Lock()
 	held := e.held
