@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,16 @@ func TestScripts(t *testing.T) {
 			env.Defer(func() {
 				stopWorkers(env.WorkDir)
 				cleanMounts(env.WorkDir)
+				// What a script left running (sandboxes outlive a
+				// stopped worker: warm pools' too) is removed, and
+				// anything that survives that is a leak.
+				roots, _ := filepath.Glob(filepath.Join(env.WorkDir, "*", "sandboxes"))
+				for _, r := range roots {
+					runtimetest.Clean(filepath.Dir(r))
+					if l := runtimetest.Leftovers(filepath.Dir(r)); len(l) > 0 {
+						env.T().Fatal(fmt.Sprintf("left behind under %s: %v", filepath.Dir(r), l))
+					}
+				}
 			})
 			return nil
 		},
