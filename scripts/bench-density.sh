@@ -14,7 +14,7 @@ metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}'
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
 
 fn=$(go test -run '^$' -bench BenchmarkFnCall -benchtime "${n}x" ./sdk/)
-intf=$(go test -run '^$' -bench BenchmarkInterference -benchtime "$((n / 5))x" ./sdk/)
+intf=$(go test -run '^$' -bench BenchmarkInterference -benchtime "$((2 * n / 5))x" ./sdk/)
 dens=$(DSEC_DENSITY_N=${BENCH_DENSITY_N:-1000} go test -run '^$' -bench BenchmarkDensity -benchtime 1x -timeout 30m ./sdk/)
 
 echo "== density (2-core VM, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(date -u +%F))"
