@@ -138,7 +138,7 @@ func TestFnCallNeverLeaksBetweenCalls(t *testing.T) {
 
 func TestAdmissionQueuesBursts(t *testing.T) {
 	// Capacity: the host's CPUs x 1 of requests; one creation at a time.
-	cpus := float64(hostCPUs(t))
+	cpus := float64(goruntime.NumCPU())
 	_, c := setupWith(t, runtimetest.Config{Admission: worker.Admission{CPUOvercommit: 1, MaxCreating: 1, QueueTimeout: 2 * time.Second}})
 	ctx := context.Background()
 	if _, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, CPURequest: cpus + 1}); !errdefs.IsOutOfRange(err) {
@@ -229,8 +229,6 @@ func TestAdmissionQueuesBursts(t *testing.T) {
 		t.Fatalf("start beyond capacity: %v", err)
 	}
 }
-
-func hostCPUs(t *testing.T) int { return goruntime.NumCPU() }
 
 // cgroupFile reads a file of the sandbox's group in controller.
 func cgroupFile(t *testing.T, pid int, controller, file string) string {

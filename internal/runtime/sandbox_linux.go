@@ -417,15 +417,23 @@ func Load(root, name string) (*Sandbox, error) {
 // CPU weight, so that an interactive step's wake-up preempts any batch
 // work and wins over plain host work.
 func classLimits(class string, l cgroup.Limits) (cgroup.Limits, error) {
-	switch classOf(class) {
-	case api.SchedLatency:
-		l.Weight, l.Idle = 800, false
-	case api.SchedBatch:
+	if err := CheckClass(class); err != nil {
+		return l, err
+	}
+	l.Weight, l.Idle = 800, false
+	if classOf(class) == api.SchedBatch {
 		l.Weight, l.Idle = 0, true
-	default:
-		return l, fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
 	}
 	return l, nil
+}
+
+// CheckClass refuses an unknown scheduling class ("" is the default).
+func CheckClass(class string) error {
+	switch class {
+	case "", api.SchedLatency, api.SchedBatch:
+		return nil
+	}
+	return fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
 }
 
 func classOf(class string) string {

@@ -224,11 +224,16 @@ func (w *worker) discard(name string) {
 	}
 }
 
-// take hands out p's oldest warm sandbox that still runs, nil if none.
+// take hands out p's oldest warm sandbox that still runs, nil if none
+// (a miss), counting the call.
 func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
+	w.mu.Lock()
+	p.calls++
+	w.mu.Unlock()
 	for {
 		w.mu.Lock()
 		if len(p.warm) == 0 {
+			p.miss++
 			w.mu.Unlock()
 			return "", nil
 		}
@@ -285,29 +290,20 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("a call needs a pool or a sandbox spec: %w", errdefs.ErrInvalidArgument))
 		return
 	}
-	var spec api.SandboxSpec
-	mark := callPool
+	spec, mark := api.SandboxSpec{}, callPool
 	if p != nil {
-		p.calls++
 		spec, mark = p.Spec, p.Name
 	} else {
 		spec = *req.Spec
 	}
 	w.mu.Unlock()
-	info := &api.CallInfo{Pool: mark, Warm: true}
-	if p == nil {
-		info.Pool = ""
-	}
+	info := &api.CallInfo{Warm: true}
 	var sb *runtime.Sandbox
 	if p != nil {
+		info.Pool = p.Name
 		info.Sandbox, sb = w.take(p)
 	}
-	if sb == nil {
-		if p != nil {
-			w.mu.Lock()
-			p.miss++
-			w.mu.Unlock()
-		}
+	if sb == nil { // no pool, or it was empty: a sandbox made for the call
 		spec.Name, info.Warm = randomID("call-"), false
 		var err error
 		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {

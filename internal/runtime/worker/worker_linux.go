@@ -354,16 +354,13 @@ func checkSpec(spec *api.SandboxSpec) error {
 	if spec.Memory > 0 && spec.Memory < 4<<20 {
 		return fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
 	}
-	if spec.CPU > 0 && spec.CPURequest > spec.CPU || spec.Memory > 0 && spec.MemoryRequest > spec.Memory {
-		return fmt.Errorf("a request above its limit (cpu %g > %g or memory %d > %d): a sandbox cannot use more than its limit: %w",
-			spec.CPURequest, spec.CPU, spec.MemoryRequest, spec.Memory, errdefs.ErrInvalidArgument)
+	if spec.CPU > 0 && spec.CPURequest > spec.CPU {
+		return fmt.Errorf("a request above its limit: cpu request %g > cpu %g (a sandbox cannot use more than its limit): %w", spec.CPURequest, spec.CPU, errdefs.ErrInvalidArgument)
 	}
-	switch spec.Class {
-	case "", api.SchedLatency, api.SchedBatch:
-	default:
-		return fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", spec.Class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
+	if spec.Memory > 0 && spec.MemoryRequest > spec.Memory {
+		return fmt.Errorf("a request above its limit: memory request %d > memory %d bytes (a sandbox cannot use more than its limit): %w", spec.MemoryRequest, spec.Memory, errdefs.ErrInvalidArgument)
 	}
-	return nil
+	return runtime.CheckClass(spec.Class)
 }
 
 // requestOf is what a sandbox reserves: its requests, or its limits.
@@ -495,15 +492,15 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 		}
 		defer w.gate.created()
 	}
-	if err := e.sb.Start(context.WithoutCancel(ctx), w.mounter); err != nil {
-		if !held {
-			w.gate.release(e.req)
-		}
+	err := e.sb.Start(context.WithoutCancel(ctx), w.mounter)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil { // it is stopped now, a dead one too: it holds nothing
+		w.gate.release(e.req)
+		e.held = false
 		return err
 	}
-	w.mu.Lock()
 	e.held = true
-	w.mu.Unlock()
 	return nil
 }
 
