@@ -300,7 +300,7 @@ func TestClassesReclaimAndFigures(t *testing.T) {
 	}
 	waitFor(t, "the idle sandbox's memory to be reclaimed", func() bool { info, _ = lat.Inspect(ctx); return info.Reclaimed != nil })
 	if info.IdleSeconds < 1 || info.MemoryBytes > 16<<20 {
-		t.Fatalf("after reclaim: memory %d bytes, idle %gs", info.MemoryBytes, info.IdleSeconds)
+		t.Fatalf("after reclaim: memory %d bytes, idle %gs; memory.stat:\n%s", info.MemoryBytes, info.IdleSeconds, cgroupFile(t, info.Pid, "memory", "memory.stat"))
 	}
 	// The files are all there, read back from disk.
 	if out, _ := run(t, lat, "after", "wc -c < /tmp/cache"); out != strconv.Itoa(32<<20)+"\n" {

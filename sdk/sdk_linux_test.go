@@ -405,6 +405,7 @@ func TestNoLeaks(t *testing.T) {
 	if l := runtimetest.Leftovers(w.Root); len(l) > 0 {
 		t.Fatalf("after 100 cycles: %v", l)
 	}
+	waitFor(t, "the spares refilled", func() bool { return len(w.Spares()) == 2 }) // a spare being made is a child too
 	if kids := w.Children(); len(kids) > 0 {
 		t.Fatalf("after 100 cycles the worker has children (zombies or leaked inits): %v", kids)
 	}

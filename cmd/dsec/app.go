@@ -44,6 +44,7 @@ type AdmissionConfig struct {
 	HostReserve      string        `mapstructure:"host_reserve"` // a size: 1G
 	MaxCreating      int           `mapstructure:"max_creating"`
 	QueueTimeout     time.Duration `mapstructure:"queue_timeout"`
+	Spares           int           `mapstructure:"spares"`
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
@@ -119,7 +120,8 @@ are root, log-level, log-format, progress, remote (the default remote), remotes 
 to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs), cache.max_bytes (DSEC_CACHE_MAX_BYTES:
 the budget of the host cache of lazily mounted layers), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
-1G; admission.max_creating, 4; admission.queue_timeout, 1m), idle reclaim (reclaim.idle_after,
+1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
+inits kept started ahead of need, negative: none), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
@@ -169,7 +171,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
-		"admission.max_creating": 0, "admission.queue_timeout": "0s", "reclaim.idle_after": "0s", "reclaim.ksm": false} {
+		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)

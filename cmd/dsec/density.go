@@ -19,7 +19,7 @@ import (
 func (a *app) workerDensity(cfg *worker.Config) error {
 	ad := a.cfg.Admission
 	cfg.Admission = worker.Admission{CPUOvercommit: ad.CPUOvercommit, MemoryOvercommit: ad.MemoryOvercommit,
-		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout}
+		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout, Spares: ad.Spares}
 	if ad.HostReserve != "" {
 		n, err := parseBytes(ad.HostReserve)
 		if err != nil {

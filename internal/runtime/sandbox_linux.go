@@ -62,15 +62,18 @@ type Options struct {
 	Mounter // where layers come from
 }
 
-// Mounter finds the layers of a sandbox: in the local store, or, for
-// those missing there, lazily from Remote, by fetchers started with
-// Fetcher.
+// Mounter is what a worker lends its sandboxes: it finds their layers,
+// in the local store or, for those missing there, lazily from Remote, by
+// fetchers started with Fetcher; and it keeps spare inits.
 type Mounter struct {
 	Store    *store.Store
 	Remote   remote.Target
 	Insecure bool
 	Fetcher  lazy.Start
 	CacheMax int64 // the host cache budget (cache.max_bytes)
+	// Spares are inits started ahead of need; nil: every sandbox
+	// starts its own.
+	Spares *Spares
 }
 
 // Sandbox states.
@@ -144,10 +147,12 @@ func sandboxDir(root, name string) string { return filepath.Join(root, "sandboxe
 
 // cgroupName is unique per root, so that two roots on a host (two
 // workers, two test runs) never share a group.
-func cgroupName(root, name string) string {
+func cgroupName(root, name string) string { return "sb-" + name + CgroupSuffix(root) }
+
+func rootHash(root string) string {
 	abs, _ := filepath.Abs(root)
 	h := sha256.Sum256([]byte(abs))
-	return "sb-" + name + "-" + hex.EncodeToString(h[:4])
+	return hex.EncodeToString(h[:4])
 }
 
 // ValidName reports whether name may name a sandbox.
@@ -286,20 +291,41 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if err := ov.Mount(rootfs); err != nil {
 		return err
 	}
-	g, err := cgroup.New(sb.CgroupName, sb.Limits)
-	if err != nil {
-		return err
+	// A spare init sits in its group already: the sandbox takes both.
+	var sp *spare
+	if !sb.Limits.Idle {
+		sp = m.Spares.take()
 	}
-	sb.g = g
-	// The egress allowlist holds before the init joins the cgroup, so
-	// before anything in the sandbox runs.
+	claimed := false
+	defer func() {
+		if sp != nil && !claimed {
+			sp.init.Discard() // its group is the sandbox's now: teardown's
+		}
+	}()
+	if sp != nil {
+		// Saved with the sandbox's state once it runs; a worker that
+		// dies before leaves the group to the next one's SweepSpares.
+		sb.g, sb.CgroupName = sp.g, sp.name
+		if err := sp.g.SetLimits(sb.Limits); err != nil {
+			return err
+		}
+	} else {
+		g, err := cgroup.New(sb.CgroupName, sb.Limits)
+		if err != nil {
+			return err
+		}
+		sb.g = g
+	}
+	// The egress allowlist holds before anything in the sandbox runs: a
+	// spare init in the group is dsec's own code, waiting.
 	if sb.Policy == nil { // made by a dsec without policies
 		sb.Policy = policy.Effective(nil)
+		var err error
 		if sb.Allowlist, err = policy.Allowlist(sb.Policy.Network.Egress); err != nil {
 			return err
 		}
 	}
-	if err := policy.ApplyNetwork(g.Path(), nil, sb.Allowlist); err != nil {
+	if err := policy.ApplyNetwork(sb.g.Path(), nil, sb.Allowlist); err != nil {
 		return err
 	}
 	restrict, err := restrictions(sb.Policy)
@@ -311,8 +337,15 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		return err
 	}
 	defer logf.Close()
-	if sb.c, err = container.Create(container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
-		Restrictions: restrict, Setup: g.Add, Stdout: logf, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}); err != nil {
+	spec := container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
+		Restrictions: restrict, Setup: sb.g.Add, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
+	if sp != nil {
+		claimed = true
+		sb.c, err = sp.init.Claim(spec)
+	} else {
+		sb.c, err = container.Create(spec)
+	}
+	if err != nil {
 		return err
 	}
 	sb.Pid = sb.c.Pid()

@@ -165,6 +165,30 @@ func (g *Group) dirs() []string {
 	return out
 }
 
+// List names the groups whose names start with prefix and end with
+// suffix, in any hierarchy.
+func List(prefix, suffix string) ([]string, error) {
+	parents := []string{filepath.Join(Root, Parent), filepath.Join(Root, "unified", Parent)}
+	for _, c := range v1Controllers {
+		parents = append(parents, filepath.Join(Root, c, Parent))
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range parents {
+		ents, err := os.ReadDir(p)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range ents {
+			if n := e.Name(); e.IsDir() && strings.HasPrefix(n, prefix) && strings.HasSuffix(n, suffix) && !seen[n] {
+				seen[n] = true
+				out = append(out, n)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Path is the cgroup2 directory: where BPF programs attach.
 func (g *Group) Path() string { return g.v2 }
 

@@ -3,16 +3,21 @@
 // core, without the worker that will own sandboxes.
 //
 // A sandbox's pid 1 is its init, the dsec binary re-executed (as runc
-// does): it reads its Spec from a pipe, sets up the root (pivot_root,
-// /proc with sensitive paths masked or read-only, a minimal /dev, a
-// read-only /sys, the loopback interface up, the hostname), then idles,
-// reaping every process, and starts the processes Exec asks for over a
-// unix socket on the host (stdio descriptors passed along), forking them
-// from the thread on which it dropped to a reduced capability set with
-// no_new_privs and marked every descriptor close-on-exec. The sandbox
-// lives until Destroy, whatever happens to the workers connected to it:
-// a restarted worker Attaches and asks for the results of the commands
-// its predecessor started. A binary that uses the package calls
+// does). It starts ahead of need as a spare (Prestart): it leaves the
+// host's mounts for an empty tmpfs root of its own, brings up the
+// loopback interface, mounts /proc (sensitive paths masked or read-only),
+// a minimal /dev and a read-only /sys there, and waits. Claim hands it
+// its Spec and its root, a detached copy of the composed root's mount
+// (open_tree), which it attaches in its namespace; it moves the staged
+// mounts in, pivots, sets the hostname, then idles, reaping every
+// process, and starts the processes Exec asks for over unix sockets (the
+// claim's socket pair, then connections to a listener on the host; stdio
+// descriptors passed along), forking them from the thread on which it
+// dropped to a reduced capability set with no_new_privs and marked every
+// descriptor close-on-exec. Create is Prestart and Claim at once. The
+// sandbox lives until Destroy, whatever happens to the workers connected
+// to it: a restarted worker Attaches and asks for the results of the
+// commands its predecessor started. A binary that uses the package calls
 // MaybeInit first thing in main.
 package container
 
@@ -29,8 +34,8 @@ type Spec struct {
 	Socket string `json:"-"`
 
 	// Where the init's own complaints go (the commands' output goes
-	// where each Exec says).
-	Stdout, Stderr io.Writer `json:"-"`
+	// where each Exec says); nil: nowhere.
+	Stderr io.Writer `json:"-"`
 
 	// Restrictions every command runs under.
 	Restrictions *Restrictions `json:"restrictions,omitempty"`

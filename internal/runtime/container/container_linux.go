@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -62,14 +63,92 @@ type execReply struct {
 	Unknown bool   `json:"unknown,omitempty"` // Result of an id the init never started
 }
 
-// Create starts a sandbox's init on spec.Root, listening on spec.Socket.
-func Create(spec Spec) (*Sandbox, error) {
-	if spec.Socket == "" {
-		return nil, errors.New("container: no control socket path")
-	}
+// Spare is a sandbox init started ahead of need: its namespaces made, its
+// runtime up, out of every host mount (it waits on an empty tmpfs root),
+// nothing of a sandbox yet. Claim makes it one; Discard kills it.
+// Starting the re-executed binary is most of what starting a sandbox
+// costs, so a worker keeps spares and a create only hands one its root.
+type Spare struct {
+	cmd    *exec.Cmd
+	ctl    *os.File // our end of the socket pair the init waits on
+	exited chan struct{}
+}
+
+// Prestart starts a spare init and waits until it is ready. setup, if not
+// nil, runs with its host pid first (the place to put it in its cgroup).
+func Prestart(setup func(pid int) error) (*Spare, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "spare"), os.NewFile(uintptr(fds[1]), "spare")
+	cmd := exec.Command(self)
+	cmd.Env = []string{initEnv + "=1"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+		Setsid:     true,
+	}
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		ours.Close()
+		return nil, fmt.Errorf("start sandbox init: %w", err)
+	}
+	sp := &Spare{cmd: cmd, ctl: ours, exited: make(chan struct{})}
+	// Reap the init whenever it exits, whether or not this process still
+	// holds a connection: a long-lived worker must not collect zombies.
+	go func() { cmd.Wait(); close(sp.exited) }()
+	if setup != nil {
+		if err := setup(cmd.Process.Pid); err != nil {
+			sp.Discard()
+			return nil, err
+		}
+	}
+	if n, err := ours.Read(make([]byte, 16)); err != nil || n == 0 {
+		<-sp.exited // its end closes when it exits
+		ours.Close()
+		return nil, fmt.Errorf("sandbox init exited before it was ready (exit %d)", cmd.ProcessState.ExitCode())
+	}
+	return sp, nil
+}
+
+// Pid is the spare's pid on the host.
+func (sp *Spare) Pid() int { return sp.cmd.Process.Pid }
+
+// Alive reports whether the spare still waits for a sandbox.
+func (sp *Spare) Alive() bool {
+	select {
+	case <-sp.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Discard kills a spare that was not claimed.
+func (sp *Spare) Discard() {
+	sp.ctl.Close()
+	sp.cmd.Process.Kill()
+	<-sp.exited
+}
+
+// Claim makes the spare the sandbox spec describes (spec.Setup is not
+// run: the spare is where Prestart's setup put it). The spare is used
+// up either way; on an error it is gone.
+func (sp *Spare) Claim(spec Spec) (_ *Sandbox, err error) {
+	defer func() {
+		if err != nil {
+			sp.Discard()
+			os.Remove(spec.Socket)
+		}
+	}()
+	if spec.Socket == "" {
+		return nil, errors.New("container: no control socket path")
 	}
 	os.Remove(spec.Socket)
 	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: spec.Socket, Net: "unixpacket"})
@@ -82,54 +161,84 @@ func Create(spec Spec) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	cmd := exec.Command(self)
-	cmd.Env = []string{initEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{r, lf}
-	cmd.Stdout, cmd.Stderr = spec.Stdout, spec.Stderr // the init's own complaints
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
-		Setsid:     true,
-	}
-	err = cmd.Start()
 	// Only the init may hold the listener: if it dies, a connection
 	// waiting for its greeting must see the socket go.
-	lf.Close()
+	defer lf.Close()
+	// The root travels as a detached copy of its mount, which the init
+	// attaches in its own namespace: it never shared the host's mounts.
+	tree, err := unix.OpenTree(unix.AT_FDCWD, spec.Root, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("start sandbox: %w", err)
+		return nil, fmt.Errorf("clone the sandbox root %s: %w", spec.Root, err)
 	}
-	fail := func(err error) (*Sandbox, error) {
-		w.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
-		os.Remove(spec.Socket)
+	defer unix.Close(tree)
+	logf, done, err := logFile(spec.Stderr)
+	if err != nil {
 		return nil, err
 	}
-	if spec.Setup != nil {
-		if err := spec.Setup(cmd.Process.Pid); err != nil {
-			return fail(err)
-		}
-	}
-	if err := json.NewEncoder(w).Encode(spec); err != nil {
-		return fail(err)
-	}
-	w.Close()
-	sb, err := Attach(spec.Socket, cmd.Process.Pid)
+	b, err := json.Marshal(spec)
 	if err != nil {
-		cmd.Wait()
-		os.Remove(spec.Socket)
-		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", cmd.ProcessState.ExitCode())
+		logf.Close()
+		return nil, err
 	}
-	// Reap the init whenever it exits, whether or not this process still
-	// holds a connection: a long-lived worker must not collect zombies.
-	sb.cmd, sb.exited = cmd, make(chan struct{})
-	go func() { cmd.Wait(); close(sb.exited) }()
+	err = unix.Sendmsg(int(sp.ctl.Fd()), b, unix.UnixRights(int(lf.Fd()), tree, int(logf.Fd())), nil, 0)
+	logf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%w: the spare init is gone: %v", ErrSandboxDied, err)
+	}
+	// The pair is the first worker's connection: no dial, no accept.
+	fc, err := net.FileConn(sp.ctl)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := greet(fc.(*net.UnixConn), sp.cmd.Process.Pid)
+	if err != nil {
+		<-sp.exited
+		<-done
+		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", sp.cmd.ProcessState.ExitCode())
+	}
+	sp.ctl.Close()
+	sb.cmd, sb.exited = sp.cmd, sp.exited
 	return sb, nil
+}
+
+// logFile is a file whose writes reach w: w itself when it is one, else a
+// pipe copied into w until done closes; /dev/null without w.
+func logFile(w io.Writer) (_ *os.File, done chan struct{}, err error) {
+	done = make(chan struct{})
+	if f, ok := w.(*os.File); ok {
+		close(done)
+		g, err := dupFile(f)
+		return g, done, err
+	}
+	if w == nil {
+		close(done)
+		f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		return f, done, err
+	}
+	r, pw, err := os.Pipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() { io.Copy(w, r); r.Close(); close(done) }()
+	return pw, done, nil
+}
+
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// Create starts a sandbox's init on spec.Root, listening on spec.Socket:
+// a spare started and claimed at once.
+func Create(spec Spec) (*Sandbox, error) {
+	sp, err := Prestart(spec.Setup)
+	if err != nil {
+		return nil, err
+	}
+	return sp.Claim(spec)
 }
 
 // Attach connects to the init of a running sandbox, whose host pid is
@@ -139,6 +248,11 @@ func Attach(socket string, pid int) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
+	return greet(c, pid)
+}
+
+// greet waits for the init's greeting on c, a new connection to it.
+func greet(c *net.UnixConn, pid int) (*Sandbox, error) {
 	buf := make([]byte, 4096)
 	if n, err := c.Read(buf); err != nil || n == 0 { // the init greets once it is ready
 		c.Close()
@@ -352,29 +466,63 @@ type job struct {
 	conn *net.UnixConn // who hears the exit; nil once it went away
 }
 
-// initSandbox sets the root up, then serves requests and reaps.
+// initSandbox waits, as a spare, for its sandbox; then sets the root up,
+// serves requests and reaps.
 func initSandbox() error {
+	// Out of the host's mounts before anything: a spare may wait long,
+	// and must pin none of them meanwhile.
+	if err := leaveHostMounts(); err != nil {
+		return err
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	if err := stageKernelFS(); err != nil {
+		return err
+	}
+	if _, err := unix.Write(3, []byte("ready")); err != nil {
+		return err
+	}
+	buf, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(3*4))
+	n, oobn, _, _, err := unix.Recvmsg(3, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n == 0 { // discarded: the worker closed its end
+		os.Exit(0)
+	}
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+		fds, _ = unix.ParseUnixRights(&msgs[0])
+	}
+	if len(fds) != 3 {
+		return fmt.Errorf("the sandbox came with %d descriptors, not 3", len(fds))
+	}
+	listener, tree, logfd := fds[0], fds[1], fds[2]
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(logfd, fd, 0); err != nil {
+			return err
+		}
+	}
+	unix.Close(logfd)
 	var spec Spec
-	f := os.NewFile(3, "spec")
-	if err := json.NewDecoder(f).Decode(&spec); err != nil {
+	if err := json.Unmarshal(buf[:n], &spec); err != nil {
 		return fmt.Errorf("read spec: %w", err)
 	}
-	f.Close()
-	l, err := net.FileListener(os.NewFile(4, "ctl"))
+	l, err := net.FileListener(os.NewFile(uintptr(listener), "ctl"))
 	if err != nil {
 		return err
 	}
 	ul := l.(*net.UnixListener)
-	if err := setupRoot(spec.Root); err != nil {
+	fc, err := net.FileConn(os.NewFile(3, "claim"))
+	if err != nil {
+		return err
+	}
+	first := fc.(*net.UnixConn)
+	if err := setupRoot(tree); err != nil {
 		return err
 	}
 	if spec.Hostname != "" {
 		if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 			return fmt.Errorf("sethostname: %w", err)
 		}
-	}
-	if err := loopbackUp(); err != nil {
-		return err
 	}
 	// Both are inherited by every command forked from this thread.
 	if spec.Idle {
@@ -416,36 +564,40 @@ func initSandbox() error {
 	}
 	in := make(chan incoming)
 	gone := make(chan *net.UnixConn)
-	go func() { // accept workers, one after another or at once
+	serve := func(c *net.UnixConn) {
+		c.Write([]byte(`{"ready":true}`))
+		buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+		for {
+			n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+			if err != nil || n == 0 {
+				gone <- c
+				return
+			}
+			var r incoming
+			if json.Unmarshal(buf[:n], &r.req) != nil {
+				continue
+			}
+			r.conn = c
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+				if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
+					for _, fd := range fds {
+						r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
+					}
+				}
+			}
+			in <- r
+		}
+	}
+	// The worker that claimed the init, then later ones, one after
+	// another or at once.
+	go serve(first)
+	go func() {
 		for {
 			c, err := ul.AcceptUnix()
 			if err != nil {
 				continue
 			}
-			c.Write([]byte(`{"ready":true}`))
-			go func() {
-				buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
-				for {
-					n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-					if err != nil || n == 0 {
-						gone <- c
-						return
-					}
-					var r incoming
-					if json.Unmarshal(buf[:n], &r.req) != nil {
-						continue
-					}
-					r.conn = c
-					if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-						if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
-							for _, fd := range fds {
-								r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
-							}
-						}
-					}
-					in <- r
-				}
-			}()
+			go serve(c)
 		}
 	}()
 	running := map[int]*job{} // pid -> job
@@ -637,29 +789,53 @@ type mnt struct {
 	data                string
 }
 
-// setupRoot mounts /proc, /dev and /sys in root, pivots into it and
-// masks what a sandbox must not see or change.
-func setupRoot(root string) error {
+// leaveHostMounts gives the init a root of its own, an empty tmpfs, and
+// drops every mount of the host from its namespace.
+func leaveHostMounts() error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind root: %w", err)
+	const dir = "/tmp" // any directory: the tmpfs covers it in this namespace only
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=700,size=64k"); err != nil {
+		return fmt.Errorf("mount the spare root: %w", err)
 	}
+	return pivot(dir)
+}
+
+// pivot makes dir the root and detaches the old one.
+func pivot(dir string) error {
+	if err := unix.Chdir(dir); err != nil {
+		return err
+	}
+	// pivot_root(".", "."): the old root goes under the new one, and is
+	// detached there, without a directory made for it in the new root.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// stageKernelFS mounts what a sandbox's root gets of the kernel (/proc
+// of its pid namespace, with what it must not see masked or read-only, a
+// minimal /dev, a read-only /sys) in the spare's own root, ahead of the
+// sandbox: a claim only moves them into the sandbox's root.
+func stageKernelFS() error {
 	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	for _, m := range []mnt{
-		{"proc", "proc", "proc", nodev, ""},
-		{"tmpfs", "dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
-		{"devpts", "dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
-		{"shm", "dev/shm", "tmpfs", nodev, "mode=1777,size=65536k"},
-		{"mqueue", "dev/mqueue", "mqueue", nodev, ""},
-		{"sysfs", "sys", "sysfs", nodev | unix.MS_RDONLY, ""},
+		{"proc", "/proc", "proc", nodev, ""},
+		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
+		{"shm", "/dev/shm", "tmpfs", nodev, "mode=1777,size=65536k"},
+		{"mqueue", "/dev/mqueue", "mqueue", nodev, ""},
+		{"sysfs", "/sys", "sysfs", nodev | unix.MS_RDONLY, ""},
 	} {
-		target := filepath.Join(root, m.target)
-		if err := os.MkdirAll(target, 0o755); err != nil {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount(m.src, target, m.fstype, m.flags, m.data); err != nil {
+		if err := unix.Mount(m.src, m.target, m.fstype, m.flags, m.data); err != nil {
 			return fmt.Errorf("mount %s: %w", m.target, err)
 		}
 	}
@@ -667,32 +843,41 @@ func setupRoot(root string) error {
 		name         string
 		major, minor uint32
 	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknod(filepath.Join(root, "dev", d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+		if err := unix.Mknod(filepath.Join("/dev", d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
 			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
 		}
-		os.Chmod(filepath.Join(root, "dev", d.name), 0o666)
+		os.Chmod(filepath.Join("/dev", d.name), 0o666)
 	}
 	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := os.Symlink(target, filepath.Join(root, "dev", link)); err != nil {
+		if err := os.Symlink(target, filepath.Join("/dev", link)); err != nil {
 			return err
 		}
 	}
-	old := filepath.Join(root, ".oldroot")
-	if err := os.MkdirAll(old, 0o700); err != nil {
-		return err
-	}
-	if err := unix.PivotRoot(root, old); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return err
-	}
-	if err := unix.Unmount("/.oldroot", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach the host root: %w", err)
-	}
-	os.Remove("/.oldroot")
 	return maskProc()
+}
+
+// setupRoot attaches the sandbox's root (tree, a detached mount), moves
+// the staged /proc, /dev and /sys into it and pivots into it.
+func setupRoot(tree int) error {
+	const root = "/root"
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return err
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, root, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the sandbox root: %w", err)
+	}
+	unix.Close(tree)
+	for _, d := range []string{"/proc", "/dev", "/sys"} {
+		target := root + d
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(d, target, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move %s into the root: %w", d, err)
+		}
+	}
+	return pivot(root)
 }
 
 // maskProc hides kernel interfaces a sandbox has no business reading and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +229,75 @@ func TestIdleAndMergeableCommands(t *testing.T) {
 	out, _ = sh(t, createSpec(t, container.Spec{Root: busyboxRoot(t), Idle: true}), `grep core_cookie /proc/self/sched`)
 	if !strings.Contains(out, "core_cookie") || strings.Contains(out, ": 0\n") || strings.HasSuffix(strings.TrimSpace(out), " 0") {
 		t.Fatalf("an idle sandbox's command has no core-scheduling cookie: %q", out)
+	}
+}
+
+// TestSpares: a spare waits outside every host mount (a mount the host
+// makes or removes meanwhile never reaches it), and a claim gives it a
+// root made after it started.
+func TestSpares(t *testing.T) {
+	layertest.RequireRoot(t)
+	var moved []int
+	sp, err := container.Prestart(func(pid int) error { moved = append(moved, pid); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(moved) != 1 || moved[0] != sp.Pid() || !sp.Alive() {
+		t.Fatalf("setup ran with %v, the spare is %d (alive %v)", moved, sp.Pid(), sp.Alive())
+	}
+	// A host mount made after the spare started.
+	later := t.TempDir()
+	if err := unix.Mount("tmpfs", later, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(later, unix.MNT_DETACH)
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", sp.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(info)), "\n") {
+		fs := strings.Fields(strings.SplitN(line, " - ", 2)[1])[0]
+		if f := strings.Fields(line); !slices.Contains([]string{"tmpfs", "proc", "devpts", "mqueue", "sysfs"}, fs) || strings.Contains(f[4], later) {
+			t.Errorf("the spare holds a host mount: %s", line)
+		}
+	}
+
+	root := busyboxRoot(t) // made after the spare
+	var initErr bytes.Buffer
+	sb, err := sp.Claim(container.Spec{Root: root, Hostname: "claimed", Stderr: &initErr, Socket: filepath.Join(t.TempDir(), "init.sock")})
+	if err != nil {
+		t.Fatalf("%v: %s", err, initErr.String())
+	}
+	t.Cleanup(func() { sb.Destroy() })
+	if sb.Pid() != sp.Pid() {
+		t.Fatalf("the sandbox's init is %d, the spare was %d", sb.Pid(), sp.Pid())
+	}
+	out, code := sh(t, sb, `hostname; cat /proc/self/mountinfo`)
+	host, mounts, _ := strings.Cut(out, "\n")
+	if code != 0 || host != "claimed" {
+		t.Fatalf("in the claimed spare (exit %d): %q", code, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(mounts), "\n") {
+		// The root is the only mount of a host file system.
+		if f := strings.Fields(line); strings.Contains(line, " - ext4 ") && f[4] != "/" {
+			t.Errorf("the sandbox sees a host mount: %s", line)
+		}
+	}
+	// Claiming it again fails; a discarded spare is gone.
+	if _, err := sp.Claim(container.Spec{Root: root, Socket: filepath.Join(t.TempDir(), "again.sock")}); err == nil {
+		t.Fatal("a spare was claimed twice")
+	}
+	other, err := container.Prestart(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Discard()
+	if other.Alive() || unix.Kill(other.Pid(), 0) == nil {
+		t.Fatalf("discarded spare %d still runs", other.Pid())
+	}
+	// A setup that fails leaves no process.
+	var failed int
+	if _, err := container.Prestart(func(pid int) error { failed = pid; return errors.New("no cgroup") }); err == nil || unix.Kill(failed, 0) == nil {
+		t.Fatalf("a failed setup: %v, pid %d alive %v", err, failed, unix.Kill(failed, 0) == nil)
 	}
 }

@@ -5,8 +5,6 @@ package runtimetest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -16,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
@@ -144,8 +144,31 @@ func (w *Worker) Kill() {
 	<-w.done
 }
 
-// Children lists the worker's child processes (zombies included).
+// Children lists the worker's child processes (zombies included) but
+// its spare inits while they wait.
 func (w *Worker) Children() []string {
+	var out []string
+	for _, pid := range w.children() {
+		if !waitingSpare(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Spares lists the worker's spare inits that wait: alive, in a spare's
+// group, on the tmpfs root a spare waits on (a sandbox's is its overlay).
+func (w *Worker) Spares() []string {
+	var out []string
+	for _, pid := range w.children() {
+		if waitingSpare(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func (w *Worker) children() []string {
 	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(w.Pid()), "task", "*", "children"))
 	var out []string
 	for _, t := range tasks {
@@ -153,6 +176,15 @@ func (w *Worker) Children() []string {
 		out = append(out, strings.Fields(string(b))...)
 	}
 	return out
+}
+
+func waitingSpare(pid string) bool {
+	stat, _ := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+	cg, _ := os.ReadFile(filepath.Join("/proc", pid, "cgroup"))
+	var fs unix.Statfs_t
+	err := unix.Statfs(filepath.Join("/proc", pid, "root"), &fs)
+	_, state, _ := strings.Cut(string(stat), ") ")
+	return err == nil && fs.Type == unix.TMPFS_MAGIC && !strings.HasPrefix(state, "Z") && strings.Contains(string(cg), "/sb-_")
 }
 
 // Clean removes every sandbox under root, as a test's cleanup: after
@@ -164,6 +196,29 @@ func Clean(root string) {
 			sb.Remove()
 		}
 	}
+	// The spares of a killed worker exit as it dies; their groups stay
+	// for the next worker to sweep, as this does. A group that still
+	// holds a process after that is a leak Leftovers reports.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		runtime.SweepSpares(root, nil, true)
+		if left, _ := runtime.SpareGroups(root); len(left) == 0 || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// serving reports whether a worker holds root's lock.
+func serving(root string) bool {
+	f, err := os.Open(filepath.Join(root, "worker.lock"))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
 }
 
 // Leftovers lists what the sandboxes of root left on the host: mounts
@@ -178,12 +233,15 @@ func Leftovers(root string) []string {
 		}
 	}
 	abs, _ := filepath.Abs(root)
-	h := sha256.Sum256([]byte(abs))
-	suffix := "-" + hex.EncodeToString(h[:4])
+	suffix := runtime.CgroupSuffix(root)
+	spares := serving(root) // a running worker's spare inits are its own
 	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix),
 		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
 		for _, d := range dirs {
+			if spares && runtime.IsSpareGroup(filepath.Base(d)) {
+				continue
+			}
 			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))
 		}
 	}

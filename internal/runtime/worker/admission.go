@@ -20,7 +20,15 @@ type Admission struct {
 	HostReserve      int64         // memory kept for the host (default 1 GiB)
 	MaxCreating      int           // sandboxes made at once (default 4)
 	QueueTimeout     time.Duration // longest wait in the queue (default 1 minute)
+	// Spares: sandbox inits kept started ahead of need, each in its
+	// cgroup; a latency-class create takes one instead of starting its
+	// own (default 2; negative: none).
+	Spares int
 }
+
+// maxSpares bounds Admission.Spares: each spare is a process and a
+// cgroup; a burst beyond them starts its own inits.
+const maxSpares = 256
 
 // withDefaults fills what is zero.
 func (a Admission) withDefaults() Admission {
@@ -39,6 +47,9 @@ func (a Admission) withDefaults() Admission {
 	if a.QueueTimeout == 0 {
 		a.QueueTimeout = time.Minute
 	}
+	if a.Spares == 0 {
+		a.Spares = 2
+	}
 	return a
 }
 
@@ -46,6 +57,9 @@ func (a Admission) withDefaults() Admission {
 func (a Admission) Validate() error {
 	if a.CPUOvercommit < 0 || a.MemoryOvercommit < 0 || a.HostReserve < 0 || a.MaxCreating < 0 || a.QueueTimeout < 0 {
 		return fmt.Errorf("admission settings must not be negative (%+v): %w", a, errdefs.ErrInvalidArgument)
+	}
+	if a.Spares > maxSpares {
+		return fmt.Errorf("admission.spares %d: keep at most %d inits ahead of need: %w", a.Spares, maxSpares, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -102,6 +102,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer w.release()
+	if n := cfg.Admission.withDefaults().Spares; n > 0 {
+		w.mounter.Spares = runtime.StartSpares(cfg.Root, n)
+		defer w.mounter.Spares.Close()
+	}
 
 	sock := filepath.Join(cfg.Root, api.Socket)
 	os.Remove(sock) // a dead worker's: we hold the lock
@@ -167,7 +171,9 @@ func (w *worker) adopt() error {
 	if err != nil {
 		return err
 	}
-	var live []string // what may still stand on layers
+	var live []string   // what may still stand on layers
+	var groups []string // the groups of the sandboxes kept
+	unknown := false    // a sandbox whose group is unknown
 	for _, name := range names {
 		sb, err := runtime.Load(w.cfg.Root, name)
 		if errdefs.IsNotFound(err) {
@@ -175,11 +181,12 @@ func (w *worker) adopt() error {
 			continue
 		}
 		if err != nil {
-			live = append(live, name)
+			live, unknown = append(live, name), true
 			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
 			continue
 		}
 		st := sb.Snapshot()
+		groups = append(groups, st.CgroupName)
 		if st.Pool != "" { // a warm sandbox (or one a call had): made again
 			if err := sb.Remove(); err != nil {
 				live = append(live, name)
@@ -198,6 +205,9 @@ func (w *worker) adopt() error {
 	}
 	if err := runtime.SweepLowers(w.cfg.Root, live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
+	}
+	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {
+		w.log.Error("cannot remove the spare inits of a worker that died", "err", err)
 	}
 	return nil
 }

@@ -1,0 +1,193 @@
+package runtime
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+// Spares are sandbox inits a worker starts ahead of need, each already in
+// a cgroup of its own. Most of what starting a sandbox costs is starting
+// the re-executed binary and moving it into its cgroups (on cgroup v1
+// every move waits for an RCU grace period, ~10 ms here for the five
+// hierarchies); a spare has done both before the create comes, which
+// then only writes the group's limits and hands the init its root.
+// Latency-class sandboxes take spares; batch ones, whose CPU group lives
+// under the idle parent, start their own.
+type Spares struct {
+	root string
+	want int
+
+	mu    sync.Mutex
+	ready []*spare
+	err   error // the last start's, while starts fail
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+type spare struct {
+	init *container.Spare
+	g    *cgroup.Group
+	name string // the group's
+}
+
+// spareTag starts the cgroup name of every spare: no sandbox name
+// starts with '_', so it never meets a sandbox's own group.
+const spareTag = "_"
+
+// SpareGroups names the groups of root's spares, waiting or taken.
+func SpareGroups(root string) ([]string, error) {
+	return cgroup.List("sb-"+spareTag, CgroupSuffix(root))
+}
+
+// IsSpareGroup reports whether a group was made for a spare.
+func IsSpareGroup(name string) bool { return strings.HasPrefix(name, "sb-"+spareTag) }
+
+// CgroupSuffix ends the name of every group of root's sandboxes.
+func CgroupSuffix(root string) string { return "-" + rootHash(root) }
+
+// StartSpares keeps n spare inits ready for the sandboxes of root.
+func StartSpares(root string, n int) *Spares {
+	s := &Spares{root: root, want: n, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go s.fill()
+	return s
+}
+
+func (s *Spares) fill() {
+	defer close(s.done)
+	backoff := 100 * time.Millisecond
+	for {
+		s.mu.Lock()
+		short := len(s.ready) < s.want
+		s.mu.Unlock()
+		if !short {
+			select {
+			case <-s.kick:
+				continue
+			case <-s.stop:
+				return
+			}
+		}
+		sp, err := s.start()
+		s.mu.Lock()
+		s.err = err
+		if err == nil {
+			s.ready = append(s.ready, sp)
+		}
+		s.mu.Unlock()
+		if err == nil {
+			backoff = 100 * time.Millisecond
+			continue
+		}
+		select { // creates start their own inits meanwhile
+		case <-time.After(backoff):
+			backoff = min(2*backoff, 10*time.Second)
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+func (s *Spares) start() (*spare, error) {
+	b := make([]byte, 6)
+	rand.Read(b)
+	name := cgroupName(s.root, spareTag+hex.EncodeToString(b))
+	g, err := cgroup.New(name, cgroup.Limits{})
+	if err != nil {
+		return nil, err
+	}
+	init, err := container.Prestart(g.Add)
+	if err != nil {
+		g.Kill()
+		g.Remove()
+		return nil, fmt.Errorf("spare init: %w", err)
+	}
+	return &spare{init: init, g: g, name: name}, nil
+}
+
+// take returns a ready spare, or nil when none is.
+func (s *Spares) take() *spare {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.ready) > 0 {
+		sp := s.ready[0]
+		s.ready = s.ready[1:]
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		if sp.init.Alive() {
+			return sp
+		}
+		sp.discard()
+	}
+	return nil
+}
+
+func (sp *spare) discard() {
+	sp.init.Discard()
+	sp.g.Kill()
+	sp.g.Remove()
+}
+
+// Ready counts the spares waiting, and says why starting them fails if
+// it does.
+func (s *Spares) Ready() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ready), s.err
+}
+
+// Close stops making spares and kills those waiting.
+func (s *Spares) Close() {
+	close(s.stop)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sp := range s.ready {
+		sp.discard()
+	}
+	s.ready = nil
+}
+
+// SweepSpares removes the spares' groups a worker of root left when it
+// died (its spares exit when it does; their groups stay), but for those
+// keep names, the groups of the sandboxes it made from spares. With
+// spareLive a group that still holds processes is left alone: a worker
+// that could not read every sandbox's state does not know all it keeps.
+func SweepSpares(root string, keep []string, spareLive bool) error {
+	names, err := SpareGroups(root)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if slices.Contains(keep, name) {
+			continue
+		}
+		g, err := cgroup.Open(name)
+		if err != nil {
+			continue
+		}
+		if pids, _ := g.Pids(); spareLive && len(pids) > 0 {
+			continue
+		}
+		if err := errors.Join(g.Kill(), g.Remove()); err != nil {
+			errs = append(errs, fmt.Errorf("spare group %s: %w", filepath.Base(name), err))
+		}
+	}
+	return errors.Join(errs...)
+}
