@@ -555,6 +555,11 @@ func initSandbox() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("make the init undumpable: %w", err)
 	}
+	// The worker that claimed the init hears it is ready from this
+	// thread, before anything else: no goroutine needs to be scheduled
+	// first. Its first request waits in the socket meanwhile.
+	greeting := []byte(`{"ready":true}`)
+	first.Write(greeting)
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	type incoming struct {
@@ -565,7 +570,6 @@ func initSandbox() error {
 	in := make(chan incoming)
 	gone := make(chan *net.UnixConn)
 	serve := func(c *net.UnixConn) {
-		c.Write([]byte(`{"ready":true}`))
 		buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
 		for {
 			n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
@@ -597,6 +601,7 @@ func initSandbox() error {
 			if err != nil {
 				continue
 			}
+			c.Write(greeting)
 			go serve(c)
 		}
 	}()
