@@ -26,8 +26,8 @@ func benchClient(b *testing.B) (*sdk.Client, []string) {
 	}
 	root := b.TempDir()
 	runtimetest.Layers(b, root)
-	runtimetest.StartWorker(b, root)
-	b.Cleanup(func() { runtimetest.Clean(root) })
+	w := runtimetest.StartWorker(b, root)
+	b.Cleanup(func() { w.Kill(); runtimetest.Clean(root) }) // the worker first: its spares go with it
 	c, err := sdk.New(sdk.Options{Root: root})
 	if err != nil {
 		b.Fatal(err)

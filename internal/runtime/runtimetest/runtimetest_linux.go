@@ -138,10 +138,12 @@ func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 // Pid is the worker's pid.
 func (w *Worker) Pid() int { return w.cmd.Process.Pid }
 
-// Kill kills the worker with SIGKILL and reaps it.
+// Kill kills the worker with SIGKILL and reaps it; its spares' groups
+// are swept as the next worker would.
 func (w *Worker) Kill() {
 	w.cmd.Process.Signal(syscall.SIGKILL)
 	<-w.done
+	sweepSpares(w.Root)
 }
 
 // Children lists the worker's child processes (zombies included) but
@@ -196,15 +198,43 @@ func Clean(root string) {
 			sb.Remove()
 		}
 	}
-	// The spares of a killed worker exit as it dies; their groups stay
-	// for the next worker to sweep, as this does. A group that still
-	// holds a process after that is a leak Leftovers reports.
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		runtime.SweepSpares(root, nil, true)
-		if left, _ := runtime.SpareGroups(root); len(left) == 0 || time.Now().After(deadline) {
-			return
+	sweepSpares(root)
+}
+
+// sweepSpares removes the groups of a dead worker's spares, as the next
+// worker on root would: once its spares exited (they do as it dies), the
+// empty groups. A group that still holds a process is a sandbox's (or
+// a leak Leftovers reports). A running worker's spares are its own.
+func sweepSpares(root string) {
+	if serving(root) {
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if !anySpareWaits(root) {
+			break
 		}
 	}
+	runtime.SweepSpares(root, nil, true)
+}
+
+// anySpareWaits reports whether a spare of root is still alive.
+func anySpareWaits(root string) bool {
+	groups, _ := runtime.SpareGroups(root)
+	for _, g := range groups {
+		b, _ := os.ReadFile(filepath.Join(cgroup.Root, "unified", cgroup.Parent, g, "cgroup.procs"))
+		if pure, _ := os.ReadFile(filepath.Join(cgroup.Root, cgroup.Parent, g, "cgroup.procs")); len(pure) > 0 {
+			b = pure
+		}
+		for _, pid := range strings.Fields(string(b)) {
+			// A sandbox's init is on its overlay; a spare, waiting,
+			// starting or exiting, on anything else.
+			var fs unix.Statfs_t
+			if unix.Statfs(filepath.Join("/proc", pid, "root"), &fs) != nil || fs.Type != unix.OVERLAYFS_SUPER_MAGIC {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // serving reports whether a worker holds root's lock.
