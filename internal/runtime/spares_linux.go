@@ -29,7 +29,6 @@ type Spares struct {
 
 	mu    sync.Mutex
 	ready []*spare
-	err   error // the last start's, while starts fail
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -79,17 +78,16 @@ func (s *Spares) fill() {
 			}
 		}
 		sp, err := s.start()
-		s.mu.Lock()
-		s.err = err
 		if err == nil {
+			s.mu.Lock()
 			s.ready = append(s.ready, sp)
-		}
-		s.mu.Unlock()
-		if err == nil {
+			s.mu.Unlock()
 			backoff = 100 * time.Millisecond
 			continue
 		}
-		select { // creates start their own inits meanwhile
+		// Creates start their own inits meanwhile, and meet the
+		// error, if it is the host's, themselves.
+		select {
 		case <-time.After(backoff):
 			backoff = min(2*backoff, 10*time.Second)
 		case <-s.stop:
@@ -141,14 +139,6 @@ func (sp *spare) discard() {
 	sp.init.Discard()
 	sp.g.Kill()
 	sp.g.Remove()
-}
-
-// Ready counts the spares waiting, and says why starting them fails if
-// it does.
-func (s *Spares) Ready() (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.ready), s.err
 }
 
 // Close stops making spares and kills those waiting.
