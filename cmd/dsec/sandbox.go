@@ -369,25 +369,26 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 			if err != nil {
 				return err
 			}
-			list, err := c.List(cmd.Context())
+			list := c.List
 			if all {
-				list, err = c.ListAll(cmd.Context())
+				list = c.ListAll
 			}
+			sandboxes, err := list(cmd.Context())
 			if err != nil {
 				return err
 			}
 			switch {
 			case asJSON:
-				return a.printJSON(list)
+				return a.printJSON(sandboxes)
 			case quiet:
-				for _, s := range list {
+				for _, s := range sandboxes {
 					fmt.Fprintln(a.stdout, s.Name)
 				}
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSTATUS\tCLASS\tCPU\tMEMORY\tDISK\tIDLE\tEXECS\tCREATED\tLAYERS")
-			for _, s := range list {
+			for _, s := range sandboxes {
 				cpu, mem, idle := "-", "-", "-"
 				if s.Status == api.StatusRunning {
 					cpu = fmt.Sprintf("%.2fs", s.CPUSeconds)

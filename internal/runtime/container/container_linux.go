@@ -483,7 +483,9 @@ func initSandbox() error {
 	if _, err := unix.Write(3, []byte("ready")); err != nil {
 		return err
 	}
-	buf, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(3*4))
+	// A spec is a few KiB; the largest, a seccomp program of
+	// BPF_MAXINSNS instructions, under 64 KiB as JSON.
+	buf, oob := make([]byte, 256<<10), make([]byte, unix.CmsgSpace(3*4))
 	n, oobn, _, _, err := unix.Recvmsg(3, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil || n == 0 { // discarded: the worker closed its end
 		os.Exit(0)

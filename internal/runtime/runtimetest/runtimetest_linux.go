@@ -220,16 +220,17 @@ func sweepSpares(root string) {
 // anySpareWaits reports whether a spare of root is still alive.
 func anySpareWaits(root string) bool {
 	groups, _ := runtime.SpareGroups(root)
-	for _, g := range groups {
-		b, _ := os.ReadFile(filepath.Join(cgroup.Root, "unified", cgroup.Parent, g, "cgroup.procs"))
-		if pure, _ := os.ReadFile(filepath.Join(cgroup.Root, cgroup.Parent, g, "cgroup.procs")); len(pure) > 0 {
-			b = pure
+	for _, name := range groups {
+		g, err := cgroup.Open(name)
+		if err != nil {
+			continue
 		}
-		for _, pid := range strings.Fields(string(b)) {
+		pids, _ := g.Pids()
+		for _, pid := range pids {
 			// A sandbox's init is on its overlay; a spare, waiting,
 			// starting or exiting, on anything else.
 			var fs unix.Statfs_t
-			if unix.Statfs(filepath.Join("/proc", pid, "root"), &fs) != nil || fs.Type != unix.OVERLAYFS_SUPER_MAGIC {
+			if unix.Statfs(filepath.Join("/proc", strconv.Itoa(pid), "root"), &fs) != nil || fs.Type != unix.OVERLAYFS_SUPER_MAGIC {
 				return true
 			}
 		}
