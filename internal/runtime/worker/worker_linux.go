@@ -461,15 +461,20 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		Mounter:       w.mounter,
 	})
 	w.lineage.RUnlock()
-	w.gate.created()
+	// The entry leaves "creating" before the slot goes to the next
+	// creation: ps never shows more being made than max_creating.
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if err != nil {
 		delete(w.sandboxes, spec.Name)
+	} else {
+		e.sb, e.pending = sb, ""
+	}
+	w.mu.Unlock()
+	w.gate.created()
+	if err != nil {
 		w.gate.release(e.req)
 		return nil, err
 	}
-	e.sb, e.pending = sb, ""
 	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool)
 	return sb, nil
 }
