@@ -40,31 +40,58 @@ fi
 export DSEC_ROOT=$work/builder
 shared=dir://$work/shared
 
-# --- 1. fraction fetched by an agent step
+# --- 1. fraction fetched by an agent step, on the layout of a plain build (files in path order) and
+# on one built with --order from the step's recorded access profile (the files it read first).
 "$dsec" layer build "$rootfs" --kind base -t bench/debian:1 >/dev/null
 "$dsec" layer push bench/debian:1 "$shared" >/dev/null 2>&1
 total=$("$dsec" layer inspect bench/debian:1 --json | sed -n 's/^  "size": \([0-9]*\).*/\1/p')
-host=$work/host1
 base=$work/base; merged=$work/merged; upper=$work/rw
 mkdir -p "$base" "$merged" "$upper"
-cold
-DSEC_ROOT=$host "$dsec" layer mount bench/debian:1 "$base" --from "$shared" >/dev/null
-mount -t tmpfs tmpfs "$upper"; mkdir "$upper/u" "$upper/w"
-mount -t overlay overlay -o "lowerdir=$base,upperdir=$upper/u,workdir=$upper/w" "$merged"
-mount --bind /dev "$merged/dev"
-mount -t proc proc "$merged/proc"
-meta=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_fetched": \([0-9]*\).*/\1/p')
-chroot "$merged" /bin/sh -c '
-	python3 -c "import json, os, subprocess; print(len(os.listdir(\"/usr/lib\")))" >/dev/null
+stat_of() { DSEC_ROOT=$1 "$dsec" layer stats "$2" --json | sed -n "s/.*\"$3\": \([0-9]*\).*/\1/p"; }
+# the agent step: start a shell, run python, git status in a new repo, compile a C file and run it
+step1='python3 -c "import json, os, subprocess; print(len(os.listdir(\"/usr/lib\")))" >/dev/null
 	mkdir -p /tmp/repo && cd /tmp/repo && git init -q && echo hi >f && git add f && git status --short >/dev/null
 	printf "#include <stdio.h>\nint main(void){puts(\"hi\");return 0;}\n" >/tmp/h.c && gcc -O2 -o /tmp/h /tmp/h.c && /tmp/h >/dev/null'
-fetched=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_fetched": \([0-9]*\).*/\1/p')
-readb=$(DSEC_ROOT=$host "$dsec" layer stats bench/debian:1 --json | sed -n 's/.*"bytes_read": \([0-9]*\).*/\1/p')
-for m in "$merged/proc" "$merged/dev" "$merged" "$upper"; do umount "$m"; done
-DSEC_ROOT=$host "$dsec" layer umount "$base"
-printf '1. agent step on a %s MiB Debian base: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%)\n' \
-	"$(mb "$total")" "$(mb "$fetched")" "$(awk -v a="$fetched" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')" "$(mb "$meta")" \
-	"$(mb "$readb")" "$(awk -v a="$readb" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}')"
+# another step the profile was not recorded from: other modules, git commit and log, other headers and -O0
+step2='python3 -c "import re, collections, email.parser, http.client; print(re.sub(\"a\", \"b\", \"abc\"))" >/dev/null
+	mkdir -p /tmp/r2 && cd /tmp/r2 && git init -q && echo x >g && git add g && git -c user.name=a -c user.email=a@b commit -qm m && git log --oneline >/dev/null
+	printf "#include <math.h>\n#include <string.h>\n#include <stdlib.h>\nint main(int c,char**v){return (int)sqrt(strlen(v[0]))+abs(c) > 1000;}\n" >/tmp/m.c && gcc -O0 -o /tmp/m /tmp/m.c -lm && /tmp/m'
+# step HOST REF SCRIPT [--record]: one cold run of SCRIPT over a lazy mount of REF; sets meta, fetched,
+# readb, and ms (the step's wall time)
+step() {
+	local host=$1 ref=$2 script=$3; shift 3
+	cold
+	DSEC_ROOT=$host "$dsec" layer mount "$ref" "$base" --from "$shared" "$@" >/dev/null
+	mount -t tmpfs tmpfs "$upper"; mkdir "$upper/u" "$upper/w"
+	mount -t overlay overlay -o "lowerdir=$base,upperdir=$upper/u,workdir=$upper/w" "$merged"
+	mount --bind /dev "$merged/dev"
+	mount -t proc proc "$merged/proc"
+	meta=$(stat_of "$host" "$ref" bytes_fetched)
+	local t0; t0=$(now)
+	chroot "$merged" /bin/sh -c "$script"
+	ms=$(( ($(now) - t0) / 1000000 ))
+	sleep 1 # the hot region's background prefetch, if any, is part of what the step costs
+	fetched=$(stat_of "$host" "$ref" bytes_fetched); readb=$(stat_of "$host" "$ref" bytes_read)
+	for m in "$merged/proc" "$merged/dev" "$merged" "$upper"; do umount "$m"; done
+	DSEC_ROOT=$host "$dsec" layer umount "$base"
+}
+pctof() { awk -v a="$1" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}'; }
+step "$work/host1" bench/debian:1 "$step1" --record
+printf '1. agent step on a %s MiB Debian base, path-order layout: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%; step %s ms)\n' \
+	"$(mb "$total")" "$(mb "$fetched")" "$(pctof "$fetched")" "$(mb "$meta")" "$(mb "$readb")" "$(pctof "$readb")" "$ms"
+for i in $(seq 100); do [ -e "$work/host1/cache/"*/access ] && break; sleep 0.1; done # the fetcher saves the record as it exits
+DSEC_ROOT=$work/host1 "$dsec" layer profile bench/debian:1 -o "$work/step.profile"
+"$dsec" layer build "$rootfs" --kind base -t bench/debian:2 --order "$work/step.profile" >/dev/null
+"$dsec" layer push bench/debian:2 "$shared" >/dev/null 2>&1
+hot=$("$dsec" layer inspect bench/debian:2 --json | awk '/"hot"/ {h=1} h && /"size"/ {gsub(/[^0-9]/, ""); print; exit}')
+step "$work/host1b" bench/debian:2 "$step1"
+printf '   ordered by the step'"'"'s profile (%s files, hot region %s MiB): fetched %s MiB = %s%% (the kernel read %s MiB = %s%%; step %s ms)\n' \
+	"$(wc -l <"$work/step.profile")" "$(mb "$hot")" "$(mb "$fetched")" "$(pctof "$fetched")" "$(mb "$readb")" "$(pctof "$readb")" "$ms"
+step "$work/host1c" bench/debian:1 "$step2"; f2=$fetched; m2=$ms
+step "$work/host1d" bench/debian:2 "$step2"
+printf '   another step (other modules, git commit, math.h, -O0), not the profiled one: path order %s MiB = %s%% (%s ms), ordered %s MiB = %s%% (%s ms)\n' \
+	"$(mb "$f2")" "$(pctof "$f2")" "$m2" "$(mb "$fetched")" "$(pctof "$fetched")" "$ms"
+printf '   (cache.read_ahead_kb=%s, the same for the recorded run and the replays)\n' "${DSEC_CACHE_READ_AHEAD_KB:-16}"
 
 # --- 2. workspace provisioning
 ws=$work/ws-src; mkdir -p "$ws"

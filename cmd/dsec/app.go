@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
 	dlog "github.com/dsec-project/dsec/internal/log"
 )
 
@@ -67,9 +68,17 @@ type PoolFile struct {
 	Workdir   string   `mapstructure:"workdir"`
 }
 
-// CacheConfig bounds the host cache of lazily fetched layers.
+// CacheConfig is how this host mounts lazily fetched layers.
 type CacheConfig struct {
-	MaxBytes int64 `mapstructure:"max_bytes"` // the whole host cache; 0: unbounded
+	MaxBytes    int64 `mapstructure:"max_bytes"`     // the whole host cache; 0: unbounded
+	ReadAheadKB int   `mapstructure:"read_ahead_kb"` // the kernel's read-ahead on each mount
+}
+
+// maxReadAheadKB bounds cache.read_ahead_kb: a window's worth.
+const maxReadAheadKB = 1024
+
+func (c CacheConfig) tuning() lazy.Tuning {
+	return lazy.Tuning{MaxBytes: c.MaxBytes, ReadAheadKB: c.ReadAheadKB}
 }
 
 type app struct {
@@ -118,7 +127,8 @@ All state lives under --root. Settings come from flags, then DSEC_* environment 
 (--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
 are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
 to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs), cache.max_bytes (DSEC_CACHE_MAX_BYTES:
-the budget of the host cache of lazily mounted layers), the worker's admission control
+the budget of the host cache of lazily mounted layers), cache.read_ahead_kb (16: the kernel's
+read-ahead on each lazy mount; what it reads ahead may cost a fetch), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
 1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none), idle reclaim (reclaim.idle_after,
@@ -168,6 +178,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	v.SetDefault("remote", "")
 	v.SetDefault("cache.max_bytes", 0)
+	v.SetDefault("cache.read_ahead_kb", lazy.DefaultReadAheadKB)
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
@@ -187,7 +198,10 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	if err := v.UnmarshalExact(&a.cfg); err != nil {
-		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.max_bytes, admission.*, reclaim.*, pools.NAME.*)", file, err)}
+		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)", file, err)}
+	}
+	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
+		return usageError{fmt.Errorf("cache.read_ahead_kb %d: use 0 (none) to %d", ra, maxReadAheadKB)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {

@@ -22,10 +22,11 @@ type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the 
 over a base layer.`,
 	}
 	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(),
-		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerFetcher())
+		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerProfile(),
+		a.layerFetcher())
 	for _, c := range cmd.Commands() {
 		switch c.Name() {
-		case "inspect", "rm", "push", "mount", "stats":
+		case "inspect", "rm", "push", "mount", "stats", "profile":
 			c.ValidArgsFunction = a.completeRefs
 		}
 	}
@@ -37,8 +38,8 @@ func (a *app) openStore() (*store.Store, error) {
 }
 
 type buildFlags struct {
-	kind, tag   string
-	force, json bool
+	kind, tag, order string
+	force, json      bool
 }
 
 func (a *app) layerBuild() *cobra.Command {
@@ -60,6 +61,13 @@ fifos, sockets and sparse files survive. AUFS whiteouts (.wh.NAME, .wh..wh..opq)
 tar become overlayfs whiteouts (a 0/0 character device, trusted.overlay.opaque=y), so the
 layer stacks under overlayfs as the tar meant. The same tree always gives the same digest.
 
+--order FILE (an access profile, as dsec layer profile writes it: a path a line, with the
+blocks read after a tab) puts that data first, in that order, ahead of everything else:
+what a recorded run read becomes one contiguous range at the front of the image (the
+layer's hot region; a file read in part is split, its other blocks stay behind), so a
+lazy mount fetches it in few windows and prefetches it in the background on every host.
+Only a directory source can be ordered.
+
 Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 
 ` + exitCodesHelp,
@@ -70,7 +78,11 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
   git archive HEAD | dsec layer build - --kind workspace -t myrepo:abc123 --json
 
   # flatten an image saved with docker save
-  dsec layer build ./python.tar --kind base -t python:3.12`,
+  dsec layer build ./python.tar --kind base -t python:3.12
+
+  # lay out a base by what a recorded agent step read (see dsec layer profile)
+  dsec layer profile debian/bookworm:2026.11 -o step.profile
+  dsec layer build ./rootfs --kind base -t debian/bookworm:2026.11p --order step.profile`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.kind == "" {
@@ -92,6 +104,11 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 				return err
 			}
 			opts := layer.BuildOptions{Source: args[0], Stdin: a.stdin, Kind: kind, Ref: ref, Force: f.force}
+			if f.order != "" {
+				if opts.Order, err = readProfile(f.order); err != nil {
+					return err
+				}
+			}
 			var bar *progressbar.ProgressBar
 			if a.showProgress() {
 				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
@@ -120,6 +137,7 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 	fl.StringVar(&f.kind, "kind", "", "layer kind: base, workspace or toolkit (required)")
 	fl.StringVarP(&f.tag, "tag", "t", "", "tag NAME[:VERSION] for the layer, VERSION defaulting to latest (required)")
 	fl.BoolVar(&f.force, "force", false, "replace an existing tag that names other content")
+	fl.StringVar(&f.order, "order", "", "lay out the data the access profile FILE names first, in its order (see dsec layer profile)")
 	fl.BoolVar(&f.json, "json", false, "print the layer as JSON (digest, size, name, kind, metadata, ...)")
 	_ = cmd.RegisterFlagCompletionFunc("kind", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return []string{"base", "workspace", "toolkit"}, cobra.ShellCompDirectiveNoFileComp

@@ -15,9 +15,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/runtime"
 )
 
 type mountResult struct {
@@ -41,8 +43,9 @@ With --from REMOTE (dir:///PATH, oci://HOST/REPO or a configured name) the layer
 lazily: block 0 and the metadata region are fetched first, so listing and stat never wait,
 and each 1 MiB window of file data is fetched on first read, checked against the layer's
 window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). With
---record, the windows the run reads become the layer's prefetch hint on this host: later
-fetchers of the layer fetch them in the background as soon as they start. One
+--record, the windows the run reads become the layer's prefetch hint on this host (later
+fetchers of the layer fetch them in the background as soon as they start) and the byte
+ranges it reads its access profile (dsec layer profile). One
 fetcher process per layer serves every mount of it and outlives this command; it exits
 when the last mount is gone. If the fetcher dies or the remote fails, reads fail with EIO:
 never zeros, never stale bytes.
@@ -91,9 +94,8 @@ never zeros, never stale bytes.
 				if err != nil {
 					return err
 				}
-				spec := lazy.Spec{Ref: ref.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
-					Windows: l.Config.Windows, Remote: target.String(), Insecure: insecure, MaxBytes: a.cfg.Cache.MaxBytes,
-					Record: record}
+				spec := lazy.SpecFor(ref.String(), l, target, insecure, a.cfg.Cache.tuning())
+				spec.Record = record
 				start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
 				if err := lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start); err != nil {
 					return err
@@ -109,7 +111,7 @@ never zeros, never stale bytes.
 	}
 	cmd.Flags().StringVar(&from, "from", "", "mount lazily from this remote (URL or configured name)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to a registry on localhost")
-	cmd.Flags().BoolVar(&record, "record", false, "record the windows this run reads as the layer's prefetch hint on this host")
+	cmd.Flags().BoolVar(&record, "record", false, "record what this run reads: the layer's prefetch hint and access profile on this host")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -172,6 +174,86 @@ REF is NAME[:VERSION] or the layer digest.
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+func (a *app) layerProfile() *cobra.Command {
+	var out string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "profile REF [-o FILE]",
+		Short: "Print the files a recorded run of a lazily mounted layer read, in first read order",
+		Long: `Profile turns what the last run recorded on this host (dsec layer mount --record, until
+its fetcher exited) into the files it read, in the order it first read them, one a line:
+the path for a file read whole, else the path, a tab and the blocks read (START+COUNT in
+4 KiB blocks of the file, comma-separated). That is the profile dsec layer build --order
+takes: rebuilt with it, the layer holds exactly those blocks together at the front of its
+data (its hot region), so the same kind of run fetches far fewer windows and every host
+that mounts the layer prefetches them. REF is NAME[:VERSION] or the layer digest.
+
+` + exitCodesHelp,
+		Example: `  dsec layer mount debian:12 /mnt/base --from dir:///mnt/3fs/dsec --record
+  # ... run the agent step against /mnt/base, then:
+  dsec layer umount /mnt/base
+  dsec layer profile debian:12 -o step.profile`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, _, err := a.cachedLayer(args[0])
+			if err != nil {
+				return err
+			}
+			hot, err := lazy.Profile(a.cfg.Root, d)
+			if err != nil {
+				return err
+			}
+			b := layer.FormatProfile(hot)
+			if asJSON {
+				j, _ := json.MarshalIndent(profileJSON(hot), "", "  ")
+				b = append(j, '\n')
+			}
+			if out == "" {
+				_, err = a.stdout.Write(b)
+				return err
+			}
+			return runtime.WriteFileAtomic(out, b)
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "write to FILE (replaced whole) instead of stdout")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array of {path, blocks: [[start, count], ...]}")
+	return cmd
+}
+
+// profileJSON is a profile as JSON: blocks are [start, count] pairs.
+func profileJSON(hot []erofs.Hot) any {
+	type entry struct {
+		Path   string      `json:"path"`
+		Blocks [][2]uint64 `json:"blocks,omitempty"`
+	}
+	out := make([]entry, 0, len(hot))
+	for _, h := range hot {
+		e := entry{Path: h.Path}
+		for _, r := range h.Blocks {
+			e.Blocks = append(e.Blocks, [2]uint64{r.Start, r.Count})
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// readProfile reads an access profile file for --order.
+func readProfile(p string) ([]erofs.Hot, error) {
+	f, err := os.Open(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("--order: no file %s (dsec layer profile writes one): %w", p, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--order: %w", err)
+	}
+	defer f.Close()
+	hot, err := layer.ParseProfile(f)
+	if err != nil {
+		return nil, fmt.Errorf("--order %s: %w", p, err)
+	}
+	return hot, nil
 }
 
 // cachedLayer finds the digest of a layer in the host cache by name or

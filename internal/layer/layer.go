@@ -119,6 +119,10 @@ type Config struct {
 	Metadata  erofs.Region `json:"metadata"`
 	Windows   Windows      `json:"windows"`
 	Snapshot  *Lineage     `json:"snapshot,omitempty"` // KindSnapshot only
+	// Hot is the start of the data region holding the files of the access
+	// profile the layer was built with (build --order), in profile order:
+	// lazy mounts fetch it in the background. Nil without a profile.
+	Hot *erofs.Region `json:"hot,omitempty"`
 }
 
 // Lineage is where a snapshot layer comes from: the layers it stands on
@@ -170,6 +174,7 @@ type Info struct {
 	Windows  Windows       `json:"windows"`
 	Source   string        `json:"source,omitempty"`
 	Snapshot *Lineage      `json:"snapshot,omitempty"`
+	Hot      *erofs.Region `json:"hot,omitempty"`
 }
 
 // BuildOptions says what to build.
@@ -188,6 +193,11 @@ type BuildOptions struct {
 	Walk       func(context.Context, *erofs.Writer) error
 	SourceKind string
 	Snapshot   *Lineage // a snapshot layer's lineage
+
+	// Order lists the files (or parts of them) whose data goes first, in
+	// this order: an access profile (see lazy.Profile and ParseProfile).
+	// Only a directory source can be ordered.
+	Order []erofs.Hot
 }
 
 // Build converts the source into an EROFS layer, stores it and tags it.
@@ -219,6 +229,9 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		}
 	}
 	defer src.close()
+	if len(o.Order) > 0 && !src.planned {
+		return nil, fmt.Errorf("--order needs a directory source: a %s is written as it is read: %w", src.kind, errdefs.ErrInvalidArgument)
+	}
 
 	release, err := s.Writer()
 	if err != nil {
@@ -242,6 +255,9 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		defer h.Close()
 		h.onData = func(n int) { o.Progress.Add(int64(n)) }
 		w.Observe(h)
+	}
+	if err := w.SetOrder(o.Order); err != nil {
+		return nil, fmt.Errorf("--order: %w", err)
 	}
 	if err := src.add(ctx, w, o.Progress); err != nil {
 		return nil, storeErr(err)
@@ -274,6 +290,9 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		Files: st.Entries, Inodes: st.Inodes, Data: st.Data, Metadata: st.Metadata,
 		Windows:  Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
 		Snapshot: o.Snapshot,
+	}
+	if st.Hot.Size > 0 {
+		cfg.Hot = &st.Hot
 	}
 	cb, _ := json.Marshal(cfg)
 	cfgDesc, err := s.WriteBlob(MediaTypeConfig, cb)
@@ -312,7 +331,7 @@ func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
 	return &Info{
 		Ref: ref, Kind: cfg.Kind, Digest: blob.Digest, Size: blob.Size, Manifest: m.Digest,
 		Created: cfg.Created, Files: cfg.Files, Inodes: cfg.Inodes, Metadata: cfg.Metadata,
-		Windows: cfg.Windows, Source: cfg.Source, Snapshot: cfg.Snapshot,
+		Windows: cfg.Windows, Source: cfg.Source, Snapshot: cfg.Snapshot, Hot: cfg.Hot,
 	}
 }
 

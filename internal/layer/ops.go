@@ -10,6 +10,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
@@ -38,6 +39,9 @@ func ParseConfig(b []byte) (*Config, error) {
 	}
 	if (cfg.Kind == KindSnapshot) != (cfg.Snapshot != nil) {
 		return nil, fmt.Errorf("config of kind %q with lineage %v: only snapshots have one: %w", cfg.Kind, cfg.Snapshot != nil, errdefs.ErrDataLoss)
+	}
+	if h := cfg.Hot; h != nil && (h.Offset != erofs.BlockSize || h.Size < 0 || h.Size > cfg.Metadata.Offset-h.Offset) {
+		return nil, fmt.Errorf("config: hot region %+v is not inside the data region: %w", *h, errdefs.ErrDataLoss)
 	}
 	if l := cfg.Snapshot; l != nil {
 		if len(l.Lowers) == 0 {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/containerd/errdefs"
@@ -181,14 +183,36 @@ func mountDisk(dir string, fresh bool) error {
 	return nil
 }
 
-// unmountDisk unmounts the disk image, if the sandbox has one mounted;
-// the loop device goes with it.
+// unmountDisk unmounts the disk image, if the sandbox has one mounted,
+// and waits for its loop device to detach: the kernel clears an
+// autoclear loop device from a work queue after its last close, so
+// without the wait a removed sandbox's image could still be attached.
 func unmountDisk(dir string) error {
 	if mounted, err := isMountPoint(diskDir(dir)); err != nil || !mounted {
 		return nil
 	}
-	return mount.Unmount(diskDir(dir))
+	var st unix.Stat_t
+	if err := unix.Stat(diskDir(dir), &st); err != nil {
+		return err
+	}
+	attached := fmt.Sprintf("/sys/block/loop%d/loop/backing_file", unix.Minor(st.Dev))
+	held, _ := os.ReadFile(attached)
+	if err := mount.Unmount(diskDir(dir)); err != nil {
+		return err
+	}
+	if unix.Major(st.Dev) != loopMajor || len(held) == 0 {
+		return nil
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if b, err := os.ReadFile(attached); err != nil || !bytes.Equal(b, held) {
+			return nil
+		}
+	}
+	return fmt.Errorf("disk quota: loop%d still holds %s 5 s after the unmount", unix.Minor(st.Dev), diskImage(dir))
 }
+
+// loopMajor is the block major number of loop devices.
+const loopMajor = 7
 
 // growDisk grows the disk image to size bytes. Online (the sandbox
 // runs on it): the file, the loop device's capacity, then the mounted

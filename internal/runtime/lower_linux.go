@@ -160,8 +160,7 @@ func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (*fou
 	if err != nil {
 		return nil, err
 	}
-	spec := lazy.Spec{Ref: r.String(), Digest: l.Blob.Digest, Size: l.Blob.Size, Metadata: l.Config.Metadata,
-		Windows: l.Config.Windows, Remote: m.Remote.String(), Insecure: m.Insecure, MaxBytes: m.CacheMax}
+	spec := lazy.SpecFor(r.String(), l, m.Remote, m.Insecure, m.Cache)
 	return &found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, func(target string) error {
 		return lazy.Mount(ctx, root, spec, l.Windows, target, m.Fetcher)
 	}}, nil

@@ -70,7 +70,7 @@ type Mounter struct {
 	Remote   remote.Target
 	Insecure bool
 	Fetcher  lazy.Start
-	CacheMax int64 // the host cache budget (cache.max_bytes)
+	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
 	// Spares are inits started ahead of need; nil: every sandbox
 	// starts its own.
 	Spares *Spares
@@ -374,16 +374,6 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 func (sb *Sandbox) save() error {
 	b, _ := json.MarshalIndent(sb.State, "", "  ")
 	return WriteFileAtomic(filepath.Join(sb.dir, "state.json"), b)
-}
-
-// WriteFileAtomic replaces path with b: a reader sees the old bytes or
-// the new, never part of them.
-func WriteFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // List names the sandboxes under root.

@@ -28,4 +28,7 @@
 // same bytes. Data blocks are placed in call order: callers that want the
 // same image for the same tree add files in a canonical order (the
 // directory walker in package layer adds them in sorted depth-first order).
+// SetOrder moves the planned files it names to the front of the data
+// region, in its order (Stats.Hot): an access profile recorded from a run
+// becomes one contiguous range that a lazy mount fetches in few windows.
 package erofs

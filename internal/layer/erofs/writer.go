@@ -81,6 +81,9 @@ type Stats struct {
 	Entries  uint64 // paths, counting every hard link and the root
 	Data     Region // file data blocks
 	Metadata Region // directory blocks, long symlinks and the inode area
+	// Hot is the start of the data region that holds the files named by
+	// SetOrder, in that order (zero when none was given or planned).
+	Hot Region
 }
 
 type inode struct {
@@ -97,6 +100,9 @@ type inode struct {
 	chunks    []uint32 // chunk-based: block address per chunk or nullAddr
 
 	plan *Planned // planned mode: where the data comes from
+	rank int      // planned mode: position in the SetOrder list, or past its end
+	// planned mode: Prefetch was called
+	prefetched bool
 
 	// set by Finish
 	order  int
@@ -130,8 +136,10 @@ type Writer struct {
 	err     error
 	done    bool
 
-	started bool     // block 0 was reserved: streaming mode
-	planned []*inode // planned mode: files whose data Finish emits
+	started bool           // block 0 was reserved: streaming mode
+	planned []*inode       // planned mode: files whose data Finish emits
+	rank    map[string]int // SetOrder: position of a path
+	hot     [][]BlockRange // SetOrder: per position, the hot blocks (nil: all)
 	observe Observer
 }
 
@@ -205,9 +213,10 @@ type Planned struct {
 	Holes []bool
 }
 
-// Plan adds a regular file whose data is read by Finish. It assigns the
-// same blocks Create would for the same content, so a planned image and
-// a streamed one of the same tree are byte-identical.
+// Plan adds a regular file whose data is read by Finish. Finish assigns
+// its blocks: without SetOrder the same blocks Create would for the same
+// content, so a planned image and a streamed one of the same tree are
+// byte-identical.
 func (w *Writer) Plan(p string, a Attr, size int64, pl Planned) error {
 	if w.started {
 		return errors.New("erofs: Plan after Create: an image is either streamed or planned")
@@ -227,18 +236,12 @@ func (w *Writer) Plan(p string, a Attr, size int64, pl Planned) error {
 	if pl.Holes != nil && uint64(len(pl.Holes)) != units {
 		return fmt.Errorf("erofs: plan %q: %d hole flags for %d units", p, len(pl.Holes), units)
 	}
-	var bp blockPlan
-	bp.begin(w)
-	for u := uint64(0); u < units; u++ {
-		n := min(HoleSize, ino.size-u*HoleSize)
-		if bp.hole(w, n, pl.Holes != nil && pl.Holes[u]) {
-			continue
-		}
-		if err := w.reserve(n); err != nil {
-			return err
+	ino.rank = len(w.rank)
+	if parts, err := SplitPath(p); err == nil {
+		if r, ok := w.rank[strings.Join(parts, "/")]; ok {
+			ino.rank = r
 		}
 	}
-	bp.end(w, ino)
 	if err := w.place(p, ino); err != nil {
 		return err
 	}
@@ -246,20 +249,209 @@ func (w *Writer) Plan(p string, a Attr, size int64, pl Planned) error {
 	return nil
 }
 
+// Hot names a planned file for SetOrder and the parts of it that go
+// first: Blocks are ranges of the file's BlockSize blocks; nil means the
+// whole file.
+type Hot struct {
+	Path   string
+	Blocks []BlockRange
+}
+
+// BlockRange is Count blocks of a file from block Start.
+type BlockRange struct{ Start, Count uint64 }
+
+// SetOrder asks Finish to place the data named in hot first, in that
+// order, ahead of every other block (the rest keep plan order). A run
+// that reads those parts then reads one contiguous range of the image
+// instead of spots scattered over it: the layout a recorded access
+// profile asks for. A file only partly named is stored chunk-based with
+// one chunk per block, so its named blocks can be hot and the others
+// cold. Paths never planned are ignored. It must be called before Plan.
+func (w *Writer) SetOrder(hot []Hot) error {
+	if len(w.planned) > 0 {
+		return errors.New("erofs: SetOrder after Plan")
+	}
+	w.rank = make(map[string]int, len(hot))
+	w.hot = nil
+	for _, h := range hot {
+		parts, err := SplitPath(h.Path)
+		if err != nil {
+			return err
+		}
+		k := strings.Join(parts, "/")
+		if r, ok := w.rank[k]; ok {
+			if w.hot[r] != nil && h.Blocks != nil {
+				w.hot[r] = append(w.hot[r], h.Blocks...)
+			} else {
+				w.hot[r] = nil // the whole file
+			}
+			continue
+		}
+		w.rank[k] = len(w.rank)
+		w.hot = append(w.hot, h.Blocks)
+	}
+	return nil
+}
+
+// assignPlanned gives every planned file its blocks and returns the end
+// of the hot ones (1 when none): first the parts SetOrder named, in its
+// order, then every other file whole in plan order, then the rest of the
+// files SetOrder named only in part. Without SetOrder the blocks follow
+// plan order, as Create would assign them.
+func (w *Writer) assignPlanned() (uint32, error) {
+	slices.SortStableFunc(w.planned, func(a, b *inode) int { return a.rank - b.rank })
+	var split, cold []*inode
+	rest := w.planned
+	for len(rest) > 0 && rest[0].rank < len(w.rank) {
+		ino := rest[0]
+		rest = rest[1:]
+		if ranges := w.hot[ino.rank]; ranges == nil || w.coversAll(ino, ranges) {
+			if err := w.assignWhole(ino); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		// One chunk per block: 0 (block 0 is the superblock) marks one
+		// not assigned yet.
+		ino.chunkBits = 0
+		ino.chunks = make([]uint32, (ino.size+BlockSize-1)/BlockSize)
+		start := w.nextBlk
+		for _, r := range w.hot[ino.rank] {
+			for b := r.Start; b < min(r.Start+r.Count, uint64(len(ino.chunks))); b++ {
+				if ino.chunks[b] == 0 && !ino.holeBlock(b) {
+					ino.chunks[b] = w.nextBlk
+					if err := w.reserve(BlockSize); err != nil {
+						return 0, err
+					}
+				}
+			}
+		}
+		if w.nextBlk == start { // the ranges name no data it has: not hot at all
+			ino.chunks = nil
+			cold = append(cold, ino)
+			continue
+		}
+		split = append(split, ino)
+	}
+	hotEnd := w.nextBlk
+	for _, ino := range append(cold, rest...) {
+		if err := w.assignWhole(ino); err != nil {
+			return 0, err
+		}
+	}
+	for _, ino := range split {
+		for b, c := range ino.chunks {
+			switch {
+			case ino.holeBlock(uint64(b)):
+				ino.chunks[b] = nullAddr
+			case c == 0:
+				ino.chunks[b] = w.nextBlk
+				if err := w.reserve(BlockSize); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	return hotEnd, nil
+}
+
+// coversAll says whether ranges name every data block of ino.
+func (w *Writer) coversAll(ino *inode, ranges []BlockRange) bool {
+	n := (ino.size + BlockSize - 1) / BlockSize
+	seen := make([]bool, n)
+	for _, r := range ranges {
+		for b := r.Start; b < min(r.Start+r.Count, n); b++ {
+			seen[b] = true
+		}
+	}
+	for b := range seen {
+		if !seen[b] && !ino.holeBlock(uint64(b)) {
+			return false
+		}
+	}
+	return true
+}
+
+// holeBlock says whether block b of a planned file lies in a hole unit.
+func (ino *inode) holeBlock(b uint64) bool {
+	u := b * BlockSize / HoleSize
+	return ino.plan.Holes != nil && ino.plan.Holes[u]
+}
+
+// assignWhole gives a planned file its blocks in file order.
+func (w *Writer) assignWhole(ino *inode) error {
+	var bp blockPlan
+	bp.begin(w)
+	units := (ino.size + HoleSize - 1) / HoleSize
+	for u := uint64(0); u < units; u++ {
+		n := min(HoleSize, ino.size-u*HoleSize)
+		if bp.hole(w, n, ino.plan.Holes != nil && ino.plan.Holes[u]) {
+			continue
+		}
+		if err := w.reserve(n); err != nil {
+			return err
+		}
+	}
+	bp.end(w, ino)
+	return nil
+}
+
+// segment is a run of a planned file's bytes stored at consecutive
+// blocks of the image.
+type segment struct {
+	ino      *inode
+	off, n   uint64 // bytes of the file
+	blk      uint32 // where they go
+	lastOfIn bool   // the file's last segment: prefetch credit is due
+}
+
+// segments lists where every planned byte goes, in image order.
+func (w *Writer) segments() []segment {
+	var segs []segment
+	for _, ino := range w.planned {
+		first := len(segs)
+		switch {
+		case ino.chunks != nil:
+			per := uint64(BlockSize) << ino.chunkBits
+			for c, addr := range ino.chunks {
+				off := uint64(c) * per
+				if addr == nullAddr || off >= ino.size {
+					continue
+				}
+				n := min(per, ino.size-off)
+				if l := len(segs) - 1; l >= first && segs[l].off+segs[l].n == off &&
+					segs[l].blk+uint32(segs[l].n/BlockSize) == addr && segs[l].n%BlockSize == 0 {
+					segs[l].n += n
+					continue
+				}
+				segs = append(segs, segment{ino: ino, off: off, n: n, blk: addr})
+			}
+		case ino.size > 0:
+			segs = append(segs, segment{ino: ino, n: ino.size, blk: ino.blkaddr})
+		}
+		if len(segs) > first {
+			segs[len(segs)-1].lastOfIn = true
+		}
+	}
+	slices.SortStableFunc(segs, func(a, b segment) int { return int(a.blk) - int(b.blk) })
+	return segs
+}
+
 // prefetchAhead bounds how far ahead of the writer Prefetch runs.
 const prefetchAhead = 64 << 20
 
-// emitPlanned writes the data of every planned file, in plan order,
+// emitPlanned writes the data of every planned file in image order,
 // while another goroutine prefetches the files ahead of it, so a cold
 // source is read with many requests in flight instead of one.
 func (w *Writer) emitPlanned() error {
-	credit := make(chan int64, len(w.planned)+1)
+	segs := w.segments()
+	credit := make(chan int64, len(segs)+1)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
 		var ahead int64
-		for _, ino := range w.planned {
-			if ino.size == 0 || ino.plan.Prefetch == nil {
+		for _, sg := range segs {
+			if sg.ino.plan.Prefetch == nil || sg.ino.prefetched {
 				continue
 			}
 			for ahead > prefetchAhead {
@@ -270,41 +462,52 @@ func (w *Writer) emitPlanned() error {
 					return
 				}
 			}
-			ino.plan.Prefetch()
-			ahead += int64(ino.size)
+			sg.ino.prefetched = true
+			sg.ino.plan.Prefetch()
+			ahead += int64(sg.ino.size)
 		}
 	}()
-	for _, ino := range w.planned {
-		if ino.size == 0 {
-			continue
+	var (
+		cur *inode
+		f   ReadAtCloser
+	)
+	defer func() {
+		if f != nil {
+			f.Close()
 		}
-		if err := w.emitFile(ino); err != nil {
+	}()
+	for _, sg := range segs {
+		if sg.ino != cur {
+			if f != nil {
+				f.Close()
+				f = nil
+			}
+			var err error
+			if f, err = sg.ino.plan.Open(); err != nil {
+				return err
+			}
+			cur = sg.ino
+		}
+		if err := w.emitSegment(f, sg); err != nil {
 			return err
 		}
-		if ino.plan.Prefetch != nil {
-			credit <- int64(ino.size)
+		if sg.lastOfIn && sg.ino.plan.Prefetch != nil {
+			credit <- int64(sg.ino.size)
 		}
 	}
 	return nil
 }
 
-func (w *Writer) emitFile(ino *inode) error {
-	f, err := ino.plan.Open()
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	units := (ino.size + HoleSize - 1) / HoleSize
-	for u := uint64(0); u < units; u++ {
-		if ino.chunks != nil && ino.chunks[u] == nullAddr {
-			continue
-		}
-		n := min(HoleSize, ino.size-u*HoleSize)
+// emitSegment copies a segment's bytes from f, padding the file's last
+// block with zeros.
+func (w *Writer) emitSegment(f ReadAtCloser, sg segment) error {
+	for done := uint64(0); done < sg.n; {
+		n := min(uint64(len(w.buf)), sg.n-done)
 		b := w.buf[:n]
 		if w.observe != nil {
 			b = w.observe.Lend()[:n]
 		}
-		if _, err := f.ReadAt(b, int64(u*HoleSize)); err != nil {
+		if _, err := f.ReadAt(b, int64(sg.off+done)); err != nil {
 			if errors.Is(err, io.EOF) {
 				return fmt.Errorf("%w: a file shrank while the layer was built; build again from a tree nothing writes to", ErrInvalid)
 			}
@@ -317,11 +520,10 @@ func (w *Writer) emitFile(ino *inode) error {
 		if w.observe != nil {
 			w.observe.Take(b)
 		}
-		if pad := int(-n & (BlockSize - 1)); pad > 0 {
-			if err := w.emit(w.zero[:pad]); err != nil {
-				return err
-			}
-		}
+		done += n
+	}
+	if pad := int(-sg.n & (BlockSize - 1)); pad > 0 {
+		return w.emit(w.zero[:pad])
 	}
 	return nil
 }
@@ -806,6 +1008,10 @@ func (w *Writer) Finish() (Stats, error) {
 		return Stats{}, errors.New("erofs: Finish called twice")
 	}
 	w.done = true
+	hotEnd, err := w.assignPlanned()
+	if err != nil {
+		return Stats{}, err
+	}
 	dataEnd := w.nextBlk
 
 	// 1. Order inodes breadth first; children of one directory are
@@ -982,6 +1188,7 @@ func (w *Writer) Finish() (Stats, error) {
 		Entries:  entries,
 		Data:     Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
 		Metadata: Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
+		Hot:      Region{Offset: BlockSize, Size: int64(hotEnd-1) * BlockSize},
 	}, nil
 }
 

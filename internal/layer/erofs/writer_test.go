@@ -22,6 +22,13 @@ import (
 // the go-erofs view of it, after fsck.erofs has accepted it.
 func image(t *testing.T, fill func(w *erofs.Writer)) (string, fs.FS) {
 	t.Helper()
+	p, fsys, _ := imageStats(t, fill)
+	return p, fsys
+}
+
+// imageStats is image that also returns the writer's figures.
+func imageStats(t *testing.T, fill func(w *erofs.Writer)) (string, fs.FS, erofs.Stats) {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "img.erofs")
 	f, err := os.Create(p)
 	if err != nil {
@@ -47,7 +54,7 @@ func image(t *testing.T, fill func(w *erofs.Writer)) (string, fs.FS) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, fsys
+	return p, fsys, st
 }
 
 func must(t *testing.T, err error) {
@@ -253,5 +260,119 @@ func TestSameCallsSameBytes(t *testing.T) {
 	b2, _ := os.ReadFile(p2)
 	if !bytes.Equal(b1, b2) {
 		t.Fatal("same calls gave different images")
+	}
+}
+
+type memFile struct{ *strings.Reader }
+
+func (memFile) Close() error { return nil }
+
+func plan(t *testing.T, w *erofs.Writer, p, body string) {
+	t.Helper()
+	open := func() (erofs.ReadAtCloser, error) { return memFile{strings.NewReader(body)}, nil }
+	must(t, w.Plan(p, erofs.Attr{Mode: 0o644}, int64(len(body)), erofs.Planned{Open: open}))
+}
+
+// TestSetOrder: the files an access profile names come first in the data
+// region, in its order; the others follow in plan order; the tree reads
+// the same and the hot region covers exactly the named files.
+func TestSetOrder(t *testing.T) {
+	body := map[string]string{
+		"a": strings.Repeat("a", 8192), "b": strings.Repeat("b", 5000), "c/d": strings.Repeat("d", 4096), "e": "e",
+	}
+	p, fsys, st := imageStats(t, func(w *erofs.Writer) {
+		must(t, w.SetOrder([]erofs.Hot{{Path: "/c/d"}, {Path: "missing"}, {Path: "b"}, {Path: "./b"}}))
+		must(t, w.Mkdir("c", erofs.Attr{Mode: 0o755}))
+		for _, n := range []string{"a", "b", "c/d", "e"} {
+			plan(t, w, n, body[n])
+		}
+		if err := w.SetOrder(nil); err == nil {
+			t.Error("SetOrder after Plan: no error")
+		}
+	})
+	for n, want := range body {
+		if got := read(t, fsys, n); got != want {
+			t.Errorf("%s reads %d bytes, want %d", n, len(got), len(want))
+		}
+	}
+	img, err := os.ReadFile(p)
+	must(t, err)
+	blk := func(i int) byte { return img[i*erofs.BlockSize] }
+	// d (1 block), b (2 blocks), then a (2), e (1).
+	if got := string([]byte{blk(1), blk(2), blk(3), blk(4), blk(5), blk(6)}); got != "dbbaae" {
+		t.Errorf("data blocks hold %q, want dbbaae", got)
+	}
+	if st.Hot != (erofs.Region{Offset: erofs.BlockSize, Size: 3 * erofs.BlockSize}) {
+		t.Errorf("hot region %+v, want blocks 1-3", st.Hot)
+	}
+}
+
+// TestNoOrderNoHot: without SetOrder nothing is hot and planned files
+// keep plan order.
+func TestNoOrderNoHot(t *testing.T) {
+	p, _, st := imageStats(t, func(w *erofs.Writer) {
+		plan(t, w, "x", "x")
+		plan(t, w, "y", "y")
+	})
+	img, err := os.ReadFile(p)
+	must(t, err)
+	if st.Hot.Size != 0 || img[erofs.BlockSize] != 'x' || img[2*erofs.BlockSize] != 'y' {
+		t.Errorf("hot %+v, blocks %q %q", st.Hot, img[erofs.BlockSize], img[2*erofs.BlockSize])
+	}
+}
+
+// TestSetOrderBlocks: a file named only in part is split: its named blocks
+// go to the hot region in the order named, the others after every
+// unnamed file; it reads the same, holes included, and the kernel
+// agrees (fsck.erofs ran in image).
+func TestSetOrderBlocks(t *testing.T) {
+	blk := func(c byte) string { return strings.Repeat(string(c), erofs.BlockSize) }
+	big := blk('0') + blk('1') + blk('2') + blk('3') + "tail"
+	sparse := blk('s') + strings.Repeat("\x00", 2*erofs.HoleSize-erofs.BlockSize) + blk('t')
+	p, fsys, st := imageStats(t, func(w *erofs.Writer) {
+		must(t, w.SetOrder([]erofs.Hot{
+			{Path: "big", Blocks: []erofs.BlockRange{{Start: 3, Count: 2}}},
+			{Path: "small"},
+			{Path: "big", Blocks: []erofs.BlockRange{{Start: 1, Count: 1}, {Start: 9, Count: 5}}},
+			{Path: "sparse", Blocks: []erofs.BlockRange{{Start: 512, Count: 1}}},
+			{Path: "past", Blocks: []erofs.BlockRange{{Start: 5, Count: 1}}},
+		}))
+		plan(t, w, "big", big)
+		plan(t, w, "past", "p") // named with blocks it does not have: stays flat and cold
+		plan(t, w, "other", "o")
+		plan(t, w, "small", "m")
+		open := func() (erofs.ReadAtCloser, error) { return memFile{strings.NewReader(sparse)}, nil }
+		holes := []bool{false, true, false} // 1 MiB units: the second is all zeros
+		must(t, w.Plan("sparse", erofs.Attr{Mode: 0o644}, int64(len(sparse)), erofs.Planned{Open: open, Holes: holes}))
+	})
+	for n, want := range map[string]string{"big": big, "past": "p", "other": "o", "small": "m", "sparse": sparse} {
+		if got := read(t, fsys, n); got != want {
+			t.Errorf("%s reads %d bytes, want %d", n, len(got), len(want))
+		}
+	}
+	img, err := os.ReadFile(p)
+	must(t, err)
+	var got []byte
+	for i := int64(1); i < st.Metadata.Offset/erofs.BlockSize; i++ {
+		got = append(got, img[i*erofs.BlockSize])
+	}
+	// hot: big 3, big 4 (tail), big 1 (a file named again keeps its first
+	// place), small, sparse 512 (t); cold: past, other, big 0, big 2,
+	// sparse's first unit (s and 255 blocks of zeros); its second unit is
+	// a hole
+	if want := "3t1mtpo02s" + strings.Repeat("\x00", 255); string(got) != want {
+		t.Errorf("data blocks hold %q, want %q", got, want)
+	}
+	if st.Hot.Size != 5*erofs.BlockSize {
+		t.Errorf("hot region %+v, want 5 blocks", st.Hot)
+	}
+	// The kernel reads it too.
+	mnt := t.TempDir()
+	must(t, mount.EROFS(p).Mount(mnt))
+	defer mount.Unmount(mnt)
+	for n, want := range map[string]string{"big": big, "sparse": sparse} {
+		if b, err := os.ReadFile(filepath.Join(mnt, n)); err != nil || string(b) != want {
+			t.Errorf("kernel read of %s: %d bytes, %v", n, len(b), err)
+		}
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 )
 
 // ErrBusy says another fetcher already serves the layer.
@@ -36,50 +38,80 @@ type fetcher struct {
 	statsMu sync.Mutex
 	written Stats
 
-	recMu    sync.Mutex
-	recorded map[int]bool
-	order    []int
+	rec *recorder // nil unless Spec.Record
 }
 
-// record notes the first touch of each window, when recording.
-func (f *fetcher) record(w int) {
-	if f.recorded == nil {
-		return
-	}
-	f.recMu.Lock()
-	if !f.recorded[w] {
-		f.recorded[w] = true
-		f.order = append(f.order, w)
-	}
-	f.recMu.Unlock()
+// recorder notes, in first touch order, the byte ranges of the image that
+// reads asked for: the access profile of a run.
+type recorder struct {
+	mu     sync.Mutex
+	seen   []uint64 // one bit per block
+	ranges []erofs.Region
 }
 
-// saveRecord writes the prefetch hint of a recorded run.
-func (f *fetcher) saveRecord() error {
-	if f.recorded == nil {
-		return nil
-	}
-	f.recMu.Lock()
-	defer f.recMu.Unlock()
-	var b strings.Builder
-	for _, w := range f.order {
-		fmt.Fprintln(&b, w)
-	}
-	return writeAtomic(filepath.Join(f.dir, "prefetch"), []byte(b.String()))
+func newRecorder(size int64) *recorder {
+	return &recorder{seen: make([]uint64, (size/erofs.BlockSize+64)/64)}
 }
 
-// prefetch fetches the windows of the layer's hint in order, in the
-// background, so a run that follows a recorded one finds them cached.
-func (f *fetcher) prefetch(ctx context.Context) {
-	b, err := os.ReadFile(filepath.Join(f.dir, "prefetch"))
-	if err != nil {
-		return
-	}
-	for _, line := range strings.Fields(string(b)) {
-		w, err := strconv.Atoi(line)
-		if err != nil || w < 0 || w >= f.spec.Windows.Count {
+// add records the blocks of [off, end) not seen before.
+func (r *recorder) add(off, end int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for b := off / erofs.BlockSize; b*erofs.BlockSize < end; b++ {
+		if r.seen[b/64]&(1<<(b%64)) != 0 {
 			continue
 		}
+		r.seen[b/64] |= 1 << (b % 64)
+		start := b * erofs.BlockSize
+		if n := len(r.ranges); n > 0 && r.ranges[n-1].Offset+r.ranges[n-1].Size == start {
+			r.ranges[n-1].Size += erofs.BlockSize
+			continue
+		}
+		r.ranges = append(r.ranges, erofs.Region{Offset: start, Size: erofs.BlockSize})
+	}
+}
+
+// save writes the record as the layer's prefetch hint (windows in first
+// touch order) and its access profile (byte ranges, "offset size" a line).
+func (r *recorder) save(dir string, window int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var hint, access strings.Builder
+	seen := map[int64]bool{}
+	for _, g := range r.ranges {
+		fmt.Fprintln(&access, g.Offset, g.Size)
+		for w := g.Offset / window; w*window < g.Offset+g.Size; w++ {
+			if !seen[w] {
+				seen[w] = true
+				fmt.Fprintln(&hint, w)
+			}
+		}
+	}
+	if err := writeAtomic(filepath.Join(dir, "access"), []byte(access.String())); err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(dir, "prefetch"), []byte(hint.String()))
+}
+
+// prefetch fetches, in the background, the windows of the host's hint (a
+// run recorded here) and then those of the layer's hot region (the access
+// profile it was built with, wherever it was recorded), so a run like the
+// recorded one finds them cached.
+func (f *fetcher) prefetch(ctx context.Context) {
+	var wins []int
+	if b, err := os.ReadFile(filepath.Join(f.dir, "prefetch")); err == nil {
+		for _, line := range strings.Fields(string(b)) {
+			if w, err := strconv.Atoi(line); err == nil && w >= 0 && w < f.spec.Windows.Count {
+				wins = append(wins, w)
+			}
+		}
+	}
+	if h := f.spec.Hot; h.Size > 0 {
+		for w := h.Offset / f.spec.Windows.Size; w*f.spec.Windows.Size < min(h.Offset+h.Size, f.spec.Size); w++ {
+			wins = append(wins, int(w))
+		}
+	}
+	for _, w := range wins {
 		if ctx.Err() != nil {
 			return
 		}
@@ -163,9 +195,11 @@ func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error)
 		return 0, nil
 	}
 	end := min(off+int64(len(dest)), f.spec.Size)
+	if f.rec != nil {
+		f.rec.add(off, end)
+	}
 	for {
 		for w := int(off / f.spec.Windows.Size); int64(w)*f.spec.Windows.Size < end; w++ {
-			f.record(w)
 			if err := f.ensure(ctx, w); err != nil {
 				return 0, err
 			}
@@ -277,8 +311,12 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	defer src.Close()
 	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}}
 	if spec.Record {
-		f.recorded = map[int]bool{}
-		defer f.saveRecord()
+		f.rec = newRecorder(spec.Size)
+		defer func() {
+			if err := f.rec.save(dir, spec.Windows.Size); err != nil {
+				log.Error("saving the recorded access profile", "err", err)
+			}
+		}()
 	}
 	for w := 0; w < spec.Windows.Count; w++ {
 		if c.pinned[w] {

@@ -9,15 +9,18 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
@@ -78,23 +81,31 @@ func setup(t *testing.T, src string) *env {
 }
 
 func (e *env) spec(maxBytes int64) lazy.Spec {
-	return lazy.Spec{Ref: e.ref.String(), Digest: e.info.Digest, Size: e.info.Size, Metadata: e.info.Metadata,
-		Windows: e.info.Windows, Remote: e.target.String(), MaxBytes: maxBytes}
+	return lazy.SpecFor(e.ref.String(), e.desc, e.target, false, lazy.Tuning{MaxBytes: maxBytes, ReadAheadKB: lazy.DefaultReadAheadKB})
 }
 
 // mount mounts the layer lazily and unmounts it, waiting for the fetcher
 // to exit, when the test ends.
 func (e *env) mount(t *testing.T, maxBytes int64) string {
 	t.Helper()
+	dir := e.mountWith(t, func(s *lazy.Spec) { s.MaxBytes = maxBytes })
+	t.Cleanup(func() { e.umount(t, dir) })
+	return dir
+}
+
+// mountWith mounts the layer lazily with a spec edit applies to; the
+// caller unmounts it.
+func (e *env) mountWith(t *testing.T, edit func(*lazy.Spec)) string {
+	t.Helper()
 	dir := t.TempDir()
-	start := lazy.Start{Path: os.Args[0]}
+	spec := e.spec(0)
+	edit(&spec)
 	t.Setenv("DSEC_TEST_FETCHER", "1")
-	err := lazy.Mount(context.Background(), e.root, e.spec(maxBytes), e.desc.Windows, dir, start)
+	err := lazy.Mount(context.Background(), e.root, spec, e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
 	os.Unsetenv("DSEC_TEST_FETCHER")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.umount(t, dir) })
 	return dir
 }
 
@@ -349,15 +360,7 @@ func TestLazyFromRegistry(t *testing.T) {
 func TestRecordAndPrefetch(t *testing.T) {
 	src := dataTree(t)
 	e := setup(t, src)
-	spec := e.spec(0)
-	spec.Record = true
-	dir := t.TempDir()
-	t.Setenv("DSEC_TEST_FETCHER", "1")
-	err := lazy.Mount(context.Background(), e.root, spec, e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
-	os.Unsetenv("DSEC_TEST_FETCHER")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := e.mountWith(t, func(s *lazy.Spec) { s.Record = true })
 	for _, f := range []string{"blob1", "blob6"} {
 		if _, err := os.ReadFile(filepath.Join(dir, f)); err != nil {
 			t.Fatal(err)
@@ -393,6 +396,126 @@ func TestRecordAndPrefetch(t *testing.T) {
 	}
 	if s := stats(t, e); s.WindowsFetched != before.WindowsFetched {
 		t.Fatalf("reading a prefetched file fetched %d more windows", s.WindowsFetched-before.WindowsFetched)
+	}
+}
+
+// TestProfileAndOrder: a recorded run's access profile names the files it
+// read in first read order (nothing else: not block 0, not metadata, not
+// a neighbour); a layer rebuilt with that order holds them at its front
+// (the hot region, in its config on the remote), reads the same, and the
+// same run on a cold host fetches fewer windows than on the first layout.
+func TestProfileAndOrder(t *testing.T) {
+	src := dataTree(t)
+	e := setup(t, src)
+	dir := e.mountWith(t, func(s *lazy.Spec) { s.Record = true })
+	run := []string{"blob6", "small07", "blob1"}
+	read := func(dir string) {
+		for _, f := range run {
+			got, err := os.ReadFile(filepath.Join(dir, f))
+			exp, _ := os.ReadFile(filepath.Join(src, f))
+			if err != nil || !bytes.Equal(got, exp) {
+				t.Fatalf("%s: %d bytes, want %d: %v", f, len(got), len(exp), err)
+			}
+		}
+		// the first 8 KiB of blob3 only (the kernel reads ahead some)
+		f, err := os.Open(filepath.Join(dir, "blob3"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		got := make([]byte, 8192)
+		exp := make([]byte, 8192)
+		ef, _ := os.Open(filepath.Join(src, "blob3"))
+		defer ef.Close()
+		ef.ReadAt(exp, 0)
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, exp) {
+			t.Fatalf("blob3's head: %v", err)
+		}
+	}
+	read(dir)
+	first := stats(t, e)
+	e.umount(t, dir)
+	paths, err := lazy.Profile(e.root, e.info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof := string(layer.FormatProfile(paths))
+	want := regexp.MustCompile("^/blob6\n/small07\n/blob1\n/blob3\t0\\+([0-9]+)\n$")
+	m := want.FindStringSubmatch(prof)
+	if m == nil {
+		t.Fatalf("profile %q, want %s", prof, want)
+	}
+	headBlocks, _ := strconv.Atoi(m[1])
+	if headBlocks < 2 || headBlocks >= 384 {
+		t.Fatalf("blob3 read from block 0 for %d blocks: want its head only", headBlocks)
+	}
+	if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), lazy.Dir(e.root, e.info.Digest)+"/profile-") {
+		t.Fatal("Profile left its mount behind")
+	}
+
+	s, err := store.Open(filepath.Join(t.TempDir(), "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref, _ := layer.ParseRef("lazy/test:2")
+	info, err := layer.Build(ctx, s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref, Order: paths})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot := int64(384 + 1 + 384 + headBlocks) // blocks of blob6, small07, blob1, blob3's head
+	if info.Hot == nil || *info.Hot != (erofs.Region{Offset: erofs.BlockSize, Size: hot * erofs.BlockSize}) {
+		t.Fatalf("hot region %+v, want %d blocks from block 1", info.Hot, hot)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(s), e.target, ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	desc, err := remote.Describe(ctx, e.target, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc.Config.Hot == nil || *desc.Config.Hot != *info.Hot {
+		t.Fatalf("the remote's config has hot region %+v, want %+v", desc.Config.Hot, info.Hot)
+	}
+	e2 := &env{root: e.root, remoteDir: e.remoteDir, target: e.target, info: info, desc: desc, ref: ref}
+	read(e2.mount(t, 0))
+	second := stats(t, e2)
+	t.Logf("windows fetched for the run: %d on the first layout, %d ordered (metadata included)", first.WindowsFetched, second.WindowsFetched)
+	if second.WindowsFetched >= first.WindowsFetched {
+		t.Fatalf("the ordered layout fetched %d windows for the run, the first layout %d", second.WindowsFetched, first.WindowsFetched)
+	}
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: "-", Stdin: strings.NewReader(""), Kind: layer.KindBase,
+		Ref: ref, Force: true, Order: paths}); err == nil || !strings.Contains(err.Error(), "needs a directory") {
+		t.Fatalf("ordering a stream: %v, want a refusal", err)
+	}
+}
+
+// TestReadAhead: each lazy mount gets the read-ahead its spec asks for,
+// on its own backing device info, leaving other mounts alone.
+func TestReadAhead(t *testing.T) {
+	e := setup(t, dataTree(t))
+	raOf := func(dir string) string {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var buf [129]byte // FS_IOC_GETFSSYSFSPATH
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), 0x80811501, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+			t.Fatalf("FS_IOC_GETFSSYSFSPATH on %s: %v", dir, e)
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/class/bdi", filepath.Base(string(buf[1:1+buf[0]])), "read_ahead_kb"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	a := e.mountWith(t, func(s *lazy.Spec) { s.ReadAheadKB = 48 })
+	b := e.mountWith(t, func(s *lazy.Spec) { s.ReadAheadKB = 0 })
+	t.Cleanup(func() { e.umount(t, b) })
+	t.Cleanup(func() { e.umount(t, a) })
+	if ra, rb := raOf(a), raOf(b); ra != "48" || rb != "0" {
+		t.Fatalf("read-ahead %s KiB and %s KiB, want 48 and 0", ra, rb)
 	}
 }
 

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/mount"
 )
@@ -45,7 +48,43 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 			return err
 		}
 	}
-	return mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target)
+	if err := mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target); err != nil {
+		return err
+	}
+	if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
+		mount.Unmount(target)
+		return err
+	}
+	return nil
+}
+
+// fsIocGetFSSysfsPath is FS_IOC_GETFSSYSFSPATH (Linux 6.9): the name of a
+// mounted file system under /sys/fs, which EROFS also gives the backing
+// device info of a file-backed mount (/sys/class/bdi/erofs-N).
+const fsIocGetFSSysfsPath = 0x80811501
+
+// setReadAhead sets the kernel's read-ahead of the EROFS mount on target.
+// Each file-backed mount has a backing device info of its own, so this
+// touches no other mount. A kernel without the ioctl keeps its default.
+func setReadAhead(target string, kb int) error {
+	f, err := os.Open(target)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var buf [129]byte // struct fs_sysfs_path: u8 len, u8 name[128]
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), fsIocGetFSSysfsPath, uintptr(unsafe.Pointer(&buf[0]))); e != 0 {
+		if e == unix.ENOTTY {
+			return nil
+		}
+		return fmt.Errorf("find the EROFS mount on %s under /sys/fs: %w", target, e)
+	}
+	name := string(buf[1 : 1+min(int(buf[0]), 128)]) // "erofs/erofs-N"
+	p := filepath.Join("/sys/class/bdi", filepath.Base(name), "read_ahead_kb")
+	if err := os.WriteFile(p, []byte(strconv.Itoa(kb)), 0); err != nil {
+		return fmt.Errorf("set the read-ahead of %s: %w", target, err)
+	}
+	return nil
 }
 
 func writeIfChanged(p string, b []byte) error {

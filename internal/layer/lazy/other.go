@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 )
 
 var errEOF = io.EOF
@@ -48,3 +51,6 @@ func punchHole(f *os.File, off, n int64) {}
 func hostUsage(cacheRoot string) int64 { return 0 }
 
 func dropIdleCache(cacheRoot, self string) bool { return false }
+
+// Profile is not supported off Linux.
+func Profile(root string, d digest.Digest) ([]erofs.Hot, error) { return nil, errLinux }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -40,7 +41,7 @@ func MaybeWorker() {
 	if root == "" {
 		return
 	}
-	cfg := worker.Config{Root: root, Version: "test"}
+	cfg := worker.Config{Root: root, Version: "test", Cache: lazy.Tuning{ReadAheadKB: lazy.DefaultReadAheadKB}}
 	if b := os.Getenv(workerConfigEnv); b != "" {
 		if err := json.Unmarshal([]byte(b), &cfg); err != nil {
 			os.Stderr.WriteString("worker config: " + err.Error() + "\n")

@@ -27,8 +27,8 @@ type Config struct {
 	Version  string // reported by GET /v1/version
 	Remote   remote.Target
 	Insecure bool
-	Fetcher  lazy.Start // how to start a lazy layer's fetcher
-	CacheMax int64
+	Fetcher  lazy.Start  // how to start a lazy layer's fetcher
+	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
 	// SnapLimits bound pack-diff where a request does not (snap.max_*).
 	SnapLimits snap.Limits
 	Log        *slog.Logger

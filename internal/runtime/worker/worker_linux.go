@@ -97,7 +97,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(),
 		gate:    newGate(cfg.Admission, cpus, mem),
-		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, CacheMax: cfg.CacheMax}}
+		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache}}
 	if err := w.adopt(); err != nil {
 		return err
 	}
