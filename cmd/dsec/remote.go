@@ -47,16 +47,18 @@ func (a *app) layerCopyCommand(push bool) *cobra.Command {
 	verb, short, long, example := "pull", "Copy a layer from a remote into the local store",
 		`Pull copies layer REF (NAME[:VERSION]) from REMOTE into the local store: every blob the store
 lacks (manifest, config, EROFS image, window table), each checked against its digest as it
-arrives, then the tag. Blobs already present are skipped, so pulling again resumes an
-interrupted pull and costs nothing when the layer is there. A snapshot comes with every
-layer it stands on.`,
+arrives, then the tag. Blobs already present are skipped, and a blob an interrupted pull
+left part of continues from where it stopped (an HTTP Range request to a registry; the
+whole blob is still hashed before it is published), so pulling again resumes and costs
+nothing when the layer is there. A snapshot comes with every layer it stands on.`,
 		`  dsec layer pull debian/bookworm:2026.11 oci://registry.internal:5000/dsec
   dsec layer pull tools/harness:3 shared        # a remote named in the config file`
 	if push {
 		verb, short, long, example = "push", "Copy a layer from the local store to a remote",
 			`Push copies layer REF (NAME[:VERSION]) from the local store to REMOTE: every blob the remote
 lacks, then the tag, which moves last, so a remote never names a layer it does not hold whole.
-Blobs already there are skipped: pushing again resumes an interrupted push. A tag that
+Blobs already there are skipped: pushing again resumes an interrupted push (to a dir:
+remote from inside the blob it stopped in; a registry takes that blob again). A tag that
 names other content on the remote is replaced only with --force. A snapshot goes with every
 layer it stands on, bottom first (their tags are never replaced: a remote tag naming other
 content than the snapshot stands on is an error).

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/mount"
@@ -36,6 +37,9 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 	dir := Dir(root, spec.Digest)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
+	}
+	if spec.Record && ready(dir) {
+		return fmt.Errorf("layer %s is already mounted on this host and its fetcher is not recording: unmount its mounts, then mount it with --record: %w", spec.Ref, errdefs.ErrFailedPrecondition)
 	}
 	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
 		return err

@@ -52,11 +52,33 @@ func (r dirRepo) Exists(ctx context.Context, d ocispec.Descriptor) (bool, error)
 }
 
 func (r dirRepo) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser, error) {
+	return r.FetchFrom(ctx, d, 0)
+}
+
+// FetchFrom reads the blob from byte off on.
+func (r dirRepo) FetchFrom(ctx context.Context, d ocispec.Descriptor, off int64) (io.ReadCloser, error) {
 	f, err := r.s.Open(d.Digest)
 	if err != nil {
 		return nil, err
 	}
-	return r.emu.Reader(f), nil
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return ctxReader{ctx, r.emu.Reader(f)}, nil
+}
+
+// ctxReader stops reading once ctx is done, as a network read would.
+type ctxReader struct {
+	ctx context.Context
+	io.ReadCloser
+}
+
+func (r ctxReader) Read(b []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.ReadCloser.Read(b)
 }
 
 // Push writes the blob through an ingest that is hashed and checked
@@ -67,16 +89,32 @@ func (r dirRepo) Push(ctx context.Context, d ocispec.Descriptor, rd io.Reader) e
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(in, rd)
-	if err != nil {
+	return r.finish(in, d, rd)
+}
+
+// resume returns the ingest of d, holding the bytes
+// an interrupted copy wrote (Size), for finish to complete.
+func (r dirRepo) resume(d ocispec.Descriptor) (*store.Ingest, error) {
+	in, err := r.s.ResumeIngest(d.Digest)
+	if err == nil && in.Size() > d.Size {
+		in.Discard()
+		in, err = r.s.ResumeIngest(d.Digest)
+	}
+	return in, err
+}
+
+// finish appends rd to in, then checks and publishes blob d. A failed
+// read keeps a resumable ingest's bytes; wrong bytes drop them.
+func (r dirRepo) finish(in *store.Ingest, d ocispec.Descriptor, rd io.Reader) error {
+	if _, err := io.Copy(in, rd); err != nil {
 		in.Abort()
 		return err
 	}
-	if n != d.Size {
-		in.Abort()
-		return fmt.Errorf("blob %s: got %d bytes, want %d", d.Digest, n, d.Size)
+	if in.Size() != d.Size {
+		in.Discard()
+		return fmt.Errorf("blob %s: got %d bytes, want %d", d.Digest, in.Size(), d.Size)
 	}
-	_, err = in.Commit(d.Digest)
+	_, err := in.Commit(d.Digest)
 	return err
 }
 

@@ -91,6 +91,22 @@ func (r ociRepo) Fetch(ctx context.Context, d ocispec.Descriptor) (io.ReadCloser
 	return rc, classify(err)
 }
 
+// FetchFrom reads the blob from byte off on: an HTTP Range request, when
+// the registry serves them.
+func (r ociRepo) FetchFrom(ctx context.Context, d ocispec.Descriptor, off int64) (io.ReadCloser, error) {
+	rc, err := r.Fetch(ctx, d)
+	if err != nil || off == 0 {
+		return rc, err
+	}
+	if sk, ok := rc.(io.Seeker); ok {
+		if _, err := sk.Seek(off, io.SeekStart); err == nil {
+			return rc, nil
+		}
+	}
+	rc.Close()
+	return nil, errNoRange
+}
+
 func (r ociRepo) Push(ctx context.Context, d ocispec.Descriptor, rd io.Reader) error {
 	return classify(r.r.Push(ctx, d, rd))
 }

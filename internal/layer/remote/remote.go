@@ -11,6 +11,7 @@ package remote
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -103,6 +104,9 @@ type Result struct {
 	Copied   []digest.Digest `json:"copied"`
 	Skipped  []digest.Digest `json:"skipped"`
 	Bytes    int64           `json:"bytes"`
+	// Resumed counts the bytes an interrupted copy had already written
+	// (not copied again, not in Bytes).
+	Resumed int64 `json:"resumed_bytes,omitempty"`
 	// Lowers: for a snapshot, the copies of the layers it stands on,
 	// bottom first.
 	Lowers []*Result `json:"lowers,omitempty"`
@@ -210,14 +214,8 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 			res.Skipped = append(res.Skipped, d.Digest)
 			continue
 		}
-		rc, err := from.Fetch(ctx, d)
-		if err != nil {
-			return nil, fmt.Errorf("fetch %s from %s: %w", d.Digest, src, err)
-		}
-		err = to.Push(ctx, d, countingReader{rc, p, &res.Bytes})
-		rc.Close()
-		if err != nil {
-			return nil, fmt.Errorf("copy %s to %s: %w", d.Digest, dst, err)
+		if err := copyBlob(ctx, from, to, d, p, res); err != nil {
+			return nil, fmt.Errorf("copy %s from %s to %s: %w", d.Digest, src, dst, err)
 		}
 		res.Copied = append(res.Copied, d.Digest)
 	}
@@ -228,6 +226,60 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
 	}
 	return res, nil
+}
+
+// rangeFetcher is a Repo that can read a blob from an offset.
+type rangeFetcher interface {
+	FetchFrom(ctx context.Context, d ocispec.Descriptor, off int64) (io.ReadCloser, error)
+}
+
+var errNoRange = errors.New("the source does not serve byte ranges")
+
+// copyBlob copies blob d. Into a store (the local one, a dir: remote)
+// it resumes: the bytes an interrupted copy left stay in the store's
+// ingest, and only the rest is fetched, from where they end; the whole
+// blob is hashed before it is published. A registry destination takes
+// the blob whole.
+func copyBlob(ctx context.Context, from, to Repo, d ocispec.Descriptor, p Progress, res *Result) error {
+	dr, ok := to.(dirRepo)
+	rf, ranged := from.(rangeFetcher)
+	if !ok {
+		rc, err := from.Fetch(ctx, d)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		return to.Push(ctx, d, countingReader{rc, p, &res.Bytes})
+	}
+	in, err := dr.resume(d)
+	if err != nil {
+		return err
+	}
+	off := in.Size()
+	var rc io.ReadCloser
+	if off > 0 && ranged {
+		rc, err = rf.FetchFrom(ctx, d, off)
+	}
+	if off > 0 && (!ranged || errors.Is(err, errNoRange)) {
+		in.Discard() // the source cannot start mid-blob: start over
+		if in, err = dr.resume(d); err != nil {
+			return err
+		}
+		off = 0
+	}
+	if off == 0 {
+		rc, err = from.Fetch(ctx, d)
+	}
+	if err != nil {
+		in.Abort()
+		return err
+	}
+	defer rc.Close()
+	if off > 0 {
+		res.Resumed += off
+		p.Add(off)
+	}
+	return dr.finish(in, d, countingReader{rc, p, &res.Bytes})
 }
 
 // readLayer fetches and checks a layer's manifest and config.

@@ -34,6 +34,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 )
 
 // RefAnnotation names a tag in index.json.
@@ -132,6 +133,7 @@ type Ingest struct {
 	s       *Store
 	written int64
 	kicked  int64
+	keep    bool // a resumable ingest: Abort leaves its bytes for the next try
 }
 
 const writebackEvery = 32 << 20
@@ -145,6 +147,12 @@ func (in *Ingest) Write(p []byte) (int, error) {
 		in.kicked = in.written
 	}
 	return n, err
+}
+
+// ReadFrom appends r through Write (not the file's own ReadFrom), so the
+// size and the writeback see every byte.
+func (in *Ingest) ReadFrom(r io.Reader) (int64, error) {
+	return io.CopyBuffer(struct{ io.Writer }{in}, r, make([]byte, 1<<20))
 }
 
 // CommitDigest publishes a blob whose digest the caller computed from
@@ -175,10 +183,45 @@ func (s *Store) NewIngest() (*Ingest, error) {
 	return &Ingest{File: f, s: s}, nil
 }
 
-// Abort discards the ingest.
+// ResumeIngest continues the blob d that an interrupted copy left partly
+// written, or starts it: Size says how many bytes it holds, and writes
+// append. Abort keeps it for the next try; Discard drops it. While one
+// copy holds it (a lock on the file), another gets a fresh ingest.
+func (s *Store) ResumeIngest(d digest.Digest) (*Ingest, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, "ingest", "partial-"+d.Encoded()), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, classify("create blob", err)
+	}
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		f.Close()
+		return s.NewIngest()
+	}
+	n, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Ingest{File: f, s: s, written: n, kicked: n, keep: true}, nil
+}
+
+// Size is how many bytes the ingest holds.
+func (in *Ingest) Size() int64 { return in.written }
+
+// Abort discards the ingest, or keeps a resumable one for the next try.
 func (in *Ingest) Abort() {
 	in.File.Close()
-	os.Remove(in.File.Name())
+	if !in.keep {
+		os.Remove(in.File.Name())
+	}
+}
+
+// Discard drops the ingest's bytes, resumable or not.
+func (in *Ingest) Discard() {
+	in.keep = false
+	in.Abort()
 }
 
 // Commit syncs the ingest, hashes what is on disk, checks it against
@@ -199,6 +242,7 @@ func (in *Ingest) Commit(want digest.Digest) (ocispec.Descriptor, error) {
 	}
 	got := digest.NewDigestFromEncoded(digest.SHA256, hex.EncodeToString(h.Sum(nil)))
 	if want != "" && got != want {
+		in.keep = false // bad bytes: the next try starts over
 		return ocispec.Descriptor{}, fmt.Errorf("blob has digest %s, expected %s: %w", got, want, errdefs.ErrDataLoss)
 	}
 	desc := ocispec.Descriptor{Digest: got, Size: n}

@@ -283,12 +283,14 @@ func (s *Sandbox) readReplies() {
 		if err != nil || n == 0 {
 			s.mu.Lock()
 			s.err = errors.New("connection to the sandbox init lost")
+			// Dead before any waiter wakes: a caller told its command's
+			// sandbox died must find it dead when it looks.
+			close(s.dead)
 			for _, ch := range s.wait {
 				close(ch)
 			}
 			s.wait = map[string]chan execReply{}
 			s.mu.Unlock()
-			close(s.dead)
 			return
 		}
 		var rep execReply
