@@ -399,10 +399,10 @@ func (w *Writer) assignWhole(ino *inode) error {
 // segment is a run of a planned file's bytes stored at consecutive
 // blocks of the image.
 type segment struct {
-	ino      *inode
-	off, n   uint64 // bytes of the file
-	blk      uint32 // where they go
-	lastOfIn bool   // the file's last segment: prefetch credit is due
+	ino    *inode
+	off, n uint64 // bytes of the file
+	blk    uint32 // where they go
+	last   bool   // the file's last segment: prefetch credit is due
 }
 
 // segments lists where every planned byte goes, in image order.
@@ -430,7 +430,7 @@ func (w *Writer) segments() []segment {
 			segs = append(segs, segment{ino: ino, n: ino.size, blk: ino.blkaddr})
 		}
 		if len(segs) > first {
-			segs[len(segs)-1].lastOfIn = true
+			segs[len(segs)-1].last = true
 		}
 	}
 	slices.SortStableFunc(segs, func(a, b segment) int { return int(a.blk) - int(b.blk) })
@@ -491,7 +491,7 @@ func (w *Writer) emitPlanned() error {
 		if err := w.emitSegment(f, sg); err != nil {
 			return err
 		}
-		if sg.lastOfIn && sg.ino.plan.Prefetch != nil {
+		if sg.last && sg.ino.plan.Prefetch != nil {
 			credit <- int64(sg.ino.size)
 		}
 	}
