@@ -3,11 +3,12 @@
 
 GO       ?= go
 BIN      := bin/dsec
+DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs
 FUZZTIME ?= 60s
 
-.PHONY: all deps build demo test vet docs check-docs bench fuzz clean
+.PHONY: all deps build docs-bin demo test vet docs check-docs bench fuzz clean
 
 all: build
 
@@ -25,6 +26,11 @@ deps:
 build: deps
 	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
 
+# docs-bin is dsec with the gen-docs command (the gendocs build tag), which
+# the installed binary leaves out.
+docs-bin: deps
+	$(GO) build -trimpath -tags gendocs -ldflags "-X main.version=$(VERSION)" -o $(DOCS_BIN) ./cmd/dsec
+
 demo: build
 	./scripts/demo.sh $(BIN)
 
@@ -32,15 +38,16 @@ vet:
 	@test -z "$$(gofmt -l .)" || { echo "make: gofmt needed on:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	GOOS=darwin $(GO) vet ./...
+	$(GO) vet -tags gendocs ./cmd/dsec
 
 # docs regenerates the man pages and shell completions from the command tree,
 # and the policy JSON schema from the api types.
-docs: build
+docs: docs-bin
 	rm -rf man/man1 completions docs/policy.schema.json
-	$(BIN) gen-docs .
+	$(DOCS_BIN) gen-docs .
 
-check-docs: build
-	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(BIN) gen-docs $$tmp; \
+check-docs: docs-bin
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(DOCS_BIN) gen-docs $$tmp; \
 	if ! diff -r $$tmp/man/man1 man/man1 >/dev/null || ! diff -r $$tmp/completions completions >/dev/null || \
 		! diff $$tmp/docs/policy.schema.json docs/policy.schema.json >/dev/null; then \
 		echo "make: man pages, completions or the policy schema are stale: run 'make docs' and commit the result" >&2; exit 1; fi

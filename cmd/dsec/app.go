@@ -115,6 +115,9 @@ func defaultConfigFile() string {
 	return filepath.Join(home, ".config", "dsec", "config.yaml")
 }
 
+// extraCommands are commands only some builds have (gen-docs).
+var extraCommands []func(*app) *cobra.Command
+
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "dsec",
@@ -154,7 +157,10 @@ error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ..
 	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
-	root.AddCommand(a.layerCommand(), a.versionCommand(), a.docsCommand())
+	root.AddCommand(a.layerCommand(), a.versionCommand())
+	for _, c := range extraCommands {
+		root.AddCommand(c(a))
+	}
 	root.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(a.snapCommand())
 	root.AddCommand(a.policyCommand())

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,8 +83,10 @@ type noProgress struct{}
 func (noProgress) Add(int64) {}
 
 var (
-	nameRE    = regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$`)
-	versionRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+	nameRE = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$`)
+	})
+	versionRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`) })
 )
 
 // Ref is a layer's tag, NAME:VERSION.
@@ -97,10 +100,10 @@ func ParseRef(s string) (Ref, error) {
 	if !ok {
 		version = "latest"
 	}
-	if len(name) > 255 || !nameRE.MatchString(name) {
+	if len(name) > 255 || !nameRE().MatchString(name) {
 		return Ref{}, fmt.Errorf("bad layer name %q: use lowercase letters, digits, '.', '_', '-' and '/' (e.g. debian/bookworm:2026.11): %w", name, errdefs.ErrInvalidArgument)
 	}
-	if !versionRE.MatchString(version) {
+	if !versionRE().MatchString(version) {
 		return Ref{}, fmt.Errorf("bad layer version %q: use up to 128 letters, digits, '.', '_' and '-', not starting with '.' or '-': %w", version, errdefs.ErrInvalidArgument)
 	}
 	return Ref{name, version}, nil

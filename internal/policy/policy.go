@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/containerd/errdefs"
 	"sigs.k8s.io/yaml"
@@ -40,7 +41,9 @@ func Parse(b []byte) (*api.Policy, error) {
 	return &p, nil
 }
 
-var hostName = regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.?$`)
+var hostName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.?$`)
+})
 
 // Validate checks a policy; the error names the field and what to do.
 func Validate(p *api.Policy) error {
@@ -84,7 +87,7 @@ func Validate(p *api.Policy) error {
 		}
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
-			if _, err := parseTo(r.To); err != nil && !hostName.MatchString(r.To) {
+			if _, err := parseTo(r.To); err != nil && !hostName().MatchString(r.To) {
 				return bad(field+".to", "%q is not a CIDR, an address or a host name", r.To)
 			}
 			if r.Protocol != "" && r.Protocol != "tcp" && r.Protocol != "udp" {
@@ -117,9 +120,9 @@ func Validate(p *api.Policy) error {
 	return nil
 }
 
-var nameRe = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+var nameRe = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`) })
 
-func validName(s string) bool { return len(s) <= 128 && nameRe.MatchString(s) }
+func validName(s string) bool { return len(s) <= 128 && nameRe().MatchString(s) }
 
 // ValidName says whether s may name a stored policy.
 func ValidName(s string) bool { return validName(s) }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -78,7 +79,7 @@ func (e *Exec) Result(ctx context.Context) (Result, error) {
 	return e.res, nil
 }
 
-var execIDRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:@-]{0,127}$`)
+var execIDRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:@-]{0,127}$`) })
 
 // defaultEnv is what every exec starts from.
 var defaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
@@ -105,7 +106,7 @@ func mergeEnv(lists ...[]string) []string {
 // id ran before (in this worker's life or an earlier one) it returns
 // that exec instead, with replayed set: the command does not run again.
 func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bool, err error) {
-	if !execIDRE.MatchString(spec.ID) {
+	if !execIDRE().MatchString(spec.ID) {
 		return nil, false, fmt.Errorf("bad exec id %q: use up to 128 letters, digits and '_.:@-': %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	if len(spec.Args) == 0 {
@@ -235,7 +236,7 @@ func loadExec(dir, id string) (*Exec, error) {
 
 // LookupExec returns the exec with id, running or journaled.
 func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
-	if !execIDRE.MatchString(id) {
+	if !execIDRE().MatchString(id) {
 		return nil, fmt.Errorf("bad exec id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	sb.execMu.Lock()

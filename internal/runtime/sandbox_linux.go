@@ -141,7 +141,7 @@ type Sandbox struct {
 	reclaimed time.Time    // guarded by mu
 }
 
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
 
 func sandboxDir(root, name string) string { return filepath.Join(root, "sandboxes", name) }
 
@@ -157,7 +157,7 @@ func rootHash(root string) string {
 
 // ValidName reports whether name may name a sandbox.
 func ValidName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fmt.Errorf("bad sandbox name %q: use up to 63 letters, digits, '_', '.' and '-': %w", name, errdefs.ErrInvalidArgument)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -29,7 +30,7 @@ import (
 // callPool marks a sandbox made for a call no pool served.
 const callPool = "(call)"
 
-var poolNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`)
+var poolNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`) })
 
 // pool is a FnCall pool; w.mu guards it.
 type pool struct {
@@ -89,7 +90,7 @@ func (w *worker) startPools(ctx context.Context) error {
 }
 
 func checkPool(pc PoolConfig) error {
-	if !poolNameRE.MatchString(pc.Name) {
+	if !poolNameRE().MatchString(pc.Name) {
 		return fmt.Errorf("bad pool name %q: use up to 40 letters, digits, '_', '.' and '-': %w", pc.Name, errdefs.ErrInvalidArgument)
 	}
 	if pc.Size < 0 || pc.Size > 10000 {
