@@ -76,6 +76,10 @@ type SandboxSpec struct {
 	// default. A sandbox's description carries its effective policy.
 	Policy     *Policy `json:"policy,omitempty"`
 	PolicyName string  `json:"policy_name,omitempty"`
+	// UserNS runs the sandbox in a user namespace of its own: its root
+	// is root over the sandbox's files and nobody on the host (65536
+	// host ids of its own, from 2^31 up).
+	UserNS bool `json:"userns,omitempty"`
 }
 
 // PolicyRequest applies a policy to a running sandbox: Policy, or the
@@ -177,10 +181,13 @@ type Sandbox struct {
 	Digests []string  `json:"digests"`       // of Layers
 	Created time.Time `json:"created"`
 	Cgroup  string    `json:"cgroup,omitempty"` // the cgroup2 directory
-	// MemoryBytes is the memory charged to the sandbox now; OOMKills
+	// HostID is the host id a user namespace's root is, while it runs
+	// (its 65536 ids start there).
+	HostID uint32 `json:"host_id,omitempty"`
 	// Address is eth0's in network mode nat, Gateway the host side's.
 	Address string `json:"address,omitempty"`
 	Gateway string `json:"gateway,omitempty"`
+	// MemoryBytes is the memory charged to the sandbox now; OOMKills
 	// counts the processes its memory limit killed.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	OOMKills    int   `json:"oom_kills,omitempty"`

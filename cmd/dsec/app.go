@@ -66,6 +66,7 @@ type PoolFile struct {
 	Policy    string   `mapstructure:"policy"` // a stored policy's name
 	Env       []string `mapstructure:"env"`
 	Workdir   string   `mapstructure:"workdir"`
+	UserNS    bool     `mapstructure:"userns"`
 }
 
 // CacheConfig is how this host mounts lazily fetched layers.
@@ -136,7 +137,7 @@ read-ahead on each lazy mount; what it reads ahead may cost a fetch), the worker
 1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false) and FnCall pools (pools.NAME.size, .base,
-.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir); unknown keys are an
+.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 
 ` + exitCodesHelp,

@@ -32,7 +32,7 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 	}
 	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM}
 	for name, p := range a.cfg.Pools {
-		spec := api.SandboxSpec{CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir}
+		spec := api.SandboxSpec{CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, UserNS: p.UserNS}
 		spec.Layers = layerStack(p.Toolkit, p.Workspace, p.Base)
 		if p.Memory != "" {
 			n, err := parseBytes(p.Memory)
@@ -70,6 +70,7 @@ type specFlags struct {
 	env                      []string
 	workdir                  string
 	policy                   string
+	userns                   bool
 }
 
 func (f *specFlags) register(fl *pflag.FlagSet) {
@@ -87,12 +88,13 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
 	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
+	fl.BoolVar(&f.userns, "userns", false, "run in a user namespace of its own: root in the sandbox is nobody on the host")
 }
 
 // spec is the sandbox the flags describe.
 func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname,
-		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base)}
+		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns}
 	if err := sizes(&spec, f.memory, f.disk); err != nil {
 		return spec, err
 	}

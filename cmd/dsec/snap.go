@@ -110,11 +110,11 @@ type branchFlags struct {
 	env              []string
 	workdir, backend string
 	policy           string
-	asJSON           bool
+	asJSON, userns   bool
 }
 
 func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
-	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir}
+	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, UserNS: f.userns}
 	var err error
 	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
 		return spec, err
@@ -136,6 +136,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
 	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the sandboxes as JSON")
+	fl.BoolVar(&f.userns, "userns", false, "run each in a user namespace of its own")
 }
 
 // printSandboxes prints the names of sbs, or with asJSON each described.

@@ -35,9 +35,14 @@ func Overlay(lowers []string, upper, work string) Mount {
 	if upper != "" {
 		opts = append(opts, "upperdir="+upper, "workdir="+work)
 	}
-	opts = append(opts, "redirect_dir=off", "metacopy=off", "index=off", "xino=off")
+	opts = append(opts, overlayFlags...)
 	return Mount{Type: "overlay", Source: "overlay", Options: opts}
 }
+
+// overlayFlags are every dsec overlay's options beyond its layers: no
+// feature that writes what an older kernel or a snapshot reader would
+// misread.
+var overlayFlags = []string{"redirect_dir=off", "metacopy=off", "index=off", "xino=off"}
 
 // escapeLowers joins lower directories, escaping the separator.
 func escapeLowers(ls []string) string {

@@ -6,15 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"strconv"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // NAT is a sandbox's way out in network mode nat: a veth pair, eth0 in
@@ -28,52 +25,32 @@ type NAT struct {
 	Sandbox string `json:"sandbox"` // eth0's address
 }
 
-// natPool holds every nat sandbox's /30; natDir (host-wide, like the
+// natPool holds every nat sandbox's /30; natSlots (host-wide, like the
 // interfaces, and gone with them at boot) records who holds which.
 var (
-	natPool = netip.MustParsePrefix("10.200.0.0/16")
-	natDir  = "/run/dsec/nat"
+	natPool  = netip.MustParsePrefix("10.200.0.0/16")
+	natSlots = hostSlots{dir: "/run/dsec/nat", n: 1 << (32 - natPool.Bits() - 2)}
 )
 
 const natTable = "dsec"
-
-// natLock serialises allocation and the masquerade table across workers.
-func natLock() (func(), error) {
-	if err := os.MkdirAll(natDir, 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(natDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
-}
 
 // natUp connects the sandbox whose init is pid to the host: it takes a
 // /30 of the pool for owner (the sandbox's root and name), makes the
 // veth pair and installs the masquerade rule if it is not there yet.
 func natUp(owner string, pid int) (_ *NAT, err error) {
-	unlock, err := natLock()
+	// The lock also covers the masquerade table, which the last one out
+	// removes.
+	unlock, err := natSlots.lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	idx := -1
-	for i := range 1 << (32 - natPool.Bits() - 2) {
-		f, err := os.OpenFile(filepath.Join(natDir, strconv.Itoa(i)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err == nil {
-			f.WriteString(owner)
-			f.Close()
-			idx = i
-			break
-		}
+	idx, err := natSlots.take(owner)
+	if err != nil {
+		return nil, err
 	}
 	if idx < 0 {
-		return nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", 1<<(32-natPool.Bits()-2), natPool, errdefs.ErrResourceExhausted)
+		return nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", natSlots.n, natPool, errdefs.ErrResourceExhausted)
 	}
 	base := natPool.Addr().As4()
 	off := uint32(idx) * 4
@@ -154,23 +131,9 @@ func ipNet(a netip.Addr, bits int) *net.IPNet {
 // sandbox's net namespace did not take it already; the last one out
 // removes the masquerade rule.
 func natDown(owner string) error {
-	held, _ := filepath.Glob(filepath.Join(natDir, "[0-9]*"))
-	if len(held) == 0 {
-		return nil
-	}
-	unlock, err := natLock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	var errs []error
-	for _, h := range held {
-		if b, err := os.ReadFile(h); err == nil && string(b) == owner {
-			idx, _ := strconv.Atoi(filepath.Base(h))
-			errs = append(errs, natRelease(&NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx)}))
-		}
-	}
-	return errors.Join(errs...)
+	return natSlots.giveBack(owner, func(idx int) error {
+		return natRelease(&NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx)})
+	})
 }
 
 func natRelease(n *NAT) error {
@@ -180,10 +143,10 @@ func natRelease(n *NAT) error {
 			errs = append(errs, fmt.Errorf("remove %s: %w", n.Link, err))
 		}
 	}
-	if err := os.Remove(filepath.Join(natDir, strconv.Itoa(n.Index))); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := natSlots.free(n.Index); err != nil {
 		errs = append(errs, err)
 	}
-	if held, _ := filepath.Glob(filepath.Join(natDir, "[0-9]*")); len(held) == 0 {
+	if natSlots.empty() {
 		errs = append(errs, masquerade(false))
 	}
 	return errors.Join(errs...)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -58,6 +59,9 @@ type Options struct {
 	MemoryRequest int64
 	// Pool names the FnCall pool it is made for.
 	Pool string
+	// UserNS runs the sandbox in a user namespace of its own: its root
+	// is an unprivileged user of the host (ids taken per sandbox).
+	UserNS bool
 
 	Mounter // where layers come from
 }
@@ -122,6 +126,11 @@ type State struct {
 	MemoryRequest int64   `json:"memory_request,omitempty"`
 	// Pool is the FnCall pool it was made for.
 	Pool string `json:"pool,omitempty"`
+	// UserNS: the sandbox runs in a user namespace of its own, mapped to
+	// IDs while it runs (taken at each start, given back at stop: what
+	// it wrote is stored unmapped, so a restart may get other ids).
+	UserNS bool             `json:"userns,omitempty"`
+	IDs    *container.IDMap `json:"ids,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -227,7 +236,7 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
 		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
 		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
-		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool}, dir: dir}
+		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}, dir: dir}
 	sb.touch()
 	defer func() {
 		if err != nil {
@@ -284,37 +293,66 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 	}
-	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
-	if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
-		return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
-	}
-	if err := ov.Mount(rootfs); err != nil {
-		return err
-	}
-	// A spare init sits in its group already: the sandbox takes both.
+	// A spare init sits in its group already: the sandbox takes both. A
+	// user namespace's init is started first, for its root's layers are
+	// idmapped into its namespace.
 	var sp *spare
-	if !sb.Limits.Idle {
-		sp = m.Spares.take()
-	}
+	var init *container.Spare
 	claimed := false
 	defer func() {
-		if sp != nil && !claimed {
+		if !claimed && sp != nil {
 			sp.init.Discard() // its group is the sandbox's now: teardown's
 		}
-	}()
-	if sp != nil {
-		// Saved with the sandbox's state once it runs; a worker that
-		// dies before leaves the group to the next one's SweepSpares.
-		sb.g, sb.CgroupName = sp.g, sp.name
-		if err := sp.g.SetLimits(sb.Limits); err != nil {
-			return err
+		if !claimed && init != nil {
+			init.Discard()
 		}
-	} else {
-		g, err := cgroup.New(sb.CgroupName, sb.Limits)
+	}()
+	if sb.UserNS {
+		ids, err := takeIDs(sb.owner())
 		if err != nil {
 			return err
 		}
-		sb.g = g
+		sb.IDs = ids
+		if sb.g, err = cgroup.New(sb.CgroupName, sb.Limits); err != nil {
+			return err
+		}
+		if init, err = container.Prestart(sb.g.Add, ids); err != nil {
+			return err
+		}
+		ns, err := init.UserNamespace()
+		if err != nil {
+			return err
+		}
+		err = mount.OverlayIDMapped(lowers, sb.base(), rootfs, ns, ids.Host)
+		unix.Close(ns)
+		if err != nil {
+			return err
+		}
+	} else {
+		ov := mount.Overlay(lowers, sb.Upper(), sb.work())
+		if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
+			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
+		}
+		if err := ov.Mount(rootfs); err != nil {
+			return err
+		}
+		if !sb.Limits.Idle {
+			sp = m.Spares.take()
+		}
+		if sp != nil {
+			// Saved with the sandbox's state once it runs; a worker that
+			// dies before leaves the group to the next one's SweepSpares.
+			sb.g, sb.CgroupName = sp.g, sp.name
+			if err := sp.g.SetLimits(sb.Limits); err != nil {
+				return err
+			}
+		} else {
+			g, err := cgroup.New(sb.CgroupName, sb.Limits)
+			if err != nil {
+				return err
+			}
+			sb.g = g
+		}
 	}
 	// The egress allowlist holds before anything in the sandbox runs: a
 	// spare init in the group is dsec's own code, waiting.
@@ -339,10 +377,14 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	defer logf.Close()
 	spec := container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
 		Restrictions: restrict, Setup: sb.g.Add, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
-	if sp != nil {
+	switch {
+	case sp != nil:
 		claimed = true
 		sb.c, err = sp.init.Claim(spec)
-	} else {
+	case init != nil:
+		claimed = true
+		sb.c, err = init.Claim(spec)
+	default:
 		sb.c, err = container.Create(spec)
 	}
 	if err != nil {
@@ -362,7 +404,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		return fmt.Errorf("policy files: %w", err)
 	}
 	if sb.Policy.Network.Mode == api.NetworkNAT {
-		if sb.NAT, err = natUp(sb.natOwner(), sb.Pid); err != nil {
+		if sb.NAT, err = natUp(sb.owner(), sb.Pid); err != nil {
 			return err
 		}
 	}
@@ -630,10 +672,14 @@ func (sb *Sandbox) teardown(all bool) error {
 		}
 		sb.g = nil
 	}
-	if err := natDown(sb.natOwner()); err != nil {
+	if err := natDown(sb.owner()); err != nil {
 		errs = append(errs, err)
 	}
 	sb.NAT = nil
+	if err := giveIDs(sb.owner()); err != nil {
+		errs = append(errs, err)
+	}
+	sb.IDs = nil
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
@@ -663,8 +709,8 @@ func (sb *Sandbox) teardown(all bool) error {
 	return errors.Join(errs...)
 }
 
-// natOwner names the sandbox among every root's on this host.
-func (sb *Sandbox) natOwner() string {
+// owner names the sandbox among every root's on this host.
+func (sb *Sandbox) owner() string {
 	abs, _ := filepath.Abs(sb.dir)
 	return abs
 }

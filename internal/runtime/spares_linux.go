@@ -104,7 +104,7 @@ func (s *Spares) start() (*spare, error) {
 	if err != nil {
 		return nil, err
 	}
-	init, err := container.Prestart(g.Add)
+	init, err := container.Prestart(g.Add, nil)
 	if err != nil {
 		g.Kill()
 		g.Remove()

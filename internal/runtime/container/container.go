@@ -48,10 +48,24 @@ type Spec struct {
 	// kept across exec); ksmd must run (/sys/kernel/mm/ksm/run).
 	MergeMemory bool `json:"merge_memory,omitempty"`
 
+	// IDs, if set, puts the sandbox in a user namespace of its own whose
+	// ids 0..Size-1 are the host's Host..Host+Size-1: its root is an
+	// unprivileged user of the host. Its root file system must show the
+	// sandbox's files through mounts idmapped into that namespace
+	// (UserNamespace gives it once the init is started).
+	IDs *IDMap `json:"-"`
+
 	// Setup, if set, runs with the new process's host pid before the
 	// process does anything (it waits for its spec): the place to put it
 	// in its cgroup, so no instruction of the command runs outside it.
 	Setup func(pid int) error `json:"-"`
+}
+
+// IDMap maps a user namespace's ids 0..Size-1, users and groups alike,
+// to the host's Host..Host+Size-1.
+type IDMap struct {
+	Host uint32 `json:"host"`
+	Size uint32 `json:"size"`
 }
 
 // Restrictions are what the kernel holds a sandbox's commands to beyond
@@ -84,6 +98,9 @@ type Cmd struct {
 
 // initEnv marks the re-executed binary as a sandbox init.
 const initEnv = "_DSEC_CONTAINER_INIT"
+
+// usernsEnv tells an init it runs in a user namespace of its own.
+const usernsEnv = "_DSEC_CONTAINER_USERNS"
 
 // KeptCaps are the capabilities a sandbox keeps: Docker's default set
 // without CAP_NET_RAW (raw sockets are for the policy to allow, not the

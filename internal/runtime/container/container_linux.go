@@ -76,7 +76,8 @@ type Spare struct {
 
 // Prestart starts a spare init and waits until it is ready. setup, if not
 // nil, runs with its host pid first (the place to put it in its cgroup).
-func Prestart(setup func(pid int) error) (*Spare, error) {
+// With ids the init gets a user namespace of its own mapped to them.
+func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -92,6 +93,28 @@ func Prestart(setup func(pid int) error) (*Spare, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 		Setsid:     true,
+	}
+	if ids != nil {
+		// The namespace's root may not search the directories on the
+		// way to this binary (a 0700 build or test directory): it runs
+		// it through a descriptor opened here, which needs only x.
+		exe, err := os.Open(self)
+		if err != nil {
+			ours.Close()
+			theirs.Close()
+			return nil, err
+		}
+		defer exe.Close()
+		cmd.Path, cmd.Args = "/proc/self/fd/4", []string{self}
+		cmd.ExtraFiles = append(cmd.ExtraFiles, exe)
+		cmd.Env = append(cmd.Env, usernsEnv+"=1")
+		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.Host), Size: int(ids.Size)}}
+		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings, cmd.SysProcAttr.GidMappings = m, m
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
+		// Root of the namespace (not the host's root, which it does not
+		// map): the exec then gives it the namespace's capabilities.
+		cmd.SysProcAttr.Credential = &syscall.Credential{}
 	}
 	err = cmd.Start()
 	theirs.Close()
@@ -115,6 +138,16 @@ func Prestart(setup func(pid int) error) (*Spare, error) {
 		return nil, fmt.Errorf("sandbox init exited before it was ready (exit %d)", cmd.ProcessState.ExitCode())
 	}
 	return sp, nil
+}
+
+// UserNamespace opens the spare's user namespace (O_CLOEXEC): what the
+// mounts of its root are idmapped into.
+func (sp *Spare) UserNamespace() (int, error) {
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", sp.cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("the sandbox init's user namespace: %w", err)
+	}
+	return fd, nil
 }
 
 // Pid is the spare's pid on the host.
@@ -234,7 +267,7 @@ func dupFile(f *os.File) (*os.File, error) {
 // Create starts a sandbox's init on spec.Root, listening on spec.Socket:
 // a spare started and claimed at once.
 func Create(spec Spec) (*Sandbox, error) {
-	sp, err := Prestart(spec.Setup)
+	sp, err := Prestart(spec.Setup, spec.IDs)
 	if err != nil {
 		return nil, err
 	}
@@ -473,13 +506,10 @@ type job struct {
 func initSandbox() error {
 	// Out of the host's mounts before anything: a spare may wait long,
 	// and must pin none of them meanwhile.
-	if err := leaveHostMounts(); err != nil {
+	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
 		return err
 	}
 	if err := loopbackUp(); err != nil {
-		return err
-	}
-	if err := stageKernelFS(); err != nil {
 		return err
 	}
 	if _, err := unix.Write(3, []byte("ready")); err != nil {
@@ -800,15 +830,48 @@ type mnt struct {
 
 // leaveHostMounts gives the init a root of its own, an empty tmpfs, and
 // drops every mount of the host from its namespace.
-func leaveHostMounts() error {
+func leaveHostMounts(userns bool) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
+	}
+	// In a user namespace the kernel lets /proc and /sys be mounted only
+	// while the host's are visible, and device nodes are not made but
+	// bound from the host's: all staged before the pivot.
+	var devs map[string]int
+	if userns {
+		var err error
+		if devs, err = cloneDevices(); err != nil {
+			return err
+		}
 	}
 	const dir = "/tmp" // any directory: the tmpfs covers it in this namespace only
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=700,size=64k"); err != nil {
 		return fmt.Errorf("mount the spare root: %w", err)
 	}
+	if err := stageKernelFS(dir, devs); err != nil {
+		return err
+	}
 	return pivot(dir)
+}
+
+// devices are the nodes of a sandbox's /dev.
+var devices = []struct {
+	name         string
+	major, minor uint32
+}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+
+// cloneDevices clones the host's device nodes (detached mounts), for a
+// namespace whose root may not make them.
+func cloneDevices() (map[string]int, error) {
+	devs := map[string]int{}
+	for _, d := range devices {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+d.name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("clone the host's /dev/%s: %w", d.name, err)
+		}
+		devs[d.name] = fd
+	}
+	return devs, nil
 }
 
 // pivot makes dir the root and detaches the old one.
@@ -829,9 +892,10 @@ func pivot(dir string) error {
 
 // stageKernelFS mounts what a sandbox's root gets of the kernel (/proc
 // of its pid namespace, with what it must not see masked or read-only, a
-// minimal /dev, a read-only /sys) in the spare's own root, ahead of the
-// sandbox: a claim only moves them into the sandbox's root.
-func stageKernelFS() error {
+// minimal /dev, a read-only /sys) in the spare's own root (dir), ahead of
+// the sandbox: a claim only moves them into the sandbox's root. The
+// device nodes are made, or bound from devs (cloneDevices) when given.
+func stageKernelFS(dir string, devs map[string]int) error {
 	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	for _, m := range []mnt{
 		{"proc", "/proc", "proc", nodev, ""},
@@ -841,29 +905,38 @@ func stageKernelFS() error {
 		{"mqueue", "/dev/mqueue", "mqueue", nodev, ""},
 		{"sysfs", "/sys", "sysfs", nodev | unix.MS_RDONLY, ""},
 	} {
-		if err := os.MkdirAll(m.target, 0o755); err != nil {
+		target := dir + m.target
+		if err := os.MkdirAll(target, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount(m.src, m.target, m.fstype, m.flags, m.data); err != nil {
+		if err := unix.Mount(m.src, target, m.fstype, m.flags, m.data); err != nil {
 			return fmt.Errorf("mount %s: %w", m.target, err)
 		}
 	}
-	for _, d := range []struct {
-		name         string
-		major, minor uint32
-	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
-		if err := unix.Mknod(filepath.Join("/dev", d.name), unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
+	for _, d := range devices {
+		p := filepath.Join(dir, "dev", d.name)
+		if fd, ok := devs[d.name]; ok {
+			if err := os.WriteFile(p, nil, 0o666); err != nil {
+				return err
+			}
+			if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+				return fmt.Errorf("bind /dev/%s: %w", d.name, err)
+			}
+			unix.Close(fd)
+			continue
+		}
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
 			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
 		}
-		os.Chmod(filepath.Join("/dev", d.name), 0o666)
+		os.Chmod(p, 0o666)
 	}
 	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := os.Symlink(target, filepath.Join("/dev", link)); err != nil {
+		if err := os.Symlink(target, filepath.Join(dir, "dev", link)); err != nil {
 			return err
 		}
 	}
-	return maskProc()
+	return maskProc(dir)
 }
 
 // setupRoot attaches the sandbox's root (tree, a detached mount), moves
@@ -891,17 +964,19 @@ func setupRoot(tree int) error {
 
 // maskProc hides kernel interfaces a sandbox has no business reading and
 // makes the ones that change the host read-only, as runc's defaults do.
-func maskProc() error {
+func maskProc(dir string) error {
 	for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/sysrq-trigger",
 		"/proc/latency_stats", "/proc/kallsyms", "/proc/kpagecount", "/proc/kpageflags", "/proc/kpagecgroup"} {
+		p = dir + p
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}
-		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+		if err := unix.Mount(dir+"/dev/null", p, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
 	for _, p := range []string{"/proc/acpi", "/proc/scsi", "/sys/firmware"} {
+		p = dir + p
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}
@@ -910,6 +985,7 @@ func maskProc() error {
 		}
 	}
 	for _, p := range []string{"/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"} {
+		p = dir + p
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}

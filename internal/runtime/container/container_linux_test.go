@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
@@ -238,7 +239,7 @@ func TestIdleAndMergeableCommands(t *testing.T) {
 func TestSpares(t *testing.T) {
 	layertest.RequireRoot(t)
 	var moved []int
-	sp, err := container.Prestart(func(pid int) error { moved = append(moved, pid); return nil })
+	sp, err := container.Prestart(func(pid int) error { moved = append(moved, pid); return nil }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +288,7 @@ func TestSpares(t *testing.T) {
 	if _, err := sp.Claim(container.Spec{Root: root, Socket: filepath.Join(t.TempDir(), "again.sock")}); err == nil {
 		t.Fatal("a spare was claimed twice")
 	}
-	other, err := container.Prestart(nil)
+	other, err := container.Prestart(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,91 @@ func TestSpares(t *testing.T) {
 	}
 	// A setup that fails leaves no process.
 	var failed int
-	if _, err := container.Prestart(func(pid int) error { failed = pid; return errors.New("no cgroup") }); err == nil || unix.Kill(failed, 0) == nil {
+	if _, err := container.Prestart(func(pid int) error { failed = pid; return errors.New("no cgroup") }, nil); err == nil || unix.Kill(failed, 0) == nil {
 		t.Fatalf("a failed setup: %v, pid %d alive %v", err, failed, unix.Kill(failed, 0) == nil)
+	}
+}
+
+// TestUserNamespace: with IDs the init runs in a user namespace of its
+// own: root inside, an unprivileged user of the host outside; the root
+// shows the host's root-owned files as root's through an idmapped mount,
+// and what the sandbox writes is stored as the host's root would store it.
+func TestUserNamespace(t *testing.T) {
+	layertest.RequireRoot(t)
+	ids := &container.IDMap{Host: 3_000_000_000, Size: 65536}
+	sp, err := container.Prestart(nil, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if sp.Alive() {
+			sp.Discard()
+		}
+	}()
+	userns, err := sp.UserNamespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(userns)
+	src := busyboxRoot(t)
+	tree, err := mount.IDMapped(src, userns)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skipf("SKIPPED: this kernel cannot idmap %s's file system: %v", src, err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	err = mount.Attach(tree, root)
+	unix.Close(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mount.Unmount(root)
+	var initErr bytes.Buffer
+	sb, err := sp.Claim(container.Spec{Root: root, Hostname: "userns", Stderr: &initErr, Socket: filepath.Join(t.TempDir(), "init.sock")})
+	if err != nil {
+		t.Fatalf("%v: %s", err, initErr.String())
+	}
+	t.Cleanup(func() { sb.Destroy() })
+	out, code := sh(t, sb, `cat /proc/self/uid_map /proc/self/gid_map; id -u; stat -c %u:%g /bin/busybox; echo hi >/written; `+
+		`stat -c %u /written; cat /dev/null; echo x >/dev/null && head -c 4 /dev/zero | wc -c; hostname; ls /proc/1/cmdline`)
+	want := []string{"0 3000000000 65536", "0 3000000000 65536", "0", "0:0", "0", "4", "userns", "/proc/1/cmdline"}
+	if got := strings.Fields(strings.ReplaceAll(out, "\n", "|")); code != 0 || strings.Join(strings.Fields(out), " ") != strings.Join(strings.Fields(strings.Join(want, " ")), " ") {
+		t.Fatalf("in the user namespace (exit %d): %q (%v), want %q", code, out, got, want)
+	}
+	// Outside: the init is the mapped root, the file the host's root's.
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(status), "\nUid:\t3000000000\t3000000000\t3000000000\t3000000000\n") {
+		t.Errorf("the init's host ids:\n%s", status)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(src, "written"), &st); err != nil || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("the written file on the host: uid %d gid %d, %v", st.Uid, st.Gid, err)
+	}
+	// Root in the namespace is nobody to the host: a file of a host user
+	// outside its range is nobody's to it, and beyond its reach even with
+	// CAP_DAC_OVERRIDE, while the same file of the host's root is its own.
+	for _, f := range []struct {
+		uid  int
+		want string
+	}{{70000, "65534 cannot read"}, {0, "0 s"}} {
+		p := filepath.Join(src, "secret")
+		if err := os.WriteFile(p, []byte("s"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, f.uid, f.uid); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := sh(t, sb, `stat -c %u /secret; cat /secret 2>/dev/null || echo cannot read`)
+		if got := strings.Join(strings.Fields(out), " "); got != f.want {
+			t.Errorf("a 0600 file of host uid %d, in the namespace: %q, want %q", f.uid, got, f.want)
+		}
+	}
+	if out, code := sh(t, sb, `mknod /dev/sda b 8 0`); code == 0 {
+		t.Errorf("root in the namespace made a device: %q", out)
 	}
 }

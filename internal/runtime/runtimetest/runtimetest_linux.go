@@ -277,10 +277,12 @@ func Leftovers(root string) []string {
 			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))
 		}
 	}
-	held, _ := filepath.Glob("/run/dsec/nat/[0-9]*") // network mode nat's addresses
-	for _, h := range held {
-		if b, _ := os.ReadFile(h); strings.HasPrefix(string(b), abs+"/") {
-			out = append(out, "nat address "+h+" of "+string(b))
+	for what, pattern := range map[string]string{"nat address": "/run/dsec/nat/[0-9]*", "user namespace ids": "/run/dsec/userns/[0-9]*"} {
+		held, _ := filepath.Glob(pattern)
+		for _, h := range held {
+			if b, _ := os.ReadFile(h); strings.HasPrefix(string(b), abs+"/") {
+				out = append(out, what+" "+h+" of "+string(b))
+			}
 		}
 	}
 	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file") // disk quotas' images

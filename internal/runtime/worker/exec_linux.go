@@ -294,22 +294,24 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 	}
 	defer dir.Close()
 	tmp := ".dsec-put-" + randomID("")
-	fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
-	if err != nil {
-		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))
-		return
-	}
-	f := os.NewFile(uintptr(fd), tmp)
-	_, err = io.Copy(f, r.Body)
-	if err == nil {
-		err = f.Chmod(os.FileMode(mode) & os.ModePerm) // past the umask
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), path.Base(p))
-	}
+	err = e.sb.AsRoot(func() error {
+		fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), tmp)
+		_, err = io.Copy(f, r.Body)
+		if err == nil {
+			err = f.Chmod(os.FileMode(mode) & os.ModePerm) // past the umask
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), path.Base(p))
+		}
+		return err
+	})
 	if err != nil {
 		unix.Unlinkat(int(dir.Fd()), tmp, 0)
 		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))

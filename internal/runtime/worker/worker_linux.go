@@ -458,6 +458,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		MemoryRequest: e.req.Memory,
 		MergeMemory:   w.cfg.Reclaim.KSM,
 		Pool:          pool,
+		UserNS:        spec.UserNS,
 		Mounter:       w.mounter,
 	})
 	w.lineage.RUnlock()
@@ -525,7 +526,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
-			Policy: st.Policy},
+			Policy: st.Policy, UserNS: st.UserNS},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(), Pool: st.Pool,
 	}
@@ -535,6 +536,9 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	}
 	if st.NAT != nil {
 		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
+	}
+	if st.IDs != nil {
+		out.HostID = st.IDs.Host
 	}
 	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
 		out.Cgroup = g.Path()
