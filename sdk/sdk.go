@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -68,19 +69,31 @@ func IsInfra(err error) bool { return errors.Is(err, ErrInfra) || errdefs.IsUnav
 // asked and none answers.
 func New(opts Options) (*Client, error) {
 	sock := filepath.Join(opts.Root, api.Socket)
+	// The connection that finds the worker serves the first request,
+	// if it comes soon (a worker closes idle connections).
+	var first atomic.Pointer[net.Conn]
+	var dialed time.Time
 	c := &Client{opts: opts, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if conn := first.Swap(nil); conn != nil {
+				if time.Since(dialed) < time.Second {
+					return *conn, nil
+				}
+				(*conn).Close()
+			}
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		},
 		DisableCompression: true,
 	}}}
-	ctx := context.Background()
-	if _, err := c.Version(ctx); err == nil || len(opts.StartWorker) == 0 {
-		if err != nil {
-			return nil, fmt.Errorf("no dsec worker answers on %s (start one with dsec daemon): %w", sock, ErrInfra)
-		}
+	conn, err := net.Dial("unix", sock)
+	if err == nil {
+		dialed = time.Now()
+		first.Store(&conn)
 		return c, nil
+	}
+	if len(opts.StartWorker) == 0 {
+		return nil, fmt.Errorf("no dsec worker answers on %s (start one with dsec daemon): %w", sock, ErrInfra)
 	}
 	if err := c.startWorker(); err != nil {
 		return nil, err
@@ -157,7 +170,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, ou
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer closeBody(resp.Body)
 	if out == nil {
 		return nil
 	}
@@ -165,6 +178,13 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, ou
 		return fmt.Errorf("%s %s: bad answer from the worker: %v: %w", method, path, err, ErrInfra)
 	}
 	return nil
+}
+
+// closeBody reads what is left of an answer (a stream's last chunk), so
+// that its connection serves the next request, and closes it.
+func closeBody(b io.ReadCloser) {
+	io.Copy(io.Discard, io.LimitReader(b, 64<<10))
+	b.Close()
 }
 
 // send makes a request; an error status becomes an *Error.
@@ -181,7 +201,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		return nil, fmt.Errorf("no answer from the dsec worker at %s (%v): is it running? (dsec daemon); a retried exec with the same id never runs twice: %w", c.opts.Root, err, ErrInfra)
 	}
 	if resp.StatusCode >= 300 {
-		defer resp.Body.Close()
+		defer closeBody(resp.Body)
 		var e api.Error
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
@@ -293,7 +313,7 @@ func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, e
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	defer resp.Body.Close()
+	defer closeBody(resp.Body)
 	res, err := readFrames(resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil)
 	if opts.Detach && errors.Is(err, ErrRunning) {
 		err = nil
@@ -339,7 +359,7 @@ func (c *Client) Call(ctx context.Context, opts CallOptions) (CallResult, error)
 	if err != nil {
 		return CallResult{}, err
 	}
-	defer resp.Body.Close()
+	defer closeBody(resp.Body)
 	var out CallResult
 	out.ExecResult, err = readFrames(resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo)
 	return out, err
@@ -375,7 +395,7 @@ func (s *Sandbox) Logs(ctx context.Context, id string, follow bool, stdout, stde
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	defer resp.Body.Close()
+	defer closeBody(resp.Body)
 	return readFrames(resp.Body, stdout, stderr, follow, nil)
 }
 
@@ -445,7 +465,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, p string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer closeBody(resp.Body)
 	_, err = io.Copy(w, resp.Body)
 	return err
 }
