@@ -113,6 +113,9 @@ if [ "$(id -u)" = 0 ]; then
 	step "a memory limit hit is reported as such"
 	"$dsec" exec demo-rollout -- sh -c 'x=$(head -c 400000000 /dev/zero | tr "\\0" a)' || echo "exit code $?"
 
+	step "--userns: root in the sandbox owns its files and is nobody on the host"
+	"$dsec" run --rm --userns --base demo/busybox:1 -- sh -c 'echo "uid $(id -u) in the sandbox, owner of /bin/busybox: $(stat -c %u /bin/busybox); uid_map: $(cat /proc/self/uid_map)"'
+
 	step "snapshot the rollout at step 3 (pack-diff) and branch it three ways"
 	"$dsec" snap rm -f demo/rollout:3 demo/rollout:4 >/dev/null 2>&1 || true # an interrupted earlier demo's
 	"$dsec" snap pack-diff demo-rollout -t demo/rollout:3
