@@ -297,14 +297,14 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	// user namespace's init is started first, for its root's layers are
 	// idmapped into its namespace.
 	var sp *spare
-	var init *container.Spare
+	var own *container.Spare // a user namespace's init
 	claimed := false
 	defer func() {
 		if !claimed && sp != nil {
 			sp.init.Discard() // its group is the sandbox's now: teardown's
 		}
-		if !claimed && init != nil {
-			init.Discard()
+		if !claimed && own != nil {
+			own.Discard()
 		}
 	}()
 	if sb.UserNS {
@@ -316,10 +316,10 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if sb.g, err = cgroup.New(sb.CgroupName, sb.Limits); err != nil {
 			return err
 		}
-		if init, err = container.Prestart(sb.g.Add, ids); err != nil {
+		if own, err = container.Prestart(sb.g.Add, ids); err != nil {
 			return err
 		}
-		ns, err := init.UserNamespace()
+		ns, err := own.UserNamespace()
 		if err != nil {
 			return err
 		}
@@ -381,9 +381,9 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	case sp != nil:
 		claimed = true
 		sb.c, err = sp.init.Claim(spec)
-	case init != nil:
+	case own != nil:
 		claimed = true
-		sb.c, err = init.Claim(spec)
+		sb.c, err = own.Claim(spec)
 	default:
 		sb.c, err = container.Create(spec)
 	}

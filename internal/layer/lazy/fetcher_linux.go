@@ -345,7 +345,21 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	if err != nil {
 		return fmt.Errorf("mount FUSE: %w", err)
 	}
-	defer srv.Unmount()
+	defer func() {
+		// The EROFS mount that just went may hold the image open a moment
+		// longer (its last reference drops asynchronously), failing the
+		// unmount: retry, then detach. A fetcher never exits leaving a
+		// dead FUSE mount behind (CI saw one once).
+		for range 50 {
+			if srv.Unmount() == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			log.Error("unmounting the FUSE mount", "err", err)
+		}
+	}()
 	os.WriteFile(filepath.Join(dir, "fetcher.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
 	f.written = Stats{BytesTotal: -1} // publish the first counters now
 	f.writeStats()

@@ -48,13 +48,6 @@ type Spec struct {
 	// kept across exec); ksmd must run (/sys/kernel/mm/ksm/run).
 	MergeMemory bool `json:"merge_memory,omitempty"`
 
-	// IDs, if set, puts the sandbox in a user namespace of its own whose
-	// ids 0..Size-1 are the host's Host..Host+Size-1: its root is an
-	// unprivileged user of the host. Its root file system must show the
-	// sandbox's files through mounts idmapped into that namespace
-	// (UserNamespace gives it once the init is started).
-	IDs *IDMap `json:"-"`
-
 	// Setup, if set, runs with the new process's host pid before the
 	// process does anything (it waits for its spec): the place to put it
 	// in its cgroup, so no instruction of the command runs outside it.

@@ -76,7 +76,9 @@ type Spare struct {
 
 // Prestart starts a spare init and waits until it is ready. setup, if not
 // nil, runs with its host pid first (the place to put it in its cgroup).
-// With ids the init gets a user namespace of its own mapped to them.
+// With ids the init gets a user namespace of its own mapped to them; the
+// root it is then claimed with must show the sandbox's files through
+// mounts idmapped into that namespace (UserNamespace).
 func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -267,7 +269,7 @@ func dupFile(f *os.File) (*os.File, error) {
 // Create starts a sandbox's init on spec.Root, listening on spec.Socket:
 // a spare started and claimed at once.
 func Create(spec Spec) (*Sandbox, error) {
-	sp, err := Prestart(spec.Setup, spec.IDs)
+	sp, err := Prestart(spec.Setup, nil)
 	if err != nil {
 		return nil, err
 	}
