@@ -187,6 +187,8 @@ func mountDisk(dir string, fresh bool) error {
 // and waits for its loop device to detach: the kernel clears an
 // autoclear loop device from a work queue after its last close, so
 // without the wait a removed sandbox's image could still be attached.
+// Under load (CI's race-detector run on 2 cores) that took over 5 s once,
+// with no mount of the device left in any task's namespace.
 func unmountDisk(dir string) error {
 	if mounted, err := isMountPoint(diskDir(dir)); err != nil || !mounted {
 		return nil
@@ -203,12 +205,12 @@ func unmountDisk(dir string) error {
 	if unix.Major(st.Dev) != loopMajor || len(held) == 0 {
 		return nil
 	}
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if b, err := os.ReadFile(attached); err != nil || !bytes.Equal(b, held) {
 			return nil
 		}
 	}
-	return fmt.Errorf("disk quota: loop%d still holds %s 5 s after the unmount", unix.Minor(st.Dev), diskImage(dir))
+	return fmt.Errorf("disk quota: loop%d still holds %s 30 s after the unmount", unix.Minor(st.Dev), diskImage(dir))
 }
 
 // loopMajor is the block major number of loop devices.
