@@ -24,7 +24,7 @@ func IDMapped(path string, userns int) (int, error) {
 	if err != nil {
 		unix.Close(tree)
 		if errors.Is(err, unix.EINVAL) {
-			return -1, fmt.Errorf("idmap the mount at %s: %w (its file system cannot be idmapped on this kernel)", path, err)
+			return -1, fmt.Errorf("idmap the mount at %s: %w: its file system cannot be idmapped on this kernel (user namespaces need --root and layers on ext4, xfs, btrfs, tmpfs or EROFS)", path, err)
 		}
 		return -1, fmt.Errorf("idmap the mount at %s: %w", path, err)
 	}

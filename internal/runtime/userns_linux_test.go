@@ -45,14 +45,12 @@ func TestUserNamespace(t *testing.T) {
 		if got := strings.Join(strings.Fields(out), " "); code != 0 || got != want {
 			t.Fatalf("%s (exit %d): %q, want %q", sb.Name, code, got, want)
 		}
-		var st struct{ uid, gid uint32 }
-		fi, err := os.Stat(filepath.Join(sb.Upper(), "work", "new"))
-		if err != nil {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(sb.Upper(), "work", "new"), &st); err != nil {
 			t.Fatal(err)
 		}
-		st.uid, st.gid = statIDs(fi)
-		if st.uid != 0 || st.gid != 0 {
-			t.Errorf("%s: the upper stores the sandbox root's file as %d:%d, want 0:0", sb.Name, st.uid, st.gid)
+		if st.Uid != 0 || st.Gid != 0 {
+			t.Errorf("%s: the upper stores the sandbox root's file as %d:%d, want 0:0", sb.Name, st.Uid, st.Gid)
 		}
 		// The host sees the sandbox's processes as the mapped root.
 		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.Snapshot().Pid))
@@ -87,9 +85,4 @@ func TestUserNamespace(t *testing.T) {
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)
 	}
-}
-
-func statIDs(fi os.FileInfo) (uid, gid uint32) {
-	st := fi.Sys().(*syscall.Stat_t)
-	return st.Uid, st.Gid
 }
