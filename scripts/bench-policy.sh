@@ -6,7 +6,9 @@
 #  2. policy apply on a running sandbox (its allowlist swapped between 1,000 rules and one, through the
 #     SDK and the worker) vs what the change costs without live apply: a new sandbox under the new
 #     policy, ready for its first command.
-#  3. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
+#  3. loading the default seccomp profile when a sandbox starts: as the binary search dsec emits vs
+#     the library's chain of one comparison per system call (same answers; TestSearchTree).
+#  4. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
 #     done, and to removal, alternating in one loop through the SDK.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-policy: needs root (cgroups, BPF, namespaces): skipped" >&2; exit 0; }
@@ -16,6 +18,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
 
 conn=$(go test -run '^$' -bench BenchmarkConnect -benchtime 200000x ./internal/policy/)
 none=$(metric "$conn" ns/connect-none); guarded=$(metric "$conn" ns/connect-1000)
+load=$(go test -run '^$' -bench BenchmarkSeccompLoad -benchtime 300x ./internal/policy/)
 apply=$(go test -run '^$' -bench BenchmarkApplyPolicy -benchtime "${n}x" ./sdk/)
 disk=$(go test -run '^$' -bench BenchmarkDiskQuota -benchtime "$((2 * n))x" ./sdk/)
 
@@ -26,6 +29,8 @@ printf '%-52s %8s ms %8s ms %8s\n' "policy apply p50 vs a new sandbox under it" 
 	"$(ratio "$(metric "$apply" apply-p50-ms)" "$(metric "$apply" recreate-p50-ms)")"
 printf '%-52s %8s ms %8s ms %8s\n' "policy apply p99 vs a new sandbox under it" "$(metric "$apply" apply-p99-ms)" "$(metric "$apply" recreate-p99-ms)" \
 	"$(ratio "$(metric "$apply" apply-p99-ms)" "$(metric "$apply" recreate-p99-ms)")"
+printf '%-52s %8s us %8s us %8s\n' "seccomp profile load p50: search vs chain" "$(metric "$load" search-p50-us)" "$(metric "$load" chain-p50-us)" \
+	"$(ratio "$(metric "$load" search-p50-us)" "$(metric "$load" chain-p50-us)")"
 for m in first-exec-p50 first-exec-p99 with-rm-p50 with-rm-p99; do
 	printf '%-52s %8s ms %8s ms %8s\n' "10 GiB disk quota vs none: ${m%-p*} ${m##*-}" "$(metric "$disk" "${m%-p*}-disk-${m##*-}-ms")" \
 		"$(metric "$disk" "$m-ms")" "$(ratio "$(metric "$disk" "${m%-p*}-disk-${m##*-}-ms")" "$(metric "$disk" "$m-ms")")"

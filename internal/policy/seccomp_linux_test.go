@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/binary"
+	"slices"
 	"testing"
 
 	"github.com/elastic/go-seccomp-bpf/arch"
@@ -128,5 +129,59 @@ func TestSeccompDeny(t *testing.T) {
 	}
 	if _, err := SeccompDeny([]string{"wait4"}); err == nil {
 		t.Fatal("denied what the init needs")
+	}
+}
+
+// TestSearchTree: the binary search answers every system call number as
+// the library's chain of comparisons does, for the default profile and
+// one with a deny list, and numbers past every table fall to the default.
+func TestSearchTree(t *testing.T) {
+	a, err := arch.GetInfo("")
+	if err != nil {
+		t.Skipf("no seccomp tables for this architecture: %v", err)
+	}
+	asBytes := func(ins []bpf.Instruction) []byte {
+		raw, err := bpf.Assemble(ins)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return encode(raw)
+	}
+	for _, deny := range [][]string{nil, {"chroot", "read", "personality"}} {
+		lib, err := chain(a, append(slices.Clone(Denied), deny...), allowed, deny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tree, err := searchTree(lib, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tree) >= len(lib) {
+			t.Errorf("deny %v: the search has %d instructions, the chain %d", deny, len(tree), len(lib))
+		}
+		libProg, treeProg := asBytes(lib), asBytes(append([]bpf.Instruction{bpf.LoadAbsolute{Off: offNr, Size: 4}}, tree...))
+		nrs := []int{1 << 20, 0x3fffffff}
+		for nr := 0; nr < 1100; nr++ {
+			nrs = append(nrs, nr)
+		}
+		differ := 0
+		for _, nr := range nrs {
+			want := run(t, libProg, uint32(a.ID), nr, 3, 5)
+			if got := run(t, treeProg, uint32(a.ID), nr, 3, 5); got != want {
+				t.Errorf("deny %v: system call %d: %#x, the library says %#x", deny, nr, got, want)
+			}
+			if want != unix.SECCOMP_RET_ALLOW {
+				differ++
+			}
+		}
+		if differ == 0 || differ == len(nrs) {
+			t.Fatalf("deny %v: %d of %d numbers refused: the comparison tells nothing", deny, differ, len(nrs))
+		}
+		if !slices.ContainsFunc(deny, func(n string) bool { return n == "read" }) {
+			continue
+		}
+		if got := run(t, treeProg, uint32(a.ID), a.SyscallNames["read"]); got == unix.SECCOMP_RET_ALLOW {
+			t.Errorf("a denied read is allowed")
+		}
 	}
 }
