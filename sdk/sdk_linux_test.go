@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -411,5 +413,64 @@ func TestNoLeaks(t *testing.T) {
 	}
 	if list, err := c.List(ctx); err != nil || len(list) != 0 {
 		t.Fatalf("ps after 100 cycles: %v %v", list, err)
+	}
+}
+
+// lowerMounts lists the layer mounts under root: mount id by mount point.
+func lowerMounts(t *testing.T, root string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(root, "lower")+"/") {
+			out[f[4]] = f[0]
+		}
+	}
+	return out
+}
+
+// TestKeepLayers: a layer stays mounted a while after its last sandbox
+// (worker.Config.KeepLayers); the next sandbox uses that same mount; it
+// goes when the time is up, and when the worker exits.
+func TestKeepLayers(t *testing.T) {
+	w, c := setupWith(t, runtimetest.Config{KeepLayers: 2 * time.Second})
+	ctx := context.Background()
+	cycle := func() {
+		sb := create(t, c, api.SandboxSpec{Layers: []string{"bb:1"}})
+		if out, res := run(t, sb, "x", "echo hi"); out != "hi\n" || res.ExitCode != 0 {
+			t.Fatalf("%q %+v", out, res)
+		}
+		if err := sb.Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	kept := lowerMounts(t, w.Root)
+	if len(kept) != 1 {
+		t.Fatalf("after the last sandbox went: layer mounts %v, want bb:1's kept", kept)
+	}
+	users, _ := filepath.Glob(filepath.Join(w.Root, "lower", "*", "users", "*"))
+	if len(users) != 0 {
+		t.Fatalf("a kept layer has users %v", users)
+	}
+	cycle()
+	if again := lowerMounts(t, w.Root); !maps.Equal(again, kept) {
+		t.Fatalf("the next sandbox mounted the layer again: %v, was %v", again, kept)
+	}
+	waitFor(t, "the kept layer unmounted after 2 s", func() bool { return len(lowerMounts(t, w.Root)) == 0 })
+	if dirs, _ := filepath.Glob(filepath.Join(w.Root, "lower", "*")); len(dirs) != 0 {
+		t.Fatalf("unmounted layers left directories: %v", dirs)
+	}
+	cycle()
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the worker gone", func() bool { return syscall.Kill(w.Pid(), 0) != nil })
+	if left := lowerMounts(t, w.Root); len(left) != 0 { // its 2 s are not up yet
+		t.Fatalf("the worker exited and left its kept layer mounted: %v", left)
 	}
 }

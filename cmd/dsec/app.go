@@ -73,6 +73,8 @@ type PoolFile struct {
 type CacheConfig struct {
 	MaxBytes    int64 `mapstructure:"max_bytes"`     // the whole host cache; 0: unbounded
 	ReadAheadKB int   `mapstructure:"read_ahead_kb"` // the kernel's read-ahead on each mount
+	// KeepMounted: how long a layer stays mounted after its last sandbox.
+	KeepMounted time.Duration `mapstructure:"keep_mounted"`
 }
 
 // maxReadAheadKB bounds cache.read_ahead_kb: a window's worth.
@@ -132,7 +134,9 @@ All state lives under --root. Settings come from flags, then DSEC_* environment 
 are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
 to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs), cache.max_bytes (DSEC_CACHE_MAX_BYTES:
 the budget of the host cache of lazily mounted layers), cache.read_ahead_kb (16: the kernel's
-read-ahead on each lazy mount; what it reads ahead may cost a fetch), the worker's admission control
+read-ahead on each lazy mount; what it reads ahead may cost a fetch), cache.keep_mounted (30s: how long
+a layer stays mounted after its last sandbox goes, so the next one finds it mounted and cached; 0:
+unmounted at once), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
 1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none), idle reclaim (reclaim.idle_after,
@@ -186,6 +190,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remote", "")
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("cache.read_ahead_kb", lazy.DefaultReadAheadKB)
+	v.SetDefault("cache.keep_mounted", "30s")
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
@@ -209,6 +214,9 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
 		return usageError{fmt.Errorf("cache.read_ahead_kb %d: use 0 (none) to %d", ra, maxReadAheadKB)}
+	}
+	if d := a.cfg.Cache.KeepMounted; d < 0 {
+		return usageError{fmt.Errorf("cache.keep_mounted %v: give a duration of 0 (unmount at once) or more, such as 30s", d)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(a.cfg.LogLevel)); err != nil {

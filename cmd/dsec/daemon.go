@@ -48,9 +48,10 @@ Layers missing from the local store are mounted lazily from the configured remot
 			}
 			cfg := worker.Config{
 				Root: a.cfg.Root, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
-				Fetcher:  lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
-				Log:      a.log,
-				ExitIdle: exitIdle,
+				Fetcher:    lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
+				Log:        a.log,
+				ExitIdle:   exitIdle,
+				KeepLayers: a.cfg.Cache.KeepMounted,
 			}
 			if err := a.workerDensity(&cfg); err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -58,6 +59,10 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
 		return "", nil, err
 	}
+	if t := kept[dir]; t != nil { // kept mounted since its last user left
+		t.Stop()
+		delete(kept, dir)
+	}
 	if !isMountpoint(mnt) {
 		if err := f.mountOn(mnt); err != nil {
 			os.Remove(filepath.Join(dir, "users", user))
@@ -107,9 +112,67 @@ func releaseLowers(root, user string) error {
 		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
 			continue
 		}
+		if keepFor > 0 {
+			keep(dir)
+			continue
+		}
 		if err := unmountLower(dir); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// Layers no sandbox uses stay mounted for keepFor (KeepLayers): the next
+// sandbox on one skips its mount and finds its dentries and pages
+// cached, and the last sandbox's removal skips the unmount. kept holds
+// their unmount timers; both under lowerMu. A worker killed meanwhile
+// leaves them to the next one's SweepLowers (they have no users).
+var (
+	keepFor time.Duration
+	kept    = map[string]*time.Timer{}
+)
+
+// KeepLayers keeps a layer mounted for d after its last sandbox lets go
+// of it (0: unmounted at once, the default).
+func KeepLayers(d time.Duration) {
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	keepFor = d
+}
+
+// keep schedules the unmount of dir, a layer nobody uses, keepFor from
+// now. Call it with lowerMu held.
+func keep(dir string) {
+	if t := kept[dir]; t != nil {
+		t.Stop()
+	}
+	var t *time.Timer
+	t = time.AfterFunc(keepFor, func() {
+		lowerMu.Lock()
+		defer lowerMu.Unlock()
+		if kept[dir] != t {
+			return // taken again meanwhile
+		}
+		delete(kept, dir)
+		unmountLower(dir) // on an error, the next SweepLowers tries again
+	})
+	kept[dir] = t
+}
+
+// ReleaseLayers unmounts now the layers under root kept mounted without
+// a user: a worker's last act.
+func ReleaseLayers(root string) error {
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	var errs []error
+	for dir, t := range kept {
+		if filepath.Dir(filepath.Dir(dir)) != root {
+			continue
+		}
+		t.Stop()
+		delete(kept, dir)
+		errs = append(errs, unmountLower(dir))
 	}
 	return errors.Join(errs...)
 }

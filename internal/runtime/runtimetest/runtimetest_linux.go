@@ -99,6 +99,8 @@ type Config struct {
 	Admission worker.Admission
 	Reclaim   worker.Reclaim
 	Pools     []worker.PoolConfig
+	// KeepLayers: worker.Config's (0 here: unmounted at once).
+	KeepLayers time.Duration
 }
 
 // StartWorkerWith is StartWorker with cfg.
@@ -200,6 +202,9 @@ func Clean(root string) {
 		}
 	}
 	sweepSpares(root)
+	if !serving(root) { // the layers a dead worker kept mounted for the next sandbox
+		runtime.SweepLowers(root, nil)
+	}
 }
 
 // sweepSpares removes the groups of a dead worker's spares, as the next

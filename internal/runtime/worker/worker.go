@@ -43,6 +43,9 @@ type Config struct {
 	Reclaim Reclaim
 	// Pools are the FnCall backend's warm pools, kept from the start.
 	Pools []PoolConfig
+	// KeepLayers keeps a layer mounted this long after its last
+	// sandbox lets go of it (0: unmounted at once).
+	KeepLayers time.Duration
 }
 
 // Reclaim says when the worker takes back an idle sandbox's memory.

@@ -101,6 +101,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.adopt(); err != nil {
 		return err
 	}
+	runtime.KeepLayers(cfg.KeepLayers)
+	defer runtime.ReleaseLayers(cfg.Root) // after the sandboxes' release
 	defer w.release()
 	if n := cfg.Admission.withDefaults().Spares; n > 0 {
 		w.mounter.Spares = runtime.StartSpares(cfg.Root, n)
