@@ -52,7 +52,12 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 	if err != nil {
 		t.Fatalf("%v: %s", err, initErr.String())
 	}
-	t.Cleanup(func() { sb.Destroy() })
+	t.Cleanup(func() {
+		sb.Destroy()
+		if t.Failed() {
+			t.Logf("the init's stderr: %s", initErr.String())
+		}
+	})
 	out, _ := os.CreateTemp(t.TempDir(), "out")
 	ch := make(chan result, 1)
 	finished := make(chan struct{})

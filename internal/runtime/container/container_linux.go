@@ -506,6 +506,7 @@ type job struct {
 // initSandbox waits, as a spare, for its sandbox; then sets the root up,
 // serves requests and reaps.
 func initSandbox() error {
+	spareThreads(initThreads)
 	// Out of the host's mounts before anything: a spare may wait long,
 	// and must pin none of them meanwhile.
 	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
@@ -735,6 +736,32 @@ func initSandbox() error {
 			reply(j.conn, execReply{ID: j.id, Exit: &code})
 		}
 	}
+}
+
+// initThreads is how many idle threads an init keeps for the runtime.
+const initThreads = 4
+
+// spareThreads makes n threads that the Go runtime then keeps idle. An
+// init's threads count against its sandbox's pids.max, which commands
+// may fill: a runtime that then needs a thread (one is blocked in a
+// fork, say) cannot create it and aborts, and the sandbox dies with its
+// init. Made now, before any limit, the runtime finds idle ones.
+func spareThreads(n int) {
+	var locked, exit sync.WaitGroup
+	locked.Add(n)
+	exit.Add(1)
+	var done sync.WaitGroup
+	for range n {
+		done.Go(func() {
+			runtime.LockOSThread() // one thread each while they wait
+			locked.Done()
+			exit.Wait()
+			runtime.UnlockOSThread() // unlocked, it stays, idle
+		})
+	}
+	locked.Wait()
+	exit.Done()
+	done.Wait()
 }
 
 // CoreScheduling reports whether the kernel has core scheduling and the
