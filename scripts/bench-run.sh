@@ -6,7 +6,8 @@
 #  2. exec latency into a running sandbox: `dsec exec NAME -- true` vs `runc exec ID true`.
 # Those figures are whole CLI invocations, timed from the shell the same way for both. Then the same
 # through the Go SDK against the same worker and layer (go test -bench ./sdk): what a trainer pays,
-# without a CLI process per step.
+# without a CLI process per step; and the SDK's create figures again through a worker that does not keep
+# layers mounted between sandboxes (the last two rows compare those two, not runc).
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-run: needs root (namespaces, mounts): skipped" >&2; exit 0; }
 dsec=$(realpath "${1:-bin/dsec}")
@@ -68,7 +69,12 @@ runc run -d --bundle "$work/bundle" bench-exec >/dev/null 2>&1 </dev/null
 loop dsec_exec dsec_exec
 loop runc_exec runc_exec
 sdkbench=$(DSEC_BENCH_ROOT=$DSEC_ROOT DSEC_BENCH_LAYER=bench:1 go test -run '^$' -bench 'BenchmarkCreateExecRemove|BenchmarkExec$' -benchtime "${n}x" ./sdk/)
-metric() { awk -v m="$1" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$sdkbench"; }
+# The same through a worker that unmounts a layer as soon as its last sandbox goes (cache.keep_mounted 0):
+# what keeping it mounted for the next sandbox saves.
+"$dsec" daemon stop >/dev/null
+DSEC_CACHE_KEEP_MOUNTED=0s "$dsec" run --rm --base bench:1 -- true 2>/dev/null
+unkept=$(DSEC_BENCH_ROOT=$DSEC_ROOT DSEC_BENCH_LAYER=bench:1 go test -run '^$' -bench 'BenchmarkCreateExecRemove' -benchtime "${n}x" ./sdk/)
+metric() { awk -v m="$1" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"${2:-$sdkbench}"; }
 
 row() { # figure, dsec file, runc file
 	local d50 d99 r50 r99
@@ -87,4 +93,8 @@ sdkrow() { # figure, dsec metric prefix, runc file
 sdkrow "SDK: create to first exec done" first-exec runc_run.2
 sdkrow "SDK: create, exec, remove" with-rm runc_run.2
 sdkrow "SDK: exec true" exec runc_exec
+for m in first-exec with-rm; do
+	printf '%-34s %8s %8s   %8s %8s   %s\n' "SDK $m: layer kept vs not" "$(metric "$m-p50-ms")" "$(metric "$m-p99-ms")" \
+		"$(metric "$m-p50-ms" "$unkept")" "$(metric "$m-p99-ms" "$unkept")" "$(ratio "$(metric "$m-p50-ms")" "$(metric "$m-p50-ms" "$unkept")")"
+done
 printf 'serial rate, run --rm true: dsec %s/s, runc %s/s\n' "$(rate "$work/dsec_run.2.total")" "$(rate "$work/runc_run.2.total")"
