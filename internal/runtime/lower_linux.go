@@ -167,7 +167,7 @@ func ReleaseLayers(root string) error {
 	defer lowerMu.Unlock()
 	var errs []error
 	for dir, t := range kept {
-		if filepath.Dir(filepath.Dir(dir)) != root {
+		if filepath.Dir(filepath.Dir(dir)) != filepath.Clean(root) {
 			continue
 		}
 		t.Stop()

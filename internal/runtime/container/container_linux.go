@@ -745,7 +745,8 @@ const initThreads = 4
 // init's threads count against its sandbox's pids.max, which commands
 // may fill: a runtime that then needs a thread (one is blocked in a
 // fork, say) cannot create it and aborts, and the sandbox dies with its
-// init. Made now, before any limit, the runtime finds idle ones.
+// init. Made now, before any limit, the runtime finds idle ones (they
+// take four of the sandbox's pids.max, as the init's other threads do).
 func spareThreads(n int) {
 	var locked, exit sync.WaitGroup
 	locked.Add(n)
