@@ -200,8 +200,11 @@ type Sandbox struct {
 	IdleSeconds float64    `json:"idle_seconds"`
 	Reclaimed   *time.Time `json:"reclaimed,omitempty"`
 	// Pool names the FnCall pool a warm sandbox waits in.
-	Pool  string `json:"pool,omitempty"`
-	Execs int    `json:"execs"` // journaled execs
+	Pool string `json:"pool,omitempty"`
+	// Rm says the sandbox goes when its one command ends (dsec run
+	// --rm: a call on the container backend).
+	Rm    bool `json:"rm,omitempty"`
+	Execs int  `json:"execs"` // journaled execs
 }
 
 // ExecRequest runs a command. An ID makes it a step that runs at most
@@ -251,6 +254,12 @@ type ExecResult struct {
 // is made for the call). The sandbox is discarded after the call: no
 // state passes from one call to the next. Stdin follows as for an exec;
 // Detach is refused.
+//
+// A Spec whose Backend is "container" is dsec run --rm: a sandbox made
+// for the call (never a pool's) with the Spec's name, listed while the
+// command runs and removed by the worker when it ends or the client goes
+// away; its name is free again once the removal is done (a create of it
+// meanwhile waits for that).
 type CallRequest struct {
 	Pool string       `json:"pool,omitempty"`
 	Spec *SandboxSpec `json:"spec,omitempty"`

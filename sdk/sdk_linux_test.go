@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -413,6 +415,91 @@ func TestNoLeaks(t *testing.T) {
 	}
 	if list, err := c.List(ctx); err != nil || len(list) != 0 {
 		t.Fatalf("ps after 100 cycles: %v %v", list, err)
+	}
+}
+
+// TestRunRm: dsec run --rm is a call on the container backend. Its
+// sandbox is made for it (never a pool's, even one of the same
+// template), named and listed while the command runs; the worker removes
+// it when the command ends (its name at once free again: a create of it
+// waits for the removal) or when the client goes away, and a worker
+// killed during the run leaves it to the next worker to remove.
+func TestRunRm(t *testing.T) {
+	tmpl := api.SandboxSpec{Layers: []string{"bb:1"}}
+	w, c := setupWith(t, runtimetest.Config{Pools: []worker.PoolConfig{{Name: "p", Size: 1, Spec: tmpl}}})
+	ctx := context.Background()
+	waitFor(t, "the pool to fill", func() bool { return warm(t, c, "p") == 1 })
+	spec := func(name string) *api.SandboxSpec {
+		s := tmpl
+		s.Backend, s.Name = "container", name
+		return &s
+	}
+	dir := func(name string) string { return filepath.Join(w.Root, "sandboxes", name) }
+
+	out, res := call(t, c, sdk.CallOptions{Spec: spec("r1")}, "echo out; exit 4")
+	if out != "out\n" || res.ExitCode != 4 || res.Sandbox != "r1" || res.Warm || res.Pool != "" {
+		t.Fatalf("run --rm: %q %+v", out, res)
+	}
+	// Gone from the API with the answer's end; the name is free at once.
+	if l, err := c.List(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("ps right after run --rm: %+v %v", l, err)
+	}
+	if _, err := c.Sandbox("r1").Inspect(ctx); !errdefs.IsNotFound(err) {
+		t.Fatalf("inspect right after run --rm: %v", err)
+	}
+	again := create(t, c, api.SandboxSpec{Name: "r1", Layers: tmpl.Layers})
+	if got, _ := run(t, again, "x", "ls /tmp"); got != "" {
+		t.Fatalf("a sandbox of a run --rm's name sees its files: %q", got)
+	}
+	if err := again.Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := warm(t, c, "p"); n != 1 {
+		t.Fatalf("run --rm took the pool's sandbox: %d warm", n)
+	}
+
+	// A client that goes away ends the run and its sandbox.
+	running := func(name string) func() bool {
+		return func() bool {
+			info, err := c.Sandbox(name).Inspect(ctx)
+			return err == nil && info.Rm && info.Status == api.StatusRunning && info.Execs == 1
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Call(cctx, sdk.CallOptions{Spec: spec("r2"), ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
+		errc <- err
+	}()
+	waitFor(t, "the run to list its sandbox", running("r2"))
+	if err := createErr(c, api.SandboxSpec{Name: "r2", Layers: tmpl.Layers}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a create of a running run --rm's name: %v", err)
+	}
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled run returned no error")
+	}
+	waitFor(t, "the abandoned run's sandbox to go", func() bool {
+		_, err := os.Stat(dir("r2"))
+		return errors.Is(err, os.ErrNotExist)
+	})
+
+	// A worker killed during the run: the next one removes the sandbox.
+	go func() {
+		_, err := c.Call(ctx, sdk.CallOptions{Spec: spec("r3"), ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
+		errc <- err
+	}()
+	waitFor(t, "the run to list its sandbox", running("r3"))
+	w.Kill()
+	if err := <-errc; !sdk.IsInfra(err) {
+		t.Fatalf("the run of a killed worker: %v, want an infrastructure error", err)
+	}
+	runtimetest.StartWorker(t, w.Root)
+	if _, err := os.Stat(dir("r3")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a run --rm's sandbox outlived its worker: %v", err)
+	}
+	if l, err := c.List(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("ps after the restart: %+v %v", l, err)
 	}
 }
 

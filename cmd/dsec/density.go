@@ -118,27 +118,24 @@ func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 	return spec, err
 }
 
-// call runs a command on the FnCall backend, as run --backend fncall.
+// call runs a command in a sandbox the worker discards after it: on the
+// FnCall backend (run --backend fncall), or on the container backend
+// made for it (run --rm).
 func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, f execFlags, args []string) error {
 	c, err := a.client()
 	if err != nil {
 		return err
 	}
-	opts := sdk.CallOptions{Pool: pool, Spec: spec, ExecOptions: sdk.ExecOptions{Args: args, Stdout: a.stdout, Stderr: a.stderr, TTY: f.tty}}
+	opts := sdk.CallOptions{Pool: pool, Spec: spec, ExecOptions: sdk.ExecOptions{ID: f.id, Args: args}}
 	if pool != "" && len(spec.Layers) == 0 {
 		opts.Spec = nil
 	}
-	if f.stdin {
-		opts.Stdin = a.stdin
-	}
+	defer a.streams(&opts.ExecOptions, f)()
 	res, err := c.Call(ctx, opts)
 	if err != nil {
 		return err
 	}
-	if res.ExitCode != 0 {
-		return cmdExit{res.ExitCode}
-	}
-	return nil
+	return a.finish(res.ExecResult, res.Sandbox)
 }
 
 func (a *app) poolCommand() *cobra.Command {

@@ -123,7 +123,8 @@ func (a *app) runCommand() *cobra.Command {
 store, or lazily from the configured remote when the store lacks it) under a writable upper
 of the sandbox's own, starts the sandbox and runs CMD in it, streaming its output. The
 sandbox lives on after CMD (its files and background processes persist for later
-dsec exec steps) unless --rm is given; with -d, run prints the sandbox's name and returns,
+dsec exec steps) unless --rm is given: then the worker removes it when CMD ends, or when
+this client goes away (interrupted or killed), and its name is free again; with -d, run prints the sandbox's name and returns,
 CMD (if any) running in the background (dsec logs NAME shows its output).
 
 The worker (dsec daemon) owns the sandbox; run starts one when none serves the root.
@@ -148,7 +149,7 @@ CMD's exec id is --id (default "run").
 	fl.StringVar(&f.pool, "pool", "", "with --backend fncall: the pool to take the sandbox from (default: the pool of the same template)")
 	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
 	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")
-	fl.BoolVar(&f.rm, "rm", false, "remove the sandbox when CMD exits")
+	fl.BoolVar(&f.rm, "rm", false, "remove the sandbox when CMD exits (the worker does, also if this client dies)")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to CMD")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "run CMD on a terminal")
 	fl.BoolVar(&f.asJSON, "json", false, "with -d, print the sandbox as JSON")
@@ -192,6 +193,11 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		return err
 	}
 	spec.Name, spec.Backend = f.name, f.backend
+	if f.rm {
+		// One request: the worker makes the sandbox, runs CMD and removes
+		// the sandbox when CMD ends or this client goes away.
+		return a.call(ctx, "", &spec, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
+	}
 	c, err := a.client()
 	if err != nil {
 		return err
@@ -216,14 +222,7 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		_, err := fmt.Fprintln(a.stdout, sb.Name)
 		return err
 	}
-	err = a.execute(ctx, sb, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
-	if f.rm {
-		// Not the caller's context: an interrupted run still cleans up.
-		if rerr := sb.Remove(context.Background(), true); rerr != nil && err == nil {
-			err = rerr
-		}
-	}
-	return err
+	return a.execute(ctx, sb, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
 }
 
 func checkEnv(env []string) error {
@@ -298,23 +297,11 @@ type execResult struct {
 
 // execute runs args in sb and turns its end into dsec's exit.
 func (a *app) execute(ctx context.Context, sb *sdk.Sandbox, f execFlags, args []string) error {
-	opts := sdk.ExecOptions{ID: f.id, Args: args, Env: f.env, Cwd: f.workdir, Stdout: a.stdout, Stderr: a.stderr, TTY: f.tty}
+	opts := sdk.ExecOptions{ID: f.id, Args: args, Env: f.env, Cwd: f.workdir}
+	defer a.streams(&opts, f)()
 	var outBuf, errBuf bytes.Buffer
 	if f.jsonO {
 		opts.Stdout, opts.Stderr = &outBuf, &errBuf
-	}
-	if f.stdin {
-		opts.Stdin = a.stdin
-	}
-	if in, ok := a.stdin.(*os.File); ok && f.tty && term.IsTerminal(int(in.Fd())) {
-		if cols, rows, err := term.GetSize(int(in.Fd())); err == nil {
-			opts.Rows, opts.Cols = rows, cols
-		}
-		if f.stdin {
-			if old, err := term.MakeRaw(int(in.Fd())); err == nil {
-				defer term.Restore(int(in.Fd()), old)
-			}
-		}
 	}
 	res, err := sb.Exec(ctx, opts)
 	if err != nil {
@@ -325,11 +312,37 @@ func (a *app) execute(ctx context.Context, sb *sdk.Sandbox, f execFlags, args []
 			return err
 		}
 	}
+	return a.finish(res, sb.Name)
+}
+
+// streams gives the command dsec's output, its stdin with -i and its
+// terminal's size with -t; with -it the terminal is raw until restore.
+func (a *app) streams(opts *sdk.ExecOptions, f execFlags) (restore func()) {
+	opts.Stdout, opts.Stderr, opts.TTY = a.stdout, a.stderr, f.tty
+	if f.stdin {
+		opts.Stdin = a.stdin
+	}
+	restore = func() {}
+	if in, ok := a.stdin.(*os.File); ok && f.tty && term.IsTerminal(int(in.Fd())) {
+		if cols, rows, err := term.GetSize(int(in.Fd())); err == nil {
+			opts.Rows, opts.Cols = rows, cols
+		}
+		if f.stdin {
+			if old, err := term.MakeRaw(int(in.Fd())); err == nil {
+				restore = func() { term.Restore(int(in.Fd()), old) }
+			}
+		}
+	}
+	return restore
+}
+
+// finish turns a command's end in sandbox into dsec's exit.
+func (a *app) finish(res api.ExecResult, sandbox string) error {
 	if res.Replayed {
 		fmt.Fprintf(a.stderr, "dsec: exec %s ran before: replayed its recorded output and exit code\n", res.ID)
 	}
 	if res.OOM {
-		fmt.Fprintf(a.stderr, "dsec: the command was killed: sandbox %s hit its memory limit (out of memory)\n", sb.Name)
+		fmt.Fprintf(a.stderr, "dsec: the command was killed: sandbox %s hit its memory limit (out of memory)\n", sandbox)
 	}
 	if res.ExitCode != 0 {
 		return cmdExit{res.ExitCode}

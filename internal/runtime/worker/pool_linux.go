@@ -27,8 +27,12 @@ import (
 // template, one taken per call and discarded after it (never reused,
 // so nothing of a call reaches the next), refilled in the background.
 
-// callPool marks a sandbox made for a call no pool served.
-const callPool = "(call)"
+// callPool marks a sandbox made for a call no pool served; runPool one
+// made for a call on the container backend (dsec run --rm), listed.
+const (
+	callPool = "(call)"
+	runPool  = "(run)"
+)
 
 var poolNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`) })
 
@@ -210,11 +214,50 @@ func (w *worker) fill(ctx context.Context, p *pool) {
 // discard removes a pool's (or a call's) sandbox.
 func (w *worker) discard(name string) {
 	w.mu.Lock()
-	e := w.sandboxes[name]
+	e := w.going(name)
 	w.mu.Unlock()
-	if e == nil {
+	if e != nil {
+		w.drop(name, e)
+	}
+}
+
+// discardLater discards a sandbox in the background (after a call's
+// answer: the answer's end reaches the client once the sandbox is out of
+// sight). An exiting worker waits for those it started and leaves any
+// later ones to the next worker, which removes a call's sandboxes.
+func (w *worker) discardLater(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closing {
 		return
 	}
+	if e := w.going(name); e != nil {
+		w.removing.Go(func() { w.drop(name, e) })
+	}
+}
+
+// going marks name's sandbox as being discarded, nil if it is gone or
+// going already: the API no longer shows it and a create of its name
+// waits. The caller holds w.mu.
+func (w *worker) going(name string) *entry {
+	e := w.sandboxes[name]
+	if e == nil || e.gone != nil {
+		return nil
+	}
+	e.gone = make(chan struct{})
+	return e
+}
+
+// drop removes a sandbox marked going; if that fails the API shows it
+// again (dsec rm -f takes it then).
+func (w *worker) drop(name string, e *entry) {
+	defer func() {
+		w.mu.Lock()
+		gone := e.gone
+		e.gone = nil
+		w.mu.Unlock()
+		close(gone)
+	}()
 	e.op.Lock()
 	defer e.op.Unlock()
 	if e.sb == nil {
@@ -223,6 +266,14 @@ func (w *worker) discard(name string) {
 	if err := w.removeSandbox(name, e.sb); err != nil {
 		w.log.Error("cannot discard a call's sandbox", "sandbox", name, "err", err)
 	}
+}
+
+// waitRemovals waits for the background discards of an exiting worker.
+func (w *worker) waitRemovals() {
+	w.mu.Lock()
+	w.closing = true
+	w.mu.Unlock()
+	w.removing.Wait()
 }
 
 // take hands out p's oldest warm sandbox that still runs, nil if none
@@ -249,7 +300,7 @@ func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
 		if e != nil && e.sb != nil && e.sb.Snapshot().Status == runtime.Running {
 			return name, e.sb
 		}
-		go w.discard(name) // died while warm
+		w.discardLater(name) // died while warm
 	}
 }
 
@@ -279,6 +330,8 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 			fail(rw, fmt.Errorf("the call's sandbox spec differs from pool %s's template: give one or the other: %w", req.Pool, errdefs.ErrInvalidArgument))
 			return
 		}
+	case req.Spec != nil && req.Spec.Backend == backends[0]:
+		// dsec run --rm: a sandbox of its own, never a pool's.
 	case req.Spec != nil:
 		key := templateKey(*req.Spec)
 		for _, q := range w.pools {
@@ -292,9 +345,12 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	spec, mark := api.SandboxSpec{}, callPool
-	if p != nil {
+	switch {
+	case p != nil:
 		spec, mark = p.Spec, p.Name
-	} else {
+	case req.Spec.Backend == backends[0]:
+		spec, mark = *req.Spec, runPool
+	default:
 		spec = *req.Spec
 	}
 	w.mu.Unlock()
@@ -305,7 +361,13 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		info.Sandbox, sb = w.take(p)
 	}
 	if sb == nil { // no pool, or it was empty: a sandbox made for the call
-		spec.Name, info.Warm = randomID("call-"), false
+		info.Warm = false
+		switch {
+		case mark != runPool:
+			spec.Name = randomID("call-")
+		case spec.Name == "":
+			spec.Name = randomID("sb-")
+		}
 		var err error
 		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {
 			fail(rw, err)
@@ -313,7 +375,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		}
 		info.Sandbox = spec.Name
 	}
-	defer func() { go w.discard(info.Sandbox) }()
+	defer w.discardLater(info.Sandbox)
 	if req.ID == "" {
 		req.ID = "call"
 	}

@@ -47,6 +47,8 @@ type worker struct {
 	pools     map[string]*pool
 	lastReq   time.Time
 	shutdown  func()
+	removing  sync.WaitGroup // removals after an answer (discardLater)
+	closing   bool           // no more of those: the worker is exiting
 }
 
 // entry is a sandbox the worker owns; op serialises its lifecycle
@@ -60,7 +62,8 @@ type entry struct {
 	since   time.Time       // of pending
 	req     request         // what it holds of the host's capacity
 	held    bool            // whether it holds req
-	pool    string          // the FnCall pool it waits in, warm
+	pool    string          // the FnCall pool it waits in, warm; callPool or runPool
+	gone    chan struct{}   // while it is being discarded: closed when that ends
 }
 
 // ErrRunning says another worker serves the root.
@@ -104,6 +107,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	runtime.KeepLayers(cfg.KeepLayers)
 	defer runtime.ReleaseLayers(cfg.Root) // after the sandboxes' release
 	defer w.release()
+	defer w.waitRemovals()
 	if n := cfg.Admission.withDefaults().Spares; n > 0 {
 		w.mounter.Spares = runtime.StartSpares(cfg.Root, n)
 		defer w.mounter.Spares.Close()
@@ -315,7 +319,7 @@ func (w *worker) shutdownReq(rw http.ResponseWriter, r *http.Request) {
 func (w *worker) get(name string) (*entry, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if e := w.sandboxes[name]; e != nil && e.sb != nil {
+	if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil {
 		return e, nil
 	}
 	if err := runtime.ValidName(name); err != nil {
@@ -417,9 +421,22 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	e.op.Lock()
 	defer e.op.Unlock()
 	w.mu.Lock()
-	if _, taken := w.sandboxes[spec.Name]; taken {
-		w.mu.Unlock()
-		return nil, fmt.Errorf("sandbox %s already exists: %w", spec.Name, errdefs.ErrAlreadyExists)
+	for {
+		old, taken := w.sandboxes[spec.Name]
+		if !taken {
+			break
+		}
+		if old.gone == nil {
+			w.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s already exists: %w", spec.Name, errdefs.ErrAlreadyExists)
+		}
+		w.mu.Unlock() // the name's sandbox is going: wait for it
+		select {
+		case <-old.gone:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		w.mu.Lock()
 	}
 	w.sandboxes[spec.Name] = e
 	w.mu.Unlock()
@@ -532,6 +549,9 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(), Pool: st.Pool,
 	}
+	if st.Pool == runPool {
+		out.Pool, out.Rm = "", true
+	}
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
 	if t := sb.Reclaimed(); !t.IsZero() {
 		out.Reclaimed = &t
@@ -562,13 +582,18 @@ func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
 	var sbs []*runtime.Sandbox
 	for _, e := range w.sandboxes {
 		switch {
-		case e.pool != "" && !all:
+		case e.gone != nil: // being removed
+		case e.pool != "" && e.pool != runPool && !all:
 		case e.sb != nil:
 			sbs = append(sbs, e.sb)
 		default:
 			spec := e.spec
 			spec.Policy = nil
-			out = append(out, api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Pool: e.pool, Digests: []string{}})
+			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Pool: e.pool, Digests: []string{}}
+			if e.pool == runPool {
+				sb.Pool, sb.Rm = "", true
+			}
+			out = append(out, sb)
 		}
 	}
 	w.mu.Unlock()
