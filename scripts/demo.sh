@@ -107,7 +107,11 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" exec --id step-2 demo-rollout -- sh -c 'wc -l fmt/print.go >> $STEP_LOG; cat $STEP_LOG'
 
 	step "the worker is killed (kill -9); the sandbox runs on and the next worker re-adopts it"
-	kill -9 "$(cat "$DSEC_ROOT/worker.pid")"
+	pid=$(cat "$DSEC_ROOT/worker.pid")
+	kill -9 "$pid"
+	# A client that reaches the dying worker gets an infrastructure error (a retry with the same id
+	# is safe); the demo waits for its death, as a restart would.
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 	"$dsec" exec --id step-3 demo-rollout -- sh -c 'ps | grep "[s]leep 3600"; cat $STEP_LOG'
 
 	step "a memory limit hit is reported as such"
