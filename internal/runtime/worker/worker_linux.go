@@ -426,13 +426,14 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		if !taken {
 			break
 		}
-		if old.gone == nil {
+		gone := old.gone
+		if gone == nil {
 			w.mu.Unlock()
 			return nil, fmt.Errorf("sandbox %s already exists: %w", spec.Name, errdefs.ErrAlreadyExists)
 		}
 		w.mu.Unlock() // the name's sandbox is going: wait for it
 		select {
-		case <-old.gone:
+		case <-gone:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
