@@ -548,11 +548,9 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(), Pool: st.Pool,
+		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(),
 	}
-	if st.Pool == runPool {
-		out.Pool, out.Rm = "", true
-	}
+	showMark(&out, st.Pool)
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
 	if t := sb.Reclaimed(); !t.IsZero() {
 		out.Reclaimed = &t
@@ -574,6 +572,16 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	return out
 }
 
+// showMark shows what a sandbox was made for: a FnCall pool (or a call)
+// by name, a run --rm as Rm.
+func showMark(sb *api.Sandbox, mark string) {
+	if mark == runPool {
+		sb.Rm = true
+		return
+	}
+	sb.Pool = mark
+}
+
 // list lists the sandboxes, queued and being made ones included; warm
 // pool sandboxes only with all=1.
 func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
@@ -590,10 +598,8 @@ func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
 		default:
 			spec := e.spec
 			spec.Policy = nil
-			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Pool: e.pool, Digests: []string{}}
-			if e.pool == runPool {
-				sb.Pool, sb.Rm = "", true
-			}
+			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Digests: []string{}}
+			showMark(&sb, e.pool)
 			out = append(out, sb)
 		}
 	}
