@@ -84,9 +84,9 @@ func BenchmarkFnCall(b *testing.B) {
 // BenchmarkInterference: exec latency into a latency-class sandbox
 // alone, with two batch sandboxes spinning under a 0.5 CPU limit each
 // (half the host's 2 CPUs), and with the same load in latency-class
-// sandboxes (no class distinction: the mapping off). The three take
-// turns in rounds of 10 execs, so that drift in the VM's speed falls on
-// all alike.
+// sandboxes (no class distinction: the mapping off), and alone again.
+// The four take turns in rounds of 10 execs, so that drift in the VM's
+// speed falls on all alike.
 func BenchmarkInterference(b *testing.B) {
 	c, _ := densityClient(b, runtimetest.Config{})
 	ctx := context.Background()
@@ -118,11 +118,13 @@ func BenchmarkInterference(b *testing.B) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	var alone, mapped, unmapped []time.Duration
+	// The fourth condition repeats the first: how far two runs of the
+	// same condition differ here is the figure's resolution.
+	var alone, mapped, again, unmapped []time.Duration
 	phases := []struct {
 		class string
 		into  *[]time.Duration
-	}{{"", &alone}, {api.SchedBatch, &mapped}, {api.SchedLatency, &unmapped}}
+	}{{"", &alone}, {api.SchedBatch, &mapped}, {"", &again}, {api.SchedLatency, &unmapped}}
 	for b.Loop() {
 		for _, ph := range phases {
 			if ph.class != "" {
@@ -142,6 +144,7 @@ func BenchmarkInterference(b *testing.B) {
 		}
 	}
 	report(b, "alone", alone)
+	report(b, "alone-again", again)
 	report(b, "batch-load", mapped)
 	report(b, "unmapped-load", unmapped)
 }
