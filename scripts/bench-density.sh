@@ -32,6 +32,7 @@ for p in p50 p99; do
 	printf '%-58s %8s ms %8s ms %8s\n' "exec, the same load without classes vs alone, $p" "$(metric "$intf" unmapped-load-$p-ms)" "$(metric "$intf" alone-$p-ms)" \
 		"$(ratio "$(metric "$intf" unmapped-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")"
 done
+printf '%-58s %8s %%\n' "  CPU time stolen by the hypervisor during those rounds" "$(metric "$intf" steal-%)"
 printf '%-58s %10s %10s %8s\n' "idle sandboxes started (target)" "$(metric "$dens" sandboxes)" "1000" "$(ratio "$(metric "$dens" sandboxes)" 1000)"
 printf '%-58s %10s %10s %8s\n' "CPU overcommit at 1 CPU requested each (target)" "$(metric "$dens" cpu-overcommit)x" "500x" "$(ratio "$(metric "$dens" cpu-overcommit)" 500)"
 printf '%-58s %7s MiB %6s MiB %8s\n' "host memory per sandbox beyond its processes (target)" "$(metric "$dens" overhead-MiB/sandbox)" "5" "$(ratio "$(metric "$dens" overhead-MiB/sandbox)" 5)"

@@ -125,6 +125,7 @@ func BenchmarkInterference(b *testing.B) {
 		class string
 		into  *[]time.Duration
 	}{{"", &alone}, {api.SchedBatch, &mapped}, {"", &again}, {api.SchedLatency, &unmapped}}
+	steal0, total0 := cpuTimes(b)
 	for b.Loop() {
 		for _, ph := range phases {
 			if ph.class != "" {
@@ -143,10 +144,36 @@ func BenchmarkInterference(b *testing.B) {
 			}
 		}
 	}
+	// Time the hypervisor ran something else while a vCPU wanted to run:
+	// a run with much of it measured the host's neighbours, not dsec.
+	steal1, total1 := cpuTimes(b)
+	b.ReportMetric(100*float64(steal1-steal0)/float64(max(1, total1-total0)), "steal-%")
 	report(b, "alone", alone)
 	report(b, "alone-again", again)
 	report(b, "batch-load", mapped)
 	report(b, "unmapped-load", unmapped)
+}
+
+// cpuTimes reads the host's stolen and total CPU time (/proc/stat, in
+// ticks).
+func cpuTimes(b *testing.B) (steal, total int64) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %v", err)
+		}
+		total += n
+		if i == 7 {
+			steal = n
+		}
+	}
+	return steal, total
 }
 
 // meminfo reads a /proc/meminfo field in bytes.
