@@ -26,7 +26,7 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$work"; mkdir -p "$work/bundle"
 # Times in ns from bash's own clock: no process is started inside a timed span (a `date` per
-# reading added ~2 ms to every figure, dsec's and runc's alike, which pulled the ratio toward 1).
+# reading added ~1-2 ms to every figure, dsec's and runc's alike, which pulled the ratio toward 1).
 now() { local t=${EPOCHREALTIME/./}; NOW=$((t * 1000)); }
 pct() { sort -n | awk -v p="$1" '{a[NR]=$1} END {i=int(NR*p/100+0.999); if (i<1) i=1; printf "%.1f", a[i]/1e6}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }

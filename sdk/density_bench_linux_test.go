@@ -162,8 +162,13 @@ func cpuTimes(b *testing.B) (steal, total int64) {
 		b.Fatal(err)
 	}
 	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	for i, v := range f[1:] {
+	// cpu user nice system idle iowait irq softirq steal guest guest_nice:
+	// the guest columns are counted in user and nice already.
+	f := strings.Fields(line)
+	if len(f) < 9 {
+		b.Fatalf("/proc/stat: %q has no steal column", line)
+	}
+	for i, v := range f[1:9] {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			b.Fatalf("/proc/stat: %v", err)
