@@ -3,12 +3,13 @@
 
 GO       ?= go
 BIN      := bin/dsec
+FULL_BIN := bin/dsecd
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs
 FUZZTIME ?= 60s
 
-.PHONY: all deps build docs-bin demo test vet docs check-docs bench fuzz clean
+.PHONY: all deps build install docs-bin demo test vet docs check-docs bench fuzz clean
 
 all: build
 
@@ -23,8 +24,27 @@ deps:
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# build makes the two binaries dsec is: bin/dsecd, the complete one (the
+# worker, sandbox inits, layer, snap, policy and pool commands), and
+# bin/dsec, the client (the front build tag: run, exec, ps, inspect, logs,
+# cp, stop, start and rm in a binary that starts in half the time), which
+# hands every other command to the dsecd next to it. Static (no cgo): a
+# dynamically linked start costs the loader's ~1.5 ms here.
 build: deps
-	$(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(FULL_BIN) ./cmd/dsec
+	CGO_ENABLED=0 $(GO) build -trimpath -tags front -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
+
+# install puts both binaries (dsec finds dsecd next to it), the man pages,
+# the completions and the worker's systemd unit under DESTDIR/PREFIX.
+PREFIX ?= /usr/local
+install: build
+	install -D -m 0755 -t $(DESTDIR)$(PREFIX)/bin $(BIN) $(FULL_BIN)
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/man1/*.1
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man5 man/man5/*.5
+	install -D -m 0644 completions/dsec.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/dsec
+	install -D -m 0644 completions/dsec.zsh $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_dsec
+	install -D -m 0644 completions/dsec.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/dsec.fish
+	install -D -m 0644 contrib/systemd/dsec.service $(DESTDIR)$(PREFIX)/lib/systemd/system/dsec.service
 
 # docs-bin is dsec with the gen-docs command (the gendocs build tag), which
 # the installed binary leaves out.
@@ -39,6 +59,7 @@ vet:
 	$(GO) vet ./...
 	GOOS=darwin $(GO) vet ./...
 	$(GO) vet -tags gendocs ./cmd/dsec
+	$(GO) vet -tags front ./cmd/dsec
 
 # docs regenerates the man pages and shell completions from the command tree,
 # and the policy JSON schema from the api types.

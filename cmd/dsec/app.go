@@ -17,8 +17,6 @@ import (
 	"github.com/spf13/viper"
 	"golang.org/x/term"
 
-	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/layer/lazy"
 	dlog "github.com/dsec-project/dsec/internal/log"
 )
 
@@ -80,9 +78,9 @@ type CacheConfig struct {
 // maxReadAheadKB bounds cache.read_ahead_kb: a window's worth.
 const maxReadAheadKB = 1024
 
-func (c CacheConfig) tuning() lazy.Tuning {
-	return lazy.Tuning{MaxBytes: c.MaxBytes, ReadAheadKB: c.ReadAheadKB}
-}
+// defaultReadAheadKB is lazy.DefaultReadAheadKB, which the client build
+// (front.go) cannot import; a test keeps the two equal.
+const defaultReadAheadKB = 16
 
 type app struct {
 	stdin          io.Reader
@@ -162,14 +160,12 @@ error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ..
 	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
-	root.AddCommand(a.layerCommand(), a.versionCommand())
+	root.AddCommand(a.versionCommand())
+	root.AddCommand(a.sandboxCommands()...)
+	root.AddCommand(a.fullCommands()...)
 	for _, c := range extraCommands {
 		root.AddCommand(c(a))
 	}
-	root.AddCommand(a.sandboxCommands()...)
-	root.AddCommand(a.snapCommand())
-	root.AddCommand(a.policyCommand())
-	root.AddCommand(a.poolCommand())
 	return root
 }
 
@@ -189,7 +185,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	v.SetDefault("remote", "")
 	v.SetDefault("cache.max_bytes", 0)
-	v.SetDefault("cache.read_ahead_kb", lazy.DefaultReadAheadKB)
+	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)
 	v.SetDefault("cache.keep_mounted", "30s")
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
@@ -284,8 +280,6 @@ func exactArgs(n int) cobra.PositionalArgs {
 		return nil
 	}
 }
-
-func isBadInput(err error) bool { return errors.Is(err, layer.ErrBadSource) }
 
 func (a *app) versionCommand() *cobra.Command {
 	var asJSON bool

@@ -1,3 +1,5 @@
+//go:build !front
+
 package main
 
 import (
@@ -89,4 +91,9 @@ Layers missing from the local store are mounted lazily from the configured remot
 		},
 	})
 	return cmd
+}
+
+// tuning is the lazy mounts' settings from the configuration.
+func (c CacheConfig) tuning() lazy.Tuning {
+	return lazy.Tuning{MaxBytes: c.MaxBytes, ReadAheadKB: c.ReadAheadKB}
 }

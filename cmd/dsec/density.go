@@ -1,7 +1,8 @@
+//go:build !front
+
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
-	"github.com/dsec-project/dsec/sdk"
 )
 
 // workerDensity is the worker's admission, reclaim and pool settings
@@ -44,98 +44,6 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 		cfg.Pools = append(cfg.Pools, worker.PoolConfig{Name: name, Size: p.Size, Spec: spec})
 	}
 	return nil
-}
-
-// layerStack lists the layers given, topmost first.
-func layerStack(toolkit, workspace, base string) []string {
-	var out []string
-	for _, l := range []string{toolkit, workspace, base} {
-		if l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// specFlags are the flags that describe a sandbox: run's, and a pool's
-// template.
-type specFlags struct {
-	base, workspace, toolkit string
-	hostname                 string
-	cpu, cpuRequest          float64
-	memory, memoryRequest    string
-	disk                     string
-	pids                     int64
-	class                    string
-	env                      []string
-	workdir                  string
-	policy                   string
-	userns                   bool
-}
-
-func (f *specFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
-	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
-	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
-	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
-	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
-	fl.Float64Var(&f.cpuRequest, "cpu-request", 0, "CPUs reserved at admission (default: the limit)")
-	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
-	fl.StringVar(&f.memoryRequest, "memory-request", "", "memory reserved at admission (default: the limit)")
-	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
-	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
-	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
-	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
-	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
-	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
-	fl.BoolVar(&f.userns, "userns", false, "run in a user namespace of its own: root in the sandbox is nobody on the host")
-}
-
-// spec is the sandbox the flags describe.
-func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
-	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname,
-		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns}
-	if err := sizes(&spec, f.memory, f.disk); err != nil {
-		return spec, err
-	}
-	if f.memoryRequest != "" {
-		n, err := parseBytes(f.memoryRequest)
-		if err != nil {
-			return spec, fmt.Errorf("--memory-request: %w", err)
-		}
-		spec.MemoryRequest = n
-	}
-	switch f.class {
-	case "", api.SchedLatency, api.SchedBatch:
-	default:
-		return spec, usageError{fmt.Errorf("bad --class %q: use latency or batch", f.class)}
-	}
-	if err := checkEnv(f.env); err != nil {
-		return spec, err
-	}
-	var err error
-	spec.Policy, spec.PolicyName, err = a.policyArg(f.policy)
-	return spec, err
-}
-
-// call runs a command in a sandbox the worker discards after it: on the
-// FnCall backend (run --backend fncall), or on the container backend
-// made for it (run --rm).
-func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, f execFlags, args []string) error {
-	c, err := a.client()
-	if err != nil {
-		return err
-	}
-	opts := sdk.CallOptions{Pool: pool, Spec: spec, ExecOptions: sdk.ExecOptions{ID: f.id, Args: args}}
-	if pool != "" && len(spec.Layers) == 0 {
-		opts.Spec = nil
-	}
-	defer a.streams(&opts.ExecOptions, f)()
-	res, err := c.Call(ctx, opts)
-	if err != nil {
-		return err
-	}
-	return a.finish(res.ExecResult, res.Sandbox)
 }
 
 func (a *app) poolCommand() *cobra.Command {

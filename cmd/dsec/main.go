@@ -12,9 +12,6 @@ import (
 	"syscall"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/dsec-project/dsec/internal/layer/store"
-	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
 // Exit codes. One place decides them; every command's help lists them.
@@ -48,7 +45,7 @@ const exitCodesHelp = `Exit codes:
 var version = "dev"
 
 func main() {
-	container.MaybeInit() // a sandbox's init is this binary re-executed
+	beforeMain()
 	os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -59,9 +56,17 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	app := newApp(stdin, stdout, stderr)
 	cmd := app.rootCommand()
 	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(ctx)
+	var err error
+	if !app.handles(cmd, args) { // the client build lacks the command
+		err = handOver(args)
+	} else if err = cmd.ExecuteContext(ctx); errors.Is(err, errNeedFull) {
+		err = handOver(args)
+	}
 	if err == nil {
 		return exitOK
+	}
+	if strings.HasPrefix(err.Error(), "unknown command ") { // cobra's, untyped
+		err = usageError{err}
 	}
 	var ce cmdExit
 	if errors.As(err, &ce) { // a command's exit code, passed through
@@ -74,6 +79,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // usageError marks a problem with the command line itself.
 type usageError struct{ error }
 
+// errNeedFull: the client build met input only the complete binary
+// reads (a policy file), before doing anything; it hands the command over.
+var errNeedFull = errors.New("needs dsec's complete binary")
+
 func (u usageError) Unwrap() error { return u.error }
 
 func exitCode(err error) int {
@@ -84,7 +93,7 @@ func exitCode(err error) int {
 		return coded.code
 	case errors.As(err, &u):
 		return exitUsage
-	case errors.Is(err, store.ErrNoSpace):
+	case isNoSpace(err):
 		return exitNoSpace
 	case errdefs.IsNotFound(err):
 		return exitNotFound
@@ -115,7 +124,7 @@ func userMessage(err error) string {
 	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable", ": out of range"} {
 		msg = strings.TrimSuffix(msg, suffix)
 	}
-	if errors.Is(err, store.ErrNoSpace) {
+	if isNoSpace(err) {
 		msg += " (free space on the store's file system or choose another --root)"
 	}
 	return msg

@@ -21,18 +21,24 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testscript.Main(m, map[string]func(){
-		"dsec": func() {
-			container.MaybeInit() // sandboxes' inits are this command re-executed
-			os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
-		},
-	})
+	full := func() {
+		container.MaybeInit() // sandboxes' inits are this command re-executed
+		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	// dsecd: what the client build (client_linux_test.go) hands over to.
+	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full})
 }
 
 // TestScripts runs the CLI scripts in testdata/script.
 func TestScripts(t *testing.T) {
-	testscript.Run(t, testscript.Params{
-		Dir: "testdata/script",
+	testscript.Run(t, scriptParams("testdata/script", nil))
+}
+
+// scriptParams runs the scripts in dir, each with a root of its own that
+// must be left clean; setup, if not nil, adds to each script's env.
+func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Params {
+	return testscript.Params{
+		Dir: dir,
 		Setup: func(env *testscript.Env) error {
 			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
 			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
@@ -51,6 +57,9 @@ func TestScripts(t *testing.T) {
 					}
 				}
 			})
+			if setup != nil {
+				return setup(env)
+			}
 			return nil
 		},
 		Condition: func(cond string) (bool, error) {
@@ -88,7 +97,7 @@ func TestScripts(t *testing.T) {
 				ts.Check(os.Truncate(ts.MkAbs(args[0]), int64(n)))
 			},
 		},
-	})
+	}
 }
 
 // exitcode N CMD ARGS... runs CMD and checks it exits with N.

@@ -1,3 +1,5 @@
+//go:build !front
+
 package main
 
 import (
@@ -5,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
@@ -69,7 +70,7 @@ func (a *app) policyArg(v string) (*api.Policy, string, error) {
 	if v == "" {
 		return nil, "", nil
 	}
-	if _, err := os.Stat(v); err == nil || strings.ContainsAny(v, "/") || strings.HasSuffix(v, ".yaml") || strings.HasSuffix(v, ".yml") || strings.HasSuffix(v, ".json") {
+	if isPolicyFile(v) {
 		p, err := a.readPolicy(v)
 		return p, "", err
 	}

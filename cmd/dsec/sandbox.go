@@ -65,9 +65,13 @@ func (e *codedError) Unwrap() error { return e.error }
 
 // client connects to the root's worker, starting one if none runs.
 func (a *app) client() (*sdk.Client, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
+	self, err := workerBinary()
+	if err != nil { // a running worker is all a step needs
+		c, cerr := sdk.New(sdk.Options{Root: a.cfg.Root})
+		if cerr != nil {
+			return nil, fmt.Errorf("no worker serves %s, and starting one %w", a.cfg.Root, err)
+		}
+		return c, nil
 	}
 	start := []string{self, "--root", a.cfg.Root, "--log-level", "info", "daemon", "--exit-idle", "10m"}
 	if a.configFile != "" {
@@ -86,6 +90,19 @@ func parseBytes(s string) (int64, error) {
 		return 0, usageError{err}
 	}
 	return n, nil
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // sizes sets the spec's memory limit and disk quota from flags.
@@ -498,7 +515,7 @@ func (a *app) lifecycleCommand(use, short, long string, call func(context.Contex
 
 func (a *app) sandboxCommands() []*cobra.Command {
 	return []*cobra.Command{
-		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.cpCommand(), a.daemonCommand(),
+		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.cpCommand(),
 		a.lifecycleCommand("stop", "Stop sandboxes, keeping their files",
 			"Stop kills every process of each sandbox and unmounts its root; its files (everything it\nwrote) stay, and dsec start runs it again on them.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Stop(ctx) }),
