@@ -11,6 +11,11 @@
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-density: needs root (cgroups, namespaces): skipped" >&2; exit 0; }
 n=${BENCH_N:-100}
+# The test worker starts sandboxes' inits from dsec-init, as make build's dsecd does (the test binary
+# itself otherwise: a start three times as long and ~2 MiB more per sandbox).
+DSEC_INIT=$(realpath "${DSEC_INIT:-bin/dsec-init}")
+[ -x "$DSEC_INIT" ] || { echo "bench-density: no $DSEC_INIT: run make build first" >&2; exit 1; }
+export DSEC_INIT
 metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
 
@@ -18,7 +23,7 @@ fn=$(go test -run '^$' -bench BenchmarkFnCall -benchtime "${n}x" ./sdk/)
 intf=$(go test -run '^$' -bench BenchmarkInterference -benchtime "${n}x" ./sdk/)
 dens=$(DSEC_DENSITY_N=${BENCH_DENSITY_N:-1000} go test -run '^$' -bench BenchmarkDensity -benchtime 1x -timeout 30m ./sdk/)
 
-echo "== density (2-core VM, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(date -u +%F))"
+echo "== density (2-core VM, inits from $DSEC_INIT, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(date -u +%F))"
 printf '%-58s %10s %10s %8s\n' figure dsec baseline ratio
 for p in p50 p99; do
 	printf '%-58s %8s ms %8s ms %8s\n' "FnCall warm call vs exec in a running sandbox, $p" "$(metric "$fn" call-$p-ms)" "$(metric "$fn" exec-$p-ms)" \

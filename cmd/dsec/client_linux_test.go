@@ -11,29 +11,31 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
-// buildClient builds the client (the front tag) into a directory of its
-// own, as make build does.
-func buildClient(t *testing.T) string {
+// goBuild builds a binary of this module as make build does.
+func goBuild(t *testing.T, out string, args ...string) {
 	t.Helper()
 	gobin := filepath.Join(goruntime.GOROOT(), "bin", "go")
-	dir := t.TempDir()
-	cmd := exec.Command(gobin, "build", "-tags", "front", "-o", filepath.Join(dir, "dsec"), ".")
+	cmd := exec.Command(gobin, append([]string{"build", "-o", out}, args...)...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags front: %v\n%s", err, out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %v: %v\n%s", args, err, b)
 	}
-	return dir
 }
 
-// TestClientScripts runs testdata/client with the client build as dsec
-// and this test binary (the complete dsec) as the dsecd on PATH.
+// TestClientScripts runs testdata/client with the client build as dsec,
+// this test binary (the complete dsec) as the dsecd on PATH, and the
+// sandboxes' own init binary as the worker's.
 func TestClientScripts(t *testing.T) {
-	dir := buildClient(t)
+	dir, initDir := t.TempDir(), t.TempDir()
+	goBuild(t, filepath.Join(dir, "dsec"), "-tags", "front", ".")
+	goBuild(t, filepath.Join(initDir, container.InitName), "../dsec-init")
 	testscript.Run(t, scriptParams("testdata/client", func(env *testscript.Env) error {
 		env.Setenv("CLIENT", dir)
 		env.Setenv("PATH", dir+string(os.PathListSeparator)+env.Getenv("PATH"))
+		env.Setenv(container.InitBinaryEnv, filepath.Join(initDir, container.InitName))
 		return nil
 	}))
 }

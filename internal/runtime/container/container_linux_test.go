@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -385,4 +386,74 @@ func TestUserNamespace(t *testing.T) {
 	if out, code := sh(t, sb, `mknod /dev/sda b 8 0`); code == 0 {
 		t.Errorf("root in the namespace made a device: %q", out)
 	}
+}
+
+// TestInitBinary: DSEC_INIT wins (an absolute path to an executable, else
+// an error that names it); without it, a dsec-init next to this binary;
+// else this binary.
+func TestInitBinary(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(container.InitBinaryEnv, "")
+	if got, err := container.InitBinary(); err != nil || got != self {
+		t.Fatalf("no DSEC_INIT, no dsec-init beside the test binary: got %q, %v, want %s", got, err, self)
+	}
+	dir := t.TempDir()
+	init := filepath.Join(dir, container.InitName)
+	if err := os.WriteFile(init, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(container.InitBinaryEnv, init)
+	if got, err := container.InitBinary(); err != nil || got != init {
+		t.Fatalf("DSEC_INIT=%s: got %q, %v", init, got, err)
+	}
+	for _, bad := range []string{"dsec-init", filepath.Join(dir, "missing"), dir} {
+		t.Setenv(container.InitBinaryEnv, bad)
+		if _, err := container.InitBinary(); err == nil || !strings.Contains(err.Error(), "DSEC_INIT="+bad+": give the absolute path of an executable dsec-init") {
+			t.Errorf("DSEC_INIT=%s: got %v", bad, err)
+		}
+	}
+}
+
+// TestInitBinarySibling: a binary with dsec-init beside it (make build's
+// bin/) starts inits from that dsec-init. The test binary, copied next to
+// one, reports what it would start (TestInitBinaryHelper).
+func TestInitBinarySibling(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, init := filepath.Join(dir, "worker.test"), filepath.Join(dir, container.InitName)
+	if err := os.WriteFile(exe, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(init, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run", "^TestInitBinaryHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "DSEC_TEST_INIT_HELPER=1", container.InitBinaryEnv+"=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "init binary: "+init+"\n") {
+		t.Fatalf("%s beside %s: %v\n%s", exe, init, err, out)
+	}
+}
+
+// TestInitBinaryHelper is TestInitBinarySibling's child, run in a copy of
+// this binary; it does nothing otherwise.
+func TestInitBinaryHelper(t *testing.T) {
+	if os.Getenv("DSEC_TEST_INIT_HELPER") != "1" {
+		return
+	}
+	p, err := container.InitBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("init binary: %s\n", p)
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
 // backends are the sandbox backends this worker runs, by name.
@@ -74,6 +75,10 @@ var ErrRunning = errors.New("a worker already serves this root")
 func Serve(ctx context.Context, cfg Config) error {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	initBin, err := container.InitBinary()
+	if err != nil {
+		return err
 	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return err
@@ -138,7 +143,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
-	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes))
+	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes), "init", initBin)
 	if cfg.Ready != nil {
 		cfg.Ready()
 	}
