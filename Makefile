@@ -37,7 +37,7 @@ build: deps
 	CGO_ENABLED=0 $(GO) build -trimpath -tags front -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(INIT_BIN) ./cmd/dsec-init
 
-# install puts the binaries (each finds the next next to it), the man pages,
+# install puts the binaries (dsec finds dsecd beside it, dsecd dsec-init), the man pages,
 # the completions and the worker's systemd unit under DESTDIR/PREFIX.
 PREFIX ?= /usr/local
 install: build

@@ -5,8 +5,8 @@ package main
 // The client build (make build's bin/dsec, go build -tags front): the
 // commands a rollout runs at every step (run, exec, ps, inspect, logs,
 // cp, stop, start, rm) only talk to the worker, and need none of the
-// packages that build, mount and enforce, whose initialisers alone take
-// ~3.5 ms of each start here. This build has just those commands and
+// packages that build, mount and enforce, whose initialisers alone took
+// ~3 ms of each start here. This build has just those commands and
 // hands every other one (help, completion and unknown commands too) to
 // the complete binary, dsecd, next to it: execve with the same arguments,
 // so the output, exit code and signals are dsecd's own.
@@ -58,7 +58,7 @@ func fullBinary() (string, error) {
 	if p, err := exec.LookPath(fullName); err == nil {
 		return p, nil
 	}
-	return "", fmt.Errorf("this needs %s, dsec's complete binary, which is neither next to %s nor on PATH: install it with dsec (make build makes both)", fullName, self)
+	return "", fmt.Errorf("this needs %s, dsec's complete binary, which is neither next to %s nor on PATH: install it beside dsec (make build and make install do)", fullName, self)
 }
 
 // workerBinary is what runs dsec daemon.

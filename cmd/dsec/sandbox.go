@@ -69,7 +69,7 @@ func (a *app) client() (*sdk.Client, error) {
 	if err != nil { // a running worker is all a step needs
 		c, cerr := sdk.New(sdk.Options{Root: a.cfg.Root})
 		if cerr != nil {
-			return nil, fmt.Errorf("no worker serves %s, and starting one %w", a.cfg.Root, err)
+			return nil, fmt.Errorf("no worker serves %s, and none can be started: %w", a.cfg.Root, err)
 		}
 		return c, nil
 	}
@@ -92,6 +92,7 @@ func parseBytes(s string) (int64, error) {
 	return n, nil
 }
 
+// humanBytes prints a size in binary units.
 func humanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
