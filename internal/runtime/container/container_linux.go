@@ -148,13 +148,16 @@ const InitBinaryEnv = "DSEC_INIT"
 // InitName is the sandbox init's own binary (cmd/dsec-init).
 const InitName = "dsec-init"
 
-// InitBinary is the program sandbox inits run: $DSEC_INIT if set, else
-// dsec-init next to this executable, else this executable (any binary
-// that calls MaybeInit first serves). dsec-init is this package alone,
-// static: it starts in a third of the time the complete dsec does (no
-// other package's initialisers, a quarter of the pages to fault in) and
-// keeps less memory per sandbox for as long as the sandbox lives.
-func InitBinary() (string, error) {
+// InitBinary is the program sandbox inits run, found once per process:
+// $DSEC_INIT if set, else dsec-init next to this executable, else this
+// executable (any binary that calls MaybeInit first serves). dsec-init is
+// this package alone, static: it starts in a third of the time the
+// complete dsec does (no other package's initialisers, a quarter of the
+// pages to fault in) and keeps less memory per sandbox for as long as the
+// sandbox lives.
+var InitBinary = sync.OnceValues(lookupInitBinary)
+
+func lookupInitBinary() (string, error) {
 	if p := os.Getenv(InitBinaryEnv); p != "" {
 		if !filepath.IsAbs(p) || !executable(p) {
 			return "", fmt.Errorf("%s=%s: give the absolute path of an executable dsec-init (or unset it)", InitBinaryEnv, p)
