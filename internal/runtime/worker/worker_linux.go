@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,9 +89,8 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		pid, _ := os.ReadFile(filepath.Join(cfg.Root, "worker.pid"))
-		return fmt.Errorf("%w (%s, pid %s): %w", ErrRunning, cfg.Root, string(pid), errdefs.ErrAlreadyExists)
+	if err := lockRoot(lock, cfg.Root); err != nil {
+		return err
 	}
 	s, err := store.Open(filepath.Join(cfg.Root, "store"))
 	if err != nil {
@@ -680,4 +680,23 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 	w.mu.Unlock()
 	w.log.Info("removed sandbox", "sandbox", name)
 	return nil
+}
+
+// lockRoot takes the root's worker lock. A worker killed a moment ago
+// may hold it still, through a copy of the descriptor in a child it was
+// starting (between clone and exec, which closes it): while the worker
+// worker.pid names is dead, wait for the copy to go.
+func lockRoot(lock *os.File, root string) error {
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		b, _ := os.ReadFile(filepath.Join(root, "worker.pid"))
+		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if perr == nil && pid > 0 && unix.Kill(pid, 0) != unix.ESRCH || time.Now().After(deadline) {
+			return fmt.Errorf("%w (%s, pid %s): %w", ErrRunning, root, strings.TrimSpace(string(b)), errdefs.ErrAlreadyExists)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
