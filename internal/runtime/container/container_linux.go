@@ -552,6 +552,12 @@ func initSandbox() error {
 	if err := loopbackUp(); err != nil {
 		return err
 	}
+	// The bounding set limits only what commands exec into: dropped
+	// while the spare waits, off the claim's path; the init keeps its
+	// own capabilities for the claim's mounts.
+	if err := dropBounding(); err != nil {
+		return err
+	}
 	if _, err := unix.Write(3, []byte("ready")); err != nil {
 		return err
 	}
@@ -1087,18 +1093,17 @@ func loopbackUp() error {
 	return nil
 }
 
-// dropPrivileges shrinks the bounding set and the thread's capabilities
-// to KeptCaps and sets no_new_privs; exec carries both to the command.
-func dropPrivileges() error {
+// dropBounding drops from this thread's bounding set every capability
+// but KeptCaps: no command it forks gains another, even by exec of a
+// file with capabilities.
+func dropBounding() error {
 	last := 40
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
 		last, _ = strconv.Atoi(strings.TrimSpace(string(b)))
 	}
 	keep := map[int]bool{}
-	var mask [2]uint32
 	for _, c := range KeptCaps {
 		keep[c] = true
-		mask[c/32] |= 1 << (c % 32)
 	}
 	for c := 0; c <= last; c++ {
 		if !keep[c] {
@@ -1106,6 +1111,17 @@ func dropPrivileges() error {
 				return fmt.Errorf("drop capability %d: %w", c, err)
 			}
 		}
+	}
+	return nil
+}
+
+// dropPrivileges shrinks the thread's capabilities to KeptCaps (the
+// bounding set is dropBounding's) and sets no_new_privs; exec carries
+// them to the command.
+func dropPrivileges() error {
+	var mask [2]uint32
+	for _, c := range KeptCaps {
+		mask[c/32] |= 1 << (c % 32)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	data := [2]unix.CapUserData{

@@ -142,9 +142,12 @@ func TestCommandNotFound(t *testing.T) {
 // are reaped by the init; exit codes and signals come back.
 func TestStateAndReaping(t *testing.T) {
 	sb := create(t, busyboxRoot(t))
-	if _, code := sh(t, sb, "mkdir -p /work && echo step1 > /work/state && (sleep 301 &) && exit 3"); code != 3 {
+	// sleep 301 outlives its exec; sleep 0.1, an orphan too, ends after
+	// it: only the init can reap it.
+	if _, code := sh(t, sb, "mkdir -p /work && echo step1 > /work/state && (sleep 301 &) && (sleep 0.1 &) && exit 3"); code != 3 {
 		t.Fatalf("exit %d, want 3", code)
 	}
+	time.Sleep(400 * time.Millisecond)
 	out, code := sh(t, sb, "cat /work/state; ps -o stat,args | grep -c '^Z' || true")
 	if code != 0 || !strings.HasPrefix(out, "step1\n") {
 		t.Fatalf("state lost between execs: %q (exit %d)", out, code)
