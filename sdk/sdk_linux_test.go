@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -18,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
@@ -524,7 +526,8 @@ func lowerMounts(t *testing.T, root string) map[string]string {
 // (worker.Config.KeepLayers); the next sandbox uses that same mount; it
 // goes when the time is up, and when the worker exits.
 func TestKeepLayers(t *testing.T) {
-	w, c := setupWith(t, runtimetest.Config{KeepLayers: 2 * time.Second})
+	// No primed sandbox: it would hold the layer as the next one's.
+	w, c := setupWith(t, runtimetest.Config{KeepLayers: 2 * time.Second, Admission: worker.Admission{Primed: -1}})
 	ctx := context.Background()
 	cycle := func() {
 		sb := create(t, c, api.SandboxSpec{Layers: []string{"bb:1"}})
@@ -559,5 +562,70 @@ func TestKeepLayers(t *testing.T) {
 	waitFor(t, "the worker gone", func() bool { return syscall.Kill(w.Pid(), 0) != nil })
 	if left := lowerMounts(t, w.Root); len(left) != 0 { // its 2 s are not up yet
 		t.Fatalf("the worker exited and left its kept layer mounted: %v", left)
+	}
+}
+
+// TestPrimedSandboxes: through the worker, a create on the layers of
+// the last one takes the sandbox made ahead for it (its init: the same
+// pid) under its own name; a pool's fills neither take it nor move it
+// to their layers; a worker killed leaves it to the next, which removes
+// it while the user's sandboxes run on.
+func TestPrimedSandboxes(t *testing.T) {
+	w, c := setup(t)
+	ctx := context.Background()
+	primed := func() runtime.State {
+		t.Helper()
+		var st runtime.State
+		waitFor(t, "one primed sandbox", func() bool {
+			states, _ := filepath.Glob(filepath.Join(w.Root, "sandboxes", "_p*", "state.json"))
+			if len(states) != 1 {
+				return false
+			}
+			b, err := os.ReadFile(states[0])
+			return err == nil && json.Unmarshal(b, &st) == nil && st.Status == runtime.Running
+		})
+		return st
+	}
+	a := create(t, c, api.SandboxSpec{Name: "a"})
+	p := primed()
+	b := create(t, c, api.SandboxSpec{Name: "b"})
+	if info, err := b.Inspect(ctx); err != nil || info.Pid != p.Pid {
+		t.Fatalf("b (%+v, %v) did not take the primed sandbox (init %d)", info, err, p.Pid)
+	}
+	if out, res := run(t, b, "x", "hostname; cat /etc/answer /work/hello"); out != "b\n42\nfrom the workspace\n" || res.ExitCode != 0 {
+		t.Fatalf("%q %+v", out, res)
+	}
+	p = primed() // made again for the next
+	if _, err := c.ResizePool(ctx, "p", api.PoolSpec{Size: 1, Spec: &api.SandboxSpec{Layers: []string{"bb:1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pool filled", func() bool {
+		pools, _ := c.Pools(ctx)
+		return len(pools) == 1 && pools[0].Warm == 1
+	})
+	if again := primed(); again.Pid != p.Pid || len(again.Digests) != 2 {
+		t.Fatalf("the pool's fill moved the primed sandbox: %+v, was %+v", again, p)
+	}
+	if err := c.RemovePool(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	w.Kill()
+	w = runtimetest.StartWorker(t, w.Root)
+	waitFor(t, "the dead worker's primed sandbox removed, its init gone", func() bool {
+		dirs, _ := filepath.Glob(filepath.Join(w.Root, "sandboxes", "_p*"))
+		_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(p.Pid)))
+		return len(dirs) == 0 && err != nil
+	})
+	c, _ = sdk.New(sdk.Options{Root: w.Root})
+	if out, _ := run(t, c.Sandbox("b"), "y", "hostname"); out != "b\n" {
+		t.Fatalf("b after the restart: %q", out)
+	}
+	for _, sb := range []*sdk.Sandbox{a, c.Sandbox("b")} {
+		if err := c.Sandbox(sb.Name).Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left := runtimetest.Leftovers(w.Root); len(left) > 0 {
+		t.Fatalf("left %v", left)
 	}
 }

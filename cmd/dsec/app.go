@@ -44,6 +44,7 @@ type AdmissionConfig struct {
 	MaxCreating      int           `mapstructure:"max_creating"`
 	QueueTimeout     time.Duration `mapstructure:"queue_timeout"`
 	Spares           int           `mapstructure:"spares"`
+	Primed           int           `mapstructure:"primed"`
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
@@ -137,7 +138,8 @@ a layer stays mounted after its last sandbox goes, so the next one finds it moun
 unmounted at once), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
 1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
-inits kept started ahead of need, negative: none), idle reclaim (reclaim.idle_after,
+inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
+last create's layers, negative: none), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
@@ -190,7 +192,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
-		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false} {
+		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)

@@ -19,7 +19,7 @@ import (
 func (a *app) workerDensity(cfg *worker.Config) error {
 	ad := a.cfg.Admission
 	cfg.Admission = worker.Admission{CPUOvercommit: ad.CPUOvercommit, MemoryOvercommit: ad.MemoryOvercommit,
-		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout, Spares: ad.Spares}
+		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout, Spares: ad.Spares, Primed: ad.Primed}
 	if ad.HostReserve != "" {
 		n, err := parseBytes(ad.HostReserve)
 		if err != nil {

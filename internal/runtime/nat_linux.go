@@ -12,6 +12,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NAT is a sandbox's way out in network mode nat: a veth pair, eth0 in
@@ -139,7 +140,9 @@ func natDown(owner string) error {
 func natRelease(n *NAT) error {
 	var errs []error
 	if l, err := netlink.LinkByName(n.Link); err == nil {
-		if err := netlink.LinkDel(l); err != nil {
+		// ENODEV: the pair went with the sandbox's network namespace
+		// meanwhile (the kernel frees it after the init's death).
+		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", n.Link, err))
 		}
 	}

@@ -78,6 +78,9 @@ type Mounter struct {
 	// Spares are inits started ahead of need; nil: every sandbox
 	// starts its own.
 	Spares *Spares
+	// Primed are sandboxes made ahead on the last create's layers; nil:
+	// none.
+	Primed *Primed
 }
 
 // Sandbox states.
@@ -176,10 +179,16 @@ func ValidName(name string) error {
 // cgroup and starts the init. On any failure everything done so far is
 // undone: no mount, cgroup or directory is left behind. A worker killed
 // half-way leaves a sandbox in state creating, which Recover removes.
-func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error) {
+func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
 	if err := ValidName(o.Name); err != nil {
 		return nil, err
 	}
+	return create(ctx, root, o, o.Primed)
+}
+
+// create is Create, for a name already checked; with p, o may take a
+// sandbox p primed.
+func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox, err error) {
 	var digests []string
 	if o.From != "" {
 		if len(o.Layers) > 0 {
@@ -219,6 +228,23 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 	if err := CheckDisk(disk); err != nil {
 		return nil, err
 	}
+	hostname := o.Hostname
+	if hostname == "" {
+		hostname = o.Name
+	}
+	st := State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
+		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
+		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
+		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}
+	if key := p.primeKey(ctx, o, limits, disk); key != "" {
+		if pr := p.take(key, o.Layers); pr != nil {
+			sb, err := adopt(pr, root, o, st)
+			if err == nil || errdefs.IsAlreadyExists(err) {
+				return sb, err
+			}
+			// made anew, as if none had been primed
+		}
+	}
 	dir := sandboxDir(root, o.Name)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 		return nil, err
@@ -229,14 +255,7 @@ func Create(ctx context.Context, root string, o Options) (_ *Sandbox, err error)
 		}
 		return nil, err
 	}
-	hostname := o.Hostname
-	if hostname == "" {
-		hostname = o.Name
-	}
-	sb := &Sandbox{State: State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
-		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
-		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
-		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}, dir: dir}
+	sb := &Sandbox{State: st, dir: dir}
 	sb.touch()
 	defer func() {
 		if err != nil {

@@ -64,33 +64,45 @@ func StartSpares(root string, n int) *Spares {
 
 func (s *Spares) fill() {
 	defer close(s.done)
-	backoff := 100 * time.Millisecond
-	for {
+	// Creates start their own inits meanwhile, and meet the error, if
+	// it is the host's, themselves.
+	fill(s.kick, s.stop, func() bool {
 		s.mu.Lock()
-		short := len(s.ready) < s.want
-		s.mu.Unlock()
-		if !short {
-			select {
-			case <-s.kick:
-				continue
-			case <-s.stop:
-				return
-			}
-		}
+		defer s.mu.Unlock()
+		return len(s.ready) < s.want
+	}, func() error {
 		sp, err := s.start()
 		if err == nil {
 			s.mu.Lock()
 			s.ready = append(s.ready, sp)
 			s.mu.Unlock()
+		}
+		return err
+	})
+}
+
+// fill calls make while short says more are wanted and waits for kick
+// when not; after a failure it waits, longer each time, until stop.
+func fill(kick, stop <-chan struct{}, short func() bool, make func() error) {
+	backoff := 100 * time.Millisecond
+	for {
+		if !short() {
+			select {
+			case <-kick:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		if make() == nil {
 			backoff = 100 * time.Millisecond
 			continue
 		}
-		// Creates start their own inits meanwhile, and meet the
-		// error, if it is the host's, themselves.
 		select {
 		case <-time.After(backoff):
 			backoff = min(2*backoff, 10*time.Second)
-		case <-s.stop:
+		case <-kick:
+		case <-stop:
 			return
 		}
 	}

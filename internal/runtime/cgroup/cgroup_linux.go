@@ -417,7 +417,10 @@ func (g *Group) MemoryCharged() (int64, error) {
 // Remove deletes the group; it must hold no process (Kill first).
 func (g *Group) Remove() error {
 	var errs []error
-	for _, d := range g.dirs() {
+	// The cgroup2 directory last: Open finds a group by it, so a group
+	// one of whose v1 directories would not go yet can be removed again.
+	dirs := g.dirs()
+	for _, d := range append(dirs[1:], dirs[0]) {
 		var err error
 		for i := 0; i < 100; i++ { // a just-killed task may linger a moment
 			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {

@@ -260,3 +260,42 @@ func confineWrites(writable []string) error {
 	}
 	return nil
 }
+
+// SetHostname names the sandbox's host from outside: the sandbox's
+// processes have no CAP_SYS_ADMIN to do it, and the name of a sandbox
+// made ahead of need is known only when it is taken.
+func (s *Sandbox) SetHostname(name string) error {
+	c := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		back, err := setHostname(s.pid, name)
+		if back { // the thread is the host's again: it may serve others
+			runtime.UnlockOSThread()
+		}
+		c <- err
+	}()
+	return <-c
+}
+
+// setHostname enters pid's UTS namespace, names it, and comes back;
+// back reports whether the thread is in the host's namespace again.
+func setHostname(pid int, name string) (back bool, err error) {
+	host, err := unix.Open("/proc/thread-self/ns/uts", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true, fmt.Errorf("the host's UTS namespace: %w", err)
+	}
+	defer unix.Close(host)
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/uts", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true, fmt.Errorf("the sandbox's UTS namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	if err := unix.Setns(ns, unix.CLONE_NEWUTS); err != nil {
+		return true, fmt.Errorf("enter the sandbox's UTS namespace: %w", err)
+	}
+	err = unix.Sethostname([]byte(name))
+	if err != nil {
+		err = fmt.Errorf("sethostname: %w", err)
+	}
+	return unix.Setns(host, unix.CLONE_NEWUTS) == nil, err
+}

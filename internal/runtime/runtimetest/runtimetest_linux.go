@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,9 +154,24 @@ func (w *Worker) Kill() {
 // its spare inits while they wait.
 func (w *Worker) Children() []string {
 	var out []string
+	primed := primedPids(w.Root)
 	for _, pid := range w.children() {
-		if !waitingSpare(pid) {
+		if !waitingSpare(pid) && !slices.Contains(primed, pid) {
 			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// primedPids lists the inits of the sandboxes root's worker made ahead
+// of need (runtime.Primed): its own while it runs, as its spares are.
+func primedPids(root string) []string {
+	var out []string
+	states, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*", "state.json"))
+	for _, f := range states {
+		var st runtime.State
+		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &st) == nil && st.Pid > 0 {
+			out = append(out, strconv.Itoa(st.Pid))
 		}
 	}
 	return out
@@ -201,8 +217,11 @@ func Clean(root string) {
 			sb.Remove()
 		}
 	}
+	if !serving(root) { // what a dead worker made ahead, and the layers it kept mounted
+		runtime.SweepPrimed(root)
+	}
 	sweepSpares(root)
-	if !serving(root) { // the layers a dead worker kept mounted for the next sandbox
+	if !serving(root) {
 		runtime.SweepLowers(root, nil)
 	}
 }
@@ -263,15 +282,24 @@ func serving(root string) bool {
 // its files, sandbox directories.
 func Leftovers(root string) []string {
 	var out []string
+	spares := serving(root) // a running worker's spare inits and primed sandboxes are its own
+	var primed []string     // their directories, and those of the layers they hold
+	if spares {
+		primed, _ = filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
+		users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "_p*"))
+		for _, u := range users {
+			primed = append(primed, filepath.Dir(filepath.Dir(u)))
+		}
+	}
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") &&
+			!slices.ContainsFunc(primed, func(d string) bool { return strings.HasPrefix(f[4], d+"/") }) {
 			out = append(out, "mount "+f[4])
 		}
 	}
 	abs, _ := filepath.Abs(root)
 	suffix := runtime.CgroupSuffix(root)
-	spares := serving(root) // a running worker's spare inits are its own
 	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix),
 		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
@@ -298,7 +326,9 @@ func Leftovers(root string) []string {
 	}
 	ents, _ := os.ReadDir(filepath.Join(root, "sandboxes"))
 	for _, e := range ents {
-		out = append(out, "sandbox dir "+e.Name())
+		if !slices.Contains(primed, filepath.Join(root, "sandboxes", e.Name())) {
+			out = append(out, "sandbox dir "+e.Name())
+		}
 	}
 	return out
 }

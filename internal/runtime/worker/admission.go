@@ -24,11 +24,19 @@ type Admission struct {
 	// cgroup; a latency-class create takes one instead of starting its
 	// own (default 2; negative: none).
 	Spares int
+	// Primed: sandboxes kept made ahead on the layers of the last
+	// create, with the defaults of everything else; a create that asks
+	// for just that takes one (default 1; negative: none).
+	Primed int
 }
 
 // maxSpares bounds Admission.Spares: each spare is a process and a
 // cgroup; a burst beyond them starts its own inits.
 const maxSpares = 256
+
+// maxPrimed bounds Admission.Primed: each is a sandbox's mounts and
+// init, and all are made again when a create asks for other layers.
+const maxPrimed = 16
 
 // withDefaults fills what is zero.
 func (a Admission) withDefaults() Admission {
@@ -50,6 +58,9 @@ func (a Admission) withDefaults() Admission {
 	if a.Spares == 0 {
 		a.Spares = 2
 	}
+	if a.Primed == 0 {
+		a.Primed = 1
+	}
 	return a
 }
 
@@ -57,6 +68,9 @@ func (a Admission) withDefaults() Admission {
 func (a Admission) Validate() error {
 	if a.CPUOvercommit < 0 || a.MemoryOvercommit < 0 || a.HostReserve < 0 || a.MaxCreating < 0 || a.QueueTimeout < 0 {
 		return fmt.Errorf("admission settings must not be negative (%+v): %w", a, errdefs.ErrInvalidArgument)
+	}
+	if a.Primed > maxPrimed {
+		return fmt.Errorf("admission.primed %d: keep at most %d sandboxes made ahead: %w", a.Primed, maxPrimed, errdefs.ErrInvalidArgument)
 	}
 	if a.Spares > maxSpares {
 		return fmt.Errorf("admission.spares %d: keep at most %d inits ahead of need: %w", a.Spares, maxSpares, errdefs.ErrInvalidArgument)

@@ -368,6 +368,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		case spec.Name == "":
 			spec.Name = randomID("sb-")
 		}
+		defer w.mounter.Primed.Refill() // after the call's answer
 		var err error
 		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {
 			fail(rw, err)

@@ -117,6 +117,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		w.mounter.Spares = runtime.StartSpares(cfg.Root, n)
 		defer w.mounter.Spares.Close()
 	}
+	if n := cfg.Admission.withDefaults().Primed; n > 0 {
+		w.mounter.Primed = runtime.StartPrimed(cfg.Root, w.mounter, n)
+		defer w.mounter.Primed.Close()
+	}
 
 	sock := filepath.Join(cfg.Root, api.Socket)
 	os.Remove(sock) // a dead worker's: we hold the lock
@@ -213,6 +217,9 @@ func (w *worker) adopt() error {
 			e.held = true
 		}
 		w.sandboxes[name] = e
+	}
+	if err := runtime.SweepPrimed(w.cfg.Root); err != nil {
+		w.log.Error("cannot remove the primed sandboxes of a worker that died", "err", err)
 	}
 	if err := runtime.SweepLowers(w.cfg.Root, live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
@@ -354,6 +361,7 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
+	defer w.mounter.Primed.Refill()
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
 		fail(rw, err)
@@ -396,6 +404,8 @@ func requestOf(spec api.SandboxSpec) request {
 	return r
 }
 
+// createSandbox makes a sandbox a user asked for (a pool's are made by
+// its filler): one primed ahead serves it when it is what was primed.
 func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
 	return w.makeSandbox(ctx, spec, "")
 }
@@ -472,7 +482,12 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	e.pending, e.held = api.StatusCreating, true
 	w.mu.Unlock()
 	// Not while queued: snapshot removal and squash wait for this.
+	m := w.mounter
+	if pool != "" && pool != runPool && pool != callPool { // a pool's filler: not what users create next
+		m.Primed = nil
+	}
 	w.lineage.RLock()
+	t0 := time.Now()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:        pol,
@@ -484,7 +499,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		MergeMemory:   w.cfg.Reclaim.KSM,
 		Pool:          pool,
 		UserNS:        spec.UserNS,
-		Mounter:       w.mounter,
+		Mounter:       m,
 	})
 	w.lineage.RUnlock()
 	// The entry leaves "creating" before the slot goes to the next
@@ -501,7 +516,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		w.gate.release(e.req)
 		return nil, err
 	}
-	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool)
+	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool, "took", time.Since(t0))
 	return sb, nil
 }
 

@@ -1,0 +1,271 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+)
+
+// Primed sandboxes. A spare init saves a create the start of a process
+// and its moves into cgroups; a primed sandbox saves it the rest. It is
+// a sandbox made ahead of need on the layers the last create stood on,
+// with the default of everything else (no policy, class latency, no
+// disk bound, no user namespace), its overlay mounted over an empty
+// upper and its init set up, under a name no user can give ('_' first,
+// which List skips). A create that asks for exactly that takes it: its
+// limits are written, its host named, its state written and its
+// directory renamed to the sandbox's; nothing is mounted or started.
+// A create on other layers makes its own sandbox, and the primed ones
+// are made again on its layers.
+type Primed struct {
+	root string
+	m    Mounter
+	want int
+
+	mu    sync.Mutex
+	key   string   // the layers' digests the sandboxes are made on
+	refs  []string // and their refs
+	ready []*Sandbox
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// primeTag starts the name of every primed sandbox.
+const primeTag = "_p"
+
+// StartPrimed keeps n sandboxes made ahead on the layers of the last
+// create m makes on root.
+func StartPrimed(root string, m Mounter, n int) *Primed {
+	p := &Primed{root: root, m: m, want: n, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go p.fill()
+	return p
+}
+
+func (p *Primed) fill() {
+	defer close(p.done)
+	fill(p.kick, p.stop, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.key != "" && len(p.ready) < p.want
+	}, func() error {
+		p.mu.Lock()
+		key, refs := p.key, p.refs
+		p.mu.Unlock()
+		sb, err := p.make(key, refs)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		if p.key == key {
+			p.ready = append(p.ready, sb)
+			sb = nil
+		}
+		p.mu.Unlock()
+		if sb != nil { // made for layers no longer wanted
+			sb.Remove()
+		}
+		return nil
+	})
+}
+
+// make creates a primed sandbox on refs, which must still be key.
+func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
+	b := make([]byte, 6)
+	rand.Read(b)
+	o := Options{Name: primeTag + hex.EncodeToString(b), Layers: refs, Mounter: p.m}
+	sb, err := create(context.Background(), p.root, o, nil)
+	if err != nil {
+		return nil, err
+	}
+	if strings.Join(sb.Digests, " ") != key { // a ref was built again meanwhile
+		sb.Remove()
+		return nil, fmt.Errorf("layers changed")
+	}
+	return sb, nil
+}
+
+// primeKey is what a primed sandbox for o would stand on: its layers'
+// digests, "" when o asks for more than a primed sandbox has (a policy,
+// a snapshot, a disk bound, a user namespace, class batch, merged
+// memory) or a layer is not in the local store.
+func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, disk int64) string {
+	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
+		return ""
+	}
+	var ds []string
+	for _, ref := range o.Layers {
+		info, err := layer.Resolve(ctx, p.m.Store, ref)
+		if err != nil {
+			return ""
+		}
+		ds = append(ds, info.Digest.String())
+	}
+	return strings.Join(ds, " ")
+}
+
+// take returns a primed sandbox made on key, or nil when none is ready.
+// Either way the sandboxes made next are made on key, once Refill says.
+func (p *Primed) take(key string, refs []string) *Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.key != key {
+		old := p.ready
+		p.key, p.refs, p.ready = key, refs, nil
+		go func() {
+			for _, sb := range old {
+				sb.Remove()
+			}
+		}()
+		return nil
+	}
+	for len(p.ready) > 0 {
+		sb := p.ready[0]
+		p.ready = p.ready[1:]
+		select {
+		case <-sb.c.Done(): // its init died
+			go sb.Remove()
+		default:
+			return sb
+		}
+	}
+	return nil
+}
+
+// Refill has the sandboxes taken made again. A worker calls it once
+// the request that created is answered: made meanwhile, they would take
+// the CPUs (and the spare init) that request's create and first command
+// need. Nil-safe.
+func (p *Primed) Refill() {
+	if p == nil {
+		return
+	}
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Ready counts the primed sandboxes waiting to be taken.
+func (p *Primed) Ready() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.ready)
+}
+
+// Close stops making primed sandboxes and removes those ready.
+func (p *Primed) Close() {
+	close(p.stop)
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, sb := range p.ready {
+		sb.Remove()
+	}
+	p.ready = nil
+}
+
+// adopt makes the primed sandbox pr the sandbox o names (dir, its
+// directory, free): its limits, host name and state, then its directory
+// renamed into place. On an error pr is removed.
+func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
+	dir := sandboxDir(root, o.Name)
+	from := pr.Name
+	defer func() {
+		if err != nil {
+			pr.mu.Lock()
+			pr.Name, pr.dir = from, sandboxDir(root, from)
+			pr.mu.Unlock()
+			pr.Remove()
+			releaseLowers(root, o.Name)
+		}
+	}()
+	if err := pr.g.SetLimits(st.Limits); err != nil {
+		return nil, err
+	}
+	if err := pr.c.SetHostname(st.Hostname); err != nil {
+		return nil, err
+	}
+	// The layers get their new user before the old one goes: they are
+	// never without one, and a worker killed between leaves a user that
+	// SweepLowers drops.
+	if err := shareLowers(root, from, o.Name); err != nil {
+		return nil, err
+	}
+	pr.mu.Lock()
+	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = pr.Pid, pr.CgroupName, pr.Digests, pr.Policy, pr.Allowlist, pr.Toolkit
+	st.Status = Running
+	pr.State = st
+	pr.mu.Unlock()
+	// The primed state is moved aside, not written over: on ext4 a file
+	// replaced (or removed) so soon after it was written costs 0.3-1 ms
+	// (its delayed allocation is settled then), an unused name 0.1.
+	aside := filepath.Join(pr.dir, "state.primed")
+	if err := os.Rename(filepath.Join(pr.dir, "state.json"), aside); err != nil {
+		return nil, err
+	}
+	if err := pr.save(); err != nil {
+		return nil, err
+	}
+	// One rename publishes the sandbox whole: a worker killed before it
+	// leaves a primed sandbox the next one removes.
+	if err := unix.Renameat2(unix.AT_FDCWD, pr.dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists)
+		}
+		return nil, err
+	}
+	pr.mu.Lock()
+	pr.dir = dir
+	pr.mu.Unlock()
+	releaseLowers(root, from) // the new user holds them
+	go os.Remove(filepath.Join(dir, "state.primed"))
+	pr.touch()
+	return pr, nil
+}
+
+// shareLowers makes to a user of every layer from uses.
+func shareLowers(root, from, to string) error {
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", from))
+	for _, h := range held {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(h), to), nil, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SweepPrimed removes the primed sandboxes a worker of root left when it
+// died (they outlive it, as every sandbox does). Call it with the
+// root's worker lock held, before SweepLowers and SweepSpares.
+func SweepPrimed(root string) error {
+	dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", primeTag+"*"))
+	var errs []error
+	for _, dir := range dirs {
+		name := filepath.Base(dir)
+		sb := &Sandbox{State: State{CgroupName: cgroupName(root, name)}, dir: dir}
+		if b, err := os.ReadFile(filepath.Join(dir, "state.json")); err == nil {
+			json.Unmarshal(b, &sb.State)
+		}
+		sb.Name = name // the state may name the sandbox it was being made
+		if err := sb.teardown(true); err != nil {
+			errs = append(errs, fmt.Errorf("primed sandbox %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

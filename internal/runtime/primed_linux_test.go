@@ -1,0 +1,197 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+)
+
+// waitPrimed waits until p has n sandboxes ready and returns the dirs
+// of root's primed sandboxes.
+func waitPrimed(t *testing.T, p *runtime.Primed, root string, n int) []string {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		// Those no longer wanted are removed in the background.
+		dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
+		if p.Ready() == n && len(dirs) == n {
+			return dirs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d primed sandboxes ready, dirs %v, want %d", p.Ready(), dirs, n)
+		}
+	}
+}
+
+func primedState(t *testing.T, dir string) runtime.State {
+	t.Helper()
+	var st runtime.State
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestPrimed: a create on the layers of the last one takes the sandbox
+// made ahead (its init, its mounts) and gets its own name, host name,
+// limits and state; one that asks for more (a policy) or other layers
+// makes its own; nothing is left after the sandboxes and the primer go.
+func TestPrimed(t *testing.T) {
+	root, s := layers(t)
+	ctx := context.Background()
+	m := runtime.Mounter{Store: s, Spares: runtime.StartSpares(root, 1)}
+	p := runtime.StartPrimed(root, m, 1)
+	m.Primed = p
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			p.Close()
+			m.Spares.Close()
+		}
+		runtimetest.Clean(root)
+	})
+	create := func(name string, policy *api.Policy, layers ...string) *runtime.Sandbox {
+		t.Helper()
+		sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: name, Layers: layers, Policy: policy,
+			Limits: cgroup.Limits{Pids: 128}, Env: []string{"STEP=" + name}})
+		p.Refill() // as the worker does once the create is answered
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Remove() })
+		return sb
+	}
+
+	first := create("first", nil, "ws:1", "bb:1") // nothing primed yet: made anew
+	if st := first.Snapshot(); strings.HasPrefix(st.CgroupName, "sb-_p") {
+		t.Fatalf("the first sandbox took a primed one: %+v", st)
+	}
+	dirs := waitPrimed(t, p, root, 1)
+	pst := primedState(t, dirs[0])
+
+	second := create("second", nil, "ws:1", "bb:1")
+	st := second.Snapshot()
+	if st.Pid != pst.Pid || st.CgroupName != pst.CgroupName || st.Name != "second" || st.Hostname != "second" || st.Status != runtime.Running {
+		t.Fatalf("second did not take the primed sandbox %+v: %+v", pst, st)
+	}
+	if second.Dir() != filepath.Join(root, "sandboxes", "second") {
+		t.Fatalf("dir %s", second.Dir())
+	}
+	if _, err := os.Stat(dirs[0]); !os.IsNotExist(err) {
+		t.Fatalf("the primed dir is still there: %v", err)
+	}
+	if got := primedState(t, second.Dir()); got.Name != "second" || got.Pid != pst.Pid || got.Limits.Pids != 128 {
+		t.Fatalf("saved state %+v", got)
+	}
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != "128" {
+		t.Fatalf("pids.max %q, want the create's 128", max)
+	}
+	out, code := sh(t, second, "1", "hostname; cat /work/hello; echo $STEP; echo kept > /work/new")
+	if code != 0 || out != "second\nfrom the workspace\nsecond\n" {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(second.Upper(), "work", "new")); err != nil || string(b) != "kept\n" {
+		t.Fatalf("the upper under the new name: %q %v", b, err)
+	}
+	// The layers are held by the sandbox's name, not the primed one's.
+	users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "*"))
+	var names []string
+	for _, u := range users {
+		names = append(names, filepath.Base(u))
+	}
+	if strings.Count(strings.Join(names, " "), "second") != 2 || strings.Count(strings.Join(names, " "), "first") != 2 {
+		t.Fatalf("layer users %v", names)
+	}
+	// A worker restarted now finds the sandbox under its name.
+	if sb, err := runtime.Load(root, "second"); err != nil || sb.Snapshot().Status != runtime.Running {
+		t.Fatalf("load: %v", err)
+	} else {
+		sb.Close()
+	}
+
+	// A policy is more than a primed sandbox has: made anew, the
+	// primed one (made again meanwhile) stays.
+	waitPrimed(t, p, root, 1)
+	pol := &api.Policy{APIVersion: "dsec/v1", Kind: "Policy", Files: &api.FilePolicy{Hidden: []string{"/etc/answer"}}}
+	third := create("third", pol, "ws:1", "bb:1")
+	if third.Snapshot().Pid == primedState(t, waitPrimed(t, p, root, 1)[0]).Pid {
+		t.Fatal("a create with a policy took the primed sandbox")
+	}
+	if out, _ := sh(t, third, "1", "cat /etc/answer"); strings.Contains(out, "42") {
+		t.Fatalf("the policy did not hold: %q", out)
+	}
+
+	// Other layers: made anew, and the primed sandboxes follow them.
+	old := waitPrimed(t, p, root, 1)[0]
+	oldPid := primedState(t, old).Pid
+	fourth := create("fourth", nil, "bb:1")
+	if fourth.Snapshot().Pid == oldPid {
+		t.Fatal("a create on other layers took the primed sandbox")
+	}
+	now := waitPrimed(t, p, root, 1)
+	if now[0] == old || len(primedState(t, now[0]).Digests) != 1 {
+		t.Fatalf("primed %v (was %s) not made on the new layers", now, old)
+	}
+	for _, sb := range []*runtime.Sandbox{first, second, third, fourth} {
+		if err := sb.Remove(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed = true
+	p.Close()
+	m.Spares.Close()
+	if left := runtimetest.Leftovers(root); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// TestSweepPrimed: a primed sandbox outlives a worker that dies (as
+// every sandbox does); the next one's SweepPrimed removes it whole.
+func TestSweepPrimed(t *testing.T) {
+	root, s := layers(t)
+	m := runtime.Mounter{Store: s}
+	p := runtime.StartPrimed(root, m, 1)
+	m.Primed = p
+	t.Cleanup(func() { runtimetest.Clean(root) })
+	sb, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: m, Name: "a", Layers: []string{"bb:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Refill()
+	if err := sb.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	pid := primedState(t, waitPrimed(t, p, root, 1)[0]).Pid
+	// The worker "dies": its primer is not closed, the sandbox runs on.
+	if err := runtime.SweepPrimed(root); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); os.IsNotExist(err) {
+			break // killed, and reaped by its starter
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the primed init %d still runs", pid)
+		}
+	}
+	if err := runtime.SweepLowers(root, nil); err != nil {
+		t.Fatal(err)
+	}
+	if left := runtimetest.Leftovers(root); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	p.Close() // what it had ready is gone already
+}
