@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make bench (as root): sandbox figures, dsec next to runc (Debian's) on the same rootfs in the same run.
 #  1. create-to-first-exec: `dsec run --rm --base L -- true` (the worker already running, as containerd
-#     would be) vs `runc run` of /bin/true on the same tree: p50 and p99 over BENCH_N runs, and the
-#     serial rate (runs per second) of each loop.
+#     would be) vs `runc run` of /bin/true on the same tree: p50 and p99 over BENCH_N runs 50 ms apart
+#     (a rollout's steps wait for the model between them; dsec removes a sandbox, and makes the next,
+#     after its answer), then the same back to back, whose loop gives the serial rate (runs per second).
 #  2. exec latency into a running sandbox: `dsec exec NAME -- true` vs `runc exec ID true`.
 # Those figures are whole CLI invocations, timed from the shell the same way for both. Then the same
 # through the Go SDK against the same worker and layer (go test -bench ./sdk): what a trainer pays,
@@ -42,7 +43,8 @@ fi
 (cd "$work/bundle" && runc spec)
 sed -i -e 's/"terminal": true/"terminal": false/' -e 's/"sh"/"true"/' -e "s|\"path\": \"rootfs\"|\"path\": \"$rootfs\"|" "$work/bundle/config.json"
 
-# loop NAME CMD...: runs CMD n times, one duration (ns) per line in $work/NAME; the loop's total in $work/NAME.total
+# loop NAME CMD...: runs CMD n times ($GAP seconds apart, untimed, if set), one duration (ns) per line
+# in $work/NAME; the loop's total in $work/NAME.total (with the gaps: a rate only without them)
 loop() {
 	local name=$1; shift
 	: >"$work/$name"
@@ -51,6 +53,7 @@ loop() {
 		now; t0=$NOW
 		"$@" "$i" >/dev/null 2>&1 || { echo "bench-run: $* failed" >&2; exit 1; }
 		now; echo $((NOW - t0)) >>"$work/$name"
+		[ -z "${GAP:-}" ] || sleep "$GAP"
 	done
 	now; echo $((NOW - start)) >"$work/$name.total"
 }
@@ -62,9 +65,11 @@ runc_exec() { runc exec bench-exec true; }
 "$dsec" run --rm --base bench:1 -- true 2>/dev/null # starts the worker, warms the caches
 runc_run warm >/dev/null
 for round in 1 2; do # interleaved rounds: the second is the one reported
-	loop dsec_run.$round dsec_run
-	loop runc_run.$round runc_run
+	GAP=0.05 loop dsec_run.$round dsec_run
+	GAP=0.05 loop runc_run.$round runc_run
 done
+loop dsec_run.b2b dsec_run
+loop runc_run.b2b runc_run
 "$dsec" run -d --name bench-exec --base bench:1 >/dev/null
 sed -i 's/"true"/"sleep", "3600"/' "$work/bundle/config.json"
 runc run -d --bundle "$work/bundle" bench-exec >/dev/null 2>&1 </dev/null
@@ -87,6 +92,7 @@ rate() { awk -v n="$n" -v t="$(cat "$1")" 'BEGIN { printf "%.1f", n / (t / 1e9) 
 printf 'rootfs: %s (%s MB), %d runs each, %s, %d CPUs\n' "$rootfs" "$(du -sm "$rootfs" | cut -f1)" "$n" "$(uname -r)" "$(nproc)"
 printf '%-34s %8s %8s   %8s %8s   %s\n' "figure (ms)" "dsec p50" "p99" "runc p50" "p99" "dsec/runc p50"
 row "run --rm true (create to exit)" dsec_run.2 runc_run.2
+row "run --rm true, back to back" dsec_run.b2b runc_run.b2b
 row "exec true into a running sandbox" dsec_exec runc_exec
 sdkrow() { # figure, dsec metric prefix, runc file
 	local r50 r99; r50=$(pct 50 <"$work/$3"); r99=$(pct 99 <"$work/$3")
@@ -99,4 +105,4 @@ for m in first-exec with-rm; do
 	printf '%-34s %8s %8s   %8s %8s   %s\n' "SDK $m: layer kept vs not" "$(metric "$m-p50-ms")" "$(metric "$m-p99-ms")" \
 		"$(metric "$m-p50-ms" "$unkept")" "$(metric "$m-p99-ms" "$unkept")" "$(ratio "$(metric "$m-p50-ms")" "$(metric "$m-p50-ms" "$unkept")")"
 done
-printf 'serial rate, run --rm true: dsec %s/s, runc %s/s\n' "$(rate "$work/dsec_run.2.total")" "$(rate "$work/runc_run.2.total")"
+printf 'serial rate, run --rm true: dsec %s/s, runc %s/s\n' "$(rate "$work/dsec_run.b2b.total")" "$(rate "$work/runc_run.b2b.total")"

@@ -225,6 +225,13 @@ func (w *worker) discard(name string) {
 // answer: the answer's end reaches the client once the sandbox is out of
 // sight). An exiting worker waits for those it started and leaves any
 // later ones to the next worker, which removes a call's sandboxes.
+// afterAnswer is how long work a request started but its answer does
+// not wait for (removing a call's sandbox, priming the next) waits: the
+// client wakes, reads the answer and exits in about that time, and on a
+// small host that work would take the CPUs it needs (2.3-2.8 ms of a
+// CLI run --rm with runs 50 ms apart, BENCHMARKS.md).
+const afterAnswer = 3 * time.Millisecond
+
 func (w *worker) discardLater(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -232,7 +239,10 @@ func (w *worker) discardLater(name string) {
 		return
 	}
 	if e := w.going(name); e != nil {
-		w.removing.Go(func() { w.drop(name, e) })
+		w.removing.Go(func() {
+			time.Sleep(afterAnswer)
+			w.drop(name, e)
+		})
 	}
 }
 
@@ -368,7 +378,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		case spec.Name == "":
 			spec.Name = randomID("sb-")
 		}
-		defer w.mounter.Primed.Refill() // after the call's answer
+		defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
 		var err error
 		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {
 			fail(rw, err)

@@ -361,7 +361,7 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	defer w.mounter.Primed.Refill()
+	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
 		fail(rw, err)
@@ -684,6 +684,7 @@ func (w *worker) remove(rw http.ResponseWriter, r *http.Request) {
 // removeSandbox removes a sandbox and forgets it; the caller holds its
 // lifecycle lock, or made it and nobody else knows it yet.
 func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
+	t0 := time.Now()
 	if err := sb.Remove(); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", name, err)
 	}
@@ -693,7 +694,7 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 	}
 	delete(w.sandboxes, name)
 	w.mu.Unlock()
-	w.log.Info("removed sandbox", "sandbox", name)
+	w.log.Info("removed sandbox", "sandbox", name, "took", time.Since(t0))
 	return nil
 }
 
