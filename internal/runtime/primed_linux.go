@@ -35,13 +35,16 @@ type Primed struct {
 	m    Mounter
 	want int
 
-	mu    sync.Mutex
-	key   string   // the layers' digests the sandboxes are made on
-	refs  []string // and their refs
-	ready []*Sandbox
-	kick  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	removing sync.WaitGroup // those no longer wanted, going
+
+	mu     sync.Mutex
+	key    string   // the layers' digests the sandboxes are made on
+	refs   []string // and their refs
+	ready  []*Sandbox
+	closed bool
+	kick   chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 // primeTag starts the name of every primed sandbox.
@@ -122,14 +125,17 @@ func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, 
 func (p *Primed) take(key string, refs []string) *Sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
 	if p.key != key {
 		old := p.ready
 		p.key, p.refs, p.ready = key, refs, nil
-		go func() {
+		p.removing.Go(func() {
 			for _, sb := range old {
 				sb.Remove()
 			}
-		}()
+		})
 		return nil
 	}
 	for len(p.ready) > 0 {
@@ -137,7 +143,7 @@ func (p *Primed) take(key string, refs []string) *Sandbox {
 		p.ready = p.ready[1:]
 		select {
 		case <-sb.c.Done(): // its init died
-			go sb.Remove()
+			p.removing.Go(func() { sb.Remove() })
 		default:
 			return sb
 		}
@@ -171,11 +177,14 @@ func (p *Primed) Close() {
 	close(p.stop)
 	<-p.done
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, sb := range p.ready {
+	p.closed = true // no take starts a removal now
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	p.removing.Wait()
+	for _, sb := range ready {
 		sb.Remove()
 	}
-	p.ready = nil
 }
 
 // adopt makes the primed sandbox pr the sandbox o names (dir, its

@@ -221,10 +221,6 @@ func (w *worker) discard(name string) {
 	}
 }
 
-// discardLater discards a sandbox in the background (after a call's
-// answer: the answer's end reaches the client once the sandbox is out of
-// sight). An exiting worker waits for those it started and leaves any
-// later ones to the next worker, which removes a call's sandboxes.
 // afterAnswer is how long work a request started but its answer does
 // not wait for (removing a call's sandbox, priming the next) waits: the
 // client wakes, reads the answer and exits in about that time, and on a
@@ -232,6 +228,10 @@ func (w *worker) discard(name string) {
 // CLI run --rm with runs 50 ms apart, BENCHMARKS.md).
 const afterAnswer = 3 * time.Millisecond
 
+// discardLater discards a sandbox in the background (after a call's
+// answer: the answer's end reaches the client once the sandbox is out of
+// sight). An exiting worker waits for those it started and leaves any
+// later ones to the next worker, which removes a call's sandboxes.
 func (w *worker) discardLater(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
