@@ -217,13 +217,16 @@ func Clean(root string) {
 			sb.Remove()
 		}
 	}
-	if !serving(root) { // what a dead worker made ahead, and the layers it kept mounted
-		runtime.SweepPrimed(root)
+	if serving(root) { // the rest is a running worker's own
+		return
 	}
-	sweepSpares(root)
-	if !serving(root) {
-		runtime.SweepLowers(root, nil)
-	}
+	// What a dead worker made ahead, as the next worker would sweep it.
+	// Every sandbox is gone now, so a spare's group that still holds a
+	// process is one the worker had claimed for a sandbox it did not
+	// finish making (a primed one, say): killed too.
+	runtime.SweepPrimed(root)
+	runtime.SweepSpares(root, nil, false)
+	runtime.SweepLowers(root, nil)
 }
 
 // sweepSpares removes the groups of a dead worker's spares, as the next
