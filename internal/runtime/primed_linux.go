@@ -192,14 +192,22 @@ func (p *Primed) Close() {
 // renamed into place. On an error pr is removed.
 func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
 	dir := sandboxDir(root, o.Name)
+	exists := func() error { return fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists) }
+	if _, err := os.Lstat(dir); err == nil {
+		pr.Remove()
+		return nil, exists()
+	}
 	from := pr.Name
+	shared := false // o.Name holds the layers now: let go of them on an error
 	defer func() {
 		if err != nil {
 			pr.mu.Lock()
 			pr.Name, pr.dir = from, sandboxDir(root, from)
 			pr.mu.Unlock()
 			pr.Remove()
-			releaseLowers(root, o.Name)
+			if shared {
+				releaseLowers(root, o.Name)
+			}
 		}
 	}()
 	if err := pr.g.SetLimits(st.Limits); err != nil {
@@ -214,6 +222,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	if err := shareLowers(root, from, o.Name); err != nil {
 		return nil, err
 	}
+	shared = true
 	pr.mu.Lock()
 	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = pr.Pid, pr.CgroupName, pr.Digests, pr.Policy, pr.Allowlist, pr.Toolkit
 	st.Status = Running
@@ -232,8 +241,9 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	// One rename publishes the sandbox whole: a worker killed before it
 	// leaves a primed sandbox the next one removes.
 	if err := unix.Renameat2(unix.AT_FDCWD, pr.dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists)
+		if errors.Is(err, unix.EEXIST) { // made meanwhile: its layers' users are its own
+			shared = false
+			return nil, exists()
 		}
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -114,6 +116,16 @@ func TestPrimed(t *testing.T) {
 	}
 	if strings.Count(strings.Join(names, " "), "second") != 2 || strings.Count(strings.Join(names, " "), "first") != 2 {
 		t.Fatalf("layer users %v", names)
+	}
+	// A second create of the name fails as it does without priming, and
+	// leaves the sandbox that has it and its layers alone.
+	waitPrimed(t, p, root, 1)
+	if _, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: "second", Layers: []string{"ws:1", "bb:1"}}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("a second create of a name: %v", err)
+	}
+	p.Refill()
+	if held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "second")); len(held) != 2 {
+		t.Fatalf("second's layers after a create of its name failed: %v", held)
 	}
 	// A worker restarted now finds the sandbox under its name.
 	if sb, err := runtime.Load(root, "second"); err != nil || sb.Snapshot().Status != runtime.Running {
