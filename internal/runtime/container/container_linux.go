@@ -124,6 +124,7 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
+	protectInit(cmd.Process.Pid)
 	sp := &Spare{cmd: cmd, ctl: ours, exited: make(chan struct{})}
 	// Reap the init whenever it exits, whether or not this process still
 	// holds a connection: a long-lived worker must not collect zombies.
@@ -869,6 +870,25 @@ func start(r request, stdio []*os.File) (int, error) {
 		os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("1000"), 0)
 	}
 	return pid, err
+}
+
+// initOOMScore is the sandbox init's oom_score_adj where the worker may
+// lower it: the last process of its group the OOM killer takes. The
+// commands it starts get 1000, which alone does not always do: a task's
+// badness is its resident pages (mapped file pages too) plus adj times
+// the limit's pages/1000, rounded down, so an init whose pages come near
+// its limit outscores what is left of a command the killer has just
+// taken, and the sandbox dies. dsec-init keeps some 3 MiB resident
+// (limits start at 4 MiB); a test binary built with -race, serving as
+// the init, keeps 30. Not -1000: an init alone over its limit must stay
+// killable, or the group would stall.
+const initOOMScore = -999
+
+// protectInit lowers the init's oom_score_adj from outside. That needs
+// CAP_SYS_RESOURCE, which some hosts withhold (a worker in a container,
+// these CI machines); without it the init stays at 0.
+func protectInit(pid int) {
+	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(initOOMScore)), 0)
 }
 
 // lookPath finds a command in a PATH of the sandbox.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,41 @@ func TestCommandNotFound(t *testing.T) {
 	if err != nil || code != 127 || !strings.Contains(string(b), "command not found") {
 		t.Fatalf("exit %d, %v, %q", code, err, b)
 	}
+}
+
+// TestOOMScores: the OOM killer takes a sandbox's commands before its
+// init: they run at 1000 and, where the worker may lower it, the init at
+// -999.
+func TestOOMScores(t *testing.T) {
+	sb := create(t, busyboxRoot(t))
+	want := "-999\n1000\n"
+	if !hasCap(t, unix.CAP_SYS_RESOURCE) {
+		t.Log("SKIPPING the init's -999: this process lacks CAP_SYS_RESOURCE, the init stays at 0")
+		want = "0\n1000\n"
+	}
+	out, code := sh(t, sb, "cat /proc/1/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'")
+	if code != 0 || out != want {
+		t.Fatalf("oom_score_adj of the init, then of a command's child: %q (exit %d), want %q", out, code, want)
+	}
+}
+
+// hasCap says whether this process has capability c in effect.
+func hasCap(t *testing.T, c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n&(1<<c) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }
 
 // TestStateAndReaping: files and processes persist across execs; orphans
