@@ -56,6 +56,11 @@ type Options struct {
 type Client struct {
 	opts Options
 	hc   *http.Client
+	// first is the connection New dialed to find the worker: the first
+	// request, if it comes within a second (a worker closes idle
+	// connections), goes over it alone (oneShot).
+	first  atomic.Pointer[net.Conn]
+	dialed time.Time
 }
 
 // ErrInfra marks failures of the sandbox, the worker or the host rather
@@ -69,18 +74,8 @@ func IsInfra(err error) bool { return errors.Is(err, ErrInfra) || errdefs.IsUnav
 // asked and none answers.
 func New(opts Options) (*Client, error) {
 	sock := filepath.Join(opts.Root, api.Socket)
-	// The connection that finds the worker serves the first request,
-	// if it comes soon (a worker closes idle connections).
-	var first atomic.Pointer[net.Conn]
-	var dialed time.Time
 	c := &Client{opts: opts, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			if conn := first.Swap(nil); conn != nil {
-				if time.Since(dialed) < time.Second {
-					return *conn, nil
-				}
-				(*conn).Close()
-			}
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		},
@@ -88,8 +83,8 @@ func New(opts Options) (*Client, error) {
 	}}}
 	conn, err := net.Dial("unix", sock)
 	if err == nil {
-		dialed = time.Now()
-		first.Store(&conn)
+		c.dialed = time.Now()
+		c.first.Store(&conn)
 		return c, nil
 	}
 	if len(opts.StartWorker) == 0 {
@@ -193,7 +188,12 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.hc.Do(req)
+	var resp *http.Response
+	if conn := c.takeFirst(); conn != nil {
+		resp, err = oneShot(ctx, conn, req)
+	} else {
+		resp, err = c.hc.Do(req)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -213,6 +213,61 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		return nil, &Error{API: e}
 	}
 	return resp, nil
+}
+
+// takeFirst gives the connection New dialed, once, if it is still fresh.
+func (c *Client) takeFirst() net.Conn {
+	conn := c.first.Swap(nil)
+	if conn == nil {
+		return nil
+	}
+	if time.Since(c.dialed) >= time.Second {
+		(*conn).Close()
+		return nil
+	}
+	return *conn
+}
+
+// oneShot makes req over conn alone, outside the transport's pool: a CLI
+// makes one request, and the pool's reading and writing goroutines, and
+// its code run for the first time, cost it 0.25-0.5 ms here (cold pages,
+// hand-offs between threads; BENCHMARKS.md). The answer's body closes conn, as
+// does ctx ending first. A body the worker may read while it answers,
+// or answer before reading (a command's stdin; any of unknown length),
+// is written from a goroutine; a small one at once.
+func oneShot(ctx context.Context, conn net.Conn, req *http.Request) (*http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	var err error
+	if req.Body == nil || req.Body == http.NoBody || (req.ContentLength > 0 && req.ContentLength <= 32<<10) {
+		err = req.Write(conn)
+	} else {
+		go req.Write(conn) // fails, and ends, when conn closes
+	}
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(bufio.NewReader(conn), req)
+	}
+	if err != nil {
+		stop()
+		conn.Close()
+		return nil, err
+	}
+	resp.Body = &connBody{ReadCloser: resp.Body, conn: conn, stop: stop}
+	return resp, nil
+}
+
+// connBody is the body of a oneShot answer: closing it closes its
+// connection.
+type connBody struct {
+	io.ReadCloser
+	conn net.Conn
+	stop func() bool
+}
+
+func (b *connBody) Close() error {
+	b.stop()
+	b.ReadCloser.Close()
+	return b.conn.Close()
 }
 
 // Version asks the worker who it is.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -632,5 +633,50 @@ func TestPrimedSandboxes(t *testing.T) {
 	}
 	if left := runtimetest.Leftovers(w.Root); len(left) > 0 {
 		t.Fatalf("left %v", left)
+	}
+}
+
+// TestFirstRequest: a client's first request goes over the connection
+// New dialed, outside the transport's pool. It streams stdin both ways,
+// gets the worker's early answer to a request whose body it is still
+// writing, and ends when its context does; the next request then goes
+// through the pool.
+func TestFirstRequest(t *testing.T) {
+	w, c := setup(t)
+	create(t, c, api.SandboxSpec{Name: "fr"})
+	fresh := func() *sdk.Client {
+		c, err := sdk.New(sdk.Options{Root: w.Root})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx := context.Background()
+	big := bytes.Repeat([]byte("x"), 1<<20)
+
+	var out bytes.Buffer
+	res, err := fresh().Sandbox("fr").Exec(ctx, sdk.ExecOptions{Args: []string{"wc", "-c"}, Stdin: bytes.NewReader(big), Stdout: &out})
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(out.String()) != "1048576" {
+		t.Fatalf("1 MiB of stdin: %q %+v %v", out.String(), res, err)
+	}
+
+	// The worker answers before it reads the body; a stdin that never
+	// ends must not hold the answer back.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write(big)
+	if _, err := fresh().Sandbox("nope").Exec(ctx, sdk.ExecOptions{Args: []string{"cat"}, Stdin: pr}); !errdefs.IsNotFound(err) {
+		t.Fatalf("exec with an endless stdin in an unknown sandbox: %v", err)
+	}
+
+	c2 := fresh()
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := c2.Sandbox("fr").Exec(tctx, sdk.ExecOptions{Args: []string{"sleep", "5"}}); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 3*time.Second {
+		t.Fatalf("first request past its deadline: %v after %v", err, time.Since(start))
+	}
+	if out, res := run(t, c2.Sandbox("fr"), "second", "echo again"); out != "again\n" || res.ExitCode != 0 {
+		t.Fatalf("the request after: %q %+v", out, res)
 	}
 }
