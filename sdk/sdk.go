@@ -231,10 +231,11 @@ func (c *Client) takeFirst() net.Conn {
 // oneShot makes req over conn alone, outside the transport's pool: a CLI
 // makes one request, and the pool's reading and writing goroutines, and
 // its code run for the first time, cost it 0.25-0.5 ms here (cold pages,
-// hand-offs between threads; BENCHMARKS.md). The answer's body closes conn, as
-// does ctx ending first. A body the worker may read while it answers,
-// or answer before reading (a command's stdin; any of unknown length),
-// is written from a goroutine; a small one at once.
+// hand-offs between threads; BENCHMARKS.md). The answer's body closes
+// conn, as does ctx ending first. A body the worker may read while it
+// answers, or answer before reading (a command's stdin; any of unknown
+// length), is written from a goroutine; a small one at once. No retry:
+// conn is under a second old, and the worker keeps a connection ten.
 func oneShot(ctx context.Context, conn net.Conn, req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	var err error
