@@ -235,7 +235,7 @@ func (c *Client) takeFirst() net.Conn {
 // conn, as does ctx ending first. A body the worker may read while it
 // answers, or answer before reading (a command's stdin; any of unknown
 // length), is written from a goroutine; a small one at once. No retry:
-// conn is under a second old, and the worker keeps a connection ten.
+// conn is under a second old, and the worker waits ten for a request.
 func oneShot(ctx context.Context, conn net.Conn, req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	var err error
