@@ -886,7 +886,7 @@ const initOOMScore = -999
 
 // protectInit lowers the init's oom_score_adj from outside. That needs
 // CAP_SYS_RESOURCE, which some hosts withhold (a worker in a container,
-// these CI machines); without it the init stays at 0.
+// these CI machines); without it the init keeps the worker's score.
 func protectInit(pid int) {
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(initOOMScore)), 0)
 }
