@@ -189,7 +189,13 @@ func (p *Primed) Close() {
 
 // adopt makes the primed sandbox pr the sandbox o names (dir, its
 // directory, free): its limits, host name and state, then its directory
-// renamed into place. On an error pr is removed.
+// renamed into place. A sandbox made for one call (o.Pool: run --rm, a
+// FnCall call no pool served) gets its limits and host name only: it
+// never outlives its worker (a worker that starts removes the call
+// sandboxes of one that died, and SweepPrimed the primed ones), so its
+// state is not written, its layers keep their user and its directory
+// its primed name, which saves a create about 0.5 ms of ext4 metadata
+// updates. On an error pr is removed.
 func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
 	dir := sandboxDir(root, o.Name)
 	exists := func() error { return fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists) }
@@ -216,6 +222,13 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	if err := pr.c.SetHostname(st.Hostname); err != nil {
 		return nil, err
 	}
+	if o.Pool != "" {
+		pr.mu.Lock()
+		pr.State = running(st, pr.State)
+		pr.mu.Unlock()
+		pr.touch()
+		return pr, nil
+	}
 	// The layers get their new user before the old one goes: they are
 	// never without one, and a worker killed between leaves a user that
 	// SweepLowers drops.
@@ -224,9 +237,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	}
 	shared = true
 	pr.mu.Lock()
-	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = pr.Pid, pr.CgroupName, pr.Digests, pr.Policy, pr.Allowlist, pr.Toolkit
-	st.Status = Running
-	pr.State = st
+	pr.State = running(st, pr.State)
 	pr.mu.Unlock()
 	// The primed state is moved aside, not written over: on ext4 a file
 	// replaced (or removed) so soon after it was written costs 0.3-1 ms
@@ -254,6 +265,14 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	go os.Remove(filepath.Join(dir, "state.primed"))
 	pr.touch()
 	return pr, nil
+}
+
+// running is st, the state a create asked for, on the primed sandbox
+// whose state is primed: its init, group, layers and enforcement.
+func running(st, primed State) State {
+	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
+	st.Status = Running
+	return st
 }
 
 // shareLowers makes to a user of every layer from uses.

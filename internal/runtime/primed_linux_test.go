@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,6 +135,45 @@ func TestPrimed(t *testing.T) {
 		sb.Close()
 	}
 
+	// A call's sandbox (run --rm, a FnCall call) takes the primed one
+	// with its limits and host name, and keeps its directory, state file
+	// and layer users: it never outlives its worker.
+	pdir := waitPrimed(t, p, root, 1)[0]
+	pst = primedState(t, pdir)
+	call, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: "call", Pool: "(run)", Layers: []string{"ws:1", "bb:1"},
+		Limits: cgroup.Limits{Pids: 64}})
+	p.Refill()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := call.Snapshot(); st.Pid != pst.Pid || st.Name != "call" || st.Hostname != "call" || st.Status != runtime.Running || st.Pool != "(run)" || call.Dir() != pdir {
+		t.Fatalf("the call's sandbox did not take the primed %s as it is: %+v in %s", pdir, st, call.Dir())
+	}
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != "64" {
+		t.Fatalf("pids.max %q, want the call's 64", max)
+	}
+	if out, code := sh(t, call, "1", "hostname; cat /work/hello"); code != 0 || out != "call\nfrom the workspace\n" {
+		t.Fatalf("exit %d, %q", code, out)
+	}
+	if got := primedState(t, pdir); got.Name == "call" {
+		t.Fatalf("the call's state was written: %+v", got)
+	}
+	if names, _ := runtime.List(root); slices.Contains(names, "call") {
+		t.Fatalf("the call's sandbox is listed: %v", names)
+	}
+	if held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", filepath.Base(pdir))); len(held) != 2 {
+		t.Fatalf("the call's layers: %v", held)
+	}
+	if err := call.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", filepath.Base(pdir))); len(held) != 0 {
+		t.Fatalf("the removed call's sandbox still holds layers: %v", held)
+	}
+	if _, err := os.Stat(pdir); !os.IsNotExist(err) {
+		t.Fatalf("the call's directory: %v", err)
+	}
+
 	// A policy is more than a primed sandbox has: made anew, the
 	// primed one (made again meanwhile) stays.
 	waitPrimed(t, p, root, 1)
@@ -170,8 +210,9 @@ func TestPrimed(t *testing.T) {
 	}
 }
 
-// TestSweepPrimed: a primed sandbox outlives a worker that dies (as
-// every sandbox does); the next one's SweepPrimed removes it whole.
+// TestSweepPrimed: a primed sandbox, and a call's made of one, outlive
+// a worker that dies (as every sandbox does); the next one's
+// SweepPrimed removes them whole.
 func TestSweepPrimed(t *testing.T) {
 	root, s := layers(t)
 	m := runtime.Mounter{Store: s}
@@ -186,17 +227,39 @@ func TestSweepPrimed(t *testing.T) {
 	if err := sb.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	pid := primedState(t, waitPrimed(t, p, root, 1)[0]).Pid
-	// The worker "dies": its primer is not closed, the sandbox runs on.
+	// A call's sandbox keeps the primed one's directory (TestPrimed):
+	// it goes with those primed.
+	callPid := primedState(t, waitPrimed(t, p, root, 1)[0]).Pid
+	if _, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: m, Name: "c", Pool: "(run)", Layers: []string{"bb:1"}}); err != nil {
+		t.Fatal(err)
+	}
+	p.Refill()
+	var pid int
+	for deadline := time.Now().Add(20 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
+		dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
+		for _, d := range dirs {
+			var st runtime.State
+			b, _ := os.ReadFile(filepath.Join(d, "state.json")) // none yet while it is made
+			if json.Unmarshal(b, &st) == nil && p.Ready() == 1 && len(dirs) == 2 && st.Pid != callPid {
+				pid = st.Pid // made again, beside the call's
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d primed sandboxes ready, dirs %v, want 1 beside the call's", p.Ready(), dirs)
+		}
+	}
+	// The worker "dies": its primer is not closed, the sandboxes run on.
 	if err := runtime.SweepPrimed(root); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); os.IsNotExist(err) {
-			break // killed, and reaped by its starter
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the primed init %d still runs", pid)
+	for _, pid := range []int{callPid, pid} {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); os.IsNotExist(err) {
+				break // killed, and reaped by its starter
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the init %d still runs", pid)
+			}
 		}
 	}
 	if err := runtime.SweepLowers(root, nil); err != nil {

@@ -297,7 +297,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if len(sb.Digests) > i {
 			want = sb.Digests[i]
 		}
-		mnt, f, err := acquireLower(ctx, root, m, ref, sb.Name, want)
+		mnt, f, err := acquireLower(ctx, root, m, ref, sb.lowerUser(), want)
 		if err != nil {
 			return err
 		}
@@ -702,7 +702,7 @@ func (sb *Sandbox) teardown(all bool) error {
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
-	if err := releaseLowers(filepath.Dir(filepath.Dir(sb.dir)), sb.Name); err != nil {
+	if err := releaseLowers(filepath.Dir(filepath.Dir(sb.dir)), sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
 	// Sandboxes made before layer mounts were shared mounted their own.
@@ -727,6 +727,11 @@ func (sb *Sandbox) teardown(all bool) error {
 	}
 	return errors.Join(errs...)
 }
+
+// lowerUser is the name the sandbox holds its layers by: its
+// directory's, which is its own name but for a call's sandbox that
+// kept its primed one (adopt).
+func (sb *Sandbox) lowerUser() string { return filepath.Base(sb.dir) }
 
 // owner names the sandbox among every root's on this host.
 func (sb *Sandbox) owner() string {
