@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,14 +22,84 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
+func init() {
+	if os.Getenv(spendHelper) == "1" {
+		runtime.LockOSThread() // TestSpentThread's child: the main goroutine keeps the main thread
+	}
+}
+
+const spendHelper = "DSEC_TEST_SPEND_HELPER"
+
 func TestMain(m *testing.M) {
 	container.MaybeInit()
+	if os.Getenv(spendHelper) == "1" {
+		spendOnMainThread()
+	}
 	if os.Getenv("DSEC_TEST_INIT_HELPER") == "1" { // TestInitBinarySibling's child
 		p, err := container.InitBinary()
 		fmt.Printf("init binary: %s %v\n", p, err)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// spendOnMainThread is TestSpentThread's child: on the main thread, it
+// has spend run a function that enters a mount namespace of its own,
+// and prints the threads' ids and namespaces.
+func spendOnMainThread() {
+	if unix.Gettid() != os.Getpid() {
+		fmt.Println("not on the main thread")
+		os.Exit(1)
+	}
+	host, _ := os.Readlink("/proc/thread-self/ns/mnt")
+	var tid int
+	var ns string
+	done := make(chan struct{})
+	runtime.LockOSThread() // as onSpentThread's goroutine is
+	container.Spend(func() {
+		tid = unix.Gettid()
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		ns, _ = os.Readlink("/proc/thread-self/ns/mnt")
+	}, done)
+	<-done
+	main, _ := os.Readlink("/proc/thread-self/ns/mnt")
+	gone := false
+	for deadline := time.Now().Add(5 * time.Second); !gone && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		_, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid))
+		gone = os.IsNotExist(err)
+	}
+	fmt.Println(os.Getpid(), unix.Gettid(), tid, gone, host, main, ns)
+	os.Exit(0)
+}
+
+// TestSpentThread: work that leaves its thread in a sandbox's namespace
+// (Protect) never runs on the main thread, which Go would park for good
+// in that namespace instead of ending it: the main thread stays in the
+// host's namespace, and the thread that ran the work ends.
+func TestSpentThread(t *testing.T) {
+	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
+	cmd.Env = append(os.Environ(), spendHelper+"=1")
+	out, err := cmd.CombinedOutput()
+	f := strings.Fields(string(out))
+	if err != nil || len(f) != 7 {
+		t.Fatalf("%v: %s", err, out)
+	}
+	pid, main, tid, gone, host, mainNS, fnNS := f[0], f[1], f[2], f[3], f[4], f[5], f[6]
+	switch {
+	case main != pid:
+		t.Fatalf("the child ran off its main thread: %s", out)
+	case tid == pid:
+		t.Fatalf("the work ran on the main thread: %s", out)
+	case fnNS == host:
+		t.Fatalf("the work did not enter a namespace of its own: %s", out)
+	case mainNS != host:
+		t.Fatalf("the main thread is in namespace %s, not the host's %s", mainNS, host)
+	case gone != "true":
+		t.Fatalf("the thread %s that ran the work did not end", tid)
+	}
 }
 
 func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }

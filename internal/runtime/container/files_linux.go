@@ -30,16 +30,39 @@ func (s *Sandbox) Protect(readOnly, hidden []string) (missing []string, err erro
 		missing []string
 		err     error
 	}
-	c := make(chan result, 1)
-	go func() {
-		// The thread enters the sandbox's mount namespace and dies with
-		// the goroutine: never unlocked.
-		runtime.LockOSThread()
-		m, err := protect(s.pid, readOnly, hidden)
-		c <- result{m, err}
-	}()
-	r := <-c
+	var r result
+	onSpentThread(func() { // it enters the sandbox's mount namespace
+		r.missing, r.err = protect(s.pid, readOnly, hidden)
+	})
 	return r.missing, r.err
+}
+
+// onSpentThread runs fn on an OS thread that ends with it, for work that
+// changes its thread for good (a sandbox's namespace). Go ends the
+// thread of a goroutine that exits locked to it, but parks the main
+// thread instead, for good and as it is: the namespace fn left it in
+// would live as long as the process, and every mount in it (a
+// sandbox's overlay, its disk's loop device with it). So on the main
+// thread fn runs on another one.
+func onSpentThread(fn func()) {
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		spend(fn, done)
+	}()
+	<-done
+}
+
+// spend runs fn on the thread the caller is locked to, which then ends
+// with the caller's goroutine; on the main thread, on one of its own.
+func spend(fn func(), done chan<- struct{}) {
+	defer close(done)
+	if unix.Gettid() == unix.Getpid() {
+		onSpentThread(fn) // this thread is locked here: another runs it
+		runtime.UnlockOSThread()
+		return
+	}
+	fn()
 }
 
 func protect(pid int, readOnly, hidden []string) (missing []string, err error) {
