@@ -57,6 +57,12 @@ type Exec struct {
 	dir  string
 	done chan struct{}
 	res  Result
+	// journal: the result is written before it is told. Not in a call's
+	// sandbox (State.Pool): it runs one command, and goes before the
+	// worker does (a worker that starts removes those of one that died),
+	// so the exec in memory is all a replay finds. Its answer comes
+	// ~0.1 ms sooner.
+	journal bool
 }
 
 // StdoutPath and StderrPath are the journaled output files.
@@ -157,7 +163,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		cwd = st.Workdir
 	}
 	env := mergeEnv(defaultEnv, st.Env, spec.Env)
-	e = &Exec{ID: spec.ID, dir: dir, done: make(chan struct{})}
+	e = &Exec{ID: spec.ID, dir: dir, done: make(chan struct{}), journal: st.Pool == ""}
 	e.res.ID, e.res.Started = spec.ID, time.Now().UTC()
 	oomBefore := 0
 	if g != nil {
@@ -207,9 +213,11 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 // before the rename leaves no result: the next asks the init.
 func (e *Exec) finish() {
 	e.res.Finished = time.Now().UTC()
-	b, _ := json.Marshal(e.res)
-	if err := WriteFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
-		e.res.Err = "journal the result: " + err.Error()
+	if e.journal {
+		b, _ := json.Marshal(e.res)
+		if err := WriteFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
+			e.res.Err = "journal the result: " + err.Error()
+		}
 	}
 	close(e.done)
 }
@@ -268,7 +276,7 @@ func (sb *Sandbox) recoverExecs() {
 		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
 			continue
 		}
-		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{})}
+		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{}), journal: true}
 		e.res.ID = e.ID
 		if st, err := os.Stat(filepath.Join(dir, "stdout")); err == nil {
 			e.res.Started = st.ModTime().UTC()

@@ -155,6 +155,19 @@ func TestPrimed(t *testing.T) {
 	if out, code := sh(t, call, "1", "hostname; cat /work/hello"); code != 0 || out != "call\nfrom the workspace\n" {
 		t.Fatalf("exit %d, %q", code, out)
 	}
+	// Its command's result is told, not journaled (a persisting
+	// sandbox's is: second's); a replay finds the exec in memory.
+	if _, err := os.Stat(filepath.Join(second.Dir(), "execs", "1", "result.json")); err != nil {
+		t.Fatalf("second's result: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(pdir, "execs", "1", "result.json")); !os.IsNotExist(err) {
+		t.Fatalf("the call's result was journaled: %v", err)
+	}
+	if e, replayed, err := call.Run(ctx, runtime.ExecSpec{ID: "1", Args: []string{"false"}}); err != nil || !replayed {
+		t.Fatalf("replay of the call's exec: %v, replayed %v", err, replayed)
+	} else if res, err := e.Result(ctx); err != nil || res.ExitCode != 0 {
+		t.Fatalf("replayed result %+v, %v", res, err)
+	}
 	if got := primedState(t, pdir); got.Name == "call" {
 		t.Fatalf("the call's state was written: %+v", got)
 	}
