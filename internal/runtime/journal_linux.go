@@ -60,8 +60,8 @@ type Exec struct {
 	// journal: the result is written before it is told. Not in a call's
 	// sandbox (State.Pool): it runs one command, and goes before the
 	// worker does (a worker that starts removes those of one that died),
-	// so the exec in memory is all a replay finds. Its answer comes
-	// ~0.1 ms sooner.
+	// so the exec in memory is all a replay finds, and its answer
+	// waits for no file.
 	journal bool
 }
 

@@ -194,8 +194,8 @@ func (p *Primed) Close() {
 // never outlives its worker (a worker that starts removes the call
 // sandboxes of one that died, and SweepPrimed the primed ones), so its
 // state is not written, its layers keep their user and its directory
-// its primed name, which saves a create about 0.5 ms of ext4 metadata
-// updates. On an error pr is removed.
+// its primed name: ext4 metadata updates that took 0.7-0.8 ms of a
+// run --rm (BENCHMARKS.md). On an error pr is removed.
 func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
 	dir := sandboxDir(root, o.Name)
 	exists := func() error { return fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists) }
