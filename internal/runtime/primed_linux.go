@@ -2,8 +2,6 @@ package runtime
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -87,9 +85,7 @@ func (p *Primed) fill() {
 
 // make creates a primed sandbox on refs, which must still be key.
 func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
-	b := make([]byte, 6)
-	rand.Read(b)
-	o := Options{Name: primeTag + hex.EncodeToString(b), Layers: refs, Mounter: p.m}
+	o := Options{Name: RandomName(primeTag), Layers: refs, Mounter: p.m}
 	sb, err := create(context.Background(), p.root, o, nil)
 	if err != nil {
 		return nil, err

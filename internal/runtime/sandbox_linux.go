@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -154,6 +155,14 @@ type Sandbox struct {
 }
 
 var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
+
+// RandomName is prefix and 12 random hex digits: a name for a sandbox,
+// a spare's group or a primed sandbox that no other takes.
+func RandomName(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
 
 func sandboxDir(root, name string) string { return filepath.Join(root, "sandboxes", name) }
 

@@ -1,8 +1,6 @@
 package runtime
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -109,9 +107,7 @@ func fill(kick, stop <-chan struct{}, short func() bool, make func() error) {
 }
 
 func (s *Spares) start() (*spare, error) {
-	b := make([]byte, 6)
-	rand.Read(b)
-	name := cgroupName(s.root, spareTag+hex.EncodeToString(b))
+	name := cgroupName(s.root, RandomName(spareTag))
 	g, err := cgroup.New(name, cgroup.Limits{})
 	if err != nil {
 		return nil, err

@@ -42,7 +42,7 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.ID == "" {
-		req.ID = randomID("x-")
+		req.ID = runtime.RandomName("x-")
 	}
 	w.serveExec(rw, r, e.sb, req, body, api.Frame{})
 }
@@ -293,7 +293,7 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dir.Close()
-	tmp := ".dsec-put-" + randomID("")
+	tmp := ".dsec-put-" + runtime.RandomName("")
 	err = e.sb.AsRoot(func() error {
 		fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
 		if err != nil {

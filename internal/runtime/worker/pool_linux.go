@@ -182,7 +182,7 @@ func (w *worker) fill(ctx context.Context, p *pool) {
 			}
 		}
 		spec := p.Spec
-		spec.Name = randomID("pool-" + p.Name + "-")
+		spec.Name = runtime.RandomName("pool-" + p.Name + "-")
 		_, err := w.makeSandbox(ctx, spec, p.Name)
 		w.mu.Lock()
 		p.filling--
@@ -374,9 +374,9 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		info.Warm = false
 		switch {
 		case mark != runPool:
-			spec.Name = randomID("call-")
+			spec.Name = runtime.RandomName("call-")
 		case spec.Name == "":
-			spec.Name = randomID("sb-")
+			spec.Name = runtime.RandomName("sb-")
 		}
 		defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
 		var err error
@@ -429,7 +429,7 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 		first := ""
 		if pc.Size > 0 { // the template must work before the pool exists
 			spec := pc.Spec
-			spec.Name = randomID("pool-" + name + "-")
+			spec.Name = runtime.RandomName("pool-" + name + "-")
 			if _, err := w.makeSandbox(r.Context(), spec, name); err != nil {
 				fail(rw, fmt.Errorf("pool %s: its first sandbox: %w", name, err))
 				return

@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -349,12 +347,6 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-func randomID(prefix string) string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
 func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 	var spec api.SandboxSpec
 	if err := decode(r, &spec); err != nil {
@@ -426,7 +418,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		return nil, err
 	}
 	if spec.Name == "" {
-		spec.Name = randomID("sb-")
+		spec.Name = runtime.RandomName("sb-")
 	}
 	if err := runtime.ValidName(spec.Name); err != nil {
 		return nil, err
