@@ -177,7 +177,10 @@ func SweepSpares(root string, keep []string, spareLive bool) error {
 			continue
 		}
 		g, err := cgroup.Open(name)
-		if err != nil {
+		if err != nil { // only v1 directories left (an older worker's Remove)
+			if err := cgroup.RemoveLeftover(name); err != nil {
+				errs = append(errs, fmt.Errorf("spare group %s: %w", filepath.Base(name), err))
+			}
 			continue
 		}
 		if pids, _ := g.Pids(); spareLive && len(pids) > 0 {

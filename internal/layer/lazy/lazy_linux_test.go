@@ -641,3 +641,38 @@ func TestConcurrentMountsShareOneFetcher(t *testing.T) {
 		t.Fatalf("%d mounts, want %d", n, len(dirs))
 	}
 }
+
+// A mount that comes while the layer's fetcher is on its way out (idle,
+// its ready file gone, its lock still held) starts a new fetcher once the
+// lock is free, and does not wait for the one leaving.
+func TestMountWhileFetcherLeaves(t *testing.T) {
+	e := setup(t, dataTree(t))
+	cache := lazy.Dir(e.root, e.info.Digest)
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(cache, "fetcher.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil { // the leaving fetcher's
+		t.Fatal(err)
+	}
+	time.AfterFunc(500*time.Millisecond, func() { lock.Close() }) // it exits
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	start := time.Now()
+	err = lazy.Mount(ctx, e.root, e.spec(0), e.desc.Windows, dir, lazy.Start{Path: os.Args[0]})
+	os.Unsetenv("DSEC_TEST_FETCHER")
+	if err != nil {
+		t.Fatalf("mount while the fetcher left: %v", err)
+	}
+	t.Cleanup(func() { e.umount(t, dir) })
+	t.Logf("mounted %v after the call, the lock freed at 500ms", time.Since(start).Round(time.Millisecond))
+	if b, err := os.ReadFile(filepath.Join(dir, "blob3")); err != nil || len(b) == 0 {
+		t.Fatalf("read through the new fetcher: %d bytes, %v", len(b), err)
+	}
+}

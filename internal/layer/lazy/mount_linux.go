@@ -118,21 +118,16 @@ func fetcherPID(dir string) int {
 
 // startFetcher runs the fetcher in a session of its own, so it outlives
 // the command that started it, and waits until its FUSE file is served.
+// A fetcher that finds the layer's lock held exits cleanly: another one
+// serves the layer, is about to, or is on its way out (no mount used it
+// for its idle time). For that last, a new one starts once the lock is
+// free and no fetcher is ready.
 func startFetcher(ctx context.Context, dir string, start Start) error {
 	os.Remove(filepath.Join(dir, "fetcher.ready"))
-	logf, err := os.OpenFile(filepath.Join(dir, "fetcher.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	exited, err := launchFetcher(dir, start)
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(start.Path, append(append([]string(nil), start.Args...), dir)...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start fetcher: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	deadline := time.NewTimer(2 * time.Minute)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -143,8 +138,6 @@ func startFetcher(ctx context.Context, dir string, start Start) error {
 			if err != nil {
 				return fmt.Errorf("fetcher for %s exited (%v): %s", dir, err, lastLine(filepath.Join(dir, "fetcher.log")))
 			}
-			// A clean exit: another fetcher holds the layer and serves
-			// it, or is about to. Keep waiting for it to be ready.
 			exited = nil
 		case <-deadline.C:
 			return fmt.Errorf("fetcher for %s did not become ready in 2 minutes: %s", dir, lastLine(filepath.Join(dir, "fetcher.log")))
@@ -154,8 +147,41 @@ func startFetcher(ctx context.Context, dir string, start Start) error {
 			if _, err := os.Stat(filepath.Join(dir, "fetcher.ready")); err == nil {
 				return nil // the process lives on; Wait's goroutine ends with us
 			}
+			if exited == nil && lockFree(dir) {
+				if exited, err = launchFetcher(dir, start); err != nil {
+					return err
+				}
+			}
 		}
 	}
+}
+
+// launchFetcher starts a fetcher for dir; its exit arrives on the channel.
+func launchFetcher(dir string, start Start) (<-chan error, error) {
+	logf, err := os.OpenFile(filepath.Join(dir, "fetcher.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(start.Path, append(append([]string(nil), start.Args...), dir)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start fetcher: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return exited, nil
+}
+
+// lockFree reports whether no fetcher holds dir's lock (Serve's flock).
+func lockFree(dir string) bool {
+	f, err := os.OpenFile(filepath.Join(dir, "fetcher.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return false
+	}
+	defer f.Close() // the lock goes with the file
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil
 }
 
 func lastLine(p string) string {

@@ -70,8 +70,8 @@ func write(dir, file, value string) error {
 // New makes the group name with limits. A name already in use is an
 // error; Remove takes it away.
 func New(name string, l Limits) (*Group, error) {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-		return nil, fmt.Errorf("cgroup: bad name %q", name)
+	if err := checkName(name); err != nil {
+		return nil, err
 	}
 	g := layout(name, l.Idle)
 	if g.pure {
@@ -113,6 +113,13 @@ func New(name string, l Limits) (*Group, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+func checkName(name string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return fmt.Errorf("cgroup: bad name %q", name)
+	}
+	return nil
 }
 
 // layout says where the group name lives: an idle group's CPU
@@ -414,26 +421,52 @@ func (g *Group) MemoryCharged() (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// Remove deletes the group; it must hold no process (Kill first).
+// Remove deletes the group; it must hold no process (Kill first). The
+// cgroup2 directory goes last, and only when all the v1 ones have gone:
+// Open finds a group by it, so a group one of whose v1 directories would
+// not go yet (a killed task still exiting) can be removed again later.
 func (g *Group) Remove() error {
-	var errs []error
-	// The cgroup2 directory last: Open finds a group by it, so a group
-	// one of whose v1 directories would not go yet can be removed again.
 	dirs := g.dirs()
-	for _, d := range append(dirs[1:], dirs[0]) {
-		var err error
-		for i := 0; i < 100; i++ { // a just-killed task may linger a moment
-			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if err != nil {
+	var errs []error
+	for _, d := range dirs[1:] {
+		if err := rmdir(d); err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		os.Remove(filepath.Dir(d)) // a parent goes with its last group
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return rmdir(dirs[0])
+}
+
+// rmdir removes a group's directory, and its parent with its last group.
+func rmdir(d string) error {
+	var err error
+	for i := 0; i < 100; i++ { // a just-killed task may linger a moment
+		if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+			os.Remove(filepath.Dir(d))
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return err
+}
+
+// RemoveLeftover removes what directories of group name remain when Open
+// cannot find it (its cgroup2 directory gone, a v1 one left behind by a
+// worker before Remove kept the cgroup2 directory for a second try).
+// They must hold no process.
+func RemoveLeftover(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	var errs []error
+	for _, idle := range []bool{false, true} {
+		for _, d := range layout(name, idle).dirs() {
+			if err := rmdir(d); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -257,3 +257,67 @@ func TestCPUUsageAndReclaim(t *testing.T) {
 		t.Fatalf("reclaim took charged memory from %d to %d bytes", before, after)
 	}
 }
+
+// A v1 directory that will not go keeps the cgroup2 one, by which Open
+// finds the group for a second Remove; RemoveLeftover clears what a
+// Remove that did not keep it left.
+func TestRemoveKeepsGroupFindable(t *testing.T) {
+	layertest.RequireRoot(t)
+	if isPureV2() {
+		t.Skip("pure cgroup v2 host: a group has no v1 directories to be left behind")
+	}
+	name := fmt.Sprintf("test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	freezer := filepath.Join(cgroup.Root, "freezer", cgroup.Parent, name)
+	g, err := cgroup.New(name, cgroup.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(filepath.Join(freezer, "pin")); cgroup.RemoveLeftover(name) })
+	if err := os.Mkdir(filepath.Join(freezer, "pin"), 0o755); err != nil { // rmdir of the group now fails
+		t.Fatal(err)
+	}
+	if err := g.Remove(); err == nil {
+		t.Fatal("Remove of a group whose freezer directory has a child succeeded")
+	}
+	if _, err := os.Stat(g.Path()); err != nil {
+		t.Fatalf("the cgroup2 directory went while a v1 one stayed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cgroup.Root, "memory", cgroup.Parent, name)); err == nil {
+		t.Error("the memory directory stayed though it could go")
+	}
+	if err := os.Remove(filepath.Join(freezer, "pin")); err != nil {
+		t.Fatal(err)
+	}
+	again, err := cgroup.Open(name)
+	if err != nil {
+		t.Fatalf("Open after a failed Remove: %v", err)
+	}
+	if err := again.Remove(); err != nil {
+		t.Fatalf("second Remove: %v", err)
+	}
+	for _, d := range []string{g.Path(), freezer} {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("%s stayed after the second Remove", d)
+		}
+	}
+
+	// A group an older worker left with only v1 directories.
+	g, err = cgroup.New(name, cgroup.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(g.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cgroup.Open(name); err == nil {
+		t.Fatal("Open found a group without its cgroup2 directory")
+	}
+	if err := cgroup.RemoveLeftover(name); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"memory", "cpu", "pids", "freezer"} {
+		if _, err := os.Stat(filepath.Join(cgroup.Root, c, cgroup.Parent, name)); err == nil {
+			t.Errorf("RemoveLeftover left the %s directory", c)
+		}
+	}
+}
