@@ -291,6 +291,14 @@ func (s *Sandbox) SetHostname(name string) error {
 	c := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Go parks, rather than ends, a main thread left locked: one
+			// that could not come back would stay in the sandbox's
+			// namespace for good. Another thread does it.
+			c <- s.SetHostname(name)
+			runtime.UnlockOSThread()
+			return
+		}
 		back, err := setHostname(s.pid, name)
 		if back { // the thread is the host's again: it may serve others
 			runtime.UnlockOSThread()
