@@ -284,7 +284,7 @@ func (a *app) layerFetcher() *cobra.Command {
 		Args:   exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Not cmd.Context(): SIGTERM cancels that, and for a fetcher
-			// SIGTERM means "exit if no mount uses the layer", which Serve
+			// SIGTERM means "exit soon if no mount uses the layer", which Serve
 			// decides itself.
 			err := lazy.Serve(context.Background(), args[0], idle, a.log)
 			if errors.Is(err, lazy.ErrBusy) {

@@ -283,6 +283,10 @@ func Users(dir string) int {
 	return n
 }
 
+// termGrace is how long a fetcher told to exit (SIGTERM: its last mount
+// went) still waits for a new mount.
+const termGrace = time.Second
+
 // Serve runs a layer's fetcher until no mount has used it for idle. It
 // fetches block 0 and the metadata region first, mounts the FUSE file and
 // writes fetcher.ready.
@@ -380,7 +384,11 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	for {
 		select {
 		case <-term:
-			idleSince = time.Time{} // check now
+			// Exit soon, but not at once: a mount may have found this
+			// fetcher ready and not yet mounted its file.
+			if soon := time.Now().Add(termGrace - idle); soon.Before(idleSince) {
+				idleSince = soon
+			}
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
@@ -390,7 +398,8 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 			idleSince = time.Now()
 			continue
 		}
-		if idleSince.IsZero() || time.Since(idleSince) >= idle {
+		if time.Since(idleSince) >= idle {
+			os.Remove(filepath.Join(dir, "fetcher.ready")) // first: no new mount finds it ready
 			f.writeStats()
 			log.Info("no mount uses the layer: exiting", "layer", spec.Ref)
 			return nil

@@ -31,7 +31,11 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("DSEC_TEST_FETCHER") == "1" {
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], 300*time.Millisecond, log)
+		idle := 300 * time.Millisecond
+		if d, err := time.ParseDuration(os.Getenv("DSEC_TEST_FETCHER_IDLE")); err == nil {
+			idle = d
+		}
+		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], idle, log)
 		if err != nil && !errors.Is(err, lazy.ErrBusy) {
 			fmt.Fprintln(os.Stderr, "fetcher:", err)
 			os.Exit(1)
@@ -674,5 +678,34 @@ func TestMountWhileFetcherLeaves(t *testing.T) {
 	t.Logf("mounted %v after the call, the lock freed at 500ms", time.Since(start).Round(time.Millisecond))
 	if b, err := os.ReadFile(filepath.Join(dir, "blob3")); err != nil || len(b) == 0 {
 		t.Fatalf("read through the new fetcher: %d bytes, %v", len(b), err)
+	}
+}
+
+// A fetcher told to exit (its last mount went) still serves a mount that
+// comes soon after: it waits a moment (termGrace) before it counts its
+// mounts, for a mount that found it ready just before the signal.
+func TestFetcherTermGrace(t *testing.T) {
+	e := setup(t, dataTree(t))
+	cache := lazy.Dir(e.root, e.info.Digest)
+	t.Setenv("DSEC_TEST_FETCHER_IDLE", "1m") // only the signal ends it
+	a := e.mountWith(t, func(*lazy.Spec) {})
+	pid := pidOf(cache)
+	if err := unix.Unmount(a, 0); err != nil { // not lazy.Unmount: the test sends the signal
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the signal is handled; the mount comes within the grace
+	b := e.mount(t, 0)
+	if got := pidOf(cache); got != pid {
+		t.Errorf("the mount after SIGTERM is served by fetcher %d, not %d", got, pid)
+	}
+	if data, err := os.ReadFile(filepath.Join(b, "blob3")); err != nil || len(data) == 0 {
+		t.Fatalf("read after SIGTERM: %d bytes, %v", len(data), err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the grace
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("fetcher %d exited with a mount using it: %v", pid, err)
 	}
 }
