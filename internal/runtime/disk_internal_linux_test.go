@@ -2,8 +2,11 @@ package runtime
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -46,5 +49,29 @@ func TestDiskTemplate(t *testing.T) {
 	}
 	if err := makeDisk(b, size); err == nil {
 		t.Error("made a disk over an existing one")
+	}
+}
+
+// TestMountHolders: a file system mounted in a namespace is found in its
+// processes' mount tables, and in none once unmounted.
+func TestMountHolders(t *testing.T) {
+	layertest.RequireRoot(t)
+	d := t.TempDir()
+	if err := syscall.Mount("tmpfs", d, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(d, &st); err != nil {
+		t.Fatal(err)
+	}
+	self := strconv.Itoa(os.Getpid()) + " ("
+	if h := mountHolders(st.Dev); !slices.ContainsFunc(h, func(s string) bool { return strings.HasPrefix(s, self) }) {
+		t.Errorf("mounted, holders %v do not name this process %s", h, self)
+	}
+	if err := syscall.Unmount(d, 0); err != nil {
+		t.Fatal(err)
+	}
+	if h := mountHolders(st.Dev); !slices.Equal(h, []string{"none"}) {
+		t.Errorf("unmounted, holders %v", h)
 	}
 }

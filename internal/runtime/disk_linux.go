@@ -210,7 +210,29 @@ func unmountDisk(dir string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("disk quota: loop%d still holds %s 30 s after the unmount", unix.Minor(st.Dev), diskImage(dir))
+	return fmt.Errorf("disk quota: loop%d still holds %s 30 s after the unmount (mounted in the namespaces of: %s)",
+		unix.Minor(st.Dev), diskImage(dir), strings.Join(mountHolders(st.Dev), ", "))
+}
+
+// mountHolders names the processes whose mount namespaces still have a
+// file system on device dev mounted, "none" if no process does (then an
+// open file or a working directory on it keeps it).
+func mountHolders(dev uint64) []string {
+	id := fmt.Sprintf(" %d:%d ", unix.Major(dev), unix.Minor(dev))
+	var out []string
+	pids, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range pids {
+		b, err := os.ReadFile(p + "/mountinfo")
+		if err != nil || !bytes.Contains(b, []byte(id)) {
+			continue
+		}
+		comm, _ := os.ReadFile(p + "/comm")
+		out = append(out, fmt.Sprintf("%s (%s)", filepath.Base(p), strings.TrimSpace(string(comm))))
+	}
+	if len(out) == 0 {
+		return []string{"none"}
+	}
+	return out
 }
 
 // loopMajor is the block major number of loop devices.
