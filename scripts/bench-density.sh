@@ -29,7 +29,7 @@ for p in p50 p99; do
 	printf '%-58s %8s ms %8s ms %8s\n' "FnCall warm call vs exec in a running sandbox, $p" "$(metric "$fn" call-$p-ms)" "$(metric "$fn" exec-$p-ms)" \
 		"$(ratio "$(metric "$fn" call-$p-ms)" "$(metric "$fn" exec-$p-ms)")"
 done
-for p in p50 p99; do
+for p in p50 mean p99; do
 	printf '%-58s %8s ms %8s ms %8s\n' "exec, 50% CPU of batch load vs alone, $p" "$(metric "$intf" batch-load-$p-ms)" "$(metric "$intf" alone-$p-ms)" \
 		"$(ratio "$(metric "$intf" batch-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")"
 	printf '%-58s %8s ms %8s ms %8s\n' "  exec alone, a second time vs the first (the resolution), $p" "$(metric "$intf" alone-again-$p-ms)" "$(metric "$intf" alone-$p-ms)" \

@@ -125,9 +125,19 @@ func BenchmarkInterference(b *testing.B) {
 		class string
 		into  *[]time.Duration
 	}{{"", &alone}, {api.SchedBatch, &mapped}, {"", &again}, {api.SchedLatency, &unmapped}}
+	// DSEC_BENCH_TRACE=1 marks each exec in the kernel's trace
+	// (scripts/trace-interference.sh reads them).
+	var mark *os.File
+	if os.Getenv("DSEC_BENCH_TRACE") == "1" {
+		if mark, err = os.OpenFile("/sys/kernel/tracing/trace_marker", os.O_WRONLY, 0); err != nil {
+			b.Fatal(err)
+		}
+		defer mark.Close()
+	}
+	names := []string{"alone", "batch", "again", "unmapped"}
 	steal0, total0 := cpuTimes(b)
 	for b.Loop() {
-		for _, ph := range phases {
+		for p, ph := range phases {
 			if ph.class != "" {
 				b.StopTimer()
 				spin(ph.class, true)
@@ -135,7 +145,13 @@ func BenchmarkInterference(b *testing.B) {
 			}
 			for i := 0; i < 10; i++ {
 				time.Sleep(2 * time.Millisecond)
+				if mark != nil {
+					fmt.Fprintf(mark, "dsecx %s b\n", names[p])
+				}
 				*ph.into = append(*ph.into, execTrue(b, lat))
+				if mark != nil {
+					fmt.Fprintf(mark, "dsecx %s e\n", names[p])
+				}
 			}
 			if ph.class != "" {
 				b.StopTimer()
@@ -148,10 +164,22 @@ func BenchmarkInterference(b *testing.B) {
 	// a run with much of it measured the host's neighbours, not dsec.
 	steal1, total1 := cpuTimes(b)
 	b.ReportMetric(100*float64(steal1-steal0)/float64(max(1, total1-total0)), "steal-%")
-	report(b, "alone", alone)
-	report(b, "alone-again", again)
-	report(b, "batch-load", mapped)
-	report(b, "unmapped-load", unmapped)
+	for _, r := range []struct {
+		name string
+		d    []time.Duration
+	}{{"alone", alone}, {"alone-again", again}, {"batch-load", mapped}, {"unmapped-load", unmapped}} {
+		report(b, r.name, r.d)
+		b.ReportMetric(float64(mean(r.d).Microseconds())/1000, r.name+"-mean-ms")
+	}
+}
+
+// mean is the average of d.
+func mean(d []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, x := range d {
+		sum += x
+	}
+	return sum / time.Duration(max(1, len(d)))
 }
 
 // cpuTimes reads the host's stolen and total CPU time (/proc/stat, in
