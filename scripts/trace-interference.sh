@@ -10,13 +10,18 @@ set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "trace-interference: needs root (tracefs, cgroups)" >&2; exit 1; }
 T=/sys/kernel/tracing
 [ -w $T/trace_marker ] || { echo "trace-interference: no tracefs at $T: mount -t tracefs tracefs $T" >&2; exit 1; }
+[ -x "${DSEC_INIT:-bin/dsec-init}" ] || { echo "trace-interference: no ${DSEC_INIT:-bin/dsec-init}: run make build first" >&2; exit 1; }
 out=$(mktemp -d)
-cleanup() { echo 0 > $T/tracing_on; echo > $T/set_event; echo > $T/trace; echo "$size" > $T/buffer_size_kb; rm -rf "$out"; }
-size=$(cat $T/buffer_size_kb)
+# The tracing state is the host's: put back what was there.
+size=$(cat $T/buffer_size_kb) on=$(cat $T/tracing_on) events=$(cat $T/set_event)
+cleanup() {
+	echo 0 > $T/tracing_on; echo > $T/set_event; echo > $T/trace; echo "$size" > $T/buffer_size_kb
+	[ -z "$events" ] || echo "$events" > $T/set_event
+	echo "$on" > $T/tracing_on; rm -rf "$out"
+}
 trap cleanup EXIT
 echo 0 > $T/tracing_on; echo > $T/trace; echo 65536 > $T/buffer_size_kb
 echo 'sched:sched_switch sched:sched_wakeup sched:sched_wakeup_new' | tr ' ' '\n' > $T/set_event
-[ -x "${DSEC_INIT:-bin/dsec-init}" ] || { echo "trace-interference: no ${DSEC_INIT:-bin/dsec-init}: run make build first" >&2; exit 1; }
 echo 1 > $T/tracing_on
 DSEC_INIT=$(realpath "${DSEC_INIT:-bin/dsec-init}") DSEC_BENCH_TRACE=1 \
 	go test -run '^$' -bench BenchmarkInterference -benchtime "${1:-40}x" ./sdk/ | grep '^Benchmark'
