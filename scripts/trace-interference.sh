@@ -44,7 +44,7 @@ function field(name,   i) { for (i = 1; i <= NF; i++) if (index($i, name "=") ==
 	if (np != 0) running[np] = 1
 	if (np in ready) {
 		w = ts - ready[np]; delete ready[np]
-		if (inexec && phase == "batch" && pc == "sh" && w > 0.001) {
+		if (inexec && phase == "batch-load" && pc == "sh" && w > 0.001) {
 			n++; sum += w; end[n] = ts; endcpu[n] = cpu
 			bin[cpu, int((ts * 1e6) % 4000 / 250)]++
 		}

@@ -122,9 +122,9 @@ func BenchmarkInterference(b *testing.B) {
 	// same condition differ here is the figure's resolution.
 	var alone, mapped, again, unmapped []time.Duration
 	phases := []struct {
-		class string
-		into  *[]time.Duration
-	}{{"", &alone}, {api.SchedBatch, &mapped}, {"", &again}, {api.SchedLatency, &unmapped}}
+		name, class string
+		into        *[]time.Duration
+	}{{"alone", "", &alone}, {"batch-load", api.SchedBatch, &mapped}, {"alone-again", "", &again}, {"unmapped-load", api.SchedLatency, &unmapped}}
 	// DSEC_BENCH_TRACE=1 marks each exec in the kernel's trace
 	// (scripts/trace-interference.sh reads them).
 	var mark *os.File
@@ -134,10 +134,9 @@ func BenchmarkInterference(b *testing.B) {
 		}
 		defer mark.Close()
 	}
-	names := []string{"alone", "batch", "again", "unmapped"}
 	steal0, total0 := cpuTimes(b)
 	for b.Loop() {
-		for p, ph := range phases {
+		for _, ph := range phases {
 			if ph.class != "" {
 				b.StopTimer()
 				spin(ph.class, true)
@@ -146,11 +145,11 @@ func BenchmarkInterference(b *testing.B) {
 			for i := 0; i < 10; i++ {
 				time.Sleep(2 * time.Millisecond)
 				if mark != nil {
-					fmt.Fprintf(mark, "dsecx %s b\n", names[p])
+					fmt.Fprintf(mark, "dsecx %s b\n", ph.name)
 				}
 				*ph.into = append(*ph.into, execTrue(b, lat))
 				if mark != nil {
-					fmt.Fprintf(mark, "dsecx %s e\n", names[p])
+					fmt.Fprintf(mark, "dsecx %s e\n", ph.name)
 				}
 			}
 			if ph.class != "" {
@@ -164,12 +163,9 @@ func BenchmarkInterference(b *testing.B) {
 	// a run with much of it measured the host's neighbours, not dsec.
 	steal1, total1 := cpuTimes(b)
 	b.ReportMetric(100*float64(steal1-steal0)/float64(max(1, total1-total0)), "steal-%")
-	for _, r := range []struct {
-		name string
-		d    []time.Duration
-	}{{"alone", alone}, {"alone-again", again}, {"batch-load", mapped}, {"unmapped-load", unmapped}} {
-		report(b, r.name, r.d)
-		b.ReportMetric(float64(mean(r.d).Microseconds())/1000, r.name+"-mean-ms")
+	for _, ph := range phases {
+		report(b, ph.name, *ph.into)
+		b.ReportMetric(float64(mean(*ph.into).Microseconds())/1000, ph.name+"-mean-ms")
 	}
 }
 

@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -9,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 )
@@ -52,26 +56,34 @@ func TestDiskTemplate(t *testing.T) {
 	}
 }
 
-// TestMountHolders: a file system mounted in a namespace is found in its
-// processes' mount tables, and in none once unmounted.
+// TestMountHolders: a file system mounted in another mount namespace
+// names that namespace's process, not this one's. (The device number of
+// a tmpfs is reused once it goes, so the test holds it while it looks.)
 func TestMountHolders(t *testing.T) {
 	layertest.RequireRoot(t)
-	d := t.TempDir()
-	if err := syscall.Mount("tmpfs", d, "tmpfs", 0, ""); err != nil {
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs t "$0" && mountpoint -d "$0" && exec sleep 60`, t.TempDir())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
 		t.Fatal(err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(d, &st); err != nil {
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	self := strconv.Itoa(os.Getpid()) + " ("
-	if h := mountHolders(st.Dev); !slices.ContainsFunc(h, func(s string) bool { return strings.HasPrefix(s, self) }) {
-		t.Errorf("mounted, holders %v do not name this process %s", h, self)
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	var major, minor uint32
+	if _, err2 := fmt.Sscanf(line, "%d:%d", &major, &minor); err != nil || err2 != nil {
+		t.Fatalf("the child's mount: %q, %v, %v", line, err, err2)
 	}
-	if err := syscall.Unmount(d, 0); err != nil {
-		t.Fatal(err)
+	h := mountHolders(unix.Mkdev(major, minor))
+	has := func(pid int) bool {
+		return slices.ContainsFunc(h, func(s string) bool { return strings.HasPrefix(s, strconv.Itoa(pid)+" (") })
 	}
-	if h := mountHolders(st.Dev); !slices.Equal(h, []string{"none"}) {
-		t.Errorf("unmounted, holders %v", h)
+	if !has(cmd.Process.Pid) || has(os.Getpid()) {
+		t.Errorf("holders of %d:%d are %v: want the child %d, not this process %d", major, minor, h, cmd.Process.Pid, os.Getpid())
+	}
+	if h := mountHolders(unix.Mkdev(0, 0)); !slices.Equal(h, []string{"none"}) {
+		t.Errorf("holders of a device nothing mounts: %v", h)
 	}
 }
