@@ -45,7 +45,8 @@ func Attach(tree int, target string) error {
 // owns what the host's root owns in the layers, and what it writes is
 // stored as the host's root would have it. The layers are handed to
 // overlayfs as descriptors of detached idmapped clones (Linux >= 6.13);
-// nothing is attached on the host but the overlay itself.
+// nothing is attached on the host but the overlay itself, nodev: a
+// device node made in the sandbox never opens.
 func OverlayIDMapped(lowers []string, base, target string, userns int, root uint32) (err error) {
 	var fds []int
 	defer func() {
@@ -101,7 +102,7 @@ func OverlayIDMapped(lowers []string, base, target string, userns int, root uint
 	if err := asCreator(root, func() error { return unix.FsconfigCreate(fs) }); err != nil {
 		return fmt.Errorf("overlay on %s: %w", target, err)
 	}
-	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
 	if err != nil {
 		return fmt.Errorf("overlay on %s: %w", target, err)
 	}

@@ -28,3 +28,11 @@ func SeccompDeny(names []string) ([]byte, error) {
 
 // ReleaseNetwork has nothing to release off Linux.
 func ReleaseNetwork(cg string, entries []Entry) error { return nil }
+
+// ApplyDevices needs Linux cgroup BPF.
+func ApplyDevices(cg string) error {
+	return fmt.Errorf("device policy: %w", errdefs.ErrNotImplemented)
+}
+
+// DevicesAttached is false off Linux.
+func DevicesAttached(cg string) bool { return false }

@@ -88,17 +88,24 @@ func xfsImage(t *testing.T) (dir, dev string) {
 // pid (the sandbox's init), as a test harness would hand it a volume.
 func mountInto(t *testing.T, pid int, dev, target string) {
 	t.Helper()
+	mountFSInto(t, pid, "xfs", dev, target)
+}
+
+// mountFSInto mounts a file system of type fstype from source at target
+// inside the mount namespace of pid, without nodev.
+func mountFSInto(t *testing.T, pid int, fstype, source, target string) {
+	t.Helper()
 	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	fs, err := unix.Fsopen("xfs", unix.FSOPEN_CLOEXEC)
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fs)
-	if err := unix.FsconfigSetString(fs, "source", dev); err != nil {
+	if err := unix.FsconfigSetString(fs, "source", source); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {
@@ -126,7 +133,7 @@ func mountInto(t *testing.T, pid int, dev, target string) {
 		errc <- unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
 	}()
 	if err := <-errc; err != nil {
-		t.Fatalf("mount XFS into the sandbox: %v", err)
+		t.Fatalf("mount %s into the sandbox: %v", fstype, err)
 	}
 }
 
@@ -150,7 +157,8 @@ func TestAttackSuite(t *testing.T) {
 
 	// Control 1: the host, root, in namespaces of its own so that what
 	// goes through changes nothing.
-	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9"}
+	blk := blockDevices(t, xfsDev)
+	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9", "-devdir", t.TempDir(), "-blk", blk}
 	cmd := exec.Command(bin, hostArgs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
 	out, err := cmd.Output()
@@ -198,7 +206,10 @@ func TestAttackSuite(t *testing.T) {
 		b, _ := os.ReadFile(e.StdoutPath())
 		return results(t, string(b))
 	}
-	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53")
+	// A volume a harness hands the sandbox, without nodev: there only
+	// the device allowlist stands between a node and its device.
+	mountFSInto(t, sb.Snapshot().Pid, "tmpfs", "tmpfs", "/mnt/dev")
+	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53", "-devdir", "/mnt/dev", "-blk", blk)
 	allowedPort := run("-dir", "/tmp", "-tcp", "127.0.0.1:18081")
 
 	for _, name := range denied {
@@ -232,10 +243,86 @@ func TestAttackSuite(t *testing.T) {
 			t.Errorf("%s to the allowed port: %s, want ECONNREFUSED", name, got)
 		}
 	}
+	checkDevices(t, host, inside)
 	if host["XFS_IOC_SWAPEXT"] == "ENOTTY" {
 		t.Errorf("XFS_IOC_SWAPEXT on the host's XFS: ENOTTY: the control did not reach XFS")
 	}
 	t.Logf("%d attempts; host control %d reached the kernel; inside: %v", len(inside), len(host), inside)
+}
+
+// blockDevices names the host's block devices the attacker makes nodes
+// of: the loop device holding a disk (another sandbox's, in life), the
+// host's first disk, and nbd (which need not exist: the open must be
+// refused before any driver is asked).
+func blockDevices(t *testing.T, loop string) string {
+	t.Helper()
+	devOf := func(sys string) string {
+		b, err := os.ReadFile(filepath.Join(sys, "dev"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	out := []string{"loop=" + devOf("/sys/class/block/"+filepath.Base(loop)), "nbd=43:0"}
+	// The first disk the host lets its root open (these VMs' host
+	// refuses its own root disk to root: no control could show it).
+	var disks []string
+	for _, pat := range []string{"/sys/block/vd*", "/sys/block/sd*", "/sys/block/nvme*", "/sys/block/xvd*", "/sys/block/zram*"} {
+		m, _ := filepath.Glob(pat)
+		disks = append(disks, m...)
+	}
+	for _, d := range disks {
+		if f, err := os.Open("/dev/" + filepath.Base(d)); err == nil {
+			f.Close()
+			out = append(out, "disk="+devOf(d))
+			break
+		}
+		t.Logf("the host refuses its root to open /dev/%s: not an attempt", filepath.Base(d))
+	}
+	if m, _ := filepath.Glob("/sys/block/dm-*"); len(m) > 0 {
+		out = append(out, "dm="+devOf(m[0]))
+	}
+	return strings.Join(out, ",")
+}
+
+// checkDevices holds the attacker's device attempts to the allowlist: on
+// the host every node opens (or its driver answers), so the attempt
+// reaches a device; in the sandbox root may make any node, the allowlist
+// refuses its open (EPERM) where the mount would allow it, and the
+// sandbox's own root, nodev, refuses it first (EACCES); /dev opens.
+func checkDevices(t *testing.T, host, inside map[string]string) {
+	t.Helper()
+	n := 0
+	for name, h := range host {
+		dev, ok := strings.CutPrefix(name, "open ")
+		if !ok || strings.HasPrefix(dev, "/dev/") || strings.HasSuffix(dev, " (nodev)") {
+			continue
+		}
+		n++
+		if h == "EPERM" || h == "EACCES" {
+			t.Errorf("positive control: open %s on the host: %s: the attempt proves nothing", dev, h)
+		}
+		if got := inside["mknod "+dev]; got != "ok" {
+			t.Errorf("mknod %s in the sandbox: %s, want ok (made, never opened)", dev, got)
+		}
+		if got := inside[name]; got != "EPERM" {
+			t.Errorf("open %s in the sandbox on a mount without nodev: %s, want EPERM (host: %s)", dev, got, h)
+		}
+		if got := inside[name+" (nodev)"]; got != "EACCES" {
+			t.Errorf("open %s made in the sandbox's root: %s, want EACCES (nodev)", dev, got)
+		}
+	}
+	if n < 12 {
+		t.Errorf("only %d device attempts", n)
+	}
+	for _, d := range []string{"null", "zero", "full", "random", "urandom", "ptmx"} {
+		if got := inside["open /dev/"+d]; got != "ok" {
+			t.Errorf("open /dev/%s in the sandbox: %s", d, got)
+		}
+	}
+	if got := inside["open /dev/tty"]; got != "ENXIO" && got != "ok" { // no controlling terminal: ENXIO
+		t.Errorf("open /dev/tty in the sandbox: %s", got)
+	}
 }
 
 // buildHarness builds harness:1, a toolkit with its own busybox under

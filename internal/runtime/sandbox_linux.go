@@ -341,7 +341,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 		sb.IDs = ids
-		if sb.g, err = cgroup.New(sb.CgroupName, sb.Limits); err != nil {
+		if sb.g, err = newGroup(sb.CgroupName, sb.Limits); err != nil {
 			return err
 		}
 		if own, err = container.Prestart(sb.g.Add, ids); err != nil {
@@ -358,6 +358,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		}
 	} else {
 		ov := mount.Overlay(lowers, sb.Upper(), sb.work())
+		ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
 		if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
 			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
 		}
@@ -375,7 +376,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 				return err
 			}
 		} else {
-			g, err := cgroup.New(sb.CgroupName, sb.Limits)
+			g, err := newGroup(sb.CgroupName, sb.Limits)
 			if err != nil {
 				return err
 			}

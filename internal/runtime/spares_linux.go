@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -108,7 +109,7 @@ func fill(kick, stop <-chan struct{}, short func() bool, make func() error) {
 
 func (s *Spares) start() (*spare, error) {
 	name := cgroupName(s.root, RandomName(spareTag))
-	g, err := cgroup.New(name, cgroup.Limits{})
+	g, err := newGroup(name, cgroup.Limits{})
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +120,26 @@ func (s *Spares) start() (*spare, error) {
 		return nil, fmt.Errorf("spare init: %w", err)
 	}
 	return &spare{init: init, g: g, name: name}, nil
+}
+
+// newGroup makes a sandbox's cgroup, held to the device allowlist (the
+// cgroup2 program and, where the host mounts it, the v1 controller)
+// before any process is in it: every sandbox gets its group here, a
+// spare's included, and a re-adopted one keeps what it was given.
+func newGroup(name string, l cgroup.Limits) (*cgroup.Group, error) {
+	g, err := cgroup.New(name, l)
+	if err != nil {
+		return nil, err
+	}
+	err = policy.ApplyDevices(g.Path())
+	if err == nil {
+		err = g.AllowDevices(policy.DevicesV1())
+	}
+	if err != nil {
+		g.Remove()
+		return nil, err
+	}
+	return g, nil
 }
 
 // take returns a ready spare, or nil when none is.

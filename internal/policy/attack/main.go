@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -93,6 +94,8 @@ func main() {
 	tcp := flag.String("tcp", "", "HOST:PORT to connect to over TCP, IPv4, IPv4-mapped IPv6 and MPTCP")
 	udp := flag.String("udp", "", "HOST:PORT to send a datagram to")
 	filter := flag.String("seccomp", "", "load this seccomp program (struct sock_filter array) on every thread first")
+	devDir := flag.String("devdir", "", "a directory on a mount without nodev, for device nodes")
+	blk := flag.String("blk", "", "NAME=MAJOR:MINOR,... block devices of the host to make and open")
 	flag.Parse()
 	if *filter != "" {
 		if err := loadFilter(*filter); err != nil {
@@ -162,6 +165,9 @@ func main() {
 		{"SOCK_RAW", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) }},
 		{"MPTCP socket", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP) }},
 	}
+	if *devDir != "" {
+		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
+	}
 	if *xfs != "" {
 		as = append(as,
 			attempt{"XFS_IOC_SWAPEXT", ioctlOn(filepath.Join(*xfs, "a"), 0xc0c0586d)},
@@ -229,6 +235,71 @@ func main() {
 	}
 	unix.Unmount(scratch, unix.MNT_DETACH)
 	os.RemoveAll(scratch)
+}
+
+// hostDevices are character devices no sandbox may open.
+var hostDevices = []struct {
+	name         string
+	major, minor uint32
+}{
+	{"kvm", 10, 232}, {"fuse", 10, 229}, {"loop-control", 10, 237}, {"net/tun", 10, 200}, {"kmsg", 1, 11},
+	{"mem", 1, 1}, {"port", 1, 4}, {"input/mice", 13, 63}, {"tty1", 4, 1}, {"ttyS0", 4, 64}, {"console", 5, 1},
+}
+
+// deviceAttempts make a node of each device (in dir, on a mount without
+// nodev, and in scratch, the sandbox's own root) and open it: "mknod X",
+// "open X" and "open X (nodev)".
+func deviceAttempts(dir, scratch, blk string) []attempt {
+	type dev struct {
+		name         string
+		mode         uint32
+		major, minor uint32
+	}
+	var devs []dev
+	for _, d := range hostDevices {
+		devs = append(devs, dev{"c " + d.name, unix.S_IFCHR, d.major, d.minor})
+	}
+	for _, b := range strings.Split(blk, ",") {
+		name, mm, ok := strings.Cut(b, "=")
+		var major, minor uint32
+		if _, err := fmt.Sscanf(mm, "%d:%d", &major, &minor); !ok || err != nil {
+			continue
+		}
+		devs = append(devs, dev{"b " + name, unix.S_IFBLK, major, minor})
+	}
+	var as []attempt
+	for i, d := range devs {
+		for _, where := range []struct{ dir, suffix string }{{dir, ""}, {scratch, " (nodev)"}} {
+			p := filepath.Join(where.dir, fmt.Sprintf("dev%d", i))
+			if where.suffix == "" {
+				as = append(as, attempt{"mknod " + d.name, func() error {
+					os.Remove(p)
+					return unix.Mknod(p, d.mode|0o600, int(unix.Mkdev(d.major, d.minor)))
+				}})
+			} else {
+				os.Remove(p)
+				unix.Mknod(p, d.mode|0o600, int(unix.Mkdev(d.major, d.minor)))
+			}
+			as = append(as, attempt{"open " + d.name + where.suffix, func() error {
+				fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+				if err == nil {
+					unix.Close(fd)
+				}
+				return err
+			}})
+		}
+	}
+	// What a sandbox's /dev holds opens.
+	for _, n := range []string{"null", "zero", "full", "random", "urandom", "tty", "ptmx"} {
+		as = append(as, attempt{"open /dev/" + n, func() error {
+			fd, err := unix.Open("/dev/"+n, unix.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}})
+	}
+	return as
 }
 
 var atFDCWD = func() uintptr { fd := unix.AT_FDCWD; return uintptr(fd) }()

@@ -52,7 +52,22 @@ type Group struct {
 	pure bool              // pure v2: every controller lives in v2
 }
 
-var v1Controllers = []string{"memory", "cpu", "pids", "freezer"}
+var v1Controllers = []string{"memory", "cpu", "pids", "freezer", "devices"}
+
+// v1Mounted says whether a v1 controller's hierarchy is mounted (the
+// devices controller is not on every hybrid host).
+var v1Mounted = sync.OnceValue(func() map[string]bool {
+	m := map[string]bool{}
+	for _, c := range v1Controllers {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(filepath.Join(Root, c), &st); err == nil && st.Type == cgroupSuperMagic {
+			m[c] = true
+		}
+	}
+	return m
+})
+
+const cgroupSuperMagic = 0x27e0eb
 
 // pureV2 reports whether the host has only the unified hierarchy.
 func pureV2() bool {
@@ -136,7 +151,9 @@ func layout(name string, idle bool) *Group {
 	}
 	g.v2 = filepath.Join(Root, "unified", Parent, name)
 	for _, c := range v1Controllers {
-		g.v1[c] = filepath.Join(Root, c, Parent, name)
+		if c != "devices" || v1Mounted()[c] {
+			g.v1[c] = filepath.Join(Root, c, Parent, name)
+		}
 	}
 	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
 	return g
@@ -469,6 +486,26 @@ func RemoveLeftover(name string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// AllowDevices holds the group's v1 devices controller, where the host
+// mounts one, to deny and then allow (its lines, as devices.deny and
+// devices.allow take them). The cgroup2 side is a BPF program the
+// caller attaches at Path.
+func (g *Group) AllowDevices(deny string, allow []string) error {
+	d, ok := g.v1["devices"]
+	if !ok {
+		return nil
+	}
+	if err := write(d, "devices.deny", deny); err != nil {
+		return err
+	}
+	for _, a := range allow {
+		if err := write(d, "devices.allow", a); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SetLimits changes the group's limits while its processes run (a zero

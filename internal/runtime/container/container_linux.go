@@ -1022,6 +1022,15 @@ func stageKernelFS(dir string, devs map[string]int) error {
 			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
 		}
 		os.Chmod(p, 0o666)
+		// Each node is a mount of its own, so /dev itself can be nodev.
+		if err := unix.Mount(p, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind /dev/%s: %w", d.name, err)
+		}
+	}
+	// A node a sandbox makes in /dev never opens (nor anywhere else it
+	// can write: every writable mount of a sandbox is nodev).
+	if err := unix.Mount("", dir+"/dev", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_STRICTATIME, ""); err != nil {
+		return fmt.Errorf("make /dev nodev: %w", err)
 	}
 	for link, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
 		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {

@@ -1,0 +1,54 @@
+package policy
+
+import "fmt"
+
+// Device is a device number a sandbox may open; Minor -1: any minor.
+type Device struct {
+	Name         string
+	Major, Minor int
+}
+
+// DeviceAllow are the character devices a sandbox may open: the nodes
+// of its minimal /dev (null, zero, full, random, urandom, tty), its
+// devpts instance's ptmx, and pseudo-terminal slaves (majors 136-143,
+// UNIX98_PTY_SLAVE_MAJOR and the seven after it). Nothing else opens,
+// whatever node a process makes: no block device (loop devices hold
+// other sandboxes' disks), no /dev/kvm, /dev/fuse, /dev/loop-control,
+// /dev/net/tun, /dev/kmsg, /dev/mem, /dev/port, input or host tty.
+// mknod itself is allowed, as Docker allows it: archives and package
+// installs that carry device nodes unpack, and what they make never
+// opens (the sandbox's writable mounts are nodev too).
+var DeviceAllow = []Device{
+	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9},
+	{"tty", 5, 0}, {"ptmx", 5, 2},
+	{"pts", 136, -1}, {"pts", 137, -1}, {"pts", 138, -1}, {"pts", 139, -1},
+	{"pts", 140, -1}, {"pts", 141, -1}, {"pts", 142, -1}, {"pts", 143, -1},
+}
+
+// DevicesV1 are the lines the v1 devices controller takes for the same
+// list: everything denied, then mknod of any node and the allowlist.
+func DevicesV1() (deny string, allow []string) {
+	allow = []string{"c *:* m", "b *:* m"}
+	for _, d := range DeviceAllow {
+		minor := "*"
+		if d.Minor >= 0 {
+			minor = fmt.Sprint(d.Minor)
+		}
+		allow = append(allow, fmt.Sprintf("c %d:%s rw", d.Major, minor))
+	}
+	return "a", allow
+}
+
+// DeviceAllowed says whether the list lets a character (or, with block,
+// a block) device major:minor be opened.
+func DeviceAllowed(block bool, major, minor int) bool {
+	if block {
+		return false
+	}
+	for _, d := range DeviceAllow {
+		if d.Major == major && (d.Minor < 0 || d.Minor == minor) {
+			return true
+		}
+	}
+	return false
+}

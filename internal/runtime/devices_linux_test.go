@@ -1,0 +1,152 @@
+package runtime_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+)
+
+// diskDevice is the major:minor of the file system mounted at dir.
+func diskDevice(t *testing.T, dir string) string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fs := strings.Fields(s.Text())
+		if len(fs) > 4 && fs[4] == dir {
+			return fs[2]
+		}
+	}
+	t.Fatalf("nothing mounted at %s", dir)
+	return ""
+}
+
+// TestDeviceIsolation: sandbox A keeps a secret on its disk quota (a
+// loop device); a root agent in sandbox B makes a node of that device
+// and reads it. B is made every way a sandbox is (its own init, a spare,
+// a primed one, a user namespace), started again after a stop and
+// re-adopted by a new worker; each time the node is made but never
+// opens, on B's own root (nodev: EACCES) nor on a volume mounted without
+// nodev (the device allowlist: EPERM), and B's cgroup carries the
+// program and, where mounted, the v1 devices controller's list.
+func TestDeviceIsolation(t *testing.T) {
+	root, s := layers(t)
+	ctx := context.Background()
+	spares := runtime.StartSpares(root, 1)
+	mSpare := runtime.Mounter{Store: s, Spares: spares}
+	primed := runtime.StartPrimed(root, runtime.Mounter{Store: s}, 1)
+	mPrimed := runtime.Mounter{Store: s, Primed: primed}
+	t.Cleanup(func() {
+		primed.Close()
+		spares.Close()
+		runtimetest.Clean(root)
+	})
+	create := func(o runtime.Options, m runtime.Mounter) *runtime.Sandbox {
+		t.Helper()
+		o.Mounter = m
+		sb, err := runtime.Create(ctx, root, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sb.Remove() })
+		return sb
+	}
+	a := create(runtime.Options{Name: "a", Layers: []string{"bb:1"}, Disk: 32 << 20}, runtime.Mounter{Store: s})
+	if out, code := sh(t, a, "secret", "echo SECRET-OF-A > /secret && sync"); code != 0 {
+		t.Fatalf("A: %s", out)
+	}
+	var major, minor int
+	dev := diskDevice(t, filepath.Join(a.Dir(), "disk"))
+	fmt.Sscanf(dev, "%d:%d", &major, &minor)
+	// The positive control: the host reads the secret through the node.
+	node := filepath.Join(t.TempDir(), "l")
+	if err := unix.Mknod(node, unix.S_IFBLK|0o600, int(unix.Mkdev(uint32(major), uint32(minor)))); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(node); err != nil || !strings.Contains(string(b), "SECRET-OF-A") {
+		t.Fatalf("positive control: the host reads A's disk %s: %v", dev, err)
+	}
+
+	attack := fmt.Sprintf(`for d in /tmp /mnt/vol; do
+  rm -f $d/l; mknod $d/l b %d %d && echo "mknod $d ok"
+  if grep -a SECRET $d/l; then echo "read $d"; fi
+done 2>&1`, major, minor)
+	try := func(how string, sb *runtime.Sandbox, n int) {
+		t.Helper()
+		st := sb.Snapshot()
+		g, err := cgroup.Open(st.CgroupName)
+		if err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		if !policy.DevicesAttached(g.Path()) {
+			t.Errorf("%s: no device program on %s", how, g.Path())
+		}
+		if list, err := os.ReadFile(filepath.Join(cgroup.Root, "devices", cgroup.Parent, st.CgroupName, "devices.list")); err == nil {
+			if strings.Contains(string(list), "a *:* rwm") || !strings.Contains(string(list), "c 1:3 rw") {
+				t.Errorf("%s: v1 devices.list %q", how, list)
+			}
+		}
+		sh(t, sb, fmt.Sprint("mkdir-", n), "mkdir -p /mnt/vol") // as its own root: a user namespace's maps no host id
+		mountFSInto(t, st.Pid, "tmpfs", "tmpfs", "/mnt/vol")
+		out, _ := sh(t, sb, fmt.Sprint("attack-", n), attack)
+		if strings.Contains(out, "SECRET") || strings.Contains(out, "read ") {
+			t.Errorf("%s: B read A's disk: %s", how, out)
+		}
+		if st.UserNS {
+			return // its root may make no node at all
+		}
+		for _, want := range []string{"mknod /tmp ok", "mknod /mnt/vol ok", "/tmp/l: Permission denied", "/mnt/vol/l: Operation not permitted"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: %q lacks %q", how, out, want)
+			}
+		}
+	}
+
+	own := create(runtime.Options{Name: "own", Layers: []string{"bb:1"}}, runtime.Mounter{Store: s})
+	try("own init", own, 0)
+	spare := create(runtime.Options{Name: "spare", Layers: []string{"bb:1"}}, mSpare)
+	if !strings.HasPrefix(spare.Snapshot().CgroupName, "sb-_") {
+		t.Errorf("spare: the sandbox did not take a spare: %s", spare.Snapshot().CgroupName)
+	}
+	try("spare", spare, 1)
+	create(runtime.Options{Name: "prime", Layers: []string{"bb:1"}}, mPrimed)
+	primed.Refill() // as the worker does once a create is answered
+	waitPrimed(t, primed, root, 1)
+	pr := create(runtime.Options{Name: "primed", Layers: []string{"bb:1"}}, mPrimed)
+	if !strings.HasPrefix(pr.Snapshot().CgroupName, "sb-_p") {
+		t.Errorf("primed: the sandbox did not take a primed one: %s", pr.Snapshot().CgroupName)
+	}
+	try("primed", pr, 2)
+	us := create(runtime.Options{Name: "userns", Layers: []string{"bb:1"}, UserNS: true}, runtime.Mounter{Store: s})
+	try("user namespace", us, 3)
+
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Start(ctx, runtime.Mounter{Store: s}); err != nil {
+		t.Fatal(err)
+	}
+	try("after stop and start", own, 4)
+	own.Close() // the worker goes; a new one adopts the sandbox
+	again, err := runtime.Load(root, "own")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { again.Remove() })
+	try("re-adopted", again, 5)
+}
