@@ -7,7 +7,7 @@ FULL_BIN := bin/dsecd
 INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs
+APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs
 FUZZTIME ?= 60s
 
 .PHONY: all deps build install docs-bin demo test vet docs check-docs bench fuzz clean

@@ -31,17 +31,33 @@ type argRule struct {
 const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER |
 	unix.CLONE_NEWPID | unix.CLONE_NEWNET
 
-// Ioctls are the ioctl requests no sandbox may make.
+// Ioctls are the ioctl requests no sandbox may make, refused by their
+// type and number (the low 16 bits) whatever their direction and size
+// bits say: every request that exchanges or commits file contents
+// behind the files' backs (XFS, ext4, Btrfs and the generic clone and
+// dedupe family, which Btrfs' CLONE, CLONE_RANGE and FILE_EXTENT_SAME
+// are), and the terminal injections.
 var Ioctls = map[string]uint32{
-	"XFS_IOC_SWAPEXT":        0xc0c0586d,
-	"XFS_IOC_EXCHANGE_RANGE": 0x40285881,
-	"FICLONE":                0x40049409,
-	"FICLONERANGE":           0x4020940d,
-	"FIDEDUPERANGE":          0xc0189436,
-	"EXT4_IOC_MOVE_EXT":      0xc028660f,
-	"TIOCSTI":                0x5412,
-	"TIOCLINUX":              0x541c,
+	// XFS
+	"XFS_IOC_SWAPEXT":        0xc0c0586d, // _IOWR('X', 109)
+	"XFS_IOC_EXCHANGE_RANGE": 0x40285881, // _IOW('X', 129)
+	"XFS_IOC_START_COMMIT":   0x80585882, // _IOR('X', 130)
+	"XFS_IOC_COMMIT_RANGE":   0x40585883, // _IOW('X', 131)
+	// ext4
+	"EXT4_IOC_MOVE_EXT":  0xc028660f, // _IOWR('f', 15)
+	"EXT4_IOC_SWAP_BOOT": 0x00006611, // _IO('f', 17)
+	// Btrfs and the generic family
+	"FICLONE":                 0x40049409, // _IOW(0x94, 9), BTRFS_IOC_CLONE
+	"FICLONERANGE":            0x4020940d, // _IOW(0x94, 13), BTRFS_IOC_CLONE_RANGE
+	"FIDEDUPERANGE":           0xc0189436, // _IOWR(0x94, 54), BTRFS_IOC_FILE_EXTENT_SAME
+	"BTRFS_IOC_ENCODED_WRITE": 0x40809440, // _IOW(0x94, 64)
+	// Terminals
+	"TIOCSTI":   0x5412,
+	"TIOCLINUX": 0x541c,
 }
+
+// ioctlTypeNr is the part of a request a rule compares.
+const ioctlTypeNr = 0xffff
 
 const (
 	retEPERM = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
@@ -68,7 +84,7 @@ func argRules() []argRule {
 		{Syscall: "socketpair", Arg: 0, Value: unix.AF_ALG, Ret: retEPERM},
 	}
 	for _, name := range slices.Sorted(maps.Keys(Ioctls)) {
-		rs = append(rs, argRule{Syscall: "ioctl", Arg: 1, Value: Ioctls[name], Ret: retEPERM})
+		rs = append(rs, argRule{Syscall: "ioctl", Arg: 1, Mask: ioctlTypeNr, Value: Ioctls[name] & ioctlTypeNr, Ret: retEPERM})
 	}
 	return rs
 }

@@ -2,6 +2,8 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/binary"
+	"hash/crc32"
 	"fmt"
 	"maps"
 	"os"
@@ -55,19 +57,32 @@ func results(t *testing.T, out string) map[string]string {
 	return r
 }
 
-// xfsImage makes and loop-mounts a small XFS file system, or skips.
+// xfsImage makes and loop-mounts a small XFS file system (reflink on,
+// and the exchange-range feature, which this mkfs.xfs cannot set yet).
 func xfsImage(t *testing.T) (dir, dev string) {
 	t.Helper()
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Fatal("mkfs.xfs is missing: make deps installs xfsprogs")
+	return fsImage(t, "xfs")
+}
+
+// fsImage makes a small file system of type fstype on a loop device and
+// mounts it: xfs (with exchange-range), ext4 or btrfs.
+func fsImage(t *testing.T, fstype string) (dir, dev string) {
+	t.Helper()
+	mkfs := "mkfs." + fstype
+	if _, err := exec.LookPath(mkfs); err != nil {
+		t.Fatalf("%s is missing: make deps installs xfsprogs, e2fsprogs and btrfs-progs", mkfs)
 	}
-	img := filepath.Join(t.TempDir(), "xfs.img")
+	img := filepath.Join(t.TempDir(), fstype+".img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	os.Truncate(img, 320<<20)
-	if out, err := exec.Command("mkfs.xfs", "-q", img).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.xfs: %v: %s", err, out)
+	args := map[string][]string{"xfs": {"-q"}, "ext4": {"-q", "-b", "4096"}, "btrfs": {"-q"}}[fstype]
+	if out, err := exec.Command(mkfs, append(args, img)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", mkfs, err, out)
+	}
+	if fstype == "xfs" {
+		xfsExchange(t, img)
 	}
 	out, err := exec.Command("losetup", "-f", "--show", img).Output()
 	if err != nil {
@@ -76,12 +91,35 @@ func xfsImage(t *testing.T) (dir, dev string) {
 	dev = strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
 	dir = t.TempDir()
-	if err := unix.Mount(dev, dir, "xfs", 0, ""); err != nil {
-		t.Fatalf("mount XFS: %v", err)
+	if err := unix.Mount(dev, dir, fstype, 0, ""); err != nil {
+		t.Fatalf("mount %s: %v", fstype, err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	os.WriteFile(filepath.Join(dir, "a"), []byte("xfs data"), 0o644)
+	os.WriteFile(filepath.Join(dir, "a"), []byte(fstype+" data"), 0o644)
 	return dir, dev
+}
+
+// xfsExchange sets XFS_SB_FEAT_INCOMPAT_EXCHRANGE (1<<6) in the primary
+// superblock of img and its checksum again: xfsprogs 6.10's `mkfs.xfs -i
+// exchange=1`, which Debian 12's 6.1 lacks.
+func xfsExchange(t *testing.T, img string) {
+	t.Helper()
+	f, err := os.OpenFile(img, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sb := make([]byte, 512)
+	if _, err := f.ReadAt(sb, 0); err != nil {
+		t.Fatal(err)
+	}
+	const incompat, crc = 216, 224 // sb_features_incompat (big endian), sb_crc (crc32c, little endian)
+	binary.BigEndian.PutUint32(sb[incompat:], binary.BigEndian.Uint32(sb[incompat:])|1<<6)
+	binary.LittleEndian.PutUint32(sb[crc:], 0)
+	binary.LittleEndian.PutUint32(sb[crc:], crc32.Checksum(sb, crc32.MakeTable(crc32.Castagnoli)))
+	if _, err := f.WriteAt(sb, 0); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // mountInto mounts an XFS device at target inside the mount namespace of
@@ -146,6 +184,8 @@ func TestAttackSuite(t *testing.T) {
 	f := newSnapFixture(t)
 	bin := buildAttacker(t, f)
 	xfsDir, xfsDev := xfsImage(t)
+	ext4Dir, ext4Dev := fsImage(t, "ext4")
+	btrfsDir, btrfsDev := fsImage(t, "btrfs")
 
 	denied := append(append([]string(nil), policy.Denied...), "unshare(CLONE_NEWUSER)", "clone(CLONE_NEWNET)", "AF_ALG", "AF_PACKET",
 		"AF_VSOCK", "SOCK_RAW", "MPTCP socket", "connect mptcp", "TIOCSTI, high half set")
@@ -158,7 +198,8 @@ func TestAttackSuite(t *testing.T) {
 	// Control 1: the host, root, in namespaces of its own so that what
 	// goes through changes nothing.
 	blk := blockDevices(t, xfsDev)
-	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9", "-devdir", t.TempDir(), "-blk", blk}
+	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9", "-devdir", t.TempDir(), "-blk", blk,
+		"-ext4", ext4Dir, "-btrfs", btrfsDir}
 	cmd := exec.Command(bin, hostArgs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
 	out, err := cmd.Output()
@@ -193,6 +234,8 @@ func TestAttackSuite(t *testing.T) {
 	}
 	sb := f.create(dsecrt.Options{Name: "attacked", Layers: []string{"attack:1", "bb:1"}, Policy: pol})
 	mountInto(t, sb.Snapshot().Pid, xfsDev, "/mnt/xfs")
+	mountFSInto(t, sb.Snapshot().Pid, "ext4", ext4Dev, "/mnt/ext4")
+	mountFSInto(t, sb.Snapshot().Pid, "btrfs", btrfsDev, "/mnt/btrfs")
 	run := func(args ...string) map[string]string {
 		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: fmt.Sprint("attack-", f.n), Args: append([]string{"/opt/attack/attack"}, args...)})
 		f.n++
@@ -209,7 +252,8 @@ func TestAttackSuite(t *testing.T) {
 	// A volume a harness hands the sandbox, without nodev: there only
 	// the device allowlist stands between a node and its device.
 	mountFSInto(t, sb.Snapshot().Pid, "tmpfs", "tmpfs", "/mnt/dev")
-	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53", "-devdir", "/mnt/dev", "-blk", blk)
+	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53", "-devdir", "/mnt/dev", "-blk", blk,
+		"-ext4", "/mnt/ext4", "-btrfs", "/mnt/btrfs")
 	allowedPort := run("-dir", "/tmp", "-tcp", "127.0.0.1:18081")
 
 	for _, name := range denied {
@@ -244,10 +288,41 @@ func TestAttackSuite(t *testing.T) {
 		}
 	}
 	checkDevices(t, host, inside)
+	checkIoctls(t, host, filtered, inside)
 	if host["XFS_IOC_SWAPEXT"] == "ENOTTY" {
 		t.Errorf("XFS_IOC_SWAPEXT on the host's XFS: ENOTTY: the control did not reach XFS")
 	}
 	t.Logf("%d attempts; host control %d reached the kernel; inside: %v", len(inside), len(host), inside)
+}
+
+// checkIoctls holds the content-exchange attempts to the profile: each
+// made for real on its file system changes the files on the host ("ok")
+// and is refused under the profile alone and in the sandbox; each denied
+// request with other direction and size bits is refused too.
+func checkIoctls(t *testing.T, host, filtered, inside map[string]string) {
+	t.Helper()
+	real := map[string]bool{}
+	for name, h := range host {
+		fs, req, _ := strings.Cut(name, " ")
+		isReal := fs == "xfs" || fs == "ext4" || fs == "btrfs"
+		if !isReal && !strings.Contains(name, " variant ") {
+			continue
+		}
+		if isReal {
+			real[req] = true
+			if h != "ok" {
+				t.Errorf("positive control: %s on the host: %s, want ok (the kernel acting on it)", name, h)
+			}
+		}
+		if filtered[name] != "EPERM" || inside[name] != "EPERM" {
+			t.Errorf("%s: %s under the profile, %s in the sandbox, want EPERM (host: %s)", name, filtered[name], inside[name], h)
+		}
+	}
+	for name := range policy.Ioctls {
+		if !real[name] && !strings.HasPrefix(name, "TIOC") {
+			t.Errorf("%s is denied but never made for real on a file system", name)
+		}
+	}
 }
 
 // blockDevices names the host's block devices the attacker makes nodes

@@ -91,6 +91,8 @@ func dial(network, addr string) func() error {
 func main() {
 	dir := flag.String("dir", os.TempDir(), "a scratch directory")
 	xfs := flag.String("xfs", "", "a directory on XFS, for the XFS ioctls")
+	ext4 := flag.String("ext4", "", "a directory on ext4, for the ext4 ioctls")
+	btrfs := flag.String("btrfs", "", "a directory on Btrfs, for the Btrfs ioctls")
 	tcp := flag.String("tcp", "", "HOST:PORT to connect to over TCP, IPv4, IPv4-mapped IPv6 and MPTCP")
 	udp := flag.String("udp", "", "HOST:PORT to send a datagram to")
 	filter := flag.String("seccomp", "", "load this seccomp program (struct sock_filter array) on every thread first")
@@ -168,10 +170,15 @@ func main() {
 	if *devDir != "" {
 		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
 	}
+	as = append(as, variantAttempts(file, exchangeRequests)...)
 	if *xfs != "" {
-		as = append(as,
-			attempt{"XFS_IOC_SWAPEXT", ioctlOn(filepath.Join(*xfs, "a"), 0xc0c0586d)},
-			attempt{"XFS_IOC_EXCHANGE_RANGE", ioctlOn(filepath.Join(*xfs, "a"), 0x40285881)})
+		as = append(as, xfsAttempts(*xfs)...)
+	}
+	if *ext4 != "" {
+		as = append(as, ext4Attempts(*ext4)...)
+	}
+	if *btrfs != "" {
+		as = append(as, btrfsAttempts(*btrfs)...)
 	}
 	if *tcp != "" {
 		host, port, _ := net.SplitHostPort(*tcp)
