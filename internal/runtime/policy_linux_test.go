@@ -3,8 +3,8 @@ package runtime_test
 import (
 	"context"
 	"encoding/binary"
-	"hash/crc32"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"os"
 	"os/exec"
