@@ -129,7 +129,7 @@ func BenchmarkConnect(b *testing.B) {
 		rules = append(rules, api.EgressRule{To: fmt.Sprintf("10.%d.%d.0/24", i/256, i%256), Ports: []api.PortRange{{Low: 443, High: 443}}})
 	}
 	rules = append(rules, api.EgressRule{To: "127.0.0.1/32", Protocol: "tcp"})
-	entries, err := Allowlist(rules)
+	entries, err := Allowlist(rules, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestEgressAllowlist(t *testing.T) {
 	entries, err := Allowlist([]api.EgressRule{
 		{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(allowed), High: port(allowed)}}, Protocol: "tcp"},
 		{To: "127.0.0.1", Ports: []api.PortRange{{Low: port(udpAllowed), High: port(udpAllowed)}}, Protocol: "udp"},
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestEgressAllowlist(t *testing.T) {
 		t.Fatalf("the retrying child: %q", sc.Text())
 	}
 	old := entries
-	entries, _ = Allowlist([]api.EgressRule{{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(denied), High: port(denied)}}}})
+	entries, _ = Allowlist([]api.EgressRule{{To: "127.0.0.1/32", Ports: []api.PortRange{{Low: port(denied), High: port(denied)}}}}, nil)
 	start := time.Now()
 	if err := ApplyNetwork(cg, old, entries); err != nil {
 		t.Fatal(err)

@@ -35,11 +35,55 @@ type Entry struct {
 	Rules  []PortRule
 }
 
+// NATPool holds the addresses of network mode nat: each sandbox's /30,
+// the host's gateway address in it and the sandbox's own.
+var NATPool = netip.MustParsePrefix("10.200.0.0/16")
+
+// DenySet are the ranges no egress rule opens, whatever it allows
+// around them: link-local (the cloud metadata address 169.254.169.254
+// among them) and the NAT pool (the host's gateway addresses and every
+// other sandbox). The host's own addresses join them for a sandbox in
+// network mode nat (Allowlist's host). The host's loopback needs no
+// entry: a sandbox's 127.0.0.0/8 is its own network namespace's. A rule
+// inside one of these is refused by Validate.
+var DenySet = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10"), NATPool,
+	netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("224.0.0.0/4"), netip.MustParsePrefix("ff00::/8"),
+	netip.MustParsePrefix("255.255.255.255/32"),
+}
+
+// Private are the ranges a rule that only contains them (0.0.0.0/0, ::/0)
+// does not open: a rule must name the range or a part of it.
+var Private = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("fc00::/7"),
+}
+
+// denied says which deny-set range (or host address) holds pfx, if any.
+func denied(pfx netip.Prefix, host []netip.Addr) (netip.Prefix, bool) {
+	pfx = unmapped(mapped(pfx))
+	for _, d := range DenySet {
+		if d.Bits() <= pfx.Bits() && d.Contains(pfx.Addr()) {
+			return d, true
+		}
+	}
+	for _, a := range host {
+		a = a.Unmap()
+		if pfx.Bits() == a.BitLen() && pfx.Addr().Unmap() == a {
+			return netip.PrefixFrom(a, a.BitLen()), true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
 // Allowlist compiles egress rules into allowlist entries, resolving host
 // names (each of their addresses is a /32 or /128). Because a lookup
 // finds only the longest matching prefix, an entry carries the rules of
-// every entry that contains it too.
-func Allowlist(rules []api.EgressRule) ([]Entry, error) {
+// every entry that contains it too. The deny set, the private ranges no
+// rule names and the host's addresses host (nil: none) are entries with
+// no rules, wherever a rule's range contains them. A rule (or a host
+// name's address) inside the deny set is an error.
+func Allowlist(rules []api.EgressRule, host []netip.Addr) ([]Entry, error) {
 	byPrefix := map[netip.Prefix][]PortRule{}
 	var order []netip.Prefix
 	for i, r := range rules {
@@ -67,6 +111,10 @@ func Allowlist(rules []api.EgressRule) ([]Entry, error) {
 			ports = []api.PortRange{{Low: 0, High: 65535}}
 		}
 		for _, pfx := range pfxs {
+			if d, ok := denied(pfx, host); ok {
+				return nil, fmt.Errorf("network.egress[%d].to: %s is in %s, which no rule opens (link-local and metadata addresses, the NAT pool of the host's gateways and other sandboxes, the host's own addresses): %w",
+					i, pfx, d, errdefs.ErrInvalidArgument)
+			}
 			pfx = mapped(pfx)
 			if _, ok := byPrefix[pfx]; !ok {
 				order = append(order, pfx)
@@ -76,6 +124,29 @@ func Allowlist(rules []api.EgressRule) ([]Entry, error) {
 				if !slices.Contains(byPrefix[pfx], pr) {
 					byPrefix[pfx] = append(byPrefix[pfx], pr)
 				}
+			}
+		}
+	}
+	// Closed ranges inside a rule's: no rules of their own, and none
+	// taken from the ranges containing them.
+	closed := map[netip.Prefix]bool{}
+	var shut []netip.Prefix
+	shut = append(shut, DenySet...)
+	for _, p := range Private {
+		if _, named := byPrefix[mapped(p)]; !named {
+			shut = append(shut, p)
+		}
+	}
+	for _, a := range host {
+		a = a.Unmap()
+		shut = append(shut, netip.PrefixFrom(a, a.BitLen()))
+	}
+	for _, d := range shut {
+		d = mapped(d)
+		for _, pfx := range order {
+			if !closed[d] && pfx.Bits() <= d.Bits() && pfx.Contains(d.Addr()) {
+				closed[d] = true
+				order = append(order, d)
 			}
 		}
 	}
@@ -90,6 +161,10 @@ func Allowlist(rules []api.EgressRule) ([]Entry, error) {
 	slices.Sort(lengths)
 	out := make([]Entry, 0, len(order))
 	for _, pfx := range order {
+		if closed[pfx] {
+			out = append(out, Entry{Prefix: pfx})
+			continue
+		}
 		var rs []PortRule
 		for _, bits := range lengths {
 			if bits > pfx.Bits() {

@@ -87,8 +87,12 @@ func Validate(p *api.Policy) error {
 		}
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
-			if _, err := parseTo(r.To); err != nil && !hostName().MatchString(r.To) {
+			pfx, err := parseTo(r.To)
+			if err != nil && !hostName().MatchString(r.To) {
 				return bad(field+".to", "%q is not a CIDR, an address or a host name", r.To)
+			}
+			if d, ok := denied(pfx, nil); err == nil && ok {
+				return bad(field+".to", "%s is in %s, which no rule opens (link-local and metadata addresses, the NAT pool of the host's gateways and other sandboxes, multicast): allow the addresses around it instead", r.To, d)
 			}
 			if r.Protocol != "" && r.Protocol != "tcp" && r.Protocol != "udp" {
 				return bad(field+".protocol", "%q: give tcp or udp (or leave it out for both)", r.Protocol)

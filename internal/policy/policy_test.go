@@ -87,7 +87,7 @@ func TestAllowlist(t *testing.T) {
 		{To: "10.0.0.0/8", Ports: []api.PortRange{{Low: 80, High: 80}}, Protocol: "tcp"},
 		{To: "10.1.0.0/16", Ports: []api.PortRange{{Low: 443, High: 443}}},
 		{To: "2001:db8::/32", Protocol: "udp"},
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,10 +115,10 @@ func TestAllowlist(t *testing.T) {
 	for i := range MaxPortRules + 1 {
 		many = append(many, api.EgressRule{To: "10.0.0.0/8", Ports: []api.PortRange{{Low: uint16(i + 1), High: uint16(i + 1)}}})
 	}
-	if _, err := Allowlist(many); !errdefs.IsInvalidArgument(err) {
+	if _, err := Allowlist(many, nil); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("too many port rules: %v", err)
 	}
-	if _, err := Allowlist([]api.EgressRule{{To: "no-such-host.invalid"}}); !errdefs.IsInvalidArgument(err) {
+	if _, err := Allowlist([]api.EgressRule{{To: "no-such-host.invalid"}}, nil); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("an unresolvable name: %v", err)
 	}
 }
@@ -178,7 +178,7 @@ func FuzzParse(f *testing.F) {
 				}
 			}
 		}
-		if _, err := Allowlist(literal); err != nil && !errdefs.IsInvalidArgument(err) {
+		if _, err := Allowlist(literal, nil); err != nil && !errdefs.IsInvalidArgument(err) {
 			t.Fatalf("allowlist: %v", err)
 		}
 	})
@@ -239,5 +239,43 @@ func TestSchema(t *testing.T) {
 		if err := check(bad); err == nil {
 			t.Errorf("the schema takes what the parser refuses:\n%s", bad)
 		}
+	}
+}
+
+// TestDenySet: a rule allowing every address opens neither the deny set
+// nor the private ranges nor the host's addresses; naming a private
+// range (or a part of it) opens it; a rule inside the deny set, or equal
+// to a host address, is refused.
+func TestDenySet(t *testing.T) {
+	ip := netip.MustParseAddr
+	host := []netip.Addr{ip("192.0.2.2"), ip("2001:db8::2")}
+	es, err := Allowlist([]api.EgressRule{{To: "0.0.0.0/0"}, {To: "::/0"}, {To: "10.1.0.0/16"}}, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]bool{
+		"8.8.8.8": true, "2606:4700::1": true, "10.1.2.3": true, "127.0.0.1": true,
+		"169.254.169.254": false, "::ffff:169.254.169.254": false, "fe80::1": false, "10.200.0.1": false, "10.200.3.6": false,
+		"10.2.0.1": false, "172.16.0.1": false, "192.168.1.1": false, "100.64.0.1": false, "fd00::1": false,
+		"192.0.2.2": false, "192.0.2.3": true, "2001:db8::2": false, "224.0.0.1": false, "255.255.255.255": false,
+	} {
+		if got := Allows(es, ip(addr), 443, ProtoTCP); got != want {
+			t.Errorf("%s: allowed %v, want %v", addr, got, want)
+		}
+	}
+	// Only what a rule contains gets an entry: the default has none.
+	if es, _ := Allowlist(Default().Network.Egress, host); len(es) != 2 {
+		t.Errorf("the default policy has %d entries: %v", len(es), es)
+	}
+	for _, to := range []string{"169.254.169.254", "10.200.0.0/16", "10.200.4.0/30", "fe80::/10", "::ffff:10.200.0.1", "224.0.0.0/8"} {
+		if _, err := Allowlist([]api.EgressRule{{To: to}}, nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "no rule opens") {
+			t.Errorf("%s: %v", to, err)
+		}
+		if err := Validate(&api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Egress: []api.EgressRule{{To: to}}}}); err == nil {
+			t.Errorf("validate %s: accepted", to)
+		}
+	}
+	if _, err := Allowlist([]api.EgressRule{{To: "192.0.2.2"}}, host); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a rule to the host's own address: %v", err)
 	}
 }

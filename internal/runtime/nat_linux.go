@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/nftables"
@@ -13,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/policy"
 )
 
 // NAT is a sandbox's way out in network mode nat: a veth pair, eth0 in
@@ -29,7 +32,7 @@ type NAT struct {
 // natPool holds every nat sandbox's /30; natSlots (host-wide, like the
 // interfaces, and gone with them at boot) records who holds which.
 var (
-	natPool  = netip.MustParsePrefix("10.200.0.0/16")
+	natPool  = policy.NATPool
 	natSlots = hostSlots{dir: "/run/dsec/nat", n: 1 << (32 - natPool.Bits() - 2)}
 )
 
@@ -77,6 +80,11 @@ func natUp(owner string, pid int) (_ *NAT, err error) {
 	}
 	if err := netlink.AddrAdd(hl, &netlink.Addr{IPNet: ipNet(host, 30)}); err != nil {
 		return nil, fmt.Errorf("network mode nat: host address: %w", err)
+	}
+	// No IPv6 on the host's side: the sandbox's link-local address
+	// reaches nothing of the host's over the pair.
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+n.Link+"/disable_ipv6", []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("network mode nat: disable IPv6 on %s: %w", n.Link, err)
 	}
 	if err := netlink.LinkSetUp(hl); err != nil {
 		return nil, err
@@ -156,7 +164,11 @@ func natRelease(n *NAT) error {
 }
 
 // masquerade installs (or removes) table ip dsec: what the pool sends
-// out leaves with the outgoing interface's address.
+// out leaves with the outgoing interface's address; what a sandbox sends
+// to the host itself (any of its addresses, any port, TCP, UDP or ICMP),
+// to another sandbox or to link-local addresses is dropped, whatever its
+// allowlist says (the allowlist's deny set holds the same in the
+// sandbox; this holds for addresses the host gains later too).
 func masquerade(on bool) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -173,17 +185,40 @@ func masquerade(on bool) error {
 		}
 	}
 	switch {
-	case on && have == nil:
+	case on && have != nil:
+		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+		if err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
+		n := 0
+		for _, ch := range chains {
+			if ch.Table.Name == natTable {
+				n++
+			}
+		}
+		if n == 3 {
+			return nil
+		}
+		c.DelTable(have) // an older worker's, without the guards: made anew
+		fallthrough
+	case on:
 		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
 		ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-		mask := net.CIDRMask(natPool.Bits(), 32)
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, // saddr
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: natPool.Addr().AsSlice()},
-			&expr.Masq{},
-		}})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(inPrefix(12, natPool), &expr.Masq{})})
+		drop := &expr.Verdict{Kind: expr.VerdictDrop}
+		fromSandbox := append([]expr.Any{
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("dsec")}, // iifname "dsec*"
+		}, inPrefix(12, natPool)...)
+		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
+		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
+		for _, to := range []netip.Prefix{natPool, netip.MustParsePrefix("169.254.0.0/16")} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), inPrefix(16, to)...), drop)})
+		}
 	case !on && have != nil:
 		c.DelTable(have)
 	default:
@@ -193,4 +228,14 @@ func masquerade(on bool) error {
 		return fmt.Errorf("nftables masquerade: %w", err)
 	}
 	return nil
+}
+
+// inPrefix matches an IPv4 header's address at off (12: source, 16:
+// destination) in p.
+func inPrefix(off uint32, p netip.Prefix) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()},
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"net"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -31,12 +33,33 @@ func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cg
 	if err := policy.Validate(eff); err != nil {
 		return nil, nil, l, err
 	}
-	entries, err := policy.Allowlist(eff.Network.Egress)
+	entries, err := allowlist(eff)
 	if err != nil {
 		return nil, nil, l, err
 	}
 	l, err = policyLimits(eff.Resources, l)
 	return eff, entries, l, err
+}
+
+// allowlist compiles eff's egress rules; in network mode nat the host's
+// own addresses are closed to them too (a loopback sandbox cannot leave
+// its namespace to reach them).
+func allowlist(eff *api.Policy) ([]policy.Entry, error) {
+	var host []netip.Addr
+	if eff.Network.Mode == api.NetworkNAT {
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return nil, fmt.Errorf("the host's addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && !ip.IsLoopback() {
+					host = append(host, ip.Unmap())
+				}
+			}
+		}
+	}
+	return policy.Allowlist(eff.Network.Egress, host)
 }
 
 // policyLimits tightens l by the policy's resources: the lower of the two

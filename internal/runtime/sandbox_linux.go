@@ -388,7 +388,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if sb.Policy == nil { // made by a dsec without policies
 		sb.Policy = policy.Effective(nil)
 		var err error
-		if sb.Allowlist, err = policy.Allowlist(sb.Policy.Network.Egress); err != nil {
+		if sb.Allowlist, err = allowlist(sb.Policy); err != nil {
 			return err
 		}
 	}
