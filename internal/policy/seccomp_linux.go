@@ -17,16 +17,34 @@ import (
 
 // argRule returns Ret when the low 32 bits of argument Arg, and Mask
 // (0: all of them), equal Value; with AnyBit, when any bit of Mask is
-// set; with Always, whatever the arguments.
+// set; with Always, whatever the arguments. With Allow, a call that
+// matches is let through (and no later rule asked) when argument
+// AllowArg's low 32 bits are one of Allow, and gets Ret when not.
 type argRule struct {
-	Syscall string
-	Arg     uint32
-	Mask    uint32
-	Value   uint32
-	AnyBit  bool
-	Always  bool
-	Ret     uint32
+	Syscall  string
+	Arg      uint32
+	Mask     uint32
+	Value    uint32
+	AnyBit   bool
+	Always   bool
+	Ret      uint32
+	AllowArg uint32
+	Allow    []uint32
 }
+
+// NetlinkAllowed are the netlink protocols a sandbox may open:
+// NETLINK_ROUTE (addresses, links and routes of its own network
+// namespace, what ip, getifaddrs, Go's net.Interfaces and Node's
+// os.networkInterfaces read; changing them needs CAP_NET_ADMIN, which
+// no sandbox has), NETLINK_SOCK_DIAG (its own namespace's sockets, for
+// ss) and NETLINK_GENERIC (families the kernel marks safe in other
+// namespaces, such as ethtool's). The rest are refused: KOBJECT_UEVENT
+// (the host's device events reach every namespace), AUDIT (the host's
+// audit log, which AUDIT_WRITE would let it forge), CONNECTOR (every
+// process's fork and exec), NETFILTER, XFRM, CRYPTO, SELINUX, ISCSI,
+// RDMA and the others no agent needs.
+var NetlinkAllowed = map[string]uint32{"NETLINK_ROUTE": unix.NETLINK_ROUTE, "NETLINK_SOCK_DIAG": unix.NETLINK_SOCK_DIAG,
+	"NETLINK_GENERIC": unix.NETLINK_GENERIC}
 
 const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER |
 	unix.CLONE_NEWPID | unix.CLONE_NEWNET
@@ -73,8 +91,11 @@ func argRules() []argRule {
 		// clone3 passes its flags in memory a filter cannot read:
 		// ENOSYS makes libcs fall back to clone, which it can.
 		{Syscall: "clone3", Always: true, Ret: unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)},
-		// Sockets: families, raw and packet types, MPTCP (which
-		// Landlock's TCP rules do not cover).
+		// Sockets: netlink of the allowed protocols (raw or datagram,
+		// as netlink has it), families, raw and packet types, MPTCP
+		// (which Landlock's TCP rules do not cover).
+		{Syscall: "socket", Arg: 0, Value: unix.AF_NETLINK, Ret: retEPERM, AllowArg: 2,
+			Allow: slices.Sorted(maps.Values(NetlinkAllowed))},
 		{Syscall: "socket", Arg: 0, Value: unix.AF_ALG, Ret: retEPERM},
 		{Syscall: "socket", Arg: 0, Value: unix.AF_PACKET, Ret: retEPERM},
 		{Syscall: "socket", Arg: 0, Value: unix.AF_VSOCK, Ret: retEPERM},
@@ -157,13 +178,26 @@ func assemble(deny []string) ([]byte, error) {
 	}
 	for _, r := range argRules() {
 		nr, ok := a.SyscallNames[r.Syscall]
-		if !ok {
+		if !ok || slices.Contains(refused, r.Syscall) { // refused whole by the tree below
 			continue
 		}
 		var check []bpf.Instruction
-		if r.Always {
+		switch {
+		case r.Always:
 			check = []bpf.Instruction{bpf.RetConstant{Val: r.Ret}}
-		} else {
+		case r.Allow != nil:
+			// ld Arg; jne Value -> ld nr; ld AllowArg; jeq each -> allow;
+			// ret Ret; allow: ret ALLOW; ld nr.
+			n := len(r.Allow)
+			check = append(check, bpf.LoadAbsolute{Off: offArgs + 8*r.Arg + loOffset(), Size: 4},
+				bpf.JumpIf{Cond: bpf.JumpEqual, Val: r.Value, SkipFalse: uint8(3 + n)},
+				bpf.LoadAbsolute{Off: offArgs + 8*r.AllowArg + loOffset(), Size: 4})
+			for i, v := range r.Allow {
+				check = append(check, bpf.JumpIf{Cond: bpf.JumpEqual, Val: v, SkipTrue: uint8(n - i)})
+			}
+			check = append(check, bpf.RetConstant{Val: r.Ret}, bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
+				bpf.LoadAbsolute{Off: offNr, Size: 4})
+		default:
 			check = append(check, bpf.LoadAbsolute{Off: offArgs + 8*r.Arg + loOffset(), Size: 4})
 			switch {
 			case r.AnyBit:

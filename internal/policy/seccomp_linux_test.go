@@ -85,7 +85,19 @@ func TestSeccompProfile(t *testing.T) {
 		{"SOCK_RAW with flags", native, nr("socket"), []uint64{unix.AF_INET, unix.SOCK_RAW | unix.SOCK_NONBLOCK, unix.IPPROTO_ICMP}, eperm},
 		{"MPTCP", native, nr("socket"), []uint64{unix.AF_INET6, unix.SOCK_STREAM, unix.IPPROTO_MPTCP}, eperm},
 		{"AF_ALG with high garbage", native, nr("socket"), []uint64{1<<40 | unix.AF_ALG, unix.SOCK_SEQPACKET, 0}, eperm},
+		{"NETLINK_ROUTE", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW | unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE}, allow},
+		{"NETLINK_ROUTE, datagram", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_ROUTE}, allow},
+		{"NETLINK_SOCK_DIAG", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_SOCK_DIAG}, allow},
+		{"NETLINK_GENERIC", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_GENERIC}, allow},
+		{"NETLINK_ROUTE with high garbage", native, nr("socket"), []uint64{1<<40 | unix.AF_NETLINK, unix.SOCK_RAW, 1<<33 | unix.NETLINK_ROUTE}, allow},
+		{"NETLINK_KOBJECT_UEVENT", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_KOBJECT_UEVENT}, eperm},
+		{"NETLINK_AUDIT", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT}, eperm},
+		{"NETLINK_CONNECTOR", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_CONNECTOR}, eperm},
+		{"NETLINK_NETFILTER", native, nr("socket"), []uint64{unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER}, eperm},
+		{"SOCK_RAW of AF_INET6", native, nr("socket"), []uint64{unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6}, eperm},
 		{"an ordinary ioctl", native, nr("ioctl"), []uint64{0, unix.TCGETS}, allow},
+		{"FICLONE with other size bits", native, nr("ioctl"), []uint64{3, unix.FICLONE&0xffff | 0x10<<16}, eperm},
+		{"XFS_IOC_SWAPEXT as _IO", native, nr("ioctl"), []uint64{3, uint64(Ioctls["XFS_IOC_SWAPEXT"]) & 0xffff}, eperm},
 		{"TIOCSTI", native, nr("ioctl"), []uint64{0, unix.TIOCSTI}, eperm},
 		{"TIOCSTI with the high half set", native, nr("ioctl"), []uint64{0, 1<<32 | unix.TIOCSTI}, eperm},
 		{"XFS_IOC_SWAPEXT", native, nr("ioctl"), []uint64{3, uint64(Ioctls["XFS_IOC_SWAPEXT"])}, eperm},
@@ -100,6 +112,15 @@ func TestSeccompProfile(t *testing.T) {
 		if got := run(t, prog, c.arch, c.nr, c.args...); got != c.want {
 			t.Errorf("%s: %#x, want %#x", c.what, got, c.want)
 		}
+	}
+	// A policy that denies socket denies netlink too: no rule lets a
+	// refused call through.
+	noSocket, err := Seccomp([]string{"socket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, noSocket, native, nr("socket"), unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE); got != eperm {
+		t.Errorf("NETLINK_ROUTE under a policy denying socket: %#x", got)
 	}
 	if a.ID == arch.X86_64.ID {
 		if got := run(t, prog, native, 0x40000000|nr("read")); got != unix.SECCOMP_RET_KILL_PROCESS {

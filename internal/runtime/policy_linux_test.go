@@ -191,7 +191,8 @@ func TestAttackSuite(t *testing.T) {
 	btrfsDir, btrfsDev := fsImage(t, "btrfs")
 
 	denied := append(append([]string(nil), policy.Denied...), "unshare(CLONE_NEWUSER)", "clone(CLONE_NEWNET)", "AF_ALG", "AF_PACKET",
-		"AF_VSOCK", "SOCK_RAW", "MPTCP socket", "connect mptcp", "TIOCSTI, high half set")
+		"AF_VSOCK", "SOCK_RAW", "MPTCP socket", "connect mptcp", "TIOCSTI, high half set", "SOCK_RAW AF_INET6",
+		"NETLINK_KOBJECT_UEVENT", "NETLINK_AUDIT", "NETLINK_CONNECTOR", "NETLINK_NETFILTER", "NETLINK_XFRM")
 	for name := range policy.Ioctls {
 		denied = append(denied, name)
 	}
@@ -289,6 +290,9 @@ func TestAttackSuite(t *testing.T) {
 		if got := allowedPort[name]; got != "ECONNREFUSED" {
 			t.Errorf("%s to the allowed port: %s, want ECONNREFUSED", name, got)
 		}
+	}
+	if got := inside["NETLINK_ROUTE (allowed)"]; got != "ok" {
+		t.Errorf("a NETLINK_ROUTE socket in the sandbox: %s", got)
 	}
 	checkDevices(t, host, inside)
 	checkIoctls(t, host, filtered, inside)

@@ -166,6 +166,15 @@ func main() {
 		{"AF_VSOCK", func() error { return raw(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM, 0) }},
 		{"SOCK_RAW", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP) }},
 		{"MPTCP socket", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP) }},
+		{"SOCK_RAW AF_INET6", func() error { return raw(unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6) }},
+		{"NETLINK_KOBJECT_UEVENT", func() error {
+			return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_KOBJECT_UEVENT)
+		}},
+		{"NETLINK_AUDIT", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT) }},
+		{"NETLINK_CONNECTOR", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_DGRAM, unix.NETLINK_CONNECTOR) }},
+		{"NETLINK_NETFILTER", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER) }},
+		{"NETLINK_XFRM", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM) }},
+		{"NETLINK_ROUTE (allowed)", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) }},
 	}
 	if *devDir != "" {
 		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
