@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -202,8 +203,21 @@ func TestAttackSuite(t *testing.T) {
 	// Control 1: the host, root, in namespaces of its own so that what
 	// goes through changes nothing.
 	blk := blockDevices(t, xfsDev)
+	abstract, err := net.Listen("unix", "@dsec-attack-"+fmt.Sprint(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer abstract.Close()
+	escape := []string{"-hostpid", fmt.Sprint(os.Getpid()), "-abstract", strings.TrimPrefix(abstract.Addr().String(), "@")}
+	// The host control opens the /proc entries of a process of its own.
+	target := exec.Command("sleep", "60")
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { target.Process.Kill(); target.Wait() }()
 	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9", "-devdir", t.TempDir(), "-blk", blk,
 		"-ext4", ext4Dir, "-btrfs", btrfsDir}
+	hostArgs = append(hostArgs, append(escape, "-initpid", fmt.Sprint(target.Process.Pid))...)
 	cmd := exec.Command(bin, hostArgs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
 	out, err := cmd.Output()
@@ -257,7 +271,7 @@ func TestAttackSuite(t *testing.T) {
 	// the device allowlist stands between a node and its device.
 	mountFSInto(t, sb.Snapshot().Pid, "tmpfs", "tmpfs", "/mnt/dev")
 	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53", "-devdir", "/mnt/dev", "-blk", blk,
-		"-ext4", "/mnt/ext4", "-btrfs", "/mnt/btrfs")
+		"-ext4", "/mnt/ext4", "-btrfs", "/mnt/btrfs", "-inside", escape[0], escape[1], escape[2], escape[3])
 	allowedPort := run("-dir", "/tmp", "-tcp", "127.0.0.1:18081")
 
 	for _, name := range denied {
@@ -295,11 +309,34 @@ func TestAttackSuite(t *testing.T) {
 		t.Errorf("a NETLINK_ROUTE socket in the sandbox: %s", got)
 	}
 	checkDevices(t, host, inside)
+	checkEscapes(t, host, inside)
 	checkIoctls(t, host, filtered, inside)
 	if host["XFS_IOC_SWAPEXT"] == "ENOTTY" {
 		t.Errorf("XFS_IOC_SWAPEXT on the host's XFS: ENOTTY: the control did not reach XFS")
 	}
 	t.Logf("%d attempts; host control %d reached the kernel; inside: %v", len(inside), len(host), inside)
+}
+
+// checkEscapes holds the escape classes' attempts to what the sandbox
+// must answer; those that reach the host from the host show the attempt
+// is real (the ones that would change the host run only inside).
+func checkEscapes(t *testing.T, host, inside map[string]string) {
+	t.Helper()
+	for name, want := range map[string]string{
+		"init's mem": "EACCES", "init's environ": "EACCES", "init's root": "EACCES", "init's cwd": "EACCES",
+		"init's fd 0": "EACCES", "mount cgroup": "EPERM", "signal a host process": "ESRCH",
+		"connect a host abstract socket": "ECONNREFUSED", "write init's exe": "EACCES", "write own exe": "ETXTBSY",
+		"write core_pattern": "EROFS", "write modprobe": "EROFS|ENOENT", "write uevent_helper": "EROFS|ENOENT",
+		"write drop_caches": "EROFS", "write release_agent": "ENOENT", "remove /dev/null": "EBUSY",
+		"mknod over /dev/null's mount": "EEXIST",
+	} {
+		if got := inside[name]; !slices.Contains(strings.Split(want, "|"), got) {
+			t.Errorf("%s in the sandbox: %s, want %s (host: %s)", name, got, want, host[name])
+		}
+		if h, ok := host[name]; ok && h != "ok" && name != "mount cgroup" {
+			t.Errorf("positive control: %s on the host: %s", name, h)
+		}
+	}
 }
 
 // checkIoctls holds the content-exchange attempts to the profile: each
@@ -806,5 +843,34 @@ func TestNATDenySet(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "which no rule opens") {
 			t.Errorf("a rule to %s: %v", to, err)
 		}
+	}
+}
+
+// TestInitDescriptors ("leaky vessels", runc CVE-2024-21626): no
+// descriptor of the init reaches a command, neither inherited nor as a
+// working directory named /proc/self/fd/N; a command holds its three
+// standard streams and nothing else.
+func TestInitDescriptors(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(dsecrt.Options{Name: "fds", Layers: []string{"bb:1"}})
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sb.Snapshot().Pid))
+	if err != nil || len(ents) < 3 {
+		t.Fatalf("the init's descriptors: %v %v", ents, err)
+	}
+	for _, e := range ents {
+		spec := dsecrt.ExecSpec{ID: "cwd-" + e.Name(), Cwd: "/proc/self/fd/" + e.Name(), Args: []string{"/bin/sh", "-c", "pwd -P; cat /etc/answer"}}
+		x, _, err := sb.Run(context.Background(), spec)
+		if err != nil {
+			continue // refused: the init's descriptor is no directory of the sandbox
+		}
+		x.Result(context.Background())
+		out, _ := os.ReadFile(x.StdoutPath())
+		if !strings.HasSuffix(string(out), "\n42\n") { // in the sandbox's root, wherever its cwd
+			t.Errorf("cwd /proc/self/fd/%s: %q", e.Name(), out)
+		}
+	}
+	out, _ := sh(t, sb, "own-fds", "ls /proc/self/fd | sort -n | tr '\\n' ' '")
+	if out != "0 1 2 3 " { // 3: ls's own directory
+		t.Errorf("a command's descriptors: %q, want 0 1 2 (and ls's 3)", out)
 	}
 }

@@ -9,6 +9,7 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -98,6 +99,10 @@ func main() {
 	filter := flag.String("seccomp", "", "load this seccomp program (struct sock_filter array) on every thread first")
 	devDir := flag.String("devdir", "", "a directory on a mount without nodev, for device nodes")
 	blk := flag.String("blk", "", "NAME=MAJOR:MINOR,... block devices of the host to make and open")
+	inside := flag.Bool("inside", false, "also try what would change the host if it went through (only inside a sandbox)")
+	hostPid := flag.Int("hostpid", 0, "a process of the host to signal (signal 0)")
+	initPid := flag.Int("initpid", 1, "the process whose /proc entries to open (the sandbox's init)")
+	abstract := flag.String("abstract", "", "an abstract unix socket of the host to connect to")
 	flag.Parse()
 	if *filter != "" {
 		if err := loadFilter(*filter); err != nil {
@@ -176,6 +181,7 @@ func main() {
 		{"NETLINK_XFRM", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM) }},
 		{"NETLINK_ROUTE (allowed)", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) }},
 	}
+	as = append(as, escapeAttempts(*inside, *initPid, *hostPid, *abstract)...)
 	if *devDir != "" {
 		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
 	}
@@ -234,7 +240,8 @@ func main() {
 	for _, a := range as {
 		res := "ok"
 		if err := a.try(); err != nil {
-			if e, ok := err.(syscall.Errno); ok {
+			var e syscall.Errno
+			if errors.As(err, &e) && !isOpError(err) {
 				res = unix.ErrnoName(e)
 			} else if op, ok := err.(*net.OpError); ok {
 				res = op.Err.Error()
@@ -251,6 +258,72 @@ func main() {
 	}
 	unix.Unmount(scratch, unix.MNT_DETACH)
 	os.RemoveAll(scratch)
+}
+
+// escapeAttempts are the classes of published container escapes that
+// apply to a sandbox: the runtime's own process reached through /proc
+// (runc CVE-2019-5736's binary overwrite, CVE-2016-9962's ptrace of the
+// init, "leaky vessels" CVE-2024-21626's inherited descriptors), the
+// kernel's host-wide knobs (core_pattern, modprobe, uevent_helper: CDK's
+// and deepce's escapes), cgroup v1's release_agent (CVE-2022-0492),
+// masked paths undone (runc CVE-2025-31133's /dev/null), the host's
+// processes and its abstract unix sockets (containerd-shim CVE-2020-15257).
+func escapeAttempts(inside bool, initPid, hostPid int, abstract string) []attempt {
+	openAt := func(p string, flags int) func() error {
+		return func() error {
+			fd, err := unix.Open(p, flags|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+			if err == nil {
+				unix.Close(fd)
+			}
+			return err
+		}
+	}
+	as := []attempt{
+		{"init's mem", openAt(fmt.Sprintf("/proc/%d/mem", initPid), unix.O_RDONLY)},
+		{"init's environ", openAt(fmt.Sprintf("/proc/%d/environ", initPid), unix.O_RDONLY)},
+		{"init's root", openAt(fmt.Sprintf("/proc/%d/root/", initPid), unix.O_RDONLY|unix.O_DIRECTORY)},
+		{"init's cwd", openAt(fmt.Sprintf("/proc/%d/cwd/", initPid), unix.O_RDONLY|unix.O_DIRECTORY)},
+		{"init's fd 0", openAt(fmt.Sprintf("/proc/%d/fd/0", initPid), unix.O_RDONLY)},
+		{"mount cgroup", func() error { return unix.Mount("cgroup", "/nonexistent-dsec", "cgroup", 0, "memory") }},
+	}
+	if hostPid > 0 {
+		as = append(as, attempt{"signal a host process", func() error { return unix.Kill(hostPid, 0) }})
+	}
+	if abstract != "" {
+		as = append(as, attempt{"connect a host abstract socket", func() error {
+			fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			return unix.Connect(fd, &unix.SockaddrUnix{Name: "@" + abstract})
+		}})
+	}
+	if !inside {
+		return as
+	}
+	writeTo := func(p, v string) func() error {
+		return func() error {
+			f, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.WriteString(v)
+			return err
+		}
+	}
+	return append(as,
+		attempt{"write init's exe", writeTo(fmt.Sprintf("/proc/%d/exe", initPid), "x")},
+		attempt{"write own exe", writeTo("/proc/self/exe", "")},
+		attempt{"write core_pattern", writeTo("/proc/sys/kernel/core_pattern", "|/tmp/x")},
+		attempt{"write modprobe", writeTo("/proc/sys/kernel/modprobe", "/tmp/x")},
+		attempt{"write uevent_helper", writeTo("/sys/kernel/uevent_helper", "/tmp/x")},
+		attempt{"write drop_caches", writeTo("/proc/sys/vm/drop_caches", "3")},
+		attempt{"write release_agent", writeTo("/sys/fs/cgroup/memory/release_agent", "/tmp/x")},
+		attempt{"remove /dev/null", func() error { return os.Remove("/dev/null") }},
+		attempt{"mknod over /dev/null's mount", func() error { return unix.Mknod("/dev/null", unix.S_IFCHR|0o666, int(unix.Mkdev(1, 1))) }},
+	)
 }
 
 // hostDevices are character devices no sandbox may open.
@@ -317,6 +390,8 @@ func deviceAttempts(dir, scratch, blk string) []attempt {
 	}
 	return as
 }
+
+func isOpError(err error) bool { _, ok := err.(*net.OpError); return ok }
 
 var atFDCWD = func() uintptr { fd := unix.AT_FDCWD; return uintptr(fd) }()
 
