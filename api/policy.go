@@ -75,7 +75,14 @@ const (
 // EgressRule allows traffic to an address range.
 type EgressRule struct {
 	// To is a CIDR (v4 or v6), an address, or a host name the worker
-	// resolves when the policy is applied (and pins).
+	// resolves when the policy is applied (and pins). No rule opens the
+	// deny set: link-local 169.254.0.0/16 (the metadata address) and
+	// fe80::/10, dsec's NAT pool 10.200.0.0/16 (the host's gateways and
+	// every other sandbox), multicast, 0.0.0.0/8 and broadcast, and, in
+	// mode nat, every address of the host; a rule inside it is refused.
+	// The private ranges 10/8, 172.16/12, 192.168/16, 100.64/10 and
+	// fc00::/7 open only to a rule that names them or a part of them,
+	// not to one that merely contains them (0.0.0.0/0).
 	To string `json:"to"`
 	// Ports are port numbers or "LOW-HIGH" ranges; none: every port.
 	Ports []PortRange `json:"ports,omitempty"`

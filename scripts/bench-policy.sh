@@ -8,6 +8,10 @@
 #     policy, ready for its first command.
 #  3. loading the default seccomp profile when a sandbox starts: as the binary search dsec emits vs
 #     the library's chain of one comparison per system call (same answers; TestSearchTree).
+#  5. connect() under an allowlist of every address with the deny set's entries vs the same rules
+#     without them (how the allowlist was before the deny set), alternating as in 1.
+#  6. create to first exec of a sandbox that starts its own init, with the device allowlist (the cgroup
+#     device program and the v1 devices lines) vs without, alternating in one loop.
 #  4. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
 #     done, and to removal, alternating in one loop through the SDK.
 set -euo pipefail
@@ -21,6 +25,8 @@ none=$(metric "$conn" ns/connect-none); guarded=$(metric "$conn" ns/connect-1000
 load=$(go test -run '^$' -bench BenchmarkSeccompLoad -benchtime 300x ./internal/policy/)
 apply=$(go test -run '^$' -bench BenchmarkApplyPolicy -benchtime "${n}x" ./sdk/)
 disk=$(go test -run '^$' -bench BenchmarkDiskQuota -benchtime "$((2 * n))x" ./sdk/)
+deny=$(go test -run '^$' -bench BenchmarkConnectDenySet -benchtime 200000x ./internal/policy/)
+devs=$(go test -run '^$' -bench BenchmarkDevices -benchtime "$((2 * n))x" ./internal/runtime/)
 
 echo "== policy (2-core VM; $(date -u +%F))"
 printf '%-52s %10s %10s %8s\n' figure dsec baseline ratio
@@ -35,3 +41,7 @@ for m in first-exec-p50 first-exec-p99 with-rm-p50 with-rm-p99; do
 	printf '%-52s %8s ms %8s ms %8s\n' "10 GiB disk quota vs none: ${m%-p*} ${m##*-}" "$(metric "$disk" "${m%-p*}-disk-${m##*-}-ms")" \
 		"$(metric "$disk" "$m-ms")" "$(ratio "$(metric "$disk" "${m%-p*}-disk-${m##*-}-ms")" "$(metric "$disk" "$m-ms")")"
 done
+printf '%-52s %8s ns %8s ns %8s\n' "connect(), deny set vs the allowlist alone" "$(metric "$deny" ns/connect-denyset)" \
+	"$(metric "$deny" ns/connect-allowlist)" "$(ratio "$(metric "$deny" ns/connect-denyset)" "$(metric "$deny" ns/connect-allowlist)")"
+printf '%-52s %8s ms %8s ms %8s\n' "create to first exec p50: device allowlist vs none" "$(metric "$devs" devices-p50-ms)" \
+	"$(metric "$devs" none-p50-ms)" "+$(metric "$devs" added-p50-ms) ms"

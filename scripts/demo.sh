@@ -143,6 +143,37 @@ if [ "$(id -u)" = 0 ]; then
 	printf 'apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [/etc]\n  readWrite: [/tmp]\n' >"$work/files.yaml"
 	"$dsec" run --rm --base demo/busybox:1 --policy "$work/files.yaml" -- \
 		sh -c 'echo "/etc shows $(ls -A /etc | wc -l) entries"; echo x > /root/x; echo x > /tmp/ok && echo "/tmp is writable"' || true
+	# Devices: root makes any node it likes; only the devices of its /dev open (a loop device holds
+	# another sandbox's disk, /dev/kvm the host's hypervisor). Netlink still answers ip.
+	"$dsec" run --rm --base demo/busybox:1 -- sh -c 'mknod /tmp/loop0 b 7 0 && mknod /tmp/kvm c 10 232 && echo "root made /tmp/loop0 and /tmp/kvm";
+		head -c1 /tmp/loop0; head -c1 /tmp/kvm; mkdir -p /dev/x && mknod /dev/x/kvm c 10 232 && head -c1 /dev/x/kvm;
+		echo "/dev/null still opens: $(echo ok > /dev/null && echo yes)"; ip -o -4 addr show lo' || true
+	# NAT: a sandbox whose allowlist allows every address reaches a server outside the host, and
+	# neither the host's own service (on every address) nor its gateway.
+	if command -v ip >/dev/null; then
+		ip netns del dsec-demo-out 2>/dev/null || true
+		ip link del dsec-demo-o 2>/dev/null || true
+		ip netns add dsec-demo-out
+		ip link add dsec-demo-o type veth peer name dsec-demo-i
+		ip link set dsec-demo-i netns dsec-demo-out
+		ip addr add 10.201.0.1/30 dev dsec-demo-o && ip link set dsec-demo-o up
+		ip -n dsec-demo-out addr add 10.201.0.2/30 dev dsec-demo-i && ip -n dsec-demo-out link set dsec-demo-i up
+		ip netns exec dsec-demo-out busybox nc -ll -p 8080 -e echo "hello from outside the host" &
+		outside=$!
+		busybox nc -ll -p 18090 -e echo "the host's own service" &
+		hostsvc=$!
+		trap 'kill $outside $hostsvc 2>/dev/null; ip netns del dsec-demo-out 2>/dev/null; ip link del dsec-demo-o 2>/dev/null; rm -rf "$work"' EXIT
+		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n    - to: 0.0.0.0/0\n    - to: 10.201.0.0/16\n' >"$work/nat.yaml"
+		"$dsec" policy validate "$work/nat.yaml"
+		"$dsec" run --rm --base demo/busybox:1 --policy "$work/nat.yaml" -- sh -c 'gw=$(ip route | awk "/default/ {print \$3}");
+			for i in 1 2 3 4 5; do nc -w 2 10.201.0.2 8080 </dev/null && break; sleep 0.2; done;
+			echo "the host at its gateway $gw:"; nc -w 2 $gw 18090 </dev/null;
+			echo "the metadata address:"; nc -w 2 169.254.169.254 80 </dev/null' || true
+		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n    - to: 169.254.169.254\n' >"$work/metadata.yaml"
+		"$dsec" policy validate "$work/metadata.yaml" || true
+		kill $outside $hostsvc 2>/dev/null || true
+		ip netns del dsec-demo-out; ip link del dsec-demo-o 2>/dev/null || true
+	fi
 	# A disk quota: what the sandbox writes lives on a file system of that size; past it, ENOSPC.
 	"$dsec" run --rm --base demo/busybox:1 --disk 16M -- \
 		sh -c 'dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | head -1; df -h / | tail -1' || true

@@ -23,14 +23,26 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
   network    the egress allowlist: CIDRs, addresses or host names (resolved when applied,
              then pinned), ports, tcp/udp; everything else fails with EPERM. mode: nat gives
              the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
-             only); the allowlist holds either way
+             only); the allowlist holds either way. No rule opens the deny set: link-local
+             (169.254.0.0/16 with the metadata address, fe80::/10), the NAT pool 10.200.0.0/16
+             (the host's gateways, other sandboxes), multicast, broadcast and, in nat mode,
+             the host's own addresses (the host also drops what sandboxes send it); private
+             ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7) open only to a rule
+             naming them or a part of them, not to 0.0.0.0/0
   resources  pids, memory, cpu caps; disk, the bound on what the sandbox writes (its upper on a
              file system of that size: past it, writes fail with ENOSPC)
 The network allowlist, resources, read-only and hidden paths change at once for every process
 of a running sandbox (a disk quota can grow, never shrink, and a sandbox made without one
 cannot get one; growing a running sandbox's needs CAP_SYS_RESOURCE, else stop it first); file and syscall rules can only be tightened there, and readWrite and
 syscall rules hold for processes started from then on (the kernel cannot add them to running
-ones). apply says which took effect how.`
+ones). apply says which took effect how.
+Whatever the policy, every sandbox opens only the devices of its /dev (null, zero, full,
+random, urandom, tty, ptmx, its pseudo-terminals): a node root makes of any other device
+(a loop device, a disk, /dev/kvm, /dev/fuse, /dev/net/tun, /dev/mem) is made but its open
+fails with EPERM (a cgroup device program, and the v1 devices controller where mounted),
+and its root and writable mounts are nodev. Netlink opens for NETLINK_ROUTE, SOCK_DIAG and
+GENERIC only (ip, getifaddrs and ss work); raw and packet sockets are refused, and so are
+the ioctls that exchange or commit file contents (XFS, ext4, Btrfs, clone and dedupe).`
 
 func (a *app) policyCommand() *cobra.Command {
 	cmd := &cobra.Command{

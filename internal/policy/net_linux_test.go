@@ -151,6 +151,47 @@ func BenchmarkConnect(b *testing.B) {
 	b.ReportMetric(ns1/ns0, "ratio")
 }
 
+// BenchmarkConnectDenySet is what the deny set costs a connect(): one
+// process alternates between a cgroup under an allowlist of every address
+// (0.0.0.0/0, ::/0) with the deny set's entries and host addresses, and
+// one under the same rules without them (the allowlist as it was), each
+// connect allowed. make bench prints the ratio.
+func BenchmarkConnectDenySet(b *testing.B) {
+	rules := []api.EgressRule{{To: "0.0.0.0/0"}, {To: "::/0"}}
+	host := []netip.Addr{netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("198.51.100.7")}
+	withDeny, err := Allowlist(rules, host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var alone []Entry
+	for _, e := range withDeny {
+		if len(e.Rules) > 0 {
+			alone = append(alone, e)
+		}
+	}
+	if len(alone) == len(withDeny) {
+		b.Fatal("the deny set added no entries")
+	}
+	a, d := testCgroup(b), testCgroup(b)
+	for cg, es := range map[string][]Entry{a: alone, d: withDeny} {
+		if err := ApplyNetwork(cg, nil, es); err != nil {
+			b.Fatal(err)
+		}
+		defer ReleaseNetwork(cg, es)
+	}
+	out, err := startProbes(b, a, fmt.Sprintf("bench %s %s 127.0.0.1:1 %d", a, d, b.N)).Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ns0, ns1 float64
+	if _, err := fmt.Sscan(string(out), &ns0, &ns1); err != nil {
+		b.Fatalf("the child: %s", out)
+	}
+	b.ReportMetric(ns0, "ns/connect-allowlist")
+	b.ReportMetric(ns1, "ns/connect-denyset")
+	b.ReportMetric(ns1/ns0, "ratio")
+}
+
 var cgroupSeq atomic.Int64
 
 func testCgroup(t testing.TB) string {

@@ -326,8 +326,10 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	// idmapped into its namespace.
 	var sp *spare
 	var own *container.Spare // a user namespace's init
+	devices := func() error { return nil } // a new group's v1 device lines, written meanwhile
 	claimed := false
 	defer func() {
+		devices() // never left writing to a group teardown removes
 		if !claimed && sp != nil {
 			sp.init.Discard() // its group is the sandbox's now: teardown's
 		}
@@ -341,7 +343,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 		sb.IDs = ids
-		if sb.g, err = newGroup(sb.CgroupName, sb.Limits); err != nil {
+		if sb.g, devices, err = newGroup(sb.CgroupName, sb.Limits); err != nil {
 			return err
 		}
 		if own, err = container.Prestart(sb.g.Add, ids); err != nil {
@@ -376,11 +378,11 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 				return err
 			}
 		} else {
-			g, err := newGroup(sb.CgroupName, sb.Limits)
+			g, d, err := newGroup(sb.CgroupName, sb.Limits)
 			if err != nil {
 				return err
 			}
-			sb.g = g
+			sb.g, devices = g, d
 		}
 	}
 	// The egress allowlist holds before anything in the sandbox runs: a
@@ -436,6 +438,9 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if sb.NAT, err = natUp(sb.owner(), sb.Pid); err != nil {
 			return err
 		}
+	}
+	if err := devices(); err != nil {
+		return fmt.Errorf("device allowlist: %w", err)
 	}
 	sb.Status = Running
 	return sb.save()
