@@ -325,7 +325,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	// user namespace's init is started first, for its root's layers are
 	// idmapped into its namespace.
 	var sp *spare
-	var own *container.Spare // a user namespace's init
+	var own *container.Spare               // a user namespace's init
 	devices := func() error { return nil } // a new group's v1 device lines, written meanwhile
 	claimed := false
 	defer func() {
