@@ -38,17 +38,3 @@ func DevicesV1() (deny string, allow []string) {
 	}
 	return "a", allow
 }
-
-// DeviceAllowed says whether the list lets a character (or, with block,
-// a block) device major:minor be opened.
-func DeviceAllowed(block bool, major, minor int) bool {
-	if block {
-		return false
-	}
-	for _, d := range DeviceAllow {
-		if d.Major == major && (d.Minor < 0 || d.Minor == minor) {
-			return true
-		}
-	}
-	return false
-}
