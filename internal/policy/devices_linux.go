@@ -97,12 +97,4 @@ func ApplyDevices(cg string) error {
 }
 
 // DevicesAttached says whether the cgroup carries a device program.
-func DevicesAttached(cg string) bool {
-	dir, err := os.Open(cg)
-	if err != nil {
-		return false
-	}
-	defer dir.Close()
-	q, err := link.QueryPrograms(link.QueryOptions{Target: int(dir.Fd()), Attach: ebpf.AttachCGroupDevice})
-	return err == nil && len(q.Programs) > 0
-}
+func DevicesAttached(cg string) bool { return attachedAll(cg, ebpf.AttachCGroupDevice) }

@@ -377,13 +377,16 @@ func notSupported(err error) error {
 }
 
 // NetworkAttached says whether the cgroup carries the allowlist.
-func NetworkAttached(cg string) bool {
+func NetworkAttached(cg string) bool { return attachedAll(cg, netAttach...) }
+
+// attachedAll says whether the cgroup carries a program of every type.
+func attachedAll(cg string, types ...ebpf.AttachType) bool {
 	dir, err := os.Open(cg)
 	if err != nil {
 		return false
 	}
 	defer dir.Close()
-	for _, at := range netAttach {
+	for _, at := range types {
 		q, err := link.QueryPrograms(link.QueryOptions{Target: int(dir.Fd()), Attach: at})
 		if err != nil || len(q.Programs) == 0 {
 			return false
