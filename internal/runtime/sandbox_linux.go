@@ -503,6 +503,13 @@ func Load(root, name string) (*Sandbox, error) {
 		if sb.g != nil && sb.g.Frozen() { // a worker died packing it
 			sb.g.Thaw()
 		}
+		// A sandbox an older dsec made gets the device allowlist now
+		// (one that has it keeps its own).
+		if sb.g != nil {
+			if err := policy.ApplyDevices(sb.g.Path()); err != nil {
+				return nil, fmt.Errorf("sandbox %s: %w", name, err)
+			}
+		}
 		if sb.c, err = container.Attach(filepath.Join(dir, "init.sock"), sb.Pid); err != nil {
 			sb.Status = Dead
 		}
