@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/store"
@@ -147,12 +149,46 @@ done 2>&1`, major, minor)
 	}
 	try("after stop and start", own, 4)
 	own.Close() // the worker goes; a new one adopts the sandbox
+	// As an older dsec would have left it: no device program.
+	g, err := cgroup.Open(own.Snapshot().CgroupName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	detachDevices(t, g.Path())
+	if policy.DevicesAttached(g.Path()) {
+		t.Fatal("the device program is still attached")
+	}
 	again, err := runtime.Load(root, "own")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { again.Remove() })
 	try("re-adopted", again, 5)
+}
+
+// detachDevices takes the device programs off the cgroup2 directory cg.
+func detachDevices(t *testing.T, cg string) {
+	t.Helper()
+	dir, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	q, err := link.QueryPrograms(link.QueryOptions{Target: int(dir.Fd()), Attach: ebpf.AttachCGroupDevice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range q.Programs {
+		prog, err := ebpf.NewProgramFromID(p.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(dir.Fd()), Program: prog, Attach: ebpf.AttachCGroupDevice})
+		prog.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // BenchmarkDevices: create to first exec of a sandbox that starts its own
