@@ -18,6 +18,9 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/policy"
+	dsecrt "github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
@@ -61,9 +64,20 @@ func call(t *testing.T, c *sdk.Client, opts sdk.CallOptions, script string) (str
 
 func TestFnCallNeverLeaksBetweenCalls(t *testing.T) {
 	tmpl := api.SandboxSpec{Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}
-	_, c := setupWith(t, runtimetest.Config{Pools: []worker.PoolConfig{{Name: "p", Size: 2, Spec: tmpl}}})
+	w, c := setupWith(t, runtimetest.Config{Pools: []worker.PoolConfig{{Name: "p", Size: 2, Spec: tmpl}}})
 	ctx := context.Background()
 	waitFor(t, "the pool to fill", func() bool { return warm(t, c, "p") == 2 })
+	// Every group of the worker's (the pool's sandboxes, its spares)
+	// carries the device allowlist.
+	names, err := cgroup.List("sb-", dsecrt.CgroupSuffix(w.Root))
+	if err != nil || len(names) < 2 {
+		t.Fatalf("the worker's groups: %v %v", names, err)
+	}
+	for _, n := range names {
+		if g, err := cgroup.Open(n); err != nil || !policy.DevicesAttached(g.Path()) {
+			t.Errorf("group %s: no device allowlist (%v)", n, err)
+		}
+	}
 
 	// A call leaves a secret in files, a process and shared memory.
 	out, first := call(t, c, sdk.CallOptions{Pool: "p"}, `echo s3cret > /tmp/secret; echo s3cret >> /work/hello; echo s3cret > /dev/shm/x 2>/dev/null; (sleep 1000 &); hostname; cat /work/hello`)
