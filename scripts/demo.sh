@@ -162,17 +162,19 @@ if [ "$(id -u)" = 0 ]; then
 		outside=$!
 		busybox nc -ll -p 18090 -e echo "the host's own service" &
 		hostsvc=$!
-		trap 'kill $outside $hostsvc 2>/dev/null; ip netns del dsec-demo-out 2>/dev/null; ip link del dsec-demo-o 2>/dev/null; rm -rf "$work"' EXIT
+		trap 'kill $outside $hostsvc 2>/dev/null || true; ip netns del dsec-demo-out 2>/dev/null || true; rm -rf "$work"' EXIT
 		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n    - to: 0.0.0.0/0\n    - to: 10.201.0.0/16\n' >"$work/nat.yaml"
 		"$dsec" policy validate "$work/nat.yaml"
 		"$dsec" run --rm --base demo/busybox:1 --policy "$work/nat.yaml" -- sh -c 'gw=$(ip route | awk "/default/ {print \$3}");
 			for i in 1 2 3 4 5; do nc -w 2 10.201.0.2 8080 </dev/null && break; sleep 0.2; done;
 			echo "the host at its gateway $gw:"; nc -w 2 $gw 18090 </dev/null;
+			echo "the host at 10.201.0.1, its address on the outside link:"; nc -w 2 10.201.0.1 18090 </dev/null;
 			echo "the metadata address:"; nc -w 2 169.254.169.254 80 </dev/null' || true
 		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n    - to: 169.254.169.254\n' >"$work/metadata.yaml"
 		"$dsec" policy validate "$work/metadata.yaml" || true
 		kill $outside $hostsvc 2>/dev/null || true
-		ip netns del dsec-demo-out; ip link del dsec-demo-o 2>/dev/null || true
+		ip netns del dsec-demo-out
+		trap 'rm -rf "$work"' EXIT
 	fi
 	# A disk quota: what the sandbox writes lives on a file system of that size; past it, ENOSPC.
 	"$dsec" run --rm --base demo/busybox:1 --disk 16M -- \
