@@ -167,9 +167,9 @@ if [ "$(id -u)" = 0 ]; then
 		"$dsec" policy validate "$work/nat.yaml"
 		"$dsec" run --rm --base demo/busybox:1 --policy "$work/nat.yaml" -- sh -c 'gw=$(ip route | awk "/default/ {print \$3}");
 			for i in 1 2 3 4 5; do nc -w 2 10.201.0.2 8080 </dev/null && break; sleep 0.2; done;
-			echo "the host at its gateway $gw:"; nc -w 2 $gw 18090 </dev/null;
-			echo "the host at 10.201.0.1, its address on the outside link:"; nc -w 2 10.201.0.1 18090 </dev/null;
-			echo "the metadata address:"; nc -w 2 169.254.169.254 80 </dev/null' || true
+			echo "the host at its gateway $gw:"; nc -w 2 $gw 18090 </dev/null 2>&1;
+			echo "the host at 10.201.0.1, its address on the outside link:"; nc -w 2 10.201.0.1 18090 </dev/null 2>&1;
+			echo "the metadata address:"; nc -w 2 169.254.169.254 80 </dev/null 2>&1' || true
 		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n    - to: 169.254.169.254\n' >"$work/metadata.yaml"
 		"$dsec" policy validate "$work/metadata.yaml" || true
 		kill $outside $hostsvc 2>/dev/null || true
