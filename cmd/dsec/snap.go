@@ -313,12 +313,20 @@ func (a *app) printTree(nodes []api.SnapshotNode) error {
 			roots = append(roots, n.Parent)
 		}
 	}
+	// Each snapshot is drawn once: one met again (a store whose lineage
+	// an older dsec made cyclic, or a node under two parents) is named,
+	// not walked, so the drawing is bounded by the nodes.
+	drawn := map[string]bool{}
 	var draw func(name, indent string, last bool, top bool)
 	draw = func(name, indent string, last, top bool) {
 		n := byName[name]
 		label := name
 		if n != nil {
 			label = fmt.Sprintf("%s  (%s, from %s)", name, humanBytes(n.Size), n.Sandbox)
+			if drawn[name] {
+				n, label = nil, name+"  (drawn above)"
+			}
+			drawn[name] = true
 		} else if !top {
 			label = name + "  (sandbox)"
 		}

@@ -215,6 +215,10 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 			o.Workdir = l.Workdir
 		}
 		for _, lo := range l.Lowers {
+			if slices.Contains(digests, lo.Digest.String()) {
+				return nil, fmt.Errorf("snapshot %s stands on its own image (through %s: an older dsec packed an empty diff over an empty one): it cannot be started; dsec snap rm it and branch from the snapshot under it: %w",
+					o.From, lo.Ref, errdefs.ErrInvalidArgument)
+			}
 			o.Layers = append(o.Layers, lo.Ref)
 			digests = append(digests, lo.Digest.String())
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -72,9 +73,22 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 		Walk: func(ctx context.Context, w *erofs.Writer) error {
 			var err error
 			packed, err = snap.Pack(ctx, w, sb.Upper(), prev, o.Limits)
+			if err == nil && prev != nil && packed.Entries == 0 {
+				// Its image would be its parent's own (an empty diff
+				// over an empty diff): a node never its own ancestor.
+				return fmt.Errorf("nothing changed in sandbox %s since snapshot %s, which holds this state already: branch or restore from it: %w",
+					sb.Name, sb.Top.Ref, errdefs.ErrFailedPrecondition)
+			}
 			return err
 		},
 	})
+	if err == nil && slices.ContainsFunc(lowers, func(l layer.Lower) bool { return l.Digest == info.Digest }) {
+		// The same bytes as a layer it stands on: stacked on itself it
+		// would be its own ancestor. Untagged before anything sees it.
+		layer.Remove(ctx, o.Store, o.Ref.String())
+		err = fmt.Errorf("the diff of sandbox %s is the very image of a layer it stands on: nothing to snapshot that this lineage does not hold: %w",
+			sb.Name, errdefs.ErrFailedPrecondition)
+	}
 	if packed != nil {
 		packed.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -375,4 +376,68 @@ func TestLazySnapshotBranch(t *testing.T) {
 		t.Fatalf("branch state %+v", st)
 	}
 	removeOnSecondHost(t, host, sb)
+}
+
+// TestPackDiffNothingChanged: a pack with nothing changed since the last
+// is refused and tags nothing (issue 29, item 0: it made a snapshot its
+// own child, and the lineage's walks endless); the lineage stays a DAG,
+// a branch of the last snapshot works, and a change packs again. A store
+// an older dsec left with such a node lists it as nobody's child.
+func TestPackDiffNothingChanged(t *testing.T) {
+	f := newSnapFixture(t)
+	ctx := context.Background()
+	sb := f.create(runtime.Options{Name: "loop1", Layers: []string{"bb:1"}})
+	f.mustPack(sb, "loop1:1")
+	_, err := f.pack(sb, "loop1:2", snap.Limits{})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "nothing changed in sandbox loop1 since snapshot loop1:1") {
+		t.Fatalf("an empty increment: %v", err)
+	}
+	if _, err := layer.Resolve(ctx, f.s, "loop1:2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("the refused pack left a tag: %v", err)
+	}
+	if cg := sb.Cgroup(); cg.Frozen() {
+		t.Fatal("the refused pack left the sandbox frozen")
+	}
+	br := f.create(runtime.Options{Name: "loop1-b", From: "loop1:1"})
+	if out, code := sh(t, br, "b", "cat /etc/answer"); code != 0 || out != "42\n" {
+		t.Fatalf("a branch of loop1:1: %q %d", out, code)
+	}
+	f.run(sb, "echo step > /step")
+	f.mustPack(sb, "loop1:2")
+
+	// As an older dsec left it: a snapshot whose image is its parent's.
+	first, err := layer.Resolve(ctx, f.s, "loop1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	ref, _ := layer.ParseRef("old:1")
+	self, err := layer.Build(ctx, f.s, layer.BuildOptions{Source: empty, Kind: layer.KindSnapshot, Ref: ref,
+		Snapshot: &layer.Lineage{Lowers: []layer.Lower{{Ref: "loop1:1", Digest: first.Digest}}, Sandbox: "loop1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref2, _ := layer.ParseRef("old:2")
+	if _, err := layer.Build(ctx, f.s, layer.BuildOptions{Source: empty, Kind: layer.KindSnapshot, Ref: ref2,
+		Snapshot: &layer.Lineage{Lowers: []layer.Lower{{Ref: "old:1", Digest: self.Digest}, {Ref: "loop1:1", Digest: first.Digest}}, Sandbox: "loop1"}}); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := snap.Tree(ctx, f.s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if slices.Contains(n.Children, n.Name) {
+			t.Errorf("%s is its own child: %+v", n.Name, n)
+		}
+		if n.Name == "old:1" && slices.Contains(n.Children, "old:2") {
+			t.Errorf("old:2, the very image of old:1, is listed as its child")
+		}
+	}
+	if _, err := runtime.Create(ctx, f.root, runtime.Options{Name: "old-b", From: "old:2", Mounter: f.m}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "stands on its own image") {
+		t.Errorf("a branch of a snapshot standing on its own image: %v", err)
+	}
+	if _, err := snap.Remove(ctx, f.s, "old:2", nil, false); err != nil {
+		t.Errorf("remove a snapshot that only its own image stands on: %v", err)
+	}
 }

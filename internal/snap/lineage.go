@@ -49,7 +49,11 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 	}
 	for _, n := range nodes {
 		for _, m := range nodes {
-			if m.lowers[0].Digest.String() == n.Digest {
+			// A snapshot with its parent's very image (an older dsec
+			// packed an empty diff over an empty one) is no child of
+			// it, nor of itself: the lineage stays a DAG whatever the
+			// store holds.
+			if m.Digest != n.Digest && m.lowers[0].Digest.String() == n.Digest {
 				n.Children = append(n.Children, m.Name)
 			}
 		}
@@ -99,6 +103,9 @@ func Remove(ctx context.Context, s *store.Store, ref string, users []User, force
 	}
 	var on []string
 	for _, c := range nodes {
+		if c.Digest == n.Digest { // itself, or its very image under another tag
+			continue
+		}
 		for _, lo := range c.lowers {
 			if lo.Digest.String() == n.Digest {
 				on = append(on, "snapshot "+c.Name)
