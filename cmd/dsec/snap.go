@@ -48,7 +48,9 @@ wrote over its layers; each later one only what changed since the previous, whic
 parent. Whiteouts, opaque directories, xattrs, hard links, modes and owners are kept:
 stacked over its parents, a snapshot reproduces the sandbox's files exactly. Device nodes
 and trusted.* xattrs other than overlay's markers are dropped (and listed); sizes, entry
-count and depth are bounded by --max-bytes, --max-entries and --max-depth.
+count and depth are bounded by --max-bytes, --max-entries and --max-depth. A pack with
+nothing changed since the previous snapshot is refused (exit 8): that snapshot holds the
+state already, and a snapshot is never its own parent.
 
 ` + snapNote + "\n\n" + exitCodesHelp,
 		Example: `  dsec snap pack-diff rollout-7 -t rollout-7:12
