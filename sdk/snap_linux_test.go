@@ -71,6 +71,26 @@ func TestSnapshotAndBranch(t *testing.T) {
 			t.Fatalf("a failed branch kept %s", d.Name)
 		}
 	}
+	// Default names never collide: a second branch takes the next
+	// indices (issue 29, item 3).
+	var got []string
+	for range 2 {
+		brs, err := c.Branch(ctx, api.BranchRequest{Snapshot: "traj:3", N: 2})
+		if err != nil {
+			t.Fatalf("a branch with default names: %v", err)
+		}
+		for _, b := range brs {
+			got = append(got, b.Name)
+		}
+	}
+	if strings.Join(got, " ") != "traj-3-1 traj-3-2 traj-3-3 traj-3-4" {
+		t.Fatalf("default branch names: %v", got)
+	}
+	for _, n := range got {
+		if err := c.Sandbox(n).Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, c2 := range []struct {
 		req  api.BranchRequest
 		want func(error) bool

@@ -168,7 +168,9 @@ func (a *app) branchCommand() *cobra.Command {
 		Use:   "branch SNAPSHOT -n K",
 		Short: "Start K sandboxes on one snapshot",
 		Long: `Branch starts K sandboxes on a snapshot, named PREFIX-1 ... PREFIX-K (default prefix: the
-snapshot's tag with '/' and ':' as '-'), with the environment and working directory of the
+snapshot's tag with '/' and ':' as '-', numbered on after the highest such branch already
+there, so a second branch never collides; a --name-prefix any of whose names is taken is
+refused, exit 5, before anything starts), with the environment and working directory of the
 sandbox the snapshot came from unless --env or --workdir is given. Each stacks its own empty upper over the snapshot and
 the layers under it, which all branches share: one mount, one page cache, and for lazily
 mounted layers one fetcher and one cache. Either all K start or none is kept.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -98,13 +99,10 @@ func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
 	if prefix == "" {
 		prefix = strings.NewReplacer("/", "-", ":", "-").Replace(req.Snapshot)
 	}
-	names := make([]string, req.N)
-	for i := range names {
-		names[i] = fmt.Sprintf("%s-%d", prefix, i+1)
-		if err := runtime.ValidName(names[i]); err != nil {
-			fail(rw, fmt.Errorf("branch names %s-1..%d: %w (give --name-prefix)", prefix, req.N, err))
-			return
-		}
+	names, err := w.branchNames(prefix, req.N, req.NamePrefix == "")
+	if err != nil {
+		fail(rw, err)
+		return
 	}
 	spec := req.Spec
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
@@ -146,6 +144,34 @@ func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
 	w.log.Info("branched", "snapshot", req.Snapshot, "n", req.N, "prefix", prefix)
 	rw.WriteHeader(http.StatusCreated)
 	reply(rw, out)
+}
+
+// branchNames names n branches PREFIX-I. A default prefix takes the
+// indices after the highest its branches hold now, so a second branch of
+// a snapshot never meets the first's; a prefix the user gave is refused
+// whole, before anything is made, if any of its names is taken.
+func (w *worker) branchNames(prefix string, n int, next bool) ([]string, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := 1
+	if next {
+		for name := range w.sandboxes {
+			if i, err := strconv.Atoi(strings.TrimPrefix(name, prefix+"-")); err == nil && strings.HasPrefix(name, prefix+"-") && i >= first {
+				first = i + 1
+			}
+		}
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, first+i)
+		if err := runtime.ValidName(names[i]); err != nil {
+			return nil, fmt.Errorf("branch names %s-%d..%d: %w (give --name-prefix)", prefix, first, first+n-1, err)
+		}
+		if _, taken := w.sandboxes[names[i]]; taken {
+			return nil, fmt.Errorf("sandbox %s already exists: give another --name-prefix (nothing was made): %w", names[i], errdefs.ErrAlreadyExists)
+		}
+	}
+	return names, nil
 }
 
 // firstErr is the first error, with how many more there were.
