@@ -16,12 +16,12 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/spf13/cobra"
 
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/mount"
-	"github.com/dsec-project/dsec/internal/runtime"
 )
 
 type mountResult struct {
@@ -216,7 +216,7 @@ that mounts the layer prefetches them. REF is NAME[:VERSION] or the layer digest
 				_, err = a.stdout.Write(b)
 				return err
 			}
-			return runtime.WriteFileAtomic(out, b)
+			return durable.WriteFile(out, b, 0o600)
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write to FILE (replaced whole) instead of stdout")

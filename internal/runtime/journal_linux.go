@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
@@ -214,8 +215,13 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 func (e *Exec) finish() {
 	e.res.Finished = time.Now().UTC()
 	if e.journal {
+		// The output first, then the result that says it is whole: a
+		// replay after a host crash finds both or runs nothing twice.
+		for _, f := range []string{"stdout", "stderr"} {
+			durable.Sync(filepath.Join(e.dir, f))
+		}
 		b, _ := json.Marshal(e.res)
-		if err := WriteFileAtomic(filepath.Join(e.dir, "result.json"), b); err != nil {
+		if err := durable.WriteFile(filepath.Join(e.dir, "result.json"), b, 0o600); err != nil {
 			e.res.Err = "journal the result: " + err.Error()
 		}
 	}

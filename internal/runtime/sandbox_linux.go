@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
@@ -453,7 +454,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 // save writes the state atomically.
 func (sb *Sandbox) save() error {
 	b, _ := json.MarshalIndent(sb.State, "", "  ")
-	return WriteFileAtomic(filepath.Join(sb.dir, "state.json"), b)
+	return durable.WriteFile(filepath.Join(sb.dir, "state.json"), b, 0o600)
 }
 
 // List names the sandboxes under root.

@@ -35,6 +35,8 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/durable"
 )
 
 // RefAnnotation names a tag in index.json.
@@ -89,40 +91,13 @@ func classify(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// writeFile atomically replaces a file at the top of the layout.
+// writeFile atomically replaces a file at the top of the layout (its
+// temporary file in ingest/, where an interrupted write is swept).
 func (s *Store) writeFile(name string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), name+".*")
-	if err != nil {
+	if err := durable.WriteFileIn(filepath.Join(s.dir, "ingest"), filepath.Join(s.dir, name), b, 0o644); err != nil {
 		return classify("write "+name, err)
 	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return classify("write "+name, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return classify("write "+name, err)
-	}
-	if err := f.Close(); err != nil {
-		return classify("write "+name, err)
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), filepath.Join(s.dir, name)); err != nil {
-		return classify("write "+name, err)
-	}
-	return syncDir(s.dir)
+	return nil
 }
 
 // Ingest is a blob being written. Write to it, then Commit or Abort.
@@ -260,7 +235,7 @@ func (s *Store) publish(tmp string, desc ocispec.Descriptor) error {
 	if err := os.Rename(tmp, dst); err != nil {
 		return classify("publish blob", err)
 	}
-	return syncDir(filepath.Dir(dst))
+	return durable.SyncDir(filepath.Dir(dst))
 }
 
 // WriteBlob stores b and returns its descriptor with mediaType set.
@@ -518,7 +493,7 @@ func (s *Store) GC(ctx context.Context, refs func(ocispec.Descriptor, []byte) ([
 			res.Ingests++
 		}
 	}
-	return res, syncDir(dir)
+	return res, durable.SyncDir(dir)
 }
 
 func isJSON(mt string) bool {

@@ -13,8 +13,8 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/policy"
-	"github.com/dsec-project/dsec/internal/runtime"
 )
 
 // Named policies live in <root>/policies/NAME.json, as validated JSON.
@@ -131,7 +131,7 @@ func (w *worker) putPolicy(rw http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		b, _ := json.MarshalIndent(p, "", "  ")
-		err = runtime.WriteFileAtomic(path, b)
+		err = durable.WriteFile(path, b, 0o600)
 	}
 	if err != nil {
 		fail(rw, err)

@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/runtime"
 )
 
@@ -128,7 +129,7 @@ func (w *worker) savePools() error {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	b, _ := json.MarshalIndent(out, "", "  ")
-	return runtime.WriteFileAtomic(poolsFile(w.cfg.Root), b)
+	return durable.WriteFile(poolsFile(w.cfg.Root), b, 0o600)
 }
 
 // stopPools stops the fillers (the warm sandboxes stay for the next
