@@ -98,6 +98,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzImageArchive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzProfile$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/policy
 
 clean:

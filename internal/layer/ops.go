@@ -28,11 +28,51 @@ func ParseManifest(b []byte) (*ocispec.Manifest, error) {
 	return &man, nil
 }
 
-// ParseConfig parses a layer config.
-func ParseConfig(b []byte) (*Config, error) {
+// Bounds on what a config may say, whoever served it.
+const (
+	MaxLayerSize   = 1 << 40 // bytes of one image
+	minWindow      = erofs.BlockSize
+	maxWindow      = 64 << 20
+	maxLowers      = 4096 // layers under a snapshot
+	maxLineageEnvs = 4096
+)
+
+// ParseConfig parses the config of a layer whose image is size bytes
+// (its manifest says), as untrusted input: every region it names must
+// lie inside the image, in whole blocks, and its window table must
+// cover the image in windows of a sane power-of-two size, so that a
+// corrupt or hostile config fails the layer's mount with one line and
+// never crashes or wedges the host's fetcher (issue 29, item 9).
+func ParseConfig(b []byte, size int64) (*Config, error) {
 	var cfg Config
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		return nil, fmt.Errorf("config: %v: %w", err, errdefs.ErrDataLoss)
+	}
+	bad := func(format string, a ...any) (*Config, error) {
+		return nil, fmt.Errorf("config: "+format+": the layer is corrupt or was not written by dsec: %w", append(a, errdefs.ErrDataLoss)...)
+	}
+	if size < 2*erofs.BlockSize || size > MaxLayerSize || size%erofs.BlockSize != 0 {
+		return bad("an image of %d bytes (want whole %d-byte blocks, at most %d bytes)", size, erofs.BlockSize, int64(MaxLayerSize))
+	}
+	if cfg.BlockSize != erofs.BlockSize {
+		return bad("block size %d, want %d", cfg.BlockSize, erofs.BlockSize)
+	}
+	inImage := func(r erofs.Region) bool {
+		return r.Offset >= 0 && r.Size >= 0 && r.Offset <= size && r.Size <= size-r.Offset
+	}
+	m := cfg.Metadata
+	if !inImage(m) || m.Offset < erofs.BlockSize || m.Offset%erofs.BlockSize != 0 || m.Size == 0 {
+		return bad("metadata region %+v is not inside the %d-byte image", m, size)
+	}
+	if d := cfg.Data; !inImage(d) || d.Size > 0 && (d.Offset < erofs.BlockSize || d.Offset+d.Size > m.Offset) {
+		return bad("data region %+v is not between block 0 and the metadata", d)
+	}
+	w := cfg.Windows
+	if w.Size < minWindow || w.Size > maxWindow || w.Size&(w.Size-1) != 0 {
+		return bad("window size %d (want a power of two from %d to %d)", w.Size, minWindow, maxWindow)
+	}
+	if int64(w.Count) != (size+w.Size-1)/w.Size {
+		return bad("%d windows of %d bytes for a %d-byte image", w.Count, w.Size, size)
 	}
 	if cfg.Windows.Digest.Validate() != nil {
 		return nil, fmt.Errorf("config names no window table: %w", errdefs.ErrDataLoss)
@@ -46,6 +86,9 @@ func ParseConfig(b []byte) (*Config, error) {
 	if l := cfg.Snapshot; l != nil {
 		if len(l.Lowers) == 0 {
 			return nil, fmt.Errorf("snapshot config names no layers under it: %w", errdefs.ErrDataLoss)
+		}
+		if len(l.Lowers) > maxLowers || len(l.Env) > maxLineageEnvs {
+			return bad("a lineage of %d layers and %d variables (at most %d and %d)", len(l.Lowers), len(l.Env), maxLowers, maxLineageEnvs)
 		}
 		for _, lo := range l.Lowers {
 			if _, err := ParseRef(lo.Ref); err != nil || lo.Digest.Validate() != nil {
@@ -76,7 +119,7 @@ func load(s *store.Store, m ocispec.Descriptor) (*Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}
-	cfg, err := ParseConfig(cb)
+	cfg, err := ParseConfig(cb, man.Layers[0].Size)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", ref, err)
 	}

@@ -297,7 +297,7 @@ func readLayer(ctx context.Context, r Repo, mdesc ocispec.Descriptor) (*ocispec.
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg, err := layer.ParseConfig(cb)
+	cfg, err := layer.ParseConfig(cb, man.Layers[0].Size)
 	if err != nil {
 		return nil, nil, err
 	}
