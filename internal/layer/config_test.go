@@ -31,19 +31,19 @@ func TestParseConfigBounds(t *testing.T) {
 		t.Fatalf("a good config: %v", err)
 	}
 	for what, c := range map[string]func(*Config){
-		"window size 0":              func(c *Config) { c.Windows.Size = 0 },
-		"window size not a power":    func(c *Config) { c.Windows.Size = 3 << 20 },
-		"window size 1 GiB":          func(c *Config) { c.Windows.Size, c.Windows.Count = 1 << 30, 1 },
-		"too few windows":            func(c *Config) { c.Windows.Count = 1 },
-		"too many windows":           func(c *Config) { c.Windows.Count = 1 << 30 },
-		"metadata past the image":    func(c *Config) { c.Metadata.Offset = size },
-		"metadata overflowing":       func(c *Config) { c.Metadata.Size = 1<<63 - 1 },
-		"metadata at block 0":        func(c *Config) { c.Metadata.Offset = 0 },
-		"metadata unaligned":         func(c *Config) { c.Metadata.Offset = size - erofs.BlockSize - 1 },
-		"negative metadata":          func(c *Config) { c.Metadata.Size = -1 },
-		"data over the metadata":     func(c *Config) { c.Data.Size = size },
-		"hot region past the data":   func(c *Config) { c.Hot = &erofs.Region{Offset: erofs.BlockSize, Size: size} },
-		"other block size":           func(c *Config) { c.BlockSize = 512 },
+		"window size 0":            func(c *Config) { c.Windows.Size = 0 },
+		"window size not a power":  func(c *Config) { c.Windows.Size = 3 << 20 },
+		"window size 1 GiB":        func(c *Config) { c.Windows.Size, c.Windows.Count = 1<<30, 1 },
+		"too few windows":          func(c *Config) { c.Windows.Count = 1 },
+		"too many windows":         func(c *Config) { c.Windows.Count = 1 << 30 },
+		"metadata past the image":  func(c *Config) { c.Metadata.Offset = size },
+		"metadata overflowing":     func(c *Config) { c.Metadata.Size = 1<<63 - 1 },
+		"metadata at block 0":      func(c *Config) { c.Metadata.Offset = 0 },
+		"metadata unaligned":       func(c *Config) { c.Metadata.Offset = size - erofs.BlockSize - 1 },
+		"negative metadata":        func(c *Config) { c.Metadata.Size = -1 },
+		"data over the metadata":   func(c *Config) { c.Data.Size = size },
+		"hot region past the data": func(c *Config) { c.Hot = &erofs.Region{Offset: erofs.BlockSize, Size: size} },
+		"other block size":         func(c *Config) { c.BlockSize = 512 },
 		"a lineage of 5,000 layers": func(c *Config) {
 			c.Kind = KindSnapshot
 			c.Snapshot = &Lineage{Lowers: make([]Lower, 5000)}
