@@ -182,7 +182,8 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
-			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
+			MakeCwd: spec.Cwd == "" && cwd != "",
+			Stdin:   spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied):
 			e.res.Err = "the sandbox died under the command"

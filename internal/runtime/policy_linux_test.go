@@ -874,3 +874,31 @@ func TestInitDescriptors(t *testing.T) {
 		t.Errorf("a command's descriptors: %q, want 0 1 2 (and ls's 3)", out)
 	}
 }
+
+// TestWorkdir: a sandbox's working directory that its layers lack is
+// made (as docker makes a WORKDIR), where every exec then starts; an
+// exec's own missing one is refused with its name (issue 29, item 5); a
+// symbolic link to one of the init's descriptors is no way out.
+func TestWorkdir(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(dsecrt.Options{Name: "wd", Layers: []string{"bb:1"}, Workdir: "/work/new/dir"})
+	if out, code := sh(t, sb, "pwd", "pwd; ls -ld /work/new/dir | cut -c1-10"); code != 0 || out != "/work/new/dir\ndrwxr-xr-x\n" {
+		t.Fatalf("the sandbox's new workdir: %q (exit %d)", out, code)
+	}
+	_, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "missing", Cwd: "/missing", Args: []string{"true"}})
+	if err == nil || !strings.Contains(err.Error(), "working directory /missing") {
+		t.Errorf("an exec's missing workdir: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(sb.RootFS(), "missing")); err == nil {
+		t.Errorf("an exec's own workdir was made")
+	}
+	sh(t, sb, "link", "ln -s /proc/self/fd/3 /work/fd3; ln -s /proc/1/cwd /work/initcwd")
+	for _, cwd := range []string{"/work/fd3", "/work/initcwd", "/proc/self/fd/3"} {
+		x, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "via-" + filepath.Base(cwd), Cwd: cwd, Args: []string{"/bin/sh", "-c", "pwd -P"}})
+		if err == nil {
+			x.Result(context.Background())
+			out, _ := os.ReadFile(x.StdoutPath())
+			t.Errorf("cwd %s was taken: %q", cwd, out)
+		}
+	}
+}

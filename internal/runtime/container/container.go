@@ -79,6 +79,10 @@ type Cmd struct {
 	Args []string
 	Env  []string
 	Cwd  string
+	// MakeCwd creates Cwd in the sandbox (as its root, resolved in its
+	// root, mode 0755) when it is missing: the sandbox's own working
+	// directory, as docker makes a WORKDIR.
+	MakeCwd bool
 	// TTY makes Stdin the command's controlling terminal.
 	TTY bool
 	// nil: /dev/null. The caller may close them once Started ran (or

@@ -50,6 +50,8 @@ type request struct {
 	Env  []string `json:"env,omitempty"`
 	Cwd  string   `json:"cwd,omitempty"`
 	TTY  bool     `json:"tty,omitempty"`
+	// MakeCwd: create Cwd if it is missing.
+	MakeCwd bool `json:"make_cwd,omitempty"`
 	// Restrict: what commands started from now on run under, on top
 	// of what they did.
 	Restrict *Restrictions `json:"restrict,omitempty"`
@@ -408,7 +410,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY}, unix.UnixRights(files...), cmd.Started)
+	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd}, unix.UnixRights(files...), cmd.Started)
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a
@@ -854,8 +856,21 @@ func start(r request, stdio []*os.File) (int, error) {
 	if cwd == "" {
 		cwd = "/"
 	}
+	if r.MakeCwd {
+		os.MkdirAll(cwd, 0o755) // in the sandbox's root: the init has pivoted into it
+	}
+	// The directory is opened here, never through a magic link (a
+	// /proc/self/fd/N, or a symbolic link to one, would name one of the
+	// init's descriptors: runc's CVE-2024-21626), and the command starts
+	// in exactly it: its descriptor, which the child holds until exec.
+	dir, err := unix.Openat2(unix.AT_FDCWD, cwd, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return 0, fmt.Errorf("working directory %s: %v: give a directory of the sandbox (or create it first)", cwd, err)
+	}
+	defer unix.Close(dir)
 	pid, err := syscall.ForkExec(path, r.Args, &syscall.ProcAttr{
-		Dir:   cwd,
+		Dir:   fmt.Sprintf("/proc/self/fd/%d", dir),
 		Env:   r.Env,
 		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
 		// A terminal's command leads its session with stdin as its
