@@ -135,7 +135,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
 	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
 	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, e.g. 10G")
-	fl.Int64Var(&f.pids, "pids", 0, "process limit of each")
+	fl.Int64Var(&f.pids, "pids", 0, "limit on the processes and threads of each (its init's not counted)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
 	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")

@@ -49,7 +49,7 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
 	fl.StringVar(&f.memoryRequest, "memory-request", "", "memory reserved at admission (default: the limit)")
 	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
-	fl.Int64Var(&f.pids, "pids", 0, "limit on the number of processes (default: none)")
+	fl.Int64Var(&f.pids, "pids", 0, "limit on the sandbox's own processes and threads (its init's are not counted; default: none)")
 	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")

@@ -174,7 +174,7 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		}
 		rep.Now = append(rep.Now, fmt.Sprintf("network: egress allowlist of %d address ranges, for every process", len(entries)))
 		if limits != sb.Limits {
-			if err := sb.g.SetLimits(limits); err != nil {
+			if err := sb.g.SetLimits(withInit(limits)); err != nil {
 				return nil, fmt.Errorf("resources: %w", err)
 			}
 			rep.Now = append(rep.Now, fmt.Sprintf("resources: memory %d bytes, cpu %d millicores, pids %d (0: no limit)",

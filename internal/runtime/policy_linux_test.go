@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
 // buildAttacker builds the attack command statically into a toolkit
@@ -900,5 +902,24 @@ func TestWorkdir(t *testing.T) {
 			out, _ := os.ReadFile(x.StdoutPath())
 			t.Errorf("cwd %s was taken: %q", cwd, out)
 		}
+	}
+}
+
+// TestPidsAreTheUsers: --pids N is N processes and threads of the
+// sandbox's own; its init's threads are not counted against it (issue
+// 29, item 6: --pids 10 could not run two sleeps).
+func TestPidsAreTheUsers(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(dsecrt.Options{Name: "pids", Layers: []string{"bb:1"}, Limits: cgroup.Limits{Pids: 4}})
+	if out, code := sh(t, sb, "three", "sleep 1 & sleep 1 & sleep 1 & wait; echo done"); code != 0 || out != "done\n" {
+		t.Fatalf("the shell and three sleeps under --pids 4: %q (exit %d)", out, code)
+	}
+	// The bound holds: N and the init's share, whatever the sandbox
+	// starts.
+	sh(t, sb, "many", "for i in $(seq 64); do (echo x >> /tmp/n; exec sleep 2) & done 2>/dev/null") // the shell dies at its first refused fork
+	time.Sleep(500 * time.Millisecond)
+	out, _ := sh(t, sb, "count", "wc -l < /tmp/n")
+	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n < 3 || n >= 4+dsecrt.InitPids {
+		t.Fatalf("64 sleeps under --pids 4 (and the init's %d): %q started", dsecrt.InitPids, out)
 	}
 }

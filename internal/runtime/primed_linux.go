@@ -212,7 +212,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 			}
 		}
 	}()
-	if err := pr.g.SetLimits(st.Limits); err != nil {
+	if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
 		return nil, err
 	}
 	if err := pr.c.SetHostname(st.Hostname); err != nil {

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -99,8 +100,8 @@ func TestPrimed(t *testing.T) {
 	if got := primedState(t, second.Dir()); got.Name != "second" || got.Pid != pst.Pid || got.Limits.Pids != 128 {
 		t.Fatalf("saved state %+v", got)
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != "128" {
-		t.Fatalf("pids.max %q, want the create's 128", max)
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(128+runtime.InitPids) {
+		t.Fatalf("pids.max %q, want the create's 128 and the init's share", max)
 	}
 	out, code := sh(t, second, "1", "hostname; cat /work/hello; echo $STEP; echo kept > /work/new")
 	if code != 0 || out != "second\nfrom the workspace\nsecond\n" {
@@ -149,8 +150,8 @@ func TestPrimed(t *testing.T) {
 	if st := call.Snapshot(); st.Pid != pst.Pid || st.Name != "call" || st.Hostname != "call" || st.Status != runtime.Running || st.Pool != "(run)" || call.Dir() != pdir {
 		t.Fatalf("the call's sandbox did not take the primed %s as it is: %+v in %s", pdir, st, call.Dir())
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != "64" {
-		t.Fatalf("pids.max %q, want the call's 64", max)
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(64+runtime.InitPids) {
+		t.Fatalf("pids.max %q, want the call's 64 and the init's share", max)
 	}
 	if out, code := sh(t, call, "1", "hostname; cat /work/hello"); code != 0 || out != "call\nfrom the workspace\n" {
 		t.Fatalf("exit %d, %q", code, out)

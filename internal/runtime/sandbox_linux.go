@@ -379,7 +379,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			// Saved with the sandbox's state once it runs; a worker that
 			// dies before leaves the group to the next one's SweepSpares.
 			sb.g, sb.CgroupName = sp.g, sp.name
-			if err := sp.g.SetLimits(sb.Limits); err != nil {
+			if err := sp.g.SetLimits(withInit(sb.Limits)); err != nil {
 				return err
 			}
 		} else {

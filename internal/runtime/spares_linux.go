@@ -135,7 +135,7 @@ func (s *Spares) start() (*spare, error) {
 // which overlap the init's start). Every sandbox gets its group here, a
 // spare's included, and a re-adopted one keeps what it was given.
 func newGroup(name string, l cgroup.Limits) (g *cgroup.Group, devices func() error, err error) {
-	g, err = cgroup.New(name, l)
+	g, err = cgroup.New(name, withInit(l))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -149,6 +149,20 @@ func newGroup(name string, l cgroup.Limits) (g *cgroup.Group, devices func() err
 	done := make(chan error, 1)
 	go func() { done <- g.AllowDevices(policy.DevicesV1()) }()
 	return g, sync.OnceValue(func() error { return <-done }), nil
+}
+
+// InitPids is what a sandbox's pids limit holds for its init's own
+// threads (a Go program: 9 on this 2-CPU host) on top of the user's: a
+// sandbox made with --pids N runs N processes and threads of its own.
+const InitPids = 16
+
+// withInit is l as its group takes it: the pids limit with the init's
+// share added.
+func withInit(l cgroup.Limits) cgroup.Limits {
+	if l.Pids > 0 {
+		l.Pids += InitPids
+	}
+	return l
 }
 
 // noDevices leaves the device allowlist out: BenchmarkDevices' baseline,
