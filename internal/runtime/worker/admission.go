@@ -99,7 +99,17 @@ type gate struct {
 
 type waiter struct {
 	req   request
+	since time.Time     // when it was queued
 	ready chan struct{} // closed when admitted
+}
+
+// starving says whether the head of the queue has waited so long (half
+// the queue's timeout) that nothing may pass it any more; g.mu is held.
+// Until then a request that fits goes ahead of one that does not yet:
+// one big request never holds up the small ones behind it (issue 29,
+// item 12), and is not starved by them either.
+func (g *gate) starving() bool {
+	return len(g.queue) > 0 && time.Since(g.queue[0].since) > g.cfg.QueueTimeout/2
 }
 
 func newGate(cfg Admission, cpus int, memTotal int64) *gate {
@@ -133,12 +143,12 @@ func (g *gate) admit(ctx context.Context, r request, queued func()) error {
 		return err
 	}
 	g.mu.Lock()
-	if len(g.queue) == 0 && g.fits(r) {
+	if !g.starving() && g.fits(r) {
 		g.take(r)
 		g.mu.Unlock()
 		return nil
 	}
-	w := &waiter{req: r, ready: make(chan struct{})}
+	w := &waiter{req: r, since: time.Now(), ready: make(chan struct{})}
 	g.queue = append(g.queue, w)
 	g.mu.Unlock()
 	if queued != nil {
@@ -180,12 +190,19 @@ func (g *gate) take(r request) {
 	g.creating++
 }
 
-// wake admits waiters from the head of the queue while they fit; g.mu
-// is held.
+// wake admits waiters in queue order, each that fits (only the head
+// once it is starving); g.mu is held.
 func (g *gate) wake() {
-	for len(g.queue) > 0 && g.fits(g.queue[0].req) {
-		w := g.queue[0]
-		g.queue = g.queue[1:]
+	for i := 0; i < len(g.queue); {
+		if i > 0 && g.starving() {
+			return
+		}
+		w := g.queue[i]
+		if !g.fits(w.req) {
+			i++
+			continue
+		}
+		g.queue = append(g.queue[:i], g.queue[i+1:]...)
 		g.take(w.req)
 		close(w.ready)
 	}
