@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -562,5 +564,54 @@ func TestKillMidBuild(t *testing.T) {
 	}
 	if after := storeState(t, s); after != before {
 		t.Fatalf("store not restored by gc:\n%s\n%s", before, after)
+	}
+}
+
+// TestNoInodeZero: no inode of a built layer has number 0 through the
+// kernel, the root's included: glibc's readdir hides entries whose inode
+// is 0, so a root at NID 0 showed no '.' or '..' (issue 29, item 11).
+func TestNoInodeZero(t *testing.T) {
+	layertest.RequireRoot(t)
+	src := t.TempDir()
+	layertest.MakeRich(t, src, layertest.Options{})
+	s := newStore(t)
+	dir := mountImage(t, imagePath(s, build(t, s, src, "ino:1", nil)))
+	n := 0
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		n++
+		if ino := fi.Sys().(*syscall.Stat_t).Ino; ino == 0 {
+			t.Errorf("%s has inode 0", p)
+		}
+		return nil
+	})
+	if err != nil || n < 10 {
+		t.Fatalf("walked %d entries: %v", n, err)
+	}
+	// The root's own entries, as getdents gives them.
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<16)
+	nb, err := syscall.Getdents(int(f.Fd()), buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]uint64{}
+	for off := 0; off < nb; {
+		ino := binary.NativeEndian.Uint64(buf[off:])
+		reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+		name := string(bytes.TrimRight(buf[off+19:off+reclen], "\x00"))
+		seen[name] = ino
+		off += reclen
+	}
+	for _, name := range []string{".", ".."} {
+		if ino, ok := seen[name]; !ok || ino == 0 {
+			t.Errorf("the root's %q: inode %d (listed: %v)", name, ino, ok)
+		}
 	}
 }

@@ -27,10 +27,13 @@ const (
 	// MaxNameLen is the longest name a directory entry may carry.
 	MaxNameLen = 255
 
-	magic            = 0xE0F5E1E2
-	sbOffset         = 1024
-	inodeSize        = 64 // extended inode
-	slotSize         = 32
+	magic     = 0xE0F5E1E2
+	sbOffset  = 1024
+	inodeSize = 64 // extended inode
+	slotSize  = 32
+	// nidBase is the first inode's NID: the inode area starts one block
+	// past meta_blkaddr.
+	nidBase          = BlockSize / slotSize
 	direntSize       = 12
 	xattrHeaderSize  = 12
 	nullAddr         = 0xFFFFFFFF
@@ -1098,7 +1101,7 @@ func (w *Writer) Finish() (Stats, error) {
 		if off := pos % BlockSize; off != 0 && off+need > BlockSize {
 			pos = align(pos, BlockSize)
 		}
-		ino.nid = uint64(pos / slotSize)
+		ino.nid = nidBase + uint64(pos/slotSize)
 		pos += need
 	}
 	if w.root.ino.nid > 0xFFFF {
@@ -1139,14 +1142,18 @@ func (w *Writer) Finish() (Stats, error) {
 	// 5. The inode area.
 	area := make([]byte, align(pos, BlockSize))
 	for _, ino := range order {
-		off := int(ino.nid * slotSize)
+		off := int((ino.nid - nidBase) * slotSize)
 		w.encodeInode(area[off:], ino)
 	}
 	total := inodeBlk + uint32(len(area)/BlockSize)
 
 	// 6. The superblock.
 	sb := make([]byte, BlockSize)
-	w.encodeSuper(sb[sbOffset:], order, total, inodeBlk)
+	// meta_blkaddr is the block before the inode area, so that the
+	// root's NID (and inode number: the kernel's is the NID) is
+	// nidBase, never 0, which glibc's readdir would hide ('.' and '..'
+	// of the root) and stat would report; as mkfs.erofs, no inode is 0.
+	w.encodeSuper(sb[sbOffset:], order, total, inodeBlk-1)
 
 	// 7. Write: a planned image in one sequential pass, a streamed one
 	// by appending the metadata and patching block 0.
