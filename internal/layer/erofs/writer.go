@@ -337,6 +337,11 @@ func (w *Writer) assignPlanned() (uint32, error) {
 		split = append(split, ino)
 	}
 	hotEnd := w.nextBlk
+	if len(w.rank) == 0 {
+		// No order, no hot region: in a streamed image the data is
+		// all written by now, and would have been taken for it.
+		hotEnd = 1
+	}
 	for _, ino := range append(cold, rest...) {
 		if err := w.assignWhole(ino); err != nil {
 			return 0, err

@@ -2,9 +2,11 @@ package lazy_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"math/rand"
 	"os"
@@ -707,5 +709,58 @@ func TestFetcherTermGrace(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // past the grace
 	if err := syscall.Kill(pid, 0); err != nil {
 		t.Fatalf("fetcher %d exited with a mount using it: %v", pid, err)
+	}
+}
+
+// TestFreshMountFetchesMetadataOnly: a layer built without --order has
+// no hot region, from any source (issue 29, item 1: tar streams and
+// image archives carried one spanning all their data, so every lazy
+// mount fetched them whole); a fresh lazy mount fetches block 0 and the
+// metadata region, and a listing of every path stays within them.
+func TestFreshMountFetchesMetadataOnly(t *testing.T) {
+	layertest.RequireRoot(t)
+	tree := dataTree(t)
+	var tb bytes.Buffer
+	layertest.WriteTar(t, tree, &tb)
+	var gzb bytes.Buffer
+	zw := gzip.NewWriter(&gzb)
+	zw.Write(tb.Bytes())
+	zw.Close()
+	zs, _ := zstd.NewWriter(nil)
+	zst := zs.EncodeAll(tb.Bytes(), nil)
+	zs.Close()
+	files := t.TempDir()
+	sources := map[string]string{"dir": tree}
+	for kind, b := range map[string][]byte{"tar": tb.Bytes(), "tar.gz": gzb.Bytes(), "tar.zst": zst,
+		"docker archive": layertest.DockerArchive(tb.Bytes()), "OCI archive": layertest.OCIArchive(false, tb.Bytes())} {
+		p := filepath.Join(files, strings.ReplaceAll(kind, " ", "-"))
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sources[kind] = p
+	}
+	for kind, src := range sources {
+		t.Run(strings.ReplaceAll(kind, " ", "-"), func(t *testing.T) {
+			e := setup(t, src)
+			if e.info.Hot != nil || e.desc.Config.Hot != nil {
+				t.Fatalf("a hot region %+v without --order", e.info.Hot)
+			}
+			w := e.info.Windows.Size
+			m := e.info.Metadata
+			allowed := map[int64]bool{0: true}
+			for o := m.Offset / w * w; o < m.Offset+m.Size; o += w {
+				allowed[o/w] = true
+			}
+			dir := e.mount(t, 0)
+			for p := range layertest.ScanDir(t, tree) {
+				if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s := stats(t, e); s.WindowsFetched > int64(len(allowed)) || s.BytesFetched >= e.info.Size/2 {
+				t.Fatalf("a fresh mount and a listing fetched %d windows (%d bytes) of %d; block 0 and the metadata are %d windows",
+					s.WindowsFetched, s.BytesFetched, e.info.Windows.Count, len(allowed))
+			}
+		})
 	}
 }
