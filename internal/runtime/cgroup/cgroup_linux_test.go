@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,7 +129,26 @@ func TestPidsLimit(t *testing.T) {
 
 func TestFreezeThawKill(t *testing.T) {
 	g, sb, ch, _ := sandbox(t, cgroup.Limits{CPUMilli: 500}, `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done`)
-	time.Sleep(200 * time.Millisecond)
+	// The counter, read through the init's root: it moves while the
+	// group runs, stops while it is frozen, and moves again after thaw.
+	count := func() int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/root/tmp/count", sb.Pid()))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	waitMoves := func(from int, what string) int {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if n := count(); n > from {
+				return n
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the counter stayed at %d %s", from, what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitMoves(0, "before the freeze")
 	if err := g.Freeze(); err != nil {
 		t.Fatal(err)
 	}
@@ -139,10 +159,10 @@ func TestFreezeThawKill(t *testing.T) {
 	if err != nil || len(pids) == 0 {
 		t.Fatalf("pids %v, %v", pids, err)
 	}
-	// A frozen task is stopped in the freezer: its state says so.
-	stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", sb.Pid()))
-	if f := strings.Fields(string(stat)); len(f) < 3 || (f[2] != "D" && f[2] != "S") {
-		t.Fatalf("frozen pid 1 in state %v", f)
+	frozen := count()
+	time.Sleep(300 * time.Millisecond) // long enough for thousands of steps of a running loop
+	if n := count(); n != frozen {
+		t.Fatalf("the counter moved from %d to %d while frozen", frozen, n)
 	}
 	if err := g.Thaw(); err != nil {
 		t.Fatal(err)
@@ -150,6 +170,7 @@ func TestFreezeThawKill(t *testing.T) {
 	if g.Frozen() {
 		t.Fatal("still frozen")
 	}
+	waitMoves(frozen, "after the thaw")
 	if err := g.Kill(); err != nil {
 		t.Fatal(err)
 	}
