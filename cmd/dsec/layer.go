@@ -4,6 +4,9 @@ package main
 
 import (
 	"fmt"
+	"github.com/containerd/errdefs"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -228,13 +231,15 @@ digest: sha256:HEX or a unique prefix of at least 12 hex digits.
 }
 
 func (a *app) layerRemove() *cobra.Command {
-	var asJSON bool
+	var asJSON, force bool
 	cmd := &cobra.Command{
 		Use:     "rm REF...",
 		Aliases: []string{"remove"},
 		Short:   "Remove layer tags; dsec layer gc frees their blobs",
 		Long: `Rm removes the tags NAME[:VERSION]. The blobs stay until dsec layer gc, so a layer that is
-mounted or being pushed keeps its bytes.
+mounted or being pushed keeps its bytes. It refuses (exit 8) to remove a layer a snapshot
+stands on or a sandbox of this root runs on, unless --force: gc would then free blobs they
+need.
 
 ` + exitCodesHelp,
 		Example: `  dsec layer rm myrepo:abc123 && dsec layer gc`,
@@ -249,8 +254,24 @@ mounted or being pushed keeps its bytes.
 			if err != nil {
 				return err
 			}
+			users := map[string][]string{}
+			if us, err := runtime.SnapUsers(a.cfg.Root); err == nil {
+				for _, u := range us {
+					users[u.Name] = u.Digests
+				}
+			}
 			var removed []*layer.Info
 			for _, ref := range args {
+				if !force {
+					on, err := layer.StoodOn(cmd.Context(), s, ref, users)
+					if err != nil {
+						return err
+					}
+					if len(on) > 0 {
+						return fmt.Errorf("layer %s is stood on by %s: remove those first, or --force (they could not start again once dsec layer gc frees its blobs): %w",
+							ref, strings.Join(on, ", "), errdefs.ErrFailedPrecondition)
+					}
+				}
 				i, err := layer.Remove(cmd.Context(), s, ref)
 				if err != nil {
 					return err
@@ -267,6 +288,7 @@ mounted or being pushed keeps its bytes.
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the removed layers as JSON")
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "remove it even if snapshots or sandboxes stand on it")
 	return cmd
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -214,6 +216,43 @@ func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 		return nil, err
 	}
 	return i, nil
+}
+
+// StoodOn names what stands on the layer tagged ref: the snapshots whose
+// lineage holds its image, and those of users (sandbox name -> the layer
+// digests it runs on) that run on it; nothing when another tag names
+// the same image, which then keeps it.
+func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][]string) ([]string, error) {
+	r, err := ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	i, err := Resolve(ctx, s, r.String())
+	if err != nil {
+		return nil, err
+	}
+	all, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var on []string
+	for _, o := range all {
+		if o.Ref == i.Ref {
+			continue
+		}
+		if o.Digest == i.Digest {
+			return nil, nil // another tag keeps the image
+		}
+		if o.Snapshot != nil && slices.ContainsFunc(o.Snapshot.Lowers, func(l Lower) bool { return l.Digest == i.Digest }) {
+			on = append(on, "snapshot "+o.Ref)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(users)) {
+		if slices.Contains(users[name], i.Digest.String()) {
+			on = append(on, "sandbox "+name)
+		}
+	}
+	return on, nil
 }
 
 // GC removes blobs that no tag reaches and leftovers of killed builds.
