@@ -215,9 +215,16 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
 		return nil, err
 	}
+	// A tag that names a layer already is refused unless the build gives
+	// that very layer again (of the same kind): then the build is a
+	// no-op, as re-running it should be.
+	var existing *ocispec.Descriptor
 	if !o.Force {
 		if d, err := s.Resolve(ctx, o.Ref.String()); err == nil {
-			return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
+			if o.Kind == KindSnapshot || d.Annotations[AnnotationKind] != string(o.Kind) {
+				return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
+			}
+			existing = &d
 		}
 	}
 	start := time.Now()
@@ -281,6 +288,12 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	blob, err := in.CommitDigest(dgst, n)
 	if err != nil {
 		return nil, storeErr(err)
+	}
+	if existing != nil {
+		if have := existing.Annotations[annotationLayer]; have != blob.Digest.String() {
+			return nil, fmt.Errorf("tag %s already exists for other content (layer %s, this build %s); pass --force to replace it: %w", o.Ref, have, blob.Digest, errdefs.ErrAlreadyExists)
+		}
+		return Resolve(ctx, s, o.Ref.String())
 	}
 	lg.Debug("image committed", "digest", blob.Digest, "seconds", time.Since(start).Seconds())
 	blob.MediaType = MediaTypeLayer
