@@ -923,3 +923,31 @@ func TestPidsAreTheUsers(t *testing.T) {
 		t.Fatalf("64 sleeps under --pids 4 (and the init's %d): %q started", dsecrt.InitPids, out)
 	}
 }
+
+// TestExecCodes: a command that is there but cannot run exits 126 with
+// the reason, one that is not there 127, as a shell has them (issue 29,
+// item 13: a non-executable file gave only "exec x-...", exit 125).
+func TestExecCodes(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(dsecrt.Options{Name: "codes", Layers: []string{"bb:1"}})
+	for _, c := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"/etc/answer"}, 126, "permission denied"},
+		{[]string{"/etc"}, 126, "cannot be run"},
+		{[]string{"/nope"}, 127, "not found"},
+		{[]string{"nope"}, 127, "not found"},
+	} {
+		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "code-" + strings.ReplaceAll(strings.Trim(c.args[0], "/"), "/", "-"), Args: c.args})
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		res, err := e.Result(context.Background())
+		errb, _ := os.ReadFile(e.StderrPath())
+		if err != nil || res.ExitCode != c.code || !strings.Contains(string(errb), c.msg) {
+			t.Errorf("%v: exit %d, %q (%v); want %d, %q", c.args, res.ExitCode, errb, err, c.code, c.msg)
+		}
+	}
+}

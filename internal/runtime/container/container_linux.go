@@ -727,11 +727,16 @@ func initSandbox() error {
 				}
 				pid, err := start(r.req, r.files)
 				var nf *notFound
+				var ce *cannotExec
 				switch {
-				case errors.As(err, &nf):
-					// Like a shell: a message on the command's stderr, 127.
+				case errors.As(err, &nf), errors.As(err, &ce):
+					// Like a shell: a message on the command's stderr, 127
+					// for a command not found, 126 for one that cannot run.
 					fmt.Fprintf(r.files[2], "%v\n", err)
 					code := 127
+					if ce != nil {
+						code = 126
+					}
 					done[r.req.ID] = code
 					doneOrder = append(doneOrder, r.req.ID)
 					reply(r.conn, execReply{ID: r.req.ID, Exit: &code})
@@ -877,6 +882,12 @@ func start(r request, stdio []*os.File) (int, error) {
 		// controlling terminal, as a login shell does.
 		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: r.TTY, Ctty: 0},
 	})
+	switch {
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+		return 0, &cannotExec{path, err}
+	case errors.Is(err, syscall.ENOENT):
+		return 0, &notFound{path}
+	}
 	if err == nil {
 		// A command that runs the sandbox out of memory is what the OOM
 		// killer must take, never the init, whose death ends the
@@ -920,6 +931,17 @@ func lookPath(name, path string) (string, error) {
 type notFound struct{ name string }
 
 func (e *notFound) Error() string { return e.name + ": command not found in the sandbox" }
+
+// cannotExec is a command that is there but cannot run: not executable,
+// or no format the kernel runs (a shell says 126).
+type cannotExec struct {
+	name string
+	err  error
+}
+
+func (e *cannotExec) Error() string {
+	return fmt.Sprintf("%s: %v: it cannot be run in the sandbox (not an executable file)", e.name, e.err)
+}
 
 func envPath(env []string) string {
 	for _, e := range env {
