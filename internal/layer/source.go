@@ -1,6 +1,7 @@
 package layer
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -32,8 +33,12 @@ func openSource(src string, stdin io.Reader) (*source, error) {
 				return openFile(f, "stdin", func() {})
 			}
 		}
+		br := bufio.NewReader(stdin)
+		if _, err := br.Peek(1); err == io.EOF {
+			return nil, fmt.Errorf("stdin is empty: pipe a tar stream or an image archive into it, or give a directory: %w", ErrBadSource)
+		}
 		return &source{kind: "tar", close: func() {},
-			add: func(ctx context.Context, w *erofs.Writer, p Progress) error { return addTar(ctx, w, stdin, p) }}, nil
+			add: func(ctx context.Context, w *erofs.Writer, p Progress) error { return addTar(ctx, w, br, p) }}, nil
 	}
 	st, err := os.Stat(src)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -62,6 +67,10 @@ func openFile(f *os.File, name string, done func()) (*source, error) {
 	if err != nil && err != io.EOF {
 		done()
 		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	if n == 0 {
+		done()
+		return nil, fmt.Errorf("%s is empty: give a tar stream, an image archive or a directory: %w", name, ErrBadSource)
 	}
 	compressed := n >= 2 && head[0] == 0x1f && head[1] == 0x8b || n >= 4 && bytes.Equal(head[:4], []byte{0x28, 0xb5, 0x2f, 0xfd})
 	stream := func(ctx context.Context, w *erofs.Writer, p Progress) error {
