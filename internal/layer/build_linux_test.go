@@ -477,10 +477,25 @@ func TestBadSourcesLeaveStoreUnchanged(t *testing.T) {
 			}
 		})
 	}
+	// The same build again under its tag is a no-op; other content under
+	// it is refused, the store unchanged.
 	ref, _ := layer.ParseRef("good:1")
-	_, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: good, Kind: layer.KindBase, Ref: ref})
+	was, err := layer.Resolve(context.Background(), s, "good:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: good, Kind: layer.KindBase, Ref: ref})
+	if err != nil || again.Digest != was.Digest || again.Manifest != was.Manifest {
+		t.Fatalf("the same build again: %+v, %v; want the layer there (%s)", again, err, was.Digest)
+	}
+	other := t.TempDir()
+	os.WriteFile(filepath.Join(other, "f"), []byte("other"), 0o644)
+	_, err = layer.Build(context.Background(), s, layer.BuildOptions{Source: other, Kind: layer.KindBase, Ref: ref})
 	if !errdefs.IsAlreadyExists(err) {
-		t.Fatalf("existing tag: %v", err)
+		t.Fatalf("other content under an existing tag: %v", err)
+	}
+	if now, _ := layer.Resolve(context.Background(), s, "good:1"); now == nil || now.Digest != was.Digest {
+		t.Fatalf("the tag moved: %+v", now)
 	}
 }
 

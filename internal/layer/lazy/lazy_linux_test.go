@@ -490,7 +490,7 @@ func TestProfileAndOrder(t *testing.T) {
 	if second.WindowsFetched >= first.WindowsFetched {
 		t.Fatalf("the ordered layout fetched %d windows for the run, the first layout %d", second.WindowsFetched, first.WindowsFetched)
 	}
-	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: "-", Stdin: strings.NewReader(""), Kind: layer.KindBase,
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: "-", Stdin: bytes.NewReader(layertest.Tar(layertest.File{Name: "a", Body: "x"})), Kind: layer.KindBase,
 		Ref: ref, Force: true, Order: paths}); err == nil || !strings.Contains(err.Error(), "needs a directory") {
 		t.Fatalf("ordering a stream: %v, want a refusal", err)
 	}
