@@ -29,10 +29,23 @@ func WriteFile(path string, b []byte, perm os.FileMode) error {
 	return WriteFileIn(filepath.Dir(path), path, b, perm)
 }
 
+// Replace replaces path with b atomically but without waiting for the
+// disk: a reader sees the old bytes or the new, and a crash may leave
+// the old. Only for a file whose loss changes nothing (a sandbox's state
+// while it is being made: a sandbox without one is removed as if it
+// never was), where two fsyncs would cost every create.
+func Replace(path string, b []byte, perm os.FileMode) error {
+	return write(filepath.Dir(path), path, b, perm, false)
+}
+
 // WriteFileIn is WriteFile with its temporary file in tmpDir, which must
 // be on path's file system (the store keeps them in its ingest
 // directory, where an interrupted write is swept).
-func WriteFileIn(tmpDir, path string, b []byte, perm os.FileMode) (err error) {
+func WriteFileIn(tmpDir, path string, b []byte, perm os.FileMode) error {
+	return write(tmpDir, path, b, perm, true)
+}
+
+func write(tmpDir, path string, b []byte, perm os.FileMode, sync bool) (err error) {
 	f, err := os.CreateTemp(tmpDir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
@@ -48,10 +61,12 @@ func WriteFileIn(tmpDir, path string, b []byte, perm os.FileMode) (err error) {
 		return err
 	}
 	note("write")
-	if err := f.Sync(); err != nil {
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			return err
+		}
+		note("fsync")
 	}
-	note("fsync")
 	if err := f.Chmod(perm); err != nil {
 		return err
 	}
@@ -63,6 +78,9 @@ func WriteFileIn(tmpDir, path string, b []byte, perm os.FileMode) (err error) {
 		return err
 	}
 	note("rename")
+	if !sync {
+		return nil
+	}
 	if err := SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("%s is written, but its directory could not be synced: %w", path, err)
 	}
@@ -82,14 +100,4 @@ func SyncDir(dir string) error {
 		return err
 	}
 	return nil
-}
-
-// Sync fsyncs the file at path (written by another process, say).
-func Sync(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

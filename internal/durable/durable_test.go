@@ -35,6 +35,23 @@ func TestRecipe(t *testing.T) {
 	}
 }
 
+// TestReplace: Replace is the recipe without its two fsyncs.
+func TestReplace(t *testing.T) {
+	var steps []string
+	trace = func(s string) { steps = append(steps, s) }
+	defer func() { trace = nil }()
+	p := filepath.Join(t.TempDir(), "state.json")
+	if err := Replace(p, []byte("creating"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"create", "write", "close", "rename"}; !slices.Equal(steps, want) {
+		t.Fatalf("steps %v, want %v", steps, want)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "creating" {
+		t.Fatalf("contents %q", b)
+	}
+}
+
 // TestFailureKeepsOld: a write that cannot finish (the target is a
 // directory: the rename fails) leaves the old file as it was and no
 // temporary file.

@@ -216,11 +216,9 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 func (e *Exec) finish() {
 	e.res.Finished = time.Now().UTC()
 	if e.journal {
-		// The output first, then the result that says it is whole: a
-		// replay after a host crash finds both or runs nothing twice.
-		for _, f := range []string{"stdout", "stderr"} {
-			durable.Sync(filepath.Join(e.dir, f))
-		}
+		// The result is what a retry after a host crash finds instead
+		// of running the step again; its output is not synced (two more
+		// fsyncs per exec), so a crash may cut what a replay prints.
 		b, _ := json.Marshal(e.res)
 		if err := durable.WriteFile(filepath.Join(e.dir, "result.json"), b, 0o600); err != nil {
 			e.res.Err = "journal the result: " + err.Error()

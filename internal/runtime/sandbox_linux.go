@@ -451,10 +451,16 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	return sb.save()
 }
 
-// save writes the state atomically.
+// save writes the state atomically and durably; a sandbox's first state,
+// while it is being made, only atomically: lost in a crash, it leaves a
+// directory without a state, which Load removes as it would the state.
 func (sb *Sandbox) save() error {
 	b, _ := json.MarshalIndent(sb.State, "", "  ")
-	return durable.WriteFile(filepath.Join(sb.dir, "state.json"), b, 0o600)
+	p := filepath.Join(sb.dir, "state.json")
+	if sb.Status == Creating {
+		return durable.Replace(p, b, 0o600)
+	}
+	return durable.WriteFile(p, b, 0o600)
 }
 
 // List names the sandboxes under root.
