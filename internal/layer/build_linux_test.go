@@ -20,7 +20,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	goerofs "github.com/erofs/go-erofs"
-	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
@@ -276,12 +275,7 @@ func TestBuildTarRoundTrip(t *testing.T) {
 	var plain bytes.Buffer
 	layertest.WriteTar(t, src, &plain)
 
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	zw.Write(plain.Bytes())
-	zw.Close()
-	zs, _ := zstd.NewWriter(nil)
-	zst := zs.EncodeAll(plain.Bytes(), nil)
+	gz, zst := layertest.Compressed(plain.Bytes())
 
 	s := newStore(t)
 	dirDigest := build(t, s, src, "dir:1", nil).Digest
@@ -292,9 +286,9 @@ func TestBuildTarRoundTrip(t *testing.T) {
 		stdin io.Reader
 	}{
 		{"tar", writeFile(t, filepath.Join(tmp, "l.tar"), plain.Bytes()), nil},
-		{"tar.gz", writeFile(t, filepath.Join(tmp, "l.tar.gz"), gz.Bytes()), nil},
+		{"tar.gz", writeFile(t, filepath.Join(tmp, "l.tar.gz"), gz), nil},
 		{"tar.zst", writeFile(t, filepath.Join(tmp, "l.tar.zst"), zst), nil},
-		{"stdin", "-", bytes.NewReader(gz.Bytes())},
+		{"stdin", "-", bytes.NewReader(gz)},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -202,13 +202,19 @@ func resolveDigest(ctx context.Context, s *store.Store, ref, hexd string) (*Info
 	return found, nil
 }
 
-// Remove untags a layer by NAME[:VERSION]. Its blobs go at the next GC.
-func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
+// resolveTag resolves a NAME[:VERSION] tag (no digest).
+func resolveTag(ctx context.Context, s *store.Store, ref string) (Ref, *Info, error) {
 	r, err := ParseRef(ref)
 	if err != nil {
-		return nil, err
+		return r, nil, err
 	}
 	i, err := Resolve(ctx, s, r.String())
+	return r, i, err
+}
+
+// Remove untags a layer by NAME[:VERSION]. Its blobs go at the next GC.
+func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
+	r, i, err := resolveTag(ctx, s, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -223,11 +229,7 @@ func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 // digests it runs on) that run on it; nothing when another tag names
 // the same image, which then keeps it.
 func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][]string) ([]string, error) {
-	r, err := ParseRef(ref)
-	if err != nil {
-		return nil, err
-	}
-	i, err := Resolve(ctx, s, r.String())
+	_, i, err := resolveTag(ctx, s, ref)
 	if err != nil {
 		return nil, err
 	}

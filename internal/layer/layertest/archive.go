@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -51,6 +52,13 @@ func Tar(files ...File) []byte {
 	}
 	tw.Close()
 	return b.Bytes()
+}
+
+// Compressed is b as gzip and as zstd.
+func Compressed(b []byte) (gzipped, zstded []byte) {
+	zs, _ := zstd.NewWriter(nil)
+	defer zs.Close()
+	return gz(b), zs.EncodeAll(b, nil)
 }
 
 func gz(b []byte) []byte {

@@ -2,11 +2,9 @@ package lazy_test
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/klauspost/compress/zstd"
 	"log/slog"
 	"math/rand"
 	"os"
@@ -722,16 +720,10 @@ func TestFreshMountFetchesMetadataOnly(t *testing.T) {
 	tree := dataTree(t)
 	var tb bytes.Buffer
 	layertest.WriteTar(t, tree, &tb)
-	var gzb bytes.Buffer
-	zw := gzip.NewWriter(&gzb)
-	zw.Write(tb.Bytes())
-	zw.Close()
-	zs, _ := zstd.NewWriter(nil)
-	zst := zs.EncodeAll(tb.Bytes(), nil)
-	zs.Close()
+	gzb, zst := layertest.Compressed(tb.Bytes())
 	files := t.TempDir()
 	sources := map[string]string{"dir": tree}
-	for kind, b := range map[string][]byte{"tar": tb.Bytes(), "tar.gz": gzb.Bytes(), "tar.zst": zst,
+	for kind, b := range map[string][]byte{"tar": tb.Bytes(), "tar.gz": gzb, "tar.zst": zst,
 		"docker archive": layertest.DockerArchive(tb.Bytes()), "OCI archive": layertest.OCIArchive(false, tb.Bytes())} {
 		p := filepath.Join(files, strings.ReplaceAll(kind, " ", "-"))
 		if err := os.WriteFile(p, b, 0o644); err != nil {
