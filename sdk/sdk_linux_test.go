@@ -148,6 +148,11 @@ func TestExactlyOnce(t *testing.T) {
 	if out2 != out1 || r2.ExitCode != 3 || !r2.Replayed || !r2.Finished.Equal(r1.Finished) {
 		t.Fatalf("replay: %q %+v", out2, r2)
 	}
+	// A retry asking for another command under the id is refused, not
+	// answered with the first one's result (issue 29, item 13).
+	if _, err := sb.Exec(context.Background(), sdk.ExecOptions{ID: "step-1", Args: []string{"rm", "-rf", "/work"}}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "a retry must ask for the same command") {
+		t.Fatalf("a replay of step-1 with another command: %v", err)
+	}
 	// A retry while the command still runs waits for the same result.
 	var wg sync.WaitGroup
 	results := make([]api.ExecResult, 2)

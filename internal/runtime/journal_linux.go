@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,9 +41,12 @@ type ExecSpec struct {
 // Result is how an exec ended. Err, when set, is an infrastructure
 // failure: the sandbox died or was stopped under the command.
 type Result struct {
-	ID       string    `json:"id"`
-	ExitCode int       `json:"exit_code"`
-	OOM      bool      `json:"oom,omitempty"`
+	ID       string `json:"id"`
+	ExitCode int    `json:"exit_code"`
+	OOM      bool   `json:"oom,omitempty"`
+	// Args is the command the id ran, so that a replay asking for
+	// another is refused, not answered with this one's result.
+	Args     []string  `json:"args,omitempty"`
 	Err      string    `json:"error,omitempty"`
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished"`
@@ -121,13 +125,20 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	}
 	sb.execMu.Lock()
 	defer sb.execMu.Unlock()
-	if e := sb.execs[spec.ID]; e != nil {
+	replay := func(e *Exec) (*Exec, bool, error) {
+		if len(e.res.Args) > 0 && !slices.Equal(e.res.Args, spec.Args) {
+			return nil, false, fmt.Errorf("exec id %s ran %q in sandbox %s already, and this asks for %q: a retry must ask for the same command; give another --id for another: %w",
+				spec.ID, strings.Join(e.res.Args, " "), sb.Name, strings.Join(spec.Args, " "), errdefs.ErrAlreadyExists)
+		}
 		return e, true, nil
+	}
+	if e := sb.execs[spec.ID]; e != nil {
+		return replay(e)
 	}
 	dir := filepath.Join(sb.dir, "execs", spec.ID)
 	if e, err := loadExec(dir, spec.ID); err == nil {
 		sb.remember(e)
-		return e, true, nil
+		return replay(e)
 	}
 	sb.mu.Lock()
 	c, g, st := sb.c, sb.g, sb.State
@@ -165,7 +176,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	}
 	env := mergeEnv(defaultEnv, st.Env, spec.Env)
 	e = &Exec{ID: spec.ID, dir: dir, done: make(chan struct{}), journal: st.Pool == ""}
-	e.res.ID, e.res.Started = spec.ID, time.Now().UTC()
+	e.res.ID, e.res.Started, e.res.Args = spec.ID, time.Now().UTC(), spec.Args
 	oomBefore := 0
 	if g != nil {
 		oomBefore = g.OOMKills()
