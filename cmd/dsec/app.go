@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/dsec-project/dsec/internal/units"
+	"github.com/go-viper/mapstructure/v2"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -106,6 +109,15 @@ func defaultRoot() string {
 	return filepath.Join(home, ".local", "share", "dsec")
 }
 
+// sizeHook lets a byte count (cache.max_bytes) be written as sizes are
+// everywhere else: 10G, 512M, or bytes.
+func sizeHook(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to != reflect.TypeOf(int64(0)) {
+		return data, nil
+	}
+	return units.ParseBytes(data.(string))
+}
+
 func defaultConfigFile() string {
 	if os.Geteuid() == 0 {
 		return "/etc/dsec/config.yaml"
@@ -201,14 +213,18 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	v.SetConfigFile(file)
 	v.SetConfigType("yaml")
+	from := "config file " + file + " or DSEC_* variables" // what a setting that cannot be decoded came from
 	if err := v.ReadInConfig(); err != nil {
 		var pe *fs.PathError
 		if explicit || !errors.As(err, &pe) {
 			return usageError{fmt.Errorf("config file %s: %v", file, err)}
 		}
+		from = "DSEC_* variables (no config file at " + file + ")"
 	}
-	if err := v.UnmarshalExact(&a.cfg); err != nil {
-		return usageError{fmt.Errorf("config file %s: %v (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)", file, err)}
+	hooks := viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(sizeHook, mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(",")))
+	if err := v.UnmarshalExact(&a.cfg, hooks); err != nil {
+		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "decoding failed due to the following error(s):", "")), " ")
+		return usageError{fmt.Errorf("%s: %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)", from, msg)}
 	}
 	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
 		return usageError{fmt.Errorf("cache.read_ahead_kb %d: use 0 (none) to %d", ra, maxReadAheadKB)}
