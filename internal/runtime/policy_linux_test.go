@@ -930,7 +930,7 @@ func TestPidsAreTheUsers(t *testing.T) {
 func TestExecCodes(t *testing.T) {
 	f := newSnapFixture(t)
 	sb := f.create(dsecrt.Options{Name: "codes", Layers: []string{"bb:1"}})
-	for _, c := range []struct {
+	for i, c := range []struct {
 		args []string
 		code int
 		msg  string
@@ -940,7 +940,7 @@ func TestExecCodes(t *testing.T) {
 		{[]string{"/nope"}, 127, "not found"},
 		{[]string{"nope"}, 127, "not found"},
 	} {
-		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "code-" + strings.ReplaceAll(strings.Trim(c.args[0], "/"), "/", "-"), Args: c.args})
+		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: fmt.Sprint("code-", i), Args: c.args})
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}

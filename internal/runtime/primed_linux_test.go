@@ -164,7 +164,7 @@ func TestPrimed(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(pdir, "execs", "1", "result.json")); !os.IsNotExist(err) {
 		t.Fatalf("the call's result was journaled: %v", err)
 	}
-	if e, replayed, err := call.Run(ctx, runtime.ExecSpec{ID: "1", Args: []string{"false"}}); err != nil || !replayed {
+	if e, replayed, err := call.Run(ctx, runtime.ExecSpec{ID: "1", Args: []string{"/bin/sh", "-c", "hostname; cat /work/hello"}}); err != nil || !replayed {
 		t.Fatalf("replay of the call's exec: %v, replayed %v", err, replayed)
 	} else if res, err := e.Result(ctx); err != nil || res.ExitCode != 0 {
 		t.Fatalf("replayed result %+v, %v", res, err)
