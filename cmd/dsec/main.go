@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strings"
@@ -95,7 +96,7 @@ func exitCode(err error) int {
 		return exitUsage
 	case isNoSpace(err):
 		return exitNoSpace
-	case errdefs.IsNotFound(err):
+	case errdefs.IsNotFound(err), errors.Is(err, fs.ErrNotExist):
 		return exitNotFound
 	case errdefs.IsPermissionDenied(err):
 		return exitDenied

@@ -5,7 +5,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/containerd/errdefs"
 	"io"
+	"io/fs"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -66,6 +68,9 @@ func (a *app) readPolicy(file string) (*api.Policy, error) {
 		b, err = io.ReadAll(io.LimitReader(a.stdin, policy.MaxSize+1))
 	} else {
 		b, err = os.ReadFile(file)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("policy file %s does not exist: give the path of a policy file (saved policies go by name: dsec policy ls): %w", file, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return nil, err

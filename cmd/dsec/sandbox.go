@@ -31,7 +31,7 @@ const (
 const runExitHelp = `Exit codes: the command's own exit code (128+N if a signal N killed it, 127 if it
 was not found in the sandbox); 2 for a bad command line; 125 if dsec could not run it (unknown
 sandbox or layer, a stopped sandbox: the message says which); 10 if the host stayed at capacity for
-the admission queue's timeout; 255 if the sandbox or the worker failed
+the admission queue's timeout; 137 if dsec stop killed it; 255 if the sandbox or the worker failed
 under it (an infrastructure failure: the step says nothing about the command; retry it with
 the same --id to collect its result if it ran).`
 

@@ -39,7 +39,8 @@ type ExecSpec struct {
 }
 
 // Result is how an exec ended. Err, when set, is an infrastructure
-// failure: the sandbox died or was stopped under the command.
+// failure: the sandbox died under the command (a stop is no failure:
+// the command's result is then 137, killed).
 type Result struct {
 	ID       string `json:"id"`
 	ExitCode int    `json:"exit_code"`
@@ -196,11 +197,12 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			MakeCwd: spec.Cwd == "" && cwd != "",
 			Stdin:   spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
+		case errors.Is(err, container.ErrSandboxDied) && sb.Snapshot().Status == Stopped:
+			// A deliberate stop killed it, as docker stop does: its
+			// result is that (128+SIGKILL), not a failure of the host.
+			code = 128 + 9
 		case errors.Is(err, container.ErrSandboxDied):
 			e.res.Err = "the sandbox died under the command"
-			if sb.Snapshot().Status == Stopped {
-				e.res.Err = "the sandbox was stopped under the command"
-			}
 		case err != nil:
 			refused <- err
 			return

@@ -951,3 +951,30 @@ func TestExecCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestStopIsNoFailure: a command a deliberate stop kills ends killed
+// (137), as docker stop leaves it, not as an infrastructure failure
+// (issue 29, items 7 and 13: logs of a stopped sandbox failed).
+func TestStopIsNoFailure(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(dsecrt.Options{Name: "stopped", Layers: []string{"bb:1"}})
+	e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "run", Args: []string{"/bin/sh", "-c", "echo before; sleep 100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(e.StdoutPath()); string(b) == "before\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command never printed")
+		}
+	}
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Result(context.Background())
+	if err != nil || res.ExitCode != 137 || res.Err != "" {
+		t.Fatalf("a command under a stop: %+v, %v; want exit 137 and no failure", res, err)
+	}
+}

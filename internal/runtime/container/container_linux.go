@@ -887,6 +887,8 @@ func start(r request, stdio []*os.File) (int, error) {
 		return 0, &cannotExec{path, err}
 	case errors.Is(err, syscall.ENOENT):
 		return 0, &notFound{path}
+	case errors.Is(err, syscall.EAGAIN):
+		return 0, fmt.Errorf("cannot start %s: the sandbox is at its limit of processes and threads (pids): wait for some to end, or raise the limit (a policy's resources.pids)", path)
 	}
 	if err == nil {
 		// A command that runs the sandbox out of memory is what the OOM
