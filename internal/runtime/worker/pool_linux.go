@@ -460,9 +460,19 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
 		p.Size = ps.Size
 	}
+	// Shrunk: the oldest warm sandboxes beyond the size go now, so the
+	// answer tells the pool as it is (the filler would take them a
+	// moment later).
+	var extra []string
+	if n := len(p.warm) - p.Size; n > 0 {
+		extra, p.warm = p.warm[:n], p.warm[n:]
+	}
 	err := w.savePools()
 	out := p.describe()
 	w.mu.Unlock()
+	for _, name := range extra {
+		w.discardLater(name)
+	}
 	select {
 	case p.kick <- struct{}{}:
 	default:
