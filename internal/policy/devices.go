@@ -1,6 +1,10 @@
 package policy
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
 
 // Device is a device number a sandbox may open; Minor -1: any minor.
 type Device struct {
@@ -9,21 +13,23 @@ type Device struct {
 }
 
 // DeviceAllow are the character devices a sandbox may open: the nodes
-// of its minimal /dev (null, zero, full, random, urandom, tty), its
-// devpts instance's ptmx, and pseudo-terminal slaves (major 136,
-// UNIX98_PTY_SLAVE_MAJOR, whose 2^20 minors hold every pty the kernel
-// makes). Nothing else opens,
-// whatever node a process makes: no block device (loop devices hold
-// other sandboxes' disks), no /dev/kvm, /dev/fuse, /dev/loop-control,
-// /dev/net/tun, /dev/kmsg, /dev/mem, /dev/port, input or host tty.
-// mknod itself is allowed, as Docker allows it: archives and package
-// installs that carry device nodes unpack, and what they make never
-// opens (the sandbox's writable mounts are nodev too).
-var DeviceAllow = []Device{
-	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9},
-	{"tty", 5, 0}, {"ptmx", 5, 2},
-	{"pts", 136, -1},
-}
+// of its minimal /dev (container.Devices: null, zero, full, random,
+// urandom, tty), its devpts instance's ptmx, and pseudo-terminal slaves
+// (major 136, UNIX98_PTY_SLAVE_MAJOR, whose 2^20 minors hold every pty
+// the kernel makes). Nothing else opens, whatever node a process makes:
+// no block device (loop devices hold other sandboxes' disks), no
+// /dev/kvm, /dev/fuse, /dev/loop-control, /dev/net/tun, /dev/kmsg,
+// /dev/mem, /dev/port, input or host tty. mknod itself is allowed, as
+// Docker allows it: archives and package installs that carry device
+// nodes unpack, and what they make never opens (the sandbox's writable
+// mounts are nodev too).
+var DeviceAllow = func() []Device {
+	var out []Device
+	for _, d := range container.Devices {
+		out = append(out, Device{d.Name, int(d.Major), int(d.Minor)})
+	}
+	return append(out, Device{"ptmx", 5, 2}, Device{"pts", 136, -1})
+}()
 
 // DevicesV1 are the lines the v1 devices controller takes for the same
 // list: everything denied, then mknod of any node and the allowlist.

@@ -41,9 +41,10 @@ var NATPool = netip.MustParsePrefix("10.200.0.0/16")
 
 // DenySet are the ranges no egress rule opens, whatever it allows
 // around them: link-local (the cloud metadata address 169.254.169.254
-// among them) and the NAT pool (the host's gateway addresses and every
-// other sandbox). The host's own addresses join them for a sandbox in
-// network mode nat (Allowlist's host). The host's loopback needs no
+// among them), the NAT pool (the host's gateway addresses and every
+// other sandbox), 0.0.0.0/8, multicast and broadcast. The host's own
+// addresses join them for a sandbox in network mode nat (Allowlist's
+// host). The host's loopback needs no
 // entry: a sandbox's 127.0.0.0/8 is its own network namespace's. A rule
 // inside one of these is refused by Validate.
 var DenySet = []netip.Prefix{

@@ -68,6 +68,9 @@ func Validate(p *api.Policy) error {
 				if q == "/" && field == "files.hidden" {
 					return bad(fmt.Sprintf("%s[%d]", field, i), "the root cannot be hidden")
 				}
+				if (q == "/proc" || strings.HasPrefix(q, "/proc/")) && field == "files.hidden" {
+					return bad(fmt.Sprintf("%s[%d]", field, i), "%s cannot be hidden: the sandbox's init starts every command in its working directory through /proc (what /proc must not show is masked already)", q)
+				}
 			}
 		}
 	}

@@ -65,6 +65,7 @@ func TestParseBad(t *testing.T) {
 		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [\"9-3\"]\n", "bad port"},
 		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: ::1\n    ports: [70000]\n", "bad port"},
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [answers]\n", "files.hidden[0]"},
+		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: [/tmp, /proc/self]\n", "/proc/self cannot be hidden"},
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readOnly: [/a/../b]\n", "files.readOnly[0]"},
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: [/tmp, tmp]\n", "files.readWrite[1]"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [nosuchcall]\n", "no system call"},

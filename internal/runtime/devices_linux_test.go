@@ -61,6 +61,9 @@ func TestDeviceIsolation(t *testing.T) {
 		primed.Close()
 		spares.Close()
 		runtimetest.Clean(root)
+		if l := runtimetest.Leftovers(root); len(l) > 0 {
+			t.Errorf("left behind: %v", l)
+		}
 	})
 	create := func(o runtime.Options, m runtime.Mounter) *runtime.Sandbox {
 		t.Helper()
@@ -222,8 +225,13 @@ func BenchmarkDevices(b *testing.B) {
 			b.Fatal(res, err)
 		}
 		d[i%2] = append(d[i%2], time.Since(t0))
-		sb.Remove()
+		if err := sb.Remove(); err != nil {
+			b.Fatal(err)
+		}
 		i++
+	}
+	if l := runtimetest.Leftovers(root); len(l) > 0 {
+		b.Fatalf("left behind: %v", l)
 	}
 	p50 := func(x []time.Duration) float64 {
 		slices.Sort(x)

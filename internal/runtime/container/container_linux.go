@@ -986,22 +986,16 @@ func leaveHostMounts(userns bool) error {
 	return pivot(dir)
 }
 
-// devices are the nodes of a sandbox's /dev.
-var devices = []struct {
-	name         string
-	major, minor uint32
-}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
-
 // cloneDevices clones the host's device nodes (detached mounts), for a
 // namespace whose root may not make them.
 func cloneDevices() (map[string]int, error) {
 	devs := map[string]int{}
-	for _, d := range devices {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+d.name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	for _, d := range Devices {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, "/dev/"+d.Name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
-			return nil, fmt.Errorf("clone the host's /dev/%s: %w", d.name, err)
+			return nil, fmt.Errorf("clone the host's /dev/%s: %w", d.Name, err)
 		}
-		devs[d.name] = fd
+		devs[d.Name] = fd
 	}
 	return devs, nil
 }
@@ -1045,25 +1039,25 @@ func stageKernelFS(dir string, devs map[string]int) error {
 			return fmt.Errorf("mount %s: %w", m.target, err)
 		}
 	}
-	for _, d := range devices {
-		p := filepath.Join(dir, "dev", d.name)
-		if fd, ok := devs[d.name]; ok {
+	for _, d := range Devices {
+		p := filepath.Join(dir, "dev", d.Name)
+		if fd, ok := devs[d.Name]; ok {
 			if err := os.WriteFile(p, nil, 0o666); err != nil {
 				return err
 			}
 			if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-				return fmt.Errorf("bind /dev/%s: %w", d.name, err)
+				return fmt.Errorf("bind /dev/%s: %w", d.Name, err)
 			}
 			unix.Close(fd)
 			continue
 		}
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil {
-			return fmt.Errorf("mknod /dev/%s: %w", d.name, err)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
+			return fmt.Errorf("mknod /dev/%s: %w", d.Name, err)
 		}
 		os.Chmod(p, 0o666)
 		// Each node is a mount of its own, so /dev itself can be nodev.
 		if err := unix.Mount(p, p, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind /dev/%s: %w", d.name, err)
+			return fmt.Errorf("bind /dev/%s: %w", d.Name, err)
 		}
 	}
 	// A node a sandbox makes in /dev never opens (nor anywhere else it
