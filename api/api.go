@@ -13,6 +13,9 @@
 //	GET    /v1/sandboxes/{name}/execs/{id}  -> Frame lines: a recorded exec's output and result
 //	PUT    /v1/sandboxes/{name}/files?path=P&mode=M   body: the file's bytes
 //	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
+//	GET    /v1/sandboxes/{name}/stat?path=P[&follow=1]     -> PathStat
+//	GET    /v1/sandboxes/{name}/archive?path=P[&follow=1][&name=N]  -> X-Dsec-Stat, then a tar stream
+//	PUT    /v1/sandboxes/{name}/archive?path=DIR[&owners=1]  body: a tar stream -> CopyReport
 //	POST   /v1/sandboxes/{name}/snapshots   PackRequest -> Snapshot (pack-diff)
 //	POST   /v1/branches                     BranchRequest -> []Sandbox
 //	GET    /v1/snapshots                    -> []SnapshotNode (the lineage DAG)
@@ -29,12 +32,44 @@
 //	DELETE /v1/pools/{name}
 //
 // Errors are an HTTP status and an Error body; the status tells the
-// class (StatusClass).
+// class (StatusClass). An error in the middle of a tar stream (GET
+// archive) is its X-Dsec-Error trailer, an Error; what it left out its
+// X-Dsec-Skipped trailer, a CopyReport.
 package api
 
 import (
+	"io/fs"
 	"net/http"
 	"time"
+)
+
+// PathStat describes a path in a sandbox (also the X-Dsec-Stat header
+// of GET archive, as JSON): Mode is Go's fs.FileMode; LinkTarget is a symlink's target.
+type PathStat struct {
+	Name       string      `json:"name"`
+	Mode       fs.FileMode `json:"mode"`
+	Size       int64       `json:"size"`
+	Mtime      time.Time   `json:"mtime"`
+	LinkTarget string      `json:"link_target,omitempty"`
+}
+
+// CopyReport says what a copy left out (sockets, device nodes, fifos,
+// entries on another mount), each with the reason.
+type CopyReport struct {
+	Skipped []Skipped `json:"skipped,omitempty"`
+}
+
+// Skipped is one entry a copy left out.
+type Skipped struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// Headers of the archive endpoints.
+const (
+	HeaderStat    = "X-Dsec-Stat"
+	HeaderError   = "X-Dsec-Error"   // trailer: an Error
+	HeaderSkipped = "X-Dsec-Skipped" // trailer: a CopyReport
 )
 
 // Version is the API version this package describes.

@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -225,6 +227,120 @@ func TestHostileFiles(t *testing.T) {
 	if err := sb.WriteFile(ctx, "work/relative", strings.NewReader("x"), 0o644); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("relative path: %v", err)
 	}
+}
+
+// TestHostileCopy: copies of trees (dsec cp) resolve inside the
+// sandbox's root both ways, whatever the agent planted, and an archive
+// from the client never puts a byte outside the directory it names.
+func TestHostileCopy(t *testing.T) {
+	_, c := setup(t)
+	sb := create(t, c, api.SandboxSpec{Name: "hostile-cp"})
+	host := t.TempDir()
+	os.WriteFile(filepath.Join(host, "secret"), []byte("host secret\n"), 0o600)
+	run(t, sb, "plant", fmt.Sprintf("mkdir /work/out; ln -s %s/secret /work/out/link; ln -s %s /work/dir; mkfifo /work/out/fifo; echo mine > /work/out/f", host, host))
+	ctx := context.Background()
+
+	// In through a symlink to a host directory: resolved in the
+	// sandbox, where that path does not exist.
+	_, err := sb.CopyTo(ctx, "/work/dir", tarOf(t, "planted", "x"), false)
+	if !errdefs.IsNotFound(err) {
+		t.Errorf("copy into a planted link to a host directory: %v", err)
+	}
+	for _, name := range []string{"../../../../../../" + host + "/planted", "/" + host + "/planted2"} {
+		if _, err := sb.CopyTo(ctx, "/work", tarOf(t, name, "x"), false); err == nil {
+			t.Errorf("entry %s extracted", name)
+		}
+	}
+	if ents, _ := os.ReadDir(host); len(ents) != 1 {
+		t.Fatalf("a copy in landed on the host: %v", ents)
+	}
+
+	// Out: links stay links, a fifo does not hang the worker, the host
+	// file is never read.
+	done := make(chan []string, 1)
+	go func() {
+		rc, _, err := sb.CopyFrom(ctx, "/work/out", sdk.CopyFromOptions{})
+		if err != nil {
+			t.Error(err)
+			done <- nil
+			return
+		}
+		defer rc.Close()
+		var names []string
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				if err != io.EOF {
+					t.Error(err)
+				}
+				break
+			}
+			b, _ := io.ReadAll(tr)
+			if strings.Contains(string(b), "host secret") {
+				t.Errorf("%s carried the host's secret", h.Name)
+			}
+			names = append(names, fmt.Sprintf("%s %c %s", h.Name, h.Typeflag, h.Linkname))
+		}
+		done <- names
+	}()
+	select {
+	case names := <-done:
+		want := []string{"out/ 5 ", "out/f 0 ", "out/fifo 6 ", "out/link 2 " + host + "/secret"}
+		if !slices.Equal(names, want) {
+			t.Errorf("archive of /work/out: %q, want %q", names, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("copying a tree with a fifo out hangs the worker")
+	}
+	if _, _, err := sb.CopyFrom(ctx, "/work/dir/secret", sdk.CopyFromOptions{}); !errdefs.IsNotFound(err) {
+		t.Errorf("copy out through a planted link: %v", err)
+	}
+	if _, _, err := sb.CopyFrom(ctx, "/proc/self/environ", sdk.CopyFromOptions{}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("copy out of /proc: %v", err)
+	}
+}
+
+// TestCopyOwners: a --userns sandbox's copies speak its own ids.
+func TestCopyOwners(t *testing.T) {
+	_, c := setup(t)
+	sb := create(t, c, api.SandboxSpec{Name: "cp-owners", UserNS: true})
+	ctx := context.Background()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "kept", Typeflag: tar.TypeReg, Mode: 0o4750, Uid: 5, Gid: 6, Size: 1})
+	tw.Write([]byte("k"))
+	tw.Close()
+	if _, err := sb.CopyTo(ctx, "/work", &buf, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.CopyTo(ctx, "/work", tarOf(t, "plain", "p"), false); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sb, "owners", "stat -c '%u:%g %A %n' /work/kept /work/plain"); out != "5:6 -rwsr-x--- /work/kept\n0:0 -rw-r--r-- /work/plain\n" {
+		t.Errorf("in the sandbox: %q", out)
+	}
+	rc, _, err := sb.CopyFrom(ctx, "/work/kept", sdk.CopyFromOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	h, err := tar.NewReader(rc).Next()
+	if err != nil || h.Uid != 5 || h.Gid != 6 || h.Mode != 0o4750 {
+		t.Errorf("out: %+v %v, want uid 5, gid 6, mode 4750", h, err)
+	}
+}
+
+func tarOf(t *testing.T, name, body string) *bytes.Buffer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))}); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(tw, body)
+	tw.Close()
+	return &buf
 }
 
 func TestWorkerKill9(t *testing.T) {

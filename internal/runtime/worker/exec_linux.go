@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -19,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/archive"
 	"github.com/dsec-project/dsec/internal/runtime"
 )
 
@@ -346,4 +349,98 @@ func (w *worker) getFile(rw http.ResponseWriter, r *http.Request) {
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.Header().Set("Content-Length", strconv.FormatInt(st.Size(), 10))
 	io.Copy(rw, f)
+}
+
+// sandboxFiles opens the files of a running sandbox for a copy.
+func (w *worker) sandboxFiles(rw http.ResponseWriter, r *http.Request) (*sandboxFS, string, bool) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		fail(rw, err)
+		return nil, "", false
+	}
+	p := r.URL.Query().Get("path")
+	if !path.IsAbs(p) {
+		fail(rw, fmt.Errorf("bad path %q: give an absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument))
+		return nil, "", false
+	}
+	if st := e.sb.Snapshot().Status; st != runtime.Running {
+		fail(rw, fmt.Errorf("sandbox %s is %s: start it first: %w", e.sb.Name, st, errdefs.ErrFailedPrecondition))
+		return nil, "", false
+	}
+	s, err := openSandboxFS(e.sb)
+	if err != nil {
+		fail(rw, err)
+		return nil, "", false
+	}
+	return s, path.Clean(p)[1:], true
+}
+
+// pathError classifies a failure to find a path in a sandbox.
+func pathError(sb *runtime.Sandbox, p string, err error) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%s: no such file or directory in sandbox %s: %w", p, sb.Name, errdefs.ErrNotFound)
+	case errors.Is(err, unix.EXDEV):
+		return fmt.Errorf("%s in sandbox %s is on another mount (its /proc, /sys or /dev): cp does not copy there: %w", p, sb.Name, errdefs.ErrInvalidArgument)
+	case errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("%s in sandbox %s: not a directory: %w", p, sb.Name, errdefs.ErrInvalidArgument)
+	}
+	return fmt.Errorf("sandbox %s: %w", sb.Name, err)
+}
+
+// statPath answers stat (the path's stat) and GET archive (the same as
+// a header, then the tree at it as a tar stream; an error once the stream started is
+// its X-Dsec-Error trailer.
+func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
+	s, p, ok := w.sandboxFiles(rw, r)
+	if !ok {
+		return
+	}
+	defer s.Close()
+	q := r.URL.Query()
+	follow := q.Get("follow") == "1"
+	fi, err := s.Lstat(p)
+	if err == nil && follow && fi.Mode()&fs.ModeSymlink != 0 {
+		fi, err = s.Stat(p)
+	}
+	if err != nil {
+		fail(rw, pathError(s.sb, "/"+p, err))
+		return
+	}
+	st := api.PathStat{Name: path.Base("/" + p), Mode: fi.Mode(), Size: fi.Size(), Mtime: fi.ModTime()}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		st.LinkTarget, _ = s.Readlink(p)
+	}
+	if !strings.HasSuffix(r.URL.Path, "/archive") {
+		reply(rw, st)
+		return
+	}
+	b, _ := json.Marshal(st)
+	rw.Header().Set(api.HeaderStat, string(b))
+	rw.Header().Set("Content-Type", "application/x-tar")
+	rw.Header().Set("Trailer", api.HeaderError+", "+api.HeaderSkipped)
+	skipped, err := archive.Write(rw, s, p, archive.WriteOptions{Name: q.Get("name"), Follow: follow, IDs: s.sandboxIDs()})
+	if err != nil {
+		b, _ := json.Marshal(apiError(pathError(s.sb, "/"+p, err)))
+		rw.Header().Set(api.HeaderError, string(b))
+	}
+	if len(skipped) > 0 {
+		b, _ := json.Marshal(api.CopyReport{Skipped: skipped})
+		rw.Header().Set(api.HeaderSkipped, string(b))
+	}
+}
+
+// putArchive extracts a tar stream into a directory of the sandbox.
+func (w *worker) putArchive(rw http.ResponseWriter, r *http.Request) {
+	s, p, ok := w.sandboxFiles(rw, r)
+	if !ok {
+		return
+	}
+	defer s.Close()
+	skipped, err := archive.Extract(r.Body, s, path.Join(".", p), archive.ExtractOptions{Owners: r.URL.Query().Get("owners") == "1"})
+	if err != nil {
+		fail(rw, pathError(s.sb, "/"+p, err))
+		return
+	}
+	reply(rw, api.CopyReport{Skipped: skipped})
 }

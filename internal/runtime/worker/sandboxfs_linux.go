@@ -1,0 +1,218 @@
+package worker
+
+import (
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/archive"
+	"github.com/dsec-project/dsec/internal/runtime"
+)
+
+// sandboxFS is a sandbox's files as the sandbox resolves them, seen
+// from the worker: every name resolves inside its root (symlinks,
+// absolute ones included, and ".." stay there), never through a magic
+// link and never onto another mount (the sandbox's /proc, /sys, /dev),
+// so a path the agent planted never leads the worker to a host file.
+// What it makes belongs to the sandbox's root; ids it is given are the
+// sandbox's and map to the host's ids of a --userns sandbox.
+type sandboxFS struct {
+	sb   *runtime.Sandbox
+	root int       // O_PATH descriptor of the sandbox's root
+	ids  *[2]int64 // host id of the sandbox's id 0 and the range's size; nil: the host's ids
+}
+
+var _ archive.FS = (*sandboxFS)(nil)
+
+const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+func openSandboxFS(sb *runtime.Sandbox) (*sandboxFS, error) {
+	root, err := unix.Open(sb.RootFS(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	s := &sandboxFS{sb: sb, root: root}
+	if m := sb.Snapshot().IDs; m != nil {
+		s.ids = &[2]int64{int64(m.Host), int64(m.Size)}
+	}
+	return s, nil
+}
+
+func (s *sandboxFS) Close() error { return unix.Close(s.root) }
+
+// kernelViews are the sandbox's mounts of its kernel's views: the
+// worker sees only the directories under them, so a copy there would
+// not be what the sandbox sees.
+var kernelViews = map[string]bool{"proc": true, "sys": true, "dev": true}
+
+// open resolves name inside the root.
+func (s *sandboxFS) open(op, name string, flags int, mode uint32) (int, error) {
+	if top, _, _ := strings.Cut(path.Clean("/" + name)[1:], "/"); kernelViews[top] {
+		return -1, &fs.PathError{Op: op, Path: "/" + name, Err: unix.EXDEV}
+	}
+	fd, err := unix.Openat2(s.root, "/"+name, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: inRoot})
+	if err != nil {
+		return -1, &fs.PathError{Op: op, Path: "/" + name, Err: err}
+	}
+	return fd, nil
+}
+
+// at resolves the directory of name inside the root and calls fn with
+// it and name's last element ("." for the root itself).
+func (s *sandboxFS) at(op, name string, fn func(dir int, base string) error) error {
+	dir, err := s.open(op, path.Dir(path.Clean("/" + name))[1:], unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	if err := fn(dir, path.Base(path.Clean("/"+name))); err != nil {
+		return &fs.PathError{Op: op, Path: "/" + name, Err: err}
+	}
+	return nil
+}
+
+// onPath resolves name itself (a symlink is not followed) and calls fn
+// with an O_PATH descriptor of it.
+func (s *sandboxFS) onPath(op, name string, fn func(fd int) error) error {
+	fd, err := s.open(op, name, unix.O_PATH|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := fn(fd); err != nil {
+		return &fs.PathError{Op: op, Path: "/" + name, Err: err}
+	}
+	return nil
+}
+
+func (s *sandboxFS) stat(op, name string, flags int) (fs.FileInfo, error) {
+	fd, err := s.open(op, name, unix.O_PATH|flags, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "/"+name)
+	defer f.Close()
+	return f.Stat()
+}
+
+func (s *sandboxFS) Lstat(name string) (fs.FileInfo, error) {
+	return s.stat("lstat", name, unix.O_NOFOLLOW)
+}
+
+func (s *sandboxFS) Stat(name string) (fs.FileInfo, error) { return s.stat("stat", name, 0) }
+
+func (s *sandboxFS) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
+	var fd int
+	open := func() (err error) {
+		fd, err = s.open("open", name, flag, uint32(perm.Perm()))
+		return err
+	}
+	var err error
+	if flag&os.O_CREATE != 0 { // what it makes is the sandbox root's
+		err = s.sb.AsRoot(open)
+	} else {
+		err = open()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "/"+name), nil
+}
+
+func (s *sandboxFS) Readlink(name string) (string, error) {
+	var target string
+	return target, s.onPath("readlink", name, func(fd int) error {
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(fd, "", buf)
+		target = string(buf[:max(n, 0)])
+		return err
+	})
+}
+
+func (s *sandboxFS) Mkdir(name string, perm fs.FileMode) error {
+	return s.at("mkdir", name, func(dir int, base string) error {
+		return s.sb.AsRoot(func() error { return unix.Mkdirat(dir, base, uint32(perm.Perm())) })
+	})
+}
+
+func (s *sandboxFS) Symlink(oldname, newname string) error {
+	return s.at("symlink", newname, func(dir int, base string) error {
+		return s.sb.AsRoot(func() error { return unix.Symlinkat(oldname, dir, base) })
+	})
+}
+
+// Link links newname to oldname, both resolved inside the root; it
+// runs as the host's root (linking by descriptor takes
+// CAP_DAC_READ_SEARCH) and makes no inode, so no owner to get wrong.
+func (s *sandboxFS) Link(oldname, newname string) error {
+	return s.onPath("link", oldname, func(old int) error {
+		return s.at("link", newname, func(dir int, base string) error {
+			return unix.Linkat(old, "", dir, base, unix.AT_EMPTY_PATH)
+		})
+	})
+}
+
+func (s *sandboxFS) Remove(name string) error {
+	return s.at("remove", name, func(dir int, base string) error {
+		err := unix.Unlinkat(dir, base, 0)
+		if err == unix.EISDIR {
+			err = unix.Unlinkat(dir, base, unix.AT_REMOVEDIR)
+		}
+		return err
+	})
+}
+
+func (s *sandboxFS) Rename(oldname, newname string) error {
+	return s.at("rename", oldname, func(odir int, obase string) error {
+		return s.at("rename", newname, func(ndir int, nbase string) error {
+			return unix.Renameat(odir, obase, ndir, nbase)
+		})
+	})
+}
+
+// Lchown gives name to the sandbox's uid and gid (not the host's).
+func (s *sandboxFS) Lchown(name string, uid, gid int) error {
+	if s.ids != nil {
+		if int64(uid) >= s.ids[1] || int64(gid) >= s.ids[1] || uid < 0 || gid < 0 {
+			return &fs.PathError{Op: "chown", Path: "/" + name, Err: unix.EINVAL}
+		}
+		uid, gid = int(s.ids[0])+uid, int(s.ids[0])+gid
+	}
+	return s.onPath("chown", name, func(fd int) error {
+		return unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+// Chmod changes name's mode; name is not followed if it is a symlink
+// (fchmodat2 refuses to change a link, whose mode means nothing).
+func (s *sandboxFS) Chmod(name string, mode fs.FileMode) error {
+	m := uint32(archive.PermBits(mode))
+	return s.onPath("chmod", name, func(fd int) error { return unix.Fchmodat(fd, "", m, unix.AT_EMPTY_PATH) })
+}
+
+func (s *sandboxFS) Chtimes(name string, atime, mtime time.Time) error {
+	return s.onPath("chtimes", name, func(fd int) error {
+		ts := []unix.Timespec{unix.NsecToTimespec(atime.UnixNano()), unix.NsecToTimespec(mtime.UnixNano())}
+		return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+	})
+}
+
+// sandboxIDs maps a --userns sandbox's host ids to the ids its
+// processes see (the host's overflow id 65534 for one outside its range).
+func (s *sandboxFS) sandboxIDs() archive.IDMap {
+	if s.ids == nil {
+		return nil
+	}
+	base, size := s.ids[0], s.ids[1]
+	in := func(id int) int {
+		if v := int64(id) - base; v >= 0 && v < size {
+			return int(v)
+		}
+		return 65534
+	}
+	return func(uid, gid int) (int, int) { return in(uid), in(gid) }
+}
