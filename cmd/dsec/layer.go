@@ -4,17 +4,18 @@ package main
 
 import (
 	"fmt"
-	"github.com/containerd/errdefs"
-	"github.com/dsec-project/dsec/internal/runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
 )
 
 func (a *app) layerCommand() *cobra.Command {
@@ -238,8 +239,8 @@ func (a *app) layerRemove() *cobra.Command {
 		Short:   "Remove layer tags; dsec layer gc frees their blobs",
 		Long: `Rm removes the tags NAME[:VERSION]. The blobs stay until dsec layer gc, so a layer that is
 mounted or being pushed keeps its bytes. It refuses (exit 8) to remove a layer a snapshot
-stands on or a sandbox of this root runs on, unless --force: gc would then free blobs they
-need.
+stands on or a sandbox of this root runs on, unless --force: then only the tag goes, and
+gc keeps the layer, untagged, while they stand on it (they find it by its digest).
 
 ` + exitCodesHelp,
 		Example: `  dsec layer rm myrepo:abc123 && dsec layer gc`,
@@ -268,7 +269,7 @@ need.
 						return err
 					}
 					if len(on) > 0 {
-						return fmt.Errorf("layer %s is stood on by %s: remove those first, or --force (they could not start again once dsec layer gc frees its blobs): %w",
+						return fmt.Errorf("layer %s is stood on by %s: remove those first, or --force (the tag goes; gc keeps the layer, untagged, while they stand on it): %w",
 							ref, strings.Join(on, ", "), errdefs.ErrFailedPrecondition)
 					}
 				}
@@ -297,9 +298,13 @@ func (a *app) layerGC() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "gc",
 		Short: "Delete blobs that no tag reaches and leftovers of interrupted builds",
-		Long: `Gc marks every blob reachable from a tag (manifest, config, EROFS image, window table) and
-deletes the rest, with the files that killed builds left in the store's ingest directory.
-It waits for running builds to finish.
+		Long: `Gc marks every blob reachable from a tag (manifest, config, EROFS image, window table),
+from the lineage of every snapshot it keeps (the layers it stands on) and from the layers
+every sandbox of this root runs on, with the manifest, config and window table of every
+image it keeps, and deletes the rest, with the files that killed builds left in the
+store's ingest directory. A layer removed with rm --force that a snapshot or sandbox
+stands on is kept, untagged, and still found by its digest. It waits for running builds
+to finish.
 
 ` + exitCodesHelp,
 		Example: `  dsec layer gc --json`,
@@ -309,7 +314,17 @@ It waits for running builds to finish.
 			if err != nil {
 				return err
 			}
-			res, err := layer.GC(cmd.Context(), s)
+			var keep []digest.Digest
+			us, err := runtime.SnapUsers(a.cfg.Root)
+			if err != nil {
+				return fmt.Errorf("gc: list the sandboxes whose layers it must keep: %w", err)
+			}
+			for _, u := range us {
+				for _, d := range u.Digests {
+					keep = append(keep, digest.Digest(d))
+				}
+			}
+			res, err := layer.GC(cmd.Context(), s, keep)
 			if err != nil {
 				return err
 			}

@@ -564,7 +564,7 @@ func TestKillMidBuild(t *testing.T) {
 	if len(ents) != 0 {
 		t.Fatalf("killed build left %d blobs", len(ents))
 	}
-	res, err := layer.GC(context.Background(), s)
+	res, err := layer.GC(context.Background(), s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

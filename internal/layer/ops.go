@@ -202,6 +202,36 @@ func resolveDigest(ctx context.Context, s *store.Store, ref, hexd string) (*Info
 	return found, nil
 }
 
+// ResolveImage finds the layer ref names if its image is image, else
+// the layer whose image is image, tagged or not (a snapshot's or a
+// sandbox's lower whose tag was removed or moved: GC keeps it for
+// them). Its Ref is ref either way.
+func ResolveImage(ctx context.Context, s *store.Store, ref string, image digest.Digest) (*Info, error) {
+	i, err := Resolve(ctx, s, ref)
+	if err == nil && i.Digest == image || image == "" || err != nil && !errdefs.IsNotFound(err) {
+		return i, err
+	}
+	blobs, err := s.SmallBlobs(64 << 10)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range blobs {
+		b, err := s.ReadBlob(d.Digest, 64<<10)
+		if err != nil {
+			continue
+		}
+		if man, err := ParseManifest(b); err == nil && man.Layers[0].Digest == image {
+			d.MediaType = ocispec.MediaTypeImageManifest
+			d.Annotations = map[string]string{store.RefAnnotation: ref}
+			return load(s, d)
+		}
+	}
+	if i != nil {
+		return nil, fmt.Errorf("layer %s is now %s, and the %s stood on is gone from the store (gc freed it): %w", ref, i.Digest, image, errdefs.ErrNotFound)
+	}
+	return nil, fmt.Errorf("no layer %s (%s) in the store: %w", ref, image, errdefs.ErrNotFound)
+}
+
 // resolveTag resolves a NAME[:VERSION] tag (no digest).
 func resolveTag(ctx context.Context, s *store.Store, ref string) (Ref, *Info, error) {
 	r, err := ParseRef(ref)
@@ -257,9 +287,27 @@ func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][
 	return on, nil
 }
 
-// GC removes blobs that no tag reaches and leftovers of killed builds.
-func GC(ctx context.Context, s *store.Store) (store.GCResult, error) {
-	return s.GC(ctx, refs)
+// GC removes the blobs nothing needs and leftovers of killed builds. It
+// keeps what every tag reaches, the layers every kept snapshot stands
+// on (its lineage), the images of keep (the layers sandboxes run on),
+// and the manifest, config and window table of every kept image: a
+// layer whose tag was removed with --force still resolves by its
+// digest (ResolveImage) for what stands on it.
+func GC(ctx context.Context, s *store.Store, keep []digest.Digest) (store.GCResult, error) {
+	roots := make([]ocispec.Descriptor, len(keep))
+	for i, d := range keep {
+		roots[i] = ocispec.Descriptor{MediaType: MediaTypeLayer, Digest: d}
+	}
+	return s.GC(ctx, store.Marks{Refs: refs, Roots: roots, Owner: manifestOwner})
+}
+
+// manifestOwner: a layer's manifest is kept while its image is.
+func manifestOwner(b []byte) (digest.Digest, string, bool) {
+	man, err := ParseManifest(b)
+	if err != nil {
+		return "", "", false
+	}
+	return man.Layers[0].Digest, ocispec.MediaTypeImageManifest, true
 }
 
 // refs lists what a manifest or layer config points at.
@@ -276,10 +324,16 @@ func refs(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
 		if err := json.Unmarshal(b, &c); err != nil {
 			return nil, err
 		}
-		if c.Windows.Digest == "" {
-			return nil, nil
+		var out []ocispec.Descriptor
+		if c.Windows.Digest != "" {
+			out = append(out, ocispec.Descriptor{MediaType: MediaTypeWindows, Digest: c.Windows.Digest})
 		}
-		return []ocispec.Descriptor{{MediaType: MediaTypeWindows, Digest: c.Windows.Digest}}, nil
+		if c.Snapshot != nil {
+			for _, l := range c.Snapshot.Lowers {
+				out = append(out, ocispec.Descriptor{MediaType: MediaTypeLayer, Digest: l.Digest})
+			}
+		}
+		return out, nil
 	}
 	return nil, nil
 }

@@ -36,7 +36,7 @@ func lowerDir(root, dgst string) string {
 // for user and returns the mount and the layer found. want, if set, is
 // the digest the layer must have.
 func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, *found, error) {
-	f, err := resolveLayer(ctx, root, m, ref)
+	f, err := resolveLayer(ctx, root, m, ref, want)
 	if err != nil {
 		return "", nil, err
 	}
@@ -205,10 +205,12 @@ type found struct {
 	mountOn func(target string) error
 }
 
-// resolveLayer finds a layer in the local store, or in the remote when
-// the store lacks it, and says how to mount it (lazily from a remote).
-func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (*found, error) {
-	info, err := layer.Resolve(ctx, m.Store, ref)
+// resolveLayer finds a layer in the local store (by want, the image it
+// must be, when its tag is gone or names other content), or in the
+// remote when the store lacks it, and says how to mount it (lazily
+// from a remote).
+func resolveLayer(ctx context.Context, root string, m Mounter, ref, want string) (*found, error) {
+	info, err := layer.ResolveImage(ctx, m.Store, ref, digest.Digest(want))
 	if err == nil {
 		return &found{info.Digest.String(), info.Kind, info.Snapshot, mount.EROFS(m.Store.BlobPath(info.Digest)).Mount}, nil
 	}
@@ -231,7 +233,7 @@ func resolveLayer(ctx context.Context, root string, m Mounter, ref string) (*fou
 
 // lineage reads a snapshot's lineage from the store or the remote.
 func lineage(ctx context.Context, m Mounter, ref string) (*layer.Lineage, string, error) {
-	f, err := resolveLayer(ctx, "", m, ref)
+	f, err := resolveLayer(ctx, "", m, ref, "")
 	if err != nil {
 		return nil, "", err
 	}

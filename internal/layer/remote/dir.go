@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer"
@@ -45,6 +46,25 @@ type dirRepo struct {
 
 func (r dirRepo) Resolve(ctx context.Context) (ocispec.Descriptor, error) {
 	return r.s.Resolve(ctx, r.ref.String())
+}
+
+// FindImage finds the manifest of the layer whose image is image,
+// tagged or not: a snapshot's lower whose tag was removed or moved.
+func (r dirRepo) FindImage(ctx context.Context, image digest.Digest) (ocispec.Descriptor, error) {
+	i, err := layer.ResolveImage(ctx, r.s, r.ref.String(), image)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	f, err := r.s.Open(i.Manifest)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: i.Manifest, Size: fi.Size()}, nil
 }
 
 func (r dirRepo) Exists(ctx context.Context, d ocispec.Descriptor) (bool, error) {

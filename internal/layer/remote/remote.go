@@ -169,10 +169,18 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 		return nil, err
 	}
 	mdesc, err := from.Resolve(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
+	var man *ocispec.Manifest
+	var cfg *layer.Config
+	if err == nil {
+		man, cfg, err = readLayer(ctx, from, mdesc)
 	}
-	man, cfg, err := readLayer(ctx, from, mdesc)
+	if f, ok := from.(imageFinder); ok && want != "" && (errdefs.IsNotFound(err) || err == nil && man.Layers[0].Digest != want) {
+		// A lower whose tag was removed (layer rm --force) or moved:
+		// the store keeps it for the snapshot, untagged.
+		if mdesc, err = f.FindImage(ctx, want); err == nil {
+			man, cfg, err = readLayer(ctx, from, mdesc)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
 	}
@@ -180,11 +188,17 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 	if want != "" && blob != want {
 		return nil, fmt.Errorf("%s in %s is now %s, not the %s a snapshot over it stands on: %w", ref, src, blob, want, errdefs.ErrFailedPrecondition)
 	}
+	tag := true
 	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
-		if want != "" {
+		_, local := dst.(*Dir)
+		switch {
+		case want != "" && local:
+			tag = false // kept untagged for the snapshot, found by its digest
+		case want != "":
 			return nil, fmt.Errorf("tag %s in %s names other content (%s) than the snapshot stands on; a snapshot never moves its lowers' tags: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
+		default:
+			return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
 		}
-		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
 	} else if err != nil && !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("%s: %w", dst, err)
 	}
@@ -219,6 +233,9 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 		}
 		res.Copied = append(res.Copied, d.Digest)
 	}
+	if !tag {
+		return res, nil
+	}
 	mdesc.MediaType = ocispec.MediaTypeImageManifest
 	mdesc.ArtifactType = layer.ArtifactType
 	mdesc.Annotations = layer.TagAnnotations(cfg.Kind, blob)
@@ -226,6 +243,12 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
 	}
 	return res, nil
+}
+
+// imageFinder is a Repo that finds a layer by its image's digest,
+// tagged or not (the local store).
+type imageFinder interface {
+	FindImage(ctx context.Context, image digest.Digest) (ocispec.Descriptor, error)
 }
 
 // rangeFetcher is a Repo that can read a blob from an offset.

@@ -297,8 +297,8 @@ func TestOCIRemoteAuth(t *testing.T) {
 
 // TestSnapshotCarriesLineage: pushing a snapshot pushes the layers it
 // stands on, bottom first; pulling brings them; a remote tag of a lower
-// naming other content, or a lower whose tag moved at the source, is an
-// error that leaves the snapshot's tag where it was.
+// naming other content is an error that leaves the snapshot's tag
+// where it was; a lower whose tag moved at the source still travels.
 func TestSnapshotCarriesLineage(t *testing.T) {
 	ctx := context.Background()
 	addr, _ := layertest.StartRegistry(t)
@@ -335,24 +335,56 @@ func TestSnapshotCarriesLineage(t *testing.T) {
 		}
 	}
 
-	// The source's base:1 moves: the snapshot no longer stands on it.
+	// The source's base:1 moves, and gc runs: the snapshot still stands
+	// on the old base, which the store keeps for it (untagged), and a
+	// push carries it under the tag the snapshot knows (issue 29, item 2).
 	buildLayerFrom(t, a, "base:1", "moved")
+	if _, err := layer.GC(ctx, a, nil); err != nil {
+		t.Fatal(err)
+	}
 	other, err := remote.Open("dir://"+filepath.Join(t.TempDir(), "other"), remote.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := remote.Copy(ctx, remote.Local(a), other, snapRef, false, nil); !errdefs.IsFailedPrecondition(err) {
+	if _, err := remote.Copy(ctx, remote.Local(a), other, snapRef, false, nil); err != nil {
 		t.Fatalf("push of a snapshot whose lower moved: %v", err)
 	}
-	if _, err := remote.Describe(ctx, other, snapRef); !errdefs.IsNotFound(err) {
-		t.Fatalf("a failed snapshot push tagged it: %v", err)
+	if l, err := remote.Describe(ctx, other, baseRef(t)); err != nil || l.Blob.Digest != base.Digest {
+		t.Fatalf("the pushed lower: %+v %v, want %s", l, err, base.Digest)
+	}
+	// Pulled into a store whose base:1 names other content: the lower
+	// comes untagged, the store's tag stays, and the snapshot finds its
+	// lower by digest.
+	c := newLocal(t)
+	moved := buildLayerFrom(t, c, "base:1", "local")
+	if _, err := remote.Copy(ctx, other, remote.Local(c), snapRef, false, nil); err != nil {
+		t.Fatalf("pull of a snapshot over a local tag of other content: %v", err)
+	}
+	if got, err := layer.Resolve(ctx, c, "base:1"); err != nil || got.Digest != moved.Digest {
+		t.Fatalf("the pull moved the local base:1: %v %v", got, err)
+	}
+	if got, err := layer.ResolveImage(ctx, c, "base:1", base.Digest); err != nil || got.Digest != base.Digest {
+		t.Fatalf("the snapshot's lower by digest: %v %v", got, err)
+	}
+	if _, err := layer.GC(ctx, c, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := layer.ResolveImage(ctx, c, "base:1", base.Digest); err != nil || got.Digest != base.Digest {
+		t.Fatalf("gc freed the snapshot's untagged lower: %v %v", got, err)
 	}
 	// The remote's base:1 names other content: never forced, even with --force.
-	baseRef, _ := layer.ParseRef("base:1")
-	if _, err := remote.Copy(ctx, remote.Local(a), target, baseRef, true, nil); err != nil {
+	if _, err := remote.Copy(ctx, remote.Local(a), target, baseRef(t), true, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := remote.Copy(ctx, remote.Local(b), target, snapRef, true, nil); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("push of a snapshot over a moved remote lower: %v", err)
 	}
+}
+
+func baseRef(t *testing.T) layer.Ref {
+	r, err := layer.ParseRef("base:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

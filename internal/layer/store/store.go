@@ -420,6 +420,21 @@ func (s *Store) Untag(ctx context.Context, ref string) (ocispec.Descriptor, erro
 	return ocispec.Descriptor{}, fmt.Errorf("%s: %w", ref, errdefs.ErrNotFound)
 }
 
+// SmallBlobs lists the blobs of at most max bytes.
+func (s *Store) SmallBlobs(max int64) ([]ocispec.Descriptor, error) {
+	ents, err := os.ReadDir(filepath.Join(s.dir, "blobs", "sha256"))
+	if err != nil {
+		return nil, err
+	}
+	var out []ocispec.Descriptor
+	for _, e := range ents {
+		if info, err := e.Info(); err == nil && info.Size() <= max {
+			out = append(out, ocispec.Descriptor{Digest: digest.NewDigestFromEncoded(digest.SHA256, e.Name()), Size: info.Size()})
+		}
+	}
+	return out, nil
+}
+
 // GCResult says what a collection removed.
 type GCResult struct {
 	Blobs   int   `json:"blobs_removed"`
@@ -427,10 +442,26 @@ type GCResult struct {
 	Ingests int   `json:"ingests_removed"`
 }
 
-// GC removes every blob that refs does not reach from a tag, and every
-// leftover ingest. refs returns the blobs a blob refers to (nil for a
-// leaf). It waits for writers holding the shared lock.
-func (s *Store) GC(ctx context.Context, refs func(ocispec.Descriptor, []byte) ([]ocispec.Descriptor, error)) (GCResult, error) {
+// Marks says what a collection keeps beyond what the tags reach
+// (containerd's leases and gc labels are the model).
+type Marks struct {
+	// Refs returns the blobs a JSON blob refers to (nil for a leaf).
+	Refs func(ocispec.Descriptor, []byte) ([]ocispec.Descriptor, error)
+	// Roots are kept, and what they refer to, whatever the tags say.
+	Roots []ocispec.Descriptor
+	// Owner says, of a small untagged blob, the blob that keeps it (a
+	// manifest: its image) and its media type; a blob whose owner is
+	// kept is kept, with what it refers to. nil: none.
+	Owner func(b []byte) (owner digest.Digest, mediaType string, ok bool)
+}
+
+// maxOwned bounds the blobs Owner is asked about.
+const maxOwned = 64 << 10
+
+// GC removes every blob that m does not reach from a tag, a root or a
+// kept owner, and every leftover ingest. It waits for writers holding
+// the shared lock.
+func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 	var res GCResult
 	unlock, err := s.lock(lockGC, true)
 	if err != nil {
@@ -441,35 +472,74 @@ func (s *Store) GC(ctx context.Context, refs func(ocispec.Descriptor, []byte) ([
 	if err != nil {
 		return res, err
 	}
-	live := map[digest.Digest]bool{}
-	queue := append([]ocispec.Descriptor(nil), idx.Manifests...)
-	for len(queue) > 0 {
-		d := queue[0]
-		queue = queue[1:]
-		if live[d.Digest] {
-			continue
-		}
-		live[d.Digest] = true
-		if !isJSON(d.MediaType) {
-			continue
-		}
-		b, err := s.ReadBlob(d.Digest, 4<<20)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return res, fmt.Errorf("gc: %w", err)
-		}
-		more, err := refs(d, b)
-		if err != nil {
-			return res, fmt.Errorf("gc: %s: %w", d.Digest, err)
-		}
-		queue = append(queue, more...)
-	}
 	dir := filepath.Join(s.dir, "blobs", "sha256")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return res, err
+	}
+	live := map[digest.Digest]bool{}
+	queue := append(slices.Clone(idx.Manifests), m.Roots...)
+	mark := func() error {
+		for len(queue) > 0 {
+			d := queue[0]
+			queue = queue[1:]
+			if live[d.Digest] {
+				continue
+			}
+			live[d.Digest] = true
+			if !isJSON(d.MediaType) || m.Refs == nil {
+				continue
+			}
+			b, err := s.ReadBlob(d.Digest, 4<<20)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("gc: %w", err)
+			}
+			more, err := m.Refs(d, b)
+			if err != nil {
+				return fmt.Errorf("gc: %s: %w", d.Digest, err)
+			}
+			queue = append(queue, more...)
+		}
+		return nil
+	}
+	if err := mark(); err != nil {
+		return res, err
+	}
+	// Owned blobs, to a fixed point: a kept manifest's config may be a
+	// snapshot's, whose lowers keep more images, and their manifests.
+	type owned struct {
+		owner digest.Digest
+		self  ocispec.Descriptor
+	}
+	var candidates []owned
+	if m.Owner != nil {
+		for _, e := range ents {
+			d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+			if info, err := e.Info(); live[d] || err != nil || info.Size() > maxOwned {
+				continue
+			}
+			b, err := s.ReadBlob(d, maxOwned)
+			if err != nil {
+				continue
+			}
+			if owner, mt, ok := m.Owner(b); ok {
+				candidates = append(candidates, owned{owner, ocispec.Descriptor{MediaType: mt, Digest: d, Size: int64(len(b))}})
+			}
+		}
+	}
+	for grew := true; grew; {
+		grew = false
+		for _, c := range candidates {
+			if live[c.owner] && !live[c.self.Digest] {
+				queue, grew = append(queue, c.self), true
+			}
+		}
+		if err := mark(); err != nil {
+			return res, err
+		}
 	}
 	for _, e := range ents {
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())

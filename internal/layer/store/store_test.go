@@ -141,14 +141,35 @@ func TestGC(t *testing.T) {
 		var child ocispec.Descriptor
 		return []ocispec.Descriptor{child}, json.Unmarshal(b, &child)
 	}
-	res, err := s.GC(ctx, refs)
+	// Untagged: a root keeps its blob; an owned blob (a manifest whose
+	// image is kept) is kept with what it refers to; one whose owner
+	// goes, goes.
+	rooted, _ := s.WriteBlob("application/octet-stream", []byte("rooted"))
+	ownedLeaf, _ := s.WriteBlob("application/octet-stream", []byte("owned leaf"))
+	ownedBody, _ := json.Marshal(ownedLeaf)
+	owned, _ := s.WriteBlob("application/vnd.test+json", append([]byte(`{"owner":"`+rooted.Digest+`",`), ownedBody[1:]...))
+	strayBody, _ := json.Marshal(orphan)
+	stray, _ := s.WriteBlob("application/vnd.test+json", append([]byte(`{"owner":"`+orphan.Digest+`",`), strayBody[1:]...))
+	owner := func(b []byte) (digest.Digest, string, bool) {
+		var v struct{ Owner digest.Digest }
+		if json.Unmarshal(b, &v) != nil || v.Owner == "" {
+			return "", "", false
+		}
+		return v.Owner, "application/vnd.test+json", true
+	}
+	res, err := s.GC(ctx, store.Marks{Refs: refs, Roots: []ocispec.Descriptor{rooted}, Owner: owner})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Blobs != 1 || res.Bytes != 6 || res.Ingests != 1 {
+	if res.Blobs != 2 || res.Ingests != 1 {
 		t.Fatalf("gc = %+v", res)
 	}
-	if !s.Exists(leaf.Digest) || !s.Exists(parent.Digest) || s.Exists(orphan.Digest) {
-		t.Fatal("gc kept or removed the wrong blobs")
+	for _, d := range []ocispec.Descriptor{leaf, parent, rooted, owned, ownedLeaf} {
+		if !s.Exists(d.Digest) {
+			t.Errorf("gc removed %s", d.Digest)
+		}
+	}
+	if s.Exists(orphan.Digest) || s.Exists(stray.Digest) {
+		t.Fatal("gc kept a blob nothing needs")
 	}
 }
