@@ -58,6 +58,8 @@ func runError(err error) error {
 		code = exitInfra
 	case errdefs.IsResourceExhausted(err): // as the exit code table says
 		code = exitBusy
+	case errdefs.IsInvalidArgument(err): // a bad flag or name: the command line
+		code = exitUsage
 	}
 	return &codedError{err, code}
 }

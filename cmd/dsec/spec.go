@@ -71,6 +71,14 @@ func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 		}
 		spec.MemoryRequest = n
 	}
+	for _, n := range []struct {
+		flag string
+		v    float64
+	}{{"cpu", f.cpu}, {"cpu-request", f.cpuRequest}, {"pids", float64(f.pids)}} {
+		if n.v < 0 {
+			return spec, usageError{fmt.Errorf("--%s %g is negative: give 0 (no limit) or more", n.flag, n.v)}
+		}
+	}
 	switch f.class {
 	case "", api.SchedLatency, api.SchedBatch:
 	default:

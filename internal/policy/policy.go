@@ -31,14 +31,57 @@ func Parse(b []byte) (*api.Policy, error) {
 	}
 	var p api.Policy
 	if err := yaml.UnmarshalStrict(b, &p); err != nil {
-		msg := strings.TrimPrefix(strings.TrimPrefix(err.Error(), "error converting YAML to JSON: "), "error unmarshaling JSON: ")
-		msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "unmarshal errors:\n", "")), " ")
-		return nil, fmt.Errorf("policy: %s: %w", msg, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("policy: %s: %w", decodeMessage(err), errdefs.ErrInvalidArgument)
 	}
 	if err := Validate(&p); err != nil {
 		return nil, err
 	}
 	return &p, nil
+}
+
+var typeError = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`cannot unmarshal (\w+) into Go (?:struct field \w+\.([\w.]+)|value) of type (\S+)`)
+})
+
+// decodeMessage says what a document's decoding error means in the
+// document's terms (a YAML or JSON document is decoded as JSON, whose
+// errors name Go types).
+func decodeMessage(err error) string {
+	msg := err.Error()
+	for _, p := range []string{"error converting YAML to JSON: ", "error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "unmarshal errors:\n", "")), " ")
+	if m := typeError().FindStringSubmatch(msg); m != nil {
+		field := m[2]
+		if field == "" {
+			field = "the document"
+		}
+		got := map[string]string{"object": "a mapping", "array": "a list", "bool": "true or false", "string": "a string"}[m[1]]
+		if got == "" {
+			got = "a " + m[1]
+		}
+		return fmt.Sprintf("%s: want %s, not %s", field, kindOf(m[3]), got)
+	}
+	if f, ok := strings.CutPrefix(msg, "unknown field "); ok {
+		return "unknown field " + f + " (man dsec-policy lists the fields)"
+	}
+	return msg
+}
+
+// kindOf names a Go type as a document's kind of value.
+func kindOf(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	case strings.HasPrefix(goType, "map["), strings.HasPrefix(goType, "api."), strings.HasPrefix(goType, "*api."):
+		return "a mapping"
+	case goType == "string":
+		return "a string"
+	case goType == "bool":
+		return "true or false"
+	}
+	return "a number"
 }
 
 var hostName = sync.OnceValue(func() *regexp.Regexp {

@@ -75,8 +75,16 @@ func TestParseBad(t *testing.T) {
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  disk: 1M\n", "give at least 16 MiB"},
 		{"apiVersion: dsec/v1\nkind: Policy\nmetadata:\n  name: ../x\n", "metadata.name"},
 		{"[", "policy"},
+		// Decoding errors speak the document's terms, not Go's or JSON's.
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress: 5\n", "network.egress: want a list, not a number"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork: 5\n", "network: want a mapping, not a number"},
+		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  hidden: {a: 1}\n", "files.hidden: want a list, not a mapping"},
+		{"[1]", "the document: want a mapping, not a list"},
 	} {
 		_, err := Parse([]byte(c.doc))
+		if err != nil && (strings.Contains(err.Error(), "JSON") || strings.Contains(err.Error(), "Go ")) {
+			t.Errorf("%q: %v speaks of JSON or Go", c.doc, err)
+		}
 		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%q: %v (want a one-line invalid-argument error naming %q)", c.doc, err, c.want)
 		}

@@ -368,9 +368,14 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 
 // checkSpec refuses a spec no worker could make.
 func checkSpec(spec *api.SandboxSpec) error {
-	if spec.CPU < 0 || spec.Memory < 0 || spec.Pids < 0 || spec.Disk < 0 || spec.CPURequest < 0 || spec.MemoryRequest < 0 {
-		return fmt.Errorf("negative resource (cpu %g, memory %d, pids %d, disk %d, cpu request %g, memory request %d): %w",
-			spec.CPU, spec.Memory, spec.Pids, spec.Disk, spec.CPURequest, spec.MemoryRequest, errdefs.ErrInvalidArgument)
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"cpu", spec.CPU}, {"memory", float64(spec.Memory)}, {"pids", float64(spec.Pids)}, {"disk", float64(spec.Disk)},
+		{"cpu_request", spec.CPURequest}, {"memory_request", float64(spec.MemoryRequest)}} {
+		if r.v < 0 {
+			return fmt.Errorf("%s %g is negative: give 0 (no limit) or more: %w", r.name, r.v, errdefs.ErrInvalidArgument)
+		}
 	}
 	if err := runtime.CheckDisk(spec.Disk); err != nil {
 		return err
