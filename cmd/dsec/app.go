@@ -282,6 +282,44 @@ func (a *app) showProgress() bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
+// nameResult is one name of a command over several (stop, start, rm,
+// snap rm, pool rm) in its --json list.
+type nameResult struct {
+	Name  string `json:"name"`
+	Error string `json:"error,omitempty"`
+}
+
+// eachName calls fn for every name, on past failures, and prints each
+// name done (or, asJSON, every name with its error); the failures
+// but the last go to stderr, the last is the command's error.
+func (a *app) eachName(names []string, asJSON bool, fn func(string) error) error {
+	var errs []error
+	var out []nameResult
+	for _, name := range names {
+		err := fn(name)
+		r := nameResult{Name: name}
+		if err != nil {
+			errs = append(errs, err)
+			r.Error = userMessage(err)
+		} else if !asJSON {
+			fmt.Fprintln(a.stdout, name)
+		}
+		out = append(out, r)
+	}
+	if asJSON {
+		if err := a.printJSON(out); err != nil {
+			return err
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	for _, e := range errs[:len(errs)-1] {
+		fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(e))
+	}
+	return errs[len(errs)-1]
+}
+
 func (a *app) printJSON(v any) error {
 	enc := json.NewEncoder(a.stdout)
 	enc.SetIndent("", "  ")

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -157,21 +158,25 @@ keeps the pool with no warm sandbox (calls then wait for one to be made).
 }
 
 func (a *app) poolRmCommand() *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "rm NAME...",
 		Short: "Remove pools and discard their warm sandboxes",
-		Args:  cobra.MinimumNArgs(1),
+		Long:  "Rm removes each pool and discards its warm sandboxes; it prints each name removed.\n\n" + exitCodesHelp,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("pool rm needs at least one pool name (dsec pool ls lists them)")}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			for _, name := range args {
-				if err := c.RemovePool(cmd.Context(), name); err != nil {
-					return err
-				}
-			}
-			return nil
+			return a.eachName(args, asJSON, func(name string) error { return c.RemovePool(cmd.Context(), name) })
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each pool's name and error (if any) as a JSON list")
+	return cmd
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
@@ -279,7 +281,9 @@ same --id (after a client crash, a timeout, a trainer's preemption) does not run
 again: it replays the recorded output and exit code, or waits for them if the command is
 still running. Without --id each exec gets a fresh id.
 
-With --json the output is collected and printed with the result as one JSON object.
+With --json the output is collected and printed with the result as one JSON object:
+"stdout" and "stderr" hold the streams as text when they are UTF-8; a stream that is not
+is in "stdout_base64" or "stderr_base64" instead, byte for byte.
 
 ` + runExitHelp,
 		Example: `  dsec exec rollout-7 -- ls /work
@@ -314,11 +318,23 @@ With --json the output is collected and printed with the result as one JSON obje
 	return cmd
 }
 
-// execResult is exec --json's output.
+// execResult is exec --json's output: each stream as text when it is
+// UTF-8, else base64 under its _base64 name (never mangled).
 type execResult struct {
 	api.ExecResult
-	Stdout string `json:"stdout"`
-	Stderr string `json:"stderr"`
+	Stdout       *string `json:"stdout,omitempty"`
+	StdoutBase64 string  `json:"stdout_base64,omitempty"`
+	Stderr       *string `json:"stderr,omitempty"`
+	StderrBase64 string  `json:"stderr_base64,omitempty"`
+}
+
+// textOr returns b as text if it is UTF-8, else as base64.
+func textOr(b []byte) (*string, string) {
+	if utf8.Valid(b) {
+		s := string(b)
+		return &s, ""
+	}
+	return nil, base64.StdEncoding.EncodeToString(b)
 }
 
 // execute runs args in sb and turns its end into dsec's exit.
@@ -334,7 +350,10 @@ func (a *app) execute(ctx context.Context, sb *sdk.Sandbox, f execFlags, args []
 		return err
 	}
 	if f.jsonO {
-		if err := a.printJSON(execResult{res, outBuf.String(), errBuf.String()}); err != nil {
+		r := execResult{ExecResult: res}
+		r.Stdout, r.StdoutBase64 = textOr(outBuf.Bytes())
+		r.Stderr, r.StderrBase64 = textOr(errBuf.Bytes())
+		if err := a.printJSON(r); err != nil {
 			return err
 		}
 	}
@@ -480,7 +499,7 @@ func (a *app) inspectCommand() *cobra.Command {
 
 // lifecycleCommand is stop, start and rm: one call per named sandbox.
 func (a *app) lifecycleCommand(use, short, long string, call func(context.Context, *sdk.Sandbox, bool) error) *cobra.Command {
-	var force bool
+	var force, asJSON bool
 	cmd := &cobra.Command{
 		Use:               use + " NAME...",
 		Short:             short,
@@ -497,25 +516,10 @@ func (a *app) lifecycleCommand(use, short, long string, call func(context.Contex
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, name := range args {
-				if err := call(cmd.Context(), c.Sandbox(name), force); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(a.stdout, name)
-			}
-			if len(errs) > 1 {
-				for _, e := range errs[:len(errs)-1] {
-					fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(e))
-				}
-			}
-			if len(errs) > 0 {
-				return errs[len(errs)-1]
-			}
-			return nil
+			return a.eachName(args, asJSON, func(name string) error { return call(cmd.Context(), c.Sandbox(name), force) })
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each sandbox's name and error (if any) as a JSON list")
 	if use == "rm" {
 		cmd.Flags().BoolVarP(&force, "force", "f", false, "remove running sandboxes too (their processes are killed)")
 	}

@@ -364,7 +364,7 @@ func (a *app) printTree(nodes []api.SnapshotNode) error {
 }
 
 func (a *app) snapRmCommand() *cobra.Command {
-	var force bool
+	var force, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "rm SNAPSHOT...",
 		Short: "Remove snapshots nothing stands on",
@@ -384,21 +384,11 @@ then not start again).
 			if err != nil {
 				return err
 			}
-			var last error
-			for _, ref := range args {
-				if err := c.RemoveSnapshot(cmd.Context(), ref, force); err != nil {
-					if last != nil {
-						fmt.Fprintf(a.stderr, "dsec: %s\n", userMessage(last))
-					}
-					last = err
-					continue
-				}
-				fmt.Fprintln(a.stdout, ref)
-			}
-			return last
+			return a.eachName(args, asJSON, func(ref string) error { return c.RemoveSnapshot(cmd.Context(), ref, force) })
 		},
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "remove even what others stand on")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print each snapshot's name and error (if any) as a JSON list")
 	return cmd
 }
 

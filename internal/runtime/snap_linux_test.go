@@ -246,8 +246,11 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 3 || len(sq.Snapshot.Lowers) != 2 || sq.Snapshot.Parent().Ref != "ws:1" {
-		t.Fatalf("squashed %d: %+v", n, sq.Snapshot)
+	if n.Folded != 3 || len(sq.Snapshot.Lowers) != 2 || sq.Snapshot.Parent().Ref != "ws:1" {
+		t.Fatalf("squashed %+v: %+v", n, sq.Snapshot)
+	}
+	if n.Entries == 0 || n.Bytes == 0 || uint64(n.Entries) != sq.Files-1 {
+		t.Errorf("squash tally %+v: want the paths (%d, the root left out) and bytes of the new snapshot", n, sq.Files-1)
 	}
 	g1 := f.create(runtime.Options{Name: "g1", From: "rollout/flat:3"})
 	sameView(t, "a branch of the squashed chain", want4, view(t, g1))

@@ -13,6 +13,12 @@ import (
 )
 
 // Squash needs Linux: it mounts the chain's EROFS images.
-func Squash(context.Context, *store.Store, string, layer.Ref, string) (*layer.Info, int, error) {
-	return nil, 0, fmt.Errorf("snap squash mounts EROFS images: it needs Linux: %w", errdefs.ErrNotImplemented)
+func Squash(context.Context, *store.Store, string, layer.Ref, string) (*layer.Info, Squashed, error) {
+	return nil, Squashed{}, fmt.Errorf("snap squash mounts EROFS images: it needs Linux: %w", errdefs.ErrNotImplemented)
+}
+
+// Squashed is what a squash folded and what the new snapshot holds.
+type Squashed struct {
+	Folded, Entries, Whiteouts int
+	Bytes                      int64
 }

@@ -18,13 +18,13 @@ import (
 // one snapshot layer tagged to, standing on the same layers the chain
 // stands on. Stacked, it gives the view the chain gives. The chain is
 // left as it is (dsec snap rm removes it).
-func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp string) (*layer.Info, int, error) {
+func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp string) (_ *layer.Info, tally Squashed, err error) {
 	top, err := layer.Resolve(ctx, s, ref)
 	if err != nil {
-		return nil, 0, err
+		return nil, tally, err
 	}
 	if top.Snapshot == nil {
-		return nil, 0, fmt.Errorf("%s is a %s layer, not a snapshot: %w", ref, top.Kind, errdefs.ErrInvalidArgument)
+		return nil, tally, fmt.Errorf("%s is a %s layer, not a snapshot: %w", ref, top.Kind, errdefs.ErrInvalidArgument)
 	}
 	chain := []*layer.Info{top}
 	lowers := top.Snapshot.Lowers
@@ -32,7 +32,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		i, err := layer.Resolve(ctx, s, lowers[0].Ref)
 		if err != nil || i.Digest != lowers[0].Digest {
 			if i, err = layer.Resolve(ctx, s, lowers[0].Digest.String()); err != nil {
-				return nil, 0, fmt.Errorf("snapshot chain of %s: layer %s (%s) is not in the store: %w", ref, lowers[0].Ref, lowers[0].Digest, errdefs.ErrNotFound)
+				return nil, tally, fmt.Errorf("snapshot chain of %s: layer %s (%s) is not in the store: %w", ref, lowers[0].Ref, lowers[0].Digest, errdefs.ErrNotFound)
 			}
 		}
 		if i.Snapshot == nil {
@@ -42,7 +42,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		lowers = lowers[1:]
 	}
 	if len(chain) < 2 {
-		return nil, 0, fmt.Errorf("%s stands on no other snapshot: there is no chain to squash: %w", ref, errdefs.ErrInvalidArgument)
+		return nil, tally, fmt.Errorf("%s stands on no other snapshot: there is no chain to squash: %w", ref, errdefs.ErrInvalidArgument)
 	}
 	// Mount each diff, bottom first, where Merge reads it.
 	var mnts []string
@@ -55,11 +55,11 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	for i := len(chain) - 1; i >= 0; i-- {
 		m, err := os.MkdirTemp(tmp, "squash-")
 		if err != nil {
-			return nil, 0, err
+			return nil, tally, err
 		}
 		if err := mount.EROFS(s.BlobPath(chain[i].Digest)).Mount(m); err != nil {
 			os.Remove(m)
-			return nil, 0, err
+			return nil, tally, err
 		}
 		mnts = append(mnts, m)
 	}
@@ -69,15 +69,15 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	for _, lo := range lowers {
 		i, err := layer.Resolve(ctx, s, lo.Digest.String())
 		if err != nil {
-			return nil, 0, fmt.Errorf("snapshot chain of %s stands on %s (%s), which is not in the store: %w", ref, lo.Ref, lo.Digest, err)
+			return nil, tally, fmt.Errorf("snapshot chain of %s stands on %s (%s), which is not in the store: %w", ref, lo.Ref, lo.Digest, err)
 		}
 		m, err := os.MkdirTemp(tmp, "squash-lower-")
 		if err != nil {
-			return nil, 0, err
+			return nil, tally, err
 		}
 		if err := mount.EROFS(s.BlobPath(i.Digest)).Mount(m); err != nil {
 			os.Remove(m)
-			return nil, 0, err
+			return nil, tally, err
 		}
 		lowerMnts = append(lowerMnts, m)
 	}
@@ -90,11 +90,11 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	base := lowerMnts[0]
 	if len(lowerMnts) > 1 {
 		if base, err = os.MkdirTemp(tmp, "squash-base-"); err != nil {
-			return nil, 0, err
+			return nil, tally, err
 		}
 		defer os.Remove(base)
 		if err := mount.Overlay(lowerMnts, "", "").Mount(base); err != nil {
-			return nil, 0, err
+			return nil, tally, err
 		}
 		defer mount.Unmount(base)
 	}
@@ -115,11 +115,21 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 				}
 				packs = append(packs, p)
 			}
+			tally.Entries, tally.Whiteouts, tally.Bytes = w.Tally()
 			return nil
 		},
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, tally, err
 	}
-	return info, len(chain), nil
+	tally.Folded = len(chain)
+	return info, tally, nil
+}
+
+// Squashed is what a squash folded and what the new snapshot holds:
+// its paths (whiteouts included), the whiteouts among them and its
+// bytes of file data.
+type Squashed struct {
+	Folded, Entries, Whiteouts int
+	Bytes                      int64
 }

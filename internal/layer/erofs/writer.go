@@ -703,6 +703,31 @@ func (w *Writer) Mknod(p string, a Attr) error {
 	return w.place(p, &inode{Attr: a})
 }
 
+// Tally counts what the image holds so far: its paths (the root left
+// out, every hard link counted), the whiteouts among them, and the
+// bytes of regular file data (each inode once).
+func (w *Writer) Tally() (paths, whiteouts int, bytes int64) {
+	seen := map[*inode]bool{}
+	var walk func(n *node)
+	walk = func(n *node) {
+		for _, c := range n.children {
+			paths++
+			switch t := c.ino.Mode & S_IFMT; {
+			case t == S_IFCHR && c.ino.Rdev == 0:
+				whiteouts++
+			case t == S_IFREG && !seen[c.ino]:
+				seen[c.ino] = true
+				bytes += int64(c.ino.size)
+			}
+			walk(c)
+		}
+	}
+	if w.root != nil {
+		walk(w.root)
+	}
+	return paths, whiteouts, bytes
+}
+
 // Whiteout adds an overlayfs whiteout (a 0/0 character device).
 func (w *Writer) Whiteout(p string, a Attr) error {
 	a.Mode = S_IFCHR | a.Mode&0o7777

@@ -181,6 +181,9 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 			man, cfg, err = readLayer(ctx, from, mdesc)
 		}
 	}
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("layer %s not found in %s: check its name and version there: %w", ref, src, errdefs.ErrNotFound)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("layer %s in %s: %w", ref, src, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -307,6 +308,10 @@ func TestSnapshotCarriesLineage(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := newLocal(t), newLocal(t)
+	nope, _ := layer.ParseRef("nope:1")
+	if _, err := remote.Copy(ctx, target, remote.Local(b), nope, false, nil); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "layer nope:1 not found in oci://") {
+		t.Fatalf("pull of a tag the registry lacks: %v", err)
+	}
 	base := buildLayer(t, a, "base:1")
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "step"), []byte("1"), 0o644)

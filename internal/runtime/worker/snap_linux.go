@@ -264,8 +264,8 @@ func (w *worker) squash(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := snapshotOf(info)
-	out.Folded = n
-	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n)
+	out.Folded, out.Entries, out.Whiteouts, out.Bytes = n.Folded, n.Entries, n.Whiteouts, n.Bytes
+	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n.Folded)
 	rw.WriteHeader(http.StatusCreated)
 	reply(rw, out)
 }
