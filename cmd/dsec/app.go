@@ -174,6 +174,19 @@ error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ..
 	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
+	// Help shows the defaults in effect: what DSEC_* variables and the
+	// config file say, not only what is compiled in.
+	help := root.HelpFunc()
+	root.SetHelpFunc(func(c *cobra.Command, args []string) {
+		if a.configure(c) == nil {
+			for name, v := range map[string]string{"root": a.cfg.Root, "log-level": a.cfg.LogLevel, "log-format": a.cfg.LogFormat, "progress": a.cfg.Progress} {
+				if f := c.Root().PersistentFlags().Lookup(name); f != nil && !f.Changed {
+					f.DefValue = v
+				}
+			}
+		}
+		help(c, args)
+	})
 	root.AddCommand(a.versionCommand())
 	root.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(a.fullCommands()...)

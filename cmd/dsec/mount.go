@@ -69,6 +69,11 @@ never zeros, never stale bytes.
 			if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 				return fmt.Errorf("mount point %s is not a directory: create it first: %w", dir, errdefs.ErrNotFound)
 			}
+			if on, err := mount.IsMountPoint(dir); err != nil {
+				return err
+			} else if on {
+				return fmt.Errorf("%s is a mount point already (a layer mounted there?): dsec layer umount %s first, or choose an empty directory: %w", dir, dir, errdefs.ErrAlreadyExists)
+			}
 			res := mountResult{Ref: ref.String(), Dir: dir}
 			if from == "" {
 				s, err := a.openStore()

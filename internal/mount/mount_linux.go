@@ -3,8 +3,10 @@ package mount
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,4 +66,16 @@ func Unmount(target string) error {
 		return fmt.Errorf("unmount %s: %w", target, err)
 	}
 	return nil
+}
+
+// IsMountPoint says whether dir is the root of a mount.
+func IsMountPoint(dir string) (bool, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, 0, &st); err != nil {
+		return false, &fs.PathError{Op: "statx", Path: dir, Err: err}
+	}
+	if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return false, fmt.Errorf("statx %s: this kernel does not say whether it is a mount point: %w", dir, errdefs.ErrNotImplemented)
+	}
+	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 }

@@ -17,3 +17,8 @@ func (m Mount) Mount(target string) error {
 func Unmount(target string) error {
 	return fmt.Errorf("unmount %s: %w", target, errdefs.ErrNotImplemented)
 }
+
+// IsMountPoint is not supported off Linux.
+func IsMountPoint(dir string) (bool, error) {
+	return false, fmt.Errorf("mount point %s: %w", dir, errdefs.ErrNotImplemented)
+}
