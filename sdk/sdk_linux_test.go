@@ -229,6 +229,30 @@ func TestHostileFiles(t *testing.T) {
 	}
 }
 
+// TestNoHostPaths: nothing a sandbox can read names the host's paths:
+// not its init's command line, not its mount table (overlayfs shows its
+// layer options as given), for a plain sandbox and a --userns one
+// (issue 29, item 13).
+func TestNoHostPaths(t *testing.T) {
+	w, c := setup(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, userns := range []bool{false, true} {
+		sb := create(t, c, api.SandboxSpec{Name: fmt.Sprintf("paths-%v", userns), UserNS: userns})
+		out, _ := run(t, sb, "read", "tr '\\0' ' ' < /proc/1/cmdline; echo; cat /proc/self/mountinfo /proc/1/mountinfo")
+		if !strings.HasPrefix(out, "dsec-init \n") || !strings.Contains(out, " / / ") {
+			t.Errorf("userns %v: %q: want the init's command line and a mount table", userns, out)
+		}
+		for _, host := range []string{w.Root, filepath.Dir(self)} {
+			if strings.Contains(out, host) {
+				t.Errorf("userns %v: the sandbox reads the host path %s:\n%s", userns, host, out)
+			}
+		}
+	}
+}
+
 // TestHostileCopy: copies of trees (dsec cp) resolve inside the
 // sandbox's root both ways, whatever the agent planted, and an archive
 // from the client never puts a byte outside the directory it names.

@@ -35,6 +35,17 @@ func (m Mount) Mount(target string) error {
 			data = append(data, o)
 		}
 	}
+	if m.Type == "overlay" {
+		fds, err := layersByDescriptor(data)
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
+		if err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m, target, err)
+		}
+	}
 	source := m.Source
 	if loop {
 		dev, err := attachLoop(m.Source, flags&unix.MS_RDONLY != 0)
@@ -78,4 +89,62 @@ func IsMountPoint(dir string) (bool, error) {
 		return false, fmt.Errorf("statx %s: this kernel does not say whether it is a mount point: %w", dir, errdefs.ErrNotImplemented)
 	}
 	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+}
+
+// layersByDescriptor hands an overlay its layers as /proc/self/fd/N of
+// descriptors opened here, rewriting data in place: overlayfs shows its
+// layer options as given in every mountinfo that lists it, the
+// sandbox's own included, and a descriptor's name says nothing of the
+// host's paths. It returns the descriptors to close after the mount.
+func layersByDescriptor(data []string) ([]int, error) {
+	var fds []int
+	open := func(dir string) (string, error) {
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", &fs.PathError{Op: "open", Path: dir, Err: err}
+		}
+		fds = append(fds, fd)
+		return fmt.Sprintf("/proc/self/fd/%d", fd), nil
+	}
+	for i, o := range data {
+		key, v, _ := strings.Cut(o, "=")
+		switch key {
+		case "lowerdir":
+			dirs := splitLowers(v)
+			for j, d := range dirs {
+				p, err := open(d)
+				if err != nil {
+					return fds, err
+				}
+				dirs[j] = p
+			}
+			data[i] = key + "=" + strings.Join(dirs, ":")
+		case "upperdir", "workdir":
+			p, err := open(v)
+			if err != nil {
+				return fds, err
+			}
+			data[i] = key + "=" + p
+		}
+	}
+	return fds, nil
+}
+
+// splitLowers undoes escapeLowers.
+func splitLowers(v string) []string {
+	var out []string
+	var cur strings.Builder
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\' && i+1 < len(v):
+			i++
+			cur.WriteByte(v[i])
+		case c == ':':
+			out = append(out, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	return append(out, cur.String())
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
@@ -327,8 +328,23 @@ func TestPackDiffErrors(t *testing.T) {
 	if _, err := runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "bb:1", Mounter: f.m}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("branch of a base layer: %v", err)
 	}
-	if _, err := layer.Remove(context.Background(), f.s, "bb:1"); err != nil {
+	// Untagged (layer rm --force), the layer is found by its digest;
+	// gone from the store, the branch fails and leaves nothing.
+	bb, err := layer.Remove(context.Background(), f.s, "bb:1")
+	if err != nil {
 		t.Fatal(err)
+	}
+	z, err := runtime.Create(context.Background(), f.root, runtime.Options{Name: "z", From: "s:1", Mounter: f.m})
+	if err != nil {
+		t.Fatalf("branch over an untagged layer: %v", err)
+	}
+	if err := z.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []digest.Digest{bb.Manifest, bb.Digest} {
+		if err := os.Remove(f.s.BlobPath(d)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_, err = runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "s:1", Mounter: f.m})
 	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "s:1") {

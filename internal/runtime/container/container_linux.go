@@ -92,6 +92,7 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "spare"), os.NewFile(uintptr(fds[1]), "spare")
 	cmd := exec.Command(self)
+	cmd.Args = []string{InitName} // its /proc/PID/cmdline names no host path
 	cmd.Env = []string{initEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -109,7 +110,7 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 			return nil, err
 		}
 		defer exe.Close()
-		cmd.Path, cmd.Args = "/proc/self/fd/4", []string{self}
+		cmd.Path = "/proc/self/fd/4"
 		cmd.ExtraFiles = append(cmd.ExtraFiles, exe)
 		cmd.Env = append(cmd.Env, usernsEnv+"=1")
 		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.Host), Size: int(ids.Size)}}
