@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,6 +250,27 @@ func TestNoHostPaths(t *testing.T) {
 			if strings.Contains(out, host) {
 				t.Errorf("userns %v: the sandbox reads the host path %s:\n%s", userns, host, out)
 			}
+		}
+	}
+}
+
+// TestTerminal: an exec on a terminal gets one of the sandbox's own
+// devpts, which ttyname() names, of the size asked for, stdin
+// included without -i (as docker's -t), in a --userns sandbox too
+// (issue 29, item 13).
+func TestTerminal(t *testing.T) {
+	_, c := setup(t)
+	for _, userns := range []bool{false, true} {
+		sb := create(t, c, api.SandboxSpec{Name: fmt.Sprintf("tty-%v", userns), UserNS: userns})
+		var out bytes.Buffer
+		res, err := sb.Exec(context.Background(), sdk.ExecOptions{Args: []string{"sh", "-c", "tty; stty size; test -t 0 && echo stdin-tty; readlink /proc/self/fd/1"},
+			TTY: true, Rows: 33, Cols: 101, Stdout: &out, Stderr: &out})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("userns %v: %v %+v", userns, err, res)
+		}
+		got := strings.ReplaceAll(out.String(), "\r", "")
+		if !regexp.MustCompile(`^/dev/pts/(\d+)\n33 101\nstdin-tty\n/dev/pts/(\d+)\n$`).MatchString(got) {
+			t.Errorf("userns %v: %q: want the sandbox's own terminal, 33x101", userns, got)
 		}
 	}
 }
