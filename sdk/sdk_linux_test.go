@@ -163,10 +163,10 @@ func TestExactlyOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if i == 1 {
-				time.Sleep(200 * time.Millisecond)
+			if i == 1 { // once the first runs
+				waitFile(t, sb, "/slow-started")
 			}
-			_, results[i] = run(t, sb, "slow", "sleep 0.6; echo ran >> /count; exit 4")
+			_, results[i] = run(t, sb, "slow", "touch /slow-started; sleep 0.6; echo ran >> /count; exit 4")
 		}()
 	}
 	wg.Wait()
@@ -396,10 +396,10 @@ func TestWorkerKill9(t *testing.T) {
 	run(t, sb, "before", "echo kept > /work/state")
 	errc := make(chan error, 1)
 	go func() {
-		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", "sleep 1; echo finished; echo ran >> /mid; exit 7"}})
+		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", "touch /mid-started; sleep 1; echo finished; echo ran >> /mid; exit 7"}})
 		errc <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
+	waitFile(t, sb, "/mid-started")
 	w.Kill()
 	if err := <-errc; !sdk.IsInfra(err) {
 		t.Fatalf("the client of a killed worker: %v, want an infrastructure error", err)
@@ -525,8 +525,8 @@ func TestLimitsAndErrors(t *testing.T) {
 	// The init dies under a command: an infrastructure failure, and the
 	// sandbox is dead.
 	errc := make(chan error, 1)
-	go func() { errc <- execErr(sb, "sleep", "5") }()
-	time.Sleep(200 * time.Millisecond)
+	go func() { errc <- execErr(sb, "sh", "-c", "touch /up; exec sleep 5") }()
+	waitFile(t, sb, "/up")
 	info, _ := sb.Inspect(ctx)
 	syscallKill(t, info.Pid)
 	if err := <-errc; !sdk.IsInfra(err) {
@@ -537,6 +537,20 @@ func TestLimitsAndErrors(t *testing.T) {
 	}
 	if err := execErr(sb); !sdk.IsInfra(err) && !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("exec in a dead sandbox: %v", err)
+	}
+}
+
+// waitFile waits until the sandbox has file p: a command got that far.
+func waitFile(t *testing.T, sb *sdk.Sandbox, p string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if sb.ReadFile(context.Background(), p, io.Discard) == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no %s in sandbox %s after 10 s", p, sb.Name)
+			return
+		}
 	}
 }
 

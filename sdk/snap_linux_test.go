@@ -168,10 +168,10 @@ func TestPackDuringRenameRace(t *testing.T) {
 	sb := create(t, c, api.SandboxSpec{Name: "racer"})
 	run(t, sb, "1", "echo payload > /work/a")
 	if _, err := sb.Exec(ctx, sdk.ExecOptions{ID: "race", Detach: true,
-		Args: []string{"sh", "-c", "while :; do mv /work/a /work/b; mv /work/b /work/a; done"}}); err != nil {
+		Args: []string{"sh", "-c", "touch /racing; while :; do mv /work/a /work/b; mv /work/b /work/a; done"}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitFile(t, sb, "/racing")
 	for i := 1; i <= 5; i++ {
 		tag := fmt.Sprintf("race:%d", i)
 		if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: tag}); err != nil {

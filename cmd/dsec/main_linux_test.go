@@ -18,6 +18,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -64,6 +65,9 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 		},
 		Condition: func(cond string) (bool, error) {
 			if cond == "root" {
+				if os.Geteuid() != 0 && testenv.MustRun() {
+					return false, errors.New("this script needs root, and CI must run it: run the tests as root")
+				}
 				return os.Geteuid() == 0, nil
 			}
 			return false, errors.New("unknown condition " + cond)

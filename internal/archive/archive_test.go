@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/testenv"
 )
 
 func TestPlan(t *testing.T) {
@@ -136,9 +138,7 @@ func TestRoundTrip(t *testing.T) {
 // TestOwners: -a keeps the archive's uid and gid, and a set-uid file
 // stays set-uid (a chown after the chmod would clear it).
 func TestOwners(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("SKIPPED: giving files to other users needs root; CI runs this as root")
-	}
+	testenv.RequireRoot(t, "giving files to other users")
 	src, dst := t.TempDir(), t.TempDir()
 	os.WriteFile(filepath.Join(src, "run"), []byte("x"), 0o755)
 	os.Lchown(filepath.Join(src, "run"), 7, 8)

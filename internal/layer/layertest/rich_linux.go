@@ -1,6 +1,8 @@
 package layertest
 
 import (
+	"github.com/dsec-project/dsec/internal/testenv"
+
 	"archive/tar"
 	"bytes"
 	"encoding/binary"
@@ -22,9 +24,7 @@ import (
 // runs as root, so there these tests always run.
 func RequireRoot(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("SKIPPED: needs root (mknod, chown, trusted.* xattrs, mount); CI runs it as root")
-	}
+	testenv.RequireRoot(tb, "mknod, chown, trusted.* xattrs, mount")
 }
 
 // Options select the optional parts of a rich tree.

@@ -258,7 +258,16 @@ func TestStateAndReaping(t *testing.T) {
 	if _, code := sh(t, sb, "mkdir -p /work && echo step1 > /work/state && (sleep 301 &) && (sleep 0.1 &) && exit 3"); code != 3 {
 		t.Fatalf("exit %d, want 3", code)
 	}
-	time.Sleep(400 * time.Millisecond)
+	// Until the orphan sleep 0.1 has ended (and so was reaped, or is a
+	// zombie the count below finds).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if out, _ := sh(t, sb, "ps -o args | grep -c '^sleep 0.1' || true"); out == "0\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the orphan sleep 0.1 never ended")
+		}
+	}
 	out, code := sh(t, sb, "cat /work/state; ps -o stat,args | grep -c '^Z' || true")
 	if code != 0 || !strings.HasPrefix(out, "step1\n") {
 		t.Fatalf("state lost between execs: %q (exit %d)", out, code)
@@ -292,13 +301,15 @@ func TestWorkerCrash(t *testing.T) {
 	}
 	defer sb.Destroy()
 	res := make(chan error, 1)
+	started := make(chan struct{})
 	go func() {
 		_, err := sb.Exec(context.Background(), container.Cmd{ID: "step-7",
-			Args: []string{"/bin/sh", "-c", "sleep 0.5; echo once >> /ran; exit 5"}, Env: []string{"PATH=/bin"}})
+			Args: []string{"/bin/sh", "-c", "sleep 0.5; echo once >> /ran; exit 5"}, Env: []string{"PATH=/bin"},
+			Started: func(int) { close(started) }})
 		res <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
-	sb.Close() // the worker dies
+	<-started
+	sb.Close() // the worker dies, the command running
 	if err := <-res; !errors.Is(err, container.ErrSandboxDied) {
 		t.Fatalf("exec across a lost connection: %v", err)
 	}
