@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	// dsecd: what the client build (client_linux_test.go) hands over to.
-	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full})
+	// dsec-init: the name a sandbox's init runs under.
+	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full, container.InitName: full})
 }
 
 // TestScripts runs the CLI scripts in testdata/script.
