@@ -229,6 +229,9 @@ func (a *app) configure(cmd *cobra.Command) error {
 	from := "config file " + file + " or DSEC_* variables" // what a setting that cannot be decoded came from
 	if err := v.ReadInConfig(); err != nil {
 		var pe *fs.PathError
+		if explicit && errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
+			return usageError{fmt.Errorf("config file %s does not exist: give an existing file to --config (or DSEC_CONFIG), or none for the default", file)}
+		}
 		if explicit || !errors.As(err, &pe) {
 			return usageError{fmt.Errorf("config file %s: %v", file, err)}
 		}
@@ -236,8 +239,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	hooks := viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(sizeHook, mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(",")))
 	if err := v.UnmarshalExact(&a.cfg, hooks); err != nil {
-		msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "decoding failed due to the following error(s):", "")), " ")
-		return usageError{fmt.Errorf("%s: %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)", from, msg)}
+		return usageError{configError(from, err)}
 	}
 	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
 		return usageError{fmt.Errorf("cache.read_ahead_kb %d: use 0 (none) to %d", ra, maxReadAheadKB)}
@@ -268,6 +270,28 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	cmd.SetContext(dlog.With(cmd.Context(), a.log))
 	return nil
+}
+
+// configError says which setting could not be decoded and where it
+// came from: the DSEC_* variable that set it, else the config file.
+func configError(from string, err error) error {
+	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "decoding failed due to the following error(s):", "")), " ")
+	msg = strings.ReplaceAll(msg, ": invalid argument", "")
+	if where, keys, ok := strings.Cut(msg, " has invalid keys: "); ok {
+		if where = strings.Trim(where, "'"); where != "" {
+			keys += " under " + where
+		}
+		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)",
+			strings.TrimSuffix(from, " or DSEC_* variables"), keys)
+	}
+	if key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "'"), "' "); ok {
+		env := "DSEC_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+		if v := os.Getenv(env); v != "" {
+			return fmt.Errorf("%s=%s: %s", env, v, rest)
+		}
+		return fmt.Errorf("%s: %s: %s", strings.TrimSuffix(from, " or DSEC_* variables"), key, rest)
+	}
+	return fmt.Errorf("%s: %s", from, msg)
 }
 
 func configFile(flags *pflag.FlagSet) (string, bool) {
@@ -343,8 +367,15 @@ func (a *app) printJSON(v any) error {
 // count exits with the usage code.
 func exactArgs(n int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{fmt.Errorf("%s: %v", cmd.CommandPath(), err)}
+		if len(args) != n {
+			what := fmt.Sprintf("%d arguments", n)
+			switch n {
+			case 0:
+				what = "no arguments"
+			case 1:
+				what = "1 argument"
+			}
+			return usageError{fmt.Errorf("%s takes %s, not %d: usage: %s (see --help)", cmd.CommandPath(), what, len(args), cmd.UseLine())}
 		}
 		return nil
 	}

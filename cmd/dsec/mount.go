@@ -81,8 +81,10 @@ never zeros, never stale bytes.
 					return err
 				}
 				info, err := layer.Resolve(cmd.Context(), s, ref.String())
-				if err != nil {
-					return fmt.Errorf("%w (to mount a remote layer lazily, add --from REMOTE)", err)
+				if errdefs.IsNotFound(err) {
+					return fmt.Errorf("no layer %s in the store (dsec layer ls lists them); to mount a remote layer lazily, add --from REMOTE: %w", ref, errdefs.ErrNotFound)
+				} else if err != nil {
+					return err
 				}
 				if err := mount.EROFS(s.BlobPath(info.Digest)).Mount(dir); err != nil {
 					return err
