@@ -122,7 +122,7 @@ func exitCode(err error) int {
 // userMessage drops the errdefs class names that wrapping appends.
 func userMessage(err error) string {
 	msg := err.Error()
-	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable", ": out of range"} {
+	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable", ": out of range", ": resource exhausted", ": unknown", ": conflict", ": canceled", ": aborted"} {
 		msg = strings.TrimSuffix(msg, suffix)
 	}
 	if isNoSpace(err) {

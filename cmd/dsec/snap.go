@@ -369,8 +369,8 @@ func (a *app) snapRmCommand() *cobra.Command {
 		Use:   "rm SNAPSHOT...",
 		Short: "Remove snapshots nothing stands on",
 		Long: `Rm untags snapshots; their blobs go at the next dsec layer gc. It refuses to remove a
-snapshot that another snapshot or a sandbox still stands on, unless --force (those could
-then not start again).
+snapshot that another snapshot or a sandbox still stands on, unless --force: then only
+the tag goes, and gc keeps the snapshot, untagged, while they stand on it.
 
 ` + exitCodesHelp,
 		Args: func(cmd *cobra.Command, args []string) error {

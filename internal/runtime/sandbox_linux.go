@@ -265,7 +265,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("sandbox %s already exists: %w", o.Name, errdefs.ErrAlreadyExists)
+			return nil, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", o.Name, errdefs.ErrAlreadyExists)
 		}
 		return nil, err
 	}

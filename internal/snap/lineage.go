@@ -116,7 +116,7 @@ func Remove(ctx context.Context, s *store.Store, ref string, users []User, force
 		on = append(on, "sandbox "+sb)
 	}
 	if len(on) > 0 && !force {
-		return nil, fmt.Errorf("snapshot %s is still stood on by %s: remove those first, or --force (they could not start again): %w",
+		return nil, fmt.Errorf("snapshot %s is still stood on by %s: remove those first, or --force (the tag goes; gc keeps the snapshot, untagged, while they stand on it): %w",
 			r, strings.Join(on, ", "), errdefs.ErrFailedPrecondition)
 	}
 	if _, err := layer.Remove(ctx, s, r.String()); err != nil {

@@ -444,7 +444,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		gone := old.gone
 		if gone == nil {
 			w.mu.Unlock()
-			return nil, fmt.Errorf("sandbox %s already exists: %w", spec.Name, errdefs.ErrAlreadyExists)
+			return nil, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists)
 		}
 		w.mu.Unlock() // the name's sandbox is going: wait for it
 		select {
