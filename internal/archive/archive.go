@@ -77,7 +77,7 @@ func Write(w io.Writer, fsys FS, src string, o WriteOptions) ([]api.Skipped, err
 	if err != nil {
 		return nil, err
 	}
-	wr := &writer{tw: tar.NewWriter(w), fsys: fsys, ids: o.IDs, links: map[[2]uint64]string{}}
+	wr := &writer{tw: tar.NewWriter(w), fsys: fsys, ids: o.IDs, links: map[[4]uint64]string{}}
 	if fi.IsDir() && name == "." {
 		err = wr.dirEntries(src, "", fi, o.Follow)
 	} else {
@@ -93,7 +93,7 @@ type writer struct {
 	tw      *tar.Writer
 	fsys    FS
 	ids     IDMap
-	links   map[[2]uint64]string // (dev, inode) of a file with links -> its first name
+	links   map[[4]uint64]string // a linked file's identity -> its first name
 	skipped []api.Skipped
 }
 
@@ -164,7 +164,10 @@ func (wr *writer) file(src string, hdr *tar.Header, follow bool) error {
 	}
 	hdr.Typeflag, hdr.Size, hdr.Mode, hdr.ModTime = tar.TypeReg, fi.Size(), PermBits(fi.Mode()), fi.ModTime().Truncate(time.Second)
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
-		id := [2]uint64{uint64(st.Dev), uint64(st.Ino)}
+		// Device and inode, and size and time: an overlay of layers on
+		// several file systems (xino off) may give two files one inode
+		// number.
+		id := [4]uint64{uint64(st.Dev), uint64(st.Ino), uint64(fi.Size()), uint64(fi.ModTime().UnixNano())}
 		if first, ok := wr.links[id]; ok {
 			hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
 			return wr.tw.WriteHeader(hdr)

@@ -194,7 +194,9 @@ func (p *Primed) Close() {
 // run --rm (BENCHMARKS.md). On an error pr is removed.
 func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
 	dir := sandboxDir(root, o.Name)
-	exists := func() error { return fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", o.Name, errdefs.ErrAlreadyExists) }
+	exists := func() error {
+		return fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", o.Name, errdefs.ErrAlreadyExists)
+	}
 	if _, err := os.Lstat(dir); err == nil {
 		pr.Remove()
 		return nil, exists()

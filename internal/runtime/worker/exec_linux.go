@@ -388,9 +388,10 @@ func pathError(sb *runtime.Sandbox, p string, err error) error {
 	return fmt.Errorf("sandbox %s: %w", sb.Name, err)
 }
 
-// statPath answers stat (the path's stat) and GET archive (the same as
-// a header, then the tree at it as a tar stream; an error once the stream started is
-// its X-Dsec-Error trailer.
+// statPath answers stat with the path's stat, and GET archive with it
+// as a header, then the tree at it as a tar stream: an error once the
+// stream started is its X-Dsec-Error trailer, what it left out its
+// X-Dsec-Skipped one.
 func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
 	s, p, ok := w.sandboxFiles(rw, r)
 	if !ok {
