@@ -3,9 +3,12 @@
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -80,9 +83,10 @@ Layers missing from the local store are mounted lazily from the configured remot
 			if err := c.Shutdown(cmd.Context()); err != nil {
 				return err
 			}
-			// Wait for it to let go of the root.
+			// Wait for it to exit: its last act unmounts the layers it
+			// kept mounted for reuse.
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				if _, err := c.Version(context.Background()); err != nil {
+				if exited(v.Pid) {
 					break
 				}
 			}
@@ -96,4 +100,17 @@ Layers missing from the local store are mounted lazily from the configured remot
 // tuning is the lazy mounts' settings from the configuration.
 func (c CacheConfig) tuning() lazy.Tuning {
 	return lazy.Tuning{MaxBytes: c.MaxBytes, ReadAheadKB: c.ReadAheadKB}
+}
+
+// exited says whether process pid is gone (or a zombie nobody reaped).
+func exited(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return strings.HasPrefix(rest, "Z")
 }
