@@ -83,7 +83,8 @@ type SandboxSpec struct {
 	Name    string   `json:"name,omitempty"`    // default: generated
 	Backend string   `json:"backend,omitempty"` // default: container
 	Layers  []string `json:"layers"`            // topmost first: toolkit, workspace, base
-	// Resources; zero means no limit.
+	// Resources. CPU zero means no limit; Memory and Pids zero mean the
+	// worker's default (HostLimits), Unlimited none of the sandbox's own.
 	CPU    float64 `json:"cpu,omitempty"` // CPUs
 	Memory int64   `json:"memory,omitempty"`
 	Pids   int64   `json:"pids,omitempty"`
@@ -226,6 +227,10 @@ type Sandbox struct {
 	// counts the processes its memory limit killed.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	OOMKills    int   `json:"oom_kills,omitempty"`
+	// MemoryLimit and PidsLimit are the limits the kernel holds it to
+	// now (its own, the worker's defaults, or a policy's; 0: none).
+	MemoryLimit int64 `json:"memory_limit,omitempty"`
+	PidsLimit   int64 `json:"pids_limit,omitempty"`
 	// DiskUsed is what the sandbox's writes take of its disk quota.
 	DiskUsed int64 `json:"disk_used,omitempty"`
 	// CPUSeconds is the CPU time its processes used while running;
@@ -366,4 +371,23 @@ type VersionInfo struct {
 	Version  string   `json:"version"` // the worker binary's
 	Pid      int      `json:"pid"`
 	Backends []string `json:"backends"`
+	// Limits are the bounds in force on this worker's sandboxes.
+	Limits *HostLimits `json:"limits,omitempty"`
 }
+
+// HostLimits are the bounds a worker holds its sandboxes to: every
+// sandbox together (the kernel enforces them on the group all
+// sandboxes live under: the host's memory less the reserve), and each
+// sandbox that asks for no limit of its own.
+type HostLimits struct {
+	MemoryBytes   int64 `json:"memory_bytes"`   // all sandboxes together
+	Pids          int64 `json:"pids"`           // all sandboxes together
+	HostReserve   int64 `json:"host_reserve"`   // memory kept for the host
+	DefaultMemory int64 `json:"default_memory"` // a sandbox's, unless it asks
+	DefaultPids   int64 `json:"default_pids"`   // a sandbox's, unless it asks
+}
+
+// Unlimited, as a sandbox's Memory or Pids, asks for no limit of its
+// own: an explicit opt-in, for 0 takes the worker's default. The limit
+// on all sandboxes together still holds.
+const Unlimited = -1

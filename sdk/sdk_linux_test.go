@@ -24,6 +24,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
@@ -272,6 +273,53 @@ func TestTerminal(t *testing.T) {
 		if !regexp.MustCompile(`^/dev/pts/(\d+)\n33 101\nstdin-tty\n/dev/pts/(\d+)\n$`).MatchString(got) {
 			t.Errorf("userns %v: %q: want the sandbox's own terminal, 33x101", userns, got)
 		}
+	}
+}
+
+// TestBoundedDefaults: a sandbox that asks for no limits gets the
+// worker's defaults (memory, pids), and is stopped by them inside its
+// own group, which says so; api.Unlimited opts out; the worker reports
+// the bounds in force, the bound on all sandboxes together included
+// (issue 36).
+func TestBoundedDefaults(t *testing.T) {
+	_, c := setupWith(t, runtimetest.Config{Defaults: worker.Defaults{Memory: 48 << 20, Pids: 64}})
+	ctx := context.Background()
+	v, err := c.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := v.Limits; l == nil || l.DefaultMemory != 48<<20 || l.DefaultPids != 64 || l.HostReserve != 1<<30 || l.MemoryBytes <= 0 || l.Pids <= 0 {
+		t.Fatalf("version limits: %+v", v.Limits)
+	}
+	limits := func(sb *sdk.Sandbox) (int64, int64) {
+		info, err := sb.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := cgroup.Open(filepath.Base(info.Cgroup))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.Limits()
+	}
+	plain := create(t, c, api.SandboxSpec{Name: "plain"})
+	if mem, pids := limits(plain); mem != 48<<20 || pids != 64+runtime.InitPids {
+		t.Errorf("no limits asked: memory %d, pids %d; want the defaults (48 MiB, 64 + the init's %d)", mem, pids, runtime.InitPids)
+	}
+	out, res := run(t, plain, "hog", `x=$(head -c 100000000 /dev/zero | tr '\0' a); echo ${#x}`)
+	if res.ExitCode != 137 || !res.OOM {
+		t.Errorf("100 MB under the 48 MiB default: %q %+v, want an OOM kill it reports", out, res)
+	}
+	free := create(t, c, api.SandboxSpec{Name: "free", Memory: api.Unlimited, Pids: api.Unlimited})
+	if mem, pids := limits(free); mem != 0 || pids != 0 {
+		t.Errorf("api.Unlimited: memory %d, pids %d; want none of its own", mem, pids)
+	}
+	if _, res := run(t, free, "hog", `x=$(head -c 100000000 /dev/zero | tr '\0' a); echo ${#x}`); res.ExitCode != 0 {
+		t.Errorf("100 MB with no limit of its own: %+v", res)
+	}
+	own := create(t, c, api.SandboxSpec{Name: "own", Memory: 256 << 20, Pids: 100})
+	if mem, pids := limits(own); mem != 256<<20 || pids != 100+runtime.InitPids {
+		t.Errorf("asked 256 MiB and 100 pids: %d, %d", mem, pids)
 	}
 }
 

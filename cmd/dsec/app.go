@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/dsec-project/dsec/internal/units"
-	"github.com/go-viper/mapstructure/v2"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -15,12 +13,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 	"golang.org/x/term"
 
+	"github.com/dsec-project/dsec/api"
 	dlog "github.com/dsec-project/dsec/internal/log"
+	"github.com/dsec-project/dsec/internal/units"
+	"github.com/dsec-project/dsec/sdk"
 )
 
 // Config is every setting a config file, DSEC_* variables or global
@@ -37,6 +39,13 @@ type Config struct {
 	Admission AdmissionConfig     `mapstructure:"admission"`
 	Reclaim   ReclaimConfig       `mapstructure:"reclaim"`
 	Pools     map[string]PoolFile `mapstructure:"pools"` // FnCall pools by name
+	Defaults  DefaultsConfig      `mapstructure:"defaults"`
+}
+
+// DefaultsConfig bounds a sandbox that asks for no limit (worker.Defaults).
+type DefaultsConfig struct {
+	Memory string `mapstructure:"memory"` // a size, or unlimited (default 2G)
+	Pids   int64  `mapstructure:"pids"`   // -1: none (default 4096)
 }
 
 // AdmissionConfig bounds what the worker runs (worker.Admission).
@@ -149,10 +158,11 @@ read-ahead on each lazy mount; what it reads ahead may cost a fetch), cache.keep
 a layer stays mounted after its last sandbox goes, so the next one finds it mounted and cached; 0:
 unmounted at once), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
-1G; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
+1G: the host's memory less it bounds every sandbox together, in the kernel; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
 last create's layers, negative: none), idle reclaim (reclaim.idle_after,
-10m, negative: never; reclaim.ksm, false) and FnCall pools (pools.NAME.size, .base,
+10m, negative: never; reclaim.ksm, false), the limits of a sandbox that asks for none (defaults.memory,
+2G, or unlimited; defaults.pids, 4096, -1: none) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 
@@ -217,7 +227,8 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
-		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false} {
+		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false,
+		"defaults.memory": "", "defaults.pids": int64(0)} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)
@@ -281,7 +292,7 @@ func configError(from string, err error) error {
 		if where = strings.Trim(where, "'"); where != "" {
 			keys += " under " + where
 		}
-		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, pools.NAME.*)",
+		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, defaults.*, pools.NAME.*)",
 			strings.TrimSuffix(from, " or DSEC_* variables"), keys)
 	}
 	if key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "'"), "' "); ok {
@@ -385,14 +396,30 @@ func (a *app) versionCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print dsec's version",
+		Short: "Print dsec's version, and the limits its worker holds sandboxes to",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if asJSON {
-				return a.printJSON(map[string]string{"version": version})
+			// The root's worker, if one serves it (none is started): its
+			// version and the limits it holds sandboxes to.
+			var w *api.VersionInfo
+			if c, err := sdk.New(sdk.Options{Root: a.cfg.Root}); err == nil {
+				if v, err := c.Version(cmd.Context()); err == nil {
+					w = &v
+				}
 			}
-			_, err := fmt.Fprintln(a.stdout, version)
-			return err
+			if asJSON {
+				return a.printJSON(struct {
+					Version string           `json:"version"`
+					Worker  *api.VersionInfo `json:"worker,omitempty"`
+				}{version, w})
+			}
+			fmt.Fprintln(a.stdout, version)
+			if w != nil && w.Limits != nil {
+				l := w.Limits
+				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s); each by default %s and %d pids\n",
+					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DefaultMemory), l.DefaultPids)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -32,6 +32,21 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 		return usageError{err}
 	}
 	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM}
+	switch d := a.cfg.Defaults; {
+	case d.Memory == "unlimited" || d.Memory == "-1":
+		cfg.Defaults.Memory = api.Unlimited
+	case d.Memory != "":
+		n, err := parseBytes(d.Memory)
+		if err != nil || n < 4<<20 {
+			return usageError{fmt.Errorf("defaults.memory %q: give a size of at least 4M, such as 2G, or unlimited", d.Memory)}
+		}
+		cfg.Defaults.Memory = n
+	}
+	if p := a.cfg.Defaults.Pids; p < api.Unlimited {
+		return usageError{fmt.Errorf("defaults.pids %d: give a count, or -1 for none", p)}
+	} else {
+		cfg.Defaults.Pids = p
+	}
 	for name, p := range a.cfg.Pools {
 		spec := api.SandboxSpec{CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, UserNS: p.UserNS}
 		spec.Layers = layerStack(p.Toolkit, p.Workspace, p.Base)

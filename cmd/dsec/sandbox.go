@@ -125,6 +125,10 @@ func sizes(spec *api.SandboxSpec, memory, disk string) error {
 		if s.v == "" {
 			continue
 		}
+		if s.flag == "memory" && (s.v == "unlimited" || s.v == "-1") {
+			*s.to = api.Unlimited
+			continue
+		}
 		n, err := parseBytes(s.v)
 		if err != nil {
 			return fmt.Errorf("--%s: %w", s.flag, err)
@@ -454,6 +458,9 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 				}
 				if s.MemoryBytes > 0 {
 					mem = humanBytes(s.MemoryBytes)
+				}
+				if s.MemoryLimit > 0 && s.Status == api.StatusRunning {
+					mem += "/" + humanBytes(s.MemoryLimit)
 				}
 				disk := "-"
 				if s.Disk > 0 {

@@ -46,10 +46,10 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit in CPUs, e.g. 0.5 (default: none)")
 	fl.Float64Var(&f.cpuRequest, "cpu-request", 0, "CPUs reserved at admission (default: the limit)")
-	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G (default: none)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G, or unlimited (default: the worker's, defaults.memory: 2G)")
 	fl.StringVar(&f.memoryRequest, "memory-request", "", "memory reserved at admission (default: the limit)")
 	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
-	fl.Int64Var(&f.pids, "pids", 0, "limit on the sandbox's own processes and threads (its init's are not counted; default: none)")
+	fl.Int64Var(&f.pids, "pids", 0, "limit on the sandbox's own processes and threads (its init's are not counted; -1: none; default: the worker's, defaults.pids: 4096)")
 	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
@@ -75,8 +75,11 @@ func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 		flag string
 		v    float64
 	}{{"cpu", f.cpu}, {"cpu-request", f.cpuRequest}, {"pids", float64(f.pids)}} {
+		if n.v == api.Unlimited && n.flag == "pids" {
+			continue
+		}
 		if n.v < 0 {
-			return spec, usageError{fmt.Errorf("--%s %g is negative: give 0 (no limit) or more", n.flag, n.v)}
+			return spec, usageError{fmt.Errorf("--%s %g is negative: give 0 (the default) or more (--pids -1: no limit of its own)", n.flag, n.v)}
 		}
 	}
 	switch f.class {

@@ -21,8 +21,10 @@ import (
 // Root is where cgroup file systems are mounted.
 var Root = "/sys/fs/cgroup"
 
-// Parent is the group under which sandboxes' groups are made.
-const Parent = "dsec"
+// Parent is the group under which sandboxes' groups are made (a
+// variable for tests of the bounds on it, which must not bound the
+// host's other sandboxes).
+var Parent = "dsec"
 
 // IdleParent holds the CPU groups of idle (batch) sandboxes: a sibling of
 // Parent marked cpu.idle, so that at the top of the hierarchy, where the
@@ -106,6 +108,12 @@ func New(name string, l Limits) (*Group, error) {
 			if err = os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
 				continue
 			}
+			// Before the group is in it: no sandbox is ever under an
+			// unbounded parent (it goes with its last group, and comes
+			// back without its limits).
+			if err = limitParent(filepath.Dir(d)); err != nil {
+				break
+			}
 			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
 				break
 			}
@@ -128,6 +136,108 @@ func New(name string, l Limits) (*Group, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// The limits of Parent: every sandbox together (LimitParent).
+var (
+	parentMu     sync.Mutex
+	parentLimits Limits
+)
+
+// LimitParent bounds every sandbox of the host together: Parent's
+// memory and pids limits, so that what dsec's groups use together
+// never reaches the host's own processes, the worker or its fetchers
+// (which run outside Parent). The limits apply now to Parent as it
+// is and whenever it is made again. Zero leaves a limit off.
+func LimitParent(l Limits) error {
+	parentMu.Lock()
+	parentLimits = Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids}
+	parentMu.Unlock()
+	var errs []error
+	for _, d := range parentDirs() {
+		if _, err := os.Stat(d); err == nil {
+			errs = append(errs, limitParent(d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ParentLimits are the limits LimitParent set.
+func ParentLimits() Limits {
+	parentMu.Lock()
+	defer parentMu.Unlock()
+	return parentLimits
+}
+
+// parentDirs are Parent's directories that hold a memory or pids limit.
+func parentDirs() []string {
+	if pureV2() {
+		return []string{filepath.Join(Root, Parent)}
+	}
+	return []string{filepath.Join(Root, "memory", Parent), filepath.Join(Root, "pids", Parent)}
+}
+
+// limitParent writes Parent's limits into dir if it is one of Parent's
+// directories that takes them.
+func limitParent(dir string) error {
+	l := ParentLimits()
+	if l.MemoryBytes == 0 && l.Pids == 0 {
+		return nil
+	}
+	memory, pids := "", ""
+	switch dir {
+	case filepath.Join(Root, Parent):
+		if pureV2() {
+			memory, pids = "memory.max", "pids.max"
+		}
+	case filepath.Join(Root, "memory", Parent):
+		memory = "memory.limit_in_bytes"
+	case filepath.Join(Root, "pids", Parent):
+		pids = "pids.max"
+	}
+	if memory != "" && l.MemoryBytes > 0 {
+		if err := write(dir, memory, strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		if memory == "memory.limit_in_bytes" { // with swap accounting, swap too
+			_ = write(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+		}
+	}
+	if pids != "" && l.Pids > 0 {
+		return write(dir, pids, strconv.FormatInt(l.Pids, 10))
+	}
+	return nil
+}
+
+// ParentOOMKills counts the processes the kernel killed under Parent,
+// for Parent's limit or a sandbox's own, in the groups there now (v1
+// counts a kill in the victim's group only; v2's memory.events counts
+// the subtree's).
+func ParentOOMKills() int {
+	if pureV2() {
+		return oomKills(filepath.Join(Root, Parent), "memory.events")
+	}
+	dir := filepath.Join(Root, "memory", Parent)
+	n := oomKills(dir, "memory.oom_control")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			n += oomKills(filepath.Join(dir, e.Name()), "memory.oom_control")
+		}
+	}
+	return n
+}
+
+// oomKills reads the oom_kill count of a memory group's file.
+func oomKills(dir, file string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, file))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 func checkName(name string) error {
@@ -399,14 +509,7 @@ func (g *Group) OOMKills() int {
 	if !g.pure {
 		dir, file = g.v1["memory"], "memory.oom_control"
 	}
-	b, _ := os.ReadFile(filepath.Join(dir, file))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
+	return oomKills(dir, file)
 }
 
 // PidsLimitHits counts the forks the pids limit refused.
@@ -506,6 +609,23 @@ func (g *Group) AllowDevices(deny string, allow []string) error {
 		}
 	}
 	return nil
+}
+
+// Limits reads the group's memory and pids limits back from the
+// kernel (0: none).
+func (g *Group) Limits() (memory, pids int64) {
+	read := func(dir, file string) int64 {
+		b, _ := os.ReadFile(filepath.Join(dir, file))
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || n >= 1<<62 { // "max", or v1's page-rounded maximum
+			return 0
+		}
+		return n
+	}
+	if g.pure {
+		return read(g.v2, "memory.max"), read(g.v2, "pids.max")
+	}
+	return read(g.v1["memory"], "memory.limit_in_bytes"), read(g.v1["pids"], "pids.max")
 }
 
 // SetLimits changes the group's limits while its processes run (a zero

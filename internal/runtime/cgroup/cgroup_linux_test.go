@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -340,5 +342,62 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(cgroup.Root, c, cgroup.Parent, name)); err == nil {
 			t.Errorf("RemoveLeftover left the %s directory", c)
 		}
+	}
+}
+
+// TestParentBoundsAllSandboxes: LimitParent bounds every sandbox
+// together, whatever each may use: three sandboxes with no limits of
+// their own, each holding 48 MiB, do not fit a 96 MiB parent; the
+// kernel kills inside it, and a process outside it (a canary) lives on
+// (issue 36).
+func TestParentBoundsAllSandboxes(t *testing.T) {
+	layertest.RequireRoot(t)
+	old := cgroup.Parent
+	cgroup.Parent = fmt.Sprintf("dsec-test-parent-%d", os.Getpid()) // not the host's sandboxes' parent
+	t.Cleanup(func() {
+		cgroup.Parent = old
+		cgroup.LimitParent(cgroup.Limits{})
+	})
+	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
+		t.Fatal(err)
+	}
+	canary := exec.Command("sleep", "60")
+	if err := canary.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer canary.Process.Kill()
+	before := cgroup.ParentOOMKills()
+	var chs []<-chan result
+	var groups []*cgroup.Group
+	for range 3 {
+		g, _, ch, _ := sandbox(t, cgroup.Limits{}, `dd if=/dev/zero bs=48M count=1 2>/dev/null | sleep 3`)
+		chs = append(chs, ch)
+		groups = append(groups, g)
+	}
+	for _, ch := range chs {
+		if r := <-ch; r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	if n := cgroup.ParentOOMKills(); n <= before {
+		t.Errorf("144 MiB held under a 96 MiB parent: %d OOM kills in the parent, want some", n-before)
+	}
+	killed := 0
+	for _, g := range groups {
+		killed += g.OOMKills() // each sandbox says its command was killed for memory
+	}
+	if killed == 0 {
+		t.Errorf("no sandbox reports an OOM kill")
+	}
+	for _, f := range []string{"memory.limit_in_bytes", "pids.max"} {
+		dir := filepath.Join(cgroup.Root, strings.Split(f, ".")[0], cgroup.Parent)
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err != nil {
+			t.Errorf("the parent's %s: %v", f, err)
+		} else if v := strings.TrimSpace(string(b)); v != map[string]string{"memory.limit_in_bytes": "100663296", "pids.max": "512"}[f] {
+			t.Errorf("the parent's %s is %s", f, v)
+		}
+	}
+	if err := canary.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the canary outside dsec's tree died: %v", err)
 	}
 }

@@ -102,6 +102,7 @@ type Config struct {
 	Pools     []worker.PoolConfig
 	// KeepLayers: worker.Config's (0 here: unmounted at once).
 	KeepLayers time.Duration
+	Defaults   worker.Defaults
 }
 
 // StartWorkerWith is StartWorker with cfg.

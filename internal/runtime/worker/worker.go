@@ -46,6 +46,41 @@ type Config struct {
 	// KeepLayers keeps a layer mounted this long after its last
 	// sandbox lets go of it (0: unmounted at once).
 	KeepLayers time.Duration
+	// Defaults bound a sandbox that asks for no limit of its own.
+	Defaults Defaults
+}
+
+// Defaults are the limits of a sandbox that asks for none (memory,
+// pids): every path that makes one (run, branch, restore, pools) gets
+// them; api.Unlimited opts out. They are limits, not requests:
+// admission counts only what a sandbox asks for.
+type Defaults struct {
+	Memory int64 // default 2 GiB, or the sandbox's memory request if more
+	Pids   int64 // default 4096
+}
+
+func (d Defaults) withDefaults() Defaults {
+	if d.Memory == 0 {
+		d.Memory = 2 << 30
+	}
+	if d.Pids == 0 {
+		d.Pids = 4096
+	}
+	return d
+}
+
+// limit is the limit a sandbox gets for what it asked (0: the
+// default, at least its request; api.Unlimited: none).
+func limit(asked, request, def int64) int64 {
+	switch {
+	case asked == api.Unlimited:
+		return 0
+	case asked > 0:
+		return asked
+	case def < 0: // the default itself is none
+		return 0
+	}
+	return max(def, request)
 }
 
 // Reclaim says when the worker takes back an idle sandbox's memory.

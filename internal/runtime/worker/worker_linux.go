@@ -101,6 +101,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := cgroup.LimitParent(parentLimits(cfg.Admission.withDefaults(), mem)); err != nil {
+		// Sandboxes using more than the new bound already: it holds
+		// from when they free it; the worker runs on.
+		cfg.Log.Warn("cannot bound all sandboxes together yet", "err", err)
+	}
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(),
 		gate:    newGate(cfg.Admission, cpus, mem),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache}}
@@ -320,7 +325,29 @@ func reply(rw http.ResponseWriter, v any) {
 }
 
 func (w *worker) version(rw http.ResponseWriter, r *http.Request) {
-	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: backends})
+	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
+	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: backends,
+		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
+			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0)}})
+}
+
+// parentLimits bound all sandboxes together: the host's memory less the
+// reserve, and the host's threads less an eighth of them (at least 4096)
+// for its own processes.
+func parentLimits(a Admission, mem int64) cgroup.Limits {
+	l := cgroup.Limits{MemoryBytes: max(mem-a.HostReserve, 64<<20)}
+	threads := int64(0)
+	for _, f := range []string{"/proc/sys/kernel/threads-max", "/proc/sys/kernel/pid_max"} {
+		if b, err := os.ReadFile(f); err == nil {
+			if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && (threads == 0 || n < threads) {
+				threads = n
+			}
+		}
+	}
+	if threads > 0 {
+		l.Pids = max(threads-max(threads/8, 4096), 1024)
+	}
+	return l
 }
 
 func (w *worker) shutdownReq(rw http.ResponseWriter, r *http.Request) {
@@ -366,6 +393,13 @@ func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
 	reply(rw, w.describe(sb))
 }
 
+// limits are the cgroup limits of a sandbox made for spec: what it
+// asked, else the worker's defaults.
+func (w *worker) limits(spec api.SandboxSpec, req request) cgroup.Limits {
+	d := w.cfg.Defaults.withDefaults()
+	return cgroup.Limits{MemoryBytes: limit(spec.Memory, req.Memory, d.Memory), CPUMilli: int64(spec.CPU * 1000), Pids: limit(spec.Pids, 0, d.Pids)}
+}
+
 // checkSpec refuses a spec no worker could make.
 func checkSpec(spec *api.SandboxSpec) error {
 	for _, r := range []struct {
@@ -373,8 +407,8 @@ func checkSpec(spec *api.SandboxSpec) error {
 		v    float64
 	}{{"cpu", spec.CPU}, {"memory", float64(spec.Memory)}, {"pids", float64(spec.Pids)}, {"disk", float64(spec.Disk)},
 		{"cpu_request", spec.CPURequest}, {"memory_request", float64(spec.MemoryRequest)}} {
-		if r.v < 0 {
-			return fmt.Errorf("%s %g is negative: give 0 (no limit) or more: %w", r.name, r.v, errdefs.ErrInvalidArgument)
+		if r.v < 0 && !(r.v == api.Unlimited && (r.name == "memory" || r.name == "pids")) {
+			return fmt.Errorf("%s %g is negative: give 0 (the default) or more (memory and pids: -1 for no limit of its own): %w", r.name, r.v, errdefs.ErrInvalidArgument)
 		}
 	}
 	if err := runtime.CheckDisk(spec.Disk); err != nil {
@@ -491,7 +525,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:        pol,
-		Limits:        cgroup.Limits{MemoryBytes: spec.Memory, CPUMilli: int64(spec.CPU * 1000), Pids: spec.Pids},
+		Limits:        w.limits(spec, e.req),
 		Disk:          spec.Disk,
 		Class:         spec.Class,
 		CPURequest:    e.req.CPU,
@@ -585,6 +619,10 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		out.Cgroup = g.Path()
 		out.MemoryBytes, _ = g.MemoryCharged()
 		out.OOMKills = g.OOMKills()
+		out.MemoryLimit, out.PidsLimit = g.Limits()
+		if out.PidsLimit > 0 { // the user's count, the init's share left out
+			out.PidsLimit = max(out.PidsLimit-runtime.InitPids, 1)
+		}
 		if used, err := g.CPUUsage(); err == nil {
 			out.CPUSeconds = used.Seconds()
 		}
