@@ -321,6 +321,21 @@ func TestBoundedDefaults(t *testing.T) {
 	if mem, pids := limits(own); mem != 256<<20 || pids != 100+runtime.InitPids {
 		t.Errorf("asked 256 MiB and 100 pids: %d, %d", mem, pids)
 	}
+	// A fork bomb in a sandbox with no --pids: held to the default, while
+	// the worker and the other sandboxes answer.
+	run(t, plain, "bomb", "bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 2")
+	if _, err := c.Version(ctx); err != nil {
+		t.Fatalf("the worker under a fork bomb: %v", err)
+	}
+	if out, res := run(t, own, "beside", "echo fine"); out != "fine\n" || res.ExitCode != 0 {
+		t.Errorf("a sandbox beside a fork bomb: %q %+v", out, res)
+	}
+	info, _ := plain.Inspect(ctx)
+	if g, err := cgroup.Open(filepath.Base(info.Cgroup)); err == nil {
+		if pids, _ := g.Pids(); len(pids) > 64+runtime.InitPids {
+			t.Errorf("the fork bomb has %d processes, over the default of 64", len(pids))
+		}
+	}
 }
 
 // TestHostileCopy: copies of trees (dsec cp) resolve inside the

@@ -57,6 +57,8 @@ type AdmissionConfig struct {
 	QueueTimeout     time.Duration `mapstructure:"queue_timeout"`
 	Spares           int           `mapstructure:"spares"`
 	Primed           int           `mapstructure:"primed"`
+	DiskFloor        string        `mapstructure:"disk_floor"` // a size: 1G
+	InodeFloor       int64         `mapstructure:"inode_floor"`
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
@@ -160,7 +162,8 @@ unmounted at once), the worker's admission control
 (admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
 1G: the host's memory less it bounds every sandbox together, in the kernel; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
-last create's layers, negative: none), idle reclaim (reclaim.idle_after,
+last create's layers, negative: none; admission.disk_floor, 1G, and admission.inode_floor, 10000: creates
+are refused, exit 10, while the root's file system has less free; negative: none), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
@@ -228,7 +231,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false,
-		"defaults.memory": "", "defaults.pids": int64(0)} {
+		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0)} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)

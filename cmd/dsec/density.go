@@ -21,6 +21,17 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 	ad := a.cfg.Admission
 	cfg.Admission = worker.Admission{CPUOvercommit: ad.CPUOvercommit, MemoryOvercommit: ad.MemoryOvercommit,
 		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout, Spares: ad.Spares, Primed: ad.Primed}
+	cfg.Admission.InodeFloor = ad.InodeFloor
+	if ad.DiskFloor != "" {
+		n, err := parseBytes(strings.TrimPrefix(ad.DiskFloor, "-"))
+		if err != nil {
+			return usageError{fmt.Errorf("admission.disk_floor: %w", err)}
+		}
+		if strings.HasPrefix(ad.DiskFloor, "-") {
+			n = -1
+		}
+		cfg.Admission.DiskFloor = n
+	}
 	if ad.HostReserve != "" {
 		n, err := parseBytes(ad.HostReserve)
 		if err != nil {

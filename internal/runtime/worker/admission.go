@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -28,6 +29,11 @@ type Admission struct {
 	// create, with the defaults of everything else; a create that asks
 	// for just that takes one (default 1; negative: none).
 	Primed int
+	// DiskFloor: a create is refused while the file system of the root
+	// has less free space than this (default 1 GiB; negative: none),
+	// or fewer free inodes than InodeFloor (default 10000).
+	DiskFloor  int64
+	InodeFloor int64
 }
 
 // maxSpares bounds Admission.Spares: each spare is a process and a
@@ -61,7 +67,35 @@ func (a Admission) withDefaults() Admission {
 	if a.Primed == 0 {
 		a.Primed = 1
 	}
+	if a.DiskFloor == 0 {
+		a.DiskFloor = 1 << 30
+	}
+	if a.InodeFloor == 0 {
+		a.InodeFloor = 10000
+	}
 	return a
+}
+
+// checkDisk refuses a create while the root's file system is nearly
+// full (of bytes or inodes): what the sandboxes there write, their
+// journals and the store would fail next, the host's other users too.
+func (a Admission) checkDisk(root string) error {
+	a = a.withDefaults()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		return err
+	}
+	free, inodes := int64(st.Bavail)*int64(st.Bsize), int64(st.Ffree)
+	if a.DiskFloor > 0 && free < a.DiskFloor {
+		return fmt.Errorf("the file system of %s has %d MiB free, below admission.disk_floor (%d MiB): free space (dsec layer gc, remove sandboxes) or lower the floor: %w",
+			root, free>>20, a.DiskFloor>>20, errdefs.ErrResourceExhausted)
+	}
+	// Some file systems (btrfs) report no inode counts: nothing to bound.
+	if a.InodeFloor > 0 && st.Files > 0 && inodes < a.InodeFloor {
+		return fmt.Errorf("the file system of %s has %d inodes free, below admission.inode_floor (%d): remove files (sandboxes, layers) or lower the floor: %w",
+			root, inodes, a.InodeFloor, errdefs.ErrResourceExhausted)
+	}
+	return nil
 }
 
 // Validate reports a setting that makes no sense.

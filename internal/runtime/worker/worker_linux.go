@@ -459,6 +459,9 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	if err := checkSpec(&spec); err != nil {
 		return nil, err
 	}
+	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
+		return nil, err
+	}
 	if spec.Name == "" {
 		spec.Name = runtime.RandomName("sb-")
 	}
