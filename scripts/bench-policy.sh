@@ -12,6 +12,8 @@
 #     without them (how the allowlist was before the deny set), alternating as in 1.
 #  6. create to first exec of a sandbox that starts its own init, with the device allowlist (the cgroup
 #     device program and the v1 devices lines) vs without, alternating in one loop.
+#  7. create to first exec with the worker's default limits (memory, pids) vs none (as every sandbox
+#     without flags was before issue 36), alternating in one loop through the SDK.
 #  4. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
 #     done, and to removal, alternating in one loop through the SDK.
 set -euo pipefail
@@ -27,6 +29,7 @@ apply=$(go test -run '^$' -bench BenchmarkApplyPolicy -benchtime "${n}x" ./sdk/)
 disk=$(go test -run '^$' -bench BenchmarkDiskQuota -benchtime "$((2 * n))x" ./sdk/)
 deny=$(go test -run '^$' -bench BenchmarkConnectDenySet -benchtime 200000x ./internal/policy/)
 devs=$(go test -run '^$' -bench BenchmarkDevices -benchtime "$((2 * n))x" ./internal/runtime/)
+defs=$(go test -run '^$' -bench BenchmarkDefaults -benchtime "$((2 * n))x" ./sdk/)
 
 echo "== policy (2-core VM; $(date -u +%F))"
 printf '%-52s %10s %10s %8s\n' figure dsec baseline ratio
@@ -45,3 +48,7 @@ printf '%-52s %8s ns %8s ns %8s\n' "connect(), deny set vs the allowlist alone" 
 	"$(metric "$deny" ns/connect-allowlist)" "$(ratio "$(metric "$deny" ns/connect-denyset)" "$(metric "$deny" ns/connect-allowlist)")"
 printf '%-52s %8s ms %8s ms %8s\n' "create to first exec p50: device allowlist vs none" "$(metric "$devs" devices-p50-ms)" \
 	"$(metric "$devs" none-p50-ms)" "+$(metric "$devs" added-p50-ms) ms"
+for q in p50 p99; do
+	printf '%-52s %8s ms %8s ms %8s\n' "create to first exec $q: default limits vs none" "$(metric "$defs" "defaults-$q-ms")" \
+		"$(metric "$defs" "unlimited-$q-ms")" "$(ratio "$(metric "$defs" "defaults-$q-ms")" "$(metric "$defs" "unlimited-$q-ms")")"
+done

@@ -95,6 +95,27 @@ func BenchmarkDiskQuota(b *testing.B) {
 	report(b, "with-rm-disk", whole[1])
 }
 
+// BenchmarkDefaults: create to first exec of a sandbox with the
+// worker's default limits (memory, pids) next to one that opts out of
+// them (what every sandbox without flags was before issue 36),
+// alternating in one loop.
+func BenchmarkDefaults(b *testing.B) {
+	c, layers := benchClient(b)
+	var first [2][]time.Duration
+	i := 0
+	for b.Loop() {
+		spec := api.SandboxSpec{Layers: layers}
+		if i%2 == 1 {
+			spec.Memory, spec.Pids = api.Unlimited, api.Unlimited
+		}
+		f, _ := createExecRemove(b, c, spec)
+		first[i%2] = append(first[i%2], f)
+		i++
+	}
+	report(b, "defaults", first[0])
+	report(b, "unlimited", first[1])
+}
+
 // BenchmarkExec: one exec of true into a running sandbox.
 func BenchmarkExec(b *testing.B) {
 	c, layers := benchClient(b)
