@@ -978,3 +978,45 @@ func TestStopIsNoFailure(t *testing.T) {
 		t.Fatalf("a command under a stop: %+v, %v; want exit 137 and no failure", res, err)
 	}
 }
+
+// TestKernelMemoryFlood: a sandbox that takes kernel memory without end
+// is charged for it and stopped by its own limit, not the host's: pipes
+// filled to their buffers are OOM-killed inside its group, and the TCP
+// buffers of unread loopback connections are charged to it (cgroup v1
+// does so only under a TCP limit, which dsec sets to the memory limit;
+// v2 always) (issue 36, item 4).
+func TestKernelMemoryFlood(t *testing.T) {
+	f := newSnapFixture(t)
+	buildAttacker(t, f)
+	sb := f.create(dsecrt.Options{Name: "flood", Layers: []string{"attack:1", "bb:1"}, Limits: cgroup.Limits{MemoryBytes: 64 << 20}})
+	out, code := sh(t, sb, "pipes", "ulimit -n 20000; /opt/attack/attack -flood pipes -n 8000")
+	if code != 137 || sb.Cgroup().OOMKills() == 0 {
+		t.Errorf("8,000 full pipes (500 MiB) under a 64 MiB limit: exit %d, %d OOM kills: %s", code, sb.Cgroup().OOMKills(), lastLines(out))
+	}
+	g := sb.Cgroup()
+	tcp := func() int64 {
+		if p := g.Path(); !strings.Contains(p, "/unified/") { // pure v2: charged to memory.current
+			return -1
+		}
+		b, _ := os.ReadFile(filepath.Join(cgroup.Root, "memory", cgroup.Parent, filepath.Base(g.Path()), "memory.kmem.tcp.usage_in_bytes"))
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	if _, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "tcp", Args: []string{"/bin/sh", "-c", "ulimit -n 20000; exec /opt/attack/attack -flood tcp -n 200 -hold 60s"}}); err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if used = tcp(); used < 0 || used > 8<<20 {
+			break
+		}
+	}
+	if used >= 0 && used <= 8<<20 {
+		t.Errorf("200 loopback connections holding unread data: %d bytes of TCP buffers charged to the sandbox", used)
+	}
+}
+
+func lastLines(s string) string {
+	ls := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(ls[max(len(ls)-3, 0):], "\n")
+}

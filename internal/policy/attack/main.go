@@ -103,7 +103,14 @@ func main() {
 	hostPid := flag.Int("hostpid", 0, "a process of the host to signal (signal 0)")
 	initPid := flag.Int("initpid", 1, "the process whose /proc entries to open (the sandbox's init)")
 	abstract := flag.String("abstract", "", "an abstract unix socket of the host to connect to")
+	floodKind := flag.String("flood", "", "instead: take kernel memory without end, pipes or tcp")
+	floodN := flag.Int("n", 4096, "-flood: how many")
+	floodHold := flag.Duration("hold", 0, "-flood: hold them this long before exiting")
 	flag.Parse()
+	if *floodKind != "" {
+		flood(*floodKind, *floodN, *floodHold)
+		return
+	}
 	if *filter != "" {
 		if err := loadFilter(*filter); err != nil {
 			fmt.Fprintln(os.Stderr, "attack:", err)

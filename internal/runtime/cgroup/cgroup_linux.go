@@ -351,6 +351,10 @@ func (g *Group) limit(l Limits) error {
 			return err
 		}
 		_ = write(g.v1["memory"], "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+		// v1 charges TCP buffers to a group only once it has a TCP
+		// limit (v2 charges them to memory.current): without one, a
+		// sandbox's unread connections take the host's tcp_mem.
+		_ = write(g.v1["memory"], "memory.kmem.tcp.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
 	}
 	if l.CPUMilli > 0 {
 		if err := write(g.v1["cpu"], "cpu.cfs_period_us", "100000"); err != nil {
