@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -194,7 +195,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
-			MakeCwd: spec.Cwd == "" && cwd != "",
+			MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(sb.Snapshot().Class),
 			Stdin:   spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied) && sb.Snapshot().Status == Stopped:
@@ -327,4 +328,21 @@ func (sb *Sandbox) recoverExecs() {
 			e.finish()
 		}(sb.c)
 	}
+}
+
+// Commands' oom_score_adj by class: when all sandboxes together reach
+// the host's bound, the kernel kills a batch command before a latency
+// one (a task's badness is its resident pages plus adj thousandths of
+// the limit's, so 500 more is half the host's bound), and the init of
+// either last.
+const (
+	latencyOOMScore = 500
+	batchOOMScore   = 1000
+)
+
+func oomScore(class string) int {
+	if class == api.SchedBatch {
+		return batchOOMScore
+	}
+	return latencyOOMScore
 }

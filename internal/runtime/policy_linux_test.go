@@ -29,6 +29,7 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/testenv"
 )
 
 // buildAttacker builds the attack command statically into a toolkit
@@ -1019,4 +1020,40 @@ func TestKernelMemoryFlood(t *testing.T) {
 func lastLines(s string) string {
 	ls := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(ls[max(len(ls)-3, 0):], "\n")
+}
+
+// TestHostBoundTakesBatchFirst: when all sandboxes together reach the
+// host's bound (the parent's limit), the kernel kills a batch
+// sandbox's command before a latency one's, whatever their sizes: a
+// latency sandbox holding 128 MiB and a batch one holding 128 MiB do
+// not fit 224 MiB, and the batch one's command is taken (issue 36,
+// item 5, its last step).
+func TestHostBoundTakesBatchFirst(t *testing.T) {
+	testenv.RequireRoot(t, "cgroups")
+	old := cgroup.Parent
+	cgroup.Parent = fmt.Sprintf("dsec-test-bound-%d", os.Getpid()) // never bound the host's other sandboxes
+	t.Cleanup(func() { cgroup.Parent = old; cgroup.LimitParent(cgroup.Limits{}) })
+	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 224 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	f := newSnapFixture(t)
+	lat := f.create(dsecrt.Options{Name: "lat", Layers: []string{"bb:1"}})
+	bat := f.create(dsecrt.Options{Name: "bat", Layers: []string{"bb:1"}, Class: api.SchedBatch})
+	hold := "dd if=/dev/zero bs=128M count=1 2>/dev/null | sleep 4; echo survived"
+	type res struct {
+		out  string
+		code int
+	}
+	done := make(chan res, 2)
+	for _, sb := range []*dsecrt.Sandbox{lat, bat} {
+		go func() { out, code := sh(t, sb, "hold", hold); done <- res{out, code} }()
+	}
+	<-done
+	<-done
+	if n := bat.Cgroup().OOMKills(); n == 0 {
+		t.Errorf("the batch sandbox's command was not taken (%d OOM kills)", n)
+	}
+	if n := lat.Cgroup().OOMKills(); n != 0 {
+		t.Errorf("the latency sandbox's command was taken (%d OOM kills) with a batch one beside it", n)
+	}
 }

@@ -91,6 +91,9 @@ type Cmd struct {
 	// Started, if set, is called with the command's pid in the
 	// sandbox's pid namespace once it runs.
 	Started func(pid int)
+	// OOMScore is the command's oom_score_adj, above the init's (0:
+	// 1000, the first the OOM killer takes).
+	OOMScore int
 }
 
 // initEnv marks the re-executed binary as a sandbox init.

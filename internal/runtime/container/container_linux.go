@@ -52,6 +52,8 @@ type request struct {
 	TTY  bool     `json:"tty,omitempty"`
 	// MakeCwd: create Cwd if it is missing.
 	MakeCwd bool `json:"make_cwd,omitempty"`
+	// OOMScore: the command's oom_score_adj (0: 1000).
+	OOMScore int `json:"oom_score,omitempty"`
 	// Restrict: what commands started from now on run under, on top
 	// of what they did.
 	Restrict *Restrictions `json:"restrict,omitempty"`
@@ -411,7 +413,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd}, unix.UnixRights(files...), cmd.Started)
+	return s.call(ctx, request{Op: "exec", ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore}, unix.UnixRights(files...), cmd.Started)
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a
@@ -896,7 +898,11 @@ func start(r request, stdio []*os.File) (int, error) {
 		// killer must take, never the init, whose death ends the
 		// sandbox. Raising a score needs no privilege (lowering the
 		// init's would need CAP_SYS_RESOURCE, which hosts may withhold).
-		os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("1000"), 0)
+		score := r.OOMScore
+		if score == 0 {
+			score = 1000
+		}
+		os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(score)), 0)
 	}
 	return pid, err
 }
