@@ -196,7 +196,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
 			MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(sb.Snapshot().Class),
-			Stdin:   spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
+			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied) && sb.Snapshot().Status == Stopped:
 			// A deliberate stop killed it, as docker stop does: its
