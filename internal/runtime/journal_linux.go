@@ -211,6 +211,10 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		e.res.ExitCode = code
 		if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
 			e.res.OOM = true
+			if !g.ReachedLimit() { // not its own limit: the host's bound
+				e.res.Err = "the kernel killed the command for the host's sake: all sandboxes together reached the host's memory bound " +
+					"(its memory less admission.host_reserve), not this sandbox's limit; retry the step"
+			}
 		}
 		e.finish()
 	}()

@@ -209,6 +209,27 @@ func limitParent(dir string) error {
 	return nil
 }
 
+// ReachedLimit says whether the group's memory ever came within 1 MiB
+// of its own limit (false with none): an OOM kill in a group that never
+// did was for a bound above it, the host's. (The kernel's failure
+// counts do not say: v1 keeps them on the counter that failed, and
+// not for every charge.)
+func (g *Group) ReachedLimit() bool {
+	read := func(dir, file string) int64 {
+		b, _ := os.ReadFile(filepath.Join(dir, file))
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	limit, peak := read(g.v2, "memory.max"), read(g.v2, "memory.peak")
+	if !g.pure {
+		limit, peak = read(g.v1["memory"], "memory.limit_in_bytes"), read(g.v1["memory"], "memory.max_usage_in_bytes")
+	}
+	return limit > 0 && limit < 1<<62 && peak >= limit-1<<20
+}
+
 // ParentOOMKills counts the processes the kernel killed under Parent,
 // for Parent's limit or a sandbox's own, in the groups there now (v1
 // counts a kill in the victim's group only; v2's memory.events counts
