@@ -231,6 +231,9 @@ type Sandbox struct {
 	// now (its own, the worker's defaults, or a policy's; 0: none).
 	MemoryLimit int64 `json:"memory_limit,omitempty"`
 	PidsLimit   int64 `json:"pids_limit,omitempty"`
+	// Frozen: its processes are frozen (a batch sandbox, while the
+	// host's memory pressure lasts; or a pack-diff in progress).
+	Frozen bool `json:"frozen,omitempty"`
 	// DiskUsed is what the sandbox's writes take of its disk quota.
 	DiskUsed int64 `json:"disk_used,omitempty"`
 	// CPUSeconds is the CPU time its processes used while running;

@@ -338,6 +338,54 @@ func TestBoundedDefaults(t *testing.T) {
 	}
 }
 
+// TestPressureFreezesBatch: under memory pressure batch sandboxes give
+// way: a latency sandbox holds 200 MiB and a batch one churns a 160 MiB
+// file through the page cache, under a 300 MiB bound on both (the
+// host's memory less the reserve, in a parent of the test's own); the
+// stalls that makes freeze the batch sandbox, never the latency one,
+// whose command lives on (issue 36, item 5).
+func TestPressureFreezesBatch(t *testing.T) {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	mem := int64(si.Totalram) * int64(si.Unit) // MemTotal, as the worker reads it
+	parent := fmt.Sprintf("dsec-test-pressure-%d", os.Getpid())
+	old := cgroup.Parent
+	cgroup.Parent = parent // this process finds the worker's groups too (its cleanup, Leftovers)
+	t.Cleanup(func() { cgroup.Parent = old })
+	_, c := setupWith(t, runtimetest.Config{CgroupParent: parent, Reclaim: worker.Reclaim{Pressure: 5},
+		Admission: worker.Admission{HostReserve: mem - 300<<20, Primed: -1, Spares: -1}})
+	ctx := context.Background()
+	lat := create(t, c, api.SandboxSpec{Name: "lat", Memory: api.Unlimited})
+	bat := create(t, c, api.SandboxSpec{Name: "bat", Class: api.SchedBatch, Memory: api.Unlimited})
+	run(t, bat, "file", "dd if=/dev/urandom of=/big bs=1M count=160 2>/dev/null")
+	_, err := lat.Exec(ctx, sdk.ExecOptions{ID: "hold", Detach: true, Args: []string{"sh", "-c", "set -o pipefail; dd if=/dev/zero bs=200M count=1 2>/dev/null | sleep 40"}})
+	if err != nil && !errors.Is(err, sdk.ErrRunning) {
+		t.Fatal(err)
+	}
+	if _, err := bat.Exec(ctx, sdk.ExecOptions{ID: "churn", Detach: true, Args: []string{"sh", "-c", "while :; do cat /big > /dev/null; done"}}); err != nil && !errors.Is(err, sdk.ErrRunning) {
+		t.Fatal(err)
+	}
+	frozen := false
+	for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline) && !frozen; time.Sleep(200 * time.Millisecond) {
+		info, err := bat.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frozen = info.Frozen
+		if li, _ := lat.Inspect(ctx); li.Frozen {
+			t.Fatal("the latency sandbox was frozen")
+		}
+	}
+	if !frozen {
+		t.Fatal("the batch sandbox was never frozen under the pressure")
+	}
+	if li, _ := lat.Inspect(ctx); li.OOMKills != 0 || li.Frozen {
+		t.Errorf("the latency sandbox: %d OOM kills, frozen %v", li.OOMKills, li.Frozen)
+	}
+}
+
 // TestHostileCopy: copies of trees (dsec cp) resolve inside the
 // sandbox's root both ways, whatever the agent planted, and an archive
 // from the client never puts a byte outside the directory it names.

@@ -65,6 +65,7 @@ type AdmissionConfig struct {
 type ReclaimConfig struct {
 	IdleAfter time.Duration `mapstructure:"idle_after"`
 	KSM       bool          `mapstructure:"ksm"`
+	Pressure  float64       `mapstructure:"pressure"`
 }
 
 // PoolFile is a FnCall pool in the config file.
@@ -164,7 +165,8 @@ unmounted at once), the worker's admission control
 inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
 last create's layers, negative: none; admission.disk_floor, 1G, and admission.inode_floor, 10000: creates
 are refused, exit 10, while the root's file system has less free; negative: none), idle reclaim (reclaim.idle_after,
-10m, negative: never; reclaim.ksm, false), the limits of a sandbox that asks for none (defaults.memory,
+10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
+batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
@@ -230,7 +232,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
-		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false,
+		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0)} {
 		v.SetDefault(k, zero)
 	}

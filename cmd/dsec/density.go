@@ -42,7 +42,10 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 	if err := cfg.Admission.Validate(); err != nil {
 		return usageError{err}
 	}
-	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM}
+	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM, Pressure: a.cfg.Reclaim.Pressure}
+	if p := cfg.Reclaim.Pressure; p > 100 {
+		return usageError{fmt.Errorf("reclaim.pressure %g: give a percent of time stalled (PSI some avg10), 0-100, or negative for never", p)}
+	}
 	switch d := a.cfg.Defaults; {
 	case d.Memory == "unlimited" || d.Memory == "-1":
 		cfg.Defaults.Memory = api.Unlimited

@@ -230,6 +230,36 @@ func (g *Group) ReachedLimit() bool {
 	return limit > 0 && limit < 1<<62 && peak >= limit-1<<20
 }
 
+// ParentPressure is the share of time (percent, over the last 10 s) in
+// which some task under Parent stalled on memory: PSI's "some avg10" of
+// its cgroup2 directory (on hybrid hosts too: PSI needs no controller).
+func ParentPressure() (float64, error) {
+	dir := filepath.Join(Root, "unified", Parent)
+	if pureV2() {
+		dir = filepath.Join(Root, Parent)
+	}
+	return Pressure(filepath.Join(dir, "memory.pressure"))
+}
+
+// Pressure reads "some avg10" from a PSI file (/proc/pressure/memory,
+// a cgroup's memory.pressure).
+func Pressure(file string) (float64, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "some "); ok {
+			for _, f := range strings.Fields(rest) {
+				if v, ok := strings.CutPrefix(f, "avg10="); ok {
+					return strconv.ParseFloat(v, 64)
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s: no some avg10", file)
+}
+
 // ParentOOMKills counts the processes the kernel killed under Parent,
 // for Parent's limit or a sandbox's own, in the groups there now (v1
 // counts a kill in the victim's group only; v2's memory.events counts

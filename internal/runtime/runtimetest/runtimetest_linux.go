@@ -103,6 +103,8 @@ type Config struct {
 	// KeepLayers: worker.Config's (0 here: unmounted at once).
 	KeepLayers time.Duration
 	Defaults   worker.Defaults
+	// CgroupParent: worker.Config's (a test's own, to bound).
+	CgroupParent string
 }
 
 // StartWorkerWith is StartWorker with cfg.

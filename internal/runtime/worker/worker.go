@@ -48,6 +48,10 @@ type Config struct {
 	KeepLayers time.Duration
 	// Defaults bound a sandbox that asks for no limit of its own.
 	Defaults Defaults
+	// CgroupParent names the group all sandboxes live under (default
+	// dsec; tests give their own, so that their bounds bound nothing
+	// else).
+	CgroupParent string
 }
 
 // Defaults are the limits of a sandbox that asks for none (memory,
@@ -92,6 +96,18 @@ type Reclaim struct {
 	// KSM marks every sandbox's anonymous memory mergeable by KSM (the
 	// host must run ksmd: /sys/kernel/mm/ksm/run).
 	KSM bool
+	// Pressure: at this memory pressure (PSI some avg10, percent: the
+	// host's or all sandboxes' together) batch sandboxes' memory is
+	// reclaimed, then they are frozen until it passes (default 20;
+	// negative: never).
+	Pressure float64
+}
+
+func (r Reclaim) withDefaults() Reclaim {
+	if r.Pressure == 0 {
+		r.Pressure = 20
+	}
+	return r
 }
 
 // PoolConfig is a FnCall pool: Size warm sandboxes made from Spec.

@@ -97,6 +97,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := cfg.Admission.Validate(); err != nil {
 		return err
 	}
+	if cfg.CgroupParent != "" {
+		cgroup.Parent = cfg.CgroupParent
+	}
 	cpus, mem, err := hostCapacity()
 	if err != nil {
 		return err
@@ -146,6 +149,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer w.stopPools()
 	go w.reclaimLoop(ctx)
+	go w.pressureLoop(ctx)
 	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
@@ -623,6 +627,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		out.MemoryBytes, _ = g.MemoryCharged()
 		out.OOMKills = g.OOMKills()
 		out.MemoryLimit, out.PidsLimit = g.Limits()
+		out.Frozen = g.Frozen()
 		if out.PidsLimit > 0 { // the user's count, the init's share left out
 			out.PidsLimit = max(out.PidsLimit-runtime.InitPids, 1)
 		}

@@ -1,0 +1,94 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+)
+
+// pressureLoop makes batch sandboxes give way under memory pressure
+// (PSI: the host's, or all sandboxes' together): first their memory is
+// reclaimed, then, if the pressure holds, they are frozen until it has
+// passed; latency sandboxes are never frozen. Past that, at the host's
+// bound, the kernel kills batch commands first (their oom scores).
+func (w *worker) pressureLoop(ctx context.Context) {
+	limit := w.cfg.Reclaim.withDefaults().Pressure
+	if limit < 0 {
+		return
+	}
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	frozen := map[*runtime.Sandbox]bool{}
+	reclaimed, calm := false, 0
+	thaw := func() {
+		for sb := range frozen {
+			if g := sb.Cgroup(); g != nil {
+				g.Thaw()
+			}
+			w.log.Info("thawed a batch sandbox: the memory pressure passed", "sandbox", sb.Name)
+		}
+		clear(frozen)
+	}
+	defer thaw()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p := hostPressure()
+		if p < limit {
+			if calm++; calm >= 4 && p < limit/2 { // 2 s calm
+				thaw()
+				reclaimed, calm = false, 0
+			}
+			continue
+		}
+		calm = 0
+		for _, sb := range w.batchSandboxes() {
+			g := sb.Cgroup()
+			switch {
+			case g == nil || frozen[sb]:
+			case !reclaimed:
+				sb.Reclaim()
+			default:
+				if err := g.Freeze(); err != nil {
+					w.log.Error("cannot freeze a batch sandbox under memory pressure", "sandbox", sb.Name, "err", err)
+					continue
+				}
+				frozen[sb] = true
+				w.log.Warn("froze a batch sandbox under memory pressure", "sandbox", sb.Name, "pressure", p)
+			}
+		}
+		if !reclaimed {
+			reclaimed = true
+			w.log.Info("reclaimed batch sandboxes' memory under memory pressure", "pressure", p)
+		}
+	}
+}
+
+// hostPressure is the larger of the host's memory pressure and all
+// sandboxes' together (percent of the last 10 s stalled on memory).
+func hostPressure() float64 {
+	host, _ := cgroup.Pressure("/proc/pressure/memory")
+	sbs, _ := cgroup.ParentPressure()
+	return max(host, sbs)
+}
+
+// batchSandboxes are the running sandboxes of class batch.
+func (w *worker) batchSandboxes() []*runtime.Sandbox {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*runtime.Sandbox
+	for _, e := range w.sandboxes {
+		if e.sb != nil {
+			if st := e.sb.Snapshot(); st.Status == runtime.Running && st.Class == api.SchedBatch {
+				out = append(out, e.sb)
+			}
+		}
+	}
+	return out
+}
