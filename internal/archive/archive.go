@@ -234,10 +234,10 @@ func (wr *writer) vanished(name string, err error) error {
 
 // ExtractOptions shape what Extract makes.
 type ExtractOptions struct {
-	// Owners keeps the archive's owners (cp -a; mapped by IDs); else
-	// what is made belongs to whoever the FS makes files as.
+	// Owners keeps the archive's owners (cp -a; the FS's Lchown maps
+	// them where its ids differ); else what is made belongs to whoever
+	// the FS makes files as.
 	Owners bool
-	IDs    IDMap
 	// NoSetID clears the set-user-id and set-group-id bits.
 	NoSetID bool
 }
@@ -294,9 +294,9 @@ type dirMode struct {
 	mtime time.Time
 }
 
-// Name cleans an archive entry's name, refusing one that climbs out of
+// entryName cleans an archive entry's name, refusing one that climbs out of
 // the directory the archive is extracted into.
-func Name(name string) (string, error) {
+func entryName(name string) (string, error) {
 	c := path.Clean(name)
 	if path.IsAbs(c) || c == ".." || strings.HasPrefix(c, "../") {
 		return "", fmt.Errorf("bad archive entry %q: names stay inside the archive: %w", name, errdefs.ErrInvalidArgument)
@@ -305,7 +305,7 @@ func Name(name string) (string, error) {
 }
 
 func (ex *extractor) entry(hdr *tar.Header, r io.Reader) error {
-	rel, err := Name(hdr.Name)
+	rel, err := entryName(hdr.Name)
 	if err != nil {
 		return err
 	}
@@ -351,7 +351,7 @@ func (ex *extractor) entry(hdr *tar.Header, r io.Reader) error {
 		}
 		if hdr.Typeflag == tar.TypeSymlink {
 			err = ex.fsys.Symlink(hdr.Linkname, target)
-		} else if old, nerr := Name(hdr.Linkname); nerr != nil {
+		} else if old, nerr := entryName(hdr.Linkname); nerr != nil {
 			err = nerr
 		} else {
 			err = ex.fsys.Link(path.Join(ex.dir, old), target)
@@ -405,11 +405,7 @@ func (ex *extractor) chown(name string, hdr *tar.Header) error {
 	if !ex.o.Owners {
 		return nil
 	}
-	uid, gid := hdr.Uid, hdr.Gid
-	if ex.o.IDs != nil {
-		uid, gid = ex.o.IDs(uid, gid)
-	}
-	return ex.fsys.Lchown(name, uid, gid)
+	return ex.fsys.Lchown(name, hdr.Uid, hdr.Gid)
 }
 
 func typeName(t byte) string {

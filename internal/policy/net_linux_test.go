@@ -138,7 +138,14 @@ func BenchmarkConnect(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ReleaseNetwork(guarded, entries)
-	out, err := startProbes(b, none, fmt.Sprintf("bench %s %s 127.0.0.1:1 %d", none, guarded, b.N)).Output()
+	benchConnects(b, none, guarded, "ns/connect-none", fmt.Sprintf("ns/connect-%d", len(entries)))
+}
+
+// benchConnects has one probe process alternate refused connects between
+// the cgroups base and other, b.N each, and reports the mean time of
+// each as baseName and otherName, and their ratio.
+func benchConnects(b *testing.B, base, other, baseName, otherName string) {
+	out, err := startProbes(b, base, fmt.Sprintf("bench %s %s 127.0.0.1:1 %d", base, other, b.N)).Output()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -146,8 +153,8 @@ func BenchmarkConnect(b *testing.B) {
 	if _, err := fmt.Sscan(string(out), &ns0, &ns1); err != nil {
 		b.Fatalf("the child: %s", out)
 	}
-	b.ReportMetric(ns0, "ns/connect-none")
-	b.ReportMetric(ns1, fmt.Sprintf("ns/connect-%d", len(entries)))
+	b.ReportMetric(ns0, baseName)
+	b.ReportMetric(ns1, otherName)
 	b.ReportMetric(ns1/ns0, "ratio")
 }
 
@@ -179,17 +186,7 @@ func BenchmarkConnectDenySet(b *testing.B) {
 		}
 		defer ReleaseNetwork(cg, es)
 	}
-	out, err := startProbes(b, a, fmt.Sprintf("bench %s %s 127.0.0.1:1 %d", a, d, b.N)).Output()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var ns0, ns1 float64
-	if _, err := fmt.Sscan(string(out), &ns0, &ns1); err != nil {
-		b.Fatalf("the child: %s", out)
-	}
-	b.ReportMetric(ns0, "ns/connect-allowlist")
-	b.ReportMetric(ns1, "ns/connect-denyset")
-	b.ReportMetric(ns1/ns0, "ratio")
+	benchConnects(b, a, d, "ns/connect-allowlist", "ns/connect-denyset")
 }
 
 var cgroupSeq atomic.Int64

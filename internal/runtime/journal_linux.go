@@ -195,7 +195,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
 		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
-			MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(sb.Snapshot().Class),
+			MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class),
 			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
 		case errors.Is(err, container.ErrSandboxDied) && sb.Snapshot().Status == Stopped:

@@ -142,6 +142,7 @@ func New(name string, l Limits) (*Group, error) {
 var (
 	parentMu     sync.Mutex
 	parentLimits Limits
+	limited      = map[string]uint64{} // Parent's directory -> the inode given parentLimits
 )
 
 // LimitParent bounds every sandbox of the host together: Parent's
@@ -152,6 +153,7 @@ var (
 func LimitParent(l Limits) error {
 	parentMu.Lock()
 	parentLimits = Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids}
+	clear(limited)
 	parentMu.Unlock()
 	var errs []error
 	for _, d := range parentDirs() {
@@ -179,9 +181,22 @@ func parentDirs() []string {
 
 // limitParent writes Parent's limits into dir if it is one of Parent's
 // directories that takes them.
+//
+// The limits are written once per directory: a create finds them there
+// with a stat, until the directory (gone with its last group) is made
+// again, with another inode.
 func limitParent(dir string) error {
-	l := ParentLimits()
+	parentMu.Lock()
+	defer parentMu.Unlock()
+	l := parentLimits
 	if l.MemoryBytes == 0 && l.Pids == 0 {
+		return nil
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return fmt.Errorf("cgroup: %s: %w", dir, err)
+	}
+	if ino, ok := limited[dir]; ok && ino == st.Ino {
 		return nil
 	}
 	memory, pids := "", ""
@@ -204,8 +219,11 @@ func limitParent(dir string) error {
 		}
 	}
 	if pids != "" && l.Pids > 0 {
-		return write(dir, pids, strconv.FormatInt(l.Pids, 10))
+		if err := write(dir, pids, strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
 	}
+	limited[dir] = st.Ino
 	return nil
 }
 
@@ -215,19 +233,36 @@ func limitParent(dir string) error {
 // counts do not say: v1 keeps them on the counter that failed, and
 // not for every charge.)
 func (g *Group) ReachedLimit() bool {
-	read := func(dir, file string) int64 {
-		b, _ := os.ReadFile(filepath.Join(dir, file))
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return -1
-		}
-		return n
-	}
-	limit, peak := read(g.v2, "memory.max"), read(g.v2, "memory.peak")
+	limit, _ := g.Limits()
+	peak := readBytes(g.v2, "memory.peak")
 	if !g.pure {
-		limit, peak = read(g.v1["memory"], "memory.limit_in_bytes"), read(g.v1["memory"], "memory.max_usage_in_bytes")
+		peak = readBytes(g.v1["memory"], "memory.max_usage_in_bytes")
 	}
-	return limit > 0 && limit < 1<<62 && peak >= limit-1<<20
+	return limit > 0 && peak >= limit-1<<20
+}
+
+// readBytes reads a byte count or limit a cgroup file holds (0 for
+// none: "max", v1's page-rounded maximum, or no file).
+func readBytes(dir, file string) int64 {
+	b, _ := os.ReadFile(filepath.Join(dir, file))
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n >= 1<<62 {
+		return 0
+	}
+	return n
+}
+
+// counter reads the count after key in a flat-keyed cgroup file
+// (memory.events, memory.oom_control, pids.events; 0 without it).
+func counter(dir, file, key string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, file))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // ParentPressure is the share of time (percent, over the last 10 s) in
@@ -280,16 +315,7 @@ func ParentOOMKills() int {
 }
 
 // oomKills reads the oom_kill count of a memory group's file.
-func oomKills(dir, file string) int {
-	b, _ := os.ReadFile(filepath.Join(dir, file))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
-}
+func oomKills(dir, file string) int { return counter(dir, file, "oom_kill") }
 
 func checkName(name string) error {
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
@@ -573,14 +599,7 @@ func (g *Group) PidsLimitHits() int {
 	if !g.pure {
 		dir = g.v1["pids"]
 	}
-	b, _ := os.ReadFile(filepath.Join(dir, "pids.events"))
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "max "); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
+	return counter(dir, "pids.events", "max")
 }
 
 // MemoryCharged is the memory charged to the group, page cache included.
@@ -669,18 +688,10 @@ func (g *Group) AllowDevices(deny string, allow []string) error {
 // Limits reads the group's memory and pids limits back from the
 // kernel (0: none).
 func (g *Group) Limits() (memory, pids int64) {
-	read := func(dir, file string) int64 {
-		b, _ := os.ReadFile(filepath.Join(dir, file))
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || n >= 1<<62 { // "max", or v1's page-rounded maximum
-			return 0
-		}
-		return n
-	}
 	if g.pure {
-		return read(g.v2, "memory.max"), read(g.v2, "pids.max")
+		return readBytes(g.v2, "memory.max"), readBytes(g.v2, "pids.max")
 	}
-	return read(g.v1["memory"], "memory.limit_in_bytes"), read(g.v1["pids"], "pids.max")
+	return readBytes(g.v1["memory"], "memory.limit_in_bytes"), readBytes(g.v1["pids"], "pids.max")
 }
 
 // SetLimits changes the group's limits while its processes run (a zero

@@ -361,6 +361,35 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
 		t.Fatal(err)
 	}
+	// The parent goes with its last group and comes back bounded.
+	// The parent's limit files: v1's memory and pids hierarchies, or its
+	// one cgroup2 directory on a pure v2 host.
+	parentFile := map[string]string{
+		"memory": filepath.Join(cgroup.Root, "memory", cgroup.Parent, "memory.limit_in_bytes"),
+		"pids":   filepath.Join(cgroup.Root, "pids", cgroup.Parent, "pids.max"),
+	}
+	if _, err := os.Stat(filepath.Join(cgroup.Root, "cgroup.controllers")); err == nil {
+		parentFile = map[string]string{"memory": filepath.Join(cgroup.Root, cgroup.Parent, "memory.max"), "pids": filepath.Join(cgroup.Root, cgroup.Parent, "pids.max")}
+	}
+	memLimit := func() string {
+		b, _ := os.ReadFile(parentFile["memory"])
+		return strings.TrimSpace(string(b))
+	}
+	for i := range 2 {
+		g, err := cgroup.New(fmt.Sprintf("test-parent-%d-%d", os.Getpid(), i), cgroup.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := memLimit(); v != "100663296" {
+			t.Errorf("made again %d times, the parent's memory limit is %q", i, v)
+		}
+		if err := g.Remove(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Dir(parentFile["memory"])); !os.IsNotExist(err) {
+			t.Fatalf("the parent outlived its last group: %v", err)
+		}
+	}
 	canary := exec.Command("sleep", "60")
 	if err := canary.Start(); err != nil {
 		t.Fatal(err)
@@ -389,12 +418,11 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 	if killed == 0 {
 		t.Errorf("no sandbox reports an OOM kill")
 	}
-	for _, f := range []string{"memory.limit_in_bytes", "pids.max"} {
-		dir := filepath.Join(cgroup.Root, strings.Split(f, ".")[0], cgroup.Parent)
-		if b, err := os.ReadFile(filepath.Join(dir, f)); err != nil {
-			t.Errorf("the parent's %s: %v", f, err)
-		} else if v := strings.TrimSpace(string(b)); v != map[string]string{"memory.limit_in_bytes": "100663296", "pids.max": "512"}[f] {
-			t.Errorf("the parent's %s is %s", f, v)
+	for kind, want := range map[string]string{"memory": "100663296", "pids": "512"} {
+		if b, err := os.ReadFile(parentFile[kind]); err != nil {
+			t.Errorf("the parent's %s limit: %v", kind, err)
+		} else if v := strings.TrimSpace(string(b)); v != want {
+			t.Errorf("the parent's %s limit is %s, want %s", kind, v, want)
 		}
 	}
 	if err := canary.Process.Signal(syscall.Signal(0)); err != nil {

@@ -245,29 +245,35 @@ func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseCont
 }
 
 // openIn opens p inside the sandbox's root as the sandbox would resolve
-// it: symlinks (absolute ones included) and ".." stay inside the root,
-// so a path the agent planted never leads the worker to a host file.
+// it (sandboxFS): symlinks (absolute ones included) and ".." stay inside
+// the root, so a path the agent planted never leads the worker to a
+// host file.
 func openIn(sb *runtime.Sandbox, p string, flags int, mode uint32) (*os.File, error) {
 	if !path.IsAbs(p) || path.Clean(p) != p {
 		return nil, fmt.Errorf("bad path %q: give a clean absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument)
 	}
-	if st := sb.Snapshot().Status; st != runtime.Running {
-		return nil, fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, st, errdefs.ErrFailedPrecondition)
+	if err := running(sb); err != nil {
+		return nil, err
 	}
-	root, err := unix.Open(sb.RootFS(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	s, err := openSandboxFS(sb)
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(root)
-	fd, err := unix.Openat2(root, p, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode),
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	defer s.Close()
+	fd, err := s.open("open", p[1:], flags, mode)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("%s: no such file in sandbox %s: %w", p, sb.Name, errdefs.ErrNotFound)
-		}
-		return nil, fmt.Errorf("%s in sandbox %s: %w", p, sb.Name, err)
+		return nil, pathError(sb, p, err)
 	}
 	return os.NewFile(uintptr(fd), p), nil
+}
+
+// running refuses a sandbox that is not running: its files are not
+// mounted where the worker reaches them.
+func running(sb *runtime.Sandbox) error {
+	if st := sb.Snapshot().Status; st != runtime.Running {
+		return fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, st, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 // putFile writes a file into the sandbox atomically: a temporary file
@@ -363,8 +369,8 @@ func (w *worker) sandboxFiles(rw http.ResponseWriter, r *http.Request) (*sandbox
 		fail(rw, fmt.Errorf("bad path %q: give an absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument))
 		return nil, "", false
 	}
-	if st := e.sb.Snapshot().Status; st != runtime.Running {
-		fail(rw, fmt.Errorf("sandbox %s is %s: start it first: %w", e.sb.Name, st, errdefs.ErrFailedPrecondition))
+	if err := running(e.sb); err != nil {
+		fail(rw, err)
 		return nil, "", false
 	}
 	s, err := openSandboxFS(e.sb)
