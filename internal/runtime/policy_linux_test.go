@@ -1060,9 +1060,13 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 	f := newSnapFixture(t)
 	lat := f.create(dsecrt.Options{Name: "lat", Layers: []string{"bb:1"}})
 	bat := f.create(dsecrt.Options{Name: "bat", Layers: []string{"bb:1"}, Class: api.SchedBatch})
+	// The batch sandbox holds its 160 MiB before the latency one asks
+	// for as much: one allocator at the moment of the OOM, as when a
+	// rollout grows beside idle ones. (Two allocating at once may both
+	// be taken: the kernel's later picks race the first victim's exit.)
 	hold := "set -o pipefail; dd if=/dev/zero bs=160M count=1 2>/dev/null | sleep 4"
 	done := make(chan error, 2)
-	for _, sb := range []*dsecrt.Sandbox{lat, bat} {
+	run := func(sb *dsecrt.Sandbox) {
 		go func() {
 			e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "hold", Args: []string{"/bin/sh", "-c", hold}})
 			if err == nil {
@@ -1071,6 +1075,16 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 			done <- err
 		}()
 	}
+	run(bat)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, err := bat.Cgroup().MemoryCharged(); err == nil && n >= 160<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch command never held its 160 MiB")
+		}
+	}
+	run(lat)
 	// The batch command's end is an infrastructure failure, with the
 	// reason: the command did nothing wrong.
 	var errs []error
