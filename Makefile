@@ -102,5 +102,10 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/archive
 
+# clean first unmounts what the demo's and benchmarks' roots still have
+# mounted (the sandboxes' shared uppers file system, kept while a sandbox
+# is left on it), deepest first.
 clean:
+	@awk -v d="$(CURDIR)/" 'index($$5, d ".demo") == 1 || index($$5, d ".bench") == 1 { print $$5 }' /proc/self/mountinfo | \
+		sort -r | xargs -r -n1 umount -l
 	rm -rf bin .demo .bench .bench-lazy .bench-run .bench-snap

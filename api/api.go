@@ -88,7 +88,10 @@ type SandboxSpec struct {
 	CPU    float64 `json:"cpu,omitempty"` // CPUs
 	Memory int64   `json:"memory,omitempty"`
 	Pids   int64   `json:"pids,omitempty"`
-	// Disk bounds what the sandbox writes (its upper), in bytes.
+	// Disk bounds what the sandbox writes (its upper), in bytes, on a
+	// file system of its own (an image: its own inodes, df shows it).
+	// Zero: the worker's default bound (HostLimits) on the file system
+	// all such sandboxes share; Unlimited: only that file system's size.
 	Disk int64 `json:"disk,omitempty"`
 	// Requests: what the worker reserves for the sandbox when admitting
 	// it (default: the limit; a sandbox without either reserves
@@ -234,8 +237,11 @@ type Sandbox struct {
 	// Frozen: its processes are frozen (a batch sandbox, while the
 	// host's memory pressure lasts; or a pack-diff in progress).
 	Frozen bool `json:"frozen,omitempty"`
-	// DiskUsed is what the sandbox's writes take of its disk quota.
-	DiskUsed int64 `json:"disk_used,omitempty"`
+	// DiskUsed is what the sandbox's writes take; DiskLimit bounds
+	// them (its quota, or the worker's default bound; 0: only the file
+	// system all sandboxes without a quota share).
+	DiskUsed  int64 `json:"disk_used,omitempty"`
+	DiskLimit int64 `json:"disk_limit,omitempty"`
 	// CPUSeconds is the CPU time its processes used while running;
 	// IdleSeconds how long no exec started or ended in it (0 while one
 	// runs); Reclaimed when the worker last took back its idle memory.
@@ -388,9 +394,13 @@ type HostLimits struct {
 	HostReserve   int64 `json:"host_reserve"`   // memory kept for the host
 	DefaultMemory int64 `json:"default_memory"` // a sandbox's, unless it asks
 	DefaultPids   int64 `json:"default_pids"`   // a sandbox's, unless it asks
+	// DiskBytes is the size of the file system all sandboxes without a
+	// disk quota of their own write to; DefaultDisk each one's bound.
+	DiskBytes   int64 `json:"disk_bytes"`
+	DefaultDisk int64 `json:"default_disk"`
 }
 
-// Unlimited, as a sandbox's Memory or Pids, asks for no limit of its
-// own: an explicit opt-in, for 0 takes the worker's default. The limit
-// on all sandboxes together still holds.
+// Unlimited, as a sandbox's Memory, Pids or Disk, asks for no limit of
+// its own: an explicit opt-in, for 0 takes the worker's default. The
+// limit on all sandboxes together still holds.
 const Unlimited = -1

@@ -14,6 +14,9 @@
 #     device program and the v1 devices lines) vs without, alternating in one loop.
 #  7. create to first exec with the worker's default limits (memory, pids) vs none (as every sandbox
 #     without flags was before issue 36), alternating in one loop through the SDK.
+#  8. create to first exec, and to removal, with the default disk bound (the upper a subvolume of the
+#     root's uppers file system, under its quota) vs the upper a directory of the root's file system (as
+#     every sandbox without --disk was before issue 36), alternating in one loop in the runtime.
 #  4. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
 #     done, and to removal, alternating in one loop through the SDK.
 set -euo pipefail
@@ -30,6 +33,7 @@ disk=$(go test -run '^$' -bench BenchmarkDiskQuota -benchtime "$((2 * n))x" ./sd
 deny=$(go test -run '^$' -bench BenchmarkConnectDenySet -benchtime 200000x ./internal/policy/)
 devs=$(go test -run '^$' -bench BenchmarkDevices -benchtime "$((2 * n))x" ./internal/runtime/)
 defs=$(go test -run '^$' -bench BenchmarkDefaults -benchtime "$((2 * n))x" ./sdk/)
+bound=$(go test -run '^$' -bench BenchmarkDiskBound -benchtime "$((2 * n))x" ./internal/runtime/)
 
 echo "== policy (2-core VM; $(date -u +%F))"
 printf '%-52s %10s %10s %8s\n' figure dsec baseline ratio
@@ -52,3 +56,7 @@ for q in p50 p99; do
 	printf '%-52s %8s ms %8s ms %8s\n' "create to first exec $q: default limits vs none" "$(metric "$defs" "defaults-$q-ms")" \
 		"$(metric "$defs" "unlimited-$q-ms")" "$(ratio "$(metric "$defs" "defaults-$q-ms")" "$(metric "$defs" "unlimited-$q-ms")")"
 done
+printf '%-52s %8s ms %8s ms %8s\n' "create to first exec p50: default disk bound vs none" "$(metric "$bound" bound-p50-ms)" \
+	"$(metric "$bound" dir-p50-ms)" "$(awk -v d="$(metric "$bound" added-p50-ms)" 'BEGIN { printf "%+.2f ms", d }')"
+printf '%-52s %8s ms %8s ms %8s\n' "create, exec, remove p50: default disk bound vs none" "$(metric "$bound" bound-rm-p50-ms)" \
+	"$(metric "$bound" dir-rm-p50-ms)" "$(ratio "$(metric "$bound" bound-rm-p50-ms)" "$(metric "$bound" dir-rm-p50-ms)")"

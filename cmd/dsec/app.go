@@ -46,6 +46,7 @@ type Config struct {
 type DefaultsConfig struct {
 	Memory string `mapstructure:"memory"` // a size, or unlimited (default 2G)
 	Pids   int64  `mapstructure:"pids"`   // -1: none (default 4096)
+	Disk   string `mapstructure:"disk"`   // a size, or unlimited (default 10G)
 }
 
 // AdmissionConfig bounds what the worker runs (worker.Admission).
@@ -59,6 +60,7 @@ type AdmissionConfig struct {
 	Primed           int           `mapstructure:"primed"`
 	DiskFloor        string        `mapstructure:"disk_floor"` // a size: 1G
 	InodeFloor       int64         `mapstructure:"inode_floor"`
+	UppersSize       string        `mapstructure:"uppers_size"` // a size: 100G
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
@@ -164,10 +166,12 @@ unmounted at once), the worker's admission control
 1G: the host's memory less it bounds every sandbox together, in the kernel; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
 inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
 last create's layers, negative: none; admission.disk_floor, 1G, and admission.inode_floor, 10000: creates
-are refused, exit 10, while the root's file system has less free; negative: none), idle reclaim (reclaim.idle_after,
+are refused, exit 10, while the root's file system, or the one sandboxes write to, has less free; negative: none;
+admission.uppers_size: the size of the file system all sandboxes without --disk write to, together, made
+once under the root, default its free space less 1G), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
-2G, or unlimited; defaults.pids, 4096, -1: none) and FnCall pools (pools.NAME.size, .base,
+2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
 error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 
@@ -233,7 +237,8 @@ func (a *app) configure(cmd *cobra.Command) error {
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
-		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0)} {
+		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
+		"defaults.disk": "", "admission.uppers_size": ""} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)
@@ -421,8 +426,9 @@ func (a *app) versionCommand() *cobra.Command {
 			fmt.Fprintln(a.stdout, version)
 			if w != nil && w.Limits != nil {
 				l := w.Limits
-				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s); each by default %s and %d pids\n",
-					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DefaultMemory), l.DefaultPids)
+				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s), %s of disk; each by default %s, %d pids and %s of disk\n",
+					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DiskBytes), humanBytes(l.DefaultMemory), l.DefaultPids,
+					humanBytes(l.DefaultDisk))
 			}
 			return nil
 		},

@@ -32,6 +32,13 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 		}
 		cfg.Admission.DiskFloor = n
 	}
+	if ad.UppersSize != "" {
+		n, err := parseBytes(ad.UppersSize)
+		if err != nil || n < 256<<20 {
+			return usageError{fmt.Errorf("admission.uppers_size %q: give a size of at least 256M, such as 100G", ad.UppersSize)}
+		}
+		cfg.Admission.UppersSize = n
+	}
 	if ad.HostReserve != "" {
 		n, err := parseBytes(ad.HostReserve)
 		if err != nil {
@@ -55,6 +62,16 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 			return usageError{fmt.Errorf("defaults.memory %q: give a size of at least 4M, such as 2G, or unlimited", d.Memory)}
 		}
 		cfg.Defaults.Memory = n
+	}
+	switch d := a.cfg.Defaults; {
+	case d.Disk == "unlimited" || d.Disk == "-1":
+		cfg.Defaults.Disk = api.Unlimited
+	case d.Disk != "":
+		n, err := parseBytes(d.Disk)
+		if err != nil || n < api.MinDisk {
+			return usageError{fmt.Errorf("defaults.disk %q: give a size of at least %dM, such as 10G, or unlimited", d.Disk, api.MinDisk>>20)}
+		}
+		cfg.Defaults.Disk = n
 	}
 	if p := a.cfg.Defaults.Pids; p < api.Unlimited {
 		return usageError{fmt.Errorf("defaults.pids %d: give a count, or -1 for none", p)}

@@ -125,7 +125,7 @@ func sizes(spec *api.SandboxSpec, memory, disk string) error {
 		if s.v == "" {
 			continue
 		}
-		if s.flag == "memory" && (s.v == "unlimited" || s.v == "-1") {
+		if s.v == "unlimited" || s.v == "-1" {
 			*s.to = api.Unlimited
 			continue
 		}
@@ -463,8 +463,11 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 					mem += "/" + humanBytes(s.MemoryLimit)
 				}
 				disk := "-"
-				if s.Disk > 0 {
-					disk = humanBytes(s.DiskUsed) + "/" + humanBytes(s.Disk)
+				switch {
+				case s.DiskLimit > 0:
+					disk = humanBytes(s.DiskUsed) + "/" + humanBytes(s.DiskLimit)
+				case s.DiskUsed > 0:
+					disk = humanBytes(s.DiskUsed)
 				}
 				class := s.Class
 				if class == "" {

@@ -134,7 +134,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.backend, "backend", "container", "the backend to run them on")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
 	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
-	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, e.g. 10G")
+	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, on a file system of its own, e.g. 10G; unlimited: none of its own (default: the worker's bound, defaults.disk)")
 	fl.Int64Var(&f.pids, "pids", 0, "limit on the processes and threads of each (its init's not counted)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")

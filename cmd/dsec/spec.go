@@ -48,7 +48,7 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.Float64Var(&f.cpuRequest, "cpu-request", 0, "CPUs reserved at admission (default: the limit)")
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512M or 2G, or unlimited (default: the worker's, defaults.memory: 2G)")
 	fl.StringVar(&f.memoryRequest, "memory-request", "", "memory reserved at admission (default: the limit)")
-	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, e.g. 10G, at least 16M (default: none)")
+	fl.StringVar(&f.disk, "disk", "", "disk quota on what the sandbox writes, on a file system of its own, e.g. 10G, at least 16M; unlimited: none of its own (default: the worker's bound, defaults.disk, 10G, on the file system sandboxes share)")
 	fl.Int64Var(&f.pids, "pids", 0, "limit on the sandbox's own processes and threads (its init's are not counted; -1: none; default: the worker's, defaults.pids: 4096)")
 	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")

@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 )
 
@@ -57,12 +55,12 @@ func TestDiskTemplate(t *testing.T) {
 }
 
 // TestMountHolders: a file system mounted in another mount namespace
-// names that namespace's process, not this one's. (The device number of
-// a tmpfs is reused once it goes, so the test holds it while it looks.)
+// names that namespace's process, not this one's.
 func TestMountHolders(t *testing.T) {
 	layertest.RequireRoot(t)
+	src := fmt.Sprintf("dsec-holders-%d", os.Getpid())
 	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount -t tmpfs t "$0" && mountpoint -d "$0" && exec sleep 60`, t.TempDir())
+		`mount -t tmpfs "$1" "$0" && echo mounted && exec sleep 60`, t.TempDir(), src)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -71,19 +69,67 @@ func TestMountHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	var major, minor uint32
-	if _, err2 := fmt.Sscanf(line, "%d:%d", &major, &minor); err != nil || err2 != nil {
-		t.Fatalf("the child's mount: %q, %v, %v", line, err, err2)
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "mounted\n" {
+		t.Fatalf("the child's mount: %q, %v", line, err)
 	}
-	h := mountHolders(unix.Mkdev(major, minor))
+	h := mountHolders(src)
 	has := func(pid int) bool {
 		return slices.ContainsFunc(h, func(s string) bool { return strings.HasPrefix(s, strconv.Itoa(pid)+" (") })
 	}
 	if !has(cmd.Process.Pid) || has(os.Getpid()) {
-		t.Errorf("holders of %d:%d are %v: want the child %d, not this process %d", major, minor, h, cmd.Process.Pid, os.Getpid())
+		t.Errorf("holders of %s are %v: want the child %d, not this process %d", src, h, cmd.Process.Pid, os.Getpid())
 	}
-	if h := mountHolders(unix.Mkdev(0, 0)); !slices.Equal(h, []string{"none"}) {
+	if h := mountHolders(src + "-none"); !slices.Equal(h, []string{"none"}) {
 		t.Errorf("holders of a device nothing mounts: %v", h)
+	}
+}
+
+// TestSweepUppers: the uppers no sandbox names (a worker killed between
+// making one and saving its sandbox) go, the named ones stay; the file
+// system is unmounted only once none is left; a name dsec never gives
+// is never removed.
+func TestSweepUppers(t *testing.T) {
+	layertest.RequireRoot(t)
+	root := t.TempDir()
+	if err := PrepareUppers(root, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unmountLoop(UppersDir(root)) })
+	kept, orphan := upperName(), upperName()
+	for _, n := range []string{kept, orphan} {
+		if err := newUpper(root, n, 16<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := removeUpper(root, "../x"); err == nil {
+		t.Error("removed an upper named ../x")
+	}
+	if err := SweepUppers(root, []string{kept}); err != nil {
+		t.Fatal(err)
+	}
+	if names, err := uppers(root); err != nil || !slices.Equal(names, []string{kept}) {
+		t.Fatalf("uppers after the sweep: %v, %v; want %s", names, err, kept)
+	}
+	if err := ReleaseUppers(root); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, _ := isMountPoint(UppersDir(root)); !mounted {
+		t.Fatal("released the uppers file system with an upper on it")
+	}
+	if err := removeUpper(root, kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReleaseUppers(root); err != nil {
+		t.Fatal(err)
+	}
+	if mounted, _ := isMountPoint(UppersDir(root)); mounted {
+		t.Fatal("the uppers file system is still mounted with none on it")
+	}
+	// Mounted again on its next use, with what it held.
+	if err := PrepareUppers(root, 0); err != nil {
+		t.Fatal(err)
+	}
+	if size, _ := UppersSize(root); size != 256<<20 {
+		t.Errorf("mounted again at %d bytes, want its 256 MiB", size)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -183,26 +184,29 @@ func mountDisk(dir string, fresh bool) error {
 	return nil
 }
 
-// unmountDisk unmounts the disk image, if the sandbox has one mounted,
-// and waits for its loop device to detach: the kernel clears an
-// autoclear loop device from a work queue after its last close, so
-// without the wait a removed sandbox's image could still be attached.
-// Under load (CI's race-detector run on 2 cores) that took over 5 s once,
-// with no mount of the device left in any task's namespace.
-func unmountDisk(dir string) error {
-	if mounted, err := isMountPoint(diskDir(dir)); err != nil || !mounted {
+// unmountDisk unmounts the disk image, if the sandbox has one mounted.
+func unmountDisk(dir string) error { return unmountLoop(diskDir(dir)) }
+
+// unmountLoop unmounts the loop-mounted image at d, if one is, and
+// waits for its loop device to detach: the kernel clears an autoclear
+// loop device from a work queue after its last close, so without the
+// wait a removed image could still be attached. Under load (CI's
+// race-detector run on 2 cores) that took over 5 s once, with no mount
+// of the device left in any task's namespace.
+func unmountLoop(d string) error {
+	if mounted, err := isMountPoint(d); err != nil || !mounted {
 		return nil
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(diskDir(dir), &st); err != nil {
+	src, dev, err := mountDevice(d)
+	if err != nil {
 		return err
 	}
-	attached := fmt.Sprintf("/sys/block/loop%d/loop/backing_file", unix.Minor(st.Dev))
+	attached := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(dev), unix.Minor(dev))
 	held, _ := os.ReadFile(attached)
-	if err := mount.Unmount(diskDir(dir)); err != nil {
+	if err := mount.Unmount(d); err != nil {
 		return err
 	}
-	if unix.Major(st.Dev) != loopMajor || len(held) == 0 {
+	if unix.Major(dev) != loopMajor || len(held) == 0 {
 		return nil
 	}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
@@ -210,15 +214,41 @@ func unmountDisk(dir string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("disk quota: loop%d still holds %s 30 s after the unmount (mounted in the namespaces of: %s)",
-		unix.Minor(st.Dev), diskImage(dir), strings.Join(mountHolders(st.Dev), ", "))
+	return fmt.Errorf("loop device %d:%d still holds %s 30 s after the unmount (mounted in the namespaces of: %s)",
+		unix.Major(dev), unix.Minor(dev), strings.TrimSpace(string(held)), strings.Join(mountHolders(src), ", "))
 }
 
-// mountHolders names the processes whose mount namespaces still have a
-// file system on device dev mounted, "none" if no process does (then an
-// open file or a working directory on it keeps it).
-func mountHolders(dev uint64) []string {
-	id := fmt.Sprintf(" %d:%d ", unix.Major(dev), unix.Minor(dev))
+// mountDevice is the device mounted at d, as mountinfo names it, and
+// its number: a btrfs's files are on an anonymous device, not its own.
+// This thread's mounts: the main thread's (/proc/self) may have joined
+// a sandbox's namespace (files_linux.go) and stayed there.
+func mountDevice(d string) (string, uint64, error) {
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return "", 0, err
+	}
+	src := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || f[4] != d {
+			continue
+		}
+		if i := slices.Index(f, "-"); i > 0 && i+2 < len(f) {
+			src = f[i+2] // the last mount there is the one seen
+		}
+	}
+	var st unix.Stat_t
+	if src == "" || unix.Stat(src, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return src, 0, nil
+	}
+	return src, st.Rdev, nil
+}
+
+// mountHolders names the processes whose mount namespaces still have
+// the device src (/dev/loopN) mounted, "none" if no process does (then
+// an open file or a working directory on it keeps it).
+func mountHolders(src string) []string {
+	id := " " + src + " "
 	var out []string
 	pids, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range pids {
@@ -347,9 +377,15 @@ func isMountPoint(d string) (bool, error) {
 	return st.Dev != parent.Dev, nil
 }
 
-// DiskUsed is what the sandbox's writes take of its disk quota, in
-// bytes; 0 without a quota.
+// DiskUsed is what the sandbox's writes take of its disk quota or
+// bound, in bytes; 0 without either.
 func (sb *Sandbox) DiskUsed() int64 {
+	sb.mu.Lock()
+	upper := sb.UpperFS
+	sb.mu.Unlock()
+	if upper != "" {
+		return max(upperUsed(sb.root(), upper), 0)
+	}
 	var fs unix.Statfs_t
 	if mounted, _ := isMountPoint(diskDir(sb.dir)); !mounted || unix.Statfs(diskDir(sb.dir), &fs) != nil {
 		return 0

@@ -2,17 +2,21 @@ package runtime_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/layer/store"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
 // TestDiskQuota: what a sandbox writes is bounded by its quota, for
@@ -108,8 +112,21 @@ func TestDiskQuota(t *testing.T) {
 			t.Errorf("%s: applied", what)
 		}
 	}
-	if _, err := free.ApplyPolicy(ctx, pol("1G")); err == nil || !strings.Contains(err.Error(), "made without a disk quota") {
-		t.Errorf("a quota added to a sandbox made without: %v", err)
+	// A sandbox on the shared uppers file system has its bound changed
+	// live, down too; one whose upper is a directory gets none.
+	if rep, err := free.ApplyPolicy(ctx, pol("40M")); err != nil || !strings.Contains(strings.Join(rep.Now, "\n"), "disk bound set to 41943040 bytes") {
+		t.Errorf("a bound changed on the shared file system: %+v, %v", rep, err)
+	}
+	if out, _ := sh(t, free, "over", "rm /tmp/fill; dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; echo rc=$?"); !strings.Contains(out, "Disk quota exceeded") {
+		t.Errorf("48 MiB under a bound lowered to 40 MiB: %q", out)
+	}
+	dir, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Name: "dir", Layers: []string{"bb:1"}, Mounter: dsecrt.Mounter{Store: f.s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.sbs = append(f.sbs, dir)
+	if _, err := dir.ApplyPolicy(ctx, pol("1G")); err == nil || !strings.Contains(err.Error(), "made without a disk quota") {
+		t.Errorf("a quota added to a sandbox whose upper is a directory: %v", err)
 	}
 	if d := q.Snapshot().Disk; d != 96<<20 {
 		t.Errorf("quota after refused changes: %d", d)
@@ -143,4 +160,152 @@ func hasCap(t *testing.T, c int) bool {
 func within(kib string, lo, hi int64) bool {
 	n, err := strconv.ParseInt(kib, 10, 64)
 	return err == nil && n >= lo && n <= hi
+}
+
+// TestDiskBound: a sandbox without a quota of its own writes to the
+// root's uppers file system, bounded there by the default, in bytes and
+// in inodes (millions of empty files or hard links cannot fill the
+// host); one that opts out is bounded by that file system's size, so
+// the host's disk is not what fills; what a removed sandbox wrote goes
+// back to the host, and its files survive a stop and start.
+func TestDiskBound(t *testing.T) {
+	f := newSnapFixture(t)
+	if err := dsecrt.PrepareUppers(f.root, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	// Given another size, it grows and shrinks, mounted.
+	for _, want := range []int64{256 << 20, 384 << 20, 256 << 20} {
+		if err := dsecrt.PrepareUppers(f.root, want); err != nil {
+			t.Fatal(err)
+		}
+		if size, _ := dsecrt.UppersSize(f.root); size != want {
+			t.Fatalf("uppers file system of %d bytes, want %d", size, want)
+		}
+	}
+	f.m.DiskBound = 16 << 20
+	b := f.create(dsecrt.Options{Name: "bound", Layers: []string{"bb:1"}})
+	if st := b.Snapshot(); st.UpperFS == "" || st.DiskBound != 16<<20 || st.Disk != 0 {
+		t.Fatalf("state %+v: want an upper on the uppers file system bounded at 16 MiB", st)
+	}
+	out, _ := sh(t, b, "fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=24 2>&1; echo rc=$?")
+	if !strings.Contains(out, "Disk quota exceeded") || strings.Contains(out, "rc=0") {
+		t.Errorf("writing 24 MiB under a 16 MiB bound: %q", out)
+	}
+	if used := b.DiskUsed(); used < 12<<20 || used > 17<<20 {
+		t.Errorf("disk used %d after filling the bound", used)
+	}
+	// Inodes: empty files (and hard links) take metadata, which the
+	// bound counts; the loop stops well before the 500,000 it asks for.
+	out, _ = sh(t, b, "inodes", `rm /tmp/fill; mkdir /f && cd /f && : > a && ln a l && i=0; `+
+		`while [ $i -lt 500000 ]; do true 2>/dev/null >f$i || break; i=$((i+1)); done; echo made=$i; true >last; ln a l2`)
+	var made int
+	if i := strings.Index(out, "made="); i < 0 {
+		t.Errorf("filling the bound with files: %q", out)
+	} else if _, err := fmt.Sscanf(out[i:], "made=%d", &made); err != nil || made == 0 || made >= 500000 ||
+		strings.Count(out, "Disk quota exceeded") != 2 {
+		t.Errorf("filling the bound with files, then a file and a hard link more: %q", out)
+	}
+	t.Logf("%d empty files filled a 16 MiB bound", made)
+
+	// Stop and start keep the files; the upper is on the uppers file
+	// system while stopped too.
+	if out, code := sh(t, b, "keep", "rm -rf /f; echo kept > /keep"); code != 0 {
+		t.Fatalf("freeing the bound: %q", out)
+	}
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(b.Upper(), "keep")); err != nil || string(data) != "kept\n" {
+		t.Errorf("a stopped sandbox's upper: %q, %v", data, err)
+	}
+	if err := b.Start(context.Background(), f.m); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := sh(t, b, "kept", "cat /keep"); out != "kept\n" {
+		t.Errorf("after start: %q", out)
+	}
+
+	// Opted out: only the file system's size bounds it, not the host's
+	// disk, which keeps what the image takes of it below that size.
+	u := f.create(dsecrt.Options{Name: "unbound", Layers: []string{"bb:1"}, DiskBound: api.Unlimited})
+	if st := u.Snapshot(); st.UpperFS == "" || st.DiskBound != 0 {
+		t.Fatalf("state %+v: want an upper on the uppers file system without a bound", st)
+	}
+	out, _ = sh(t, u, "fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=300 2>&1; echo rc=$?")
+	if !strings.Contains(out, "No space left on device") || strings.Contains(out, "rc=0") {
+		t.Errorf("writing 300 MiB to a 256 MiB file system: %q", out)
+	}
+	img := filepath.Join(f.root, "uppers.img")
+	var st syscall.Stat_t
+	if err := syscall.Stat(img, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 > 264<<20 {
+		t.Errorf("the uppers image takes %d bytes of the host's disk, over its 256 MiB", st.Blocks*512)
+	}
+	full := st.Blocks * 512
+	// Removed, what it wrote goes back to the host (discard punches
+	// holes in the image, in the background).
+	if err := u.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		sh(t, b, fmt.Sprint("sync", time.Now().UnixNano()), "sync")
+		if err := syscall.Stat(img, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Blocks*512 < full-128<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the image still takes %d of the host's bytes 20 s after the 200+ MiB sandbox went (%d before)", st.Blocks*512, full)
+			break
+		}
+	}
+	if err := b.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dsecrt.UppersDir(f.root)); len(entries) != 0 {
+		t.Errorf("uppers left after their sandboxes: %v", entries)
+	}
+}
+
+// BenchmarkDiskBound: create to first exec, and to removal, of a
+// sandbox with the default disk bound (its upper a subvolume of the
+// root's uppers file system, under its quota group) and of one with its
+// upper a directory of the root's file system (every sandbox without
+// --disk before issue 36), alternating in one loop. make bench prints
+// the p50s and their difference.
+func BenchmarkDiskBound(b *testing.B) {
+	root := b.TempDir()
+	runtimetest.Layers(b, root)
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := dsecrt.PrepareUppers(root, 0); err != nil {
+		b.Fatal(err)
+	}
+	var first, whole [2][]time.Duration
+	i := 0
+	for b.Loop() {
+		m := dsecrt.Mounter{Store: s}
+		if i%2 == 0 {
+			m.DiskBound = 10 << 30
+		}
+		f, w := createExecRemove(b, root, dsecrt.Options{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}, Mounter: m})
+		first[i%2], whole[i%2] = append(first[i%2], f), append(whole[i%2], w)
+		i++
+	}
+	if err := dsecrt.ReleaseUppers(root); err != nil {
+		b.Fatal(err)
+	}
+	if l := runtimetest.Leftovers(root); len(l) > 0 {
+		b.Fatalf("left behind: %v", l)
+	}
+	b.ReportMetric(p50(first[0]), "bound-p50-ms")
+	b.ReportMetric(p50(first[1]), "dir-p50-ms")
+	b.ReportMetric(p50(first[0])-p50(first[1]), "added-p50-ms")
+	b.ReportMetric(p50(whole[0]), "bound-rm-p50-ms")
+	b.ReportMetric(p50(whole[1]), "dir-rm-p50-ms")
 }

@@ -95,11 +95,12 @@ func policyDisk(r *api.ResourcePolicy, cur int64) (int64, error) {
 
 // nextDisk is the disk quota a policy applied to a sandbox with quota
 // cur asks for: the policy's, which may grow it but not shrink it or
-// add one (the upper of a sandbox made without cannot move).
-func nextDisk(name string, cur int64, r *api.ResourcePolicy) (int64, error) {
+// add one (the upper of a sandbox made without cannot move). One bound
+// on the shared uppers file system keeps none.
+func nextDisk(name string, cur int64, shared bool, r *api.ResourcePolicy) (int64, error) {
 	d, err := diskOf(r)
 	switch {
-	case err != nil || d == 0:
+	case err != nil || d == 0 || shared:
 		return cur, err
 	case cur == 0:
 		return 0, fmt.Errorf("resources.disk: sandbox %s was made without a disk quota and its files cannot move under one while it lives: give one when it is made (dsec run --disk, or a policy with resources.disk): %w", name, errdefs.ErrFailedPrecondition)
@@ -153,11 +154,26 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		return nil, fmt.Errorf("network.mode %s is fixed when a sandbox is made: dsec rm it and dsec run --policy to have %s: %w",
 			mode(cur), mode(eff), errdefs.ErrFailedPrecondition)
 	}
-	disk, err := nextDisk(sb.Name, sb.Disk, eff.Resources)
+	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
+	// On the shared uppers file system the bound is its quota group's
+	// limit: it may grow or shrink (below what is written: no more
+	// writes until files go).
+	if d, err := diskOf(eff.Resources); err != nil {
+		return nil, err
+	} else if sb.UpperFS != "" && d > 0 && d != sb.DiskBound {
+		if err := CheckDisk(d); err != nil {
+			return nil, err
+		}
+		if err := setUpperLimit(sb.root(), sb.UpperFS, d); err != nil {
+			return nil, err
+		}
+		sb.DiskBound = d
+		rep.Now = append(rep.Now, fmt.Sprintf("resources: disk bound set to %d bytes, for every process", d))
+	}
+	disk, err := nextDisk(sb.Name, sb.Disk, sb.UpperFS != "", eff.Resources)
 	if err != nil {
 		return nil, err
 	}
-	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
 	if disk != sb.Disk { // first: it is the step most likely to fail
 		if err := growDisk(sb.dir, disk, sb.Status != Stopped); err != nil {
 			return nil, err

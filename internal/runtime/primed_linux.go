@@ -99,10 +99,10 @@ func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
 
 // primeKey is what a primed sandbox for o would stand on: its layers'
 // digests, "" when o asks for more than a primed sandbox has (a policy,
-// a snapshot, a disk bound, a user namespace, class batch, merged
-// memory) or a layer is not in the local store.
+// a snapshot, a disk quota or bound of its own, a user namespace, class
+// batch, merged memory) or a layer is not in the local store.
 func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, disk int64) string {
-	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
+	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
 		return ""
 	}
 	var ds []string
@@ -269,6 +269,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 // whose state is primed: its init, group, layers and enforcement.
 func running(st, primed State) State {
 	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
+	st.UpperFS, st.DiskBound = primed.UpperFS, primed.DiskBound
 	st.Status = Running
 	return st
 }

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -38,12 +39,16 @@ type Options struct {
 	Name   string
 	Layers []string // refs, topmost first: toolkit, workspace, base
 	Limits cgroup.Limits
-	// Disk bounds what the sandbox writes (its upper), in bytes; 0: no
-	// bound but the host's disk.
-	Disk     int64
-	Hostname string   // default: the name
-	Env      []string // every exec's environment, before its own
-	Workdir  string   // every exec's default directory
+	// Disk bounds what the sandbox writes (its upper), in bytes, on a
+	// file system of its own; 0: as DiskBound says.
+	Disk int64
+	// DiskBound bounds what a sandbox without Disk writes, on the
+	// root's uppers file system: 0 the Mounter's DiskBound,
+	// api.Unlimited only by that file system's size.
+	DiskBound int64
+	Hostname  string   // default: the name
+	Env       []string // every exec's environment, before its own
+	Workdir   string   // every exec's default directory
 	// From, instead of Layers, starts the sandbox on a snapshot: the
 	// snapshot over exactly the layers it was taken on, with the env and
 	// workdir of the sandbox it was taken from unless Env and Workdir
@@ -83,6 +88,10 @@ type Mounter struct {
 	// Primed are sandboxes made ahead on the last create's layers; nil:
 	// none.
 	Primed *Primed
+	// DiskBound is the bound of a sandbox that asks for none (see
+	// Options.DiskBound); 0: its upper is a directory of the root's own
+	// file system, bounded by nothing (library use).
+	DiskBound int64
 }
 
 // Sandbox states.
@@ -103,7 +112,12 @@ type State struct {
 	Limits  cgroup.Limits `json:"limits"`
 	// Disk is the size of the file system holding the upper (0: the
 	// upper is a directory on the root's own file system).
-	Disk       int64     `json:"disk,omitempty"`
+	Disk int64 `json:"disk,omitempty"`
+	// UpperFS names the subvolume of the root's uppers file system that
+	// holds the upper of a sandbox without Disk; DiskBound bounds it (0:
+	// that file system's size only).
+	UpperFS    string    `json:"upper_fs,omitempty"`
+	DiskBound  int64     `json:"disk_bound,omitempty"`
 	Hostname   string    `json:"hostname"`
 	Env        []string  `json:"env,omitempty"`
 	Workdir    string    `json:"workdir,omitempty"`
@@ -270,6 +284,10 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		return nil, err
 	}
 	sb := &Sandbox{State: st, dir: dir}
+	if bound := cmp.Or(o.DiskBound, o.Mounter.DiskBound); disk == 0 && bound != 0 {
+		// Named before the state is saved: teardown removes it.
+		sb.UpperFS, sb.DiskBound = upperName(), max(bound, 0)
+	}
 	sb.touch()
 	defer func() {
 		if err != nil {
@@ -280,9 +298,15 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		return nil, err
 	}
 	dirs := []string{"rootfs", "execs", "upper", "work"}
-	if disk > 0 { // upper and work are made on the disk when it is mounted
+	switch {
+	case disk > 0: // upper and work are made on the disk when it is mounted
 		dirs = dirs[:2]
 		if err := makeDisk(dir, disk); err != nil {
+			return nil, err
+		}
+	case sb.UpperFS != "":
+		dirs = dirs[:2]
+		if err := newUpper(root, sb.UpperFS, sb.DiskBound); err != nil {
 			return nil, err
 		}
 	}
@@ -303,7 +327,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // start mounts the layers and the overlay, makes the cgroup and starts
 // the init: creating a sandbox, or starting a stopped one on its upper.
 func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
-	root := filepath.Dir(filepath.Dir(sb.dir))
+	root := sb.root()
 	var lowers, digests []string
 	var kinds []layer.Kind
 	for i, ref := range sb.Layers {
@@ -323,6 +347,11 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	rootfs := filepath.Join(sb.dir, "rootfs")
 	if sb.Disk > 0 {
 		if err := mountDisk(sb.dir, sb.Status == Creating); err != nil {
+			return err
+		}
+	}
+	if sb.UpperFS != "" { // after a reboot, say
+		if _, err := mountUppers(root, 0); err != nil {
 			return err
 		}
 	}
@@ -606,13 +635,20 @@ func (sb *Sandbox) Upper() string { return filepath.Join(sb.base(), "upper") }
 // work is overlay's work directory, on the upper's file system.
 func (sb *Sandbox) work() string { return filepath.Join(sb.base(), "work") }
 
-// base holds the upper and work directories: the disk with a quota.
+// base holds the upper and work directories: the disk with a quota,
+// the subvolume on the root's uppers file system.
 func (sb *Sandbox) base() string {
-	if sb.Disk > 0 {
+	switch {
+	case sb.Disk > 0:
 		return diskDir(sb.dir)
+	case sb.UpperFS != "":
+		return filepath.Join(UppersDir(sb.root()), sb.UpperFS)
 	}
 	return sb.dir
 }
+
+// root is the root the sandbox is made under.
+func (sb *Sandbox) root() string { return filepath.Dir(filepath.Dir(sb.dir)) }
 
 // RootFS is the sandbox's composed root, as the host sees it.
 func (sb *Sandbox) RootFS() string { return filepath.Join(sb.dir, "rootfs") }
@@ -735,7 +771,7 @@ func (sb *Sandbox) teardown(all bool) error {
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
-	if err := releaseLowers(filepath.Dir(filepath.Dir(sb.dir)), sb.lowerUser()); err != nil {
+	if err := releaseLowers(sb.root(), sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
 	// Sandboxes made before layer mounts were shared mounted their own.
@@ -751,6 +787,13 @@ func (sb *Sandbox) teardown(all bool) error {
 	if all && len(errs) == 0 {
 		if err := unmountDisk(sb.dir); err != nil {
 			errs = append(errs, err)
+		}
+		if sb.UpperFS != "" {
+			if err := removeUpper(sb.root(), sb.UpperFS); err != nil {
+				errs = append(errs, err)
+			} else {
+				sb.UpperFS = "" // a second removal mounts nothing
+			}
 		}
 	}
 	if all && len(errs) == 0 {

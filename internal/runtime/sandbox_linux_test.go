@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 func layers(t *testing.T) (string, *store.Store) {
 	t.Helper()
 	root := t.TempDir()
+	t.Cleanup(func() { runtime.ReleaseUppers(root) }) // last: after the sandboxes
 	runtimetest.Layers(t, root)
 	s, err := store.Open(filepath.Join(root, "store"))
 	if err != nil {

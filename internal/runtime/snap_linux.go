@@ -62,6 +62,8 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 			}
 		}
 	}
+	// A batch sandbox the worker froze under memory pressure stays so.
+	wasFrozen := sb.g.Frozen()
 	if err := sb.g.Freeze(); err != nil {
 		return nil, fmt.Errorf("freeze sandbox %s: %w", sb.Name, err)
 	}
@@ -92,7 +94,10 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if packed != nil {
 		packed.Close()
 	}
-	terr := sb.g.Thaw()
+	var terr error
+	if !wasFrozen {
+		terr = sb.g.Thaw()
+	}
 	held := time.Since(frozen)
 	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)

@@ -36,10 +36,15 @@ type snapFixture struct {
 
 func newSnapFixture(t *testing.T) *snapFixture {
 	root, s := layers(t)
-	f := &snapFixture{t: t, root: root, s: s, m: runtime.Mounter{Store: s}}
+	// As a worker makes them: uppers on the root's uppers file system,
+	// with the default bound.
+	f := &snapFixture{t: t, root: root, s: s, m: runtime.Mounter{Store: s, DiskBound: 10 << 30}}
 	t.Cleanup(func() {
 		for _, sb := range f.sbs {
 			sb.Remove()
+		}
+		if err := runtime.ReleaseUppers(root); err != nil {
+			t.Error(err)
 		}
 		if left := runtimetest.Leftovers(root); len(left) > 0 {
 			t.Errorf("leftovers: %v", left)
@@ -458,5 +463,33 @@ func TestPackDiffNothingChanged(t *testing.T) {
 	}
 	if _, err := snap.Remove(ctx, f.s, "old:2", nil, false); err != nil {
 		t.Errorf("remove a snapshot that only its own image stands on: %v", err)
+	}
+}
+
+// TestPackDiffKeepsFrozen: a sandbox frozen before a pack-diff (a batch
+// one the worker froze under memory pressure) is frozen after it; one
+// that ran runs again.
+func TestPackDiffKeepsFrozen(t *testing.T) {
+	f := newSnapFixture(t)
+	sb := f.create(runtime.Options{Name: "frozen", Layers: []string{"bb:1"}})
+	if out, code := sh(t, sb, "w", "echo a > /a"); code != 0 {
+		t.Fatal(out)
+	}
+	f.mustPack(sb, "frozen:1")
+	if sb.Cgroup().Frozen() {
+		t.Fatal("a running sandbox is frozen after a pack-diff")
+	}
+	if err := sb.Cgroup().Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sb.Upper(), "b"), []byte("b\n"), 0o644); err != nil { // a change to pack
+		t.Fatal(err)
+	}
+	f.mustPack(sb, "frozen:2")
+	if !sb.Cgroup().Frozen() {
+		t.Error("a frozen sandbox was thawed by a pack-diff")
+	}
+	if err := sb.Cgroup().Thaw(); err != nil {
+		t.Fatal(err)
 	}
 }

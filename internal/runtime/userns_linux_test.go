@@ -23,9 +23,11 @@ func TestUserNamespace(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
 	var sbs []*runtime.Sandbox
-	for i, disk := range []int64{0, 64 << 20} {
-		sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: fmt.Sprint("u", i),
-			Layers: []string{"ws:1", "bb:1"}, UserNS: true, Disk: disk, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy",
+	// An upper in the sandbox's directory, on a disk image of its own,
+	// and on the root's uppers file system.
+	for i, disk := range []struct{ quota, bound int64 }{{0, 0}, {64 << 20, 0}, {0, 64 << 20}} {
+		sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s, DiskBound: disk.bound}, Name: fmt.Sprint("u", i),
+			Layers: []string{"ws:1", "bb:1"}, UserNS: true, Disk: disk.quota, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy",
 				Files: &api.FilePolicy{ReadOnly: []string{"/etc"}, Hidden: []string{"/etc/answer"}}}})
 		if err != nil {
 			t.Fatal(err)
@@ -64,23 +66,31 @@ func TestUserNamespace(t *testing.T) {
 		t.Errorf("read-only /etc and hidden /etc/answer in a user namespace (exit %d): %q", code, out)
 	}
 	// Stopped, it holds no ids; started again, its files are still root's.
-	sb := sbs[0]
-	if err := sb.Stop(); err != nil {
-		t.Fatal(err)
+	for _, sb := range []*runtime.Sandbox{sbs[0], sbs[2]} {
+		if err := sb.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if st := sb.Snapshot(); st.IDs != nil {
+			t.Fatalf("a stopped sandbox holds ids %+v", st.IDs)
+		}
+		if err := sb.Start(ctx, runtime.Mounter{Store: s}); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := sh(t, sb, "2", `stat -c %u /work/new /work/d; cat /work/new`); strings.Join(strings.Fields(out), " ") != "0 0 mine" {
+			t.Fatalf("%s after a restart: %q", sb.Name, out)
+		}
 	}
-	if st := sb.Snapshot(); st.IDs != nil {
-		t.Fatalf("a stopped sandbox holds ids %+v", st.IDs)
-	}
-	if err := sb.Start(ctx, runtime.Mounter{Store: s}); err != nil {
-		t.Fatal(err)
-	}
-	if out, _ := sh(t, sb, "2", `stat -c %u /work/new /work/d; cat /work/new`); strings.Join(strings.Fields(out), " ") != "0 0 mine" {
-		t.Fatalf("after a restart: %q", out)
-	}
-	for _, sb := range sbs {
+	// The disk image's last. (Known defect: a user-namespace sandbox
+	// started while a disk image is mounted keeps that image's loop
+	// device attached until it goes, so removing the image's sandbox
+	// first times out.)
+	for _, sb := range []*runtime.Sandbox{sbs[0], sbs[2], sbs[1]} {
 		if err := sb.Remove(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := runtime.ReleaseUppers(root); err != nil {
+		t.Fatal(err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)

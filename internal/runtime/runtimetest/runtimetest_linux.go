@@ -230,6 +230,8 @@ func Clean(root string) {
 	runtime.SweepPrimed(root)
 	runtime.SweepSpares(root, nil, false)
 	runtime.SweepLowers(root, nil)
+	runtime.SweepUppers(root, nil)
+	runtime.ReleaseUppers(root)
 }
 
 // sweepSpares removes the groups of a dead worker's spares, as the next
@@ -297,9 +299,27 @@ func Leftovers(root string) []string {
 			primed = append(primed, filepath.Dir(filepath.Dir(u)))
 		}
 	}
-	b, _ := os.ReadFile("/proc/self/mountinfo")
+	// A running worker keeps the uppers file system mounted; every
+	// upper on it is a sandbox's.
+	var named []string
+	states, _ := filepath.Glob(filepath.Join(root, "sandboxes", "*", "state*"))
+	for _, st := range states {
+		var s struct {
+			UpperFS string `json:"upper_fs"`
+		}
+		if b, err := os.ReadFile(st); err == nil && json.Unmarshal(b, &s) == nil {
+			named = append(named, s.UpperFS)
+		}
+	}
+	ups, _ := os.ReadDir(runtime.UppersDir(root))
+	for _, u := range ups {
+		if !slices.Contains(named, u.Name()) {
+			out = append(out, "upper "+u.Name())
+		}
+	}
+	b, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") &&
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") && !(spares && f[4] == runtime.UppersDir(root)) &&
 			!slices.ContainsFunc(primed, func(d string) bool { return strings.HasPrefix(f[4], d+"/") }) {
 			out = append(out, "mount "+f[4])
 		}
@@ -326,7 +346,7 @@ func Leftovers(root string) []string {
 	}
 	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file") // disk quotas' images
 	for _, l := range loops {
-		if b, _ := os.ReadFile(l); strings.HasPrefix(string(b), abs+"/") {
+		if b, _ := os.ReadFile(l); strings.HasPrefix(string(b), abs+"/") && !(spares && strings.TrimSpace(string(b)) == filepath.Join(abs, "uppers.img")) {
 			out = append(out, "loop device "+strings.Split(l, "/")[3]+" on "+strings.TrimSpace(string(b)))
 		}
 	}

@@ -34,6 +34,12 @@ type Admission struct {
 	// or fewer free inodes than InodeFloor (default 10000).
 	DiskFloor  int64
 	InodeFloor int64
+	// UppersSize is the size of the file system all sandboxes without a
+	// disk quota of their own write to, together (default: the root's
+	// file system's free space less 1 GiB when it is first made; an
+	// existing one is resized to it when given). Creates are refused
+	// while it has less than DiskFloor free, too.
+	UppersSize int64
 }
 
 // maxSpares bounds Admission.Spares: each spare is a process and a
@@ -98,9 +104,19 @@ func (a Admission) checkDisk(root string) error {
 	return nil
 }
 
+// checkUppers refuses a create while the file system the sandboxes
+// write to, size bytes with free of them free, is nearly full.
+func (a Admission) checkUppers(dir string, size, free int64) error {
+	if a = a.withDefaults(); a.DiskFloor > 0 && size > 0 && free < a.DiskFloor {
+		return fmt.Errorf("the file system the sandboxes write to (%s, %d MiB) has %d MiB free, below admission.disk_floor (%d MiB): remove sandboxes or lower the floor: %w",
+			dir, size>>20, free>>20, a.DiskFloor>>20, errdefs.ErrResourceExhausted)
+	}
+	return nil
+}
+
 // Validate reports a setting that makes no sense.
 func (a Admission) Validate() error {
-	if a.CPUOvercommit < 0 || a.MemoryOvercommit < 0 || a.HostReserve < 0 || a.MaxCreating < 0 || a.QueueTimeout < 0 {
+	if a.CPUOvercommit < 0 || a.MemoryOvercommit < 0 || a.HostReserve < 0 || a.MaxCreating < 0 || a.QueueTimeout < 0 || a.UppersSize < 0 {
 		return fmt.Errorf("admission settings must not be negative (%+v): %w", a, errdefs.ErrInvalidArgument)
 	}
 	if a.Primed > maxPrimed {

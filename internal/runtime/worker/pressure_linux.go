@@ -51,7 +51,7 @@ func (w *worker) pressureLoop(ctx context.Context) {
 		for _, sb := range w.batchSandboxes() {
 			g := sb.Cgroup()
 			switch {
-			case g == nil || frozen[sb]:
+			case g == nil || frozen[sb] && g.Frozen(): // (a stop and start thaws it)
 			case !reclaimed:
 				sb.Reclaim()
 			default:

@@ -55,12 +55,16 @@ type Config struct {
 }
 
 // Defaults are the limits of a sandbox that asks for none (memory,
-// pids): every path that makes one (run, branch, restore, pools) gets
-// them; api.Unlimited opts out. They are limits, not requests:
+// pids, disk): every path that makes one (run, branch, restore, pools)
+// gets them; api.Unlimited opts out. They are limits, not requests:
 // admission counts only what a sandbox asks for.
 type Defaults struct {
 	Memory int64 // default 2 GiB, or the sandbox's memory request if more
 	Pids   int64 // default 4096
+	// Disk bounds what a sandbox without a disk quota of its own
+	// writes, on the root's uppers file system (default 10 GiB;
+	// api.Unlimited: only that file system's size).
+	Disk int64
 }
 
 func (d Defaults) withDefaults() Defaults {
@@ -69,6 +73,9 @@ func (d Defaults) withDefaults() Defaults {
 	}
 	if d.Pids == 0 {
 		d.Pids = 4096
+	}
+	if d.Disk == 0 {
+		d.Disk = 10 << 30
 	}
 	return d
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,9 +110,19 @@ func Serve(ctx context.Context, cfg Config) error {
 		// from when they free it; the worker runs on.
 		cfg.Log.Warn("cannot bound all sandboxes together yet", "err", err)
 	}
+	// Sandboxes without a disk quota of their own write to one file
+	// system, of a bounded size; each has its bound there.
+	if err := runtime.PrepareUppers(cfg.Root, cfg.Admission.UppersSize); err != nil {
+		if size, _ := runtime.UppersSize(cfg.Root); size == 0 {
+			return err
+		}
+		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
+	}
+	defer runtime.ReleaseUppers(cfg.Root) // when no sandbox is left on it
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(),
-		gate:    newGate(cfg.Admission, cpus, mem),
-		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache}}
+		gate: newGate(cfg.Admission, cpus, mem),
+		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
+			DiskBound: cfg.Defaults.withDefaults().Disk}}
 	if err := w.adopt(); err != nil {
 		return err
 	}
@@ -195,6 +206,7 @@ func (w *worker) adopt() error {
 	}
 	var live []string   // what may still stand on layers
 	var groups []string // the groups of the sandboxes kept
+	var uppers []string // the uppers of the sandboxes kept
 	unknown := false    // a sandbox whose group is unknown
 	for _, name := range names {
 		sb, err := runtime.Load(w.cfg.Root, name)
@@ -211,12 +223,12 @@ func (w *worker) adopt() error {
 		groups = append(groups, st.CgroupName)
 		if st.Pool != "" { // a warm sandbox (or one a call had): made again
 			if err := sb.Remove(); err != nil {
-				live = append(live, name)
+				live, uppers = append(live, name), append(uppers, st.UpperFS)
 				w.log.Error("cannot remove a pool's sandbox", "sandbox", name, "err", err)
 			}
 			continue
 		}
-		live = append(live, name)
+		live, uppers = append(live, name), append(uppers, st.UpperFS)
 		w.log.Info("adopted sandbox", "sandbox", name, "status", st.Status)
 		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}}
 		if st.Status == runtime.Running {
@@ -233,6 +245,11 @@ func (w *worker) adopt() error {
 	}
 	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {
 		w.log.Error("cannot remove the spare inits of a worker that died", "err", err)
+	}
+	if !unknown {
+		if err := runtime.SweepUppers(w.cfg.Root, uppers); err != nil {
+			w.log.Error("cannot remove the uppers of sandboxes a worker died making", "err", err)
+		}
 	}
 	return nil
 }
@@ -330,9 +347,10 @@ func reply(rw http.ResponseWriter, v any) {
 
 func (w *worker) version(rw http.ResponseWriter, r *http.Request) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
+	uppers, _ := runtime.UppersSize(w.cfg.Root)
 	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: backends,
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
-			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0)}})
+			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers}})
 }
 
 // parentLimits bound all sandboxes together: the host's memory less the
@@ -411,11 +429,11 @@ func checkSpec(spec *api.SandboxSpec) error {
 		v    float64
 	}{{"cpu", spec.CPU}, {"memory", float64(spec.Memory)}, {"pids", float64(spec.Pids)}, {"disk", float64(spec.Disk)},
 		{"cpu_request", spec.CPURequest}, {"memory_request", float64(spec.MemoryRequest)}} {
-		if r.v < 0 && !(r.v == api.Unlimited && (r.name == "memory" || r.name == "pids")) {
-			return fmt.Errorf("%s %g is negative: give 0 (the default) or more (memory and pids: -1 for no limit of its own): %w", r.name, r.v, errdefs.ErrInvalidArgument)
+		if r.v < 0 && !(r.v == api.Unlimited && (r.name == "memory" || r.name == "pids" || r.name == "disk")) {
+			return fmt.Errorf("%s %g is negative: give 0 (the default) or more (memory, pids and disk: -1 for no limit of its own): %w", r.name, r.v, errdefs.ErrInvalidArgument)
 		}
 	}
-	if err := runtime.CheckDisk(spec.Disk); err != nil {
+	if err := runtime.CheckDisk(max(spec.Disk, 0)); err != nil {
 		return err
 	}
 	if spec.Memory > 0 && spec.Memory < 4<<20 {
@@ -465,6 +483,11 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	}
 	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
 		return nil, err
+	}
+	if size, free := runtime.UppersSize(w.cfg.Root); spec.Disk <= 0 {
+		if err := w.cfg.Admission.checkUppers(runtime.UppersDir(w.cfg.Root), size, free); err != nil {
+			return nil, err
+		}
 	}
 	if spec.Name == "" {
 		spec.Name = runtime.RandomName("sb-")
@@ -533,7 +556,8 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:        pol,
 		Limits:        w.limits(spec, e.req),
-		Disk:          spec.Disk,
+		Disk:          max(spec.Disk, 0),
+		DiskBound:     min(spec.Disk, 0), // api.Unlimited, or the default
 		Class:         spec.Class,
 		CPURequest:    e.req.CPU,
 		MemoryRequest: e.req.Memory,
@@ -609,7 +633,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(), IdleSeconds: sb.Idle().Seconds(),
+		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
 	}
 	showMark(&out, st.Pool)
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
