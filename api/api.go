@@ -32,14 +32,13 @@
 //	DELETE /v1/pools/{name}
 //
 // Errors are an HTTP status and an Error body; the status tells the
-// class (StatusClass). An error in the middle of a tar stream (GET
+// class (ErrorOf). An error in the middle of a tar stream (GET
 // archive) is its X-Dsec-Error trailer, an Error; what it left out its
 // X-Dsec-Skipped trailer, a CopyReport.
 package api
 
 import (
 	"io/fs"
-	"net/http"
 	"time"
 )
 
@@ -342,18 +341,6 @@ type Pool struct {
 	Error   string      `json:"error,omitempty"`
 }
 
-// Error classes.
-const (
-	ClassInvalid  = "invalid" // bad request: fix it
-	ClassNotFound = "not_found"
-	ClassExists   = "exists"
-	ClassState    = "state"    // the sandbox is in the wrong state (stopped, running)
-	ClassInfra    = "infra"    // the sandbox died or the host failed: not the command's fault
-	ClassLimit    = "limit"    // over a bound (a snapshot's size, entries, depth)
-	ClassBusy     = "busy"     // the host is at capacity: queued until the admission timeout
-	ClassInternal = "internal" // anything else
-)
-
 // Error is an API error.
 type Error struct {
 	Class   string `json:"class"`
@@ -361,18 +348,6 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Message }
-
-// StatusClass maps HTTP statuses to error classes and back.
-var StatusClass = map[int]string{
-	http.StatusBadRequest:            ClassInvalid,
-	http.StatusNotFound:              ClassNotFound,
-	http.StatusConflict:              ClassExists,
-	http.StatusPreconditionFailed:    ClassState,
-	http.StatusServiceUnavailable:    ClassInfra,
-	http.StatusRequestEntityTooLarge: ClassLimit,
-	http.StatusTooManyRequests:       ClassBusy,
-	http.StatusInternalServerError:   ClassInternal,
-}
 
 // VersionInfo is GET /v1/version.
 type VersionInfo struct {

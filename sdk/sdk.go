@@ -137,25 +137,13 @@ func (c *Client) startWorker() error {
 // Error is an error the worker returned.
 type Error struct{ API api.Error }
 
-// Unwrap gives the errdefs class.
+// Unwrap gives the errdefs class (api's error table); ErrInfra for
+// an infrastructure failure.
 func (e *Error) Unwrap() error {
-	switch e.API.Class {
-	case api.ClassInvalid:
-		return errdefs.ErrInvalidArgument
-	case api.ClassNotFound:
-		return errdefs.ErrNotFound
-	case api.ClassExists:
-		return errdefs.ErrAlreadyExists
-	case api.ClassState:
-		return errdefs.ErrFailedPrecondition
-	case api.ClassInfra:
+	if e.API.Class == api.ClassInfra {
 		return ErrInfra
-	case api.ClassLimit:
-		return errdefs.ErrOutOfRange
-	case api.ClassBusy:
-		return errdefs.ErrResourceExhausted
 	}
-	return nil
+	return e.API.Unwrap()
 }
 
 func (e *Error) Error() string { return e.API.Message }
@@ -205,7 +193,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		var e api.Error
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
-			e = api.Error{Class: api.StatusClass[resp.StatusCode], Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+			e = api.Error{Class: api.ClassOfStatus(resp.StatusCode), Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 		}
 		if e.Class == "" {
 			e.Class = api.ClassInternal

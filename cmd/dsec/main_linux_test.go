@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,6 +81,16 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
 			},
 			"mktree": cmdMkTree,
+			// authregistry VAR: a registry on 127.0.0.1 that refuses
+			// every request for want of credentials; VAR is its address.
+			"authregistry": func(ts *testscript.TestScript, neg bool, args []string) {
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+					http.Error(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`, http.StatusUnauthorized)
+				}))
+				ts.Defer(srv.Close)
+				ts.Setenv(args[0], strings.TrimPrefix(srv.URL, "http://"))
+			},
 			"mkarchive": func(ts *testscript.TestScript, neg bool, args []string) {
 				if len(args) != 2 {
 					ts.Fatalf("usage: mkarchive docker|oci|tar FILE")

@@ -177,7 +177,9 @@ func mountUppers(root string, size int64) (string, error) {
 		return "", err
 	}
 	m := mount.Mount{Type: "btrfs", Source: img, Options: []string{"loop", "nodev", "nosuid", "noatime", "discard=sync"}}
-	if err := m.Mount(d); err != nil {
+	if err := m.Mount(d); errors.Is(err, unix.ENODEV) {
+		return "", fmt.Errorf("the sandboxes' file system %s needs btrfs, which this kernel lacks: load its module (modprobe btrfs): %w", img, errdefs.ErrFailedPrecondition)
+	} else if err != nil {
 		return "", fmt.Errorf("the uppers file system %s: %w", img, err)
 	}
 	if fresh {

@@ -309,35 +309,16 @@ func (w *worker) routes() http.Handler {
 	})
 }
 
-// statusOf maps an error's class to its HTTP status.
-func statusOf(err error) int {
-	switch {
-	case errdefs.IsOutOfRange(err):
-		return http.StatusRequestEntityTooLarge
-	case errdefs.IsInvalidArgument(err):
-		return http.StatusBadRequest
-	case errdefs.IsNotFound(err):
-		return http.StatusNotFound
-	case errdefs.IsAlreadyExists(err):
-		return http.StatusConflict
-	case errdefs.IsFailedPrecondition(err):
-		return http.StatusPreconditionFailed
-	case errdefs.IsUnavailable(err):
-		return http.StatusServiceUnavailable
-	case errdefs.IsResourceExhausted(err):
-		return http.StatusTooManyRequests
-	}
-	return http.StatusInternalServerError
-}
-
 func apiError(err error) *api.Error {
-	return &api.Error{Class: api.StatusClass[statusOf(err)], Message: err.Error()}
+	e, _ := api.ErrorOf(err)
+	return e
 }
 
 func fail(rw http.ResponseWriter, err error) {
+	e, status := api.ErrorOf(err)
 	rw.Header().Set("Content-Type", "application/json")
-	rw.WriteHeader(statusOf(err))
-	json.NewEncoder(rw).Encode(apiError(err))
+	rw.WriteHeader(status)
+	json.NewEncoder(rw).Encode(e)
 }
 
 func reply(rw http.ResponseWriter, v any) {

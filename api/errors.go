@@ -1,0 +1,79 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/containerd/errdefs"
+)
+
+// Error classes.
+const (
+	ClassInvalid        = "invalid" // bad request: fix it
+	ClassNotFound       = "not_found"
+	ClassExists         = "exists"
+	ClassState          = "state"  // the sandbox is in the wrong state (stopped, running)
+	ClassInfra          = "infra"  // the sandbox died or the host failed: not the command's fault
+	ClassLimit          = "limit"  // over a bound (a snapshot's size, entries, depth)
+	ClassBusy           = "busy"   // the host is at capacity: queued until the admission timeout
+	ClassDenied         = "denied" // not allowed (a registry refusing the credentials)
+	ClassNotImplemented = "not_implemented"
+	ClassDataLoss       = "data_loss" // state on disk is damaged
+	ClassInternal       = "internal"  // anything else
+)
+
+// errorTable is the one map of error classes: each class's errdefs
+// error and HTTP status, in the order an error is matched against them
+// (the worker's answer), and back from the class in an Error's body
+// (the SDK's). An error of no class is ClassInternal, 500.
+var errorTable = []struct {
+	class  string
+	err    error
+	status int
+}{
+	{ClassLimit, errdefs.ErrOutOfRange, http.StatusRequestEntityTooLarge},
+	{ClassInvalid, errdefs.ErrInvalidArgument, http.StatusBadRequest},
+	{ClassNotFound, errdefs.ErrNotFound, http.StatusNotFound},
+	{ClassExists, errdefs.ErrAlreadyExists, http.StatusConflict},
+	{ClassState, errdefs.ErrFailedPrecondition, http.StatusPreconditionFailed},
+	{ClassInfra, errdefs.ErrUnavailable, http.StatusServiceUnavailable},
+	{ClassBusy, errdefs.ErrResourceExhausted, http.StatusTooManyRequests},
+	{ClassDenied, errdefs.ErrPermissionDenied, http.StatusForbidden},
+	{ClassNotImplemented, errdefs.ErrNotImplemented, http.StatusNotImplemented},
+	{ClassDataLoss, errdefs.ErrDataLoss, http.StatusInternalServerError},
+}
+
+// ErrorOf is err as the API answers it: its class, message and status.
+func ErrorOf(err error) (*Error, int) {
+	for _, r := range errorTable {
+		if errors.Is(err, r.err) {
+			return &Error{Class: r.class, Message: err.Error()}, r.status
+		}
+	}
+	return &Error{Class: ClassInternal, Message: err.Error()}, http.StatusInternalServerError
+}
+
+// ClassOfStatus is the class an answer of this HTTP status has when its
+// body says none (a proxy's, say).
+func ClassOfStatus(status int) string {
+	class := ClassInternal
+	for _, r := range errorTable {
+		if r.status == status && r.status != http.StatusInternalServerError {
+			if class != ClassInternal { // a status two classes share
+				return ClassInternal
+			}
+			class = r.class
+		}
+	}
+	return class
+}
+
+// Unwrap gives the errdefs error of the class, nil for ClassInternal.
+func (e *Error) Unwrap() error {
+	for _, r := range errorTable {
+		if r.class == e.Class {
+			return r.err
+		}
+	}
+	return nil
+}
