@@ -163,10 +163,21 @@ func mountFSInto(t *testing.T, pid int, fstype, source, target string) {
 	}
 	defer unix.Close(mfd)
 	errc := make(chan error)
-	go func() {
+	var enter func()
+	enter = func() {
 		// This thread enters the sandbox's mount namespace and dies with
-		// the goroutine: never unlocked.
+		// the goroutine: never unlocked. Not the main thread, which Go
+		// parks instead of ending: the namespace, and every mount in it
+		// (a sandbox's overlay, the uppers file system under it), would
+		// live as long as the test binary.
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() { // held here, so another thread runs it
+			done := make(chan struct{})
+			go func() { enter(); close(done) }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			errc <- err
 			return
@@ -177,7 +188,8 @@ func mountFSInto(t *testing.T, pid int, fstype, source, target string) {
 		}
 		os.MkdirAll(target, 0o755)
 		errc <- unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
-	}()
+	}
+	go enter()
 	if err := <-errc; err != nil {
 		t.Fatalf("mount %s into the sandbox: %v", fstype, err)
 	}

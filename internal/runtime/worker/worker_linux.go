@@ -164,8 +164,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
+	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes), "init", initBin) // before any request
 	go func() { errc <- srv.Serve(l) }()
-	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes), "init", initBin)
 	if cfg.Ready != nil {
 		cfg.Ready()
 	}
