@@ -36,7 +36,7 @@ func diskDir(dir string) string   { return filepath.Join(dir, "disk") }
 // CheckDisk says whether size can be a sandbox's disk quota.
 func CheckDisk(size int64) error {
 	if size < 0 || (size > 0 && size < api.MinDisk) {
-		return fmt.Errorf("disk quota %d bytes is too small: give at least %d MiB (or none): %w", size, api.MinDisk>>20, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("disk quota %d bytes is too small: give at least %d MiB, or no quota of its own (the default bound): %w", size, api.MinDisk>>20, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

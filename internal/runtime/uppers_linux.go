@@ -24,8 +24,9 @@ import (
 // file system per root, so that together they cannot fill the host's
 // disk: a btrfs image at <root>/uppers.img, sparse and loop-mounted with
 // discard at <root>/uppers, so it takes host disk as it is written and
-// gives it back as it is freed (discard=sync: at each commit; async
-// discard holds freed space back for up to two minutes). Its size bounds them all; each upper is
+// gives it back as it is freed (async discard: in batches, within
+// minutes; discard=sync made every commit wait for its discards, which
+// slowed creates and removals as sandboxes accumulated: BENCHMARKS.md). Its size bounds them all; each upper is
 // a subvolume whose quota group bounds it alone, inodes included (btrfs
 // charges an inode's metadata to the quota: ~46,000 empty files fill
 // 16 MiB). A subvolume is made with two ioctls (~0.1 ms) and removed
@@ -176,7 +177,7 @@ func mountUppers(root string, size int64) (string, error) {
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return "", err
 	}
-	m := mount.Mount{Type: "btrfs", Source: img, Options: []string{"loop", "nodev", "nosuid", "noatime", "discard=sync"}}
+	m := mount.Mount{Type: "btrfs", Source: img, Options: []string{"loop", "nodev", "nosuid", "noatime", "discard=async"}}
 	if err := m.Mount(d); errors.Is(err, unix.ENODEV) {
 		return "", fmt.Errorf("the sandboxes' file system %s needs btrfs, which this kernel lacks: load its module (modprobe btrfs): %w", img, errdefs.ErrFailedPrecondition)
 	} else if err != nil {
@@ -328,7 +329,7 @@ func validUpper(name string) bool {
 }
 
 // upperUsed is what the upper name holds, in bytes, as its quota counts
-// it (-1: unknown).
+// it, what is still to be written back included (-1: unknown).
 func upperUsed(root, name string) int64 {
 	d := UppersDir(root)
 	fsid, err := btrfsFSID(d)
@@ -344,13 +345,19 @@ func upperUsed(root, name string) int64 {
 	if btrfsIoctl(fd, iocInoLookup, unsafe.Pointer(&a)) != nil {
 		return -1
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/0_%d/referenced", fsid, a.treeid))
-	if err != nil {
-		return -1
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return -1
+	// What is on disk, and what is written but not yet (delayed
+	// allocation): the quota holds both to the limit.
+	var n int64
+	for _, f := range []string{"referenced", "rsv_data"} {
+		b, err := os.ReadFile(fmt.Sprintf("/sys/fs/btrfs/%s/qgroups/0_%d/%s", fsid, a.treeid, f))
+		if err != nil {
+			return -1
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return -1
+		}
+		n += v
 	}
 	return n
 }
