@@ -11,6 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 )
@@ -131,5 +134,36 @@ func TestSweepUppers(t *testing.T) {
 	}
 	if size, _ := UppersSize(root); size != 256<<20 {
 		t.Errorf("mounted again at %d bytes, want its 256 MiB", size)
+	}
+	// Quotas off (a host that went down between making the image and
+	// turning them on): on again when it is next mounted.
+	if !quotaOn(UppersDir(root)) {
+		t.Fatal("quotas are off on a fresh uppers file system")
+	}
+	fd, err := unix.Open(UppersDir(root), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := quotaCtlArgs{cmd: 2} // BTRFS_QUOTA_CTL_DISABLE
+	err = btrfsIoctl(fd, iocQuotaCtl, unsafe.Pointer(&a))
+	unix.Close(fd)
+	if err != nil || quotaOn(UppersDir(root)) {
+		t.Fatalf("quotas still on after disabling them: %v", err)
+	}
+	if err := ReleaseUppers(root); err != nil {
+		t.Fatal(err)
+	}
+	if err := PrepareUppers(root, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !quotaOn(UppersDir(root)) {
+		t.Fatal("quotas are still off after a mount")
+	}
+	n := upperName()
+	if err := newUpper(root, n, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeUpper(root, n); err != nil {
+		t.Fatal(err)
 	}
 }

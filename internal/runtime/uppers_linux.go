@@ -183,10 +183,14 @@ func mountUppers(root string, size int64) (string, error) {
 	} else if err != nil {
 		return "", fmt.Errorf("the uppers file system %s: %w", img, err)
 	}
-	if fresh {
+	// Quotas are on from the start; a host that went down between the
+	// image and them gets them now.
+	if fresh || !quotaOn(d) {
 		if err := enableQuota(d); err != nil {
 			unmountLoop(d)
-			os.Remove(img)
+			if fresh {
+				os.Remove(img)
+			}
 			return "", err
 		}
 	}
@@ -221,6 +225,16 @@ func makeUppers(img string, size int64) error {
 		return fmt.Errorf("the uppers file system: mkfs.btrfs: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return os.Rename(tmp, img)
+}
+
+// quotaOn reports whether the btrfs mounted at d has quotas on.
+func quotaOn(d string) bool {
+	fsid, err := btrfsFSID(d)
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile("/sys/fs/btrfs/" + fsid + "/qgroups/enabled")
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }
 
 // enableQuota turns quotas on: simple ones where the kernel has them.
