@@ -381,6 +381,15 @@ func TestPressureFreezesBatch(t *testing.T) {
 	if !frozen {
 		t.Fatal("the batch sandbox was never frozen under the pressure")
 	}
+	// A new step there does not hang until the pressure passes: it is
+	// refused at once as busy (or runs, if the sandbox thawed meanwhile).
+	t0 := time.Now()
+	_, err = bat.Exec(ctx, sdk.ExecOptions{ID: "while-frozen", Args: []string{"true"}})
+	if took := time.Since(t0); took > 3*time.Second || err != nil && !(errdefs.IsResourceExhausted(err) && strings.Contains(err.Error(), "memory pressure")) {
+		t.Errorf("an exec into the frozen batch sandbox: %v after %v", err, took)
+	} else {
+		t.Logf("an exec into the frozen batch sandbox: %v after %v", err, took.Round(time.Millisecond))
+	}
 	if li, _ := lat.Inspect(ctx); li.OOMKills != 0 || li.Frozen {
 		t.Errorf("the latency sandbox: %d OOM kills, frozen %v", li.OOMKills, li.Frozen)
 	}

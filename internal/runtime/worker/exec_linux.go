@@ -47,6 +47,14 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 	if req.ID == "" {
 		req.ID = runtime.RandomName("x-")
 	}
+	// A new step in a sandbox frozen for the host's sake would hang
+	// until the pressure passes: refused at once, to be retried (a
+	// known id still gets its result).
+	if _, err := e.sb.LookupExec(req.ID); errdefs.IsNotFound(err) && w.pressureFrozen(e.sb) {
+		fail(rw, fmt.Errorf("sandbox %s (class batch) is frozen while the host is under memory pressure: retry the step once it passes (dsec inspect shows \"frozen\"): %w",
+			e.sb.Name, errdefs.ErrResourceExhausted))
+		return
+	}
 	w.serveExec(rw, r, e.sb, req, body, api.Frame{})
 }
 

@@ -21,16 +21,17 @@ func (w *worker) pressureLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	frozen := map[*runtime.Sandbox]bool{}
 	reclaimed, calm := false, 0
 	thaw := func() {
-		for sb := range frozen {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for sb := range w.frozen {
 			if g := sb.Cgroup(); g != nil {
 				g.Thaw()
 			}
 			w.log.Info("thawed a batch sandbox: the memory pressure passed", "sandbox", sb.Name)
 		}
-		clear(frozen)
+		clear(w.frozen)
 	}
 	defer thaw()
 	for {
@@ -51,7 +52,7 @@ func (w *worker) pressureLoop(ctx context.Context) {
 		for _, sb := range w.batchSandboxes() {
 			g := sb.Cgroup()
 			switch {
-			case g == nil || frozen[sb] && g.Frozen(): // (a stop and start thaws it)
+			case g == nil || w.pressureFrozen(sb) && g.Frozen(): // (a stop and start thaws it)
 			case !reclaimed:
 				sb.Reclaim()
 			default:
@@ -59,7 +60,9 @@ func (w *worker) pressureLoop(ctx context.Context) {
 					w.log.Error("cannot freeze a batch sandbox under memory pressure", "sandbox", sb.Name, "err", err)
 					continue
 				}
-				frozen[sb] = true
+				w.mu.Lock()
+				w.frozen[sb] = true
+				w.mu.Unlock()
 				w.log.Warn("froze a batch sandbox under memory pressure", "sandbox", sb.Name, "pressure", p)
 			}
 		}
@@ -68,6 +71,13 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			w.log.Info("reclaimed batch sandboxes' memory under memory pressure", "pressure", p)
 		}
 	}
+}
+
+// pressureFrozen reports whether the pressure loop froze sb.
+func (w *worker) pressureFrozen(sb *runtime.Sandbox) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.frozen[sb]
 }
 
 // hostPressure is the larger of the host's memory pressure and all

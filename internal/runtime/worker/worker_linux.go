@@ -50,6 +50,8 @@ type worker struct {
 	shutdown  func()
 	removing  sync.WaitGroup // removals after an answer (discardLater)
 	closing   bool           // no more of those: the worker is exiting
+	// frozen are the batch sandboxes the pressure loop froze.
+	frozen map[*runtime.Sandbox]bool
 }
 
 // entry is a sandbox the worker owns; op serialises its lifecycle
@@ -119,7 +121,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
 	}
 	defer runtime.ReleaseUppers(cfg.Root) // when no sandbox is left on it
-	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(),
+	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, cpus, mem),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk}}
