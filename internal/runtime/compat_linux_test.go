@@ -120,6 +120,18 @@ git -c user.name=agent -c user.email=agent@example.invalid commit -qm "first ste
 		}
 	}
 
+	// File operations on an upper on the shared uppers file system
+	// (btrfs under overlay): hard links, renames, a lower directory moved
+	// (overlay says EXDEV; mv copies), a lower file removed (a whiteout),
+	// fsync, a file over 4 GiB sparse, and pack-diff of the result.
+	const fsScript = `cd /tmp && echo a > x && ln x y && mv y z && cat z &&
+cp -a /opt/compat /opt/moved && rm -r /opt/compat && mv /opt/moved /opt/compat && ls /opt/compat | wc -l &&
+rm /etc/answer && [ ! -e /etc/answer ] && dd if=/dev/zero of=big bs=1 count=1 seek=5G 2>/dev/null && ls -l big | awk '{print $5}' && sync && echo fs-ok`
+	if out, code := sh(t, sb, "fs", fsScript); code != 0 || out != "a\n1\n5368709121\nfs-ok\n" {
+		t.Errorf("file operations on the upper: exit %d: %q", code, out)
+	}
+	f.mustPack(sb, "compat-fs:1")
+
 	// Job control needs a terminal: the exec's pty, as dsec exec -t gives.
 	m, tty, err := pty.Open()
 	if err != nil {

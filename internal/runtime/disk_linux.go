@@ -321,8 +321,8 @@ func growDisk(dir string, size int64, online bool) error {
 	if err := os.Truncate(diskImage(dir), size); err != nil {
 		return err
 	}
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, dev.Fd(), unix.LOOP_SET_CAPACITY, 0); e != 0 {
-		return fmt.Errorf("disk quota: loop device capacity: %w", e)
+	if err := setLoopCapacity(dev); err != nil {
+		return fmt.Errorf("disk quota: %w", err)
 	}
 	blocks := uint64(size / 4096)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, fsd.Fd(), ext4ResizeFS, uintptr(unsafe.Pointer(&blocks))); e != 0 {
@@ -330,6 +330,15 @@ func growDisk(dir string, size int64, online bool) error {
 			return errNoResize
 		}
 		return fmt.Errorf("disk quota: grow the file system: %w", e)
+	}
+	return nil
+}
+
+// setLoopCapacity makes the loop device dev take its backing file's
+// new size.
+func setLoopCapacity(dev *os.File) error {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, dev.Fd(), unix.LOOP_SET_CAPACITY, 0); e != 0 {
+		return fmt.Errorf("loop device capacity: %w", e)
 	}
 	return nil
 }

@@ -266,7 +266,9 @@ func TestAttackSuite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := f.create(dsecrt.Options{Name: "attacked", Layers: []string{"attack:1", "bb:1"}, Policy: pol})
+	// Its upper on the shared uppers file system, under a small bound
+	// the attacker tries to lift.
+	sb := f.create(dsecrt.Options{Name: "attacked", Layers: []string{"attack:1", "bb:1"}, Policy: pol, DiskBound: 64 << 20})
 	mountInto(t, sb.Snapshot().Pid, xfsDev, "/mnt/xfs")
 	mountFSInto(t, sb.Snapshot().Pid, "ext4", ext4Dev, "/mnt/ext4")
 	mountFSInto(t, sb.Snapshot().Pid, "btrfs", btrfsDev, "/mnt/btrfs")
@@ -323,6 +325,23 @@ func TestAttackSuite(t *testing.T) {
 	}
 	if got := inside["NETLINK_ROUTE (allowed)"]; got != "ok" {
 		t.Errorf("a NETLINK_ROUTE socket in the sandbox: %s", got)
+	}
+	// The disk bound: its quota group and subvolume cannot be touched
+	// from inside, and it still holds after the attempts.
+	quota := 0
+	for name, got := range inside {
+		if strings.HasPrefix(name, "quota ") {
+			quota++
+			if got == "ok" {
+				t.Errorf("%s in the sandbox: ok (host: %s)", name, host[name])
+			}
+		}
+	}
+	if quota != 8 {
+		t.Errorf("%d quota attempts in the sandbox, want 8", quota)
+	}
+	if out, _ := sh(t, sb, "fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=80 2>&1; rm -f /tmp/fill"); !strings.Contains(out, "Disk quota exceeded") {
+		t.Errorf("80 MiB under a 64 MiB bound after the attack: %q", out)
 	}
 	checkDevices(t, host, inside)
 	checkEscapes(t, host, inside)

@@ -130,8 +130,8 @@ func resizeUppers(d, img string, size int64) error {
 		if err := os.Truncate(img, size); err != nil {
 			return err
 		}
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, dev.Fd(), unix.LOOP_SET_CAPACITY, 0); e != 0 {
-			return fmt.Errorf("the uppers file system's loop device capacity: %w", e)
+		if err := setLoopCapacity(dev); err != nil {
+			return fmt.Errorf("the uppers file system: %w", err)
 		}
 		return nil
 	}

@@ -275,3 +275,32 @@ func variantAttempts(file string, reqs map[string]uint32) []attempt {
 	}
 	return as
 }
+
+// quotaAttempts try to lift a disk bound from inside: the Btrfs quota
+// and subvolume ioctls on dir (a sandbox's upper lies on a Btrfs
+// subvolume under a quota group). Named what, they must never succeed
+// in a sandbox; on the host's Btrfs they reach the kernel.
+func quotaAttempts(dir, what string) []attempt {
+	ioc := func(req uint32, arg unsafe.Pointer) func() error {
+		return func() error {
+			d, err := os.Open(dir)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			return ioctlPtr(d.Fd(), req, arg)
+		}
+	}
+	var vol [4096]byte // struct btrfs_ioctl_vol_args: a name that is not there
+	copy(vol[8:], "dsec-attack-none")
+	ctl := [2]uint64{2, 0} // BTRFS_QUOTA_CTL_DISABLE
+	var limit [6]uint64    // qgroup 0 (the fd's subvolume), no limit flags: lifted
+	resize := vol          // BTRFS_IOC_RESIZE "max"
+	copy(resize[8:], "max\x00")
+	return []attempt{
+		{what + " QUOTA_CTL disable", ioc(0xc0109428, unsafe.Pointer(&ctl))},
+		{what + " QGROUP_LIMIT lifted", ioc(0x8030942b, unsafe.Pointer(&limit))},
+		{what + " SNAP_DESTROY", ioc(0x5000940f, unsafe.Pointer(&vol))},
+		{what + " RESIZE", ioc(0x50009403, unsafe.Pointer(&resize))},
+	}
+}

@@ -201,6 +201,10 @@ func main() {
 	}
 	if *btrfs != "" {
 		as = append(as, btrfsAttempts(*btrfs)...)
+		as = append(as, quotaAttempts(*btrfs, "quota btrfs")...)
+	}
+	if *inside { // on the host, dir's file system could be the host's own Btrfs
+		as = append(as, quotaAttempts(*dir, "quota upper")...)
 	}
 	if *tcp != "" {
 		host, port, _ := net.SplitHostPort(*tcp)

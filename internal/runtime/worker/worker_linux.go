@@ -467,7 +467,8 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
 		return nil, err
 	}
-	if size, free := runtime.UppersSize(w.cfg.Root); spec.Disk <= 0 {
+	if spec.Disk <= 0 { // it writes to the shared file system
+		size, free := runtime.UppersSize(w.cfg.Root)
 		if err := w.cfg.Admission.checkUppers(runtime.UppersDir(w.cfg.Root), size, free); err != nil {
 			return nil, err
 		}
