@@ -6,7 +6,8 @@
 #     under a 0.5 CPU limit each (half of the 2-CPU host) in class batch, then the same load in class
 #     latency (no class distinction: the mapping off), and alone a second time: how far the two alone
 #     figures differ is what the run can resolve. Rounds of 10 execs per condition take turns (n rounds).
-#  3. Density: idle stateful sandboxes (a resident sleep, 2 MiB written) at 1 CPU requested each under
+#  3. Spare inits: the start of one with the host bare, with 2000 more host mounts, and bare again.
+#  4. Density: idle stateful sandboxes (a resident sleep, 2 MiB written) at 1 CPU requested each under
 #     a 500x CPU overcommit, up to BENCH_DENSITY_N (default 1000) or the 2 GiB memory reserve.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-density: needs root (cgroups, namespaces): skipped" >&2; exit 0; }
@@ -21,6 +22,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
 
 fn=$(go test -run '^$' -bench BenchmarkFnCall -benchtime "${n}x" ./sdk/)
 intf=$(go test -run '^$' -bench BenchmarkInterference -benchtime "${n}x" ./sdk/)
+spare=$(go test -run '^$' -bench BenchmarkPrestart -benchtime "${n}x" ./internal/runtime/container/)
 dens=$(DSEC_DENSITY_N=${BENCH_DENSITY_N:-1000} go test -run '^$' -bench BenchmarkDensity -benchtime 1x -timeout 30m ./sdk/)
 
 echo "== density (2-core VM, inits from $DSEC_INIT, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(date -u +%F))"
@@ -38,6 +40,10 @@ for p in p50 mean p99; do
 		"$(ratio "$(metric "$intf" unmapped-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")"
 done
 printf '%-58s %8s %%\n' "  CPU time stolen by the hypervisor during those rounds" "$(metric "$intf" steal-%)"
+printf '%-58s %8s ms %8s ms %8s\n' "spare init start p50, 2000 host mounts vs none" "$(metric "$spare" mounts2000-p50-ms)" "$(metric "$spare" bare-p50-ms)" \
+	"$(ratio "$(metric "$spare" mounts2000-p50-ms)" "$(metric "$spare" bare-p50-ms)")"
+printf '%-58s %8s ms %8s ms %8s\n' "  none, a second time vs the first (the resolution)" "$(metric "$spare" bare-again-p50-ms)" "$(metric "$spare" bare-p50-ms)" \
+	"$(ratio "$(metric "$spare" bare-again-p50-ms)" "$(metric "$spare" bare-p50-ms)")"
 printf '%-58s %10s %10s %8s\n' "idle sandboxes started (target)" "$(metric "$dens" sandboxes)" "1000" "$(ratio "$(metric "$dens" sandboxes)" 1000)"
 printf '%-58s %10s %10s %8s\n' "CPU overcommit at 1 CPU requested each (target)" "$(metric "$dens" cpu-overcommit)x" "500x" "$(ratio "$(metric "$dens" cpu-overcommit)" 500)"
 printf '%-58s %7s MiB %6s MiB %8s\n' "host memory per sandbox beyond its processes (target)" "$(metric "$dens" overhead-MiB/sandbox)" "5" "$(ratio "$(metric "$dens" overhead-MiB/sandbox)" 5)"

@@ -11,7 +11,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
+
+	"github.com/containerd/errdefs"
 
 	"golang.org/x/sys/unix"
 
@@ -54,6 +57,54 @@ func TestDiskTemplate(t *testing.T) {
 	}
 	if err := makeDisk(b, size); err == nil {
 		t.Error("made a disk over an existing one")
+	}
+}
+
+// TestImageHeld: a disk image whose file system outlives its unmount
+// here (a detached copy of the mount still holds it, as an overlay's
+// private mount of its upper or another namespace's copy does) is not
+// grown, checked or mounted again until it is released: touching it
+// meanwhile would write under a live superblock.
+func TestImageHeld(t *testing.T) {
+	layertest.RequireRoot(t)
+	dir := t.TempDir()
+	if err := makeDisk(dir, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountDisk(dir, true); err != nil {
+		t.Fatal(err)
+	}
+	defer unmountDisk(dir)
+	clone, err := unix.OpenTree(unix.AT_FDCWD, diskDir(dir), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if clone >= 0 {
+			unix.Close(clone)
+		}
+	}()
+	if err := unix.Unmount(diskDir(dir), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitImageFreeFor(diskImage(dir), 100*time.Millisecond); err == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "/dev/loop") {
+		t.Fatalf("an image a live file system holds: %v", err)
+	}
+	// Released, it is free again, and mounts clean.
+	unix.Close(clone)
+	clone = -1
+	if err := waitImageFree(diskImage(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := mountDisk(dir, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := growDisk(dir, 96<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(diskDir(dir), &fs); err != nil || int64(fs.Blocks)*fs.Bsize < 80<<20 {
+		t.Errorf("grown offline to 96 MiB: %d blocks of %d, %v", fs.Blocks, fs.Bsize, err)
 	}
 }
 

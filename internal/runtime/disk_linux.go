@@ -167,6 +167,9 @@ func mountDisk(dir string, fresh bool) error {
 			return err
 		}
 		if !fresh {
+			if err := waitImageFree(diskImage(dir)); err != nil {
+				return fmt.Errorf("disk quota: %w", err)
+			}
 			if err := e2fsck(dir); err != nil {
 				return err
 			}
@@ -216,6 +219,50 @@ func unmountLoop(d string) error {
 	}
 	return fmt.Errorf("loop device %d:%d still holds %s 30 s after the unmount (mounted in the namespaces of: %s)",
 		unix.Major(dev), unix.Minor(dev), strings.TrimSpace(string(held)), strings.Join(mountHolders(src), ", "))
+}
+
+// waitImageFree waits until no loop device holds the image file img,
+// and fails after 30 s. A file system unmounted here can live on for a
+// while (an overlay's private mount of its upper is released from a
+// work queue, an init may not have left a copy of the host's mounts
+// yet), and its loop device with it; checking, resizing or mounting the
+// image again meanwhile would write under a live superblock, which
+// then writes its own state back over what was done.
+func waitImageFree(img string) error { return waitImageFreeFor(img, 30*time.Second) }
+
+func waitImageFreeFor(img string, timeout time.Duration) error {
+	var st unix.Stat_t
+	if err := unix.Stat(img, &st); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Millisecond) {
+		dev := loopOf(st.Dev, st.Ino)
+		if dev == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s is still held by %s %v after its file system was unmounted (mounted in the namespaces of: %s): it is not touched while it is: %w",
+				img, dev, timeout, strings.Join(mountHolders(dev), ", "), errdefs.ErrUnavailable)
+		}
+	}
+}
+
+// loopOf names the loop device attached to the file (dev, ino), if one is.
+func loopOf(dev, ino uint64) string {
+	held, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, b := range held {
+		name := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(b)))
+		fd, err := unix.Open(name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			continue
+		}
+		info, err := unix.IoctlLoopGetStatus64(fd)
+		unix.Close(fd)
+		if err == nil && info.Device == dev && info.Inode == ino {
+			return name
+		}
+	}
+	return ""
 }
 
 // mountDevice is the device mounted at d, as mountinfo names it, and
@@ -274,8 +321,11 @@ const loopMajor = 7
 // sandbox): unmounted, checked and grown by resize2fs, mounted again.
 func growDisk(dir string, size int64, online bool) error {
 	if !online {
-		if err := unix.Unmount(diskDir(dir), 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		if err := unmountDisk(dir); err != nil {
 			return fmt.Errorf("disk quota: unmount to grow: %w", err)
+		}
+		if err := waitImageFree(diskImage(dir)); err != nil {
+			return fmt.Errorf("disk quota: %w", err)
 		}
 		if err := os.Truncate(diskImage(dir), size); err != nil {
 			return err

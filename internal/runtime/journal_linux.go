@@ -17,6 +17,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
@@ -203,7 +204,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			// result is that (128+SIGKILL), not a failure of the host.
 			code = 128 + 9
 		case errors.Is(err, container.ErrSandboxDied):
-			e.res.Err = "the sandbox died under the command"
+			e.res.Err = "the sandbox died under the command" + deathCause(sb.dir, g, oomBefore)
 		case err != nil:
 			refused <- err
 			return
@@ -349,4 +350,49 @@ func oomScore(class string) int {
 		return batchOOMScore
 	}
 	return latencyOOMScore
+}
+
+// deathCause says why a sandbox's init died, as far as the host can
+// tell: the OOM killer in its group since oomBefore, or the first line
+// of a failure report the init wrote to init.log (its own error, or the
+// Go runtime's fatal error, say when the sandbox's pids left it no
+// thread). "" when neither says.
+func deathCause(dir string, g *cgroup.Group, oomBefore int) string {
+	var why []string
+	if g != nil && g.OOMKills() > oomBefore {
+		why = append(why, "the OOM killer took processes of its group, which may have been its init")
+	}
+	if l := initFailure(filepath.Join(dir, "init.log")); l != "" {
+		why = append(why, "its init: "+l)
+	}
+	if len(why) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(why, "; ") + ")"
+}
+
+// initFailure is the last line of a failure report (the init's own
+// error, a Go panic or fatal error) in the init's log at p, from its
+// last MiB (a fatal error dumps every goroutine after its line).
+func initFailure(p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	off := int64(0)
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(len(buf)) {
+		off = fi.Size() - int64(len(buf))
+	}
+	n, _ := f.ReadAt(buf, off)
+	lines := strings.Split(string(buf[:n]), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		for _, p := range []string{"dsec init: ", "fatal error: ", "panic: ", "runtime: "} {
+			if strings.HasPrefix(lines[i], p) {
+				return strings.ToValidUTF8(lines[i][:min(len(lines[i]), 200)], "")
+			}
+		}
+	}
+	return ""
 }

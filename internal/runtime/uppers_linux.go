@@ -177,6 +177,11 @@ func mountUppers(root string, size int64) (string, error) {
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return "", err
 	}
+	if !fresh {
+		if err := waitImageFree(img); err != nil {
+			return "", fmt.Errorf("the uppers file system: %w", err)
+		}
+	}
 	m := mount.Mount{Type: "btrfs", Source: img, Options: []string{"loop", "nodev", "nosuid", "noatime", "discard=async"}}
 	if err := m.Mount(d); errors.Is(err, unix.ENODEV) {
 		return "", fmt.Errorf("the sandboxes' file system %s needs btrfs, which this kernel lacks: load its module (modprobe btrfs): %w", img, errdefs.ErrFailedPrecondition)

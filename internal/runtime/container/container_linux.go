@@ -84,16 +84,15 @@ type Spare struct {
 // root it is then claimed with must show the sandbox's files through
 // mounts idmapped into that namespace (UserNamespace).
 func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
-	self, err := InitBinary()
-	if err != nil {
-		return nil, err
-	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "spare"), os.NewFile(uintptr(fds[1]), "spare")
-	cmd := exec.Command(self)
+	// The binary as the spawner's namespace has it (spawn_linux.go),
+	// where the namespace's root may search the way to it (a 0700 build
+	// or test directory on the host would stop it).
+	cmd := exec.Command(spawnInit)
 	cmd.Args = []string{InitName} // its /proc/PID/cmdline names no host path
 	cmd.Env = []string{initEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{theirs}
@@ -102,18 +101,6 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 		Setsid:     true,
 	}
 	if ids != nil {
-		// The namespace's root may not search the directories on the
-		// way to this binary (a 0700 build or test directory): it runs
-		// it through a descriptor opened here, which needs only x.
-		exe, err := os.Open(self)
-		if err != nil {
-			ours.Close()
-			theirs.Close()
-			return nil, err
-		}
-		defer exe.Close()
-		cmd.Path = "/proc/self/fd/4"
-		cmd.ExtraFiles = append(cmd.ExtraFiles, exe)
 		cmd.Env = append(cmd.Env, usernsEnv+"=1")
 		m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(ids.Host), Size: int(ids.Size)}}
 		cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
@@ -123,7 +110,9 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 		// map): the exec then gives it the namespace's capabilities.
 		cmd.SysProcAttr.Credential = &syscall.Credential{}
 	}
-	err = cmd.Start()
+	if serr := spawn(func() { err = cmd.Start() }); serr != nil {
+		err = serr
+	}
 	theirs.Close()
 	if err != nil {
 		ours.Close()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -125,6 +126,9 @@ func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 	w := &Worker{Root: root, cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(w.done) }()
 	t.Cleanup(w.Kill)
+	if _, told := dumped.LoadOrStore(dumpKey{t, root}, true); !told {
+		t.Cleanup(func() { dumpLog(t, root) })
+	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if c, err := sdk.New(sdk.Options{Root: root}); err == nil {
 			if v, err := c.Version(context.Background()); err == nil && v.Pid == cmd.Process.Pid {
@@ -140,6 +144,26 @@ func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 	}
 	t.Fatal("worker does not answer")
 	return nil
+}
+
+// dumped holds the tests and roots whose worker log a failure shows.
+var dumped sync.Map
+
+type dumpKey struct {
+	t    testing.TB
+	root string
+}
+
+// dumpLog shows the end of root's worker log if t failed: the workers'
+// side of a failure.
+func dumpLog(t testing.TB, root string) {
+	dumped.Delete(dumpKey{t, root})
+	if !t.Failed() {
+		return
+	}
+	b, _ := os.ReadFile(filepath.Join(root, "worker.log"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	t.Logf("the end of %s/worker.log:\n%s", root, strings.Join(lines[max(0, len(lines)-40):], "\n"))
 }
 
 // Pid is the worker's pid.
