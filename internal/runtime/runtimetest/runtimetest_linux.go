@@ -295,19 +295,11 @@ func anySpareWaits(root string) bool {
 	return false
 }
 
-// serving reports whether a worker holds root's lock.
-func serving(root string) bool {
-	f, err := os.Open(filepath.Join(root, "worker.lock"))
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
-		return true
-	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false
-}
+// serving reports whether a worker runs on root (worker.Serving): a
+// killed worker's lock can outlive it for a moment, in a child it was
+// starting, and a cleanup that took it for a running worker's would
+// leave the dead one's mounts.
+func serving(root string) bool { return worker.Serving(root) }
 
 // Leftovers lists what the sandboxes of root left on the host: mounts
 // below root, cgroups of its sandboxes, nat addresses, loop devices on

@@ -752,6 +752,18 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 	return nil
 }
 
+// Serving reports whether a worker runs on root: whether it holds the
+// root's lock, where a dead worker's copy of it (see lockRoot) does not
+// count once it is gone.
+func Serving(root string) bool {
+	f, err := os.Open(filepath.Join(root, "worker.lock"))
+	if err != nil {
+		return false
+	}
+	defer f.Close() // the lock goes with it
+	return lockRoot(f, root) != nil
+}
+
 // lockRoot takes the root's worker lock. A worker killed a moment ago
 // may hold it still, through a copy of the descriptor in a child it was
 // starting (between clone and exec, which closes it): while the worker
