@@ -303,14 +303,15 @@ type ExecResult struct {
 // state passes from one call to the next. Stdin follows as for an exec;
 // Detach is refused.
 //
-// A Spec whose Backend is "container" is dsec run --rm: a sandbox made
-// for the call (never a pool's) with the Spec's name, listed while the
-// command runs and removed by the worker when it ends or the client goes
-// away; its name is free again once the removal is done (a create of it
-// meanwhile waits for that).
+// With Run it is dsec run --rm: a sandbox made for the call from Spec
+// (never a pool's, and on Spec's backend) with Spec's name, listed while
+// the command runs and removed by the worker when it ends or the client
+// goes away; its name is free again once the removal is done (a create of
+// it meanwhile waits for that).
 type CallRequest struct {
 	Pool string       `json:"pool,omitempty"`
 	Spec *SandboxSpec `json:"spec,omitempty"`
+	Run  bool         `json:"run,omitempty"`
 	ExecRequest
 }
 

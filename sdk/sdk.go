@@ -387,6 +387,9 @@ func withStdin(req any, stdin io.Reader) io.Reader {
 type CallOptions struct {
 	Pool string
 	Spec *api.SandboxSpec
+	// Run: dsec run --rm, a sandbox made from Spec for the call, with
+	// its name, and removed after it (api.CallRequest).
+	Run bool
 	ExecOptions
 }
 
@@ -396,9 +399,10 @@ type CallResult struct {
 	api.CallInfo
 }
 
-// Call runs a command on the FnCall backend.
+// Call runs a command in a sandbox discarded after it: a warm one of a
+// FnCall pool, or one made for it (opts.Run: dsec run --rm).
 func (c *Client) Call(ctx context.Context, opts CallOptions) (CallResult, error) {
-	req := api.CallRequest{Pool: opts.Pool, Spec: opts.Spec, ExecRequest: opts.request()}
+	req := api.CallRequest{Pool: opts.Pool, Spec: opts.Spec, Run: opts.Run, ExecRequest: opts.request()}
 	resp, err := c.send(ctx, "POST", "/calls", withStdin(req, opts.Stdin))
 	if err != nil {
 		return CallResult{}, err

@@ -297,6 +297,9 @@ func TestBoundedDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !slices.Equal(v.Backends, []string{"container"}) { // FnCall is a way to use one, not a backend
+		t.Errorf("backends %v", v.Backends)
+	}
 	if l := v.Limits; l == nil || l.DefaultMemory != mem || l.DefaultPids != 64 || l.HostReserve != 1<<30 || l.MemoryBytes <= 0 || l.Pids <= 0 {
 		t.Fatalf("version limits: %+v", v.Limits)
 	}
@@ -312,6 +315,9 @@ func TestBoundedDefaults(t *testing.T) {
 		return g.Limits()
 	}
 	plain := create(t, c, api.SandboxSpec{Name: "plain"})
+	if info, err := plain.Inspect(ctx); err != nil || info.Backend != "container" {
+		t.Errorf("the backend a sandbox was made on: %q, %v", info.Backend, err)
+	}
 	if m, pids := limits(plain); m != mem || pids != 64+runtime.InitPids {
 		t.Errorf("no limits asked: memory %d, pids %d; want the defaults (128 MiB, 64 + the init's %d)", m, pids, runtime.InitPids)
 	}
@@ -759,12 +765,19 @@ func TestRunRm(t *testing.T) {
 	waitFor(t, "the pool to fill", func() bool { return warm(t, c, "p") == 1 })
 	spec := func(name string) *api.SandboxSpec {
 		s := tmpl
-		s.Backend, s.Name = "container", name
+		s.Name = name
 		return &s
 	}
 	dir := func(name string) string { return filepath.Join(w.Root, "sandboxes", name) }
+	// A run makes its sandbox from its spec, never from a pool.
+	for what, o := range map[string]sdk.CallOptions{"a pool": {Pool: "p", Spec: spec("r0"), Run: true}, "no spec": {Run: true}} {
+		o.Args = []string{"true"}
+		if _, err := c.Call(ctx, o); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "give a spec and no pool") {
+			t.Errorf("a run with %s: %v", what, err)
+		}
+	}
 
-	out, res := call(t, c, sdk.CallOptions{Spec: spec("r1")}, "echo out; exit 4")
+	out, res := call(t, c, sdk.CallOptions{Spec: spec("r1"), Run: true}, "echo out; exit 4")
 	if out != "out\n" || res.ExitCode != 4 || res.Sandbox != "r1" || res.Warm || res.Pool != "" {
 		t.Fatalf("run --rm: %q %+v", out, res)
 	}
@@ -796,7 +809,7 @@ func TestRunRm(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c.Call(cctx, sdk.CallOptions{Spec: spec("r2"), ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
+		_, err := c.Call(cctx, sdk.CallOptions{Spec: spec("r2"), Run: true, ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
 		errc <- err
 	}()
 	waitFor(t, "the run to list its sandbox", running("r2"))
@@ -814,7 +827,7 @@ func TestRunRm(t *testing.T) {
 
 	// A worker killed during the run: the next one removes the sandbox.
 	go func() {
-		_, err := c.Call(ctx, sdk.CallOptions{Spec: spec("r3"), ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
+		_, err := c.Call(ctx, sdk.CallOptions{Spec: spec("r3"), Run: true, ExecOptions: sdk.ExecOptions{Args: []string{"sleep", "100"}}})
 		errc <- err
 	}()
 	waitFor(t, "the run to list its sandbox", running("r3"))

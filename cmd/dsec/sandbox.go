@@ -206,7 +206,7 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		if err != nil {
 			return err
 		}
-		return a.call(ctx, f.pool, &spec, execFlags{tty: f.tty, stdin: f.stdin}, args)
+		return a.call(ctx, f.pool, &spec, false, execFlags{tty: f.tty, stdin: f.stdin}, args)
 	}
 	if f.base == "" {
 		return usageError{errors.New("run needs --base REF (dsec layer ls lists the layers)")}
@@ -228,7 +228,7 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 	if f.rm {
 		// One request: the worker makes the sandbox, runs CMD and removes
 		// the sandbox when CMD ends or this client goes away.
-		return a.call(ctx, "", &spec, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
+		return a.call(ctx, "", &spec, true, execFlags{id: f.id, tty: f.tty, stdin: f.stdin}, args)
 	}
 	c, err := a.client()
 	if err != nil {

@@ -95,15 +95,15 @@ func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 	return spec, err
 }
 
-// call runs a command in a sandbox the worker discards after it: on the
-// FnCall backend (run --backend fncall), or on the container backend
-// made for it (run --rm).
-func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, f execFlags, args []string) error {
+// call runs a command in a sandbox the worker discards after it: a warm
+// one of a FnCall pool (run --backend fncall), or one made for it (run
+// --rm: rm).
+func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, rm bool, f execFlags, args []string) error {
 	c, err := a.client()
 	if err != nil {
 		return err
 	}
-	opts := sdk.CallOptions{Pool: pool, Spec: spec, ExecOptions: sdk.ExecOptions{ID: f.id, Args: args}}
+	opts := sdk.CallOptions{Pool: pool, Spec: spec, Run: rm, ExecOptions: sdk.ExecOptions{ID: f.id, Args: args}}
 	if pool != "" && len(spec.Layers) == 0 {
 		opts.Spec = nil
 	}

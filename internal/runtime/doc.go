@@ -12,5 +12,9 @@
 // it), running, stopped (files kept, no process), dead (its init died).
 //
 // The host worker that owns sandboxes and serves the API is package
-// worker; the backends are container (package container) for now.
+// worker. It finds a sandbox's backend by name in its registry (package
+// backend, listed in worker.Backends) and records it in the sandbox's
+// state: container (package container) for now, a QEMU microVM next.
+// FnCall pools, spares and primed sandboxes are ways of using a backend,
+// not backends.
 package runtime

@@ -36,9 +36,12 @@ import (
 
 // Options describe a sandbox to create.
 type Options struct {
-	Name   string
-	Layers []string // refs, topmost first: toolkit, workspace, base
-	Limits cgroup.Limits
+	Name string
+	// Backend names the sandbox's backend (package backend), as the
+	// worker resolved it; "" is the container backend.
+	Backend string
+	Layers  []string // refs, topmost first: toolkit, workspace, base
+	Limits  cgroup.Limits
 	// Disk bounds what the sandbox writes (its upper), in bytes, on a
 	// file system of its own; 0: as DiskBound says.
 	Disk int64
@@ -105,6 +108,7 @@ const (
 // State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
 type State struct {
 	Name    string        `json:"name"`
+	Backend string        `json:"backend,omitempty"` // "": container
 	Status  string        `json:"status"`
 	Pid     int           `json:"pid,omitempty"` // the init's host pid
 	Layers  []string      `json:"layers"`
@@ -260,7 +264,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if hostname == "" {
 		hostname = o.Name
 	}
-	st := State{Name: o.Name, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
+	st := State{Name: o.Name, Backend: o.Backend, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
 		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
 		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
 		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}

@@ -327,6 +327,10 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("a call runs to its end (its sandbox is discarded after it): no detach: %w", errdefs.ErrInvalidArgument))
 		return
 	}
+	if req.Run && (req.Spec == nil || req.Pool != "") {
+		fail(rw, fmt.Errorf("a run (dsec run --rm) makes its sandbox from the call's spec: give a spec and no pool: %w", errdefs.ErrInvalidArgument))
+		return
+	}
 	w.mu.Lock()
 	var p *pool
 	switch {
@@ -341,7 +345,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 			fail(rw, fmt.Errorf("the call's sandbox spec differs from pool %s's template: give one or the other: %w", req.Pool, errdefs.ErrInvalidArgument))
 			return
 		}
-	case req.Spec != nil && req.Spec.Backend == backends[0]:
+	case req.Run:
 		// dsec run --rm: a sandbox of its own, never a pool's.
 	case req.Spec != nil:
 		key := templateKey(*req.Spec)
@@ -359,7 +363,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 	switch {
 	case p != nil:
 		spec, mark = p.Spec, p.Name
-	case req.Spec.Backend == backends[0]:
+	case req.Run:
 		spec, mark = *req.Spec, runPool
 	default:
 		spec = *req.Spec

@@ -24,12 +24,14 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
-// backends are the sandbox backends this worker runs, by name.
-var backends = []string{"container", "fncall"}
+// Backends are the kinds of sandbox a worker runs, the default first:
+// the one place they are listed.
+var Backends = backend.NewRegistry(container.Backend{})
 
 type worker struct {
 	cfg     Config
@@ -331,7 +333,7 @@ func reply(rw http.ResponseWriter, v any) {
 func (w *worker) version(rw http.ResponseWriter, r *http.Request) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
 	uppers, _ := runtime.UppersSize(w.cfg.Root)
-	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: backends,
+	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers}})
 }
@@ -452,15 +454,14 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 // makeSandbox makes a sandbox once the gate admits it; pool names the
 // FnCall pool it is made for.
 func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
-	if spec.Backend == "" {
-		spec.Backend = backends[0]
+	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
+		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
 	}
-	if spec.Backend == "fncall" {
-		return nil, fmt.Errorf("the fncall backend runs calls, not sandboxes that persist: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
+	b, err := Backends.Usable(spec.Backend)
+	if err != nil {
+		return nil, err
 	}
-	if spec.Backend != "container" {
-		return nil, fmt.Errorf("unknown backend %q: this worker runs %v: %w", spec.Backend, backends, errdefs.ErrInvalidArgument)
-	}
+	spec.Backend = b.Name()
 	if err := checkSpec(&spec); err != nil {
 		return nil, err
 	}
@@ -537,7 +538,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	w.lineage.RLock()
 	t0 := time.Now()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
-		Name: spec.Name, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
+		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
 		Policy:        pol,
 		Limits:        w.limits(spec, e.req),
 		Disk:          max(spec.Disk, 0),
@@ -613,7 +614,7 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
-		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: backends[0], Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, container.Backend{}.Name()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
