@@ -23,11 +23,13 @@ import (
 // under a live superblock.
 //
 // So inits are forked from a namespace of their own: a tmpfs root with
-// the init binary, /proc, /sys and the device nodes an init clones, and
+// the init binary, /proc, /sys and the device nodes an init clones (and
+// the host's library directories for an init linked dynamically), and
 // nothing else. The spawner's thread made it by leaving the worker's
-// (unshare, pivot_root, detach, while the worker's own thread keeps the
-// host's); every init is forked on that thread. Copying it costs the
-// same whatever the host has mounted.
+// (unshare, pivot_root, detach, while the worker's other threads keep
+// the host's); every init is forked on that thread. Copying it costs the
+// same whatever the host has mounted. The binary is bound once: one
+// installed over it later is what the next worker starts.
 
 // spawnInit is the init binary's path in the spawner's namespace.
 const spawnInit = "/" + InitName
@@ -36,15 +38,26 @@ type spawner struct {
 	reqs chan func()
 }
 
-// theSpawner is made at the first init's start.
-var theSpawner = sync.OnceValues(newSpawner)
+// theSpawner is made at the first init's start (and again at the next
+// after a failure).
+var (
+	spawnerMu  sync.Mutex
+	theSpawner *spawner
+)
 
 // spawn runs fn on the spawner's thread (fn forks an init there).
 func spawn(fn func()) error {
-	s, err := theSpawner()
-	if err != nil {
-		return err
+	spawnerMu.Lock()
+	s := theSpawner
+	if s == nil {
+		var err error
+		if s, err = newSpawner(); err != nil {
+			spawnerMu.Unlock()
+			return err
+		}
+		theSpawner = s
 	}
+	spawnerMu.Unlock()
 	done := make(chan struct{})
 	s.reqs <- func() { defer close(done); fn() }
 	<-done
