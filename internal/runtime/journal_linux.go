@@ -360,7 +360,7 @@ func oomScore(class string) int {
 func deathCause(dir string, g *cgroup.Group, oomBefore int) string {
 	var why []string
 	if g != nil && g.OOMKills() > oomBefore {
-		why = append(why, "the OOM killer took processes of its group, which may have been its init")
+		why = append(why, "the OOM killer took processes of its group, its init perhaps: give the sandbox more memory (--memory)")
 	}
 	if l := initFailure(filepath.Join(dir, "init.log")); l != "" {
 		why = append(why, "its init: "+l)
