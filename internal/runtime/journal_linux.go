@@ -324,7 +324,7 @@ func (sb *Sandbox) recoverExecs() {
 			e.finish()
 			continue
 		}
-		go func(c *container.Sandbox) { // still running: wait on it
+		go func(c *container.Conn) { // still running: wait on it
 			code, err := c.Result(context.Background(), e.ID)
 			if err != nil {
 				e.res.Err = "the sandbox died under the command"

@@ -162,7 +162,7 @@ type Sandbox struct {
 	mu sync.Mutex // guards State and c, g
 	State
 	dir string
-	c   *container.Sandbox
+	c   *container.Conn
 	g   *cgroup.Group
 
 	execMu sync.Mutex

@@ -33,7 +33,7 @@ type result struct {
 
 // sandbox runs script in a new sandbox inside a new group; the result
 // arrives on the channel.
-func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *container.Sandbox, <-chan result, *os.File) {
+func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *container.Conn, <-chan result, *os.File) {
 	t.Helper()
 	layertest.RequireRoot(t)
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), time.Now().UnixNano())

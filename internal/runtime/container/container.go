@@ -19,6 +19,23 @@
 // to it: a restarted worker Attaches and asks for the results of the
 // commands its predecessor started. A binary that uses the package calls
 // MaybeInit first thing in main.
+//
+// The protocol between the worker and an init is written down in
+// proto.go. The worker's side: spare_linux.go (Prestart, Claim),
+// client_linux.go (Conn: Attach, Exec, Result, Probe, Restrict),
+// protect_linux.go (read-only and hidden paths, the hostname, from a
+// thread that joined the sandbox's mount namespace) and spawn_linux.go
+// (the namespace inits are forked from). The init's side: init_linux.go
+// (its start and request loop), rootfs_linux.go, caps_linux.go,
+// restrict_linux.go (seccomp, Landlock) and exec_linux.go (starting a
+// command).
+//
+// No nsexec (runc's C constructor that joins namespaces before the Go
+// runtime starts) is needed: new namespaces are clone flags on exec.Cmd,
+// and the only namespace the worker joins is a sandbox's mount
+// namespace, from a thread locked for the purpose and then thrown away
+// (onSpentThread). Go cannot join a user or pid namespace from a
+// threaded process, and dsec never does.
 package container
 
 import (

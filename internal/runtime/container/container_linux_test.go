@@ -105,11 +105,11 @@ func TestSpentThread(t *testing.T) {
 func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }
 
 // create starts a sandbox on root and destroys it when the test ends.
-func create(t *testing.T, root string) *container.Sandbox {
+func create(t *testing.T, root string) *container.Conn {
 	return createSpec(t, container.Spec{Root: root})
 }
 
-func createSpec(t *testing.T, spec container.Spec) *container.Sandbox {
+func createSpec(t *testing.T, spec container.Spec) *container.Conn {
 	t.Helper()
 	layertest.RequireRoot(t)
 	var initErr bytes.Buffer
@@ -125,7 +125,7 @@ func createSpec(t *testing.T, spec container.Spec) *container.Sandbox {
 var ids int
 
 // sh runs a script in the sandbox and returns its output and exit code.
-func sh(t *testing.T, sb *container.Sandbox, script string) (string, int) {
+func sh(t *testing.T, sb *container.Conn, script string) (string, int) {
 	t.Helper()
 	out, err := os.CreateTemp(t.TempDir(), "out")
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// Sandbox is a running sandbox (Linux only).
-type Sandbox struct{}
+// Conn is a connection to a sandbox's init (Linux only).
+type Conn struct{}
 
 var errNotLinux = fmt.Errorf("sandboxes need Linux namespaces: %w", errdefs.ErrNotImplemented)
 
@@ -19,27 +19,27 @@ var errNotLinux = fmt.Errorf("sandboxes need Linux namespaces: %w", errdefs.ErrN
 var ErrSandboxDied = errors.New("sandbox died")
 
 // Create is not supported off Linux.
-func Create(spec Spec) (*Sandbox, error) { return nil, errNotLinux }
+func Create(spec Spec) (*Conn, error) { return nil, errNotLinux }
 
 // Pid is not supported off Linux.
-func (s *Sandbox) Pid() int { return 0 }
+func (s *Conn) Pid() int { return 0 }
 
 // Attach is not supported off Linux.
-func Attach(socket string, pid int) (*Sandbox, error) { return nil, errNotLinux }
+func Attach(socket string, pid int) (*Conn, error) { return nil, errNotLinux }
 
 // Exec is not supported off Linux.
-func (s *Sandbox) Exec(ctx context.Context, cmd Cmd) (int, error) {
+func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	return -1, errNotLinux
 }
 
 // Result is not supported off Linux.
-func (s *Sandbox) Result(ctx context.Context, id string) (int, error) { return -1, errNotLinux }
+func (s *Conn) Result(ctx context.Context, id string) (int, error) { return -1, errNotLinux }
 
 // Close is not supported off Linux.
-func (s *Sandbox) Close() error { return errNotLinux }
+func (s *Conn) Close() error { return errNotLinux }
 
 // Destroy is not supported off Linux.
-func (s *Sandbox) Destroy() error { return errNotLinux }
+func (s *Conn) Destroy() error { return errNotLinux }
 
 // MaybeInit does nothing off Linux.
 func MaybeInit() {}

@@ -1,0 +1,238 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conn is a connection to a running sandbox's init: pid 1 of the
+// namespaces, which reaps every process, keeps the sandbox alive while
+// idle and starts the processes Exec asks for. The init listens on a unix
+// socket on the host, so the sandbox outlives the worker that created
+// it: a restarted worker Attaches again.
+type Conn struct {
+	pid    int
+	pidfd  int           // the init's, from Attach; -1 when closed
+	cmd    *exec.Cmd     // set when this process created the sandbox
+	exited chan struct{} // closed once cmd is reaped
+	conn   *net.UnixConn
+
+	mu   sync.Mutex
+	wait map[string]chan reply
+	dead chan struct{}
+	err  error
+}
+
+// Attach connects to the init of a running sandbox, whose host pid is
+// pid: how a restarted worker takes its sandboxes back.
+func Attach(socket string, pid int) (*Conn, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+	}
+	return greet(c, pid)
+}
+
+// greet waits for the init's greeting on c, a new connection to it.
+func greet(c *net.UnixConn, pid int) (*Conn, error) {
+	buf := make([]byte, 4096)
+	if n, err := c.Read(buf); err != nil || n == 0 { // the init greets once it is ready
+		c.Close()
+		return nil, fmt.Errorf("%w: init did not answer", ErrSandboxDied)
+	}
+	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1}
+	// Only the init holds the listener, so the init is alive now and pid
+	// is still its own: a pidfd keeps Destroy from ever signalling
+	// another process that reuses the pid after the init's death.
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		s.pidfd = fd
+	}
+	go s.readReplies()
+	return s, nil
+}
+
+// Done is closed when the connection to the init is lost: the init died
+// (or Close was called).
+func (s *Conn) Done() <-chan struct{} { return s.dead }
+
+// Pid is the init's pid on the host.
+func (s *Conn) Pid() int { return s.pid }
+
+func (s *Conn) readReplies() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.conn.Read(buf)
+		if err != nil || n == 0 {
+			s.mu.Lock()
+			s.err = errors.New("connection to the sandbox init lost")
+			// Dead before any waiter wakes: a caller told its command's
+			// sandbox died must find it dead when it looks.
+			close(s.dead)
+			for _, ch := range s.wait {
+				close(ch)
+			}
+			s.wait = map[string]chan reply{}
+			s.mu.Unlock()
+			return
+		}
+		var rep reply
+		if json.Unmarshal(buf[:n], &rep) != nil {
+			continue
+		}
+		s.mu.Lock()
+		ch := s.wait[rep.ID]
+		if rep.Exit != nil || rep.Error != "" || rep.Pid == -1 {
+			delete(s.wait, rep.ID)
+		}
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- rep
+		}
+	}
+}
+
+// ErrSandboxDied says the sandbox's init is gone or unreachable: an
+// infrastructure failure, not the command's.
+var ErrSandboxDied = errors.New("sandbox died")
+
+// ErrUnknownExec says the init never started a command under the id
+// Result asked for (or forgot it: it keeps the last 4096).
+var ErrUnknownExec = errors.New("no such exec in the sandbox")
+
+// Exec runs cmd in the sandbox and returns its exit code (128+N for a
+// signal, 127 for a command not found).
+func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
+	if len(cmd.Args) == 0 {
+		return -1, errors.New("exec: no command")
+	}
+	var files []int
+	for _, f := range []*os.File{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
+		if f == nil {
+			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			if err != nil {
+				return -1, err
+			}
+			defer null.Close()
+			f = null
+		}
+		files = append(files, int(f.Fd()))
+	}
+	return s.call(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore}, unix.UnixRights(files...), cmd.Started)
+}
+
+// Result waits for the exit code of an earlier Exec with id, also one a
+// previous connection started: what a worker that restarted mid-step
+// asks before running anything again.
+func (s *Conn) Result(ctx context.Context, id string) (int, error) {
+	return s.call(ctx, request{Op: opResult, ID: id}, nil, nil)
+}
+
+// Probe says whether the command under id still runs; if it ended, its
+// exit code. ErrUnknownExec: the init never started it.
+func (s *Conn) Probe(ctx context.Context, id string) (running bool, code int, err error) {
+	code, err = s.call(ctx, request{Op: opProbe, ID: id}, nil, nil)
+	if errors.Is(err, errRunning) {
+		return true, -1, nil
+	}
+	return false, code, err
+}
+
+var errRunning = errors.New("running")
+
+// Restrict makes every command the sandbox starts from now on run under
+// r too (on top of what they did: seccomp filters and Landlock domains
+// only stack). Commands already running keep what they had.
+func (s *Conn) Restrict(ctx context.Context, r Restrictions) error {
+	_, err := s.call(ctx, request{Op: opRestrict, ID: fmt.Sprintf("#restrict-%d", restrictSeq.Add(1)), Restrict: &r}, nil, nil)
+	return err
+}
+
+var restrictSeq atomic.Int64
+
+func (s *Conn) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
+	ch := make(chan reply, 2)
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
+	}
+	if _, busy := s.wait[r.ID]; busy {
+		s.mu.Unlock()
+		return -1, fmt.Errorf("exec %s is already being waited for", r.ID)
+	}
+	s.wait[r.ID] = ch
+	s.mu.Unlock()
+	b, _ := json.Marshal(r)
+	if _, _, err := s.conn.WriteMsgUnix(b, oob, nil); err != nil {
+		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+	}
+	for {
+		select {
+		case rep, ok := <-ch:
+			if !ok {
+				return -1, ErrSandboxDied
+			}
+			if rep.Unknown {
+				return -1, fmt.Errorf("%w: %s", ErrUnknownExec, r.ID)
+			}
+			if rep.Error != "" {
+				return -1, errors.New(rep.Error)
+			}
+			if rep.Exit != nil {
+				return *rep.Exit, nil
+			}
+			if r.Op == opProbe { // rep.Running, or Pid -1 from an earlier init
+				return -1, errRunning
+			}
+			if rep.Pid > 0 && started != nil {
+				started(rep.Pid)
+			}
+		case <-ctx.Done():
+			s.mu.Lock()
+			delete(s.wait, r.ID)
+			s.mu.Unlock()
+			return -1, ctx.Err()
+		}
+	}
+}
+
+// Close drops the connection; the sandbox runs on.
+func (s *Conn) Close() error {
+	s.closePidfd()
+	err := s.conn.Close()
+	<-s.dead
+	return err
+}
+
+// Destroy kills every process of the sandbox: its pid 1 gone, the kernel
+// kills the rest of the namespace.
+func (s *Conn) Destroy() error {
+	if s.cmd != nil {
+		s.cmd.Process.Kill()
+		<-s.exited
+	} else if s.pidfd >= 0 {
+		unix.PidfdSendSignal(s.pidfd, unix.SIGKILL, nil, 0)
+	}
+	s.closePidfd()
+	s.conn.Close()
+	<-s.dead
+	return nil
+}
+
+func (s *Conn) closePidfd() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidfd >= 0 {
+		unix.Close(s.pidfd)
+		s.pidfd = -1
+	}
+}

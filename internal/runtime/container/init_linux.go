@@ -1,0 +1,367 @@
+package container
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaybeInit runs the sandbox init and never returns if this process was
+// started as one; otherwise it returns at once.
+func MaybeInit() {
+	if os.Getenv(initEnv) != "1" {
+		return
+	}
+	// Capabilities and no_new_privs are per thread: the init drops them
+	// on this thread and forks every command from it.
+	runtime.LockOSThread()
+	err := initSandbox()
+	fmt.Fprintf(os.Stderr, "dsec init: %v\n", err)
+	os.Exit(127)
+}
+
+// maxResults bounds the exit codes the init keeps for Result.
+const maxResults = 4096
+
+type job struct {
+	id   string
+	conn *net.UnixConn // who hears the exit; nil once it went away
+}
+
+// initSandbox waits, as a spare, for its sandbox; then sets the root up,
+// serves requests and reaps.
+func initSandbox() error {
+	spareThreads(initThreads)
+	// Out of the host's mounts before anything: a spare may wait long,
+	// and must pin none of them meanwhile.
+	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
+		return err
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	// The bounding set limits only what commands exec into: dropped
+	// while the spare waits, off the claim's path; the init keeps its
+	// own capabilities for the claim's mounts.
+	if err := dropBounding(); err != nil {
+		return err
+	}
+	if _, err := unix.Write(3, readyMessage); err != nil {
+		return err
+	}
+	// A spec is a few KiB; the largest, a seccomp program of
+	// BPF_MAXINSNS instructions, under 64 KiB as JSON.
+	buf, oob := make([]byte, 256<<10), make([]byte, unix.CmsgSpace(3*4))
+	n, oobn, _, _, err := unix.Recvmsg(3, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n == 0 { // discarded: the worker closed its end
+		os.Exit(0)
+	}
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+		fds, _ = unix.ParseUnixRights(&msgs[0])
+	}
+	if len(fds) != 3 {
+		return fmt.Errorf("the sandbox came with %d descriptors, not 3", len(fds))
+	}
+	listener, tree, logfd := fds[0], fds[1], fds[2]
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(logfd, fd, 0); err != nil {
+			return err
+		}
+	}
+	unix.Close(logfd)
+	var spec Spec
+	if err := json.Unmarshal(buf[:n], &spec); err != nil {
+		return fmt.Errorf("read spec: %w", err)
+	}
+	l, err := net.FileListener(os.NewFile(uintptr(listener), "ctl"))
+	if err != nil {
+		return err
+	}
+	ul := l.(*net.UnixListener)
+	fc, err := net.FileConn(os.NewFile(3, "claim"))
+	if err != nil {
+		return err
+	}
+	first := fc.(*net.UnixConn)
+	if err := setupRoot(tree); err != nil {
+		return err
+	}
+	if spec.Hostname != "" {
+		if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	// Both are inherited by every command forked from this thread.
+	if spec.Idle {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+			return fmt.Errorf("SCHED_IDLE: %w", err)
+		}
+		if err := coreSchedule(); err != nil {
+			return err
+		}
+	}
+	if spec.MergeMemory {
+		if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("let KSM merge the sandbox's memory: %w", err)
+		}
+	}
+	// Nothing the worker, the host or the init holds reaches a command:
+	// commands get exactly the three descriptors of their request.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return err
+	}
+	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	// On this thread, which forks every command: they inherit it.
+	if err := spec.Restrictions.apply(); err != nil {
+		return err
+	}
+	// Its other threads still hold the host's capabilities: no process
+	// of the sandbox may ptrace the init or read its /proc entries.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the init undumpable: %w", err)
+	}
+	// The worker that claimed the init hears it is ready from this
+	// thread, before anything else: no goroutine needs to be scheduled
+	// first. Its first request waits in the socket meanwhile.
+	first.Write(greeting)
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	in, gone := make(chan incoming), make(chan *net.UnixConn)
+	// The worker that claimed the init, then later ones, one after
+	// another or at once.
+	go serve(first, in, gone)
+	go func() {
+		for {
+			c, err := ul.AcceptUnix()
+			if err != nil {
+				continue
+			}
+			c.Write(greeting)
+			go serve(c, in, gone)
+		}
+	}()
+	jobs := newLoop()
+	for {
+		select {
+		case r := <-in:
+			jobs.handle(r)
+			for _, f := range r.files {
+				f.Close()
+			}
+		case c := <-gone:
+			c.Close()
+			jobs.forget(c)
+		case <-sigs:
+		}
+		jobs.reap()
+	}
+}
+
+// incoming is a request as it arrived, with its descriptors and its
+// connection.
+type incoming struct {
+	req   request
+	files []*os.File
+	conn  *net.UnixConn
+}
+
+// serve reads c's requests into in until c goes, then sends it on gone.
+func serve(c *net.UnixConn, in chan<- incoming, gone chan<- *net.UnixConn) {
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+	for {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			gone <- c
+			return
+		}
+		var r incoming
+		if json.Unmarshal(buf[:n], &r.req) != nil {
+			continue
+		}
+		r.conn = c
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+			if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
+				for _, fd := range fds {
+					r.files = append(r.files, os.NewFile(uintptr(fd), "stdio"))
+				}
+			}
+		}
+		in <- r
+	}
+}
+
+// loop is the init's table of commands: those running, by pid and id,
+// and the exit codes of the last maxResults that ended. It runs on the
+// init's locked thread only, which forks every command.
+type loop struct {
+	running   map[int]*job // by pid
+	byID      map[string]*job
+	done      map[string]int // exit codes
+	doneOrder []string       // oldest first
+}
+
+func newLoop() *loop {
+	return &loop{running: map[int]*job{}, byID: map[string]*job{}, done: map[string]int{}}
+}
+
+func send(c *net.UnixConn, r reply) {
+	if c != nil {
+		b, _ := json.Marshal(r)
+		c.Write(b)
+	}
+}
+
+// handle answers one request.
+func (l *loop) handle(r incoming) {
+	id := r.req.ID
+	switch r.req.Op {
+	case opResult, opProbe:
+		if code, ok := l.done[id]; ok {
+			send(r.conn, reply{ID: id, Exit: &code})
+		} else if j := l.byID[id]; j != nil && r.req.Op == opProbe {
+			send(r.conn, reply{ID: id, Running: true})
+		} else if j != nil {
+			j.conn = r.conn // the exit goes to whoever asks last
+		} else {
+			send(r.conn, reply{ID: id, Unknown: true, Error: "no process " + id + " in this sandbox"})
+		}
+	case opRestrict:
+		if err := r.req.Restrict.apply(); err != nil {
+			send(r.conn, reply{ID: id, Error: err.Error()})
+		} else {
+			zero := 0
+			send(r.conn, reply{ID: id, Exit: &zero})
+		}
+	case opExec:
+		if _, seen := l.done[id]; seen || l.byID[id] != nil {
+			send(r.conn, reply{ID: id, Error: "exec id " + id + " was used already"})
+			return
+		}
+		pid, err := start(r.req, r.files)
+		var nf *notFound
+		var ce *cannotExec
+		switch {
+		case errors.As(err, &nf), errors.As(err, &ce):
+			// Like a shell: a message on the command's stderr, 127
+			// for a command not found, 126 for one that cannot run.
+			fmt.Fprintf(r.files[2], "%v\n", err)
+			code := 127
+			if ce != nil {
+				code = 126
+			}
+			l.finish(id, code)
+			send(r.conn, reply{ID: id, Exit: &code})
+		case err != nil:
+			send(r.conn, reply{ID: id, Error: err.Error()})
+		default:
+			j := &job{id: id, conn: r.conn}
+			l.running[pid], l.byID[id] = j, j
+			send(r.conn, reply{ID: id, Pid: pid})
+		}
+	default:
+		send(r.conn, reply{ID: id, Error: fmt.Sprintf("unknown request %q: the init and the worker are of different dsec versions", r.req.Op)})
+	}
+}
+
+// finish records the exit of the command under id, forgetting the
+// oldest beyond maxResults.
+func (l *loop) finish(id string, code int) {
+	l.done[id] = code
+	l.doneOrder = append(l.doneOrder, id)
+	if len(l.doneOrder) > maxResults {
+		delete(l.done, l.doneOrder[0])
+		l.doneOrder = l.doneOrder[1:]
+	}
+}
+
+// forget drops c, gone, as the hearer of any exit.
+func (l *loop) forget(c *net.UnixConn) {
+	for _, j := range l.byID {
+		if j.conn == c {
+			j.conn = nil
+		}
+	}
+}
+
+// reap collects every exited child: tracked commands report their
+// status, orphans that reparented to the init just go away.
+func (l *loop) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		j, ok := l.running[pid]
+		if !ok {
+			continue
+		}
+		delete(l.running, pid)
+		delete(l.byID, j.id)
+		code := ws.ExitStatus()
+		if ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		l.finish(j.id, code)
+		send(j.conn, reply{ID: j.id, Exit: &code})
+	}
+}
+
+// initThreads is how many idle threads an init keeps for the runtime.
+const initThreads = 4
+
+// spareThreads makes n threads that the Go runtime then keeps idle. An
+// init's threads count against its sandbox's pids.max, which commands
+// may fill: a runtime that then needs a thread (one is blocked in a
+// fork, say) cannot create it and aborts, and the sandbox dies with its
+// init. Made now, before any limit, the runtime finds idle ones (they
+// take four of the sandbox's pids.max, as the init's other threads do).
+func spareThreads(n int) {
+	var locked, exit sync.WaitGroup
+	locked.Add(n)
+	exit.Add(1)
+	var done sync.WaitGroup
+	for range n {
+		done.Go(func() {
+			runtime.LockOSThread() // one thread each while they wait
+			locked.Done()
+			exit.Wait()
+			runtime.UnlockOSThread() // unlocked, it stays, idle
+		})
+	}
+	locked.Wait()
+	exit.Done()
+	done.Wait()
+}
+
+// loopbackUp brings up lo, the only interface of the new net namespace.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+package container
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// pair is a connected unixpacket pair, as the init's connections are.
+func pair(t *testing.T) (init, worker *net.UnixConn) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "pair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
+}
+
+func answer(t *testing.T, l *loop, in, out *net.UnixConn, r request) reply {
+	t.Helper()
+	l.handle(incoming{req: r, conn: in})
+	buf := make([]byte, 4096)
+	n, err := out.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep reply
+	if err := json.Unmarshal(buf[:n], &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// The init's table without commands: what it answers for ids it never
+// started, for exits it keeps (the last maxResults, whichever way they
+// ended), for running commands, and for a request it does not know.
+func TestLoopTable(t *testing.T) {
+	in, out := pair(t)
+	l := newLoop()
+	if rep := answer(t, l, in, out, request{Op: opResult, ID: "never"}); !rep.Unknown {
+		t.Fatalf("result of an id never started: %+v, want unknown", rep)
+	}
+	for i := range maxResults + 1 {
+		l.finish(fmt.Sprint(i), i%256)
+	}
+	if rep := answer(t, l, in, out, request{Op: opProbe, ID: "0"}); !rep.Unknown {
+		t.Fatalf("the oldest of %d exits is kept: %+v", maxResults+1, rep)
+	}
+	if rep := answer(t, l, in, out, request{Op: opResult, ID: "300"}); rep.Exit == nil || *rep.Exit != 300%256 {
+		t.Fatalf("result of a kept exit: %+v", rep)
+	}
+	if len(l.done) != maxResults || len(l.doneOrder) != maxResults {
+		t.Fatalf("%d exits kept (%d in order), want %d", len(l.done), len(l.doneOrder), maxResults)
+	}
+	if rep := answer(t, l, in, out, request{Op: opExec, ID: "300", Args: []string{"true"}}); !strings.Contains(rep.Error, "used already") {
+		t.Fatalf("exec under a used id: %+v", rep)
+	}
+	j := &job{id: "busy"}
+	l.running[1<<22], l.byID["busy"] = j, j
+	if rep := answer(t, l, in, out, request{Op: opProbe, ID: "busy"}); !rep.Running || rep.Exit != nil {
+		t.Fatalf("probe of a running command: %+v", rep)
+	}
+	l.forget(in)
+	if rep := answer(t, l, in, out, request{Op: "shutdown", ID: "x"}); !strings.Contains(rep.Error, `unknown request "shutdown"`) {
+		t.Fatalf("an unknown request: %+v", rep)
+	}
+}

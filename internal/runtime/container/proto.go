@@ -1,0 +1,83 @@
+package container
+
+// The init protocol: how the worker and a sandbox's init talk. It is
+// written down here once; client_linux.go speaks the worker's side,
+// spare_linux.go the claim, init_linux.go the init's.
+//
+//	worker (Prestart)                         init (a re-exec of dsec-init)
+//	  socketpair; fork the init, fd 3 ──────▶ leave the host's mounts, bring lo up,
+//	                                          drop the bounding set
+//	                      ◀──── "ready" ───── (fd 3)          a spare now: it waits
+//	worker (Claim)
+//	  claimSpec JSON + SCM_RIGHTS
+//	  {listener, root tree, log} ───────────▶ attach the root, pivot, hostname,
+//	                                          close every other fd, drop privileges,
+//	                                          load the restrictions
+//	                      ◀── greeting ────── on fd 3, which is the claimer's connection
+//	worker (Attach, after a restart)
+//	  connect to the init's socket ─────────▶ accept
+//	                      ◀── greeting ──────
+//	then, on any connection, one datagram (unixpacket) per message:
+//	  request{op: exec, id} + SCM_RIGHTS
+//	  {stdin, stdout, stderr} ──────────────▶ fork the command
+//	                      ◀── reply{id, pid}  started (or reply{id, exit} for a
+//	                                          command not found: 127, or unusable: 126)
+//	                      ◀── reply{id, exit} when it ends
+//	  request{op: result, id} ──────────────▶ reply{id, exit} now or when it ends; the
+//	                                          exit then goes to this connection only
+//	  request{op: probe, id}  ──────────────▶ reply{id, exit}, or reply{id, running}
+//	  request{op: restrict}   ──────────────▶ reply{id, exit: 0} once later commands
+//	                                          run under it too
+//	  any of them             ◀── reply{id, error}, or reply{id, unknown} for an id
+//	                                          the init never started (or forgot: it
+//	                                          keeps the last maxResults)
+//
+// Exec ids are used once: an exec under an id the init has seen is
+// refused, which is what makes a retried step run exactly once. Closing
+// a connection never stops a command; its exit is kept for Result.
+
+// op is what a request asks the init for.
+type op string
+
+const (
+	opExec     op = "exec"     // start a command with the request's stdio
+	opResult   op = "result"   // the exit code of a command, waiting for it
+	opProbe    op = "probe"    // whether a command runs, else its exit code
+	opRestrict op = "restrict" // restrict every command started from now on
+)
+
+// request is what the worker sends the init.
+type request struct {
+	Op   op       `json:"op"`
+	ID   string   `json:"id"`
+	Args []string `json:"args,omitempty"`
+	Env  []string `json:"env,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	TTY  bool     `json:"tty,omitempty"`
+	// MakeCwd: create Cwd if it is missing.
+	MakeCwd bool `json:"make_cwd,omitempty"`
+	// OOMScore: the command's oom_score_adj (0: 1000).
+	OOMScore int `json:"oom_score,omitempty"`
+	// Restrict: what commands started from now on run under, on top
+	// of what they did.
+	Restrict *Restrictions `json:"restrict,omitempty"`
+}
+
+// reply is what the init answers a request with, once or twice (exec:
+// started, then ended).
+type reply struct {
+	ID   string `json:"id"`
+	Pid  int    `json:"pid,omitempty"`  // started, as this pid in the sandbox's namespace
+	Exit *int   `json:"exit,omitempty"` // ended with this code (128+N for signal N)
+	// Running answers a probe of a command that has not ended. Inits
+	// an earlier dsec started say so with Pid -1, still understood.
+	Running bool   `json:"running,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Unknown bool   `json:"unknown,omitempty"` // an id the init never started
+}
+
+// greeting is the init's first message on every connection: it is ready.
+var greeting = []byte(`{"ready":true}`)
+
+// readyMessage is a spare's word on fd 3 that it waits to be claimed.
+var readyMessage = []byte("ready")
