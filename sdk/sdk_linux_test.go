@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -141,59 +140,8 @@ func TestIsolationAndState(t *testing.T) {
 	}
 }
 
-func TestExactlyOnce(t *testing.T) {
-	_, c := setup(t)
-	sb := create(t, c, api.SandboxSpec{Name: "once"})
-	out1, r1 := run(t, sb, "step-1", "echo ran >> /count; echo out; echo err >&2; exit 3")
-	out2, r2 := run(t, sb, "step-1", "echo ran >> /count; echo out; echo err >&2; exit 3")
-	if out1 != "out\nerr\n" || r1.ExitCode != 3 || r1.Replayed {
-		t.Fatalf("first: %q %+v", out1, r1)
-	}
-	if out2 != out1 || r2.ExitCode != 3 || !r2.Replayed || !r2.Finished.Equal(r1.Finished) {
-		t.Fatalf("replay: %q %+v", out2, r2)
-	}
-	// A retry asking for another command under the id is refused, not
-	// answered with the first one's result (issue 29, item 13).
-	if _, err := sb.Exec(context.Background(), sdk.ExecOptions{ID: "step-1", Args: []string{"rm", "-rf", "/work"}}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "a retry must ask for the same command") {
-		t.Fatalf("a replay of step-1 with another command: %v", err)
-	}
-	// A retry while the command still runs waits for the same result.
-	var wg sync.WaitGroup
-	results := make([]api.ExecResult, 2)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if i == 1 { // once the first runs
-				waitFile(t, sb, "/slow-started")
-			}
-			_, results[i] = run(t, sb, "slow", "touch /slow-started; sleep 0.6; echo ran >> /count; exit 4")
-		}()
-	}
-	wg.Wait()
-	if results[0].ExitCode != 4 || results[1].ExitCode != 4 || !results[1].Replayed {
-		t.Fatalf("concurrent same id: %+v", results)
-	}
-	if out, _ := run(t, sb, "count", "wc -l < /count"); out != "2\n" {
-		t.Fatalf("commands ran %s times, want 2 (one per id)", out)
-	}
-	var buf bytes.Buffer
-	res, err := sb.Logs(context.Background(), "step-1", false, &buf, &buf)
-	if err != nil || res.ExitCode != 3 || buf.String() != "out\nerr\n" {
-		t.Fatalf("logs: %q %+v %v", buf.String(), res, err)
-	}
-	// Files in and out.
-	if err := sb.WriteFile(context.Background(), "/work/in.txt", strings.NewReader("payload\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, _ := run(t, sb, "stat-in", "cat /work/in.txt; stat -c %a /work/in.txt"); out != "payload\n600\n" {
-		t.Fatalf("file in: %q", out)
-	}
-	buf.Reset()
-	if err := sb.ReadFile(context.Background(), "/count", &buf); err != nil || buf.String() != "ran\nran\n" {
-		t.Fatalf("file out: %q %v", buf.String(), err)
-	}
-}
+// Exec streams, exactly-once steps, files in and out, re-adoption after
+// kill -9: the conformance suite (conformance_linux_test.go).
 
 // TestHostileFiles: paths the agent planted never lead the worker out of
 // the sandbox.
@@ -535,34 +483,14 @@ func tarOf(t *testing.T, name, body string) *bytes.Buffer {
 	return &buf
 }
 
-func TestWorkerKill9(t *testing.T) {
+// TestJournaledNeverStarted: a step the dead worker journaled but never
+// handed to the sandbox runs on retry (the rest of a kill -9 is the
+// conformance suite's).
+func TestJournaledNeverStarted(t *testing.T) {
 	w, c := setup(t)
-	ctx := context.Background()
 	sb := create(t, c, api.SandboxSpec{Name: "survivor"})
-	run(t, sb, "before", "echo kept > /work/state")
-	errc := make(chan error, 1)
-	go func() {
-		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", "touch /mid-started; sleep 1; echo finished; echo ran >> /mid; exit 7"}})
-		errc <- err
-	}()
-	waitFile(t, sb, "/mid-started")
-	w.Kill()
-	if err := <-errc; !sdk.IsInfra(err) {
-		t.Fatalf("the client of a killed worker: %v, want an infrastructure error", err)
-	}
-	w2 := runtimetest.StartWorker(t, w.Root)
-	// The sandbox is back, with its files and the step's result.
-	var out bytes.Buffer
-	res, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"false"}, Stdout: &out})
-	if err != nil || res.ExitCode != 7 || !res.Replayed || out.String() != "finished\n" {
-		t.Fatalf("retry after the worker's restart: %q %+v %v", out.String(), res, err)
-	}
-	if got, _ := run(t, sb, "after", "cat /work/state; wc -l < /mid"); got != "kept\n1\n" {
-		t.Fatalf("after re-adoption: %q", got)
-	}
-	// A step the dead worker never handed to the sandbox runs on retry.
 	os.MkdirAll(filepath.Join(w.Root, "sandboxes", "survivor", "execs", "orphan"), 0o700)
-	w2.Kill()
+	w.Kill()
 	runtimetest.StartWorker(t, w.Root)
 	if got, res := run(t, sb, "orphan", "echo fresh"); got != "fresh\n" || res.Replayed {
 		t.Fatalf("a journaled but never started step: %q %+v", got, res)

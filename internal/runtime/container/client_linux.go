@@ -90,7 +90,7 @@ func (s *Conn) readReplies() {
 		}
 		s.mu.Lock()
 		ch := s.wait[rep.ID]
-		if rep.Exit != nil || rep.Error != "" || rep.Pid == -1 {
+		if rep.last() {
 			delete(s.wait, rep.ID)
 		}
 		s.mu.Unlock()

@@ -79,3 +79,35 @@ func TestLoopTable(t *testing.T) {
 		t.Fatalf("an unknown request: %+v", rep)
 	}
 }
+
+// An init an earlier dsec started answers a probe of a running command
+// with pid -1: the client takes it for running, and is free to wait on
+// the command next.
+func TestProbeOfAnEarlierInit(t *testing.T) {
+	init, worker := pair(t)
+	init.Write(greeting)
+	c, err := greet(worker, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 4096)
+	answerWith := func(rep string) {
+		n, err := init.Read(buf)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var r request
+		json.Unmarshal(buf[:n], &r)
+		init.Write([]byte(strings.ReplaceAll(rep, "ID", r.ID)))
+	}
+	go answerWith(`{"id":"ID","pid":-1}`)
+	if running, _, err := c.Probe(t.Context(), "step"); !running || err != nil {
+		t.Fatalf("probe answered with pid -1: running %v, %v", running, err)
+	}
+	go answerWith(`{"id":"ID","exit":4}`)
+	if code, err := c.Result(t.Context(), "step"); code != 4 || err != nil {
+		t.Fatalf("result after the probe: %d %v", code, err)
+	}
+}

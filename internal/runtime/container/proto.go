@@ -76,6 +76,12 @@ type reply struct {
 	Unknown bool   `json:"unknown,omitempty"` // an id the init never started
 }
 
+// last reports whether r is the last reply to its request: all but an
+// exec's "started".
+func (r reply) last() bool {
+	return r.Exit != nil || r.Error != "" || r.Unknown || r.Running || r.Pid == -1
+}
+
 // greeting is the init's first message on every connection: it is ready.
 var greeting = []byte(`{"ready":true}`)
 
