@@ -15,6 +15,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // Primed sandboxes. A spare init saves a create the start of a process
@@ -31,18 +32,10 @@ import (
 type Primed struct {
 	root string
 	m    Mounter
-	want int
+	pool *warm.Pool[*Sandbox]
 
-	removing sync.WaitGroup // those no longer wanted, going
-
-	mu     sync.Mutex
-	key    string   // the layers' digests the sandboxes are made on
-	refs   []string // and their refs
-	ready  []*Sandbox
-	closed bool
-	kick   chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
+	mu  sync.Mutex
+	key string // the layers' digests the sandboxes are made on
 }
 
 // primeTag starts the name of every primed sandbox.
@@ -51,40 +44,23 @@ const primeTag = "_p"
 // StartPrimed keeps n sandboxes made ahead on the layers of the last
 // create m makes on root.
 func StartPrimed(root string, m Mounter, n int) *Primed {
-	p := &Primed{root: root, m: m, want: n, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go p.fill()
+	p := &Primed{root: root, m: m}
+	p.pool = warm.New(warm.Config[*Sandbox]{Size: n, // Make: once a create says on what (take)
+		Usable: func(sb *Sandbox) bool { // its init still runs
+			select {
+			case <-sb.c.Done():
+				return false
+			default:
+				return true
+			}
+		},
+		Discard: func(sb *Sandbox) { sb.Remove() }})
 	return p
-}
-
-func (p *Primed) fill() {
-	defer close(p.done)
-	fill(p.kick, p.stop, func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.key != "" && len(p.ready) < p.want
-	}, func() error {
-		p.mu.Lock()
-		key, refs := p.key, p.refs
-		p.mu.Unlock()
-		sb, err := p.make(key, refs)
-		if err != nil {
-			return err
-		}
-		p.mu.Lock()
-		if p.key == key {
-			p.ready = append(p.ready, sb)
-			sb = nil
-		}
-		p.mu.Unlock()
-		if sb != nil { // made for layers no longer wanted
-			sb.Remove()
-		}
-		return nil
-	})
 }
 
 // make creates a primed sandbox on refs, which must still be key.
 func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
+	// Not cancelled by Close: the pool removes what a make returns then.
 	o := Options{Name: RandomName(primeTag), Layers: refs, Mounter: p.m}
 	sb, err := create(context.Background(), p.root, o, nil)
 	if err != nil {
@@ -117,34 +93,19 @@ func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, 
 }
 
 // take returns a primed sandbox made on key, or nil when none is ready.
-// Either way the sandboxes made next are made on key, once Refill says.
+// Either way the sandboxes made next are made on key, once Refill says:
+// those made on other layers are removed.
 func (p *Primed) take(key string, refs []string) *Sandbox {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
 	if p.key != key {
-		old := p.ready
-		p.key, p.refs, p.ready = key, refs, nil
-		p.removing.Go(func() {
-			for _, sb := range old {
-				sb.Remove()
-			}
-		})
+		p.key = key
+		p.mu.Unlock()
+		p.pool.Reset(func(context.Context) (*Sandbox, error) { return p.make(key, refs) })
 		return nil
 	}
-	for len(p.ready) > 0 {
-		sb := p.ready[0]
-		p.ready = p.ready[1:]
-		select {
-		case <-sb.c.Done(): // its init died
-			p.removing.Go(func() { sb.Remove() })
-		default:
-			return sb
-		}
-	}
-	return nil
+	p.mu.Unlock()
+	sb, _ := p.pool.Take()
+	return sb
 }
 
 // Refill has the sandboxes taken made again. A worker calls it once
@@ -152,33 +113,17 @@ func (p *Primed) take(key string, refs []string) *Sandbox {
 // the CPUs (and the spare init) that request's create and first command
 // need. Nil-safe.
 func (p *Primed) Refill() {
-	if p == nil {
-		return
-	}
-	select {
-	case p.kick <- struct{}{}:
-	default:
+	if p != nil {
+		p.pool.Kick()
 	}
 }
 
 // Ready counts the primed sandboxes waiting to be taken.
-func (p *Primed) Ready() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.ready)
-}
+func (p *Primed) Ready() int { return p.pool.Stats().Ready }
 
 // Close stops making primed sandboxes and removes those ready.
 func (p *Primed) Close() {
-	close(p.stop)
-	<-p.done
-	p.mu.Lock()
-	p.closed = true // no take starts a removal now
-	ready := p.ready
-	p.ready = nil
-	p.mu.Unlock()
-	p.removing.Wait()
-	for _, sb := range ready {
+	for _, sb := range p.pool.Close() {
 		sb.Remove()
 	}
 }

@@ -1,17 +1,18 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // Spares are sandbox inits a worker starts ahead of need, each already in
@@ -24,13 +25,7 @@ import (
 // under the idle parent, start their own.
 type Spares struct {
 	root string
-	want int
-
-	mu    sync.Mutex
-	ready []*spare
-	kick  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	pool *warm.Pool[*spare]
 }
 
 type spare struct {
@@ -55,59 +50,17 @@ func IsSpareGroup(name string) bool { return strings.HasPrefix(name, "sb-"+spare
 func CgroupSuffix(root string) string { return "-" + rootHash(root) }
 
 // StartSpares keeps n spare inits ready for the sandboxes of root.
+// Creates start their own inits while there are none, and meet the
+// host's error, if making spares fails for the host's sake, themselves.
 func StartSpares(root string, n int) *Spares {
-	s := &Spares{root: root, want: n, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go s.fill()
+	s := &Spares{root: root}
+	s.pool = warm.New(warm.Config[*spare]{Size: n, Make: s.start, RefillOnTake: true,
+		Usable:  func(sp *spare) bool { return sp.init.Alive() },
+		Discard: (*spare).discard})
 	return s
 }
 
-func (s *Spares) fill() {
-	defer close(s.done)
-	// Creates start their own inits meanwhile, and meet the error, if
-	// it is the host's, themselves.
-	fill(s.kick, s.stop, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return len(s.ready) < s.want
-	}, func() error {
-		sp, err := s.start()
-		if err == nil {
-			s.mu.Lock()
-			s.ready = append(s.ready, sp)
-			s.mu.Unlock()
-		}
-		return err
-	})
-}
-
-// fill calls make while short says more are wanted and waits for kick
-// when not; after a failure it waits, longer each time, until stop.
-func fill(kick, stop <-chan struct{}, short func() bool, make func() error) {
-	backoff := 100 * time.Millisecond
-	for {
-		if !short() {
-			select {
-			case <-kick:
-				continue
-			case <-stop:
-				return
-			}
-		}
-		if make() == nil {
-			backoff = 100 * time.Millisecond
-			continue
-		}
-		select {
-		case <-time.After(backoff):
-			backoff = min(2*backoff, 10*time.Second)
-		case <-kick:
-		case <-stop:
-			return
-		}
-	}
-}
-
-func (s *Spares) start() (*spare, error) {
+func (s *Spares) start(context.Context) (*spare, error) {
 	name := cgroupName(s.root, RandomName(spareTag))
 	g, devices, err := newGroup(name, cgroup.Limits{})
 	if err == nil {
@@ -174,21 +127,8 @@ func (s *Spares) take() *spare {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for len(s.ready) > 0 {
-		sp := s.ready[0]
-		s.ready = s.ready[1:]
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
-		if sp.init.Alive() {
-			return sp
-		}
-		sp.discard()
-	}
-	return nil
+	sp, _ := s.pool.Take()
+	return sp
 }
 
 func (sp *spare) discard() {
@@ -199,14 +139,9 @@ func (sp *spare) discard() {
 
 // Close stops making spares and kills those waiting.
 func (s *Spares) Close() {
-	close(s.stop)
-	<-s.done
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, sp := range s.ready {
+	for _, sp := range s.pool.Close() {
 		sp.discard()
 	}
-	s.ready = nil
 }
 
 // SweepSpares removes the spares' groups a worker of root left when it

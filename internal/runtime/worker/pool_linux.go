@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // The FnCall backend: pools of warm sandboxes, made ahead from a
@@ -37,17 +38,12 @@ const (
 
 var poolNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`) })
 
-// pool is a FnCall pool; w.mu guards it.
+// pool is a FnCall pool: warm sandboxes, by name, made from its
+// template. w.mu guards its PoolConfig.
 type pool struct {
 	PoolConfig
-	key          string   // the template's identity
-	warm         []string // ready sandboxes, oldest first
-	filling      int
-	calls, miss  int64
-	lastErr      string
-	kick         chan struct{} // the filler looks again
-	stop         chan struct{} // closed when the pool goes
-	fillerExited chan struct{}
+	key  string // the template's identity
+	warm *warm.Pool[string]
 }
 
 // templateKey identifies a template: its spec without name and backend.
@@ -58,7 +54,12 @@ func templateKey(spec api.SandboxSpec) string {
 }
 
 func (p *pool) describe() api.Pool {
-	return api.Pool{Name: p.Name, Size: p.Size, Warm: len(p.warm), Filling: p.filling, Spec: p.Spec, Calls: p.calls, Misses: p.miss, Error: p.lastErr}
+	st := p.warm.Stats()
+	out := api.Pool{Name: p.Name, Size: p.Size, Warm: st.Ready, Filling: st.Filling, Spec: p.Spec, Calls: st.Takes, Misses: st.Misses}
+	if st.Err != nil {
+		out.Error = st.Err.Error()
+	}
+	return out
 }
 
 func poolsFile(root string) string { return filepath.Join(root, "pools.json") }
@@ -89,7 +90,7 @@ func (w *worker) startPools(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, pc := range byName {
-		w.addPool(ctx, pc)
+		w.addPool(pc)
 	}
 	return nil
 }
@@ -114,10 +115,26 @@ func checkPool(pc PoolConfig) error {
 }
 
 // addPool starts a pool and its filler; w.mu is held.
-func (w *worker) addPool(ctx context.Context, pc PoolConfig) *pool {
-	p := &pool{PoolConfig: pc, key: templateKey(pc.Spec), kick: make(chan struct{}, 1), stop: make(chan struct{}), fillerExited: make(chan struct{})}
+func (w *worker) addPool(pc PoolConfig) *pool {
+	p := &pool{PoolConfig: pc, key: templateKey(pc.Spec)}
+	p.warm = warm.New(warm.Config[string]{Size: pc.Size, RefillOnTake: true,
+		Make: func(ctx context.Context) (string, error) {
+			spec := p.Spec
+			spec.Name = runtime.RandomName("pool-" + p.Name + "-")
+			_, err := w.makeSandbox(ctx, spec, p.Name)
+			return spec.Name, err
+		},
+		Usable: func(name string) bool { // still running
+			w.mu.Lock()
+			e := w.sandboxes[name]
+			w.mu.Unlock()
+			return e != nil && e.sb != nil && e.sb.Snapshot().Status == runtime.Running
+		},
+		Discard: w.discardLater,
+		Failed: func(err error, retry time.Duration) {
+			w.log.Error("cannot fill pool", "pool", pc.Name, "err", err, "retry in", retry)
+		}})
 	w.pools[pc.Name] = p
-	go w.fill(ctx, p)
 	return p
 }
 
@@ -136,79 +153,13 @@ func (w *worker) savePools() error {
 // worker to discard).
 func (w *worker) stopPools() {
 	w.mu.Lock()
-	var wait []chan struct{}
+	var ps []*pool
 	for _, p := range w.pools {
-		close(p.stop)
-		wait = append(wait, p.fillerExited)
+		ps = append(ps, p)
 	}
 	w.mu.Unlock()
-	for _, c := range wait {
-		<-c
-	}
-}
-
-// fill keeps the pool at its size, one sandbox at a time, backing off
-// while making them fails.
-func (w *worker) fill(ctx context.Context, p *pool) {
-	defer close(p.fillerExited)
-	backoff := 100 * time.Millisecond
-	for {
-		select {
-		case <-p.stop:
-			return
-		default:
-		}
-		w.mu.Lock()
-		need := p.Size - len(p.warm) - p.filling
-		var extra []string
-		if need < 0 && len(p.warm) > 0 { // shrunk: the oldest go
-			n := min(-need, len(p.warm))
-			extra, p.warm = p.warm[:n], p.warm[n:]
-		}
-		if need > 0 {
-			p.filling++
-		}
-		w.mu.Unlock()
-		for _, name := range extra {
-			w.discard(name)
-		}
-		if need <= 0 {
-			select {
-			case <-p.kick:
-				continue
-			case <-p.stop:
-				return
-			case <-ctx.Done():
-				return
-			}
-		}
-		spec := p.Spec
-		spec.Name = runtime.RandomName("pool-" + p.Name + "-")
-		_, err := w.makeSandbox(ctx, spec, p.Name)
-		w.mu.Lock()
-		p.filling--
-		if err == nil {
-			p.warm = append(p.warm, spec.Name)
-			p.lastErr, backoff = "", 100*time.Millisecond
-		} else {
-			p.lastErr = err.Error()
-		}
-		gone := w.pools[p.Name] != p
-		w.mu.Unlock()
-		if gone && err == nil {
-			w.discard(spec.Name)
-		}
-		if err != nil {
-			w.log.Error("cannot fill pool", "pool", p.Name, "err", err, "retry in", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-p.stop:
-				return
-			case <-ctx.Done():
-				return
-			}
-			backoff = min(2*backoff, 30*time.Second)
-		}
+	for _, p := range ps {
+		p.warm.Close()
 	}
 }
 
@@ -288,31 +239,18 @@ func (w *worker) waitRemovals() {
 }
 
 // take hands out p's oldest warm sandbox that still runs, nil if none
-// (a miss), counting the call.
+// (a miss).
 func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
-	w.mu.Lock()
-	p.calls++
-	w.mu.Unlock()
-	for {
-		w.mu.Lock()
-		if len(p.warm) == 0 {
-			p.miss++
-			w.mu.Unlock()
-			return "", nil
-		}
-		name := p.warm[0]
-		p.warm = p.warm[1:]
-		e := w.sandboxes[name]
-		w.mu.Unlock()
-		select {
-		case p.kick <- struct{}{}:
-		default:
-		}
-		if e != nil && e.sb != nil && e.sb.Snapshot().Status == runtime.Running {
-			return name, e.sb
-		}
-		w.discardLater(name) // died while warm
+	name, ok := p.warm.Take()
+	if !ok {
+		return "", nil
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.sandboxes[name]; e != nil && e.sb != nil {
+		return name, e.sb
+	}
+	return "", nil // gone since Usable looked: a miss
 }
 
 // call runs one command in a fresh sandbox and discards it.
@@ -448,9 +386,9 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 			fail(rw, fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists))
 			return
 		}
-		p = w.addPool(w.ctx, pc)
+		p = w.addPool(pc)
 		if first != "" {
-			p.warm = append(p.warm, first)
+			p.warm.Put(first)
 		}
 	} else {
 		if ps.Spec != nil && templateKey(*ps.Spec) != p.key {
@@ -464,23 +402,14 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
 		p.Size = ps.Size
 	}
-	// Shrunk: the oldest warm sandboxes beyond the size go now, so the
-	// answer tells the pool as it is (the filler would take them a
-	// moment later).
-	var extra []string
-	if n := len(p.warm) - p.Size; n > 0 {
-		extra, p.warm = p.warm[:n], p.warm[n:]
-	}
 	err := w.savePools()
+	w.mu.Unlock()
+	// Shrunk: the oldest warm sandboxes beyond the size go now, so the
+	// answer tells the pool as it is.
+	p.warm.Resize(ps.Size)
+	w.mu.Lock()
 	out := p.describe()
 	w.mu.Unlock()
-	for _, name := range extra {
-		w.discardLater(name)
-	}
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
 	if err != nil {
 		fail(rw, err)
 		return
@@ -500,13 +429,9 @@ func (w *worker) deletePool(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	delete(w.pools, name)
-	close(p.stop)
-	warm := p.warm
-	p.warm = nil
 	err := w.savePools()
 	w.mu.Unlock()
-	<-p.fillerExited
-	for _, n := range warm {
+	for _, n := range p.warm.Close() {
 		w.discard(n)
 	}
 	if err != nil {
