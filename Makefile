@@ -101,6 +101,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/archive
+	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./api
 
 # clean first unmounts what the demo's and benchmarks' roots still have
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox

@@ -15,7 +15,6 @@ import (
 	"unsafe"
 
 	"github.com/containerd/errdefs"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"

@@ -33,14 +33,6 @@ const ext4ResizeFS = 0x40086610
 func diskImage(dir string) string { return filepath.Join(dir, "disk.img") }
 func diskDir(dir string) string   { return filepath.Join(dir, "disk") }
 
-// CheckDisk says whether size can be a sandbox's disk quota.
-func CheckDisk(size int64) error {
-	if size < 0 || (size > 0 && size < api.MinDisk) {
-		return fmt.Errorf("disk quota %d bytes is too small: give at least %d MiB, or no quota of its own (the default bound): %w", size, api.MinDisk>>20, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
 // makeDisk makes the sandbox's disk image of size bytes. The file is
 // sparse, so it is known to read zeros: mke2fs need not write the inode
 // tables, and the kernel does not zero them later. No journal: it would
@@ -51,7 +43,7 @@ func CheckDisk(size int64) error {
 // mkfs.ext4; the rest are copies of the few hundred KiB it wrote (the
 // same file system, UUID included: nothing here needs them to differ).
 func makeDisk(dir string, size int64) error {
-	if err := CheckDisk(size); err != nil {
+	if err := api.CheckDisk(size); err != nil {
 		return err
 	}
 	img := diskImage(dir)

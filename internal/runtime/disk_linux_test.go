@@ -12,9 +12,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/dsec-project/dsec/api"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"

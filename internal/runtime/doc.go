@@ -4,17 +4,49 @@
 // (package container) in new namespaces; stop and start on the same
 // files; removal without leftovers; re-adoption by a new worker.
 //
+// # Lifecycle
+//
+//	           Create                      Stop
+//	(none) ──▶ creating ──▶ running ─────────────▶ stopped
+//	              │            │  ▲                   │
+//	   a worker   │   its init │  └───── Start ───────┘
+//	   died: Load │       died ▼                      │
+//	   removes it └──▶ (none)  dead ──── Start ──▶ running
+//	                           any ──── Remove ──▶ (none)
+//
+// A running sandbox survives its worker: Load re-attaches it, and
+// collects the results of the commands the dead worker left running.
+//
 // Every command runs under an exec id and is journaled in
 // <root>/sandboxes/NAME/execs/ID/: the output files the command writes
 // to directly (so output survives the worker) and result.json once it
 // ended. An id runs at most once per sandbox; asking again returns the
-// journal. States: creating (a worker died making it: recovery removes
-// it), running, stopped (files kept, no process), dead (its init died).
+// journal.
+//
+// # The backend seam
+//
+//	worker ─ backend.Registry (names, Available; made from Backends)
+//	  │
+//	Sandbox: layers held (lower_linux.go), upper's storage (disk, uppers),
+//	  │      state.json, policy compiled, journal, cgroup limits/figures
+//	  │
+//	driver (driver_linux.go): start · attach · teardown
+//	  │
+//	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
+//	  │              + abilities: Restricter, Protecter, Renamer
+//	  ├── container: a dsec-init as pid 1 of new namespaces, on an overlay
+//	  │              of the host's layer mounts (package container)
+//	  └── microvm:   next (a QEMU guest whose agent is the same init)
+//
+// A Sandbox does what every kind of sandbox needs; its driver does what
+// only its backend does (driver_linux.go lists the drivers, once). Every
+// backend's processes live in a cgroup the Sandbox bounds and reads:
+// a container's init and commands, a VM's hypervisor. What every
+// backend must do, seen through the worker's API, is the conformance
+// suite in package backendtest. FnCall pools, spare inits and primed
+// sandboxes are ways of using a backend, not backends: pools of package
+// warm.
 //
 // The host worker that owns sandboxes and serves the API is package
-// worker. It finds a sandbox's backend by name in its registry (package
-// backend, listed in worker.Backends) and records it in the sandbox's
-// state: container (package container) for now, a QEMU microVM next.
-// FnCall pools, spares and primed sandboxes are ways of using a backend,
-// not backends.
+// worker.
 package runtime

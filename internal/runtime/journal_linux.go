@@ -17,8 +17,8 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
-	"github.com/dsec-project/dsec/internal/runtime/container"
 )
 
 // The exec journal: every exec runs under an id, in
@@ -195,15 +195,15 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		}()
 		// The call returns when the command ends; the init answers at
 		// once if it cannot start it.
-		code, err := c.Exec(context.Background(), container.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
+		code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
 			MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class),
 			Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 		switch {
-		case errors.Is(err, container.ErrSandboxDied) && sb.Snapshot().Status == Stopped:
+		case errors.Is(err, backend.ErrDied) && sb.Snapshot().Status == Stopped:
 			// A deliberate stop killed it, as docker stop does: its
 			// result is that (128+SIGKILL), not a failure of the host.
 			code = 128 + 9
-		case errors.Is(err, container.ErrSandboxDied):
+		case errors.Is(err, backend.ErrDied):
 			e.res.Err = "the sandbox died under the command" + deathCause(sb.dir, g, oomBefore)
 		case err != nil:
 			refused <- err
@@ -311,7 +311,7 @@ func (sb *Sandbox) recoverExecs() {
 			continue
 		}
 		running, code, err := sb.c.Probe(context.Background(), e.ID)
-		if errors.Is(err, container.ErrUnknownExec) {
+		if errors.Is(err, backend.ErrUnknownExec) {
 			os.RemoveAll(dir)
 			continue
 		}
@@ -324,7 +324,7 @@ func (sb *Sandbox) recoverExecs() {
 			e.finish()
 			continue
 		}
-		go func(c *container.Conn) { // still running: wait on it
+		go func(c backend.Instance) { // still running: wait on it
 			code, err := c.Result(context.Background(), e.ID)
 			if err != nil {
 				e.res.Err = "the sandbox died under the command"

@@ -20,8 +20,8 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
-	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
@@ -123,12 +123,12 @@ func diskOf(r *api.ResourcePolicy) (int64, error) {
 }
 
 // restrictions are what the init holds every command to.
-func restrictions(eff *api.Policy) (*container.Restrictions, error) {
+func restrictions(eff *api.Policy) (*backend.Restrictions, error) {
 	prog, err := policy.Seccomp(eff.Syscalls.Deny)
 	if err != nil {
 		return nil, err
 	}
-	return &container.Restrictions{Seccomp: prog, Writable: eff.Files.ReadWrite}, nil
+	return &backend.Restrictions{Seccomp: prog, Writable: eff.Files.ReadWrite}, nil
 }
 
 // ApplyPolicy makes p (nil: the default) the sandbox's policy. The
@@ -161,7 +161,7 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 	if d, err := diskOf(eff.Resources); err != nil {
 		return nil, err
 	} else if sb.UpperFS != "" && d > 0 && d != sb.DiskBound {
-		if err := CheckDisk(d); err != nil {
+		if err := api.CheckDisk(d); err != nil {
 			return nil, err
 		}
 		if err := setUpperLimit(sb.root(), sb.UpperFS, d); err != nil {
@@ -212,7 +212,11 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 			if err != nil {
 				return nil, err
 			}
-			if err := sb.c.Restrict(ctx, container.Restrictions{Seccomp: prog}); err != nil {
+			r, err := ability[backend.Restricter](sb, "deny more syscalls")
+			if err != nil {
+				return nil, err
+			}
+			if err := r.Restrict(ctx, backend.Restrictions{Seccomp: prog}); err != nil {
 				return nil, fmt.Errorf("syscalls: %w", err)
 			}
 			rep.NewProcesses = append(rep.NewProcesses, "syscalls: also denied "+strings.Join(added, ", "))
@@ -246,9 +250,15 @@ func (sb *Sandbox) applyFiles(ctx context.Context, cur, next *api.FilePolicy, re
 			hidden = append(hidden, q)
 		}
 	}
-	missing, err := sb.c.Protect(readOnly, hidden)
-	if err != nil {
-		return fmt.Errorf("files: %w", err)
+	var missing []string
+	if len(readOnly)+len(hidden) > 0 {
+		p, err := ability[backend.Protecter](sb, "make paths read-only or hidden")
+		if err != nil {
+			return err
+		}
+		if missing, err = p.Protect(readOnly, hidden); err != nil {
+			return fmt.Errorf("files: %w", err)
+		}
 	}
 	changed := false
 	if len(readOnly) > 0 {
@@ -263,7 +273,11 @@ func (sb *Sandbox) applyFiles(ctx context.Context, cur, next *api.FilePolicy, re
 		rep.Now = append(rep.Now, "files: nothing mounted for "+strings.Join(missing, ", ")+": not in the sandbox")
 	}
 	if !slices.Equal(cur.ReadWrite, next.ReadWrite) {
-		if err := sb.c.Restrict(ctx, container.Restrictions{Writable: next.ReadWrite}); err != nil {
+		r, err := ability[backend.Restricter](sb, "confine writes")
+		if err != nil {
+			return err
+		}
+		if err := r.Restrict(ctx, backend.Restrictions{Writable: next.ReadWrite}); err != nil {
 			return fmt.Errorf("files: %w", err)
 		}
 		rep.NewProcesses = append(rep.NewProcesses, "files: writes confined to "+strings.Join(next.ReadWrite, ", ")+" (and /dev, /proc)")

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
@@ -162,7 +163,11 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
 		return nil, err
 	}
-	if err := pr.c.SetHostname(st.Hostname); err != nil {
+	r, err := ability[backend.Renamer](pr, "set its host name")
+	if err != nil {
+		return nil, err
+	}
+	if err := r.SetHostname(st.Hostname); err != nil {
 		return nil, err
 	}
 	if o.Pool != "" {

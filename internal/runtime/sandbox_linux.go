@@ -11,16 +11,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
@@ -28,8 +25,8 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
-	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -162,8 +159,8 @@ type Sandbox struct {
 	mu sync.Mutex // guards State and c, g
 	State
 	dir string
-	c   *container.Conn
-	g   *cgroup.Group
+	c   backend.Instance // while it runs
+	g   *cgroup.Group    // the group every process of it runs in
 
 	execMu sync.Mutex
 	execs  map[string]*Exec // known this worker's lifetime
@@ -172,8 +169,6 @@ type Sandbox struct {
 	running   atomic.Int32 // execs running
 	reclaimed time.Time    // guarded by mu
 }
-
-var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
 
 // RandomName is prefix and 12 random hex digits: a name for a sandbox,
 // a spare's group or a primed sandbox that no other takes.
@@ -196,12 +191,7 @@ func rootHash(root string) string {
 }
 
 // ValidName reports whether name may name a sandbox.
-func ValidName(name string) error {
-	if !nameRE().MatchString(name) {
-		return fmt.Errorf("bad sandbox name %q: use up to 63 letters, digits, '_', '.' and '-': %w", name, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func ValidName(name string) error { return api.ValidName(name) }
 
 // Create composes the layers under an upper on local disk, makes the
 // cgroup and starts the init. On any failure everything done so far is
@@ -257,7 +247,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckDisk(disk); err != nil {
+	if err := api.CheckDisk(disk); err != nil {
 		return nil, err
 	}
 	hostname := o.Hostname
@@ -331,6 +321,10 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // start mounts the layers and the overlay, makes the cgroup and starts
 // the init: creating a sandbox, or starting a stopped one on its upper.
 func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
+	d, err := driverOf(sb.Backend)
+	if err != nil {
+		return err
+	}
 	root := sb.root()
 	var lowers, digests []string
 	var kinds []layer.Kind
@@ -348,7 +342,6 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		kinds = append(kinds, f.kind)
 	}
 	sb.Digests = digests
-	rootfs := filepath.Join(sb.dir, "rootfs")
 	if sb.Disk > 0 {
 		if err := mountDisk(sb.dir, sb.Status == Creating); err != nil {
 			return err
@@ -359,72 +352,6 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 	}
-	// A spare init sits in its group already: the sandbox takes both. A
-	// user namespace's init is started first, for its root's layers are
-	// idmapped into its namespace.
-	var sp *spare
-	var own *container.Spare               // a user namespace's init
-	devices := func() error { return nil } // a new group's v1 device lines, written meanwhile
-	claimed := false
-	defer func() {
-		devices() // never left writing to a group teardown removes
-		if !claimed && sp != nil {
-			sp.init.Discard() // its group is the sandbox's now: teardown's
-		}
-		if !claimed && own != nil {
-			own.Discard()
-		}
-	}()
-	if sb.UserNS {
-		ids, err := takeIDs(sb.owner())
-		if err != nil {
-			return err
-		}
-		sb.IDs = ids
-		if sb.g, devices, err = newGroup(sb.CgroupName, sb.Limits); err != nil {
-			return err
-		}
-		if own, err = container.Prestart(sb.g.Add, ids); err != nil {
-			return err
-		}
-		ns, err := own.UserNamespace()
-		if err != nil {
-			return err
-		}
-		err = mount.OverlayIDMapped(lowers, sb.base(), rootfs, ns, ids.Host)
-		unix.Close(ns)
-		if err != nil {
-			return err
-		}
-	} else {
-		ov := mount.Overlay(lowers, sb.Upper(), sb.work())
-		ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
-		if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
-			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(lowers), n, errdefs.ErrOutOfRange)
-		}
-		if err := ov.Mount(rootfs); err != nil {
-			return err
-		}
-		if !sb.Limits.Idle {
-			sp = m.Spares.take()
-		}
-		if sp != nil {
-			// Saved with the sandbox's state once it runs; a worker that
-			// dies before leaves the group to the next one's SweepSpares.
-			sb.g, sb.CgroupName = sp.g, sp.name
-			if err := sp.g.SetLimits(withInit(sb.Limits)); err != nil {
-				return err
-			}
-		} else {
-			g, d, err := newGroup(sb.CgroupName, sb.Limits)
-			if err != nil {
-				return err
-			}
-			sb.g, devices = g, d
-		}
-	}
-	// The egress allowlist holds before anything in the sandbox runs: a
-	// spare init in the group is dsec's own code, waiting.
 	if sb.Policy == nil { // made by a dsec without policies
 		sb.Policy = policy.Effective(nil)
 		var err error
@@ -432,36 +359,12 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 			return err
 		}
 	}
-	if err := policy.ApplyNetwork(sb.g.Path(), nil, sb.Allowlist); err != nil {
-		return err
-	}
 	restrict, err := restrictions(sb.Policy)
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	spec := container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
-		Restrictions: restrict, Setup: sb.g.Add, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
-	switch {
-	case sp != nil:
-		claimed = true
-		sb.c, err = sp.init.Claim(spec)
-	case own != nil:
-		claimed = true
-		sb.c, err = own.Claim(spec)
-	default:
-		sb.c, err = container.Create(spec)
-	}
-	if err != nil {
-		return err
-	}
-	sb.Pid = sb.c.Pid()
-	// Before the first command: the toolkit and the policy's read-only
-	// and hidden paths.
+	// Held before the first command: the toolkit and the policy's
+	// read-only and hidden paths.
 	if sb.Toolkit, err = toolkitPaths(lowers, kinds); err != nil {
 		return err
 	}
@@ -469,16 +372,8 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if !sb.Policy.Files.ToolkitWritable {
 		readOnly = append(slices.Clip(sb.Toolkit), readOnly...)
 	}
-	if _, err := sb.c.Protect(readOnly, sb.Policy.Files.Hidden); err != nil {
-		return fmt.Errorf("policy files: %w", err)
-	}
-	if sb.Policy.Network.Mode == api.NetworkNAT {
-		if sb.NAT, err = natUp(sb.owner(), sb.Pid); err != nil {
-			return err
-		}
-	}
-	if err := devices(); err != nil {
-		return fmt.Errorf("device allowlist: %w", err)
+	if err := d.start(ctx, sb, m, startSpec{lowers: lowers, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}); err != nil {
+		return err
 	}
 	sb.Status = Running
 	return sb.save()
@@ -543,18 +438,14 @@ func Load(root, name string) (*Sandbox, error) {
 		sb.teardown(true)
 		return nil, fmt.Errorf("no sandbox %s (a worker died creating it; removed): %w", name, errdefs.ErrNotFound)
 	case Running:
-		sb.g, _ = cgroup.Open(sb.CgroupName)
-		if sb.g != nil && sb.g.Frozen() { // a worker died packing it
-			sb.g.Thaw()
+		d, err := driverOf(sb.Backend)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
-		// A sandbox an older dsec made gets the device allowlist now
-		// (one that has it keeps its own).
-		if sb.g != nil {
-			if err := policy.ApplyDevices(sb.g.Path()); err != nil {
-				return nil, fmt.Errorf("sandbox %s: %w", name, err)
-			}
+		if err := d.attach(sb); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
-		if sb.c, err = container.Attach(filepath.Join(dir, "init.sock"), sb.Pid); err != nil {
+		if sb.c == nil {
 			sb.Status = Dead
 		}
 	}
@@ -567,7 +458,7 @@ func Load(root, name string) (*Sandbox, error) {
 // CPU weight, so that an interactive step's wake-up preempts any batch
 // work and wins over plain host work.
 func classLimits(class string, l cgroup.Limits) (cgroup.Limits, error) {
-	if err := CheckClass(class); err != nil {
+	if err := api.CheckClass(class); err != nil {
 		return l, err
 	}
 	l.Weight, l.Idle = 800, false
@@ -575,15 +466,6 @@ func classLimits(class string, l cgroup.Limits) (cgroup.Limits, error) {
 		l.Weight, l.Idle = 0, true
 	}
 	return l, nil
-}
-
-// CheckClass refuses an unknown scheduling class ("" is the default).
-func CheckClass(class string) error {
-	switch class {
-	case "", api.SchedLatency, api.SchedBatch:
-		return nil
-	}
-	return fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", class, api.SchedLatency, api.SchedBatch, errdefs.ErrInvalidArgument)
 }
 
 func classOf(class string) string {
@@ -745,36 +627,11 @@ func (sb *Sandbox) Remove() error {
 // and the layers, and with all removes the directory too.
 func (sb *Sandbox) teardown(all bool) error {
 	var errs []error
-	if sb.c != nil {
-		sb.c.Destroy()
-		sb.c = nil
+	d, err := driverOf(sb.Backend)
+	if err != nil {
+		return err // nothing of it is removed: a newer dsec's to take down
 	}
-	if sb.g == nil {
-		sb.g, _ = cgroup.Open(sb.CgroupName)
-	}
-	if sb.g != nil {
-		if err := sb.g.Kill(); err != nil {
-			errs = append(errs, err)
-		}
-		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
-			errs = append(errs, err)
-		}
-		if err := sb.g.Remove(); err != nil {
-			errs = append(errs, err)
-		}
-		sb.g = nil
-	}
-	if err := natDown(sb.owner()); err != nil {
-		errs = append(errs, err)
-	}
-	sb.NAT = nil
-	if err := giveIDs(sb.owner()); err != nil {
-		errs = append(errs, err)
-	}
-	sb.IDs = nil
-	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
-		errs = append(errs, err)
-	}
+	errs = d.teardown(sb)
 	if err := releaseLowers(sb.root(), sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}

@@ -174,8 +174,14 @@ func removeOnSecondHost(t *testing.T, host string, sb *runtime.Sandbox) {
 	if err := sb.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // the fetchers see no user and exit
-	if l := runtimetest.Leftovers(host); len(l) > 0 {
-		t.Fatalf("left behind: %v", l)
+	// The fetchers see no user and exit, unmounting their layers.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l := runtimetest.Leftovers(host)
+		if len(l) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind 10 s after the removal: %v", l)
+		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
 // Conn is a connection to a running sandbox's init: pid 1 of the
@@ -100,13 +102,21 @@ func (s *Conn) readReplies() {
 	}
 }
 
-// ErrSandboxDied says the sandbox's init is gone or unreachable: an
-// infrastructure failure, not the command's.
-var ErrSandboxDied = errors.New("sandbox died")
+// ErrSandboxDied says the sandbox's init is gone (or the connection to
+// it): an infrastructure failure, not the command's.
+var ErrSandboxDied = backend.ErrDied
 
 // ErrUnknownExec says the init never started a command under the id
 // Result asked for (or forgot it: it keeps the last 4096).
-var ErrUnknownExec = errors.New("no such exec in the sandbox")
+var ErrUnknownExec = backend.ErrUnknownExec
+
+// A Conn is the container backend's Instance.
+var (
+	_ backend.Instance   = (*Conn)(nil)
+	_ backend.Restricter = (*Conn)(nil)
+	_ backend.Protecter  = (*Conn)(nil)
+	_ backend.Renamer    = (*Conn)(nil)
+)
 
 // Exec runs cmd in the sandbox and returns its exit code (128+N for a
 // signal, 127 for a command not found).

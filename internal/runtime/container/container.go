@@ -40,7 +40,8 @@ package container
 
 import (
 	"io"
-	"os"
+
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
 // Spec describes a sandbox.
@@ -80,38 +81,10 @@ type IDMap struct {
 
 // Restrictions are what the kernel holds a sandbox's commands to beyond
 // namespaces and capabilities.
-type Restrictions struct {
-	// Seccomp is a classic BPF program for seccomp(2), as an array of
-	// struct sock_filter (policy.Seccomp makes one).
-	Seccomp []byte `json:"seccomp,omitempty"`
-	// Writable, when not nil, are the only trees (besides /dev and
-	// /proc) commands may change: a Landlock domain.
-	Writable []string `json:"writable,omitempty"`
-}
+type Restrictions = backend.Restrictions
 
 // Cmd is a command to run in a sandbox.
-type Cmd struct {
-	// ID names the command for Result; it must be unique in the sandbox.
-	ID   string
-	Args []string
-	Env  []string
-	Cwd  string
-	// MakeCwd creates Cwd in the sandbox (as its root, resolved in its
-	// root, mode 0755) when it is missing: the sandbox's own working
-	// directory, as docker makes a WORKDIR.
-	MakeCwd bool
-	// TTY makes Stdin the command's controlling terminal.
-	TTY bool
-	// nil: /dev/null. The caller may close them once Started ran (or
-	// Exec returned).
-	Stdin, Stdout, Stderr *os.File
-	// Started, if set, is called with the command's pid in the
-	// sandbox's pid namespace once it runs.
-	Started func(pid int)
-	// OOMScore is the command's oom_score_adj, above the init's (0:
-	// 1000, the first the OOM killer takes).
-	OOMScore int
-}
+type Cmd = backend.Cmd
 
 // initEnv marks the re-executed binary as a sandbox init.
 const initEnv = "_DSEC_CONTAINER_INIT"

@@ -4,10 +4,11 @@ package container
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
 // Conn is a connection to a sandbox's init (Linux only).
@@ -16,7 +17,7 @@ type Conn struct{}
 var errNotLinux = fmt.Errorf("sandboxes need Linux namespaces: %w", errdefs.ErrNotImplemented)
 
 // ErrSandboxDied says the sandbox's init is gone.
-var ErrSandboxDied = errors.New("sandbox died")
+var ErrSandboxDied = backend.ErrDied
 
 // Create is not supported off Linux.
 func Create(spec Spec) (*Conn, error) { return nil, errNotLinux }

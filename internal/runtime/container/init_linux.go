@@ -123,7 +123,7 @@ func initSandbox() error {
 		return err
 	}
 	// On this thread, which forks every command: they inherit it.
-	if err := spec.Restrictions.apply(); err != nil {
+	if err := applyRestrictions(spec.Restrictions); err != nil {
 		return err
 	}
 	// Its other threads still hold the host's capabilities: no process
@@ -237,7 +237,7 @@ func (l *loop) handle(r incoming) {
 			send(r.conn, reply{ID: id, Unknown: true, Error: "no process " + id + " in this sandbox"})
 		}
 	case opRestrict:
-		if err := r.req.Restrict.apply(); err != nil {
+		if err := applyRestrictions(r.req.Restrict); err != nil {
 			send(r.conn, reply{ID: id, Error: err.Error()})
 		} else {
 			zero := 0

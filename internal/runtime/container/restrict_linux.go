@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// apply loads the restrictions on the calling thread; no_new_privs is
-// set already.
-func (r *Restrictions) apply() error {
+// applyRestrictions loads r on the calling thread; no_new_privs is set
+// already.
+func applyRestrictions(r *Restrictions) error {
 	if r == nil {
 		return nil
 	}

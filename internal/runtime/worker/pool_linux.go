@@ -105,8 +105,8 @@ func checkPool(pc PoolConfig) error {
 	if len(pc.Spec.Layers) == 0 && pc.Spec.Snapshot == "" {
 		return fmt.Errorf("a pool's template needs layers (a base at least) or a snapshot: %w", errdefs.ErrInvalidArgument)
 	}
-	if pc.Spec.Backend != "" && pc.Spec.Backend != "container" {
-		return fmt.Errorf("a pool's sandboxes run on the container backend, not %q: %w", pc.Spec.Backend, errdefs.ErrInvalidArgument)
+	if _, err := Backends.Lookup(pc.Spec.Backend); err != nil {
+		return fmt.Errorf("a pool's sandboxes: %w", err)
 	}
 	if pc.Spec.Name != "" {
 		return fmt.Errorf("a pool's template names no sandbox (its sandboxes are named after the pool): %w", errdefs.ErrInvalidArgument)

@@ -164,7 +164,7 @@ func (w *worker) branchNames(prefix string, n int, next bool) ([]string, error) 
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("%s-%d", prefix, first+i)
-		if err := runtime.ValidName(names[i]); err != nil {
+		if err := api.ValidName(names[i]); err != nil {
 			return nil, fmt.Errorf("branch names %s-%d..%d: %w (give --name-prefix)", prefix, first, first+n-1, err)
 		}
 		if _, taken := w.sandboxes[names[i]]; taken {

@@ -30,8 +30,8 @@ import (
 )
 
 // Backends are the kinds of sandbox a worker runs, the default first:
-// the one place they are listed.
-var Backends = backend.NewRegistry(container.Backend{})
+// the runtime's (runtime.Backends lists them, once).
+var Backends = backend.NewRegistry(runtime.Backends()...)
 
 type worker struct {
 	cfg     Config
@@ -369,7 +369,7 @@ func (w *worker) get(name string) (*entry, error) {
 	if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil {
 		return e, nil
 	}
-	if err := runtime.ValidName(name); err != nil {
+	if err := api.ValidName(name); err != nil {
 		return nil, err
 	}
 	return nil, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
@@ -408,30 +408,7 @@ func (w *worker) limits(spec api.SandboxSpec, req request) cgroup.Limits {
 }
 
 // checkSpec refuses a spec no worker could make.
-func checkSpec(spec *api.SandboxSpec) error {
-	for _, r := range []struct {
-		name string
-		v    float64
-	}{{"cpu", spec.CPU}, {"memory", float64(spec.Memory)}, {"pids", float64(spec.Pids)}, {"disk", float64(spec.Disk)},
-		{"cpu_request", spec.CPURequest}, {"memory_request", float64(spec.MemoryRequest)}} {
-		if r.v < 0 && !(r.v == api.Unlimited && (r.name == "memory" || r.name == "pids" || r.name == "disk")) {
-			return fmt.Errorf("%s %g is negative: give 0 (the default) or more (memory, pids and disk: -1 for no limit of its own): %w", r.name, r.v, errdefs.ErrInvalidArgument)
-		}
-	}
-	if err := runtime.CheckDisk(max(spec.Disk, 0)); err != nil {
-		return err
-	}
-	if spec.Memory > 0 && spec.Memory < 4<<20 {
-		return fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least 4 MiB: %w", spec.Memory, errdefs.ErrInvalidArgument)
-	}
-	if spec.CPU > 0 && spec.CPURequest > spec.CPU {
-		return fmt.Errorf("a request above its limit: cpu request %g > cpu %g (a sandbox cannot use more than its limit): %w", spec.CPURequest, spec.CPU, errdefs.ErrInvalidArgument)
-	}
-	if spec.Memory > 0 && spec.MemoryRequest > spec.Memory {
-		return fmt.Errorf("a request above its limit: memory request %d > memory %d bytes (a sandbox cannot use more than its limit): %w", spec.MemoryRequest, spec.Memory, errdefs.ErrInvalidArgument)
-	}
-	return runtime.CheckClass(spec.Class)
-}
+func checkSpec(spec *api.SandboxSpec) error { return spec.Validate() }
 
 // requestOf is what a sandbox reserves: its requests, or its limits.
 func requestOf(spec api.SandboxSpec) request {
@@ -477,7 +454,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	if spec.Name == "" {
 		spec.Name = runtime.RandomName("sb-")
 	}
-	if err := runtime.ValidName(spec.Name); err != nil {
+	if err := api.ValidName(spec.Name); err != nil {
 		return nil, err
 	}
 	// Reserve the name: a second create of it fails at once.
@@ -614,7 +591,7 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
-		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, container.Backend{}.Name()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, Backends.Names()[0]), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),

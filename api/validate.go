@@ -1,0 +1,104 @@
+package api
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+)
+
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`) })
+
+// ValidName says whether name may name a sandbox.
+func ValidName(name string) error {
+	if !nameRE().MatchString(name) {
+		return fmt.Errorf("bad sandbox name %q: use up to 63 letters, digits, '_', '.' and '-': %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// CheckClass refuses an unknown scheduling class ("" is the default).
+func CheckClass(class string) error {
+	switch class {
+	case "", SchedLatency, SchedBatch:
+		return nil
+	}
+	return fmt.Errorf("unknown class %q: use %s (interactive steps) or %s (background work): %w", class, SchedLatency, SchedBatch, errdefs.ErrInvalidArgument)
+}
+
+// CheckDisk says whether size can be a sandbox's own disk quota (0:
+// none of its own).
+func CheckDisk(size int64) error {
+	if size < 0 || (size > 0 && size < MinDisk) {
+		return fmt.Errorf("disk quota %d bytes is too small: give at least %d MiB, or no quota of its own (the default bound): %w", size, MinDisk>>20, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// MinMemory is the smallest memory limit a sandbox starts under.
+const MinMemory = 4 << 20
+
+// Validate checks a spec on its own, without the worker's state (which
+// layers, policies and backends exist is the worker's to say): what the
+// worker checks once, before it does anything with a request. An empty
+// Name is valid (the worker picks one).
+func (s *SandboxSpec) Validate() error {
+	if s.Name != "" {
+		if err := ValidName(s.Name); err != nil {
+			return err
+		}
+	}
+	if s.Backend != "" && !nameRE().MatchString(s.Backend) {
+		return fmt.Errorf("bad backend name %q: %w", s.Backend, errdefs.ErrInvalidArgument)
+	}
+	if s.Snapshot != "" && len(s.Layers) > 0 {
+		return fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, l := range s.Layers {
+		if strings.TrimSpace(l) == "" {
+			return fmt.Errorf("an empty layer reference in %q: %w", s.Layers, errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"cpu", s.CPU}, {"memory", float64(s.Memory)}, {"pids", float64(s.Pids)}, {"disk", float64(s.Disk)},
+		{"cpu_request", s.CPURequest}, {"memory_request", float64(s.MemoryRequest)}} {
+		if r.v < 0 && !(r.v == Unlimited && (r.name == "memory" || r.name == "pids" || r.name == "disk")) {
+			return fmt.Errorf("%s %g is negative: give 0 (the default) or more (memory, pids and disk: -1 for no limit of its own): %w", r.name, r.v, errdefs.ErrInvalidArgument)
+		}
+		if r.v != r.v || r.v > 1e18 { // NaN, or beyond any host
+			return fmt.Errorf("%s %g is not a size: %w", r.name, r.v, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err := CheckDisk(max(s.Disk, 0)); err != nil {
+		return err
+	}
+	if s.Memory > 0 && s.Memory < MinMemory {
+		return fmt.Errorf("memory limit %d bytes is too small to start a sandbox: give at least %d MiB: %w", s.Memory, MinMemory>>20, errdefs.ErrInvalidArgument)
+	}
+	if s.CPU > 0 && s.CPURequest > s.CPU {
+		return fmt.Errorf("a request above its limit: cpu request %g > cpu %g (a sandbox cannot use more than its limit): %w", s.CPURequest, s.CPU, errdefs.ErrInvalidArgument)
+	}
+	if s.Memory > 0 && s.MemoryRequest > s.Memory {
+		return fmt.Errorf("a request above its limit: memory request %d > memory %d bytes (a sandbox cannot use more than its limit): %w", s.MemoryRequest, s.Memory, errdefs.ErrInvalidArgument)
+	}
+	if err := CheckClass(s.Class); err != nil {
+		return err
+	}
+	for _, kv := range s.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return fmt.Errorf("bad environment entry %q: give NAME=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+		}
+	}
+	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || strings.ContainsRune(s.Workdir, 0)) {
+		return fmt.Errorf("workdir %q is not an absolute path: %w", s.Workdir, errdefs.ErrInvalidArgument)
+	}
+	if len(s.Hostname) > 64 || strings.ContainsRune(s.Hostname, 0) { // sethostname(2)'s bound
+		return fmt.Errorf("bad hostname %q: give up to 64 bytes: %w", s.Hostname, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"os"
+)
+
+// Instance is a running sandbox as the runtime drives it: the
+// connection to what starts its commands (a container's init, a VM's
+// agent), each under an id that runs once. The sandbox outlives the
+// worker: Close lets go of it and it runs on, and a worker that
+// restarts gets another Instance from the backend, whose Probe and
+// Result then answer for the commands its predecessor started.
+//
+// Every backend's processes live in a control group the runtime reads
+// and bounds (memory, pids, CPU, freezing for a consistent pack-diff):
+// a container's init and its commands, a VM's hypervisor process.
+type Instance interface {
+	// Pid is the host pid of the sandbox's init (a VM's hypervisor).
+	Pid() int
+	// Exec runs cmd and returns its exit code once it ends (128+N for
+	// signal N, 127 for a command not found, 126 for one that cannot
+	// run). ErrDied: the sandbox died under it.
+	Exec(ctx context.Context, cmd Cmd) (int, error)
+	// Result waits for the exit code of the command under id, also one
+	// an earlier connection started. ErrUnknownExec: never started.
+	Result(ctx context.Context, id string) (int, error)
+	// Probe says whether the command under id still runs; if it ended,
+	// its exit code. ErrUnknownExec: never started.
+	Probe(ctx context.Context, id string) (running bool, code int, err error)
+	// Done is closed when the sandbox is lost: its init died, or Close.
+	Done() <-chan struct{}
+	// Close lets go of the sandbox, which runs on.
+	Close() error
+	// Destroy kills every process of the sandbox.
+	Destroy() error
+}
+
+// Abilities an Instance may have, found by type assertion.
+type (
+	// Restricter holds the commands started from now on to r too.
+	Restricter interface {
+		Restrict(ctx context.Context, r Restrictions) error
+	}
+	// Protecter makes paths of the sandbox read-only or hidden (empty,
+	// unreadable), for every process from now on, root's included;
+	// missing lists those of them the sandbox lacks.
+	Protecter interface {
+		Protect(readOnly, hidden []string) (missing []string, err error)
+	}
+	// Renamer sets the sandbox's host name.
+	Renamer interface {
+		SetHostname(name string) error
+	}
+)
+
+// ErrDied says the sandbox died (or was lost) under a request: an
+// infrastructure failure, not the command's.
+var ErrDied = errors.New("sandbox died")
+
+// ErrUnknownExec says the sandbox never started a command under the id
+// asked for (or forgot it: it keeps the last few thousand).
+var ErrUnknownExec = errors.New("no such exec in the sandbox")
+
+// Cmd is a command to run in a sandbox.
+type Cmd struct {
+	// ID names the command for Result; it must be unique in the sandbox.
+	ID   string
+	Args []string
+	Env  []string
+	Cwd  string
+	// MakeCwd creates Cwd in the sandbox (as its root, resolved in its
+	// root, mode 0755) when it is missing: the sandbox's own working
+	// directory, as docker makes a WORKDIR.
+	MakeCwd bool
+	// TTY makes Stdin the command's controlling terminal.
+	TTY bool
+	// nil: /dev/null. The caller may close them once Started ran (or
+	// Exec returned). Whoever writes them outlives the worker: a
+	// container's init holds them; a VM's host-side process would.
+	Stdin, Stdout, Stderr *os.File
+	// Started, if set, is called with the command's pid in the
+	// sandbox's pid namespace once it runs.
+	Started func(pid int)
+	// OOMScore is the command's oom_score_adj, above the init's (0:
+	// 1000, the first the OOM killer takes).
+	OOMScore int
+}
+
+// Restrictions are what the kernel holds a sandbox's commands to beyond
+// namespaces and capabilities.
+type Restrictions struct {
+	// Seccomp is a classic BPF program for seccomp(2), as an array of
+	// struct sock_filter (policy.Seccomp makes one).
+	Seccomp []byte `json:"seccomp,omitempty"`
+	// Writable, when not nil, are the only trees (besides /dev and
+	// /proc) commands may change: a Landlock domain.
+	Writable []string `json:"writable,omitempty"`
+}

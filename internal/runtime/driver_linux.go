@@ -1,0 +1,260 @@
+package runtime
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+// The backend seam. A Sandbox does what every kind of sandbox needs:
+// its layers found and held, its upper's storage, its state, its policy
+// compiled, the journal of its steps, its group's limits and figures. A
+// driver does the rest, what only its backend does: start the sandbox's
+// instance (a container's init on an overlay of the host's layer
+// mounts), find it again after a worker restart, and take down what it
+// made. The drivers are listed here, once; the worker's registry is made
+// from this list (Backends).
+type driver interface {
+	backend.Backend
+	// start starts sb's instance: it sets sb.c and sb.Pid, and sb.g, the
+	// group every process of the sandbox runs in, held to sb.Allowlist
+	// before anything of the sandbox runs; and what sb's state keeps for
+	// attach and teardown (CgroupName, IDs, NAT). On an error teardown
+	// undoes what it did.
+	start(ctx context.Context, sb *Sandbox, m Mounter, s startSpec) error
+	// attach finds a running sandbox's instance again (a worker
+	// restarted): sb.g, and sb.c unless the instance is gone (sb.c nil:
+	// it died while no worker was there).
+	attach(sb *Sandbox) error
+	// teardown kills every process of the sandbox and removes what start
+	// made; it never fails half-way silently: every error is returned.
+	teardown(sb *Sandbox) []error
+}
+
+// startSpec is what the backend-neutral part of a start resolved.
+type startSpec struct {
+	lowers   []string // the layers' mounts on the host, topmost first
+	restrict *backend.Restrictions
+	// readOnly and hidden are the policy's paths, the toolkit's among
+	// the read-only ones unless the policy lets it be written.
+	readOnly, hidden []string
+}
+
+// drivers are the backends this runtime runs, the default first.
+var drivers = []driver{containerDriver{}}
+
+// Backends are the backends this runtime runs, the default first: what
+// a worker registers (package backend).
+func Backends() []backend.Backend {
+	out := make([]backend.Backend, len(drivers))
+	for i, d := range drivers {
+		out[i] = d
+	}
+	return out
+}
+
+// driverOf finds the driver of a sandbox's backend ("" is the first: a
+// sandbox an older dsec made records none).
+func driverOf(name string) (driver, error) {
+	name = cmp.Or(name, drivers[0].Name())
+	for _, d := range drivers {
+		if d.Name() == name {
+			return d, nil
+		}
+	}
+	names := make([]string, len(drivers))
+	for i, d := range drivers {
+		names[i] = d.Name()
+	}
+	return nil, fmt.Errorf("unknown backend %q: this runtime runs %s: %w", name, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+}
+
+// ability is what sb's running instance can do of A, or a not
+// implemented error that says what its backend cannot.
+func ability[A any](sb *Sandbox, what string) (A, error) {
+	a, ok := sb.c.(A)
+	if !ok {
+		return a, fmt.Errorf("the %s backend cannot %s in a running sandbox: %w", cmp.Or(sb.Backend, drivers[0].Name()), what, errdefs.ErrNotImplemented)
+	}
+	return a, nil
+}
+
+// containerDriver runs the container backend's sandboxes: an init of
+// package container as pid 1 of new namespaces, on an overlay of the
+// host's layer mounts, in a cgroup of its own.
+type containerDriver struct{ container.Backend }
+
+func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s startSpec) error {
+	rootfs := filepath.Join(sb.dir, "rootfs")
+	// A spare init sits in its group already: the sandbox takes both. A
+	// user namespace's init is started first, for its root's layers are
+	// idmapped into its namespace.
+	var sp *spare
+	var own *container.Spare               // a user namespace's init
+	devices := func() error { return nil } // a new group's v1 device lines, written meanwhile
+	claimed := false
+	defer func() {
+		devices() // never left writing to a group teardown removes
+		if !claimed && sp != nil {
+			sp.init.Discard() // its group is the sandbox's now: teardown's
+		}
+		if !claimed && own != nil {
+			own.Discard()
+		}
+	}()
+	if sb.UserNS {
+		ids, err := takeIDs(sb.owner())
+		if err != nil {
+			return err
+		}
+		sb.IDs = ids
+		if sb.g, devices, err = newGroup(sb.CgroupName, sb.Limits); err != nil {
+			return err
+		}
+		if own, err = container.Prestart(sb.g.Add, ids); err != nil {
+			return err
+		}
+		ns, err := own.UserNamespace()
+		if err != nil {
+			return err
+		}
+		err = mount.OverlayIDMapped(s.lowers, sb.base(), rootfs, ns, ids.Host)
+		unix.Close(ns)
+		if err != nil {
+			return err
+		}
+	} else {
+		ov := mount.Overlay(s.lowers, sb.Upper(), sb.work())
+		ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
+		if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
+			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(s.lowers), n, errdefs.ErrOutOfRange)
+		}
+		if err := ov.Mount(rootfs); err != nil {
+			return err
+		}
+		if !sb.Limits.Idle {
+			sp = m.Spares.take()
+		}
+		if sp != nil {
+			// Saved with the sandbox's state once it runs; a worker that
+			// dies before leaves the group to the next one's SweepSpares.
+			sb.g, sb.CgroupName = sp.g, sp.name
+			if err := sp.g.SetLimits(withInit(sb.Limits)); err != nil {
+				return err
+			}
+		} else {
+			g, d, err := newGroup(sb.CgroupName, sb.Limits)
+			if err != nil {
+				return err
+			}
+			sb.g, devices = g, d
+		}
+	}
+	// The egress allowlist holds before anything in the sandbox runs: a
+	// spare init in the group is dsec's own code, waiting.
+	if err := policy.ApplyNetwork(sb.g.Path(), nil, sb.Allowlist); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(sb.dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	spec := container.Spec{Root: rootfs, Hostname: sb.Hostname, Socket: filepath.Join(sb.dir, "init.sock"),
+		Restrictions: s.restrict, Setup: sb.g.Add, Stderr: logf, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
+	var c *container.Conn
+	switch {
+	case sp != nil:
+		claimed = true
+		c, err = sp.init.Claim(spec)
+	case own != nil:
+		claimed = true
+		c, err = own.Claim(spec)
+	default:
+		c, err = container.Create(spec)
+	}
+	if err != nil {
+		return err
+	}
+	sb.c, sb.Pid = c, c.Pid()
+	// Before the first command: the toolkit and the policy's read-only
+	// and hidden paths.
+	if _, err := c.Protect(s.readOnly, s.hidden); err != nil {
+		return fmt.Errorf("policy files: %w", err)
+	}
+	if sb.Policy.Network.Mode == api.NetworkNAT {
+		if sb.NAT, err = natUp(sb.owner(), sb.Pid); err != nil {
+			return err
+		}
+	}
+	if err := devices(); err != nil {
+		return fmt.Errorf("device allowlist: %w", err)
+	}
+	return nil
+}
+
+func (containerDriver) attach(sb *Sandbox) error {
+	sb.g, _ = cgroup.Open(sb.CgroupName)
+	if sb.g != nil && sb.g.Frozen() { // a worker died packing it
+		sb.g.Thaw()
+	}
+	// A sandbox an older dsec made gets the device allowlist now (one
+	// that has it keeps its own).
+	if sb.g != nil {
+		if err := policy.ApplyDevices(sb.g.Path()); err != nil {
+			return err
+		}
+	}
+	if c, err := container.Attach(filepath.Join(sb.dir, "init.sock"), sb.Pid); err == nil {
+		sb.c = c
+	}
+	return nil
+}
+
+func (containerDriver) teardown(sb *Sandbox) []error {
+	var errs []error
+	if sb.c != nil {
+		sb.c.Destroy()
+		sb.c = nil
+	}
+	if sb.g == nil {
+		sb.g, _ = cgroup.Open(sb.CgroupName)
+	}
+	if sb.g != nil {
+		if err := sb.g.Kill(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
+			errs = append(errs, err)
+		}
+		if err := sb.g.Remove(); err != nil {
+			errs = append(errs, err)
+		}
+		sb.g = nil
+	}
+	if err := natDown(sb.owner()); err != nil {
+		errs = append(errs, err)
+	}
+	sb.NAT = nil
+	if err := giveIDs(sb.owner()); err != nil {
+		errs = append(errs, err)
+	}
+	sb.IDs = nil
+	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
+		errs = append(errs, err)
+	}
+	return errs
+}
