@@ -358,6 +358,27 @@ type VersionInfo struct {
 	Backends []string `json:"backends"`
 	// Limits are the bounds in force on this worker's sandboxes.
 	Limits *HostLimits `json:"limits,omitempty"`
+	// Features are what the worker found the host can do, each probed
+	// once: a missing one says what dsec does without it.
+	Features []Feature `json:"features,omitempty"`
+	// Warm is what the worker holds ready ahead of creates.
+	Warm *Warm `json:"warm,omitempty"`
+}
+
+// Warm counts what a worker made ahead of need and holds ready: spare
+// inits, and sandboxes primed on the layers of the last create.
+type Warm struct {
+	Spares int `json:"spares"`
+	Primed int `json:"primed"`
+}
+
+// Feature is a capability of the host a worker uses.
+type Feature struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Reason is why it is missing; Without what dsec does then.
+	Reason  string `json:"reason,omitempty"`
+	Without string `json:"without,omitempty"`
 }
 
 // HostLimits are the bounds a worker holds its sandboxes to: every

@@ -1,8 +1,14 @@
 package sdk_test
 
 import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
@@ -29,4 +35,48 @@ func TestContainerBackend(t *testing.T) {
 			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
 		}
 	})
+}
+
+// TestFeatures: what the worker reports of the host matches what its
+// sandboxes meet: a sandbox's own group has cgroup.kill and
+// cgroup.freeze exactly when they are reported, the memory controller
+// is on cgroup2 exactly when that is, and every missing feature says
+// why and what dsec does without it.
+func TestFeatures(t *testing.T) {
+	_, c := setup(t)
+	ctx := context.Background()
+	v, err := c.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]api.Feature{}
+	for _, f := range v.Features {
+		got[f.Name] = f
+		if !f.Available && (f.Reason == "" || f.Without == "") {
+			t.Errorf("missing feature %s says no reason or consequence: %+v", f.Name, f)
+		}
+	}
+	for _, name := range []string{"erofs", "overlay", "bpf cgroup/sock_addr", "bpf cgroup/dev"} {
+		if !got[name].Available { // every sandbox stands on these
+			t.Errorf("%s reported missing on a host that runs sandboxes: %+v", name, got[name])
+		}
+	}
+	sb := create(t, c, api.SandboxSpec{Name: "probe"})
+	info, err := sb.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, name := range map[string]string{"cgroup.kill": "cgroup.kill", "cgroup.freeze": "cgroup.freeze"} {
+		_, err := os.Stat(filepath.Join(info.Cgroup, file))
+		if has := err == nil; has != got[name].Available {
+			t.Errorf("the sandbox's group %s has %s: %v; reported available: %v", info.Cgroup, file, has, got[name].Available)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(info.Cgroup)), "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if has := slices.Contains(strings.Fields(string(b)), "memory"); has != got["cgroup2 memory"].Available {
+		t.Errorf("memory on cgroup2: %v; reported available: %v", has, got["cgroup2 memory"].Available)
+	}
 }

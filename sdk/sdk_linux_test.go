@@ -860,7 +860,11 @@ func TestPrimedSandboxes(t *testing.T) {
 				return false
 			}
 			b, err := os.ReadFile(states[0])
-			return err == nil && json.Unmarshal(b, &st) == nil && st.Status == runtime.Running
+			if err != nil || json.Unmarshal(b, &st) != nil || st.Status != runtime.Running {
+				return false
+			}
+			v, err := c.Version(ctx) // made, and ready to be taken
+			return err == nil && v.Warm != nil && v.Warm.Primed == 1
 		})
 		return st
 	}

@@ -406,7 +406,7 @@ func (a *app) versionCommand() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print dsec's version, and the limits its worker holds sandboxes to",
+		Short: "Print dsec's version, the limits its worker holds sandboxes to and the host features it lacks",
 		Args:  exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The root's worker, if one serves it (none is started): its
@@ -429,6 +429,13 @@ func (a *app) versionCommand() *cobra.Command {
 				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s), %s of disk; each by default %s, %d pids and %s of disk\n",
 					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DiskBytes), humanBytes(l.DefaultMemory), l.DefaultPids,
 					humanBytes(l.DefaultDisk))
+			}
+			if w != nil {
+				for _, f := range w.Features {
+					if !f.Available {
+						fmt.Fprintf(a.stdout, "this host lacks %s (%s): %s\n", f.Name, f.Reason, f.Without)
+					}
+				}
 			}
 			return nil
 		},

@@ -119,8 +119,13 @@ func (p *Primed) Refill() {
 	}
 }
 
-// Ready counts the primed sandboxes waiting to be taken.
-func (p *Primed) Ready() int { return p.pool.Stats().Ready }
+// Ready counts the primed sandboxes waiting to be taken. Nil-safe.
+func (p *Primed) Ready() int {
+	if p == nil {
+		return 0
+	}
+	return p.pool.Stats().Ready
+}
 
 // Close stops making primed sandboxes and removes those ready.
 func (p *Primed) Close() {

@@ -137,6 +137,14 @@ func (sp *spare) discard() {
 	sp.g.Remove()
 }
 
+// Ready counts the spares waiting to be taken. Nil-safe.
+func (s *Spares) Ready() int {
+	if s == nil {
+		return 0
+	}
+	return s.pool.Stats().Ready
+}
+
 // Close stops making spares and kills those waiting.
 func (s *Spares) Close() {
 	for _, sp := range s.pool.Close() {

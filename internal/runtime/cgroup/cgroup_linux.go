@@ -511,7 +511,7 @@ func (g *Group) Freeze() error { return g.setFrozen(true) }
 func (g *Group) Thaw() error { return g.setFrozen(false) }
 
 func (g *Group) setFrozen(on bool) error {
-	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.freeze")); err == nil {
+	if Freeze.Have() {
 		v := map[bool]string{true: "1", false: "0"}[on]
 		if err := write(g.v2, "cgroup.freeze", v); err != nil {
 			return err
@@ -530,7 +530,7 @@ func (g *Group) setFrozen(on bool) error {
 
 // Frozen reports whether the group is frozen.
 func (g *Group) Frozen() bool {
-	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.freeze")); err == nil {
+	if Freeze.Have() {
 		return eventValue(g.v2, "frozen") == "1"
 	}
 	b, _ := os.ReadFile(filepath.Join(g.v1["freezer"], "freezer.state"))
@@ -560,7 +560,7 @@ func (g *Group) wait(done func() bool) error {
 
 // Kill kills every process of the group and waits until none is left.
 func (g *Group) Kill() error {
-	if _, err := os.Stat(filepath.Join(g.v2, "cgroup.kill")); err == nil {
+	if Kill.Have() {
 		if err := write(g.v2, "cgroup.kill", "1"); err != nil {
 			return err
 		}

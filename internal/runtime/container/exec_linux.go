@@ -8,20 +8,13 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // CoreScheduling reports whether the kernel has core scheduling and the
-// CPUs have SMT siblings for it to keep apart.
-func CoreScheduling() bool {
-	// Reading the calling thread's cookie fails with EINVAL without
-	// CONFIG_SCHED_CORE, ENODEV without SMT.
-	var cookie uint64
-	err := unix.Prctl(unix.PR_SCHED_CORE, 0 /* PR_SCHED_CORE_GET */, 0, 0 /* PIDTYPE_PID */, uintptr(unsafe.Pointer(&cookie)))
-	return err == nil
-}
+// CPUs have SMT siblings for it to keep apart (CoreSched).
+func CoreScheduling() bool { return CoreSched.Have() }
 
 // coreSchedule gives the calling thread (and so every command forked
 // from it) a core-scheduling cookie of its own where the kernel has core

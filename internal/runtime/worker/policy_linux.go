@@ -54,37 +54,29 @@ func (w *worker) policyOf(p *api.Policy, name string) (*api.Policy, error) {
 	return nil, nil
 }
 
-func (w *worker) applyPolicy(rw http.ResponseWriter, r *http.Request) {
-	var req api.PolicyRequest
-	if err := decode(r, &req); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) applyPolicy(r *http.Request, req api.PolicyRequest) (*api.PolicyReport, error) {
 	p, err := w.policyOf(req.Policy, req.Name)
 	if err == nil && p == nil {
 		err = fmt.Errorf("apply needs a policy or a policy name: %w", errdefs.ErrInvalidArgument)
 	}
 	if err != nil {
-		fail(rw, err)
-		return
+		return nil, err
 	}
 	e, err := w.get(r.PathValue("name"))
 	if err != nil {
-		fail(rw, err)
-		return
+		return nil, err
 	}
 	e.op.Lock()
 	rep, err := e.sb.ApplyPolicy(context.WithoutCancel(r.Context()), p)
 	e.op.Unlock()
 	if err != nil {
-		fail(rw, err)
-		return
+		return nil, err
 	}
 	w.log.Info("applied policy", "sandbox", e.sb.Name, "now", rep.Now, "new_processes", rep.NewProcesses)
-	reply(rw, rep)
+	return rep, nil
 }
 
-func (w *worker) policies(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) policies(*http.Request, none) ([]api.Policy, error) {
 	files, _ := filepath.Glob(filepath.Join(w.cfg.Root, "policies", "*.json"))
 	sort.Strings(files)
 	out := []api.Policy{}
@@ -92,64 +84,46 @@ func (w *worker) policies(rw http.ResponseWriter, r *http.Request) {
 		name := filepath.Base(f)
 		p, err := w.loadPolicy(name[:len(name)-len(".json")])
 		if err != nil {
-			fail(rw, err)
-			return
+			return nil, err
 		}
 		out = append(out, *p)
 	}
-	reply(rw, out)
+	return out, nil
 }
 
-func (w *worker) getPolicy(rw http.ResponseWriter, r *http.Request) {
-	p, err := w.loadPolicy(r.PathValue("name"))
-	if err != nil {
-		fail(rw, err)
-		return
-	}
-	reply(rw, p)
+func (w *worker) getPolicy(r *http.Request, _ none) (*api.Policy, error) {
+	return w.loadPolicy(r.PathValue("name"))
 }
 
 // putPolicy stores a policy under a name (replacing one there; sandboxes
 // keep the policy they were given).
-func (w *worker) putPolicy(rw http.ResponseWriter, r *http.Request) {
-	var p api.Policy
-	if err := decode(r, &p); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) putPolicy(r *http.Request, p api.Policy) (none, error) {
 	name := r.PathValue("name")
 	path, err := w.policyPath(name)
-	if err == nil {
-		if p.Metadata == nil {
-			p.Metadata = &api.PolicyMetadata{}
-		}
-		p.Metadata.Name = name
-		err = policy.Validate(&p)
-	}
-	if err == nil {
-		err = os.MkdirAll(filepath.Dir(path), 0o700)
-	}
-	if err == nil {
-		b, _ := json.MarshalIndent(p, "", "  ")
-		err = durable.WriteFile(path, b, 0o600)
-	}
 	if err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
-	rw.WriteHeader(http.StatusNoContent)
+	if p.Metadata == nil {
+		p.Metadata = &api.PolicyMetadata{}
+	}
+	p.Metadata.Name = name
+	if err := policy.Validate(&p); err != nil {
+		return none{}, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return none{}, err
+	}
+	b, _ := json.MarshalIndent(p, "", "  ")
+	return none{}, durable.WriteFile(path, b, 0o600)
 }
 
-func (w *worker) deletePolicy(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) deletePolicy(r *http.Request, _ none) (none, error) {
 	path, err := w.policyPath(r.PathValue("name"))
-	if err == nil {
-		if err = os.Remove(path); errors.Is(err, os.ErrNotExist) {
-			err = fmt.Errorf("no policy %s: %w", r.PathValue("name"), errdefs.ErrNotFound)
-		}
-	}
 	if err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
-	rw.WriteHeader(http.StatusNoContent)
+	if err = os.Remove(path); errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("no policy %s: %w", r.PathValue("name"), errdefs.ErrNotFound)
+	}
+	return none{}, err
 }

@@ -336,7 +336,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 	w.serveExec(rw, r, sb, req.ExecRequest, body, api.Frame{Call: info})
 }
 
-func (w *worker) listPools(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) listPools(r *http.Request, _ none) ([]api.Pool, error) {
 	w.mu.Lock()
 	out := []api.Pool{}
 	for _, p := range w.pools {
@@ -344,38 +344,30 @@ func (w *worker) listPools(rw http.ResponseWriter, r *http.Request) {
 	}
 	w.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	reply(rw, out)
+	return out, nil
 }
 
 // putPool creates a pool (its first sandbox is made before the answer,
 // so a template that cannot run is refused at once) or resizes one.
-func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
-	var ps api.PoolSpec
-	if err := decode(r, &ps); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) putPool(r *http.Request, ps api.PoolSpec) (api.Pool, error) {
 	name := r.PathValue("name")
 	w.mu.Lock()
 	p := w.pools[name]
 	w.mu.Unlock()
 	if p == nil {
 		if ps.Spec == nil {
-			fail(rw, fmt.Errorf("no pool %s: to create it give its sandboxes' layers (dsec pool resize %s N --base REF ...): %w", name, name, errdefs.ErrNotFound))
-			return
+			return api.Pool{}, fmt.Errorf("no pool %s: to create it give its sandboxes' layers (dsec pool resize %s N --base REF ...): %w", name, name, errdefs.ErrNotFound)
 		}
 		pc := PoolConfig{Name: name, Size: ps.Size, Spec: *ps.Spec}
 		if err := checkPool(pc); err != nil {
-			fail(rw, err)
-			return
+			return api.Pool{}, err
 		}
 		first := ""
 		if pc.Size > 0 { // the template must work before the pool exists
 			spec := pc.Spec
 			spec.Name = runtime.RandomName("pool-" + name + "-")
 			if _, err := w.makeSandbox(r.Context(), spec, name); err != nil {
-				fail(rw, fmt.Errorf("pool %s: its first sandbox: %w", name, err))
-				return
+				return api.Pool{}, fmt.Errorf("pool %s: its first sandbox: %w", name, err)
 			}
 			first = spec.Name
 		}
@@ -383,8 +375,7 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 		if w.pools[name] != nil {
 			w.mu.Unlock()
 			w.discard(first)
-			fail(rw, fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists))
-			return
+			return api.Pool{}, fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists)
 		}
 		p = w.addPool(pc)
 		if first != "" {
@@ -392,12 +383,10 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 		}
 	} else {
 		if ps.Spec != nil && templateKey(*ps.Spec) != p.key {
-			fail(rw, fmt.Errorf("pool %s has another template: delete it first (dsec pool rm %s) to change its sandboxes: %w", name, name, errdefs.ErrAlreadyExists))
-			return
+			return api.Pool{}, fmt.Errorf("pool %s has another template: delete it first (dsec pool rm %s) to change its sandboxes: %w", name, name, errdefs.ErrAlreadyExists)
 		}
 		if err := checkPool(PoolConfig{Name: name, Size: ps.Size, Spec: p.Spec}); err != nil {
-			fail(rw, err)
-			return
+			return api.Pool{}, err
 		}
 		w.mu.Lock()
 		p.Size = ps.Size
@@ -411,22 +400,20 @@ func (w *worker) putPool(rw http.ResponseWriter, r *http.Request) {
 	out := p.describe()
 	w.mu.Unlock()
 	if err != nil {
-		fail(rw, err)
-		return
+		return api.Pool{}, err
 	}
 	w.log.Info("pool sized", "pool", name, "size", ps.Size)
-	reply(rw, out)
+	return out, nil
 }
 
 // deletePool stops a pool and discards its warm sandboxes.
-func (w *worker) deletePool(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) deletePool(r *http.Request, _ none) (none, error) {
 	name := r.PathValue("name")
 	w.mu.Lock()
 	p := w.pools[name]
 	if p == nil {
 		w.mu.Unlock()
-		fail(rw, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", name, errdefs.ErrNotFound))
-		return
+		return none{}, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", name, errdefs.ErrNotFound)
 	}
 	delete(w.pools, name)
 	err := w.savePools()
@@ -435,10 +422,9 @@ func (w *worker) deletePool(rw http.ResponseWriter, r *http.Request) {
 		w.discard(n)
 	}
 	if err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
-	rw.WriteHeader(http.StatusNoContent)
+	return none{}, nil
 }
 
 // reclaimLoop takes back the memory of sandboxes idle for longer than

@@ -21,25 +21,17 @@ import (
 // maxBranches bounds one branch request.
 const maxBranches = 1024
 
-func (w *worker) packDiff(rw http.ResponseWriter, r *http.Request) {
-	var req api.PackRequest
-	if err := decode(r, &req); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Snapshot], error) {
 	e, err := w.get(r.PathValue("name"))
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	ref, err := layer.ParseRef(req.Tag)
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	if !strings.Contains(req.Tag, ":") {
-		fail(rw, fmt.Errorf("snapshot tag %q needs a step: NAME:STEP, e.g. %s:1: %w", req.Tag, req.Tag, errdefs.ErrInvalidArgument))
-		return
+		return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %q needs a step: NAME:STEP, e.g. %s:1: %w", req.Tag, req.Tag, errdefs.ErrInvalidArgument)
 	}
 	lim := w.cfg.SnapLimits
 	if req.MaxBytes != 0 {
@@ -52,22 +44,19 @@ func (w *worker) packDiff(rw http.ResponseWriter, r *http.Request) {
 		lim.MaxDepth = req.MaxDepth
 	}
 	if lim.MaxBytes < 0 || lim.MaxEntries < 0 || lim.MaxDepth < 0 {
-		fail(rw, fmt.Errorf("negative pack limit (%+v): %w", lim, errdefs.ErrInvalidArgument))
-		return
+		return created[api.Snapshot]{}, fmt.Errorf("negative pack limit (%+v): %w", lim, errdefs.ErrInvalidArgument)
 	}
 	e.op.Lock()
 	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim})
 	e.op.Unlock()
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
-	rw.WriteHeader(http.StatusCreated)
 	out := snapshotOf(p.Layer)
 	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
 	out.Dropped, out.FrozenSeconds = p.Packed.Dropped, p.Frozen.Seconds()
-	reply(rw, out)
+	return created[api.Snapshot]{out}, nil
 }
 
 func snapshotOf(l *layer.Info) api.Snapshot {
@@ -81,19 +70,12 @@ func snapshotOf(l *layer.Info) api.Snapshot {
 
 // branch makes N sandboxes on one snapshot, concurrently; if one
 // fails, those made are removed again.
-func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
-	var req api.BranchRequest
-	if err := decode(r, &req); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.Sandbox], error) {
 	if req.Snapshot == "" {
-		fail(rw, fmt.Errorf("branch needs a snapshot (NAME:STEP; dsec snap ls lists them): %w", errdefs.ErrInvalidArgument))
-		return
+		return created[[]api.Sandbox]{}, fmt.Errorf("branch needs a snapshot (NAME:STEP; dsec snap ls lists them): %w", errdefs.ErrInvalidArgument)
 	}
 	if req.N < 1 || req.N > maxBranches {
-		fail(rw, fmt.Errorf("branch count %d: give 1 to %d: %w", req.N, maxBranches, errdefs.ErrInvalidArgument))
-		return
+		return created[[]api.Sandbox]{}, fmt.Errorf("branch count %d: give 1 to %d: %w", req.N, maxBranches, errdefs.ErrInvalidArgument)
 	}
 	prefix := req.NamePrefix
 	if prefix == "" {
@@ -101,8 +83,7 @@ func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
 	}
 	names, err := w.branchNames(prefix, req.N, req.NamePrefix == "")
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[[]api.Sandbox]{}, err
 	}
 	spec := req.Spec
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
@@ -134,16 +115,14 @@ func (w *worker) branch(rw http.ResponseWriter, r *http.Request) {
 				w.removeSandbox(names[i], sb)
 			}
 		}
-		fail(rw, firstErr(errs))
-		return
+		return created[[]api.Sandbox]{}, firstErr(errs)
 	}
 	out := make([]api.Sandbox, len(sbs))
 	for i, sb := range sbs {
 		out[i] = w.describe(sb)
 	}
 	w.log.Info("branched", "snapshot", req.Snapshot, "n", req.N, "prefix", prefix)
-	rw.WriteHeader(http.StatusCreated)
-	reply(rw, out)
+	return created[[]api.Sandbox]{out}, nil
 }
 
 // branchNames names n branches PREFIX-I. A default prefix takes the
@@ -193,19 +172,18 @@ func firstErr(errs []error) error {
 }
 
 // snapshots lists the lineage DAG.
-func (w *worker) snapshots(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) snapshots(r *http.Request, _ none) ([]api.SnapshotNode, error) {
 	w.lineage.RLock()
 	defer w.lineage.RUnlock()
 	nodes, err := w.tree(r.Context())
 	if err != nil {
-		fail(rw, err)
-		return
+		return nil, err
 	}
 	out := make([]api.SnapshotNode, len(nodes))
 	for i, n := range nodes {
 		out[i] = n.SnapshotNode
 	}
-	reply(rw, out)
+	return out, nil
 }
 
 func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
@@ -218,54 +196,42 @@ func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
 
 // removeSnapshot untags a snapshot nothing stands on (or, forced, one
 // something does); no sandbox comes to stand on it meanwhile.
-func (w *worker) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 	w.lineage.Lock()
 	defer w.lineage.Unlock()
 	users, err := runtime.SnapUsers(w.cfg.Root)
 	if err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
 	if _, err := snap.Remove(r.Context(), w.mounter.Store, r.PathValue("ref"), users, r.URL.Query().Get("force") == "1"); err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
 	w.log.Info("removed snapshot", "snapshot", r.PathValue("ref"))
-	rw.WriteHeader(http.StatusNoContent)
+	return none{}, nil
 }
 
 // squash folds a chain of snapshots into a new one.
-func (w *worker) squash(rw http.ResponseWriter, r *http.Request) {
-	var req api.SquashRequest
-	if err := decode(r, &req); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Snapshot], error) {
 	if req.Snapshot == "" || req.Tag == "" {
-		fail(rw, fmt.Errorf("squash needs the snapshot and the new tag (NAME:STEP): %w", errdefs.ErrInvalidArgument))
-		return
+		return created[api.Snapshot]{}, fmt.Errorf("squash needs the snapshot and the new tag (NAME:STEP): %w", errdefs.ErrInvalidArgument)
 	}
 	to, err := layer.ParseRef(req.Tag)
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	w.lineage.Lock()
 	defer w.lineage.Unlock()
 	tmp, err := os.MkdirTemp(w.cfg.Root, "squash-")
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	defer os.RemoveAll(tmp) // Squash unmounts what it mounted there first
 	info, n, err := snap.Squash(context.WithoutCancel(r.Context()), w.mounter.Store, req.Snapshot, to, tmp)
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Snapshot]{}, err
 	}
 	out := snapshotOf(info)
 	out.Folded, out.Entries, out.Whiteouts, out.Bytes = n.Folded, n.Entries, n.Whiteouts, n.Bytes
 	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n.Folded)
-	rw.WriteHeader(http.StatusCreated)
-	reply(rw, out)
+	return created[api.Snapshot]{out}, nil
 }

@@ -22,12 +22,35 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/feature"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
+
+// Features are the host's features the worker's sandboxes use, each
+// probed once: reported in /v1/version, the missing ones logged as the
+// worker starts.
+var Features = []*feature.Test{mount.HaveEROFS, mount.HaveOverlay, mount.HaveFUSE, mount.HaveBtrfs, mount.HaveIDMap,
+	cgroup.Kill, cgroup.Freeze, cgroup.MemoryV2, policy.EgressBPF, policy.DevicesBPF,
+	container.Landlock, container.CoreSched, container.MemoryMerge, container.UserNamespaces, runtime.OnlineGrow}
+
+// features describes Features.
+func features() []api.Feature {
+	out := make([]api.Feature, len(Features))
+	for i, f := range Features {
+		out[i] = api.Feature{Name: f.Name, Available: true}
+		var u *feature.UnsupportedError
+		if errors.As(f.Err(), &u) {
+			out[i] = api.Feature{Name: f.Name, Reason: u.Reason, Without: u.Without}
+		}
+	}
+	return out
+}
 
 // Backends are the kinds of sandbox a worker runs, the default first:
 // the runtime's (runtime.Backends lists them, once).
@@ -170,6 +193,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	errc := make(chan error, 1)
 	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes), "init", initBin) // before any request
 	go func() { errc <- srv.Serve(l) }()
+	go func() { // off the first request's path
+		for _, f := range features() {
+			if !f.Available {
+				w.log.Warn("the host lacks a feature", "feature", f.Name, "why", f.Reason, "so", f.Without)
+			}
+		}
+	}()
 	if cfg.Ready != nil {
 		cfg.Ready()
 	}
@@ -271,14 +301,14 @@ func (w *worker) release() {
 
 func (w *worker) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/version", w.version)
+	mux.HandleFunc("GET /v1/version", handle(w.version))
 	mux.HandleFunc("POST /v1/shutdown", w.shutdownReq)
-	mux.HandleFunc("POST /v1/sandboxes", w.create)
-	mux.HandleFunc("GET /v1/sandboxes", w.list)
-	mux.HandleFunc("GET /v1/sandboxes/{name}", w.inspect)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", w.lifecycle(w.stop))
-	mux.HandleFunc("POST /v1/sandboxes/{name}/start", w.lifecycle(w.start))
-	mux.HandleFunc("DELETE /v1/sandboxes/{name}", w.remove)
+	mux.HandleFunc("POST /v1/sandboxes", handle(w.create))
+	mux.HandleFunc("GET /v1/sandboxes", handle(w.list))
+	mux.HandleFunc("GET /v1/sandboxes/{name}", handle(w.inspect))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", handle(w.lifecycle(w.stop)))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/start", handle(w.lifecycle(w.start)))
+	mux.HandleFunc("DELETE /v1/sandboxes/{name}", handle(w.remove))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/files", w.putFile)
@@ -286,20 +316,20 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}/stat", w.statPath)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/archive", w.statPath)
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/archive", w.putArchive)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", w.packDiff)
-	mux.HandleFunc("POST /v1/branches", w.branch)
-	mux.HandleFunc("GET /v1/snapshots", w.snapshots)
-	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", w.removeSnapshot)
-	mux.HandleFunc("POST /v1/squash", w.squash)
-	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", w.applyPolicy)
-	mux.HandleFunc("GET /v1/policies", w.policies)
-	mux.HandleFunc("GET /v1/policies/{name}", w.getPolicy)
-	mux.HandleFunc("PUT /v1/policies/{name}", w.putPolicy)
-	mux.HandleFunc("DELETE /v1/policies/{name}", w.deletePolicy)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", handle(w.packDiff))
+	mux.HandleFunc("POST /v1/branches", handle(w.branch))
+	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
+	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
+	mux.HandleFunc("POST /v1/squash", handle(w.squash))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", handle(w.applyPolicy))
+	mux.HandleFunc("GET /v1/policies", handle(w.policies))
+	mux.HandleFunc("GET /v1/policies/{name}", handle(w.getPolicy))
+	mux.HandleFunc("PUT /v1/policies/{name}", handle(w.putPolicy))
+	mux.HandleFunc("DELETE /v1/policies/{name}", handle(w.deletePolicy))
 	mux.HandleFunc("POST /v1/calls", w.call)
-	mux.HandleFunc("GET /v1/pools", w.listPools)
-	mux.HandleFunc("PUT /v1/pools/{name}", w.putPool)
-	mux.HandleFunc("DELETE /v1/pools/{name}", w.deletePool)
+	mux.HandleFunc("GET /v1/pools", handle(w.listPools))
+	mux.HandleFunc("PUT /v1/pools/{name}", handle(w.putPool))
+	mux.HandleFunc("DELETE /v1/pools/{name}", handle(w.deletePool))
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
@@ -318,24 +348,13 @@ func apiError(err error) *api.Error {
 	return e
 }
 
-func fail(rw http.ResponseWriter, err error) {
-	e, status := api.ErrorOf(err)
-	rw.Header().Set("Content-Type", "application/json")
-	rw.WriteHeader(status)
-	json.NewEncoder(rw).Encode(e)
-}
-
-func reply(rw http.ResponseWriter, v any) {
-	rw.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(rw).Encode(v)
-}
-
-func (w *worker) version(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
 	uppers, _ := runtime.UppersSize(w.cfg.Root)
-	reply(rw, api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
+	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
-			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers}})
+			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers},
+		Features: features(), Warm: &api.Warm{Spares: w.mounter.Spares.Ready(), Primed: w.mounter.Primed.Ready()}}, nil
 }
 
 // parentLimits bound all sandboxes together: the host's memory less the
@@ -384,20 +403,13 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-func (w *worker) create(rw http.ResponseWriter, r *http.Request) {
-	var spec api.SandboxSpec
-	if err := decode(r, &spec); err != nil {
-		fail(rw, err)
-		return
-	}
+func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
 	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
-		fail(rw, err)
-		return
+		return created[api.Sandbox]{}, err
 	}
-	rw.WriteHeader(http.StatusCreated)
-	reply(rw, w.describe(sb))
+	return created[api.Sandbox]{w.describe(sb)}, nil
 }
 
 // limits are the cgroup limits of a sandbox made for spec: what it
@@ -636,7 +648,7 @@ func showMark(sb *api.Sandbox, mark string) {
 
 // list lists the sandboxes, queued and being made ones included; warm
 // pool sandboxes only with all=1.
-func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 	all := r.URL.Query().Get("all") == "1"
 	out := []api.Sandbox{}
 	w.mu.Lock()
@@ -660,57 +672,48 @@ func (w *worker) list(rw http.ResponseWriter, r *http.Request) {
 		out = append(out, w.describe(sb))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	reply(rw, out)
+	return out, nil
 }
 
-func (w *worker) inspect(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) inspect(r *http.Request, _ none) (api.Sandbox, error) {
 	e, err := w.get(r.PathValue("name"))
 	if err != nil {
-		fail(rw, err)
-		return
+		return api.Sandbox{}, err
 	}
-	reply(rw, w.describe(e.sb))
+	return w.describe(e.sb), nil
 }
 
 // lifecycle serves stop and start: one operation on the sandbox under
 // its lifecycle lock, answered with the sandbox as it is then.
-func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) http.HandlerFunc {
-	return func(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) func(*http.Request, none) (api.Sandbox, error) {
+	return func(r *http.Request, _ none) (api.Sandbox, error) {
 		e, err := w.get(r.PathValue("name"))
 		if err != nil {
-			fail(rw, err)
-			return
+			return api.Sandbox{}, err
 		}
 		e.op.Lock()
 		err = op(r.Context(), e)
 		e.op.Unlock()
 		if err != nil {
-			fail(rw, err)
-			return
+			return api.Sandbox{}, err
 		}
-		reply(rw, w.describe(e.sb))
+		return w.describe(e.sb), nil
 	}
 }
 
-func (w *worker) remove(rw http.ResponseWriter, r *http.Request) {
+func (w *worker) remove(r *http.Request, _ none) (none, error) {
 	name := r.PathValue("name")
 	e, err := w.get(name)
 	if err != nil {
-		fail(rw, err)
-		return
+		return none{}, err
 	}
 	force := r.URL.Query().Get("force") == "1"
 	e.op.Lock()
 	defer e.op.Unlock()
 	if st := e.sb.Snapshot().Status; st == runtime.Running && !force {
-		fail(rw, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition))
-		return
+		return none{}, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition)
 	}
-	if err := w.removeSandbox(name, e.sb); err != nil {
-		fail(rw, err)
-		return
-	}
-	rw.WriteHeader(http.StatusNoContent)
+	return none{}, w.removeSandbox(name, e.sb)
 }
 
 // removeSandbox removes a sandbox and forgets it; the caller holds its

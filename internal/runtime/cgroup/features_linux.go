@@ -1,0 +1,70 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/feature"
+)
+
+// The cgroup features a worker reports (package feature).
+var (
+	// Kill is cgroup.kill (Linux 5.14): every process of a group killed
+	// at once.
+	Kill = feature.New("cgroup.kill", "a group is frozen, its processes killed one by one, then thawed", func() error {
+		return childFile("cgroup.kill", 5, 14)
+	})
+	// Freeze is the cgroup2 freezer (Linux 5.2).
+	Freeze = feature.New("cgroup.freeze", "groups are frozen by the v1 freezer", func() error {
+		return childFile("cgroup.freeze", 5, 2)
+	})
+	// MemoryV2 is the memory controller on the cgroup2 hierarchy: what
+	// memory.low and memory.min protection (of the worker and its
+	// fetchers against the sandboxes) needs.
+	MemoryV2 = feature.New("cgroup2 memory", "memory is bounded by the v1 controller; the worker's own memory is not protected (memory.low)", func() error {
+		dir := Root
+		if !pureV2() {
+			dir = filepath.Join(Root, "unified")
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(strings.Fields(string(b)), "memory") {
+			return errors.New("the memory controller is not on the cgroup2 hierarchy (it is on v1)")
+		}
+		return nil
+	})
+)
+
+// childFile says whether the groups of the cgroup2 hierarchy have file:
+// it looks in the hierarchy's first level, which the root lacks; with no
+// group there, by the kernel's release (the file came in major.minor).
+func childFile(file string, major, minor int) error {
+	dir := Root
+	if !pureV2() {
+		dir = filepath.Join(Root, "unified")
+	}
+	if found, _ := filepath.Glob(filepath.Join(dir, "*", file)); len(found) > 0 {
+		return nil
+	}
+	if groups, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs")); len(groups) > 0 {
+		return errors.New("no " + file + " in the groups of " + dir)
+	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return err
+	}
+	var maj, min int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min)
+	if maj > major || maj == major && min >= minor {
+		return nil
+	}
+	return fmt.Errorf("Linux %d.%d: %s came in %d.%d", maj, min, file, major, minor)
+}
