@@ -31,4 +31,25 @@
 // SetOrder moves the planned files it names to the front of the data
 // region, in its order (Stats.Hot): an access profile recorded from a run
 // becomes one contiguous range that a lazy mount fetches in few windows.
+//
+// # Why dsec keeps its own writer
+//
+// go-erofs (github.com/erofs/go-erofs, a dependency for reading images
+// in tests) ships a writer too since v0.3.1, erofs.Create, with a
+// data-first layout like this one. dsec keeps its own for what that one
+// does not do: it writes a tar stream in one pass, with no spool file
+// and no second read of the data (a layer is built as it is pulled);
+// SetOrder places a recorded profile's files first, as one hot region;
+// and aligned 1 MiB runs of zeros become holes. An ordering hook in
+// go-erofs would let dsec use its writer for the rest; until then this
+// one is split by stage, as go-erofs splits its own:
+//
+//	writer.go   the Writer, its options and what Finish reports
+//	tree.go     the path tree: directories, links, whiteouts, removal
+//	data.go     file data appended as it arrives, with holes
+//	plan.go     planned files: the hot region first, then in plan order
+//	xattr.go    extended attributes, encoded inline
+//	layout.go   Finish, stage by stage: inodes ordered, sized, placed;
+//	            directory blocks; the inode area; the superblock; written
+//	format.go   the on-disk constants and the in-memory inode
 package erofs
