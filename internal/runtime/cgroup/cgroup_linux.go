@@ -51,7 +51,7 @@ type Group struct {
 	name string
 	v1   map[string]string // controller -> directory (hybrid hosts)
 	v2   string            // the cgroup2 directory (both layouts)
-	pure bool              // pure v2: every controller lives in v2
+	m    manager           // the host's layout: hybrid or unified
 }
 
 var v1Controllers = []string{"memory", "cpu", "pids", "freezer", "devices"}
@@ -90,18 +90,8 @@ func New(name string, l Limits) (*Group, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	g := layout(name, l.Idle)
-	if g.pure {
-		parent := filepath.Dir(g.v2)
-		if err := os.MkdirAll(parent, 0o755); err != nil {
-			return nil, err
-		}
-		// Hand the controllers down to the sandboxes' groups.
-		for _, c := range []string{"+memory", "+cpu", "+pids"} {
-			_ = write(Root, "cgroup.subtree_control", c)
-			_ = write(parent, "cgroup.subtree_control", c)
-		}
-	}
+	g := host().layout(name, l.Idle)
+	g.m.prepare(g)
 	for _, d := range g.dirs() {
 		var err error
 		for try := 0; try < 3; try++ { // a Remove may take the parent away meanwhile
@@ -172,12 +162,7 @@ func ParentLimits() Limits {
 }
 
 // parentDirs are Parent's directories that hold a memory or pids limit.
-func parentDirs() []string {
-	if pureV2() {
-		return []string{filepath.Join(Root, Parent)}
-	}
-	return []string{filepath.Join(Root, "memory", Parent), filepath.Join(Root, "pids", Parent)}
-}
+func parentDirs() []string { return host().parentDirs() }
 
 // limitParent writes Parent's limits into dir if it is one of Parent's
 // directories that takes them.
@@ -199,17 +184,7 @@ func limitParent(dir string) error {
 	if ino, ok := limited[dir]; ok && ino == st.Ino {
 		return nil
 	}
-	memory, pids := "", ""
-	switch dir {
-	case filepath.Join(Root, Parent):
-		if pureV2() {
-			memory, pids = "memory.max", "pids.max"
-		}
-	case filepath.Join(Root, "memory", Parent):
-		memory = "memory.limit_in_bytes"
-	case filepath.Join(Root, "pids", Parent):
-		pids = "pids.max"
-	}
+	memory, pids := host().parentFiles(dir)
 	if memory != "" && l.MemoryBytes > 0 {
 		if err := write(dir, memory, strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
 			return err
@@ -234,11 +209,7 @@ func limitParent(dir string) error {
 // not for every charge.)
 func (g *Group) ReachedLimit() bool {
 	limit, _ := g.Limits()
-	peak := readBytes(g.v2, "memory.peak")
-	if !g.pure {
-		peak = readBytes(g.v1["memory"], "memory.max_usage_in_bytes")
-	}
-	return limit > 0 && peak >= limit-1<<20
+	return limit > 0 && g.m.peak(g) >= limit-1<<20
 }
 
 // readBytes reads a byte count or limit a cgroup file holds (0 for
@@ -269,11 +240,7 @@ func counter(dir, file, key string) int {
 // which some task under Parent stalled on memory: PSI's "some avg10" of
 // its cgroup2 directory (on hybrid hosts too: PSI needs no controller).
 func ParentPressure() (float64, error) {
-	dir := filepath.Join(Root, "unified", Parent)
-	if pureV2() {
-		dir = filepath.Join(Root, Parent)
-	}
-	return Pressure(filepath.Join(dir, "memory.pressure"))
+	return Pressure(filepath.Join(host().parentV2(), "memory.pressure"))
 }
 
 // Pressure reads "some avg10" from a PSI file (/proc/pressure/memory,
@@ -299,20 +266,7 @@ func Pressure(file string) (float64, error) {
 // for Parent's limit or a sandbox's own, in the groups there now (v1
 // counts a kill in the victim's group only; v2's memory.events counts
 // the subtree's).
-func ParentOOMKills() int {
-	if pureV2() {
-		return oomKills(filepath.Join(Root, Parent), "memory.events")
-	}
-	dir := filepath.Join(Root, "memory", Parent)
-	n := oomKills(dir, "memory.oom_control")
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.IsDir() {
-			n += oomKills(filepath.Join(dir, e.Name()), "memory.oom_control")
-		}
-	}
-	return n
-}
+func ParentOOMKills() int { return host().parentOOMKills() }
 
 // oomKills reads the oom_kill count of a memory group's file.
 func oomKills(dir, file string) int { return counter(dir, file, "oom_kill") }
@@ -324,34 +278,15 @@ func checkName(name string) error {
 	return nil
 }
 
-// layout says where the group name lives: an idle group's CPU
-// controller (on pure v2, all of it) under IdleParent.
-func layout(name string, idle bool) *Group {
-	g := &Group{name: name, v1: map[string]string{}, pure: pureV2()}
-	cpuParent := Parent
-	if idle {
-		cpuParent = IdleParent
-	}
-	if g.pure {
-		g.v2 = filepath.Join(Root, cpuParent, name)
-		return g
-	}
-	g.v2 = filepath.Join(Root, "unified", Parent, name)
-	for _, c := range v1Controllers {
-		if c != "devices" || v1Mounted()[c] {
-			g.v1[c] = filepath.Join(Root, c, Parent, name)
-		}
-	}
-	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
-	return g
-}
+// layout says where the group name lives (manager.layout).
+func layout(name string, idle bool) *Group { return host().layout(name, idle) }
 
 // cpuDir is the directory of the group's CPU controller.
 func (g *Group) cpuDir() string {
-	if g.pure {
-		return g.v2
+	if d, ok := g.v1["cpu"]; ok {
+		return d
 	}
-	return g.v1["cpu"]
+	return g.v2
 }
 
 // Open returns the group name made earlier, for a worker that restarts.
@@ -404,47 +339,8 @@ func List(prefix, suffix string) ([]string, error) {
 func (g *Group) Path() string { return g.v2 }
 
 func (g *Group) limit(l Limits) error {
-	if g.pure {
-		if l.MemoryBytes > 0 {
-			if err := write(g.v2, "memory.max", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
-				return err
-			}
-			_ = write(g.v2, "memory.swap.max", "0")
-		}
-		if l.CPUMilli > 0 {
-			if err := write(g.v2, "cpu.max", fmt.Sprintf("%d 100000", l.CPUMilli*100)); err != nil {
-				return err
-			}
-		}
-		if l.Pids > 0 {
-			if err := write(g.v2, "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
-				return err
-			}
-		}
-		return g.schedule(l)
-	}
-	if l.MemoryBytes > 0 {
-		if err := write(g.v1["memory"], "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
-			return err
-		}
-		_ = write(g.v1["memory"], "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
-		// v1 charges TCP buffers to a group only once it has a TCP
-		// limit (v2 charges them to memory.current): without one, a
-		// sandbox's unread connections take the host's tcp_mem.
-		_ = write(g.v1["memory"], "memory.kmem.tcp.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
-	}
-	if l.CPUMilli > 0 {
-		if err := write(g.v1["cpu"], "cpu.cfs_period_us", "100000"); err != nil {
-			return err
-		}
-		if err := write(g.v1["cpu"], "cpu.cfs_quota_us", strconv.FormatInt(l.CPUMilli*100, 10)); err != nil {
-			return err
-		}
-	}
-	if l.Pids > 0 {
-		if err := write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
-			return err
-		}
+	if err := g.m.limit(g, l); err != nil {
+		return err
 	}
 	return g.schedule(l)
 }
@@ -455,10 +351,7 @@ func (g *Group) schedule(l Limits) error {
 		return fmt.Errorf("cgroup: CPU weight %d out of 1-10000", l.Weight)
 	}
 	if l.Weight > 0 {
-		file, v := "cpu.weight", l.Weight
-		if !g.pure {
-			file, v = "cpu.shares", max(2, l.Weight*1024/100)
-		}
+		file, v := g.m.weight(l.Weight)
 		if err := write(g.cpuDir(), file, strconv.FormatInt(v, 10)); err != nil {
 			return err
 		}
@@ -585,29 +478,16 @@ func (g *Group) Kill() error {
 
 // OOMKills counts the processes of the group the kernel killed for
 // exceeding its memory limit.
-func (g *Group) OOMKills() int {
-	dir, file := g.v2, "memory.events"
-	if !g.pure {
-		dir, file = g.v1["memory"], "memory.oom_control"
-	}
-	return oomKills(dir, file)
-}
+func (g *Group) OOMKills() int { return g.m.oomKills(g) }
 
 // PidsLimitHits counts the forks the pids limit refused.
-func (g *Group) PidsLimitHits() int {
-	dir := g.v2
-	if !g.pure {
-		dir = g.v1["pids"]
-	}
-	return counter(dir, "pids.events", "max")
-}
+func (g *Group) PidsLimitHits() int { return g.m.pidsHits(g) }
 
 // MemoryCharged is the memory charged to the group, page cache included.
-func (g *Group) MemoryCharged() (int64, error) {
-	dir, file := g.v2, "memory.current"
-	if !g.pure {
-		dir, file = g.v1["memory"], "memory.usage_in_bytes"
-	}
+func (g *Group) MemoryCharged() (int64, error) { return g.m.charged(g) }
+
+// readInt reads the number a cgroup file holds.
+func readInt(dir, file string) (int64, error) {
 	b, err := os.ReadFile(filepath.Join(dir, file))
 	if err != nil {
 		return 0, err
@@ -687,12 +567,7 @@ func (g *Group) AllowDevices(deny string, allow []string) error {
 
 // Limits reads the group's memory and pids limits back from the
 // kernel (0: none).
-func (g *Group) Limits() (memory, pids int64) {
-	if g.pure {
-		return readBytes(g.v2, "memory.max"), readBytes(g.v2, "pids.max")
-	}
-	return readBytes(g.v1["memory"], "memory.limit_in_bytes"), readBytes(g.v1["pids"], "pids.max")
-}
+func (g *Group) Limits() (memory, pids int64) { return g.m.limits(g) }
 
 // SetLimits changes the group's limits while its processes run (a zero
 // field leaves that limit as it is; Idle cannot change).
@@ -716,19 +591,5 @@ func (g *Group) CPUUsage() (time.Duration, error) {
 
 // Reclaim takes back what memory of the group the kernel can: its page
 // cache (clean pages go, dirty ones are written first) and, on v2 with
-// swap, cold anonymous memory. On v1 that is memory.force_empty, which
-// needs no limit; on v2 memory.reclaim of all it holds, which stops
-// short with EAGAIN when nothing more can go (not an error here).
-func (g *Group) Reclaim() error {
-	if !g.pure {
-		return write(g.v1["memory"], "memory.force_empty", "0")
-	}
-	n, err := g.MemoryCharged()
-	if err != nil {
-		return err
-	}
-	if err := write(g.v2, "memory.reclaim", strconv.FormatInt(n, 10)); err != nil && !errors.Is(err, syscall.EAGAIN) {
-		return err
-	}
-	return nil
-}
+// swap, cold anonymous memory.
+func (g *Group) Reclaim() error { return g.m.reclaim(g) }

@@ -1,0 +1,244 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+)
+
+// manager is how a host lays its groups out and drives them, as runc's
+// fs and fs2 managers are: hybrid (the v1 controllers beside a cgroup2
+// hierarchy at Root/unified, these hosts' layout) or unified (cgroup2
+// only). The host's is found once (host); a Group carries it.
+type manager interface {
+	// layout places group name: its cgroup2 directory, and on hybrid
+	// hosts one per v1 controller; an idle group's CPU controller (on
+	// unified hosts, all of it) under IdleParent.
+	layout(name string, idle bool) *Group
+	// prepare readies the parents before a group is made.
+	prepare(g *Group)
+	// limit writes l's memory, CPU and pids limits (zero: left as is).
+	limit(g *Group, l Limits) error
+	// weight is the file and value for a CPU weight on v2's scale.
+	weight(w int64) (file string, v int64)
+	// limits reads the memory and pids limits back (0: none).
+	limits(g *Group) (memory, pids int64)
+	// peak is the most memory the group was ever charged.
+	peak(g *Group) int64
+	// oomKills counts the group's processes the OOM killer took.
+	oomKills(g *Group) int
+	// pidsHits counts the forks its pids limit refused.
+	pidsHits(g *Group) int
+	// charged is the memory charged to it now, page cache included.
+	charged(g *Group) (int64, error)
+	// reclaim takes back what memory of it the kernel can.
+	reclaim(g *Group) error
+	// parentDirs are Parent's directories that hold a memory or pids
+	// limit; parentFiles the files of dir that take them ("" none).
+	parentDirs() []string
+	parentFiles(dir string) (memory, pids string)
+	// parentV2 is Parent's cgroup2 directory (PSI lives there on
+	// either layout).
+	parentV2() string
+	// parentOOMKills counts the OOM kills under Parent.
+	parentOOMKills() int
+}
+
+// host is this host's manager.
+var host = sync.OnceValue(func() manager {
+	if pureV2() {
+		return unified{}
+	}
+	return hybrid{}
+})
+
+// hybrid: v1 memory, cpu, pids, freezer and devices controllers, and a
+// cgroup2 hierarchy for freezing, killing, BPF and PSI.
+type hybrid struct{}
+
+func (hybrid) layout(name string, idle bool) *Group {
+	cpuParent := Parent
+	if idle {
+		cpuParent = IdleParent
+	}
+	g := &Group{name: name, v1: map[string]string{}, m: hybrid{}, v2: filepath.Join(Root, "unified", Parent, name)}
+	for _, c := range v1Controllers {
+		if c != "devices" || v1Mounted()[c] {
+			g.v1[c] = filepath.Join(Root, c, Parent, name)
+		}
+	}
+	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
+	return g
+}
+
+func (hybrid) prepare(*Group) {}
+
+func (hybrid) limit(g *Group, l Limits) error {
+	if l.MemoryBytes > 0 {
+		if err := write(g.v1["memory"], "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		// Swap too, where the kernel accounts it (without swap
+		// accounting the file is missing: nothing to bound).
+		_ = write(g.v1["memory"], "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+		// v1 charges TCP buffers to a group only once it has a TCP
+		// limit (v2 charges them to memory.current): without one, a
+		// sandbox's unread connections take the host's tcp_mem.
+		_ = write(g.v1["memory"], "memory.kmem.tcp.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+	}
+	if l.CPUMilli > 0 {
+		if err := write(g.v1["cpu"], "cpu.cfs_period_us", "100000"); err != nil {
+			return err
+		}
+		if err := write(g.v1["cpu"], "cpu.cfs_quota_us", strconv.FormatInt(l.CPUMilli*100, 10)); err != nil {
+			return err
+		}
+	}
+	if l.Pids > 0 {
+		if err := write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (hybrid) weight(w int64) (string, int64) { return "cpu.shares", max(2, w*1024/100) }
+
+func (hybrid) limits(g *Group) (int64, int64) {
+	return readBytes(g.v1["memory"], "memory.limit_in_bytes"), readBytes(g.v1["pids"], "pids.max")
+}
+
+func (hybrid) peak(g *Group) int64 { return readBytes(g.v1["memory"], "memory.max_usage_in_bytes") }
+
+func (hybrid) oomKills(g *Group) int { return oomKills(g.v1["memory"], "memory.oom_control") }
+
+func (hybrid) pidsHits(g *Group) int { return counter(g.v1["pids"], "pids.events", "max") }
+
+func (hybrid) charged(g *Group) (int64, error) {
+	return readInt(g.v1["memory"], "memory.usage_in_bytes")
+}
+
+// reclaim is memory.force_empty, which needs no limit.
+func (hybrid) reclaim(g *Group) error { return write(g.v1["memory"], "memory.force_empty", "0") }
+
+func (hybrid) parentDirs() []string {
+	return []string{filepath.Join(Root, "memory", Parent), filepath.Join(Root, "pids", Parent)}
+}
+
+func (hybrid) parentFiles(dir string) (string, string) {
+	switch dir {
+	case filepath.Join(Root, "memory", Parent):
+		return "memory.limit_in_bytes", ""
+	case filepath.Join(Root, "pids", Parent):
+		return "", "pids.max"
+	}
+	return "", ""
+}
+
+func (hybrid) parentV2() string { return filepath.Join(Root, "unified", Parent) }
+
+// parentOOMKills adds up the groups' counts: v1 counts a kill in the
+// victim's group only.
+func (hybrid) parentOOMKills() int {
+	dir := filepath.Join(Root, "memory", Parent)
+	n := oomKills(dir, "memory.oom_control")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			n += oomKills(filepath.Join(dir, e.Name()), "memory.oom_control")
+		}
+	}
+	return n
+}
+
+// unified: every controller on the cgroup2 hierarchy at Root.
+type unified struct{}
+
+func (unified) layout(name string, idle bool) *Group {
+	parent := Parent
+	if idle {
+		parent = IdleParent
+	}
+	return &Group{name: name, v1: map[string]string{}, m: unified{}, v2: filepath.Join(Root, parent, name)}
+}
+
+// prepare hands the controllers down to the sandboxes' groups. A
+// controller the host does not offer (or gave away to a threaded
+// subtree) stays off: the group then goes without that limit, as the
+// features report says.
+func (unified) prepare(g *Group) {
+	parent := filepath.Dir(g.v2)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return // New's mkdir says why
+	}
+	for _, c := range []string{"+memory", "+cpu", "+pids"} {
+		_ = write(Root, "cgroup.subtree_control", c)
+		_ = write(parent, "cgroup.subtree_control", c)
+	}
+}
+
+func (unified) limit(g *Group, l Limits) error {
+	if l.MemoryBytes > 0 {
+		if err := write(g.v2, "memory.max", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+			return err
+		}
+		// No swap for the group (the file is missing without swap).
+		_ = write(g.v2, "memory.swap.max", "0")
+	}
+	if l.CPUMilli > 0 {
+		if err := write(g.v2, "cpu.max", fmt.Sprintf("%d 100000", l.CPUMilli*100)); err != nil {
+			return err
+		}
+	}
+	if l.Pids > 0 {
+		if err := write(g.v2, "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (unified) weight(w int64) (string, int64) { return "cpu.weight", w }
+
+func (unified) limits(g *Group) (int64, int64) {
+	return readBytes(g.v2, "memory.max"), readBytes(g.v2, "pids.max")
+}
+
+func (unified) peak(g *Group) int64 { return readBytes(g.v2, "memory.peak") }
+
+func (unified) oomKills(g *Group) int { return oomKills(g.v2, "memory.events") }
+
+func (unified) pidsHits(g *Group) int { return counter(g.v2, "pids.events", "max") }
+
+func (unified) charged(g *Group) (int64, error) { return readInt(g.v2, "memory.current") }
+
+// reclaim is memory.reclaim of all the group holds, which stops short
+// with EAGAIN when nothing more can go (not an error here).
+func (unified) reclaim(g *Group) error {
+	n, err := g.MemoryCharged()
+	if err != nil {
+		return err
+	}
+	if err := write(g.v2, "memory.reclaim", strconv.FormatInt(n, 10)); err != nil && !errors.Is(err, syscall.EAGAIN) {
+		return err
+	}
+	return nil
+}
+
+func (unified) parentDirs() []string { return []string{filepath.Join(Root, Parent)} }
+
+func (unified) parentFiles(dir string) (string, string) {
+	if dir == filepath.Join(Root, Parent) {
+		return "memory.max", "pids.max"
+	}
+	return "", ""
+}
+
+func (unified) parentV2() string { return filepath.Join(Root, Parent) }
+
+// parentOOMKills: v2's memory.events counts the subtree's.
+func (unified) parentOOMKills() int { return oomKills(filepath.Join(Root, Parent), "memory.events") }
