@@ -2,7 +2,7 @@
 # ab-worker.sh A-DIR B-DIR [N] (as root): two worker builds compared on `dsec run --rm --base $LAYER -- true`. Each
 # directory holds a build's dsec, dsecd and dsec-init (make build's bin/). A's worker serves $ROOT_A and B's $ROOT_B
 # (both roots must hold $LAYER, default bench:1); runs alternate between them 50 ms apart, N per side (default 100),
-# then the roots are swapped and it runs again, so that neither root's state decides it. Prints p25, p50 and p90 per
+# then the roots are swapped and it runs again, so that neither root's state decides it. Prints p25, p50, p90 and p99 per
 # side and round. Each worker is stopped before and after.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: ROOT_A=DIR ROOT_B=DIR [LAYER=bench:1] $0 A-DIR B-DIR [N]" >&2; exit 2; }
@@ -33,6 +33,6 @@ for round in 1 2; do
 	done
 	for side in a b; do
 		sort -n "$out/$side" | awk -v s=$side -v r=$round '{v[NR]=$1} END {
-			printf "round %s %s p25 %.2f p50 %.2f p90 %.2f ms\n", r, s, v[int(NR*0.25+0.999)]/1000, v[int(NR*0.5+0.999)]/1000, v[int(NR*0.9+0.999)]/1000}'
+			printf "round %s %s p25 %.2f p50 %.2f p90 %.2f p99 %.2f ms\n", r, s, v[int(NR*0.25+0.999)]/1000, v[int(NR*0.5+0.999)]/1000, v[int(NR*0.9+0.999)]/1000, v[int(NR*0.99+0.999)]/1000}'
 	done
 done

@@ -94,12 +94,13 @@ type Mounter struct {
 	DiskBound int64
 }
 
-// Sandbox states.
+// Sandbox states: the API's (one set of names from the state file to
+// the SDK).
 const (
-	Creating = "creating" // a worker died before finishing: recovery removes it
-	Running  = "running"
-	Stopped  = "stopped"
-	Dead     = "dead" // the init died without a stop
+	Creating = api.StatusCreating // a worker died before finishing: recovery removes it
+	Running  = api.StatusRunning
+	Stopped  = api.StatusStopped
+	Dead     = api.StatusDead // the init died without a stop
 )
 
 // State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
