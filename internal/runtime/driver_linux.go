@@ -17,6 +17,8 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/idmap"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // The backend seam. A Sandbox does what every kind of sandbox needs:
@@ -116,7 +118,7 @@ func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		}
 	}()
 	if sb.UserNS {
-		ids, err := takeIDs(sb.owner())
+		ids, err := idmap.Take(sb.owner())
 		if err != nil {
 			return err
 		}
@@ -196,7 +198,7 @@ func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		return fmt.Errorf("policy files: %w", err)
 	}
 	if sb.Policy.Network.Mode == api.NetworkNAT {
-		if sb.NAT, err = natUp(sb.owner(), sb.Pid); err != nil {
+		if sb.NAT, err = network.Up(sb.owner(), sb.Pid); err != nil {
 			return err
 		}
 	}
@@ -245,11 +247,11 @@ func (containerDriver) teardown(sb *Sandbox) []error {
 		}
 		sb.g = nil
 	}
-	if err := natDown(sb.owner()); err != nil {
+	if err := network.Down(sb.owner()); err != nil {
 		errs = append(errs, err)
 	}
 	sb.NAT = nil
-	if err := giveIDs(sb.owner()); err != nil {
+	if err := idmap.Give(sb.owner()); err != nil {
 		errs = append(errs, err)
 	}
 	sb.IDs = nil

@@ -29,6 +29,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // Options describe a sandbox to create.
@@ -137,7 +138,7 @@ type State struct {
 	// the policy lets them be written.
 	Toolkit []string `json:"toolkit,omitempty"`
 	// NAT is the sandbox's way out in network mode nat.
-	NAT *NAT `json:"nat,omitempty"`
+	NAT *network.NAT `json:"nat,omitempty"`
 	// Class is its scheduling class; MergeMemory marks its memory for
 	// KSM.
 	Class       string `json:"class,omitempty"`

@@ -1,4 +1,7 @@
-package runtime
+// Package network connects sandboxes to the host in network mode nat: a
+// veth pair per sandbox, a /30 of the NAT pool each, and one masquerade
+// rule for them all.
+package network
 
 import (
 	"errors"
@@ -16,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/hostslot"
 )
 
 // NAT is a sandbox's way out in network mode nat: a veth pair, eth0 in
@@ -33,28 +37,28 @@ type NAT struct {
 // interfaces, and gone with them at boot) records who holds which.
 var (
 	natPool  = policy.NATPool
-	natSlots = hostSlots{dir: "/run/dsec/nat", n: 1 << (32 - natPool.Bits() - 2)}
+	natSlots = hostslot.Table{Dir: "/run/dsec/nat", N: 1 << (32 - natPool.Bits() - 2)}
 )
 
 const natTable = "dsec"
 
-// natUp connects the sandbox whose init is pid to the host: it takes a
+// Up connects the sandbox whose init is pid to the host: it takes a
 // /30 of the pool for owner (the sandbox's root and name), makes the
 // veth pair and installs the masquerade rule if it is not there yet.
-func natUp(owner string, pid int) (_ *NAT, err error) {
+func Up(owner string, pid int) (_ *NAT, err error) {
 	// The lock also covers the masquerade table, which the last one out
 	// removes.
-	unlock, err := natSlots.lock()
+	unlock, err := natSlots.Lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	idx, err := natSlots.take(owner)
+	idx, err := natSlots.Take(owner)
 	if err != nil {
 		return nil, err
 	}
 	if idx < 0 {
-		return nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", natSlots.n, natPool, errdefs.ErrResourceExhausted)
+		return nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", natSlots.N, natPool, errdefs.ErrResourceExhausted)
 	}
 	base := natPool.Addr().As4()
 	off := uint32(idx) * 4
@@ -135,12 +139,12 @@ func ipNet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
 }
 
-// natDown gives back every /30 owner holds (a worker killed before it
+// Down gives back every /30 owner holds (a worker killed before it
 // saved one leaves it recorded only here), taking its pair away if the
 // sandbox's net namespace did not take it already; the last one out
 // removes the masquerade rule.
-func natDown(owner string) error {
-	return natSlots.giveBack(owner, func(idx int) error {
+func Down(owner string) error {
+	return natSlots.GiveBack(owner, func(idx int) error {
 		return natRelease(&NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx)})
 	})
 }
@@ -154,10 +158,10 @@ func natRelease(n *NAT) error {
 			errs = append(errs, fmt.Errorf("remove %s: %w", n.Link, err))
 		}
 	}
-	if err := natSlots.free(n.Index); err != nil {
+	if err := natSlots.Free(n.Index); err != nil {
 		errs = append(errs, err)
 	}
-	if natSlots.empty() {
+	if natSlots.Empty() {
 		errs = append(errs, masquerade(false))
 	}
 	return errors.Join(errs...)
