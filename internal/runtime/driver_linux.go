@@ -247,14 +247,21 @@ func (containerDriver) teardown(sb *Sandbox) []error {
 		}
 		sb.g = nil
 	}
-	if err := network.Down(sb.owner()); err != nil {
-		errs = append(errs, err)
+	// Only a sandbox that asked for them holds a subnet or an id range:
+	// both are asked for before its first state is saved, so a worker
+	// killed between taking one and saving it still finds the ask.
+	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
+		if err := network.Down(sb.owner()); err != nil {
+			errs = append(errs, err)
+		}
+		sb.NAT = nil
 	}
-	sb.NAT = nil
-	if err := idmap.Give(sb.owner()); err != nil {
-		errs = append(errs, err)
+	if sb.UserNS || sb.IDs != nil {
+		if err := idmap.Give(sb.owner()); err != nil {
+			errs = append(errs, err)
+		}
+		sb.IDs = nil
 	}
-	sb.IDs = nil
 	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
 		errs = append(errs, err)
 	}
