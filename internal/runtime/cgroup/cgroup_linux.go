@@ -86,11 +86,14 @@ func write(dir, file, value string) error {
 
 // New makes the group name with limits. A name already in use is an
 // error; Remove takes it away.
-func New(name string, l Limits) (*Group, error) {
+func New(name string, l Limits) (*Group, error) { return newGroup(host(), name, l) }
+
+// newGroup is New on m's layout.
+func newGroup(m manager, name string, l Limits) (*Group, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	g := host().layout(name, l.Idle)
+	g := m.layout(name, l.Idle)
 	g.m.prepare(g)
 	for _, d := range g.dirs() {
 		var err error

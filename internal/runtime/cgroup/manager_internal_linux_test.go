@@ -1,0 +1,92 @@
+package cgroup
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestUnifiedManager drives the cgroup2-only manager on a cgroup2 mount
+// of the test's own, so that a hybrid host (this one) tests it too: the
+// layout, New's preparation, a process moved in, freezing, killing,
+// removal. Limits are checked only where the host's cgroup2 hierarchy
+// has the memory and pids controllers (a pure v2 host); on a hybrid one
+// they are v1's, and the v2 files are absent.
+func TestUnifiedManager(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: mounts cgroup2")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("cgroup2", dir, "cgroup2", 0, ""); err != nil {
+		t.Fatalf("mount cgroup2: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	oldRoot, oldParent := Root, Parent
+	Root, Parent = dir, "dsec-test-unified-"+strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { Root, Parent = oldRoot, oldParent })
+
+	m := unified{}
+	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	controllers := string(b)
+	var l Limits
+	pure := slices.Contains(strings.Fields(controllers), "memory") && slices.Contains(strings.Fields(controllers), "pids")
+	if pure {
+		l = Limits{MemoryBytes: 64 << 20, Pids: 100}
+	}
+	g, err := newGroup(m, "t-1", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, Parent, "t-1"); g.v2 != want || g.Path() != want || g.cpuDir() != want || len(g.v1) != 0 {
+		t.Fatalf("layout: %+v, want everything at %s", g, want)
+	}
+	if pure {
+		if mem, pids := g.Limits(); mem != l.MemoryBytes || pids != l.Pids {
+			t.Fatalf("limits read back %d, %d", mem, pids)
+		}
+	}
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := g.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if pids, err := g.Pids(); err != nil || !slices.Equal(pids, []int{cmd.Process.Pid}) {
+		t.Fatalf("pids %v %v", pids, err)
+	}
+	if err := g.Freeze(); err != nil || !g.Frozen() {
+		t.Fatalf("freeze: %v, frozen %v", err, g.Frozen())
+	}
+	if err := g.Thaw(); err != nil || g.Frozen() {
+		t.Fatalf("thaw: %v, frozen %v", err, g.Frozen())
+	}
+	if err := g.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the group's process survived its kill")
+	}
+	if n := g.OOMKills(); n != 0 {
+		t.Fatalf("%d OOM kills", n)
+	}
+	if err := g.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, Parent)); !os.IsNotExist(err) {
+		t.Fatalf("the parent outlived its last group: %v", err)
+	}
+	if got := m.parentDirs(); !slices.Equal(got, []string{filepath.Join(dir, Parent)}) {
+		t.Fatalf("parent dirs %v", got)
+	}
+	if mem, pids := m.parentFiles(filepath.Join(dir, Parent)); mem != "memory.max" || pids != "pids.max" {
+		t.Fatalf("parent files %s %s", mem, pids)
+	}
+}
