@@ -245,14 +245,16 @@ func (p *Pool[T]) fill() {
 		it, err := recipe(ctx)
 		p.mu.Lock()
 		p.filling--
-		keep := err == nil && gen == p.gen && !p.closed
+		// Not kept: made from an old recipe, for a closed pool, or for
+		// one shrunk meanwhile.
+		keep := err == nil && gen == p.gen && !p.closed && len(p.ready) < p.cfg.Size
 		if keep {
 			p.ready = append(p.ready, it)
 		}
 		p.stats.Err = err
 		p.mu.Unlock()
 		if err == nil {
-			if !keep { // made from an old recipe, or for a closed pool
+			if !keep {
 				p.discard(it)
 			}
 			backoff = minBackoff

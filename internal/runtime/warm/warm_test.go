@@ -195,3 +195,22 @@ func TestCloseWhileMaking(t *testing.T) {
 		t.Fatalf("discarded %v, want what the cancelled make returned", g)
 	}
 }
+
+// A pool shrunk while it makes an item discards that item once made.
+func TestShrinkWhileMaking(t *testing.T) {
+	it := &items{}
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	p := New(Config[int64]{Size: 1, Discard: it.discard, Make: func(ctx context.Context) (int64, error) {
+		started <- struct{}{}
+		<-release
+		return it.make(ctx)
+	}})
+	defer p.Close()
+	<-started
+	p.Resize(0)
+	close(release)
+	waitFor(t, "the item made for the old size discarded", func() bool { return len(it.gone()) == 1 })
+	if s := p.Stats(); s.Ready != 0 || s.Filling != 0 {
+		t.Fatalf("after shrinking to 0 while making: %+v", s)
+	}
+}
