@@ -17,6 +17,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
@@ -171,15 +172,15 @@ func within(kib string, lo, hi int64) bool {
 // back to the host, and its files survive a stop and start.
 func TestDiskBound(t *testing.T) {
 	f := newSnapFixture(t)
-	if err := dsecrt.PrepareUppers(f.root, 256<<20); err != nil {
+	if err := disk.PrepareUppers(f.root, 256<<20); err != nil {
 		t.Fatal(err)
 	}
 	// Given another size, it grows and shrinks, mounted.
 	for _, want := range []int64{256 << 20, 384 << 20, 256 << 20} {
-		if err := dsecrt.PrepareUppers(f.root, want); err != nil {
+		if err := disk.PrepareUppers(f.root, want); err != nil {
 			t.Fatal(err)
 		}
-		if size, _ := dsecrt.UppersSize(f.root); size != want {
+		if size, _ := disk.UppersSize(f.root); size != want {
 			t.Fatalf("uppers file system of %d bytes, want %d", size, want)
 		}
 	}
@@ -263,7 +264,7 @@ func TestDiskBound(t *testing.T) {
 	}
 	t0 := time.Now()
 	for deadline := t0.Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if d, err := os.Open(dsecrt.UppersDir(f.root)); err == nil {
+		if d, err := os.Open(disk.UppersDir(f.root)); err == nil {
 			unix.Syncfs(int(d.Fd()))
 			r := struct{ start, len, minlen uint64 }{0, ^uint64(0), 0}
 			unix.Syscall(unix.SYS_IOCTL, d.Fd(), 0xc0185879 /* FITRIM */, uintptr(unsafe.Pointer(&r)))
@@ -284,7 +285,7 @@ func TestDiskBound(t *testing.T) {
 	if err := b.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	if entries, _ := os.ReadDir(dsecrt.UppersDir(f.root)); len(entries) != 0 {
+	if entries, _ := os.ReadDir(disk.UppersDir(f.root)); len(entries) != 0 {
 		t.Errorf("uppers left after their sandboxes: %v", entries)
 	}
 }
@@ -302,7 +303,7 @@ func BenchmarkDiskBound(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := dsecrt.PrepareUppers(root, 0); err != nil {
+	if err := disk.PrepareUppers(root, 0); err != nil {
 		b.Fatal(err)
 	}
 	// DSEC_BENCH_LIVE=N: with N idle bounded sandboxes beside, as on a
@@ -338,7 +339,7 @@ func BenchmarkDiskBound(b *testing.B) {
 	b.ReportMetric(p50(whole[0]), "bound-rm-p50-ms")
 	b.ReportMetric(p50(whole[1]), "dir-rm-p50-ms")
 	b.Cleanup(func() { // after the live ones' removal
-		if err := dsecrt.ReleaseUppers(root); err != nil {
+		if err := disk.ReleaseUppers(root); err != nil {
 			b.Error(err)
 		}
 		if l := runtimetest.Leftovers(root); len(l) > 0 {

@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
@@ -164,22 +165,22 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		if err := api.CheckDisk(d); err != nil {
 			return nil, err
 		}
-		if err := setUpperLimit(sb.root(), sb.UpperFS, d); err != nil {
+		if err := disk.SetUpperLimit(sb.root(), sb.UpperFS, d); err != nil {
 			return nil, err
 		}
 		sb.DiskBound = d
 		rep.Now = append(rep.Now, fmt.Sprintf("resources: disk bound set to %d bytes, for every process", d))
 	}
-	disk, err := nextDisk(sb.Name, sb.Disk, sb.UpperFS != "", eff.Resources)
+	quota, err := nextDisk(sb.Name, sb.Disk, sb.UpperFS != "", eff.Resources)
 	if err != nil {
 		return nil, err
 	}
-	if disk != sb.Disk { // first: it is the step most likely to fail
-		if err := growDisk(sb.dir, disk, sb.Status != Stopped); err != nil {
+	if quota != sb.Disk { // first: it is the step most likely to fail
+		if err := disk.Grow(sb.dir, quota, sb.Status != Stopped); err != nil {
 			return nil, err
 		}
-		sb.Disk = disk
-		rep.Now = append(rep.Now, fmt.Sprintf("resources: disk quota grown to %d bytes, for every process", disk))
+		sb.Disk = quota
+		rep.Now = append(rep.Now, fmt.Sprintf("resources: disk quota grown to %d bytes, for every process", quota))
 	}
 	running := sb.Status == Running && sb.c != nil && sb.g != nil
 	if !running {

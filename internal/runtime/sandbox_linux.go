@@ -29,6 +29,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
@@ -245,11 +246,11 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
-	disk, err := policyDisk(eff.Resources, o.Disk)
+	quota, err := policyDisk(eff.Resources, o.Disk)
 	if err != nil {
 		return nil, err
 	}
-	if err := api.CheckDisk(disk); err != nil {
+	if err := api.CheckDisk(quota); err != nil {
 		return nil, err
 	}
 	hostname := o.Hostname
@@ -258,9 +259,9 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	}
 	st := State{Name: o.Name, Backend: o.Backend, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
 		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
-		Policy: eff, Allowlist: allow, Disk: disk, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
+		Policy: eff, Allowlist: allow, Disk: quota, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
 		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}
-	if key := p.primeKey(ctx, o, limits, disk); key != "" {
+	if key := p.primeKey(ctx, o, limits, quota); key != "" {
 		if pr := p.take(key, o.Layers); pr != nil {
 			sb, err := adopt(pr, root, o, st)
 			if err == nil || errdefs.IsAlreadyExists(err) {
@@ -280,9 +281,9 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		return nil, err
 	}
 	sb := &Sandbox{State: st, dir: dir}
-	if bound := cmp.Or(o.DiskBound, o.Mounter.DiskBound); disk == 0 && bound != 0 {
+	if bound := cmp.Or(o.DiskBound, o.Mounter.DiskBound); quota == 0 && bound != 0 {
 		// Named before the state is saved: teardown removes it.
-		sb.UpperFS, sb.DiskBound = upperName(), max(bound, 0)
+		sb.UpperFS, sb.DiskBound = disk.NewUpperName(), max(bound, 0)
 	}
 	sb.touch()
 	defer func() {
@@ -295,14 +296,14 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	}
 	dirs := []string{"rootfs", "execs", "upper", "work"}
 	switch {
-	case disk > 0: // upper and work are made on the disk when it is mounted
+	case quota > 0: // upper and work are made on the quota when it is mounted
 		dirs = dirs[:2]
-		if err := makeDisk(dir, disk); err != nil {
+		if err := disk.Make(dir, quota); err != nil {
 			return nil, err
 		}
 	case sb.UpperFS != "":
 		dirs = dirs[:2]
-		if err := newUpper(root, sb.UpperFS, sb.DiskBound); err != nil {
+		if err := disk.NewUpper(root, sb.UpperFS, sb.DiskBound); err != nil {
 			return nil, err
 		}
 	}
@@ -345,12 +346,12 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	sb.Digests = digests
 	if sb.Disk > 0 {
-		if err := mountDisk(sb.dir, sb.Status == Creating); err != nil {
+		if err := disk.Mount(sb.dir, sb.Status == Creating); err != nil {
 			return err
 		}
 	}
 	if sb.UpperFS != "" { // after a reboot, say
-		if _, err := mountUppers(root, 0); err != nil {
+		if _, err := disk.MountUppers(root, 0); err != nil {
 			return err
 		}
 	}
@@ -528,9 +529,9 @@ func (sb *Sandbox) work() string { return filepath.Join(sb.base(), "work") }
 func (sb *Sandbox) base() string {
 	switch {
 	case sb.Disk > 0:
-		return diskDir(sb.dir)
+		return disk.Dir(sb.dir)
 	case sb.UpperFS != "":
-		return filepath.Join(UppersDir(sb.root()), sb.UpperFS)
+		return filepath.Join(disk.UppersDir(sb.root()), sb.UpperFS)
 	}
 	return sb.dir
 }
@@ -648,11 +649,11 @@ func (sb *Sandbox) teardown(all bool) error {
 		errs = append(errs, err)
 	}
 	if all && len(errs) == 0 {
-		if err := unmountDisk(sb.dir); err != nil {
+		if err := disk.Unmount(sb.dir); err != nil {
 			errs = append(errs, err)
 		}
 		if sb.UpperFS != "" {
-			if err := removeUpper(sb.root(), sb.UpperFS); err != nil {
+			if err := disk.RemoveUpper(sb.root(), sb.UpperFS); err != nil {
 				errs = append(errs, err)
 			} else {
 				sb.UpperFS = "" // a second removal mounts nothing

@@ -18,6 +18,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
@@ -38,7 +39,7 @@ func TestMain(m *testing.M) {
 func layers(t *testing.T) (string, *store.Store) {
 	t.Helper()
 	root := t.TempDir()
-	t.Cleanup(func() { runtime.ReleaseUppers(root) }) // last: after the sandboxes
+	t.Cleanup(func() { disk.ReleaseUppers(root) }) // last: after the sandboxes
 	runtimetest.Layers(t, root)
 	s, err := store.Open(filepath.Join(root, "store"))
 	if err != nil {

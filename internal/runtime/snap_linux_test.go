@@ -18,6 +18,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/snap"
 )
@@ -43,7 +44,7 @@ func newSnapFixture(t *testing.T) *snapFixture {
 		for _, sb := range f.sbs {
 			sb.Remove()
 		}
-		if err := runtime.ReleaseUppers(root); err != nil {
+		if err := disk.ReleaseUppers(root); err != nil {
 			t.Error(err)
 		}
 		if left := runtimetest.Leftovers(root); len(left) > 0 {

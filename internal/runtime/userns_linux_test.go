@@ -12,6 +12,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
@@ -94,7 +95,7 @@ func TestUserNamespace(t *testing.T) {
 			t.Errorf("removing %s took %v", sb.Name, d)
 		}
 	}
-	if err := runtime.ReleaseUppers(root); err != nil {
+	if err := disk.ReleaseUppers(root); err != nil {
 		t.Fatal(err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {

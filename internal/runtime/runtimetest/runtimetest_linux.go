@@ -25,6 +25,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -254,8 +255,8 @@ func Clean(root string) {
 	runtime.SweepPrimed(root)
 	runtime.SweepSpares(root, nil, false)
 	runtime.SweepLowers(root, nil)
-	runtime.SweepUppers(root, nil)
-	runtime.ReleaseUppers(root)
+	disk.SweepUppers(root, nil)
+	disk.ReleaseUppers(root)
 }
 
 // sweepSpares removes the groups of a dead worker's spares, as the next
@@ -327,7 +328,7 @@ func Leftovers(root string) []string {
 			named = append(named, s.UpperFS)
 		}
 	}
-	ups, _ := os.ReadDir(runtime.UppersDir(root))
+	ups, _ := os.ReadDir(disk.UppersDir(root))
 	for _, u := range ups {
 		if !slices.Contains(named, u.Name()) {
 			out = append(out, "upper "+u.Name())
@@ -335,7 +336,7 @@ func Leftovers(root string) []string {
 	}
 	b, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") && !(spares && f[4] == runtime.UppersDir(root)) &&
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") && !(spares && f[4] == disk.UppersDir(root)) &&
 			!slices.ContainsFunc(primed, func(d string) bool { return strings.HasPrefix(f[4], d+"/") }) {
 			out = append(out, "mount "+f[4])
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
 )
 
 // Features are the host's features the worker's sandboxes use, each
@@ -139,13 +140,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	// Sandboxes without a disk quota of their own write to one file
 	// system, of a bounded size; each has its bound there.
-	if err := runtime.PrepareUppers(cfg.Root, cfg.Admission.UppersSize); err != nil {
-		if size, _ := runtime.UppersSize(cfg.Root); size == 0 {
+	if err := disk.PrepareUppers(cfg.Root, cfg.Admission.UppersSize); err != nil {
+		if size, _ := disk.UppersSize(cfg.Root); size == 0 {
 			return err
 		}
 		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
 	}
-	defer runtime.ReleaseUppers(cfg.Root) // when no sandbox is left on it
+	defer disk.ReleaseUppers(cfg.Root) // when no sandbox is left on it
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, cpus, mem),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
@@ -191,7 +192,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
 	errc := make(chan error, 1)
-	w.log.Info("worker serving", "socket", sock, "sandboxes", len(w.sandboxes), "init", initBin) // before any request
+	w.mu.Lock()
+	n := len(w.sandboxes) // pools fill it meanwhile
+	w.mu.Unlock()
+	w.log.Info("worker serving", "socket", sock, "sandboxes", n, "init", initBin) // before any request
 	go func() { errc <- srv.Serve(l) }()
 	go func() { // off the first request's path
 		for _, f := range features() {
@@ -281,7 +285,7 @@ func (w *worker) adopt() error {
 		w.log.Error("cannot remove the spare inits of a worker that died", "err", err)
 	}
 	if !unknown {
-		if err := runtime.SweepUppers(w.cfg.Root, uppers); err != nil {
+		if err := disk.SweepUppers(w.cfg.Root, uppers); err != nil {
 			w.log.Error("cannot remove the uppers of sandboxes a worker died making", "err", err)
 		}
 	}
@@ -350,7 +354,7 @@ func apiError(err error) *api.Error {
 
 func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
-	uppers, _ := runtime.UppersSize(w.cfg.Root)
+	uppers, _ := disk.UppersSize(w.cfg.Root)
 	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers},
@@ -458,8 +462,8 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		return nil, err
 	}
 	if spec.Disk <= 0 { // it writes to the shared file system
-		size, free := runtime.UppersSize(w.cfg.Root)
-		if err := w.cfg.Admission.checkUppers(runtime.UppersDir(w.cfg.Root), size, free); err != nil {
+		size, free := disk.UppersSize(w.cfg.Root)
+		if err := w.cfg.Admission.checkUppers(disk.UppersDir(w.cfg.Root), size, free); err != nil {
 			return nil, err
 		}
 	}

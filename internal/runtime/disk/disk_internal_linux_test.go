@@ -1,4 +1,4 @@
-package runtime
+package disk
 
 import (
 	"bufio"
@@ -26,20 +26,20 @@ func TestDiskTemplate(t *testing.T) {
 	layertest.RequireRoot(t)
 	const size = 3 << 30 // a size no other test uses
 	a, b := t.TempDir(), t.TempDir()
-	if err := makeDisk(a, size); err != nil {
+	if err := Make(a, size); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := diskTemplates.Load(int64(size)); !ok {
 		t.Fatal("no template kept after the first image")
 	}
-	if err := makeDisk(b, size); err != nil {
+	if err := Make(b, size); err != nil {
 		t.Fatal(err)
 	}
-	ea, err := readSparse(diskImage(a))
+	ea, err := readSparse(Image(a))
 	if err != nil {
 		t.Fatal(err)
 	}
-	eb, err := readSparse(diskImage(b))
+	eb, err := readSparse(Image(b))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,13 +48,13 @@ func TestDiskTemplate(t *testing.T) {
 		t.Errorf("the copy differs: %d extents vs %d", len(eb), len(ea))
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(diskImage(b), &st); err != nil || st.Size != size || st.Blocks*512 > 1<<20 {
+	if err := syscall.Stat(Image(b), &st); err != nil || st.Size != size || st.Blocks*512 > 1<<20 {
 		t.Errorf("the copy: size %d, %d bytes on the host, %v", st.Size, st.Blocks*512, err)
 	}
-	if out, err := exec.Command("e2fsck", "-f", "-n", diskImage(b)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("e2fsck", "-f", "-n", Image(b)).CombinedOutput(); err != nil {
 		t.Errorf("e2fsck on the copy: %v: %s", err, out)
 	}
-	if err := makeDisk(b, size); err == nil {
+	if err := Make(b, size); err == nil {
 		t.Error("made a disk over an existing one")
 	}
 }
@@ -67,14 +67,14 @@ func TestDiskTemplate(t *testing.T) {
 func TestImageHeld(t *testing.T) {
 	layertest.RequireRoot(t)
 	dir := t.TempDir()
-	if err := makeDisk(dir, 64<<20); err != nil {
+	if err := Make(dir, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := mountDisk(dir, true); err != nil {
+	if err := Mount(dir, true); err != nil {
 		t.Fatal(err)
 	}
-	defer unmountDisk(dir)
-	clone, err := unix.OpenTree(unix.AT_FDCWD, diskDir(dir), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	defer Unmount(dir)
+	clone, err := unix.OpenTree(unix.AT_FDCWD, Dir(dir), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,26 +83,26 @@ func TestImageHeld(t *testing.T) {
 			unix.Close(clone)
 		}
 	}()
-	if err := unix.Unmount(diskDir(dir), 0); err != nil {
+	if err := unix.Unmount(Dir(dir), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitImageFreeFor(diskImage(dir), 100*time.Millisecond); err == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "/dev/loop") {
+	if err := waitImageFreeFor(Image(dir), 100*time.Millisecond); err == nil || !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "/dev/loop") {
 		t.Fatalf("an image a live file system holds: %v", err)
 	}
 	// Released, it is free again, and mounts clean.
 	unix.Close(clone)
 	clone = -1
-	if err := waitImageFree(diskImage(dir)); err != nil {
+	if err := waitImageFree(Image(dir)); err != nil {
 		t.Fatal(err)
 	}
-	if err := mountDisk(dir, false); err != nil {
+	if err := Mount(dir, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := growDisk(dir, 96<<20, false); err != nil {
+	if err := Grow(dir, 96<<20, false); err != nil {
 		t.Fatal(err)
 	}
 	var fs unix.Statfs_t
-	if err := unix.Statfs(diskDir(dir), &fs); err != nil || int64(fs.Blocks)*fs.Bsize < 80<<20 {
+	if err := unix.Statfs(Dir(dir), &fs); err != nil || int64(fs.Blocks)*fs.Bsize < 80<<20 {
 		t.Errorf("grown offline to 96 MiB: %d blocks of %d, %v", fs.Blocks, fs.Bsize, err)
 	}
 }
@@ -148,13 +148,13 @@ func TestSweepUppers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unmountLoop(UppersDir(root)) })
-	kept, orphan := upperName(), upperName()
+	kept, orphan := NewUpperName(), NewUpperName()
 	for _, n := range []string{kept, orphan} {
-		if err := newUpper(root, n, 16<<20); err != nil {
+		if err := NewUpper(root, n, 16<<20); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := removeUpper(root, "../x"); err == nil {
+	if err := RemoveUpper(root, "../x"); err == nil {
 		t.Error("removed an upper named ../x")
 	}
 	if err := SweepUppers(root, []string{kept}); err != nil {
@@ -166,16 +166,16 @@ func TestSweepUppers(t *testing.T) {
 	if err := ReleaseUppers(root); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := isMountPoint(UppersDir(root)); !mounted {
+	if mounted, _ := IsMountPoint(UppersDir(root)); !mounted {
 		t.Fatal("released the uppers file system with an upper on it")
 	}
-	if err := removeUpper(root, kept); err != nil {
+	if err := RemoveUpper(root, kept); err != nil {
 		t.Fatal(err)
 	}
 	if err := ReleaseUppers(root); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := isMountPoint(UppersDir(root)); mounted {
+	if mounted, _ := IsMountPoint(UppersDir(root)); mounted {
 		t.Fatal("the uppers file system is still mounted with none on it")
 	}
 	// Mounted again on its next use, with what it held.
@@ -209,11 +209,11 @@ func TestSweepUppers(t *testing.T) {
 	if !quotaOn(UppersDir(root)) {
 		t.Fatal("quotas are still off after a mount")
 	}
-	n := upperName()
-	if err := newUpper(root, n, 16<<20); err != nil {
+	n := NewUpperName()
+	if err := NewUpper(root, n, 16<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := removeUpper(root, n); err != nil {
+	if err := RemoveUpper(root, n); err != nil {
 		t.Fatal(err)
 	}
 }

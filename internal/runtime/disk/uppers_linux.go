@@ -1,4 +1,4 @@
-package runtime
+package disk
 
 import (
 	"crypto/rand"
@@ -95,7 +95,7 @@ var uppersMu sync.Mutex
 // resized to size, when given: grown at once, shrunk as far as what the
 // sandboxes wrote lets it (else an error, and it keeps its size).
 func PrepareUppers(root string, size int64) error {
-	d, err := mountUppers(root, size)
+	d, err := MountUppers(root, size)
 	if err != nil || size == 0 {
 		return err
 	}
@@ -156,12 +156,12 @@ func resizeUppers(d, img string, size int64) error {
 	return image()
 }
 
-// mountUppers is PrepareUppers, returning the mount point.
-func mountUppers(root string, size int64) (string, error) {
+// MountUppers is PrepareUppers, returning the mount point.
+func MountUppers(root string, size int64) (string, error) {
 	uppersMu.Lock()
 	defer uppersMu.Unlock()
 	d := UppersDir(root)
-	if mounted, err := isMountPoint(d); err != nil || mounted {
+	if mounted, err := IsMountPoint(d); err != nil || mounted {
 		return d, err
 	}
 	img := uppersImage(root)
@@ -260,23 +260,23 @@ func enableQuota(d string) error {
 	return nil
 }
 
-// upperName is a new upper's name.
-func upperName() string {
+// NewUpperName is a new upper's name.
+func NewUpperName() string {
 	b := make([]byte, 8)
 	rand.Read(b)
 	return "u" + hex.EncodeToString(b)
 }
 
-// newUpper makes the subvolume name for a sandbox's upper and work
+// NewUpper makes the subvolume name for a sandbox's upper and work
 // directories on root's uppers file system, bounded by limit bytes (0:
 // by the file system's size only).
-func newUpper(root, name string, limit int64) error {
+func NewUpper(root, name string, limit int64) error {
 	d, err := subvolume(root, iocSubvolCreate, name)
 	if err != nil {
 		return fmt.Errorf("an upper on %s: %w", d, err)
 	}
 	err = func() error {
-		if err := setUpperLimit(root, name, limit); err != nil {
+		if err := SetUpperLimit(root, name, limit); err != nil {
 			return err
 		}
 		for _, s := range []string{"upper", "work"} {
@@ -287,13 +287,13 @@ func newUpper(root, name string, limit int64) error {
 		return nil
 	}()
 	if err != nil {
-		removeUpper(root, name)
+		RemoveUpper(root, name)
 	}
 	return err
 }
 
-// setUpperLimit bounds the upper name at limit bytes (0: no bound).
-func setUpperLimit(root, name string, limit int64) error {
+// SetUpperLimit bounds the upper name at limit bytes (0: no bound).
+func SetUpperLimit(root, name string, limit int64) error {
 	fd, err := unix.Open(filepath.Join(UppersDir(root), name), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -310,8 +310,8 @@ func setUpperLimit(root, name string, limit int64) error {
 	return nil
 }
 
-// removeUpper removes the upper name, whatever it holds.
-func removeUpper(root, name string) error {
+// RemoveUpper removes the upper name, whatever it holds.
+func RemoveUpper(root, name string) error {
 	if !validUpper(name) {
 		return fmt.Errorf("upper %q: not a name dsec gives: %w", name, errdefs.ErrInvalidArgument)
 	}
@@ -325,7 +325,7 @@ func removeUpper(root, name string) error {
 // subvolume name of root's uppers file system, mounted first if need
 // be, and returns where that is mounted.
 func subvolume(root string, req uintptr, name string) (string, error) {
-	d, err := mountUppers(root, 0)
+	d, err := MountUppers(root, 0)
 	if err != nil {
 		return d, err
 	}
@@ -347,9 +347,9 @@ func validUpper(name string) bool {
 	return err == nil
 }
 
-// upperUsed is what the upper name holds, in bytes, as its quota counts
+// UpperUsed is what the upper name holds, in bytes, as its quota counts
 // it, what is still to be written back included (-1: unknown).
-func upperUsed(root, name string) int64 {
+func UpperUsed(root, name string) int64 {
 	d := UppersDir(root)
 	fsid, err := btrfsFSID(d)
 	if err != nil {
@@ -400,7 +400,7 @@ func btrfsFSID(d string) (string, error) {
 // on it, in bytes; 0, 0 when it is not mounted.
 func UppersSize(root string) (size, free int64) {
 	d := UppersDir(root)
-	if mounted, _ := isMountPoint(d); !mounted {
+	if mounted, _ := IsMountPoint(d); !mounted {
 		return 0, 0
 	}
 	var st unix.Statfs_t
@@ -418,7 +418,7 @@ func SweepUppers(root string, live []string) error {
 	var errs []error
 	for _, n := range names {
 		if !slices.Contains(live, n) {
-			errs = append(errs, removeUpper(root, n))
+			errs = append(errs, RemoveUpper(root, n))
 		}
 	}
 	return errors.Join(append(errs, err)...)
@@ -440,7 +440,7 @@ func ReleaseUppers(root string) error {
 // not mounted.
 func uppers(root string) ([]string, error) {
 	d := UppersDir(root)
-	if mounted, err := isMountPoint(d); err != nil || !mounted {
+	if mounted, err := IsMountPoint(d); err != nil || !mounted {
 		return nil, err
 	}
 	entries, err := os.ReadDir(d)

@@ -1,4 +1,8 @@
-package runtime
+// Package disk holds what sandboxes write: a disk image of its own for
+// a sandbox with a quota (an ext4 file system on a loop device), and the
+// one btrfs file system, a subvolume per sandbox under a simple quota,
+// for the others (the uppers).
+package disk
 
 import (
 	"bytes"
@@ -30,10 +34,10 @@ import (
 // ext4ResizeFS is EXT4_IOC_RESIZE_FS: grow a mounted ext4 to N blocks.
 const ext4ResizeFS = 0x40086610
 
-func diskImage(dir string) string { return filepath.Join(dir, "disk.img") }
-func diskDir(dir string) string   { return filepath.Join(dir, "disk") }
+func Image(dir string) string { return filepath.Join(dir, "disk.img") }
+func Dir(dir string) string   { return filepath.Join(dir, "disk") }
 
-// makeDisk makes the sandbox's disk image of size bytes. The file is
+// Make makes the sandbox's disk image of size bytes. The file is
 // sparse, so it is known to read zeros: mke2fs need not write the inode
 // tables, and the kernel does not zero them later. No journal: it would
 // take 4 MiB of a 16 MiB quota and a kernel thread per sandbox, and the
@@ -42,11 +46,11 @@ func diskDir(dir string) string   { return filepath.Join(dir, "disk") }
 // image; resize2fs grows it without. The first image of a size is made by
 // mkfs.ext4; the rest are copies of the few hundred KiB it wrote (the
 // same file system, UUID included: nothing here needs them to differ).
-func makeDisk(dir string, size int64) error {
+func Make(dir string, size int64) error {
 	if err := api.CheckDisk(size); err != nil {
 		return err
 	}
-	img := diskImage(dir)
+	img := Image(dir)
 	if t, ok := diskTemplates.Load(size); ok {
 		return writeSparse(img, size, t.([]extent))
 	}
@@ -144,29 +148,29 @@ func writeSparse(path string, size int64, ext []extent) error {
 	return f.Close()
 }
 
-// mountDisk mounts the sandbox's disk image, unless it is mounted
+// Mount mounts the sandbox's disk image, unless it is mounted
 // already (a stopped sandbox keeps it, so its files stay readable), and
 // makes the upper and work directories on it. An image that is not
 // fresh is checked first: a host that went down with it mounted left
 // it unclean.
-func mountDisk(dir string, fresh bool) error {
-	d := diskDir(dir)
+func Mount(dir string, fresh bool) error {
+	d := Dir(dir)
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return err
 	}
-	if mounted, err := isMountPoint(d); err != nil || !mounted {
+	if mounted, err := IsMountPoint(d); err != nil || !mounted {
 		if err != nil {
 			return err
 		}
 		if !fresh {
-			if err := waitImageFree(diskImage(dir)); err != nil {
+			if err := waitImageFree(Image(dir)); err != nil {
 				return fmt.Errorf("disk quota: %w", err)
 			}
 			if err := e2fsck(dir); err != nil {
 				return err
 			}
 		}
-		m := mount.Mount{Type: "ext4", Source: diskImage(dir), Options: []string{"loop", "nodev", "nosuid", "noatime"}}
+		m := mount.Mount{Type: "ext4", Source: Image(dir), Options: []string{"loop", "nodev", "nosuid", "noatime"}}
 		if err := m.Mount(d); err != nil {
 			return fmt.Errorf("disk quota: %w", err)
 		}
@@ -179,8 +183,8 @@ func mountDisk(dir string, fresh bool) error {
 	return nil
 }
 
-// unmountDisk unmounts the disk image, if the sandbox has one mounted.
-func unmountDisk(dir string) error { return unmountLoop(diskDir(dir)) }
+// Unmount unmounts the disk image, if the sandbox has one mounted.
+func Unmount(dir string) error { return unmountLoop(Dir(dir)) }
 
 // unmountLoop unmounts the loop-mounted image at d, if one is, and
 // waits for its loop device to detach: the kernel clears an autoclear
@@ -189,7 +193,7 @@ func unmountDisk(dir string) error { return unmountLoop(diskDir(dir)) }
 // race-detector run on 2 cores) that took over 5 s once, with no mount
 // of the device left in any task's namespace.
 func unmountLoop(d string) error {
-	if mounted, err := isMountPoint(d); err != nil || !mounted {
+	if mounted, err := IsMountPoint(d); err != nil || !mounted {
 		return nil
 	}
 	src, dev, err := mountDevice(d)
@@ -307,36 +311,36 @@ func mountHolders(src string) []string {
 // loopMajor is the block major number of loop devices.
 const loopMajor = 7
 
-// growDisk grows the disk image to size bytes. Online (the sandbox
+// Grow grows the disk image to size bytes. Online (the sandbox
 // runs on it): the file, the loop device's capacity, then the mounted
 // file system, which takes CAP_SYS_RESOURCE. Offline (a stopped
 // sandbox): unmounted, checked and grown by resize2fs, mounted again.
-func growDisk(dir string, size int64, online bool) error {
+func Grow(dir string, size int64, online bool) error {
 	if !online {
-		if err := unmountDisk(dir); err != nil {
+		if err := Unmount(dir); err != nil {
 			return fmt.Errorf("disk quota: unmount to grow: %w", err)
 		}
-		if err := waitImageFree(diskImage(dir)); err != nil {
+		if err := waitImageFree(Image(dir)); err != nil {
 			return fmt.Errorf("disk quota: %w", err)
 		}
-		if err := os.Truncate(diskImage(dir), size); err != nil {
+		if err := os.Truncate(Image(dir), size); err != nil {
 			return err
 		}
 		if err := e2fsck(dir, "-f"); err != nil {
 			return err
 		}
-		if out, err := exec.Command("resize2fs", diskImage(dir)).CombinedOutput(); err != nil {
+		if out, err := exec.Command("resize2fs", Image(dir)).CombinedOutput(); err != nil {
 			return fmt.Errorf("disk quota: resize2fs: %v: %s", err, strings.TrimSpace(string(out)))
 		}
-		return mountDisk(dir, true)
+		return Mount(dir, true)
 	}
-	if !hasCapSysResource() {
+	if !HasCapSysResource() {
 		return errNoResize
 	}
-	if err := mountDisk(dir, false); err != nil { // a dead sandbox's, after a host restart
+	if err := Mount(dir, false); err != nil { // a dead sandbox's, after a host restart
 		return err
 	}
-	d := diskDir(dir)
+	d := Dir(dir)
 	var st unix.Stat_t
 	if err := unix.Stat(d, &st); err != nil {
 		return err
@@ -360,7 +364,7 @@ func growDisk(dir string, size int64, online bool) error {
 		return err
 	}
 	defer fsd.Close()
-	if err := os.Truncate(diskImage(dir), size); err != nil {
+	if err := os.Truncate(Image(dir), size); err != nil {
 		return err
 	}
 	if err := setLoopCapacity(dev); err != nil {
@@ -387,9 +391,9 @@ func setLoopCapacity(dev *os.File) error {
 
 var errNoResize = fmt.Errorf("disk quota: growing a mounted file system takes CAP_SYS_RESOURCE, which this worker lacks: dsec stop the sandbox, apply the policy, dsec start it: %w", errdefs.ErrFailedPrecondition)
 
-// hasCapSysResource reports whether this process may grow a mounted
+// HasCapSysResource reports whether this process may grow a mounted
 // ext4 (some hosts drop CAP_SYS_RESOURCE even from root).
-func hasCapSysResource() bool {
+func HasCapSysResource() bool {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
@@ -401,20 +405,20 @@ func hasCapSysResource() bool {
 // e2fsck checks the disk image and repairs what is safe to repair; exit
 // codes below 4 mean it is fine now.
 func e2fsck(dir string, args ...string) error {
-	out, err := exec.Command("e2fsck", append(append([]string{"-p"}, args...), diskImage(dir))...).CombinedOutput()
+	out, err := exec.Command("e2fsck", append(append([]string{"-p"}, args...), Image(dir))...).CombinedOutput()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() < 4 {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("disk quota: e2fsck %s: %v: %s: %w", diskImage(dir), err, strings.TrimSpace(string(out)), errdefs.ErrDataLoss)
+		return fmt.Errorf("disk quota: e2fsck %s: %v: %s: %w", Image(dir), err, strings.TrimSpace(string(out)), errdefs.ErrDataLoss)
 	}
 	return nil
 }
 
-// isMountPoint reports whether d is a mount point (on a device of its
+// IsMountPoint reports whether d is a mount point (on a device of its
 // own; bind mounts do not count, and none is made here).
-func isMountPoint(d string) (bool, error) {
+func IsMountPoint(d string) (bool, error) {
 	var st, parent unix.Stat_t
 	if err := unix.Stat(d, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -426,20 +430,4 @@ func isMountPoint(d string) (bool, error) {
 		return false, err
 	}
 	return st.Dev != parent.Dev, nil
-}
-
-// DiskUsed is what the sandbox's writes take of its disk quota or
-// bound, in bytes; 0 without either.
-func (sb *Sandbox) DiskUsed() int64 {
-	sb.mu.Lock()
-	upper := sb.UpperFS
-	sb.mu.Unlock()
-	if upper != "" {
-		return max(upperUsed(sb.root(), upper), 0)
-	}
-	var fs unix.Statfs_t
-	if mounted, _ := isMountPoint(diskDir(sb.dir)); !mounted || unix.Statfs(diskDir(sb.dir), &fs) != nil {
-		return 0
-	}
-	return int64(fs.Blocks-fs.Bfree) * fs.Bsize
 }
