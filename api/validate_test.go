@@ -13,7 +13,7 @@ func TestValidate(t *testing.T) {
 	ok := []SandboxSpec{
 		{},
 		{Name: "a", Layers: []string{"ws:1", "bb:1"}, CPU: 2, Memory: 4 << 20, Pids: Unlimited, Disk: MinDisk, Class: SchedBatch},
-		{Snapshot: "s:1", Memory: Unlimited, Disk: Unlimited, Env: []string{"A=", "B=c=d"}, Workdir: "/w", Hostname: strings.Repeat("h", 64)},
+		{Snapshot: "s:1", Memory: Unlimited, Disk: Unlimited, Env: []string{"A=", "B=c=d", "C"}, Workdir: "w", Hostname: strings.Repeat("h", 64)},
 		{CPU: 1, CPURequest: 1, Memory: 1 << 30, MemoryRequest: 1 << 30},
 	}
 	for _, s := range ok {
@@ -22,23 +22,22 @@ func TestValidate(t *testing.T) {
 		}
 	}
 	bad := map[string]SandboxSpec{
-		"bad sandbox name":          {Name: "a b"},
-		"bad backend name":          {Backend: "../x"},
-		"not both":                  {Snapshot: "s:1", Layers: []string{"bb:1"}},
-		"an empty layer reference":  {Layers: []string{"ws:1", " "}},
-		"cpu -1 is negative":        {CPU: -1},
-		"pids -2 is negative":       {Pids: -2},
-		"memory_request -1":         {MemoryRequest: -1},
-		"cpu NaN is not a size":     {CPU: math.NaN()},
-		"disk quota 1048576 bytes":  {Disk: 1 << 20},
-		"too small to start":        {Memory: 1 << 20},
-		"cpu request 2 > cpu 1":     {CPU: 1, CPURequest: 2},
-		"memory request":            {Memory: 8 << 20, MemoryRequest: 9 << 20},
-		`unknown class "urgent"`:    {Class: "urgent"},
-		`bad environment entry "X"`: {Env: []string{"X"}},
-		`bad environment entry "="`: {Env: []string{"="}},
-		"not an absolute path":      {Workdir: "w"},
-		"bad hostname":              {Hostname: strings.Repeat("h", 65)},
+		"bad sandbox name":         {Name: "a b"},
+		"bad backend name":         {Backend: "../x"},
+		"not both":                 {Snapshot: "s:1", Layers: []string{"bb:1"}},
+		"an empty layer reference": {Layers: []string{"ws:1", " "}},
+		"cpu -1 is negative":       {CPU: -1},
+		"pids -2 is negative":      {Pids: -2},
+		"memory_request -1":        {MemoryRequest: -1},
+		"cpu NaN is not a size":    {CPU: math.NaN()},
+		"disk quota 1048576 bytes": {Disk: 1 << 20},
+		"too small to start":       {Memory: 1 << 20},
+		"cpu request 2 > cpu 1":    {CPU: 1, CPURequest: 2},
+		"memory request":           {Memory: 8 << 20, MemoryRequest: 9 << 20},
+		`unknown class "urgent"`:   {Class: "urgent"},
+		"bad environment entry":    {Env: []string{"A=\x00"}},
+		"bad workdir":              {Workdir: "/w\x00"},
+		"bad hostname":             {Hostname: strings.Repeat("h", 65)},
 	}
 	for want, s := range bad {
 		err := s.Validate()
@@ -52,7 +51,7 @@ func TestValidate(t *testing.T) {
 // argument or valid, and a valid one holds what the worker relies on.
 func FuzzValidate(f *testing.F) {
 	for _, s := range []string{`{}`, `{"name":"a","layers":["bb:1"],"memory":-1,"disk":16777216}`, `{"cpu":-1}`,
-		`{"snapshot":"s:1","layers":["x"]}`, `{"env":["A"]}`, `{"class":"batch","memory":4194304,"memory_request":4194305}`} {
+		`{"snapshot":"s:1","layers":["x"]}`, `{"env":["A\u0000"]}`, `{"class":"batch","memory":4194304,"memory_request":4194305}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
