@@ -27,7 +27,7 @@
 //
 //	worker ─ backend.Registry (names, Available; made from Backends)
 //	  │
-//	Sandbox: layers held (lower_linux.go), upper's storage (disk, uppers),
+//	Sandbox: layers held (lower_linux.go), upper's storage (package disk),
 //	  │      state.json, policy compiled, journal, cgroup limits/figures
 //	  │
 //	driver (driver_linux.go): start · attach · teardown
@@ -45,7 +45,8 @@
 // backend must do, seen through the worker's API, is the conformance
 // suite in package backendtest. FnCall pools, spare inits and primed
 // sandboxes are ways of using a backend, not backends: pools of package
-// warm.
+// warm. NAT, user namespace id ranges and the host-wide slot table they
+// share are packages network, idmap and hostslot.
 //
 // The host worker that owns sandboxes and serves the API is package
 // worker.
