@@ -7,12 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -21,7 +24,73 @@ import (
 
 func TestMain(m *testing.M) {
 	container.MaybeInit()
+	if os.Getenv(heavyExitEnv) == "1" {
+		heavyExit()
+	}
 	os.Exit(m.Run())
+}
+
+// heavyExitEnv makes the test binary a process whose exit takes CPU: it
+// touches 512 MiB, says so, and waits to be killed.
+const heavyExitEnv = "CGROUP_TEST_HEAVY_EXIT"
+
+func heavyExit() {
+	b := make([]byte, 512<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	os.Stdout.WriteString("ready\n")
+	select {}
+}
+
+// TestKillIdleOnBusyHost: the killed processes of an idle (batch) group
+// exit, and the group goes, on a host whose CPUs are all busy: SCHED_IDLE
+// tasks under the idle parent got a few thousandths of a CPU to exit
+// there (freeing 512 MiB took seconds), and the group's removal gave up
+// while they still held it.
+func TestKillIdleOnBusyHost(t *testing.T) {
+	layertest.RequireRoot(t)
+	g, err := cgroup.New(fmt.Sprintf("test-idle-kill-%d", os.Getpid()), cgroup.Limits{Idle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), heavyExitEnv+"=1")
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := g.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", cmd.Process.Pid))
+	for _, task := range tasks { // as a batch sandbox's commands run
+		tid, _ := strconv.Atoi(task.Name())
+		unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+	}
+	if _, err := out.Read(make([]byte, 6)); err != nil {
+		t.Fatal(err)
+	}
+	for range runtime.NumCPU() { // every CPU busy at normal priority
+		hog := exec.Command("sh", "-c", "while :; do :; done")
+		if err := hog.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { hog.Process.Kill(); hog.Wait() }()
+	}
+	time.Sleep(100 * time.Millisecond)
+	// As a sandbox's teardown does: kill, then remove, waiting for
+	// nothing else.
+	t0 := time.Now()
+	if err := g.Kill(); err != nil {
+		t.Fatalf("kill after %v: %v", time.Since(t0), err)
+	}
+	if err := g.Remove(); err != nil {
+		t.Fatalf("remove %v after the kill: %v", time.Since(t0), err)
+	}
+	t.Logf("killed and removed in %v", time.Since(t0))
 }
 
 func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }
