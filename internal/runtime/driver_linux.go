@@ -27,8 +27,8 @@ import (
 // driver does the rest, what only its backend does: start the sandbox's
 // instance (a container's init on an overlay of the host's layer
 // mounts), find it again after a worker restart, and take down what it
-// made. The drivers are listed here, once; the worker's registry is made
-// from this list (Backends).
+// made. The drivers are registered here, once (Backends), and the worker
+// serves from that registry.
 type driver interface {
 	backend.Backend
 	// start starts sb's instance: it sets sb.c and sb.Pid, and sb.g, the
@@ -55,33 +55,18 @@ type startSpec struct {
 	readOnly, hidden []string
 }
 
-// drivers are the backends this runtime runs, the default first.
-var drivers = []driver{containerDriver{}}
+// Backends are the backends this runtime runs, the default first: the
+// one registry (package backend) a worker serves from.
+var Backends = backend.NewRegistry(containerDriver{})
 
-// Backends are the backends this runtime runs, the default first: what
-// a worker registers (package backend).
-func Backends() []backend.Backend {
-	out := make([]backend.Backend, len(drivers))
-	for i, d := range drivers {
-		out[i] = d
-	}
-	return out
-}
-
-// driverOf finds the driver of a sandbox's backend ("" is the first: a
+// driverOf finds the driver of a sandbox's backend ("" is the default: a
 // sandbox an older dsec made records none).
 func driverOf(name string) (driver, error) {
-	name = cmp.Or(name, drivers[0].Name())
-	for _, d := range drivers {
-		if d.Name() == name {
-			return d, nil
-		}
+	b, err := Backends.Lookup(name)
+	if err != nil {
+		return nil, err
 	}
-	names := make([]string, len(drivers))
-	for i, d := range drivers {
-		names[i] = d.Name()
-	}
-	return nil, fmt.Errorf("unknown backend %q: this runtime runs %s: %w", name, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+	return b.(driver), nil
 }
 
 // ability is what sb's running instance can do of A, or a not
@@ -89,7 +74,7 @@ func driverOf(name string) (driver, error) {
 func ability[A any](sb *Sandbox, what string) (A, error) {
 	a, ok := sb.c.(A)
 	if !ok {
-		return a, fmt.Errorf("the %s backend cannot %s in a running sandbox: %w", cmp.Or(sb.Backend, drivers[0].Name()), what, errdefs.ErrNotImplemented)
+		return a, fmt.Errorf("the %s backend cannot %s in a running sandbox: %w", cmp.Or(sb.Backend, Backends.Names()[0]), what, errdefs.ErrNotImplemented)
 	}
 	return a, nil
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime"
-	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
@@ -54,8 +53,8 @@ func features() []api.Feature {
 }
 
 // Backends are the kinds of sandbox a worker runs, the default first:
-// the runtime's (runtime.Backends lists them, once).
-var Backends = backend.NewRegistry(runtime.Backends()...)
+// the runtime's registry (runtime.Backends), where they are listed once.
+var Backends = runtime.Backends
 
 type worker struct {
 	cfg     Config
