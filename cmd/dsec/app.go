@@ -433,7 +433,7 @@ func (a *app) versionCommand() *cobra.Command {
 			if w != nil {
 				for _, f := range w.Features {
 					if !f.Available {
-						fmt.Fprintf(a.stdout, "this host lacks %s (%s): %s\n", f.Name, f.Reason, f.Without)
+						fmt.Fprintf(a.stdout, "this host lacks %s: %s; so %s\n", f.Name, f.Reason, f.Without)
 					}
 				}
 			}

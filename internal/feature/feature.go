@@ -54,7 +54,7 @@ type UnsupportedError struct {
 }
 
 func (e *UnsupportedError) Error() string {
-	return fmt.Sprintf("this host lacks %s (%s)", e.Feature, e.Reason)
+	return fmt.Sprintf("this host lacks %s: %s", e.Feature, e.Reason)
 }
 
 // Is makes an UnsupportedError errdefs.ErrNotImplemented.

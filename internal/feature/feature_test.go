@@ -20,7 +20,7 @@ func TestMemoised(t *testing.T) {
 	if calls != 1 || !errors.Is(err, errdefs.ErrNotImplemented) || !errors.As(err, &u) || u.Reason != "no x" || u.Without != "does without" {
 		t.Fatalf("%d probes, %v", calls, err)
 	}
-	if err.Error() != "this host lacks x.y (no x)" {
+	if err.Error() != "this host lacks x.y: no x" {
 		t.Fatalf("message %q", err)
 	}
 	if !New("z", "", func() error { return nil }).Have() {

@@ -24,7 +24,7 @@ var (
 			if errors.Is(err, unix.ENODEV) {
 				return errors.New("the CPUs have no SMT siblings to keep apart")
 			}
-			return fmt.Errorf("PR_SCHED_CORE: %w (CONFIG_SCHED_CORE unset)", err)
+			return fmt.Errorf("CONFIG_SCHED_CORE unset (PR_SCHED_CORE: %w)", err)
 		}
 		return nil
 	})
