@@ -61,17 +61,20 @@ func TestKillIdleOnBusyHost(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	// Its memory touched at normal priority first (a busy host would
+	// starve that too), then it runs as a batch sandbox's command does:
+	// SCHED_IDLE, in an idle group.
+	if _, err := out.Read(make([]byte, 6)); err != nil {
+		t.Fatal(err)
+	}
 	if err := g.Add(cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", cmd.Process.Pid))
-	for _, task := range tasks { // as a batch sandbox's commands run
+	for _, task := range tasks {
 		tid, _ := strconv.Atoi(task.Name())
 		unix.SchedSetAttr(tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
-	}
-	if _, err := out.Read(make([]byte, 6)); err != nil {
-		t.Fatal(err)
 	}
 	for range runtime.NumCPU() { // every CPU busy at normal priority
 		hog := exec.Command("sh", "-c", "while :; do :; done")

@@ -18,11 +18,11 @@ var (
 	// Kill is cgroup.kill (Linux 5.14): every process of a group killed
 	// at once.
 	Kill = feature.New("cgroup.kill", "a group is frozen, its processes killed one by one, then thawed", func() error {
-		return childFile("cgroup.kill", 5, 14)
+		return since("cgroup.kill", 5, 14)
 	})
 	// Freeze is the cgroup2 freezer (Linux 5.2).
 	Freeze = feature.New("cgroup.freeze", "groups are frozen by the v1 freezer", func() error {
-		return childFile("cgroup.freeze", 5, 2)
+		return since("cgroup.freeze", 5, 2)
 	})
 	// MemoryV2 is the memory controller on the cgroup2 hierarchy: what
 	// memory.low and memory.min protection (of the worker and its
@@ -43,20 +43,11 @@ var (
 	})
 )
 
-// childFile says whether the groups of the cgroup2 hierarchy have file:
-// it looks in the hierarchy's first level, which the root lacks; with no
-// group there, by the kernel's release (the file came in major.minor).
-func childFile(file string, major, minor int) error {
-	dir := Root
-	if !pureV2() {
-		dir = filepath.Join(Root, "unified")
-	}
-	if found, _ := filepath.Glob(filepath.Join(dir, "*", file)); len(found) > 0 {
-		return nil
-	}
-	if groups, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs")); len(groups) > 0 {
-		return errors.New("no " + file + " in the groups of " + dir)
-	}
+// since says whether the kernel is at least major.minor, where the
+// cgroup2 core file came in (not a configurable part: every kernel since
+// has it). The files themselves are not looked for: a group of the host
+// to look in may come and go while the probe runs.
+func since(file string, major, minor int) error {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
 		return err
