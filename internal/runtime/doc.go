@@ -25,9 +25,9 @@
 //
 // # The backend seam
 //
-//	worker ─ backend.Registry (names, Available; made from Backends)
+//	worker ─ backend.Registry (runtime.Backends: names, Available)
 //	  │
-//	Sandbox: layers held (lower_linux.go), upper's storage (package disk),
+//	Sandbox: layers held (package lower), upper's storage (package disk),
 //	  │      state.json, policy compiled, journal, cgroup limits/figures
 //	  │
 //	driver (driver_linux.go): start · attach · teardown
@@ -45,8 +45,9 @@
 // backend must do, seen through the worker's API, is the conformance
 // suite in package backendtest. FnCall pools, spare inits and primed
 // sandboxes are ways of using a backend, not backends: pools of package
-// warm. NAT, user namespace id ranges and the host-wide slot table they
-// share are packages network, idmap and hostslot.
+// warm. Layer mounts, NAT, user namespace id ranges and the host-wide
+// slot table of the last two are packages lower, network, idmap and
+// hostslot.
 //
 // The host worker that owns sandboxes and serves the API is package
 // worker.

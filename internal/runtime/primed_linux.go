@@ -16,6 +16,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
@@ -161,7 +162,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 			pr.mu.Unlock()
 			pr.Remove()
 			if shared {
-				releaseLowers(root, o.Name)
+				lower.Release(root, o.Name)
 			}
 		}
 	}()
@@ -184,8 +185,8 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	}
 	// The layers get their new user before the old one goes: they are
 	// never without one, and a worker killed between leaves a user that
-	// SweepLowers drops.
-	if err := shareLowers(root, from, o.Name); err != nil {
+	// lower.Sweep drops.
+	if err := lower.Share(root, from, o.Name); err != nil {
 		return nil, err
 	}
 	shared = true
@@ -214,7 +215,7 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	pr.mu.Lock()
 	pr.dir = dir
 	pr.mu.Unlock()
-	releaseLowers(root, from) // the new user holds them
+	lower.Release(root, from) // the new user holds them
 	go os.Remove(filepath.Join(dir, "state.primed"))
 	pr.touch()
 	return pr, nil
@@ -229,22 +230,9 @@ func running(st, primed State) State {
 	return st
 }
 
-// shareLowers makes to a user of every layer from uses.
-func shareLowers(root, from, to string) error {
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
-	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", from))
-	for _, h := range held {
-		if err := os.WriteFile(filepath.Join(filepath.Dir(h), to), nil, 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // SweepPrimed removes the primed sandboxes a worker of root left when it
 // died (they outlive it, as every sandbox does). Call it with the
-// root's worker lock held, before SweepLowers and SweepSpares.
+// root's worker lock held, before lower.Sweep and SweepSpares.
 func SweepPrimed(root string) error {
 	dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", primeTag+"*"))
 	var errs []error

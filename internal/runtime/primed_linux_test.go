@@ -17,6 +17,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
@@ -276,7 +277,7 @@ func TestSweepPrimed(t *testing.T) {
 			}
 		}
 	}
-	if err := runtime.SweepLowers(root, nil); err != nil {
+	if err := lower.Sweep(root, nil); err != nil {
 		t.Fatal(err)
 	}
 	if left := runtimetest.Leftovers(root); len(left) != 0 {

@@ -30,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
@@ -94,6 +95,11 @@ type Mounter struct {
 	// Options.DiskBound); 0: its upper is a directory of the root's own
 	// file system, bounded by nothing (library use).
 	DiskBound int64
+}
+
+// source is where m finds layers.
+func (m Mounter) source() lower.Source {
+	return lower.Source{Store: m.Store, Remote: m.Remote, Insecure: m.Insecure, Fetcher: m.Fetcher, Cache: m.Cache}
 }
 
 // Sandbox states: the API's (one set of names from the state file to
@@ -215,7 +221,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		if len(o.Layers) > 0 {
 			return nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
 		}
-		l, d, err := lineage(ctx, o.Mounter, o.From)
+		l, d, err := lower.Lineage(ctx, o.Mounter.source(), o.From)
 		if err != nil {
 			return nil, err
 		}
@@ -336,13 +342,13 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if len(sb.Digests) > i {
 			want = sb.Digests[i]
 		}
-		mnt, f, err := acquireLower(ctx, root, m, ref, sb.lowerUser(), want)
+		mnt, f, err := lower.Acquire(ctx, root, m.source(), ref, sb.lowerUser(), want)
 		if err != nil {
 			return err
 		}
 		lowers = append(lowers, mnt)
-		digests = append(digests, f.digest)
-		kinds = append(kinds, f.kind)
+		digests = append(digests, f.Digest)
+		kinds = append(kinds, f.Kind)
 	}
 	sb.Digests = digests
 	if sb.Disk > 0 {
@@ -635,7 +641,7 @@ func (sb *Sandbox) teardown(all bool) error {
 		return err // nothing of it is removed: a newer dsec's to take down
 	}
 	errs = d.teardown(sb)
-	if err := releaseLowers(sb.root(), sb.lowerUser()); err != nil {
+	if err := lower.Release(sb.root(), sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
 	// Sandboxes made before layer mounts were shared mounted their own.

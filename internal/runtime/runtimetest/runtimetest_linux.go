@@ -26,6 +26,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -254,7 +255,7 @@ func Clean(root string) {
 	// finish making (a primed one, say): killed too.
 	runtime.SweepPrimed(root)
 	runtime.SweepSpares(root, nil, false)
-	runtime.SweepLowers(root, nil)
+	lower.Sweep(root, nil)
 	disk.SweepUppers(root, nil)
 	disk.ReleaseUppers(root)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
 // Features are the host's features the worker's sandboxes use, each
@@ -153,8 +154,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.adopt(); err != nil {
 		return err
 	}
-	runtime.KeepLayers(cfg.KeepLayers)
-	defer runtime.ReleaseLayers(cfg.Root) // after the sandboxes' release
+	lower.Keep(cfg.KeepLayers)
+	defer lower.ReleaseKept(cfg.Root) // after the sandboxes' release
 	defer w.release()
 	defer w.waitRemovals()
 	if n := cfg.Admission.withDefaults().Spares; n > 0 {
@@ -277,7 +278,7 @@ func (w *worker) adopt() error {
 	if err := runtime.SweepPrimed(w.cfg.Root); err != nil {
 		w.log.Error("cannot remove the primed sandboxes of a worker that died", "err", err)
 	}
-	if err := runtime.SweepLowers(w.cfg.Root, live); err != nil {
+	if err := lower.Sweep(w.cfg.Root, live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
 	}
 	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {

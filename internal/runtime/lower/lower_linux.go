@@ -1,4 +1,8 @@
-package runtime
+// Package lower holds a root's layers mounted for its sandboxes: one
+// read-only mount per layer, shared by every sandbox on it, from the
+// local store or lazily from a remote, with a user file per sandbox so
+// that the last one out unmounts it, even across a worker's death.
+package lower
 
 import (
 	"context"
@@ -8,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -17,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -32,15 +38,15 @@ func lowerDir(root, dgst string) string {
 	return filepath.Join(root, "lower", hex[:min(16, len(hex))])
 }
 
-// acquireLower mounts the layer ref (if no sandbox has it mounted yet)
-// for user and returns the mount and the layer found. want, if set, is
+// Acquire mounts the layer ref (if no sandbox has it mounted yet)
+// for user and returns the mount and the layer Found. want, if set, is
 // the digest the layer must have.
-func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want string) (string, *found, error) {
-	f, err := resolveLayer(ctx, root, m, ref, want)
+func Acquire(ctx context.Context, root string, src Source, ref, user, want string) (string, *Found, error) {
+	f, err := Resolve(ctx, root, src, ref, want)
 	if err != nil {
 		return "", nil, err
 	}
-	dgst := f.digest
+	dgst := f.Digest
 	if want != "" && dgst != want {
 		return "", nil, fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
 	}
@@ -55,7 +61,7 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 		return "", nil, err
 	}
 	// The user is recorded first: a worker killed here leaves a user
-	// file SweepLowers finds, never a mount nobody owns.
+	// file Sweep finds, never a mount nobody owns.
 	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
 		return "", nil, err
 	}
@@ -63,7 +69,7 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 		t.Stop()
 		delete(kept, dir)
 	}
-	if !isMountpoint(mnt) {
+	if !IsMountpoint(mnt) {
 		if err := f.mountOn(mnt); err != nil {
 			os.Remove(filepath.Join(dir, "users", user))
 			return "", nil, err
@@ -72,11 +78,11 @@ func acquireLower(ctx context.Context, root string, m Mounter, ref, user, want s
 	return mnt, f, nil
 }
 
-// SweepLowers drops the layer users that are not among live (sandboxes
+// Sweep drops the layer users that are not among live (sandboxes
 // a killed worker was creating or removing) and unmounts the layers
 // nobody uses. Call it with the root's worker lock held, before any
 // create.
-func SweepLowers(root string, live []string) error {
+func Sweep(root string, live []string) error {
 	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "*"))
 	var errs []error
 	for _, h := range held {
@@ -96,9 +102,9 @@ func SweepLowers(root string, live []string) error {
 	return errors.Join(errs...)
 }
 
-// releaseLowers lets go of every layer user stands on, unmounting those
+// Release lets go of every layer user stands on, unmounting those
 // no other sandbox uses.
-func releaseLowers(root, user string) error {
+func Release(root, user string) error {
 	lowerMu.Lock()
 	defer lowerMu.Unlock()
 	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", user))
@@ -123,19 +129,19 @@ func releaseLowers(root, user string) error {
 	return errors.Join(errs...)
 }
 
-// Layers no sandbox uses stay mounted for keepFor (KeepLayers): the next
+// Layers no sandbox uses stay mounted for keepFor (Keep): the next
 // sandbox on one skips its mount and finds its dentries and pages
 // cached, and the last sandbox's removal skips the unmount. kept holds
 // their unmount timers; both under lowerMu. A worker killed meanwhile
-// leaves them to the next one's SweepLowers (they have no users).
+// leaves them to the next one's Sweep (they have no users).
 var (
 	keepFor time.Duration
 	kept    = map[string]*time.Timer{}
 )
 
-// KeepLayers keeps a layer mounted for d after its last sandbox lets go
+// Keep keeps a layer mounted for d after its last sandbox lets go
 // of it (0: unmounted at once, the default).
-func KeepLayers(d time.Duration) {
+func Keep(d time.Duration) {
 	lowerMu.Lock()
 	defer lowerMu.Unlock()
 	keepFor = d
@@ -155,14 +161,14 @@ func keep(dir string) {
 			return // taken again meanwhile
 		}
 		delete(kept, dir)
-		unmountLower(dir) // on an error, the next SweepLowers tries again
+		unmountLower(dir) // on an error, the next Sweep tries again
 	})
 	kept[dir] = t
 }
 
-// ReleaseLayers unmounts now the layers under root kept mounted without
+// ReleaseKept unmounts now the layers under root kept mounted without
 // a user: a worker's last act.
-func ReleaseLayers(root string) error {
+func ReleaseKept(root string) error {
 	lowerMu.Lock()
 	defer lowerMu.Unlock()
 	var errs []error
@@ -180,7 +186,7 @@ func ReleaseLayers(root string) error {
 // unmountLower unmounts a layer nobody uses and removes its directory.
 func unmountLower(dir string) error {
 	mnt := filepath.Join(dir, "mnt")
-	if isMountpoint(mnt) {
+	if IsMountpoint(mnt) {
 		// lazy.Unmount also tells a lazy layer's fetcher it may go.
 		if err := lazy.Unmount(mnt); err != nil && !isNotMounted(err) {
 			return err
@@ -189,7 +195,7 @@ func unmountLower(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-func isMountpoint(p string) bool {
+func IsMountpoint(p string) bool {
 	var st, parent unix.Stat_t
 	if unix.Lstat(p, &st) != nil || unix.Lstat(filepath.Dir(p), &parent) != nil {
 		return false
@@ -197,48 +203,76 @@ func isMountpoint(p string) bool {
 	return st.Dev != parent.Dev
 }
 
-// found is a layer resolveLayer found.
-type found struct {
-	digest  string
-	kind    layer.Kind
-	lineage *layer.Lineage // snapshots only
+// Found is a layer Resolve found.
+type Found struct {
+	Digest  string
+	Kind    layer.Kind
+	Lineage *layer.Lineage // snapshots only
 	mountOn func(target string) error
 }
 
-// resolveLayer finds a layer in the local store (by want, the image it
+// Source is where a root's layers come from: the local store, and for
+// those missing there a remote, mounted lazily by fetchers Fetcher
+// starts.
+type Source struct {
+	Store    *store.Store
+	Remote   remote.Target
+	Insecure bool
+	Fetcher  lazy.Start
+	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
+}
+
+func isNotMounted(err error) bool {
+	return errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOENT)
+}
+
+// Resolve finds a layer in the local store (by want, the image it
 // must be, when its tag is gone or names other content), or in the
 // remote when the store lacks it, and says how to mount it (lazily
 // from a remote).
-func resolveLayer(ctx context.Context, root string, m Mounter, ref, want string) (*found, error) {
-	info, err := layer.ResolveImage(ctx, m.Store, ref, digest.Digest(want))
+func Resolve(ctx context.Context, root string, src Source, ref, want string) (*Found, error) {
+	info, err := layer.ResolveImage(ctx, src.Store, ref, digest.Digest(want))
 	if err == nil {
-		return &found{info.Digest.String(), info.Kind, info.Snapshot, mount.EROFS(m.Store.BlobPath(info.Digest)).Mount}, nil
+		return &Found{info.Digest.String(), info.Kind, info.Snapshot, mount.EROFS(src.Store.BlobPath(info.Digest)).Mount}, nil
 	}
-	if !errdefs.IsNotFound(err) || m.Remote == nil {
+	if !errdefs.IsNotFound(err) || src.Remote == nil {
 		return nil, err
 	}
 	r, err := layer.ParseRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	l, err := remote.Describe(ctx, m.Remote, r)
+	l, err := remote.Describe(ctx, src.Remote, r)
 	if err != nil {
 		return nil, err
 	}
-	spec := lazy.SpecFor(r.String(), l, m.Remote, m.Insecure, m.Cache)
-	return &found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, func(target string) error {
-		return lazy.Mount(ctx, root, spec, l.Windows, target, m.Fetcher)
+	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
+	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, func(target string) error {
+		return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher)
 	}}, nil
 }
 
-// lineage reads a snapshot's lineage from the store or the remote.
-func lineage(ctx context.Context, m Mounter, ref string) (*layer.Lineage, string, error) {
-	f, err := resolveLayer(ctx, "", m, ref, "")
+// Lineage reads a snapshot's Lineage from the store or the remote.
+func Lineage(ctx context.Context, src Source, ref string) (*layer.Lineage, string, error) {
+	f, err := Resolve(ctx, "", src, ref, "")
 	if err != nil {
 		return nil, "", err
 	}
-	if f.lineage == nil {
-		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, f.kind, errdefs.ErrInvalidArgument)
+	if f.Lineage == nil {
+		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, f.Kind, errdefs.ErrInvalidArgument)
 	}
-	return f.lineage, f.digest, nil
+	return f.Lineage, f.Digest, nil
+}
+
+// Share makes to a user of every layer from uses.
+func Share(root, from, to string) error {
+	lowerMu.Lock()
+	defer lowerMu.Unlock()
+	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", from))
+	for _, h := range held {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(h), to), nil, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }
