@@ -67,6 +67,12 @@ func (m Mount) Mount(target string) error {
 	return nil
 }
 
+// IsNotMounted says whether err, from an unmount, only means there was
+// nothing mounted there (EINVAL) or no such path (ENOENT).
+func IsNotMounted(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT)
+}
+
 // Unmount unmounts target, detaching it if it is busy.
 func Unmount(target string) error {
 	err := unix.Unmount(target, 0)
@@ -79,10 +85,14 @@ func Unmount(target string) error {
 	return nil
 }
 
-// IsMountPoint says whether dir is the root of a mount.
+// IsMountPoint says whether dir is the root of a mount (a path that
+// does not exist is none).
 func IsMountPoint(dir string) (bool, error) {
 	var st unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, 0, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
 		return false, &fs.PathError{Op: "statx", Path: dir, Err: err}
 	}
 	if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {

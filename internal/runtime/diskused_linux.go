@@ -3,6 +3,7 @@ package runtime
 import (
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 )
 
@@ -16,7 +17,7 @@ func (sb *Sandbox) DiskUsed() int64 {
 		return max(disk.UpperUsed(sb.root(), upper), 0)
 	}
 	var fs unix.Statfs_t
-	if mounted, _ := disk.IsMountPoint(disk.Dir(sb.dir)); !mounted || unix.Statfs(disk.Dir(sb.dir), &fs) != nil {
+	if mounted, _ := mount.IsMountPoint(disk.Dir(sb.dir)); !mounted || unix.Statfs(disk.Dir(sb.dir), &fs) != nil {
 		return 0
 	}
 	return int64(fs.Blocks-fs.Bfree) * fs.Bsize

@@ -247,7 +247,7 @@ func (containerDriver) teardown(sb *Sandbox) []error {
 		}
 		sb.IDs = nil
 	}
-	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !isNotMounted(err) {
+	if err := mount.Unmount(filepath.Join(sb.dir, "rootfs")); err != nil && !mount.IsNotMounted(err) {
 		errs = append(errs, err)
 	}
 	return errs

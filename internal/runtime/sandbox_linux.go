@@ -14,7 +14,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -25,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -199,15 +199,12 @@ func rootHash(root string) string {
 	return hex.EncodeToString(h[:4])
 }
 
-// ValidName reports whether name may name a sandbox.
-func ValidName(name string) error { return api.ValidName(name) }
-
 // Create composes the layers under an upper on local disk, makes the
 // cgroup and starts the init. On any failure everything done so far is
 // undone: no mount, cgroup or directory is left behind. A worker killed
 // half-way leaves a sandbox in state creating, which Recover removes.
 func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
-	if err := ValidName(o.Name); err != nil {
+	if err := api.ValidName(o.Name); err != nil {
 		return nil, err
 	}
 	return create(ctx, root, o, o.Primed)
@@ -408,7 +405,7 @@ func List(root string) ([]string, error) {
 	}
 	var names []string
 	for _, e := range ents {
-		if e.IsDir() && ValidName(e.Name()) == nil {
+		if e.IsDir() && api.ValidName(e.Name()) == nil {
 			names = append(names, e.Name())
 		}
 	}
@@ -421,7 +418,7 @@ func List(root string) ([]string, error) {
 // as they finish. A sandbox a worker died creating is removed, and Load
 // says it does not exist.
 func Load(root, name string) (*Sandbox, error) {
-	if err := ValidName(name); err != nil {
+	if err := api.ValidName(name); err != nil {
 		return nil, err
 	}
 	dir := sandboxDir(root, name)
@@ -647,7 +644,7 @@ func (sb *Sandbox) teardown(all bool) error {
 	// Sandboxes made before layer mounts were shared mounted their own.
 	old, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
 	for _, m := range old {
-		if err := lazy.Unmount(m); err != nil && !isNotMounted(err) {
+		if err := lazy.Unmount(m); err != nil && !mount.IsNotMounted(err) {
 			errs = append(errs, err)
 		}
 	}
@@ -683,8 +680,4 @@ func (sb *Sandbox) lowerUser() string { return filepath.Base(sb.dir) }
 func (sb *Sandbox) owner() string {
 	abs, _ := filepath.Abs(sb.dir)
 	return abs
-}
-
-func isNotMounted(err error) bool {
-	return errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOENT)
 }

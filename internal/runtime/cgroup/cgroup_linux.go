@@ -495,6 +495,11 @@ func (g *Group) hasten() {
 	pids, _ := g.Pids()
 	root := filepath.Dir(filepath.Dir(g.cpuDir()))
 	for _, pid := range pids {
+		// Still the group's (its pid not reused by a host process since
+		// it was listed): only this sandbox's processes are moved.
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err != nil || !strings.Contains(string(b), "/"+g.name+"\n") {
+			continue
+		}
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)) // the policy is per thread
 		for _, t := range tasks {
 			if tid, err := strconv.Atoi(t.Name()); err == nil {

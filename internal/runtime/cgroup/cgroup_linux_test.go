@@ -61,7 +61,7 @@ func TestKillIdleOnBusyHost(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer cmd.Process.Kill()
 	// Its memory touched at normal priority first (a busy host would
 	// starve that too), then it runs as a batch sandbox's command does:
 	// SCHED_IDLE, in an idle group.
@@ -94,6 +94,17 @@ func TestKillIdleOnBusyHost(t *testing.T) {
 		t.Fatalf("remove %v after the kill: %v", time.Since(t0), err)
 	}
 	t.Logf("killed and removed in %v", time.Since(t0))
+	// Moved out of the group to exit, it did exit, by the kill.
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("the group's process ended with %v, not killed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the group's process lives on outside the group 10 s after its kill")
+	}
 }
 
 func busyboxRoot(t *testing.T) string { return layertest.BusyboxRoot(t, t.TempDir()) }

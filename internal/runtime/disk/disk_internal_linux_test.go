@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/mount"
 )
 
 // TestDiskTemplate: the second image of a size is a copy of the first's
@@ -166,7 +167,7 @@ func TestSweepUppers(t *testing.T) {
 	if err := ReleaseUppers(root); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := IsMountPoint(UppersDir(root)); !mounted {
+	if mounted, _ := mount.IsMountPoint(UppersDir(root)); !mounted {
 		t.Fatal("released the uppers file system with an upper on it")
 	}
 	if err := RemoveUpper(root, kept); err != nil {
@@ -175,7 +176,7 @@ func TestSweepUppers(t *testing.T) {
 	if err := ReleaseUppers(root); err != nil {
 		t.Fatal(err)
 	}
-	if mounted, _ := IsMountPoint(UppersDir(root)); mounted {
+	if mounted, _ := mount.IsMountPoint(UppersDir(root)); mounted {
 		t.Fatal("the uppers file system is still mounted with none on it")
 	}
 	// Mounted again on its next use, with what it held.

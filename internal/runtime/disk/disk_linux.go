@@ -158,7 +158,7 @@ func Mount(dir string, fresh bool) error {
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		return err
 	}
-	if mounted, err := IsMountPoint(d); err != nil || !mounted {
+	if mounted, err := mount.IsMountPoint(d); err != nil || !mounted {
 		if err != nil {
 			return err
 		}
@@ -193,7 +193,7 @@ func Unmount(dir string) error { return unmountLoop(Dir(dir)) }
 // race-detector run on 2 cores) that took over 5 s once, with no mount
 // of the device left in any task's namespace.
 func unmountLoop(d string) error {
-	if mounted, err := IsMountPoint(d); err != nil || !mounted {
+	if mounted, err := mount.IsMountPoint(d); err != nil || !mounted {
 		return nil
 	}
 	src, dev, err := mountDevice(d)
@@ -414,20 +414,4 @@ func e2fsck(dir string, args ...string) error {
 		return fmt.Errorf("disk quota: e2fsck %s: %v: %s: %w", Image(dir), err, strings.TrimSpace(string(out)), errdefs.ErrDataLoss)
 	}
 	return nil
-}
-
-// IsMountPoint reports whether d is a mount point (on a device of its
-// own; bind mounts do not count, and none is made here).
-func IsMountPoint(d string) (bool, error) {
-	var st, parent unix.Stat_t
-	if err := unix.Stat(d, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, err
-	}
-	if err := unix.Stat(filepath.Dir(d), &parent); err != nil {
-		return false, err
-	}
-	return st.Dev != parent.Dev, nil
 }

@@ -161,7 +161,7 @@ func MountUppers(root string, size int64) (string, error) {
 	uppersMu.Lock()
 	defer uppersMu.Unlock()
 	d := UppersDir(root)
-	if mounted, err := IsMountPoint(d); err != nil || mounted {
+	if mounted, err := mount.IsMountPoint(d); err != nil || mounted {
 		return d, err
 	}
 	img := uppersImage(root)
@@ -400,7 +400,7 @@ func btrfsFSID(d string) (string, error) {
 // on it, in bytes; 0, 0 when it is not mounted.
 func UppersSize(root string) (size, free int64) {
 	d := UppersDir(root)
-	if mounted, _ := IsMountPoint(d); !mounted {
+	if mounted, _ := mount.IsMountPoint(d); !mounted {
 		return 0, 0
 	}
 	var st unix.Statfs_t
@@ -440,7 +440,7 @@ func ReleaseUppers(root string) error {
 // not mounted.
 func uppers(root string) ([]string, error) {
 	d := UppersDir(root)
-	if mounted, err := IsMountPoint(d); err != nil || !mounted {
+	if mounted, err := mount.IsMountPoint(d); err != nil || !mounted {
 		return nil, err
 	}
 	entries, err := os.ReadDir(d)

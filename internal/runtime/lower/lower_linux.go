@@ -12,12 +12,10 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
@@ -69,7 +67,7 @@ func Acquire(ctx context.Context, root string, src Source, ref, user, want strin
 		t.Stop()
 		delete(kept, dir)
 	}
-	if !IsMountpoint(mnt) {
+	if mounted, _ := mount.IsMountPoint(mnt); !mounted {
 		if err := f.mountOn(mnt); err != nil {
 			os.Remove(filepath.Join(dir, "users", user))
 			return "", nil, err
@@ -186,21 +184,13 @@ func ReleaseKept(root string) error {
 // unmountLower unmounts a layer nobody uses and removes its directory.
 func unmountLower(dir string) error {
 	mnt := filepath.Join(dir, "mnt")
-	if IsMountpoint(mnt) {
+	if mounted, _ := mount.IsMountPoint(mnt); mounted {
 		// lazy.Unmount also tells a lazy layer's fetcher it may go.
-		if err := lazy.Unmount(mnt); err != nil && !isNotMounted(err) {
+		if err := lazy.Unmount(mnt); err != nil && !mount.IsNotMounted(err) {
 			return err
 		}
 	}
 	return os.RemoveAll(dir)
-}
-
-func IsMountpoint(p string) bool {
-	var st, parent unix.Stat_t
-	if unix.Lstat(p, &st) != nil || unix.Lstat(filepath.Dir(p), &parent) != nil {
-		return false
-	}
-	return st.Dev != parent.Dev
 }
 
 // Found is a layer Resolve found.
@@ -220,10 +210,6 @@ type Source struct {
 	Insecure bool
 	Fetcher  lazy.Start
 	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
-}
-
-func isNotMounted(err error) bool {
-	return errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOENT)
 }
 
 // Resolve finds a layer in the local store (by want, the image it
