@@ -214,6 +214,10 @@ const (
 // Sandbox describes a sandbox.
 type Sandbox struct {
 	SandboxSpec
+	// ID is the sandbox's for good, as the host knows it (its directory
+	// and cgroup); Name is a label. An older dsec's sandbox's ID is its
+	// name.
+	ID      string    `json:"id,omitempty"`
 	Status  string    `json:"status"`
 	Pid     int       `json:"pid,omitempty"` // the init's host pid while running
 	Digests []string  `json:"digests"`       // of Layers

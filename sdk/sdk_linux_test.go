@@ -489,7 +489,7 @@ func tarOf(t *testing.T, name, body string) *bytes.Buffer {
 func TestJournaledNeverStarted(t *testing.T) {
 	w, c := setup(t)
 	sb := create(t, c, api.SandboxSpec{Name: "survivor"})
-	os.MkdirAll(filepath.Join(w.Root, "sandboxes", "survivor", "execs", "orphan"), 0o700)
+	os.MkdirAll(filepath.Join(w.Root, "sandboxes", runtime.IDOf(w.Root, "survivor"), "execs", "orphan"), 0o700)
 	w.Kill()
 	runtimetest.StartWorker(t, w.Root)
 	if got, res := run(t, sb, "orphan", "echo fresh"); got != "fresh\n" || res.Replayed {
@@ -707,7 +707,14 @@ func TestRunRm(t *testing.T) {
 		s.Name = name
 		return &s
 	}
-	dir := func(name string) string { return filepath.Join(w.Root, "sandboxes", name) }
+	dir := func(name string) string { // while it runs
+		t.Helper()
+		info, err := c.Sandbox(name).Inspect(ctx)
+		if err != nil || info.ID == "" {
+			t.Fatalf("inspect %s: %+v %v", name, info, err)
+		}
+		return filepath.Join(w.Root, "sandboxes", info.ID)
+	}
 	// A run makes its sandbox from its spec, never from a pool.
 	for what, o := range map[string]sdk.CallOptions{"a pool": {Pool: "p", Spec: spec("r0"), Run: true}, "no spec": {Run: true}} {
 		o.Args = []string{"true"}
@@ -752,6 +759,7 @@ func TestRunRm(t *testing.T) {
 		errc <- err
 	}()
 	waitFor(t, "the run to list its sandbox", running("r2"))
+	r2 := dir("r2")
 	if err := createErr(c, api.SandboxSpec{Name: "r2", Layers: tmpl.Layers}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a create of a running run --rm's name: %v", err)
 	}
@@ -760,7 +768,7 @@ func TestRunRm(t *testing.T) {
 		t.Fatal("a cancelled run returned no error")
 	}
 	waitFor(t, "the abandoned run's sandbox to go", func() bool {
-		_, err := os.Stat(dir("r2"))
+		_, err := os.Stat(r2)
 		return errors.Is(err, os.ErrNotExist)
 	})
 
@@ -770,12 +778,13 @@ func TestRunRm(t *testing.T) {
 		errc <- err
 	}()
 	waitFor(t, "the run to list its sandbox", running("r3"))
+	r3 := dir("r3")
 	w.Kill()
 	if err := <-errc; !sdk.IsInfra(err) {
 		t.Fatalf("the run of a killed worker: %v, want an infrastructure error", err)
 	}
 	runtimetest.StartWorker(t, w.Root)
-	if _, err := os.Stat(dir("r3")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(r3); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a run --rm's sandbox outlived its worker: %v", err)
 	}
 	if l, err := c.List(ctx); err != nil || len(l) != 0 {
@@ -855,11 +864,11 @@ func TestPrimedSandboxes(t *testing.T) {
 		t.Helper()
 		var st runtime.State
 		waitFor(t, "one primed sandbox", func() bool {
-			states, _ := filepath.Glob(filepath.Join(w.Root, "sandboxes", "_p*", "state.json"))
-			if len(states) != 1 {
+			ids := runtime.Unnamed(w.Root)
+			if len(ids) != 1 {
 				return false
 			}
-			b, err := os.ReadFile(states[0])
+			b, err := os.ReadFile(filepath.Join(w.Root, "sandboxes", ids[0], "state.json"))
 			if err != nil || json.Unmarshal(b, &st) != nil || st.Status != runtime.Running {
 				return false
 			}
@@ -894,9 +903,8 @@ func TestPrimedSandboxes(t *testing.T) {
 	w.Kill()
 	w = runtimetest.StartWorker(t, w.Root)
 	waitFor(t, "the dead worker's primed sandbox removed, its init gone", func() bool {
-		dirs, _ := filepath.Glob(filepath.Join(w.Root, "sandboxes", "_p*"))
 		_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(p.Pid)))
-		return len(dirs) == 0 && err != nil
+		return len(runtime.Unnamed(w.Root)) == 0 && err != nil
 	})
 	c, _ = sdk.New(sdk.Options{Root: w.Root})
 	if out, _ := run(t, c.Sandbox("b"), "y", "hostname"); out != "b\n" {

@@ -25,13 +25,14 @@ func TestSpares(t *testing.T) {
 	ctx := context.Background()
 	waitFor(t, "two spares", func() bool { return len(w.Spares()) == 2 })
 	spares := w.Spares()
+	spareGroups, _ := runtime.Groups(w.Root) // no sandbox yet: the spares'
 
 	sb := create(t, c, api.SandboxSpec{Name: "fast"})
 	info, err := sb.Inspect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(spares, strconv.Itoa(info.Pid)) || !runtime.IsSpareGroup(lastElem(info.Cgroup)) {
+	if !slices.Contains(spares, strconv.Itoa(info.Pid)) || !slices.Contains(spareGroups, lastElem(info.Cgroup)) || lastElem(info.Cgroup) != "sb-"+info.ID+runtime.CgroupSuffix(w.Root) {
 		t.Fatalf("the sandbox's init %d in %s, not one of the spares %v", info.Pid, info.Cgroup, spares)
 	}
 	if out, res := run(t, sb, "facts", "hostname; cat /etc/answer /work/hello; echo $$ > /tmp/state; grep -c : /proc/net/dev"); res.ExitCode != 0 || out != "fast\n42\nfrom the workspace\n1\n" {
@@ -39,7 +40,7 @@ func TestSpares(t *testing.T) {
 	}
 	batch := create(t, c, api.SandboxSpec{Name: "slow", Class: api.SchedBatch})
 	binfo, _ := batch.Inspect(ctx)
-	if runtime.IsSpareGroup(lastElem(binfo.Cgroup)) || slices.Contains(spares, strconv.Itoa(binfo.Pid)) {
+	if slices.Contains(spareGroups, lastElem(binfo.Cgroup)) || slices.Contains(spares, strconv.Itoa(binfo.Pid)) {
 		t.Fatalf("a batch sandbox took a spare: %s", binfo.Cgroup)
 	}
 	waitFor(t, "the spares refilled", func() bool { return len(w.Spares()) == 2 })
@@ -58,9 +59,9 @@ func TestSpares(t *testing.T) {
 	})
 	w = runtimetest.StartWorkerWith(t, w.Root, cfg)
 	waitFor(t, "two new spares", func() bool { return len(w.Spares()) == 2 })
-	groups, err := runtime.SpareGroups(w.Root)
-	if err != nil || len(groups) != 3 || !slices.Contains(groups, lastElem(info.Cgroup)) {
-		t.Fatalf("after a restart the spares' groups are %v (%v); the sandbox's is %s", groups, err, info.Cgroup)
+	groups, err := runtime.Groups(w.Root)
+	if err != nil || len(groups) != 4 || !slices.Contains(groups, lastElem(info.Cgroup)) || !slices.Contains(groups, lastElem(binfo.Cgroup)) {
+		t.Fatalf("after a restart the groups are %v (%v): want two new spares' and the sandboxes' %s and %s", groups, err, info.Cgroup, binfo.Cgroup)
 	}
 	if out, _ := run(t, sb, "after", "cat /tmp/state"); strings.TrimSpace(out) == "" {
 		t.Fatal("the sandbox lost its state over the restart")
@@ -68,7 +69,7 @@ func TestSpares(t *testing.T) {
 	if err := sb.Remove(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if groups, _ := runtime.SpareGroups(w.Root); slices.Contains(groups, lastElem(info.Cgroup)) {
+	if groups, _ := runtime.Groups(w.Root); slices.Contains(groups, lastElem(info.Cgroup)) {
 		t.Fatalf("the removed sandbox's group stays: %v", groups)
 	}
 }
@@ -79,7 +80,7 @@ func TestWithoutSpares(t *testing.T) {
 	w, c := setupWith(t, runtimetest.Config{Admission: worker.Admission{Spares: -1}})
 	sb := create(t, c, api.SandboxSpec{Name: "cold"})
 	info, _ := sb.Inspect(context.Background())
-	if runtime.IsSpareGroup(lastElem(info.Cgroup)) || len(w.Spares()) != 0 {
+	if groups, _ := runtime.Groups(w.Root); len(groups) != 1 || len(w.Spares()) != 0 {
 		t.Fatalf("spares without spares: %s, %v", info.Cgroup, w.Spares())
 	}
 	if out, res := run(t, sb, "x", "cat /etc/answer"); out != "42\n" {

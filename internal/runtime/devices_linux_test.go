@@ -74,7 +74,7 @@ func TestDeviceIsolation(t *testing.T) {
 		t.Cleanup(func() { sb.Remove() })
 		return sb
 	}
-	a := create(runtime.Options{Name: "a", Layers: []string{"bb:1"}, Disk: 32 << 20}, runtime.Mounter{Store: s})
+	a := create(runtime.Options{Spec: runtime.Spec{Name: "a", Layers: []string{"bb:1"}, Disk: 32 << 20}}, runtime.Mounter{Store: s})
 	if out, code := sh(t, a, "secret", "echo SECRET-OF-A > /secret && sync"); code != 0 {
 		t.Fatalf("A: %s", out)
 	}
@@ -125,22 +125,23 @@ done 2>&1`, major, minor)
 		}
 	}
 
-	own := create(runtime.Options{Name: "own", Layers: []string{"bb:1"}}, runtime.Mounter{Store: s})
+	own := create(runtime.Options{Spec: runtime.Spec{Name: "own", Layers: []string{"bb:1"}}}, runtime.Mounter{Store: s})
 	try("own init", own, 0)
-	spare := create(runtime.Options{Name: "spare", Layers: []string{"bb:1"}}, mSpare)
-	if !strings.HasPrefix(spare.Snapshot().CgroupName, "sb-_") {
+	before, _ := runtime.Groups(root) // the spare's among them
+	spare := create(runtime.Options{Spec: runtime.Spec{Name: "spare", Layers: []string{"bb:1"}}}, mSpare)
+	if !slices.Contains(before, spare.Snapshot().CgroupName) {
 		t.Errorf("spare: the sandbox did not take a spare: %s", spare.Snapshot().CgroupName)
 	}
 	try("spare", spare, 1)
-	create(runtime.Options{Name: "prime", Layers: []string{"bb:1"}}, mPrimed)
+	create(runtime.Options{Spec: runtime.Spec{Name: "prime", Layers: []string{"bb:1"}}}, mPrimed)
 	primed.Refill() // as the worker does once a create is answered
-	waitPrimed(t, primed, root, 1)
-	pr := create(runtime.Options{Name: "primed", Layers: []string{"bb:1"}}, mPrimed)
-	if !strings.HasPrefix(pr.Snapshot().CgroupName, "sb-_p") {
+	ready := waitPrimed(t, primed, root, 1)
+	pr := create(runtime.Options{Spec: runtime.Spec{Name: "primed", Layers: []string{"bb:1"}}}, mPrimed)
+	if pr.Dir() != ready[0] {
 		t.Errorf("primed: the sandbox did not take a primed one: %s", pr.Snapshot().CgroupName)
 	}
 	try("primed", pr, 2)
-	us := create(runtime.Options{Name: "userns", Layers: []string{"bb:1"}, UserNS: true}, runtime.Mounter{Store: s})
+	us := create(runtime.Options{Spec: runtime.Spec{Name: "userns", Layers: []string{"bb:1"}, UserNS: true}}, runtime.Mounter{Store: s})
 	try("user namespace", us, 3)
 
 	if err := own.Stop(); err != nil {
@@ -210,8 +211,8 @@ func BenchmarkDevices(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		runtime.SetNoDevices(i%2 == 1)
-		first, _ := createExecRemove(b, root, runtime.Options{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"},
-			Mounter: runtime.Mounter{Store: s}})
+		first, _ := createExecRemove(b, root, runtime.Options{Spec: runtime.Spec{Name: fmt.Sprint("bench-", i),
+			Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}})
 		d[i%2] = append(d[i%2], first)
 		i++
 	}

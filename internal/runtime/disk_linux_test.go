@@ -30,8 +30,8 @@ func TestDiskQuota(t *testing.T) {
 	pol := func(disk string) *api.Policy {
 		return &api.Policy{APIVersion: "dsec/v1", Kind: "Policy", Resources: &api.ResourcePolicy{Disk: disk}}
 	}
-	q := f.create(dsecrt.Options{Name: "quota", Layers: []string{"bb:1"}, Policy: pol("32M")})
-	free := f.create(dsecrt.Options{Name: "free", Layers: []string{"bb:1"}})
+	q := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "quota", Layers: []string{"bb:1"}, Policy: pol("32M")}})
+	free := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "free", Layers: []string{"bb:1"}}})
 	if d := q.Snapshot().Disk; d != 32<<20 {
 		t.Fatalf("disk quota %d", d)
 	}
@@ -122,7 +122,7 @@ func TestDiskQuota(t *testing.T) {
 	if out, _ := sh(t, free, "over", "rm /tmp/fill; dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; echo rc=$?"); !strings.Contains(out, "Disk quota exceeded") {
 		t.Errorf("48 MiB under a bound lowered to 40 MiB: %q", out)
 	}
-	dir, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Name: "dir", Layers: []string{"bb:1"}, Mounter: dsecrt.Mounter{Store: f.s}})
+	dir, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Spec: dsecrt.Spec{Name: "dir", Layers: []string{"bb:1"}}, Mounter: dsecrt.Mounter{Store: f.s}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,11 +136,12 @@ func TestDiskQuota(t *testing.T) {
 
 	// Snapshots pack the upper on the disk; a branch gets its own quota.
 	f.mustPack(q, "q:1")
-	br := f.create(dsecrt.Options{Name: "branch", From: "q:1", Disk: 20 << 20})
+	br := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "branch", From: "q:1", Disk: 20 << 20}})
 	if out, _ := sh(t, br, "kept", "cat /work.keep; dd if=/dev/zero of=/tmp/x bs=1M count=24 2>&1"); !strings.HasPrefix(out, "kept\n") || !strings.Contains(out, "No space left") {
 		t.Errorf("branch with a 20 MiB quota: %q", out)
 	}
-	if _, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Name: "tiny", Layers: []string{"bb:1"}, Disk: 1 << 20, Mounter: f.m}); err == nil || !strings.Contains(err.Error(), "at least 16 MiB") {
+	if _, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Spec: dsecrt.Spec{Name: "tiny", Layers: []string{"bb:1"},
+		Disk: 1 << 20}, Mounter: f.m}); err == nil || !strings.Contains(err.Error(), "at least 16 MiB") {
 		t.Errorf("a 1 MiB quota: %v", err)
 	}
 }
@@ -185,7 +186,7 @@ func TestDiskBound(t *testing.T) {
 		}
 	}
 	f.m.DiskBound = 16 << 20
-	b := f.create(dsecrt.Options{Name: "bound", Layers: []string{"bb:1"}})
+	b := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "bound", Layers: []string{"bb:1"}}})
 	if st := b.Snapshot(); st.UpperFS == "" || st.DiskBound != 16<<20 || st.Disk != 0 {
 		t.Fatalf("state %+v: want an upper on the uppers file system bounded at 16 MiB", st)
 	}
@@ -237,7 +238,7 @@ func TestDiskBound(t *testing.T) {
 
 	// Opted out: only the file system's size bounds it, not the host's
 	// disk, which keeps what the image takes of it below that size.
-	u := f.create(dsecrt.Options{Name: "unbound", Layers: []string{"bb:1"}, DiskBound: api.Unlimited})
+	u := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "unbound", Layers: []string{"bb:1"}, DiskBound: api.Unlimited}})
 	if st := u.Snapshot(); st.UpperFS == "" || st.DiskBound != 0 {
 		t.Fatalf("state %+v: want an upper on the uppers file system without a bound", st)
 	}
@@ -315,8 +316,8 @@ func BenchmarkDiskBound(b *testing.B) {
 		bound = 0
 	}
 	for i := range live {
-		sb, err := dsecrt.Create(context.Background(), root, dsecrt.Options{Name: fmt.Sprint("live-", i), Layers: []string{"bb:1"},
-			Mounter: dsecrt.Mounter{Store: s, DiskBound: bound}})
+		sb, err := dsecrt.Create(context.Background(), root, dsecrt.Options{Spec: dsecrt.Spec{Name: fmt.Sprint("live-", i),
+			Layers: []string{"bb:1"}}, Mounter: dsecrt.Mounter{Store: s, DiskBound: bound}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -329,7 +330,7 @@ func BenchmarkDiskBound(b *testing.B) {
 		if i%2 == 0 {
 			m.DiskBound = 10 << 30
 		}
-		f, w := createExecRemove(b, root, dsecrt.Options{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}, Mounter: m})
+		f, w := createExecRemove(b, root, dsecrt.Options{Spec: dsecrt.Spec{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}}, Mounter: m})
 		first[i%2], whole[i%2] = append(first[i%2], f), append(whole[i%2], w)
 		i++
 	}

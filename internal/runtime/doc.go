@@ -17,11 +17,22 @@
 // A running sandbox survives its worker: Load re-attaches it, and
 // collects the results of the commands the dead worker left running.
 //
+// # One description, one identity
+//
+// A sandbox is described once: a Spec, as a create asks for it in
+// Options and as the create resolved it in State (state.json), which
+// also holds what starting it made. Its ID, chosen when it is made and
+// never changed, names its directory <root>/sandboxes/ID, its cgroup and
+// the user its layers are held by; its name is a label, the link
+// <root>/names/NAME (ident_linux.go). A primed sandbox is one without a
+// name yet: a create that adopts it writes its state and its name, and
+// moves nothing.
+//
 // Every command runs under an exec id and is journaled in
-// <root>/sandboxes/NAME/execs/ID/: the output files the command writes
-// to directly (so output survives the worker) and result.json once it
-// ended. An id runs at most once per sandbox; asking again returns the
-// journal.
+// <root>/sandboxes/ID/execs/EXEC/ (package journal): the output files
+// the command writes to directly (so output survives the worker) and
+// result.json once it ended. An exec id runs at most once per sandbox;
+// asking again returns the journal.
 //
 // # The backend seam
 //
@@ -45,9 +56,9 @@
 // backend must do, seen through the worker's API, is the conformance
 // suite in package backendtest. FnCall pools, spare inits and primed
 // sandboxes are ways of using a backend, not backends: pools of package
-// warm. Layer mounts, NAT, user namespace id ranges and the host-wide
-// slot table of the last two are packages lower, network, idmap and
-// hostslot.
+// warm. Layer mounts, the exec journal, NAT, user namespace id ranges
+// and the host-wide slot table of the last two are packages lower,
+// journal, network, idmap and hostslot.
 //
 // The host worker that owns sandboxes and serves the API is package
 // worker.

@@ -31,6 +31,10 @@ import (
 // serves from that registry.
 type driver interface {
 	backend.Backend
+	// newID is the ID of sb, a sandbox about to be made (its state as
+	// its create resolved it): a warm instance's made ahead for it, which
+	// newID puts in sb.prestarted for start to take, or a new one.
+	newID(sb *Sandbox, m Mounter) string
 	// start starts sb's instance: it sets sb.c and sb.Pid, and sb.g, the
 	// group every process of the sandbox runs in, held to sb.Allowlist
 	// before anything of the sandbox runs; and what sb's state keeps for
@@ -84,6 +88,22 @@ func ability[A any](sb *Sandbox, what string) (A, error) {
 // host's layer mounts, in a cgroup of its own.
 type containerDriver struct{ container.Backend }
 
+// newID takes a spare init for a latency-class sandbox outside a user
+// namespace: the spare's group is named by an ID made with it, which the
+// sandbox then has (a cgroup2 group cannot be renamed). A sandbox
+// started again after a stop makes a group of its own under its ID.
+func (containerDriver) newID(sb *Sandbox, m Mounter) string {
+	if sb.Limits.Idle || sb.UserNS {
+		return newID()
+	}
+	sp := m.Spares.take()
+	if sp == nil {
+		return newID()
+	}
+	sb.prestarted = sp
+	return sp.id
+}
+
 func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s startSpec) error {
 	rootfs := filepath.Join(sb.dir, "rootfs")
 	// A spare init sits in its group already: the sandbox takes both. A
@@ -132,13 +152,10 @@ func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		if err := ov.Mount(rootfs); err != nil {
 			return err
 		}
-		if !sb.Limits.Idle {
-			sp = m.Spares.take()
-		}
-		if sp != nil {
-			// Saved with the sandbox's state once it runs; a worker that
-			// dies before leaves the group to the next one's SweepSpares.
-			sb.g, sb.CgroupName = sp.g, sp.name
+		sp, _ = sb.prestarted.(*spare)
+		sb.prestarted = nil
+		if sp != nil { // its group is named by sb.ID
+			sb.g = sp.g
 			if err := sp.g.SetLimits(withInit(sb.Limits)); err != nil {
 				return err
 			}

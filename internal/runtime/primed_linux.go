@@ -2,21 +2,15 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
-	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
-
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
@@ -25,10 +19,9 @@ import (
 // a sandbox made ahead of need on the layers the last create stood on,
 // with the default of everything else (no policy, class latency, no
 // disk bound, no user namespace), its overlay mounted over an empty
-// upper and its init set up, under a name no user can give ('_' first,
-// which List skips). A create that asks for exactly that takes it: its
-// limits are written, its host named, its state written and its
-// directory renamed to the sandbox's; nothing is mounted or started.
+// upper and its init set up, without a name. A create that asks for
+// exactly that takes it: its limits are written, its host named, its
+// state and its name written; nothing is mounted, started or moved.
 // A create on other layers makes its own sandbox, and the primed ones
 // are made again on its layers.
 type Primed struct {
@@ -39,9 +32,6 @@ type Primed struct {
 	mu  sync.Mutex
 	key string // the layers' digests the sandboxes are made on
 }
-
-// primeTag starts the name of every primed sandbox.
-const primeTag = "_p"
 
 // StartPrimed keeps n sandboxes made ahead on the layers of the last
 // create m makes on root.
@@ -63,7 +53,7 @@ func StartPrimed(root string, m Mounter, n int) *Primed {
 // make creates a primed sandbox on refs, which must still be key.
 func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
 	// Not cancelled by Close: the pool removes what a make returns then.
-	o := Options{Name: RandomName(primeTag), Layers: refs, Mounter: p.m}
+	o := Options{Spec: Spec{Layers: refs}, Mounter: p.m} // no name: adopt gives it one
 	sb, err := create(context.Background(), p.root, o, nil)
 	if err != nil {
 		return nil, err
@@ -80,7 +70,7 @@ func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
 // a snapshot, a disk quota or bound of its own, a user namespace, class
 // batch, merged memory) or a layer is not in the local store.
 func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, disk int64) string {
-	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
+	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.Spec.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
 		return ""
 	}
 	var ds []string
@@ -135,35 +125,18 @@ func (p *Primed) Close() {
 	}
 }
 
-// adopt makes the primed sandbox pr the sandbox o names (dir, its
-// directory, free): its limits, host name and state, then its directory
-// renamed into place. A sandbox made for one call (o.Pool: run --rm, a
-// FnCall call no pool served) gets its limits and host name only: it
-// never outlives its worker (a worker that starts removes the call
-// sandboxes of one that died, and SweepPrimed the primed ones), so its
-// state is not written, its layers keep their user and its directory
-// its primed name: ext4 metadata updates that took 0.7-0.8 ms of a
-// run --rm (BENCHMARKS.md). On an error pr is removed.
+// adopt makes the primed sandbox pr the sandbox o names: its limits,
+// host name and state, then its name. A sandbox made for one call
+// (o.Pool: run --rm, a FnCall call no pool served) gets its limits and
+// host name only: it never outlives its worker (a worker that starts
+// removes the call sandboxes of one that died, and SweepUnnamed the
+// primed ones), so neither its state nor its name is written: ext4
+// metadata updates that took 0.7-0.8 ms of a run --rm (BENCHMARKS.md).
+// On an error pr is removed.
 func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
-	dir := sandboxDir(root, o.Name)
-	exists := func() error {
-		return fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", o.Name, errdefs.ErrAlreadyExists)
-	}
-	if _, err := os.Lstat(dir); err == nil {
-		pr.Remove()
-		return nil, exists()
-	}
-	from := pr.Name
-	shared := false // o.Name holds the layers now: let go of them on an error
 	defer func() {
 		if err != nil {
-			pr.mu.Lock()
-			pr.Name, pr.dir = from, sandboxDir(root, from)
-			pr.mu.Unlock()
-			pr.Remove()
-			if shared {
-				lower.Release(root, o.Name)
-			}
+			pr.Remove() // its state's name is the one it claimed, if any
 		}
 	}()
 	if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
@@ -176,23 +149,14 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	if err := r.SetHostname(st.Hostname); err != nil {
 		return nil, err
 	}
+	pr.mu.Lock()
+	primed := pr.State
+	pr.State = running(st, primed)
+	pr.mu.Unlock()
 	if o.Pool != "" {
-		pr.mu.Lock()
-		pr.State = running(st, pr.State)
-		pr.mu.Unlock()
 		pr.touch()
 		return pr, nil
 	}
-	// The layers get their new user before the old one goes: they are
-	// never without one, and a worker killed between leaves a user that
-	// lower.Sweep drops.
-	if err := lower.Share(root, from, o.Name); err != nil {
-		return nil, err
-	}
-	shared = true
-	pr.mu.Lock()
-	pr.State = running(st, pr.State)
-	pr.mu.Unlock()
 	// The primed state is moved aside, not written over: on ext4 a file
 	// replaced (or removed) so soon after it was written costs 0.3-1 ms
 	// (its delayed allocation is settled then), an unused name 0.1.
@@ -203,20 +167,15 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 	if err := pr.save(); err != nil {
 		return nil, err
 	}
-	// One rename publishes the sandbox whole: a worker killed before it
-	// leaves a primed sandbox the next one removes.
-	if err := unix.Renameat2(unix.AT_FDCWD, pr.dir, unix.AT_FDCWD, dir, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) { // made meanwhile: its layers' users are its own
-			shared = false
-			return nil, exists()
-		}
+	// The name last: a worker killed before leaves a sandbox no name
+	// points at, which the next one removes.
+	if err := claimName(root, o.Name, pr.ID); err != nil {
+		pr.mu.Lock()
+		pr.Name = "" // another's
+		pr.mu.Unlock()
 		return nil, err
 	}
-	pr.mu.Lock()
-	pr.dir = dir
-	pr.mu.Unlock()
-	lower.Release(root, from) // the new user holds them
-	go os.Remove(filepath.Join(dir, "state.primed"))
+	go os.Remove(aside)
 	pr.touch()
 	return pr, nil
 }
@@ -224,28 +183,8 @@ func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error
 // running is st, the state a create asked for, on the primed sandbox
 // whose state is primed: its init, group, layers and enforcement.
 func running(st, primed State) State {
-	st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
+	st.ID, st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.ID, primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
 	st.UpperFS, st.DiskBound = primed.UpperFS, primed.DiskBound
 	st.Status = Running
 	return st
-}
-
-// SweepPrimed removes the primed sandboxes a worker of root left when it
-// died (they outlive it, as every sandbox does). Call it with the
-// root's worker lock held, before lower.Sweep and SweepSpares.
-func SweepPrimed(root string) error {
-	dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", primeTag+"*"))
-	var errs []error
-	for _, dir := range dirs {
-		name := filepath.Base(dir)
-		sb := &Sandbox{State: State{CgroupName: cgroupName(root, name)}, dir: dir}
-		if b, err := os.ReadFile(filepath.Join(dir, "state.json")); err == nil {
-			json.Unmarshal(b, &sb.State)
-		}
-		sb.Name = name // the state may name the sandbox it was being made
-		if err := sb.teardown(true); err != nil {
-			errs = append(errs, fmt.Errorf("primed sandbox %s: %w", name, err))
-		}
-	}
-	return errors.Join(errs...)
 }

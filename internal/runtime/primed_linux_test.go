@@ -27,7 +27,7 @@ func waitPrimed(t *testing.T, p *runtime.Primed, root string, n int) []string {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		// Those no longer wanted are removed in the background.
-		dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
+		dirs := unnamedDirs(root)
 		if p.Ready() == n && len(dirs) == n {
 			return dirs
 		}
@@ -35,6 +35,16 @@ func waitPrimed(t *testing.T, p *runtime.Primed, root string, n int) []string {
 			t.Fatalf("%d primed sandboxes ready, dirs %v, want %d", p.Ready(), dirs, n)
 		}
 	}
+}
+
+// unnamedDirs are the directories of root's sandboxes no name points
+// at: primed ones and calls'.
+func unnamedDirs(root string) []string {
+	var dirs []string
+	for _, id := range runtime.Unnamed(root) {
+		dirs = append(dirs, filepath.Join(root, "sandboxes", id))
+	}
+	return dirs
 }
 
 func primedState(t *testing.T, dir string) runtime.State {
@@ -70,8 +80,8 @@ func TestPrimed(t *testing.T) {
 	})
 	create := func(name string, policy *api.Policy, layers ...string) *runtime.Sandbox {
 		t.Helper()
-		sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: name, Layers: layers, Policy: policy,
-			Limits: cgroup.Limits{Pids: 128}, Env: []string{"STEP=" + name}})
+		sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: name, Layers: layers, Policy: policy,
+			Limits: cgroup.Limits{Pids: 128}, Env: []string{"STEP=" + name}}, Mounter: m})
 		p.Refill() // as the worker does once the create is answered
 		if err != nil {
 			t.Fatal(err)
@@ -81,22 +91,21 @@ func TestPrimed(t *testing.T) {
 	}
 
 	first := create("first", nil, "ws:1", "bb:1") // nothing primed yet: made anew
-	if st := first.Snapshot(); strings.HasPrefix(st.CgroupName, "sb-_p") {
-		t.Fatalf("the first sandbox took a primed one: %+v", st)
+	if st := first.Snapshot(); runtime.IDOf(root, "first") != st.ID || first.Dir() != filepath.Join(root, "sandboxes", st.ID) || st.CgroupName != "sb-"+st.ID+runtime.CgroupSuffix(root) {
+		t.Fatalf("the first sandbox is not named by its ID: %+v in %s", st, first.Dir())
 	}
 	dirs := waitPrimed(t, p, root, 1)
 	pst := primedState(t, dirs[0])
 
 	second := create("second", nil, "ws:1", "bb:1")
 	st := second.Snapshot()
-	if st.Pid != pst.Pid || st.CgroupName != pst.CgroupName || st.Name != "second" || st.Hostname != "second" || st.Status != runtime.Running {
+	if st.Pid != pst.Pid || st.ID != pst.ID || st.CgroupName != pst.CgroupName || st.Name != "second" || st.Hostname != "second" || st.Status != runtime.Running {
 		t.Fatalf("second did not take the primed sandbox %+v: %+v", pst, st)
 	}
-	if second.Dir() != filepath.Join(root, "sandboxes", "second") {
-		t.Fatalf("dir %s", second.Dir())
-	}
-	if _, err := os.Stat(dirs[0]); !os.IsNotExist(err) {
-		t.Fatalf("the primed dir is still there: %v", err)
+	// Its ID, directory and group are the primed one's: only its name
+	// is new.
+	if second.Dir() != dirs[0] || runtime.IDOf(root, "second") != pst.ID {
+		t.Fatalf("dir %s, named %q, want the primed %s", second.Dir(), runtime.IDOf(root, "second"), dirs[0])
 	}
 	if got := primedState(t, second.Dir()); got.Name != "second" || got.Pid != pst.Pid || got.Limits.Pids != 128 {
 		t.Fatalf("saved state %+v", got)
@@ -111,23 +120,23 @@ func TestPrimed(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(second.Upper(), "work", "new")); err != nil || string(b) != "kept\n" {
 		t.Fatalf("the upper under the new name: %q %v", b, err)
 	}
-	// The layers are held by the sandbox's name, not the primed one's.
+	// The layers are held by the sandbox's ID, the primed one's.
 	users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "*"))
 	var names []string
 	for _, u := range users {
 		names = append(names, filepath.Base(u))
 	}
-	if strings.Count(strings.Join(names, " "), "second") != 2 || strings.Count(strings.Join(names, " "), "first") != 2 {
+	if strings.Count(strings.Join(names, " "), st.ID) != 2 || strings.Count(strings.Join(names, " "), first.Snapshot().ID) != 2 {
 		t.Fatalf("layer users %v", names)
 	}
 	// A second create of the name fails as it does without priming, and
 	// leaves the sandbox that has it and its layers alone.
 	waitPrimed(t, p, root, 1)
-	if _, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: "second", Layers: []string{"ws:1", "bb:1"}}); !errdefs.IsAlreadyExists(err) {
+	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "second", Layers: []string{"ws:1", "bb:1"}}, Mounter: m}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a second create of a name: %v", err)
 	}
 	p.Refill()
-	if held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "second")); len(held) != 2 {
+	if held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", st.ID)); len(held) != 2 {
 		t.Fatalf("second's layers after a create of its name failed: %v", held)
 	}
 	// A worker restarted now finds the sandbox under its name.
@@ -142,8 +151,8 @@ func TestPrimed(t *testing.T) {
 	// and layer users: it never outlives its worker.
 	pdir := waitPrimed(t, p, root, 1)[0]
 	pst = primedState(t, pdir)
-	call, err := runtime.Create(ctx, root, runtime.Options{Mounter: m, Name: "call", Pool: "(run)", Layers: []string{"ws:1", "bb:1"},
-		Limits: cgroup.Limits{Pids: 64}})
+	call, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "call", Pool: "(run)",
+		Layers: []string{"ws:1", "bb:1"}, Limits: cgroup.Limits{Pids: 64}}, Mounter: m})
 	p.Refill()
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +243,7 @@ func TestSweepPrimed(t *testing.T) {
 	p := runtime.StartPrimed(root, m, 1)
 	m.Primed = p
 	t.Cleanup(func() { runtimetest.Clean(root) })
-	sb, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: m, Name: "a", Layers: []string{"bb:1"}})
+	sb, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "a", Layers: []string{"bb:1"}}, Mounter: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,13 +254,14 @@ func TestSweepPrimed(t *testing.T) {
 	// A call's sandbox keeps the primed one's directory (TestPrimed):
 	// it goes with those primed.
 	callPid := primedState(t, waitPrimed(t, p, root, 1)[0]).Pid
-	if _, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: m, Name: "c", Pool: "(run)", Layers: []string{"bb:1"}}); err != nil {
+	if _, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "c", Pool: "(run)",
+		Layers: []string{"bb:1"}}, Mounter: m}); err != nil {
 		t.Fatal(err)
 	}
 	p.Refill()
 	var pid int
 	for deadline := time.Now().Add(20 * time.Second); pid == 0; time.Sleep(5 * time.Millisecond) {
-		dirs, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
+		dirs := unnamedDirs(root)
 		for _, d := range dirs {
 			var st runtime.State
 			b, _ := os.ReadFile(filepath.Join(d, "state.json")) // none yet while it is made
@@ -264,7 +274,7 @@ func TestSweepPrimed(t *testing.T) {
 		}
 	}
 	// The worker "dies": its primer is not closed, the sandboxes run on.
-	if err := runtime.SweepPrimed(root); err != nil {
+	if err := runtime.SweepUnnamed(root); err != nil {
 		t.Fatal(err)
 	}
 	for _, pid := range []int{callPid, pid} {
@@ -277,7 +287,7 @@ func TestSweepPrimed(t *testing.T) {
 			}
 		}
 	}
-	if err := lower.Sweep(root, nil); err != nil {
+	if err := lower.Of(root).Sweep(nil); err != nil {
 		t.Fatal(err)
 	}
 	if left := runtimetest.Leftovers(root); len(left) != 0 {

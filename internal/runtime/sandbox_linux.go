@@ -30,49 +30,57 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/journal"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
-// Options describe a sandbox to create.
-type Options struct {
-	Name string
+// Spec describes a sandbox: in Options as a create asks for it, in
+// State as the create resolved it (its class's and policy's limits, its
+// host name, its disk bound), which is what it then runs with.
+type Spec struct {
+	Name string `json:"name"` // "": a primed sandbox's, until adopted
 	// Backend names the sandbox's backend (package backend), as the
 	// worker resolved it; "" is the container backend.
-	Backend string
-	Layers  []string // refs, topmost first: toolkit, workspace, base
-	Limits  cgroup.Limits
-	// Disk bounds what the sandbox writes (its upper), in bytes, on a
-	// file system of its own; 0: as DiskBound says.
-	Disk int64
+	Backend string        `json:"backend,omitempty"`
+	Layers  []string      `json:"layers"` // refs, topmost first: toolkit, workspace, base
+	Limits  cgroup.Limits `json:"limits"`
+	// Disk bounds what the sandbox writes (its upper), in bytes: the
+	// size of a file system of its own (0: none of its own).
+	Disk int64 `json:"disk,omitempty"`
 	// DiskBound bounds what a sandbox without Disk writes, on the
-	// root's uppers file system: 0 the Mounter's DiskBound,
-	// api.Unlimited only by that file system's size.
-	DiskBound int64
-	Hostname  string   // default: the name
-	Env       []string // every exec's environment, before its own
-	Workdir   string   // every exec's default directory
+	// root's uppers file system. Asked: 0 the Mounter's DiskBound,
+	// api.Unlimited only by that file system's size; resolved: the bound
+	// (0: that file system's size only).
+	DiskBound int64    `json:"disk_bound,omitempty"`
+	Hostname  string   `json:"hostname"`          // asked: "" for the name
+	Env       []string `json:"env,omitempty"`     // every exec's environment, before its own
+	Workdir   string   `json:"workdir,omitempty"` // every exec's default directory
 	// From, instead of Layers, starts the sandbox on a snapshot: the
 	// snapshot over exactly the layers it was taken on, with the env and
 	// workdir of the sandbox it was taken from unless Env and Workdir
-	// are given.
-	From string
-	// Policy holds the sandbox to files, syscall and network rules; nil:
-	// the secure default.
-	Policy *api.Policy
+	// are given. Resolved, Layers are those.
+	From string `json:"from,omitempty"`
+	// Policy holds the sandbox to files, syscall and network rules;
+	// asked, nil: the secure default; resolved: the effective policy.
+	Policy *api.Policy `json:"policy,omitempty"`
 	// Class is api.SchedLatency (the default) or api.SchedBatch.
-	Class string
+	Class string `json:"class,omitempty"`
 	// MergeMemory lets KSM merge the sandbox's identical anonymous pages.
-	MergeMemory bool
+	MergeMemory bool `json:"merge_memory,omitempty"`
 	// What the worker admitted it with, kept for a worker that restarts.
-	CPURequest    float64
-	MemoryRequest int64
+	CPURequest    float64 `json:"cpu_request,omitempty"`
+	MemoryRequest int64   `json:"memory_request,omitempty"`
 	// Pool names the FnCall pool it is made for.
-	Pool string
+	Pool string `json:"pool,omitempty"`
 	// UserNS runs the sandbox in a user namespace of its own: its root
 	// is an unprivileged user of the host (ids taken per sandbox).
-	UserNS bool
+	UserNS bool `json:"userns,omitempty"`
+}
 
+// Options describe a sandbox to create.
+type Options struct {
+	Spec
 	Mounter // where layers come from
 }
 
@@ -111,55 +119,36 @@ const (
 	Dead     = api.StatusDead // the init died without a stop
 )
 
-// State is what survives a worker restart, in <root>/sandboxes/NAME/state.json.
+// State is what survives a worker restart, in <root>/sandboxes/ID/state.json:
+// the resolved spec, and what starting it made.
 type State struct {
-	Name    string        `json:"name"`
-	Backend string        `json:"backend,omitempty"` // "": container
-	Status  string        `json:"status"`
-	Pid     int           `json:"pid,omitempty"` // the init's host pid
-	Layers  []string      `json:"layers"`
-	Digests []string      `json:"digests"`
-	Limits  cgroup.Limits `json:"limits"`
-	// Disk is the size of the file system holding the upper (0: the
-	// upper is a directory on the root's own file system).
-	Disk int64 `json:"disk,omitempty"`
+	// ID names the sandbox's directory, cgroup and layer user, for good
+	// (ident_linux.go); Spec.Name is the user's label.
+	ID string `json:"id,omitempty"`
+	Spec
+	Status  string   `json:"status"`
+	Pid     int      `json:"pid,omitempty"` // the init's host pid
+	Digests []string `json:"digests"`
 	// UpperFS names the subvolume of the root's uppers file system that
-	// holds the upper of a sandbox without Disk; DiskBound bounds it (0:
-	// that file system's size only).
+	// holds the upper of a sandbox without Disk.
 	UpperFS    string    `json:"upper_fs,omitempty"`
-	DiskBound  int64     `json:"disk_bound,omitempty"`
-	Hostname   string    `json:"hostname"`
-	Env        []string  `json:"env,omitempty"`
-	Workdir    string    `json:"workdir,omitempty"`
 	CgroupName string    `json:"cgroup"` // the group's name
 	Created    time.Time `json:"created"`
-	From       string    `json:"from,omitempty"` // the snapshot it was made from
 	// Top is the last snapshot packed from this sandbox: the parent of
 	// the next, which then holds only what changed since.
 	Top *layer.Lower `json:"top,omitempty"`
-	// Policy is the effective policy; Allowlist its egress rules as
-	// applied (host names resolved when it was applied, pinned).
-	Policy    *api.Policy    `json:"policy,omitempty"`
+	// Allowlist is the policy's egress rules as applied (host names
+	// resolved when it was applied, pinned).
 	Allowlist []policy.Entry `json:"allowlist,omitempty"`
 	// Toolkit are the paths the toolkit layers bring, read-only unless
 	// the policy lets them be written.
 	Toolkit []string `json:"toolkit,omitempty"`
 	// NAT is the sandbox's way out in network mode nat.
 	NAT *network.NAT `json:"nat,omitempty"`
-	// Class is its scheduling class; MergeMemory marks its memory for
-	// KSM.
-	Class       string `json:"class,omitempty"`
-	MergeMemory bool   `json:"merge_memory,omitempty"`
-	// CPURequest and MemoryRequest are what it was admitted with.
-	CPURequest    float64 `json:"cpu_request,omitempty"`
-	MemoryRequest int64   `json:"memory_request,omitempty"`
-	// Pool is the FnCall pool it was made for.
-	Pool string `json:"pool,omitempty"`
-	// UserNS: the sandbox runs in a user namespace of its own, mapped to
-	// IDs while it runs (taken at each start, given back at stop: what
-	// it wrote is stored unmapped, so a restart may get other ids).
-	UserNS bool             `json:"userns,omitempty"`
-	IDs    *container.IDMap `json:"ids,omitempty"`
+	// IDs: a UserNS sandbox's ids while it runs (taken at each start,
+	// given back at stop: what it wrote is stored unmapped, so a restart
+	// may get other ids).
+	IDs *container.IDMap `json:"ids,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -171,8 +160,12 @@ type Sandbox struct {
 	c   backend.Instance // while it runs
 	g   *cgroup.Group    // the group every process of it runs in
 
-	execMu sync.Mutex
-	execs  map[string]*Exec // known this worker's lifetime
+	// prestarted is the warm instance the driver's newID took for this
+	// sandbox's first start (nil: none, or start took it).
+	prestarted any
+
+	journalOnce sync.Once
+	steps       *journal.Journal // its execs (journal)
 
 	active    atomic.Int64 // unix nanoseconds of the last exec's start or end
 	running   atomic.Int32 // execs running
@@ -187,11 +180,9 @@ func RandomName(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-func sandboxDir(root, name string) string { return filepath.Join(root, "sandboxes", name) }
-
-// cgroupName is unique per root, so that two roots on a host (two
-// workers, two test runs) never share a group.
-func cgroupName(root, name string) string { return "sb-" + name + CgroupSuffix(root) }
+// cgroupName is the group of the sandbox id, unique per root, so that
+// two roots on a host (two workers, two test runs) never share a group.
+func cgroupName(root, id string) string { return "sb-" + id + CgroupSuffix(root) }
 
 func rootHash(root string) string {
 	abs, _ := filepath.Abs(root)
@@ -256,14 +247,19 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := api.CheckDisk(quota); err != nil {
 		return nil, err
 	}
-	hostname := o.Hostname
-	if hostname == "" {
-		hostname = o.Name
+	d, err := driverOf(o.Backend)
+	if err != nil {
+		return nil, err
 	}
-	st := State{Name: o.Name, Backend: o.Backend, Status: Creating, Layers: o.Layers, Digests: digests, Limits: limits, Hostname: hostname,
-		Env: o.Env, Workdir: o.Workdir, CgroupName: cgroupName(root, o.Name), Created: time.Now().UTC(), From: o.From,
-		Policy: eff, Allowlist: allow, Disk: quota, Class: classOf(o.Class), MergeMemory: o.MergeMemory,
-		CPURequest: o.CPURequest, MemoryRequest: o.MemoryRequest, Pool: o.Pool, UserNS: o.UserNS}
+	if o.Name != "" {
+		if err := nameFree(root, o.Name); err != nil {
+			return nil, err
+		}
+	}
+	spec := o.Spec // as resolved:
+	spec.Limits, spec.Policy, spec.Disk, spec.DiskBound = limits, eff, quota, 0
+	spec.Hostname, spec.Class = cmp.Or(o.Hostname, o.Name), classOf(o.Class)
+	st := State{Spec: spec, Status: Creating, Digests: digests, Allowlist: allow, Created: time.Now().UTC()}
 	if key := p.primeKey(ctx, o, limits, quota); key != "" {
 		if pr := p.take(key, o.Layers); pr != nil {
 			sb, err := adopt(pr, root, o, st)
@@ -273,18 +269,18 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 			// made anew, as if none had been primed
 		}
 	}
-	dir := sandboxDir(root, o.Name)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", o.Name, errdefs.ErrAlreadyExists)
-		}
+	sb := &Sandbox{State: st}
+	sb.ID = d.newID(sb, o.Mounter)
+	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
+	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when adopted
+	if err := os.Mkdir(sb.dir, 0o700); err != nil {
+		sb.dropPrestarted()
 		return nil, err
 	}
-	sb := &Sandbox{State: st, dir: dir}
-	if bound := cmp.Or(o.DiskBound, o.Mounter.DiskBound); quota == 0 && bound != 0 {
+	if bound := cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound); quota == 0 && bound != 0 {
 		// Named before the state is saved: teardown removes it.
 		sb.UpperFS, sb.DiskBound = disk.NewUpperName(), max(bound, 0)
 	}
@@ -297,11 +293,16 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
+	if sb.Name != "" {
+		if err := claimName(root, sb.Name, sb.ID); err != nil {
+			return nil, err
+		}
+	}
 	dirs := []string{"rootfs", "execs", "upper", "work"}
 	switch {
 	case quota > 0: // upper and work are made on the quota when it is mounted
 		dirs = dirs[:2]
-		if err := disk.Make(dir, quota); err != nil {
+		if err := disk.Make(sb.dir, quota); err != nil {
 			return nil, err
 		}
 	case sb.UpperFS != "":
@@ -311,7 +312,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		}
 	}
 	for _, d := range dirs {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+		if err := os.Mkdir(filepath.Join(sb.dir, d), 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -339,7 +340,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if len(sb.Digests) > i {
 			want = sb.Digests[i]
 		}
-		mnt, f, err := lower.Acquire(ctx, root, m.source(), ref, sb.lowerUser(), want)
+		mnt, f, err := lower.Of(root).Acquire(ctx, m.source(), ref, sb.lowerUser(), want)
 		if err != nil {
 			return err
 		}
@@ -397,21 +398,6 @@ func (sb *Sandbox) save() error {
 	return durable.WriteFile(p, b, 0o600)
 }
 
-// List names the sandboxes under root.
-func List(root string) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(root, "sandboxes"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	var names []string
-	for _, e := range ents {
-		if e.IsDir() && api.ValidName(e.Name()) == nil {
-			names = append(names, e.Name())
-		}
-	}
-	return names, err
-}
-
 // Load re-adopts a sandbox a previous worker created: a running one's
 // init is attached again (a sandbox whose init is gone is Dead), and the
 // results of execs that were running when that worker died are collected
@@ -421,11 +407,19 @@ func Load(root, name string) (*Sandbox, error) {
 	if err := api.ValidName(name); err != nil {
 		return nil, err
 	}
-	dir := sandboxDir(root, name)
+	id := IDOf(root, name)
+	if id == "" {
+		return nil, fmt.Errorf("no sandbox %s: %w", name, errdefs.ErrNotFound)
+	}
+	dir := sandboxDir(root, id)
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		if _, serr := os.Stat(dir); serr == nil { // died before its first state
-			(&Sandbox{State: State{Name: name, CgroupName: cgroupName(root, name)}, dir: dir}).teardown(true)
+		if _, serr := os.Stat(dir); serr == nil { // an older dsec died before its first state
+			sb := unloaded(root, id)
+			sb.Name = name
+			sb.teardown(true)
+		} else if err := dropName(root, name, id); err != nil { // a worker died removing it
+			return nil, err
 		}
 		return nil, fmt.Errorf("no sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
@@ -439,6 +433,7 @@ func Load(root, name string) (*Sandbox, error) {
 	if err := json.Unmarshal(b, &sb.State); err != nil {
 		return nil, fmt.Errorf("sandbox %s: state: %v: %w", name, err, errdefs.ErrDataLoss)
 	}
+	sb.ID = id // an older dsec's records none: its name
 	switch sb.Status {
 	case Creating:
 		sb.teardown(true)
@@ -455,7 +450,7 @@ func Load(root, name string) (*Sandbox, error) {
 			sb.Status = Dead
 		}
 	}
-	sb.recoverExecs()
+	sb.journal().Recover(sb.c)
 	return sb, nil
 }
 
@@ -637,8 +632,9 @@ func (sb *Sandbox) teardown(all bool) error {
 	if err != nil {
 		return err // nothing of it is removed: a newer dsec's to take down
 	}
+	sb.dropPrestarted()
 	errs = d.teardown(sb)
-	if err := lower.Release(sb.root(), sb.lowerUser()); err != nil {
+	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
 	// Sandboxes made before layer mounts were shared mounted their own.
@@ -666,15 +662,26 @@ func (sb *Sandbox) teardown(all bool) error {
 	if all && len(errs) == 0 {
 		if err := os.RemoveAll(sb.dir); err != nil {
 			errs = append(errs, err)
+		} else if sb.Name != "" { // the name is free once all is gone
+			if err := dropName(sb.root(), sb.Name, sb.ID); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// lowerUser is the name the sandbox holds its layers by: its
-// directory's, which is its own name but for a call's sandbox that
-// kept its primed one (adopt).
-func (sb *Sandbox) lowerUser() string { return filepath.Base(sb.dir) }
+// dropPrestarted discards the warm instance newID took, if start did
+// not take it.
+func (sb *Sandbox) dropPrestarted() {
+	if p, ok := sb.prestarted.(interface{ discard() }); ok {
+		p.discard()
+	}
+	sb.prestarted = nil
+}
+
+// lowerUser is the name the sandbox holds its layers by: its ID.
+func (sb *Sandbox) lowerUser() string { return sb.ID }
 
 // owner names the sandbox among every root's on this host.
 func (sb *Sandbox) owner() string {

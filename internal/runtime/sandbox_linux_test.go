@@ -66,8 +66,8 @@ func sh(t *testing.T, sb *runtime.Sandbox, id, script string) (string, int) {
 func TestSandboxLifecycle(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
-		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}})
+	sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
+		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}}, Mounter: runtime.Mounter{Store: s}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if out != "step\n" {
 		t.Fatalf("state lost across re-adoption: %q", out)
 	}
-	if _, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "rollout-1", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
+	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "rollout-1", Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(sb.Upper(), "etc", "answer")); string(b) != "changed\n" {
@@ -114,14 +114,16 @@ func TestSandboxLifecycle(t *testing.T) {
 
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	root, s := layers(t)
-	_, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "bad", Layers: []string{"ws:1", "missing:1"}})
+	_, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "bad", Layers: []string{"ws:1",
+		"missing:1"}}, Mounter: runtime.Mounter{Store: s}})
 	if !errdefs.IsNotFound(err) {
 		t.Fatalf("missing layer: %v", err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("a failed create left: %v", l)
 	}
-	if _, err := runtime.Create(context.Background(), root, runtime.Options{Mounter: runtime.Mounter{Store: s}, Name: "../x", Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "../x",
+		Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad name: %v", err)
 	}
 }
@@ -141,7 +143,7 @@ func TestLazyLayers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	host, sb := createOnSecondHost(t, shared, runtime.Options{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"}})
+	host, sb := createOnSecondHost(t, shared, runtime.Options{Spec: runtime.Spec{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"}}})
 	if out, code := sh(t, sb, "1", "cat /work/hello"); code != 0 || out != "from the workspace\n" {
 		t.Fatalf("exit %d, %q", code, out)
 	}

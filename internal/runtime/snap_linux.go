@@ -125,7 +125,7 @@ func SnapUsers(root string) ([]snap.User, error) {
 	}
 	var out []snap.User
 	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(sandboxDir(root, n), "state.json"))
+		b, err := os.ReadFile(filepath.Join(sandboxDir(root, IDOf(root, n)), "state.json"))
 		if err != nil {
 			continue // being created or removed
 		}

@@ -169,7 +169,7 @@ func setXattr(t *testing.T, p, name, value string) {
 
 func TestPackDiffBranchIdentity(t *testing.T) {
 	f := newSnapFixture(t)
-	orig := f.create(runtime.Options{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
+	orig := f.create(runtime.Options{Spec: runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}}})
 	// /bin goes away in mutate: keep a shell where the tests look for it.
 	f.run(orig, "mkdir -p /sbin2 && cp /bin/busybox /sbin2/ && ln -s busybox /sbin2/sh")
 	f.run(orig, mutate)
@@ -188,8 +188,8 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	}
 	sameView(t, "the sandbox after its pack", want, view(t, orig))
 
-	b1 := f.create(runtime.Options{Name: "b1", From: "rollout/a:1"})
-	b2 := f.create(runtime.Options{Name: "b2", From: "rollout/a:1"})
+	b1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "b1", From: "rollout/a:1"}})
+	b2 := f.create(runtime.Options{Spec: runtime.Spec{Name: "b2", From: "rollout/a:1"}})
 	if st := b1.Snapshot(); st.From != "rollout/a:1" || len(st.Layers) != 3 || st.Layers[0] != "rollout/a:1" {
 		t.Fatalf("branch state %+v", st)
 	}
@@ -227,7 +227,7 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if p2.Layer.Size >= p1.Layer.Size {
 		t.Fatalf("increment of %d bytes is not smaller than the first snapshot's %d", p2.Layer.Size, p1.Layer.Size)
 	}
-	c1 := f.create(runtime.Options{Name: "c1", From: "rollout/a:2"})
+	c1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "c1", From: "rollout/a:2"}})
 	sameView(t, "a branch of the second generation", want2, view(t, c1))
 
 	// Third generation, from a branch: its diff stands on a:1.
@@ -237,14 +237,14 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if l := p3.Layer.Snapshot; l.Incremental || l.Parent().Ref != "rollout/a:1" {
 		t.Fatalf("branch lineage %+v", l)
 	}
-	d1 := f.create(runtime.Options{Name: "d1", From: "rollout/b1:3"})
+	d1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "d1", From: "rollout/b1:3"}})
 	sameView(t, "a branch of a branch", want3, view(t, d1))
 	// And a third generation on the original: an upper-only directory
 	// that went away must be hidden from the increment's parents.
 	f.run(orig, "rm -r /opt/d; rm /work/h2")
 	want4 := view(t, orig)
 	f.mustPack(orig, "rollout/a:3")
-	e1 := f.create(runtime.Options{Name: "e1", From: "rollout/a:3"})
+	e1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "e1", From: "rollout/a:3"}})
 	sameView(t, "the third generation", want4, view(t, e1))
 
 	// Squash folds a:3, a:2 and a:1 into one diff over ws:1 and bb:1.
@@ -259,13 +259,13 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if n.Entries == 0 || n.Bytes == 0 || uint64(n.Entries) != sq.Files-1 {
 		t.Errorf("squash tally %+v: want the paths (%d, the root left out) and bytes of the new snapshot", n, sq.Files-1)
 	}
-	g1 := f.create(runtime.Options{Name: "g1", From: "rollout/flat:3"})
+	g1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "g1", From: "rollout/flat:3"}})
 	sameView(t, "a branch of the squashed chain", want4, view(t, g1))
 	sq2, _, err := snap.Squash(context.Background(), f.s, "rollout/b1:3", layer.Ref{Name: "rollout/flatb", Version: "3"}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	h1 := f.create(runtime.Options{Name: "h1", From: sq2.Ref})
+	h1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "h1", From: sq2.Ref}})
 	sameView(t, "a branch of a squashed branch", want3, view(t, h1))
 
 	// Lineage: who stands on what; rm refuses while anything does.
@@ -303,7 +303,7 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 
 func TestPackDiffErrors(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(runtime.Options{Name: "x", Layers: []string{"bb:1"}})
+	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "x", Layers: []string{"bb:1"}}})
 	f.run(sb, "echo a > /a")
 	f.mustPack(sb, "s:1")
 	if _, err := f.pack(sb, "s:1", snap.Limits{}); !errdefs.IsAlreadyExists(err) {
@@ -331,7 +331,7 @@ func TestPackDiffErrors(t *testing.T) {
 	}
 	// A branch of something that is not a snapshot, or of a snapshot
 	// whose layers are gone.
-	if _, err := runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "bb:1", Mounter: f.m}); !errdefs.IsInvalidArgument(err) {
+	if _, err := runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "y", From: "bb:1"}, Mounter: f.m}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("branch of a base layer: %v", err)
 	}
 	// Untagged (layer rm --force), the layer is found by its digest;
@@ -340,7 +340,7 @@ func TestPackDiffErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	z, err := runtime.Create(context.Background(), f.root, runtime.Options{Name: "z", From: "s:1", Mounter: f.m})
+	z, err := runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "z", From: "s:1"}, Mounter: f.m})
 	if err != nil {
 		t.Fatalf("branch over an untagged layer: %v", err)
 	}
@@ -352,12 +352,12 @@ func TestPackDiffErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = runtime.Create(context.Background(), f.root, runtime.Options{Name: "y", From: "s:1", Mounter: f.m})
+	_, err = runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "y", From: "s:1"}, Mounter: f.m})
 	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "s:1") {
 		t.Fatalf("branch with a missing layer: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(f.root, "sandboxes", "y")); !os.IsNotExist(err) {
-		t.Fatal("a failed branch left its directory")
+	if runtime.IDOf(f.root, "y") != "" || len(runtime.Unnamed(f.root)) != 0 {
+		t.Fatalf("a failed branch left its name or directory: %q, %v", runtime.IDOf(f.root, "y"), runtime.Unnamed(f.root))
 	}
 }
 
@@ -367,7 +367,7 @@ func TestPackDiffErrors(t *testing.T) {
 func TestLazySnapshotBranch(t *testing.T) {
 	f := newSnapFixture(t)
 	ctx := context.Background()
-	orig := f.create(runtime.Options{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
+	orig := f.create(runtime.Options{Spec: runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}}})
 	f.run(orig, "echo one > /work/step1; rm /work/hello")
 	f.mustPack(orig, "lazy/r:1")
 	f.run(orig, "echo two >> /work/step1; mkdir -p /opt/x; ln /work/step1 /opt/x/hard")
@@ -391,7 +391,7 @@ func TestLazySnapshotBranch(t *testing.T) {
 		t.Fatalf("pushed lowers %v, want the lineage bottom first", lowers)
 	}
 
-	host, sb := createOnSecondHost(t, shared, runtime.Options{Name: "far", From: "lazy/r:2"})
+	host, sb := createOnSecondHost(t, shared, runtime.Options{Spec: runtime.Spec{Name: "far", From: "lazy/r:2"}})
 	sameView(t, "a branch on another host", want, view(t, sb))
 	hs, _ := store.Open(filepath.Join(host, "store"))
 	if l, _ := layer.List(ctx, hs); len(l) != 0 {
@@ -411,7 +411,7 @@ func TestLazySnapshotBranch(t *testing.T) {
 func TestPackDiffNothingChanged(t *testing.T) {
 	f := newSnapFixture(t)
 	ctx := context.Background()
-	sb := f.create(runtime.Options{Name: "loop1", Layers: []string{"bb:1"}})
+	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "loop1", Layers: []string{"bb:1"}}})
 	f.mustPack(sb, "loop1:1")
 	_, err := f.pack(sb, "loop1:2", snap.Limits{})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "nothing changed in sandbox loop1 since snapshot loop1:1") {
@@ -423,7 +423,7 @@ func TestPackDiffNothingChanged(t *testing.T) {
 	if cg := sb.Cgroup(); cg.Frozen() {
 		t.Fatal("the refused pack left the sandbox frozen")
 	}
-	br := f.create(runtime.Options{Name: "loop1-b", From: "loop1:1"})
+	br := f.create(runtime.Options{Spec: runtime.Spec{Name: "loop1-b", From: "loop1:1"}})
 	if out, code := sh(t, br, "b", "cat /etc/answer"); code != 0 || out != "42\n" {
 		t.Fatalf("a branch of loop1:1: %q %d", out, code)
 	}
@@ -459,7 +459,8 @@ func TestPackDiffNothingChanged(t *testing.T) {
 			t.Errorf("old:2, the very image of old:1, is listed as its child")
 		}
 	}
-	if _, err := runtime.Create(ctx, f.root, runtime.Options{Name: "old-b", From: "old:2", Mounter: f.m}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "stands on its own image") {
+	if _, err := runtime.Create(ctx, f.root, runtime.Options{Spec: runtime.Spec{Name: "old-b", From: "old:2"},
+		Mounter: f.m}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "stands on its own image") {
 		t.Errorf("a branch of a snapshot standing on its own image: %v", err)
 	}
 	if _, err := snap.Remove(ctx, f.s, "old:2", nil, false); err != nil {
@@ -472,7 +473,7 @@ func TestPackDiffNothingChanged(t *testing.T) {
 // that ran runs again.
 func TestPackDiffKeepsFrozen(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(runtime.Options{Name: "frozen", Layers: []string{"bb:1"}})
+	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "frozen", Layers: []string{"bb:1"}}})
 	if out, code := sh(t, sb, "w", "echo a > /a"); code != 0 {
 		t.Fatal(out)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/dsec-project/dsec/internal/policy"
@@ -28,23 +27,19 @@ type Spares struct {
 	pool *warm.Pool[*spare]
 }
 
+// spare is an init in the group of the sandbox ID id, which the sandbox
+// that takes it has.
 type spare struct {
 	init *container.Spare
 	g    *cgroup.Group
-	name string // the group's
+	id   string
 }
 
-// spareTag starts the cgroup name of every spare: no sandbox name
-// starts with '_', so it never meets a sandbox's own group.
-const spareTag = "_"
-
-// SpareGroups names the groups of root's spares, waiting or taken.
-func SpareGroups(root string) ([]string, error) {
-	return cgroup.List("sb-"+spareTag, CgroupSuffix(root))
+// Groups names the groups of root's sandboxes that an older dsec did
+// not make, and of its spares, waiting or taken: named by an ID.
+func Groups(root string) ([]string, error) {
+	return cgroup.List("sb-"+idTag, CgroupSuffix(root))
 }
-
-// IsSpareGroup reports whether a group was made for a spare.
-func IsSpareGroup(name string) bool { return strings.HasPrefix(name, "sb-"+spareTag) }
 
 // CgroupSuffix ends the name of every group of root's sandboxes.
 func CgroupSuffix(root string) string { return "-" + rootHash(root) }
@@ -61,8 +56,8 @@ func StartSpares(root string, n int) *Spares {
 }
 
 func (s *Spares) start(context.Context) (*spare, error) {
-	name := cgroupName(s.root, RandomName(spareTag))
-	g, devices, err := newGroup(name, cgroup.Limits{})
+	id := newID()
+	g, devices, err := newGroup(cgroupName(s.root, id), cgroup.Limits{})
 	if err == nil {
 		if err = devices(); err != nil {
 			g.Remove()
@@ -77,7 +72,7 @@ func (s *Spares) start(context.Context) (*spare, error) {
 		g.Remove()
 		return nil, fmt.Errorf("spare init: %w", err)
 	}
-	return &spare{init: init, g: g, name: name}, nil
+	return &spare{init: init, g: g, id: id}, nil
 }
 
 // newGroup makes a sandbox's cgroup, held to the device allowlist before
@@ -152,13 +147,14 @@ func (s *Spares) Close() {
 	}
 }
 
-// SweepSpares removes the spares' groups a worker of root left when it
-// died (its spares exit when it does; their groups stay), but for those
-// keep names, the groups of the sandboxes it made from spares. With
-// spareLive a group that still holds processes is left alone: a worker
-// that could not read every sandbox's state does not know all it keeps.
+// SweepSpares removes the groups named by an ID that a worker of root
+// left when it died (its spares exit when it does; their groups stay;
+// and a sandbox's, a worker died making), but for those keep names, the
+// groups of the sandboxes kept. With spareLive a group that still holds
+// processes is left alone: a worker that could not read every sandbox's
+// state does not know all it keeps.
 func SweepSpares(root string, keep []string, spareLive bool) error {
-	names, err := SpareGroups(root)
+	names, err := Groups(root)
 	if err != nil {
 		return err
 	}
@@ -170,7 +166,7 @@ func SweepSpares(root string, keep []string, spareLive bool) error {
 		g, err := cgroup.Open(name)
 		if err != nil { // only v1 directories left (an older worker's Remove)
 			if err := cgroup.RemoveLeftover(name); err != nil {
-				errs = append(errs, fmt.Errorf("spare group %s: %w", filepath.Base(name), err))
+				errs = append(errs, fmt.Errorf("group %s: %w", filepath.Base(name), err))
 			}
 			continue
 		}
@@ -178,7 +174,7 @@ func SweepSpares(root string, keep []string, spareLive bool) error {
 			continue
 		}
 		if err := errors.Join(g.Kill(), g.Remove()); err != nil {
-			errs = append(errs, fmt.Errorf("spare group %s: %w", filepath.Base(name), err))
+			errs = append(errs, fmt.Errorf("group %s: %w", filepath.Base(name), err))
 		}
 	}
 	return errors.Join(errs...)

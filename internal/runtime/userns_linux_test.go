@@ -28,9 +28,9 @@ func TestUserNamespace(t *testing.T) {
 	// An upper in the sandbox's directory, on a disk image of its own,
 	// and on the root's uppers file system.
 	for i, disk := range []struct{ quota, bound int64 }{{0, 0}, {64 << 20, 0}, {0, 64 << 20}} {
-		sb, err := runtime.Create(ctx, root, runtime.Options{Mounter: runtime.Mounter{Store: s, DiskBound: disk.bound}, Name: fmt.Sprint("u", i),
-			Layers: []string{"ws:1", "bb:1"}, UserNS: true, Disk: disk.quota, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy",
-				Files: &api.FilePolicy{ReadOnly: []string{"/etc"}, Hidden: []string{"/etc/answer"}}}})
+		sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: fmt.Sprint("u", i), Layers: []string{"ws:1",
+			"bb:1"}, UserNS: true, Disk: disk.quota, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy",
+			Files: &api.FilePolicy{ReadOnly: []string{"/etc"}, Hidden: []string{"/etc/answer"}}}}, Mounter: runtime.Mounter{Store: s, DiskBound: disk.bound}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -29,7 +29,37 @@ import (
 // so one page cache for its files, and for a lazy layer one fetcher and
 // one cache. users/ holds a file per sandbox using it; the last one out
 // unmounts it. The files, not a count, make it survive a worker's death.
-var lowerMu sync.Mutex
+//
+// Mounts are one root's: its lock orders every use of the user files,
+// and it keeps the layers no sandbox uses mounted for a while (Keep).
+// There is one per root in a process (Of), however many callers ask.
+type Mounts struct {
+	root string
+
+	mu sync.Mutex
+	// Layers no sandbox uses stay mounted for keepFor (Keep): the next
+	// sandbox on one skips its mount and finds its dentries and pages
+	// cached, and the last sandbox's removal skips the unmount. kept
+	// holds their unmount timers. A worker killed meanwhile leaves them
+	// to the next one's Sweep (they have no users).
+	keepFor time.Duration
+	kept    map[string]*time.Timer
+}
+
+var roots sync.Map // absolute root: *Mounts
+
+// Of returns the Mounts of root.
+func Of(root string) *Mounts {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		abs = filepath.Clean(root)
+	}
+	if m, ok := roots.Load(abs); ok {
+		return m.(*Mounts)
+	}
+	m, _ := roots.LoadOrStore(abs, &Mounts{root: abs, kept: map[string]*time.Timer{}})
+	return m.(*Mounts)
+}
 
 func lowerDir(root, dgst string) string {
 	hex := digest.Digest(dgst).Encoded()
@@ -39,8 +69,8 @@ func lowerDir(root, dgst string) string {
 // Acquire mounts the layer ref (if no sandbox has it mounted yet)
 // for user and returns the mount and the layer Found. want, if set, is
 // the digest the layer must have.
-func Acquire(ctx context.Context, root string, src Source, ref, user, want string) (string, *Found, error) {
-	f, err := Resolve(ctx, root, src, ref, want)
+func (ms *Mounts) Acquire(ctx context.Context, src Source, ref, user, want string) (string, *Found, error) {
+	f, err := Resolve(ctx, ms.root, src, ref, want)
 	if err != nil {
 		return "", nil, err
 	}
@@ -48,10 +78,10 @@ func Acquire(ctx context.Context, root string, src Source, ref, user, want strin
 	if want != "" && dgst != want {
 		return "", nil, fmt.Errorf("layer %s is now %s, not the %s the sandbox was made of: %w", ref, dgst, want, errdefs.ErrFailedPrecondition)
 	}
-	dir := lowerDir(root, dgst)
+	dir := lowerDir(ms.root, dgst)
 	mnt := filepath.Join(dir, "mnt")
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	if err := os.MkdirAll(filepath.Join(dir, "users"), 0o700); err != nil {
 		return "", nil, err
 	}
@@ -63,9 +93,9 @@ func Acquire(ctx context.Context, root string, src Source, ref, user, want strin
 	if err := os.WriteFile(filepath.Join(dir, "users", user), nil, 0o600); err != nil {
 		return "", nil, err
 	}
-	if t := kept[dir]; t != nil { // kept mounted since its last user left
+	if t := ms.kept[dir]; t != nil { // kept mounted since its last user left
 		t.Stop()
-		delete(kept, dir)
+		delete(ms.kept, dir)
 	}
 	if mounted, _ := mount.IsMountPoint(mnt); !mounted {
 		if err := f.mountOn(mnt); err != nil {
@@ -80,8 +110,10 @@ func Acquire(ctx context.Context, root string, src Source, ref, user, want strin
 // a killed worker was creating or removing) and unmounts the layers
 // nobody uses. Call it with the root's worker lock held, before any
 // create.
-func Sweep(root string, live []string) error {
-	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "*"))
+func (ms *Mounts) Sweep(live []string) error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	held, _ := filepath.Glob(filepath.Join(ms.root, "lower", "*", "users", "*"))
 	var errs []error
 	for _, h := range held {
 		if !slices.Contains(live, filepath.Base(h)) {
@@ -90,10 +122,14 @@ func Sweep(root string, live []string) error {
 			}
 		}
 	}
-	dirs, _ := filepath.Glob(filepath.Join(root, "lower", "*"))
+	dirs, _ := filepath.Glob(filepath.Join(ms.root, "lower", "*"))
 	for _, dir := range dirs {
 		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
 			continue
+		}
+		if t := ms.kept[dir]; t != nil {
+			t.Stop()
+			delete(ms.kept, dir)
 		}
 		errs = append(errs, unmountLower(dir))
 	}
@@ -102,10 +138,10 @@ func Sweep(root string, live []string) error {
 
 // Release lets go of every layer user stands on, unmounting those
 // no other sandbox uses.
-func Release(root, user string) error {
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
-	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", user))
+func (ms *Mounts) Release(user string) error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	held, _ := filepath.Glob(filepath.Join(ms.root, "lower", "*", "users", user))
 	var errs []error
 	for _, h := range held {
 		if err := os.Remove(h); err != nil {
@@ -116,8 +152,8 @@ func Release(root, user string) error {
 		if left, _ := os.ReadDir(filepath.Join(dir, "users")); len(left) > 0 {
 			continue
 		}
-		if keepFor > 0 {
-			keep(dir)
+		if ms.keepFor > 0 {
+			ms.keep(dir)
 			continue
 		}
 		if err := unmountLower(dir); err != nil {
@@ -127,55 +163,42 @@ func Release(root, user string) error {
 	return errors.Join(errs...)
 }
 
-// Layers no sandbox uses stay mounted for keepFor (Keep): the next
-// sandbox on one skips its mount and finds its dentries and pages
-// cached, and the last sandbox's removal skips the unmount. kept holds
-// their unmount timers; both under lowerMu. A worker killed meanwhile
-// leaves them to the next one's Sweep (they have no users).
-var (
-	keepFor time.Duration
-	kept    = map[string]*time.Timer{}
-)
-
 // Keep keeps a layer mounted for d after its last sandbox lets go
 // of it (0: unmounted at once, the default).
-func Keep(d time.Duration) {
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
-	keepFor = d
+func (ms *Mounts) Keep(d time.Duration) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.keepFor = d
 }
 
 // keep schedules the unmount of dir, a layer nobody uses, keepFor from
-// now. Call it with lowerMu held.
-func keep(dir string) {
-	if t := kept[dir]; t != nil {
+// now. Call it with ms.mu held.
+func (ms *Mounts) keep(dir string) {
+	if t := ms.kept[dir]; t != nil {
 		t.Stop()
 	}
 	var t *time.Timer
-	t = time.AfterFunc(keepFor, func() {
-		lowerMu.Lock()
-		defer lowerMu.Unlock()
-		if kept[dir] != t {
+	t = time.AfterFunc(ms.keepFor, func() {
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		if ms.kept[dir] != t {
 			return // taken again meanwhile
 		}
-		delete(kept, dir)
+		delete(ms.kept, dir)
 		unmountLower(dir) // on an error, the next Sweep tries again
 	})
-	kept[dir] = t
+	ms.kept[dir] = t
 }
 
-// ReleaseKept unmounts now the layers under root kept mounted without
-// a user: a worker's last act.
-func ReleaseKept(root string) error {
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
+// ReleaseKept unmounts now the layers kept mounted without a user: a
+// worker's last act.
+func (ms *Mounts) ReleaseKept() error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	var errs []error
-	for dir, t := range kept {
-		if filepath.Dir(filepath.Dir(dir)) != filepath.Clean(root) {
-			continue
-		}
+	for dir, t := range ms.kept {
 		t.Stop()
-		delete(kept, dir)
+		delete(ms.kept, dir)
 		errs = append(errs, unmountLower(dir))
 	}
 	return errors.Join(errs...)
@@ -248,17 +271,4 @@ func Lineage(ctx context.Context, src Source, ref string) (*layer.Lineage, strin
 		return nil, "", fmt.Errorf("layer %s is a %s layer, not a snapshot (dsec snap ls lists them): %w", ref, f.Kind, errdefs.ErrInvalidArgument)
 	}
 	return f.Lineage, f.Digest, nil
-}
-
-// Share makes to a user of every layer from uses.
-func Share(root, from, to string) error {
-	lowerMu.Lock()
-	defer lowerMu.Unlock()
-	held, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", from))
-	for _, h := range held {
-		if err := os.WriteFile(filepath.Join(filepath.Dir(h), to), nil, 0o600); err != nil {
-			return err
-		}
-	}
-	return nil
 }

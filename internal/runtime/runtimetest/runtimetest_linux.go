@@ -196,10 +196,9 @@ func (w *Worker) Children() []string {
 // of need (runtime.Primed): its own while it runs, as its spares are.
 func primedPids(root string) []string {
 	var out []string
-	states, _ := filepath.Glob(filepath.Join(root, "sandboxes", "_p*", "state.json"))
-	for _, f := range states {
+	for _, id := range runtime.Unnamed(root) {
 		var st runtime.State
-		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &st) == nil && st.Pid > 0 {
+		if b, err := os.ReadFile(filepath.Join(root, "sandboxes", id, "state.json")); err == nil && json.Unmarshal(b, &st) == nil && st.Pid > 0 {
 			out = append(out, strconv.Itoa(st.Pid))
 		}
 	}
@@ -253,9 +252,9 @@ func Clean(root string) {
 	// Every sandbox is gone now, so a spare's group that still holds a
 	// process is one the worker had claimed for a sandbox it did not
 	// finish making (a primed one, say): killed too.
-	runtime.SweepPrimed(root)
+	runtime.SweepUnnamed(root)
 	runtime.SweepSpares(root, nil, false)
-	lower.Sweep(root, nil)
+	lower.Of(root).Sweep(nil)
 	disk.SweepUppers(root, nil)
 	disk.ReleaseUppers(root)
 }
@@ -278,7 +277,7 @@ func sweepSpares(root string) {
 
 // anySpareWaits reports whether a spare of root is still alive.
 func anySpareWaits(root string) bool {
-	groups, _ := runtime.SpareGroups(root)
+	groups, _ := runtime.Groups(root)
 	for _, name := range groups {
 		g, err := cgroup.Open(name)
 		if err != nil {
@@ -310,11 +309,15 @@ func Leftovers(root string) []string {
 	var out []string
 	spares := serving(root) // a running worker's spare inits and primed sandboxes are its own
 	var primed []string     // their directories, and those of the layers they hold
+	var primedIDs []string
 	if spares {
-		primed, _ = filepath.Glob(filepath.Join(root, "sandboxes", "_p*"))
-		users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", "_p*"))
-		for _, u := range users {
-			primed = append(primed, filepath.Dir(filepath.Dir(u)))
+		primedIDs = runtime.Unnamed(root)
+		for _, id := range primedIDs {
+			primed = append(primed, filepath.Join(root, "sandboxes", id))
+			users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", id))
+			for _, u := range users {
+				primed = append(primed, filepath.Dir(filepath.Dir(u)))
+			}
 		}
 	}
 	// A running worker keeps the uppers file system mounted; every
@@ -348,7 +351,10 @@ func Leftovers(root string) []string {
 		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
 		for _, d := range dirs {
-			if spares && runtime.IsSpareGroup(filepath.Base(d)) {
+			// A running worker's spare's group names an ID no sandbox
+			// has; a primed sandbox's, an unnamed one.
+			id := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(d), "sb-"), suffix)
+			if _, err := os.Stat(filepath.Join(root, "sandboxes", id)); spares && (os.IsNotExist(err) || slices.Contains(primedIDs, id)) {
 				continue
 			}
 			out = append(out, "cgroup "+strings.TrimPrefix(d, cgroup.Root+"/"))
@@ -373,6 +379,10 @@ func Leftovers(root string) []string {
 		if !slices.Contains(primed, filepath.Join(root, "sandboxes", e.Name())) {
 			out = append(out, "sandbox dir "+e.Name())
 		}
+	}
+	names, _ := os.ReadDir(filepath.Join(root, "names"))
+	for _, e := range names {
+		out = append(out, "sandbox name "+e.Name())
 	}
 	return out
 }

@@ -154,8 +154,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.adopt(); err != nil {
 		return err
 	}
-	lower.Keep(cfg.KeepLayers)
-	defer lower.ReleaseKept(cfg.Root) // after the sandboxes' release
+	lower.Of(cfg.Root).Keep(cfg.KeepLayers)
+	defer lower.Of(cfg.Root).ReleaseKept() // after the sandboxes' release
 	defer w.release()
 	defer w.waitRemovals()
 	if n := cfg.Admission.withDefaults().Spares; n > 0 {
@@ -242,7 +242,7 @@ func (w *worker) adopt() error {
 	if err != nil {
 		return err
 	}
-	var live []string   // what may still stand on layers
+	var live []string   // the IDs of what may still stand on layers
 	var groups []string // the groups of the sandboxes kept
 	var uppers []string // the uppers of the sandboxes kept
 	unknown := false    // a sandbox whose group is unknown
@@ -253,7 +253,7 @@ func (w *worker) adopt() error {
 			continue
 		}
 		if err != nil {
-			live, unknown = append(live, name), true
+			live, unknown = append(live, runtime.IDOf(w.cfg.Root, name)), true
 			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
 			continue
 		}
@@ -261,12 +261,12 @@ func (w *worker) adopt() error {
 		groups = append(groups, st.CgroupName)
 		if st.Pool != "" { // a warm sandbox (or one a call had): made again
 			if err := sb.Remove(); err != nil {
-				live, uppers = append(live, name), append(uppers, st.UpperFS)
+				live, uppers = append(live, st.ID), append(uppers, st.UpperFS)
 				w.log.Error("cannot remove a pool's sandbox", "sandbox", name, "err", err)
 			}
 			continue
 		}
-		live, uppers = append(live, name), append(uppers, st.UpperFS)
+		live, uppers = append(live, st.ID), append(uppers, st.UpperFS)
 		w.log.Info("adopted sandbox", "sandbox", name, "status", st.Status)
 		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}}
 		if st.Status == runtime.Running {
@@ -275,10 +275,10 @@ func (w *worker) adopt() error {
 		}
 		w.sandboxes[name] = e
 	}
-	if err := runtime.SweepPrimed(w.cfg.Root); err != nil {
-		w.log.Error("cannot remove the primed sandboxes of a worker that died", "err", err)
+	if err := runtime.SweepUnnamed(w.cfg.Root); err != nil {
+		w.log.Error("cannot remove the primed or half-made sandboxes of a worker that died", "err", err)
 	}
-	if err := lower.Sweep(w.cfg.Root, live); err != nil {
+	if err := lower.Of(w.cfg.Root).Sweep(live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
 	}
 	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {
@@ -530,20 +530,16 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	}
 	w.lineage.RLock()
 	t0 := time.Now()
-	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{
-		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env, Workdir: spec.Workdir,
-		Policy:        pol,
-		Limits:        w.limits(spec, e.req),
+	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{Mounter: m, Spec: runtime.Spec{
+		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
+		Workdir: spec.Workdir, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
 		Disk:          max(spec.Disk, 0),
 		DiskBound:     min(spec.Disk, 0), // api.Unlimited, or the default
-		Class:         spec.Class,
 		CPURequest:    e.req.CPU,
 		MemoryRequest: e.req.Memory,
 		MergeMemory:   w.cfg.Reclaim.KSM,
 		Pool:          pool,
-		UserNS:        spec.UserNS,
-		Mounter:       m,
-	})
+	}})
 	w.lineage.RUnlock()
 	// The entry leaves "creating" before the slot goes to the next
 	// creation: ps never shows more being made than max_creating.
@@ -610,7 +606,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, Backends.Names()[0]), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
-		Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
+		ID: st.ID, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
 	}
 	showMark(&out, st.Pool)

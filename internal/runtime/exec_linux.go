@@ -1,0 +1,211 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/journal"
+)
+
+// Steps: a command runs in the sandbox's instance under an id its
+// journal (package journal) holds to once.
+
+// ExecSpec is a command to run.
+type ExecSpec struct {
+	ID   string
+	Args []string
+	Env  []string // after the sandbox's
+	Cwd  string   // default: the sandbox's workdir, then /
+	// Stdin is nil for /dev/null. Stdout and Stderr, when set, replace
+	// the journal's output files (a terminal: the caller records it).
+	Stdin, Stdout, Stderr *os.File
+	TTY                   bool // Stdin is a terminal to make the controlling one
+}
+
+// Result is how an exec ended; Exec a journaled command; ErrInfra marks
+// failures of the sandbox or the host (package journal).
+type (
+	Result = journal.Result
+	Exec   = journal.Exec
+)
+
+var ErrInfra = journal.ErrInfra
+
+// defaultEnv is what every exec starts from.
+var defaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+
+// mergeEnv lays the lists over each other, later ones winning per name.
+func mergeEnv(lists ...[]string) []string {
+	idx := map[string]int{}
+	var out []string
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := idx[k]; ok {
+				out[i] = kv
+				continue
+			}
+			idx[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Run starts spec under its id and returns the journaled exec. If the
+// id ran before (in this worker's life or an earlier one) it returns
+// that exec instead, with replayed set: the command does not run again.
+func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bool, err error) {
+	sb.mu.Lock()
+	c, g, st := sb.c, sb.g, sb.State
+	sb.mu.Unlock()
+	step := journal.Step{Sandbox: st.Name, ID: spec.ID, Args: spec.Args, Keep: st.Pool == "", Stdout: spec.Stdout, Stderr: spec.Stderr}
+	return sb.journal().Start(step, func(e *Exec, stdout, stderr *os.File) error {
+		if st.Status != Running || c == nil {
+			return fmt.Errorf("sandbox %s is %s: start it first: %w", st.Name, st.Status, errdefs.ErrFailedPrecondition)
+		}
+		select {
+		case <-c.Done():
+			return fmt.Errorf("sandbox %s: its init died: %w", st.Name, ErrInfra)
+		default:
+		}
+		cwd := spec.Cwd
+		if cwd == "" {
+			cwd = st.Workdir
+		}
+		env := mergeEnv(defaultEnv, st.Env, spec.Env)
+		oomBefore := 0
+		if g != nil {
+			oomBefore = g.OOMKills()
+		}
+		started := make(chan struct{})
+		refused := make(chan error, 1)
+		sb.touch()
+		sb.running.Add(1)
+		go func() {
+			defer func() {
+				sb.running.Add(-1)
+				sb.touch()
+			}()
+			// The call returns when the command ends; the init answers
+			// at once if it cannot start it.
+			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
+				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class),
+				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
+			var r Result
+			switch {
+			case errors.Is(err, backend.ErrDied) && sb.Snapshot().Status == Stopped:
+				// A deliberate stop killed it, as docker stop does: its
+				// result is that (128+SIGKILL), not a failure of the host.
+				code = 128 + 9
+			case errors.Is(err, backend.ErrDied):
+				r.Err = "the sandbox died under the command" + deathCause(sb.dir, g, oomBefore)
+			case err != nil:
+				refused <- err
+				return
+			}
+			r.ExitCode = code
+			if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
+				r.OOM = true
+				if !g.ReachedLimit() { // not its own limit: the host's bound
+					r.Err = "the kernel killed the command for the host's sake: all sandboxes together reached the host's memory bound " +
+						"(its memory less admission.host_reserve), not this sandbox's limit; retry the step"
+				}
+			}
+			e.Finish(r)
+		}()
+		select {
+		case err := <-refused: // a bad directory, say: the caller's error, not a result
+			return fmt.Errorf("exec %s: %v: %w", spec.ID, err, errdefs.ErrInvalidArgument)
+		case <-started:
+		case <-e.Done(): // not found (127), or the sandbox died
+		}
+		return nil
+	})
+}
+
+// journal is the sandbox's journal, in its directory (which its ID
+// names for good).
+func (sb *Sandbox) journal() *journal.Journal {
+	sb.journalOnce.Do(func() { sb.steps = journal.Open(filepath.Join(sb.dir, "execs")) })
+	return sb.steps
+}
+
+// LookupExec returns the exec with id, running or journaled.
+func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
+	return sb.journal().Lookup(sb.Snapshot().Name, id)
+}
+
+// ExecCount counts the journaled execs.
+func (sb *Sandbox) ExecCount() int { return sb.journal().Count() }
+
+// Commands' oom_score_adj by class: when all sandboxes together reach
+// the host's bound, the kernel kills a batch command before a latency
+// one (a task's badness is its resident pages plus adj thousandths of
+// the limit's, so 500 more is half the host's bound), and the init of
+// either last.
+const (
+	latencyOOMScore = 500
+	batchOOMScore   = 1000
+)
+
+func oomScore(class string) int {
+	if class == api.SchedBatch {
+		return batchOOMScore
+	}
+	return latencyOOMScore
+}
+
+// deathCause says why a sandbox's init died, as far as the host can
+// tell: the OOM killer in its group since oomBefore, or the first line
+// of a failure report the init wrote to init.log (its own error, or the
+// Go runtime's fatal error, say when the sandbox's pids left it no
+// thread). "" when neither says.
+func deathCause(dir string, g *cgroup.Group, oomBefore int) string {
+	var why []string
+	if g != nil && g.OOMKills() > oomBefore {
+		why = append(why, "the OOM killer took processes of its group, its init perhaps: give the sandbox more memory (--memory)")
+	}
+	if l := initFailure(filepath.Join(dir, "init.log")); l != "" {
+		why = append(why, "its init: "+l)
+	}
+	if len(why) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(why, "; ") + ")"
+}
+
+// initFailure is the last line of a failure report (the init's own
+// error, a Go panic or fatal error) in the init's log at p, from its
+// last MiB (a fatal error dumps every goroutine after its line).
+func initFailure(p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	off := int64(0)
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(len(buf)) {
+		off = fi.Size() - int64(len(buf))
+	}
+	n, _ := f.ReadAt(buf, off)
+	lines := strings.Split(string(buf[:n]), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		for _, p := range []string{"dsec init: ", "fatal error: ", "panic: ", "runtime: "} {
+			if strings.HasPrefix(lines[i], p) {
+				return strings.ToValidUTF8(lines[i][:min(len(lines[i]), 200)], "")
+			}
+		}
+	}
+	return ""
+}

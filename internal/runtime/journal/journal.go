@@ -1,0 +1,267 @@
+// Package journal keeps a sandbox's steps: every exec runs under an id,
+// in <sandbox>/execs/<id>/ with its output (stdout, stderr: the files
+// the command writes to, handed to the sandbox's init as descriptors, so
+// the output survives the worker) and, once it ended, result.json. An id
+// runs at most once per sandbox: asking again returns the journaled
+// result, or waits for it. Running the command is the caller's (package
+// runtime, over a backend.Instance); the journal decides whether it runs
+// and records how it ended.
+package journal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+)
+
+// Result is how an exec ended. Err, when set, is an infrastructure
+// failure: the sandbox died under the command (a stop is no failure:
+// the command's result is then 137, killed).
+type Result struct {
+	ID       string `json:"id"`
+	ExitCode int    `json:"exit_code"`
+	OOM      bool   `json:"oom,omitempty"`
+	// Args is the command the id ran, so that a replay asking for
+	// another is refused, not answered with this one's result.
+	Args     []string  `json:"args,omitempty"`
+	Err      string    `json:"error,omitempty"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+}
+
+// ErrInfra marks failures of the sandbox or the host, not of a command:
+// a trainer retries these elsewhere instead of scoring them.
+var ErrInfra = fmt.Errorf("sandbox infrastructure failure: %w", errdefs.ErrUnavailable)
+
+// Exec is a journaled command, running or ended.
+type Exec struct {
+	ID   string
+	dir  string
+	done chan struct{}
+	res  Result
+	// keep: the result is written before it is told. Not in a call's
+	// sandbox: it runs one command, and goes before the worker does (a
+	// worker that starts removes those of one that died), so the exec in
+	// memory is all a replay finds, and its answer waits for no file.
+	keep bool
+}
+
+// StdoutPath and StderrPath are the journaled output files.
+func (e *Exec) StdoutPath() string { return filepath.Join(e.dir, "stdout") }
+func (e *Exec) StderrPath() string { return filepath.Join(e.dir, "stderr") }
+
+// Done is closed when the command has ended and its result is journaled.
+func (e *Exec) Done() <-chan struct{} { return e.done }
+
+// Result waits for the command to end.
+func (e *Exec) Result(ctx context.Context) (Result, error) {
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	if e.res.Err != "" {
+		return e.res, fmt.Errorf("exec %s: %s: %w", e.ID, e.res.Err, ErrInfra)
+	}
+	return e.res, nil
+}
+
+// Finish records how the command ended (r's exit code, OOM and Err; the
+// rest is the exec's), journals it and wakes the waiters. A worker
+// killed before the result's rename leaves none: the next asks the init
+// (Recover).
+func (e *Exec) Finish(r Result) {
+	e.res.ExitCode, e.res.OOM, e.res.Err = r.ExitCode, r.OOM, r.Err
+	e.res.Finished = time.Now().UTC()
+	if e.keep {
+		// The result is what a retry after a host crash finds instead
+		// of running the step again; its output is not synced (two more
+		// fsyncs per exec), so a crash may cut what a replay prints.
+		b, _ := json.Marshal(e.res)
+		if err := durable.WriteFile(filepath.Join(e.dir, "result.json"), b, 0o600); err != nil {
+			e.res.Err = "journal the result: " + err.Error()
+		}
+	}
+	close(e.done)
+}
+
+var idRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:@-]{0,127}$`) })
+
+// Journal is the execs of one sandbox, under dir.
+type Journal struct {
+	dir   string
+	mu    sync.Mutex // held while a step starts: an id runs once
+	execs map[string]*Exec
+}
+
+// Open is the journal under dir (a sandbox's execs directory, which
+// exists).
+func Open(dir string) *Journal { return &Journal{dir: dir, execs: map[string]*Exec{}} }
+
+// Step is a command to journal.
+type Step struct {
+	Sandbox string // its name, for errors
+	ID      string
+	Args    []string
+	// Keep writes its result (every sandbox's but a call's: Exec).
+	Keep bool
+	// Stdout and Stderr, when set, replace the journal's output files
+	// (a terminal: the caller records it).
+	Stdout, Stderr *os.File
+}
+
+// Start runs s once. If its id ran before (in this worker's life or an
+// earlier one) Start returns that exec, replayed: start is not called.
+// Otherwise it makes the exec's directory and output files and calls
+// start with the exec and the files to give the command; start returns
+// once the command started (or ended), and the exec then ends by its
+// Finish. An error of start is Start's, and leaves nothing journaled.
+func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) error) (e *Exec, replayed bool, err error) {
+	if !idRE().MatchString(s.ID) {
+		return nil, false, fmt.Errorf("bad exec id %q: use up to 128 letters, digits and '_.:@-': %w", s.ID, errdefs.ErrInvalidArgument)
+	}
+	if len(s.Args) == 0 {
+		return nil, false, fmt.Errorf("exec: no command: %w", errdefs.ErrInvalidArgument)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	replay := func(e *Exec) (*Exec, bool, error) {
+		if len(e.res.Args) > 0 && !slices.Equal(e.res.Args, s.Args) {
+			return nil, false, fmt.Errorf("exec id %s ran %q in sandbox %s already, and this asks for %q: a retry must ask for the same command; give another --id for another: %w",
+				s.ID, strings.Join(e.res.Args, " "), s.Sandbox, strings.Join(s.Args, " "), errdefs.ErrAlreadyExists)
+		}
+		return e, true, nil
+	}
+	if e := j.execs[s.ID]; e != nil {
+		return replay(e)
+	}
+	dir := filepath.Join(j.dir, s.ID)
+	if e, err := load(dir, s.ID); err == nil {
+		j.execs[e.ID] = e
+		return replay(e)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	stdout, stderr := s.Stdout, s.Stderr
+	for _, f := range []struct {
+		name string
+		out  **os.File
+	}{{"stdout", &stdout}, {"stderr", &stderr}} {
+		jf, err := os.OpenFile(filepath.Join(dir, f.name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, false, err
+		}
+		// Sent with the request, the kernel holds them from then on.
+		defer jf.Close()
+		if *f.out == nil {
+			*f.out = jf
+		}
+	}
+	e = &Exec{ID: s.ID, dir: dir, done: make(chan struct{}), keep: s.Keep}
+	e.res.ID, e.res.Started, e.res.Args = s.ID, time.Now().UTC(), s.Args
+	if err := start(e, stdout, stderr); err != nil {
+		os.RemoveAll(dir)
+		return nil, false, err
+	}
+	j.execs[e.ID] = e
+	return e, false, nil
+}
+
+func load(dir, id string) (*Exec, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	e := &Exec{ID: id, dir: dir, done: make(chan struct{})}
+	if err := json.Unmarshal(b, &e.res); err != nil {
+		return nil, err
+	}
+	close(e.done)
+	return e, nil
+}
+
+// Lookup returns the exec with id, running or journaled, of the
+// sandbox named sandbox.
+func (j *Journal) Lookup(sandbox, id string) (*Exec, error) {
+	if !idRE().MatchString(id) {
+		return nil, fmt.Errorf("bad exec id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if e := j.execs[id]; e != nil {
+		return e, nil
+	}
+	e, err := load(filepath.Join(j.dir, id), id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s has no exec %s: %w", sandbox, id, errdefs.ErrNotFound)
+	}
+	return e, nil
+}
+
+// Count counts the journaled execs.
+func (j *Journal) Count() int {
+	ents, _ := os.ReadDir(j.dir)
+	return len(ents)
+}
+
+// Recover collects the results of the execs an earlier worker left
+// running in c (nil: the sandbox's instance is gone): c still has them.
+// One c never started (that worker died between journaling and asking)
+// is forgotten, so that a retry runs it.
+func (j *Journal) Recover(c backend.Instance) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	ents, _ := os.ReadDir(j.dir)
+	for _, ent := range ents {
+		dir := filepath.Join(j.dir, ent.Name())
+		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
+			continue
+		}
+		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{}), keep: true}
+		e.res.ID = e.ID
+		if st, err := os.Stat(filepath.Join(dir, "stdout")); err == nil {
+			e.res.Started = st.ModTime().UTC()
+		}
+		if c == nil {
+			e.Finish(Result{Err: "the sandbox died under the command (found on worker restart)"})
+			continue
+		}
+		running, code, err := c.Probe(context.Background(), e.ID)
+		if errors.Is(err, backend.ErrUnknownExec) {
+			os.RemoveAll(dir)
+			continue
+		}
+		j.execs[e.ID] = e
+		if !running { // it ended while no worker was there
+			r := Result{ExitCode: code}
+			if err != nil {
+				r.Err = "the sandbox died under the command"
+			}
+			e.Finish(r)
+			continue
+		}
+		go func() { // still running: wait on it
+			code, err := c.Result(context.Background(), e.ID)
+			r := Result{ExitCode: code}
+			if err != nil {
+				r.Err = "the sandbox died under the command"
+			}
+			e.Finish(r)
+		}()
+	}
+}

@@ -1,0 +1,153 @@
+package journal
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+)
+
+// started is a start that ends the command at once with code.
+func started(code int) func(*Exec, *os.File, *os.File) error {
+	return func(e *Exec, stdout, _ *os.File) error {
+		stdout.WriteString("out\n")
+		e.Finish(Result{ExitCode: code})
+		return nil
+	}
+}
+
+// TestOnce: an id runs once, in this journal and in one opened again on
+// its directory (a worker that restarted); a retry asking for another
+// command is refused; a start that fails journals nothing, so a retry
+// runs; a call's step (Keep false) is answered from memory alone.
+func TestOnce(t *testing.T) {
+	dir := t.TempDir()
+	j := Open(dir)
+	step := Step{Sandbox: "s", ID: "1", Args: []string{"true"}, Keep: true}
+	e, replayed, err := j.Start(step, started(3))
+	if err != nil || replayed {
+		t.Fatal(err, replayed)
+	}
+	if r, err := e.Result(context.Background()); err != nil || r.ExitCode != 3 || r.ID != "1" || r.Started.IsZero() || r.Finished.Before(r.Started) {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if b, _ := os.ReadFile(e.StdoutPath()); string(b) != "out\n" {
+		t.Fatalf("stdout %q", b)
+	}
+	again := func(j *Journal, why string) {
+		t.Helper()
+		e, replayed, err := j.Start(step, func(*Exec, *os.File, *os.File) error { t.Fatalf("%s: ran again", why); return nil })
+		if err != nil || !replayed {
+			t.Fatalf("%s: %v %v", why, err, replayed)
+		}
+		if r, _ := e.Result(context.Background()); r.ExitCode != 3 {
+			t.Fatalf("%s: %+v", why, r)
+		}
+	}
+	again(j, "in memory")
+	again(Open(dir), "from the file")
+	other := step
+	other.Args = []string{"false"}
+	if _, _, err := Open(dir).Start(other, started(0)); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("another command under the id: %v", err)
+	}
+	if n := j.Count(); n != 1 {
+		t.Fatalf("count %d", n)
+	}
+
+	refused := Step{Sandbox: "s", ID: "2", Args: []string{"x"}, Keep: true}
+	if _, _, err := j.Start(refused, func(*Exec, *os.File, *os.File) error { return errdefs.ErrInvalidArgument }); !errdefs.IsInvalidArgument(err) {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "2")); !os.IsNotExist(err) {
+		t.Fatalf("a refused step left its directory: %v", err)
+	}
+	if _, replayed, err := j.Start(refused, started(0)); err != nil || replayed {
+		t.Fatalf("the retry of a refused step: %v %v", err, replayed)
+	}
+
+	call := Step{Sandbox: "s", ID: "3", Args: []string{"true"}}
+	if _, _, err := j.Start(call, started(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "3", "result.json")); !os.IsNotExist(err) {
+		t.Fatalf("a call's result was written: %v", err)
+	}
+	if _, err := j.Lookup("s", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir).Lookup("s", "4"); !errdefs.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "../x", "-a", string(make([]byte, 200))} {
+		if _, _, err := j.Start(Step{ID: bad, Args: []string{"true"}}, started(0)); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("id %q: %v", bad, err)
+		}
+	}
+	if _, _, err := j.Start(Step{ID: "5"}, started(0)); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("no command: %v", err)
+	}
+}
+
+// instance is what a restarted worker finds of its sandbox's init: the
+// state of each exec id it was asked to run.
+type instance struct {
+	backend.Instance
+	running map[string]bool
+	codes   map[string]int
+}
+
+func (i instance) Probe(_ context.Context, id string) (bool, int, error) {
+	code, ok := i.codes[id]
+	if !ok {
+		return false, 0, backend.ErrUnknownExec
+	}
+	return i.running[id], code, nil
+}
+
+func (i instance) Result(_ context.Context, id string) (int, error) { return i.codes[id], nil }
+
+// TestRecover: a restarted worker finds the steps a dead one left
+// without a result: one the init ran gets its code, one still running
+// its code once it ends, one the init never started is forgotten (a
+// retry runs it), and with the init gone each is a failure of the host.
+func TestRecover(t *testing.T) {
+	dir := t.TempDir()
+	for _, id := range []string{"ended", "running", "never", "done"} {
+		os.MkdirAll(filepath.Join(dir, id), 0o700)
+		os.WriteFile(filepath.Join(dir, id, "stdout"), nil, 0o600)
+	}
+	os.WriteFile(filepath.Join(dir, "done", "result.json"), []byte(`{"id":"done","exit_code":9}`), 0o600)
+	j := Open(dir)
+	j.Recover(instance{running: map[string]bool{"running": true}, codes: map[string]int{"ended": 4, "running": 5}})
+	for id, want := range map[string]int{"ended": 4, "running": 5, "done": 9} {
+		e, err := j.Lookup("s", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := e.Result(context.Background()); err != nil || r.ExitCode != want {
+			t.Errorf("%s: %+v %v, want %d", id, r, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "never")); !os.IsNotExist(err) {
+		t.Fatalf("a step never started stays: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "running", "result.json")); err != nil {
+		t.Fatalf("the recovered result was not journaled: %v", err)
+	}
+
+	lost := t.TempDir()
+	os.MkdirAll(filepath.Join(lost, "x"), 0o700)
+	Open(lost).Recover(nil)
+	e, err := Open(lost).Lookup("s", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Result(context.Background()); !errdefs.IsUnavailable(err) {
+		t.Fatalf("a step whose sandbox died: %v, want an infrastructure failure", err)
+	}
+}
