@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -39,15 +40,33 @@ func Attach(tree int, target string) error {
 	return nil
 }
 
-// OverlayIDMapped mounts on target an overlay of lowers (topmost first)
-// under base/upper, with work directory base/work, every layer idmapped
-// into userns, whose root is the host's id root: the namespace's root
-// owns what the host's root owns in the layers, and what it writes is
-// stored as the host's root would have it. The layers are handed to
-// overlayfs as descriptors of detached idmapped clones (Linux >= 6.13);
-// nothing is attached on the host but the overlay itself, nodev: a
-// device node made in the sandbox never opens.
-func OverlayIDMapped(lowers []string, base, target string, userns int, root uint32) (err error) {
+// MountIDMapped mounts m, an overlay (Overlay's, nodev or not), on
+// target with every layer and its upper idmapped into userns, whose root
+// is the host's id root: the namespace's root owns what the host's root
+// owns in the layers, and what it writes is stored as the host's root
+// would have it. Its upper and work directory must share a parent. The
+// layers are handed to overlayfs as descriptors of detached idmapped
+// clones (Linux >= 6.13); nothing is attached on the host but the
+// overlay itself, nodev: a device node made in the sandbox never opens.
+func (m Mount) MountIDMapped(target string, userns int, root uint32) (err error) {
+	var lowers []string
+	var upper, work string
+	for _, o := range m.Options {
+		k, v, _ := strings.Cut(o, "=")
+		switch {
+		case k == "lowerdir":
+			lowers = splitLowers(v)
+		case k == "upperdir":
+			upper = v
+		case k == "workdir":
+			work = v
+		case o != "nodev" && !slices.Contains(overlayFlags, o):
+			return fmt.Errorf("idmap %s: option %s cannot be idmapped", m, o)
+		}
+	}
+	if m.Type != "overlay" || len(lowers) == 0 || upper == "" || filepath.Dir(upper) != filepath.Dir(work) {
+		return fmt.Errorf("idmap %s: only an overlay whose upper and work directory share a parent can be idmapped", m)
+	}
 	var fds []int
 	defer func() {
 		for _, fd := range fds {
@@ -75,18 +94,19 @@ func OverlayIDMapped(lowers []string, base, target string, userns int, root uint
 			return err
 		}
 	}
-	rw, err := IDMapped(base, userns)
+	rw, err := IDMapped(filepath.Dir(upper), userns)
 	if err != nil {
 		return err
 	}
 	fds = append(fds, rw)
-	for _, d := range []string{"upper", "work"} {
-		fd, err := unix.Openat(rw, d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	for _, kd := range [][2]string{{"upperdir", upper}, {"workdir", work}} {
+		key, d := kd[0], kd[1]
+		fd, err := unix.Openat(rw, filepath.Base(d), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("overlay %s: %w", filepath.Join(base, d), err)
+			return fmt.Errorf("overlay %s: %w", d, err)
 		}
 		fds = append(fds, fd)
-		if err := set(d+"dir", fd); err != nil {
+		if err := set(key, fd); err != nil {
 			return err
 		}
 	}
@@ -102,12 +122,12 @@ func OverlayIDMapped(lowers []string, base, target string, userns int, root uint
 	if err := asCreator(root, func() error { return unix.FsconfigCreate(fs) }); err != nil {
 		return fmt.Errorf("overlay on %s: %w", target, err)
 	}
-	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	mnt, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
 	if err != nil {
 		return fmt.Errorf("overlay on %s: %w", target, err)
 	}
-	fds = append(fds, m)
-	return Attach(m, target)
+	fds = append(fds, mnt)
+	return Attach(mnt, target)
 }
 
 // asCreator runs fn on a thread whose file system ids are id, its

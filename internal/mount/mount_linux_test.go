@@ -77,3 +77,23 @@ func TestOverlayComposition(t *testing.T) {
 		t.Fatalf("directory rename: %v, want EXDEV", err)
 	}
 }
+
+// TestMountIDMappedRefuses: only an overlay with an upper whose work
+// directory shares its parent, and no option but dsec's own, is
+// idmapped; anything else is refused before anything is opened.
+func TestMountIDMappedRefuses(t *testing.T) {
+	dir := t.TempDir()
+	ok := mount.Overlay([]string{"/l"}, filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	odd := ok
+	odd.Options = append(append([]string{}, ok.Options...), "volatile")
+	for what, m := range map[string]mount.Mount{
+		"erofs":              mount.EROFS("/x.img"),
+		"no upper":           mount.Overlay([]string{"/l"}, "", ""),
+		"work elsewhere":     mount.Overlay([]string{"/l"}, filepath.Join(dir, "upper"), "/elsewhere/work"),
+		"an option unmapped": odd,
+	} {
+		if err := m.MountIDMapped(dir, -1, 0); err == nil {
+			t.Errorf("%s: idmapped", what)
+		}
+	}
+}

@@ -41,7 +41,8 @@
 //	Sandbox: layers held (package lower), upper's storage (package disk),
 //	  │      state.json, policy compiled, journal, cgroup limits/figures
 //	  │
-//	driver (driver_linux.go): start · attach · teardown
+//	driver (driver_linux.go): newID · start(rootfs as []mount.Mount) ·
+//	  │                       attach · teardown
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
 //	  │              + abilities: Restricter, Protecter, Renamer
@@ -50,7 +51,11 @@
 //	  └── microvm:   next (a QEMU guest whose agent is the same init)
 //
 // A Sandbox does what every kind of sandbox needs; its driver does what
-// only its backend does (driver_linux.go lists the drivers, once). Every
+// only its backend does (driver_linux.go lists the drivers, once). The
+// Sandbox describes the root, as data: the overlay of its layers' host
+// mounts under its upper; the container driver mounts it, idmapped
+// into the sandbox's user namespace where it has one
+// (mount.Mount.MountIDMapped). Every
 // backend's processes live in a cgroup the Sandbox bounds and reads:
 // a container's init and commands, a VM's hypervisor. What every
 // backend must do, seen through the worker's API, is the conformance

@@ -52,7 +52,11 @@ type driver interface {
 
 // startSpec is what the backend-neutral part of a start resolved.
 type startSpec struct {
-	lowers   []string // the layers' mounts on the host, topmost first
+	// rootfs describes the sandbox's root, not mounted: the overlay of
+	// its layers' mounts on the host (topmost first, nodev) under its
+	// upper. A backend mounts it (idmapped into a user namespace, where
+	// the sandbox has one) or hands its parts over.
+	rootfs   []mount.Mount
 	restrict *backend.Restrictions
 	// readOnly and hidden are the policy's paths, the toolkit's among
 	// the read-only ones unless the policy lets it be written.
@@ -138,19 +142,21 @@ func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		if err != nil {
 			return err
 		}
-		err = mount.OverlayIDMapped(s.lowers, sb.base(), rootfs, ns, ids.Host)
+		for _, m := range s.rootfs {
+			if err := m.MountIDMapped(rootfs, ns, ids.Host); err != nil {
+				unix.Close(ns)
+				return err
+			}
+		}
 		unix.Close(ns)
-		if err != nil {
-			return err
-		}
 	} else {
-		ov := mount.Overlay(s.lowers, sb.Upper(), sb.work())
-		ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
-		if n := len(strings.Join(ov.Options, ",")); n >= os.Getpagesize() {
-			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(s.lowers), n, errdefs.ErrOutOfRange)
-		}
-		if err := ov.Mount(rootfs); err != nil {
-			return err
+		for _, m := range s.rootfs {
+			if n := len(strings.Join(m.Options, ",")); n >= os.Getpagesize() {
+				return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(sb.Layers), n, errdefs.ErrOutOfRange)
+			}
+			if err := m.Mount(rootfs); err != nil {
+				return err
+			}
 		}
 		sp, _ = sb.prestarted.(*spare)
 		sb.prestarted = nil

@@ -379,7 +379,10 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if !sb.Policy.Files.ToolkitWritable {
 		readOnly = append(slices.Clip(sb.Toolkit), readOnly...)
 	}
-	if err := d.start(ctx, sb, m, startSpec{lowers: lowers, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}); err != nil {
+	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
+	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
+	s := startSpec{rootfs: []mount.Mount{ov}, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}
+	if err := d.start(ctx, sb, m, s); err != nil {
 		return err
 	}
 	sb.Status = Running
