@@ -23,6 +23,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
@@ -600,7 +601,7 @@ func TestLimitsAndErrors(t *testing.T) {
 	// sandbox is dead.
 	errc := make(chan error, 1)
 	go func() { errc <- execErr(sb, "sh", "-c", "touch /up; exec sleep 5") }()
-	waitFile(t, sb, "/up")
+	backendtest.WaitFile(t, sb, "/up")
 	info, _ := sb.Inspect(ctx)
 	syscallKill(t, info.Pid)
 	if err := <-errc; !sdk.IsInfra(err) {
@@ -611,20 +612,6 @@ func TestLimitsAndErrors(t *testing.T) {
 	}
 	if err := execErr(sb); !sdk.IsInfra(err) && !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("exec in a dead sandbox: %v", err)
-	}
-}
-
-// waitFile waits until the sandbox has file p: a command got that far.
-func waitFile(t *testing.T, sb *sdk.Sandbox, p string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if sb.ReadFile(context.Background(), p, io.Discard) == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("no %s in sandbox %s after 10 s", p, sb.Name)
-			return
-		}
 	}
 }
 

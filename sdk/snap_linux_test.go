@@ -14,6 +14,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -171,7 +172,7 @@ func TestPackDuringRenameRace(t *testing.T) {
 		Args: []string{"sh", "-c", "touch /racing; while :; do mv /work/a /work/b; mv /work/b /work/a; done"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFile(t, sb, "/racing")
+	backendtest.WaitFile(t, sb, "/racing")
 	for i := 1; i <= 5; i++ {
 		tag := fmt.Sprintf("race:%d", i)
 		if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: tag}); err != nil {

@@ -43,11 +43,8 @@ func fsFeature(fs, without string) *feature.Test {
 			}
 		}
 		// A module the kernel loads at the first mount is not listed yet.
-		var u unix.Utsname
-		if unix.Uname(&u) == nil {
-			if m, _ := filepath.Glob(filepath.Join("/lib/modules", unix.ByteSliceToString(u.Release[:]), "kernel/fs/*", fs+".ko*")); len(m) > 0 {
-				return nil
-			}
+		if m, _ := filepath.Glob(filepath.Join("/lib/modules", feature.Kernel(), "kernel/fs/*", fs+".ko*")); len(m) > 0 {
+			return nil
 		}
 		return errors.New("neither in /proc/filesystems nor a module of this kernel")
 	})

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/dsec-project/dsec/internal/feature"
 )
 
@@ -48,12 +46,7 @@ var (
 // has it). The files themselves are not looked for: a group of the host
 // to look in may come and go while the probe runs.
 func since(file string, major, minor int) error {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return err
-	}
-	var maj, min int
-	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min)
+	maj, min := feature.KernelVersion()
 	if maj > major || maj == major && min >= minor {
 		return nil
 	}

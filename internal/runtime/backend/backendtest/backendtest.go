@@ -115,8 +115,9 @@ func sh(t *testing.T, sb *sdk.Sandbox, id, script string) (string, api.ExecResul
 	return out.String(), res
 }
 
-// waitFile waits for p to exist in sb.
-func waitFile(t *testing.T, sb *sdk.Sandbox, p string) {
+// WaitFile waits for p to exist in sb (a command got that far), for up
+// to 30 s.
+func WaitFile(t *testing.T, sb *sdk.Sandbox, p string) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if sb.ReadFile(context.Background(), p, io.Discard) == nil {
@@ -218,7 +219,7 @@ func testExactlyOnce(t *testing.T, env *Env) {
 	for i := range results {
 		wg.Go(func() {
 			if i == 1 { // once the first runs
-				waitFile(t, sb, "/slow-started")
+				WaitFile(t, sb, "/slow-started")
 			}
 			_, results[i] = sh(t, sb, "slow", "touch /slow-started; sleep 0.6; echo ran >> /count; exit 4")
 		})
@@ -258,7 +259,7 @@ func testReattach(t *testing.T, env *Env) {
 		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", "touch /mid-started; sleep 1; echo finished; echo ran >> /mid; exit 7"}})
 		errc <- err
 	}()
-	waitFile(t, sb, "/mid-started")
+	WaitFile(t, sb, "/mid-started")
 	c := env.Restart(t)
 	if err := <-errc; !sdk.IsInfra(err) {
 		t.Fatalf("the client of a killed worker: %v, want an infrastructure error", err)
