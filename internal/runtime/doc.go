@@ -25,7 +25,7 @@
 // never changed, names its directory <root>/sandboxes/ID, its cgroup and
 // the user its layers are held by; its name is a label, the link
 // <root>/names/NAME (ident_linux.go). A primed sandbox is one without a
-// name yet: a create that adopts it writes its state and its name, and
+// name yet: a create that takes it writes its state and its name, and
 // moves nothing.
 //
 // Every command runs under an exec id and is journaled in

@@ -19,7 +19,7 @@ import (
 // form no name has. The name is a label: a symbolic link
 // <root>/names/NAME to ../sandboxes/ID, made in one step (of two creates
 // of one name, one wins) once the sandbox's first state is written, and
-// removed last. A primed sandbox has no name until a create adopts it,
+// removed last. A primed sandbox has no name until a create takes it,
 // which then only writes its state and its name; a sandbox no name
 // points at (primed, a call's, one a worker died making before it was
 // named) is removed by the next worker (SweepUnnamed).

@@ -53,7 +53,7 @@ func StartPrimed(root string, m Mounter, n int) *Primed {
 // make creates a primed sandbox on refs, which must still be key.
 func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
 	// Not cancelled by Close: the pool removes what a make returns then.
-	o := Options{Spec: Spec{Layers: refs}, Mounter: p.m} // no name: adopt gives it one
+	o := Options{Spec: Spec{Layers: refs}, Mounter: p.m} // no name: takePrimed gives it one
 	sb, err := create(context.Background(), p.root, o, nil)
 	if err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func (p *Primed) Close() {
 	}
 }
 
-// adopt makes the primed sandbox pr the sandbox o names: its limits,
+// takePrimed makes the primed sandbox pr the sandbox o names: its limits,
 // host name and state, then its name. A sandbox made for one call
 // (o.Pool: run --rm, a FnCall call no pool served) gets its limits and
 // host name only: it never outlives its worker (a worker that starts
@@ -133,7 +133,7 @@ func (p *Primed) Close() {
 // primed ones), so neither its state nor its name is written: ext4
 // metadata updates that took 0.7-0.8 ms of a run --rm (BENCHMARKS.md).
 // On an error pr is removed.
-func adopt(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
+func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
 	defer func() {
 		if err != nil {
 			pr.Remove() // its state's name is the one it claimed, if any

@@ -39,7 +39,7 @@ import (
 // State as the create resolved it (its class's and policy's limits, its
 // host name, its disk bound), which is what it then runs with.
 type Spec struct {
-	Name string `json:"name"` // "": a primed sandbox's, until adopted
+	Name string `json:"name"` // "": a primed sandbox's, until taken
 	// Backend names the sandbox's backend (package backend), as the
 	// worker resolved it; "" is the container backend.
 	Backend string        `json:"backend,omitempty"`
@@ -262,7 +262,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	st := State{Spec: spec, Status: Creating, Digests: digests, Allowlist: allow, Created: time.Now().UTC()}
 	if key := p.primeKey(ctx, o, limits, quota); key != "" {
 		if pr := p.take(key, o.Layers); pr != nil {
-			sb, err := adopt(pr, root, o, st)
+			sb, err := takePrimed(pr, root, o, st)
 			if err == nil || errdefs.IsAlreadyExists(err) {
 				return sb, err
 			}
@@ -275,7 +275,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	sb := &Sandbox{State: st}
 	sb.ID = d.newID(sb, o.Mounter)
 	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
-	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when adopted
+	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when taken
 	if err := os.Mkdir(sb.dir, 0o700); err != nil {
 		sb.dropPrestarted()
 		return nil, err

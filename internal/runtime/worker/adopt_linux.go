@@ -1,0 +1,76 @@
+package worker
+
+import (
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
+)
+
+// adopt takes over the sandboxes an earlier worker left.
+func (w *worker) adopt() error {
+	names, err := runtime.List(w.cfg.Root)
+	if err != nil {
+		return err
+	}
+	var live []string   // the IDs of what may still stand on layers
+	var groups []string // the groups of the sandboxes kept
+	var uppers []string // the uppers of the sandboxes kept
+	unknown := false    // a sandbox whose group is unknown
+	for _, name := range names {
+		sb, err := runtime.Load(w.cfg.Root, name)
+		if errdefs.IsNotFound(err) {
+			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
+			continue
+		}
+		if err != nil {
+			live, unknown = append(live, runtime.IDOf(w.cfg.Root, name)), true
+			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
+			continue
+		}
+		st := sb.Snapshot()
+		groups = append(groups, st.CgroupName)
+		if st.Pool != "" { // a warm sandbox (or one a call had): made again
+			if err := sb.Remove(); err != nil {
+				live, uppers = append(live, st.ID), append(uppers, st.UpperFS)
+				w.log.Error("cannot remove a pool's sandbox", "sandbox", name, "err", err)
+			}
+			continue
+		}
+		live, uppers = append(live, st.ID), append(uppers, st.UpperFS)
+		w.log.Info("adopted sandbox", "sandbox", name, "status", st.Status)
+		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}}
+		if st.Status == runtime.Running {
+			w.gate.hold(e.req)
+			e.held = true
+		}
+		w.sandboxes[name] = e
+	}
+	if err := runtime.SweepUnnamed(w.cfg.Root); err != nil {
+		w.log.Error("cannot remove the primed or half-made sandboxes of a worker that died", "err", err)
+	}
+	if err := lower.Of(w.cfg.Root).Sweep(live); err != nil {
+		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
+	}
+	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {
+		w.log.Error("cannot remove the spare inits of a worker that died", "err", err)
+	}
+	if !unknown {
+		if err := disk.SweepUppers(w.cfg.Root, uppers); err != nil {
+			w.log.Error("cannot remove the uppers of sandboxes a worker died making", "err", err)
+		}
+	}
+	return nil
+}
+
+// release lets go of every sandbox; they run on.
+func (w *worker) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range w.sandboxes {
+		if e.sb != nil {
+			e.sb.Close()
+		}
+	}
+}

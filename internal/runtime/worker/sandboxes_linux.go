@@ -1,0 +1,367 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
+)
+
+// get finds a sandbox the worker owns.
+func (w *worker) get(name string) (*entry, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil {
+		return e, nil
+	}
+	if err := api.ValidName(name); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
+}
+
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
+	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+	sb, err := w.createSandbox(r.Context(), spec)
+	if err != nil {
+		return created[api.Sandbox]{}, err
+	}
+	return created[api.Sandbox]{w.describe(sb)}, nil
+}
+
+// limits are the cgroup limits of a sandbox made for spec: what it
+// asked, else the worker's defaults.
+func (w *worker) limits(spec api.SandboxSpec, req request) cgroup.Limits {
+	d := w.cfg.Defaults.withDefaults()
+	return cgroup.Limits{MemoryBytes: limit(spec.Memory, req.Memory, d.Memory), CPUMilli: int64(spec.CPU * 1000), Pids: limit(spec.Pids, 0, d.Pids)}
+}
+
+// checkSpec refuses a spec no worker could make.
+func checkSpec(spec *api.SandboxSpec) error { return spec.Validate() }
+
+// requestOf is what a sandbox reserves: its requests, or its limits.
+func requestOf(spec api.SandboxSpec) request {
+	r := request{CPU: spec.CPURequest, Memory: spec.MemoryRequest}
+	if r.CPU == 0 {
+		r.CPU = spec.CPU
+	}
+	if r.Memory == 0 {
+		r.Memory = spec.Memory
+	}
+	return r
+}
+
+// createSandbox makes a sandbox a user asked for (a pool's are made by
+// its filler): one primed ahead serves it when it is what was primed.
+func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
+	return w.makeSandbox(ctx, spec, "")
+}
+
+// makeSandbox makes a sandbox once the gate admits it; pool names the
+// FnCall pool it is made for.
+func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
+	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
+		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
+	}
+	b, err := Backends.Usable(spec.Backend)
+	if err != nil {
+		return nil, err
+	}
+	spec.Backend = b.Name()
+	if err := checkSpec(&spec); err != nil {
+		return nil, err
+	}
+	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
+		return nil, err
+	}
+	if spec.Disk <= 0 { // it writes to the shared file system
+		size, free := disk.UppersSize(w.cfg.Root)
+		if err := w.cfg.Admission.checkUppers(disk.UppersDir(w.cfg.Root), size, free); err != nil {
+			return nil, err
+		}
+	}
+	if spec.Name == "" {
+		spec.Name = runtime.RandomName("sb-")
+	}
+	if err := api.ValidName(spec.Name); err != nil {
+		return nil, err
+	}
+	// Reserve the name: a second create of it fails at once.
+	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool}
+	e.op.Lock()
+	defer e.op.Unlock()
+	w.mu.Lock()
+	for {
+		old, taken := w.sandboxes[spec.Name]
+		if !taken {
+			break
+		}
+		gone := old.gone
+		if gone == nil {
+			w.mu.Unlock()
+			return nil, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists)
+		}
+		w.mu.Unlock() // the name's sandbox is going: wait for it
+		select {
+		case <-gone:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		w.mu.Lock()
+	}
+	w.sandboxes[spec.Name] = e
+	w.mu.Unlock()
+	forget := func() {
+		w.mu.Lock()
+		delete(w.sandboxes, spec.Name)
+		w.mu.Unlock()
+	}
+	pol, err := w.policyOf(spec.Policy, spec.PolicyName)
+	if err != nil {
+		forget()
+		return nil, err
+	}
+	// A client that goes away while its creation is queued takes it out
+	// of the queue; once admitted, the sandbox is made for its retry.
+	err = w.gate.admit(ctx, e.req, func() {
+		w.mu.Lock()
+		e.pending, e.since = api.StatusQueued, time.Now()
+		w.mu.Unlock()
+		w.log.Info("sandbox queued for admission", "sandbox", spec.Name)
+	})
+	if err != nil {
+		forget()
+		return nil, err
+	}
+	w.mu.Lock()
+	e.pending, e.held = api.StatusCreating, true
+	w.mu.Unlock()
+	// Not while queued: snapshot removal and squash wait for this.
+	m := w.mounter
+	if pool != "" && pool != runPool && pool != callPool { // a pool's filler: not what users create next
+		m.Primed = nil
+	}
+	w.lineage.RLock()
+	t0 := time.Now()
+	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{Mounter: m, Spec: runtime.Spec{
+		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
+		Workdir: spec.Workdir, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
+		Disk:          max(spec.Disk, 0),
+		DiskBound:     min(spec.Disk, 0), // api.Unlimited, or the default
+		CPURequest:    e.req.CPU,
+		MemoryRequest: e.req.Memory,
+		MergeMemory:   w.cfg.Reclaim.KSM,
+		Pool:          pool,
+	}})
+	w.lineage.RUnlock()
+	// The entry leaves "creating" before the slot goes to the next
+	// creation: ps never shows more being made than max_creating.
+	w.mu.Lock()
+	if err != nil {
+		delete(w.sandboxes, spec.Name)
+	} else {
+		e.sb, e.pending = sb, ""
+	}
+	w.mu.Unlock()
+	w.gate.created()
+	if err != nil {
+		w.gate.release(e.req)
+		return nil, err
+	}
+	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool, "took", time.Since(t0))
+	return sb, nil
+}
+
+// stop stops a sandbox and gives back what it held of the host.
+func (w *worker) stop(_ context.Context, e *entry) error {
+	if err := e.sb.Stop(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.held {
+		w.gate.release(e.req)
+		e.held = false
+	}
+	return nil
+}
+
+// start starts a stopped sandbox once the gate admits it again.
+func (w *worker) start(ctx context.Context, e *entry) error {
+	if e.sb.Snapshot().Status == runtime.Running {
+		return fmt.Errorf("sandbox %s is already running: %w", e.sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	w.mu.Lock()
+	held := e.held
+	w.mu.Unlock()
+	if !held {
+		if err := w.gate.admit(ctx, e.req, nil); err != nil {
+			return err
+		}
+		defer w.gate.created()
+	}
+	err := e.sb.Start(context.WithoutCancel(ctx), w.mounter)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil { // it is stopped now, a dead one too: it holds nothing
+		w.gate.release(e.req)
+		e.held = false
+		return err
+	}
+	e.held = true
+	return nil
+}
+
+// describe is a sandbox as the API shows it.
+func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
+	st := sb.Snapshot()
+	out := api.Sandbox{
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, Backends.Names()[0]), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
+			Policy: st.Policy, UserNS: st.UserNS},
+		ID: st.ID, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
+		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
+	}
+	showMark(&out, st.Pool)
+	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
+	if t := sb.Reclaimed(); !t.IsZero() {
+		out.Reclaimed = &t
+	}
+	if st.NAT != nil {
+		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
+	}
+	if st.IDs != nil {
+		out.HostID = st.IDs.Host
+	}
+	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
+		out.Cgroup = g.Path()
+		out.MemoryBytes, _ = g.MemoryCharged()
+		out.OOMKills = g.OOMKills()
+		out.MemoryLimit, out.PidsLimit = g.Limits()
+		out.Frozen = g.Frozen()
+		if out.PidsLimit > 0 { // the user's count, the init's share left out
+			out.PidsLimit = max(out.PidsLimit-runtime.InitPids, 1)
+		}
+		if used, err := g.CPUUsage(); err == nil {
+			out.CPUSeconds = used.Seconds()
+		}
+	}
+	return out
+}
+
+// showMark shows what a sandbox was made for: a FnCall pool (or a call)
+// by name, a run --rm as Rm.
+func showMark(sb *api.Sandbox, mark string) {
+	if mark == runPool {
+		sb.Rm = true
+		return
+	}
+	sb.Pool = mark
+}
+
+// list lists the sandboxes, queued and being made ones included; warm
+// pool sandboxes only with all=1.
+func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
+	all := r.URL.Query().Get("all") == "1"
+	out := []api.Sandbox{}
+	w.mu.Lock()
+	var sbs []*runtime.Sandbox
+	for _, e := range w.sandboxes {
+		switch {
+		case e.gone != nil: // being removed
+		case e.pool != "" && e.pool != runPool && !all:
+		case e.sb != nil:
+			sbs = append(sbs, e.sb)
+		default:
+			spec := e.spec
+			spec.Policy = nil
+			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Digests: []string{}}
+			showMark(&sb, e.pool)
+			out = append(out, sb)
+		}
+	}
+	w.mu.Unlock()
+	for _, sb := range sbs {
+		out = append(out, w.describe(sb))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out, nil
+}
+
+func (w *worker) inspect(r *http.Request, _ none) (api.Sandbox, error) {
+	e, err := w.get(r.PathValue("name"))
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return w.describe(e.sb), nil
+}
+
+// lifecycle serves stop and start: one operation on the sandbox under
+// its lifecycle lock, answered with the sandbox as it is then.
+func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) func(*http.Request, none) (api.Sandbox, error) {
+	return func(r *http.Request, _ none) (api.Sandbox, error) {
+		e, err := w.get(r.PathValue("name"))
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		e.op.Lock()
+		err = op(r.Context(), e)
+		e.op.Unlock()
+		if err != nil {
+			return api.Sandbox{}, err
+		}
+		return w.describe(e.sb), nil
+	}
+}
+
+func (w *worker) remove(r *http.Request, _ none) (none, error) {
+	name := r.PathValue("name")
+	e, err := w.get(name)
+	if err != nil {
+		return none{}, err
+	}
+	force := r.URL.Query().Get("force") == "1"
+	e.op.Lock()
+	defer e.op.Unlock()
+	if st := e.sb.Snapshot().Status; st == runtime.Running && !force {
+		return none{}, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition)
+	}
+	return none{}, w.removeSandbox(name, e.sb)
+}
+
+// removeSandbox removes a sandbox and forgets it; the caller holds its
+// lifecycle lock, or made it and nobody else knows it yet.
+func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
+	t0 := time.Now()
+	if err := sb.Remove(); err != nil {
+		return fmt.Errorf("remove sandbox %s: %w", name, err)
+	}
+	w.mu.Lock()
+	if e := w.sandboxes[name]; e != nil && e.held {
+		w.gate.release(e.req)
+	}
+	delete(w.sandboxes, name)
+	w.mu.Unlock()
+	w.log.Info("removed sandbox", "sandbox", name, "took", time.Since(t0))
+	return nil
+}
