@@ -42,7 +42,7 @@
 //	  │      state.json, policy compiled, journal, cgroup limits/figures
 //	  │
 //	driver (driver_linux.go): newID · start(rootfs as []mount.Mount) ·
-//	  │                       attach · teardown
+//	  │                       attach · teardown  + ability: files
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
 //	  │              + abilities: Restricter, Protecter, Renamer
@@ -55,7 +55,20 @@
 // Sandbox describes the root, as data: the overlay of its layers' host
 // mounts under its upper; the container driver mounts it, idmapped
 // into the sandbox's user namespace where it has one
-// (mount.Mount.MountIDMapped). Every
+// (mount.Mount.MountIDMapped).
+//
+// Abilities are found by type assertion, and a backend without one
+// gets a typed not-implemented error that names it: on the instance
+// (restrict, protect paths, set the host name) or on the driver (files,
+// for copies in and out: backend.Files, a container's reached from the
+// host). What acts on the sandbox's cgroup is the Sandbox's, for every
+// backend, since every backend's processes live in it: freezing (pause,
+// a consistent pack-diff), limits and their live update, figures
+// (memory, CPU, OOM kills) and reclaim. So is the upper: its storage is
+// the Sandbox's (package disk), which pack-diff reads with the sandbox
+// frozen. A backend whose writes pass through a cache of its own (a
+// VM's page cache) adds an ability to flush it before a pack, and one to
+// reclaim its memory its own way (a balloon), when it comes. Every
 // backend's processes live in a cgroup the Sandbox bounds and reads:
 // a container's init and commands, a VM's hypervisor. What every
 // backend must do, seen through the worker's API, is the conformance

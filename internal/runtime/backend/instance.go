@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
+
+	"github.com/dsec-project/dsec/internal/archive"
 )
 
 // Instance is a running sandbox as the runtime drives it: the
@@ -54,6 +56,17 @@ type (
 		SetHostname(name string) error
 	}
 )
+
+// Files is a running sandbox's files as its processes resolve them
+// (names relative to its root, never leading outside it), for copies in
+// and out: an archive.FS, whose IDs map the owners it shows to the
+// sandbox's own (nil: the same). Close lets go of it. A backend that
+// has them says so by its driver (runtime.Sandbox.Files).
+type Files interface {
+	archive.FS
+	IDs() archive.IDMap
+	Close() error
+}
 
 // ErrDied says the sandbox died (or was lost) under a request: an
 // infrastructure failure, not the command's.

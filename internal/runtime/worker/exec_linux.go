@@ -3,6 +3,7 @@ package worker
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/archive"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
 // exec runs a command: the body is an ExecRequest line, then the
@@ -253,35 +255,23 @@ func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseCont
 }
 
 // openIn opens p inside the sandbox's root as the sandbox would resolve
-// it (sandboxFS): symlinks (absolute ones included) and ".." stay inside
-// the root, so a path the agent planted never leads the worker to a
-// host file.
-func openIn(sb *runtime.Sandbox, p string, flags int, mode uint32) (*os.File, error) {
+// it (runtime.Sandbox.Files): symlinks (absolute ones included) and ".."
+// stay inside the root, so a path the agent planted never leads the
+// worker to a host file.
+func openIn(sb *runtime.Sandbox, p string, flags int, mode os.FileMode) (*os.File, error) {
 	if !path.IsAbs(p) || path.Clean(p) != p {
 		return nil, fmt.Errorf("bad path %q: give a clean absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument)
 	}
-	if err := running(sb); err != nil {
-		return nil, err
-	}
-	s, err := openSandboxFS(sb)
+	s, err := sb.Files()
 	if err != nil {
 		return nil, err
 	}
 	defer s.Close()
-	fd, err := s.open("open", p[1:], flags, mode)
+	f, err := s.OpenFile(p[1:], flags, mode)
 	if err != nil {
 		return nil, pathError(sb, p, err)
 	}
-	return os.NewFile(uintptr(fd), p), nil
-}
-
-// running refuses a sandbox that is not running: its files are not
-// mounted where the worker reaches them.
-func running(sb *runtime.Sandbox) error {
-	if st := sb.Snapshot().Status; st != runtime.Running {
-		return fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, st, errdefs.ErrFailedPrecondition)
-	}
-	return nil
+	return f, nil
 }
 
 // putFile writes a file into the sandbox atomically: a temporary file
@@ -304,19 +294,27 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("bad path /: name a file: %w", errdefs.ErrInvalidArgument))
 		return
 	}
-	dir, err := openIn(e.sb, path.Dir(p), unix.O_PATH|unix.O_DIRECTORY, 0)
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		fail(rw, fmt.Errorf("bad path %q: give a clean absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument))
+		return
+	}
+	s, err := e.sb.Files()
 	if err != nil {
 		fail(rw, err)
 		return
 	}
-	defer dir.Close()
-	tmp := ".dsec-put-" + runtime.RandomName("")
-	err = e.sb.AsRoot(func() error {
-		fd, err := unix.Openat(int(dir.Fd()), tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(mode))
-		if err != nil {
-			return err
+	defer s.Close()
+	dir := path.Dir(p)[1:]
+	if fi, err := s.Stat(cmp.Or(dir, ".")); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = &fs.PathError{Op: "open", Path: path.Dir(p), Err: unix.ENOTDIR}
 		}
-		f := os.NewFile(uintptr(fd), tmp)
+		fail(rw, pathError(e.sb, path.Dir(p), err))
+		return
+	}
+	tmp := path.Join(dir, ".dsec-put-"+runtime.RandomName(""))
+	f, err := s.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, os.FileMode(mode))
+	if err == nil {
 		_, err = io.Copy(f, r.Body)
 		if err == nil {
 			err = f.Chmod(os.FileMode(mode) & os.ModePerm) // past the umask
@@ -325,12 +323,13 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 			err = cerr
 		}
 		if err == nil {
-			err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), path.Base(p))
+			err = s.Rename(tmp, p[1:])
 		}
-		return err
-	})
+		if err != nil {
+			s.Remove(tmp)
+		}
+	}
 	if err != nil {
-		unix.Unlinkat(int(dir.Fd()), tmp, 0)
 		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))
 		return
 	}
@@ -366,27 +365,23 @@ func (w *worker) getFile(rw http.ResponseWriter, r *http.Request) {
 }
 
 // sandboxFiles opens the files of a running sandbox for a copy.
-func (w *worker) sandboxFiles(rw http.ResponseWriter, r *http.Request) (*sandboxFS, string, bool) {
+func (w *worker) sandboxFiles(rw http.ResponseWriter, r *http.Request) (*runtime.Sandbox, backend.Files, string, bool) {
 	e, err := w.get(r.PathValue("name"))
 	if err != nil {
 		fail(rw, err)
-		return nil, "", false
+		return nil, nil, "", false
 	}
 	p := r.URL.Query().Get("path")
 	if !path.IsAbs(p) {
 		fail(rw, fmt.Errorf("bad path %q: give an absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument))
-		return nil, "", false
+		return nil, nil, "", false
 	}
-	if err := running(e.sb); err != nil {
-		fail(rw, err)
-		return nil, "", false
-	}
-	s, err := openSandboxFS(e.sb)
+	s, err := e.sb.Files()
 	if err != nil {
 		fail(rw, err)
-		return nil, "", false
+		return nil, nil, "", false
 	}
-	return s, path.Clean(p)[1:], true
+	return e.sb, s, path.Clean(p)[1:], true
 }
 
 // pathError classifies a failure to find a path in a sandbox.
@@ -407,7 +402,7 @@ func pathError(sb *runtime.Sandbox, p string, err error) error {
 // stream started is its X-Dsec-Error trailer, what it left out its
 // X-Dsec-Skipped one.
 func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
-	s, p, ok := w.sandboxFiles(rw, r)
+	sb, s, p, ok := w.sandboxFiles(rw, r)
 	if !ok {
 		return
 	}
@@ -419,7 +414,7 @@ func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
 		fi, err = s.Stat(p)
 	}
 	if err != nil {
-		fail(rw, pathError(s.sb, "/"+p, err))
+		fail(rw, pathError(sb, "/"+p, err))
 		return
 	}
 	st := api.PathStat{Name: path.Base("/" + p), Mode: fi.Mode(), Size: fi.Size(), Mtime: fi.ModTime()}
@@ -434,9 +429,9 @@ func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
 	rw.Header().Set(api.HeaderStat, string(b))
 	rw.Header().Set("Content-Type", "application/x-tar")
 	rw.Header().Set("Trailer", api.HeaderError+", "+api.HeaderSkipped)
-	skipped, err := archive.Write(rw, s, p, archive.WriteOptions{Name: q.Get("name"), Follow: follow, IDs: s.sandboxIDs()})
+	skipped, err := archive.Write(rw, s, p, archive.WriteOptions{Name: q.Get("name"), Follow: follow, IDs: s.IDs()})
 	if err != nil {
-		b, _ := json.Marshal(apiError(pathError(s.sb, "/"+p, err)))
+		b, _ := json.Marshal(apiError(pathError(sb, "/"+p, err)))
 		rw.Header().Set(api.HeaderError, string(b))
 	}
 	if len(skipped) > 0 {
@@ -447,14 +442,14 @@ func (w *worker) statPath(rw http.ResponseWriter, r *http.Request) {
 
 // putArchive extracts a tar stream into a directory of the sandbox.
 func (w *worker) putArchive(rw http.ResponseWriter, r *http.Request) {
-	s, p, ok := w.sandboxFiles(rw, r)
+	sb, s, p, ok := w.sandboxFiles(rw, r)
 	if !ok {
 		return
 	}
 	defer s.Close()
 	skipped, err := archive.Extract(r.Body, s, path.Join(".", p), archive.ExtractOptions{Owners: r.URL.Query().Get("owners") == "1"})
 	if err != nil {
-		fail(rw, pathError(s.sb, "/"+p, err))
+		fail(rw, pathError(sb, "/"+p, err))
 		return
 	}
 	reply(rw, api.CopyReport{Skipped: skipped})

@@ -1,6 +1,7 @@
-package worker
+package runtime
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -9,40 +10,67 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/containerd/errdefs"
 	"github.com/dsec-project/dsec/internal/archive"
-	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
-// sandboxFS is a sandbox's files as the sandbox resolves them, seen
-// from the worker: every name resolves inside its root (symlinks,
+// Files opens the files of a running sandbox as its processes resolve
+// them, for a copy in or out: its backend's ability (a container's are
+// reached from the host, hostFiles; a VM's would be its agent's).
+func (sb *Sandbox) Files() (backend.Files, error) {
+	st := sb.Snapshot()
+	if st.Status != Running {
+		return nil, fmt.Errorf("sandbox %s is %s: start it first: %w", st.Name, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	d, err := driverOf(st.Backend)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := d.(filer)
+	if !ok {
+		return nil, fmt.Errorf("the %s backend cannot copy files in or out of a sandbox: %w", d.Name(), errdefs.ErrNotImplemented)
+	}
+	return f.files(sb)
+}
+
+// filer is a driver that can open a running sandbox's files.
+type filer interface {
+	files(sb *Sandbox) (backend.Files, error)
+}
+
+func (containerDriver) files(sb *Sandbox) (backend.Files, error) { return openHostFiles(sb) }
+
+// hostFiles is a container's files as the sandbox resolves them, seen
+// from the host: every name resolves inside its root (symlinks,
 // absolute ones included, and ".." stay there), never through a magic
 // link and never onto another mount (the sandbox's /proc, /sys, /dev),
 // so a path the agent planted never leads the worker to a host file.
 // What it makes belongs to the sandbox's root; ids it is given are the
 // sandbox's and map to the host's ids of a --userns sandbox.
-type sandboxFS struct {
-	sb   *runtime.Sandbox
+type hostFiles struct {
+	sb   *Sandbox
 	root int       // O_PATH descriptor of the sandbox's root
 	ids  *[2]int64 // host id of the sandbox's id 0 and the range's size; nil: the host's ids
 }
 
-var _ archive.FS = (*sandboxFS)(nil)
+var _ backend.Files = (*hostFiles)(nil)
 
 const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-func openSandboxFS(sb *runtime.Sandbox) (*sandboxFS, error) {
+func openHostFiles(sb *Sandbox) (*hostFiles, error) {
 	root, err := unix.Open(sb.RootFS(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	s := &sandboxFS{sb: sb, root: root}
+	s := &hostFiles{sb: sb, root: root}
 	if m := sb.Snapshot().IDs; m != nil {
 		s.ids = &[2]int64{int64(m.Host), int64(m.Size)}
 	}
 	return s, nil
 }
 
-func (s *sandboxFS) Close() error { return unix.Close(s.root) }
+func (s *hostFiles) Close() error { return unix.Close(s.root) }
 
 // kernelViews are the sandbox's mounts of its kernel's views: the
 // worker sees only the directories under them, so a copy there would
@@ -50,7 +78,7 @@ func (s *sandboxFS) Close() error { return unix.Close(s.root) }
 var kernelViews = map[string]bool{"proc": true, "sys": true, "dev": true}
 
 // open resolves name inside the root.
-func (s *sandboxFS) open(op, name string, flags int, mode uint32) (int, error) {
+func (s *hostFiles) open(op, name string, flags int, mode uint32) (int, error) {
 	if top, _, _ := strings.Cut(path.Clean("/" + name)[1:], "/"); kernelViews[top] {
 		return -1, &fs.PathError{Op: op, Path: "/" + name, Err: unix.EXDEV}
 	}
@@ -63,7 +91,7 @@ func (s *sandboxFS) open(op, name string, flags int, mode uint32) (int, error) {
 
 // at resolves the directory of name inside the root and calls fn with
 // it and name's last element ("." for the root itself).
-func (s *sandboxFS) at(op, name string, fn func(dir int, base string) error) error {
+func (s *hostFiles) at(op, name string, fn func(dir int, base string) error) error {
 	dir, err := s.open(op, path.Dir(path.Clean("/" + name))[1:], unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return err
@@ -77,7 +105,7 @@ func (s *sandboxFS) at(op, name string, fn func(dir int, base string) error) err
 
 // onPath resolves name itself (a symlink is not followed) and calls fn
 // with an O_PATH descriptor of it.
-func (s *sandboxFS) onPath(op, name string, fn func(fd int) error) error {
+func (s *hostFiles) onPath(op, name string, fn func(fd int) error) error {
 	fd, err := s.open(op, name, unix.O_PATH|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
@@ -89,7 +117,7 @@ func (s *sandboxFS) onPath(op, name string, fn func(fd int) error) error {
 	return nil
 }
 
-func (s *sandboxFS) stat(op, name string, flags int) (fs.FileInfo, error) {
+func (s *hostFiles) stat(op, name string, flags int) (fs.FileInfo, error) {
 	fd, err := s.open(op, name, unix.O_PATH|flags, 0)
 	if err != nil {
 		return nil, err
@@ -99,13 +127,13 @@ func (s *sandboxFS) stat(op, name string, flags int) (fs.FileInfo, error) {
 	return f.Stat()
 }
 
-func (s *sandboxFS) Lstat(name string) (fs.FileInfo, error) {
+func (s *hostFiles) Lstat(name string) (fs.FileInfo, error) {
 	return s.stat("lstat", name, unix.O_NOFOLLOW)
 }
 
-func (s *sandboxFS) Stat(name string) (fs.FileInfo, error) { return s.stat("stat", name, 0) }
+func (s *hostFiles) Stat(name string) (fs.FileInfo, error) { return s.stat("stat", name, 0) }
 
-func (s *sandboxFS) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
+func (s *hostFiles) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
 	var fd int
 	open := func() (err error) {
 		fd, err = s.open("open", name, flag, uint32(perm.Perm()))
@@ -123,7 +151,7 @@ func (s *sandboxFS) OpenFile(name string, flag int, perm fs.FileMode) (*os.File,
 	return os.NewFile(uintptr(fd), "/"+name), nil
 }
 
-func (s *sandboxFS) Readlink(name string) (string, error) {
+func (s *hostFiles) Readlink(name string) (string, error) {
 	var target string
 	return target, s.onPath("readlink", name, func(fd int) error {
 		buf := make([]byte, unix.PathMax)
@@ -133,13 +161,13 @@ func (s *sandboxFS) Readlink(name string) (string, error) {
 	})
 }
 
-func (s *sandboxFS) Mkdir(name string, perm fs.FileMode) error {
+func (s *hostFiles) Mkdir(name string, perm fs.FileMode) error {
 	return s.at("mkdir", name, func(dir int, base string) error {
 		return s.sb.AsRoot(func() error { return unix.Mkdirat(dir, base, uint32(perm.Perm())) })
 	})
 }
 
-func (s *sandboxFS) Symlink(oldname, newname string) error {
+func (s *hostFiles) Symlink(oldname, newname string) error {
 	return s.at("symlink", newname, func(dir int, base string) error {
 		return s.sb.AsRoot(func() error { return unix.Symlinkat(oldname, dir, base) })
 	})
@@ -148,7 +176,7 @@ func (s *sandboxFS) Symlink(oldname, newname string) error {
 // Link links newname to oldname, both resolved inside the root; it
 // runs as the host's root (linking by descriptor takes
 // CAP_DAC_READ_SEARCH) and makes no inode, so no owner to get wrong.
-func (s *sandboxFS) Link(oldname, newname string) error {
+func (s *hostFiles) Link(oldname, newname string) error {
 	return s.onPath("link", oldname, func(old int) error {
 		return s.at("link", newname, func(dir int, base string) error {
 			return unix.Linkat(old, "", dir, base, unix.AT_EMPTY_PATH)
@@ -156,7 +184,7 @@ func (s *sandboxFS) Link(oldname, newname string) error {
 	})
 }
 
-func (s *sandboxFS) Remove(name string) error {
+func (s *hostFiles) Remove(name string) error {
 	return s.at("remove", name, func(dir int, base string) error {
 		err := unix.Unlinkat(dir, base, 0)
 		if err == unix.EISDIR {
@@ -166,7 +194,7 @@ func (s *sandboxFS) Remove(name string) error {
 	})
 }
 
-func (s *sandboxFS) Rename(oldname, newname string) error {
+func (s *hostFiles) Rename(oldname, newname string) error {
 	return s.at("rename", oldname, func(odir int, obase string) error {
 		return s.at("rename", newname, func(ndir int, nbase string) error {
 			return unix.Renameat(odir, obase, ndir, nbase)
@@ -175,7 +203,7 @@ func (s *sandboxFS) Rename(oldname, newname string) error {
 }
 
 // Lchown gives name to the sandbox's uid and gid (not the host's).
-func (s *sandboxFS) Lchown(name string, uid, gid int) error {
+func (s *hostFiles) Lchown(name string, uid, gid int) error {
 	if s.ids != nil {
 		if int64(uid) >= s.ids[1] || int64(gid) >= s.ids[1] || uid < 0 || gid < 0 {
 			return &fs.PathError{Op: "chown", Path: "/" + name, Err: unix.EINVAL}
@@ -189,21 +217,21 @@ func (s *sandboxFS) Lchown(name string, uid, gid int) error {
 
 // Chmod changes name's mode; name is not followed if it is a symlink
 // (fchmodat2 refuses to change a link, whose mode means nothing).
-func (s *sandboxFS) Chmod(name string, mode fs.FileMode) error {
+func (s *hostFiles) Chmod(name string, mode fs.FileMode) error {
 	m := uint32(archive.PermBits(mode))
 	return s.onPath("chmod", name, func(fd int) error { return unix.Fchmodat(fd, "", m, unix.AT_EMPTY_PATH) })
 }
 
-func (s *sandboxFS) Chtimes(name string, atime, mtime time.Time) error {
+func (s *hostFiles) Chtimes(name string, atime, mtime time.Time) error {
 	return s.onPath("chtimes", name, func(fd int) error {
 		ts := []unix.Timespec{unix.NsecToTimespec(atime.UnixNano()), unix.NsecToTimespec(mtime.UnixNano())}
 		return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 	})
 }
 
-// sandboxIDs maps a --userns sandbox's host ids to the ids its
-// processes see (the host's overflow id 65534 for one outside its range).
-func (s *sandboxFS) sandboxIDs() archive.IDMap {
+// IDs maps a --userns sandbox's host ids to the ids its processes see
+// (the host's overflow id 65534 for one outside its range).
+func (s *hostFiles) IDs() archive.IDMap {
 	if s.ids == nil {
 		return nil
 	}
