@@ -107,6 +107,5 @@ fuzz: deps
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox
 # is left on it), deepest first.
 clean:
-	@awk -v d="$(CURDIR)/" 'index($$5, d ".demo") == 1 || index($$5, d ".bench") == 1 { print $$5 }' /proc/self/mountinfo | \
-		sort -r | xargs -r -n1 umount -l
-	rm -rf bin .demo .bench .bench-lazy .bench-run .bench-snap
+	scripts/clean.sh .demo .bench .bench-lazy .bench-run .bench-snap
+	rm -rf bin
