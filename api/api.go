@@ -217,7 +217,10 @@ type Sandbox struct {
 	// ID is the sandbox's for good, as the host knows it (its directory
 	// and cgroup); Name is a label. An older dsec's sandbox's ID is its
 	// name.
-	ID      string    `json:"id,omitempty"`
+	ID string `json:"id,omitempty"`
+	// Owner is the id of the API token that made it (dsec token ls;
+	// none: made over the worker's unix socket).
+	Owner   string    `json:"owner,omitempty"`
 	Status  string    `json:"status"`
 	Pid     int       `json:"pid,omitempty"` // the init's host pid while running
 	Digests []string  `json:"digests"`       // of Layers

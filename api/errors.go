@@ -12,11 +12,12 @@ const (
 	ClassInvalid        = "invalid" // bad request: fix it
 	ClassNotFound       = "not_found"
 	ClassExists         = "exists"
-	ClassState          = "state"  // the sandbox is in the wrong state (stopped, running)
-	ClassInfra          = "infra"  // the sandbox died or the host failed: not the command's fault
-	ClassLimit          = "limit"  // over a bound (a snapshot's size, entries, depth)
-	ClassBusy           = "busy"   // the host is at capacity: queued until the admission timeout
-	ClassDenied         = "denied" // not allowed (a registry refusing the credentials)
+	ClassState          = "state"        // the sandbox is in the wrong state (stopped, running)
+	ClassInfra          = "infra"        // the sandbox died or the host failed: not the command's fault
+	ClassLimit          = "limit"        // over a bound (a snapshot's size, entries, depth)
+	ClassBusy           = "busy"         // the host is at capacity: queued until the admission timeout
+	ClassDenied         = "denied"       // not allowed (a registry refusing the credentials, a token's scope)
+	ClassUnauthorized   = "unauthorized" // no valid token (the TCP API)
 	ClassNotImplemented = "not_implemented"
 	ClassDataLoss       = "data_loss" // state on disk is damaged
 	ClassInternal       = "internal"  // anything else
@@ -39,6 +40,7 @@ var errorTable = []struct {
 	{ClassInfra, errdefs.ErrUnavailable, http.StatusServiceUnavailable},
 	{ClassBusy, errdefs.ErrResourceExhausted, http.StatusTooManyRequests},
 	{ClassDenied, errdefs.ErrPermissionDenied, http.StatusForbidden},
+	{ClassUnauthorized, errdefs.ErrUnauthenticated, http.StatusUnauthorized},
 	{ClassNotImplemented, errdefs.ErrNotImplemented, http.StatusNotImplemented},
 	{ClassDataLoss, errdefs.ErrDataLoss, http.StatusInternalServerError},
 }

@@ -44,6 +44,16 @@ import (
 // Options say where the worker is.
 type Options struct {
 	Root string // the worker's root: its socket is Root/dsec.sock
+	// Host, instead of Root, is a worker's TCP API: tcp://HOST:PORT
+	// (dsec daemon --listen). Every request carries Token. TLS is used
+	// when TLSCA or a client certificate is given, or the host is off
+	// loopback (then the system's roots verify the worker).
+	Host  string
+	Token string
+	// TLSCA is the PEM file of the CA the worker's certificate is
+	// checked against; ClientCert and ClientKey the client's own, for a
+	// worker that asks for one (--tls-client-ca).
+	TLSCA, ClientCert, ClientKey string
 	// StartWorker, if set, is the command that starts a worker for Root
 	// when none answers (for example dsec --root ROOT daemon); it runs
 	// detached, its output in Root/worker.log. Started is called with its
@@ -56,6 +66,7 @@ type Options struct {
 type Client struct {
 	opts Options
 	hc   *http.Client
+	base string // the API's URL, up to the version
 	// first is the connection New dialed to find the worker: the first
 	// request, if it comes within a second (a worker closes idle
 	// connections), goes over it alone (oneShot).
@@ -73,8 +84,11 @@ func IsInfra(err error) bool { return errors.Is(err, ErrInfra) || errdefs.IsUnav
 // New returns a client of the worker at opts.Root, starting one if
 // asked and none answers.
 func New(opts Options) (*Client, error) {
+	if opts.Host != "" {
+		return newRemote(opts)
+	}
 	sock := filepath.Join(opts.Root, api.Socket)
-	c := &Client{opts: opts, hc: &http.Client{Transport: &http.Transport{
+	c := &Client{opts: opts, base: "http://dsec/" + api.Version, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
@@ -172,9 +186,12 @@ func closeBody(b io.ReadCloser) {
 
 // send makes a request; an error status becomes an *Error.
 func (c *Client) send(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://dsec/"+api.Version+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if c.opts.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.opts.Token)
 	}
 	var resp *http.Response
 	if conn := c.takeFirst(); conn != nil {
@@ -186,7 +203,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("no answer from the dsec worker at %s (%v): is it running? (dsec daemon); a retried exec with the same id never runs twice: %w", c.opts.Root, err, ErrInfra)
+		return nil, fmt.Errorf("no answer from the dsec worker at %s (%v): is it running? (dsec daemon); a retried exec with the same id never runs twice: %w", c.where(), err, ErrInfra)
 	}
 	if resp.StatusCode >= 300 {
 		defer closeBody(resp.Body)
@@ -197,6 +214,9 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader) 
 		}
 		if e.Class == "" {
 			e.Class = api.ClassInternal
+		}
+		if e.Class == api.ClassUnauthorized && c.Remote() {
+			return nil, fmt.Errorf("the worker at %s refused the token: give a valid one in DSEC_TOKEN or the config's token (dsec token ls on the worker's host lists them): %w", c.opts.Host, &Error{API: e})
 		}
 		return nil, &Error{API: e}
 	}

@@ -40,6 +40,24 @@ type Config struct {
 	Reclaim   ReclaimConfig       `mapstructure:"reclaim"`
 	Pools     map[string]PoolFile `mapstructure:"pools"` // FnCall pools by name
 	Defaults  DefaultsConfig      `mapstructure:"defaults"`
+	// A worker's TCP API to talk to instead of the root's (tcp://HOST:PORT),
+	// the token its requests carry, the CA its certificate is checked
+	// against, and a client certificate for a worker that asks for one.
+	Host       string `mapstructure:"host"`
+	Token      string `mapstructure:"token"`
+	TLSCA      string `mapstructure:"tls-ca"`
+	ClientCert string `mapstructure:"client-cert"`
+	ClientKey  string `mapstructure:"client-key"`
+	// What dsec daemon serves on besides the root's socket (daemon.go).
+	Listen []string        `mapstructure:"listen"`
+	TLS    ServerTLSConfig `mapstructure:"tls"`
+}
+
+// ServerTLSConfig is the worker's TLS on its TCP addresses.
+type ServerTLSConfig struct {
+	Cert     string `mapstructure:"cert"`
+	Key      string `mapstructure:"key"`
+	ClientCA string `mapstructure:"client_ca"`
 }
 
 // DefaultsConfig bounds a sandbox that asks for no limit (worker.Defaults).
@@ -172,15 +190,24 @@ once under the root, default its free space less 1G), idle reclaim (reclaim.idle
 10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .base,
-.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns); unknown keys are an
-error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
+.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
+(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon) and, on a client of a
+worker elsewhere, host (DSEC_HOST, --host: tcp://HOST:PORT), token (DSEC_TOKEN: dsec token create makes one
+on the worker's host), tls-ca (DSEC_TLS_CA, --tls-ca: the CA its certificate is checked against; TLS is
+used with one, with a client certificate, and off loopback) and client-cert, client-key (DSEC_CLIENT_CERT,
+DSEC_CLIENT_KEY: for a worker that asks for one); unknown keys are an error. Every scalar key has a DSEC_*
+variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       version,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return a.configure(cmd)
+			if err := a.configure(cmd); err != nil {
+				return err
+			}
+			a.sayLocal(cmd)
+			return nil
 		},
 	}
 	root.SetIn(a.stdin)
@@ -193,6 +220,8 @@ error. Every scalar key has a DSEC_* variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ..
 	pf.String("log-level", "warn", "log level: debug, info, warn or error (env DSEC_LOG_LEVEL)")
 	pf.String("log-format", "text", "log format on stderr: text or json (env DSEC_LOG_FORMAT)")
 	pf.String("progress", "auto", "progress bars on stderr: auto (on a terminal), always or never (env DSEC_PROGRESS)")
+	pf.String("host", "", "talk to the worker at tcp://HOST:PORT, not the root's (env DSEC_HOST; its token in DSEC_TOKEN)")
+	pf.String("tls-ca", "", "CA file the --host worker's certificate is checked against (env DSEC_TLS_CA)")
 	// Help shows the defaults in effect: what DSEC_* variables and the
 	// config file say, not only what is compiled in.
 	help := root.HelpFunc()
@@ -222,7 +251,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
 	v.AutomaticEnv()
 	flags := cmd.Root().PersistentFlags()
-	for _, name := range []string{"root", "log-level", "log-format", "progress"} {
+	for _, name := range []string{"root", "log-level", "log-format", "progress", "host", "tls-ca"} {
 		f := flags.Lookup(name)
 		v.SetDefault(name, f.DefValue)
 		if err := v.BindPFlag(name, f); err != nil {
@@ -230,6 +259,10 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	v.SetDefault("remote", "")
+	for _, k := range []string{"token", "client-cert", "client-key", "tls.cert", "tls.key", "tls.client_ca"} {
+		v.SetDefault(k, "")
+	}
+	v.SetDefault("listen", []string{})
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)
 	v.SetDefault("cache.keep_mounted", "30s")
@@ -378,6 +411,23 @@ func (a *app) eachName(names []string, asJSON bool, fn func(string) error) error
 	return errs[len(errs)-1]
 }
 
+// localAnnotation marks a command (and those under it) that acts on
+// this machine's root whatever --host says: layers, tokens, the worker.
+const localAnnotation = "dsec.local"
+
+// sayLocal tells a user who gave --host that cmd acts here.
+func (a *app) sayLocal(cmd *cobra.Command) {
+	if a.cfg.Host == "" {
+		return
+	}
+	for c := cmd; c != nil; c = c.Parent() {
+		if c.Annotations[localAnnotation] != "" {
+			fmt.Fprintf(a.stderr, "dsec: %s acts on this machine's root (%s), not on the worker at %s\n", cmd.CommandPath(), a.cfg.Root, a.cfg.Host)
+			return
+		}
+	}
+}
+
 func (a *app) printJSON(v any) error {
 	enc := json.NewEncoder(a.stdout)
 	enc.SetIndent("", "  ")
@@ -412,7 +462,7 @@ func (a *app) versionCommand() *cobra.Command {
 			// The root's worker, if one serves it (none is started): its
 			// version and the limits it holds sandboxes to.
 			var w *api.VersionInfo
-			if c, err := sdk.New(sdk.Options{Root: a.cfg.Root}); err == nil {
+			if c, err := sdk.New(a.sdkOptions()); err == nil {
 				if v, err := c.Version(cmd.Context()); err == nil {
 					w = &v
 				}

@@ -22,9 +22,12 @@ import (
 func (a *app) daemonCommand() *cobra.Command {
 	var exitIdle time.Duration
 	var insecure bool
+	var listen []string
+	var tlsCfg ServerTLSConfig
 	cmd := &cobra.Command{
-		Use:   "daemon",
-		Short: "Run the host worker that owns the root's sandboxes",
+		Use:         "daemon",
+		Short:       "Run the host worker that owns the root's sandboxes",
+		Annotations: map[string]string{localAnnotation: "true"},
 		Long: `Daemon runs the worker: the one process that owns the sandboxes and mounts under --root
 and serves the versioned HTTP/JSON API (package api) on <root>/dsec.sock, for the dsec CLI
 and the Go SDK (package sdk). The CLI starts one on demand (with --exit-idle 10m); hosts
@@ -36,9 +39,18 @@ running, and the next worker on the root re-adopts them, collects the results of
 commands that ran meanwhile, and removes the sandboxes a dying worker left half-created.
 Layers missing from the local store are mounted lazily from the configured remote.
 
+With --listen (or listen: in the config) it serves the same API on TCP too, for trainers on
+other machines (dsec --host, DSEC_HOST; the SDKs' host option). Every TCP request carries a
+token (dsec token create; DSEC_TOKEN on the client): none, or a wrong or expired one, is
+refused 401. Off loopback it takes TLS only: --tls-cert and --tls-key (dsec daemon certs
+makes them), and with --tls-client-ca only clients with a certificate that CA signed.
+
 ` + exitCodesHelp,
 		Example: `  dsec daemon                  # in the foreground, logs on stderr
-  dsec daemon stop             # ask the root's worker to exit; sandboxes run on`,
+  dsec daemon stop             # ask the root's worker to exit; sandboxes run on
+  dsec daemon --listen tcp://127.0.0.1:7070     # TCP on loopback (tokens, no TLS)
+  dsec daemon certs /etc/dsec/tls --name worker1.example
+  dsec daemon --listen tcp://0.0.0.0:7443 --tls-cert /etc/dsec/tls/server.pem --tls-key /etc/dsec/tls/server-key.pem`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			exe, err := os.Executable()
@@ -57,6 +69,21 @@ Layers missing from the local store are mounted lazily from the configured remot
 				Log:        a.log,
 				ExitIdle:   exitIdle,
 				KeepLayers: a.cfg.Cache.KeepMounted,
+				Listen:     a.cfg.Listen,
+				TLS:        worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
+			}
+			f := cmd.Flags()
+			if f.Changed("listen") {
+				cfg.Listen = listen
+			}
+			if f.Changed("tls-cert") {
+				cfg.TLS.Cert = tlsCfg.Cert
+			}
+			if f.Changed("tls-key") {
+				cfg.TLS.Key = tlsCfg.Key
+			}
+			if f.Changed("tls-client-ca") {
+				cfg.TLS.ClientCA = tlsCfg.ClientCA
 			}
 			if err := a.workerDensity(&cfg); err != nil {
 				return err
@@ -66,6 +93,11 @@ Layers missing from the local store are mounted lazily from the configured remot
 	}
 	cmd.Flags().DurationVar(&exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the remote registry on localhost")
+	cmd.Flags().StringArrayVar(&listen, "listen", nil, "serve the API on tcp://HOST:PORT too, with tokens (repeatable; config listen)")
+	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the TCP API's TLS certificate (config tls.cert; needed off loopback)")
+	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
+	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	cmd.AddCommand(a.certsCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "stop",
 		Short: "Ask the root's worker to exit (its sandboxes run on)",

@@ -20,8 +20,9 @@ import (
 
 func (a *app) layerCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "layer",
-		Short: "Build and manage EROFS layers in the local store",
+		Use:         "layer",
+		Short:       "Build and manage EROFS layers in the local store",
+		Annotations: map[string]string{localAnnotation: "true"},
 		Long: `A layer is one uncompressed EROFS image (media type application/vnd.erofs.layer.v1, the
 type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the store at
 <root>/store, an OCI image layout. A sandbox stacks a toolkit layer over a workspace layer

@@ -38,7 +38,7 @@ const exitCodesHelp = `Exit codes:
   4  not found (layer, tag, source path or blob)
   5  already exists (a tag names other content; pass --force)
   6  no space left in the store's file system
-  7  permission denied (registry credentials missing or refused)
+  7  permission denied (registry credentials, or a worker's token, missing or refused)
   8  wrong state (a running sandbox to rm without -f, a stopped one to exec in)
   9  infrastructure failure (the worker or the sandbox died; not your input)
   10 busy: the host stayed at capacity while the request waited in the admission queue`
@@ -98,7 +98,7 @@ func exitCode(err error) int {
 		return exitNoSpace
 	case errdefs.IsNotFound(err), errors.Is(err, fs.ErrNotExist):
 		return exitNotFound
-	case errdefs.IsPermissionDenied(err):
+	case errdefs.IsPermissionDenied(err), errdefs.IsUnauthorized(err):
 		return exitDenied
 	case errdefs.IsAlreadyExists(err):
 		return exitExists

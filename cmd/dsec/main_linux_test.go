@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -81,6 +82,32 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
 			},
 			"mktree": cmdMkTree,
+			// freeport VAR: VAR is a loopback address nothing listens on.
+			"freeport": func(ts *testscript.TestScript, neg bool, args []string) {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				ts.Check(err)
+				ts.Setenv(args[0], l.Addr().String())
+				l.Close()
+			},
+			// waittcp ADDR: wait until something listens on ADDR.
+			"waittcp": func(ts *testscript.TestScript, neg bool, args []string) {
+				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+					if c, err := net.Dial("tcp", args[0]); err == nil {
+						c.Close()
+						return
+					}
+					if time.Now().After(deadline) {
+						ts.Fatalf("nothing listens on %s after 20 s", args[0])
+					}
+				}
+			},
+			// setenvfile VAR FILE: VAR is FILE's first line.
+			"setenvfile": func(ts *testscript.TestScript, neg bool, args []string) {
+				b, err := os.ReadFile(ts.MkAbs(args[1]))
+				ts.Check(err)
+				line, _, _ := strings.Cut(string(b), "\n")
+				ts.Setenv(args[0], line)
+			},
 			// authregistry VAR: a registry on 127.0.0.1 that refuses
 			// every request for want of credentials; VAR is its address.
 			"authregistry": func(ts *testscript.TestScript, neg bool, args []string) {

@@ -73,8 +73,21 @@ type codedError struct {
 
 func (e *codedError) Unwrap() error { return e.error }
 
-// client connects to the root's worker, starting one if none runs.
+// sdkOptions reach the worker the settings name: --host's, else the
+// root's.
+func (a *app) sdkOptions() sdk.Options {
+	if a.cfg.Host != "" {
+		return sdk.Options{Host: a.cfg.Host, Token: a.cfg.Token, TLSCA: a.cfg.TLSCA, ClientCert: a.cfg.ClientCert, ClientKey: a.cfg.ClientKey}
+	}
+	return sdk.Options{Root: a.cfg.Root}
+}
+
+// client connects to the worker: --host's, or the root's, starting one
+// if none runs.
 func (a *app) client() (*sdk.Client, error) {
+	if a.cfg.Host != "" {
+		return sdk.New(a.sdkOptions())
+	}
 	self, err := workerBinary()
 	if err != nil { // a running worker is all a step needs
 		c, cerr := sdk.New(sdk.Options{Root: a.cfg.Root})
@@ -400,7 +413,7 @@ func (a *app) finish(res api.ExecResult, sandbox string) error {
 }
 
 func (a *app) completeSandboxes(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
-	c, err := sdk.New(sdk.Options{Root: a.cfg.Root})
+	c, err := sdk.New(a.sdkOptions())
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -76,6 +76,8 @@ type Spec struct {
 	// UserNS runs the sandbox in a user namespace of its own: its root
 	// is an unprivileged user of the host (ids taken per sandbox).
 	UserNS bool `json:"userns,omitempty"`
+	// Owner is the id of the API token that made it ("": the admin).
+	Owner string `json:"owner,omitempty"`
 }
 
 // Options describe a sandbox to create.

@@ -108,6 +108,9 @@ type Config struct {
 	Defaults   worker.Defaults
 	// CgroupParent: worker.Config's (a test's own, to bound).
 	CgroupParent string
+	// Listen and TLS: worker.Config's (the TCP API).
+	Listen []string
+	TLS    worker.TLS
 }
 
 // StartWorkerWith is StartWorker with cfg.

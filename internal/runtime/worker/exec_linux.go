@@ -31,7 +31,7 @@ import (
 // command's stdin; the response is Frame lines, the output as it is
 // journaled, then the result.
 func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -156,7 +156,7 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 // logs replays a journaled exec's output (and, with follow=1, follows
 // it to its result).
 func (w *worker) logs(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -277,7 +277,7 @@ func openIn(sb *runtime.Sandbox, p string, flags int, mode os.FileMode) (*os.Fil
 // putFile writes a file into the sandbox atomically: a temporary file
 // in the target's directory, renamed over the target.
 func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -337,7 +337,7 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 }
 
 func (w *worker) getFile(rw http.ResponseWriter, r *http.Request) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -366,7 +366,7 @@ func (w *worker) getFile(rw http.ResponseWriter, r *http.Request) {
 
 // sandboxFiles opens the files of a running sandbox for a copy.
 func (w *worker) sandboxFiles(rw http.ResponseWriter, r *http.Request) (*runtime.Sandbox, backend.Files, string, bool) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		fail(rw, err)
 		return nil, nil, "", false

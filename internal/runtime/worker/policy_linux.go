@@ -62,7 +62,7 @@ func (w *worker) applyPolicy(r *http.Request, req api.PolicyRequest) (*api.Polic
 	if err != nil {
 		return nil, err
 	}
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		return nil, err
 	}

@@ -18,11 +18,13 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 )
 
-// get finds a sandbox the worker owns.
-func (w *worker) get(name string) (*entry, error) {
+// get finds the sandbox r names ({name}), if r's caller may see it: to
+// another token's, it does not exist.
+func (w *worker) get(r *http.Request) (*entry, error) {
+	name := r.PathValue("name")
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil {
+	if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil && mayUse(r.Context(), e.owner) {
 		return e, nil
 	}
 	if err := api.ValidName(name); err != nil {
@@ -107,7 +109,14 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		return nil, err
 	}
 	// Reserve the name: a second create of it fails at once.
-	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool}
+	if spec.Snapshot != "" && !w.mayUseSnapshot(ctx, spec.Snapshot) {
+		return nil, errNoSnapshot(spec.Snapshot)
+	}
+	owner := ownerOf(ctx)
+	if pool != "" && pool != callPool && pool != runPool { // a pool's warm sandbox: the admin's
+		owner = ""
+	}
+	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool, owner: owner}
 	e.op.Lock()
 	defer e.op.Unlock()
 	w.mu.Lock()
@@ -172,6 +181,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		MemoryRequest: e.req.Memory,
 		MergeMemory:   w.cfg.Reclaim.KSM,
 		Pool:          pool,
+		Owner:         e.owner,
 	}})
 	w.lineage.RUnlock()
 	// The entry leaves "creating" before the slot goes to the next
@@ -239,7 +249,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, Backends.Names()[0]), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
-		ID: st.ID, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
+		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
 	}
 	showMark(&out, st.Pool)
@@ -288,6 +298,7 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 	var sbs []*runtime.Sandbox
 	for _, e := range w.sandboxes {
 		switch {
+		case !mayUse(r.Context(), e.owner): // another token's
 		case e.gone != nil: // being removed
 		case e.pool != "" && e.pool != runPool && !all:
 		case e.sb != nil:
@@ -309,7 +320,7 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 }
 
 func (w *worker) inspect(r *http.Request, _ none) (api.Sandbox, error) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -320,7 +331,7 @@ func (w *worker) inspect(r *http.Request, _ none) (api.Sandbox, error) {
 // its lifecycle lock, answered with the sandbox as it is then.
 func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) func(*http.Request, none) (api.Sandbox, error) {
 	return func(r *http.Request, _ none) (api.Sandbox, error) {
-		e, err := w.get(r.PathValue("name"))
+		e, err := w.get(r)
 		if err != nil {
 			return api.Sandbox{}, err
 		}
@@ -336,7 +347,7 @@ func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) func(*h
 
 func (w *worker) remove(r *http.Request, _ none) (none, error) {
 	name := r.PathValue("name")
-	e, err := w.get(name)
+	e, err := w.get(r)
 	if err != nil {
 		return none{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/snap"
@@ -22,7 +24,7 @@ import (
 const maxBranches = 1024
 
 func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Snapshot], error) {
-	e, err := w.get(r.PathValue("name"))
+	e, err := w.get(r)
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
@@ -51,6 +53,11 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	e.op.Unlock()
 	if err != nil {
 		return created[api.Snapshot]{}, err
+	}
+	if t := tokenOf(r.Context()); t != nil {
+		if err := w.owners.set(ref.String(), t.ID); err != nil {
+			w.log.Error("cannot record the snapshot's token", "snapshot", ref, "err", err)
+		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
 	out := snapshotOf(p.Layer)
@@ -179,9 +186,11 @@ func (w *worker) snapshots(r *http.Request, _ none) ([]api.SnapshotNode, error) 
 	if err != nil {
 		return nil, err
 	}
-	out := make([]api.SnapshotNode, len(nodes))
-	for i, n := range nodes {
-		out[i] = n.SnapshotNode
+	out := []api.SnapshotNode{}
+	for _, n := range nodes {
+		if v, ok := w.visible(r.Context(), n.SnapshotNode); ok {
+			out = append(out, v)
+		}
 	}
 	return out, nil
 }
@@ -197,6 +206,9 @@ func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
 // removeSnapshot untags a snapshot nothing stands on (or, forced, one
 // something does); no sandbox comes to stand on it meanwhile.
 func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
+	if !w.mayUseSnapshot(r.Context(), r.PathValue("ref")) {
+		return none{}, errNoSnapshot(r.PathValue("ref"))
+	}
 	w.lineage.Lock()
 	defer w.lineage.Unlock()
 	users, err := runtime.SnapUsers(w.cfg.Root)
@@ -206,6 +218,7 @@ func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 	if _, err := snap.Remove(r.Context(), w.mounter.Store, r.PathValue("ref"), users, r.URL.Query().Get("force") == "1"); err != nil {
 		return none{}, err
 	}
+	w.owners.set(r.PathValue("ref"), "")
 	w.log.Info("removed snapshot", "snapshot", r.PathValue("ref"))
 	return none{}, nil
 }
@@ -234,4 +247,29 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 	out.Folded, out.Entries, out.Whiteouts, out.Bytes = n.Folded, n.Entries, n.Whiteouts, n.Bytes
 	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n.Folded)
 	return created[api.Snapshot]{out}, nil
+}
+
+// visible is n as ctx's caller sees it, if it may: a token of scope
+// sandboxes sees its own snapshots, and of each only its own children
+// and sandboxes.
+func (w *worker) visible(ctx context.Context, n api.SnapshotNode) (api.SnapshotNode, bool) {
+	if t := tokenOf(ctx); t == nil || t.Scope == auth.Admin {
+		return n, true
+	}
+	if !w.mayUseSnapshot(ctx, n.Name) {
+		return n, false
+	}
+	n.Children = slices.DeleteFunc(slices.Clone(n.Children), func(c string) bool { return !w.mayUseSnapshot(ctx, c) })
+	mine := func(name string) bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		e := w.sandboxes[name]
+		return e != nil && mayUse(ctx, e.owner)
+	}
+	n.Branches = slices.DeleteFunc(slices.Clone(n.Branches), func(s string) bool { return !mine(s) })
+	n.Sandboxes = slices.DeleteFunc(slices.Clone(n.Sandboxes), func(s string) bool { return !mine(s) })
+	if !mine(n.Sandbox) {
+		n.Sandbox = ""
+	}
+	return n, true
 }

@@ -48,10 +48,21 @@ type Config struct {
 	KeepLayers time.Duration
 	// Defaults bound a sandbox that asks for no limit of its own.
 	Defaults Defaults
+	// Listen are TCP addresses (tcp://HOST:PORT) the worker serves its
+	// API on too, every request with a token (package auth); TLS is
+	// their certificate, which an address off loopback needs.
+	Listen []string
+	TLS    TLS
 	// CgroupParent names the group all sandboxes live under (default
 	// dsec; tests give their own, so that their bounds bound nothing
 	// else).
 	CgroupParent string
+}
+
+// TLS is where a TCP listener's certificate and key are, and the CA
+// whose certificates clients must show (none: no client certificate).
+type TLS struct {
+	Cert, Key, ClientCA string
 }
 
 // Defaults are the limits of a sandbox that asks for none (memory,

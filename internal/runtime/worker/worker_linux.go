@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/feature"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
@@ -74,6 +75,9 @@ type worker struct {
 	closing   bool           // no more of those: the worker is exiting
 	// frozen are the batch sandboxes the pressure loop froze.
 	frozen map[*runtime.Sandbox]bool
+
+	tokens *auth.Store // the TCP API's (remote_linux.go)
+	owners *snapOwners // which token took each snapshot
 }
 
 // entry is a sandbox the worker owns; op serialises its lifecycle
@@ -89,6 +93,7 @@ type entry struct {
 	held    bool            // whether it holds req
 	pool    string          // the FnCall pool it waits in, warm; callPool or runPool
 	gone    chan struct{}   // while it is being discarded: closed when that ends
+	owner   string          // the id of the token that made it ("": the admin's)
 }
 
 // ErrRunning says another worker serves the root.
@@ -114,6 +119,19 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer lock.Close()
 	if err := lockRoot(lock, cfg.Root); err != nil {
 		return err
+	}
+	var tcp []net.Listener // made first: a bad address fails the start, not a later request
+	defer func() {
+		for _, l := range tcp {
+			l.Close()
+		}
+	}()
+	for _, addr := range cfg.Listen {
+		l, err := listenTCP(addr, cfg.TLS)
+		if err != nil {
+			return err
+		}
+		tcp = append(tcp, l)
 	}
 	s, err := store.Open(filepath.Join(cfg.Root, "store"))
 	if err != nil {
@@ -144,7 +162,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer disk.ReleaseUppers(cfg.Root) // when no sandbox is left on it
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
-		gate: newGate(cfg.Admission, cpus, mem),
+		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root), owners: openSnapOwners(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk}}
 	if err := w.adopt(); err != nil {
@@ -185,14 +203,25 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer w.stopPools()
 	go w.reclaimLoop(ctx)
 	go w.pressureLoop(ctx)
-	srv := &http.Server{Handler: w.routes(), ReadHeaderTimeout: 10 * time.Second,
+	routes := w.routes()
+	srv := &http.Server{Handler: routes, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
-	errc := make(chan error, 1)
+	remote := &http.Server{Handler: w.authed(routes), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		BaseContext: func(net.Listener) context.Context { return ctx },
+		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)} // a failed handshake is anyone's knock
+	errc := make(chan error, 1+len(tcp))
 	w.mu.Lock()
 	n := len(w.sandboxes) // pools fill it meanwhile
 	w.mu.Unlock()
-	w.log.Info("worker serving", "socket", sock, "sandboxes", n, "init", initBin) // before any request
+	var addrs []string
+	for _, l := range tcp {
+		addrs = append(addrs, l.Addr().String())
+	}
+	w.log.Info("worker serving", "socket", sock, "listen", addrs, "tls", cfg.TLS.Cert != "", "sandboxes", n, "init", initBin) // before any request
 	go func() { errc <- srv.Serve(l) }()
+	for _, l := range tcp {
+		go func() { errc <- remote.Serve(l) }()
+	}
 	go func() { // off the first request's path
 		for _, f := range features() {
 			if !f.Available {
@@ -228,6 +257,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer scancel()
 		srv.Shutdown(sctx)
+		remote.Shutdown(sctx)
 		return nil
 	}
 }
@@ -235,7 +265,7 @@ func Serve(ctx context.Context, cfg Config) error {
 func (w *worker) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/version", handle(w.version))
-	mux.HandleFunc("POST /v1/shutdown", w.shutdownReq)
+	mux.HandleFunc("POST /v1/shutdown", adminOnly("stop the worker", w.shutdownReq))
 	mux.HandleFunc("POST /v1/sandboxes", handle(w.create))
 	mux.HandleFunc("GET /v1/sandboxes", handle(w.list))
 	mux.HandleFunc("GET /v1/sandboxes/{name}", handle(w.inspect))
@@ -253,16 +283,16 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/branches", handle(w.branch))
 	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
-	mux.HandleFunc("POST /v1/squash", handle(w.squash))
+	mux.HandleFunc("POST /v1/squash", adminOnly("squash snapshots", handle(w.squash)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", handle(w.applyPolicy))
 	mux.HandleFunc("GET /v1/policies", handle(w.policies))
 	mux.HandleFunc("GET /v1/policies/{name}", handle(w.getPolicy))
-	mux.HandleFunc("PUT /v1/policies/{name}", handle(w.putPolicy))
-	mux.HandleFunc("DELETE /v1/policies/{name}", handle(w.deletePolicy))
+	mux.HandleFunc("PUT /v1/policies/{name}", adminOnly("store policies", handle(w.putPolicy)))
+	mux.HandleFunc("DELETE /v1/policies/{name}", adminOnly("remove stored policies", handle(w.deletePolicy)))
 	mux.HandleFunc("POST /v1/calls", w.call)
 	mux.HandleFunc("GET /v1/pools", handle(w.listPools))
-	mux.HandleFunc("PUT /v1/pools/{name}", handle(w.putPool))
-	mux.HandleFunc("DELETE /v1/pools/{name}", handle(w.deletePool))
+	mux.HandleFunc("PUT /v1/pools/{name}", adminOnly("make or resize pools", handle(w.putPool)))
+	mux.HandleFunc("DELETE /v1/pools/{name}", adminOnly("remove pools", handle(w.deletePool)))
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})

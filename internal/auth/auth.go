@@ -1,0 +1,199 @@
+// Package auth holds the tokens the worker's TCP API takes: made with
+// dsec token create, stored hashed under the root (<root>/tokens.json,
+// mode 0600), checked on every request that does not come over the
+// root's unix socket (whose file permissions are its guard).
+//
+// A token is "dsec_" and 40 hex digits, the first 8 its ID (what
+// dsec token ls shows and rm takes). Only its SHA-256 is stored. A
+// token's scope is admin (everything) or sandboxes: it creates
+// sandboxes and acts only on those it created, their snapshots and
+// their branches.
+package auth
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/durable"
+)
+
+// Scopes.
+const (
+	Admin     = "admin"     // everything
+	Sandboxes = "sandboxes" // its own sandboxes, snapshots and branches
+)
+
+// Prefix starts every token.
+const Prefix = "dsec_"
+
+// Token is a stored token: never the token itself.
+type Token struct {
+	ID      string    `json:"id"`
+	Scope   string    `json:"scope"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires,omitzero"` // zero: never
+	SHA256  string    `json:"sha256"`           // of the whole token
+}
+
+// Expired says whether t has expired at now.
+func (t Token) Expired(now time.Time) bool { return !t.Expires.IsZero() && !now.Before(t.Expires) }
+
+// ErrUnauthorized is every refused token's error: it says nothing of
+// why (no token, a wrong one, an expired one).
+var ErrUnauthorized = fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+
+// Store is a root's tokens. Check re-reads the file when it changed
+// (a token created or removed by another process).
+type Store struct {
+	path string
+
+	mu     sync.Mutex
+	tokens []Token
+	stamp  [2]int64 // the file's mtime and size when read
+}
+
+// Open is the token store of root.
+func Open(root string) *Store { return &Store{path: filepath.Join(root, "tokens.json")} }
+
+// CheckScope refuses an unknown scope.
+func CheckScope(scope string) error {
+	if scope != Admin && scope != Sandboxes {
+		return fmt.Errorf("unknown scope %q: use %s (everything) or %s (its own sandboxes): %w", scope, Admin, Sandboxes, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Create makes a token of scope, valid for ttl (0: until removed), and
+// returns it: the only time it is seen whole.
+func (s *Store) Create(scope string, ttl time.Duration) (string, Token, error) {
+	if err := CheckScope(scope); err != nil {
+		return "", Token{}, err
+	}
+	if ttl < 0 {
+		return "", Token{}, fmt.Errorf("bad ttl %s: give a positive duration, or none: %w", ttl, errdefs.ErrInvalidArgument)
+	}
+	b := make([]byte, 20)
+	rand.Read(b)
+	secret := Prefix + hex.EncodeToString(b)
+	t := Token{ID: secret[len(Prefix) : len(Prefix)+8], Scope: scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret)}
+	if ttl > 0 {
+		t.Expires = t.Created.Add(ttl)
+	}
+	err := s.update(func(ts []Token) ([]Token, error) {
+		if slices.ContainsFunc(ts, func(o Token) bool { return o.ID == t.ID }) {
+			return nil, fmt.Errorf("token id %s exists: try again: %w", t.ID, errdefs.ErrAlreadyExists)
+		}
+		return append(ts, t), nil
+	})
+	return secret, t, err
+}
+
+// List lists the tokens, oldest first.
+func (s *Store) List() ([]Token, error) { return s.read() }
+
+// Remove removes the token of id.
+func (s *Store) Remove(id string) error {
+	return s.update(func(ts []Token) ([]Token, error) {
+		i := slices.IndexFunc(ts, func(t Token) bool { return t.ID == id })
+		if i < 0 {
+			return nil, fmt.Errorf("no token %s (dsec token ls lists them): %w", id, errdefs.ErrNotFound)
+		}
+		return slices.Delete(ts, i, i+1), nil
+	})
+}
+
+// Check finds the stored token secret is, valid at now.
+func (s *Store) Check(secret string, now time.Time) (Token, error) {
+	if !strings.HasPrefix(secret, Prefix) || len(secret) != len(Prefix)+40 {
+		return Token{}, ErrUnauthorized
+	}
+	ts, err := s.cached()
+	if err != nil {
+		return Token{}, ErrUnauthorized
+	}
+	want := digest(secret)
+	for _, t := range ts {
+		if subtle.ConstantTimeCompare([]byte(t.SHA256), []byte(want)) == 1 && !t.Expired(now) {
+			return t, nil
+		}
+	}
+	return Token{}, ErrUnauthorized
+}
+
+func digest(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+// cached is the tokens as the file now says, read again only when it
+// changed.
+func (s *Store) cached() ([]Token, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fi, err := os.Stat(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		s.tokens, s.stamp = nil, [2]int64{}
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if stamp := [2]int64{fi.ModTime().UnixNano(), fi.Size()}; stamp != s.stamp || s.tokens == nil {
+		ts, err := s.read()
+		if err != nil {
+			return nil, err
+		}
+		s.tokens, s.stamp = ts, stamp
+	}
+	return s.tokens, nil
+}
+
+func (s *Store) read() ([]Token, error) {
+	b, err := os.ReadFile(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ts []Token
+	if err := json.Unmarshal(b, &ts); err != nil {
+		return nil, fmt.Errorf("token store %s: %v: %w", s.path, err, errdefs.ErrDataLoss)
+	}
+	return ts, nil
+}
+
+// update changes the tokens under the store's lock (one writer across
+// processes), atomically and durably.
+func (s *Store) update(fn func([]Token) ([]Token, error)) error {
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
+		return err
+	}
+	unlock, err := durable.Lock(s.path+".lock", true)
+	if err != nil {
+		return fmt.Errorf("lock the token store: %w", err)
+	}
+	defer unlock()
+	ts, err := s.read()
+	if err != nil {
+		return err
+	}
+	if ts, err = fn(ts); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(ts, "", "  ")
+	return durable.WriteFile(s.path, b, 0o600)
+}

@@ -1,0 +1,78 @@
+package auth
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// TestTokens: a token made is checked as its scope until it expires or
+// is removed, by this store and another on the same root (another
+// process's); the file holds no token, only hashes; anything else is
+// refused alike.
+func TestTokens(t *testing.T) {
+	root := t.TempDir()
+	s := Open(root)
+	admin, at, err := s.Create(Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, st, err := s.Create(Sandboxes, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(admin, Prefix) || len(admin) != 45 || at.ID != admin[5:13] || at.Scope != Admin || !at.Expires.IsZero() || st.Expires.Sub(st.Created) != time.Hour {
+		t.Fatalf("%s %+v %+v", admin, at, st)
+	}
+	b, _ := os.ReadFile(filepath.Join(root, "tokens.json"))
+	if strings.Contains(string(b), admin[5:]) || strings.Contains(string(b), short[5:]) {
+		t.Fatal("the store holds a token")
+	}
+	if fi, _ := os.Stat(filepath.Join(root, "tokens.json")); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	other := Open(root)
+	now := time.Now()
+	for _, c := range []struct {
+		s      *Store
+		secret string
+		scope  string
+	}{{s, admin, Admin}, {other, admin, Admin}, {other, short, Sandboxes}} {
+		if tok, err := c.s.Check(c.secret, now); err != nil || tok.Scope != c.scope {
+			t.Fatalf("check %s: %+v %v", c.secret[:13], tok, err)
+		}
+	}
+	off := admin[:44] + "0"
+	if off == admin {
+		off = admin[:44] + "1"
+	}
+	for what, bad := range map[string]string{"none": "", "wrong": Prefix + strings.Repeat("0", 40), "cut": admin[:44],
+		"other prefix": "e2b_" + admin[5:], "one digit off": off} {
+		if _, err := s.Check(bad, now); !errdefs.IsUnauthorized(err) || err.Error() != ErrUnauthorized.Error() {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if _, err := s.Check(short, now.Add(2*time.Hour)); !errdefs.IsUnauthorized(err) {
+		t.Errorf("an expired token: %v", err)
+	}
+	if err := other.Remove(st.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The first store reads the file again: the token is gone for it too.
+	if _, err := s.Check(short, now); !errdefs.IsUnauthorized(err) {
+		t.Errorf("a removed token: %v", err)
+	}
+	if err := s.Remove(st.ID); !errdefs.IsNotFound(err) {
+		t.Errorf("remove twice: %v", err)
+	}
+	if ts, _ := s.List(); len(ts) != 1 || ts[0].ID != at.ID {
+		t.Errorf("list %+v", ts)
+	}
+	if _, _, err := s.Create("root", 0); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a bad scope: %v", err)
+	}
+}
