@@ -7,7 +7,7 @@ FULL_BIN := bin/dsecd
 INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs
+APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest
 FUZZTIME ?= 60s
 
 .PHONY: all deps build install docs-bin demo test vet docs check-docs bench fuzz clean
@@ -93,6 +93,7 @@ bench: build
 	./scripts/bench-snap.sh $(BIN)
 	./scripts/bench-policy.sh
 	./scripts/bench-density.sh
+	./scripts/bench-remote.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
@@ -102,6 +103,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/policy
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/archive
 	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./api
+	$(GO) test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/auth
 
 # clean first unmounts what the demo's and benchmarks' roots still have
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox

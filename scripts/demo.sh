@@ -201,6 +201,19 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" rm -f demo-rollout demo-branch-1 demo-branch-2 demo-branch-3
 	"$dsec" snap rm demo/rollout:4 demo/rollout:3
 
+	step "a trainer on another machine, in Python: the worker's API over TCP, with TLS and a token"
+	"$dsec" daemon stop >/dev/null # one worker per root: this one also listens on TCP
+	"$dsec" daemon certs "$work/tls" --name 127.0.0.1
+	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	"$dsec" --log-level info daemon --exit-idle 10m --listen "tcp://127.0.0.1:$port" \
+		--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem" 2>>"$DSEC_ROOT/worker.log" &
+	token=$("$dsec" token create --scope sandboxes --ttl 1h)
+	export DSEC_TLS_CA=$work/tls/ca.pem DSEC_TOKEN=$token
+	for _ in $(seq 200); do DSEC_HOST="tcp://127.0.0.1:$port" "$dsec" ps >/dev/null 2>&1 && break; sleep 0.05; done
+	DSEC_HOST="tcp://127.0.0.1:$port" /usr/bin/python3 python/examples/rollout.py demo/busybox:1
+	"$dsec" token rm "${token:5:8}" >/dev/null
+	unset DSEC_TLS_CA DSEC_TOKEN
+
 	step "the second host runs a sandbox on lazily mounted layers"
 	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \
 		-- sh -c 'head -1 /src/fmt/print.go'

@@ -24,7 +24,7 @@ import (
 )
 
 // freeAddr is a loopback TCP address nothing listens on now.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -36,8 +36,9 @@ func freeAddr(t *testing.T) string {
 
 // remoteWorker starts a worker that serves TCP with TLS on loopback, its
 // clients' certificates signed by the CA it made; it returns the
-// worker, a local client, the address and the certificates' directory.
-func remoteWorker(t *testing.T, mtls bool) (*runtimetest.Worker, *sdk.Client, string, string) {
+// worker's root, a local client, the address and the certificates'
+// directory.
+func remoteWorker(t testing.TB, mtls bool) (string, *sdk.Client, string, string) {
 	t.Helper()
 	certs := t.TempDir()
 	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
@@ -50,7 +51,7 @@ func remoteWorker(t *testing.T, mtls bool) (*runtimetest.Worker, *sdk.Client, st
 		cfg.TLS.ClientCA = filepath.Join(certs, auth.CAFile)
 	}
 	w, c := setupWith(t, cfg)
-	return w, c, addr, certs
+	return w.Root, c, addr, certs
 }
 
 // remote is a client of the worker at addr with token, over TLS.
@@ -75,9 +76,9 @@ func remote(t *testing.T, addr, certs, token string, clientCert bool) *sdk.Clien
 // one, an expired or removed one are 401 and nothing else; an admin
 // token sees everything.
 func TestRemoteAPI(t *testing.T) {
-	w, local, addr, certs := remoteWorker(t, false)
+	root, local, addr, certs := remoteWorker(t, false)
 	ctx := context.Background()
-	tokens := auth.Open(w.Root)
+	tokens := auth.Open(root)
 	mint := func(scope string, ttl time.Duration) string {
 		t.Helper()
 		s, _, err := tokens.Create(scope, ttl)
@@ -237,8 +238,8 @@ func TestRemoteAPI(t *testing.T) {
 // TestRemoteMutualTLS: a worker given a client CA takes only clients
 // with a certificate it signed.
 func TestRemoteMutualTLS(t *testing.T) {
-	w, _, addr, certs := remoteWorker(t, true)
-	tok, _, err := auth.Open(w.Root).Create(auth.Admin, 0)
+	root, _, addr, certs := remoteWorker(t, true)
+	tok, _, err := auth.Open(root).Create(auth.Admin, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

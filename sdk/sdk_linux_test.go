@@ -46,7 +46,7 @@ func setup(t *testing.T) (*runtimetest.Worker, *sdk.Client) {
 }
 
 // setupWith is setup with a worker configured by cfg.
-func setupWith(t *testing.T, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.Client) {
+func setupWith(t testing.TB, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.Client) {
 	t.Helper()
 	root := t.TempDir()
 	runtimetest.Layers(t, root)

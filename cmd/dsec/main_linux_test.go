@@ -48,6 +48,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
 			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
 			env.Setenv("DSEC_CONFIG", "")
+			python, _ := filepath.Abs("../../python") // the Python SDK, for python.txtar
+			env.Setenv("DSEC_PYTHON", python)
 			env.Defer(func() {
 				stopWorkers(env.WorkDir)
 				cleanMounts(env.WorkDir)

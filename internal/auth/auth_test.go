@@ -76,3 +76,23 @@ func TestTokens(t *testing.T) {
 		t.Errorf("a bad scope: %v", err)
 	}
 }
+
+// FuzzCheck: no bearer string a client sends is taken but the token
+// itself, and none panics the check.
+func FuzzCheck(f *testing.F) {
+	s := Open(f.TempDir())
+	secret, _, err := s.Create(Admin, 0)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range []string{"", secret, secret[:44], Prefix, "Bearer " + secret, strings.ToUpper(secret), secret + "\x00"} {
+		f.Add(seed)
+	}
+	now := time.Now()
+	f.Fuzz(func(t *testing.T, bearer string) {
+		tok, err := s.Check(bearer, now)
+		if (err == nil) != (bearer == secret) || (err == nil && tok.Scope != Admin) {
+			t.Fatalf("%q: %+v %v", bearer, tok, err)
+		}
+	})
+}

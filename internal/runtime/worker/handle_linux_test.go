@@ -69,3 +69,16 @@ func TestHandle(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeBounded: a JSON body over the bound is refused as too large,
+// not read whole nor taken for a syntax error.
+func TestDecodeBounded(t *testing.T) {
+	var v struct{ S string }
+	big := `{"S": "` + strings.Repeat("x", maxBody) + `"}`
+	if err := decode(httptest.NewRequest("POST", "/", strings.NewReader(big)), &v); !errdefs.IsOutOfRange(err) {
+		t.Fatalf("over the bound: %v", err)
+	}
+	if err := decode(httptest.NewRequest("POST", "/", strings.NewReader(`{"S": `)), &v); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("cut short: %v", err)
+	}
+}

@@ -33,10 +33,17 @@ func (w *worker) get(r *http.Request) (*entry, error) {
 	return nil, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
 }
 
+// maxBody bounds a request's JSON body (a spec with its policy, say).
+const maxBody = 1 << 20
+
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	lr := &io.LimitedReader{R: r.Body, N: maxBody + 1}
+	dec := json.NewDecoder(lr)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if lr.N == 0 {
+			return fmt.Errorf("request body over %d KiB: send less (a policy's rules, a spec's env): %w", maxBody>>10, errdefs.ErrOutOfRange)
+		}
 		return fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return nil

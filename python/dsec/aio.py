@@ -1,0 +1,315 @@
+"""The asyncio client: the same methods as dsec.Client, as coroutines, over
+asyncio streams (the worker's unix socket, or TCP with TLS). Idle
+connections are kept for the next request; an exec always carries an id
+(one is made if none is given), so that a request sent again never runs the
+command twice. Many requests may run at once on one client: each takes a
+connection of its own.
+
+    async with dsec.aio.Client() as c:
+        sb = await c.create(["bb:1"])
+        res = await sb.exec(["sh", "-c", "echo hi"], id="step-1")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _wire
+from ._wire import Env, ExecResult, InfraError, Output, SandboxInfo, Snapshot, Target
+
+_Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class _Response:
+    """An answer being read: its status, headers and body, chunked or not."""
+
+    def __init__(self, conn: _Conn, status: int, headers: Dict[str, str]) -> None:
+        self.reader, self.writer = conn
+        self.status, self.headers = status, headers
+        self.chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+        self.left = int(headers.get("content-length", "-1")) if not self.chunked else -1
+        if status in (204, 304) or 100 <= status < 200:  # no body, whatever the headers say
+            self.chunked, self.left = False, 0
+        self.keep = headers.get("connection", "").lower() != "close"
+        self.done = self.left == 0
+        self._chunk = 0
+        self._buf = b""
+
+    async def _piece(self) -> bytes:
+        """The next piece of the body (b"" at its end)."""
+        if self.done:
+            return b""
+        r = self.reader
+        if self.chunked:
+            if self._chunk == 0:
+                size = int((await r.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while (await r.readline()).strip():  # trailers
+                        pass
+                    self.done = True
+                    return b""
+                self._chunk = size
+            data = await r.read(min(self._chunk, 1 << 16))
+            if not data:
+                raise ConnectionError("the answer ended mid-chunk")
+            self._chunk -= len(data)
+            if self._chunk == 0:
+                await r.readexactly(2)  # CRLF
+            return data
+        if self.left < 0:  # to the connection's end
+            data = await r.read(1 << 16)
+            if not data:
+                self.done, self.keep = True, False
+            return data
+        data = await r.read(min(self.left, 1 << 16))
+        if not data:
+            raise ConnectionError("the answer ended early")
+        self.left -= len(data)
+        self.done = self.left == 0
+        return data
+
+    async def read(self) -> bytes:
+        out = [self._buf]
+        self._buf = b""
+        while True:
+            p = await self._piece()
+            if not p:
+                return b"".join(out)
+            out.append(p)
+
+    async def readline(self) -> bytes:
+        while b"\n" not in self._buf:
+            p = await self._piece()
+            if not p:
+                line, self._buf = self._buf, b""
+                return line
+            self._buf += p
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line + b"\n"
+
+
+class Client:
+    """An asyncio client of one worker; the same settings as dsec.Client."""
+
+    def __init__(self, host: Optional[str] = None, token: Optional[str] = None, tls_ca: Optional[str] = None,
+                 root: Optional[str] = None, client_cert: Optional[str] = None, client_key: Optional[str] = None,
+                 timeout: float = 60.0, max_idle: int = 64) -> None:
+        self.target: Target = _wire.target(host, token, tls_ca, root, client_cert, client_key)
+        self.timeout = timeout
+        self.max_idle = max_idle
+        self._idle: List[_Conn] = []
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the idle connections."""
+        idle, self._idle = self._idle, []
+        for _, w in idle:
+            w.close()
+        for _, w in idle:
+            try:
+                await w.wait_closed()
+            except OSError:
+                pass
+
+    # -- transport -------------------------------------------------------
+
+    async def _connect(self) -> _Conn:
+        t = self.target
+        try:
+            if t.socket:
+                return await asyncio.wait_for(asyncio.open_unix_connection(t.socket), self.timeout)
+            return await asyncio.wait_for(asyncio.open_connection(t.host, t.port, ssl=t.ssl, limit=1 << 20), self.timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise InfraError("no answer from the dsec worker at %s (%s): is it running? (dsec daemon)" % (t.where, e)) from e
+
+    async def _send(self, method: str, path: str, body: bytes = b"", json_body: bool = True) -> _Response:
+        """Make a request and return its answer (status < 300); over an idle
+        connection the worker had closed, once more over a new one."""
+        for attempt in (0, 1):
+            fresh = not self._idle
+            conn = await self._connect() if fresh else self._idle.pop()
+            r, w = conn
+            h = _wire.headers(self.target, body, json_body)
+            head = "%s %s HTTP/1.1\r\n%s\r\n" % (method, path, "".join("%s: %s\r\n" % kv for kv in h.items()))
+            try:
+                w.write(head.encode() + body)
+                await w.drain()
+                line = await asyncio.wait_for(r.readline(), self.timeout)
+                if not line:
+                    raise ConnectionError("the worker closed the connection")
+                status = int(line.split()[1])
+                headers: Dict[str, str] = {}
+                while True:
+                    hl = await r.readline()
+                    if hl in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = hl.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+            except (ConnectionError, OSError, IndexError, ValueError) as e:
+                w.close()
+                if fresh or attempt:
+                    raise InfraError("no answer from the dsec worker at %s (%s): is it running? (dsec daemon); "
+                                     "a retried exec with the same id never runs twice" % (self.target.where, e)) from e
+                continue
+            resp = _Response(conn, status, headers)
+            if status >= 300:
+                data = await resp.read()
+                self._release(resp)
+                raise _wire.error_of(status, data, self.target.where if self.target.host else "")
+            return resp
+        raise AssertionError("unreachable")
+
+    def _release(self, resp: _Response) -> None:
+        """Keep resp's connection for the next request if it may serve one."""
+        if resp.done and resp.keep and len(self._idle) < self.max_idle:
+            self._idle.append((resp.reader, resp.writer))
+        else:
+            resp.writer.close()
+
+    async def _body(self, method: str, path: str, body: bytes = b"", json_body: bool = True) -> bytes:
+        resp = await self._send(method, path, body, json_body)
+        try:
+            data = await resp.read()
+        except BaseException:
+            resp.writer.close()
+            raise
+        self._release(resp)
+        return data
+
+    async def _json(self, method: str, path: str, body: Any = None) -> Any:
+        raw = await self._body(method, path, b"" if body is None else json.dumps(body).encode())
+        return json.loads(raw) if raw else None
+
+    async def _stream(self, method: str, path: str, id: str, body: bytes) -> AsyncIterator[Union[Output, ExecResult]]:
+        """An exec's answer: its Output pieces as they come, then its ExecResult."""
+        resp = await self._send(method, path, body, json_body=False)
+        f = _wire.Frames(id)
+        try:
+            while not f.done:
+                line = await resp.readline()
+                if not line:
+                    break
+                for out in f.line(line):
+                    yield out
+            await resp.read()
+        except (ConnectionError, OSError, asyncio.IncompleteReadError) as e:
+            resp.writer.close()
+            raise InfraError("exec %s: the worker went away (%s): retry with the same id" % (id, e)) from e
+        except BaseException:
+            resp.writer.close()  # the answer is not read to its end
+            raise
+        self._release(resp)
+        yield f.finish()
+
+    async def _frames(self, method: str, path: str, id: str, body: bytes, timeout: Optional[float]) -> ExecResult:
+        async def run() -> ExecResult:
+            last: Union[Output, ExecResult, None] = None
+            async for last in self._stream(method, path, id, body):
+                pass
+            assert isinstance(last, ExecResult)
+            return last
+
+        if timeout is None:
+            return await run()
+        try:
+            return await asyncio.wait_for(run(), timeout)
+        except asyncio.TimeoutError as e:
+            raise TimeoutError("exec %s: no result after %gs; it runs on: ask again with the same id" % (id, timeout)) from e
+
+    # -- the API ---------------------------------------------------------
+
+    async def version(self) -> Dict[str, Any]:
+        return await self._json("GET", _wire.path("/version"))
+
+    async def create(self, layers: Sequence[str], name: Optional[str] = None, cpu: Optional[float] = None,
+                     memory: Optional[int] = None, env: Env = None, workdir: Optional[str] = None,
+                     policy: Union[str, Mapping[str, Any], None] = None, backend: Optional[str] = None,
+                     **spec: Any) -> "Sandbox":
+        """See dsec.Client.create."""
+        if "class_" in spec:
+            spec["class"] = spec.pop("class_")
+        d = await self._json("POST", _wire.path("/sandboxes"),
+                             _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, **spec))
+        return Sandbox(self, d["name"])
+
+    def sandbox(self, name: str) -> "Sandbox":
+        return Sandbox(self, name)
+
+    async def sandboxes(self) -> List[SandboxInfo]:
+        return [SandboxInfo.of(d) for d in await self._json("GET", _wire.path("/sandboxes")) or []]
+
+    async def branch(self, snapshot: str, n: int, name_prefix: Optional[str] = None, **spec: Any) -> List["Sandbox"]:
+        req: Dict[str, Any] = {"snapshot": snapshot, "n": n}
+        if name_prefix:
+            req["name_prefix"] = name_prefix
+        if spec:
+            req["spec"] = _wire.spec(**spec)
+        return [Sandbox(self, d["name"]) for d in await self._json("POST", _wire.path("/branches"), req)]
+
+    async def snapshots(self) -> List[Dict[str, Any]]:
+        return await self._json("GET", _wire.path("/snapshots")) or []
+
+    async def remove_snapshot(self, ref: str, force: bool = False) -> None:
+        await self._body("DELETE", _wire.path("/snapshots/" + ref, force="1" if force else None))
+
+    async def call(self, pool: Optional[str], args: Sequence[str], id: Optional[str] = None,
+                   stdin: Union[bytes, str, None] = None, env: Env = None, workdir: Optional[str] = None,
+                   spec: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None) -> ExecResult:
+        id, body = _wire.exec_body(args, id, stdin, env, workdir, pool=pool, spec=dict(spec) if spec else None)
+        return await self._frames("POST", _wire.path("/calls"), id, body, timeout)
+
+
+class Sandbox:
+    """A handle on a sandbox, by name; see dsec.Sandbox."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "aio.Sandbox(%r)" % self.name
+
+    async def inspect(self) -> SandboxInfo:
+        return SandboxInfo.of(await self.client._json("GET", _wire.sandbox_path(self.name)))
+
+    async def exec(self, args: Sequence[str], id: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                   timeout: Optional[float] = None, env: Env = None, workdir: Optional[str] = None) -> ExecResult:
+        """See dsec.Sandbox.exec."""
+        id, body = _wire.exec_body(args, id, stdin, env, workdir)
+        return await self.client._frames("POST", _wire.sandbox_path(self.name, "/exec"), id, body, timeout)
+
+    async def exec_stream(self, args: Sequence[str], id: Optional[str] = None, stdin: Union[bytes, str, None] = None,
+                          env: Env = None, workdir: Optional[str] = None) -> AsyncIterator[Union[Output, ExecResult]]:
+        """exec, its output as it comes: Output pieces, then the ExecResult."""
+        id, body = _wire.exec_body(args, id, stdin, env, workdir)
+        async for x in self.client._stream("POST", _wire.sandbox_path(self.name, "/exec"), id, body):
+            yield x
+
+    async def logs(self, id: str) -> ExecResult:
+        return await self.client._frames("GET", _wire.sandbox_path(self.name, "/execs/" + id, follow="1"), id, b"", None)
+
+    async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
+        b = data.encode() if isinstance(data, str) else bytes(data)
+        await self.client._body("PUT", _wire.sandbox_path(self.name, "/files", path=path, mode="%o" % mode), b, json_body=False)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.client._body("GET", _wire.sandbox_path(self.name, "/files", path=path))
+
+    async def pack_diff(self, tag: str) -> Snapshot:
+        return Snapshot.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), {"tag": tag}))
+
+    async def stop(self) -> None:
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/stop"))
+
+    async def start(self) -> None:
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/start"))
+
+    async def remove(self, force: bool = False) -> None:
+        await self.client._body("DELETE", _wire.sandbox_path(self.name, force="1" if force else None))

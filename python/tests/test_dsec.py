@@ -1,0 +1,278 @@
+"""The Python SDK against a real worker: started here with the dsec on PATH
+(cmd/dsec's python.txtar runs these tests with it, as root, on a root that
+holds the layer bb:1), on its unix socket and on TCP with TLS and tokens."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import dsec  # noqa: E402
+
+ROOT = os.environ["DSEC_ROOT"]
+BASE = ["bb:1"]
+
+
+def dsec_cli(*args, env=None):
+    e = dict(os.environ, DSEC_HOST="")
+    e.update(env or {})
+    return subprocess.run(["dsec", *args], check=True, capture_output=True, text=True, env=e).stdout.strip()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Worker:
+    """dsec daemon on ROOT, serving TCP with TLS on a loopback port."""
+
+    def __init__(self, certs):
+        self.certs = certs
+        self.port = free_port()
+        self.proc = None
+
+    @property
+    def host(self):
+        return "tcp://127.0.0.1:%d" % self.port
+
+    def start(self):
+        log = open(os.path.join(ROOT, "..", "python-worker.log"), "ab")
+        self.proc = subprocess.Popen(["dsec", "daemon", "--listen", self.host,
+                                      "--tls-cert", os.path.join(self.certs, "server.pem"),
+                                      "--tls-key", os.path.join(self.certs, "server-key.pem")],
+                                     stdout=log, stderr=log, env=dict(os.environ, DSEC_HOST=""))
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:  # the socket is made once the worker serves (TCP accepts before)
+                dsec.Client(host="", root=ROOT).version()
+                return
+            except dsec.InfraError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError("the worker exited: see python-worker.log")
+                time.sleep(0.02)
+        raise RuntimeError("the worker does not listen after 20 s")
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            dsec_cli("daemon", "stop")
+            self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    certs = str(tmp_path_factory.mktemp("certs") / "tls")
+    dsec_cli("daemon", "certs", certs, "--name", "127.0.0.1")
+    w = Worker(certs)
+    w.start()
+    yield w
+    # Whatever a test left is removed, through the admin's socket.
+    c = dsec.Client(host="", root=ROOT)
+    for s in c.sandboxes():
+        c.sandbox(s.name).remove(force=True)
+    w.stop()
+
+
+def token(scope="sandboxes", ttl=None):
+    args = ["token", "create", "--scope", scope]
+    if ttl:
+        args += ["--ttl", ttl]
+    return dsec_cli(*args)
+
+
+def remote(worker, tok, aio=False):
+    cls = dsec.aio.Client if aio else dsec.Client
+    return cls(host=worker.host, token=tok, tls_ca=os.path.join(worker.certs, "ca.pem"))
+
+
+def test_local_socket(worker):
+    c = dsec.Client(host="", root=ROOT)
+    sb = c.create(BASE, name="local-1")
+    try:
+        r = sb.exec(["sh", "-c", "echo out; echo err >&2; exit 4"], id="s1")
+        assert (r.exit_code, r.stdout, r.stderr, r.replayed) == (4, "out\n", "err\n", False)
+        with pytest.raises(dsec.CommandFailed):
+            r.check()
+        assert sb.inspect().status == "running"
+    finally:
+        sb.remove(force=True)
+
+
+def test_remote_rollout(worker):
+    c = remote(worker, token())
+    sb = c.create(BASE, name="remote-1", env={"STEP": "x"})
+    r = sb.exec(["sh", "-c", 'echo "$STEP"; echo ran >> /ran; exit 3'], id="step-1")
+    assert (r.exit_code, r.stdout) == (3, "x\n")
+    again = remote(worker, c.target.token).sandbox("remote-1").exec(["sh", "-c", 'echo "$STEP"; echo ran >> /ran; exit 3'], id="step-1")
+    assert again.replayed and again.exit_code == 3 and again.stdout == "x\n"
+    with pytest.raises(dsec.Conflict):
+        sb.exec(["true"], id="step-1")  # another command under the id
+    assert sb.exec(["cat"], stdin=b"in\n").stdout == "in\n"
+    assert sb.exec(["sh", "-c", "pwd"], workdir="/tmp").stdout == "/tmp\n"
+    sb.write_file("/data", b"\x00bytes")
+    assert sb.read_file("/data") == b"\x00bytes"
+    pieces = sb.exec_stream(["sh", "-c", "echo a; sleep 0.1; echo b >&2"])
+    got = [(p.stream, p.data) for p in pieces]
+    assert got == [("stdout", b"a\n"), ("stderr", b"b\n")] and pieces.result.exit_code == 0
+    assert sb.logs("step-1").exit_code == 3
+    sb.stop()
+    with pytest.raises(dsec.WrongState):
+        sb.exec(["true"])
+    sb.start()
+    assert sb.read_file("/data") == b"\x00bytes"
+    snap = sb.pack_diff("remote-1:1")
+    assert snap.name == "remote-1:1" and snap.sandbox == "remote-1"
+    branches = c.branch(snap.name, 3)
+    assert len(branches) == 3
+    assert [b.exec(["cat", "/data"]).stdout_bytes for b in branches] == [b"\x00bytes"] * 3
+    assert {s.name for s in c.sandboxes()} == {"remote-1"} | {b.name for b in branches}
+    assert [s["name"] for s in c.snapshots()] == ["remote-1:1"]
+    for b in branches:
+        b.remove(force=True)
+    sb.remove(force=True)
+    c.remove_snapshot("remote-1:1")
+    with pytest.raises(dsec.NotFound):
+        sb.inspect()
+
+
+def test_call(worker):
+    """A call runs one command in a sandbox made for it, discarded after."""
+    c = remote(worker, token())
+    r = c.call(None, ["sh", "-c", "echo called; exit 5"], spec={"layers": BASE})
+    assert (r.exit_code, r.stdout) == (5, "called\n") and r.sandbox
+    assert c.sandboxes() == []
+
+
+def test_tokens(worker):
+    mine = remote(worker, token())
+    other = remote(worker, token())
+    sb = mine.create(BASE, name="tok-1")
+    try:
+        with pytest.raises(dsec.NotFound):
+            other.sandbox("tok-1").inspect()
+        with pytest.raises(dsec.NotFound):
+            other.sandbox("tok-1").exec(["true"])
+        assert other.sandboxes() == []
+        with pytest.raises(dsec.Conflict):
+            other.create(BASE, name="tok-1")  # names are one namespace
+        for bad in ["dsec_" + "0" * 40, "nonsense"]:
+            with pytest.raises(dsec.Unauthorized):
+                remote(worker, bad).sandboxes()
+        expired = token(ttl="1s")
+        time.sleep(1.2)
+        with pytest.raises(dsec.Unauthorized):
+            remote(worker, expired).sandboxes()
+        with pytest.raises(dsec.Unauthorized):
+            dsec.Client(host=worker.host, token="")
+    finally:
+        sb.remove(force=True)
+
+
+def test_client_killed_mid_step(worker, tmp_path):
+    """A client that goes away mid-step leaves it running and journaled; a
+    new client asking with the same id gets the recorded result, and the
+    step ran once."""
+    tok = token()
+    c = remote(worker, tok)
+    sb = c.create(BASE, name="kill-client")
+    try:
+        script = ("import sys; sys.path.insert(0, %r); import dsec\n"
+                  "c = dsec.Client(host=%r, token=%r, tls_ca=%r)\n"
+                  "c.sandbox('kill-client').exec(['sh', '-c', 'echo start >> /log; sleep 1; echo done'], id='long')\n"
+                  % (os.path.join(os.path.dirname(__file__), ".."), worker.host, tok, os.path.join(worker.certs, "ca.pem")))
+        p = subprocess.Popen([sys.executable, "-c", script])
+        wait_file(sb, "/log")
+        p.kill()
+        p.wait()
+        r = remote(worker, tok).sandbox("kill-client").exec(["sh", "-c", "echo start >> /log; sleep 1; echo done"], id="long")
+        assert r.exit_code == 0 and r.stdout == "done\n" and r.replayed
+        assert sb.read_file("/log") == b"start\n"
+    finally:
+        sb.remove(force=True)
+
+
+def test_worker_killed_mid_step(worker):
+    """kill -9 of the worker mid-step: the client sees an InfraError; once a
+    worker serves again, the same id gets the step's result, run once."""
+    tok = token()
+    c = remote(worker, tok)
+    sb = c.create(BASE, name="kill-worker")
+    errs = []
+
+    def step():
+        try:
+            sb.exec(["sh", "-c", "echo start >> /log; sleep 1; echo done"], id="long")
+        except dsec.InfraError as e:
+            errs.append(e)
+
+    t = threading.Thread(target=step)
+    t.start()
+    wait_file(sb, "/log")
+    worker.kill9()
+    t.join(30)
+    assert len(errs) == 1, "the client did not see the worker die"
+    worker.start()
+    r = None
+    for _ in range(100):  # a new client, as a trainer's retry
+        try:
+            r = remote(worker, tok).sandbox("kill-worker").exec(["sh", "-c", "echo start >> /log; sleep 1; echo done"], id="long")
+            break
+        except dsec.InfraError:
+            time.sleep(0.1)
+    assert r is not None and r.exit_code == 0 and r.stdout == "done\n"
+    assert sb.read_file("/log") == b"start\n"
+    sb.remove(force=True)
+
+
+def test_asyncio_256_concurrent(worker):
+    tok = token()
+
+    async def main():
+        async with remote(worker, tok, aio=True) as c:
+            sb = await c.create(BASE, name="aio-1")
+            try:
+                rs = await asyncio.gather(*(sb.exec(["sh", "-c", "echo %d" % i], id="s%d" % i) for i in range(256)))
+                assert [r.stdout for r in rs] == ["%d\n" % i for i in range(256)]
+                again = await sb.exec(["sh", "-c", "echo 7"], id="s7")
+                assert again.replayed and again.stdout == "7\n"
+                pieces = [p async for p in sb.exec_stream(["sh", "-c", "echo a; echo b >&2; exit 2"])]
+                assert isinstance(pieces[-1], dsec.ExecResult) and pieces[-1].exit_code == 2
+                await sb.write_file("/f", "text")
+                assert await sb.read_file("/f") == b"text"
+                snap = await sb.pack_diff("aio-1:1")
+                bs = await c.branch(snap.name, 2)
+                assert [(await b.exec(["cat", "/f"])).stdout for b in bs] == ["text", "text"]
+                for b in bs:
+                    await b.remove(force=True)
+                await c.remove_snapshot("aio-1:1")
+                with pytest.raises(dsec.NotFound):
+                    await c.sandbox("none").inspect()
+            finally:
+                await sb.remove(force=True)
+
+    asyncio.run(main())
+
+
+def wait_file(sb, p, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            sb.read_file(p)
+            return
+        except dsec.NotFound:
+            time.sleep(0.02)
+    raise AssertionError("no %s in %s after %ds" % (p, sb.name, timeout))
