@@ -133,10 +133,10 @@ func adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // authed is next behind the tokens: a request without a valid one is
-// answered 401 and nothing more; at most maxRemoteRequests are served
-// at once, the rest answered busy.
-func (w *worker) authed(next http.Handler) http.Handler {
-	slots := make(chan struct{}, maxRemoteRequests)
+// answered 401 and nothing more; at most max are served at once
+// (maxRemoteRequests), the rest answered busy.
+func (w *worker) authed(next http.Handler, max int) http.Handler {
+	slots := make(chan struct{}, max)
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		secret, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		t, err := w.tokens.Check(secret, time.Now())
@@ -149,7 +149,7 @@ func (w *worker) authed(next http.Handler) http.Handler {
 		case slots <- struct{}{}:
 			defer func() { <-slots }()
 		default:
-			fail(rw, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", maxRemoteRequests, errdefs.ErrResourceExhausted))
+			fail(rw, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", max, errdefs.ErrResourceExhausted))
 			return
 		}
 		next.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), tokenKey{}, &t)))

@@ -1,7 +1,11 @@
 package worker
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -41,5 +45,55 @@ func TestListenTCP(t *testing.T) {
 		if (err == nil) != c.ok || (err != nil && !errdefs.IsInvalidArgument(err)) {
 			t.Errorf("%s %+v: %v", c.addr, c.tls, err)
 		}
+	}
+}
+
+// TestAuthed: no token or a bad one is 401 with nothing said; a good one
+// reaches the handler with its token; past the bound of requests at once
+// the rest are busy, 429, until one ends.
+func TestAuthed(t *testing.T) {
+	w := &worker{tokens: auth.Open(t.TempDir())}
+	secret, tok, err := w.tokens.Create(auth.Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	entered := make(chan string, 4)
+	h := w.authed(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		entered <- tokenOf(r.Context()).ID
+		<-release
+	}), 2)
+	do := func(bearer string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("GET", "/v1/sandboxes", nil)
+		if bearer != "" {
+			r.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	for _, bad := range []string{"", "dsec_" + strings.Repeat("1", 40), secret + "x"} {
+		rec := do(bad)
+		if rec.Code != http.StatusUnauthorized || strings.TrimSpace(rec.Body.String()) != `{"class":"unauthorized","message":"unauthorized"}` || rec.Header().Get("WWW-Authenticate") == "" {
+			t.Errorf("%q: %d %s", bad, rec.Code, rec.Body)
+		}
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); do(secret) }()
+	}
+	for range 2 {
+		if id := <-entered; id != tok.ID {
+			t.Fatalf("the handler saw token %q", id)
+		}
+	}
+	if rec := do(secret); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "retry later") {
+		t.Errorf("past the bound: %d %s", rec.Code, rec.Body)
+	}
+	close(release)
+	wg.Wait()
+	if rec := do(secret); rec.Code != http.StatusOK {
+		t.Errorf("after: %d %s", rec.Code, rec.Body)
 	}
 }

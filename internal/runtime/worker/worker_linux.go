@@ -206,7 +206,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	routes := w.routes()
 	srv := &http.Server{Handler: routes, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
-	remote := &http.Server{Handler: w.authed(routes), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+	remote := &http.Server{Handler: w.authed(routes, maxRemoteRequests), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)} // a failed handshake is anyone's knock
 	errc := make(chan error, 1+len(tcp))
