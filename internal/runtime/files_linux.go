@@ -82,11 +82,21 @@ func (s *hostFiles) open(op, name string, flags int, mode uint32) (int, error) {
 	if top, _, _ := strings.Cut(path.Clean("/" + name)[1:], "/"); kernelViews[top] {
 		return -1, &fs.PathError{Op: op, Path: "/" + name, Err: unix.EXDEV}
 	}
-	fd, err := unix.Openat2(s.root, "/"+name, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: inRoot})
-	if err != nil {
-		return -1, &fs.PathError{Op: op, Path: "/" + name, Err: err}
+	how := &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: inRoot}
+	for tries := 0; ; tries++ {
+		fd, err := unix.Openat2(s.root, "/"+name, how)
+		// EAGAIN: a rename or mount anywhere on the host raced a ".." of
+		// the path, and the kernel could not be sure it stayed inside:
+		// asked again, as openat2(2) says (a busy host's renames are
+		// many; an agent cannot keep this up for long on its own).
+		if err == unix.EAGAIN && tries < 128 {
+			continue
+		}
+		if err != nil {
+			return -1, &fs.PathError{Op: op, Path: "/" + name, Err: err}
+		}
+		return fd, nil
 	}
-	return fd, nil
 }
 
 // at resolves the directory of name inside the root and calls fn with

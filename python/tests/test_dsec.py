@@ -155,6 +155,13 @@ def test_call(worker):
     r = c.call(None, ["sh", "-c", "echo called; exit 5"], spec={"layers": BASE})
     assert (r.exit_code, r.stdout) == (5, "called\n") and r.sandbox
     assert c.sandboxes() == []
+    dsec_cli("pool", "resize", "py-pool", "1", "--base", BASE[0])  # pools are the admin's
+    try:
+        first = c.call("py-pool", ["sh", "-c", "echo one > /tmp/state; hostname"])
+        second = c.call("py-pool", ["sh", "-c", "cat /tmp/state 2>/dev/null || echo fresh"])
+        assert first.exit_code == 0 and second.stdout == "fresh\n" and first.sandbox != second.sandbox
+    finally:
+        dsec_cli("pool", "rm", "py-pool")
 
 
 def test_tokens(worker):
