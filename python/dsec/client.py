@@ -32,6 +32,13 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = s
 
 
+def _settimeout(resp: http.client.HTTPResponse, t: Optional[float]) -> None:
+    """Set the timeout of the socket resp is read from, if it is still open."""
+    sock = getattr(resp, "dsec_sock", None)
+    if sock is not None and sock.fileno() != -1:
+        sock.settimeout(t)
+
+
 class Client:
     """A client of one worker.
 
@@ -68,7 +75,9 @@ class Client:
                 conn = self._local.conn = self._connect()
             try:
                 conn.request(method, path, body=body, headers=_wire.headers(self.target, body, json_body))
+                sock = conn.sock  # the answer's, also once conn lets go of it ("Connection: close")
                 resp = conn.getresponse()
+                resp.dsec_sock = sock  # type: ignore[attr-defined]
             except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest, BrokenPipeError) as e:
                 self._drop()
                 if fresh or attempt:
@@ -168,12 +177,13 @@ class Client:
         resp = self._send(method, path, body, json_body=False)
         f = _wire.Frames(id)
         try:
+            _settimeout(resp, None)  # a command takes what it takes, but for timeout
             while not f.done:
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError("exec %s: no result after %gs; it runs on: ask again with the same id" % (id, timeout))
-                    self._local.conn.sock.settimeout(left)
+                    _settimeout(resp, left)
                 try:
                     line = resp.readline()
                 except socket.timeout as e:
@@ -190,8 +200,7 @@ class Client:
             self._drop()  # the answer is not read to its end
             raise
         finally:
-            if self._local.conn is not None and self._local.conn.sock is not None:
-                self._local.conn.sock.settimeout(self.timeout)
+            _settimeout(resp, self.timeout)
         return f.finish()
 
 
@@ -264,8 +273,7 @@ class ExecStream:
         resp = c._send("POST", _wire.sandbox_path(self._sb.name, "/exec"), self._body, json_body=False)
         f = _wire.Frames(self.id)
         try:
-            if self._timeout is not None:  # between pieces of output
-                c._local.conn.sock.settimeout(self._timeout)
+            _settimeout(resp, self._timeout)  # between pieces of output (None: none)
             while not f.done:
                 try:
                     line = resp.readline()
@@ -276,8 +284,7 @@ class ExecStream:
                     break
                 yield from f.line(line)
             resp.read()
-            if c._local.conn is not None and c._local.conn.sock is not None:
-                c._local.conn.sock.settimeout(c.timeout)
+            _settimeout(resp, c.timeout)
         except BaseException:
             c._drop()  # the answer is not read to its end
             raise

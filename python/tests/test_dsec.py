@@ -149,6 +149,28 @@ def test_remote_rollout(worker):
         sb.inspect()
 
 
+def test_long_step(worker):
+    """A step longer than the client's own timeout is waited for; one past
+    exec's timeout raises TimeoutError and runs on: the same id later gets
+    its result."""
+    tok = token()
+    c = dsec.Client(host=worker.host, token=tok, tls_ca=os.path.join(worker.certs, "ca.pem"), timeout=0.5)
+    sb = c.create(BASE, name="long-1")
+    try:
+        assert sb.exec(["sh", "-c", "sleep 1; echo late"]).stdout == "late\n"
+        with pytest.raises(TimeoutError):
+            sb.exec(["sh", "-c", "sleep 1; echo later"], id="t1", timeout=0.2)
+        assert sb.exec(["sh", "-c", "sleep 1; echo later"], id="t1").stdout == "later\n"
+        assert [p.data for p in sb.exec_stream(["sh", "-c", "sleep 1; echo s"])] == [b"s\n"]
+
+        async def aio():
+            async with dsec.aio.Client(host=worker.host, token=tok, tls_ca=os.path.join(worker.certs, "ca.pem"), timeout=0.5) as ac:
+                return (await ac.sandbox("long-1").exec(["sh", "-c", "sleep 1; echo a"])).stdout
+        assert asyncio.run(aio()) == "a\n"
+    finally:
+        sb.remove(force=True)
+
+
 def test_call(worker):
     """A call runs one command in a sandbox made for it, discarded after."""
     c = remote(worker, token())

@@ -178,6 +178,9 @@ func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseCont
 	enc := json.NewEncoder(rw)
 	first.ID = ex.ID
 	enc.Encode(first)
+	// Out at once: a client knows the step is under way (and its id)
+	// before the command writes anything, however long it is silent.
+	rc.Flush()
 	var files [2]*os.File
 	for i, p := range []string{ex.StdoutPath(), ex.StderrPath()} {
 		f, err := os.Open(p)
