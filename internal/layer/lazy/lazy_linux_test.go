@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		if d, err := time.ParseDuration(os.Getenv("DSEC_TEST_FETCHER_IDLE")); err == nil {
 			idle = d
 		}
+		if d, err := time.ParseDuration(os.Getenv("DSEC_TEST_FETCHER_GRACE")); err == nil {
+			lazy.SetTermGrace(d)
+		}
 		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], idle, log)
 		if err != nil && !errors.Is(err, lazy.ErrBusy) {
 			fmt.Fprintln(os.Stderr, "fetcher:", err)
@@ -688,6 +691,10 @@ func TestFetcherTermGrace(t *testing.T) {
 	e := setup(t, dataTree(t))
 	cache := lazy.Dir(e.root, e.info.Digest)
 	t.Setenv("DSEC_TEST_FETCHER_IDLE", "1m") // only the signal ends it
+	// A grace longer than the real one's second: a new mount on a loaded
+	// CI host took longer than that to come.
+	const grace = 3 * time.Second
+	t.Setenv("DSEC_TEST_FETCHER_GRACE", grace.String())
 	a := e.mountWith(t, func(*lazy.Spec) {})
 	pid := pidOf(cache)
 	if err := unix.Unmount(a, 0); err != nil { // not lazy.Unmount: the test sends the signal
@@ -704,7 +711,7 @@ func TestFetcherTermGrace(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(b, "blob3")); err != nil || len(data) == 0 {
 		t.Fatalf("read after SIGTERM: %d bytes, %v", len(data), err)
 	}
-	time.Sleep(1500 * time.Millisecond) // past the grace
+	time.Sleep(grace + 500*time.Millisecond) // past the grace
 	if err := syscall.Kill(pid, 0); err != nil {
 		t.Fatalf("fetcher %d exited with a mount using it: %v", pid, err)
 	}
