@@ -378,7 +378,7 @@ func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, e
 		return api.ExecResult{}, err
 	}
 	defer closeBody(resp.Body)
-	res, err := readFrames(resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil)
+	res, err := readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil)
 	if opts.Detach && errors.Is(err, ErrRunning) {
 		err = nil
 	}
@@ -429,7 +429,7 @@ func (c *Client) Call(ctx context.Context, opts CallOptions) (CallResult, error)
 	}
 	defer closeBody(resp.Body)
 	var out CallResult
-	out.ExecResult, err = readFrames(resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo)
+	out.ExecResult, err = readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo)
 	return out, err
 }
 
@@ -464,14 +464,14 @@ func (s *Sandbox) Logs(ctx context.Context, id string, follow bool, stdout, stde
 		return api.ExecResult{}, err
 	}
 	defer closeBody(resp.Body)
-	return readFrames(resp.Body, stdout, stderr, follow, nil)
+	return readFrames(ctx, resp.Body, stdout, stderr, follow, nil)
 }
 
 // ErrRunning says a command has no result yet.
 var ErrRunning = errors.New("the command is still running")
 
 // readFrames reads an exec's frames; call, if set, gets a call's info.
-func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool, call *api.CallInfo) (api.ExecResult, error) {
+func readFrames(ctx context.Context, r io.Reader, stdout, stderr io.Writer, needResult bool, call *api.CallInfo) (api.ExecResult, error) {
 	if stdout == nil {
 		stdout = io.Discard
 	}
@@ -511,6 +511,12 @@ func readFrames(r io.Reader, stdout, stderr io.Writer, needResult bool, call *ap
 	}
 	if !needResult && sc.Err() == nil {
 		return api.ExecResult{}, ErrRunning
+	}
+	if err := ctx.Err(); err != nil { // the caller stopped waiting
+		if id == "" {
+			return api.ExecResult{}, err
+		}
+		return api.ExecResult{}, fmt.Errorf("stopped waiting for the result of exec %s: %w; it runs on in the sandbox: collect it with the same id", id, err)
 	}
 	// The worker went away mid-command: the command runs on in its
 	// sandbox and a retry with the same id collects its result.
