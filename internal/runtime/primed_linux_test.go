@@ -236,7 +236,7 @@ func TestPrimed(t *testing.T) {
 
 // TestSweepPrimed: a primed sandbox, and a call's made of one, outlive
 // a worker that dies (as every sandbox does); the next one's
-// SweepPrimed removes them whole.
+// SweepUnnamed removes them whole.
 func TestSweepPrimed(t *testing.T) {
 	root, s := layers(t)
 	m := runtime.Mounter{Store: s}
