@@ -54,21 +54,20 @@ func nameFree(root, name string) error {
 }
 
 // claimName names the sandbox id: it fails, taken, if another sandbox
-// has the name.
+// has the name. Call it after nameFree (an older dsec's sandboxes/NAME,
+// which no dsec makes any more, is looked for there).
 func claimName(root, name, id string) error {
-	if _, err := os.Lstat(sandboxDir(root, name)); err == nil { // an older dsec's
+	target, link := filepath.Join("..", "sandboxes", id), nameLink(root, name)
+	err := os.Symlink(target, link)
+	if errors.Is(err, os.ErrNotExist) { // the root's first name
+		if err = os.MkdirAll(filepath.Join(root, "names"), 0o700); err == nil {
+			err = os.Symlink(target, link)
+		}
+	}
+	if errors.Is(err, os.ErrExist) {
 		return errExists(name)
 	}
-	if err := os.MkdirAll(filepath.Join(root, "names"), 0o700); err != nil {
-		return err
-	}
-	if err := os.Symlink(filepath.Join("..", "sandboxes", id), nameLink(root, name)); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return errExists(name)
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
 // dropName removes name if it still names id.
