@@ -7,10 +7,10 @@ FULL_BIN := bin/dsecd
 INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest
+APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest protobuf-compiler debootstrap
 FUZZTIME ?= 60s
 
-.PHONY: all deps build install docs-bin demo test vet docs check-docs bench fuzz clean
+.PHONY: all deps build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench fuzz clean
 
 all: build
 
@@ -19,6 +19,7 @@ all: build
 deps:
 	@command -v $(GO) >/dev/null || { echo "make: Go is missing: install Go >= 1.26 first" >&2; exit 1; }
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "make: installing Debian packages:$$missing" >&2; \
 		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
@@ -76,7 +77,29 @@ check-docs: docs-bin
 		! diff $$tmp/docs/policy.schema.json docs/policy.schema.json >/dev/null; then \
 		echo "make: man pages, completions or the policy schema are stale: run 'make docs' and commit the result" >&2; exit 1; fi
 
-test: deps vet check-docs
+# proto regenerates the envd RPC code (the E2B front's) from its .proto
+# files, with protoc (Debian's) and the two plugins built from the module
+# versions go.mod pins; the result is committed.
+PROTOS := internal/e2b/envd/process/process.proto internal/e2b/envd/filesystem/filesystem.proto
+proto-bin: deps
+	$(GO) build -o bin/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o bin/protoc-gen-connect-go connectrpc.com/connect/cmd/protoc-gen-connect-go
+
+proto: proto-bin
+	PATH=$(CURDIR)/bin:$$PATH protoc -I internal/e2b/envd --go_out=internal/e2b/envd --go_opt=paths=source_relative \
+		--connect-go_out=internal/e2b/envd --connect-go_opt=paths=source_relative $(PROTOS:internal/e2b/envd/%=%)
+
+# check-proto fails when the committed code is not what proto makes (the
+# protoc version line aside).
+check-proto: proto-bin
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	PATH=$(CURDIR)/bin:$$PATH protoc -I internal/e2b/envd --go_out=$$tmp --go_opt=paths=source_relative \
+		--connect-go_out=$$tmp --connect-go_opt=paths=source_relative $(PROTOS:internal/e2b/envd/%=%); \
+	for f in $$(cd $$tmp && find . -name '*.go' | sed 's,^\./,,'); do \
+		diff -q -I '^// 	protoc ' $$tmp/$$f internal/e2b/envd/$$f >/dev/null || { \
+		echo "make: internal/e2b/envd/$$f is stale: run 'make proto' and commit the result" >&2; exit 1; }; done
+
+test: deps vet check-docs check-proto
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 BENCH_PKGS := pv debootstrap runc
@@ -94,6 +117,7 @@ bench: build
 	./scripts/bench-policy.sh
 	./scripts/bench-density.sh
 	./scripts/bench-remote.sh
+	./scripts/bench-e2b.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
@@ -104,6 +128,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/archive
 	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./api
 	$(GO) test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/auth
+	$(GO) test -run '^$$' -fuzz '^FuzzRoutes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/e2b
 
 # clean first unmounts what the demo's and benchmarks' roots still have
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox

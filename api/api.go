@@ -8,12 +8,19 @@
 //	GET    /v1/sandboxes/{name}             -> Sandbox
 //	POST   /v1/sandboxes/{name}/stop        -> Sandbox
 //	POST   /v1/sandboxes/{name}/start       -> Sandbox
+//	POST   /v1/sandboxes/{name}/pause       -> Sandbox (its processes frozen, memory kept)
+//	POST   /v1/sandboxes/{name}/resume      -> Sandbox
 //	DELETE /v1/sandboxes/{name}[?force=1]
 //	POST   /v1/sandboxes/{name}/exec        ExecRequest line, then stdin -> Frame lines
 //	GET    /v1/sandboxes/{name}/execs/{id}  -> Frame lines: a recorded exec's output and result
+//	POST   /v1/sandboxes/{name}/execs/{id}/signal  SignalRequest (a running exec's process group)
 //	PUT    /v1/sandboxes/{name}/files?path=P&mode=M   body: the file's bytes
 //	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
 //	GET    /v1/sandboxes/{name}/stat?path=P[&follow=1]     -> PathStat
+//	GET    /v1/sandboxes/{name}/dir?path=P[&depth=N]        -> []DirEntry
+//	POST   /v1/sandboxes/{name}/mkdir?path=P[&parents=1]    -> PathStat
+//	POST   /v1/sandboxes/{name}/rename?path=P&to=Q          -> PathStat (of Q)
+//	DELETE /v1/sandboxes/{name}/files?path=P[&recursive=1]
 //	GET    /v1/sandboxes/{name}/archive?path=P[&follow=1][&name=N]  -> X-Dsec-Stat, then a tar stream
 //	PUT    /v1/sandboxes/{name}/archive?path=DIR[&owners=1]  body: a tar stream -> CopyReport
 //	POST   /v1/sandboxes/{name}/snapshots   PackRequest -> Snapshot (pack-diff)
@@ -50,6 +57,13 @@ type PathStat struct {
 	Size       int64       `json:"size"`
 	Mtime      time.Time   `json:"mtime"`
 	LinkTarget string      `json:"link_target,omitempty"`
+}
+
+// DirEntry is an entry of a directory listing: its path in the sandbox
+// and what it is.
+type DirEntry struct {
+	Path string `json:"path"`
+	PathStat
 }
 
 // CopyReport says what a copy left out (sockets, device nodes, fifos,
@@ -208,6 +222,7 @@ const (
 	StatusCreating = "creating" // admitted, being made
 	StatusRunning  = "running"
 	StatusStopped  = "stopped" // no process; its files are kept (start it again)
+	StatusPaused   = "paused"  // its processes frozen, their memory kept (resume it)
 	StatusDead     = "dead"    // its init died without being stopped
 )
 
@@ -277,6 +292,12 @@ type ExecRequest struct {
 	// Detach answers with the first frame (the id) and leaves the
 	// command running; its output and result stay in the journal.
 	Detach bool `json:"detach,omitempty"`
+}
+
+// SignalRequest signals a running exec: its process group (the
+// command leads one), with Signal (default 9, SIGKILL).
+type SignalRequest struct {
+	Signal int `json:"signal,omitempty"`
 }
 
 // Frame is one line of an exec's response: output, then one result or

@@ -205,14 +205,33 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" daemon stop >/dev/null # one worker per root: this one also listens on TCP
 	"$dsec" daemon certs "$work/tls" --name 127.0.0.1
 	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-	"$dsec" --log-level info daemon --exit-idle 10m --listen "tcp://127.0.0.1:$port" \
-		--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem" 2>>"$DSEC_ROOT/worker.log" &
+	e2bport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	printf 'e2b:\n  templates:\n    base: {layers: [demo/debian:12], memory: 512M}\n' >"$work/e2b.yaml"
+	"$dsec" --config "$work/e2b.yaml" --log-level info daemon --exit-idle 10m --listen "tcp://127.0.0.1:$port" \
+		--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem" --e2b-listen "127.0.0.1:$e2bport" 2>>"$DSEC_ROOT/worker.log" &
 	token=$("$dsec" token create --scope sandboxes --ttl 1h)
 	export DSEC_TLS_CA=$work/tls/ca.pem DSEC_TOKEN=$token
 	for _ in $(seq 200); do DSEC_HOST="tcp://127.0.0.1:$port" "$dsec" ps >/dev/null 2>&1 && break; sleep 0.05; done
 	DSEC_HOST="tcp://127.0.0.1:$port" /usr/bin/python3 python/examples/rollout.py demo/busybox:1
 	"$dsec" token rm "${token:5:8}" >/dev/null
 	unset DSEC_TLS_CA DSEC_TOKEN
+
+	step "E2B-based frameworks: the official E2B SDK (npm e2b), unchanged, on a Debian layer (the same worker)"
+	cache=${XDG_CACHE_HOME:-$HOME/.cache}/dsec
+	mkdir -p "$cache"
+	if [ ! -x "$cache/debian-bookworm-minbase/bin/bash" ]; then
+		echo "demo: bootstrapping a Debian root once into $cache (debootstrap, a few minutes)" >&2
+		rm -rf "$cache/debian-bookworm-minbase.tmp"
+		debootstrap --variant=minbase bookworm "$cache/debian-bookworm-minbase.tmp" http://deb.debian.org/debian >/dev/null
+		mv "$cache/debian-bookworm-minbase.tmp" "$cache/debian-bookworm-minbase"
+	fi
+	[ -f "$cache/e2b-2.51.0/node_modules/e2b/package.json" ] ||
+		npm install --silent --no-audit --no-fund --no-save --prefix "$cache/e2b-2.51.0" e2b@2.51.0 >/dev/null
+	"$dsec" layer build "$cache/debian-bookworm-minbase" --kind base -t demo/debian:12 --force >/dev/null
+	key=$("$dsec" token create --e2b --ttl 1h)
+	E2B_API_URL="http://127.0.0.1:$e2bport" E2B_SANDBOX_URL="http://127.0.0.1:$e2bport" E2B_API_KEY=$key \
+		NODE_PATH="$cache/e2b-2.51.0/node_modules" node scripts/e2b-demo.cjs
+	"$dsec" token rm "${key:4:8}" >/dev/null
 
 	step "the second host runs a sandbox on lazily mounted layers"
 	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \

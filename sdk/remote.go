@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -33,7 +34,10 @@ func newRemote(opts Options) (*Client, error) {
 		DisableCompression: true, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	scheme := "http"
 	ip := net.ParseIP(host)
-	if opts.TLSCA != "" || opts.ClientCert != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
+	if opts.Dial != nil {
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return opts.Dial(ctx) }
+		t.MaxIdleConnsPerHost = 256
+	} else if opts.TLSCA != "" || opts.ClientCert != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 		if opts.TLSCA != "" {
 			b, err := os.ReadFile(opts.TLSCA)

@@ -68,14 +68,7 @@ func BenchmarkRemote(b *testing.B) {
 
 	py := exec.Command("/usr/bin/python3", "../python/bench.py", "bench", "100")
 	py.Env = append(os.Environ(), "DSEC_HOST=tcp://"+addr, "DSEC_TOKEN="+tok, "DSEC_TLS_CA="+filepath.Join(certs, auth.CAFile))
-	out, err := py.Output()
-	if err != nil {
-		b.Fatalf("python/bench.py: %v: %s", err, out)
-	}
-	var f map[string]float64
-	if err := json.Unmarshal(out, &f); err != nil {
-		b.Fatalf("python/bench.py said %q: %v", out, err)
-	}
+	f := figures(b, py)
 	b.ReportMetric(f["sync_p50_ms"], "py-sync-p50-ms")
 	b.ReportMetric(f["sync_p99_ms"], "py-sync-p99-ms")
 	b.ReportMetric(f["aio_p50_ms"], "py-aio-p50-ms")
@@ -84,6 +77,20 @@ func BenchmarkRemote(b *testing.B) {
 	b.ReportMetric(f["aio_p50_ms"]/ms(p50(remote)), "py-aio/go-p50")
 	b.ReportMetric(f["aio_256_steps_per_s"], "py-aio-256-steps/s")
 	b.ReportMetric(f["aio_256_steps_per_s"]/goRate, "py/go-256")
+}
+
+// figures runs a benchmark script that prints its figures as a JSON
+// object.
+func figures(b *testing.B, cmd *exec.Cmd) map[string]float64 {
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("%s: %v: %s", cmd.Args[1], err, out)
+	}
+	var f map[string]float64
+	if err := json.Unmarshal(out, &f); err != nil {
+		b.Fatalf("%s said %q: %v", cmd.Args[1], out, err)
+	}
+	return f
 }
 
 func p50(d []time.Duration) time.Duration { // report sorted d

@@ -54,6 +54,10 @@ type Options struct {
 	// checked against; ClientCert and ClientKey the client's own, for a
 	// worker that asks for one (--tls-client-ca).
 	TLSCA, ClientCert, ClientKey string
+	// Dial, with Host, reaches that worker some other way than a TCP
+	// dial (an in-process connection: the worker's E2B front); the
+	// requests are plain HTTP over what it returns.
+	Dial func(ctx context.Context) (net.Conn, error)
 	// StartWorker, if set, is the command that starts a worker for Root
 	// when none answers (for example dsec --root ROOT daemon); it runs
 	// detached, its output in Root/worker.log. Started is called with its
@@ -339,6 +343,24 @@ func (s *Sandbox) Start(ctx context.Context) error {
 	return s.c.do(ctx, "POST", s.path("/start"), nil, nil)
 }
 
+// Pause freezes the sandbox's processes where they are, their memory
+// kept, until Resume; a paused sandbox runs no exec.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	return s.c.do(ctx, "POST", s.path("/pause"), nil, nil)
+}
+
+// Resume lets a paused sandbox run on where it was.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	return s.c.do(ctx, "POST", s.path("/resume"), nil, nil)
+}
+
+// Signal sends sig (0: SIGKILL) to the running exec id's process
+// group. errdefs.IsFailedPrecondition: it has ended.
+func (s *Sandbox) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	b, _ := json.Marshal(api.SignalRequest{Signal: int(sig)})
+	return s.c.do(ctx, "POST", s.path("/execs/"+url.PathEscape(id)+"/signal"), bytes.NewReader(b), nil)
+}
+
 // Remove removes the sandbox; a running one only with force.
 func (s *Sandbox) Remove(ctx context.Context, force bool) error {
 	p := s.path("")
@@ -367,6 +389,9 @@ type ExecOptions struct {
 	// Detach returns once the command started, with a zero result; Logs
 	// collects its output and result later.
 	Detach bool
+	// Started, if set, is called once the worker says the command runs
+	// (or ran: a replay), with its id, before any output.
+	Started func(id string)
 }
 
 // Exec runs a command in the sandbox and returns how it ended; the
@@ -378,7 +403,7 @@ func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, e
 		return api.ExecResult{}, err
 	}
 	defer closeBody(resp.Body)
-	res, err := readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil)
+	res, err := readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, !opts.Detach, nil, opts.Started)
 	if opts.Detach && errors.Is(err, ErrRunning) {
 		err = nil
 	}
@@ -429,7 +454,7 @@ func (c *Client) Call(ctx context.Context, opts CallOptions) (CallResult, error)
 	}
 	defer closeBody(resp.Body)
 	var out CallResult
-	out.ExecResult, err = readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo)
+	out.ExecResult, err = readFrames(ctx, resp.Body, opts.Stdout, opts.Stderr, true, &out.CallInfo, opts.Started)
 	return out, err
 }
 
@@ -464,14 +489,15 @@ func (s *Sandbox) Logs(ctx context.Context, id string, follow bool, stdout, stde
 		return api.ExecResult{}, err
 	}
 	defer closeBody(resp.Body)
-	return readFrames(ctx, resp.Body, stdout, stderr, follow, nil)
+	return readFrames(ctx, resp.Body, stdout, stderr, follow, nil, nil)
 }
 
 // ErrRunning says a command has no result yet.
 var ErrRunning = errors.New("the command is still running")
 
-// readFrames reads an exec's frames; call, if set, gets a call's info.
-func readFrames(ctx context.Context, r io.Reader, stdout, stderr io.Writer, needResult bool, call *api.CallInfo) (api.ExecResult, error) {
+// readFrames reads an exec's frames; call, if set, gets a call's info,
+// started the id once the first frame names it.
+func readFrames(ctx context.Context, r io.Reader, stdout, stderr io.Writer, needResult bool, call *api.CallInfo, started func(string)) (api.ExecResult, error) {
 	if stdout == nil {
 		stdout = io.Discard
 	}
@@ -487,6 +513,9 @@ func readFrames(ctx context.Context, r io.Reader, stdout, stderr io.Writer, need
 			return api.ExecResult{}, fmt.Errorf("bad frame from the worker: %v: %w", err, ErrInfra)
 		}
 		if f.ID != "" {
+			if id == "" && started != nil {
+				started(f.ID)
+			}
 			id = f.ID
 		}
 		if f.Call != nil && call != nil {
@@ -550,6 +579,44 @@ func (s *Sandbox) ReadFile(ctx context.Context, p string, w io.Writer) error {
 func (s *Sandbox) Stat(ctx context.Context, p string, follow bool) (api.PathStat, error) {
 	var st api.PathStat
 	return st, s.c.do(ctx, "GET", s.path("/stat?"+archiveQuery(p, follow, "").Encode()), nil, &st)
+}
+
+// ListDir lists the directory p of the sandbox, depth levels down (0:
+// its entries only).
+func (s *Sandbox) ListDir(ctx context.Context, p string, depth int) ([]api.DirEntry, error) {
+	q := url.Values{"path": {p}}
+	if depth > 0 {
+		q.Set("depth", strconv.Itoa(depth))
+	}
+	var out []api.DirEntry
+	return out, s.c.do(ctx, "GET", s.path("/dir?"+q.Encode()), nil, &out)
+}
+
+// MakeDir makes the directory p (parents: its missing parents too);
+// errdefs.ErrAlreadyExists if something is there.
+func (s *Sandbox) MakeDir(ctx context.Context, p string, parents bool) (api.PathStat, error) {
+	q := url.Values{"path": {p}}
+	if parents {
+		q.Set("parents", "1")
+	}
+	var st api.PathStat
+	return st, s.c.do(ctx, "POST", s.path("/mkdir?"+q.Encode()), nil, &st)
+}
+
+// Rename moves p to to in the sandbox and describes it there.
+func (s *Sandbox) Rename(ctx context.Context, p, to string) (api.PathStat, error) {
+	var st api.PathStat
+	return st, s.c.do(ctx, "POST", s.path("/rename?"+url.Values{"path": {p}, "to": {to}}.Encode()), nil, &st)
+}
+
+// RemovePath removes p in the sandbox: a file or link, an empty
+// directory, or with recursive a whole tree.
+func (s *Sandbox) RemovePath(ctx context.Context, p string, recursive bool) error {
+	q := url.Values{"path": {p}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	return s.c.do(ctx, "DELETE", s.path("/files?"+q.Encode()), nil, nil)
 }
 
 // CopyFromOptions shape the archive CopyFrom reads.

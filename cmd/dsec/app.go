@@ -51,6 +51,31 @@ type Config struct {
 	// What dsec daemon serves on besides the root's socket (daemon.go).
 	Listen []string        `mapstructure:"listen"`
 	TLS    ServerTLSConfig `mapstructure:"tls"`
+	E2B    E2BConfig       `mapstructure:"e2b"`
+}
+
+// E2BConfig is dsec daemon's E2B front (worker.E2B): the address it
+// listens on, the domain its answers give, and its named templates.
+type E2BConfig struct {
+	Listen    string                 `mapstructure:"listen"`
+	Domain    string                 `mapstructure:"domain"`
+	Templates map[string]E2BTemplate `mapstructure:"templates"`
+}
+
+// E2BTemplate is an E2B template ID the config names: layers (toolkit
+// first) and the defaults of the sandboxes made from it.
+type E2BTemplate struct {
+	Layers  []string `mapstructure:"layers"`
+	CPU     float64  `mapstructure:"cpu"`
+	Memory  string   `mapstructure:"memory"`
+	Disk    string   `mapstructure:"disk"`
+	Pids    int64    `mapstructure:"pids"`
+	Policy  string   `mapstructure:"policy"` // a stored policy's name
+	Backend string   `mapstructure:"backend"`
+	Class   string   `mapstructure:"class"`
+	Env     []string `mapstructure:"env"`
+	Workdir string   `mapstructure:"workdir"`
+	UserNS  bool     `mapstructure:"userns"`
 }
 
 // ServerTLSConfig is the worker's TLS on its TCP addresses.
@@ -191,7 +216,9 @@ once under the root, default its free space less 1G), idle reclaim (reclaim.idle
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
-(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon) and, on a client of a
+(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon), its E2B front (e2b.listen:
+HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
+.env, .workdir, .userns: see dsec daemon) and, on a client of a
 worker elsewhere, host (DSEC_HOST, --host: tcp://HOST:PORT), token (DSEC_TOKEN: dsec token create makes one
 on the worker's host), tls-ca (DSEC_TLS_CA, --tls-ca: the CA its certificate is checked against; TLS is
 used with one, with a client certificate, and off loopback) and client-cert, client-key (DSEC_CLIENT_CERT,
@@ -263,6 +290,9 @@ func (a *app) configure(cmd *cobra.Command) error {
 		v.SetDefault(k, "")
 	}
 	v.SetDefault("listen", []string{})
+	v.SetDefault("e2b.listen", "")
+	v.SetDefault("e2b.domain", "")
+	v.SetDefault("e2b.templates", map[string]any{})
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)
 	v.SetDefault("cache.keep_mounted", "30s")

@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dsec-project/dsec/api"
+
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
@@ -24,6 +26,7 @@ func (a *app) daemonCommand() *cobra.Command {
 	var insecure bool
 	var listen []string
 	var tlsCfg ServerTLSConfig
+	var e2bListen string
 	cmd := &cobra.Command{
 		Use:         "daemon",
 		Short:       "Run the host worker that owns the root's sandboxes",
@@ -45,12 +48,22 @@ token (dsec token create; DSEC_TOKEN on the client): none, or a wrong or expired
 refused 401. Off loopback it takes TLS only: --tls-cert and --tls-key (dsec daemon certs
 makes them), and with --tls-client-ca only clients with a certificate that CA signed.
 
+With --e2b-listen HOST:PORT (or e2b.listen in the config) it speaks E2B's API too, so the
+official E2B SDKs and the agent frameworks built on them drive dsec sandboxes unchanged: set
+E2B_API_URL and E2B_SANDBOX_URL to http://HOST:PORT (https:// with TLS, which it takes as the
+TCP API does) and E2B_API_KEY to a token (dsec token create --e2b makes one shaped as E2B's
+keys). A template ID is a name under e2b.templates in the config (layers, toolkit first, and
+the sandboxes' cpu, memory, disk, pids, policy, backend, class, env, workdir, userns), a
+snapshot (NAME:STEP, what createSnapshot answers) or one layer ref. The README's "Using dsec
+with E2B-based frameworks" says what maps to what.
+
 ` + exitCodesHelp,
 		Example: `  dsec daemon                  # in the foreground, logs on stderr
   dsec daemon stop             # ask the root's worker to exit; sandboxes run on
   dsec daemon --listen tcp://127.0.0.1:7070     # TCP on loopback (tokens, no TLS)
   dsec daemon certs /etc/dsec/tls --name worker1.example
-  dsec daemon --listen tcp://0.0.0.0:7443 --tls-cert /etc/dsec/tls/server.pem --tls-key /etc/dsec/tls/server-key.pem`,
+  dsec daemon --listen tcp://0.0.0.0:7443 --tls-cert /etc/dsec/tls/server.pem --tls-key /etc/dsec/tls/server-key.pem
+  dsec daemon --e2b-listen 127.0.0.1:3000     # E2B_API_URL=E2B_SANDBOX_URL=http://127.0.0.1:3000`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			exe, err := os.Executable()
@@ -85,6 +98,13 @@ makes them), and with --tls-client-ca only clients with a certificate that CA si
 			if f.Changed("tls-client-ca") {
 				cfg.TLS.ClientCA = tlsCfg.ClientCA
 			}
+			cfg.E2B.Listen, cfg.E2B.Domain = a.cfg.E2B.Listen, a.cfg.E2B.Domain
+			if f.Changed("e2b-listen") {
+				cfg.E2B.Listen = e2bListen
+			}
+			if cfg.E2B.Templates, err = a.e2bTemplates(); err != nil {
+				return err
+			}
 			if err := a.workerDensity(&cfg); err != nil {
 				return err
 			}
@@ -97,6 +117,7 @@ makes them), and with --tls-client-ca only clients with a certificate that CA si
 	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the TCP API's TLS certificate (config tls.cert; needed off loopback)")
 	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
 	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	cmd.Flags().StringVar(&e2bListen, "e2b-listen", "", "serve E2B's API on HOST:PORT, for the E2B SDKs (config e2b.listen)")
 	cmd.AddCommand(a.certsCommand())
 	cmd.AddCommand(&cobra.Command{
 		Use:   "stop",
@@ -127,6 +148,36 @@ makes them), and with --tls-client-ca only clients with a certificate that CA si
 		},
 	})
 	return cmd
+}
+
+// e2bTemplates are the config's e2b.templates as sandbox specs.
+func (a *app) e2bTemplates() (map[string]api.SandboxSpec, error) {
+	out := map[string]api.SandboxSpec{}
+	for name, t := range a.cfg.E2B.Templates {
+		if len(t.Layers) == 0 {
+			return nil, usageError{fmt.Errorf("e2b.templates.%s: give its layers (a list of refs, toolkit first)", name)}
+		}
+		spec := api.SandboxSpec{Layers: t.Layers, CPU: t.CPU, Pids: t.Pids, PolicyName: t.Policy, Backend: t.Backend, Class: t.Class,
+			Env: t.Env, Workdir: t.Workdir, UserNS: t.UserNS}
+		for _, size := range []struct {
+			key, v string
+			to     *int64
+		}{{"memory", t.Memory, &spec.Memory}, {"disk", t.Disk, &spec.Disk}} {
+			if size.v == "" {
+				continue
+			}
+			n, err := parseBytes(size.v)
+			if err != nil {
+				return nil, usageError{fmt.Errorf("e2b.templates.%s.%s: %w", name, size.key, err)}
+			}
+			*size.to = n
+		}
+		if err := api.CheckClass(spec.Class); err != nil {
+			return nil, usageError{fmt.Errorf("e2b.templates.%s: %w", name, err)}
+		}
+		out[name] = spec
+	}
+	return out, nil
 }
 
 // tuning is the lazy mounts' settings from the configuration.

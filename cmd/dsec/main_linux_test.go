@@ -18,6 +18,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/dsec-project/dsec/internal/e2b/e2btest"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
@@ -50,6 +51,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			env.Setenv("DSEC_CONFIG", "")
 			python, _ := filepath.Abs("../../python") // the Python SDK, for python.txtar
 			env.Setenv("DSEC_PYTHON", python)
+			e2bTests, _ := filepath.Abs("../../internal/e2b/testdata") // the E2B SDK's, for e2b.txtar
+			env.Setenv("DSEC_E2B_TESTS", e2bTests)
 			env.Defer(func() {
 				stopWorkers(env.WorkDir)
 				cleanMounts(env.WorkDir)
@@ -84,6 +87,20 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
 			},
 			"mktree": cmdMkTree,
+			// debianroot VAR: VAR is a Debian root file system
+			// (layertest.DebianRoot: debootstrap'd once, cached).
+			"debianroot": func(ts *testscript.TestScript, neg bool, args []string) {
+				root, err := layertest.DebianRoot()
+				ts.Check(err)
+				ts.Setenv(args[0], root)
+			},
+			// e2bsdk VERSION VAR: VAR is the node_modules of e2b@VERSION
+			// (e2btest.Install: from npm once, cached).
+			"e2bsdk": func(ts *testscript.TestScript, neg bool, args []string) {
+				mods, err := e2btest.Install(args[0])
+				ts.Check(err)
+				ts.Setenv(args[1], mods)
+			},
 			// freeport VAR: VAR is a loopback address nothing listens on.
 			"freeport": func(ts *testscript.TestScript, neg bool, args []string) {
 				l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -520,7 +520,7 @@ func (a *app) inspectCommand() *cobra.Command {
 	return cmd
 }
 
-// lifecycleCommand is stop, start and rm: one call per named sandbox.
+// lifecycleCommand is stop, start, pause, resume and rm: one call per named sandbox.
 func (a *app) lifecycleCommand(use, short, long string, call func(context.Context, *sdk.Sandbox, bool) error) *cobra.Command {
 	var force, asJSON bool
 	cmd := &cobra.Command{
@@ -558,6 +558,12 @@ func (a *app) sandboxCommands() []*cobra.Command {
 		a.lifecycleCommand("start", "Start stopped sandboxes again on their files",
 			"Start mounts a stopped (or dead) sandbox's layers and upper again and starts its init.\nProcesses do not come back: only files persist across stop and start.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Start(ctx) }),
+		a.lifecycleCommand("pause", "Freeze sandboxes' processes where they are",
+			"Pause freezes every process of each running sandbox, its memory kept (its page cache is\ngiven back to the host), until dsec resume: a paused sandbox uses no CPU and runs no exec.\nIt stays paused across worker restarts; stop and rm work on it.",
+			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Pause(ctx) }),
+		a.lifecycleCommand("resume", "Let paused sandboxes run on where they were",
+			"Resume thaws each paused sandbox: its processes continue where pause froze them.",
+			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Resume(ctx) }),
 		a.lifecycleCommand("rm", "Remove sandboxes",
 			"Rm removes each sandbox: its processes, mounts, cgroup, files and journal. A running\nsandbox needs -f.",
 			func(ctx context.Context, s *sdk.Sandbox, force bool) error { return s.Remove(ctx, force) }),

@@ -33,19 +33,24 @@ These commands act on this machine's root (--root), never on a --host worker.
 
 ` + exitCodesHelp,
 		Example: `  dsec token create --scope sandboxes --ttl 24h   # print a token for one trainer
+  dsec token create --e2b                         # an E2B_API_KEY for the E2B SDKs
   dsec token ls
   dsec token rm 3f2a9c1b`,
 		Annotations: map[string]string{localAnnotation: "true"},
 	}
 	var scope string
 	var ttl time.Duration
-	var asJSON bool
+	var asJSON, e2bKey bool
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Make a token and print it (the only time it is shown)",
 		Args:  exactArgs(0),
 		RunE: func(*cobra.Command, []string) error {
-			secret, t, err := auth.Open(a.cfg.Root).Create(scope, ttl)
+			prefix := auth.Prefix
+			if e2bKey {
+				prefix = auth.E2BPrefix
+			}
+			secret, t, err := auth.Open(a.cfg.Root).CreateWith(scope, ttl, prefix)
 			if err != nil {
 				return err
 			}
@@ -62,6 +67,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 	create.Flags().StringVar(&scope, "scope", auth.Sandboxes, "admin (everything) or sandboxes (its own sandboxes, snapshots and branches)")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "how long it is valid, e.g. 24h (0: until removed)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print the token with its id, scope and expiry as JSON")
+	create.Flags().BoolVar(&e2bKey, "e2b", false, "shape it as an E2B API key, e2b_<40 hex> (E2B_API_KEY for dsec daemon --e2b-listen)")
 	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",

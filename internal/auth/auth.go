@@ -36,8 +36,12 @@ const (
 	Sandboxes = "sandboxes" // its own sandboxes, snapshots and branches
 )
 
-// Prefix starts every token.
-const Prefix = "dsec_"
+// Prefix starts every token; E2BPrefix one made for E2B's SDKs (dsec
+// token create --e2b), which older ones check keys against.
+const (
+	Prefix    = "dsec_"
+	E2BPrefix = "e2b_"
+)
 
 // Token is a stored token: never the token itself.
 type Token struct {
@@ -79,6 +83,15 @@ func CheckScope(scope string) error {
 // Create makes a token of scope, valid for ttl (0: until removed), and
 // returns it: the only time it is seen whole.
 func (s *Store) Create(scope string, ttl time.Duration) (string, Token, error) {
+	return s.CreateWith(scope, ttl, Prefix)
+}
+
+// CreateWith is Create of a token that starts with prefix (Prefix or
+// E2BPrefix).
+func (s *Store) CreateWith(scope string, ttl time.Duration, prefix string) (string, Token, error) {
+	if prefix != Prefix && prefix != E2BPrefix {
+		return "", Token{}, fmt.Errorf("bad token prefix %q: %w", prefix, errdefs.ErrInvalidArgument)
+	}
 	if err := CheckScope(scope); err != nil {
 		return "", Token{}, err
 	}
@@ -87,8 +100,8 @@ func (s *Store) Create(scope string, ttl time.Duration) (string, Token, error) {
 	}
 	b := make([]byte, 20)
 	rand.Read(b)
-	secret := Prefix + hex.EncodeToString(b)
-	t := Token{ID: secret[len(Prefix) : len(Prefix)+8], Scope: scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret)}
+	secret := prefix + hex.EncodeToString(b)
+	t := Token{ID: secret[len(prefix) : len(prefix)+8], Scope: scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret)}
 	if ttl > 0 {
 		t.Expires = t.Created.Add(ttl)
 	}
@@ -117,7 +130,11 @@ func (s *Store) Remove(id string) error {
 
 // Check finds the stored token secret is, valid at now.
 func (s *Store) Check(secret string, now time.Time) (Token, error) {
-	if !strings.HasPrefix(secret, Prefix) || len(secret) != len(Prefix)+40 {
+	digits, ok := strings.CutPrefix(secret, Prefix)
+	if !ok {
+		digits, ok = strings.CutPrefix(secret, E2BPrefix)
+	}
+	if !ok || len(digits) != 40 {
 		return Token{}, ErrUnauthorized
 	}
 	ts, err := s.cached()

@@ -3,6 +3,7 @@ package auth
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,24 @@ func TestTokens(t *testing.T) {
 	}
 	if _, _, err := s.Create("root", 0); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a bad scope: %v", err)
+	}
+	// An E2B key is a token of its own: the same digits under the other
+	// prefix are not it.
+	key, kt, err := s.CreateWith(Sandboxes, 0, E2BPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(key) || kt.ID != key[4:12] {
+		t.Fatalf("e2b key %s, id %s", key, kt.ID)
+	}
+	if tok, err := other.Check(key, now); err != nil || tok.ID != kt.ID {
+		t.Errorf("check the e2b key: %+v %v", tok, err)
+	}
+	if _, err := s.Check(Prefix+key[4:], now); !errdefs.IsUnauthorized(err) {
+		t.Errorf("the e2b key's digits as a dsec token: %v", err)
+	}
+	if _, _, err := s.CreateWith(Admin, 0, "x_"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a bad prefix: %v", err)
 	}
 }
 

@@ -218,7 +218,7 @@ func (containerDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 
 func (containerDriver) attach(sb *Sandbox) error {
 	sb.g, _ = cgroup.Open(sb.CgroupName)
-	if sb.g != nil && sb.g.Frozen() { // a worker died packing it
+	if sb.g != nil && sb.g.Frozen() && !sb.Paused { // a worker died packing it
 		sb.g.Thaw()
 	}
 	// A sandbox an older dsec made gets the device allowlist now (one
@@ -227,6 +227,11 @@ func (containerDriver) attach(sb *Sandbox) error {
 		if err := policy.ApplyDevices(sb.g.Path()); err != nil {
 			return err
 		}
+	}
+	// A paused sandbox's init is frozen and cannot greet: it is
+	// attached when it resumes.
+	if sb.Paused {
+		return nil
 	}
 	if c, err := container.Attach(filepath.Join(sb.dir, "init.sock"), sb.Pid); err == nil {
 		sb.c = c

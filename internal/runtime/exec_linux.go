@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 
@@ -70,6 +71,9 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	sb.mu.Unlock()
 	step := journal.Step{Sandbox: st.Name, ID: spec.ID, Args: spec.Args, Keep: st.Pool == "", Stdout: spec.Stdout, Stderr: spec.Stderr}
 	return sb.journal().Start(step, func(e *Exec, stdout, stderr *os.File) error {
+		if st.Paused {
+			return fmt.Errorf("sandbox %s is paused: resume it first (dsec resume): %w", st.Name, ErrPaused)
+		}
 		if st.Status != Running || c == nil {
 			return fmt.Errorf("sandbox %s is %s: start it first: %w", st.Name, st.Status, errdefs.ErrFailedPrecondition)
 		}
@@ -143,6 +147,37 @@ func (sb *Sandbox) journal() *journal.Journal {
 // LookupExec returns the exec with id, running or journaled.
 func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
 	return sb.journal().Lookup(sb.Snapshot().Name, id)
+}
+
+// Signal sends sig to the running exec id (its process group). An exec
+// that ended is ErrFailedPrecondition; one never started ErrNotFound.
+func (sb *Sandbox) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	e, err := sb.LookupExec(id)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-e.Done():
+		return fmt.Errorf("exec %s in sandbox %s has ended: %w", id, sb.Name, errdefs.ErrFailedPrecondition)
+	default:
+	}
+	sb.mu.Lock()
+	c, paused := sb.c, sb.Paused
+	sb.mu.Unlock()
+	if paused {
+		return fmt.Errorf("sandbox %s is paused: resume it first (dsec resume): %w", sb.Name, ErrPaused)
+	}
+	s, ok := c.(backend.Signaler)
+	if !ok || c == nil {
+		return fmt.Errorf("sandbox %s cannot signal its commands (its backend cannot, or it is not running): %w", sb.Name, errdefs.ErrNotImplemented)
+	}
+	if err := s.Signal(ctx, id, sig); err != nil {
+		if errors.Is(err, backend.ErrUnknownExec) {
+			return fmt.Errorf("exec %s in sandbox %s has ended: %w", id, sb.Name, errdefs.ErrFailedPrecondition)
+		}
+		return fmt.Errorf("signal exec %s in sandbox %s: %w", id, sb.Name, err)
+	}
+	return nil
 }
 
 // ExecCount counts the journaled execs.

@@ -151,6 +151,9 @@ type State struct {
 	// given back at stop: what it wrote is stored unmapped, so a restart
 	// may get other ids).
 	IDs *container.IDMap `json:"ids,omitempty"`
+	// Paused: its processes are frozen until Resume (Pause), across
+	// worker restarts.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -451,11 +454,13 @@ func Load(root, name string) (*Sandbox, error) {
 		if err := d.attach(sb); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
-		if sb.c == nil {
+		if sb.c == nil && !sb.Paused {
 			sb.Status = Dead
 		}
 	}
-	sb.journal().Recover(sb.c)
+	if !sb.Paused { // a paused one's execs are recovered when it resumes
+		sb.journal().Recover(sb.c)
+	}
 	return sb, nil
 }
 
@@ -585,6 +590,66 @@ func (sb *Sandbox) Close() error {
 	return nil
 }
 
+// Pause freezes every process of a running sandbox where it is, its
+// memory kept (what the kernel can take of it, its page cache, taken
+// back now), until Resume: it uses no CPU meanwhile and runs no exec.
+// A paused sandbox stays so across worker restarts.
+func (sb *Sandbox) Pause() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch {
+	case sb.Status != Running || sb.g == nil:
+		return fmt.Errorf("sandbox %s is %s: only a running sandbox pauses: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	case sb.Paused:
+		return fmt.Errorf("sandbox %s is paused already: %w", sb.Name, ErrPaused)
+	}
+	if err := sb.g.Freeze(); err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", sb.Name, err)
+	}
+	sb.Paused = true
+	if err := sb.save(); err != nil {
+		sb.Paused = false
+		sb.g.Thaw()
+		return err
+	}
+	if err := sb.g.Reclaim(); err == nil {
+		sb.reclaimed = time.Now().UTC()
+	}
+	return nil
+}
+
+// ErrPaused says a sandbox is paused (errdefs.ErrFailedPrecondition).
+var ErrPaused = fmt.Errorf("paused: %w", errdefs.ErrFailedPrecondition)
+
+// Resume lets a paused sandbox's processes run on.
+func (sb *Sandbox) Resume() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if !sb.Paused {
+		return fmt.Errorf("sandbox %s is not paused: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.g != nil {
+		if err := sb.g.Thaw(); err != nil {
+			return fmt.Errorf("resume sandbox %s: %w", sb.Name, err)
+		}
+	}
+	sb.Paused = false
+	if sb.c == nil { // paused when this worker found it: attached now
+		d, err := driverOf(sb.Backend)
+		if err != nil {
+			return err
+		}
+		if err := d.attach(sb); err != nil {
+			return fmt.Errorf("sandbox %s: %w", sb.Name, err)
+		}
+		if sb.c == nil {
+			sb.Status = Dead
+		}
+		sb.journal().Recover(sb.c)
+	}
+	return sb.save()
+}
+
 // Stop kills every process of the sandbox and unmounts its root; its
 // files (the upper) stay for Start.
 func (sb *Sandbox) Stop() error {
@@ -596,7 +661,7 @@ func (sb *Sandbox) Stop() error {
 	if err := sb.teardown(false); err != nil {
 		return err
 	}
-	sb.Status, sb.Pid = Stopped, 0
+	sb.Status, sb.Pid, sb.Paused = Stopped, 0, false
 	return sb.save()
 }
 
@@ -638,6 +703,9 @@ func (sb *Sandbox) teardown(all bool) error {
 		return err // nothing of it is removed: a newer dsec's to take down
 	}
 	sb.dropPrestarted()
+	if sb.Paused && sb.g != nil { // killed running: a frozen task may not die
+		sb.g.Thaw()
+	}
 	errs = d.teardown(sb)
 	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
 		errs = append(errs, err)

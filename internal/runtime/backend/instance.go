@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"syscall"
 
 	"github.com/dsec-project/dsec/internal/archive"
 )
@@ -54,6 +55,11 @@ type (
 	// Renamer sets the sandbox's host name.
 	Renamer interface {
 		SetHostname(name string) error
+	}
+	// Signaler signals a running command (its process group) by its
+	// id; one that ended is left be. ErrUnknownExec: never started.
+	Signaler interface {
+		Signal(ctx context.Context, id string, sig syscall.Signal) error
 	}
 )
 

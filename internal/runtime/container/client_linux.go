@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -116,6 +117,7 @@ var (
 	_ backend.Restricter = (*Conn)(nil)
 	_ backend.Protecter  = (*Conn)(nil)
 	_ backend.Renamer    = (*Conn)(nil)
+	_ backend.Signaler   = (*Conn)(nil)
 )
 
 // Exec runs cmd in the sandbox and returns its exit code (128+N for a
@@ -167,6 +169,13 @@ func (s *Conn) Restrict(ctx context.Context, r Restrictions) error {
 }
 
 var restrictSeq atomic.Int64
+
+// Signal sends sig to the process group of the command under id (a
+// no-op once it ended). ErrUnknownExec: the init never started it.
+func (s *Conn) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	_, err := s.call(ctx, request{Op: opSignal, ID: fmt.Sprintf("#signal-%d", restrictSeq.Add(1)), Exec: id, Signal: int(sig)}, nil, nil)
+	return err
+}
 
 func (s *Conn) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
 	ch := make(chan reply, 2)

@@ -33,6 +33,7 @@ const maxResults = 4096
 
 type job struct {
 	id   string
+	pid  int           // in the sandbox's namespace; it leads its process group
 	conn *net.UnixConn // who hears the exit; nil once it went away
 }
 
@@ -243,6 +244,21 @@ func (l *loop) handle(r incoming) {
 			zero := 0
 			send(r.conn, reply{ID: id, Exit: &zero})
 		}
+	case opSignal:
+		switch j := l.byID[r.req.Exec]; {
+		case j != nil:
+			// The command leads its session, so its group holds what it
+			// started (a shell's children); the pid too, should it have
+			// left it.
+			unix.Kill(-j.pid, unix.Signal(r.req.Signal))
+			unix.Kill(j.pid, unix.Signal(r.req.Signal))
+			fallthrough
+		case l.hasDone(r.req.Exec):
+			zero := 0
+			send(r.conn, reply{ID: id, Exit: &zero})
+		default:
+			send(r.conn, reply{ID: id, Unknown: true, Error: "no process " + r.req.Exec + " in this sandbox"})
+		}
 	case opExec:
 		if _, seen := l.done[id]; seen || l.byID[id] != nil {
 			send(r.conn, reply{ID: id, Error: "exec id " + id + " was used already"})
@@ -265,7 +281,7 @@ func (l *loop) handle(r incoming) {
 		case err != nil:
 			send(r.conn, reply{ID: id, Error: err.Error()})
 		default:
-			j := &job{id: id, conn: r.conn}
+			j := &job{id: id, pid: pid, conn: r.conn}
 			l.running[pid], l.byID[id] = j, j
 			send(r.conn, reply{ID: id, Pid: pid})
 		}
@@ -283,6 +299,12 @@ func (l *loop) finish(id string, code int) {
 		delete(l.done, l.doneOrder[0])
 		l.doneOrder = l.doneOrder[1:]
 	}
+}
+
+// hasDone says whether the command under id ended (and is remembered).
+func (l *loop) hasDone(id string) bool {
+	_, ok := l.done[id]
+	return ok
 }
 
 // forget drops c, gone, as the hearer of any exit.

@@ -28,6 +28,9 @@ package container
 //	  request{op: probe, id}  ──────────────▶ reply{id, exit}, or reply{id, running}
 //	  request{op: restrict}   ──────────────▶ reply{id, exit: 0} once later commands
 //	                                          run under it too
+//	  request{op: signal, exec, signal} ────▶ reply{id, exit: 0} once the command's
+//	                                          process group has the signal (a no-op
+//	                                          for one that ended), or reply{id, unknown}
 //	  any of them             ◀── reply{id, error}, or reply{id, unknown} for an id
 //	                                          the init never started (or forgot: it
 //	                                          keeps the last maxResults)
@@ -44,6 +47,7 @@ const (
 	opResult   op = "result"   // the exit code of a command, waiting for it
 	opProbe    op = "probe"    // whether a command runs, else its exit code
 	opRestrict op = "restrict" // restrict every command started from now on
+	opSignal   op = "signal"   // signal a running command's process group
 )
 
 // request is what the worker sends the init.
@@ -61,6 +65,10 @@ type request struct {
 	// Restrict: what commands started from now on run under, on top
 	// of what they did.
 	Restrict *Restrictions `json:"restrict,omitempty"`
+	// Exec and Signal: the command a signal request is for (by its
+	// id; ID is the request's own) and the signal.
+	Exec   string `json:"exec,omitempty"`
+	Signal int    `json:"signal,omitempty"`
 }
 
 // reply is what the init answers a request with, once or twice (exec:

@@ -111,6 +111,8 @@ type Config struct {
 	// Listen and TLS: worker.Config's (the TCP API).
 	Listen []string
 	TLS    worker.TLS
+	// E2B: worker.Config's (the E2B front).
+	E2B worker.E2B
 }
 
 // StartWorkerWith is StartWorker with cfg.

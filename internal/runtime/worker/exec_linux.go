@@ -153,6 +153,22 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 	w.stream(r.Context(), rw, rc, ex, true, replayed, ttyDone, first)
 }
 
+// signal sends a signal to a running exec's process group.
+func (w *worker) signal(r *http.Request, req api.SignalRequest) (none, error) {
+	e, err := w.get(r)
+	if err != nil {
+		return none{}, err
+	}
+	sig := req.Signal
+	if sig == 0 {
+		sig = int(unix.SIGKILL)
+	}
+	if sig < 1 || sig > 64 {
+		return none{}, fmt.Errorf("bad signal %d: give a number from 1 to 64 (9 is SIGKILL, 15 SIGTERM): %w", req.Signal, errdefs.ErrInvalidArgument)
+	}
+	return none{}, e.sb.Signal(r.Context(), r.PathValue("id"), unix.Signal(sig))
+}
+
 // logs replays a journaled exec's output (and, with follow=1, follows
 // it to its result).
 func (w *worker) logs(rw http.ResponseWriter, r *http.Request) {
@@ -331,6 +347,9 @@ func (w *worker) putFile(rw http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.Remove(tmp)
 		}
+	}
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		err = fmt.Errorf("the sandbox's disk is full (its quota, or the bound of sandboxes without one): %w", errdefs.ErrOutOfRange)
 	}
 	if err != nil {
 		fail(rw, fmt.Errorf("write %s in sandbox %s: %w", p, e.sb.Name, err))

@@ -26,6 +26,9 @@ func (w *worker) pressureLoop(ctx context.Context) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for sb := range w.frozen {
+			if sb.Snapshot().Paused { // paused since: it stays frozen
+				continue
+			}
 			if g := sb.Cgroup(); g != nil {
 				g.Thaw()
 			}
@@ -95,7 +98,7 @@ func (w *worker) batchSandboxes() []*runtime.Sandbox {
 	var out []*runtime.Sandbox
 	for _, e := range w.sandboxes {
 		if e.sb != nil {
-			if st := e.sb.Snapshot(); st.Status == runtime.Running && st.Class == api.SchedBatch {
+			if st := e.sb.Snapshot(); st.Status == runtime.Running && !st.Paused && st.Class == api.SchedBatch {
 				out = append(out, e.sb)
 			}
 		}

@@ -249,6 +249,10 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 	return nil
 }
 
+// pause and resume freeze a running sandbox and let it run on.
+func (w *worker) pause(_ context.Context, e *entry) error  { return e.sb.Pause() }
+func (w *worker) resume(_ context.Context, e *entry) error { return e.sb.Resume() }
+
 // describe is a sandbox as the API shows it.
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
@@ -258,6 +262,9 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
 		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
+	}
+	if st.Paused {
+		out.Status = api.StatusPaused
 	}
 	showMark(&out, st.Pool)
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest

@@ -53,10 +53,22 @@ type Config struct {
 	// their certificate, which an address off loopback needs.
 	Listen []string
 	TLS    TLS
+	// E2B serves E2B's API too (package e2b).
+	E2B E2B
 	// CgroupParent names the group all sandboxes live under (default
 	// dsec; tests give their own, so that their bounds bound nothing
 	// else).
 	CgroupParent string
+}
+
+// E2B configures the E2B front: the address it listens on (HOST:PORT;
+// none: no front), the templates the config names (e2b.templates), and
+// the domain its answers give the sandboxes (none: the SDK routes by
+// headers to E2B_SANDBOX_URL).
+type E2B struct {
+	Listen    string
+	Templates map[string]api.SandboxSpec
+	Domain    string
 }
 
 // TLS is where a TCP listener's certificate and key are, and the CA

@@ -133,6 +133,13 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		tcp = append(tcp, l)
 	}
+	var e2bListener net.Listener
+	if cfg.E2B.Listen != "" {
+		if e2bListener, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS); err != nil {
+			return fmt.Errorf("e2b listener: %w", err)
+		}
+		defer e2bListener.Close()
+	}
 	s, err := store.Open(filepath.Join(cfg.Root, "store"))
 	if err != nil {
 		return err
@@ -209,7 +216,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	remote := &http.Server{Handler: w.authed(routes, maxRemoteRequests), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)} // a failed handshake is anyone's knock
-	errc := make(chan error, 1+len(tcp))
+	errc := make(chan error, 2+len(tcp))
 	w.mu.Lock()
 	n := len(w.sandboxes) // pools fill it meanwhile
 	w.mu.Unlock()
@@ -221,6 +228,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	go func() { errc <- srv.Serve(l) }()
 	for _, l := range tcp {
 		go func() { errc <- remote.Serve(l) }()
+	}
+	if e2bListener != nil {
+		if err := w.serveE2B(ctx, e2bListener, remote, srv, errc); err != nil {
+			return err
+		}
+		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")
 	}
 	go func() { // off the first request's path
 		for _, f := range features() {
@@ -271,12 +284,19 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}", handle(w.inspect))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/stop", handle(w.lifecycle(w.stop)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/start", handle(w.lifecycle(w.start)))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/pause", handle(w.lifecycle(w.pause)))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/resume", handle(w.lifecycle(w.resume)))
 	mux.HandleFunc("DELETE /v1/sandboxes/{name}", handle(w.remove))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/execs/{id}", w.logs)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/execs/{id}/signal", handle(w.signal))
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/files", w.putFile)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/stat", w.statPath)
+	mux.HandleFunc("GET /v1/sandboxes/{name}/dir", handle(w.listDir))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/mkdir", handle(w.makeDir))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/rename", handle(w.renamePath))
+	mux.HandleFunc("DELETE /v1/sandboxes/{name}/files", handle(w.removePath))
 	mux.HandleFunc("GET /v1/sandboxes/{name}/archive", w.statPath)
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/archive", w.putArchive)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", handle(w.packDiff))

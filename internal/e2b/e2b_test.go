@@ -1,0 +1,206 @@
+package e2b
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	pb "github.com/dsec-project/dsec/internal/e2b/envd/process"
+)
+
+func TestHostRoute(t *testing.T) {
+	for host, want := range map[string][2]string{
+		"49983-abc123.sandbox.example": {"abc123", "49983"},
+		"8080-i9x.e2b.local:443":       {"i9x", "8080"},
+		"api.example":                  {"", ""},
+		"localhost:3000":               {"", ""},
+		"x-abc.example":                {"", ""}, // no port
+		"49983-.example":               {"", ""},
+		"49983-_bad.example":           {"", ""}, // not a sandbox name
+		"":                             {"", ""},
+	} {
+		id, port := hostRoute(host)
+		if id != want[0] || port != want[1] {
+			t.Errorf("%q: %q %q, want %q %q", host, id, port, want[0], want[1])
+		}
+	}
+}
+
+// TestMetadataQuery: the SDK escapes keys and values, then the query
+// string as a whole; both are undone.
+func TestMetadataQuery(t *testing.T) {
+	m, err := metadataQuery("suite=a%2520b&user%253D=x%2526y")
+	if err != nil || len(m) != 2 || m["suite"] != "a b" || m["user="] != "x&y" {
+		t.Fatalf("%v %v", m, err)
+	}
+	if m, err := metadataQuery(""); m != nil || err != nil {
+		t.Fatalf("none: %v %v", m, err)
+	}
+	if _, err := metadataQuery("a=%zz"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("bad escape: %v", err)
+	}
+	if !matches(map[string]string{"a": "1", "b": "2"}, map[string]string{"a": "1"}) || matches(map[string]string{"a": "1"}, map[string]string{"a": "2"}) ||
+		matches(nil, map[string]string{"a": ""}) {
+		t.Fatal("matches")
+	}
+}
+
+func TestTimeoutOf(t *testing.T) {
+	n := func(v int64) *int64 { return &v }
+	for _, c := range []struct {
+		in   *int64
+		want time.Duration
+		bad  bool
+	}{{nil, defaultTimeout, false}, {n(0), defaultTimeout, false}, {n(60), time.Minute, false}, {n(-1), 0, true}, {n(int64(maxTimeout/time.Second) + 1), 0, true}} {
+		d, err := timeoutOf(c.in, defaultTimeout)
+		if (err != nil) != c.bad || (!c.bad && d != c.want) {
+			t.Errorf("%v: %v %v", c.in, d, err)
+		}
+	}
+}
+
+func TestHomeRelative(t *testing.T) {
+	for in, want := range map[string]string{"": "", "~": "/root", "~/a": "/root/a", "a/b": "/root/a/b", "/tmp": "/tmp"} {
+		if got := homeRelative(in); got != want {
+			t.Errorf("%q: %q, want %q", in, got, want)
+		}
+	}
+	if p, err := absPath("../../etc/x"); err != nil || p != "/etc/x" {
+		t.Errorf("absPath of a relative path with ..: %q %v", p, err) // stays in the sandbox's tree: resolved there
+	}
+}
+
+func TestNewID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newID()
+		if !regexp.MustCompile(`^[a-z][a-z0-9]{19}$`).MatchString(id) || api.ValidName(id) != nil || seen[id] {
+			t.Fatalf("id %q", id)
+		}
+		seen[id] = true
+	}
+}
+
+// TestEndEvent: exit codes as envd states them; a failure of the
+// sandbox is an error, never a code of the command's.
+func TestEndEvent(t *testing.T) {
+	end := func(res api.ExecResult, err error) *pb.ProcessEvent_EndEvent { return endEvent(res, err).GetEnd() }
+	if e := end(api.ExecResult{ExitCode: 0}, nil); e.ExitCode != 0 || !e.Exited || e.Status != "exit status 0" || e.Error != nil {
+		t.Errorf("0: %v", e)
+	}
+	if e := end(api.ExecResult{ExitCode: 137}, nil); e.ExitCode != 137 || e.Status != "signal: killed" {
+		t.Errorf("137: %v", e)
+	}
+	if e := end(api.ExecResult{ExitCode: 137, OOM: true}, nil); e.Error == nil || !strings.Contains(*e.Error, "memory") {
+		t.Errorf("oom: %v", e)
+	}
+	if e := end(api.ExecResult{}, errors.New("lost the worker")); e.Exited || e.Error == nil || e.ExitCode != -1 {
+		t.Errorf("infra: %v", e)
+	}
+}
+
+// TestErrorClasses: each dsec error class has the E2B status and the
+// Connect code the SDKs branch on.
+func TestErrorClasses(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		status int
+		code   connect.Code
+	}{
+		{errdefs.ErrNotFound, 404, connect.CodeNotFound},
+		{errdefs.ErrInvalidArgument, 400, connect.CodeInvalidArgument},
+		{errdefs.ErrFailedPrecondition, 409, connect.CodeFailedPrecondition},
+		{errdefs.ErrAlreadyExists, 409, connect.CodeAlreadyExists},
+		{errdefs.ErrUnauthenticated, 401, connect.CodeUnauthenticated},
+		{errdefs.ErrResourceExhausted, 429, connect.CodeResourceExhausted},
+		{errdefs.ErrUnavailable, 502, connect.CodeUnavailable},
+		{errdefs.ErrNotImplemented, 501, connect.CodeUnimplemented},
+		{errors.New("other"), 500, connect.CodeInternal},
+	} {
+		err := fmt.Errorf("wrapped: %w", c.err)
+		if got := statusOf(err); got != c.status {
+			t.Errorf("%v: status %d, want %d", c.err, got, c.status)
+		}
+		if got := connect.CodeOf(connErr(err)); got != c.code {
+			t.Errorf("%v: code %v, want %v", c.err, got, c.code)
+		}
+	}
+	rec := &recorder{header: http.Header{}}
+	writeError(rec, fmt.Errorf("queue full: %w", errdefs.ErrResourceExhausted))
+	if rec.status != 429 || rec.header.Get("Retry-After") != "1" || !strings.Contains(rec.body, `"code":429`) {
+		t.Errorf("429: %d %v %s", rec.status, rec.header, rec.body)
+	}
+}
+
+type recorder struct {
+	header http.Header
+	status int
+	body   string
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) WriteHeader(code int)        { r.status = code }
+func (r *recorder) Write(b []byte) (int, error) { r.body += string(b); return len(b), nil }
+
+// TestRecords: records are written whole, read back by a new front, and
+// a damaged one refuses to start it with the file named.
+func TestRecords(t *testing.T) {
+	dir := t.TempDir()
+	r, err := openRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().UTC().Truncate(time.Second)
+	if err := r.put(record{ID: "abc", Template: "base", EndAt: end, Metadata: map[string]string{"k": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.update("abc", func(rec *record) { rec.Procs = append(rec.Procs, proc{PID: 1, Exec: "e2b-1"}); rec.NextPID = 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.update("nosuch", func(*record) {}); !errdefs.IsNotFound(err) {
+		t.Fatalf("update a missing record: %v", err)
+	}
+	r2, err := openRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := r2.get("abc")
+	if !ok || got.Template != "base" || !got.EndAt.Equal(end) || got.Metadata["k"] != "v" || len(got.Procs) != 1 || got.NextPID != 2 {
+		t.Fatalf("read back: %+v", got)
+	}
+	r2.remove("abc")
+	if _, err := os.Stat(filepath.Join(dir, "abc.json")); !os.IsNotExist(err) {
+		t.Fatalf("removed record: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{"), 0o600)
+	if _, err := openRecords(dir); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "bad.json") {
+		t.Fatalf("a damaged record: %v", err)
+	}
+}
+
+// FuzzRoutes: the parts of a request the front parses itself (the Host
+// of host routing, the list's metadata filter) never panic, and what
+// they take is well formed.
+func FuzzRoutes(f *testing.F) {
+	for _, s := range []string{"49983-abc.example", "suite=a%2520b&x=y", "%", "1-a.b", "a=b=c&&", "-.", "49983-abc.example:99999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if id, port := hostRoute(s); id != "" && (api.ValidName(id) != nil || port == "") {
+			t.Fatalf("%q: took %q %q", s, id, port)
+		}
+		if m, err := metadataQuery(s); err == nil && s != "" && m == nil {
+			t.Fatalf("%q: no map and no error", s)
+		}
+	})
+}

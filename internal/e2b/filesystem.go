@@ -1,0 +1,416 @@
+package e2b
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/dsec-project/dsec/api"
+	fspb "github.com/dsec-project/dsec/internal/e2b/envd/filesystem"
+	"github.com/dsec-project/dsec/internal/e2b/envd/filesystem/filesystemconnect"
+	"github.com/dsec-project/dsec/internal/e2b/envd/process/processconnect"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// maxUpload bounds one file a /files upload writes (the sandbox's disk
+// bounds what it writes in all).
+const maxUpload = 1 << 30
+
+// envdRoutes is envd inside a sandbox: the Connect services and the
+// REST endpoints the SDKs call.
+func (s *Server) envdRoutes() *http.ServeMux {
+	m := http.NewServeMux()
+	m.Handle(processconnect.NewProcessHandler(processService{s}))
+	m.Handle(filesystemconnect.NewFilesystemHandler(filesystemService{s}))
+	m.HandleFunc("GET /health", s.health)
+	m.HandleFunc("GET /files", s.readFile)
+	m.HandleFunc("POST /files", s.writeFiles)
+	m.HandleFunc("GET /envs", s.envs)
+	m.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		writeError(rw, fmt.Errorf("envd %s %s: not served by dsec's E2B front: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return m
+}
+
+// restClient is envdClient for the REST endpoints, whose errors are
+// E2B's JSON ones.
+func (s *Server) restClient(rw http.ResponseWriter, r *http.Request) (*sdk.Client, string, bool) {
+	if r.URL.Query().Get("signature") != "" && r.Header.Get("X-Access-Token") == "" {
+		writeError(rw, fmt.Errorf("signed file URLs are not served by dsec's E2B front: send the access token (X-Access-Token): %w", errdefs.ErrUnauthenticated))
+		return nil, "", false
+	}
+	c, id, err := s.envdClient(r.Context(), r.Header)
+	if err == nil {
+		_, err = userOfQuery(r)
+	}
+	if err != nil {
+		writeError(rw, err)
+		return nil, "", false
+	}
+	return c, id, true
+}
+
+// userOfQuery is userOf for the REST endpoints (?username=).
+func userOfQuery(r *http.Request) (string, error) {
+	h := http.Header{}
+	if u := r.URL.Query().Get("username"); u != "" {
+		h.Set("Authorization", "Basic "+basic(u))
+	}
+	return userOf(h)
+}
+
+func basic(user string) string {
+	r, _ := http.NewRequest("GET", "/", nil)
+	r.SetBasicAuth(user, "")
+	return strings.TrimPrefix(r.Header.Get("Authorization"), "Basic ")
+}
+
+// health is 204 while the sandbox runs (the SDK's isRunning), 502
+// otherwise.
+func (s *Server) health(rw http.ResponseWriter, r *http.Request) {
+	c, err := s.client(r.Header.Get("X-Access-Token"))
+	if err == nil {
+		var sb api.Sandbox
+		if sb, err = inspect(r.Context(), c, sandboxOf(r.Context())); err == nil && sb.Status == api.StatusRunning {
+			rw.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	writeJSON(rw, http.StatusBadGateway, errorBody{Code: http.StatusBadGateway, Message: "sandbox is not running"})
+}
+
+func (s *Server) envs(rw http.ResponseWriter, r *http.Request) {
+	_, id, ok := s.restClient(rw, r)
+	if !ok {
+		return
+	}
+	rec, _ := s.records.get(id)
+	env := rec.EnvVars
+	if env == nil {
+		env = map[string]string{}
+	}
+	writeJSON(rw, http.StatusOK, env)
+}
+
+// absPath is a path of the SDKs' in the sandbox: relative ones are the
+// home's of the user (root's).
+func absPath(p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("no path: %w", errdefs.ErrInvalidArgument)
+	}
+	return path.Clean(homeRelative(p)), nil
+}
+
+func (s *Server) readFile(rw http.ResponseWriter, r *http.Request) {
+	c, id, ok := s.restClient(rw, r)
+	if !ok {
+		return
+	}
+	p, err := absPath(r.URL.Query().Get("path"))
+	if err != nil {
+		writeError(rw, err)
+		return
+	}
+	sb := c.Sandbox(id)
+	st, err := sb.Stat(r.Context(), p, true)
+	switch {
+	case err != nil:
+		writeError(rw, err)
+		return
+	case st.Mode.IsDir():
+		writeError(rw, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrInvalidArgument))
+		return
+	}
+	rw.Header().Set("Content-Type", "application/octet-stream")
+	rw.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
+	hw := &headerWriter{rw: rw, size: st.Size}
+	if err := sb.ReadFile(r.Context(), p, hw); err != nil && !hw.wrote {
+		writeError(rw, err)
+		return
+	}
+	if !hw.wrote {
+		rw.Header().Set("Content-Length", "0")
+		rw.WriteHeader(http.StatusOK)
+	}
+}
+
+// headerWriter sends the answer's header with the first bytes, so that
+// an error before any is E2B's JSON error.
+type headerWriter struct {
+	rw    http.ResponseWriter
+	size  int64
+	wrote bool
+}
+
+func (h *headerWriter) Write(b []byte) (int, error) {
+	if !h.wrote {
+		h.wrote = true
+		h.rw.WriteHeader(http.StatusOK)
+	}
+	return h.rw.Write(b)
+}
+
+// entryAnswer is what an upload answers per file written.
+type entryAnswer struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+	Path string `json:"path"`
+}
+
+// writeFiles writes the files of an upload: multipart parts named file
+// (each to the path query, or its filename), or an octet-stream body to
+// the path query. Parent directories are made; each file is written
+// whole or not at all (dsec writes a temporary file and renames it).
+func (s *Server) writeFiles(rw http.ResponseWriter, r *http.Request) {
+	c, id, ok := s.restClient(rw, r)
+	if !ok {
+		return
+	}
+	sb := c.Sandbox(id)
+	q := r.URL.Query().Get("path")
+	var out []entryAnswer
+	write := func(dest string, body io.Reader) error {
+		p, err := absPath(dest)
+		if err != nil {
+			return err
+		}
+		if dir := path.Dir(p); dir != "/" {
+			if _, err := sb.MakeDir(r.Context(), dir, true); err != nil && !errdefs.IsAlreadyExists(err) {
+				return err
+			}
+		}
+		lr := &io.LimitedReader{R: body, N: maxUpload + 1}
+		err = sb.WriteFile(r.Context(), p, lr, 0o644)
+		if lr.N <= 0 {
+			return fmt.Errorf("%s: a file over %d bytes: write it in parts: %w", p, int64(maxUpload), errdefs.ErrOutOfRange)
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, entryAnswer{Name: path.Base(p), Type: "file", Path: p})
+		return nil
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var err error
+	switch {
+	case mt == "multipart/form-data":
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, perr := mr.NextPart()
+			if perr == io.EOF {
+				break
+			}
+			if perr != nil {
+				err = fmt.Errorf("bad multipart upload: %v: %w", perr, errdefs.ErrInvalidArgument)
+				break
+			}
+			if part.FormName() != "file" {
+				continue
+			}
+			dest := q
+			if dest == "" { // the whole path: Part.FileName keeps only its base
+				_, cd, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				dest = cd["filename"]
+			}
+			if err = write(dest, part); err != nil {
+				break
+			}
+		}
+	default:
+		body := io.Reader(r.Body)
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			err = fmt.Errorf("gzip uploads are not served: send the bytes as they are: %w", errdefs.ErrInvalidArgument)
+			break
+		}
+		err = write(q, body)
+	}
+	if err == nil && len(out) == 0 {
+		err = fmt.Errorf("the upload holds no file (a multipart part named file): %w", errdefs.ErrInvalidArgument)
+	}
+	if errdefs.IsOutOfRange(err) { // the SDKs' NotEnoughSpaceError
+		writeJSON(rw, http.StatusInsufficientStorage, errorBody{Code: http.StatusInsufficientStorage, Message: err.Error()})
+		return
+	}
+	if err != nil {
+		writeError(rw, err)
+		return
+	}
+	writeJSON(rw, http.StatusOK, out)
+}
+
+// filesystemService implements envd's Filesystem service.
+type filesystemService struct{ s *Server }
+
+func (f filesystemService) sandbox(ctx context.Context, h http.Header) (*sdk.Sandbox, error) {
+	c, id, err := f.s.envdClient(ctx, h)
+	if err == nil {
+		_, err = userOf(h)
+	}
+	if err != nil {
+		return nil, connErr(err)
+	}
+	return c.Sandbox(id), nil
+}
+
+// at is the sandbox of a request and the path p it names there.
+func (f filesystemService) at(ctx context.Context, h http.Header, p string) (*sdk.Sandbox, string, error) {
+	sb, err := f.sandbox(ctx, h)
+	if err != nil {
+		return nil, "", err
+	}
+	abs, err := absPath(p)
+	if err != nil {
+		return nil, "", fsErr(err)
+	}
+	return sb, abs, nil
+}
+
+// entryOf is a dsec path's stat as envd's EntryInfo.
+func entryOf(p string, st api.PathStat) *fspb.EntryInfo {
+	e := &fspb.EntryInfo{Name: st.Name, Path: p, Size: st.Size, Mode: uint32(st.Mode.Perm()), Permissions: st.Mode.String(),
+		ModifiedTime: timestamppb.New(st.Mtime)}
+	switch {
+	case st.Mode.IsDir():
+		e.Type = fspb.FileType_FILE_TYPE_DIRECTORY
+	case st.Mode&fs.ModeSymlink != 0:
+		e.Type = fspb.FileType_FILE_TYPE_SYMLINK
+		e.SymlinkTarget = &st.LinkTarget
+	case st.Mode.IsRegular():
+		e.Type = fspb.FileType_FILE_TYPE_FILE
+	}
+	return e
+}
+
+// fsErr is a file operation's error as the SDKs expect it.
+func fsErr(err error) error { return connErr(err) }
+
+func (f filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.StatRequest]) (*connect.Response[fspb.StatResponse], error) {
+	sb, p, err := f.at(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	st, err := sb.Stat(ctx, p, false)
+	if err != nil {
+		return nil, fsErr(err)
+	}
+	return connect.NewResponse(&fspb.StatResponse{Entry: entryOf(p, st)}), nil
+}
+
+func (f filesystemService) ListDir(ctx context.Context, req *connect.Request[fspb.ListDirRequest]) (*connect.Response[fspb.ListDirResponse], error) {
+	sb, p, err := f.at(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	ents, err := sb.ListDir(ctx, p, int(max(req.Msg.GetDepth(), 1)))
+	if err != nil {
+		return nil, fsErr(err)
+	}
+	out := &fspb.ListDirResponse{}
+	for _, e := range ents {
+		out.Entries = append(out.Entries, entryOf(e.Path, e.PathStat))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (f filesystemService) MakeDir(ctx context.Context, req *connect.Request[fspb.MakeDirRequest]) (*connect.Response[fspb.MakeDirResponse], error) {
+	sb, p, err := f.at(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	st, err := sb.MakeDir(ctx, p, true)
+	if err != nil {
+		return nil, fsErr(err)
+	}
+	return connect.NewResponse(&fspb.MakeDirResponse{Entry: entryOf(p, st)}), nil
+}
+
+func (f filesystemService) Move(ctx context.Context, req *connect.Request[fspb.MoveRequest]) (*connect.Response[fspb.MoveResponse], error) {
+	sb, from, err := f.at(ctx, req.Header(), req.Msg.GetSource())
+	if err != nil {
+		return nil, err
+	}
+	to, err := absPath(req.Msg.GetDestination())
+	if err != nil {
+		return nil, fsErr(err)
+	}
+	st, err := sb.Rename(ctx, from, to)
+	if err != nil {
+		return nil, fsErr(err)
+	}
+	return connect.NewResponse(&fspb.MoveResponse{Entry: entryOf(to, st)}), nil
+}
+
+func (f filesystemService) Remove(ctx context.Context, req *connect.Request[fspb.RemoveRequest]) (*connect.Response[fspb.RemoveResponse], error) {
+	sb, p, err := f.at(ctx, req.Header(), req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.RemovePath(ctx, p, true); err != nil {
+		return nil, fsErr(err)
+	}
+	return connect.NewResponse(&fspb.RemoveResponse{}), nil
+}
+
+var errNoWatch = errors.New("watching directories is not served by dsec's E2B front yet")
+
+func (f filesystemService) WatchDir(context.Context, *connect.Request[fspb.WatchDirRequest], *connect.ServerStream[fspb.WatchDirResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+func (f filesystemService) CreateWatcher(context.Context, *connect.Request[fspb.CreateWatcherRequest]) (*connect.Response[fspb.CreateWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+func (f filesystemService) GetWatcherEvents(context.Context, *connect.Request[fspb.GetWatcherEventsRequest]) (*connect.Response[fspb.GetWatcherEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+func (f filesystemService) RemoveWatcher(context.Context, *connect.Request[fspb.RemoveWatcherRequest]) (*connect.Response[fspb.RemoveWatcherResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
+}
+
+// proxy sends a request for another port of a sandbox to its address
+// (a sandbox in network mode nat has one); the caller's key must see
+// the sandbox (X-Access-Token, or the E2B traffic token header).
+func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port int) {
+	key := r.Header.Get("X-Access-Token")
+	if key == "" {
+		key = r.Header.Get("E2b-Traffic-Access-Token")
+	}
+	c, err := s.client(key)
+	if err != nil {
+		writeError(rw, err)
+		return
+	}
+	sb, err := inspect(r.Context(), c, id)
+	if err != nil {
+		writeError(rw, err)
+		return
+	}
+	if sb.Address == "" {
+		writeError(rw, fmt.Errorf("sandbox %s has no address to reach port %d at: give its template a policy with network mode nat: %w", id, port, errdefs.ErrUnavailable))
+		return
+	}
+	target := &url.URL{Scheme: "http", Host: sb.Address + ":" + strconv.Itoa(port)}
+	p := httputil.NewSingleHostReverseProxy(target)
+	p.ErrorHandler = func(rw http.ResponseWriter, _ *http.Request, err error) {
+		writeError(rw, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
+	}
+	r.Header.Del("X-Access-Token")
+	r.Header.Del("E2b-Traffic-Access-Token")
+	p.ServeHTTP(rw, r)
+}

@@ -1,0 +1,172 @@
+package e2b
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/durable"
+)
+
+// record is what E2B knows of a sandbox and dsec does not; one file,
+// DIR/ID.json, written whole (durable.WriteFile) at every change.
+type record struct {
+	ID       string            `json:"id"`
+	Template string            `json:"template"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	EnvVars  map[string]string `json:"env_vars,omitempty"`
+	Started  time.Time         `json:"started"`
+	// EndAt is when the sandbox's timeout passes; OnTimeout what
+	// happens then: "kill" (default) or "pause" (PauseMemory: with its
+	// memory, else its files only). Expired: it was paused for it.
+	EndAt       time.Time `json:"end_at"`
+	OnTimeout   string    `json:"on_timeout,omitempty"`
+	PauseMemory bool      `json:"pause_memory,omitempty"`
+	AutoResume  bool      `json:"auto_resume,omitempty"`
+	Expired     bool      `json:"expired,omitempty"`
+	// Procs are the commands started through envd, by pid: each a dsec
+	// exec. NextPID is the pid the next one gets.
+	Procs   []proc `json:"procs,omitempty"`
+	NextPID uint32 `json:"next_pid,omitempty"`
+	// Snapshots counts createSnapshot's steps; Forks the forks made.
+	Snapshots int `json:"snapshots,omitempty"`
+	Forks     int `json:"forks,omitempty"`
+}
+
+// proc is a command envd started: its pid (the front's number for it),
+// its dsec exec id and what it was asked to run.
+type proc struct {
+	PID  uint32            `json:"pid"`
+	Exec string            `json:"exec"`
+	Tag  string            `json:"tag,omitempty"`
+	Cmd  string            `json:"cmd"`
+	Args []string          `json:"args,omitempty"`
+	Envs map[string]string `json:"envs,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+}
+
+// maxProcs bounds a record's processes: the oldest are forgotten (their
+// execs stay in the sandbox's journal).
+const maxProcs = 4096
+
+// records are the front's records, cached in memory.
+type records struct {
+	dir string
+	mu  sync.Mutex
+	m   map[string]*record
+}
+
+func openRecords(dir string) (*records, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	r := &records{dir: dir, m: map[string]*record{}}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		var rec record
+		if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
+			return nil, fmt.Errorf("e2b record %s is damaged (%v): remove it to forget that sandbox's E2B state: %w", filepath.Join(dir, e.Name()), err, errdefs.ErrDataLoss)
+		}
+		r.m[id] = &rec
+	}
+	return r, nil
+}
+
+// get is a copy of the record of id.
+func (r *records) get(id string) (record, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.m[id]
+	if !ok {
+		return record{}, false
+	}
+	return rec.clone(), true
+}
+
+// all are copies of every record.
+func (r *records) all() []record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]record, 0, len(r.m))
+	for _, rec := range r.m {
+		out = append(out, rec.clone())
+	}
+	return out
+}
+
+func (rec *record) clone() record {
+	c := *rec
+	c.Procs = append([]proc(nil), rec.Procs...)
+	return c
+}
+
+// put writes rec, new or whole.
+func (r *records) put(rec record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.write(&rec)
+}
+
+// update changes the record of id; errdefs.ErrNotFound if there is none.
+func (r *records) update(id string, fn func(*record)) error { return r.change(id, fn, true) }
+
+// addProc is update for a command started: atomic but not fsynced (a
+// write per command; what a host crash may lose is a pid of a process
+// the crash took too, and exec ids never repeat, so no pid the front
+// hands out again names an old command).
+func (r *records) addProc(id string, fn func(*record)) error { return r.change(id, fn, false) }
+
+func (r *records) change(id string, fn func(*record), sync bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.m[id]
+	if !ok {
+		return fmt.Errorf("sandbox %s is not an E2B sandbox: %w", id, errdefs.ErrNotFound)
+	}
+	c := rec.clone()
+	fn(&c)
+	return r.writeSync(&c, sync)
+}
+
+func (r *records) write(rec *record) error { return r.writeSync(rec, true) }
+
+func (r *records) writeSync(rec *record, sync bool) error {
+	if len(rec.Procs) > maxProcs {
+		rec.Procs = rec.Procs[len(rec.Procs)-maxProcs:]
+	}
+	b, _ := json.Marshal(rec)
+	write := durable.WriteFile
+	if !sync {
+		write = durable.Replace
+	}
+	if err := write(filepath.Join(r.dir, rec.ID+".json"), b, 0o600); err != nil {
+		return fmt.Errorf("e2b record of %s: %w", rec.ID, err)
+	}
+	r.m[rec.ID] = rec
+	return nil
+}
+
+// remove forgets the record of id.
+func (r *records) remove(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, id)
+	os.Remove(filepath.Join(r.dir, id+".json"))
+}

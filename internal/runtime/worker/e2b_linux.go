@@ -1,0 +1,111 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/e2b"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// The E2B front (package e2b) runs in the worker: its own TCP listener
+// (Config.E2B.Listen, TLS as the API's), and calls into the worker over
+// in-process connections: one the TCP API's handler serves, tokens
+// checked (a request with the caller's key), one the unix socket's
+// (the admin's: the front's timeouts).
+
+// pipeListener hands connections made in this process to a server.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error { l.once.Do(func() { close(l.done) }); return nil }
+
+func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "e2b-front", Net: "unix"} }
+
+// Dial makes a connection the server accepts: a socket pair, so the
+// kernel buffers both ways as on a real socket.
+func (l *pipeListener) Dial(ctx context.Context) (net.Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ends := [2]net.Conn{}
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "e2b-front")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			if i == 1 {
+				ends[0].Close()
+			}
+			return nil, err
+		}
+		ends[i] = c
+	}
+	select {
+	case l.conns <- ends[0]:
+		return ends[1], nil
+	case <-ctx.Done():
+	case <-l.done:
+	}
+	ends[0].Close()
+	ends[1].Close()
+	return nil, fmt.Errorf("the worker is not serving its E2B front: %w", net.ErrClosed)
+}
+
+// serveE2B serves the front on l until ctx ends; remote and local are
+// the worker's TCP API and unix socket servers, which its in-process
+// connections reach.
+func (w *worker) serveE2B(ctx context.Context, l net.Listener, remote, local *http.Server, errc chan<- error) error {
+	authed, admin := newPipeListener(), newPipeListener()
+	go remote.Serve(authed)
+	go local.Serve(admin)
+	adminClient, err := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: "admin", Dial: admin.Dial})
+	if err != nil {
+		return err
+	}
+	front, err := e2b.New(e2b.Options{Dial: authed.Dial, Admin: adminClient, Dir: filepath.Join(w.cfg.Root, "e2b"),
+		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, Log: w.log})
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		BaseContext: func(net.Listener) context.Context { return ctx },
+		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)}
+	go front.Run(ctx)
+	go func() { errc <- srv.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		authed.Close()
+		admin.Close()
+	}()
+	return nil
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# make bench (as root): the E2B protocol (issue 32), on one worker, on a Debian layer, in one run (sdk's BenchmarkE2B).
+#  1. Sandbox.create + the first commands.run('true') p50, official E2B JS SDK over the E2B front vs dsec's Go SDK over
+#     its TCP API (both run bash -l -c true, as the E2B SDK does).
+#  2. commands.run('true') p50 in one sandbox, the same two ways.
+#  3. 100 sandboxes made at once from one client, each running 10 commands: sandboxes/s and commands/s.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "bench-e2b: needs root (the worker): skipped" >&2; exit 0; }
+command -v node >/dev/null || { echo "bench-e2b: needs node (make deps installs it)" >&2; exit 1; }
+n=${BENCH_N:-200}
+metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
+
+r=$(go test -run '^$' -bench 'BenchmarkE2B$' -benchtime "${n}x" ./sdk/)
+echo "== E2B protocol (2-core VM; $(date -u +%F)): official E2B JS SDK 2.51.0 vs dsec's Go SDK, same worker"
+printf '%-52s %12s %12s %8s\n' figure e2b dsec-sdk ratio
+printf '%-52s %9s ms %9s ms %7sx\n' "create + first command, p50" "$(metric "$r" e2b-create-first-p50-ms)" \
+	"$(metric "$r" go-create-first-p50-ms)" "$(metric "$r" e2b/go-create-first)"
+printf '%-52s %9s ms %9s ms %7sx\n' "command (bash -l -c true), p50" "$(metric "$r" e2b-run-p50-ms)" \
+	"$(metric "$r" go-run-p50-ms)" "$(metric "$r" e2b/go-run)"
+printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes at once: sandboxes/s" "$(metric "$r" e2b-sandboxes/s)" \
+	"$(metric "$r" go-sandboxes/s)" "$(metric "$r" e2b/go-sandboxes)"
+printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes x 10 commands: commands/s" "$(metric "$r" e2b-commands/s)" \
+	"$(metric "$r" go-commands/s)" "$(metric "$r" e2b/go-commands)"
