@@ -3,7 +3,8 @@
 #  1. Sandbox.create + the first commands.run('true') p50, official E2B JS SDK over the E2B front vs dsec's Go SDK over
 #     its TCP API (both run bash -l -c true, as the E2B SDK does).
 #  2. commands.run('true') p50 in one sandbox, the same two ways.
-#  3. 100 sandboxes made at once from one client, each running 10 commands: sandboxes/s and commands/s.
+#  3. one request each way (files.getInfo vs Stat): what the clients cost per request.
+#  4. 100 sandboxes made at once from one client, each running 10 commands: sandboxes/s and commands/s.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-e2b: needs root (the worker): skipped" >&2; exit 0; }
 command -v node >/dev/null || { echo "bench-e2b: needs node (make deps installs it)" >&2; exit 1; }
@@ -17,6 +18,8 @@ printf '%-52s %9s ms %9s ms %7sx\n' "create + first command, p50" "$(metric "$r"
 	"$(metric "$r" go-create-first-p50-ms)" "$(metric "$r" e2b/go-create-first)"
 printf '%-52s %9s ms %9s ms %7sx\n' "command (bash -l -c true), p50" "$(metric "$r" e2b-run-p50-ms)" \
 	"$(metric "$r" go-run-p50-ms)" "$(metric "$r" e2b/go-run)"
+printf '%-52s %9s ms %9s ms %7sx\n' "one request (files.getInfo / Stat), p50" "$(metric "$r" e2b-stat-p50-ms)" \
+	"$(metric "$r" go-stat-p50-ms)" "$(metric "$r" e2b/go-stat)"
 printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes at once: sandboxes/s" "$(metric "$r" e2b-sandboxes/s)" \
 	"$(metric "$r" go-sandboxes/s)" "$(metric "$r" e2b/go-sandboxes)"
 printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes x 10 commands: commands/s" "$(metric "$r" e2b-commands/s)" \

@@ -25,7 +25,8 @@ import (
 // baseline) and through the official E2B SDK over the E2B front
 // (internal/e2b/testdata/bench.cjs, after the Go loop): create + first
 // command p50, a command's p50 (both run bash -l -c true, as the E2B
-// SDK does), and 100 sandboxes made at once, 10 commands each.
+// SDK does), a stat's p50 (one request each way: what a request costs
+// the clients), and 100 sandboxes made at once, 10 commands each.
 func BenchmarkE2B(b *testing.B) {
 	mods, err := e2btest.Install("2.51.0")
 	if err != nil {
@@ -87,7 +88,16 @@ func BenchmarkE2B(b *testing.B) {
 		exec1(sb)
 		runs = append(runs, time.Since(t0))
 	}
+	var stats []time.Duration
+	for range 100 {
+		t0 := time.Now()
+		if _, err := sb.Stat(ctx, "/tmp", false); err != nil {
+			b.Fatal(err)
+		}
+		stats = append(stats, time.Since(t0))
+	}
 	sb.Remove(ctx, true)
+	report(b, "go-stat", stats)
 	report(b, "go-create-first", first)
 	report(b, "go-run", runs)
 	t0 := time.Now()
@@ -124,6 +134,8 @@ func BenchmarkE2B(b *testing.B) {
 	f := figures(b, node)
 	b.ReportMetric(f["create_first_p50_ms"], "e2b-create-first-p50-ms")
 	b.ReportMetric(f["run_p50_ms"], "e2b-run-p50-ms")
+	b.ReportMetric(f["stat_p50_ms"], "e2b-stat-p50-ms")
+	b.ReportMetric(f["stat_p50_ms"]/ms(p50(stats)), "e2b/go-stat")
 	b.ReportMetric(f["sandboxes_per_s"], "e2b-sandboxes/s")
 	b.ReportMetric(f["commands_per_s"], "e2b-commands/s")
 	b.ReportMetric(f["create_first_p50_ms"]/ms(p50(first)), "e2b/go-create-first")

@@ -234,8 +234,12 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 		}
 		spec.Env = append(spec.Env, k+"="+req.EnvVars[k])
 	}
+	owner, _, err := s.opts.Authorize(key)
+	if err != nil {
+		return fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+	}
 	now := time.Now().UTC()
-	rec := record{ID: spec.Name, Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, Started: now, EndAt: now.Add(timeout), NextPID: 1}
+	rec := record{ID: spec.Name, Owner: owner, Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, Started: now, EndAt: now.Add(timeout), NextPID: 1}
 	if req.AutoPause {
 		rec.OnTimeout, rec.PauseMemory = "pause", req.AutoPauseMemory == nil || *req.AutoPauseMemory
 	}
@@ -278,7 +282,7 @@ func (s *Server) recordOf(sb api.Sandbox) record {
 	if tpl == "" && len(sb.Layers) > 0 {
 		tpl = sb.Layers[0]
 	}
-	return record{ID: sb.Name, Template: tpl, Started: sb.Created}
+	return record{ID: sb.Name, Owner: sb.Owner, Template: tpl, Started: sb.Created}
 }
 
 // stateOf is a sandbox's E2B state: running, or paused (frozen with its
@@ -714,12 +718,16 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, ke
 	if err != nil {
 		return err
 	}
+	owner, _, err := s.opts.Authorize(key)
+	if err != nil {
+		return fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+	}
 	from := s.recordOf(src)
 	prefix := newID()
 	now := time.Now().UTC()
 	var recs []record
 	for i := range n {
-		rec := record{ID: fmt.Sprintf("%s-%d", prefix, i+1), Template: from.Template, Metadata: from.Metadata, EnvVars: from.EnvVars,
+		rec := record{ID: fmt.Sprintf("%s-%d", prefix, i+1), Owner: owner, Template: from.Template, Metadata: from.Metadata, EnvVars: from.EnvVars,
 			Started: now, EndAt: now.Add(d), OnTimeout: from.OnTimeout, PauseMemory: from.PauseMemory, AutoResume: from.AutoResume, NextPID: 1}
 		if err := s.records.put(rec); err != nil {
 			return err

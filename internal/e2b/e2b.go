@@ -59,6 +59,11 @@ type Options struct {
 	// Admin is the worker as its admin: what the front does on its own
 	// (removing or pausing sandboxes past their timeout).
 	Admin *sdk.Client
+	// Authorize checks a key as the worker does: the id of its token and
+	// whether it is the admin's. The envd requests the front answers from
+	// what it holds (a running command's stdin, its list) are the key's
+	// only for a sandbox its token owns.
+	Authorize func(key string) (id string, admin bool, err error)
 	// Dir holds the front's records (one file per sandbox).
 	Dir string
 	// Templates are the template IDs the config names (e2b.templates);

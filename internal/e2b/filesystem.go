@@ -137,7 +137,7 @@ func (s *Server) readFile(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
-	hw := &headerWriter{rw: rw, size: st.Size}
+	hw := &headerWriter{rw: rw}
 	if err := sb.ReadFile(r.Context(), p, hw); err != nil && !hw.wrote {
 		writeError(rw, err)
 		return
@@ -152,7 +152,6 @@ func (s *Server) readFile(rw http.ResponseWriter, r *http.Request) {
 // an error before any is E2B's JSON error.
 type headerWriter struct {
 	rw    http.ResponseWriter
-	size  int64
 	wrote bool
 }
 

@@ -136,12 +136,20 @@ type processService struct{ s *Server }
 // and the sandbox the request is for, which must have a record (one
 // dsec made outside E2B gets one).
 func (s *Server) envdClient(ctx context.Context, h http.Header) (*sdk.Client, string, error) {
-	c, err := s.client(h.Get("X-Access-Token"))
+	key := h.Get("X-Access-Token")
+	c, err := s.client(key)
 	if err != nil {
 		return nil, "", err
 	}
+	owner, admin, err := s.opts.Authorize(key)
+	if err != nil {
+		return nil, "", fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+	}
 	id := sandboxOf(ctx)
-	if _, ok := s.records.get(id); ok {
+	if rec, ok := s.records.get(id); ok {
+		if !admin && rec.Owner != owner { // as the worker answers another token's
+			return nil, "", fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
+		}
 		return c, id, nil
 	}
 	sb, err := inspect(ctx, c, id)
@@ -203,7 +211,7 @@ func (p processService) Start(ctx context.Context, req *connect.Request[pb.Start
 	// The same command again: its record, then its journal.
 	if rec, ok := p.s.records.get(id); ok {
 		for _, pr := range rec.Procs {
-			if execID != "" && pr.Exec == execID || m.Tag != nil && pr.Tag == m.GetTag() {
+			if execID != "" && pr.Exec == execID || m.GetTag() != "" && pr.Tag == m.GetTag() {
 				return p.s.replay(ctx, c, id, pr, keepaliveOf(req.Header()), send)
 			}
 		}
@@ -277,6 +285,13 @@ func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs
 		}
 		if stdinR != nil {
 			stdinR.Close()
+		}
+		if l.err == nil { // List asks the journal only of those not known to have ended
+			s.records.addProc(id, func(r *record) {
+				if i := slices.IndexFunc(r.Procs, func(p proc) bool { return p.PID == pid }); i >= 0 {
+					r.Procs[i].Ended = true
+				}
+			})
 		}
 		close(l.done)
 	}()
@@ -451,6 +466,9 @@ func (p processService) List(ctx context.Context, req *connect.Request[pb.ListRe
 	out := &pb.ListResponse{}
 	for _, pr := range rec.Procs {
 		l := running[pr.PID]
+		if pr.Ended {
+			continue
+		}
 		if l == nil {
 			// Started by an earlier worker's front: the journal knows.
 			if _, err := c.Sandbox(id).Logs(ctx, pr.Exec, false, nil, nil); !errors.Is(err, sdk.ErrRunning) {

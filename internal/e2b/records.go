@@ -17,7 +17,10 @@ import (
 // record is what E2B knows of a sandbox and dsec does not; one file,
 // DIR/ID.json, written whole (durable.WriteFile) at every change.
 type record struct {
-	ID       string            `json:"id"`
+	ID string `json:"id"`
+	// Owner is the id of the token that owns the sandbox (none: the
+	// admin's, made over the worker's socket).
+	Owner    string            `json:"owner,omitempty"`
 	Template string            `json:"template"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	EnvVars  map[string]string `json:"env_vars,omitempty"`
@@ -49,11 +52,14 @@ type proc struct {
 	Args []string          `json:"args,omitempty"`
 	Envs map[string]string `json:"envs,omitempty"`
 	Cwd  string            `json:"cwd,omitempty"`
+	// Ended: the front saw it end (one that ended while no worker ran
+	// is asked of the journal).
+	Ended bool `json:"ended,omitempty"`
 }
 
 // maxProcs bounds a record's processes: the oldest are forgotten (their
 // execs stay in the sandbox's journal).
-const maxProcs = 4096
+const maxProcs = 1024
 
 // records are the front's records, cached in memory.
 type records struct {

@@ -1,7 +1,8 @@
 // E2B SDK figures against dsec's E2B front, printed as JSON (sdk's
 // BenchmarkE2B runs it next to dsec's Go SDK on the same worker):
 // Sandbox.create + the first commands.run('true') p50, commands.run('true')
-// p50 in one sandbox, and 100 sandboxes made at once from this process,
+// p50 in one sandbox, files.getInfo p50 (one unary request: the client's
+// cost per request), and 100 sandboxes made at once from this process,
 // each running 10 commands (sandboxes/s, commands/s).
 //
 //   node bench.cjs TEMPLATE [N]   (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY)
@@ -29,6 +30,12 @@ async function main() {
     await sbx.commands.run('true')
     run.push(now() - t0)
   }
+  const stat = []
+  for (let i = 0; i < Number(n); i++) {
+    const t0 = now()
+    await sbx.files.getInfo('/tmp')
+    stat.push(now() - t0)
+  }
   await sbx.kill()
   const t0 = now()
   const made = await Promise.all(Array.from({ length: 100 }, () => Sandbox.create(template)))
@@ -37,7 +44,7 @@ async function main() {
   const all = now() - t0
   await Promise.all(made.map((s) => s.kill()))
   console.log(JSON.stringify({
-    create_first_p50_ms: p50(first), run_p50_ms: p50(run),
+    create_first_p50_ms: p50(first), run_p50_ms: p50(run), stat_p50_ms: p50(stat),
     sandboxes_per_s: 100 / (created / 1000), commands_per_s: 1000 / ((all - created) / 1000),
   }))
 }

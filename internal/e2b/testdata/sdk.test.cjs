@@ -3,7 +3,8 @@
 // node --test, once per SDK release (NODE_PATH names its install), with
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY set to a worker started
 // with --e2b-listen; DSEC_E2B_TEMPLATE is a Debian template, DSEC_E2B_SMALL
-// one with a small disk, DSEC_HOST_MARKER a host file no sandbox may read.
+// one with a small disk, DSEC_HOST_MARKER a host file no sandbox may read,
+// DSEC_E2B_OTHER_KEY another token's key.
 'use strict'
 const { test, after } = require('node:test')
 const assert = require('node:assert/strict')
@@ -166,6 +167,36 @@ test('files: no path leads out of the sandbox', async () => {
   await sbx.files.write('/tmp/link-target-test', 'x')
   await sbx.files.write(`/../../../..${marker}`, 'overwritten')
   assert.notEqual(fs.readFileSync(marker, 'utf8'), 'overwritten')
+})
+
+test("another key sees nothing of a sandbox: not its info, processes, stdin or files", async () => {
+  const other = process.env.DSEC_E2B_OTHER_KEY
+  assert.ok(other, 'DSEC_E2B_OTHER_KEY is a second key')
+  const sbx = await create()
+  const h = await sbx.commands.run('cat', { background: true, stdin: true })
+  await assert.rejects(Sandbox.connect(sbx.sandboxId, { apiKey: other }), (err) => err instanceof e2b.SandboxNotFoundError || err instanceof e2b.NotFoundError)
+  assert.equal(await Sandbox.kill(sbx.sandboxId, { apiKey: other }), false)
+  assert.ok(!(await Sandbox.list({ apiKey: other }).nextItems()).some((s) => s.sandboxId === sbx.sandboxId))
+  const envd = (path, body, key) => fetch(process.env.E2B_SANDBOX_URL + path, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': key,
+      'Content-Type': 'application/json', 'Connect-Protocol-Version': '1' },
+  })
+  for (const [path, body] of [['/process.Process/List', {}], ['/process.Process/SendInput', { process: { pid: h.pid }, input: { stdin: 'aGkK' } }],
+    ['/process.Process/CloseStdin', { process: { pid: h.pid } }], ['/filesystem.Filesystem/Stat', { path: '/etc/hostname' }]]) {
+    const res = await envd(path, body, other)
+    const text = await res.text()
+    assert.equal(res.status, 404, `${path}: ${res.status} ${text}`)
+    assert.equal(JSON.parse(text).code, 'not_found')
+  }
+  const files = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/etc/hostname`, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': other } })
+  assert.equal(files.status, 404)
+  const none = await envd('/process.Process/List', {}, 'e2b_' + '1'.repeat(40))
+  assert.equal(none.status, 401)
+  // The owner's own still works: the command got nothing from the other key.
+  await sbx.commands.sendStdin(h.pid, 'mine\n')
+  await sbx.commands.closeStdin(h.pid)
+  assert.equal((await h.wait()).stdout, 'mine\n')
 })
 
 test('pause keeps processes and memory; connect resumes them', async () => {

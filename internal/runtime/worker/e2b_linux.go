@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -90,7 +91,11 @@ func (w *worker) serveE2B(ctx context.Context, l net.Listener, remote, local *ht
 		return err
 	}
 	front, err := e2b.New(e2b.Options{Dial: authed.Dial, Admin: adminClient, Dir: filepath.Join(w.cfg.Root, "e2b"),
-		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, Log: w.log})
+		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, Log: w.log,
+		Authorize: func(key string) (string, bool, error) {
+			t, err := w.tokens.Check(key, time.Now())
+			return t.ID, t.Scope == auth.Admin, err
+		}})
 	if err != nil {
 		return err
 	}
