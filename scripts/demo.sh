@@ -229,8 +229,9 @@ if [ "$(id -u)" = 0 ]; then
 		npm install --silent --no-audit --no-fund --no-save --prefix "$cache/e2b-2.51.0" e2b@2.51.0 >/dev/null
 	"$dsec" layer build "$cache/debian-bookworm-minbase" --kind base -t demo/debian:12 --force >/dev/null
 	key=$("$dsec" token create --e2b --ttl 1h)
-	E2B_API_URL="http://127.0.0.1:$e2bport" E2B_SANDBOX_URL="http://127.0.0.1:$e2bport" E2B_API_KEY=$key \
-		NODE_PATH="$cache/e2b-2.51.0/node_modules" node scripts/e2b-demo.cjs
+	# TLS as the worker's TCP API: its CA for Node.
+	E2B_API_URL="https://127.0.0.1:$e2bport" E2B_SANDBOX_URL="https://127.0.0.1:$e2bport" E2B_API_KEY=$key \
+		NODE_EXTRA_CA_CERTS="$work/tls/ca.pem" NODE_PATH="$cache/e2b-2.51.0/node_modules" node scripts/e2b-demo.cjs
 	"$dsec" token rm "${key:4:8}" >/dev/null
 
 	step "the second host runs a sandbox on lazily mounted layers"
