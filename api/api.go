@@ -281,14 +281,19 @@ type Sandbox struct {
 // once: the same ID again returns the recorded output and exit code, or
 // waits for them while the command still runs.
 type ExecRequest struct {
-	ID    string   `json:"id,omitempty"` // default: generated
-	Args  []string `json:"args"`
-	Env   []string `json:"env,omitempty"` // added to the sandbox's
-	Cwd   string   `json:"cwd,omitempty"` // default: the sandbox's workdir
-	Stdin bool     `json:"stdin,omitempty"`
-	TTY   bool     `json:"tty,omitempty"`
-	Rows  int      `json:"rows,omitempty"`
-	Cols  int      `json:"cols,omitempty"`
+	ID   string   `json:"id,omitempty"` // default: generated
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"` // added to the sandbox's
+	Cwd  string   `json:"cwd,omitempty"` // default: the sandbox's workdir
+	// User runs the command as a user of the sandbox: a name of its
+	// /etc/passwd, a uid, or uid:gid (default root). HOME, USER and
+	// LOGNAME are then that user's; without a Cwd or workdir it starts
+	// in the user's home.
+	User  string `json:"user,omitempty"`
+	Stdin bool   `json:"stdin,omitempty"`
+	TTY   bool   `json:"tty,omitempty"`
+	Rows  int    `json:"rows,omitempty"`
+	Cols  int    `json:"cols,omitempty"`
 	// Detach answers with the first frame (the id) and leaves the
 	// command running; its output and result stay in the journal.
 	Detach bool `json:"detach,omitempty"`

@@ -378,6 +378,9 @@ type ExecOptions struct {
 	Args []string
 	Env  []string // over the sandbox's
 	Cwd  string
+	// User runs it as a user of the sandbox (a name, uid or uid:gid;
+	// default root).
+	User string
 	// Stdin, if set, is copied to the command (else /dev/null).
 	Stdin io.Reader
 	// Output; nil discards it.
@@ -411,7 +414,7 @@ func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, e
 }
 
 func (opts ExecOptions) request() api.ExecRequest {
-	return api.ExecRequest{ID: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd, Stdin: opts.Stdin != nil,
+	return api.ExecRequest{ID: opts.ID, Args: opts.Args, Env: opts.Env, Cwd: opts.Cwd, User: opts.User, Stdin: opts.Stdin != nil,
 		TTY: opts.TTY, Rows: opts.Rows, Cols: opts.Cols, Detach: opts.Detach}
 }
 

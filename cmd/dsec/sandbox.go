@@ -280,7 +280,7 @@ func checkEnv(env []string) error {
 }
 
 type execFlags struct {
-	id, workdir       string
+	id, workdir, user string
 	env               []string
 	tty, stdin, jsonO bool
 }
@@ -306,6 +306,7 @@ is in "stdout_base64" or "stderr_base64" instead, byte for byte.
 		Example: `  dsec exec rollout-7 -- ls /work
   dsec exec --id rollout-7/step-12 rollout-7 -- sh -c 'pip install -e . && pytest -x'
   echo 'print(1)' | dsec exec -i rollout-7 -- python3
+  dsec exec -u nobody rollout-7 -- id
   dsec exec -it rollout-7 -- sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
@@ -329,6 +330,7 @@ is in "stdout_base64" or "stderr_base64" instead, byte for byte.
 	fl.StringVar(&f.id, "id", "", "the step's id: the same id never runs twice (default: fresh)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V added to the sandbox's environment (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "working directory (default: the sandbox's)")
+	fl.StringVarP(&f.user, "user", "u", "", "run as this user of the sandbox: a name of its /etc/passwd, uid or uid:gid (default root)")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "pass stdin to the command")
 	fl.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal")
 	fl.BoolVar(&f.jsonO, "json", false, "print the output and the result as JSON")
@@ -356,7 +358,7 @@ func textOr(b []byte) (*string, string) {
 
 // execute runs args in sb and turns its end into dsec's exit.
 func (a *app) execute(ctx context.Context, sb *sdk.Sandbox, f execFlags, args []string) error {
-	opts := sdk.ExecOptions{ID: f.id, Args: args, Env: f.env, Cwd: f.workdir}
+	opts := sdk.ExecOptions{ID: f.id, Args: args, Env: f.env, Cwd: f.workdir, User: f.user}
 	defer a.streams(&opts, f)()
 	var outBuf, errBuf bytes.Buffer
 	if f.jsonO {

@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"path"
 	"strconv"
-	"strings"
 
 	"connectrpc.com/connect"
 	"github.com/containerd/errdefs"
@@ -55,28 +54,13 @@ func (s *Server) restClient(rw http.ResponseWriter, r *http.Request) (*sdk.Clien
 	}
 	c, id, err := s.envdClient(r.Context(), r.Header)
 	if err == nil {
-		_, err = userOfQuery(r)
+		err = rootOnly(r.URL.Query().Get("username"))
 	}
 	if err != nil {
 		writeError(rw, err)
 		return nil, "", false
 	}
 	return c, id, true
-}
-
-// userOfQuery is userOf for the REST endpoints (?username=).
-func userOfQuery(r *http.Request) (string, error) {
-	h := http.Header{}
-	if u := r.URL.Query().Get("username"); u != "" {
-		h.Set("Authorization", "Basic "+basic(u))
-	}
-	return userOf(h)
-}
-
-func basic(user string) string {
-	r, _ := http.NewRequest("GET", "/", nil)
-	r.SetBasicAuth(user, "")
-	return strings.TrimPrefix(r.Header.Get("Authorization"), "Basic ")
 }
 
 // health is 204 while the sandbox runs (the SDK's isRunning), 502
@@ -257,7 +241,7 @@ type filesystemService struct{ s *Server }
 func (f filesystemService) sandbox(ctx context.Context, h http.Header) (*sdk.Sandbox, error) {
 	c, id, err := f.s.envdClient(ctx, h)
 	if err == nil {
-		_, err = userOf(h)
+		err = rootOnly(userOf(h))
 	}
 	if err != nil {
 		return nil, connErr(err)

@@ -159,15 +159,24 @@ func (s *Server) envdClient(ctx context.Context, h http.Header) (*sdk.Client, st
 	return c, id, s.ensureRecord(sb)
 }
 
-// userOf is the user a request asks commands to run as (Basic auth's
-// name); dsec runs them as the sandbox's root.
-func userOf(h http.Header) (string, error) {
+// userOf is the user a request asks for (Basic auth's name; none:
+// root, dsec's default, "" here).
+func userOf(h http.Header) string {
 	r := http.Request{Header: h}
-	user, _, ok := r.BasicAuth()
-	if !ok || user == "" || user == "root" {
-		return "root", nil
+	user, _, _ := r.BasicAuth()
+	if user == "root" {
+		return ""
 	}
-	return "", fmt.Errorf("user %q: dsec's E2B front runs commands and file operations as the sandbox's root only: pass user: 'root', or none: %w", user, errdefs.ErrNotImplemented)
+	return user
+}
+
+// rootOnly refuses a file operation as another user than root: dsec
+// makes files as the sandbox's root.
+func rootOnly(user string) error {
+	if user != "" && user != "root" {
+		return fmt.Errorf("user %q: dsec's E2B front reads and writes files as the sandbox's root: pass user: 'root', or none (commands run as any user): %w", user, errdefs.ErrNotImplemented)
+	}
+	return nil
 }
 
 // processTimeout is the command's lifetime the request asks for
@@ -193,9 +202,6 @@ func (p processService) Start(ctx context.Context, req *connect.Request[pb.Start
 	if err != nil {
 		return connErr(err)
 	}
-	if _, err := userOf(req.Header()); err != nil {
-		return connErr(err)
-	}
 	m := req.Msg
 	if m.Pty != nil {
 		return connect.NewError(connect.CodeUnimplemented, errors.New("terminals (pty) are not served by dsec's E2B front yet: run the command without one, or use dsec exec -t"))
@@ -216,7 +222,7 @@ func (p processService) Start(ctx context.Context, req *connect.Request[pb.Start
 			}
 		}
 	}
-	l, err := p.s.startProc(c, id, cfg, envs, m.GetTag(), execID, m.GetStdin(), processTimeout(req.Header()))
+	l, err := p.s.startProc(c, id, cfg, envs, userOf(req.Header()), m.GetTag(), execID, m.GetStdin(), processTimeout(req.Header()))
 	if err != nil {
 		return connErr(err)
 	}
@@ -247,7 +253,7 @@ func (p processService) Start(ctx context.Context, req *connect.Request[pb.Start
 
 // startProc starts cfg in sandbox id as a new command with a pid of its
 // own, and returns once the worker says it runs.
-func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs map[string]string, tag, execID string, stdin bool, timeout time.Duration) (*live, error) {
+func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs map[string]string, user, tag, execID string, stdin bool, timeout time.Duration) (*live, error) {
 	var pid uint32
 	err := s.records.addProc(id, func(r *record) {
 		pid = max(r.NextPID, 1)
@@ -262,7 +268,7 @@ func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs
 	}
 	l := &live{proc: proc{PID: pid, Exec: execID, Tag: tag, Cmd: cfg.GetCmd(), Args: cfg.GetArgs(), Envs: envs, Cwd: cfg.GetCwd()},
 		sandbox: id, c: c, out: make(chan chunk), detached: make(chan struct{}), started: make(chan struct{}), done: make(chan struct{})}
-	opts := sdk.ExecOptions{ID: execID, Args: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Cwd: homeRelative(cfg.GetCwd()),
+	opts := sdk.ExecOptions{ID: execID, Args: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Cwd: homeRelative(cfg.GetCwd()), User: user,
 		Stdout: writer{l, false}, Stderr: writer{l, true}, Started: func(string) { close(l.started) }}
 	for _, k := range slices.Sorted(maps.Keys(envs)) {
 		opts.Env = append(opts.Env, k+"="+envs[k])

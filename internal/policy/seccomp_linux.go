@@ -80,6 +80,11 @@ const ioctlTypeNr = 0xffff
 const (
 	retEPERM = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
 	retKill  = unix.SECCOMP_RET_KILL_PROCESS
+	// retNoProto answers a netlink protocol the sandbox may not open as
+	// a kernel without it would: programs that use one when it is there
+	// (useradd, through libaudit, and so every package whose install
+	// adds a user) carry on without it, where EPERM makes them abort.
+	retNoProto = unix.SECCOMP_RET_ERRNO | uint32(unix.EPROTONOSUPPORT)
 )
 
 func argRules() []argRule {
@@ -94,7 +99,7 @@ func argRules() []argRule {
 		// Sockets: netlink of the allowed protocols (raw or datagram,
 		// as netlink has it), families, raw and packet types, MPTCP
 		// (which Landlock's TCP rules do not cover).
-		{Syscall: "socket", Arg: 0, Value: unix.AF_NETLINK, Ret: retEPERM, AllowArg: 2,
+		{Syscall: "socket", Arg: 0, Value: unix.AF_NETLINK, Ret: retNoProto, AllowArg: 2,
 			Allow: slices.Sorted(maps.Values(NetlinkAllowed))},
 		{Syscall: "socket", Arg: 0, Value: unix.AF_ALG, Ret: retEPERM},
 		{Syscall: "socket", Arg: 0, Value: unix.AF_PACKET, Ret: retEPERM},

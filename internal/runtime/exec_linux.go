@@ -25,7 +25,8 @@ type ExecSpec struct {
 	ID   string
 	Args []string
 	Env  []string // after the sandbox's
-	Cwd  string   // default: the sandbox's workdir, then /
+	Cwd  string   // default: the sandbox's workdir, then / (a User's home)
+	User string   // default: root
 	// Stdin is nil for /dev/null. Stdout and Stderr, when set, replace
 	// the journal's output files (a terminal: the caller records it).
 	Stdin, Stdout, Stderr *os.File
@@ -102,7 +103,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			}()
 			// The call returns when the command ends; the init answers
 			// at once if it cannot start it.
-			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY,
+			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY, User: spec.User,
 				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class),
 				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 			var r Result

@@ -42,7 +42,7 @@ test(`create, getInfo, metadata, envVars (e2b ${VERSION})`, async () => {
   assert.equal(await sbx.isRunning(), true)
 })
 
-test('commands.run: output, exit codes, envs, cwd, user', async () => {
+test('commands.run: output, exit codes, envs, cwd, users', async () => {
   const sbx = await create()
   const chunks = []
   const r = await sbx.commands.run('echo out; echo err >&2; echo $FOO', {
@@ -55,6 +55,10 @@ test('commands.run: output, exit codes, envs, cwd, user', async () => {
   assert.equal(chunks.join(''), 'out\nbar\n')
   assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
   assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stdout, '0\n')
+  await sbx.commands.run('useradd -m agent')
+  assert.equal((await sbx.commands.run('id -un; echo $HOME; pwd', { user: 'agent' })).stdout, 'agent\n/home/agent\n/home/agent\n')
+  await assert.rejects(sbx.commands.run('true', { user: 'nosuch' }), (err) => err instanceof e2b.InvalidArgumentError || err instanceof e2b.SandboxError)
+  await assert.rejects(sbx.files.read('/etc/hostname', { user: 'agent' }))
   await assert.rejects(sbx.commands.run('echo partial; exit 3'), (err) => {
     assert.ok(err instanceof CommandExitError, String(err))
     assert.equal(err.exitCode, 3)

@@ -93,6 +93,9 @@ type Cmd struct {
 	// root, mode 0755) when it is missing: the sandbox's own working
 	// directory, as docker makes a WORKDIR.
 	MakeCwd bool
+	// User runs it as that user of the sandbox (a name of its
+	// /etc/passwd, uid or uid:gid; none: root).
+	User string
 	// TTY makes Stdin the command's controlling terminal.
 	TTY bool
 	// nil: /dev/null. The caller may close them once Started ran (or

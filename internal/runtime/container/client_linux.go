@@ -138,7 +138,7 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore}, unix.UnixRights(files...), cmd.Started)
+	return s.call(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore, User: cmd.User}, unix.UnixRights(files...), cmd.Started)
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a

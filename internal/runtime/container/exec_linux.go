@@ -47,7 +47,18 @@ func start(r request, stdio []*os.File) (int, error) {
 		}
 		path = p
 	}
-	cwd := r.Cwd
+	cwd, env := r.Cwd, r.Env
+	var cred *syscall.Credential
+	if r.User != "" {
+		a, err := lookupUser(r.User)
+		if err != nil {
+			return 0, err
+		}
+		cred, env = &a.cred, asUser(env, a)
+		if cwd == "" {
+			cwd = a.home
+		}
+	}
 	if cwd == "" {
 		cwd = "/"
 	}
@@ -66,11 +77,11 @@ func start(r request, stdio []*os.File) (int, error) {
 	defer unix.Close(dir)
 	pid, err := syscall.ForkExec(path, r.Args, &syscall.ProcAttr{
 		Dir:   fmt.Sprintf("/proc/self/fd/%d", dir),
-		Env:   r.Env,
+		Env:   env,
 		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
 		// A terminal's command leads its session with stdin as its
 		// controlling terminal, as a login shell does.
-		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: r.TTY, Ctty: 0},
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: r.TTY, Ctty: 0, Credential: cred},
 	})
 	switch {
 	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):

@@ -60,6 +60,10 @@ type request struct {
 	TTY  bool     `json:"tty,omitempty"`
 	// MakeCwd: create Cwd if it is missing.
 	MakeCwd bool `json:"make_cwd,omitempty"`
+	// User: who it runs as (a name of the sandbox's /etc/passwd, uid or
+	// uid:gid; none: root). Its HOME, USER and LOGNAME are then that
+	// user's, and without Cwd it starts in its home.
+	User string `json:"user,omitempty"`
 	// OOMScore: the command's oom_score_adj (0: 1000).
 	OOMScore int `json:"oom_score,omitempty"`
 	// Restrict: what commands started from now on run under, on top

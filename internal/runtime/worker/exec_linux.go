@@ -77,7 +77,7 @@ func firstLine(body *bufio.Reader, what string, v any) error {
 // serveExec runs req in sb and streams its frames: first (with the id
 // set) first, the output, the result.
 func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.Sandbox, req api.ExecRequest, body *bufio.Reader, first api.Frame) {
-	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd}
+	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User}
 	var master, stdinW *os.File
 	var ours []*os.File // the command's ends, closed once the init has them
 	switch {
