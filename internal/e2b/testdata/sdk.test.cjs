@@ -282,6 +282,19 @@ test('createSnapshot and fork: dsec snapshots and branches', async () => {
   }
 })
 
+test('a full host: 429 with Retry-After, which the SDK retries, then RateLimitError', async () => {
+  if (!process.env.DSEC_E2B_BIG) return // templates whose CPU requests do not fit together
+  const big = await Sandbox.create(process.env.DSEC_E2B_BIG)
+  made.push(big)
+  const t0 = Date.now()
+  await assert.rejects(Sandbox.create(process.env.DSEC_E2B_LATE), (err) => err instanceof e2b.RateLimitError)
+  // Releases that retry on Retry-After (2.51.0 does; 2.39.0 does not read it) try three times more.
+  const retries = fs.readFileSync(require.resolve('e2b'), 'utf8').includes('Retry-After')
+  if (retries) assert.ok(Date.now() - t0 >= 3000, `gave up after ${Date.now() - t0} ms: the SDK did not retry on Retry-After`)
+  assert.ok(!(await Sandbox.list().nextItems()).some((s) => s.templateId === process.env.DSEC_E2B_LATE))
+  await big.kill()
+})
+
 test('bad input: the SDK error types, nothing left behind', async () => {
   const before = (await Sandbox.list().nextItems()).length
   await assert.rejects(Sandbox.create('no-such-template:1'), (err) => err instanceof e2b.SandboxError || err instanceof e2b.NotFoundError)
