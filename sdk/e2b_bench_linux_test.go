@@ -2,6 +2,8 @@ package sdk_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,29 +104,41 @@ func BenchmarkE2B(b *testing.B) {
 	report(b, "go-run", runs)
 	t0 := time.Now()
 	sbs := make([]*sdk.Sandbox, 100)
+	errs := make([]error, len(sbs))
 	var wg sync.WaitGroup
 	for i := range sbs {
-		wg.Go(func() {
-			var err error
-			if sbs[i], err = c.Create(ctx, spec); err != nil {
-				b.Error(err)
-			}
-		})
+		wg.Go(func() { sbs[i], errs[i] = c.Create(ctx, spec) })
 	}
 	wg.Wait()
 	created := time.Since(t0)
-	for _, sb := range sbs {
+	removeAll := func() { // each made one goes, also when b.Fatal ends the benchmark first
+		for i, sb := range sbs {
+			if sb != nil {
+				sb.Remove(ctx, true)
+				sbs[i] = nil
+			}
+		}
+	}
+	b.Cleanup(removeAll)
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	for i, sb := range sbs {
 		wg.Go(func() {
 			for range 10 {
-				exec1(sb)
+				if res, err := sb.Exec(ctx, bash); err != nil || res.ExitCode != 0 {
+					errs[i] = fmt.Errorf("%v %v", res, err)
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
 	all := time.Since(t0)
-	for _, sb := range sbs {
-		sb.Remove(ctx, true)
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
 	}
+	removeAll()
 	goSandboxes, goCommands := 100/created.Seconds(), 1000/(all-created).Seconds()
 	b.ReportMetric(goSandboxes, "go-sandboxes/s")
 	b.ReportMetric(goCommands, "go-commands/s")
