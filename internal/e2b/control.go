@@ -440,7 +440,7 @@ func (s *Server) info(rw http.ResponseWriter, r *http.Request, c *sdk.Client, ke
 	}
 	rec := s.recordOf(sb)
 	d := sandboxDetail{listedSandbox: s.listed(sb, rec), EnvdAccessToken: key,
-		Lifecycle: &lifecycle{OnTimeout: cmpOr(rec.OnTimeout, "kill"), AutoResume: rec.AutoResume}}
+		Lifecycle: &lifecycle{OnTimeout: cmp.Or(rec.OnTimeout, "kill"), AutoResume: rec.AutoResume}}
 	if s.opts.Domain != "" {
 		d.Domain = &s.opts.Domain
 	}

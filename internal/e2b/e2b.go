@@ -26,6 +26,7 @@
 package e2b
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -293,14 +294,7 @@ func (s *Server) expire(ctx context.Context, now time.Time) {
 		case err != nil:
 			s.opts.Log.Warn("e2b: cannot end a sandbox past its timeout", "sandbox", rec.ID, "action", rec.OnTimeout, "err", err)
 		default:
-			s.opts.Log.Info("e2b: a sandbox's timeout passed", "sandbox", rec.ID, "action", cmpOr(rec.OnTimeout, "kill"))
+			s.opts.Log.Info("e2b: a sandbox's timeout passed", "sandbox", rec.ID, "action", cmp.Or(rec.OnTimeout, "kill"))
 		}
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

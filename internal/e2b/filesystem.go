@@ -257,7 +257,7 @@ func (f filesystemService) at(ctx context.Context, h http.Header, p string) (*sd
 	}
 	abs, err := absPath(p)
 	if err != nil {
-		return nil, "", fsErr(err)
+		return nil, "", connErr(err)
 	}
 	return sb, abs, nil
 }
@@ -278,9 +278,6 @@ func entryOf(p string, st api.PathStat) *fspb.EntryInfo {
 	return e
 }
 
-// fsErr is a file operation's error as the SDKs expect it.
-func fsErr(err error) error { return connErr(err) }
-
 func (f filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.StatRequest]) (*connect.Response[fspb.StatResponse], error) {
 	sb, p, err := f.at(ctx, req.Header(), req.Msg.GetPath())
 	if err != nil {
@@ -288,7 +285,7 @@ func (f filesystemService) Stat(ctx context.Context, req *connect.Request[fspb.S
 	}
 	st, err := sb.Stat(ctx, p, false)
 	if err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	return connect.NewResponse(&fspb.StatResponse{Entry: entryOf(p, st)}), nil
 }
@@ -300,7 +297,7 @@ func (f filesystemService) ListDir(ctx context.Context, req *connect.Request[fsp
 	}
 	ents, err := sb.ListDir(ctx, p, int(max(req.Msg.GetDepth(), 1)))
 	if err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	out := &fspb.ListDirResponse{}
 	for _, e := range ents {
@@ -316,7 +313,7 @@ func (f filesystemService) MakeDir(ctx context.Context, req *connect.Request[fsp
 	}
 	st, err := sb.MakeDir(ctx, p, true)
 	if err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	return connect.NewResponse(&fspb.MakeDirResponse{Entry: entryOf(p, st)}), nil
 }
@@ -328,11 +325,11 @@ func (f filesystemService) Move(ctx context.Context, req *connect.Request[fspb.M
 	}
 	to, err := absPath(req.Msg.GetDestination())
 	if err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	st, err := sb.Rename(ctx, from, to)
 	if err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	return connect.NewResponse(&fspb.MoveResponse{Entry: entryOf(to, st)}), nil
 }
@@ -343,7 +340,7 @@ func (f filesystemService) Remove(ctx context.Context, req *connect.Request[fspb
 		return nil, err
 	}
 	if err := sb.RemovePath(ctx, p, true); err != nil {
-		return nil, fsErr(err)
+		return nil, connErr(err)
 	}
 	return connect.NewResponse(&fspb.RemoveResponse{}), nil
 }
