@@ -110,15 +110,8 @@ func (s *Server) readFile(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb := c.Sandbox(id)
-	st, err := sb.Stat(r.Context(), p, true)
-	switch {
-	case err != nil:
-		writeError(rw, err)
-		return
-	case st.Mode.IsDir():
-		writeError(rw, fmt.Errorf("%s is a directory: %w", p, errdefs.ErrInvalidArgument))
-		return
-	}
+	// The worker refuses what is not a regular file (a directory: 400)
+	// before it sends a byte: that is E2B's JSON error then.
 	rw.Header().Set("Content-Type", "application/octet-stream")
 	rw.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(p)}))
 	hw := &headerWriter{rw: rw}

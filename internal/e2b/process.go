@@ -86,13 +86,18 @@ func (w writer) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// procTable holds the live commands by sandbox and pid.
+// procTable holds the live commands by sandbox and pid, and the pids of
+// those that ended (so List asks the journal only of commands an
+// earlier worker's front started).
 type procTable struct {
-	mu sync.Mutex
-	m  map[string]map[uint32]*live
+	mu    sync.Mutex
+	m     map[string]map[uint32]*live
+	ended map[string]map[uint32]bool
 }
 
-func newProcTable() *procTable { return &procTable{m: map[string]map[uint32]*live{}} }
+func newProcTable() *procTable {
+	return &procTable{m: map[string]map[uint32]*live{}, ended: map[string]map[uint32]bool{}}
+}
 
 func (t *procTable) add(l *live) {
 	t.mu.Lock()
@@ -109,12 +114,24 @@ func (t *procTable) get(sandbox string, pid uint32) *live {
 	return t.m[sandbox][pid]
 }
 
-func (t *procTable) remove(l *live) {
+// finish moves l from the live commands to the ended ones.
+func (t *procTable) finish(l *live) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.m[l.sandbox][l.PID] == l {
 		delete(t.m[l.sandbox], l.PID)
 	}
+	if t.ended[l.sandbox] == nil {
+		t.ended[l.sandbox] = map[uint32]bool{}
+	}
+	t.ended[l.sandbox][l.PID] = true
+}
+
+// hasEnded says whether this front saw the command pid end.
+func (t *procTable) hasEnded(sandbox string, pid uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ended[sandbox][pid]
 }
 
 func (t *procTable) running(sandbox string) map[uint32]*live {
@@ -127,6 +144,7 @@ func (t *procTable) drop(sandbox string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.m, sandbox)
+	delete(t.ended, sandbox)
 }
 
 // processService implements envd's Process service.
@@ -280,7 +298,7 @@ func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs
 	}
 	s.procs.add(l)
 	go func() {
-		defer s.procs.remove(l)
+		defer s.procs.finish(l)
 		var kill *time.Timer
 		if timeout > 0 { // the command's lifetime, not the stream's
 			kill = time.AfterFunc(timeout, func() { c.Sandbox(id).Signal(context.Background(), execID, syscall.SIGKILL) })
@@ -291,13 +309,6 @@ func (s *Server) startProc(c *sdk.Client, id string, cfg *pb.ProcessConfig, envs
 		}
 		if stdinR != nil {
 			stdinR.Close()
-		}
-		if l.err == nil { // List asks the journal only of those not known to have ended
-			s.records.addProc(id, func(r *record) {
-				if i := slices.IndexFunc(r.Procs, func(p proc) bool { return p.PID == pid }); i >= 0 {
-					r.Procs[i].Ended = true
-				}
-			})
 		}
 		close(l.done)
 	}()
@@ -472,7 +483,7 @@ func (p processService) List(ctx context.Context, req *connect.Request[pb.ListRe
 	out := &pb.ListResponse{}
 	for _, pr := range rec.Procs {
 		l := running[pr.PID]
-		if pr.Ended {
+		if l == nil && p.s.procs.hasEnded(id, pr.PID) {
 			continue
 		}
 		if l == nil {

@@ -52,9 +52,6 @@ type proc struct {
 	Args []string          `json:"args,omitempty"`
 	Envs map[string]string `json:"envs,omitempty"`
 	Cwd  string            `json:"cwd,omitempty"`
-	// Ended: the front saw it end (one that ended while no worker ran
-	// is asked of the journal).
-	Ended bool `json:"ended,omitempty"`
 }
 
 // maxProcs bounds a record's processes: the oldest are forgotten (their
@@ -95,7 +92,11 @@ func openRecords(dir string) (*records, error) {
 	return r, nil
 }
 
-// get is a copy of the record of id.
+// A stored record is never changed in place: a change writes a copy
+// (change), so what get and all hand out, its Procs and maps included,
+// stays as it was; readers must not modify it.
+
+// get is the record of id.
 func (r *records) get(id string) (record, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -103,20 +104,21 @@ func (r *records) get(id string) (record, bool) {
 	if !ok {
 		return record{}, false
 	}
-	return rec.clone(), true
+	return *rec, true
 }
 
-// all are copies of every record.
+// all are the records.
 func (r *records) all() []record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]record, 0, len(r.m))
 	for _, rec := range r.m {
-		out = append(out, rec.clone())
+		out = append(out, *rec)
 	}
 	return out
 }
 
+// clone is a copy of rec to change: its own Procs.
 func (rec *record) clone() record {
 	c := *rec
 	c.Procs = append([]proc(nil), rec.Procs...)

@@ -149,6 +149,7 @@ test('files: write, read, list, makeDir, rename, remove, exists, getInfo', async
   await sbx.files.remove('/tmp/deep/made')
   assert.equal(await sbx.files.exists('/tmp/deep/made'), false)
   await assert.rejects(sbx.files.read('/tmp/nope'), (err) => err instanceof e2b.FileNotFoundError || err instanceof e2b.NotFoundError)
+  await assert.rejects(sbx.files.read('/tmp/deep'), (err) => err instanceof e2b.InvalidArgumentError || err instanceof e2b.SandboxError) // a directory
   // A multi-file upload.
   await sbx.files.write([{ path: '/tmp/m/1', data: 'one' }, { path: '/tmp/m/2', data: 'two' }])
   assert.equal((await sbx.commands.run('cat /tmp/m/1 /tmp/m/2')).stdout, 'onetwo')

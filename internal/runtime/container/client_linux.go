@@ -28,6 +28,7 @@ type Conn struct {
 	cmd    *exec.Cmd     // set when this process created the sandbox
 	exited chan struct{} // closed once cmd is reaped
 	conn   *net.UnixConn
+	users  bool // the init runs commands as other users (hello.Users)
 
 	mu   sync.Mutex
 	wait map[string]chan reply
@@ -48,11 +49,14 @@ func Attach(socket string, pid int) (*Conn, error) {
 // greet waits for the init's greeting on c, a new connection to it.
 func greet(c *net.UnixConn, pid int) (*Conn, error) {
 	buf := make([]byte, 4096)
-	if n, err := c.Read(buf); err != nil || n == 0 { // the init greets once it is ready
+	n, err := c.Read(buf)
+	if err != nil || n == 0 { // the init greets once it is ready
 		c.Close()
 		return nil, fmt.Errorf("%w: init did not answer", ErrSandboxDied)
 	}
-	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1}
+	var h hello
+	json.Unmarshal(buf[:n], &h)
+	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users}
 	// Only the init holds the listener, so the init is alive now and pid
 	// is still its own: a pidfd keeps Destroy from ever signalling
 	// another process that reuses the pid after the init's death.
@@ -125,6 +129,9 @@ var (
 func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	if len(cmd.Args) == 0 {
 		return -1, errors.New("exec: no command")
+	}
+	if cmd.User != "" && !s.users {
+		return -1, fmt.Errorf("this sandbox's init, an older dsec's, cannot run a command as user %q (it would run it as root): stop and start the sandbox to give it a current init", cmd.User)
 	}
 	var files []int
 	for _, f := range []*os.File{cmd.Stdin, cmd.Stdout, cmd.Stderr} {

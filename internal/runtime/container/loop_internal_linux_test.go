@@ -111,3 +111,36 @@ func TestProbeOfAnEarlierInit(t *testing.T) {
 		t.Fatalf("result after the probe: %d %v", code, err)
 	}
 }
+
+// An init an earlier dsec started greets without "users": it would run a
+// command as root whatever user the request named, so the client refuses
+// such a command before the init sees it; one without a user still runs.
+func TestUserOfAnEarlierInit(t *testing.T) {
+	init, worker := pair(t)
+	init.Write([]byte(`{"ready":true}`))
+	c, err := greet(worker, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Exec(t.Context(), Cmd{ID: "as-agent", Args: []string{"id"}, User: "agent"}); err == nil || !strings.Contains(err.Error(), "older dsec") {
+		t.Fatalf("a user's command to an older init: %v", err)
+	}
+	go func() {
+		buf := make([]byte, 4096)
+		n, err := init.Read(buf)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var r request
+		json.Unmarshal(buf[:n], &r)
+		if r.ID != "as-root" || r.User != "" {
+			t.Errorf("the init was sent %+v", r)
+		}
+		init.Write([]byte(`{"id":"as-root","exit":0}`))
+	}()
+	if code, err := c.Exec(t.Context(), Cmd{ID: "as-root", Args: []string{"id"}}); code != 0 || err != nil {
+		t.Fatalf("root's command to an older init: %d %v", code, err)
+	}
+}

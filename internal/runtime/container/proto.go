@@ -94,8 +94,18 @@ func (r reply) last() bool {
 	return r.Exit != nil || r.Error != "" || r.Unknown || r.Running || r.Pid == -1
 }
 
-// greeting is the init's first message on every connection: it is ready.
-var greeting = []byte(`{"ready":true}`)
+// greeting is the init's first message on every connection: it is
+// ready, and what it can do beyond what every init could (an older
+// dsec's init greets without them).
+var greeting = []byte(`{"ready":true,"users":true}`)
+
+// hello is a greeting as the worker reads it.
+type hello struct {
+	Ready bool `json:"ready"`
+	// Users: the init runs commands as the request's user; an init
+	// that does not would run them as root, so they are refused.
+	Users bool `json:"users"`
+}
 
 // readyMessage is a spare's word on fd 3 that it waits to be claimed.
 var readyMessage = []byte("ready")
