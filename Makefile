@@ -7,10 +7,11 @@ FULL_BIN := bin/dsecd
 INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest protobuf-compiler debootstrap
+APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest protobuf-compiler debootstrap \
+	qemu-system-x86 xz-utils
 FUZZTIME ?= 60s
 
-.PHONY: all deps build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench fuzz clean
+.PHONY: all deps kernel build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench fuzz clean
 
 all: build
 
@@ -26,6 +27,14 @@ deps:
 		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# kernel unpacks the microVM backend's guest kernel, Debian's, into
+# bin/microvm (where dsecd looks, beside itself): the package
+# linux-image-amd64 depends on today, fetched with apt-get download
+# (verified against the signed archive), never installed. Idempotent: a
+# bin/microvm holding today's package's kernel stays as it is.
+kernel: deps
+	./scripts/microvm-kernel.sh bin/microvm
+
 # build makes the three binaries dsec is: bin/dsecd, the complete one (the
 # worker, layer, snap, policy and pool commands); bin/dsec, the client (the
 # front build tag: run, exec, ps, inspect, logs, cp, stop, start and rm in
@@ -33,7 +42,7 @@ deps:
 # command to the dsecd next to it; and bin/dsec-init, the sandboxes' init,
 # which the worker next to it starts (a third of dsecd's start). Static (no
 # cgo): a dynamically linked start costs the loader's ~1.5 ms here.
-build: deps
+build: deps kernel
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(FULL_BIN) ./cmd/dsec
 	CGO_ENABLED=0 $(GO) build -trimpath -tags front -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(INIT_BIN) ./cmd/dsec-init
@@ -49,6 +58,7 @@ install: build
 	install -D -m 0644 completions/dsec.zsh $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_dsec
 	install -D -m 0644 completions/dsec.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/dsec.fish
 	install -D -m 0644 contrib/systemd/dsec.service $(DESTDIR)$(PREFIX)/lib/systemd/system/dsec.service
+	rm -rf $(DESTDIR)$(PREFIX)/lib/dsec/microvm && mkdir -p $(DESTDIR)$(PREFIX)/lib/dsec && cp -a bin/microvm $(DESTDIR)$(PREFIX)/lib/dsec/microvm
 
 # docs-bin is dsec with the gen-docs command (the gendocs build tag), which
 # the installed binary leaves out.
@@ -99,7 +109,7 @@ check-proto: proto-bin
 		diff -q -I '^// 	protoc ' $$tmp/$$f internal/e2b/envd/$$f >/dev/null || { \
 		echo "make: internal/e2b/envd/$$f is stale: run 'make proto' and commit the result" >&2; exit 1; }; done
 
-test: deps vet check-docs check-proto
+test: deps kernel vet check-docs check-proto
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 BENCH_PKGS := pv debootstrap runc

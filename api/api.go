@@ -275,6 +275,17 @@ type Sandbox struct {
 	// --rm: a call on the container backend).
 	Rm    bool `json:"rm,omitempty"`
 	Execs int  `json:"execs"` // journaled execs
+	// VM is a microVM's machine (the microvm backend's sandboxes).
+	VM *VMInfo `json:"vm,omitempty"`
+}
+
+// VMInfo is what a microVM runs on: the accelerator (kvm, or tcg: QEMU's
+// translator, some 20-50 times slower), the guest kernel (its release
+// and Debian package version) and QEMU's version.
+type VMInfo struct {
+	Accel  string `json:"accel"`
+	Kernel string `json:"kernel"`
+	QEMU   string `json:"qemu"`
 }
 
 // ExecRequest runs a command. An ID makes it a step that runs at most
@@ -396,6 +407,21 @@ type VersionInfo struct {
 	Features []Feature `json:"features,omitempty"`
 	// Warm is what the worker holds ready ahead of creates.
 	Warm *Warm `json:"warm,omitempty"`
+	// MicroVM is what the microvm backend runs its guests with here, or
+	// why it cannot.
+	MicroVM *MicroVMHost `json:"microvm,omitempty"`
+}
+
+// MicroVMHost is what a worker runs microVMs with: the accelerator and
+// why (kvm where the CPU has hardware virtualization; else tcg, QEMU's
+// translator: the same guests, slowly), the guest kernel and QEMU; or
+// Error, what the host lacks to run them at all.
+type MicroVMHost struct {
+	Accel    string `json:"accel,omitempty"`
+	AccelWhy string `json:"accel_why,omitempty"`
+	Kernel   string `json:"kernel,omitempty"`
+	QEMU     string `json:"qemu,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Warm counts what a worker made ahead of need and holds ready: spare

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -26,6 +27,30 @@ func TestContainerBackend(t *testing.T) {
 			Restart: func(t *testing.T) *sdk.Client {
 				w.Kill()
 				w = runtimetest.StartWorker(t, w.Root)
+				c, err := sdk.New(sdk.Options{Root: w.Root})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			},
+			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
+		}
+	})
+}
+
+// TestMicroVMBackend holds the microvm backend to the same suite: QEMU
+// guests, under TCG on these machines (KVM where the host has it).
+func TestMicroVMBackend(t *testing.T) {
+	vm := microvmtest.Settings(t)
+	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
+		w, c := setupWith(t, runtimetest.Config{MicroVM: vm})
+		return &backendtest.Env{
+			Backend: "microvm",
+			Layers:  []string{"ws:1", "bb:1"},
+			Client:  c,
+			Restart: func(t *testing.T) *sdk.Client {
+				w.Kill()
+				w = runtimetest.StartWorkerWith(t, w.Root, runtimetest.Config{MicroVM: vm})
 				c, err := sdk.New(sdk.Options{Root: w.Root})
 				if err != nil {
 					t.Fatal(err)

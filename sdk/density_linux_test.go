@@ -16,8 +16,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -341,14 +339,7 @@ func TestSandboxesShareTheLayersPageCache(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "data", "big"), big, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err := store.Open(filepath.Join(w.Root, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, _ := layer.ParseRef("data:1")
-	if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindWorkspace, Ref: ref}); err != nil {
-		t.Fatal(err)
-	}
+	buildLayer(t, w.Root, "data:1", src)
 	ctx := context.Background()
 	charged := func(sb *sdk.Sandbox) int64 { info, _ := sb.Inspect(ctx); return info.MemoryBytes }
 	a := create(t, c, api.SandboxSpec{Name: "a", Layers: []string{"data:1", "bb:1"}})

@@ -702,7 +702,7 @@ func copyIn(ctx context.Context, sb *sdk.Sandbox, src, dst string, stdin io.Read
 	defer root.Close()
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := archive.Write(pw, root, top, archive.WriteOptions{Name: name, Follow: o.follow})
+		_, err := archive.Write(pw, archive.Root{Root: root}, top, archive.WriteOptions{Name: name, Follow: o.follow})
 		pw.CloseWithError(err)
 	}()
 	rep, err := sb.CopyTo(ctx, dir, pr, o.archive)
@@ -756,7 +756,7 @@ func copyOut(ctx context.Context, sb *sdk.Sandbox, src, dst string, stdout io.Wr
 		return api.CopyReport{}, err
 	}
 	defer rc.Close()
-	skipped, err := archive.Extract(rc, root, ".", archive.ExtractOptions{Owners: o.archive, NoSetID: !o.archive})
+	skipped, err := archive.Extract(rc, archive.Root{Root: root}, ".", archive.ExtractOptions{Owners: o.archive, NoSetID: !o.archive})
 	return api.CopyReport{Skipped: append(rc.Report().Skipped, skipped...)}, err
 }
 

@@ -32,11 +32,12 @@ import (
 )
 
 // FS is a file system whose names (slash-separated, relative to its
-// root) never resolve outside it. *os.Root is one.
+// root) never resolve outside it: an *os.Root as Root, a sandbox's
+// files as its worker reaches them.
 type FS interface {
 	Lstat(name string) (fs.FileInfo, error)
 	Stat(name string) (fs.FileInfo, error)
-	OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error)
+	OpenFile(name string, flag int, perm fs.FileMode) (File, error)
 	Readlink(name string) (string, error)
 	Mkdir(name string, perm fs.FileMode) error
 	Symlink(oldname, newname string) error
@@ -46,6 +47,27 @@ type FS interface {
 	Lchown(name string, uid, gid int) error
 	Chmod(name string, mode fs.FileMode) error
 	Chtimes(name string, atime, mtime time.Time) error
+}
+
+// File is an open file of an FS: an *os.File, or one a VM's agent holds.
+type File interface {
+	io.Reader
+	io.Writer
+	io.Closer
+	Stat() (fs.FileInfo, error)
+	Chmod(mode fs.FileMode) error
+	Readdirnames(n int) ([]string, error)
+}
+
+// Root is an *os.Root as an FS.
+type Root struct{ *os.Root }
+
+func (r Root) OpenFile(name string, flag int, perm fs.FileMode) (File, error) {
+	f, err := r.Root.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // IDMap translates owner ids between two sides (nil: the same ids).

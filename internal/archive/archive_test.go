@@ -54,14 +54,14 @@ func TestPlan(t *testing.T) {
 	}
 }
 
-func openRoot(t *testing.T, dir string) *os.Root {
+func openRoot(t *testing.T, dir string) Root {
 	t.Helper()
 	r, err := os.OpenRoot(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	return r
+	return Root{r}
 }
 
 // TestRoundTrip copies a tree through a tar stream and back: modes,

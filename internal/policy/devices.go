@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -31,11 +32,16 @@ var DeviceAllow = func() []Device {
 	return append(out, Device{"ptmx", 5, 2}, Device{"pts", 136, -1})
 }()
 
+// KVM is /dev/kvm, which a microVM's QEMU opens on a host with
+// hardware virtualization (its sandbox's allowlist has it besides).
+var KVM = Device{"kvm", 10, 232}
+
 // DevicesV1 are the lines the v1 devices controller takes for the same
-// list: everything denied, then mknod of any node and the allowlist.
-func DevicesV1() (deny string, allow []string) {
+// list (and extra): everything denied, then mknod of any node and the
+// allowlist.
+func DevicesV1(extra ...Device) (deny string, allow []string) {
 	allow = []string{"c *:* m", "b *:* m"}
-	for _, d := range DeviceAllow {
+	for _, d := range append(slices.Clip(DeviceAllow), extra...) {
 		minor := "*"
 		if d.Minor >= 0 {
 			minor = fmt.Sprint(d.Minor)

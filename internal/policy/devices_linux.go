@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -30,7 +31,7 @@ const (
 	accMknod    = 1 // BPF_DEVCG_ACC_MKNOD
 )
 
-func deviceProgram() asm.Instructions {
+func deviceProgram(allowed []Device) asm.Instructions {
 	ins := asm.Instructions{
 		asm.LoadMem(asm.R2, asm.R1, devCtxAccess, asm.Word),
 		asm.Mov.Reg(asm.R3, asm.R2),
@@ -43,7 +44,7 @@ func deviceProgram() asm.Instructions {
 		asm.LoadMem(asm.R4, asm.R1, devCtxMajor, asm.Word),
 		asm.LoadMem(asm.R5, asm.R1, devCtxMinor, asm.Word),
 	}
-	for i, d := range DeviceAllow {
+	for i, d := range allowed {
 		next := fmt.Sprintf("dev%d", i+1)
 		first := asm.JNE.Imm(asm.R4, int32(d.Major), next)
 		if i > 0 {
@@ -56,7 +57,7 @@ func deviceProgram() asm.Instructions {
 		ins = append(ins, asm.Ja.Label("allow"))
 	}
 	return append(ins,
-		asm.Mov.Imm(asm.R0, 0).WithSymbol(fmt.Sprintf("dev%d", len(DeviceAllow))),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol(fmt.Sprintf("dev%d", len(allowed))),
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, 0).WithSymbol("deny"),
 		asm.Return(),
@@ -65,19 +66,33 @@ func deviceProgram() asm.Instructions {
 	)
 }
 
-var deviceProg = sync.OnceValues(func() (*ebpf.Program, error) {
+// devicePrograms are the loaded programs, one per list of extra
+// devices (almost always none).
+var (
+	deviceProgsMu sync.Mutex
+	deviceProgs   = map[string]*ebpf.Program{}
+)
+
+func deviceProg(extra []Device) (*ebpf.Program, error) {
+	key := fmt.Sprint(extra)
+	deviceProgsMu.Lock()
+	defer deviceProgsMu.Unlock()
+	if p := deviceProgs[key]; p != nil {
+		return p, nil
+	}
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "dsec_devices", Type: ebpf.CGroupDevice,
-		AttachType: ebpf.AttachCGroupDevice, Instructions: deviceProgram(), License: "GPL"})
+		AttachType: ebpf.AttachCGroupDevice, Instructions: deviceProgram(append(slices.Clip(DeviceAllow), extra...)), License: "GPL"})
 	if err != nil {
 		return nil, fmt.Errorf("load the device allowlist: %w", notSupported(err))
 	}
+	deviceProgs[key] = p
 	return p, nil
-})
+}
 
-// ApplyDevices holds the cgroup2 directory cg to the device allowlist.
-// A cgroup that carries a device program already (a worker since dead
-// put it there) keeps it.
-func ApplyDevices(cg string) error {
+// ApplyDevices holds the cgroup2 directory cg to the device allowlist,
+// and extra. A cgroup that carries a device program already (a worker
+// since dead put it there) keeps it.
+func ApplyDevices(cg string, extra ...Device) error {
 	dir, err := os.Open(cg)
 	if err != nil {
 		return fmt.Errorf("open the sandbox's cgroup: %w", err)
@@ -86,7 +101,7 @@ func ApplyDevices(cg string) error {
 	if DevicesAttached(cg) {
 		return nil
 	}
-	prog, err := deviceProg()
+	prog, err := deviceProg(extra)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ func SeccompDeny(names []string) ([]byte, error) {
 func ReleaseNetwork(cg string, entries []Entry) error { return nil }
 
 // ApplyDevices needs Linux cgroup BPF.
-func ApplyDevices(cg string) error {
+func ApplyDevices(cg string, extra ...Device) error {
 	return fmt.Errorf("device policy: %w", errdefs.ErrNotImplemented)
 }
 

@@ -47,8 +47,22 @@ type driver interface {
 	attach(sb *Sandbox) error
 	// teardown kills every process of the sandbox and removes what start
 	// made; it never fails half-way silently: every error is returned.
-	teardown(sb *Sandbox) []error
+	// keep: the sandbox is stopped, not removed (its files stay).
+	teardown(sb *Sandbox, keep bool) []error
 }
+
+// Abilities a driver may have, found by type assertion.
+type (
+	// imageUpper: the sandbox's upper is always a disk image of its own
+	// (its --disk, else one of the default bound's size), which its
+	// instance mounts; the host never mounts it while the sandbox runs.
+	imageUpper interface{ imageUpper() bool }
+	// upperHolder makes a running sandbox's upper readable on the host,
+	// consistent, until release (pack-diff reads it so).
+	upperHolder interface {
+		holdUpper(ctx context.Context, sb *Sandbox) (dir string, release func() error, err error)
+	}
+)
 
 // startSpec is what the backend-neutral part of a start resolved.
 type startSpec struct {
@@ -56,7 +70,10 @@ type startSpec struct {
 	// its layers' mounts on the host (topmost first, nodev) under its
 	// upper. A backend mounts it (idmapped into a user namespace, where
 	// the sandbox has one) or hands its parts over.
-	rootfs   []mount.Mount
+	rootfs []mount.Mount
+	// images are the layers' image files, topmost first, for a backend
+	// that maps them itself ("": a lazy layer's, not whole on the host).
+	images   []string
 	restrict *backend.Restrictions
 	// readOnly and hidden are the policy's paths, the toolkit's among
 	// the read-only ones unless the policy lets it be written.
@@ -65,7 +82,7 @@ type startSpec struct {
 
 // Backends are the backends this runtime runs, the default first: the
 // one registry (package backend) a worker serves from.
-var Backends = backend.NewRegistry(containerDriver{})
+var Backends = backend.NewRegistry(containerDriver{}, microvmDriver{})
 
 // driverOf finds the driver of a sandbox's backend ("" is the default: a
 // sandbox an older dsec made records none).
@@ -239,7 +256,7 @@ func (containerDriver) attach(sb *Sandbox) error {
 	return nil
 }
 
-func (containerDriver) teardown(sb *Sandbox) []error {
+func (containerDriver) teardown(sb *Sandbox, _ bool) []error {
 	var errs []error
 	if sb.c != nil {
 		sb.c.Destroy()

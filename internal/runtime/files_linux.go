@@ -143,7 +143,7 @@ func (s *hostFiles) Lstat(name string) (fs.FileInfo, error) {
 
 func (s *hostFiles) Stat(name string) (fs.FileInfo, error) { return s.stat("stat", name, 0) }
 
-func (s *hostFiles) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
+func (s *hostFiles) OpenFile(name string, flag int, perm fs.FileMode) (archive.File, error) {
 	var fd int
 	open := func() (err error) {
 		fd, err = s.open("open", name, flag, uint32(perm.Perm()))

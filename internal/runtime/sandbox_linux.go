@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
@@ -154,6 +155,8 @@ type State struct {
 	// Paused: its processes are frozen until Resume (Pause), across
 	// worker restarts.
 	Paused bool `json:"paused,omitempty"`
+	// VM is a microVM's machine, as its last start ran it.
+	VM *api.VMInfo `json:"vm,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -256,6 +259,12 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
+	if _, guest := d.(imageUpper); guest && quota == 0 {
+		// Its upper is a disk image of its own, of the bound's size.
+		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound)); err != nil {
+			return nil, err
+		}
+	}
 	if o.Name != "" {
 		if err := nameFree(root, o.Name); err != nil {
 			return nil, err
@@ -338,7 +347,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		return err
 	}
 	root := sb.root()
-	var lowers, digests []string
+	var lowers, digests, images []string
 	var kinds []layer.Kind
 	for i, ref := range sb.Layers {
 		want := ""
@@ -351,10 +360,11 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		}
 		lowers = append(lowers, mnt)
 		digests = append(digests, f.Digest)
+		images = append(images, f.Image)
 		kinds = append(kinds, f.Kind)
 	}
 	sb.Digests = digests
-	if sb.Disk > 0 {
+	if _, guest := d.(imageUpper); sb.Disk > 0 && !guest {
 		if err := disk.Mount(sb.dir, sb.Status == Creating); err != nil {
 			return err
 		}
@@ -386,7 +396,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
 	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
-	s := startSpec{rootfs: []mount.Mount{ov}, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}
+	s := startSpec{rootfs: []mount.Mount{ov}, images: images, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}
 	if err := d.start(ctx, sb, m, s); err != nil {
 		return err
 	}
@@ -462,6 +472,24 @@ func Load(root, name string) (*Sandbox, error) {
 		sb.journal().Recover(sb.c)
 	}
 	return sb, nil
+}
+
+// imageSize is the size of the disk image a sandbox whose backend needs
+// one gets without a --disk: the bound (none: the root's free space,
+// less the 1 GiB the root keeps).
+func imageSize(root string, bound int64) (int64, error) {
+	if bound > 0 {
+		return bound, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return 0, err
+	}
+	free := int64(st.Bavail)*st.Bsize - 1<<30
+	if free < 16<<20 {
+		return 0, fmt.Errorf("the root %s has no room for a sandbox's disk: free some space: %w", root, errdefs.ErrResourceExhausted)
+	}
+	return free &^ (1<<20 - 1), nil
 }
 
 // classLimits adds what a scheduling class means to l: batch sandboxes
@@ -706,7 +734,7 @@ func (sb *Sandbox) teardown(all bool) error {
 	if sb.Paused && sb.g != nil { // killed running: a frozen task may not die
 		sb.g.Thaw()
 	}
-	errs = d.teardown(sb)
+	errs = d.teardown(sb, !all)
 	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,9 +63,23 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 			}
 		}
 	}
+	d, err := driverOf(sb.Backend)
+	if err != nil {
+		return nil, err
+	}
+	// What the sandbox wrote, as the host reads it: its upper, or (a
+	// backend whose guest holds it) a consistent view of it until
+	// release.
+	upper, release := sb.Upper(), func() error { return nil }
+	if h, ok := d.(upperHolder); ok {
+		if upper, release, err = h.holdUpper(ctx, sb); err != nil {
+			return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+		}
+	}
 	// A batch sandbox the worker froze under memory pressure stays so.
 	wasFrozen := sb.g.Frozen()
 	if err := sb.g.Freeze(); err != nil {
+		release()
 		return nil, fmt.Errorf("freeze sandbox %s: %w", sb.Name, err)
 	}
 	frozen := time.Now()
@@ -74,7 +89,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil, Env: sb.Env, Workdir: sb.Workdir},
 		Walk: func(ctx context.Context, w *erofs.Writer) error {
 			var err error
-			packed, err = snap.Pack(ctx, w, sb.Upper(), prev, o.Limits)
+			packed, err = snap.Pack(ctx, w, upper, prev, o.Limits)
 			if err == nil && prev != nil && packed.Entries == 0 {
 				// Its image would be its parent's own (an empty diff
 				// over an empty diff): a node never its own ancestor.
@@ -98,6 +113,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if !wasFrozen {
 		terr = sb.g.Thaw()
 	}
+	terr = errors.Join(terr, release())
 	held := time.Since(frozen)
 	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)

@@ -82,7 +82,7 @@ func (s *Spares) start(context.Context) (*spare, error) {
 // sandbox runs anything of its own (the lines cost ~0.3 ms of writes,
 // which overlap the init's start). Every sandbox gets its group here, a
 // spare's included, and a re-adopted one keeps what it was given.
-func newGroup(name string, l cgroup.Limits) (g *cgroup.Group, devices func() error, err error) {
+func newGroup(name string, l cgroup.Limits, extra ...policy.Device) (g *cgroup.Group, devices func() error, err error) {
 	g, err = cgroup.New(name, withInit(l))
 	if err != nil {
 		return nil, nil, err
@@ -90,12 +90,12 @@ func newGroup(name string, l cgroup.Limits) (g *cgroup.Group, devices func() err
 	if noDevices { // a benchmark's baseline only
 		return g, func() error { return nil }, nil
 	}
-	if err := policy.ApplyDevices(g.Path()); err != nil {
+	if err := policy.ApplyDevices(g.Path(), extra...); err != nil {
 		g.Remove()
 		return nil, nil, err
 	}
 	done := make(chan error, 1)
-	go func() { done <- g.AllowDevices(policy.DevicesV1()) }()
+	go func() { done <- g.AllowDevices(policy.DevicesV1(extra...)) }()
 	return g, sync.OnceValue(func() error { return <-done }), nil
 }
 

@@ -185,39 +185,49 @@ func (s *Conn) Signal(ctx context.Context, id string, sig syscall.Signal) error 
 }
 
 func (s *Conn) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
+	rep, err := s.do(ctx, r, oob, started)
+	if err != nil {
+		return -1, err
+	}
+	return *rep.Exit, nil
+}
+
+// do sends r and returns its last reply: one with an exit code, or an
+// error.
+func (s *Conn) do(ctx context.Context, r request, oob []byte, started func(pid int)) (reply, error) {
 	ch := make(chan reply, 2)
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
-		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
+		return reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
 	}
 	if _, busy := s.wait[r.ID]; busy {
 		s.mu.Unlock()
-		return -1, fmt.Errorf("exec %s is already being waited for", r.ID)
+		return reply{}, fmt.Errorf("exec %s is already being waited for", r.ID)
 	}
 	s.wait[r.ID] = ch
 	s.mu.Unlock()
 	b, _ := json.Marshal(r)
 	if _, _, err := s.conn.WriteMsgUnix(b, oob, nil); err != nil {
-		return -1, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+		return reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
 	for {
 		select {
 		case rep, ok := <-ch:
 			if !ok {
-				return -1, ErrSandboxDied
+				return reply{}, ErrSandboxDied
 			}
 			if rep.Unknown {
-				return -1, fmt.Errorf("%w: %s", ErrUnknownExec, r.ID)
+				return rep, fmt.Errorf("%w: %s", ErrUnknownExec, r.ID)
 			}
 			if rep.Error != "" {
-				return -1, errors.New(rep.Error)
+				return rep, errors.New(rep.Error)
 			}
 			if rep.Exit != nil {
-				return *rep.Exit, nil
+				return rep, nil
 			}
 			if r.Op == opProbe { // rep.Running, or Pid -1 from an earlier init
-				return -1, errRunning
+				return rep, errRunning
 			}
 			if rep.Pid > 0 && started != nil {
 				started(rep.Pid)
@@ -226,7 +236,7 @@ func (s *Conn) call(ctx context.Context, r request, oob []byte, started func(pid
 			s.mu.Lock()
 			delete(s.wait, r.ID)
 			s.mu.Unlock()
-			return -1, ctx.Err()
+			return reply{}, ctx.Err()
 		}
 	}
 }

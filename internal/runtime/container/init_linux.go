@@ -16,15 +16,27 @@ import (
 
 // MaybeInit runs the sandbox init and never returns if this process was
 // started as one; otherwise it returns at once.
+//
+// The same binary is a microVM's shim on the host (vmm_linux.go) and,
+// as a guest's pid 1, its agent (guest_linux.go).
 func MaybeInit() {
-	if os.Getenv(initEnv) != "1" {
+	var run func() error
+	var who string
+	switch {
+	case os.Getenv(initEnv) == "1":
+		run, who = initSandbox, "dsec init"
+	case os.Getenv(vmmEnv) == "1":
+		run, who = runVMM, "dsec vmm"
+	case os.Getenv(GuestEnv) == "1" && os.Getpid() == 1:
+		run, who = runGuest, "dsec guest"
+	default:
 		return
 	}
 	// Capabilities and no_new_privs are per thread: the init drops them
 	// on this thread and forks every command from it.
 	runtime.LockOSThread()
-	err := initSandbox()
-	fmt.Fprintf(os.Stderr, "dsec init: %v\n", err)
+	err := run()
+	fmt.Fprintf(os.Stderr, "%s: %v\n", who, err)
 	os.Exit(127)
 }
 
@@ -33,8 +45,20 @@ const maxResults = 4096
 
 type job struct {
 	id   string
-	pid  int           // in the sandbox's namespace; it leads its process group
-	conn *net.UnixConn // who hears the exit; nil once it went away
+	pid  int  // in the sandbox's namespace; it leads its process group
+	conn peer // who hears the exit; nil once it went away
+}
+
+// peer hears an init's replies: a worker's connection to it, or in a
+// microVM's guest the stream a request came on.
+type peer interface{ send(reply) }
+
+// connPeer is a worker's connection to the init.
+type connPeer struct{ c *net.UnixConn }
+
+func (p *connPeer) send(r reply) {
+	b, _ := json.Marshal(r)
+	p.c.Write(b)
 }
 
 // initSandbox waits, as a spare, for its sandbox; then sets the root up,
@@ -138,7 +162,7 @@ func initSandbox() error {
 	first.Write(greeting)
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	in, gone := make(chan incoming), make(chan *net.UnixConn)
+	in, gone := make(chan incoming), make(chan *connPeer)
 	// The worker that claimed the init, then later ones, one after
 	// another or at once.
 	go serve(first, in, gone)
@@ -161,7 +185,7 @@ func initSandbox() error {
 				f.Close()
 			}
 		case c := <-gone:
-			c.Close()
+			c.c.Close()
 			jobs.forget(c)
 		case <-sigs:
 		}
@@ -174,23 +198,24 @@ func initSandbox() error {
 type incoming struct {
 	req   request
 	files []*os.File
-	conn  *net.UnixConn
+	conn  peer
 }
 
 // serve reads c's requests into in until c goes, then sends it on gone.
-func serve(c *net.UnixConn, in chan<- incoming, gone chan<- *net.UnixConn) {
+func serve(c *net.UnixConn, in chan<- incoming, gone chan<- *connPeer) {
 	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(3*4))
+	p := &connPeer{c}
 	for {
 		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil || n == 0 {
-			gone <- c
+			gone <- p
 			return
 		}
 		var r incoming
 		if json.Unmarshal(buf[:n], &r.req) != nil {
 			continue
 		}
-		r.conn = c
+		r.conn = p
 		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
 			if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil {
 				for _, fd := range fds {
@@ -216,10 +241,9 @@ func newLoop() *loop {
 	return &loop{running: map[int]*job{}, byID: map[string]*job{}, done: map[string]int{}}
 }
 
-func send(c *net.UnixConn, r reply) {
+func send(c peer, r reply) {
 	if c != nil {
-		b, _ := json.Marshal(r)
-		c.Write(b)
+		c.send(r)
 	}
 }
 
@@ -308,7 +332,7 @@ func (l *loop) hasDone(id string) bool {
 }
 
 // forget drops c, gone, as the hearer of any exit.
-func (l *loop) forget(c *net.UnixConn) {
+func (l *loop) forget(c peer) {
 	for _, j := range l.byID {
 		if j.conn == c {
 			j.conn = nil

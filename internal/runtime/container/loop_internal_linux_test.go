@@ -30,7 +30,7 @@ func pair(t *testing.T) (init, worker *net.UnixConn) {
 	return conn(fds[0]), conn(fds[1])
 }
 
-func answer(t *testing.T, l *loop, in, out *net.UnixConn, r request) reply {
+func answer(t *testing.T, l *loop, in *connPeer, out *net.UnixConn, r request) reply {
 	t.Helper()
 	l.handle(incoming{req: r, conn: in})
 	buf := make([]byte, 4096)
@@ -49,7 +49,8 @@ func answer(t *testing.T, l *loop, in, out *net.UnixConn, r request) reply {
 // started, for exits it keeps (the last maxResults, whichever way they
 // ended), for running commands, and for a request it does not know.
 func TestLoopTable(t *testing.T) {
-	in, out := pair(t)
+	c, out := pair(t)
+	in := &connPeer{c}
 	l := newLoop()
 	if rep := answer(t, l, in, out, request{Op: opResult, ID: "never"}); !rep.Unknown {
 		t.Fatalf("result of an id never started: %+v, want unknown", rep)

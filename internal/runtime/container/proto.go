@@ -50,6 +50,17 @@ const (
 	opSignal   op = "signal"   // signal a running command's process group
 )
 
+// What only a microVM's guest agent answers (frame.go); a container's
+// init does these from the host, or not at all.
+const (
+	opSetup    op = "setup"    // the guest's first request: mount its root, become its init
+	opProtect  op = "protect"  // make paths read-only or hidden (Protect)
+	opHostname op = "hostname" // name the guest's host
+	opFiles    op = "files"    // the rest of the stream speaks the file protocol
+	opFreezeFS op = "freezefs" // flush and freeze the upper's file system (FIFREEZE)
+	opThawFS   op = "thawfs"   // thaw it (FITHAW)
+)
+
 // request is what the worker sends the init.
 type request struct {
 	Op   op       `json:"op"`
@@ -73,6 +84,17 @@ type request struct {
 	// id; ID is the request's own) and the signal.
 	Exec   string `json:"exec,omitempty"`
 	Signal int    `json:"signal,omitempty"`
+	// Rows and Cols: a terminal's size (a guest makes the terminal; a
+	// container's is the worker's).
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+	// Protect: the paths to make read-only and hidden; Hostname: the
+	// host name to set (a guest's).
+	ReadOnly []string `json:"read_only,omitempty"`
+	Hidden   []string `json:"hidden,omitempty"`
+	Hostname string   `json:"hostname,omitempty"`
+	// Setup: what a guest's root is made of (opSetup).
+	Setup *GuestSpec `json:"setup,omitempty"`
 }
 
 // reply is what the init answers a request with, once or twice (exec:
@@ -86,6 +108,8 @@ type reply struct {
 	Running bool   `json:"running,omitempty"`
 	Error   string `json:"error,omitempty"`
 	Unknown bool   `json:"unknown,omitempty"` // an id the init never started
+	// Missing: the paths a protect request named that the root lacks.
+	Missing []string `json:"missing,omitempty"`
 }
 
 // last reports whether r is the last reply to its request: all but an

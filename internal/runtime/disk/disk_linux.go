@@ -186,6 +186,10 @@ func Mount(dir string, fresh bool) error {
 // Unmount unmounts the disk image, if the sandbox has one mounted.
 func Unmount(dir string) error { return unmountLoop(Dir(dir)) }
 
+// UnmountImage unmounts the loop-mounted image at d (if one is) and
+// waits for its loop device to detach.
+func UnmountImage(d string) error { return unmountLoop(d) }
+
 // unmountLoop unmounts the loop-mounted image at d, if one is, and
 // waits for its loop device to detach: the kernel clears an autoclear
 // loop device from a work queue after its last close, so without the

@@ -221,6 +221,9 @@ type Found struct {
 	Digest  string
 	Kind    layer.Kind
 	Lineage *layer.Lineage // snapshots only
+	// Image is the file the layer's image is, for a microVM to map: its
+	// blob in the local store ("": a lazy layer's, which has none whole).
+	Image   string
 	mountOn func(target string) error
 }
 
@@ -242,7 +245,8 @@ type Source struct {
 func Resolve(ctx context.Context, root string, src Source, ref, want string) (*Found, error) {
 	info, err := layer.ResolveImage(ctx, src.Store, ref, digest.Digest(want))
 	if err == nil {
-		return &Found{info.Digest.String(), info.Kind, info.Snapshot, mount.EROFS(src.Store.BlobPath(info.Digest)).Mount}, nil
+		blob := src.Store.BlobPath(info.Digest)
+		return &Found{info.Digest.String(), info.Kind, info.Snapshot, blob, mount.EROFS(blob).Mount}, nil
 	}
 	if !errdefs.IsNotFound(err) || src.Remote == nil {
 		return nil, err
@@ -256,7 +260,7 @@ func Resolve(ctx context.Context, root string, src Source, ref, want string) (*F
 		return nil, err
 	}
 	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
-	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, func(target string) error {
+	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, "", func(target string) error {
 		return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher)
 	}}, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -113,6 +114,8 @@ type Config struct {
 	TLS    worker.TLS
 	// E2B: worker.Config's (the E2B front).
 	E2B worker.E2B
+	// MicroVM: worker.Config's (microvmtest.Settings).
+	MicroVM microvm.Settings
 }
 
 // StartWorkerWith is StartWorker with cfg.

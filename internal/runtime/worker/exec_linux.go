@@ -277,7 +277,7 @@ func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseCont
 // it (runtime.Sandbox.Files): symlinks (absolute ones included) and ".."
 // stay inside the root, so a path the agent planted never leads the
 // worker to a host file.
-func openIn(sb *runtime.Sandbox, p string, flags int, mode os.FileMode) (*os.File, error) {
+func openIn(sb *runtime.Sandbox, p string, flags int, mode os.FileMode) (archive.File, error) {
 	if !path.IsAbs(p) || path.Clean(p) != p {
 		return nil, fmt.Errorf("bad path %q: give a clean absolute path in the sandbox: %w", p, errdefs.ErrInvalidArgument)
 	}

@@ -4,16 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
-	goruntime "runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -469,23 +465,4 @@ func (w *worker) reclaimLoop(ctx context.Context) {
 			w.log.Debug("reclaimed an idle sandbox's memory", "sandbox", sb.Name, "idle", idle)
 		}
 	}
-}
-
-// hostCapacity is what admission divides: the CPUs this process may run
-// on and the host's memory.
-func hostCapacity() (cpus int, mem int64, err error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("/proc/meminfo: %q: %w", line, err)
-			}
-			return goruntime.NumCPU(), kb << 10, nil
-		}
-	}
-	return 0, 0, errors.New("/proc/meminfo has no MemTotal")
 }

@@ -261,7 +261,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
+		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(), VM: st.VM,
 	}
 	if st.Paused {
 		out.Status = api.StatusPaused

@@ -18,6 +18,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/snap"
 )
 
@@ -59,6 +60,8 @@ type Config struct {
 	// dsec; tests give their own, so that their bounds bound nothing
 	// else).
 	CgroupParent string
+	// MicroVM configures the microvm backend.
+	MicroVM microvm.Settings
 }
 
 // E2B configures the E2B front: the address it listens on (HOST:PORT;

@@ -150,7 +150,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	if cfg.CgroupParent != "" {
 		cgroup.Parent = cfg.CgroupParent
 	}
-	cpus, mem, err := hostCapacity()
+	runtime.SetMicroVM(cfg.MicroVM)
+	if h, err := runtime.MicroVMHost(); err != nil {
+		cfg.Log.Info("this host runs no microVMs", "why", err)
+	} else {
+		cfg.Log.Info("microVMs run", "accel", h.Accel.Name, "why", h.Accel.Why, "kernel", h.Kernel.String(), "qemu", h.QEMUVersion)
+	}
+	cpus, mem, err := runtime.HostCapacity()
 	if err != nil {
 		return err
 	}
@@ -337,7 +343,16 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers},
-		Features: features(), Warm: &api.Warm{Spares: w.mounter.Spares.Ready(), Primed: w.mounter.Primed.Ready()}}, nil
+		Features: features(), Warm: &api.Warm{Spares: w.mounter.Spares.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: microVMHost()}, nil
+}
+
+// microVMHost describes what the microvm backend runs with here.
+func microVMHost() *api.MicroVMHost {
+	h, err := runtime.MicroVMHost()
+	if err != nil {
+		return &api.MicroVMHost{Error: err.Error()}
+	}
+	return &api.MicroVMHost{Accel: h.Accel.Name, AccelWhy: h.Accel.Why, Kernel: h.Kernel.String(), QEMU: h.QEMUVersion}
 }
 
 // parentLimits bound all sandboxes together: the host's memory less the

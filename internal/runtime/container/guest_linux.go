@@ -1,0 +1,447 @@
+package container
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// A microVM guest's agent: dsec-init as the guest's pid 1. It loads the
+// modules its initramfs holds, finds its devices, and serves the
+// sandbox over the agent's virtio-serial port: first the setup (its
+// layers, each a virtio-pmem device mounted EROFS with DAX, under an
+// overlay whose upper is on the virtio-blk disk, which becomes its
+// root), then the init protocol of proto.go, request by request, each a
+// stream of the port's yamux session (frame.go). Commands run as in a
+// container: forked from one thread that dropped to the sandbox's
+// capabilities and restrictions, reaped by the same loop, their exits
+// kept for the same ids; their stdio are pipes (or a terminal) the agent
+// copies to and from the stream, since a port passes no descriptors.
+
+// guestDevWait bounds the wait for the guest's devices to appear.
+const guestDevWait = 60 * time.Second
+
+// runGuest is the agent's life; it returns only on a failure, which
+// ends the guest (pid 1 exits: the kernel panics, and QEMU ends).
+func runGuest() error {
+	if err := guestMounts(); err != nil {
+		return err
+	}
+	if err := loadModules("/modules"); err != nil {
+		return err
+	}
+	// What the guest writes reaches its disk within a second (not the
+	// kernel's 30): QEMU killed, or the host down, loses at most that.
+	for k, v := range map[string]string{"dirty_expire_centisecs": "100", "dirty_writeback_centisecs": "100"} {
+		os.WriteFile("/proc/sys/vm/"+k, []byte(v), 0)
+	}
+	port, err := agentPort()
+	if err != nil {
+		return err
+	}
+	sess, err := yamux.Server(port, muxConfig())
+	if err != nil {
+		return err
+	}
+	st, err := sess.AcceptStream()
+	if err != nil {
+		return fmt.Errorf("the host never asked for the guest: %w", err)
+	}
+	fr, fw := newFrameReader(st), &frameWriter{w: st}
+	kind, b, err := fr.next()
+	var req request
+	if err == nil && (kind != frameRequest || json.Unmarshal(b, &req) != nil || req.Op != opSetup || req.Setup == nil) {
+		err = errors.New("the host's first request is not the guest's setup")
+	}
+	if err != nil {
+		return err
+	}
+	g, err := setupGuest(req.Setup)
+	if err != nil {
+		fw.json(frameReply, reply{ID: req.ID, Error: "guest setup: " + err.Error()})
+		st.Close()
+		time.Sleep(time.Second) // for the reply to leave
+		return err
+	}
+	// Commands fork from this thread: it holds what they run under.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return err
+	}
+	if err := dropBounding(); err != nil {
+		return err
+	}
+	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	if err := applyRestrictions(req.Setup.Restrictions); err != nil {
+		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return err
+	}
+	zero := 0
+	fw.json(frameReply, reply{ID: req.ID, Exit: &zero})
+	st.Close()
+
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	in := make(chan incoming)
+	go func() {
+		for {
+			st, err := sess.AcceptStream()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "dsec guest: the host's session ended: %v\n", err)
+				os.Exit(1)
+			}
+			go g.serveStream(st, in)
+		}
+	}()
+	jobs := newLoop()
+	for {
+		select {
+		case r := <-in:
+			jobs.handle(r)
+			for _, f := range r.files {
+				f.Close()
+			}
+		case <-sigs:
+		}
+		jobs.reap()
+	}
+}
+
+// guestMounts mounts what the agent needs of the kernel in the
+// initramfs.
+func guestMounts() error {
+	for _, m := range []mnt{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0700"},
+	} {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.target, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount %s: %w", m.target, err)
+		}
+	}
+	return nil
+}
+
+// loadModules loads the modules in dir in the order of their names
+// (the initramfs numbers them so).
+func loadModules(dir string) error {
+	names, err := filepath.Glob(filepath.Join(dir, "*.ko"))
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, p := range names {
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", filepath.Base(p), err)
+		}
+	}
+	return nil
+}
+
+// agentPort opens the virtio-serial port named AgentPort.
+func agentPort() (*os.File, error) {
+	const name = "dsec.agent"
+	var last error
+	for deadline := time.Now().Add(guestDevWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		ports, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, p := range ports {
+			b, err := os.ReadFile(p)
+			if err != nil || strings.TrimSpace(string(b)) != name {
+				continue
+			}
+			f, err := os.OpenFile("/dev/"+filepath.Base(filepath.Dir(p)), os.O_RDWR, 0)
+			if err == nil {
+				return f, nil
+			}
+			last = err
+		}
+	}
+	return nil, fmt.Errorf("no virtio-serial port %s after %v (%v)", name, guestDevWait, last)
+}
+
+// muxConfig is the yamux session's configuration at both ends: no
+// keepalives and no write deadline, since a paused sandbox's guest
+// answers nothing for as long as it is paused, and is not dead.
+func muxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.ConnectionWriteTimeout = 365 * 24 * time.Hour
+	c.StreamOpenTimeout = 0
+	c.LogOutput = nil
+	c.Logger = discardLogger{}
+	return c
+}
+
+type discardLogger struct{}
+
+func (discardLogger) Print(...any)          {}
+func (discardLogger) Printf(string, ...any) {}
+func (discardLogger) Println(...any)        {}
+
+// guest is what the agent keeps of its setup.
+type guest struct {
+	upper int // the upper's file system (its mount's root), for FIFREEZE
+}
+
+var pciSlot = regexp.MustCompile(`/0000:00:([0-9a-f]{2})\.0/`)
+
+// slotOf is the PCI slot of block device dev (its /sys/block path).
+func slotOf(dev string) int {
+	p, err := filepath.EvalSymlinks("/sys/block/" + dev)
+	if err != nil {
+		return -1
+	}
+	m := pciSlot.FindStringSubmatch(p)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.ParseUint(m[1], 16, 8)
+	return int(n)
+}
+
+// guestDevices waits for the layers' pmem devices and the upper's disk:
+// layer i's device, by its PCI slot, and the disk.
+func guestDevices(layers int) ([]string, string, error) {
+	var out []string
+	upper := ""
+	for deadline := time.Now().Add(guestDevWait); ; time.Sleep(10 * time.Millisecond) {
+		out = make([]string, layers)
+		found := 0
+		upper = ""
+		devs, _ := os.ReadDir("/sys/block")
+		for _, d := range devs {
+			n, slot := d.Name(), slotOf(d.Name())
+			switch {
+			case strings.HasPrefix(n, "pmem") && slot >= FirstLayerSlot && slot < FirstLayerSlot+layers:
+				if _, err := os.Stat("/dev/" + n); err == nil {
+					out[slot-FirstLayerSlot] = "/dev/" + n
+					found++
+				}
+			case strings.HasPrefix(n, "vd") && slot == UpperSlot:
+				if _, err := os.Stat("/dev/" + n); err == nil {
+					upper = "/dev/" + n
+				}
+			}
+		}
+		if found == layers && upper != "" {
+			return out, upper, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, "", fmt.Errorf("after %v the guest has %d of its %d layer devices and upper disk %q", guestDevWait, found, layers, upper)
+		}
+	}
+}
+
+// setupGuest mounts the sandbox's root and moves into it.
+func setupGuest(s *GuestSpec) (*guest, error) {
+	if s.Time > 0 {
+		ts := unix.NsecToTimespec(s.Time)
+		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+	}
+	if len(s.Seed) > 0 {
+		addEntropy(s.Seed)
+	}
+	if s.Layers < 1 || s.Layers > MaxLayers {
+		return nil, fmt.Errorf("%d layers: a guest takes 1 to %d", s.Layers, MaxLayers)
+	}
+	layers, disk, err := guestDevices(s.Layers)
+	if err != nil {
+		return nil, err
+	}
+	var lowers []string
+	for i, dev := range layers {
+		dir := fmt.Sprintf("/run/layers/%d", i)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		// DAX: the guest reads the host's page cache of the image, with
+		// no page cache of its own.
+		if err := unix.Mount(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "dax=always"); err != nil {
+			return nil, fmt.Errorf("mount layer %d (%s): %w", i, dev, err)
+		}
+		lowers = append(lowers, dir)
+	}
+	if err := os.MkdirAll("/run/upper", 0o755); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount(disk, "/run/upper", "ext4", unix.MS_NODEV|unix.MS_NOSUID|unix.MS_NOATIME, ""); err != nil {
+		return nil, fmt.Errorf("mount the upper's disk %s: %w", disk, err)
+	}
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir("/run/upper/"+d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+	}
+	g := &guest{}
+	if g.upper, err = unix.Open("/run/upper", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, err
+	}
+	const root = "/run/root"
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	ov := mount.Overlay(lowers, "/run/upper/upper", "/run/upper/work")
+	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
+	if err := ov.Mount(root); err != nil {
+		return nil, err
+	}
+	if err := stageKernelFS(root, nil); err != nil {
+		return nil, err
+	}
+	if s.Hostname != "" {
+		if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
+			return nil, fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if err := loopbackUp(); err != nil {
+		return nil, err
+	}
+	if s.Net != nil {
+		if err := guestNet(s.Net); err != nil {
+			return nil, err
+		}
+	}
+	// The initramfs is memory: what is left of it once the modules are
+	// in goes (the agent runs on from its inode).
+	for _, p := range []string{"/init", "/bin", "/modules"} {
+		os.RemoveAll(p)
+	}
+	if err := switchRoot(root); err != nil {
+		return nil, err
+	}
+	if _, err := protect(os.Getpid(), s.ReadOnly, s.Hidden); err != nil {
+		return nil, fmt.Errorf("policy files: %w", err)
+	}
+	return g, nil
+}
+
+// switchRoot makes dir the root: the initramfs cannot be pivoted away
+// from, so dir is moved over it, as switch_root(8) does.
+func switchRoot(dir string) error {
+	if err := unix.Chdir(dir); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chdir("/")
+}
+
+// addEntropy credits b to the kernel's pool (RNDADDENTROPY).
+func addEntropy(b []byte) {
+	f, err := os.OpenFile("/dev/urandom", os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	// struct rand_pool_info: entropy_count (bits), buf_size, buf.
+	buf := make([]byte, 8+len(b))
+	binary.NativeEndian.PutUint32(buf, uint32(8*len(b)))
+	binary.NativeEndian.PutUint32(buf[4:], uint32(len(b)))
+	copy(buf[8:], b)
+	unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&buf[0])))
+}
+
+// serveStream answers the request a stream opens with.
+func (g *guest) serveStream(st *yamux.Stream, in chan<- incoming) {
+	fr, fw := newFrameReader(st), &frameWriter{w: st}
+	kind, b, err := fr.next()
+	var req request
+	if err != nil || kind != frameRequest || json.Unmarshal(b, &req) != nil {
+		st.Close()
+		return
+	}
+	answer := func(err error) {
+		r := reply{ID: req.ID}
+		if err != nil {
+			r.Error = err.Error()
+		} else {
+			zero := 0
+			r.Exit = &zero
+		}
+		fw.json(frameReply, r)
+		st.Close()
+	}
+	switch req.Op {
+	case opExec:
+		guestExec(st, fr, fw, req, in)
+	case opResult, opProbe, opRestrict, opSignal:
+		in <- incoming{req: req, conn: &streamPeer{st: st, fw: fw}}
+	case opFiles:
+		serveFiles(st, fr, fw)
+		st.Close()
+	case opProtect:
+		var missing []string
+		onSpentThread(func() { missing, err = protect(os.Getpid(), req.ReadOnly, req.Hidden) })
+		if err != nil {
+			answer(err)
+			return
+		}
+		zero := 0
+		fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Missing: missing})
+		st.Close()
+	case opHostname:
+		answer(unix.Sethostname([]byte(req.Hostname)))
+	case opFreezeFS:
+		unix.Sync()
+		answer(unix.IoctlSetInt(g.upper, fiFreeze, 0))
+	case opThawFS:
+		err := unix.IoctlSetInt(g.upper, fiThaw, 0)
+		if errors.Is(err, unix.EINVAL) { // not frozen
+			err = nil
+		}
+		answer(err)
+	default:
+		fw.json(frameReply, reply{ID: req.ID, Error: fmt.Sprintf("unknown request %q: the guest's agent and the worker are of different dsec versions", req.Op)})
+		st.Close()
+	}
+}
+
+// streamPeer hears the replies of a request on its stream, which closes
+// after the last.
+type streamPeer struct {
+	st *yamux.Stream
+	fw *frameWriter
+}
+
+func (p *streamPeer) send(r reply) {
+	p.fw.json(frameReply, r)
+	if r.last() {
+		p.st.Close()
+	}
+}
+
+var _ net.Conn = (*yamux.Stream)(nil)

@@ -1,0 +1,269 @@
+package container
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/creack/pty"
+	"github.com/hashicorp/yamux"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// FIFREEZE and FITHAW freeze and thaw a file system (_IOWR('X', 119 and
+// 120, int)).
+const (
+	fiFreeze = 0xc0045877
+	fiThaw   = 0xc0045878
+)
+
+// guestExec starts an exec request's command in the guest: its stdio are
+// pipes (or a terminal of the guest's) whose other ends the agent copies
+// from and to the stream; the loop starts it from its thread.
+func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, in chan<- incoming) {
+	p := &execPeer{st: st, fw: fw, tty: req.TTY}
+	var files []*os.File
+	fail := func(err error) {
+		for _, f := range files {
+			f.Close()
+		}
+		fw.json(frameReply, reply{ID: req.ID, Error: err.Error()})
+		st.Close()
+	}
+	if req.TTY {
+		master, tty, err := pty.Open()
+		if err != nil {
+			fail(fmt.Errorf("a terminal in the guest: %w", err))
+			return
+		}
+		if req.Rows > 0 && req.Cols > 0 {
+			pty.Setsize(master, &pty.Winsize{Rows: req.Rows, Cols: req.Cols})
+		}
+		files = []*os.File{tty, tty, tty}
+		p.stdin = master
+		p.outs = []*outCopier{newOutCopier(master, frameStdout, fw)}
+	} else {
+		for i := range 3 {
+			r, w, err := os.Pipe()
+			if err != nil {
+				fail(err)
+				return
+			}
+			if i == 0 {
+				files, p.stdin = append(files, r), w
+			} else {
+				files = append(files, w)
+				p.outs = append(p.outs, newOutCopier(r, frameStdout+byte(i-1), fw))
+			}
+		}
+	}
+	for _, o := range p.outs {
+		go func() {
+			o.run()
+			p.ended()
+		}()
+	}
+	go p.pumpStdin(fr)
+	in <- incoming{req: req, files: files, conn: p}
+}
+
+// execPeer hears an exec's replies on its stream, and carries its
+// stdio: stdin frames in, output frames out.
+type execPeer struct {
+	st    *yamux.Stream
+	fw    *frameWriter
+	tty   bool
+	stdin *os.File // what stdin frames go to: a pipe, or the terminal
+	outs  []*outCopier
+
+	mu     sync.Mutex
+	done   int  // outs at their end
+	exited bool // the exit (or a refusal) went out
+	closed bool
+}
+
+func (p *execPeer) send(r reply) {
+	if r.Exit == nil {
+		p.fw.json(frameReply, r)
+		if r.last() { // refused: nothing runs
+			p.finish()
+		}
+		return
+	}
+	// The exit goes after every byte the command wrote before it ended:
+	// what its pipes hold now. Off the loop's thread: a slow host must
+	// not hold up the guest's other commands.
+	go func() {
+		for _, o := range p.outs {
+			o.drain()
+		}
+		p.fw.json(frameReply, r)
+		p.finish()
+	}()
+}
+
+// finish notes the exit (or refusal) went out; the stream closes once
+// the output has ended too.
+func (p *execPeer) finish() {
+	p.mu.Lock()
+	p.exited = true
+	p.mu.Unlock()
+	p.ended()
+}
+
+// ended closes the stream once the exit went out and every output
+// reached its end (the command's children may write on after it ended).
+func (p *execPeer) ended() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.exited || p.closed {
+		return
+	}
+	for _, o := range p.outs {
+		select {
+		case <-o.done:
+		default:
+			return
+		}
+	}
+	p.closed = true
+	if !p.tty {
+		p.stdin.Close() // unblocks a write no reader will ever take
+	}
+	p.st.Close()
+}
+
+// pumpStdin writes the stream's stdin frames into the command's stdin.
+func (p *execPeer) pumpStdin(fr *frameReader) {
+	for {
+		kind, b, err := fr.next()
+		if err != nil {
+			break
+		}
+		switch kind {
+		case frameStdin:
+			p.stdin.Write(b) // a command gone (EPIPE): dropped
+		case frameStdinEOF:
+			if !p.tty {
+				p.stdin.Close()
+			}
+		}
+	}
+	if !p.tty {
+		p.stdin.Close()
+	}
+}
+
+// outCopier copies a command's output (a pipe's read end, or the
+// terminal) into frames of one kind, and on drain takes what the pipe
+// holds now, in order with what it copied before.
+type outCopier struct {
+	mu     sync.Mutex
+	f      *os.File
+	rc     syscall.RawConn
+	kind   byte
+	fw     *frameWriter
+	buf    []byte
+	closed bool
+	done   chan struct{}
+}
+
+func newOutCopier(f *os.File, kind byte, fw *frameWriter) *outCopier {
+	rc, _ := f.SyscallConn()
+	return &outCopier{f: f, rc: rc, kind: kind, fw: fw, buf: make([]byte, 64<<10), done: make(chan struct{})}
+}
+
+// read copies what the descriptor holds now; eof: it has ended (a pipe
+// with no writer left; a terminal whose last holder closed it: EIO).
+func (c *outCopier) read(fd uintptr) (eof bool) {
+	for {
+		n, err := unix.Read(int(fd), c.buf)
+		switch {
+		case n > 0:
+			c.fw.frame(c.kind, c.buf[:n])
+			continue
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false
+		}
+		return true
+	}
+}
+
+func (c *outCopier) run() {
+	defer close(c.done)
+	for {
+		eof := false
+		err := c.rc.Read(func(fd uintptr) bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			eof = c.read(fd)
+			// false: wait until it is readable again
+			return eof
+		})
+		if err != nil || eof {
+			break
+		}
+	}
+	c.mu.Lock()
+	c.closed = true
+	c.f.Close()
+	c.mu.Unlock()
+}
+
+// drain copies what the descriptor holds now.
+func (c *outCopier) drain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.rc.Control(func(fd uintptr) { c.read(fd) })
+}
+
+// guestNet brings up the guest's eth0 with n's address and route.
+func guestNet(n *GuestNet) error {
+	var link netlink.Link
+	mac, err := net.ParseMAC(n.MAC)
+	if err != nil {
+		return fmt.Errorf("guest network: %w", err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if l.Attrs().HardwareAddr.String() == mac.String() {
+			link = l
+		}
+	}
+	if link == nil {
+		return fmt.Errorf("guest network: no interface with address %s", n.MAC)
+	}
+	if err := netlink.LinkSetName(link, "eth0"); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("guest network: name eth0: %w", err)
+	}
+	addr, err := netlink.ParseAddr(n.Addr)
+	if err != nil {
+		return fmt.Errorf("guest network: %w", err)
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("guest network: address %s: %w", n.Addr, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("guest network: up: %w", err)
+	}
+	gw := net.ParseIP(n.Gateway)
+	if gw == nil {
+		return fmt.Errorf("guest network: gateway %q", n.Gateway)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
+		return fmt.Errorf("guest network: route via %s: %w", n.Gateway, err)
+	}
+	return nil
+}

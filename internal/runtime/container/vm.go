@@ -1,0 +1,49 @@
+package container
+
+// GuestSpec is what a microVM guest's root is made of and runs under:
+// the first request its agent gets (opSetup). The guest finds its
+// devices at fixed PCI slots (the QEMU command line puts them there):
+// layer i's virtio-pmem device at slot FirstLayerSlot+i, topmost first,
+// and its upper's disk, the one virtio-blk device.
+type GuestSpec struct {
+	// Layers is how many layer devices the guest has.
+	Layers   int    `json:"layers"`
+	Hostname string `json:"hostname"`
+	// Restrictions every command runs under; ReadOnly and Hidden are
+	// the paths Protect holds from the first command on.
+	Restrictions *Restrictions `json:"restrictions,omitempty"`
+	ReadOnly     []string      `json:"read_only,omitempty"`
+	Hidden       []string      `json:"hidden,omitempty"`
+	// Net is the guest's eth0 (nil: it has loopback only).
+	Net *GuestNet `json:"net,omitempty"`
+	// Time is the host's clock (Unix nanoseconds) as it sent the spec:
+	// the guest's clock is set from it.
+	Time int64 `json:"time"`
+	// Seed is entropy from the host, added to the guest's pool.
+	Seed []byte `json:"seed,omitempty"`
+}
+
+// GuestNet is a guest's network interface: its address (CIDR), its
+// gateway and its hardware address.
+type GuestNet struct {
+	Addr    string `json:"addr"`
+	Gateway string `json:"gateway"`
+	MAC     string `json:"mac"`
+}
+
+// PCI slots of a guest's devices on the q35 root bus.
+const (
+	SerialSlot     = 0x02 // the agent's virtio-serial port
+	RNGSlot        = 0x03
+	BalloonSlot    = 0x04
+	UpperSlot      = 0x05 // the upper's virtio-blk disk
+	NetSlot        = 0x06
+	FirstLayerSlot = 0x08
+	// MaxLayers is how many layer devices fit the root bus's free slots
+	// (up to 0x1e; 0x1f is the chipset's).
+	MaxLayers = 0x1e - FirstLayerSlot + 1
+)
+
+// GuestEnv marks a guest's pid 1 (the kernel's command line sets it for
+// /init): dsec-init then serves as the guest's agent.
+const GuestEnv = "DSEC_GUEST"

@@ -1,0 +1,232 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+)
+
+// VM is the worker's handle on a running microVM: the connection to its
+// shim, which speaks the init protocol as a container's init does, and
+// what only a guest does from the inside (its files, reached through its
+// agent; the host name, read-only and hidden paths set by it; its upper's
+// file system frozen for a consistent pack).
+type VM struct {
+	c     *Conn
+	files string
+}
+
+var (
+	_ backend.Instance   = (*VM)(nil)
+	_ backend.Restricter = (*VM)(nil)
+	_ backend.Protecter  = (*VM)(nil)
+	_ backend.Renamer    = (*VM)(nil)
+	_ backend.Signaler   = (*VM)(nil)
+)
+
+// StartVM starts a microVM's shim, which starts QEMU, and returns once
+// the guest is the sandbox spec describes: a guest that fails, or does
+// not come up within spec.BootTimeout, is an error that ends with its
+// console's last lines, and leaves no process.
+func StartVM(spec VMSpec) (_ *VM, err error) {
+	if spec.Socket == "" || spec.FilesSocket == "" {
+		return nil, errors.New("microvm: no control socket path")
+	}
+	self, err := InitBinary()
+	if err != nil {
+		return nil, err
+	}
+	var closers []*os.File
+	defer func() {
+		for _, f := range closers {
+			f.Close()
+		}
+	}()
+	listen := func(path, network string) (*os.File, error) {
+		os.Remove(path)
+		l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
+		if err != nil {
+			return nil, fmt.Errorf("microvm socket %s: %w", path, err)
+		}
+		l.SetUnlinkOnClose(false)
+		f, err := l.File()
+		l.Close()
+		if err == nil {
+			closers = append(closers, f)
+		}
+		return f, err
+	}
+	ctl, err := listen(spec.Socket, "unixpacket")
+	if err != nil {
+		return nil, err
+	}
+	files, err := listen(spec.FilesSocket, "unix")
+	if err != nil {
+		return nil, err
+	}
+	console, err := os.OpenFile(spec.Console, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, console)
+	logf, done, err := logFile(spec.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, logf)
+
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "vmm")
+	cmd := exec.Command(self)
+	cmd.Args = []string{"dsec-vmm"}
+	cmd.Env = []string{vmmEnv + "=1"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	// A network namespace of its own: QEMU reaches no network but a tap
+	// the sandbox's network puts there.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNET}
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		ours.Close()
+		return nil, fmt.Errorf("start the microVM's shim: %w", err)
+	}
+	protectInit(cmd.Process.Pid)
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	kill := func() {
+		ours.Close()
+		cmd.Process.Kill()
+		<-exited
+		logf.Close() // our copy: the copier ends once the shim's is gone
+		<-done
+		os.Remove(spec.Socket)
+		os.Remove(spec.FilesSocket)
+	}
+	if spec.Setup != nil {
+		if err := spec.Setup(cmd.Process.Pid); err != nil {
+			kill()
+			return nil, err
+		}
+	}
+	b, err := json.Marshal(spec)
+	if err == nil {
+		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())), nil, 0)
+	}
+	if err != nil {
+		kill()
+		return nil, fmt.Errorf("%w: the microVM's shim is gone: %v", ErrSandboxDied, err)
+	}
+	fc, err := net.FileConn(ours)
+	if err != nil {
+		kill()
+		return nil, err
+	}
+	conn := fc.(*net.UnixConn)
+	// The shim bounds the boot; this bounds the shim.
+	conn.SetReadDeadline(time.Now().Add(spec.BootTimeout + 30*time.Second))
+	buf := make([]byte, 64<<10)
+	n, err := conn.Read(buf)
+	conn.SetReadDeadline(time.Time{})
+	var h struct {
+		hello
+		Error string `json:"error"`
+	}
+	if err == nil {
+		json.Unmarshal(buf[:n], &h)
+	}
+	switch {
+	case err != nil || n == 0:
+		conn.Close()
+		kill()
+		return nil, fmt.Errorf("the microVM's shim failed (exit %d): see its log", cmd.ProcessState.ExitCode())
+	case h.Error != "":
+		conn.Close()
+		kill()
+		return nil, errors.New(h.Error)
+	}
+	ours.Close()
+	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users,
+		cmd: cmd, exited: exited}
+	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
+		s.pidfd = fd
+	}
+	go s.readReplies()
+	return &VM{c: s, files: spec.FilesSocket}, nil
+}
+
+// AttachVM connects to the shim of a running microVM, whose host pid is
+// pid: how a restarted worker takes it back.
+func AttachVM(socket, files string, pid int) (*VM, error) {
+	c, err := Attach(socket, pid)
+	if err != nil {
+		return nil, err
+	}
+	return &VM{c: c, files: files}, nil
+}
+
+func (v *VM) Pid() int              { return v.c.Pid() }
+func (v *VM) Done() <-chan struct{} { return v.c.Done() }
+func (v *VM) Close() error          { return v.c.Close() }
+func (v *VM) Destroy() error        { return v.c.Destroy() }
+func (v *VM) Exec(ctx context.Context, cmd Cmd) (int, error) {
+	return v.c.Exec(ctx, cmd)
+}
+func (v *VM) Result(ctx context.Context, id string) (int, error) { return v.c.Result(ctx, id) }
+func (v *VM) Probe(ctx context.Context, id string) (bool, int, error) {
+	return v.c.Probe(ctx, id)
+}
+func (v *VM) Restrict(ctx context.Context, r Restrictions) error { return v.c.Restrict(ctx, r) }
+func (v *VM) Signal(ctx context.Context, id string, sig syscall.Signal) error {
+	return v.c.Signal(ctx, id, sig)
+}
+
+// simple sends a request that only a guest answers.
+func (v *VM) simple(ctx context.Context, r request) (reply, error) {
+	r.ID = fmt.Sprintf("#%s-%d", r.Op, restrictSeq.Add(1))
+	return v.c.do(ctx, r, nil, nil)
+}
+
+// Protect makes paths of the guest read-only or hidden, as a container's
+// Protect does, from inside the guest.
+func (v *VM) Protect(readOnly, hidden []string) ([]string, error) {
+	if len(readOnly) == 0 && len(hidden) == 0 {
+		return nil, nil
+	}
+	r, err := v.simple(context.Background(), request{Op: opProtect, ReadOnly: readOnly, Hidden: hidden})
+	return r.Missing, err
+}
+
+// SetHostname names the guest's host.
+func (v *VM) SetHostname(name string) error {
+	_, err := v.simple(context.Background(), request{Op: opHostname, Hostname: name})
+	return err
+}
+
+// FreezeFS flushes the guest's upper file system to its disk and freezes
+// it: the disk image is then consistent, and stays so until ThawFS.
+func (v *VM) FreezeFS(ctx context.Context) error {
+	_, err := v.simple(ctx, request{Op: opFreezeFS})
+	return err
+}
+
+// ThawFS thaws what FreezeFS froze.
+func (v *VM) ThawFS(ctx context.Context) error {
+	_, err := v.simple(ctx, request{Op: opThawFS})
+	return err
+}
+
+// Files opens the guest's files, through its agent.
+func (v *VM) Files() (*RemoteFiles, error) { return DialFiles(v.files) }

@@ -1,0 +1,595 @@
+package container
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+)
+
+// A microVM's shim: the dsec-init binary again, as the host's side of a
+// guest. It starts QEMU as its child (which dies with it), waits for
+// the guest's agent, sets the guest up, and then serves the init
+// protocol on the sandbox's socket as a container's init does: the
+// worker cannot tell them apart but by the requests only a guest
+// answers. Each request becomes a stream to the agent (frame.go); an
+// exec's stdio descriptors stay with the shim, which copies the
+// command's output into them as it comes, so a command's output and
+// result outlive the worker as a container's do. The shim is the
+// sandbox's init as the host sees it: its pid, its death the sandbox's.
+
+// vmmEnv marks the re-executed binary as a microVM's shim.
+const vmmEnv = "_DSEC_VMM"
+
+// VMSpec describes a microVM to start.
+type VMSpec struct {
+	// Argv is QEMU's command line: the agent's socket is its fd 3 and
+	// QMP's its fd 4 (microvm.Machine's AgentFD and QMPFD).
+	Argv  []string  `json:"argv"`
+	Guest GuestSpec `json:"guest"`
+	// BootTimeout bounds the wait for the guest's agent to set up.
+	BootTimeout time.Duration `json:"boot_timeout"`
+	// Accel names the accelerator, for what the shim says of a guest
+	// that did not come up.
+	Accel string `json:"accel"`
+	// Socket and FilesSocket are where the shim serves the init
+	// protocol and the file protocol; Console is the file the guest's
+	// serial console is written to (up to maxConsole bytes).
+	Socket      string `json:"-"`
+	FilesSocket string `json:"-"`
+	Console     string `json:"-"`
+	// Stderr gets the shim's own complaints.
+	Stderr io.Writer `json:"-"`
+	// Setup runs with the shim's host pid before it starts QEMU (the
+	// place to put it in the sandbox's cgroup).
+	Setup func(pid int) error `json:"-"`
+}
+
+// maxConsole bounds the console file: a guest printing without end
+// fills nothing.
+const maxConsole = 4 << 20
+
+// runVMM is the shim's life.
+func runVMM() error {
+	buf, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := unix.Recvmsg(3, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil || n == 0 {
+		os.Exit(0)
+	}
+	var fds []int
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+		fds, _ = unix.ParseUnixRights(&msgs[0])
+	}
+	if len(fds) != 4 {
+		return fmt.Errorf("the microVM came with %d descriptors, not 4", len(fds))
+	}
+	for _, fd := range []int{1, 2} {
+		if err := unix.Dup3(fds[3], fd, 0); err != nil {
+			return err
+		}
+	}
+	unix.Close(fds[3])
+	var spec VMSpec
+	if err := json.Unmarshal(buf[:n], &spec); err != nil {
+		return fmt.Errorf("read the microVM's spec: %w", err)
+	}
+	fc, err := net.FileConn(os.NewFile(3, "claim"))
+	if err != nil {
+		return err
+	}
+	first := fc.(*net.UnixConn)
+	v := &vmm{running: map[string]*forward{}, done: map[string]int{}}
+	if err := v.boot(spec, os.NewFile(uintptr(fds[2]), "console")); err != nil {
+		msg, _ := json.Marshal(map[string]string{"error": err.Error()})
+		first.Write(msg)
+		return err
+	}
+	l, err := net.FileListener(os.NewFile(uintptr(fds[0]), "ctl"))
+	if err != nil {
+		return err
+	}
+	fl, err := net.FileListener(os.NewFile(uintptr(fds[1]), "files"))
+	if err != nil {
+		return err
+	}
+	first.Write(greeting)
+	in, gone := make(chan incoming), make(chan *connPeer)
+	go serve(first, in, gone)
+	go func() {
+		for {
+			c, err := l.(*net.UnixListener).AcceptUnix()
+			if err != nil {
+				continue
+			}
+			c.Write(greeting)
+			go serve(c, in, gone)
+		}
+	}()
+	go v.serveFiles(fl)
+	for {
+		select {
+		case r := <-in:
+			v.handle(r)
+		case c := <-gone:
+			c.c.Close()
+			v.forget(c)
+		case <-v.exited:
+			return fmt.Errorf("the microVM ended (%v); its console's end:\n%s", v.qemuErr, v.console.tail())
+		}
+	}
+}
+
+// vmm is the shim's state: the guest and the commands it runs.
+type vmm struct {
+	qemu    *exec.Cmd
+	exited  chan struct{} // closed once QEMU has exited
+	qemuErr error
+	console *ring
+	sess    *yamux.Session
+	qmp     net.Conn
+
+	mu        sync.Mutex
+	running   map[string]*forward // execs not ended, by id
+	done      map[string]int      // exits kept, as the guest keeps them
+	doneOrder []string
+}
+
+// boot starts QEMU, and sets the guest up once its agent is there.
+func (v *vmm) boot(spec VMSpec, console *os.File) error {
+	agent, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	qmp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	agentTheirs, qmpTheirs := os.NewFile(uintptr(agent[1]), "agent"), os.NewFile(uintptr(qmp[1]), "qmp")
+	v.console = &ring{max: 16 << 10, done: make(chan struct{})}
+	out, err := v.startQEMU(spec.Argv, agentTheirs, qmpTheirs)
+	agentTheirs.Close()
+	qmpTheirs.Close()
+	if err != nil {
+		return err
+	}
+	go v.console.copy(out, console)
+	if v.qmp, err = net.FileConn(os.NewFile(uintptr(qmp[0]), "qmp")); err != nil {
+		return err
+	}
+	go qmpHandshake(v.qmp)
+	agentConn, err := net.FileConn(os.NewFile(uintptr(agent[0]), "agent"))
+	if err != nil {
+		return err
+	}
+	if v.sess, err = yamux.Client(agentConn, muxConfig()); err != nil {
+		return err
+	}
+	spec.Guest.Time = time.Now().UnixNano()
+	setup := make(chan error, 1)
+	go func() { setup <- v.setup(spec.Guest) }()
+	ended := func() error {
+		return fmt.Errorf("the microVM ended before its guest came up (%v, accelerator %s); its console ends: %s", v.qemuErr, spec.Accel, v.console.tail())
+	}
+	select {
+	case err := <-setup:
+		if err == nil {
+			return nil
+		}
+		select { // the agent gone: the guest's end, most likely
+		case <-v.exited:
+			return ended()
+		case <-time.After(2 * time.Second):
+		}
+		return fmt.Errorf("the microVM's guest failed its setup: %v; its console ends: %s", err, v.console.tail())
+	case <-v.exited:
+		return ended()
+	case <-time.After(spec.BootTimeout):
+		v.qemu.Process.Kill()
+		<-v.exited
+		return fmt.Errorf("the microVM's guest did not come up within %v (accelerator %s); its console ends: %s", spec.BootTimeout, spec.Accel, v.console.tail())
+	}
+}
+
+// startQEMU starts QEMU with no capabilities (it needs none: its files
+// are the sandbox's, owned by root, and the devices it opens are
+// allowed to the sandbox's group), as a child that dies with the shim;
+// its stdout and stderr (the serial console) come out of the pipe it
+// returns.
+func (v *vmm) startQEMU(argv []string, agent, qmp *os.File) (io.Reader, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("no QEMU command line")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.ExtraFiles = []*os.File{agent, qmp}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// On a thread of its own whose bounding set is empty, inheritable
+	// and ambient sets clear: what it execs, root or not, has no
+	// capability. The thread waits for QEMU to end: QEMU's parent-death
+	// signal comes when the thread that forked it ends.
+	errc := make(chan error, 1)
+	v.exited = make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		err := func() error {
+			for c := 0; c <= 63; c++ {
+				if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+					return fmt.Errorf("drop capability %d for QEMU: %w", c, err)
+				}
+			}
+			hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+			var data [2]unix.CapUserData
+			if err := unix.Capget(&hdr, &data[0]); err != nil {
+				return err
+			}
+			data[0].Inheritable, data[1].Inheritable = 0, 0
+			if err := unix.Capset(&hdr, &data[0]); err != nil {
+				return err
+			}
+			unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+				return err
+			}
+			if err := cmd.Start(); err != nil {
+				return fmt.Errorf("start QEMU (%s): %w", argv[0], err)
+			}
+			return nil
+		}()
+		errc <- err
+		if err != nil {
+			return
+		}
+		v.qemuErr = cmd.Wait()
+		if v.qemuErr == nil {
+			v.qemuErr = errors.New("QEMU exited")
+		}
+		close(v.exited)
+	}()
+	if err := <-errc; err != nil {
+		r.Close()
+		return nil, err
+	}
+	// The guest's memory is QEMU's: a sandbox over its limit loses its
+	// VM before its shim, which then says so.
+	os.WriteFile("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("0"), 0)
+	v.qemu = cmd
+	return r, nil
+}
+
+// qmpHandshake takes QMP's greeting and leaves command mode on, then
+// reads (and drops) its events, so QEMU never blocks writing them.
+func qmpHandshake(c net.Conn) {
+	buf := make([]byte, 64<<10)
+	if _, err := c.Read(buf); err != nil {
+		return
+	}
+	c.Write([]byte(`{"execute":"qmp_capabilities"}` + "\n"))
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+// setup sends the guest its spec and waits for it to be the sandbox.
+func (v *vmm) setup(g GuestSpec) error {
+	st, err := v.sess.OpenStream()
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	fw, fr := &frameWriter{w: st}, newFrameReader(st)
+	if err := fw.json(frameRequest, request{Op: opSetup, ID: "#setup", Setup: &g}); err != nil {
+		return err
+	}
+	kind, b, err := fr.next()
+	if err != nil {
+		return fmt.Errorf("the guest's agent went away: %v", err)
+	}
+	var r reply
+	if kind != frameReply || json.Unmarshal(b, &r) != nil {
+		return errors.New("the guest's agent answered no reply")
+	}
+	if r.Error != "" {
+		return errors.New(r.Error)
+	}
+	return nil
+}
+
+// handle answers a worker's request, from the shim's own table where it
+// can (commands it is copying), else from the guest's.
+func (v *vmm) handle(r incoming) {
+	id := r.req.ID
+	v.mu.Lock()
+	f := v.running[id]
+	code, ended := v.done[id]
+	switch {
+	case r.req.Op == opExec && (f != nil || ended):
+		v.mu.Unlock()
+		closeAll(r.files)
+		send(r.conn, reply{ID: id, Error: "exec id " + id + " was used already"})
+		return
+	case (r.req.Op == opResult || r.req.Op == opProbe) && ended:
+		v.mu.Unlock()
+		send(r.conn, reply{ID: id, Exit: &code})
+		return
+	case r.req.Op == opProbe && f != nil:
+		v.mu.Unlock()
+		send(r.conn, reply{ID: id, Running: true})
+		return
+	case r.req.Op == opResult && f != nil:
+		f.hearer = r.conn // the exit goes to whoever asks last
+		v.mu.Unlock()
+		return
+	}
+	if r.req.Op == opExec {
+		if len(r.files) != 3 {
+			v.mu.Unlock()
+			closeAll(r.files)
+			send(r.conn, reply{ID: id, Error: "bad exec request"})
+			return
+		}
+		f = &forward{id: id, files: r.files, hearer: r.conn}
+		v.running[id] = f
+	}
+	v.mu.Unlock()
+	if f == nil {
+		closeAll(r.files)
+	}
+	go v.forward(r.req, r.conn, f)
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// forward is an exec the shim copies: its stdio, and who hears its exit.
+type forward struct {
+	id     string
+	files  []*os.File // stdin, stdout, stderr
+	hearer peer       // guarded by vmm.mu
+}
+
+// forward sends a request to the guest on a stream of its own and
+// relays its replies; an exec's (f) output goes to its stdio.
+func (v *vmm) forward(req request, conn peer, f *forward) {
+	fail := func(err error) {
+		if f != nil {
+			v.end(f, nil)
+			v.mu.Lock()
+			conn = f.hearer
+			v.mu.Unlock()
+		}
+		send(conn, reply{ID: req.ID, Error: err.Error()})
+	}
+	st, err := v.sess.OpenStream()
+	if err != nil {
+		fail(fmt.Errorf("the guest's agent: %w", err))
+		return
+	}
+	defer st.Close()
+	fw, fr := &frameWriter{w: st}, newFrameReader(st)
+	if f != nil && req.TTY {
+		if ws, err := pty.GetsizeFull(f.files[0]); err == nil {
+			req.Rows, req.Cols = ws.Rows, ws.Cols
+		}
+	}
+	if err := fw.json(frameRequest, req); err != nil {
+		fail(fmt.Errorf("the guest's agent: %w", err))
+		return
+	}
+	if f != nil {
+		go copyStdin(fw, f.files[0])
+	}
+	ended := false
+	for {
+		kind, b, err := fr.next()
+		if err != nil {
+			break
+		}
+		switch kind {
+		case frameStdout, frameStderr:
+			if f != nil {
+				f.files[kind-frameStdout+1].Write(b)
+			}
+		case frameReply:
+			var r reply
+			if json.Unmarshal(b, &r) != nil {
+				continue
+			}
+			if f == nil {
+				send(conn, r)
+				continue
+			}
+			if r.last() {
+				ended = true
+				v.end(f, r.Exit)
+			}
+			v.mu.Lock()
+			hearer := f.hearer
+			v.mu.Unlock()
+			send(hearer, r)
+		}
+	}
+	if f != nil {
+		if !ended {
+			select {
+			case <-v.exited:
+				// The VM is gone: so is the shim, and the sandbox has
+				// died under the command for whoever waits for it.
+				return
+			case <-time.After(2 * time.Second):
+				fail(errors.New("the guest's agent lost the command"))
+			}
+		}
+		closeAll(f.files)
+	}
+}
+
+// end takes an exec off the running table, keeping its exit (nil: it
+// never ran).
+func (v *vmm) end(f *forward, exit *int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.running[f.id] != f {
+		return
+	}
+	delete(v.running, f.id)
+	if exit == nil {
+		return
+	}
+	v.done[f.id] = *exit
+	v.doneOrder = append(v.doneOrder, f.id)
+	if len(v.doneOrder) > maxResults {
+		delete(v.done, v.doneOrder[0])
+		v.doneOrder = v.doneOrder[1:]
+	}
+}
+
+// copyStdin sends what the command's stdin gives as frames, and its end.
+func copyStdin(fw *frameWriter, in *os.File) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := in.Read(buf)
+		if n > 0 {
+			if fw.frame(frameStdin, buf[:n]) != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, os.ErrClosed) {
+				fw.frame(frameStdinEOF, nil)
+			}
+			return
+		}
+	}
+}
+
+// forget drops c, gone, as the hearer of any exit.
+func (v *vmm) forget(c peer) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, f := range v.running {
+		if f.hearer == c {
+			f.hearer = nil
+		}
+	}
+}
+
+// serveFiles makes each connection to the files socket a stream of the
+// file protocol to the guest's agent.
+func (v *vmm) serveFiles(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			continue
+		}
+		go func() {
+			defer c.Close()
+			st, err := v.sess.OpenStream()
+			if err != nil {
+				return
+			}
+			defer st.Close()
+			if (&frameWriter{w: st}).json(frameRequest, request{Op: opFiles, ID: "#files"}) != nil {
+				return
+			}
+			done := make(chan struct{})
+			go func() {
+				io.Copy(c, st)
+				c.(*net.UnixConn).CloseWrite()
+				close(done)
+			}()
+			io.Copy(st, c)
+			st.Close()
+			<-done
+		}()
+	}
+}
+
+// ring keeps the end of what the guest's console printed, and writes up
+// to maxConsole bytes of it to a file.
+type ring struct {
+	done    chan struct{} // closed once the console ended
+	mu      sync.Mutex
+	max     int
+	buf     []byte
+	written int
+}
+
+func (r *ring) copy(from io.Reader, to *os.File) {
+	defer close(r.done)
+	defer to.Close()
+	b := make([]byte, 16<<10)
+	for {
+		n, err := from.Read(b)
+		if n > 0 {
+			r.mu.Lock()
+			r.buf = append(r.buf, b[:n]...)
+			if len(r.buf) > r.max {
+				r.buf = r.buf[len(r.buf)-r.max:]
+			}
+			if r.written < maxConsole {
+				m := min(n, maxConsole-r.written)
+				to.Write(b[:m])
+				r.written += m
+			}
+			r.mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// tail is the console's last lines that say something (a stack trace's
+// and register dumps' left out), at most 8, on one line: once it
+// ended, if it ends within a second (QEMU exited).
+func (r *ring) tail() string {
+	select {
+	case <-r.done:
+	case <-time.After(time.Second):
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, l := range strings.Split(string(bytes.ReplaceAll(r.buf, []byte("\r"), nil)), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !consoleNoise.MatchString(l) {
+			out = append(out, l)
+		}
+	}
+	if len(out) > 8 {
+		out = out[len(out)-8:]
+	}
+	if len(out) == 0 {
+		return "(nothing)"
+	}
+	return strings.Join(out, " | ")
+}
+
+// consoleNoise matches the lines of a kernel's stack trace and register
+// dump.
+var consoleNoise = regexp.MustCompile(`\+0x[0-9a-f]+/0x[0-9a-f]+|^\[[ 0-9.]+\]\s+(\? |</?TASK>|Call Trace:|Code:|[A-Z0-9]{2,3}: |RIP: |RSP: |EFLAGS)`)

@@ -1,0 +1,107 @@
+package microvm
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+// Host is what a worker runs its microVMs with: its settings resolved.
+type Host struct {
+	Kernel      *Kernel
+	Accel       Accel
+	QEMU        string
+	Agent       string
+	BootTimeout time.Duration
+	// QEMUVersion is what the binary says of itself (its first line).
+	QEMUVersion string
+}
+
+// Firmware is the BIOS the guests boot through: qboot, which QEMU ships
+// (qemu-system-data).
+const Firmware = "/usr/share/qemu/qboot.rom"
+
+// Resolve finds what s names on this host: an error (not implemented,
+// saying what to install) when it lacks something a microVM needs.
+func Resolve(s Settings) (*Host, error) {
+	accel, err := ChooseAccel(s.Accel)
+	if err != nil {
+		return nil, err
+	}
+	qemu := s.QEMU
+	if qemu == "" {
+		if qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, fmt.Errorf("QEMU is missing (qemu-system-x86_64): install qemu-system-x86 (make deps): %w", errdefs.ErrNotImplemented)
+		}
+	}
+	if qemu, err = filepath.Abs(qemu); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(qemu); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("QEMU is missing (%s is no executable): install qemu-system-x86 (make deps) or point microvm.qemu at it: %w", qemu, errdefs.ErrNotImplemented)
+	}
+	if _, err := os.Stat(Firmware); err != nil {
+		return nil, fmt.Errorf("QEMU's qboot firmware (%s) is missing: install qemu-system-data: %w", Firmware, errdefs.ErrNotImplemented)
+	}
+	k, err := FindKernel(s.Kernel)
+	if err != nil {
+		return nil, err
+	}
+	agent := s.Agent
+	if agent == "" {
+		if agent, err = container.InitBinary(); err != nil {
+			return nil, err
+		}
+	}
+	if err := staticBinary(agent); err != nil {
+		return nil, err
+	}
+	timeout := s.BootTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+		if accel.Name == AccelTCG {
+			timeout = 90 * time.Second
+		}
+	}
+	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu)}, nil
+}
+
+var qemuVersions sync.Map // binary -> version line
+
+func qemuVersion(qemu string) string {
+	if v, ok := qemuVersions.Load(qemu); ok {
+		return v.(string)
+	}
+	out, _ := exec.Command(qemu, "-version").Output()
+	v := cmp.Or(firstLine(string(out)), "unknown")
+	qemuVersions.Store(qemu, v)
+	return v
+}
+
+func firstLine(s string) string {
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+// Overhead is what a guest's QEMU takes of host memory beyond the
+// guest's RAM: its own heap, device state, and under TCG the code cache
+// (64 MiB, Machine.Args's tb-size). A sandbox's group is bounded at its
+// guest's RAM plus this.
+func (h *Host) Overhead() int64 {
+	if h.Accel.Name == AccelTCG {
+		return 192 << 20
+	}
+	return 96 << 20
+}

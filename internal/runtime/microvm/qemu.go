@@ -1,0 +1,127 @@
+package microvm
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dsec-project/dsec/internal/runtime/container"
+)
+
+// Machine describes a guest as QEMU is to run it: Args is its command
+// line, a pure function of it (so what a sandbox runs can be read, and
+// tested, without starting anything).
+//
+// The machine is a q35 with qboot as its firmware (SeaBIOS takes most
+// of a -kernel boot's time), no default devices, and only these: each
+// layer a read-only virtio-pmem device over its image (share=on: every
+// guest on a layer maps the same host page-cache pages, which the guest
+// reads through DAX without a page cache of its own), the upper a
+// virtio-blk disk, the agent's virtio-serial port, entropy, the
+// balloon (free pages reported back to the host; deflated when the
+// guest runs out of memory), the serial console, and a NIC only where
+// the sandbox has a network. q35 and not QEMU's microvm machine:
+// virtio-pmem needs the memory-device region microvm lacks.
+type Machine struct {
+	QEMU  string // the binary
+	Accel string // AccelKVM or AccelTCG
+	CPUs  int
+	// Memory is the guest's RAM in bytes (a multiple of 1 MiB).
+	Memory int64
+	// Kernel is the uncompressed kernel (booted through PVH), Initrd
+	// the initramfs.
+	Kernel, Initrd string
+	// Append is added to the kernel's command line.
+	Append []string
+	// Layers are the sandbox's layer images, topmost first; each
+	// Size a multiple of PmemAlign.
+	Layers []Pmem
+	// Upper is the disk image the guest's upper lives on; Direct opens
+	// it with O_DIRECT (cache=none: no second copy of it in the host's
+	// page cache).
+	Upper  string
+	Direct bool
+	// AgentFD and QMPFD are descriptors QEMU inherits: connected
+	// sockets for the agent's serial port and for QMP.
+	AgentFD, QMPFD int
+	// NetFD is a tap's descriptor QEMU inherits (0: no NIC), with MAC
+	// its address.
+	NetFD int
+	MAC   string
+}
+
+// Pmem is a layer image as a virtio-pmem device maps it.
+type Pmem struct {
+	Path string
+	Size int64
+}
+
+// PmemAlign is what a virtio-pmem region's size must be a multiple of:
+// the guest maps it in 2 MiB sections.
+const PmemAlign = 2 << 20
+
+// AgentPort names the agent's virtio-serial port: the guest finds it as
+// /sys/class/virtio-ports/*/name.
+const AgentPort = "dsec.agent"
+
+// Cmdline is the guest kernel's command line, extra appended.
+func Cmdline(extra ...string) string {
+	// console on the first serial port, quiet but for warnings; a panic
+	// ends QEMU (with -no-reboot) at once; no PCI bus scan past bus 0;
+	// no timer and TSC checks (which TCG makes slow and flaky); no
+	// crypto self-tests; no bounce buffers (64 MiB of a guest's memory:
+	// virtio needs none); DSEC_GUEST=1 reaches /init as its environment
+	// and tells dsec-init it is a guest's pid 1.
+	base := []string{"console=ttyS0", "loglevel=4", "panic=-1", "pci=lastbus=0", "tsc=reliable", "no_timer_check",
+		"cryptomgr.notests", "8250.nr_uarts=1", "random.trust_cpu=on", "swiotlb=noforce", "DSEC_GUEST=1"}
+	return strings.Join(append(base, extra...), " ")
+}
+
+// Args is QEMU's command line for m.
+func (m Machine) Args() []string {
+	var pmem int64
+	for _, l := range m.Layers {
+		pmem += l.Size
+	}
+	accel := "tcg,tb-size=64" // a 64 MiB code cache, not the default 1 GiB
+	cpu := "qemu64"
+	if m.Accel == AccelKVM {
+		accel, cpu = "kvm", "host"
+	}
+	a := []string{m.QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-machine", "q35", "-accel", accel, "-cpu", cpu, "-bios", "/usr/share/qemu/qboot.rom",
+		"-smp", strconv.Itoa(max(m.CPUs, 1)),
+		"-m", fmt.Sprintf("%dM,slots=%d,maxmem=%dM", m.Memory>>20, max(len(m.Layers), 1), (m.Memory+pmem)>>20),
+		"-kernel", m.Kernel, "-initrd", m.Initrd, "-append", Cmdline(m.Append...),
+		"-serial", "stdio",
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", m.AgentFD),
+		"-device", fmt.Sprintf("virtio-serial-pci,id=serial0,addr=%#x", container.SerialSlot),
+		"-device", "virtserialport,chardev=agent,name=" + AgentPort,
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
+		"-mon", "chardev=qmp,mode=control",
+		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", container.RNGSlot),
+		"-device", fmt.Sprintf("virtio-balloon-pci,free-page-reporting=on,deflate-on-oom=on,addr=%#x", container.BalloonSlot),
+	}
+	for i, l := range m.Layers {
+		a = append(a,
+			"-object", fmt.Sprintf("memory-backend-file,id=layer%d,share=on,readonly=on,mem-path=%s,size=%d", i, qemuOpt(l.Path), l.Size),
+			"-device", fmt.Sprintf("virtio-pmem-pci,memdev=layer%d,id=pmem%d,addr=%#x", i, i, container.FirstLayerSlot+i))
+	}
+	cache := "writeback"
+	if m.Direct {
+		cache = "none"
+	}
+	a = append(a,
+		"-drive", fmt.Sprintf("file=%s,if=none,id=upper,format=raw,cache=%s,aio=threads,discard=unmap", qemuOpt(m.Upper), cache),
+		"-device", fmt.Sprintf("virtio-blk-pci,drive=upper,serial=dsec-upper,addr=%#x", container.UpperSlot))
+	if m.NetFD > 0 {
+		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD),
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
+	}
+	return a
+}
+
+// qemuOpt escapes a value for QEMU's option syntax, where a comma is
+// written twice.
+func qemuOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }

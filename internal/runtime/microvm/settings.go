@@ -1,0 +1,20 @@
+package microvm
+
+import "time"
+
+// Settings configure the microVM backend (the config's microvm:).
+type Settings struct {
+	// Kernel is the guest kernel's directory (make kernel); "": the
+	// first of KernelDirs that has one.
+	Kernel string `json:"kernel,omitempty"`
+	// Accel is auto (the default), kvm or tcg.
+	Accel string `json:"accel,omitempty"`
+	// QEMU is the emulator's binary; "": qemu-system-x86_64 on PATH.
+	QEMU string `json:"qemu,omitempty"`
+	// Agent is the guest's agent: a static dsec-init; "": the init
+	// binary the containers run, which make build makes static.
+	Agent string `json:"agent,omitempty"`
+	// BootTimeout bounds a guest's boot to its agent's setup (0: 10 s
+	// under KVM, 90 s under TCG).
+	BootTimeout time.Duration `json:"boot_timeout,omitempty"`
+}

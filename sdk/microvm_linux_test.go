@@ -1,0 +1,277 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// vmSpec is a microVM sandbox's spec on the test layers.
+func vmSpec(name string) api.SandboxSpec {
+	return api.SandboxSpec{Name: name, Backend: "microvm", Layers: []string{"ws:1", "bb:1"}}
+}
+
+// TestMicroVM: what a guest runs on (the worker and inspect say which
+// accelerator and kernel), its vCPUs and memory from --cpu and --memory
+// (its group holding the guest and QEMU's own), a terminal of the
+// guest's of the size asked for, and its layers read through DAX.
+func TestMicroVM(t *testing.T) {
+	w, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
+	ctx := context.Background()
+	// A layer with a file of 16 MiB.
+	big := t.TempDir()
+	os.MkdirAll(filepath.Join(big, "work"), 0o755)
+	os.WriteFile(filepath.Join(big, "work", "big"), bytes.Repeat([]byte("0123456789abcdef"), 1<<20), 0o644)
+	buildLayer(t, w.Root, "big:1", big)
+	v, err := c.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := microvm.DetectAccel()
+	if v.MicroVM == nil || v.MicroVM.Error != "" || v.MicroVM.Accel != want.Name || !strings.Contains(v.MicroVM.Kernel, "amd64") || !strings.Contains(v.MicroVM.QEMU, "QEMU") {
+		t.Fatalf("version's microvm: %+v, want accelerator %s", v.MicroVM, want.Name)
+	}
+	spec := vmSpec("vm")
+	spec.Layers = append([]string{"big:1"}, spec.Layers...)
+	spec.CPU, spec.Memory = 2, 256<<20
+	sb := create(t, c, spec)
+	info, err := sb.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.VM == nil || info.VM.Accel != want.Name || info.VM.Kernel != v.MicroVM.Kernel || info.Backend != "microvm" {
+		t.Errorf("inspect: %+v, vm %+v", info, info.VM)
+	}
+	// The group holds the guest's RAM and QEMU's own memory.
+	if info.MemoryLimit <= 256<<20 || info.MemoryLimit > 256<<20+256<<20 {
+		t.Errorf("memory limit %d for a 256 MiB guest", info.MemoryLimit)
+	}
+	out, res := run(t, sb, "machine", "nproc; grep MemTotal /proc/meminfo; uname -r")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if res.ExitCode != 0 || len(lines) != 3 {
+		t.Fatalf("the guest: %q %+v", out, res)
+	}
+	if lines[0] != "2" {
+		t.Errorf("--cpu 2: %s vCPUs", lines[0])
+	}
+	if kb, _ := strconv.Atoi(strings.Fields(lines[1])[1]); kb < 150<<10 || kb > 256<<10 {
+		t.Errorf("--memory 256M: the guest has %s", lines[1])
+	}
+	if !strings.Contains(v.MicroVM.Kernel, lines[2]) {
+		t.Errorf("the guest runs %s, the worker says %s", lines[2], v.MicroVM.Kernel)
+	}
+	// The layers are read through DAX: the guest reads the host's
+	// pages, and its own page cache does not grow (the upper's does).
+	out, _ = run(t, sb, "dax", "c() { grep '^Cached:' /proc/meminfo | tr -s ' ' | cut -d' ' -f2; }; a=$(c); cat /work/big > /dev/null; b=$(c); "+
+		"head -c 16777216 /work/big > /tmp/copy; cat /tmp/copy > /dev/null; d=$(c); echo $((b-a)) $((d-b))")
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		t.Fatalf("page cache: %q", out)
+	}
+	layer, upper := must(strconv.Atoi(f[0])), must(strconv.Atoi(f[1]))
+	if layer > 4<<10 || upper < 12<<10 {
+		t.Errorf("reading 16 MiB of a layer grew the guest's page cache by %d KiB, 16 MiB of its upper by %d KiB: the layer is not read through DAX", layer, upper)
+	}
+	var tty bytes.Buffer
+	res, err = sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", "tty; stty size; test -t 0 && echo stdin-tty"}, TTY: true, Rows: 33, Cols: 101, Stdout: &tty})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("a terminal: %v %+v", err, res)
+	}
+	if got := strings.ReplaceAll(tty.String(), "\r", ""); !regexp.MustCompile(`^/dev/pts/\d+\n33 101\nstdin-tty\n$`).MatchString(got) {
+		t.Errorf("a terminal in the guest: %q, want one of its own, 33x101", got)
+	}
+	// The hostname is the sandbox's name, set in the guest.
+	if out, _ := run(t, sb, "host", "hostname"); out != "vm\n" {
+		t.Errorf("hostname %q", out)
+	}
+}
+
+// TestMicroVMFaults: what a user meets when a microVM cannot be made:
+// a one-line error that says why and what to do, and nothing left on
+// the host (Leftovers, after each worker).
+func TestMicroVMFaults(t *testing.T) {
+	vm := microvmtest.Settings(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		set   func(*microvm.Settings)
+		spec  func(*api.SandboxSpec)
+		class func(error) bool
+		says  []string
+	}{
+		{"no QEMU", func(s *microvm.Settings) { s.QEMU = "/nonexistent/qemu-system-x86_64" }, nil, errdefs.IsNotImplemented, []string{"microvm cannot run on this host"}},
+		{"no kernel", func(s *microvm.Settings) { s.Kernel = "/nonexistent" }, nil, errdefs.IsNotImplemented, []string{"no microVM guest kernel", "make kernel"}},
+		{"too little memory", nil, func(s *api.SandboxSpec) { s.Memory = 64 << 20 }, errdefs.IsInvalidArgument, []string{"at least 128 MiB"}},
+		{"more memory than the host's", nil, func(s *api.SandboxSpec) { s.Memory = 1 << 50; s.MemoryRequest = 1 << 20 }, nil, []string{"more than this host's memory"}},
+		{"a user namespace", nil, func(s *api.SandboxSpec) { s.UserNS = true }, errdefs.IsInvalidArgument, []string{"--userns is for containers"}},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "-"), func(t *testing.T) {
+			s := vm
+			if tc.set != nil {
+				tc.set(&s)
+			}
+			_, c := setupWith(t, runtimetest.Config{MicroVM: s})
+			spec := vmSpec("faulty")
+			if tc.spec != nil {
+				tc.spec(&spec)
+			}
+			_, err := c.Create(ctx, spec)
+			if err == nil || (tc.class != nil && !tc.class(err)) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("create: %v", err)
+			}
+			for _, w := range tc.says {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q does not say %q", err, w)
+				}
+			}
+			if list, _ := c.List(ctx); len(list) != 0 {
+				t.Errorf("a sandbox left: %+v", list)
+			}
+		})
+	}
+}
+
+// TestMicroVMGuestFails: a guest whose agent dies (the kernel panics) and
+// an accelerator that hangs are errors that say so, with the end of the
+// guest's console, and leave nothing behind; so is QEMU killed with -9
+// under a running sandbox, which is then dead (an infrastructure
+// failure to its clients) and removed whole.
+func TestMicroVMGuestFails(t *testing.T) {
+	vm := microvmtest.Settings(t)
+	ctx := context.Background()
+	t.Run("panic", func(t *testing.T) {
+		// An agent that exits at once: the kernel panics, as it does
+		// when a guest's init dies.
+		s := vm
+		s.Agent = staticProgram(t, "os.Exit(3)")
+		_, c := setupWith(t, runtimetest.Config{MicroVM: s})
+		_, err := c.Create(ctx, vmSpec("panics"))
+		if err == nil || !strings.Contains(err.Error(), "ended before its guest came up") || !strings.Contains(err.Error(), "Kernel panic") || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("a guest whose init exits: %v", err)
+		}
+	})
+	t.Run("hang", func(t *testing.T) {
+		// An agent that never answers: the boot's bound ends it.
+		s := vm
+		s.Agent, s.BootTimeout = staticProgram(t, "for { time.Sleep(time.Hour) }"), 3*time.Second
+		_, c := setupWith(t, runtimetest.Config{MicroVM: s})
+		t0 := time.Now()
+		_, err := c.Create(ctx, vmSpec("hangs"))
+		if err == nil || !strings.Contains(err.Error(), "did not come up within 3s (accelerator") || time.Since(t0) > 30*time.Second {
+			t.Fatalf("a guest that never comes up: %v after %v", err, time.Since(t0))
+		}
+	})
+	t.Run("pvm", func(t *testing.T) {
+		if a := microvm.DetectAccel(); !strings.Contains(a.Why, "PVM") {
+			t.Skipf("SKIPPED: needs a host whose /dev/kvm is PVM, which boots no stock guest; this one: %s (%s)", a.Name, a.Why)
+		}
+		// KVM asked for where it is PVM: QEMU cannot run the guest, and
+		// says why.
+		s := vm
+		s.Accel, s.BootTimeout = microvm.AccelKVM, 10*time.Second
+		_, c := setupWith(t, runtimetest.Config{MicroVM: s})
+		_, err := c.Create(ctx, vmSpec("pvm"))
+		if err == nil || !strings.Contains(err.Error(), "accelerator kvm") || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("a guest under PVM's KVM: %v", err)
+		}
+		t.Logf("KVM on PVM: %v", err)
+	})
+	t.Run("qemu-killed", func(t *testing.T) {
+		_, c := setupWith(t, runtimetest.Config{MicroVM: vm})
+		sb := create(t, c, vmSpec("killed"))
+		// Written through to its disk (the guest writes back within a
+		// second anyway; a kill may come sooner).
+		run(t, sb, "before", "echo kept > /work/f; sync")
+		info, err := sb.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qemu := 0
+		for _, task := range must(filepath.Glob(filepath.Join("/proc", strconv.Itoa(info.Pid), "task", "*", "children"))) {
+			b, _ := os.ReadFile(task)
+			for _, p := range strings.Fields(string(b)) {
+				if comm, _ := os.ReadFile("/proc/" + p + "/comm"); strings.HasPrefix(string(comm), "qemu") {
+					qemu, _ = strconv.Atoi(p)
+				}
+			}
+		}
+		if qemu == 0 {
+			t.Fatalf("no QEMU under the shim %d", info.Pid)
+		}
+		syscall.Kill(qemu, syscall.SIGKILL)
+		var res api.ExecResult
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if res, err = sb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil {
+				break
+			}
+		}
+		if !sdk.IsInfra(err) {
+			t.Fatalf("an exec once QEMU was killed: %+v %v, want an infrastructure error", res, err)
+		}
+		if info, _ := sb.Inspect(ctx); info.Status != api.StatusDead {
+			t.Errorf("status %s, want dead", info.Status)
+		}
+		// Started again, it has its files.
+		if err := sb.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if out, _ := run(t, sb, "after", "cat /work/f"); out != "kept\n" {
+			t.Errorf("after a restart: %q", out)
+		}
+	})
+}
+
+// buildLayer builds src into root's store as tag.
+func buildLayer(t *testing.T, root, tag, src string) {
+	t.Helper()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := layer.ParseRef(tag)
+	if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindWorkspace, Ref: ref}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// staticProgram builds a static Go program whose main is body (os
+// imported), for a guest's /init.
+func staticProgram(t *testing.T, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\nimport (\"os\"; \"time\")\nvar _, _ = os.Exit, time.Sleep\nfunc main() { "+body+" }\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module prog\n"), 0o644)
+	cmd := exec.Command(filepath.Join(goruntime.GOROOT(), "bin", "go"), "build", "-o", "prog", ".")
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	return filepath.Join(dir, "prog")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
