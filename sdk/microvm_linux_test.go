@@ -274,4 +274,3 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
-
