@@ -412,6 +412,14 @@ type VersionInfo struct {
 	MicroVM *MicroVMHost `json:"microvm,omitempty"`
 }
 
+// GetMicroVM is v's MicroVM, nil for a nil v.
+func (v *VersionInfo) GetMicroVM() *MicroVMHost {
+	if v == nil {
+		return nil
+	}
+	return v.MicroVM
+}
+
 // MicroVMHost is what a worker runs microVMs with: the accelerator and
 // why (kvm where the CPU has hardware virtualization; else tcg, QEMU's
 // translator: the same guests, slowly), the guest kernel and QEMU; or

@@ -165,7 +165,7 @@ func TestMicroVMGuestFails(t *testing.T) {
 		s.Agent = staticProgram(t, "os.Exit(3)")
 		_, c := setupWith(t, runtimetest.Config{MicroVM: s})
 		_, err := c.Create(ctx, vmSpec("panics"))
-		if err == nil || !strings.Contains(err.Error(), "ended before its guest came up") || !strings.Contains(err.Error(), "Kernel panic") || strings.Contains(err.Error(), "\n") {
+		if !sdk.IsInfra(err) || !strings.Contains(err.Error(), "ended before its guest came up") || !strings.Contains(err.Error(), "Kernel panic") || strings.Contains(err.Error(), "\n") {
 			t.Fatalf("a guest whose init exits: %v", err)
 		}
 	})
@@ -176,7 +176,7 @@ func TestMicroVMGuestFails(t *testing.T) {
 		_, c := setupWith(t, runtimetest.Config{MicroVM: s})
 		t0 := time.Now()
 		_, err := c.Create(ctx, vmSpec("hangs"))
-		if err == nil || !strings.Contains(err.Error(), "did not come up within 3s (accelerator") || time.Since(t0) > 30*time.Second {
+		if !sdk.IsInfra(err) || !strings.Contains(err.Error(), "did not come up within 3s (accelerator") || time.Since(t0) > 30*time.Second {
 			t.Fatalf("a guest that never comes up: %v after %v", err, time.Since(t0))
 		}
 	})

@@ -52,6 +52,20 @@ type Config struct {
 	Listen []string        `mapstructure:"listen"`
 	TLS    ServerTLSConfig `mapstructure:"tls"`
 	E2B    E2BConfig       `mapstructure:"e2b"`
+	// The microvm backend (microvm.Settings).
+	MicroVM MicroVMConfig `mapstructure:"microvm"`
+}
+
+// MicroVMConfig configures the microvm backend: the guest kernel's
+// directory (make kernel), the accelerator (auto, kvm, tcg), QEMU's
+// binary, the guest's agent (a static dsec-init) and the bound on a
+// guest's boot.
+type MicroVMConfig struct {
+	Kernel      string        `mapstructure:"kernel"`
+	Accel       string        `mapstructure:"accel"`
+	QEMU        string        `mapstructure:"qemu"`
+	Agent       string        `mapstructure:"agent"`
+	BootTimeout time.Duration `mapstructure:"boot_timeout"`
 }
 
 // E2BConfig is dsec daemon's E2B front (worker.E2B): the address it
@@ -218,7 +232,10 @@ batch sandboxes' memory is reclaimed, then they are frozen until it passes; nega
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
 (listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon), its E2B front (e2b.listen:
 HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
-.env, .workdir, .userns: see dsec daemon) and, on a client of a
+.env, .workdir, .userns: see dsec daemon), the microvm backend (microvm.kernel: the guest kernel's
+directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
+fill; microvm.accel: auto, kvm or tcg; microvm.qemu: QEMU's binary; microvm.agent: the guest's static dsec-init;
+microvm.boot_timeout: 10s under KVM, 90s under TCG) and, on a client of a
 worker elsewhere, host (DSEC_HOST, --host: tcp://HOST:PORT), token (DSEC_TOKEN: dsec token create makes one
 on the worker's host), tls-ca (DSEC_TLS_CA, --tls-ca: the CA its certificate is checked against; TLS is
 used with one, with a client certificate, and off loopback) and client-cert, client-key (DSEC_CLIENT_CERT,
@@ -301,7 +318,8 @@ func (a *app) configure(cmd *cobra.Command) error {
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
-		"defaults.disk": "", "admission.uppers_size": ""} {
+		"defaults.disk": "", "admission.uppers_size": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
+		"microvm.boot_timeout": "0s"} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)
@@ -509,6 +527,13 @@ func (a *app) versionCommand() *cobra.Command {
 				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s), %s of disk; each by default %s, %d pids and %s of disk\n",
 					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DiskBytes), humanBytes(l.DefaultMemory), l.DefaultPids,
 					humanBytes(l.DefaultDisk))
+			}
+			if m := w.GetMicroVM(); m != nil {
+				if m.Error != "" {
+					fmt.Fprintf(a.stdout, "microVMs: none on this host: %s\n", m.Error)
+				} else {
+					fmt.Fprintf(a.stdout, "microVMs: accelerator %s (%s), guest kernel %s, %s\n", m.Accel, m.AccelWhy, m.Kernel, m.QEMU)
+				}
 			}
 			if w != nil {
 				for _, f := range w.Features {

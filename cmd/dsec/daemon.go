@@ -17,6 +17,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -84,6 +85,8 @@ with E2B-based frameworks" says what maps to what.
 				KeepLayers: a.cfg.Cache.KeepMounted,
 				Listen:     a.cfg.Listen,
 				TLS:        worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
+				MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
+					Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
 			}
 			f := cmd.Flags()
 			if f.Changed("listen") {

@@ -39,7 +39,8 @@ const exitCodesHelp = `Exit codes:
   5  already exists (a tag names other content; pass --force)
   6  no space left in the store's file system
   7  permission denied (registry credentials, or a worker's token, missing or refused)
-  8  wrong state (a running sandbox to rm without -f, a stopped one to exec in)
+  8  wrong state (a running sandbox to rm without -f, a stopped one to exec in), or not done here (a
+     backend this host cannot run: no QEMU or guest kernel for microvm; an ability a backend lacks)
   9  infrastructure failure (the worker or the sandbox died; not your input)
   10 busy: the host stayed at capacity while the request waited in the admission queue`
 
@@ -102,7 +103,7 @@ func exitCode(err error) int {
 		return exitDenied
 	case errdefs.IsAlreadyExists(err):
 		return exitExists
-	case errdefs.IsFailedPrecondition(err):
+	case errdefs.IsFailedPrecondition(err), errdefs.IsNotImplemented(err):
 		return exitState
 	case errdefs.IsUnavailable(err):
 		return exitInfraErr

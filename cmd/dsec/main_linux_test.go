@@ -21,6 +21,7 @@ import (
 	"github.com/dsec-project/dsec/internal/e2b/e2btest"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/testenv"
 )
@@ -32,7 +33,8 @@ func TestMain(m *testing.M) {
 	}
 	// dsecd: what the client build (client_linux_test.go) hands over to.
 	// dsec-init: the name a sandbox's init runs under.
-	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full, container.InitName: full})
+	// dsec-vmm: the name a microVM's shim runs under.
+	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full, container.InitName: full, container.VMMName: full})
 }
 
 // TestScripts runs the CLI scripts in testdata/script.
@@ -79,6 +81,13 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				}
 				return os.Geteuid() == 0, nil
 			}
+			if cond == "microvm" { // a guest kernel (make kernel)
+				_, _, err := microvmtest.Find()
+				if err != nil && testenv.MustRun() {
+					return false, err
+				}
+				return err == nil, nil
+			}
 			return false, errors.New("unknown condition " + cond)
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
@@ -87,6 +96,16 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
 			},
 			"mktree": cmdMkTree,
+			// microvm: the microvm backend's guest kernel and agent for
+			// the workers the script starts (DSEC_MICROVM_KERNEL and
+			// DSEC_MICROVM_AGENT); [microvm] says whether there is a
+			// kernel (under CI a missing one fails).
+			"microvm": func(ts *testscript.TestScript, neg bool, args []string) {
+				kernel, agent, err := microvmtest.Find()
+				ts.Check(err)
+				ts.Setenv("DSEC_MICROVM_KERNEL", kernel)
+				ts.Setenv("DSEC_MICROVM_AGENT", agent)
+			},
 			// debianroot VAR: VAR is a Debian root file system
 			// (layertest.DebianRoot: debootstrap'd once, cached).
 			"debianroot": func(ts *testscript.TestScript, neg bool, args []string) {

@@ -190,7 +190,7 @@ CMD's exec id is --id (default "run").
 	fl := cmd.Flags()
 	f.register(fl)
 	fl.StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")
-	fl.StringVar(&f.backend, "backend", "container", "the backend: container (a sandbox that persists) or fncall (CMD in a warm sandbox, discarded after)")
+	fl.StringVar(&f.backend, "backend", "container", "the backend: container (namespaces on the host's kernel), microvm (a QEMU guest: a kernel of its own) or fncall (CMD in a warm sandbox of a pool, discarded after)")
 	fl.StringVar(&f.pool, "pool", "", "with --backend fncall: the pool to take the sandbox from (default: the pool of the same template)")
 	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
 	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")
@@ -464,7 +464,7 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 				return nil
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATUS\tCLASS\tCPU\tMEMORY\tDISK\tIDLE\tEXECS\tCREATED\tLAYERS")
+			fmt.Fprintln(tw, "NAME\tSTATUS\tBACKEND\tCLASS\tCPU\tMEMORY\tDISK\tIDLE\tEXECS\tCREATED\tLAYERS")
 			for _, s := range sandboxes {
 				cpu, mem, idle := "-", "-", "-"
 				if s.Status == api.StatusRunning {
@@ -488,7 +488,11 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 				if class == "" {
 					class = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, class, cpu, mem, disk, idle, s.Execs,
+				backend := s.Backend
+				if s.VM != nil { // and what runs it
+					backend += "/" + s.VM.Accel
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, backend, class, cpu, mem, disk, idle, s.Execs,
 					time.Since(s.Created).Round(time.Second), strings.Join(s.Layers, ","))
 			}
 			return tw.Flush()

@@ -173,8 +173,8 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		Guest:  container.GuestSpec{Layers: len(pmem), Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
 		Socket: filepath.Join(sb.dir, "init.sock"), FilesSocket: filepath.Join(sb.dir, "files.sock"), Console: filepath.Join(sb.dir, "console.log"),
 		Stderr: logf, Setup: g.Add})
-	if err != nil {
-		return fmt.Errorf("start microVM: %w", err)
+	if err != nil { // the guest failed: the host's, never the request's
+		return fmt.Errorf("start microVM: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	sb.c, sb.Pid = vm, vm.Pid()
 	sb.VM = &api.VMInfo{Accel: h.Accel.Name, Kernel: h.Kernel.String(), QEMU: h.QEMUVersion}

@@ -91,7 +91,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "vmm")
 	cmd := exec.Command(self)
-	cmd.Args = []string{"dsec-vmm"}
+	cmd.Args = []string{VMMName} // its /proc/PID/cmdline names no host path
 	cmd.Env = []string{vmmEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{theirs}
 	// A network namespace of its own: QEMU reaches no network but a tap

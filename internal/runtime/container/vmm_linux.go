@@ -36,6 +36,9 @@ import (
 // vmmEnv marks the re-executed binary as a microVM's shim.
 const vmmEnv = "_DSEC_VMM"
 
+// VMMName is the name a shim runs under (ps shows it).
+const VMMName = "dsec-vmm"
+
 // VMSpec describes a microVM to start.
 type VMSpec struct {
 	// Argv is QEMU's command line: the agent's socket is its fd 3 and
