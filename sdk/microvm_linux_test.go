@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -103,6 +104,63 @@ func TestMicroVM(t *testing.T) {
 	if out, _ := run(t, sb, "host", "hostname"); out != "vm\n" {
 		t.Errorf("hostname %q", out)
 	}
+}
+
+// TestMicroVMWarm: guests made ahead of need (a FnCall pool's, and the
+// sandbox primed on the last create's layers) wait booted and paused,
+// their group frozen, and are taken in milliseconds (under TCG too),
+// each one once; a call never sees another's files.
+func TestMicroVMWarm(t *testing.T) {
+	tmpl := vmSpec("")
+	tmpl.Memory = 256 << 20
+	w, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t), Admission: worker.Admission{Primed: 1},
+		Pools: []worker.PoolConfig{{Name: "vms", Size: 1, Spec: tmpl}}})
+	ctx := context.Background()
+	waitFor(t, "the pool's guest", func() bool { return warm(t, c, "vms") == 1 })
+	all, err := c.ListAll(ctx)
+	if err != nil || len(all) != 1 || !all[0].Frozen || all[0].Status != api.StatusPaused {
+		t.Fatalf("the pool's warm guest: %+v %v, want it paused", all, err)
+	}
+	t0 := time.Now()
+	out, first := call(t, c, sdk.CallOptions{Pool: "vms"}, "echo secret > /work/s; uname -r")
+	took := time.Since(t0)
+	if !first.Warm || first.ExitCode != 0 || !strings.Contains(out, "amd64") {
+		t.Fatalf("a call on the pool: %q %+v", out, first)
+	}
+	t.Logf("a call on a warm guest: %v (accelerator %s)", took, microvm.DetectAccel().Name)
+	waitFor(t, "the pool to refill", func() bool { return warm(t, c, "vms") == 1 })
+	out, second := call(t, c, sdk.CallOptions{Pool: "vms"}, "cat /work/s 2>&1; true")
+	if !second.Warm || second.Sandbox == first.Sandbox || strings.Contains(out, "secret") {
+		t.Fatalf("the second call: %q %+v after %+v", out, second, first)
+	}
+
+	// A create primes the next on its layers: taken paused and resumed,
+	// named, in well under a boot.
+	spec := vmSpec("first")
+	spec.Memory = 256 << 20
+	create(t, c, spec)
+	waitFor(t, "a primed guest", func() bool {
+		v, err := c.Version(ctx)
+		return err == nil && v.Warm.Primed == 1
+	})
+	spec.Name = "second"
+	t0 = time.Now()
+	sb, err := c.Create(ctx, spec)
+	took = time.Since(t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sb, "who", "hostname; cat /proc/1/comm >/dev/null && echo up"); out != "second\nup\n" {
+		t.Errorf("the primed guest taken: %q", out)
+	}
+	if info, _ := sb.Inspect(ctx); info.Status != api.StatusRunning || info.Frozen || info.VM == nil {
+		t.Errorf("the primed guest taken: %+v", info)
+	}
+	if took > 3*time.Second {
+		t.Errorf("a create that took a primed guest took %v", took)
+	}
+	t.Logf("a create on a primed guest: %v", took)
+	_ = w
 }
 
 // TestMicroVMFaults: what a user meets when a microVM cannot be made:

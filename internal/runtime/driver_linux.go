@@ -57,6 +57,10 @@ type (
 	// (its --disk, else one of the default bound's size), which its
 	// instance mounts; the host never mounts it while the sandbox runs.
 	imageUpper interface{ imageUpper() bool }
+	// warmPauser: the sandboxes made ahead of need (primed, a pool's)
+	// wait paused, the CPU an idle one spends (a guest's kernel's timers)
+	// saved until it is taken.
+	warmPauser interface{ pausesWarm() bool }
 	// upperHolder makes a running sandbox's upper readable on the host,
 	// consistent, until release (pack-diff reads it so).
 	upperHolder interface {

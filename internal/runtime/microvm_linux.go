@@ -80,6 +80,10 @@ func (microvmDriver) newID(*Sandbox, Mounter) string { return newID() }
 // never the host (package disk makes it; the guest formats nothing).
 func (microvmDriver) imageUpper() bool { return true }
 
+// pausesWarm: a guest made ahead of need waits paused (frozen in its
+// group: no CPU for its kernel's timers).
+func (microvmDriver) pausesWarm() bool { return true }
+
 // minGuestMemory is the least RAM a guest boots in with room to spare.
 const minGuestMemory = 128 << 20
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -50,49 +51,71 @@ func StartPrimed(root string, m Mounter, n int) *Primed {
 	return p
 }
 
-// make creates a primed sandbox on refs, which must still be key.
-func (p *Primed) make(key string, refs []string) (*Sandbox, error) {
+// primeRecipe is what primed sandboxes are made of: their layers, and
+// for a backend whose sandboxes' memory and CPUs are fixed when made (a
+// microVM's guest) those too.
+type primeRecipe struct {
+	backend string
+	limits  cgroup.Limits // MemoryBytes and CPUMilli: a guest's RAM and vCPUs
+	digests []string
+}
+
+// make creates a primed sandbox of r on refs, which must still be r's
+// layers; one whose backend's warm sandboxes wait paused is paused.
+func (p *Primed) make(r primeRecipe, refs []string) (*Sandbox, error) {
 	// Not cancelled by Close: the pool removes what a make returns then.
-	o := Options{Spec: Spec{Layers: refs}, Mounter: p.m} // no name: takePrimed gives it one
+	o := Options{Spec: Spec{Layers: refs, Backend: r.backend, Limits: r.limits}, Mounter: p.m} // no name: takePrimed gives it one
 	sb, err := create(context.Background(), p.root, o, nil)
 	if err != nil {
 		return nil, err
 	}
-	if strings.Join(sb.Digests, " ") != key { // a ref was built again meanwhile
+	if !slices.Equal(sb.Digests, r.digests) { // a ref was built again meanwhile
 		sb.Remove()
 		return nil, fmt.Errorf("layers changed")
+	}
+	if err := sb.PauseWarm(); err != nil {
+		sb.Remove()
+		return nil, err
 	}
 	return sb, nil
 }
 
-// primeKey is what a primed sandbox for o would stand on: its layers'
-// digests, "" when o asks for more than a primed sandbox has (a policy,
-// a snapshot, a disk quota or bound of its own, a user namespace, class
-// batch, merged memory) or a layer is not in the local store.
-func (p *Primed) primeKey(ctx context.Context, o Options, limits cgroup.Limits, disk int64) string {
+// recipe is what a primed sandbox for o would be made of; not ok when o
+// asks for more than a primed sandbox has (a policy, a snapshot, a disk
+// quota or bound of its own, a user namespace, class batch, merged
+// memory) or a layer is not in the local store.
+func (p *Primed) recipe(ctx context.Context, o Options, d driver, limits cgroup.Limits, disk int64) (primeRecipe, bool) {
 	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.Spec.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
-		return ""
+		return primeRecipe{}, false
 	}
-	var ds []string
+	r := primeRecipe{backend: d.Name()}
+	if _, fixed := d.(imageUpper); fixed {
+		r.limits = cgroup.Limits{MemoryBytes: limits.MemoryBytes, CPUMilli: limits.CPUMilli}
+	}
 	for _, ref := range o.Layers {
 		info, err := layer.Resolve(ctx, p.m.Store, ref)
 		if err != nil {
-			return ""
+			return primeRecipe{}, false
 		}
-		ds = append(ds, info.Digest.String())
+		r.digests = append(r.digests, info.Digest.String())
 	}
-	return strings.Join(ds, " ")
+	return r, true
+}
+
+func (r primeRecipe) key() string {
+	return fmt.Sprintf("%s %d %d %s", r.backend, r.limits.MemoryBytes, r.limits.CPUMilli, strings.Join(r.digests, " "))
 }
 
 // take returns a primed sandbox made on key, or nil when none is ready.
 // Either way the sandboxes made next are made on key, once Refill says:
 // those made on other layers are removed.
-func (p *Primed) take(key string, refs []string) *Sandbox {
+func (p *Primed) take(r primeRecipe, refs []string) *Sandbox {
+	key := r.key()
 	p.mu.Lock()
 	if p.key != key {
 		p.key = key
 		p.mu.Unlock()
-		p.pool.Reset(func(context.Context) (*Sandbox, error) { return p.make(key, refs) })
+		p.pool.Reset(func(context.Context) (*Sandbox, error) { return p.make(r, refs) })
 		return nil
 	}
 	p.mu.Unlock()
@@ -139,8 +162,13 @@ func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err 
 			pr.Remove() // its state's name is the one it claimed, if any
 		}
 	}()
-	if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
+	if err := pr.ResumeWarm(); err != nil {
 		return nil, err
+	}
+	if _, fixed := pr.driver().(imageUpper); !fixed { // a guest's are its own, and the recipe's
+		if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
+			return nil, err
+		}
 	}
 	r, err := ability[backend.Renamer](pr, "set its host name")
 	if err != nil {
@@ -185,6 +213,7 @@ func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err 
 func running(st, primed State) State {
 	st.ID, st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.ID, primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
 	st.UpperFS, st.DiskBound = primed.UpperFS, primed.DiskBound
+	st.Disk, st.VM = primed.Disk, primed.VM
 	st.Status = Running
 	return st
 }

@@ -259,6 +259,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
+	asked := quota // the disk the create asked for (0: none of its own)
 	if _, guest := d.(imageUpper); guest && quota == 0 {
 		// Its upper is a disk image of its own, of the bound's size.
 		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound)); err != nil {
@@ -274,8 +275,8 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	spec.Limits, spec.Policy, spec.Disk, spec.DiskBound = limits, eff, quota, 0
 	spec.Hostname, spec.Class = cmp.Or(o.Hostname, o.Name), classOf(o.Class)
 	st := State{Spec: spec, Status: Creating, Digests: digests, Allowlist: allow, Created: time.Now().UTC()}
-	if key := p.primeKey(ctx, o, limits, quota); key != "" {
-		if pr := p.take(key, o.Layers); pr != nil {
+	if r, ok := p.recipe(ctx, o, d, limits, asked); ok {
+		if pr := p.take(r, o.Layers); pr != nil {
 			sb, err := takePrimed(pr, root, o, st)
 			if err == nil || errdefs.IsAlreadyExists(err) {
 				return sb, err
@@ -644,6 +645,33 @@ func (sb *Sandbox) Pause() error {
 		sb.reclaimed = time.Now().UTC()
 	}
 	return nil
+}
+
+// driver is the driver of the sandbox's backend (nil: one this dsec
+// does not know).
+func (sb *Sandbox) driver() driver {
+	d, _ := driverOf(sb.Backend)
+	return d
+}
+
+// PauseWarm pauses a sandbox made ahead of need (primed, or a FnCall
+// pool's) if its backend's wait so (a microVM's guest); others run on.
+func (sb *Sandbox) PauseWarm() error {
+	if _, ok := sb.driver().(warmPauser); !ok {
+		return nil
+	}
+	return sb.Pause()
+}
+
+// ResumeWarm resumes a sandbox PauseWarm paused, as it is taken.
+func (sb *Sandbox) ResumeWarm() error {
+	sb.mu.Lock()
+	paused := sb.Paused
+	sb.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	return sb.Resume()
 }
 
 // ErrPaused says a sandbox is paused (errdefs.ErrFailedPrecondition).

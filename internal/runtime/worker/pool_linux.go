@@ -117,8 +117,15 @@ func (w *worker) addPool(pc PoolConfig) *pool {
 		Make: func(ctx context.Context) (string, error) {
 			spec := p.Spec
 			spec.Name = runtime.RandomName("pool-" + p.Name + "-")
-			_, err := w.makeSandbox(ctx, spec, p.Name)
-			return spec.Name, err
+			sb, err := w.makeSandbox(ctx, spec, p.Name)
+			if err != nil {
+				return "", err
+			}
+			if err := sb.PauseWarm(); err != nil { // a guest waits paused until a call takes it
+				w.discardLater(spec.Name)
+				return "", err
+			}
+			return spec.Name, nil
 		},
 		Usable: func(name string) bool { // still running
 			w.mu.Lock()
@@ -242,11 +249,17 @@ func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
 		return "", nil
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if e := w.sandboxes[name]; e != nil && e.sb != nil {
-		return name, e.sb
+	e := w.sandboxes[name]
+	w.mu.Unlock()
+	if e == nil || e.sb == nil {
+		return "", nil // gone since Usable looked: a miss
 	}
-	return "", nil // gone since Usable looked: a miss
+	if err := e.sb.ResumeWarm(); err != nil {
+		w.log.Error("cannot resume a pool's sandbox", "sandbox", name, "err", err)
+		w.discardLater(name)
+		return "", nil
+	}
+	return name, e.sb
 }
 
 // call runs one command in a fresh sandbox and discards it.
