@@ -3,6 +3,8 @@ package sdk_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -161,6 +165,138 @@ func TestMicroVMWarm(t *testing.T) {
 	}
 	t.Logf("a create on a primed guest: %v", took)
 	_ = w
+}
+
+// vmOutside is a server outside the host, in a network namespace of
+// the test's own at 10.202.0.2 (the host side 10.202.0.1): it answers
+// every connection to port 8080 with "hello from outside".
+func vmOutside(t *testing.T) {
+	t.Helper()
+	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
+	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-srv.Process.Pid, syscall.SIGKILL); srv.Wait() })
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dsecvout"}, PeerName: "dsecvin"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName("dsecvout"); err == nil {
+			netlink.LinkDel(l)
+		}
+	})
+	host, _ := netlink.LinkByName("dsecvout")
+	netlink.AddrAdd(host, must(netlink.ParseAddr("10.202.0.1/30")))
+	netlink.LinkSetUp(host)
+	in, _ := netlink.LinkByName("dsecvin")
+	if err := netlink.LinkSetNsPid(in, srv.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ns := must(netns.GetFromPid(srv.Process.Pid))
+	defer ns.Close()
+	h := must(netlink.NewHandleAt(ns))
+	defer h.Close()
+	in, _ = h.LinkByName("dsecvin")
+	if err := h.AddrAdd(in, must(netlink.ParseAddr("10.202.0.2/30"))); err != nil {
+		t.Fatal(err)
+	}
+	h.LinkSetUp(in)
+	lo, _ := h.LinkByName("lo")
+	h.LinkSetUp(lo)
+}
+
+// TestMicroVMNAT: a guest in network mode nat reaches a server outside
+// the host through its tap, only where its allowlist lets it (the
+// tap's filter: the packets of a denied connection go nowhere), changed
+// live by policy apply; with every address allowed it still reaches
+// neither the host nor link-local addresses. Removal takes the tap.
+func TestMicroVMNAT(t *testing.T) {
+	_, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
+	vmOutside(t)
+	ctx := context.Background()
+	rule := func(to string, ports ...uint16) api.EgressRule {
+		r := api.EgressRule{To: to}
+		for _, p := range ports {
+			r.Ports = append(r.Ports, api.PortRange{Low: p, High: p})
+		}
+		return r
+	}
+	pol := func(rules ...api.EgressRule) *api.Policy {
+		return &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: rules}}
+	}
+	spec := vmSpec("natvm")
+	spec.Policy = pol(rule("10.202.0.2", 8080))
+	sb := create(t, c, spec)
+	info, err := sb.Inspect(ctx)
+	if err != nil || info.Address == "" || info.Gateway == "" {
+		t.Fatalf("a nat guest's addresses: %+v %v", info, err)
+	}
+	const dial = "for i in 1 2 3 4 5; do nc -w 2 %s %d </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
+	if out, res := run(t, sb, "out", fmt.Sprintf(dial, "10.202.0.2", 8080)); res.ExitCode != 0 || !strings.Contains(out, "hello from outside") {
+		t.Fatalf("the allowed server: %q %+v", out, res)
+	}
+	if out, res := run(t, sb, "eth0", "ip -4 addr show eth0 | grep -c "+info.Address); res.ExitCode != 0 || out != "1\n" {
+		t.Errorf("the guest's eth0 does not have %s: %q", info.Address, out)
+	}
+	// A port the allowlist does not name: its SYN goes nowhere (no
+	// server's refusal comes back).
+	if out, res := run(t, sb, "denied", "nc -w 2 10.202.0.2 8081 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "refused") {
+		t.Errorf("a port the allowlist does not name: %q %+v", out, res)
+	}
+	// Revoked live: a new connection goes nowhere.
+	if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: pol(rule("10.202.0.3", 8080))}); err != nil {
+		t.Fatal(err)
+	}
+	if out, res := run(t, sb, "revoked", "nc -w 2 10.202.0.2 8080 </dev/null"); res.ExitCode == 0 || strings.Contains(out, "hello") {
+		t.Errorf("a revoked rule: %q %+v", out, res)
+	}
+	// Everything allowed: still not the host, its gateway, nor
+	// link-local.
+	if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: pol(rule("0.0.0.0/0"), rule("10.202.0.0/16"))}); err != nil {
+		t.Fatal(err)
+	}
+	if out, res := run(t, sb, "all", fmt.Sprintf(dial, "10.202.0.2", 8080)); res.ExitCode != 0 || !strings.Contains(out, "hello from outside") {
+		t.Fatalf("every address allowed: %q %+v", out, res)
+	}
+	ln, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HOST-SERVICE\n"))
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, to := range []string{info.Gateway, "10.202.0.1", "169.254.169.254"} {
+		if out, _ := run(t, sb, "host-"+to, fmt.Sprintf("nc -w 2 %s %d </dev/null 2>&1", to, port)); strings.Contains(out, "HOST-SERVICE") {
+			t.Errorf("the guest reached the host at %s: %q", to, out)
+		}
+	}
+	tap := ""
+	if links, err := netlink.LinkList(); err == nil {
+		for _, l := range links {
+			if addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4); len(addrs) > 0 && addrs[0].IP.String() == info.Gateway {
+				tap = l.Attrs().Name
+			}
+		}
+	}
+	if tap == "" {
+		t.Fatalf("no host interface has the gateway %s", info.Gateway)
+	}
+	if err := sb.Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlink.LinkByName(tap); err == nil {
+		t.Errorf("the tap %s is left after remove", tap)
+	}
 }
 
 // TestMicroVMFaults: what a user meets when a microVM cannot be made:

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,57 +59,92 @@ const (
 	ctxType     = 32
 )
 
-// program is the allowlist check for one hook.
+// The stack of an allowlist check: the trie's key at fp-32 (its
+// address, IPv6 or IPv4-mapped, at fp-16), the gens key at fp-40, the
+// destination port (host order) at fp-44 and the protocol's bit
+// (ProtoTCP, ProtoUDP) at fp-48.
+const (
+	fpKey   = -32
+	fpAddr  = -16
+	fpGen   = -40
+	fpPort  = -44
+	fpProto = -48
+)
+
+// program is the allowlist check for one cgroup hook (connect or
+// sendmsg, IPv4 or IPv6): 1 lets the call through, 0 fails it (EPERM).
 func program(gens, trie *ebpf.Map, v6 bool) asm.Instructions {
 	ins := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
-		asm.FnGetCurrentCgroupId.Call(),
-		asm.Mov.Reg(asm.R7, asm.R0),
-		asm.StoreMem(asm.RFP, -40, asm.R7, asm.DWord),
-		asm.LoadMapPtr(asm.R1, gens.FD()),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -40),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "deny"),
-		asm.LoadMem(asm.R8, asm.R0, 0, asm.Word),
-		// The key, at fp-32: prefix length, cgroup id (as the host
-		// lays a u64 out), generation, address.
-		asm.StoreImm(asm.RFP, -32, keySize*8-32, asm.Word),
-		asm.StoreMem(asm.RFP, -28+4*lowWord(), asm.R7, asm.Word),
-		asm.RSh.Imm(asm.R7, 32),
-		asm.StoreMem(asm.RFP, -28+4*(1-lowWord()), asm.R7, asm.Word),
-		asm.StoreMem(asm.RFP, -20, asm.R8, asm.Word),
+		// SOCK_STREAM (1) is ProtoTCP, SOCK_DGRAM (2) ProtoUDP.
+		asm.LoadMem(asm.R9, asm.R6, ctxType, asm.Word),
+		asm.JEq.Imm(asm.R9, 0, "deny"),
+		asm.JGT.Imm(asm.R9, 2, "deny"),
+		asm.StoreMem(asm.RFP, fpProto, asm.R9, asm.Word),
+		// The port, in host order.
+		asm.LoadMem(asm.R8, asm.R6, ctxUserPort, asm.Word),
+		asm.HostTo(asm.BE, asm.R8, asm.Half),
+		asm.StoreMem(asm.RFP, fpPort, asm.R8, asm.Word),
 	}
 	if v6 {
 		for i := int16(0); i < 4; i++ {
 			ins = append(ins,
 				asm.LoadMem(asm.R0, asm.R6, ctxUserIP6+4*i, asm.Word),
-				asm.StoreMem(asm.RFP, -16+4*i, asm.R0, asm.Word))
+				asm.StoreMem(asm.RFP, fpAddr+4*i, asm.R0, asm.Word))
 		}
 	} else {
+		ins = append(ins, mappedPrefix()...)
 		ins = append(ins,
-			asm.StoreImm(asm.RFP, -16, 0, asm.Word),
-			asm.StoreImm(asm.RFP, -12, 0, asm.Word),
-			// bytes 00 00 ff ff
-			asm.StoreImm(asm.RFP, -8, int64(int32(binary.NativeEndian.Uint32([]byte{0, 0, 0xff, 0xff}))), asm.Word),
 			asm.LoadMem(asm.R0, asm.R6, ctxUserIP4, asm.Word),
-			asm.StoreMem(asm.RFP, -4, asm.R0, asm.Word))
+			asm.StoreMem(asm.RFP, fpAddr+12, asm.R0, asm.Word))
 	}
 	ins = append(ins,
+		asm.FnGetCurrentCgroupId.Call(),
+		asm.Mov.Reg(asm.R7, asm.R0),
+	)
+	return append(ins, check(gens, trie, 1, 0)...)
+}
+
+// mappedPrefix stores the first 12 bytes of an IPv4-mapped address
+// (::ffff:) at fpAddr.
+func mappedPrefix() asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, fpAddr, 0, asm.Word),
+		asm.StoreImm(asm.RFP, fpAddr+4, 0, asm.Word),
+		// bytes 00 00 ff ff
+		asm.StoreImm(asm.RFP, fpAddr+8, int64(int32(binary.NativeEndian.Uint32([]byte{0, 0, 0xff, 0xff}))), asm.Word),
+	}
+}
+
+// check looks the destination the stack holds up in the allowlist of
+// the cgroup whose id is in R7, and returns allow if a rule lets its
+// port and protocol through, deny otherwise (or where the code jumps
+// to "deny" before it).
+func check(gens, trie *ebpf.Map, allow, deny int32) asm.Instructions {
+	ins := asm.Instructions{
+		asm.StoreMem(asm.RFP, fpGen, asm.R7, asm.DWord),
+		asm.LoadMapPtr(asm.R1, gens.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, fpGen),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "deny"),
+		asm.LoadMem(asm.R8, asm.R0, 0, asm.Word),
+		// The key: prefix length, cgroup id (as the host lays a u64
+		// out), generation, address.
+		asm.StoreImm(asm.RFP, fpKey, keySize*8-32, asm.Word),
+		asm.StoreMem(asm.RFP, fpKey+4+4*lowWord(), asm.R7, asm.Word),
+		asm.RSh.Imm(asm.R7, 32),
+		asm.StoreMem(asm.RFP, fpKey+4+4*(1-lowWord()), asm.R7, asm.Word),
+		asm.StoreMem(asm.RFP, fpKey+12, asm.R8, asm.Word),
 		asm.LoadMapPtr(asm.R1, trie.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -32),
+		asm.Add.Imm(asm.R2, fpKey),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "deny"),
 		asm.Mov.Reg(asm.R7, asm.R0),
-		// The port, in host order.
-		asm.LoadMem(asm.R8, asm.R6, ctxUserPort, asm.Word),
-		asm.HostTo(asm.BE, asm.R8, asm.Half),
-		// SOCK_STREAM (1) is ProtoTCP, SOCK_DGRAM (2) ProtoUDP.
-		asm.LoadMem(asm.R9, asm.R6, ctxType, asm.Word),
-		asm.JEq.Imm(asm.R9, 0, "deny"),
-		asm.JGT.Imm(asm.R9, 2, "deny"),
-	)
+		asm.LoadMem(asm.R8, asm.RFP, fpPort, asm.Word),
+		asm.LoadMem(asm.R9, asm.RFP, fpProto, asm.Word),
+	}
 	for i := int16(0); i < MaxPortRules; i++ {
 		next := fmt.Sprintf("rule%d", i+1)
 		off := 4 + 8*i
@@ -126,11 +162,10 @@ func program(gens, trie *ebpf.Map, v6 bool) asm.Instructions {
 		)
 	}
 	return append(ins,
-		asm.Mov.Imm(asm.R0, 0).WithSymbol(fmt.Sprintf("rule%d", MaxPortRules)),
-		asm.Ja.Label("deny"),
-		asm.Mov.Imm(asm.R0, 1).WithSymbol("allow"),
+		asm.Ja.Label("deny").WithSymbol(fmt.Sprintf("rule%d", MaxPortRules)),
+		asm.Mov.Imm(asm.R0, allow).WithSymbol("allow"),
 		asm.Return(),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("deny"),
+		asm.Mov.Imm(asm.R0, deny).WithSymbol("deny"),
 		asm.Return(),
 	)
 }
@@ -393,4 +428,135 @@ func attachedAll(cg string, types ...ebpf.AttachType) bool {
 		}
 	}
 	return true
+}
+
+// A microVM's guest sends through a tap on the host, not through
+// sockets of the sandbox's cgroup, so the cgroup programs never see its
+// traffic: a tc program on the tap's ingress (what the guest sends)
+// holds it to the same allowlist, the same maps under the same cgroup
+// id, so policy apply changes it at once too. It passes ARP, checks the
+// first segment of every TCP connection (SYN alone: the host's
+// nftables table drops segments of connections it never saw open) and
+// every UDP datagram, and drops the rest (IPv6, ICMP, fragments past the
+// first, other protocols).
+
+// struct __sk_buff's and the frame's offsets the tap program reads.
+const (
+	ethType  = 12 // the Ethernet frame's EtherType
+	ipHeader = 14
+	fpFrame  = -72 // 24 bytes of the frame, copied to the stack
+)
+
+// tapProgram is the allowlist check for the guest of the sandbox whose
+// cgroup id is cg: TC_ACT_OK (0) or TC_ACT_SHOT (2).
+func tapProgram(gens, trie *ebpf.Map, cg uint64) asm.Instructions {
+	// load copies n bytes of the frame at offset off (or the register
+	// offReg, if set) to the stack at fp.
+	load := func(off int32, offReg asm.Register, fp int16, n int32) asm.Instructions {
+		ins := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
+		if offReg != asm.R0 {
+			ins = append(ins, asm.Mov.Reg(asm.R2, offReg))
+		} else {
+			ins = append(ins, asm.Mov.Imm(asm.R2, off))
+		}
+		return append(ins,
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, int32(fp)),
+			asm.Mov.Imm(asm.R4, n),
+			asm.FnSkbLoadBytes.Call(),
+			asm.JNE.Imm(asm.R0, 0, "deny"),
+		)
+	}
+	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	ins = append(ins, load(ethType, asm.R0, fpFrame, 2)...)
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame, asm.Half),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.JEq.Imm(asm.R1, unix.ETH_P_ARP, "allow"),
+		asm.JNE.Imm(asm.R1, unix.ETH_P_IP, "deny"),
+	)
+	ins = append(ins, load(ipHeader, asm.R0, fpFrame, 20)...)
+	ins = append(ins,
+		// A fragment past the first has no ports.
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame+6, asm.Half),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.And.Imm(asm.R1, 0x1fff),
+		asm.JNE.Imm(asm.R1, 0, "deny"),
+		// The header's length, and where the ports are.
+		asm.LoadMem(asm.R8, asm.RFP, fpFrame, asm.Byte),
+		asm.And.Imm(asm.R8, 0x0f),
+		asm.JLT.Imm(asm.R8, 5, "deny"),
+		asm.LSh.Imm(asm.R8, 2),
+		asm.Add.Imm(asm.R8, ipHeader),
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame+9, asm.Byte),
+		asm.Mov.Imm(asm.R9, int32(ProtoUDP)),
+		asm.JEq.Imm(asm.R1, unix.IPPROTO_UDP, "proto"),
+		asm.Mov.Imm(asm.R9, int32(ProtoTCP)),
+		asm.JNE.Imm(asm.R1, unix.IPPROTO_TCP, "deny"),
+		asm.StoreMem(asm.RFP, fpProto, asm.R9, asm.Word).WithSymbol("proto"),
+		// The destination, IPv4-mapped.
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame+16, asm.Word),
+		asm.StoreMem(asm.RFP, fpAddr+12, asm.R1, asm.Word),
+	)
+	ins = append(ins, mappedPrefix()...)
+	// The ports and, for TCP, the flags: 14 bytes from the transport
+	// header's start.
+	ins = append(ins, load(0, asm.R8, fpFrame, 14)...)
+	ins = append(ins,
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame+2, asm.Half),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.StoreMem(asm.RFP, fpPort, asm.R1, asm.Word),
+		asm.JNE.Imm(asm.R9, int32(ProtoTCP), "check"),
+		// Only a connection's opening (SYN without ACK) is checked.
+		asm.LoadMem(asm.R1, asm.RFP, fpFrame+13, asm.Byte),
+		asm.And.Imm(asm.R1, 0x12),
+		asm.JNE.Imm(asm.R1, 0x02, "allow"),
+		asm.LoadImm(asm.R7, int64(cg), asm.DWord).WithSymbol("check"),
+	)
+	return append(ins, check(gens, trie, 0, 2)...)
+}
+
+// ApplyTap holds what a microVM's guest sends through its tap, the host
+// interface link, to the allowlist of its sandbox's cgroup2 directory cg
+// (ApplyNetwork made it): a tc filter on the tap's ingress, which goes
+// with the tap.
+func ApplyTap(cg, ifname string) error {
+	dir, err := os.Open(cg)
+	if err != nil {
+		return fmt.Errorf("open the sandbox's cgroup: %w", err)
+	}
+	defer dir.Close()
+	id, err := cgroupID(dir)
+	if err != nil {
+		return err
+	}
+	gens, trie, err := attached(int(dir.Fd()))
+	if err != nil {
+		return err
+	}
+	if gens == nil {
+		return fmt.Errorf("the sandbox's cgroup has no allowlist yet: %w", errdefs.ErrFailedPrecondition)
+	}
+	defer gens.Close()
+	defer trie.Close()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "dsec_tap", Type: ebpf.SchedCLS, Instructions: tapProgram(gens, trie, id), License: "GPL"})
+	if err != nil {
+		return fmt.Errorf("load the guest's egress allowlist: %w", notSupported(err))
+	}
+	defer prog.Close() // the filter holds it
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return err
+	}
+	qdisc := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0),
+		Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("the guest's tap %s: clsact: %w", ifname, err)
+	}
+	filter := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+		Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1}, Fd: prog.FD(), Name: "dsec_tap", DirectAction: true}
+	if err := netlink.FilterAdd(filter); err != nil {
+		return fmt.Errorf("the guest's tap %s: its filter: %w", ifname, err)
+	}
+	return nil
 }

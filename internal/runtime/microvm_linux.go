@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // microvmDriver runs the microvm backend's sandboxes: a QEMU guest per
@@ -115,9 +116,6 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	if sb.UserNS {
 		return fmt.Errorf("a microVM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
 	}
-	if sb.Policy != nil && sb.Policy.Network.Mode == api.NetworkNAT {
-		return fmt.Errorf("network mode nat is not yet served on the microvm backend: use the container backend, or loopback: %w", errdefs.ErrNotImplemented)
-	}
 	if len(s.images) > container.MaxLayers {
 		return fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash: %w", len(s.images), container.MaxLayers, errdefs.ErrOutOfRange)
 	}
@@ -173,10 +171,28 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	vm, err := container.StartVM(container.VMSpec{Argv: mach.Args(), BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
+	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
 		Guest:  container.GuestSpec{Layers: len(pmem), Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
 		Socket: filepath.Join(sb.dir, "init.sock"), FilesSocket: filepath.Join(sb.dir, "files.sock"), Console: filepath.Join(sb.dir, "console.log"),
-		Stderr: logf, Setup: g.Add})
+		Stderr: logf, Setup: g.Add}
+	if sb.Policy.Network.Mode == api.NetworkNAT {
+		// A tap on the host, the guest's NIC its other end: the guest
+		// has the sandbox's address, and what it sends passes the
+		// tap's filter (the sandbox's allowlist) and the host's guards.
+		nat, tap, err := network.UpTap(sb.owner())
+		if err != nil {
+			return err
+		}
+		defer tap.Close() // QEMU holds it
+		sb.NAT = nat
+		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
+			return err
+		}
+		mach.NetFD, mach.MAC = 5, nat.MAC()
+		spec.Tap, spec.Guest.Net = tap, &container.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+	}
+	spec.Argv = mach.Args()
+	vm, err := container.StartVM(spec)
 	if err != nil { // the guest failed: the host's, never the request's
 		return fmt.Errorf("start microVM: %v: %w", err, errdefs.ErrUnavailable)
 	}
@@ -241,6 +257,14 @@ func (microvmDriver) teardown(sb *Sandbox, keep bool) []error {
 			errs = append(errs, err)
 		}
 		sb.g = nil
+	}
+	// Only a sandbox that asked for one holds a subnet: the ask is in
+	// its first saved state (the container driver's rule).
+	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
+		if err := network.Down(sb.owner()); err != nil {
+			errs = append(errs, err)
+		}
+		sb.NAT = nil
 	}
 	for _, s := range []string{"init.sock", "files.sock"} {
 		if err := os.Remove(filepath.Join(sb.dir, s)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -121,9 +121,14 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 			return nil, err
 		}
 	}
+	spec.Net = spec.Tap != nil
 	b, err := json.Marshal(spec)
 	if err == nil {
-		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())), nil, 0)
+		fds := []int{int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())}
+		if spec.Tap != nil {
+			fds = append(fds, int(spec.Tap.Fd()))
+		}
+		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(fds...), nil, 0)
 	}
 	if err != nil {
 		kill()

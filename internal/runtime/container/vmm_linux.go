@@ -61,6 +61,10 @@ type VMSpec struct {
 	// Setup runs with the shim's host pid before it starts QEMU (the
 	// place to put it in the sandbox's cgroup).
 	Setup func(pid int) error `json:"-"`
+	// Tap, if set, is the guest's NIC's host side, which QEMU gets as
+	// its fd 5 (microvm.Machine's NetFD); Net says there is one.
+	Tap *os.File `json:"-"`
+	Net bool     `json:"net,omitempty"`
 }
 
 // maxConsole bounds the console file: a guest printing without end
@@ -69,7 +73,7 @@ const maxConsole = 4 << 20
 
 // runVMM is the shim's life.
 func runVMM() error {
-	buf, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(4*4))
+	buf, oob := make([]byte, 1<<20), make([]byte, unix.CmsgSpace(5*4))
 	n, oobn, _, _, err := unix.Recvmsg(3, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil || n == 0 {
 		os.Exit(0)
@@ -78,8 +82,8 @@ func runVMM() error {
 	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
 		fds, _ = unix.ParseUnixRights(&msgs[0])
 	}
-	if len(fds) != 4 {
-		return fmt.Errorf("the microVM came with %d descriptors, not 4", len(fds))
+	if len(fds) != 4 && len(fds) != 5 {
+		return fmt.Errorf("the microVM came with %d descriptors, not 4 or 5", len(fds))
 	}
 	for _, fd := range []int{1, 2} {
 		if err := unix.Dup3(fds[3], fd, 0); err != nil {
@@ -97,7 +101,14 @@ func runVMM() error {
 	}
 	first := fc.(*net.UnixConn)
 	v := &vmm{running: map[string]*forward{}, done: map[string]int{}}
-	if err := v.boot(spec, os.NewFile(uintptr(fds[2]), "console")); err != nil {
+	var tap *os.File
+	if len(fds) == 5 {
+		tap = os.NewFile(uintptr(fds[4]), "tap")
+	}
+	if spec.Net != (tap != nil) {
+		return errors.New("the microVM's network and its tap disagree")
+	}
+	if err := v.boot(spec, os.NewFile(uintptr(fds[2]), "console"), tap); err != nil {
 		msg, _ := json.Marshal(map[string]string{"error": err.Error()})
 		first.Write(msg)
 		return err
@@ -153,7 +164,7 @@ type vmm struct {
 }
 
 // boot starts QEMU, and sets the guest up once its agent is there.
-func (v *vmm) boot(spec VMSpec, console *os.File) error {
+func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	agent, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -164,9 +175,14 @@ func (v *vmm) boot(spec VMSpec, console *os.File) error {
 	}
 	agentTheirs, qmpTheirs := os.NewFile(uintptr(agent[1]), "agent"), os.NewFile(uintptr(qmp[1]), "qmp")
 	v.console = &ring{max: 16 << 10, done: make(chan struct{})}
-	out, err := v.startQEMU(spec.Argv, agentTheirs, qmpTheirs)
-	agentTheirs.Close()
-	qmpTheirs.Close()
+	files := []*os.File{agentTheirs, qmpTheirs}
+	if tap != nil {
+		files = append(files, tap)
+	}
+	out, err := v.startQEMU(spec.Argv, files)
+	for _, f := range files {
+		f.Close()
+	}
 	if err != nil {
 		return err
 	}
@@ -208,12 +224,12 @@ func (v *vmm) boot(spec VMSpec, console *os.File) error {
 	}
 }
 
-// startQEMU starts QEMU with no capabilities (it needs none: its files
+// startQEMU starts QEMU, with files as its fds 3 on, and no capabilities (it needs none: its files
 // are the sandbox's, owned by root, and the devices it opens are
 // allowed to the sandbox's group), as a child that dies with the shim;
 // its stdout and stderr (the serial console) come out of the pipe it
 // returns.
-func (v *vmm) startQEMU(argv []string, agent, qmp *os.File) (io.Reader, error) {
+func (v *vmm) startQEMU(argv []string, files []*os.File) (io.Reader, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no QEMU command line")
 	}
@@ -225,7 +241,7 @@ func (v *vmm) startQEMU(argv []string, agent, qmp *os.File) (io.Reader, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = w, w
-	cmd.ExtraFiles = []*os.File{agent, qmp}
+	cmd.ExtraFiles = files // fds 3, 4 and 5
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// On a thread of its own whose bounding set is empty, inheritable
 	// and ambient sets clear: what it execs, root or not, has no

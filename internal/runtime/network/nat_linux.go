@@ -4,6 +4,7 @@
 package network
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -60,11 +61,8 @@ func Up(owner string, pid int) (_ *NAT, err error) {
 	if idx < 0 {
 		return nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", natSlots.N, natPool, errdefs.ErrResourceExhausted)
 	}
-	base := natPool.Addr().As4()
-	off := uint32(idx) * 4
-	base[2], base[3] = byte(off>>8), byte(off)
-	host := netip.AddrFrom4(base).Next()
-	n := &NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx), Host: host.String(), Sandbox: host.Next().String()}
+	n := slot(idx)
+	host := netip.MustParseAddr(n.Host)
 	defer func() {
 		if err != nil {
 			natRelease(n)
@@ -135,6 +133,86 @@ func Up(owner string, pid int) (_ *NAT, err error) {
 	return n, nil
 }
 
+// UpTap connects a microVM's guest to the host: it takes a /30 of the
+// pool for owner and makes a tap on the host (named as a container's
+// host side is, so the host's guards hold it alike) with the gateway's
+// address; the guest's NIC is its other end, with the sandbox's address
+// (the guest sets it: GuestNet). The tap is not persistent: it goes when
+// the last descriptor of it closes (the one returned, which QEMU gets),
+// and Down removes what is left of it.
+func UpTap(owner string) (_ *NAT, tap *os.File, err error) {
+	unlock, err := natSlots.Lock()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	idx, err := natSlots.Take(owner)
+	if err != nil {
+		return nil, nil, err
+	}
+	if idx < 0 {
+		return nil, nil, fmt.Errorf("network mode nat: all %d addresses of %s are taken: %w", natSlots.N, natPool, errdefs.ErrResourceExhausted)
+	}
+	n := slot(idx)
+	defer func() {
+		if err != nil {
+			if tap != nil {
+				tap.Close()
+			}
+			natRelease(n)
+		}
+	}()
+	if l, err := netlink.LinkByName(n.Link); err == nil { // left by a killed worker
+		netlink.LinkDel(l)
+	}
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("network mode nat: open /dev/net/tun: %w", err)
+	}
+	tap = os.NewFile(uintptr(fd), "tap")
+	ifr, err := unix.NewIfreq(n.Link)
+	if err != nil {
+		return nil, nil, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		return nil, nil, fmt.Errorf("network mode nat: make the tap %s: %w", n.Link, err)
+	}
+	l, err := netlink.LinkByName(n.Link)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(netip.MustParseAddr(n.Host), 30)}); err != nil {
+		return nil, nil, fmt.Errorf("network mode nat: host address: %w", err)
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+n.Link+"/disable_ipv6", []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("network mode nat: disable IPv6 on %s: %w", n.Link, err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return nil, nil, err
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("network mode nat: enable forwarding: %w", err)
+	}
+	if err := masquerade(true); err != nil {
+		return nil, nil, err
+	}
+	return n, tap, nil
+}
+
+// slot is the NAT of the pool's /30 number idx.
+func slot(idx int) *NAT {
+	base := natPool.Addr().As4()
+	off := uint32(idx) * 4
+	base[2], base[3] = byte(off>>8), byte(off)
+	host := netip.AddrFrom4(base).Next()
+	return &NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx), Host: host.String(), Sandbox: host.Next().String()}
+}
+
+// MAC is the hardware address a microVM's NIC has on n: locally
+// administered, one per /30.
+func (n *NAT) MAC() string { return fmt.Sprintf("52:54:00:d5:%02x:%02x", n.Index>>8&0xff, n.Index&0xff) }
+
 func ipNet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
 }
@@ -195,13 +273,19 @@ func masquerade(on bool) error {
 			return fmt.Errorf("nftables: %w", err)
 		}
 		n := 0
+		var fw *nftables.Chain
 		for _, ch := range chains {
 			if ch.Table.Name == natTable {
 				n++
+				if ch.Name == "forward" {
+					fw = ch
+				}
 			}
 		}
-		if n == 3 {
-			return nil
+		if fw != nil && n == 3 {
+			if rules, err := c.GetRules(have, fw); err == nil && len(rules) == forwardRules {
+				return nil
+			}
 		}
 		c.DelTable(have) // an older worker's, without the guards: made anew
 		fallthrough
@@ -223,6 +307,19 @@ func masquerade(on bool) error {
 		for _, to := range []netip.Prefix{natPool, netip.MustParsePrefix("169.254.0.0/16")} {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), inPrefix(16, to)...), drop)})
 		}
+		// Only connections the sandbox's allowlist let open go on: a
+		// packet conntrack cannot place, and a TCP segment that opens
+		// nothing (no SYN alone) yet is new, go nowhere. A container's
+		// kernel sends neither; a microVM's guest, whose every packet
+		// its tap's filter sees, checked only at SYN, could.
+		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), ctState(expr.CtStateBitINVALID)...), drop)})
+		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(append(slices.Clip(fromSandbox),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}), // not syn alone
+			ctState(expr.CtStateBitNEW)...), drop)})
 	case !on && have != nil:
 		c.DelTable(have)
 	default:
@@ -232,6 +329,20 @@ func masquerade(on bool) error {
 		return fmt.Errorf("nftables masquerade: %w", err)
 	}
 	return nil
+}
+
+// forwardRules is how many rules the forward chain holds: a table with
+// fewer is an older worker's, made anew.
+const forwardRules = 4
+
+// ctState matches a packet whose conntrack state has the bit.
+func ctState(bit uint32) []expr.Any {
+	mask := binary.NativeEndian.AppendUint32(nil, bit)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
 }
 
 // inPrefix matches an IPv4 header's address at off (12: source, 16:
