@@ -211,7 +211,9 @@ func slot(idx int) *NAT {
 
 // MAC is the hardware address a microVM's NIC has on n: locally
 // administered, one per /30.
-func (n *NAT) MAC() string { return fmt.Sprintf("52:54:00:d5:%02x:%02x", n.Index>>8&0xff, n.Index&0xff) }
+func (n *NAT) MAC() string {
+	return fmt.Sprintf("52:54:00:d5:%02x:%02x", n.Index>>8&0xff, n.Index&0xff)
+}
 
 func ipNet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
@@ -318,7 +320,7 @@ func masquerade(on bool) error {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}), // not syn alone
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}),                                // not syn alone
 			ctState(expr.CtStateBitNEW)...), drop)})
 	case !on && have != nil:
 		c.DelTable(have)
