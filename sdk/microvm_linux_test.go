@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -108,6 +109,46 @@ func TestMicroVM(t *testing.T) {
 	if out, _ := run(t, sb, "host", "hostname"); out != "vm\n" {
 		t.Errorf("hostname %q", out)
 	}
+	// Past its memory, the guest's OOM killer takes the command, which
+	// says so; the guest lives on.
+	out, res = run(t, sb, "hog", `x=$(head -c 300000000 /dev/zero | tr '\0' a); echo ${#x}`)
+	if res.ExitCode != 137 || !res.OOM {
+		t.Errorf("300 MB in a 256 MiB guest: %q %+v, want an OOM kill it reports", out, res)
+	}
+	if out, res := run(t, sb, "after-hog", "echo alive"); out != "alive\n" || res.OOM {
+		t.Errorf("after the OOM kill: %q %+v", out, res)
+	}
+	// Class batch: QEMU runs SCHED_IDLE, in the idle parent group.
+	bspec := vmSpec("batchvm")
+	bspec.Class = api.SchedBatch
+	bsb := create(t, c, bspec)
+	binfo, err := bsb.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range qemuPids(t, binfo.Pid) {
+		a, err := unix.SchedGetAttr(p, 0)
+		if err != nil || a.Policy != unix.SCHED_IDLE {
+			t.Errorf("a batch guest's QEMU (pid %d) runs policy %+v %v, want SCHED_IDLE", p, a, err)
+		}
+	}
+}
+
+// qemuPids are the QEMU processes under the shim pid.
+func qemuPids(t *testing.T, shim int) []int {
+	var out []int
+	for _, task := range must(filepath.Glob(filepath.Join("/proc", strconv.Itoa(shim), "task", "*", "children"))) {
+		b, _ := os.ReadFile(task)
+		for _, p := range strings.Fields(string(b)) {
+			if comm, _ := os.ReadFile("/proc/" + p + "/comm"); strings.HasPrefix(string(comm), "qemu") {
+				out = append(out, must(strconv.Atoi(p)))
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no QEMU under the shim %d", shim)
+	}
+	return out
 }
 
 // TestMicroVMWarm: guests made ahead of need (a FnCall pool's, and the
@@ -399,19 +440,7 @@ func TestMicroVMGuestFails(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qemu := 0
-		for _, task := range must(filepath.Glob(filepath.Join("/proc", strconv.Itoa(info.Pid), "task", "*", "children"))) {
-			b, _ := os.ReadFile(task)
-			for _, p := range strings.Fields(string(b)) {
-				if comm, _ := os.ReadFile("/proc/" + p + "/comm"); strings.HasPrefix(string(comm), "qemu") {
-					qemu, _ = strconv.Atoi(p)
-				}
-			}
-		}
-		if qemu == 0 {
-			t.Fatalf("no QEMU under the shim %d", info.Pid)
-		}
-		syscall.Kill(qemu, syscall.SIGKILL)
+		syscall.Kill(qemuPids(t, info.Pid)[0], syscall.SIGKILL)
 		var res api.ExecResult
 		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			if res, err = sb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil {

@@ -76,7 +76,7 @@ type startSpec struct {
 	// the sandbox has one) or hands its parts over.
 	rootfs []mount.Mount
 	// images are the layers' image files, topmost first, for a backend
-	// that maps them itself ("": a lazy layer's, not whole on the host).
+	// that maps them itself (a lazy layer's: its fetcher's padded file).
 	images   []string
 	restrict *backend.Restrictions
 	// readOnly and hidden are the policy's paths, the toolkit's among

@@ -103,8 +103,9 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			}()
 			// The call returns when the command ends; the init answers
 			// at once if it cannot start it.
+			var guestOOM bool
 			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY, User: spec.User,
-				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class),
+				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class), OOM: &guestOOM,
 				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
 			var r Result
 			switch {
@@ -119,6 +120,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 				return
 			}
 			r.ExitCode = code
+			r.OOM = guestOOM // a guest's own OOM killer: its own memory, always
 			if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
 				r.OOM = true
 				if !g.ReachedLimit() { // not its own limit: the host's bound

@@ -126,9 +126,6 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	}
 	var pmem []microvm.Pmem
 	for i, img := range s.images {
-		if img == "" {
-			return fmt.Errorf("layer %s is fetched lazily, and a microVM maps whole images: pull it first (dsec layer pull): %w", sb.Layers[i], errdefs.ErrNotImplemented)
-		}
 		p, size, err := microvm.PmemImage(filepath.Join(dir, "pmem"), digest.Digest(sb.Digests[i]).Encoded(), img)
 		if err != nil {
 			return fmt.Errorf("layer %s: %w", sb.Layers[i], err)
@@ -174,7 +171,7 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
 		Guest:  container.GuestSpec{Layers: len(pmem), Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
 		Socket: filepath.Join(sb.dir, "init.sock"), FilesSocket: filepath.Join(sb.dir, "files.sock"), Console: filepath.Join(sb.dir, "console.log"),
-		Stderr: logf, Setup: g.Add}
+		Stderr: logf, Setup: g.Add, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
 	if sb.Policy.Network.Mode == api.NetworkNAT {
 		// A tap on the host, the guest's NIC its other end: the guest
 		// has the sandbox's address, and what it sends passes the

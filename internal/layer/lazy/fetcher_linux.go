@@ -257,13 +257,69 @@ func (n *imageNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
+// pmemNode is the image as a microVM's virtio-pmem device maps it: its
+// bytes, then zeros to the next multiple of PmemAlign (the device maps
+// whole 2 MiB sections), read through the page cache (a shared mapping
+// needs one: every guest on the layer maps the same pages, which it
+// reads with DAX, keeping no copy of its own). A page nobody fetched
+// faults to the fetcher, which fetches its window; a dead fetcher's
+// faults fail (QEMU takes a SIGBUS), never read zeros.
+type pmemNode struct {
+	fs.Inode
+	f *fetcher
+}
+
+// PmemAlign is the multiple of its size a virtio-pmem region needs.
+const PmemAlign = 2 << 20
+
+// PmemFile is the file of the layer cached in dir that a microVM maps.
+func PmemFile(dir string) string { return filepath.Join(dir, "fuse", "pmem") }
+
+var (
+	_ fs.NodeOpener    = (*pmemNode)(nil)
+	_ fs.NodeReader    = (*pmemNode)(nil)
+	_ fs.NodeGetattrer = (*pmemNode)(nil)
+)
+
+func (n *pmemNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Size = uint64((n.f.spec.Size + PmemAlign - 1) / PmemAlign * PmemAlign)
+	return 0
+}
+
+func (n *pmemNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *pmemNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	size := (n.f.spec.Size + PmemAlign - 1) / PmemAlign * PmemAlign
+	if off >= size {
+		return fuse.ReadResultData(nil), 0
+	}
+	dest = dest[:min(int64(len(dest)), size-off)]
+	k := 0
+	if off < n.f.spec.Size {
+		var err error
+		if k, err = n.f.read(ctx, dest[:min(int64(len(dest)), n.f.spec.Size-off)], off); err != nil {
+			return nil, syscall.EIO
+		}
+	}
+	clear(dest[k:]) // the padding
+	return fuse.ReadResultData(dest), 0
+}
+
 type rootNode struct {
 	fs.Inode
-	img *imageNode
+	img  *imageNode
+	pmem *pmemNode
 }
 
 func (r *rootNode) OnAdd(ctx context.Context) {
 	r.AddChild("image", r.NewPersistentInode(ctx, r.img, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2}), false)
+	r.AddChild("pmem", r.NewPersistentInode(ctx, r.pmem, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 3}), false)
 }
 
 // Users counts the EROFS mounts of a layer's FUSE file on this host.
@@ -335,7 +391,7 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
-	root := &rootNode{img: &imageNode{f: f}}
+	root := &rootNode{img: &imageNode{f: f}, pmem: &pmemNode{f: f}}
 	sec := time.Hour // attributes never change
 	srv, err := fs.Mount(mnt, root, &fs.Options{
 		EntryTimeout: &sec, AttrTimeout: &sec,

@@ -108,6 +108,9 @@ type Cmd struct {
 	// OOMScore is the command's oom_score_adj, above the init's (0:
 	// 1000, the first the OOM killer takes).
 	OOMScore int
+	// OOM, if set, is set when the sandbox's own kernel's OOM killer
+	// took the command (a VM's guest: the host's group never sees it).
+	OOM *bool
 }
 
 // Restrictions are what the kernel holds a sandbox's commands to beyond

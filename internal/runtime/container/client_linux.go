@@ -145,7 +145,14 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	return s.call(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore, User: cmd.User}, unix.UnixRights(files...), cmd.Started)
+	r, err := s.do(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore, User: cmd.User}, unix.UnixRights(files...), cmd.Started)
+	if err != nil {
+		return -1, err
+	}
+	if cmd.OOM != nil {
+		*cmd.OOM = r.OOM
+	}
+	return *r.Exit, nil
 }
 
 // Result waits for the exit code of an earlier Exec with id, also one a

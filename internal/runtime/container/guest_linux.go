@@ -114,6 +114,7 @@ func runGuest() error {
 		}
 	}()
 	jobs := newLoop()
+	jobs.oomKills = guestOOMKills
 	for {
 		select {
 		case r := <-in:
@@ -125,6 +126,18 @@ func runGuest() error {
 		}
 		jobs.reap()
 	}
+}
+
+// guestOOMKills is how many processes the guest's OOM killer took.
+func guestOOMKills() int64 {
+	b, _ := os.ReadFile("/proc/vmstat")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // guestMounts mounts what the agent needs of the kernel in the

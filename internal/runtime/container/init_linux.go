@@ -47,6 +47,7 @@ type job struct {
 	id   string
 	pid  int  // in the sandbox's namespace; it leads its process group
 	conn peer // who hears the exit; nil once it went away
+	oom  int64
 }
 
 // peer hears an init's replies: a worker's connection to it, or in a
@@ -235,6 +236,10 @@ type loop struct {
 	byID      map[string]*job
 	done      map[string]int // exit codes
 	doneOrder []string       // oldest first
+	// oomKills, if set, counts the kernel's OOM kills: a command killed
+	// while it grew was the OOM killer's (a guest's kernel is the
+	// sandbox's own; a container's exits are its group's to tell).
+	oomKills func() int64
 }
 
 func newLoop() *loop {
@@ -306,6 +311,9 @@ func (l *loop) handle(r incoming) {
 			send(r.conn, reply{ID: id, Error: err.Error()})
 		default:
 			j := &job{id: id, pid: pid, conn: r.conn}
+			if l.oomKills != nil {
+				j.oom = l.oomKills()
+			}
 			l.running[pid], l.byID[id] = j, j
 			send(r.conn, reply{ID: id, Pid: pid})
 		}
@@ -360,7 +368,8 @@ func (l *loop) reap() {
 			code = 128 + int(ws.Signal())
 		}
 		l.finish(j.id, code)
-		send(j.conn, reply{ID: j.id, Exit: &code})
+		oom := ws.Signaled() && ws.Signal() == unix.SIGKILL && l.oomKills != nil && l.oomKills() > j.oom
+		send(j.conn, reply{ID: j.id, Exit: &code, OOM: oom})
 	}
 }
 

@@ -110,6 +110,8 @@ type reply struct {
 	Unknown bool   `json:"unknown,omitempty"` // an id the init never started
 	// Missing: the paths a protect request named that the root lacks.
 	Missing []string `json:"missing,omitempty"`
+	// OOM: the command's exit came from the OOM killer (a guest's).
+	OOM bool `json:"oom,omitempty"`
 }
 
 // last reports whether r is the last reply to its request: all but an

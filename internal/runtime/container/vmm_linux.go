@@ -65,6 +65,10 @@ type VMSpec struct {
 	// its fd 5 (microvm.Machine's NetFD); Net says there is one.
 	Tap *os.File `json:"-"`
 	Net bool     `json:"net,omitempty"`
+	// Idle runs QEMU under SCHED_IDLE (class batch); MergeMemory lets
+	// KSM merge its memory, the guest's RAM (reclaim.ksm).
+	Idle        bool `json:"idle,omitempty"`
+	MergeMemory bool `json:"merge_memory,omitempty"`
 }
 
 // maxConsole bounds the console file: a guest printing without end
@@ -179,7 +183,7 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	if tap != nil {
 		files = append(files, tap)
 	}
-	out, err := v.startQEMU(spec.Argv, files)
+	out, err := v.startQEMU(spec, files)
 	for _, f := range files {
 		f.Close()
 	}
@@ -229,7 +233,8 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 // allowed to the sandbox's group), as a child that dies with the shim;
 // its stdout and stderr (the serial console) come out of the pipe it
 // returns.
-func (v *vmm) startQEMU(argv []string, files []*os.File) (io.Reader, error) {
+func (v *vmm) startQEMU(spec VMSpec, files []*os.File) (io.Reader, error) {
+	argv := spec.Argv
 	if len(argv) == 0 {
 		return nil, errors.New("no QEMU command line")
 	}
@@ -269,6 +274,17 @@ func (v *vmm) startQEMU(argv []string, files []*os.File) (io.Reader, error) {
 			unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
 			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 				return err
+			}
+			// Both are inherited by QEMU and every thread it makes.
+			if spec.Idle {
+				if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+					return fmt.Errorf("SCHED_IDLE: %w", err)
+				}
+			}
+			if spec.MergeMemory {
+				if err := unix.Prctl(unix.PR_SET_MEMORY_MERGE, 1, 0, 0, 0); err != nil {
+					return fmt.Errorf("let KSM merge the guest's memory: %w", err)
+				}
 			}
 			if err := cmd.Start(); err != nil {
 				return fmt.Errorf("start QEMU (%s): %w", argv[0], err)

@@ -222,7 +222,8 @@ type Found struct {
 	Kind    layer.Kind
 	Lineage *layer.Lineage // snapshots only
 	// Image is the file the layer's image is, for a microVM to map: its
-	// blob in the local store ("": a lazy layer's, which has none whole).
+	// blob in the local store, or a lazy layer's fetcher's padded file
+	// (once it is mounted).
 	Image   string
 	mountOn func(target string) error
 }
@@ -260,7 +261,7 @@ func Resolve(ctx context.Context, root string, src Source, ref, want string) (*F
 		return nil, err
 	}
 	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
-	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, "", func(target string) error {
+	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), func(target string) error {
 		return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher)
 	}}, nil
 }
