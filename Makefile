@@ -128,6 +128,7 @@ bench: build
 	./scripts/bench-density.sh
 	./scripts/bench-remote.sh
 	./scripts/bench-e2b.sh
+	./scripts/bench-microvm.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

@@ -95,6 +95,17 @@ if [ "$(id -u)" = 0 ]; then
 	step "a sandbox: toolkit over workspace over base, the worker started on demand"
 	"$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 --workdir /src -- /opt/harness/run
 
+	step "a microVM on the same layers: a kernel of its own (a QEMU guest; under TCG on a host without hardware KVM)"
+	"$dsec" version | grep '^microVMs'
+	"$dsec" run --rm --backend microvm --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 --workdir /src \
+		-- sh -c 'echo "kernel $(uname -r), $(nproc) vCPU"; head -3 /src/fmt/print.go | tail -1; /opt/harness/run'
+	"$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 -- sh -c 'echo "kernel $(uname -r): the host'"'"'s"; head -3 /src/fmt/print.go | tail -1'
+	# A pool keeps guests booted and paused: a call takes one at once.
+	"$dsec" pool resize demo-vms 1 --backend microvm --base demo/busybox:1 --memory 256M
+	for _ in $(seq 600); do "$dsec" pool ls --json | grep -q '"warm": 1' && break; sleep 0.1; done
+	time "$dsec" run --backend fncall --pool demo-vms -- sh -c 'echo "a warm guest: $(hostname)"'
+	"$dsec" pool rm demo-vms
+
 	step "a stateful sandbox for a rollout: steps keep files and processes"
 	"$dsec" rm -f demo-rollout demo-branch-1 demo-branch-2 demo-branch-3 >/dev/null 2>&1 || true # an interrupted earlier demo's
 	"$dsec" run -d --name demo-rollout --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 \

@@ -130,6 +130,7 @@ type ReclaimConfig struct {
 // PoolFile is a FnCall pool in the config file.
 type PoolFile struct {
 	Size      int      `mapstructure:"size"`
+	Backend   string   `mapstructure:"backend"`
 	Base      string   `mapstructure:"base"`
 	Workspace string   `mapstructure:"workspace"`
 	Toolkit   string   `mapstructure:"toolkit"`
@@ -228,7 +229,7 @@ admission.uppers_size: the size of the file system all sandboxes without --disk 
 once under the root, default its free space less 1G), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
-2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .base,
+2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .backend, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
 (listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon), its E2B front (e2b.listen:
 HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .policy, .backend, .class,

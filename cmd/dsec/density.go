@@ -79,7 +79,7 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 		cfg.Defaults.Pids = p
 	}
 	for name, p := range a.cfg.Pools {
-		spec := api.SandboxSpec{CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, UserNS: p.UserNS}
+		spec := api.SandboxSpec{Backend: p.Backend, CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, UserNS: p.UserNS}
 		spec.Layers = layerStack(p.Toolkit, p.Workspace, p.Base)
 		if p.Memory != "" {
 			n, err := parseBytes(p.Memory)
@@ -147,6 +147,7 @@ func (a *app) poolLsCommand() *cobra.Command {
 func (a *app) poolResizeCommand() *cobra.Command {
 	var f specFlags
 	var asJSON bool
+	var backend string
 	cmd := &cobra.Command{
 		Use:   "resize NAME SIZE [--base REF ...]",
 		Short: "Create a pool, or change how many warm sandboxes it keeps",
@@ -158,6 +159,7 @@ keeps the pool with no warm sandbox (calls then wait for one to be made).
 ` + exitCodesHelp,
 		Example: `  dsec pool resize py 8 --base debian:12 --toolkit harness:3 --memory 512M
   dsec pool resize py 32
+  dsec pool resize vms 4 --backend microvm --base debian:12 --memory 1G
   dsec run --backend fncall --pool py -- python3 -c 'print(1+1)'`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -171,6 +173,7 @@ keeps the pool with no warm sandbox (calls then wait for one to be made).
 				if err != nil {
 					return err
 				}
+				spec.Backend = backend
 				ps.Spec = &spec
 			} else {
 				var given []string
@@ -199,6 +202,7 @@ keeps the pool with no warm sandbox (calls then wait for one to be made).
 		},
 	}
 	f.register(cmd.Flags())
+	cmd.Flags().StringVar(&backend, "backend", "", "the backend of the pool's sandboxes: container (the default) or microvm (its guests wait booted and paused)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the pool as JSON")
 	return cmd
 }

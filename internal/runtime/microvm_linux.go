@@ -165,11 +165,11 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	}
 	defer logf.Close()
 	mach := microvm.Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: guestCPUs(sb.Limits), Memory: ram, Kernel: h.Kernel.Vmlinux(),
-		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4}
+		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4, LayerDisks: h.LayerDisks}
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
-		Guest:  container.GuestSpec{Layers: len(pmem), Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
+		Guest:  container.GuestSpec{Layers: len(pmem), LayerDisks: h.LayerDisks, Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
 		Socket: filepath.Join(sb.dir, "init.sock"), FilesSocket: filepath.Join(sb.dir, "files.sock"), Console: filepath.Join(sb.dir, "console.log"),
 		Stderr: logf, Setup: g.Add, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
 	if sb.Policy.Network.Mode == api.NetworkNAT {

@@ -242,9 +242,14 @@ func slotOf(dev string) int {
 	return int(n)
 }
 
-// guestDevices waits for the layers' pmem devices and the upper's disk:
-// layer i's device, by its PCI slot, and the disk.
-func guestDevices(layers int) ([]string, string, error) {
+// guestDevices waits for the layers' devices (pmem, or with disks
+// virtio-blk) and the upper's disk: layer i's device, by its PCI slot,
+// and the disk.
+func guestDevices(layers int, disks bool) ([]string, string, error) {
+	prefix := "pmem"
+	if disks {
+		prefix = "vd"
+	}
 	var out []string
 	upper := ""
 	for deadline := time.Now().Add(guestDevWait); ; time.Sleep(10 * time.Millisecond) {
@@ -255,7 +260,7 @@ func guestDevices(layers int) ([]string, string, error) {
 		for _, d := range devs {
 			n, slot := d.Name(), slotOf(d.Name())
 			switch {
-			case strings.HasPrefix(n, "pmem") && slot >= FirstLayerSlot && slot < FirstLayerSlot+layers:
+			case strings.HasPrefix(n, prefix) && slot >= FirstLayerSlot && slot < FirstLayerSlot+layers:
 				if _, err := os.Stat("/dev/" + n); err == nil {
 					out[slot-FirstLayerSlot] = "/dev/" + n
 					found++
@@ -287,7 +292,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if s.Layers < 1 || s.Layers > MaxLayers {
 		return nil, fmt.Errorf("%d layers: a guest takes 1 to %d", s.Layers, MaxLayers)
 	}
-	layers, disk, err := guestDevices(s.Layers)
+	layers, disk, err := guestDevices(s.Layers, s.LayerDisks)
 	if err != nil {
 		return nil, err
 	}
@@ -299,7 +304,11 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 		}
 		// DAX: the guest reads the host's page cache of the image, with
 		// no page cache of its own.
-		if err := unix.Mount(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, "dax=always"); err != nil {
+		opts := "dax=always"
+		if s.LayerDisks {
+			opts = ""
+		}
+		if err := unix.Mount(dev, dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, opts); err != nil {
 			return nil, fmt.Errorf("mount layer %d (%s): %w", i, dev, err)
 		}
 		lowers = append(lowers, dir)

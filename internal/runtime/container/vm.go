@@ -6,8 +6,11 @@ package container
 // layer i's virtio-pmem device at slot FirstLayerSlot+i, topmost first,
 // and its upper's disk, the one virtio-blk device.
 type GuestSpec struct {
-	// Layers is how many layer devices the guest has.
-	Layers   int    `json:"layers"`
+	// Layers is how many layer devices the guest has; LayerDisks: they
+	// are read-only virtio-blk disks, not pmem devices (no DAX: each
+	// guest caches what it reads; a benchmark's baseline).
+	Layers     int  `json:"layers"`
+	LayerDisks bool `json:"layer_disks,omitempty"`
 	Hostname string `json:"hostname"`
 	// Restrictions every command runs under; ReadOnly and Hidden are
 	// the paths Protect holds from the first command on.

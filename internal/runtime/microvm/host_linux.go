@@ -23,6 +23,8 @@ type Host struct {
 	BootTimeout time.Duration
 	// QEMUVersion is what the binary says of itself (its first line).
 	QEMUVersion string
+	// LayerDisks: Settings'.
+	LayerDisks bool
 }
 
 // Firmware is the BIOS the guests boot through: qboot, which QEMU ships
@@ -71,7 +73,7 @@ func Resolve(s Settings) (*Host, error) {
 			timeout = 90 * time.Second
 		}
 	}
-	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu)}, nil
+	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu), LayerDisks: s.LayerDisks}, nil
 }
 
 var qemuVersions sync.Map // binary -> version line

@@ -240,6 +240,14 @@ func TestArgs(t *testing.T) {
 	if strings.Contains(a, "netdev") {
 		t.Errorf("a NIC without a network: %s", a)
 	}
+	m.LayerDisks = true // the baseline: layers on disks, no memory-device room
+	a = strings.Join(m.Args(), " ")
+	for _, want := range []string{"-m 512M -", "file=/l/a,,b,if=none,id=layer0,format=raw,readonly=on", "virtio-blk-pci,drive=layer1,addr=0x9"} {
+		if !strings.Contains(a, want) {
+			t.Errorf("layers on disks: no %q in %s", want, a)
+		}
+	}
+	m.LayerDisks = false
 	m.Accel, m.NetFD, m.MAC, m.Direct = AccelKVM, 5, "52:54:00:00:00:01", false
 	a = strings.Join(m.Args(), " ")
 	for _, want := range []string{"-accel kvm", "-cpu host", "tap,id=net0,fd=5,vhost=off", "mac=52:54:00:00:00:01", "cache=writeback"} {

@@ -54,7 +54,13 @@ func PmemImage(dir, name, src string) (string, int64, error) {
 	}
 	err = unix.IoctlFileClone(int(tmp.Fd()), int(in.Fd()))
 	if err != nil { // no reflinks here: a copy (copy_file_range)
-		_, err = io.Copy(tmp, in)
+		if _, err = io.Copy(tmp, in); err == nil {
+			// What the copy cached is not what guests will read yet:
+			// written out and given back, not held twice.
+			if err = tmp.Sync(); err == nil {
+				unix.Fadvise(int(tmp.Fd()), 0, 0, unix.FADV_DONTNEED)
+			}
+		}
 	}
 	in.Close()
 	if err == nil {

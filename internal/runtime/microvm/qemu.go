@@ -48,6 +48,10 @@ type Machine struct {
 	// its address.
 	NetFD int
 	MAC   string
+	// LayerDisks puts the layers on read-only virtio-blk disks (direct
+	// I/O: no host page cache) instead of pmem devices: each guest then
+	// caches what it reads, the baseline DAX is measured against.
+	LayerDisks bool
 }
 
 // Pmem is a layer image as a virtio-pmem device maps it.
@@ -81,7 +85,9 @@ func Cmdline(extra ...string) string {
 func (m Machine) Args() []string {
 	var pmem int64
 	for _, l := range m.Layers {
-		pmem += l.Size
+		if !m.LayerDisks {
+			pmem += l.Size
+		}
 	}
 	accel := "tcg,tb-size=64" // a 64 MiB code cache, not the default 1 GiB
 	cpu := "qemu64"
@@ -92,7 +98,7 @@ func (m Machine) Args() []string {
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-machine", "q35", "-accel", accel, "-cpu", cpu, "-bios", "/usr/share/qemu/qboot.rom",
 		"-smp", strconv.Itoa(max(m.CPUs, 1)),
-		"-m", fmt.Sprintf("%dM,slots=%d,maxmem=%dM", m.Memory>>20, max(len(m.Layers), 1), (m.Memory+pmem)>>20),
+		"-m", memory(m.Memory, pmem, len(m.Layers)),
 		"-kernel", m.Kernel, "-initrd", m.Initrd, "-append", Cmdline(m.Append...),
 		"-serial", "stdio",
 		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", m.AgentFD),
@@ -104,6 +110,12 @@ func (m Machine) Args() []string {
 		"-device", fmt.Sprintf("virtio-balloon-pci,free-page-reporting=on,deflate-on-oom=on,addr=%#x", container.BalloonSlot),
 	}
 	for i, l := range m.Layers {
+		if m.LayerDisks {
+			a = append(a,
+				"-drive", fmt.Sprintf("file=%s,if=none,id=layer%d,format=raw,readonly=on,cache=none,aio=threads", qemuOpt(l.Path), i),
+				"-device", fmt.Sprintf("virtio-blk-pci,drive=layer%d,addr=%#x", i, container.FirstLayerSlot+i))
+			continue
+		}
 		a = append(a,
 			"-object", fmt.Sprintf("memory-backend-file,id=layer%d,share=on,readonly=on,mem-path=%s,size=%d", i, qemuOpt(l.Path), l.Size),
 			"-device", fmt.Sprintf("virtio-pmem-pci,memdev=layer%d,id=pmem%d,addr=%#x", i, i, container.FirstLayerSlot+i))
@@ -120,6 +132,15 @@ func (m Machine) Args() []string {
 			"-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
 	}
 	return a
+}
+
+// memory is -m's value: the guest's RAM, and room past it for the pmem
+// devices' regions (a slot each).
+func memory(ram, pmem int64, n int) string {
+	if pmem == 0 {
+		return fmt.Sprintf("%dM", ram>>20)
+	}
+	return fmt.Sprintf("%dM,slots=%d,maxmem=%dM", ram>>20, n, (ram+pmem)>>20)
 }
 
 // qemuOpt escapes a value for QEMU's option syntax, where a comma is

@@ -17,4 +17,8 @@ type Settings struct {
 	// BootTimeout bounds a guest's boot to its agent's setup (0: 10 s
 	// under KVM, 90 s under TCG).
 	BootTimeout time.Duration `json:"boot_timeout,omitempty"`
+	// LayerDisks puts layers on virtio-blk disks instead of pmem devices
+	// read with DAX: the baseline of BenchmarkMicroVMDAX, not a mode for
+	// use (every guest then keeps its own copy of what it reads).
+	LayerDisks bool `json:"layer_disks,omitempty"`
 }
