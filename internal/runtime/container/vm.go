@@ -9,9 +9,9 @@ type GuestSpec struct {
 	// Layers is how many layer devices the guest has; LayerDisks: they
 	// are read-only virtio-blk disks, not pmem devices (no DAX: each
 	// guest caches what it reads; a benchmark's baseline).
-	Layers     int  `json:"layers"`
-	LayerDisks bool `json:"layer_disks,omitempty"`
-	Hostname string `json:"hostname"`
+	Layers     int    `json:"layers"`
+	LayerDisks bool   `json:"layer_disks,omitempty"`
+	Hostname   string `json:"hostname"`
 	// Restrictions every command runs under; ReadOnly and Hidden are
 	// the paths Protect holds from the first command on.
 	Restrictions *Restrictions `json:"restrictions,omitempty"`
