@@ -12,6 +12,8 @@
 # in DSEC_KERNEL_DEB.
 set -euo pipefail
 dest=${1:?usage: microvm-kernel.sh DEST}
+mkdir -p "$(dirname "$dest")"
+dest=$(cd "$(dirname "$dest")" && pwd)/$(basename "$dest")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
