@@ -40,7 +40,7 @@ func detectAccel(kvm, cpuinfo, pvm string) Accel {
 	}
 	f.Close()
 	if _, err := os.Stat(pvm); err == nil {
-		return Accel{AccelTCG, kvm + " is PVM, a software KVM that boots only guest kernels patched for it (a stock kernel hangs)"}
+		return Accel{AccelTCG, kvm + " is PVM, a software KVM that boots only guest kernels patched for it; a stock kernel hangs there"}
 	}
 	b, _ := os.ReadFile(cpuinfo)
 	for _, l := range bytes.Split(b, []byte{'\n'}) {
