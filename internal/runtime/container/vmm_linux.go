@@ -202,6 +202,12 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	if v.sess, err = yamux.Client(agentConn, muxConfig()); err != nil {
 		return err
 	}
+	go func() {
+		// The agent's session gone (the guest wrote what is no session),
+		// the guest serves nothing more: it ends, and the sandbox dies.
+		<-v.sess.CloseChan()
+		v.qemu.Process.Kill()
+	}()
 	spec.Guest.Time = time.Now().UnixNano()
 	setup := make(chan error, 1)
 	go func() { setup <- v.setup(spec.Guest) }()
@@ -455,6 +461,7 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 			if json.Unmarshal(b, &r) != nil {
 				continue
 			}
+			r.ID = req.ID // a stream answers its own request only
 			if f == nil {
 				send(conn, r)
 				continue
