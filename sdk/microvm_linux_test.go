@@ -18,7 +18,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
@@ -208,45 +207,6 @@ func TestMicroVMWarm(t *testing.T) {
 	_ = w
 }
 
-// vmOutside is a server outside the host, in a network namespace of
-// the test's own at 10.202.0.2 (the host side 10.202.0.1): it answers
-// every connection to port 8080 with "hello from outside".
-func vmOutside(t *testing.T) {
-	t.Helper()
-	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
-	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Kill(-srv.Process.Pid, syscall.SIGKILL); srv.Wait() })
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dsecvout"}, PeerName: "dsecvin"}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName("dsecvout"); err == nil {
-			netlink.LinkDel(l)
-		}
-	})
-	host, _ := netlink.LinkByName("dsecvout")
-	netlink.AddrAdd(host, must(netlink.ParseAddr("10.202.0.1/30")))
-	netlink.LinkSetUp(host)
-	in, _ := netlink.LinkByName("dsecvin")
-	if err := netlink.LinkSetNsPid(in, srv.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	ns := must(netns.GetFromPid(srv.Process.Pid))
-	defer ns.Close()
-	h := must(netlink.NewHandleAt(ns))
-	defer h.Close()
-	in, _ = h.LinkByName("dsecvin")
-	if err := h.AddrAdd(in, must(netlink.ParseAddr("10.202.0.2/30"))); err != nil {
-		t.Fatal(err)
-	}
-	h.LinkSetUp(in)
-	lo, _ := h.LinkByName("lo")
-	h.LinkSetUp(lo)
-}
-
 // TestMicroVMNAT: a guest in network mode nat reaches a server outside
 // the host through its tap, only where its allowlist lets it (the
 // tap's filter: the packets of a denied connection go nowhere), changed
@@ -254,7 +214,7 @@ func vmOutside(t *testing.T) {
 // neither the host nor link-local addresses. Removal takes the tap.
 func TestMicroVMNAT(t *testing.T) {
 	_, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
-	vmOutside(t)
+	runtimetest.Outside(t, "dsecvout", "10.202.0")
 	ctx := context.Background()
 	rule := func(to string, ports ...uint16) api.EgressRule {
 		r := api.EgressRule{To: to}

@@ -98,6 +98,42 @@ func driverOf(name string) (driver, error) {
 	return b.(driver), nil
 }
 
+// killInstance kills every process of the sandbox (its instance, then
+// its group), removes its group and gives back its subnet: the part of a
+// teardown every backend's is.
+func (sb *Sandbox) killInstance() []error {
+	var errs []error
+	if sb.c != nil {
+		sb.c.Destroy()
+		sb.c = nil
+	}
+	if sb.g == nil {
+		sb.g, _ = cgroup.Open(sb.CgroupName)
+	}
+	if sb.g != nil {
+		if err := sb.g.Kill(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
+			errs = append(errs, err)
+		}
+		if err := sb.g.Remove(); err != nil {
+			errs = append(errs, err)
+		}
+		sb.g = nil
+	}
+	// Only a sandbox that asked for them holds a subnet or an id range:
+	// both are asked for before its first state is saved, so a worker
+	// killed between taking one and saving it still finds the ask.
+	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
+		if err := network.Down(sb.owner()); err != nil {
+			errs = append(errs, err)
+		}
+		sb.NAT = nil
+	}
+	return errs
+}
+
 // ability is what sb's running instance can do of A, or a not
 // implemented error that says what its backend cannot.
 func ability[A any](sb *Sandbox, what string) (A, error) {
@@ -261,35 +297,7 @@ func (containerDriver) attach(sb *Sandbox) error {
 }
 
 func (containerDriver) teardown(sb *Sandbox, _ bool) []error {
-	var errs []error
-	if sb.c != nil {
-		sb.c.Destroy()
-		sb.c = nil
-	}
-	if sb.g == nil {
-		sb.g, _ = cgroup.Open(sb.CgroupName)
-	}
-	if sb.g != nil {
-		if err := sb.g.Kill(); err != nil {
-			errs = append(errs, err)
-		}
-		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
-			errs = append(errs, err)
-		}
-		if err := sb.g.Remove(); err != nil {
-			errs = append(errs, err)
-		}
-		sb.g = nil
-	}
-	// Only a sandbox that asked for them holds a subnet or an id range:
-	// both are asked for before its first state is saved, so a worker
-	// killed between taking one and saving it still finds the ask.
-	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
-		if err := network.Down(sb.owner()); err != nil {
-			errs = append(errs, err)
-		}
-		sb.NAT = nil
-	}
+	errs := sb.killInstance()
 	if sb.UserNS || sb.IDs != nil {
 		if err := idmap.Give(sb.owner()); err != nil {
 			errs = append(errs, err)

@@ -236,33 +236,7 @@ func (microvmDriver) teardown(sb *Sandbox, keep bool) []error {
 		vm.FreezeFS(ctx)
 		cancel()
 	}
-	if sb.c != nil {
-		sb.c.Destroy()
-		sb.c = nil
-	}
-	if sb.g == nil {
-		sb.g, _ = cgroup.Open(sb.CgroupName)
-	}
-	if sb.g != nil {
-		if err := sb.g.Kill(); err != nil {
-			errs = append(errs, err)
-		}
-		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
-			errs = append(errs, err)
-		}
-		if err := sb.g.Remove(); err != nil {
-			errs = append(errs, err)
-		}
-		sb.g = nil
-	}
-	// Only a sandbox that asked for one holds a subnet: the ask is in
-	// its first saved state (the container driver's rule).
-	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
-		if err := network.Down(sb.owner()); err != nil {
-			errs = append(errs, err)
-		}
-		sb.NAT = nil
-	}
+	errs = append(errs, sb.killInstance()...)
 	for _, s := range []string{"init.sock", "files.sock"} {
 		if err := os.Remove(filepath.Join(sb.dir, s)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)

@@ -30,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/testenv"
 )
 
@@ -628,47 +629,7 @@ files:
 // the sandboxes' pool: only masqueraded traffic gets an answer.
 func outside(t *testing.T) {
 	t.Helper()
-	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
-	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Kill(-srv.Process.Pid, syscall.SIGKILL); srv.Wait() })
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dsectout"}, PeerName: "dsectin"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName("dsectout"); err == nil {
-			netlink.LinkDel(l)
-		}
-	})
-	host, _ := netlink.LinkByName("dsectout")
-	addr, _ := netlink.ParseAddr("10.201.0.1/30")
-	netlink.AddrAdd(host, addr)
-	netlink.LinkSetUp(host)
-	in, _ := netlink.LinkByName("dsectin")
-	if err := netlink.LinkSetNsPid(in, srv.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	ns, err := netns.GetFromPid(srv.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	in, _ = h.LinkByName("dsectin")
-	addr, _ = netlink.ParseAddr("10.201.0.2/30")
-	if err := h.AddrAdd(in, addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetUp(in); err != nil {
-		t.Fatal(err)
-	}
+	runtimetest.Outside(t, "dsectout", "10.201.0")
 }
 
 // TestNATMode: a sandbox in network mode nat reaches a server outside
