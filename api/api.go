@@ -120,9 +120,13 @@ type SandboxSpec struct {
 	// Hostname defaults to the name.
 	Hostname string `json:"hostname,omitempty"`
 	// Snapshot, instead of Layers, starts the sandbox on a snapshot
-	// (NAME:STEP): the snapshot over the layers it was taken on. Only
-	// files are restored; the sandbox starts fresh processes.
+	// (NAME:STEP): the snapshot over the layers it was taken on, its
+	// files restored and fresh processes started. A memory snapshot
+	// (PackRequest.Memory) starts a microVM (the default backend for
+	// one) that continues the snapshot's guest where it stopped, its
+	// processes and memory as they were, unless DiskOnly.
 	Snapshot string `json:"snapshot,omitempty"`
+	DiskOnly bool   `json:"disk_only,omitempty"`
 	// Policy is the sandbox's policy document; PolicyName one stored
 	// with the worker (PUT /v1/policies/{name}). Neither: the secure
 	// default. A sandbox's description carries its effective policy.
@@ -148,6 +152,10 @@ type PackRequest struct {
 	MaxBytes   int64 `json:"max_bytes,omitempty"`
 	MaxEntries int   `json:"max_entries,omitempty"`
 	MaxDepth   int   `json:"max_depth,omitempty"`
+	// Memory: the snapshot holds the sandbox's guest whole too, its
+	// memory and device state and its disk (a microVM's; another
+	// backend's sandbox is refused, not implemented).
+	Memory bool `json:"memory,omitempty"`
 }
 
 // Snapshot is a snapshot layer pack-diff made.
@@ -172,6 +180,24 @@ type Snapshot struct {
 	FrozenSeconds float64 `json:"frozen_seconds"`
 	// Folded: for a squash, how many snapshots went into this one.
 	Folded int `json:"folded,omitempty"`
+	// Memory: a memory snapshot's guest.
+	Memory *SnapshotMemory `json:"memory,omitempty"`
+}
+
+// SnapshotMemory is the guest a memory snapshot holds: its machine, and
+// the bytes of its device state, RAM and disk images (the RAM's and
+// disk's hold only the data the guest had, not their holes).
+type SnapshotMemory struct {
+	MemoryBytes int64  `json:"memory_bytes"` // the guest's RAM
+	CPUs        int    `json:"cpus"`
+	Accel       string `json:"accel"`
+	Kernel      string `json:"kernel"`
+	QEMU        string `json:"qemu"`
+	StateBytes  int64  `json:"state_bytes"`
+	RAMBytes    int64  `json:"ram_bytes"`
+	DiskBytes   int64  `json:"disk_bytes"`
+	// PausedSeconds is how long the guest was paused (pack-diff only).
+	PausedSeconds float64 `json:"paused_seconds,omitempty"`
 }
 
 // SnapshotNode is a snapshot in the lineage DAG.
@@ -286,6 +312,14 @@ type VMInfo struct {
 	Accel  string `json:"accel"`
 	Kernel string `json:"kernel"`
 	QEMU   string `json:"qemu"`
+	// GuestMemory is the guest's RAM and GuestMemoryUsed what its
+	// kernel uses of it (its balloon's figures; the host holds
+	// Sandbox.MemoryBytes for it, its freed pages given back).
+	GuestMemory     int64 `json:"guest_memory,omitempty"`
+	GuestMemoryUsed int64 `json:"guest_memory_used,omitempty"`
+	// Evicted: paused, its guest saved to disk and its memory given
+	// back to the host (resuming it restores it).
+	Evicted bool `json:"evicted,omitempty"`
 }
 
 // ExecRequest runs a command. An ID makes it a step that runs at most

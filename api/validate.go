@@ -56,6 +56,9 @@ func (s *SandboxSpec) Validate() error {
 	if s.Snapshot != "" && len(s.Layers) > 0 {
 		return fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
 	}
+	if s.DiskOnly && s.Snapshot == "" {
+		return fmt.Errorf("--disk-only starts a sandbox on a snapshot's files alone: give the snapshot too: %w", errdefs.ErrInvalidArgument)
+	}
 	for _, l := range s.Layers {
 		if strings.TrimSpace(l) == "" {
 			return fmt.Errorf("an empty layer reference in %q: %w", s.Layers, errdefs.ErrInvalidArgument)

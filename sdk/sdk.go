@@ -349,9 +349,18 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	return s.c.do(ctx, "POST", s.path("/pause"), nil, nil)
 }
 
-// Resume lets a paused sandbox run on where it was.
+// Resume lets a paused sandbox run on where it was (an evicted
+// microVM's guest is restored first).
 func (s *Sandbox) Resume(ctx context.Context) error {
 	return s.c.do(ctx, "POST", s.path("/resume"), nil, nil)
+}
+
+// Evict pauses a microVM (a paused one stays so) and saves its guest to
+// the worker's disk, giving its memory back to the host; Resume restores
+// it. The worker evicts paused microVMs itself under memory pressure.
+// Another backend's sandbox: errdefs.ErrNotImplemented.
+func (s *Sandbox) Evict(ctx context.Context) error {
+	return s.c.do(ctx, "POST", s.path("/evict"), nil, nil)
 }
 
 // Signal sends sig (0: SIGKILL) to the running exec id's process

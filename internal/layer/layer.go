@@ -142,6 +142,9 @@ type Lineage struct {
 	// which sandboxes started on the snapshot inherit unless given.
 	Env     []string `json:"env,omitempty"`
 	Workdir string   `json:"workdir,omitempty"`
+	// Memory: a memory snapshot's guest (pack-diff --memory of a
+	// microVM), which a microVM starts again where it stopped.
+	Memory *Memory `json:"memory,omitempty"`
 }
 
 // Parent is the layer the snapshot was taken over.

@@ -97,6 +97,11 @@ func ParseConfig(b []byte, size int64) (*Config, error) {
 				return nil, fmt.Errorf("snapshot config: bad lower %q@%q: %w", lo.Ref, lo.Digest, errdefs.ErrDataLoss)
 			}
 		}
+		if l.Memory != nil {
+			if err := l.Memory.check(l); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return &cfg, nil
 }
@@ -331,6 +336,9 @@ func refs(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
 		if c.Snapshot != nil {
 			for _, l := range c.Snapshot.Lowers {
 				out = append(out, ocispec.Descriptor{MediaType: MediaTypeLayer, Digest: l.Digest})
+			}
+			if m := c.Snapshot.Memory; m != nil {
+				out = append(out, m.Blobs()...)
 			}
 		}
 		return out, nil

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
@@ -36,7 +37,10 @@ import (
 // classes, limits, freezing and figures are the same as a container's.
 type microvmDriver struct{}
 
-func (microvmDriver) Name() string { return "microvm" }
+// MicroVM is the microvm backend's name.
+const MicroVM = "microvm"
+
+func (microvmDriver) Name() string { return MicroVM }
 
 // Available says what the host lacks to run microVMs.
 func (microvmDriver) Available() error {
@@ -136,6 +140,25 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	if err != nil {
 		return err
 	}
+	build, err := h.Build()
+	if err != nil {
+		return err
+	}
+	this := layer.Machine{MemoryBytes: ram, CPUs: guestCPUs(sb.Limits), LayerDisks: h.LayerDisks, RAMFile: !sb.MergeMemory,
+		Accel: h.Accel.Name, Kernel: h.Kernel.String(), KernelDigest: build.Kernel, QEMU: h.QEMUVersion, QEMUDigest: build.QEMU}
+	r := sb.restore
+	sb.restore = nil
+	if r != nil {
+		// The saved guest's machine, on this host's.
+		if why := r.machine.Runs(this); why != "" {
+			return fmt.Errorf("%s cannot run here: %s: %w", r.what, why, errdefs.ErrFailedPrecondition)
+		}
+		if r.machine.MemoryBytes != ram {
+			return fmt.Errorf("%s has %d MiB of RAM, not the %d MiB asked: give --memory %dM or none: %w",
+				r.what, r.machine.MemoryBytes>>20, ram>>20, r.machine.MemoryBytes>>20, errdefs.ErrInvalidArgument)
+		}
+		this.CPUs, this.RAMFile, this.MAC = r.machine.CPUs, r.machine.RAMFile, r.machine.MAC
+	}
 	if host := hostMemory(); ram > host {
 		return fmt.Errorf("a microVM of %d MiB is more than this host's memory (%d MiB): ask for less: %w", ram>>20, host>>20, errdefs.ErrInvalidArgument)
 	}
@@ -164,15 +187,19 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		return err
 	}
 	defer logf.Close()
-	mach := microvm.Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: guestCPUs(sb.Limits), Memory: ram, Kernel: h.Kernel.Vmlinux(),
+	mach := microvm.Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: this.CPUs, Memory: ram, Kernel: h.Kernel.Vmlinux(),
 		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4, LayerDisks: h.LayerDisks}
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
 		Guest:  container.GuestSpec{Layers: len(pmem), LayerDisks: h.LayerDisks, Hostname: sb.Hostname, Restrictions: s.restrict, ReadOnly: s.readOnly, Hidden: s.hidden, Seed: seed},
 		Socket: filepath.Join(sb.dir, "init.sock"), FilesSocket: filepath.Join(sb.dir, "files.sock"), Console: filepath.Join(sb.dir, "console.log"),
-		Stderr: logf, Setup: g.Add, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory}
+		Stderr: logf, Setup: g.Add, Idle: sb.Limits.Idle, MergeMemory: sb.MergeMemory, RAM: this.RAMFile, Disk: disk.Image(sb.dir)}
+	next := 5 // QEMU's next fd: the tap's, then the RAM's
 	if sb.Policy.Network.Mode == api.NetworkNAT {
+		if r != nil && r.machine.MAC == "" {
+			return fmt.Errorf("%s had no network device: a sandbox of network mode nat cannot run it (give another policy, or start on its files alone: --disk-only): %w", r.what, errdefs.ErrInvalidArgument)
+		}
 		// A tap on the host, the guest's NIC its other end: the guest
 		// has the sandbox's address, and what it sends passes the
 		// tap's filter (the sandbox's allowlist) and the host's guards.
@@ -185,8 +212,25 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
 			return err
 		}
-		mach.NetFD, mach.MAC = 5, nat.MAC()
+		mach.NetFD, mach.MAC, this.MAC = next, nat.MAC(), nat.MAC()
+		next++
 		spec.Tap, spec.Guest.Net = tap, &container.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+	} else if r != nil && r.machine.MAC != "" {
+		// Its NIC stays, on no network.
+		mach.Unplugged, mach.MAC = true, r.machine.MAC
+	}
+	if this.RAMFile {
+		mach.RAMFD = next
+	}
+	if r != nil {
+		state, err := os.Open(r.state)
+		if err != nil {
+			return fmt.Errorf("%s: its device state: %w", r.what, err)
+		}
+		defer state.Close()
+		mach.Incoming, spec.State = true, state
+		spec.Restore = &container.VMRestore{Nonce: r.nonce, RAM: r.ram}
+		spec.Guest.Thaw, spec.Guest.Forget = true, r.branch
 	}
 	spec.Argv = mach.Args()
 	vm, err := container.StartVM(spec)
@@ -195,6 +239,7 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	}
 	sb.c, sb.Pid = vm, vm.Pid()
 	sb.VM = &api.VMInfo{Accel: h.Accel.Name, Kernel: h.Kernel.String(), QEMU: h.QEMUVersion}
+	sb.Machine = &this
 	if err := devices(); err != nil {
 		return fmt.Errorf("device allowlist: %w", err)
 	}

@@ -199,30 +199,8 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		} else {
 			rep.Unchanged = append(rep.Unchanged, "resources")
 		}
-		if err := sb.applyFiles(ctx, cur.Files, eff.Files, rep); err != nil {
+		if err := sb.tighten(ctx, cur, eff, rep); err != nil {
 			return nil, err
-		}
-		var added []string
-		for _, s := range eff.Syscalls.Deny {
-			if !slices.Contains(cur.Syscalls.Deny, s) {
-				added = append(added, s)
-			}
-		}
-		if len(added) > 0 {
-			prog, err := policy.SeccompDeny(added)
-			if err != nil {
-				return nil, err
-			}
-			r, err := ability[backend.Restricter](sb, "deny more syscalls")
-			if err != nil {
-				return nil, err
-			}
-			if err := r.Restrict(ctx, backend.Restrictions{Seccomp: prog}); err != nil {
-				return nil, fmt.Errorf("syscalls: %w", err)
-			}
-			rep.NewProcesses = append(rep.NewProcesses, "syscalls: also denied "+strings.Join(added, ", "))
-		} else {
-			rep.Unchanged = append(rep.Unchanged, "syscalls")
 		}
 	}
 	sb.Policy, sb.Allowlist, sb.Limits = eff, entries, limits
@@ -230,6 +208,37 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		return nil, err
 	}
 	return rep, nil
+}
+
+// tighten takes a running sandbox's files and syscalls rules from cur
+// to eff (which Tightens allowed).
+func (sb *Sandbox) tighten(ctx context.Context, cur, eff *api.Policy, rep *api.PolicyReport) error {
+	if err := sb.applyFiles(ctx, cur.Files, eff.Files, rep); err != nil {
+		return err
+	}
+	var added []string
+	for _, s := range eff.Syscalls.Deny {
+		if !slices.Contains(cur.Syscalls.Deny, s) {
+			added = append(added, s)
+		}
+	}
+	if len(added) == 0 {
+		rep.Unchanged = append(rep.Unchanged, "syscalls")
+		return nil
+	}
+	prog, err := policy.SeccompDeny(added)
+	if err != nil {
+		return err
+	}
+	r, err := ability[backend.Restricter](sb, "deny more syscalls")
+	if err != nil {
+		return err
+	}
+	if err := r.Restrict(ctx, backend.Restrictions{Seccomp: prog}); err != nil {
+		return fmt.Errorf("syscalls: %w", err)
+	}
+	rep.NewProcesses = append(rep.NewProcesses, "syscalls: also denied "+strings.Join(added, ", "))
+	return nil
 }
 
 // applyFiles takes a running sandbox from the file rules cur to next

@@ -213,7 +213,7 @@ func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err 
 func running(st, primed State) State {
 	st.ID, st.Pid, st.CgroupName, st.Digests, st.Policy, st.Allowlist, st.Toolkit = primed.ID, primed.Pid, primed.CgroupName, primed.Digests, primed.Policy, primed.Allowlist, primed.Toolkit
 	st.UpperFS, st.DiskBound = primed.UpperFS, primed.DiskBound
-	st.Disk, st.VM = primed.Disk, primed.VM
+	st.Disk, st.VM, st.Machine = primed.Disk, primed.VM, primed.Machine
 	st.Status = Running
 	return st
 }

@@ -79,6 +79,9 @@ type Spec struct {
 	UserNS bool `json:"userns,omitempty"`
 	// Owner is the id of the API token that made it ("": the admin).
 	Owner string `json:"owner,omitempty"`
+	// DiskOnly starts a microVM on a memory snapshot's files alone, its
+	// processes fresh (by default it continues the snapshot's guest).
+	DiskOnly bool `json:"disk_only,omitempty"`
 }
 
 // Options describe a sandbox to create.
@@ -153,10 +156,17 @@ type State struct {
 	// may get other ids).
 	IDs *container.IDMap `json:"ids,omitempty"`
 	// Paused: its processes are frozen until Resume (Pause), across
-	// worker restarts.
-	Paused bool `json:"paused,omitempty"`
-	// VM is a microVM's machine, as its last start ran it.
-	VM *api.VMInfo `json:"vm,omitempty"`
+	// worker restarts; since PausedAt.
+	Paused   bool      `json:"paused,omitempty"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
+	// VM is a microVM's machine, as its last start ran it; Machine the
+	// same in full, what a memory snapshot of it records.
+	VM      *api.VMInfo    `json:"vm,omitempty"`
+	Machine *layer.Machine `json:"machine,omitempty"`
+	// Saved: a paused microVM's guest is saved in its directory, its
+	// memory given back to the host (the worker needed it); resuming it
+	// restores it from there.
+	Saved *SavedVM `json:"saved,omitempty"`
 }
 
 // Sandbox is a sandbox: its layers mounted, its overlay root, its cgroup
@@ -171,6 +181,9 @@ type Sandbox struct {
 	// prestarted is the warm instance the driver's newID took for this
 	// sandbox's first start (nil: none, or start took it).
 	prestarted any
+	// restore starts the instance from a saved guest (a microVM's
+	// memory snapshot, or its own eviction), not afresh: start's, once.
+	restore *vmRestore
 
 	journalOnce sync.Once
 	steps       *journal.Journal // its execs (journal)
@@ -213,6 +226,7 @@ func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
 // sandbox p primed.
 func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox, err error) {
 	var digests []string
+	var mem *layer.Memory // a memory snapshot's guest, which the sandbox continues
 	if o.From != "" {
 		if len(o.Layers) > 0 {
 			return nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
@@ -228,7 +242,18 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		if o.Workdir == "" {
 			o.Workdir = l.Workdir
 		}
+		if l.Memory != nil && !o.DiskOnly && o.Backend == MicroVM {
+			// The guest's layer devices, under its own disk.
+			mem, o.Layers, digests = l.Memory, nil, nil
+			for _, lo := range mem.Layers {
+				o.Layers = append(o.Layers, lo.Ref)
+				digests = append(digests, lo.Digest.String())
+			}
+		}
 		for _, lo := range l.Lowers {
+			if mem != nil {
+				break
+			}
 			if slices.Contains(digests, lo.Digest.String()) {
 				return nil, fmt.Errorf("snapshot %s stands on its own image (through %s: an older dsec packed an empty diff over an empty one): it cannot be started; dsec snap rm it and branch from the snapshot under it: %w",
 					o.From, lo.Ref, errdefs.ErrInvalidArgument)
@@ -258,6 +283,15 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	d, err := driverOf(o.Backend)
 	if err != nil {
 		return nil, err
+	}
+	if mem != nil {
+		if quota != 0 && quota != mem.DiskBytes {
+			return nil, fmt.Errorf("snapshot %s's guest has a disk of %d MiB: a sandbox that continues it has that disk (give no --disk): %w", o.From, mem.DiskBytes>>20, errdefs.ErrInvalidArgument)
+		}
+		quota = mem.DiskBytes
+		if limits.MemoryBytes == 0 {
+			limits.MemoryBytes = mem.MemoryBytes
+		}
 	}
 	asked := quota // the disk the create asked for (0: none of its own)
 	if _, guest := d.(imageUpper); guest && quota == 0 {
@@ -315,6 +349,17 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	}
 	dirs := []string{"rootfs", "execs", "upper", "work"}
 	switch {
+	case mem != nil: // the snapshot's disk
+		dirs = dirs[:2]
+		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
+			return nil, err
+		}
+		// Its blobs stay while the guest reads them: a collection waits.
+		release, err := o.Mounter.Store.Writer()
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	case quota > 0: // upper and work are made on the quota when it is mounted
 		dirs = dirs[:2]
 		if err := disk.Make(sb.dir, quota); err != nil {
@@ -336,6 +381,11 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 			return nil, fmt.Errorf("snapshot %s stands on a layer this host cannot find (pull it: dsec layer pull): %w", o.From, err)
 		}
 		return nil, err
+	}
+	if mem != nil {
+		if err := sb.tightenRestored(ctx, mem.Policy); err != nil {
+			return nil, err
+		}
 	}
 	return sb, nil
 }
@@ -635,7 +685,7 @@ func (sb *Sandbox) Pause() error {
 	if err := sb.g.Freeze(); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", sb.Name, err)
 	}
-	sb.Paused = true
+	sb.Paused, sb.PausedAt = true, time.Now().UTC()
 	if err := sb.save(); err != nil {
 		sb.Paused = false
 		sb.g.Thaw()
@@ -663,7 +713,8 @@ func (sb *Sandbox) PauseWarm() error {
 	return sb.Pause()
 }
 
-// ResumeWarm resumes a sandbox PauseWarm paused, as it is taken.
+// ResumeWarm resumes a sandbox PauseWarm paused, as it is taken (a
+// warm one is never evicted).
 func (sb *Sandbox) ResumeWarm() error {
 	sb.mu.Lock()
 	paused := sb.Paused
@@ -671,18 +722,22 @@ func (sb *Sandbox) ResumeWarm() error {
 	if !paused {
 		return nil
 	}
-	return sb.Resume()
+	return sb.Resume(context.Background(), Mounter{})
 }
 
 // ErrPaused says a sandbox is paused (errdefs.ErrFailedPrecondition).
 var ErrPaused = fmt.Errorf("paused: %w", errdefs.ErrFailedPrecondition)
 
-// Resume lets a paused sandbox's processes run on.
-func (sb *Sandbox) Resume() error {
+// Resume lets a paused sandbox's processes run on: an evicted one's
+// guest is restored from its directory first (its layers found by m).
+func (sb *Sandbox) Resume(ctx context.Context, m Mounter) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if !sb.Paused {
 		return fmt.Errorf("sandbox %s is not paused: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.Saved != nil {
+		return sb.resumeSaved(ctx, m)
 	}
 	if sb.g != nil {
 		if err := sb.g.Thaw(); err != nil {
@@ -717,6 +772,7 @@ func (sb *Sandbox) Stop() error {
 	if err := sb.teardown(false); err != nil {
 		return err
 	}
+	sb.dropSaved() // its disk is as the guest froze it: it starts on that
 	sb.Status, sb.Pid, sb.Paused = Stopped, 0, false
 	return sb.save()
 }

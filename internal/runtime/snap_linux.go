@@ -24,6 +24,9 @@ type PackOptions struct {
 	Store  *store.Store
 	Ref    layer.Ref   // the snapshot's tag, NAME:STEP; must be new
 	Limits snap.Limits // bounds on what the sandbox wrote
+	// Memory: a memory snapshot too, the sandbox's guest whole (a
+	// microVM's; another backend's is ErrNotImplemented).
+	Memory bool
 }
 
 // Packed is a snapshot PackDiff made.
@@ -31,6 +34,8 @@ type Packed struct {
 	Layer  *layer.Info
 	Packed *snap.Packed
 	Frozen time.Duration // how long the sandbox was frozen
+	// Paused is how long a memory snapshot's guest was paused.
+	Paused time.Duration
 }
 
 // PackDiff freezes the sandbox, packs what it wrote into a snapshot
@@ -55,8 +60,10 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	}
 	indexPath := filepath.Join(sb.dir, "snap.index")
 	var prev snap.Index
-	if sb.Top != nil {
+	if sb.Top != nil && !o.Memory {
 		// Incremental only over a parent that is still there as it was.
+		// (A memory snapshot's diff is whole: its disk image dwarfs it,
+		// and its memory changed even where its files did not.)
 		if top, err := layer.Resolve(ctx, o.Store, sb.Top.Ref); err == nil && top.Digest == sb.Top.Digest && top.Snapshot != nil {
 			if prev, _ = snap.ReadIndex(indexPath, top.Digest.String()); prev != nil {
 				lowers = append([]layer.Lower{*sb.Top}, top.Snapshot.Lowers...)
@@ -67,6 +74,11 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if err != nil {
 		return nil, err
 	}
+	ms, _ := d.(memorySnapshotter)
+	if o.Memory && ms == nil {
+		return nil, fmt.Errorf("the %s backend keeps no memory in a snapshot: pack-diff --memory needs a microVM (dsec run --backend microvm); without --memory the snapshot holds the files: %w",
+			d.Name(), errdefs.ErrNotImplemented)
+	}
 	// What the sandbox wrote, as the host reads it: its upper, or (a
 	// backend whose guest holds it) a consistent view of it until
 	// release.
@@ -74,6 +86,21 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if h, ok := d.(upperHolder); ok {
 		if upper, release, err = h.holdUpper(ctx, sb); err != nil {
 			return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+		}
+	}
+	var mem *layer.Memory
+	var paused time.Duration
+	if o.Memory {
+		// Its blobs are held until the layer that names them is tagged.
+		unlock, err := o.Store.Writer()
+		if err != nil {
+			release()
+			return nil, err
+		}
+		defer unlock()
+		if mem, paused, err = ms.snapshotMemory(ctx, sb, o.Store); err != nil {
+			release()
+			return nil, fmt.Errorf("pack-diff %s: its memory: %w", sb.Name, err)
 		}
 	}
 	// A batch sandbox the worker froze under memory pressure stays so.
@@ -86,7 +113,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	var packed *snap.Packed
 	info, err := layer.Build(ctx, o.Store, layer.BuildOptions{
 		Kind: layer.KindSnapshot, Ref: o.Ref, SourceKind: "upper",
-		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil, Env: sb.Env, Workdir: sb.Workdir},
+		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil, Env: sb.Env, Workdir: sb.Workdir, Memory: mem},
 		Walk: func(ctx context.Context, w *erofs.Writer) error {
 			var err error
 			packed, err = snap.Pack(ctx, w, upper, prev, o.Limits)
@@ -129,7 +156,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if err := sb.save(); err != nil {
 		return nil, err
 	}
-	return &Packed{Layer: info, Packed: packed, Frozen: held}, nil
+	return &Packed{Layer: info, Packed: packed, Frozen: held, Paused: paused}, nil
 }
 
 // SnapUsers reads what every sandbox of root stands on, for lineage,

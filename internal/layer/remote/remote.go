@@ -222,19 +222,12 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 		}
 	}
 	windows := ocispec.Descriptor{MediaType: layer.MediaTypeWindows, Digest: cfg.Windows.Digest, Size: int64(cfg.Windows.Count) * 32}
-	for _, d := range []ocispec.Descriptor{man.Layers[0], windows, man.Config, mdesc} {
-		ok, err := to.Exists(ctx, d)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", dst, err)
-		}
-		if ok {
-			res.Skipped = append(res.Skipped, d.Digest)
-			continue
-		}
-		if err := copyBlob(ctx, from, to, d, p, res); err != nil {
-			return nil, fmt.Errorf("copy %s from %s to %s: %w", d.Digest, src, dst, err)
-		}
-		res.Copied = append(res.Copied, d.Digest)
+	blobs := []ocispec.Descriptor{man.Layers[0], windows}
+	if cfg.Snapshot != nil && cfg.Snapshot.Memory != nil { // before the config that names them
+		blobs = append(blobs, cfg.Snapshot.Memory.Blobs()...)
+	}
+	if err := copyBlobs(ctx, from, to, append(blobs, man.Config, mdesc), p, res); err != nil {
+		return nil, fmt.Errorf("copy from %s to %s: %w", src, dst, err)
 	}
 	if !tag {
 		return res, nil
@@ -244,6 +237,47 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 	mdesc.Annotations = layer.TagAnnotations(cfg.Kind, blob)
 	if err := to.Tag(ctx, mdesc, force); err != nil {
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
+	}
+	return res, nil
+}
+
+// copyBlobs copies the blobs ds from one repository to another, in
+// order, skipping those it holds already.
+func copyBlobs(ctx context.Context, from, to Repo, ds []ocispec.Descriptor, p Progress, res *Result) error {
+	for _, d := range ds {
+		ok, err := to.Exists(ctx, d)
+		if err != nil {
+			return err
+		}
+		if ok {
+			res.Skipped = append(res.Skipped, d.Digest)
+			continue
+		}
+		if err := copyBlob(ctx, from, to, d, p, res); err != nil {
+			return fmt.Errorf("copy %s: %w", d.Digest, err)
+		}
+		res.Copied = append(res.Copied, d.Digest)
+	}
+	return nil
+}
+
+// CopyBlobs copies the blobs ds of layer ref (its memory snapshot's,
+// say) from src to dst, skipping those dst holds already.
+func CopyBlobs(ctx context.Context, src, dst Target, ref layer.Ref, ds []ocispec.Descriptor, p Progress) (*Result, error) {
+	if p == nil {
+		p = noProgress{}
+	}
+	from, err := src.Repo(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	to, err := dst.Repo(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Ref: ref.String(), From: src.String(), To: dst.String()}
+	if err := copyBlobs(ctx, from, to, ds, p, res); err != nil {
+		return nil, fmt.Errorf("copy from %s to %s: %w", src, dst, err)
 	}
 	return res, nil
 }

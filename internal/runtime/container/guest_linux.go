@@ -1,7 +1,9 @@
 package container
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -56,10 +59,12 @@ func runGuest() error {
 	if err != nil {
 		return err
 	}
-	sess, err := yamux.Server(port, muxConfig())
+	l := &guestLink{l: newLink(port)}
+	sess, err := l.l.start(true)
 	if err != nil {
 		return err
 	}
+	l.sess = sess
 	st, err := sess.AcceptStream()
 	if err != nil {
 		return fmt.Errorf("the host never asked for the guest: %w", err)
@@ -74,6 +79,9 @@ func runGuest() error {
 		return err
 	}
 	g, err := setupGuest(req.Setup)
+	if g != nil {
+		g.link = l
+	}
 	if err != nil {
 		fw.json(frameReply, reply{ID: req.ID, Error: "guest setup: " + err.Error()})
 		st.Close()
@@ -103,16 +111,7 @@ func runGuest() error {
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	in := make(chan incoming)
-	go func() {
-		for {
-			st, err := sess.AcceptStream()
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "dsec guest: the host's session ended: %v\n", err)
-				os.Exit(1)
-			}
-			go g.serveStream(st, in)
-		}
-	}()
+	go g.accept(in)
 	jobs := newLoop()
 	jobs.oomKills = guestOOMKills
 	for {
@@ -224,6 +223,110 @@ func (discardLogger) Println(...any)        {}
 // guest is what the agent keeps of its setup.
 type guest struct {
 	upper int // the upper's file system (its mount's root), for FIFREEZE
+	link  *guestLink
+}
+
+// guestLink is the agent's end of the link (link.go) and its session
+// now, which a memory snapshot replaces.
+type guestLink struct {
+	l    *link
+	mu   sync.Mutex
+	sess *yamux.Session
+	// quiesced is the nonce the next session comes after ("": the
+	// session's end is the guest's).
+	quiesced string
+}
+
+// accept serves the session's streams; a quiesced session is followed
+// by the next one.
+func (g *guest) accept(in chan<- incoming) {
+	for {
+		g.link.mu.Lock()
+		sess := g.link.sess
+		g.link.mu.Unlock()
+		st, err := sess.AcceptStream()
+		if err == nil {
+			go g.serveStream(st, in)
+			continue
+		}
+		g.link.mu.Lock()
+		nonce := g.link.quiesced
+		g.link.mu.Unlock()
+		if nonce == "" {
+			fmt.Fprintf(os.Stderr, "dsec guest: the host's session ended: %v\n", err)
+			os.Exit(1)
+		}
+		next, err := g.link.l.next()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dsec guest: the agent's port, waiting for the host: %v\n", err)
+			os.Exit(1)
+		}
+		g.link.mu.Lock()
+		g.link.sess, g.link.quiesced = next, ""
+		g.link.mu.Unlock()
+	}
+}
+
+// quiesce flushes and freezes the upper's file system (a snapshot's disk
+// is then consistent) and ends the session once its answer, the nonce
+// the next session will come after, is out.
+func (g *guest) quiesce(st *yamux.Stream, fw *frameWriter, req request) {
+	unix.Sync()
+	err := unix.IoctlSetInt(g.upper, fiFreeze, 0)
+	frozen := errors.Is(err, unix.EBUSY)
+	if err != nil && !frozen {
+		fw.json(frameReply, reply{ID: req.ID, Error: fmt.Sprintf("freeze the upper: %v", err)})
+		st.Close()
+		return
+	}
+	b := make([]byte, 16)
+	rand.Read(b)
+	nonce := hex.EncodeToString(b)
+	zero := 0
+	fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
+	st.Close()
+	g.link.mu.Lock()
+	g.link.quiesced = nonce
+	sess := g.link.sess
+	g.link.mu.Unlock()
+	g.link.l.expect(nonce)
+	sess.Close()
+}
+
+// resume makes the guest the one spec describes after a snapshot, its
+// own or another's (a branch): the clock from the host, entropy from the
+// host and its RNG reseeded at once, its host name and network, its
+// upper thawed.
+func (g *guest) resume(spec *GuestSpec) error {
+	if spec.Time > 0 {
+		ts := unix.NsecToTimespec(spec.Time)
+		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+	}
+	if len(spec.Seed) > 0 {
+		addEntropy(spec.Seed)
+		if f, err := os.Open("/dev/urandom"); err == nil {
+			// Not at the next interval: now, before a command reads it.
+			unix.IoctlSetInt(int(f.Fd()), unix.RNDRESEEDCRNG, 0)
+			f.Close()
+		}
+	}
+	if spec.Hostname != "" {
+		if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if spec.Net != nil {
+		if err := guestReNet(spec.Net); err != nil {
+			return err
+		}
+	}
+	if !spec.Thaw {
+		return nil
+	}
+	if err := unix.IoctlSetInt(g.upper, fiThaw, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("thaw the upper: %w", err)
+	}
+	return nil
 }
 
 var pciSlot = regexp.MustCompile(`/0000:00:([0-9a-f]{2})\.0/`)
@@ -440,6 +543,18 @@ func (g *guest) serveStream(st *yamux.Stream, in chan<- incoming) {
 	case opFreezeFS:
 		unix.Sync()
 		answer(unix.IoctlSetInt(g.upper, fiFreeze, 0))
+	case opQuiesce:
+		g.quiesce(st, fw, req)
+	case opResume:
+		if req.Setup == nil {
+			answer(errors.New("resume without a spec"))
+			return
+		}
+		err := g.resume(req.Setup)
+		if err == nil && req.Setup.Forget {
+			in <- incoming{req: request{Op: opForget}}
+		}
+		answer(err)
 	case opThawFS:
 		err := unix.IoctlSetInt(g.upper, fiThaw, 0)
 		if errors.Is(err, unix.EINVAL) { // not frozen

@@ -227,6 +227,46 @@ func (c *outCopier) drain() {
 }
 
 // guestNet brings up the guest's eth0 with n's address and route.
+// guestReNet makes eth0 what n describes in a guest restored from a
+// snapshot, which had another sandbox's: its hardware address, its
+// address and route, and no neighbour its old gateway left (the host's
+// side is another tap, of another hardware address).
+func guestReNet(n *GuestNet) error {
+	mac, err := net.ParseMAC(n.MAC)
+	if err != nil {
+		return fmt.Errorf("guest network: %w", err)
+	}
+	link, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("guest network: eth0: %w", err)
+	}
+	if link.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetDown(link); err != nil {
+			return fmt.Errorf("guest network: down: %w", err)
+		}
+		if err := netlink.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("guest network: hardware address %s: %w", mac, err)
+		}
+	}
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if err := netlink.AddrDel(link, &a); err != nil {
+			return fmt.Errorf("guest network: drop address %s: %w", a.IPNet, err)
+		}
+	}
+	neighs, _ := netlink.NeighList(link.Attrs().Index, netlink.FAMILY_ALL)
+	for _, nb := range neighs {
+		netlink.NeighDel(&nb)
+	}
+	return guestNet(n)
+}
+
 func guestNet(n *GuestNet) error {
 	var link netlink.Link
 	mac, err := net.ParseMAC(n.MAC)
@@ -262,7 +302,7 @@ func guestNet(n *GuestNet) error {
 	if gw == nil {
 		return fmt.Errorf("guest network: gateway %q", n.Gateway)
 	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
+	if err := netlink.RouteReplace(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw}); err != nil {
 		return fmt.Errorf("guest network: route via %s: %w", n.Gateway, err)
 	}
 	return nil

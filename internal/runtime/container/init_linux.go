@@ -256,6 +256,9 @@ func send(c peer, r reply) {
 func (l *loop) handle(r incoming) {
 	id := r.req.ID
 	switch r.req.Op {
+	case opForget: // a guest restored as another sandbox: its ids are the new one's
+		clear(l.done)
+		l.doneOrder = nil
 	case opResult, opProbe:
 		if code, ok := l.done[id]; ok {
 			send(r.conn, reply{ID: id, Exit: &code})

@@ -59,6 +59,16 @@ const (
 	opFiles    op = "files"    // the rest of the stream speaks the file protocol
 	opFreezeFS op = "freezefs" // flush and freeze the upper's file system (FIFREEZE)
 	opThawFS   op = "thawfs"   // thaw it (FITHAW)
+	opQuiesce  op = "quiesce"  // freeze the upper, answer a nonce, end the session (a memory snapshot)
+	opResume   op = "resume"   // the first request of the session after one: clock, RNG, name, network, thaw
+	opForget   op = "forget"   // the agent's own, after a resume as another sandbox: forget the exits kept
+)
+
+// What only a microVM's shim answers (the worker's requests about the
+// machine, not the guest).
+const (
+	opSnapshot op = "snapshot" // save the guest's memory, device state and disk (SCM_RIGHTS: their files)
+	opMemory   op = "memory"   // the guest's memory as its balloon last reported it
 )
 
 // request is what the worker sends the init.
@@ -95,6 +105,9 @@ type request struct {
 	Hostname string   `json:"hostname,omitempty"`
 	// Setup: what a guest's root is made of (opSetup).
 	Setup *GuestSpec `json:"setup,omitempty"`
+	// Stop: a memory snapshot leaves the guest stopped, never to run
+	// again (it is being evicted: its disk is the sandbox's own).
+	Stop bool `json:"stop,omitempty"`
 }
 
 // reply is what the init answers a request with, once or twice (exec:
@@ -112,6 +125,16 @@ type reply struct {
 	Missing []string `json:"missing,omitempty"`
 	// OOM: the command's exit came from the OOM killer (a guest's).
 	OOM bool `json:"oom,omitempty"`
+	// Nonce: what a quiesced guest's next session comes after (and a
+	// snapshot's record of it).
+	Nonce string `json:"nonce,omitempty"`
+	// Frozen: the upper was frozen before the guest quiesced (a
+	// pack-diff reads it), and stays so after.
+	Frozen bool `json:"frozen,omitempty"`
+	// Memory: the guest's memory (opMemory).
+	Memory *GuestMemory `json:"memory,omitempty"`
+	// Snapshot: what a memory snapshot took (opSnapshot).
+	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
 }
 
 // last reports whether r is the last reply to its request: all but an

@@ -1,5 +1,7 @@
 package container
 
+import "github.com/dsec-project/dsec/internal/runtime/sparse"
+
 // GuestSpec is what a microVM guest's root is made of and runs under:
 // the first request its agent gets (opSetup). The guest finds its
 // devices at fixed PCI slots (the QEMU command line puts them there):
@@ -24,6 +26,12 @@ type GuestSpec struct {
 	Time int64 `json:"time"`
 	// Seed is entropy from the host, added to the guest's pool.
 	Seed []byte `json:"seed,omitempty"`
+	// Thaw: a resume (opResume) thaws the upper's file system, which
+	// the snapshot it follows froze. Forget: the guest is another
+	// sandbox now (a branch): the exits of the commands the one it was
+	// ran are forgotten, their ids the new one's to use.
+	Thaw   bool `json:"thaw,omitempty"`
+	Forget bool `json:"forget,omitempty"`
 }
 
 // GuestNet is a guest's network interface: its address (CIDR), its
@@ -50,3 +58,31 @@ const (
 // GuestEnv marks a guest's pid 1 (the kernel's command line sets it for
 // /init): dsec-init then serves as the guest's agent.
 const GuestEnv = "DSEC_GUEST"
+
+// SnapshotInfo is what a microVM's memory snapshot took: the nonce its
+// agent's next session comes after (a guest restored from it is at that
+// point), how long the guest was paused, and the images of its RAM
+// (none: its RAM is anonymous, in the device state) and disk.
+type SnapshotInfo struct {
+	Nonce    string       `json:"nonce"`
+	PausedNS int64        `json:"paused_ns"`
+	RAM      sparse.Stats `json:"ram"`
+	Disk     sparse.Stats `json:"disk"`
+}
+
+// GuestMemory is a guest's memory as its kernel sees it (its balloon
+// reports it every few seconds): its RAM, and how much of it is
+// available (free, or cache it can drop).
+type GuestMemory struct {
+	Total     int64 `json:"total"`
+	Available int64 `json:"available"`
+}
+
+// VMRestore starts a guest from a memory snapshot: its disk is a copy of
+// the snapshot's already (the image in argv), its RAM is read from the
+// sparse image RAM (none: its RAM comes in the device state), its
+// device state from VMSpec.State, and its agent waits for Nonce.
+type VMRestore struct {
+	Nonce string `json:"nonce"`
+	RAM   string `json:"ram,omitempty"`
+}

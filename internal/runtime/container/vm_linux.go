@@ -123,10 +123,16 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	}
 	spec.Net = spec.Tap != nil
 	b, err := json.Marshal(spec)
+	if err == nil && spec.Restore != nil && spec.State == nil {
+		err = errors.New("microvm: a restore without its state")
+	}
 	if err == nil {
 		fds := []int{int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())}
 		if spec.Tap != nil {
 			fds = append(fds, int(spec.Tap.Fd()))
+		}
+		if spec.Restore != nil {
+			fds = append(fds, int(spec.State.Fd()))
 		}
 		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(fds...), nil, 0)
 	}
@@ -231,6 +237,39 @@ func (v *VM) FreezeFS(ctx context.Context) error {
 func (v *VM) ThawFS(ctx context.Context) error {
 	_, err := v.simple(ctx, request{Op: opThawFS})
 	return err
+}
+
+// Snapshot saves the guest's memory and device state and its disk, to
+// state, ram and disk (files the caller made; ram is left empty when the
+// guest's memory is anonymous, which state then holds), with the guest
+// paused for as short a time as it takes; no command may run meanwhile.
+// The guest runs on; with stop, it stays stopped (to be killed: it is
+// being evicted) and disk may be nil (its own image is the disk).
+func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool) (*SnapshotInfo, error) {
+	fds := []int{int(state.Fd()), int(ram.Fd())}
+	if disk != nil {
+		fds = append(fds, int(disk.Fd()))
+	}
+	r, err := v.c.do(ctx, request{Op: opSnapshot, ID: fmt.Sprintf("#snapshot-%d", restrictSeq.Add(1)), Stop: stop}, unix.UnixRights(fds...), nil)
+	if err != nil {
+		return nil, err
+	}
+	if r.Snapshot == nil {
+		return nil, errors.New("the microVM's shim answered a snapshot with nothing (an older dsec's: stop and start the sandbox)")
+	}
+	return r.Snapshot, nil
+}
+
+// Memory is the guest's memory as its balloon last reported it.
+func (v *VM) Memory(ctx context.Context) (*GuestMemory, error) {
+	r, err := v.c.do(ctx, request{Op: opMemory, ID: fmt.Sprintf("#memory-%d", restrictSeq.Add(1))}, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	if r.Memory == nil {
+		return nil, errors.New("the microVM's shim reported no memory")
+	}
+	return r.Memory, nil
 }
 
 // Files opens the guest's files, through its agent.

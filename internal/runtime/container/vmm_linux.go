@@ -17,9 +17,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/creack/pty"
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
 
 // A microVM's shim: the dsec-init binary again, as the host's side of a
@@ -69,6 +72,16 @@ type VMSpec struct {
 	// KSM merge its memory, the guest's RAM (reclaim.ksm).
 	Idle        bool `json:"idle,omitempty"`
 	MergeMemory bool `json:"merge_memory,omitempty"`
+	// RAM: the guest's memory is a memory file the shim makes, which
+	// QEMU gets as the fd after the tap's (microvm.Machine's RAMFD),
+	// shared: a memory snapshot copies it whole. Disk is the upper's
+	// image, which a memory snapshot copies too.
+	RAM  bool   `json:"ram,omitempty"`
+	Disk string `json:"disk,omitempty"`
+	// Restore starts the guest from a memory snapshot, whose device
+	// state State holds (QEMU waits for it: microvm.Machine's Incoming).
+	Restore *VMRestore `json:"restore,omitempty"`
+	State   *os.File   `json:"-"`
 }
 
 // maxConsole bounds the console file: a guest printing without end
@@ -86,8 +99,8 @@ func runVMM() error {
 	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
 		fds, _ = unix.ParseUnixRights(&msgs[0])
 	}
-	if len(fds) != 4 && len(fds) != 5 {
-		return fmt.Errorf("the microVM came with %d descriptors, not 4 or 5", len(fds))
+	if len(fds) < 4 || len(fds) > 6 {
+		return fmt.Errorf("the microVM came with %d descriptors, not 4 to 6", len(fds))
 	}
 	for _, fd := range []int{1, 2} {
 		if err := unix.Dup3(fds[3], fd, 0); err != nil {
@@ -105,12 +118,23 @@ func runVMM() error {
 	}
 	first := fc.(*net.UnixConn)
 	v := &vmm{running: map[string]*forward{}, done: map[string]int{}}
+	// Then the tap (spec.Net), then the snapshot's state (spec.Restore).
+	extra := fds[4:]
 	var tap *os.File
-	if len(fds) == 5 {
-		tap = os.NewFile(uintptr(fds[4]), "tap")
+	if spec.Net {
+		if len(extra) == 0 {
+			return errors.New("the microVM's network came without its tap")
+		}
+		tap, extra = os.NewFile(uintptr(extra[0]), "tap"), extra[1:]
 	}
-	if spec.Net != (tap != nil) {
-		return errors.New("the microVM's network and its tap disagree")
+	if spec.Restore != nil {
+		if len(extra) == 0 {
+			return errors.New("the microVM's snapshot came without its state")
+		}
+		spec.State, extra = os.NewFile(uintptr(extra[0]), "state"), extra[1:]
+	}
+	if len(extra) > 0 {
+		return errors.New("the microVM came with descriptors it cannot place")
 	}
 	if err := v.boot(spec, os.NewFile(uintptr(fds[2]), "console"), tap); err != nil {
 		msg, _ := json.Marshal(map[string]string{"error": err.Error()})
@@ -154,17 +178,59 @@ func runVMM() error {
 
 // vmm is the shim's state: the guest and the commands it runs.
 type vmm struct {
+	spec    VMSpec
 	qemu    *exec.Cmd
 	exited  chan struct{} // closed once QEMU has exited
 	qemuErr error
 	console *ring
-	sess    *yamux.Session
-	qmp     net.Conn
+	link    *link
+	qmp     *qmp
+	ram     *os.File // the guest's memory (nil: anonymous)
 
 	mu        sync.Mutex
+	sess      *yamux.Session      // the agent's session now (nil: none, a snapshot replaces it)
 	running   map[string]*forward // execs not ended, by id
 	done      map[string]int      // exits kept, as the guest keeps them
 	doneOrder []string
+}
+
+// session is the agent's session now.
+func (v *vmm) session() (*yamux.Session, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.sess == nil {
+		return nil, errors.New("the guest's agent is between sessions (a snapshot)")
+	}
+	return v.sess, nil
+}
+
+// use makes sess the agent's session. A session that ends while it is
+// the one in use ends the guest (the guest wrote what is no session,
+// and serves nothing more): the sandbox dies.
+func (v *vmm) use(sess *yamux.Session) {
+	v.mu.Lock()
+	v.sess = sess
+	v.mu.Unlock()
+	go func() {
+		<-sess.CloseChan()
+		v.mu.Lock()
+		cur := v.sess
+		v.mu.Unlock()
+		if cur == sess {
+			v.qemu.Process.Kill()
+		}
+	}()
+}
+
+// drop ends the session in use (a snapshot will replace it).
+func (v *vmm) drop() {
+	v.mu.Lock()
+	sess := v.sess
+	v.sess = nil
+	v.mu.Unlock()
+	if sess != nil {
+		v.link.end(sess)
+	}
 }
 
 // boot starts QEMU, and sets the guest up once its agent is there.
@@ -183,34 +249,56 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	if tap != nil {
 		files = append(files, tap)
 	}
+	if spec.RAM {
+		if v.ram, err = guestRAM(spec); err != nil {
+			closeAll(files)
+			return err
+		}
+		files = append(files, v.ram)
+	}
 	out, err := v.startQEMU(spec, files)
 	for _, f := range files {
-		f.Close()
+		if f != v.ram {
+			f.Close()
+		}
 	}
 	if err != nil {
 		return err
 	}
 	go v.console.copy(out, console)
-	if v.qmp, err = net.FileConn(os.NewFile(uintptr(qmp[0]), "qmp")); err != nil {
+	v.spec = spec
+	qc, err := net.FileConn(os.NewFile(uintptr(qmp[0]), "qmp"))
+	if err != nil {
 		return err
 	}
-	go qmpHandshake(v.qmp)
 	agentConn, err := net.FileConn(os.NewFile(uintptr(agent[0]), "agent"))
 	if err != nil {
 		return err
 	}
-	if v.sess, err = yamux.Client(agentConn, muxConfig()); err != nil {
-		return err
-	}
-	go func() {
-		// The agent's session gone (the guest wrote what is no session),
-		// the guest serves nothing more: it ends, and the sandbox dies.
-		<-v.sess.CloseChan()
-		v.qemu.Process.Kill()
-	}()
+	v.link = newLink(agentConn)
 	spec.Guest.Time = time.Now().UnixNano()
 	setup := make(chan error, 1)
-	go func() { setup <- v.setup(spec.Guest) }()
+	go func() {
+		if v.qmp, err = newQMP(qc.(*net.UnixConn)); err != nil {
+			setup <- err
+			return
+		}
+		if err := v.pollBalloon(); err != nil {
+			setup <- err
+			return
+		}
+		if spec.Restore != nil {
+			setup <- v.restore(spec)
+			return
+		}
+		sess, err := v.link.start(false)
+		if err != nil {
+			setup <- err
+			return
+		}
+		v.use(sess)
+		setup <- v.setup(spec.Guest)
+	}()
 	ended := func() error {
 		return fmt.Errorf("the microVM ended before its guest came up (%v, accelerator %s); its console ends: %s", v.qemuErr, spec.Accel, v.console.tail())
 	}
@@ -232,6 +320,31 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 		<-v.exited
 		return fmt.Errorf("the microVM's guest did not come up within %v (accelerator %s); its console ends: %s", spec.BootTimeout, spec.Accel, v.console.tail())
 	}
+}
+
+// guestRAM makes the guest's memory, a memory file (the shim's, so its
+// pages are the sandbox's group's): empty, or a snapshot's RAM read
+// into it. QEMU maps it shared; its free pages the guest reports are
+// holes punched in it, given back to the host.
+func guestRAM(spec VMSpec) (*os.File, error) {
+	fd, err := unix.MemfdCreate("dsec-guest-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("the guest's memory: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "ram")
+	if spec.Restore == nil || spec.Restore.RAM == "" {
+		return f, nil
+	}
+	img, err := os.Open(spec.Restore.RAM)
+	if err == nil {
+		_, err = sparse.Read(f, img)
+		img.Close()
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("read the snapshot's memory: %w", err)
+	}
+	return f, nil
 }
 
 // startQEMU starts QEMU, with files as its fds 3 on, and no capabilities (it needs none: its files
@@ -318,42 +431,232 @@ func (v *vmm) startQEMU(spec VMSpec, files []*os.File) (io.Reader, error) {
 	return r, nil
 }
 
-// qmpHandshake takes QMP's greeting and leaves command mode on, then
-// reads (and drops) its events, so QEMU never blocks writing them.
-func qmpHandshake(c net.Conn) {
-	buf := make([]byte, 64<<10)
-	if _, err := c.Read(buf); err != nil {
-		return
-	}
-	c.Write([]byte(`{"execute":"qmp_capabilities"}` + "\n"))
-	for {
-		if _, err := c.Read(buf); err != nil {
-			return
-		}
-	}
-}
-
 // setup sends the guest its spec and waits for it to be the sandbox.
 func (v *vmm) setup(g GuestSpec) error {
-	st, err := v.sess.OpenStream()
+	_, err := v.ask(request{Op: opSetup, ID: "#setup", Setup: &g})
+	return err
+}
+
+// ask sends the agent a request that has one reply, on a stream of its
+// own, and returns the reply.
+func (v *vmm) ask(req request) (reply, error) {
+	var r reply
+	sess, err := v.session()
 	if err != nil {
-		return err
+		return r, err
+	}
+	st, err := sess.OpenStream()
+	if err != nil {
+		return r, err
 	}
 	defer st.Close()
 	fw, fr := &frameWriter{w: st}, newFrameReader(st)
-	if err := fw.json(frameRequest, request{Op: opSetup, ID: "#setup", Setup: &g}); err != nil {
-		return err
+	if err := fw.json(frameRequest, req); err != nil {
+		return r, err
 	}
 	kind, b, err := fr.next()
 	if err != nil {
-		return fmt.Errorf("the guest's agent went away: %v", err)
+		return r, fmt.Errorf("the guest's agent went away: %v", err)
 	}
-	var r reply
 	if kind != frameReply || json.Unmarshal(b, &r) != nil {
-		return errors.New("the guest's agent answered no reply")
+		return r, errors.New("the guest's agent answered no reply")
 	}
 	if r.Error != "" {
-		return errors.New(r.Error)
+		return r, errors.New(r.Error)
+	}
+	return r, nil
+}
+
+// restore runs the guest a memory snapshot saved: QEMU takes its device
+// state (its RAM is the snapshot's copy already, skipped by the stream:
+// x-ignore-shared), the guest goes on, and its agent, waiting since the
+// snapshot, gets a new session and what it must change to be this
+// sandbox (its clock, entropy, name and network).
+func (v *vmm) restore(spec VMSpec) error {
+	defer spec.State.Close()
+	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(spec.State.Fd())); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate-incoming", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	if err := v.qmp.migrated(spec.BootTimeout); err != nil {
+		return fmt.Errorf("load the snapshot's device state: %w", err)
+	}
+	if _, err := v.qmp.do("cont", nil); err != nil {
+		return err
+	}
+	sess, err := v.link.resync(spec.Restore.Nonce)
+	if err != nil {
+		return err
+	}
+	v.use(sess)
+	g := spec.Guest
+	g.Time = time.Now().UnixNano()
+	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &g})
+	return err
+}
+
+// ignoreShared leaves the guest's shared memory out of a migration
+// stream: its RAM (a file a snapshot copies on its own) and its layers
+// (the pmem images, read-only).
+var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+
+// snapshot saves the guest, paused for as short a time as it takes:
+// its agent quiesced (no command may run: their streams would end), the
+// upper's file system frozen, QEMU stopped, its device state migrated
+// to the request's first file and its RAM written to the second (a
+// sparse image), the guest let go on, its disk's image written to the
+// third while its file system is still frozen, and its agent given a
+// new session (which thaws the file system, unless the worker froze it
+// before: pack-diff reads it meanwhile). A snapshot that evicts the
+// guest (req.Stop) leaves it stopped, and writes no disk. The reply
+// says how long the guest was paused and the nonce a guest restored
+// from the snapshot waits for.
+func (v *vmm) snapshot(r incoming) {
+	defer closeAll(r.files)
+	fail := func(err error) { send(r.conn, reply{ID: r.req.ID, Error: err.Error()}) }
+	if len(r.files) != 3 && !(r.req.Stop && len(r.files) == 2) {
+		fail(errors.New("a memory snapshot needs its state, RAM and disk files"))
+		return
+	}
+	if v.spec.Disk == "" {
+		fail(errors.New("this guest's shim knows no disk image (an older dsec started it): stop and start it first"))
+		return
+	}
+	v.mu.Lock()
+	n := len(v.running)
+	v.mu.Unlock()
+	if n > 0 {
+		fail(fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition))
+		return
+	}
+	q, err := v.ask(request{Op: opQuiesce, ID: "#quiesce"})
+	if err != nil {
+		fail(fmt.Errorf("quiesce the guest: %w", err))
+		return
+	}
+	v.drop()
+	info := &SnapshotInfo{Nonce: q.Nonce}
+	t0 := time.Now()
+	err = v.save(r.files[0], r.files[1], info)
+	if r.req.Stop {
+		if err != nil {
+			err = errors.Join(err, v.goOn(q))
+			fail(err)
+			return
+		}
+		zero := 0
+		send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+		return
+	}
+	if _, cerr := v.qmp.do("cont", nil); err == nil {
+		err = cerr
+	}
+	info.PausedNS = time.Since(t0).Nanoseconds()
+	if err == nil {
+		err = writeImage(r.files[2], v.spec.Disk, &info.Disk)
+	}
+	if rerr := v.resumeAgent(q); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	zero := 0
+	send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+}
+
+// balloon is the guest's balloon device (microvm.Machine names it).
+const balloon = "/machine/peripheral/balloon0"
+
+// pollBalloon has QEMU ask the guest's balloon for its memory figures
+// every 2 s (a restored guest's device state may not carry it).
+func (v *vmm) pollBalloon() error {
+	_, err := v.qmp.do("qom-set", map[string]any{"path": balloon, "property": "guest-stats-polling-interval", "value": 2})
+	return err
+}
+
+// guestMemory is what the guest's balloon last reported.
+func (v *vmm) guestMemory() (*GuestMemory, error) {
+	b, err := v.qmp.do("qom-get", map[string]any{"path": balloon, "property": "guest-stats"})
+	if err != nil {
+		return nil, err
+	}
+	var st struct {
+		Stats map[string]int64 `json:"stats"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("the balloon's figures: %w", err)
+	}
+	m := &GuestMemory{Total: st.Stats["stat-total-memory"], Available: st.Stats["stat-available-memory"]}
+	if m.Total <= 0 || m.Available < 0 {
+		return nil, errors.New("the guest's balloon reported no figures yet")
+	}
+	return m, nil
+}
+
+// goOn lets a guest a failed eviction stopped run on.
+func (v *vmm) goOn(q reply) error {
+	_, err := v.qmp.do("cont", nil)
+	return errors.Join(err, v.resumeAgent(q))
+}
+
+// resumeAgent gives the agent a quiesce ended its session a new one,
+// and lets it go on as it was (its file system thawed unless it was
+// frozen before).
+func (v *vmm) resumeAgent(q reply) error {
+	sess, err := v.link.resync(q.Nonce)
+	if err != nil {
+		return err
+	}
+	v.use(sess)
+	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
+	return err
+}
+
+// save stops QEMU and writes the guest's device state, and its RAM if
+// it is a file (else the state holds it).
+func (v *vmm) save(state, ram *os.File, info *SnapshotInfo) error {
+	if _, err := v.qmp.do("stop", nil); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(state.Fd())); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	if err := v.qmp.migrated(time.Minute); err != nil {
+		return fmt.Errorf("save the device state: %w", err)
+	}
+	if v.ram == nil {
+		return nil
+	}
+	st, err := sparse.Write(ram, v.ram)
+	if err != nil {
+		return fmt.Errorf("write the guest's memory: %w", err)
+	}
+	info.RAM = st
+	return nil
+}
+
+// writeImage writes the sparse image of the file src to dst.
+func writeImage(dst *os.File, src string, st *sparse.Stats) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if *st, err = sparse.Write(dst, f); err != nil {
+		return fmt.Errorf("write the guest's disk: %w", err)
 	}
 	return nil
 }
@@ -361,6 +664,21 @@ func (v *vmm) setup(g GuestSpec) error {
 // handle answers a worker's request, from the shim's own table where it
 // can (commands it is copying), else from the guest's.
 func (v *vmm) handle(r incoming) {
+	switch r.req.Op {
+	case opSnapshot: // in this loop: no other request meanwhile
+		v.snapshot(r)
+		return
+	case opMemory:
+		closeAll(r.files)
+		m, err := v.guestMemory()
+		if err != nil {
+			send(r.conn, reply{ID: r.req.ID, Error: err.Error()})
+			return
+		}
+		zero := 0
+		send(r.conn, reply{ID: r.req.ID, Exit: &zero, Memory: m})
+		return
+	}
 	id := r.req.ID
 	v.mu.Lock()
 	f := v.running[id]
@@ -426,7 +744,11 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 		}
 		send(conn, reply{ID: req.ID, Error: err.Error()})
 	}
-	st, err := v.sess.OpenStream()
+	sess, err := v.session()
+	var st *yamux.Stream
+	if err == nil {
+		st, err = sess.OpenStream()
+	}
 	if err != nil {
 		fail(fmt.Errorf("the guest's agent: %w", err))
 		return
@@ -551,7 +873,11 @@ func (v *vmm) serveFiles(l net.Listener) {
 		}
 		go func() {
 			defer c.Close()
-			st, err := v.sess.OpenStream()
+			sess, err := v.session()
+			if err != nil {
+				return
+			}
+			st, err := sess.OpenStream()
 			if err != nil {
 				return
 			}

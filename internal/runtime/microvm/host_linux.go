@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/runtime/container"
 )
@@ -74,6 +75,52 @@ func Resolve(s Settings) (*Host, error) {
 		}
 	}
 	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu), LayerDisks: s.LayerDisks}, nil
+}
+
+// Build is what a memory snapshot must run on again: the guest kernel
+// and QEMU, each the digest of its file (another build of either would
+// not take the snapshot's state, or would run another kernel's code
+// over its memory).
+type Build struct {
+	Kernel digest.Digest
+	QEMU   digest.Digest
+}
+
+var fileDigests sync.Map // path+mtime+size -> digest.Digest
+
+// Build digests the host's kernel and QEMU (once per file as it is).
+func (h *Host) Build() (Build, error) {
+	k, err := fileDigest(h.Kernel.Vmlinux())
+	if err != nil {
+		return Build{}, fmt.Errorf("the guest kernel: %w", err)
+	}
+	q, err := fileDigest(h.QEMU)
+	if err != nil {
+		return Build{}, fmt.Errorf("QEMU: %w", err)
+	}
+	return Build{Kernel: k, QEMU: q}, nil
+}
+
+func fileDigest(path string) (digest.Digest, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	key := fmt.Sprintf("%s\x00%d\x00%d", path, fi.ModTime().UnixNano(), fi.Size())
+	if d, ok := fileDigests.Load(key); ok {
+		return d.(digest.Digest), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	d, err := digest.SHA256.FromReader(f)
+	if err != nil {
+		return "", err
+	}
+	fileDigests.Store(key, d)
+	return d, nil
 }
 
 var qemuVersions sync.Map // binary -> version line

@@ -52,6 +52,18 @@ type Machine struct {
 	// I/O: no host page cache) instead of pmem devices: each guest then
 	// caches what it reads, the baseline DAX is measured against.
 	LayerDisks bool
+	// RAMFD is QEMU's fd of a memory file that is the guest's memory,
+	// mapped shared: a memory snapshot copies it whole, its device
+	// state skipping it (x-ignore-shared); the pages the guest's balloon
+	// reports free are holes punched in it. 0: anonymous memory.
+	RAMFD int
+	// Unplugged: the guest has a NIC, on no network (a hub of no other
+	// port), as a restored guest must that had one when its snapshot
+	// was taken, its sandbox now reaching nothing.
+	Unplugged bool
+	// Incoming: QEMU waits for a snapshot's device state (a migration
+	// stream, migrate-incoming) before the guest runs.
+	Incoming bool
 }
 
 // Pmem is a layer image as a virtio-pmem device maps it.
@@ -96,7 +108,7 @@ func (m Machine) Args() []string {
 	}
 	a := []string{m.QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-machine", "q35", "-accel", accel, "-cpu", cpu, "-bios", "/usr/share/qemu/qboot.rom",
+		"-machine", machine(m.RAMFD > 0), "-accel", accel, "-cpu", cpu, "-bios", Firmware,
 		"-smp", strconv.Itoa(max(m.CPUs, 1)),
 		"-m", memory(m.Memory, pmem, len(m.Layers)),
 		"-kernel", m.Kernel, "-initrd", m.Initrd, "-append", Cmdline(m.Append...),
@@ -107,7 +119,13 @@ func (m Machine) Args() []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", container.RNGSlot),
-		"-device", fmt.Sprintf("virtio-balloon-pci,free-page-reporting=on,deflate-on-oom=on,addr=%#x", container.BalloonSlot),
+		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=on,deflate-on-oom=on,addr=%#x", container.BalloonSlot),
+	}
+	if m.RAMFD > 0 {
+		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=ram0,size=%dM,mem-path=/proc/self/fd/%d,share=on", m.Memory>>20, m.RAMFD))
+	}
+	if m.Incoming {
+		a = append(a, "-incoming", "defer")
 	}
 	for i, l := range m.Layers {
 		if m.LayerDisks {
@@ -127,11 +145,25 @@ func (m Machine) Args() []string {
 	a = append(a,
 		"-drive", fmt.Sprintf("file=%s,if=none,id=upper,format=raw,cache=%s,aio=threads,discard=unmap", qemuOpt(m.Upper), cache),
 		"-device", fmt.Sprintf("virtio-blk-pci,drive=upper,serial=dsec-upper,addr=%#x", container.UpperSlot))
-	if m.NetFD > 0 {
-		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD),
-			"-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
+	switch {
+	case m.NetFD > 0:
+		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD))
+	case m.Unplugged:
+		a = append(a, "-netdev", "hubport,id=net0,hubid=0")
+	}
+	if m.NetFD > 0 || m.Unplugged {
+		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
 	}
 	return a
+}
+
+// machine is -machine's value: q35, its RAM the backend ram0 when the
+// guest's memory is a file.
+func machine(ramFile bool) string {
+	if ramFile {
+		return "q35,memory-backend=ram0"
+	}
+	return "q35"
 }
 
 // memory is -m's value: the guest's RAM, and room past it for the pmem

@@ -6,6 +6,7 @@ package runtimetest
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,7 @@ func MaybeWorker() {
 			os.Exit(1)
 		}
 	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := worker.Serve(context.Background(), cfg); err != nil {
 		os.Stderr.WriteString("worker: " + err.Error() + "\n")
 		os.Exit(1)

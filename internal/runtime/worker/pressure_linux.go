@@ -9,10 +9,12 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
-// pressureLoop makes batch sandboxes give way under memory pressure
-// (PSI: the host's, or all sandboxes' together): first their memory is
-// reclaimed, then, if the pressure holds, they are frozen until it has
-// passed; latency sandboxes are never frozen. Past that, at the host's
+// pressureLoop makes paused microVMs and batch sandboxes give way under
+// memory pressure (PSI: the host's, or all sandboxes' together): paused
+// microVMs are evicted, one each half second while it holds, their
+// guests saved to disk; batch sandboxes' memory is reclaimed, then, if
+// the pressure holds, they are frozen until it has passed; latency
+// sandboxes are never frozen. Past that, at the host's
 // bound, the kernel kills batch commands first (their oom scores).
 func (w *worker) pressureLoop(ctx context.Context) {
 	limit := w.cfg.Reclaim.withDefaults().Pressure
@@ -52,6 +54,16 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			continue
 		}
 		calm = 0
+		// A paused microVM's memory is the cheapest to give back: its
+		// guest is saved to disk, and restored when it resumes.
+		if e := w.pausedVM(); e != nil {
+			e.op.Lock()
+			err := w.evict(ctx, e)
+			e.op.Unlock()
+			if err != nil {
+				w.log.Error("cannot evict a paused microVM under memory pressure", "sandbox", e.sb.Name, "err", err)
+			}
+		}
 		for _, sb := range w.batchSandboxes() {
 			g := sb.Cgroup()
 			switch {
@@ -89,6 +101,28 @@ func hostPressure() float64 {
 	host, _ := cgroup.Pressure("/proc/pressure/memory")
 	sbs, _ := cgroup.ParentPressure()
 	return max(host, sbs)
+}
+
+// pausedVM is a microVM a user paused that is not evicted yet (nil:
+// none), the one paused longest ago.
+func (w *worker) pausedVM() *entry {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out *entry
+	var at time.Time
+	for _, e := range w.sandboxes {
+		if e.sb == nil || e.pool != "" {
+			continue
+		}
+		st := e.sb.Snapshot()
+		if st.Status != runtime.Running || !st.Paused || st.Saved != nil || st.Backend != runtime.MicroVM {
+			continue
+		}
+		if t := st.PausedAt; out == nil || t.Before(at) {
+			out, at = e, t
+		}
+	}
+	return out
 }
 
 // batchSandboxes are the running sandboxes of class batch.

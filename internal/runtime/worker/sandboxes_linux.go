@@ -92,6 +92,20 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
 		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
 	}
+	if spec.Snapshot != "" && !spec.DiskOnly && (spec.Backend == "" || spec.Backend == runtime.MicroVM) {
+		// A memory snapshot's branch continues its guest, a microVM of
+		// its RAM, by default.
+		mem, err := runtime.MemoryOf(ctx, w.mounter, spec.Snapshot)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		if mem != nil {
+			spec.Backend = runtime.MicroVM
+			if spec.Memory == 0 {
+				spec.Memory = mem.MemoryBytes
+			}
+		}
+	}
 	b, err := Backends.Usable(spec.Backend)
 	if err != nil {
 		return nil, err
@@ -189,6 +203,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		MergeMemory:   w.cfg.Reclaim.KSM,
 		Pool:          pool,
 		Owner:         e.owner,
+		DiskOnly:      spec.DiskOnly,
 	}})
 	w.lineage.RUnlock()
 	// The entry leaves "creating" before the slot goes to the next
@@ -249,9 +264,27 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 	return nil
 }
 
-// pause and resume freeze a running sandbox and let it run on.
-func (w *worker) pause(_ context.Context, e *entry) error  { return e.sb.Pause() }
-func (w *worker) resume(_ context.Context, e *entry) error { return e.sb.Resume() }
+// pause and resume freeze a running sandbox and let it run on (an
+// evicted one's guest restored).
+func (w *worker) pause(_ context.Context, e *entry) error { return e.sb.Pause() }
+func (w *worker) resume(ctx context.Context, e *entry) error {
+	return e.sb.Resume(context.WithoutCancel(ctx), w.mounter)
+}
+
+// evict pauses a running microVM (a paused one stays so) and saves its
+// guest to its directory, its memory given back to the host.
+func (w *worker) evict(ctx context.Context, e *entry) error {
+	if st := e.sb.Snapshot(); st.Status == runtime.Running && !st.Paused {
+		if err := e.sb.Pause(); err != nil {
+			return err
+		}
+	}
+	if err := e.sb.Evict(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	w.log.Info("evicted a paused microVM", "sandbox", e.sb.Name)
+	return nil
+}
 
 // describe is a sandbox as the API shows it.
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
@@ -261,7 +294,19 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(), VM: st.VM,
+		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
+	}
+	if st.VM != nil {
+		vm := *st.VM
+		vm.Evicted = st.Saved != nil
+		if st.Status == runtime.Running && !st.Paused {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if m := sb.GuestMemory(ctx); m != nil {
+				vm.GuestMemory, vm.GuestMemoryUsed = m.Total, m.Total-m.Available
+			}
+			cancel()
+		}
+		out.VM = &vm
 	}
 	if st.Paused {
 		out.Status = api.StatusPaused

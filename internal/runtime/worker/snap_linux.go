@@ -49,7 +49,7 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		return created[api.Snapshot]{}, fmt.Errorf("negative pack limit (%+v): %w", lim, errdefs.ErrInvalidArgument)
 	}
 	e.op.Lock()
-	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim})
+	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim, Memory: req.Memory})
 	e.op.Unlock()
 	if err != nil {
 		return created[api.Snapshot]{}, err
@@ -63,6 +63,9 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	out := snapshotOf(p.Layer)
 	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
 	out.Dropped, out.FrozenSeconds = p.Packed.Dropped, p.Frozen.Seconds()
+	if out.Memory != nil {
+		out.Memory.PausedSeconds = p.Paused.Seconds()
+	}
 	return created[api.Snapshot]{out}, nil
 }
 
@@ -71,6 +74,13 @@ func snapshotOf(l *layer.Info) api.Snapshot {
 		Sandbox: l.Snapshot.Sandbox, Incremental: l.Snapshot.Incremental, Created: l.Created}
 	for _, lo := range l.Snapshot.Lowers {
 		out.Layers = append(out.Layers, lo.Ref)
+	}
+	if m := l.Snapshot.Memory; m != nil {
+		out.Memory = &api.SnapshotMemory{MemoryBytes: m.MemoryBytes, CPUs: m.CPUs, Accel: m.Accel, Kernel: m.Kernel, QEMU: m.QEMU,
+			StateBytes: m.State.Size, DiskBytes: m.Disk.Size}
+		if m.RAM != nil {
+			out.Memory.RAMBytes = m.RAM.Size
+		}
 	}
 	return out
 }

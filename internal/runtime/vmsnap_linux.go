@@ -1,0 +1,320 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
+	"github.com/dsec-project/dsec/internal/runtime/sparse"
+)
+
+// Memory snapshots: a microVM's guest saved whole, devices, RAM and
+// disk, and started again where it stopped, by a branch of the snapshot
+// (the store's blobs) or by the sandbox itself once the worker evicted
+// it, paused, to give its memory back (files in its directory).
+
+// vmRestore starts a microVM from a saved guest rather than booting it:
+// what is the machine it ran on, where its device state and RAM image
+// are, the nonce its agent waits for, and the policy its memory holds.
+type vmRestore struct {
+	what       string // "snapshot NAME:STEP", for errors
+	machine    layer.Machine
+	state, ram string // files; ram "": the RAM is in the state
+	nonce      string
+	policy     *api.Policy
+	// branch: the guest becomes another sandbox (a branch of a memory
+	// snapshot), not the one saved (an evicted one resuming).
+	branch bool
+}
+
+// SavedVM is a paused microVM evicted to its directory: its device
+// state and RAM image there (its disk is its own, as it was), and the
+// nonce its agent waits for. Its machine is the state's Machine.
+type SavedVM struct {
+	Nonce string `json:"nonce"`
+	RAM   bool   `json:"ram,omitempty"` // a RAM image beside the state
+}
+
+// memorySnapshotter is a driver that saves a running sandbox whole:
+// what a memory snapshot (pack-diff --memory) takes.
+type memorySnapshotter interface {
+	// snapshotMemory saves sb's guest into blobs of s, with its upper
+	// frozen by the caller (holdUpper) and left so.
+	snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Memory, time.Duration, error)
+}
+
+// saveTo has sb's running guest save itself into the files state, ram
+// and disk (any may be a store's ingest), and returns what it took;
+// with stop it stays stopped, and disk may be nil (see VM.Snapshot).
+func saveTo(ctx context.Context, sb *Sandbox, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error) {
+	vm, _ := sb.c.(*container.VM)
+	if vm == nil {
+		return nil, fmt.Errorf("sandbox %s has no running guest: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.Machine == nil {
+		return nil, fmt.Errorf("sandbox %s was started by an older dsec, which recorded no machine: stop and start it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	return vm.Snapshot(ctx, state, ram, disk, stop)
+}
+
+func (microvmDriver) snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Memory, time.Duration, error) {
+	var ins [3]*store.Ingest
+	for i := range ins {
+		in, err := s.NewIngest()
+		if err != nil {
+			return nil, 0, err
+		}
+		defer in.Abort()
+		ins[i] = in
+	}
+	info, err := saveTo(ctx, sb, ins[0].File, ins[1].File, ins[2].File, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	commit := func(in *store.Ingest, mt string) (ocispec.Descriptor, error) {
+		d, err := in.Commit("")
+		d.MediaType = mt
+		return d, err
+	}
+	m := &layer.Memory{Machine: *sb.Machine, DiskBytes: sb.Disk, Policy: sb.Policy, Nonce: info.Nonce}
+	for i, ref := range sb.Layers {
+		m.Layers = append(m.Layers, layer.Lower{Ref: ref, Digest: digest.Digest(sb.Digests[i])})
+	}
+	if m.State, err = commit(ins[0], layer.MediaTypeVMState); err != nil {
+		return nil, 0, err
+	}
+	if m.RAMFile {
+		ram, err := commit(ins[1], layer.MediaTypeVMRAM)
+		if err != nil {
+			return nil, 0, err
+		}
+		m.RAM = &ram
+	}
+	if m.Disk, err = commit(ins[2], layer.MediaTypeVMDisk); err != nil {
+		return nil, 0, err
+	}
+	return m, time.Duration(info.PausedNS), nil
+}
+
+// memoryOf is the memory snapshot of the snapshot ref (nil: it is a
+// disk-only one).
+func memoryOf(ctx context.Context, m Mounter, ref string) (*layer.Memory, *layer.Lineage, error) {
+	l, _, err := lower.Lineage(ctx, m.source(), ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l.Memory, l, nil
+}
+
+// MemoryOf is the memory snapshot ref holds, nil for a disk-only
+// snapshot: a worker makes its branches microVMs by default, of its
+// guest's RAM.
+func MemoryOf(ctx context.Context, m Mounter, ref string) (*layer.Memory, error) {
+	mem, _, err := memoryOf(ctx, m, ref)
+	return mem, err
+}
+
+// restoreFrom prepares sb, being created from the memory snapshot ref,
+// to start from it: its blobs in the local store (fetched from the
+// remote if need be), its disk the snapshot's, and start's restore set.
+func (sb *Sandbox) restoreFrom(ctx context.Context, m Mounter, ref string, mem *layer.Memory) error {
+	var missing []ocispec.Descriptor
+	for _, d := range mem.Blobs() {
+		if !m.Store.Exists(d.Digest) {
+			missing = append(missing, d)
+		}
+	}
+	if len(missing) > 0 {
+		r, err := layer.ParseRef(ref)
+		if err != nil {
+			return err
+		}
+		if m.Remote == nil {
+			return fmt.Errorf("snapshot %s: its memory is not in this host's store: pull it (dsec layer pull %s): %w", ref, ref, errdefs.ErrNotFound)
+		}
+		if _, err := remote.CopyBlobs(ctx, m.Remote, remote.Local(m.Store), r, missing, nil); err != nil {
+			return fmt.Errorf("snapshot %s: fetch its memory: %w", ref, err)
+		}
+	}
+	if err := readImage(m.Store.BlobPath(mem.Disk.Digest), disk.Image(sb.dir)); err != nil {
+		return fmt.Errorf("snapshot %s: its disk: %w", ref, err)
+	}
+	sb.restore = &vmRestore{what: "snapshot " + ref, machine: mem.Machine, state: m.Store.BlobPath(mem.State.Digest),
+		nonce: mem.Nonce, policy: mem.Policy, branch: true}
+	if mem.RAM != nil {
+		sb.restore.ram = m.Store.BlobPath(mem.RAM.Digest)
+	}
+	return nil
+}
+
+// readImage makes the file dst from the sparse image src.
+func readImage(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := sparse.Read(out, in); err != nil {
+		out.Close()
+		os.Remove(dst)
+		return err
+	}
+	return out.Close()
+}
+
+// tightenRestored holds a guest restored from a saved one to its own
+// policy: the saved guest's file and syscall rules are in its memory,
+// and a branch may only add to them (as dsec policy apply does).
+func (sb *Sandbox) tightenRestored(ctx context.Context, was *api.Policy) error {
+	if was == nil {
+		return nil
+	}
+	if err := policy.Tightens(was, sb.Policy); err != nil {
+		return fmt.Errorf("the saved guest holds its sandbox's policy in its memory, which a branch may only add to: %w", err)
+	}
+	if err := sb.tighten(ctx, was, sb.Policy, &api.PolicyReport{}); err != nil {
+		return fmt.Errorf("the saved guest's policy: %w", err)
+	}
+	return nil
+}
+
+// Eviction: a paused microVM's guest saved to its directory.
+const (
+	savedState = "saved.state"
+	savedRAM   = "saved.ram"
+)
+
+// Evict saves a paused microVM's guest to its directory and ends its
+// instance, giving its memory back to the host; Resume restores it. The
+// worker evicts paused microVMs when the host needs their memory.
+func (sb *Sandbox) Evict(ctx context.Context) error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch {
+	case !sb.Paused:
+		return fmt.Errorf("sandbox %s is not paused: only a paused sandbox is evicted: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	case sb.Saved != nil:
+		return nil
+	}
+	if _, ok := sb.driver().(memorySnapshotter); !ok || sb.c == nil || sb.g == nil {
+		return fmt.Errorf("the %s backend keeps no memory but in its instance: sandbox %s cannot be evicted: %w", sb.Backend, sb.Name, errdefs.ErrNotImplemented)
+	}
+	var files [2]*os.File
+	for i, n := range []string{savedState, savedRAM} {
+		f, err := os.OpenFile(filepath.Join(sb.dir, n), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		files[i] = f
+	}
+	drop := func() {
+		os.Remove(filepath.Join(sb.dir, savedState))
+		os.Remove(filepath.Join(sb.dir, savedRAM))
+	}
+	if err := sb.g.Thaw(); err != nil {
+		drop()
+		return err
+	}
+	// The guest stays stopped once saved: its disk, the sandbox's own,
+	// is then as its saved memory knows it.
+	info, err := saveTo(ctx, sb, files[0], files[1], nil, true)
+	if err == nil {
+		err = errors.Join(files[0].Sync(), files[1].Sync())
+	}
+	if err != nil {
+		drop()
+		if ferr := sb.g.Freeze(); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return fmt.Errorf("evict sandbox %s: %w", sb.Name, err)
+	}
+	sb.Saved = &SavedVM{Nonce: info.Nonce, RAM: sb.Machine.RAMFile}
+	if !sb.Saved.RAM {
+		os.Remove(filepath.Join(sb.dir, savedRAM))
+	}
+	if err := sb.save(); err != nil {
+		sb.Saved = nil
+		drop()
+		sb.g.Freeze()
+		return err
+	}
+	// Its instance goes (its guest stopped: nothing to flush); its
+	// disk and name stay.
+	if errs := sb.driver().teardown(sb, false); len(errs) > 0 {
+		return fmt.Errorf("evict sandbox %s: %w", sb.Name, errors.Join(errs...))
+	}
+	return nil
+}
+
+// resumeSaved restores an evicted guest from its directory; sb.mu is
+// held. A guest that fails to restore stays saved, and paused.
+func (sb *Sandbox) resumeSaved(ctx context.Context, m Mounter) error {
+	if m.Store == nil {
+		return fmt.Errorf("sandbox %s was evicted: resume it through its worker: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.Machine == nil {
+		return fmt.Errorf("sandbox %s's saved guest names no machine: %w", sb.Name, errdefs.ErrDataLoss)
+	}
+	sb.restore = &vmRestore{what: fmt.Sprintf("sandbox %s's saved guest", sb.Name), machine: *sb.Machine,
+		state: filepath.Join(sb.dir, savedState), nonce: sb.Saved.Nonce}
+	if sb.Saved.RAM {
+		sb.restore.ram = filepath.Join(sb.dir, savedRAM)
+	}
+	sb.Paused = false
+	if err := sb.start(ctx, m); err != nil {
+		sb.restore = nil
+		errs := sb.driver().teardown(sb, false)
+		sb.Paused, sb.Pid = true, 0
+		return errors.Join(fmt.Errorf("resume sandbox %s: %w", sb.Name, err), errors.Join(errs...), sb.save())
+	}
+	sb.dropSaved()
+	return sb.save()
+}
+
+// dropSaved forgets an evicted guest (the sandbox was stopped, or its
+// guest restored).
+func (sb *Sandbox) dropSaved() {
+	if sb.Saved == nil {
+		return
+	}
+	os.Remove(filepath.Join(sb.dir, savedState))
+	os.Remove(filepath.Join(sb.dir, savedRAM))
+	sb.Saved = nil
+}
+
+// GuestMemory is a running microVM's memory as its guest's balloon last
+// reported it (nil: no running microVM, or no report yet).
+func (sb *Sandbox) GuestMemory(ctx context.Context) *container.GuestMemory {
+	sb.mu.Lock()
+	vm, _ := sb.c.(*container.VM)
+	paused := sb.Paused
+	sb.mu.Unlock()
+	if vm == nil || paused {
+		return nil
+	}
+	m, err := vm.Memory(ctx)
+	if err != nil {
+		return nil
+	}
+	return m
+}
