@@ -129,6 +129,7 @@ bench: build
 	./scripts/bench-remote.sh
 	./scripts/bench-e2b.sh
 	./scripts/bench-microvm.sh
+	./scripts/bench-vmsnap.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer
@@ -140,6 +141,8 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./api
 	$(GO) test -run '^$$' -fuzz '^FuzzCheck$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/auth
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/e2b
+	$(GO) test -run '^$$' -fuzz '^FuzzModinfo$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/runtime/microvm
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/runtime/sparse
 
 # clean first unmounts what the demo's and benchmarks' roots still have
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox

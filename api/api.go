@@ -210,7 +210,10 @@ type SnapshotNode struct {
 	Sandbox     string    `json:"sandbox"`
 	Incremental bool      `json:"incremental"`
 	Created     time.Time `json:"created"`
-	Children    []string  `json:"children"`  // snapshots taken over it
+	// MemoryBytes: a memory snapshot's guest, the bytes of its device
+	// state, RAM and disk images (0: files only).
+	MemoryBytes int64    `json:"memory_bytes,omitempty"`
+	Children    []string `json:"children"` // snapshots taken over it
 	Branches    []string  `json:"branches"`  // sandboxes started on it
 	Sandboxes   []string  `json:"sandboxes"` // sandboxes standing on it now
 }

@@ -106,6 +106,24 @@ if [ "$(id -u)" = 0 ]; then
 	time "$dsec" run --backend fncall --pool demo-vms -- sh -c 'echo "a warm guest: $(hostname)"'
 	"$dsec" pool rm demo-vms
 
+	step "a microVM's memory snapshot: its server, branched three ways, goes on serving in each, each its own"
+	"$dsec" rm -f demo-vm demo-vm-1-1 demo-vm-1-2 demo-vm-1-3 >/dev/null 2>&1 || true # an interrupted earlier demo's
+	"$dsec" snap rm demo-vm:1 >/dev/null 2>&1 || true
+	"$dsec" run -d --name demo-vm --backend microvm --base demo/busybox:1 --memory 256M
+	# A server whose state is in its memory alone: it counts the requests it answered.
+	"$dsec" exec demo-vm -- sh -c '(n=0; while :; do n=$((n+1)); printf "HTTP/1.0 200 OK\r\n\r\nrequest %d, answered by %s\n" $n "$(hostname)" |
+		nc -l -p 8080 >/dev/null; done) >/dev/null 2>&1 </dev/null & sleep 1'
+	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
+	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
+	"$dsec" snap pack-diff demo-vm -t demo-vm:1 --memory
+	"$dsec" snap branch demo-vm:1 -n 3
+	for i in 1 2 3; do
+		for _ in $(seq "$i"); do "$dsec" exec "demo-vm-1-$i" -- wget -q -O - http://127.0.0.1:8080/; done
+	done
+	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
+	"$dsec" ps
+	"$dsec" rm -f demo-vm demo-vm-1-1 demo-vm-1-2 demo-vm-1-3
+
 	step "a stateful sandbox for a rollout: steps keep files and processes"
 	"$dsec" rm -f demo-rollout demo-branch-1 demo-branch-2 demo-branch-3 >/dev/null 2>&1 || true # an interrupted earlier demo's
 	"$dsec" run -d --name demo-rollout --base demo/busybox:1 --workspace demo/go-src:1 --toolkit demo/harness:1 \

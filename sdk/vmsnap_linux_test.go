@@ -118,6 +118,16 @@ func TestMicroVMMemorySnapshot(t *testing.T) {
 			t.Errorf("branch %d: a step id its source used: %+v", i, res)
 		}
 	}
+	// A branch evicted and resumed goes on too.
+	if err := brs[0].Evict(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := brs[0].Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, alive := count(t, brs[0], "resumed"); !alive || n < before {
+		t.Errorf("an evicted branch resumed: the counter is at %d (alive %v)", n, alive)
+	}
 	_ = w
 }
 

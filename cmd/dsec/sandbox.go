@@ -435,7 +435,8 @@ func (a *app) psCommand() *cobra.Command {
 		Short:   "List sandboxes",
 		Long: `Ps lists the worker's sandboxes, oldest first: name, status (queued for admission,
 creating, running, stopped, or dead when its init died), scheduling class, CPU time used,
-memory charged now, disk used of its quota, how long no exec started or ended in it (IDLE),
+memory charged now (a microVM's: what its guest uses, then what the host holds for it, its
+freed pages given back by its balloon; "evicted": its guest saved to disk), disk used of its quota, how long no exec started or ended in it (IDLE),
 journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 --json prints every field.
 
@@ -476,6 +477,12 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 				}
 				if s.MemoryLimit > 0 && s.Status == api.StatusRunning {
 					mem += "/" + humanBytes(s.MemoryLimit)
+				}
+				switch vm := s.VM; {
+				case vm != nil && vm.Evicted:
+					mem = "evicted"
+				case vm != nil && vm.GuestMemoryUsed > 0: // what the guest uses of what the host holds
+					mem = "guest " + humanBytes(vm.GuestMemoryUsed) + ", host " + mem
 				}
 				disk := "-"
 				switch {
@@ -526,7 +533,8 @@ func (a *app) inspectCommand() *cobra.Command {
 	return cmd
 }
 
-// lifecycleCommand is stop, start, pause, resume and rm: one call per named sandbox.
+// lifecycleCommand is stop, start, pause, resume and rm: one call per
+// named sandbox; the flag is rm's --force, pause's --evict.
 func (a *app) lifecycleCommand(use, short, long string, call func(context.Context, *sdk.Sandbox, bool) error) *cobra.Command {
 	var force, asJSON bool
 	cmd := &cobra.Command{
@@ -549,8 +557,11 @@ func (a *app) lifecycleCommand(use, short, long string, call func(context.Contex
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each sandbox's name and error (if any) as a JSON list")
-	if use == "rm" {
+	switch use {
+	case "rm":
 		cmd.Flags().BoolVarP(&force, "force", "f", false, "remove running sandboxes too (their processes are killed)")
+	case "pause":
+		cmd.Flags().BoolVar(&force, "evict", false, "save each microVM's guest to disk and give its memory back to the host")
 	}
 	return cmd
 }
@@ -565,10 +576,15 @@ func (a *app) sandboxCommands() []*cobra.Command {
 			"Start mounts a stopped (or dead) sandbox's layers and upper again and starts its init.\nProcesses do not come back: only files persist across stop and start.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Start(ctx) }),
 		a.lifecycleCommand("pause", "Freeze sandboxes' processes where they are",
-			"Pause freezes every process of each running sandbox, its memory kept (its page cache is\ngiven back to the host), until dsec resume: a paused sandbox uses no CPU and runs no exec.\nIt stays paused across worker restarts; stop and rm work on it.",
-			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Pause(ctx) }),
+			"Pause freezes every process of each running sandbox, its memory kept (its page cache is\ngiven back to the host), until dsec resume: a paused sandbox uses no CPU and runs no exec.\nIt stays paused across worker restarts; stop and rm work on it.\n\nA paused microVM's guest can be evicted: saved to the worker's disk, its memory and device\nstate as a memory snapshot holds them, and its QEMU ended, its memory given back to the\nhost; resume restores it. --evict does so now; the worker does so by itself, to the one\npaused longest, while the host's memory pressure lasts. --evict of another backend's\nsandbox is refused (exit 8).",
+			func(ctx context.Context, s *sdk.Sandbox, evict bool) error {
+				if evict {
+					return s.Evict(ctx)
+				}
+				return s.Pause(ctx)
+			}),
 		a.lifecycleCommand("resume", "Let paused sandboxes run on where they were",
-			"Resume thaws each paused sandbox: its processes continue where pause froze them.",
+			"Resume thaws each paused sandbox: its processes continue where pause froze them. An\nevicted microVM's guest is restored from the worker's disk first.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Resume(ctx) }),
 		a.lifecycleCommand("rm", "Remove sandboxes",
 			"Rm removes each sandbox: its processes, mounts, cgroup, files and journal. A running\nsandbox needs -f.",

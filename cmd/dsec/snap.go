@@ -17,8 +17,11 @@ import (
 	"github.com/dsec-project/dsec/sdk"
 )
 
-const snapNote = `A snapshot holds files only: a branch or a restore starts fresh processes on the captured
-disk state; processes running at pack time are not captured.`
+const snapNote = `A snapshot holds files: a branch or a restore starts fresh processes on the captured disk
+state. A memory snapshot (pack-diff --memory, of a microVM) holds the guest whole too, its
+processes and memory: its branches and restores are microVMs that continue where it stopped
+(--disk-only: on its files alone), each told it was cloned (clock stepped, RNG reseeded,
+host name and network its own). A host whose QEMU build or guest kernel differs refuses it.`
 
 func (a *app) snapCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -36,7 +39,7 @@ rm and squash keep it tidy. A snapshot is a layer: dsec layer push, pull and mou
 
 func (a *app) packDiffCommand() *cobra.Command {
 	var tag string
-	var asJSON bool
+	var asJSON, memory bool
 	var maxBytes string
 	var maxEntries, maxDepth int
 	cmd := &cobra.Command{
@@ -52,16 +55,23 @@ count and depth are bounded by --max-bytes, --max-entries and --max-depth. A pac
 nothing changed since the previous snapshot is refused (exit 8): that snapshot holds the
 state already, and a snapshot is never its own parent.
 
+--memory (a microVM) adds the guest whole: its memory and device state, saved with the
+guest paused for as short as QEMU allows (its RAM is a shared memory file, written out as a
+sparse image; its device state goes through migration to a file), and its disk. Its diff is
+whole, never an increment. No command may run in it meanwhile (exit 9 if one does); a
+sandbox of another backend is refused (exit 8).
+
 ` + snapNote + "\n\n" + exitCodesHelp,
 		Example: `  dsec snap pack-diff rollout-7 -t rollout-7:12
-  dsec snap pack-diff rollout-7 -t rollout-7:13 --json`,
+  dsec snap pack-diff rollout-7 -t rollout-7:13 --json
+  dsec snap pack-diff vm-7 -t vm-7:3 --memory      # a microVM, processes and all`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if tag == "" {
 				return usageError{errors.New("pack-diff needs -t NAME:STEP, the snapshot's tag")}
 			}
-			req := api.PackRequest{Tag: tag, MaxEntries: maxEntries, MaxDepth: maxDepth}
+			req := api.PackRequest{Tag: tag, MaxEntries: maxEntries, MaxDepth: maxDepth, Memory: memory}
 			if maxBytes != "" {
 				n, err := parseBytes(maxBytes)
 				if err != nil {
@@ -90,6 +100,11 @@ state already, and a snapshot is never its own parent.
 			fmt.Fprintf(a.stdout, "%s\t%s over %s: %d paths, %s of files, %d whiteouts, %s layer; frozen %s\n", s.Name, kind,
 				s.Parent, s.Entries-s.Unchanged, humanBytes(s.Bytes), s.Whiteouts, humanBytes(s.Size),
 				time.Duration(s.FrozenSeconds*float64(time.Second)).Round(time.Millisecond))
+			if m := s.Memory; m != nil {
+				fmt.Fprintf(a.stdout, "%s\tmemory: %s guest, %d vCPUs; RAM %s, disk %s, device state %s; paused %s\n", s.Name,
+					humanBytes(m.MemoryBytes), m.CPUs, humanBytes(m.RAMBytes), humanBytes(m.DiskBytes), humanBytes(m.StateBytes),
+					time.Duration(m.PausedSeconds*float64(time.Second)).Round(time.Millisecond))
+			}
 			for _, d := range s.Dropped {
 				fmt.Fprintf(a.stderr, "dsec: dropped %s\n", d)
 			}
@@ -99,6 +114,7 @@ state already, and a snapshot is never its own parent.
 	fl := cmd.Flags()
 	fl.StringVarP(&tag, "tag", "t", "", "the snapshot's tag, NAME:STEP (required, new)")
 	fl.BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	fl.BoolVar(&memory, "memory", false, "a memory snapshot: the guest's memory, device state and disk too (a microVM)")
 	fl.StringVar(&maxBytes, "max-bytes", "", fmt.Sprintf("refuse more file data than this, e.g. 10G (default %s)", humanBytes(snap.DefaultMaxBytes)))
 	fl.IntVar(&maxEntries, "max-entries", 0, fmt.Sprintf("refuse more changed paths than this (default %d)", snap.DefaultMaxEntries))
 	fl.IntVar(&maxDepth, "max-depth", 0, fmt.Sprintf("refuse directories nested deeper than this (default %d)", snap.DefaultMaxDepth))
@@ -115,10 +131,11 @@ type branchFlags struct {
 	workdir, backend string
 	policy           string
 	asJSON, userns   bool
+	diskOnly         bool
 }
 
 func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
-	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, UserNS: f.userns}
+	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, UserNS: f.userns, DiskOnly: f.diskOnly}
 	var err error
 	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
 		return spec, err
@@ -131,7 +148,8 @@ func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
 
 func (f *branchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.backend, "backend", "container", "the backend to run them on")
+	fl.StringVar(&f.backend, "backend", "", "the backend to run them on (default: microvm for a memory snapshot, else the worker's default, container)")
+	fl.BoolVar(&f.diskOnly, "disk-only", false, "start on a memory snapshot's files alone, fresh processes (default: continue its guest)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
 	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
 	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, on a file system of its own, e.g. 10G; unlimited: none of its own (default: the worker's bound, defaults.disk)")
@@ -178,7 +196,9 @@ mounted layers one fetcher and one cache. Either all K start or none is kept.
 ` + snapNote + "\n\n" + exitCodesHelp,
 		Example: `  # 8 rollouts from step 12 of rollout-7
   dsec snap branch rollout-7:12 -n 8 --name-prefix r7s12
-  dsec exec r7s12-3 -- pytest -x`,
+  dsec exec r7s12-3 -- pytest -x
+  # 3 microVMs that continue a memory snapshot, their processes running
+  dsec snap branch vm-7:3 -n 3`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.n < 1 {
@@ -252,7 +272,8 @@ func (a *app) snapLsCommand() *cobra.Command {
 		Use:   "ls",
 		Short: "List snapshots and their lineage",
 		Long: `Ls lists the snapshots, oldest first: tag, parent, the sandbox it was packed from, whether it
-is an increment, its size, the snapshots taken over it and the sandboxes standing on it.
+is an increment (+memory: a memory snapshot, its size its guest's too), its size, the
+snapshots taken over it and the sandboxes standing on it.
 --tree draws the lineage as a tree under the layers the first snapshots stand on; --json
 prints every field (branches: sandboxes started on it; sandboxes: all standing on it).
 
@@ -282,6 +303,10 @@ prints every field (branches: sandboxes started on it; sandboxes: all standing o
 				kind := "whole"
 				if n.Incremental {
 					kind = "increment"
+				}
+				if n.MemoryBytes > 0 {
+					kind += "+memory"
+					n.Size += n.MemoryBytes
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Parent, n.Sandbox, kind, humanBytes(n.Size),
 					n.Created.Local().Format(time.DateTime), dash(n.Children), dash(n.Sandboxes))

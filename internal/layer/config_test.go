@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 )
@@ -76,6 +77,8 @@ func FuzzParseConfig(f *testing.F) {
 	b, _ = json.Marshal(hot)
 	f.Add(b, int64(8<<20))
 	f.Add([]byte(`{"windows":{"size":0,"count":0}}`), int64(4096))
+	b, _ = json.Marshal(memoryConfig(3 << 20))
+	f.Add(b, int64(3<<20))
 	f.Fuzz(func(t *testing.T, b []byte, size int64) {
 		cfg, err := ParseConfig(b, size)
 		if err != nil {
@@ -93,4 +96,69 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("hot %+v for %d bytes", h, size)
 		}
 	})
+}
+
+// memoryConfig is a memory snapshot's config as pack-diff --memory
+// writes it, over bb:1.
+func memoryConfig(size int64) Config {
+	c := goodConfig(size)
+	c.Kind = KindSnapshot
+	base := Lower{Ref: "bb:1", Digest: digest.FromString("bb")}
+	blob := func(mt, s string) ocispec.Descriptor {
+		return ocispec.Descriptor{MediaType: mt, Digest: digest.FromString(s), Size: 100}
+	}
+	ram := blob(MediaTypeVMRAM, "ram")
+	c.Snapshot = &Lineage{Lowers: []Lower{base}, Sandbox: "vm", Memory: &Memory{
+		State: blob(MediaTypeVMState, "state"), RAM: &ram, Disk: blob(MediaTypeVMDisk, "disk"),
+		Layers: []Lower{base}, DiskBytes: 1 << 30, Nonce: "n",
+		Machine: Machine{MemoryBytes: 256 << 20, CPUs: 1, RAMFile: true, Accel: "tcg", Kernel: "6.1",
+			KernelDigest: digest.FromString("vmlinux"), QEMU: "7.2", QEMUDigest: digest.FromString("qemu")}}}
+	return c
+}
+
+// TestParseConfigMemory: a memory snapshot's record is checked as the
+// rest: its blobs of their media types, a machine of sane size, layer
+// devices among its lineage's, a kernel, a QEMU and a nonce; and GC
+// keeps its blobs.
+func TestParseConfigMemory(t *testing.T) {
+	const size = 3 << 20
+	b, _ := json.Marshal(memoryConfig(size))
+	if _, err := ParseConfig(b, size); err != nil {
+		t.Fatalf("a good memory config: %v", err)
+	}
+	for what, c := range map[string]func(*Memory){
+		"a state of another type":   func(m *Memory) { m.State.MediaType = MediaTypeLayer },
+		"a disk without a digest":   func(m *Memory) { m.Disk.Digest = "" },
+		"a RAM image of -1 bytes":   func(m *Memory) { m.RAM.Size = -1 },
+		"a RAM image, no RAM file":  func(m *Memory) { m.RAMFile = false },
+		"no RAM":                    func(m *Memory) { m.MemoryBytes = 0 },
+		"2 PiB of RAM":              func(m *Memory) { m.MemoryBytes = 1 << 51 },
+		"no vCPU":                   func(m *Memory) { m.CPUs = 0 },
+		"a layer not in its lowers": func(m *Memory) { m.Layers = []Lower{{Ref: "other:1", Digest: digest.FromString("x")}} },
+		"no layer":                  func(m *Memory) { m.Layers = nil },
+		"no QEMU":                   func(m *Memory) { m.QEMUDigest = "" },
+		"no nonce":                  func(m *Memory) { m.Nonce = "" },
+	} {
+		cfg := memoryConfig(size)
+		c(cfg.Snapshot.Memory)
+		b, _ := json.Marshal(cfg)
+		_, err := ParseConfig(b, size)
+		if !errdefs.IsDataLoss(err) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	cb, _ := json.Marshal(memoryConfig(size))
+	got, err := refs(ocispec.Descriptor{MediaType: MediaTypeConfig}, cb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[digest.Digest]bool{}
+	for _, d := range got {
+		kept[d.Digest] = true
+	}
+	for _, s := range []string{"state", "ram", "disk", "bb"} {
+		if !kept[digest.FromString(s)] {
+			t.Errorf("gc does not keep the memory snapshot's %s", s)
+		}
+	}
 }

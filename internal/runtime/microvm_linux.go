@@ -188,7 +188,8 @@ func (d microvmDriver) start(ctx context.Context, sb *Sandbox, m Mounter, s star
 	}
 	defer logf.Close()
 	mach := microvm.Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: this.CPUs, Memory: ram, Kernel: h.Kernel.Vmlinux(),
-		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4, LayerDisks: h.LayerDisks}
+		Initrd: initrd, Layers: pmem, Upper: disk.Image(sb.dir), Direct: directIO(disk.Image(sb.dir)), AgentFD: 3, QMPFD: 4, LayerDisks: h.LayerDisks,
+		NoFreePageReporting: h.NoFreePageReporting}
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,

@@ -676,6 +676,11 @@ func (sb *Sandbox) Close() error {
 func (sb *Sandbox) Pause() error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	return sb.pause()
+}
+
+// pause is Pause; sb.mu is held.
+func (sb *Sandbox) pause() error {
 	switch {
 	case sb.Status != Running || sb.g == nil:
 		return fmt.Errorf("sandbox %s is %s: only a running sandbox pauses: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -203,20 +204,27 @@ const (
 	savedRAM   = "saved.ram"
 )
 
-// Evict saves a paused microVM's guest to its directory and ends its
-// instance, giving its memory back to the host; Resume restores it. The
-// worker evicts paused microVMs when the host needs their memory.
+// Evict pauses a running microVM (a paused one stays so), saves its
+// guest to its directory and ends its instance, giving its memory back
+// to the host; Resume restores it. The worker evicts paused microVMs
+// when the host needs their memory.
 func (sb *Sandbox) Evict(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	switch {
-	case !sb.Paused:
-		return fmt.Errorf("sandbox %s is not paused: only a paused sandbox is evicted: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	case sb.Saved != nil:
+	if _, ok := sb.driver().(memorySnapshotter); !ok {
+		return fmt.Errorf("the %s backend keeps a sandbox's memory in its processes alone: sandbox %s cannot be evicted (pause it): %w",
+			cmp.Or(sb.Backend, Backends.Names()[0]), sb.Name, errdefs.ErrNotImplemented)
+	}
+	if sb.Saved != nil {
 		return nil
 	}
-	if _, ok := sb.driver().(memorySnapshotter); !ok || sb.c == nil || sb.g == nil {
-		return fmt.Errorf("the %s backend keeps no memory but in its instance: sandbox %s cannot be evicted: %w", sb.Backend, sb.Name, errdefs.ErrNotImplemented)
+	if !sb.Paused {
+		if err := sb.pause(); err != nil {
+			return err
+		}
+	}
+	if sb.c == nil || sb.g == nil {
+		return fmt.Errorf("sandbox %s has no running guest to evict: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	var files [2]*os.File
 	for i, n := range []string{savedState, savedRAM} {

@@ -45,6 +45,11 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 		for _, lo := range i.Snapshot.Lowers {
 			n.Layers = append(n.Layers, lo.Ref)
 		}
+		if m := i.Snapshot.Memory; m != nil {
+			for _, b := range m.Blobs() {
+				n.MemoryBytes += b.Size
+			}
+		}
 		nodes = append(nodes, n)
 	}
 	for _, n := range nodes {

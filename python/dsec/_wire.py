@@ -193,13 +193,14 @@ class Snapshot:
     layers: List[str] = field(default_factory=list)
     sandbox: str = ""
     incremental: bool = False
+    memory: Optional[Dict[str, Any]] = None  # a memory snapshot's guest (api.SnapshotMemory)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> "Snapshot":
         return cls(name=d.get("name", ""), digest=d.get("digest", ""), size=d.get("size", 0), parent=d.get("parent", ""),
                    layers=list(d.get("layers") or []), sandbox=d.get("sandbox", ""), incremental=d.get("incremental", False),
-                   raw=dict(d))
+                   memory=d.get("memory"), raw=dict(d))
 
 
 @dataclass

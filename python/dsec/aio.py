@@ -302,8 +302,20 @@ class Sandbox:
     async def read_file(self, path: str) -> bytes:
         return await self.client._body("GET", _wire.sandbox_path(self.name, "/files", path=path))
 
-    async def pack_diff(self, tag: str) -> Snapshot:
-        return Snapshot.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), {"tag": tag}))
+    async def pack_diff(self, tag: str, memory: bool = False) -> Snapshot:
+        req: Dict[str, Any] = {"tag": tag}
+        if memory:
+            req["memory"] = True
+        return Snapshot.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    async def pause(self) -> None:
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/pause"))
+
+    async def resume(self) -> None:
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/resume"))
+
+    async def evict(self) -> None:
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/evict"))
 
     async def stop(self) -> None:
         await self.client._json("POST", _wire.sandbox_path(self.name, "/stop"))

@@ -245,9 +245,27 @@ class Sandbox:
     def read_file(self, path: str) -> bytes:
         return self.client._send("GET", _wire.sandbox_path(self.name, "/files", path=path)).read()
 
-    def pack_diff(self, tag: str) -> Snapshot:
-        """Snapshot what the sandbox changed as a layer tagged NAME:STEP."""
-        return Snapshot.of(self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), {"tag": tag}))
+    def pack_diff(self, tag: str, memory: bool = False) -> Snapshot:
+        """Snapshot what the sandbox changed as a layer tagged NAME:STEP;
+        memory: a microVM's guest whole too, its processes and memory, which
+        its branches continue (another backend: NotImplementedByWorker)."""
+        req: Dict[str, Any] = {"tag": tag}
+        if memory:
+            req["memory"] = True
+        return Snapshot.of(self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    def pause(self) -> None:
+        """Freeze the sandbox's processes where they are, their memory kept."""
+        self.client._json("POST", _wire.sandbox_path(self.name, "/pause"))
+
+    def resume(self) -> None:
+        """Let a paused sandbox run on (an evicted microVM restored first)."""
+        self.client._json("POST", _wire.sandbox_path(self.name, "/resume"))
+
+    def evict(self) -> None:
+        """Pause a microVM and save its guest to the worker's disk, its
+        memory given back to the host; resume restores it."""
+        self.client._json("POST", _wire.sandbox_path(self.name, "/evict"))
 
     def stop(self) -> None:
         self.client._json("POST", _wire.sandbox_path(self.name, "/stop"))

@@ -135,7 +135,15 @@ def test_remote_rollout(worker):
     sb.start()
     assert sb.read_file("/data") == b"\x00bytes"
     snap = sb.pack_diff("remote-1:1")
-    assert snap.name == "remote-1:1" and snap.sandbox == "remote-1"
+    assert snap.name == "remote-1:1" and snap.sandbox == "remote-1" and snap.memory is None
+    with pytest.raises(dsec.NotImplementedByWorker):
+        sb.pack_diff("remote-1:2", memory=True)  # a container keeps no memory in a snapshot
+    with pytest.raises(dsec.NotImplementedByWorker):
+        sb.evict()
+    sb.pause()
+    assert sb.inspect().status == "paused"
+    sb.resume()
+    assert sb.exec(["cat", "/data"]).stdout_bytes == b"\x00bytes"
     branches = c.branch(snap.name, 3)
     assert len(branches) == 3
     assert [b.exec(["cat", "/data"]).stdout_bytes for b in branches] == [b"\x00bytes"] * 3

@@ -271,6 +271,19 @@ func (s *Conn) Destroy() error {
 	return nil
 }
 
+// signal sends the init (a microVM's shim) sig.
+func (s *Conn) signal(sig syscall.Signal) error {
+	if s.cmd != nil {
+		return s.cmd.Process.Signal(sig)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pidfd < 0 {
+		return os.ErrProcessDone
+	}
+	return unix.PidfdSendSignal(s.pidfd, sig, nil, 0)
+}
+
 func (s *Conn) closePidfd() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -282,14 +282,16 @@ func (g *guest) quiesce(st *yamux.Stream, fw *frameWriter, req request) {
 	b := make([]byte, 16)
 	rand.Read(b)
 	nonce := hex.EncodeToString(b)
-	zero := 0
-	fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
-	st.Close()
+	// The nonce is awaited before it is told: the host may snapshot
+	// the guest as soon as it has the answer.
 	g.link.mu.Lock()
 	g.link.quiesced = nonce
 	sess := g.link.sess
 	g.link.mu.Unlock()
 	g.link.l.expect(nonce)
+	zero := 0
+	fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
+	st.Close()
 	sess.Close()
 }
 

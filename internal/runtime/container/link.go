@@ -137,15 +137,15 @@ func (l *link) end(sess *yamux.Session) {
 }
 
 // expect drops what the stream brings from now on until the marker and
-// nonce come (the guest's side: its session is about to end).
+// nonce come (the guest's side: its session is about to end). The
+// session still writes: its last answer goes out after this, so that
+// no marker can come before it is awaited (a restored guest's host
+// writes one as soon as the guest runs).
 func (l *link) expect(nonce string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.want = []byte(resyncMarker + nonce + "\n")
-	if l.pw != nil {
-		l.pw.Close()
-		l.pw = nil
-	}
+	l.pw = nil // its reader is the session's, closed with it
 }
 
 // next waits for the marker expect named and returns the session after

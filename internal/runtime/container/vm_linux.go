@@ -191,7 +191,21 @@ func AttachVM(socket, files string, pid int) (*VM, error) {
 func (v *VM) Pid() int              { return v.c.Pid() }
 func (v *VM) Done() <-chan struct{} { return v.c.Done() }
 func (v *VM) Close() error          { return v.c.Close() }
-func (v *VM) Destroy() error        { return v.c.Destroy() }
+
+// Destroy ends the guest. Its shim, asked first (SIGTERM), kills QEMU
+// and reaps it before it exits: a QEMU orphaned as it died would be a
+// zombie of the host's init until that reaped it, and the sandbox's
+// group, which a zombie still holds, could not be removed meanwhile. A
+// shim that does not end within 5 s is killed.
+func (v *VM) Destroy() error {
+	if v.c.signal(syscall.SIGTERM) == nil {
+		select {
+		case <-v.c.dead:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return v.c.Destroy()
+}
 func (v *VM) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	return v.c.Exec(ctx, cmd)
 }

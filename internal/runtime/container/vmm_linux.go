@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -136,6 +137,20 @@ func runVMM() error {
 	if len(extra) > 0 {
 		return errors.New("the microVM came with descriptors it cannot place")
 	}
+	// Asked to end, it ends its guest first (VM.Destroy).
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	v.started = make(chan struct{})
+	go func() {
+		<-term
+		select {
+		case <-v.started:
+			v.qemu.Process.Kill()
+			<-v.exited
+		default:
+		}
+		os.Exit(0)
+	}()
 	if err := v.boot(spec, os.NewFile(uintptr(fds[2]), "console"), tap); err != nil {
 		msg, _ := json.Marshal(map[string]string{"error": err.Error()})
 		first.Write(msg)
@@ -180,6 +195,7 @@ func runVMM() error {
 type vmm struct {
 	spec    VMSpec
 	qemu    *exec.Cmd
+	started chan struct{} // closed once qemu is set
 	exited  chan struct{} // closed once QEMU has exited
 	qemuErr error
 	console *ring
@@ -428,6 +444,7 @@ func (v *vmm) startQEMU(spec VMSpec, files []*os.File) (io.Reader, error) {
 	// VM before its shim, which then says so.
 	os.WriteFile("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/oom_score_adj", []byte("0"), 0)
 	v.qemu = cmd
+	close(v.started)
 	return r, nil
 }
 

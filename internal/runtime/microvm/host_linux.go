@@ -24,8 +24,8 @@ type Host struct {
 	BootTimeout time.Duration
 	// QEMUVersion is what the binary says of itself (its first line).
 	QEMUVersion string
-	// LayerDisks: Settings'.
-	LayerDisks bool
+	// LayerDisks and NoFreePageReporting: Settings'.
+	LayerDisks, NoFreePageReporting bool
 }
 
 // Firmware is the BIOS the guests boot through: qboot, which QEMU ships
@@ -74,7 +74,8 @@ func Resolve(s Settings) (*Host, error) {
 			timeout = 90 * time.Second
 		}
 	}
-	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu), LayerDisks: s.LayerDisks}, nil
+	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu), LayerDisks: s.LayerDisks,
+		NoFreePageReporting: s.NoFreePageReporting}, nil
 }
 
 // Build is what a memory snapshot must run on again: the guest kernel

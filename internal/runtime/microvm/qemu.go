@@ -57,6 +57,9 @@ type Machine struct {
 	// state skipping it (x-ignore-shared); the pages the guest's balloon
 	// reports free are holes punched in it. 0: anonymous memory.
 	RAMFD int
+	// NoFreePageReporting: the balloon does not report the guest's free
+	// pages (Settings').
+	NoFreePageReporting bool
 	// Unplugged: the guest has a NIC, on no network (a hub of no other
 	// port), as a restored guest must that had one when its snapshot
 	// was taken, its sandbox now reaching nothing.
@@ -119,7 +122,7 @@ func (m Machine) Args() []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", container.RNGSlot),
-		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=on,deflate-on-oom=on,addr=%#x", container.BalloonSlot),
+		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=%s,deflate-on-oom=on,addr=%#x", onOff(!m.NoFreePageReporting), container.BalloonSlot),
 	}
 	if m.RAMFD > 0 {
 		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=ram0,size=%dM,mem-path=/proc/self/fd/%d,share=on", m.Memory>>20, m.RAMFD))
@@ -155,6 +158,13 @@ func (m Machine) Args() []string {
 		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
 	}
 	return a
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 // machine is -machine's value: q35, its RAM the backend ram0 when the

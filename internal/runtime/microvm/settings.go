@@ -21,4 +21,8 @@ type Settings struct {
 	// read with DAX: the baseline of BenchmarkMicroVMDAX, not a mode for
 	// use (every guest then keeps its own copy of what it reads).
 	LayerDisks bool `json:"layer_disks,omitempty"`
+	// NoFreePageReporting turns the balloon's free page reporting off:
+	// what the guest frees stays the host's to hold (the baseline of
+	// BenchmarkMicroVMBalloon, not a mode for use).
+	NoFreePageReporting bool `json:"no_free_page_reporting,omitempty"`
 }

@@ -274,11 +274,6 @@ func (w *worker) resume(ctx context.Context, e *entry) error {
 // evict pauses a running microVM (a paused one stays so) and saves its
 // guest to its directory, its memory given back to the host.
 func (w *worker) evict(ctx context.Context, e *entry) error {
-	if st := e.sb.Snapshot(); st.Status == runtime.Running && !st.Paused {
-		if err := e.sb.Pause(); err != nil {
-			return err
-		}
-	}
 	if err := e.sb.Evict(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
