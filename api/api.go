@@ -213,9 +213,9 @@ type SnapshotNode struct {
 	// MemoryBytes: a memory snapshot's guest, the bytes of its device
 	// state, RAM and disk images (0: files only).
 	MemoryBytes int64    `json:"memory_bytes,omitempty"`
-	Children    []string `json:"children"` // snapshots taken over it
-	Branches    []string  `json:"branches"`  // sandboxes started on it
-	Sandboxes   []string  `json:"sandboxes"` // sandboxes standing on it now
+	Children    []string `json:"children"`  // snapshots taken over it
+	Branches    []string `json:"branches"`  // sandboxes started on it
+	Sandboxes   []string `json:"sandboxes"` // sandboxes standing on it now
 }
 
 // SquashRequest folds the chain of snapshots ending in Snapshot into one
