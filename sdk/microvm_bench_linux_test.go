@@ -167,6 +167,51 @@ func BenchmarkMicroVMIdle(b *testing.B) {
 	b.ReportMetric(1, microvm.DetectAccel().Name)
 }
 
+// quietWorker starts root's worker, running microVMs with cfg and
+// making nothing ahead, then drops the host's caches; it returns its
+// client and the host's memory in use then (hostUsed), and stop, which
+// ends it.
+func quietWorker(b *testing.B, root string, cfg microvm.Settings) (c *sdk.Client, before int64, stop func()) {
+	w := runtimetest.StartWorkerWith(b, root, runtimetest.Config{MicroVM: cfg, Admission: worker.Admission{Primed: -1, Spares: -1}})
+	stop = func() { w.Kill(); runtimetest.Clean(root) }
+	c, err := sdk.New(sdk.Options{Root: root})
+	if err != nil {
+		stop()
+		b.Fatal(err)
+	}
+	dropCaches()
+	time.Sleep(time.Second)
+	return c, hostUsed(b), stop
+}
+
+// randomLayer builds into root's store the workspace layer tag: files
+// /part0, /part1... of 200 MiB of random bytes each (nothing to merge
+// or compress).
+func randomLayer(b *testing.B, root, tag string, files int) {
+	src := b.TempDir()
+	defer os.RemoveAll(src)
+	buf := make([]byte, 1<<20)
+	for i := range files {
+		f, err := os.Create(filepath.Join(src, fmt.Sprintf("part%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for range 200 {
+			rand.Read(buf)
+			f.Write(buf)
+		}
+		f.Close()
+	}
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ref, _ := layer.ParseRef(tag)
+	if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindWorkspace, Ref: ref}); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkMicroVMDAX: the host memory DSEC_BENCH_VMS microVMs (default
 // 4, of 768 MiB each) take once each has read the same 400 MiB of one
 // 600 MiB layer, with the layer on a pmem device read through DAX (every
@@ -182,43 +227,13 @@ func BenchmarkMicroVMDAX(b *testing.B) {
 	settings := microvmtest.Settings(b)
 	root := b.TempDir()
 	runtimetest.Layers(b, root)
-	// 600 MiB in three files, of random bytes (nothing to merge or
-	// compress).
-	src := b.TempDir()
-	buf := make([]byte, 1<<20)
-	for i := range 3 {
-		f, err := os.Create(filepath.Join(src, fmt.Sprintf("part%d", i)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		for range 200 {
-			rand.Read(buf)
-			f.Write(buf)
-		}
-		f.Close()
-	}
-	s, err := store.Open(filepath.Join(root, "store"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ref, _ := layer.ParseRef("big:1")
-	if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindWorkspace, Ref: ref}); err != nil {
-		b.Fatal(err)
-	}
-	os.RemoveAll(src)
+	randomLayer(b, root, "big:1", 3)
 	ctx := context.Background()
 	measure := func(disks bool) float64 {
 		cfg := settings
 		cfg.LayerDisks = disks
-		w := runtimetest.StartWorkerWith(b, root, runtimetest.Config{MicroVM: cfg, Admission: worker.Admission{Primed: -1, Spares: -1}})
-		defer func() { w.Kill(); runtimetest.Clean(root) }()
-		c, err := sdk.New(sdk.Options{Root: root})
-		if err != nil {
-			b.Fatal(err)
-		}
-		dropCaches()
-		time.Sleep(time.Second)
-		before := hostUsed(b)
+		c, before, stop := quietWorker(b, root, cfg)
+		defer stop()
 		var sbs []*sdk.Sandbox
 		for range n {
 			sb, err := c.Create(ctx, api.SandboxSpec{Backend: "microvm", Layers: []string{"big:1", "bb:1"}, Memory: 768 << 20})

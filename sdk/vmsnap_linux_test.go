@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,20 @@ func count(t *testing.T, sb *sdk.Sandbox, id string) (int, bool) {
 	return n, f[0] == "alive"
 }
 
+// counting makes a microVM of 256 MiB named name that runs background
+// (and more, a script), and returns it and its counter's count now.
+func counting(t *testing.T, c *sdk.Client, name, more string) (*sdk.Sandbox, int) {
+	t.Helper()
+	spec := vmSpec(name)
+	spec.Memory = 256 << 20
+	sb := create(t, c, spec)
+	if out, res := run(t, sb, "bg", background+more); res.ExitCode != 0 {
+		t.Fatalf("background: %q %+v", out, res)
+	}
+	n, _ := count(t, sb, "before")
+	return sb, n
+}
+
 // TestMicroVMMemorySnapshot: a memory snapshot of a microVM keeps its
 // processes: a counter counting in memory and a listening server go on
 // in the sandbox itself, in every branch of the snapshot, each its own
@@ -52,17 +67,9 @@ func count(t *testing.T, sb *sdk.Sandbox, id string) (int, bool) {
 // a sandbox restored from it on a second host root that pulled it from
 // a dir: remote.
 func TestMicroVMMemorySnapshot(t *testing.T) {
-	set := microvmtest.Settings(t)
-	w, c := setupWith(t, runtimetest.Config{MicroVM: set})
+	_, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
 	ctx := context.Background()
-	spec := vmSpec("src")
-	spec.Memory = 256 << 20
-	sb := create(t, c, spec)
-	out, res := run(t, sb, "bg", background)
-	if res.ExitCode != 0 {
-		t.Fatalf("background: %q %+v", out, res)
-	}
-	before, _ := count(t, sb, "before")
+	sb, before := counting(t, c, "src", "")
 	snap, err := sb.PackDiff(ctx, api.PackRequest{Tag: "src:1", Memory: true})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +135,6 @@ func TestMicroVMMemorySnapshot(t *testing.T) {
 	if n, alive := count(t, brs[0], "resumed"); !alive || n < before {
 		t.Errorf("an evicted branch resumed: the counter is at %d (alive %v)", n, alive)
 	}
-	_ = w
 }
 
 // TestMicroVMMemorySnapshotNAT: each branch of a memory snapshot of a
@@ -205,13 +211,7 @@ func TestMicroVMMemorySnapshotHosts(t *testing.T) {
 	set := microvmtest.Settings(t)
 	w, c := setupWith(t, runtimetest.Config{MicroVM: set})
 	ctx := context.Background()
-	spec := vmSpec("far")
-	spec.Memory = 256 << 20
-	sb := create(t, c, spec)
-	if out, res := run(t, sb, "bg", background); res.ExitCode != 0 {
-		t.Fatalf("background: %q %+v", out, res)
-	}
-	before, _ := count(t, sb, "before")
+	sb, before := counting(t, c, "far", "")
 	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "far:1", Memory: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -381,34 +381,39 @@ func TestMicroVMBalloon(t *testing.T) {
 
 // TestMicroVMEvict: a paused microVM evicted gives its memory back to
 // the host (its guest saved in its directory), says so, and resumes
-// where it was: its processes, its files; a stop forgets the saved
-// guest and a start boots afresh on its disk.
+// where it was: its processes, its files, across worker restarts; a
+// stop forgets the saved guest and a start boots afresh on its disk.
 func TestMicroVMEvict(t *testing.T) {
-	w, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
+	cfg := runtimetest.Config{MicroVM: microvmtest.Settings(t)}
+	w, c := setupWith(t, cfg)
 	ctx := context.Background()
-	spec := vmSpec("evicted")
-	spec.Memory = 256 << 20
-	sb := create(t, c, spec)
-	if out, res := run(t, sb, "bg", background+"; echo kept > /root/file"); res.ExitCode != 0 {
-		t.Fatalf("background: %q %+v", out, res)
-	}
-	before, _ := count(t, sb, "before")
+	sb, before := counting(t, c, "evicted", "; echo kept > /root/file")
 	if err := sb.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := sb.Evict(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// A worker that restarts finds it paused, and evicts it.
+	w.Kill()
+	w = runtimetest.StartWorkerWith(t, w.Root, cfg)
 	info, err := sb.Inspect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Status != api.StatusPaused || info.VM == nil || !info.VM.Evicted || info.MemoryBytes != 0 || info.Pid != 0 && processAlive(info.Pid) {
-		t.Fatalf("evicted: %+v %+v", info, info.VM)
+	shim := info.Pid
+	if err := sb.Evict(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err = sb.Inspect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info.Status != api.StatusPaused || info.VM == nil || !info.VM.Evicted || info.MemoryBytes != 0 || info.Pid != 0 || processAlive(shim) {
+		t.Fatalf("evicted: %+v %+v (its shim %d alive: %v)", info, info.VM, shim, processAlive(shim))
 	}
 	if _, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err == nil {
 		t.Error("an evicted sandbox ran a command")
 	}
+	// And one that restarts again finds it evicted, and resumes it.
+	w.Kill()
+	w = runtimetest.StartWorkerWith(t, w.Root, cfg)
 	if err := sb.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -437,4 +442,13 @@ func TestMicroVMEvict(t *testing.T) {
 	}
 }
 
-func processAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+// processAlive: pid runs (a zombie, its parent not yet reaping it, is
+// dead).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, after, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(after, "Z") && !strings.HasPrefix(after, "X")
+}

@@ -351,15 +351,16 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	switch {
 	case mem != nil: // the snapshot's disk
 		dirs = dirs[:2]
-		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
-			return nil, err
-		}
-		// Its blobs stay while the guest reads them: a collection waits.
+		// Its blobs stay while they are fetched and the guest reads
+		// them: a collection waits.
 		release, err := o.Mounter.Store.Writer()
 		if err != nil {
 			return nil, err
 		}
 		defer release()
+		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
+			return nil, err
+		}
 	case quota > 0: // upper and work are made on the quota when it is mounted
 		dirs = dirs[:2]
 		if err := disk.Make(sb.dir, quota); err != nil {

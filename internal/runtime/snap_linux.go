@@ -84,6 +84,9 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	// release.
 	upper, release := sb.Upper(), func() error { return nil }
 	if h, ok := d.(upperHolder); ok {
+		if sb.Paused {
+			return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its files: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+		}
 		if upper, release, err = h.holdUpper(ctx, sb); err != nil {
 			return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 		}

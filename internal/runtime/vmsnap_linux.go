@@ -223,8 +223,19 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 			return err
 		}
 	}
-	if sb.c == nil || sb.g == nil {
+	if sb.g == nil {
 		return fmt.Errorf("sandbox %s has no running guest to evict: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if sb.c == nil { // paused when this worker found it: attached now
+		if err := sb.g.Thaw(); err != nil {
+			return err
+		}
+		vm, err := container.AttachVM(filepath.Join(sb.dir, "init.sock"), filepath.Join(sb.dir, "files.sock"), sb.Pid)
+		if err != nil {
+			sb.g.Freeze()
+			return fmt.Errorf("sandbox %s has no running guest to evict: %v: %w", sb.Name, err, errdefs.ErrFailedPrecondition)
+		}
+		sb.c = vm
 	}
 	var files [2]*os.File
 	for i, n := range []string{savedState, savedRAM} {
@@ -245,10 +256,7 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 	}
 	// The guest stays stopped once saved: its disk, the sandbox's own,
 	// is then as its saved memory knows it.
-	info, err := saveTo(ctx, sb, files[0], files[1], nil, true)
-	if err == nil {
-		err = errors.Join(files[0].Sync(), files[1].Sync())
-	}
+	info, err := saveTo(ctx, sb, files[0], files[1], nil, true) // synced
 	if err != nil {
 		drop()
 		if ferr := sb.g.Freeze(); ferr != nil {
@@ -268,7 +276,12 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 	}
 	// Its instance goes (its guest stopped: nothing to flush); its
 	// disk and name stay.
-	if errs := sb.driver().teardown(sb, false); len(errs) > 0 {
+	errs := sb.driver().teardown(sb, false)
+	sb.Pid = 0
+	if err := sb.save(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
 		return fmt.Errorf("evict sandbox %s: %w", sb.Name, errors.Join(errs...))
 	}
 	return nil

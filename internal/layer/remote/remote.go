@@ -160,11 +160,7 @@ func Copy(ctx context.Context, src, dst Target, ref layer.Ref, force bool, p Pro
 // copyLayer is Copy without the gc lock; want, if set, is the layer
 // digest ref must name in src (a snapshot's lower).
 func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.Digest, force bool, p Progress) (*Result, error) {
-	from, err := src.Repo(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	to, err := dst.Repo(ctx, ref)
+	from, to, err := repos(ctx, src, dst, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +237,14 @@ func copyLayer(ctx context.Context, src, dst Target, ref layer.Ref, want digest.
 	return res, nil
 }
 
+// repos are ref's repositories in src and dst.
+func repos(ctx context.Context, src, dst Target, ref layer.Ref) (from, to Repo, err error) {
+	if from, err = src.Repo(ctx, ref); err == nil {
+		to, err = dst.Repo(ctx, ref)
+	}
+	return from, to, err
+}
+
 // copyBlobs copies the blobs ds from one repository to another, in
 // order, skipping those it holds already.
 func copyBlobs(ctx context.Context, from, to Repo, ds []ocispec.Descriptor, p Progress, res *Result) error {
@@ -267,11 +271,7 @@ func CopyBlobs(ctx context.Context, src, dst Target, ref layer.Ref, ds []ocispec
 	if p == nil {
 		p = noProgress{}
 	}
-	from, err := src.Repo(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	to, err := dst.Repo(ctx, ref)
+	from, to, err := repos(ctx, src, dst, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -201,25 +201,6 @@ func agentPort() (*os.File, error) {
 	return nil, fmt.Errorf("no virtio-serial port %s after %v (%v)", name, guestDevWait, last)
 }
 
-// muxConfig is the yamux session's configuration at both ends: no
-// keepalives and no write deadline, since a paused sandbox's guest
-// answers nothing for as long as it is paused, and is not dead.
-func muxConfig() *yamux.Config {
-	c := yamux.DefaultConfig()
-	c.EnableKeepAlive = false
-	c.ConnectionWriteTimeout = 365 * 24 * time.Hour
-	c.StreamOpenTimeout = 0
-	c.LogOutput = nil
-	c.Logger = discardLogger{}
-	return c
-}
-
-type discardLogger struct{}
-
-func (discardLogger) Print(...any)          {}
-func (discardLogger) Printf(string, ...any) {}
-func (discardLogger) Println(...any)        {}
-
 // guest is what the agent keeps of its setup.
 type guest struct {
 	upper int // the upper's file system (its mount's root), for FIFREEZE

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/yamux"
 )
@@ -172,3 +173,22 @@ func (l *link) resync(nonce string) (*yamux.Session, error) {
 	}
 	return sess, nil
 }
+
+// muxConfig is the yamux session's configuration at both ends: no
+// keepalives and no write deadline, since a paused sandbox's guest
+// answers nothing for as long as it is paused, and is not dead.
+func muxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	c.ConnectionWriteTimeout = 365 * 24 * time.Hour
+	c.StreamOpenTimeout = 0
+	c.LogOutput = nil
+	c.Logger = discardLogger{}
+	return c
+}
+
+type discardLogger struct{}
+
+func (discardLogger) Print(...any)          {}
+func (discardLogger) Printf(string, ...any) {}
+func (discardLogger) Println(...any)        {}

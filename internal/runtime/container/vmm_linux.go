@@ -561,6 +561,9 @@ func (v *vmm) snapshot(r incoming) {
 	t0 := time.Now()
 	err = v.save(r.files[0], r.files[1], info)
 	if r.req.Stop {
+		if err == nil { // the guest never runs again: what it saved must last
+			err = errors.Join(r.files[0].Sync(), r.files[1].Sync())
+		}
 		if err != nil {
 			err = errors.Join(err, v.goOn(q))
 			fail(err)

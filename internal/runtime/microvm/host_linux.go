@@ -28,10 +28,6 @@ type Host struct {
 	LayerDisks, NoFreePageReporting bool
 }
 
-// Firmware is the BIOS the guests boot through: qboot, which QEMU ships
-// (qemu-system-data).
-const Firmware = "/usr/share/qemu/qboot.rom"
-
 // Resolve finds what s names on this host: an error (not implemented,
 // saying what to install) when it lacks something a microVM needs.
 func Resolve(s Settings) (*Host, error) {

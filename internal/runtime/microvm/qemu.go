@@ -188,3 +188,7 @@ func memory(ram, pmem int64, n int) string {
 // qemuOpt escapes a value for QEMU's option syntax, where a comma is
 // written twice.
 func qemuOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// Firmware is the BIOS the guests boot through: qboot, which QEMU ships
+// (qemu-system-data).
+const Firmware = "/usr/share/qemu/qboot.rom"

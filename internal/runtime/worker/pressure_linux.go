@@ -61,6 +61,9 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			err := w.evict(ctx, e)
 			e.op.Unlock()
 			if err != nil {
+				w.mu.Lock()
+				e.evictFailed = time.Now()
+				w.mu.Unlock()
 				w.log.Error("cannot evict a paused microVM under memory pressure", "sandbox", e.sb.Name, "err", err)
 			}
 		}
@@ -111,7 +114,7 @@ func (w *worker) pausedVM() *entry {
 	var out *entry
 	var at time.Time
 	for _, e := range w.sandboxes {
-		if e.sb == nil || e.pool != "" {
+		if e.sb == nil || e.pool != "" || time.Since(e.evictFailed) < time.Minute { // one that failed is let be a while
 			continue
 		}
 		st := e.sb.Snapshot()

@@ -94,6 +94,8 @@ type entry struct {
 	pool    string          // the FnCall pool it waits in, warm; callPool or runPool
 	gone    chan struct{}   // while it is being discarded: closed when that ends
 	owner   string          // the id of the token that made it ("": the admin's)
+	// evictFailed: when the pressure loop last failed to evict it.
+	evictFailed time.Time
 }
 
 // ErrRunning says another worker serves the root.
