@@ -55,7 +55,7 @@ func TestLinkResync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { // a quiesce: it awaits the nonce, then answers
+	go func(gs *yamux.Session) { // a quiesce: it awaits the nonce, then answers
 		st, err := gs.AcceptStream()
 		if err != nil {
 			return
@@ -66,7 +66,7 @@ func TestLinkResync(t *testing.T) {
 		st.Write([]byte("nonce n1"))
 		st.Close()
 		gs.Close()
-	}()
+	}(gs)
 	hs, err := host.start(false)
 	if err != nil {
 		t.Fatal(err)
