@@ -143,6 +143,10 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/e2b
 	$(GO) test -run '^$$' -fuzz '^FuzzModinfo$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/runtime/microvm
 	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/runtime/sparse
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHello$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/egress
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/egress
+	$(GO) test -run '^$$' -fuzz '^FuzzPattern$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/egress
+	$(GO) test -run '^$$' -fuzz '^FuzzAnswer$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/egress
 
 # clean first unmounts what the demo's and benchmarks' roots still have
 # mounted (the sandboxes' shared uppers file system, kept while a sandbox

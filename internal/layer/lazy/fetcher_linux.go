@@ -456,7 +456,18 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 			continue
 		}
 		if time.Since(idleSince) >= idle {
-			os.Remove(filepath.Join(dir, "fetcher.ready")) // first: no new mount finds it ready
+			// Not ready first, then no user: a mount that found it ready
+			// and mounted since is seen here (it stays), and one that
+			// mounts after sees it not ready (Mount's check after its
+			// mount) and starts another.
+			os.Remove(filepath.Join(dir, "fetcher.ready"))
+			if Users(dir) > 0 {
+				if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
+					return err
+				}
+				idleSince = time.Now()
+				continue
+			}
 			f.writeStats()
 			log.Info("no mount uses the layer: exiting", "layer", spec.Ref)
 			return nil

@@ -763,3 +763,25 @@ func TestFreshMountFetchesMetadataOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestMountAsFetcherExits: mounts that come just as the layer's idle
+// fetcher exits (each at another point of its 250 ms tick) each end on a
+// fetcher that serves them: the one leaving, which stays for them, or a
+// new one; never on one that left.
+func TestMountAsFetcherExits(t *testing.T) {
+	e := setup(t, dataTree(t))
+	t.Setenv("DSEC_TEST_FETCHER_IDLE", "1ms")
+	for i := range 24 {
+		a := e.mountWith(t, func(*lazy.Spec) {})
+		if err := unix.Unmount(a, 0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i) * 12 * time.Millisecond)
+		b := e.mountWith(t, func(*lazy.Spec) {})
+		data, err := os.ReadFile(filepath.Join(b, "blob3"))
+		e.umount(t, b)
+		if err != nil || len(data) == 0 {
+			t.Fatalf("mounted %v after the last went: read %d bytes, %v", time.Duration(i)*12*time.Millisecond, len(data), err)
+		}
+	}
+}

@@ -47,19 +47,34 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 	if err := writeJSON(filepath.Join(dir, "layer.json"), spec); err != nil {
 		return err
 	}
-	if !ready(dir) {
-		if err := startFetcher(ctx, dir, start); err != nil {
+	// A fetcher found ready may be on its way out (no mount for its idle
+	// time): once mounted, the mount is its user if it is still ready;
+	// if not, it left (or is leaving), and another is started.
+	for try := 0; ; try++ {
+		if !ready(dir) {
+			if err := startFetcher(ctx, dir, start); err != nil {
+				return err
+			}
+		}
+		pid := fetcherPID(dir)
+		err := mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target)
+		still := ready(dir) && fetcherPID(dir) == pid
+		switch {
+		case err != nil && still:
 			return err
+		case err == nil && still:
+			if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
+				mount.Unmount(target)
+				return err
+			}
+			return nil
+		case err == nil:
+			mount.Unmount(target)
+		}
+		if try == 10 {
+			return fmt.Errorf("layer %s: its fetcher kept exiting as it was mounted: %s", spec.Ref, lastLine(filepath.Join(dir, "fetcher.log")))
 		}
 	}
-	if err := mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target); err != nil {
-		return err
-	}
-	if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
-		mount.Unmount(target)
-		return err
-	}
-	return nil
 }
 
 // fsIocGetFSSysfsPath is FS_IOC_GETFSSYSFSPATH (Linux 6.9): the name of a

@@ -1,0 +1,201 @@
+package egress
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// MaxHello bounds the bytes a hello may take, its records' headers
+// included: a ClientHello with post-quantum key shares is ~1.8 KiB, with
+// padding up to a few; 64 KiB is what any client sends and more.
+const MaxHello = 64 << 10
+
+// ErrShort says the bytes end before the hello does: read more.
+var ErrShort = errors.New("the hello continues past these bytes")
+
+// Hello is what a ClientHello tells of where it goes.
+type Hello struct {
+	// ServerName is the server_name extension's host_name, as sent
+	// (Normalize it before matching); "" when it has none.
+	ServerName string
+	// ECH: the hello carries encrypted_client_hello, and its real
+	// server name is not ServerName.
+	ECH bool
+	// Len is how many bytes of the stream the hello took (its records
+	// whole).
+	Len int
+}
+
+// TLS wire constants.
+const (
+	recordHandshake   = 22
+	typeClientHello   = 1
+	extServerName     = 0
+	extECH            = 0xfe0d
+	extECHOuterExts   = 0xfd00
+	nameTypeHost      = 0
+	recordHeaderBytes = 5
+	maxRecord         = 1<<14 + 2048 // a TLSCiphertext's bound; plaintext records are smaller
+)
+
+// ParseHello reads a TLS ClientHello from the first bytes a client
+// sent: the handshake message may span records (each a handshake
+// record), and the bytes may end early (ErrShort: read more and call it
+// again with them all). Anything else that is not a hello is an error.
+func ParseHello(b []byte) (Hello, error) {
+	var msg []byte // the handshake message, its records' payloads joined
+	off := 0
+	need := -1 // the message's length once its header is in
+	for need < 0 || len(msg) < need {
+		if off+recordHeaderBytes > len(b) {
+			return Hello{}, short(off)
+		}
+		h := b[off : off+recordHeaderBytes]
+		if h[0] != recordHandshake {
+			return Hello{}, fmt.Errorf("a TLS record of type %d where a handshake was due: not a TLS client", h[0])
+		}
+		if h[1] != 3 {
+			return Hello{}, fmt.Errorf("TLS record version %d.%d: not a TLS client", h[1], h[2])
+		}
+		n := int(binary.BigEndian.Uint16(h[3:]))
+		if n == 0 || n > maxRecord {
+			return Hello{}, fmt.Errorf("a TLS record of %d bytes", n)
+		}
+		if off+recordHeaderBytes+n > len(b) {
+			return Hello{}, short(off + recordHeaderBytes + n)
+		}
+		msg = append(msg, b[off+recordHeaderBytes:off+recordHeaderBytes+n]...)
+		off += recordHeaderBytes + n
+		if need < 0 && len(msg) >= 4 {
+			if msg[0] != typeClientHello {
+				return Hello{}, fmt.Errorf("handshake message type %d, not a ClientHello", msg[0])
+			}
+			need = 4 + (int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]))
+			if need > MaxHello {
+				return Hello{}, fmt.Errorf("a ClientHello of %d bytes, more than %d", need, MaxHello)
+			}
+		}
+	}
+	if len(msg) > need {
+		return Hello{}, errors.New("the records after the ClientHello carry more handshake bytes")
+	}
+	h, err := parseClientHello(msg[4:])
+	h.Len = off
+	return h, err
+}
+
+func short(upto int) error {
+	if upto > MaxHello {
+		return fmt.Errorf("no ClientHello in the first %d bytes", MaxHello)
+	}
+	return ErrShort
+}
+
+// reader takes big-endian fields off a byte string; a field past the
+// end sets bad.
+type reader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *reader) bytes(n int) []byte {
+	if r.bad || n > len(r.b) {
+		r.bad = true
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) u8() int {
+	v := r.bytes(1)
+	if v == nil {
+		return 0
+	}
+	return int(v[0])
+}
+
+func (r *reader) u16() int {
+	v := r.bytes(2)
+	if v == nil {
+		return 0
+	}
+	return int(binary.BigEndian.Uint16(v))
+}
+
+// vec8 and vec16 take a vector with a 1- or 2-byte length.
+func (r *reader) vec8() *reader  { return &reader{b: r.bytes(r.u8()), bad: r.bad} }
+func (r *reader) vec16() *reader { return &reader{b: r.bytes(r.u16()), bad: r.bad} }
+
+// parseClientHello reads the body of a ClientHello (RFC 8446 4.1.2).
+func parseClientHello(body []byte) (Hello, error) {
+	r := &reader{b: body}
+	r.bytes(2)  // legacy_version
+	r.bytes(32) // random
+	r.vec8()    // legacy_session_id
+	r.vec16()   // cipher_suites
+	r.vec8()    // legacy_compression_methods
+	if r.bad {
+		return Hello{}, errors.New("a truncated ClientHello")
+	}
+	var h Hello
+	if len(r.b) == 0 { // no extensions: no name
+		return h, nil
+	}
+	exts := r.vec16()
+	if r.bad || len(r.b) != 0 {
+		return Hello{}, errors.New("a ClientHello's extensions do not fill it")
+	}
+	seen := map[int]bool{}
+	for len(exts.b) > 0 {
+		typ := exts.u16()
+		data := exts.vec16()
+		if exts.bad || data.bad {
+			return Hello{}, errors.New("a truncated ClientHello extension")
+		}
+		if seen[typ] {
+			return Hello{}, fmt.Errorf("a ClientHello with extension %d twice", typ)
+		}
+		seen[typ] = true
+		switch typ {
+		case extECH, extECHOuterExts:
+			h.ECH = true
+		case extServerName:
+			name, err := serverName(data)
+			if err != nil {
+				return Hello{}, err
+			}
+			h.ServerName = name
+		}
+	}
+	return h, nil
+}
+
+// serverName reads server_name's list (RFC 6066 3): one host_name.
+func serverName(data *reader) (string, error) {
+	list := data.vec16()
+	if data.bad || list.bad || len(data.b) != 0 {
+		return "", errors.New("a malformed server_name extension")
+	}
+	var name string
+	for len(list.b) > 0 {
+		typ := list.u8()
+		v := list.vec16()
+		if list.bad || v.bad {
+			return "", errors.New("a malformed server_name extension")
+		}
+		if typ != nameTypeHost {
+			continue
+		}
+		if name != "" {
+			return "", errors.New("a server_name extension with two host names")
+		}
+		if len(v.b) == 0 {
+			return "", errors.New("an empty server name")
+		}
+		name = string(v.b)
+	}
+	return name, nil
+}
