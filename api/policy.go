@@ -74,8 +74,19 @@ const (
 
 // EgressRule allows traffic to an address range.
 type EgressRule struct {
-	// To is a CIDR (v4 or v6), an address, or a host name the worker
-	// resolves when the policy is applied (and pins). No rule opens the
+	// To is a CIDR (v4 or v6), an address, or a domain rule: a name
+	// (pypi.org), "*.NAME" (exactly one label in front of NAME) or
+	// "**.NAME" (any depth), NAME of two labels or more; names are
+	// matched lowercase, without a trailing dot, internationalised ones
+	// as punycode. A domain rule needs network mode nat: the sandbox's
+	// DNS (any server it names) goes to a resolver of its own in the
+	// worker, which answers only the names its domain rules allow
+	// (NXDOMAIN for the rest, which never leave the host) and opens the
+	// addresses it answers on the rule's ports until the answer's TTL
+	// (at least dns.min_ttl) and dns.grace have passed; DNS over TLS
+	// (853) and QUIC (UDP 443) stay closed to them. Address-level only:
+	// another name on an address a rule's name resolved to is reachable
+	// too on those ports. No rule opens the
 	// deny set: link-local 169.254.0.0/16 (the metadata address) and
 	// fe80::/10, dsec's NAT pool 10.200.0.0/16 (the host's gateways and
 	// every other sandbox), multicast, 0.0.0.0/8 and broadcast, and, in

@@ -34,7 +34,7 @@ for p in p50 p99; do
 		"$(metric "$snap" cold-$p-ms)" "$(ratio "$(metric "$snap" restore-$p-ms)" "$(metric "$snap" cold-$p-ms)")"
 done
 printf '%-66s %9s ms %12s %8s\n' "$k branches of one memory snapshot, all answering an exec" "$(metric "$snap" branch-$k-ms)" - -
-vms=$(metric "$balloon" vms)
+vms=$(printf %.0f "$(metric "$balloon" vms)")
 for s in mean peak; do
 	printf '%-66s %8s MiB %8s MiB %8s\n' "host memory, $vms microVMs, DAX: free page reporting vs not, $s" "$(metric "$balloon" dax-reporting-$s-MiB)" \
 		"$(metric "$balloon" dax-$s-MiB)" "$(ratio "$(metric "$balloon" dax-reporting-$s-MiB)" "$(metric "$balloon" dax-$s-MiB)")"

@@ -54,6 +54,18 @@ type Config struct {
 	E2B    E2BConfig       `mapstructure:"e2b"`
 	// The microvm backend (microvm.Settings).
 	MicroVM MicroVMConfig `mapstructure:"microvm"`
+	// The resolvers of sandboxes with domain rules (egress.Config).
+	DNS DNSConfig `mapstructure:"dns"`
+}
+
+// DNSConfig configures the resolvers of sandboxes whose policies have
+// domain rules: the servers they ask (default the host's, from
+// /etc/resolv.conf), the least time a learned address stays allowed and
+// the grace added to every answer's TTL.
+type DNSConfig struct {
+	Upstream []string      `mapstructure:"upstream"`
+	MinTTL   time.Duration `mapstructure:"min_ttl"`
+	Grace    time.Duration `mapstructure:"grace"`
 }
 
 // MicroVMConfig configures the microvm backend: the guest kernel's
@@ -236,7 +248,9 @@ HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .
 .env, .workdir, .userns: see dsec daemon), the microvm backend (microvm.kernel: the guest kernel's
 directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
 fill; microvm.accel: auto, kvm or tcg; microvm.qemu: QEMU's binary; microvm.agent: the guest's static dsec-init;
-microvm.boot_timeout: 10s under KVM, 90s under TCG) and, on a client of a
+microvm.boot_timeout: 10s under KVM, 90s under TCG), the resolvers of sandboxes with domain rules (dns.upstream:
+the servers they ask, default the host's; dns.min_ttl, 30s: the least a learned address stays allowed; dns.grace,
+30s: added to each answer's TTL) and, on a client of a
 worker elsewhere, host (DSEC_HOST, --host: tcp://HOST:PORT), token (DSEC_TOKEN: dsec token create makes one
 on the worker's host), tls-ca (DSEC_TLS_CA, --tls-ca: the CA its certificate is checked against; TLS is
 used with one, with a client certificate, and off loopback) and client-cert, client-key (DSEC_CLIENT_CERT,
@@ -308,6 +322,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		v.SetDefault(k, "")
 	}
 	v.SetDefault("listen", []string{})
+	v.SetDefault("dns.upstream", []string{})
 	v.SetDefault("e2b.listen", "")
 	v.SetDefault("e2b.domain", "")
 	v.SetDefault("e2b.templates", map[string]any{})
@@ -320,7 +335,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
 		"defaults.disk": "", "admission.uppers_size": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
-		"microvm.boot_timeout": "0s"} {
+		"microvm.boot_timeout": "0s", "dns.min_ttl": "0s", "dns.grace": "0s"} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
@@ -87,6 +88,7 @@ with E2B-based frameworks" says what maps to what.
 				TLS:        worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
 				MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
 					Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
+				DNS: egress.Config{Upstream: a.cfg.DNS.Upstream, MinTTL: a.cfg.DNS.MinTTL, Grace: a.cfg.DNS.Grace},
 			}
 			f := cmd.Flags()
 			if f.Changed("listen") {

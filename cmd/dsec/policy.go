@@ -22,8 +22,13 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
              undo); readWrite, the only trees writable (Landlock); the toolkit layer's paths
              are read-only and nosuid unless toolkitWritable
   syscalls   more system calls to deny, on top of the seccomp allowlist every sandbox has
-  network    the egress allowlist: CIDRs, addresses or host names (resolved when applied,
-             then pinned), ports, tcp/udp; everything else fails with EPERM. mode: nat gives
+  network    the egress allowlist: CIDRs, addresses or domain rules (pypi.org, "*.github.com"
+             one label deep, "**.githubusercontent.com" any depth; needs mode: nat), ports,
+             tcp/udp; everything else fails with EPERM. A sandbox with domain rules resolves
+             through its own resolver in the worker (all its DNS goes there, whatever server
+             it names): only allowed names are answered (NXDOMAIN for the rest, never asked
+             upstream), and each answer opens its addresses, on the rule's ports, until its
+             TTL (dns.min_ttl at least) and dns.grace pass; not 853 or UDP 443. mode: nat gives
              the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
              only); the allowlist holds either way. No rule opens the deny set: link-local
              (169.254.0.0/16 with the metadata address, fe80::/10), the NAT pool 10.200.0.0/16

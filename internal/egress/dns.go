@@ -23,6 +23,17 @@ import (
 // addresses it answers to learn before the reply leaves, so a connect
 // right after the answer finds them allowed.
 
+// Config configures a host's resolvers for sandboxes (dns: in the
+// config file).
+type Config struct {
+	// Upstream are the servers asked (host:port, or an address: port
+	// 53); none: the host's, from /etc/resolv.conf.
+	Upstream []string
+	// MinTTL is the least time a learned address stays allowed (default
+	// 30 s); Grace is added to every TTL (default 30 s).
+	MinTTL, Grace time.Duration
+}
+
 // Rule is a domain rule as the resolver sees it: its pattern and its
 // index in the policy (which says what its addresses open).
 type Rule struct {
@@ -229,4 +240,24 @@ func (r *Resolver) Handler(rules func() []Rule, learn func([]Learned) error) dns
 		}
 		w.WriteMsg(reply)
 	})
+}
+
+// Serve serves h on pc (UDP) and l (TCP) until stop, which waits up to
+// a second for the queries in flight.
+func Serve(pc net.PacketConn, l net.Listener, h dns.Handler) (stop func()) {
+	var servers []*dns.Server
+	for _, s := range []*dns.Server{{PacketConn: pc, Handler: h}, {Listener: l, Handler: h}} {
+		started := make(chan struct{})
+		s.NotifyStartedFunc = func() { close(started) }
+		go s.ActivateAndServe()
+		<-started
+		servers = append(servers, s)
+	}
+	return func() {
+		for _, s := range servers {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s.ShutdownContext(ctx)
+			cancel()
+		}
+	}
 }

@@ -67,6 +67,14 @@ func startAuthority(t *testing.T, records ...string) *authority {
 		}
 		w.WriteMsg(m)
 	})
+	a.addr = serve(t, h)
+	return a
+}
+
+// serve serves h on 127.0.0.1 (UDP and TCP, one port) until the test
+// ends, and returns its address.
+func serve(t *testing.T, h dns.Handler) string {
+	t.Helper()
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -75,20 +83,8 @@ func startAuthority(t *testing.T, records ...string) *authority {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.addr = pc.LocalAddr().String()
-	serve(t, &dns.Server{PacketConn: pc, Handler: h}, &dns.Server{Listener: l, Handler: h})
-	return a
-}
-
-// serve runs servers until the test ends.
-func serve(t *testing.T, servers ...*dns.Server) {
-	for _, s := range servers {
-		started := make(chan struct{})
-		s.NotifyStartedFunc = func() { close(started) }
-		go s.ActivateAndServe()
-		<-started
-		t.Cleanup(func() { s.Shutdown() })
-	}
+	t.Cleanup(Serve(pc, l, h))
+	return pc.LocalAddr().String()
 }
 
 func (a *authority) asked(name string) bool {
@@ -263,25 +259,17 @@ func TestResolverServer(t *testing.T) {
 	var learned []Learned
 	h := r.Handler(func() []Rule { mu.Lock(); defer mu.Unlock(); return rs },
 		func(l []Learned) error { mu.Lock(); defer mu.Unlock(); learned = append(learned, l...); return nil })
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, &dns.Server{PacketConn: pc, Handler: h}, &dns.Server{Listener: l, Handler: h})
+	addr := serve(t, h)
 	for _, network := range []string{"udp", "tcp"} {
 		c := &dns.Client{Net: network, Timeout: 2 * time.Second}
 		q := new(dns.Msg)
 		q.SetQuestion("allowed.test.", dns.TypeA)
-		m, _, err := c.Exchange(q, pc.LocalAddr().String())
+		m, _, err := c.Exchange(q, addr)
 		if err != nil || len(m.Answer) != 1 {
 			t.Fatalf("%s: %v %v", network, m, err)
 		}
 		q.SetQuestion("later.test.", dns.TypeA)
-		if m, _, err := c.Exchange(q, pc.LocalAddr().String()); err != nil || m.Rcode != dns.RcodeNameError {
+		if m, _, err := c.Exchange(q, addr); err != nil || m.Rcode != dns.RcodeNameError {
 			t.Fatalf("%s, later.test before it is allowed: %v %v", network, m, err)
 		}
 	}
@@ -291,7 +279,7 @@ func TestResolverServer(t *testing.T) {
 	mu.Unlock()
 	q := new(dns.Msg)
 	q.SetQuestion("later.test.", dns.TypeA)
-	if m, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(q, pc.LocalAddr().String()); err != nil || len(m.Answer) != 1 {
+	if m, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(q, addr); err != nil || len(m.Answer) != 1 {
 		t.Fatalf("later.test once allowed: %v %v", m, err)
 	}
 	mu.Lock()

@@ -165,7 +165,7 @@ func TestParseHello(t *testing.T) {
 		[]byte("GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"),
 		{recordHandshake, 3, 1, 0, 0},
 		{recordHandshake, 3, 1, 0, 4, 2, 0, 0, 0}, // a ServerHello
-		{23, 3, 3, 0, 1, 0},                        // application data
+		{23, 3, 3, 0, 1, 0},                       // application data
 		{recordHandshake, 3, 1, 0, 4, typeClientHello, 0, 0, 0},
 		append([]byte{recordHandshake, 3, 1, 0, 5}, typeClientHello, 0xff, 0xff, 0xff, 0),
 	} {
@@ -220,7 +220,7 @@ func TestParseHelloECH(t *testing.T) {
 
 func TestParseRequest(t *testing.T) {
 	for in, want := range map[string]string{
-		"GET / HTTP/1.1\r\nHost: Allowed.Test\r\n\r\n":                       "Allowed.Test",
+		"GET / HTTP/1.1\r\nHost: Allowed.Test\r\n\r\n":                        "Allowed.Test",
 		"GET / HTTP/1.1\r\nHost: allowed.test:8080\r\nX: y\r\n\r\nbody":       "allowed.test",
 		"GET http://evil.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n":        "evil.test",
 		"POST /x HTTP/1.0\r\nhost: [2001:db8::1]:80\r\n\r\n":                  "2001:db8::1",

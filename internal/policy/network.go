@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
 )
 
 // Protocols a port rule allows, as bits.
@@ -77,8 +77,8 @@ func denied(pfx netip.Prefix, host []netip.Addr) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-// Allowlist compiles egress rules into allowlist entries, resolving host
-// names (each of their addresses is a /32 or /128). Because a lookup
+// Allowlist compiles egress rules into allowlist entries; domain rules
+// are left out (Domains, Learned). Because a lookup
 // finds only the longest matching prefix, an entry carries the rules of
 // every entry that contains it too. The deny set, the private ranges no
 // rule names and the host's addresses host (nil: none) are entries with
@@ -88,18 +88,11 @@ func Allowlist(rules []api.EgressRule, host []netip.Addr) ([]Entry, error) {
 	byPrefix := map[netip.Prefix][]PortRule{}
 	var order []netip.Prefix
 	for i, r := range rules {
-		var pfxs []netip.Prefix
-		if pfx, err := parseTo(r.To); err == nil {
-			pfxs = append(pfxs, pfx)
-		} else {
-			addrs, err := lookup(strings.TrimSuffix(r.To, "."))
-			if err != nil || len(addrs) == 0 {
-				return nil, fmt.Errorf("network.egress[%d].to: cannot resolve %q (%v): give an address or fix the name: %w", i, r.To, err, errdefs.ErrInvalidArgument)
-			}
-			for _, a := range addrs {
-				pfxs = append(pfxs, netip.PrefixFrom(a, a.BitLen()))
-			}
+		pfx, err := parseTo(r.To)
+		if err != nil { // a domain rule: its addresses are learned (Learned)
+			continue
 		}
+		pfxs := []netip.Prefix{pfx}
 		protos := ProtoTCP | ProtoUDP
 		switch r.Protocol {
 		case "tcp":
@@ -207,14 +200,7 @@ func unmapped(p netip.Prefix) netip.Prefix {
 // proto: the lookup the BPF programs do, for tests and for dsec policy
 // check.
 func Allows(entries []Entry, addr netip.Addr, port uint16, proto uint8) bool {
-	a := netip.AddrFrom16(addr.As16())
-	var best *Entry
-	for i := range entries {
-		e := &entries[i]
-		if e.Prefix.Contains(a) && (best == nil || e.Prefix.Bits() > best.Prefix.Bits()) {
-			best = e
-		}
-	}
+	best := longest(entries, addr)
 	if best == nil {
 		return false
 	}
@@ -224,4 +210,113 @@ func Allows(entries []Entry, addr netip.Addr, port uint16, proto uint8) bool {
 		}
 	}
 	return false
+}
+
+// Domains are the domain rules among rules (those whose to is a name
+// pattern), each with its index in rules.
+func Domains(rules []api.EgressRule) []egress.Rule {
+	var out []egress.Rule
+	for i, r := range rules {
+		if _, err := parseTo(r.To); err == nil {
+			continue
+		}
+		if p, err := egress.ParsePattern(r.To); err == nil {
+			out = append(out, egress.Rule{Pattern: p, Index: i})
+		}
+	}
+	return out
+}
+
+// ResolverRule lets a sandbox with domain rules send DNS (port 53, TCP
+// and UDP) to any address outside the closed ranges: the host redirects
+// all of it to the sandbox's resolver (network's Resolve), whatever
+// server it names.
+var ResolverRule = api.EgressRule{To: "0.0.0.0/0", Ports: []api.PortRange{{Low: 53, High: 53}}}
+
+// Learned are the rules a domain rule's learned addresses add: each
+// address (a /32 or /128) on the rule's ports and protocols, but for DNS
+// over TLS or QUIC (853) and QUIC (UDP 443), which only a CIDR rule
+// opens: they would carry what the resolver and the proxy never see.
+func Learned(rules []api.EgressRule, learned []egress.Learned) []api.EgressRule {
+	var out []api.EgressRule
+	for _, l := range learned {
+		if l.Rule < 0 || l.Rule >= len(rules) {
+			continue
+		}
+		r := rules[l.Rule]
+		ports := r.Ports
+		if len(ports) == 0 {
+			ports = []api.PortRange{{Low: 1, High: 65535}}
+		}
+		to := l.Addr.String()
+		tcp := without(ports, 853)
+		udp := without(tcp, 443)
+		if r.Protocol != "udp" && len(tcp) > 0 {
+			out = append(out, api.EgressRule{To: to, Ports: tcp, Protocol: "tcp"})
+		}
+		if r.Protocol != "tcp" && len(udp) > 0 {
+			out = append(out, api.EgressRule{To: to, Ports: udp, Protocol: "udp"})
+		}
+	}
+	return out
+}
+
+// without is ranges less port.
+func without(ranges []api.PortRange, port uint16) []api.PortRange {
+	var out []api.PortRange
+	for _, r := range ranges {
+		if r.Low <= port && port <= r.High {
+			if r.Low < port {
+				out = append(out, api.PortRange{Low: r.Low, High: port - 1})
+			}
+			if port < r.High {
+				out = append(out, api.PortRange{Low: port + 1, High: r.High})
+			}
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Closed says which addresses a DNS answer may not open for a sandbox
+// whose CIDR rules compiled to entries: loopback, unspecified, the deny
+// set, the host's own addresses host, and the private ranges where no
+// rule of the sandbox's opens them (a name must not rebind onto them).
+func Closed(entries []Entry, host []netip.Addr) func(netip.Addr) bool {
+	return func(a netip.Addr) bool {
+		a = a.Unmap()
+		if a.IsLoopback() || a.IsUnspecified() {
+			return true
+		}
+		if _, ok := denied(netip.PrefixFrom(a, a.BitLen()), host); ok {
+			return true
+		}
+		for _, p := range Private {
+			if p.Contains(a) {
+				return !opens(entries, a)
+			}
+		}
+		return false
+	}
+}
+
+// opens says whether the entry that holds a (the longest match) has
+// rules.
+func opens(entries []Entry, a netip.Addr) bool {
+	best := longest(entries, a)
+	return best != nil && len(best.Rules) > 0
+}
+
+// longest is the entry whose prefix holds addr longest, nil if none.
+func longest(entries []Entry, addr netip.Addr) *Entry {
+	a := netip.AddrFrom16(addr.As16())
+	var best *Entry
+	for i := range entries {
+		e := &entries[i]
+		if e.Prefix.Contains(a) && (best == nil || e.Prefix.Bits() > best.Prefix.Bits()) {
+			best = e
+		}
+	}
+	return best
 }

@@ -1,8 +1,8 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
-	"net"
 	"net/netip"
 	"path"
 	"regexp"
@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
@@ -84,10 +85,6 @@ func kindOf(goType string) string {
 	return "a number"
 }
 
-var hostName = sync.OnceValue(func() *regexp.Regexp {
-	return regexp.MustCompile(`^([a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.?$`)
-})
-
 // Validate checks a policy; the error names the field and what to do.
 func Validate(p *api.Policy) error {
 	bad := func(field, format string, a ...any) error {
@@ -134,8 +131,13 @@ func Validate(p *api.Policy) error {
 		for i, r := range n.Egress {
 			field := fmt.Sprintf("network.egress[%d]", i)
 			pfx, err := parseTo(r.To)
-			if err != nil && !hostName().MatchString(r.To) {
-				return bad(field+".to", "%q is not a CIDR, an address or a host name", r.To)
+			if err != nil {
+				if _, perr := egress.ParsePattern(r.To); perr != nil {
+					return bad(field+".to", "%q is not a CIDR, an address or a domain name (name, *.domain or **.domain): %v", r.To, perr)
+				}
+				if cmp.Or(n.Mode, api.NetworkLoopback) != api.NetworkNAT {
+					return bad(field+".to", "%q is a domain rule, which needs a way out: give network.mode: nat", r.To)
+				}
 			}
 			if d, ok := denied(pfx, nil); err == nil && ok {
 				return bad(field+".to", "%s is in %s, which no rule opens (link-local and metadata addresses, the NAT pool of the host's gateways and other sandboxes, multicast): allow the addresses around it instead", r.To, d)
@@ -272,21 +274,6 @@ func Tightens(cur, next *api.Policy) error {
 			strings.Join(lost, ", "), errdefs.ErrFailedPrecondition)
 	}
 	return nil
-}
-
-// lookup resolves host names with the system resolver.
-var lookup = func(host string) ([]netip.Addr, error) {
-	addrs, err := net.LookupHost(host)
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if ip, err := netip.ParseAddr(a); err == nil {
-			out = append(out, ip.Unmap())
-		}
-	}
-	return out, nil
 }
 
 // Under says whether the sandbox path p is dir or beneath it.

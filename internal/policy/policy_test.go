@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
 )
 
 const issueExample = `apiVersion: dsec/v1
@@ -42,7 +44,7 @@ func TestParseExample(t *testing.T) {
 	}
 	full, err := Parse([]byte(`{"apiVersion":"dsec/v1","kind":"Policy","metadata":{"name":"ci-strict"},
 		"files":{"readOnly":["/opt/harness"],"hidden":["/answers"]},"syscalls":{"deny":["chroot"]},
-		"network":{"egress":[{"to":"10.0.0.0/8","ports":[80,"8000-8100"]},{"to":"localhost","protocol":"udp"}]},
+		"network":{"mode":"nat","egress":[{"to":"10.0.0.0/8","ports":[80,"8000-8100"]},{"to":"*.Pypi.org.","protocol":"tcp"}]},
 		"resources":{"pids":100,"memory":"512M","cpu":0.5}}`))
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +72,10 @@ func TestParseBad(t *testing.T) {
 		{"apiVersion: dsec/v1\nkind: Policy\nfiles:\n  readWrite: [/tmp, tmp]\n", "files.readWrite[1]"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [nosuchcall]\n", "no system call"},
 		{"apiVersion: dsec/v1\nkind: Policy\nsyscalls:\n  deny: [futex]\n", "init needs"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n  - to: \"*.com\"\n", "top-level domain"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n  - to: \"**\"\n", "every name"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n  - to: \"a.*.org\"\n", "nowhere else"},
+		{"apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: pypi.org\n", "needs a way out"},
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  memory: lots\n", "resources.memory"},
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  disk: lots\n", "resources.disk"},
 		{"apiVersion: dsec/v1\nkind: Policy\nresources:\n  disk: 1M\n", "give at least 16 MiB"},
@@ -127,8 +133,57 @@ func TestAllowlist(t *testing.T) {
 	if _, err := Allowlist(many, nil); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("too many port rules: %v", err)
 	}
-	if _, err := Allowlist([]api.EgressRule{{To: "no-such-host.invalid"}}, nil); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("an unresolvable name: %v", err)
+	if e, err := Allowlist([]api.EgressRule{{To: "no-such-host.invalid"}, {To: "*.pypi.org"}}, nil); err != nil || len(e) != 0 {
+		t.Fatalf("domain rules compile to no entries: %+v %v", e, err)
+	}
+}
+
+// TestDomains: domain rules, the addresses they learn (never DoT or
+// QUIC), and the addresses an answer may not open.
+func TestDomains(t *testing.T) {
+	rules := []api.EgressRule{
+		{To: "192.168.7.0/24"}, {To: "0.0.0.0/0", Ports: []api.PortRange{{Low: 22, High: 22}}},
+		{To: "Pypi.org."}, {To: "**.github.com", Ports: []api.PortRange{{Low: 400, High: 1000}}},
+		{To: "dns.test", Protocol: "udp"},
+	}
+	d := Domains(rules)
+	if len(d) != 3 || d[0].Index != 2 || d[0].Pattern.String() != "pypi.org" || d[1].Pattern.String() != "**.github.com" || d[2].Index != 4 {
+		t.Fatalf("Domains: %+v", d)
+	}
+	a, b := netip.MustParseAddr("203.0.113.5"), netip.MustParseAddr("2001:db8::5")
+	learned := Learned(rules, []egress.Learned{{Addr: a, Rule: 2}, {Addr: b, Rule: 3}, {Addr: a, Rule: 4}, {Addr: a, Rule: 99}})
+	entries, err := Allowlist(append(slices.Clip(rules), learned...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		addr  netip.Addr
+		port  uint16
+		proto uint8
+		want  bool
+	}{
+		{a, 443, ProtoTCP, true}, {a, 80, ProtoTCP, true}, {a, 853, ProtoTCP, false}, {a, 443, ProtoUDP, false},
+		{a, 853, ProtoUDP, false}, {a, 53, ProtoUDP, true}, {a, 22, ProtoTCP, true},
+		{b, 443, ProtoTCP, true}, {b, 853, ProtoTCP, false}, {b, 1001, ProtoTCP, false}, {b, 443, ProtoUDP, false}, {b, 500, ProtoUDP, true},
+		{netip.MustParseAddr("203.0.113.6"), 443, ProtoTCP, false},
+	} {
+		if got := Allows(entries, c.addr, c.port, c.proto); got != c.want {
+			t.Errorf("%s port %d proto %d: allowed %v, want %v", c.addr, c.port, c.proto, got, c.want)
+		}
+	}
+	static, err := Allowlist(rules, []netip.Addr{netip.MustParseAddr("198.51.100.1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := Closed(static, []netip.Addr{netip.MustParseAddr("198.51.100.1")})
+	for s, want := range map[string]bool{
+		"127.0.0.1": true, "::1": true, "0.0.0.0": true, "::ffff:127.0.0.1": true, "169.254.169.254": true,
+		"10.200.0.6": true, "198.51.100.1": true, "10.1.2.3": true, "172.16.0.1": true, "fd00::1": true, "fe80::1": true,
+		"192.168.7.9": false, "192.168.8.9": true, "203.0.113.5": false, "2001:db8::1": false,
+	} {
+		if got := closed(netip.MustParseAddr(s)); got != want {
+			t.Errorf("closed(%s) = %v, want %v", s, got, want)
+		}
 	}
 }
 

@@ -103,6 +103,7 @@ func driverOf(name string) (driver, error) {
 // teardown every backend's is.
 func (sb *Sandbox) killInstance() []error {
 	var errs []error
+	sb.stopDNS()
 	if sb.c != nil {
 		sb.c.Destroy()
 		sb.c = nil

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
@@ -27,14 +28,14 @@ import (
 )
 
 // withPolicy compiles p (nil: the default) for a sandbox being made:
-// its effective form, its egress allowlist (host names resolved now and
-// pinned) and its resource limits folded into l.
+// its effective form, its egress allowlist (domain rules learn their
+// addresses as it runs) and its resource limits folded into l.
 func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cgroup.Limits, error) {
 	eff := policy.Effective(p)
 	if err := policy.Validate(eff); err != nil {
 		return nil, nil, l, err
 	}
-	entries, err := allowlist(eff)
+	entries, err := allowlist(eff, nil)
 	if err != nil {
 		return nil, nil, l, err
 	}
@@ -42,25 +43,43 @@ func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cg
 	return eff, entries, l, err
 }
 
-// allowlist compiles eff's egress rules; in network mode nat the host's
-// own addresses are closed to them too (a loopback sandbox cannot leave
-// its namespace to reach them).
-func allowlist(eff *api.Policy) ([]policy.Entry, error) {
+// allowlist compiles eff's egress rules and the addresses its domain
+// rules learned; in network mode nat the host's own addresses are
+// closed to them too (a loopback sandbox cannot leave its namespace to
+// reach them). With domain rules, DNS may go anywhere: the host sends it
+// to the sandbox's resolver (dns_linux.go).
+func allowlist(eff *api.Policy, learned []egress.Learned) ([]policy.Entry, error) {
+	host, err := hostAddrs(eff.Network.Mode)
+	if err != nil {
+		return nil, err
+	}
+	rules := eff.Network.Egress
+	if hasDomains(eff) {
+		rules = append(slices.Clip(rules), policy.ResolverRule)
+		rules = append(rules, policy.Learned(eff.Network.Egress, learned)...)
+	}
+	return policy.Allowlist(rules, host)
+}
+
+// hostAddrs are the host's addresses a sandbox in network mode mode may
+// not reach (loopback's: none).
+func hostAddrs(mode string) ([]netip.Addr, error) {
+	if mode != api.NetworkNAT {
+		return nil, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("the host's addresses: %w", err)
+	}
 	var host []netip.Addr
-	if eff.Network.Mode == api.NetworkNAT {
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			return nil, fmt.Errorf("the host's addresses: %w", err)
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok && !ip.IsLoopback() {
-					host = append(host, ip.Unmap())
-				}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && !ip.IsLoopback() {
+				host = append(host, ip.Unmap())
 			}
 		}
 	}
-	return policy.Allowlist(eff.Network.Egress, host)
+	return host, nil
 }
 
 // policyLimits tightens l by the policy's resources: the lower of the two
@@ -155,6 +174,14 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		return nil, fmt.Errorf("network.mode %s is fixed when a sandbox is made: dsec rm it and dsec run --policy to have %s: %w",
 			mode(cur), mode(eff), errdefs.ErrFailedPrecondition)
 	}
+	// What its domain rules learned stays where a rule of the new
+	// policy still allows the name.
+	learned := relearned(eff, sb.Learned)
+	if len(learned) > 0 {
+		if entries, err = allowlist(eff, learned); err != nil {
+			return nil, err
+		}
+	}
 	rep := &api.PolicyReport{Now: []string{}, NewProcesses: []string{}}
 	// On the shared uppers file system the bound is its quota group's
 	// limit: it may grow or shrink (below what is written: no more
@@ -203,7 +230,14 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 			return nil, err
 		}
 	}
-	sb.Policy, sb.Allowlist, sb.Limits = eff, entries, limits
+	sb.Policy, sb.Allowlist, sb.Limits, sb.Learned = eff, entries, limits, learned
+	if running { // a resolver if it now has domain rules, none if not
+		if !hasDomains(eff) {
+			sb.stopDNS()
+		} else if err := sb.startDNS(); err != nil {
+			return nil, err
+		}
+	}
 	if err := sb.save(); err != nil {
 		return nil, err
 	}

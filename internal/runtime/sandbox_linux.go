@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
@@ -143,9 +145,12 @@ type State struct {
 	// Top is the last snapshot packed from this sandbox: the parent of
 	// the next, which then holds only what changed since.
 	Top *layer.Lower `json:"top,omitempty"`
-	// Allowlist is the policy's egress rules as applied (host names
-	// resolved when it was applied, pinned).
+	// Allowlist is the policy's egress rules as applied, with the
+	// addresses its domain rules learned (Learned).
 	Allowlist []policy.Entry `json:"allowlist,omitempty"`
+	// Learned are the addresses the sandbox's resolver answered for its
+	// domain rules, each allowed until it expires.
+	Learned []egress.Learned `json:"learned,omitempty"`
 	// Toolkit are the paths the toolkit layers bring, read-only unless
 	// the policy lets them be written.
 	Toolkit []string `json:"toolkit,omitempty"`
@@ -181,6 +186,9 @@ type Sandbox struct {
 	// prestarted is the warm instance the driver's newID took for this
 	// sandbox's first start (nil: none, or start took it).
 	prestarted any
+	// dns is its resolver while it serves (sandboxes with domain rules,
+	// in a worker).
+	dns *resolver
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
 	restore *vmRestore
@@ -429,7 +437,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if sb.Policy == nil { // made by a dsec without policies
 		sb.Policy = policy.Effective(nil)
 		var err error
-		if sb.Allowlist, err = allowlist(sb.Policy); err != nil {
+		if sb.Allowlist, err = allowlist(sb.Policy, nil); err != nil {
 			return err
 		}
 	}
@@ -450,6 +458,9 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
 	s := startSpec{rootfs: []mount.Mount{ov}, images: images, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}
 	if err := d.start(ctx, sb, m, s); err != nil {
+		return err
+	}
+	if err := sb.startDNS(); err != nil {
 		return err
 	}
 	sb.Status = Running
@@ -518,6 +529,11 @@ func Load(root, name string) (*Sandbox, error) {
 		}
 		if sb.c == nil && !sb.Paused {
 			sb.Status = Dead
+		}
+		if sb.Status == Running {
+			if err := sb.startDNS(); err != nil {
+				slog.Warn("the sandbox's resolver did not start: its names do not resolve", "sandbox", name, "err", err)
+			}
 		}
 	}
 	if !sb.Paused { // a paused one's execs are recovered when it resumes

@@ -225,7 +225,7 @@ func ipNet(a netip.Addr, bits int) *net.IPNet {
 // removes the masquerade rule.
 func Down(owner string) error {
 	return natSlots.GiveBack(owner, func(idx int) error {
-		return natRelease(&NAT{Index: idx, Link: fmt.Sprintf("dsec%04x", idx)})
+		return natRelease(slot(idx))
 	})
 }
 
@@ -237,6 +237,9 @@ func natRelease(n *NAT) error {
 		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("remove %s: %w", n.Link, err))
 		}
+	}
+	if err := Resolve(n, false); err != nil {
+		errs = append(errs, err)
 	}
 	if err := natSlots.Free(n.Index); err != nil {
 		errs = append(errs, err)
@@ -284,7 +287,7 @@ func masquerade(on bool) error {
 				}
 			}
 		}
-		if fw != nil && n == 3 {
+		if fw != nil && n == 4 {
 			if rules, err := c.GetRules(have, fw); err == nil && len(rules) == forwardRules {
 				return nil
 			}
@@ -301,8 +304,31 @@ func masquerade(on bool) error {
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("dsec")}, // iifname "dsec*"
 		}, inPrefix(12, natPool)...)
+		// The DNS of a sandbox with domain rules (its address in the
+		// set): every query, whatever server it names, to its gateway,
+		// where its resolver listens (Resolve); and that is all of the
+		// host it reaches.
+		resolved := &nftables.Set{Table: t, Name: resolvedSet, KeyType: nftables.TypeIPAddr}
+		if err := c.AddSet(resolved, nil); err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
+		dns := func(proto byte) []expr.Any {
+			return append(slices.Clip(fromSandbox),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+				&expr.Lookup{SourceRegister: 1, SetName: resolved.Name, SetID: resolved.ID},
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 53}})
+		}
+		pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(dns(proto), &expr.Redir{})})
+			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(dns(proto), &expr.Verdict{Kind: expr.VerdictAccept})})
+		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
 		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
@@ -334,8 +360,43 @@ func masquerade(on bool) error {
 }
 
 // forwardRules is how many rules the forward chain holds: a table with
-// fewer is an older worker's, made anew.
+// fewer (or fewer chains) is an older worker's, made anew.
 const forwardRules = 4
+
+// resolvedSet holds the addresses of the sandboxes whose DNS goes to
+// their resolvers.
+const resolvedSet = "resolved"
+
+// Resolve sends all DNS (UDP and TCP port 53, to any address) of the
+// sandbox n to its gateway, where the worker's resolver for it listens;
+// off, it goes where it was sent again (if its allowlist lets it).
+func Resolve(n *NAT, on bool) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable}
+	set, err := c.GetSetByName(t, resolvedSet)
+	if err != nil {
+		if !on {
+			return nil
+		}
+		return fmt.Errorf("nftables: the set of sandboxes with a resolver: %w", err)
+	}
+	el := []nftables.SetElement{{Key: netip.MustParseAddr(n.Sandbox).AsSlice()}}
+	if on {
+		err = c.SetAddElements(set, el)
+	} else {
+		err = c.SetDeleteElements(set, el)
+	}
+	if err == nil {
+		err = c.Flush()
+	}
+	if err != nil && (on || !errors.Is(err, unix.ENOENT)) {
+		return fmt.Errorf("nftables: the sandbox's DNS to its resolver: %w", err)
+	}
+	return nil
+}
 
 // ctState matches a packet whose conntrack state has the bit.
 func ctState(bit uint32) []expr.Any {

@@ -13,8 +13,9 @@ import (
 // the test's own, at net.2 (the host's side of the link, named link,
 // net.1; net is the first three octets of a /30), it answers every
 // connection to port 8080 with "hello from outside". Tests of packages
-// that may run at once give each their own link and net.
-func Outside(t *testing.T, link, net string) {
+// that may run at once give each their own link and net. It returns the
+// server's pid: its network namespace is the outside's.
+func Outside(t *testing.T, link, net string) int {
 	t.Helper()
 	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
 	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}
@@ -60,4 +61,5 @@ func Outside(t *testing.T, link, net string) {
 	if lo, err := h.LinkByName("lo"); err == nil {
 		h.LinkSetUp(lo)
 	}
+	return srv.Process.Pid
 }

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
@@ -118,6 +119,8 @@ type Config struct {
 	E2B worker.E2B
 	// MicroVM: worker.Config's (microvmtest.Settings).
 	MicroVM microvm.Settings
+	// DNS: worker.Config's (the upstream of domain rules' resolvers).
+	DNS egress.Config
 }
 
 // StartWorkerWith is StartWorker with cfg.

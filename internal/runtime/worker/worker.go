@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
@@ -62,6 +63,8 @@ type Config struct {
 	CgroupParent string
 	// MicroVM configures the microvm backend.
 	MicroVM microvm.Settings
+	// DNS configures the resolvers of sandboxes with domain rules.
+	DNS egress.Config
 }
 
 // E2B configures the E2B front: the address it listens on (HOST:PORT;

@@ -153,6 +153,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		cgroup.Parent = cfg.CgroupParent
 	}
 	runtime.SetMicroVM(cfg.MicroVM)
+	runtime.SetDNS(cfg.DNS)
 	if h, err := runtime.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)
 	} else {

@@ -1,0 +1,302 @@
+package runtime
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/network"
+)
+
+// Domain rules. A sandbox in network mode nat whose policy has domain
+// rules (to: a name, *.domain, **.domain) gets a resolver of its own in
+// the worker, on its gateway's port 53: the host sends every DNS packet
+// of the sandbox there, whatever server it names (network.Resolve). The
+// resolver answers only names its rules allow (egress.Resolver) and,
+// before each answer leaves, adds the answer's addresses to the
+// sandbox's allowlist, on the rule's ports, until the answer's TTL (at
+// least MinTTL) and a grace have passed. A connect to an address no
+// answer gave, or given under another rule's ports, fails as before.
+
+// dnsConfig is the worker's (SetDNS); nil: no resolvers (not a worker).
+var dnsConfig atomic.Pointer[egress.Config]
+
+// SetDNS makes this process serve sandboxes' DNS (a worker does, as it
+// starts).
+func SetDNS(c egress.Config) {
+	c.MinTTL = cmpDuration(c.MinTTL, 30*time.Second)
+	c.Grace = cmpDuration(c.Grace, 30*time.Second)
+	dnsConfig.Store(&c)
+}
+
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// MaxLearned bounds a sandbox's learned addresses: past it, the ones
+// soonest to expire go first.
+const MaxLearned = 1024
+
+// upstreams are c's servers as host:port, or the host's.
+func upstreams(c *egress.Config) ([]string, error) {
+	servers := c.Upstream
+	if len(servers) == 0 {
+		var err error
+		if servers, err = hostResolvers("/etc/resolv.conf"); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]string, 0, len(servers))
+	for _, s := range servers {
+		if a, err := netip.ParseAddr(s); err == nil {
+			s = netip.AddrPortFrom(a, 53).String()
+		}
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no upstream DNS server: /etc/resolv.conf names none; give dns.upstream")
+	}
+	return out, nil
+}
+
+// hostResolvers are the nameservers of a resolv.conf.
+func hostResolvers(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("the host's DNS servers: %w", err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				out = append(out, a.String())
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// resolver is a sandbox's resolver while it serves.
+type resolver struct {
+	stopServers func()
+	closed      atomic.Bool
+	done        chan struct{}
+}
+
+// hasDomains says whether eff has domain rules.
+func hasDomains(eff *api.Policy) bool {
+	return eff != nil && eff.Network != nil && len(policy.Domains(eff.Network.Egress)) > 0
+}
+
+// startDNS starts sb's resolver if it needs one and this process is a
+// worker; sb.mu is held.
+func (sb *Sandbox) startDNS() error {
+	cfg := dnsConfig.Load()
+	if cfg == nil || sb.dns != nil || sb.NAT == nil || !hasDomains(sb.Policy) {
+		return nil
+	}
+	up, err := upstreams(cfg)
+	if err != nil {
+		return err
+	}
+	gw, self := sb.NAT.Host, netip.MustParseAddr(sb.NAT.Sandbox)
+	pc, err := net.ListenPacket("udp4", net.JoinHostPort(gw, "53"))
+	if err != nil {
+		return fmt.Errorf("the sandbox's resolver: %w", err)
+	}
+	l, err := net.Listen("tcp4", net.JoinHostPort(gw, "53"))
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("the sandbox's resolver: %w", err)
+	}
+	r := &resolver{done: make(chan struct{})}
+	res := &egress.Resolver{Upstream: up, MinTTL: cfg.MinTTL, Grace: cfg.Grace, Closed: sb.closedTo}
+	inner := res.Handler(sb.domainRules, func(l []egress.Learned) error { return sb.learn(r, l) })
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		// Only its own sandbox: another's queries never reach this
+		// address (its allowlist and the host's table), and would learn
+		// for the wrong one.
+		if a, ok := netip.AddrFromSlice(remoteIP(w.RemoteAddr())); !ok || a.Unmap() != self {
+			return
+		}
+		inner.ServeDNS(w, q)
+	})
+	r.stopServers = egress.Serve(pc, l, h)
+	if err := network.Resolve(sb.NAT, true); err != nil {
+		r.stop()
+		return err
+	}
+	go sb.expire(r)
+	sb.dns = r
+	return nil
+}
+
+func remoteIP(a net.Addr) net.IP {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		return a.IP
+	case *net.TCPAddr:
+		return a.IP
+	}
+	return nil
+}
+
+func (r *resolver) stop() {
+	if r.closed.Swap(true) {
+		return
+	}
+	close(r.done)
+	r.stopServers()
+}
+
+// stopDNS stops sb's resolver; sb.mu is held.
+func (sb *Sandbox) stopDNS() {
+	if sb.dns != nil {
+		sb.dns.stop()
+		sb.dns = nil
+	}
+}
+
+// lock takes sb.mu for the resolver r, unless r is stopped meanwhile
+// (its stop may wait, holding sb.mu, for the query that asks) or it
+// takes too long.
+func (sb *Sandbox) lockFor(r *resolver) bool {
+	deadline := time.Now().Add(3 * time.Second)
+	for !sb.mu.TryLock() {
+		if r.closed.Load() || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if r.closed.Load() {
+		sb.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// domainRules are sb's domain rules now (a policy applied live changes
+// them).
+func (sb *Sandbox) domainRules() []egress.Rule {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return policy.Domains(sb.Policy.Network.Egress)
+}
+
+// closedTo says whether an answer's address is closed to sb (its deny
+// set, the host's addresses, private ranges its rules do not open).
+func (sb *Sandbox) closedTo(a netip.Addr) bool {
+	sb.mu.Lock()
+	entries := sb.Allowlist
+	sb.mu.Unlock()
+	host, err := hostAddrs(api.NetworkNAT)
+	if err != nil {
+		return true
+	}
+	return policy.Closed(entries, host)(a)
+}
+
+// learn adds what an answer taught to sb's allowlist before the answer
+// leaves.
+func (sb *Sandbox) learn(r *resolver, learned []egress.Learned) error {
+	if !sb.lockFor(r) {
+		return errors.New("the sandbox is busy")
+	}
+	defer sb.mu.Unlock()
+	changed := false
+	for _, l := range learned {
+		i := slices.IndexFunc(sb.Learned, func(o egress.Learned) bool { return o.Addr == l.Addr && o.Rule == l.Rule })
+		switch {
+		case i < 0:
+			sb.Learned = append(sb.Learned, l)
+			changed = true
+		case l.Expires.After(sb.Learned[i].Expires):
+			sb.Learned[i].Expires = l.Expires // no new address: no new list
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if len(sb.Learned) > MaxLearned {
+		slices.SortFunc(sb.Learned, func(a, b egress.Learned) int { return b.Expires.Compare(a.Expires) })
+		sb.Learned = sb.Learned[:MaxLearned]
+	}
+	return sb.relearn()
+}
+
+// relearn applies sb's policy and learned addresses as its allowlist;
+// sb.mu is held.
+func (sb *Sandbox) relearn() error {
+	entries, err := allowlist(sb.Policy, sb.Learned)
+	if err != nil {
+		return err
+	}
+	if sb.g != nil {
+		if err := policy.ApplyNetwork(sb.g.Path(), sb.Allowlist, entries); err != nil {
+			return err
+		}
+	}
+	sb.Allowlist = entries
+	return sb.save()
+}
+
+// expire drops sb's learned addresses as they expire, until r stops.
+func (sb *Sandbox) expire(r *resolver) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-tick.C:
+		}
+		if !sb.lockFor(r) {
+			continue
+		}
+		now := time.Now()
+		n := len(sb.Learned)
+		sb.Learned = slices.DeleteFunc(sb.Learned, func(l egress.Learned) bool { return now.After(l.Expires) })
+		if len(sb.Learned) != n {
+			if err := sb.relearn(); err != nil {
+				slog.Warn("the sandbox's expired addresses stay allowed", "sandbox", sb.Name, "err", err)
+			}
+		}
+		sb.mu.Unlock()
+	}
+}
+
+// relearned are learned as the policy eff has them: each under the
+// first of its domain rules that still allows its name (nil: none
+// does).
+func relearned(eff *api.Policy, learned []egress.Learned) []egress.Learned {
+	rules := policy.Domains(eff.Network.Egress)
+	var out []egress.Learned
+	for _, l := range learned {
+		for _, r := range rules {
+			if r.Pattern.Match(l.Name) {
+				l.Rule = r.Index
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,208 @@
+package sdk_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
+	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+)
+
+// fakeDNS is the outside's authoritative server: it answers from zone
+// (name -> A records, TTL 1) and logs every name it is asked.
+type fakeDNS struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (f *fakeDNS) asked(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Contains(f.log, dns.Fqdn(name))
+}
+
+// serveOutside serves DNS on addr:53 in the network namespace of pid.
+func serveOutside(t *testing.T, pid int, addr string, zone map[string][]string) *fakeDNS {
+	t.Helper()
+	f := &fakeDNS{}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	pc, perr := net.ListenPacket("udp4", addr+":53")
+	l, lerr := net.Listen("tcp4", addr+":53")
+	netns.Set(orig)
+	ns.Close()
+	orig.Close()
+	runtime.UnlockOSThread()
+	if perr != nil || lerr != nil {
+		t.Fatal(perr, lerr)
+	}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		name := strings.ToLower(q.Question[0].Name)
+		f.mu.Lock()
+		f.log = append(f.log, name)
+		f.mu.Unlock()
+		if q.Question[0].Qtype == dns.TypeA {
+			for _, a := range zone[name] {
+				rr, _ := dns.NewRR(fmt.Sprintf("%s 1 IN A %s", name, a))
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		if _, ok := zone[name]; !ok {
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})
+	t.Cleanup(egress.Serve(pc, l, h))
+	return f
+}
+
+// TestDomainEgress: a sandbox whose policy allows names reaches them
+// once it resolved them, through its own resolver in the worker, and
+// nothing else: not a name's address before the answer, not another
+// name (never even asked upstream), not a name's address past its TTL,
+// not a name's rebinding onto the host's or link-local addresses; its
+// DNS to any server goes to its resolver; a policy applied live revokes
+// what a removed rule learned; a worker that restarts serves it again.
+func TestDomainEgress(t *testing.T) {
+	cfg := runtimetest.Config{DNS: egress.Config{Upstream: []string{"10.204.0.2"}, MinTTL: time.Second, Grace: time.Second}}
+	w, c := setupWith(t, cfg)
+	pid := runtimetest.Outside(t, "dsecdns", "10.204.0")
+	auth := serveOutside(t, pid, "10.204.0.2", map[string][]string{
+		"allowed.test.":        {"10.204.0.2"},
+		"evil.test.":           {"10.204.0.2"},
+		"a.allowed.test.":      {"10.204.0.2"},
+		"rebind.allowed.test.": {"127.0.0.1", "169.254.169.254", "10.200.0.1"},
+	})
+	ctx := context.Background()
+	pol := func(rules ...api.EgressRule) *api.Policy {
+		return &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: rules}}
+	}
+	web := []api.PortRange{{Low: 8080, High: 8080}}
+	// The outside's /24 is private: named (on another port), so a name
+	// may resolve into it.
+	allowed := pol(api.EgressRule{To: "allowed.test", Ports: web}, api.EgressRule{To: "*.allowed.test", Ports: web},
+		api.EgressRule{To: "10.204.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}}})
+	sb := create(t, c, api.SandboxSpec{Name: "names", Policy: allowed})
+	const connect = "nc -w 2 10.204.0.2 8080 </dev/null 2>&1"
+	reach := func(id string) bool {
+		out, res := run(t, sb, "reach-"+id, connect)
+		return res.ExitCode == 0 && strings.Contains(out, "hello from outside")
+	}
+	lookup := func(id, name, server string) string {
+		out, _ := run(t, sb, "lookup-"+id, "nslookup "+name+" "+server+" 2>&1")
+		return out
+	}
+	if reach("before") {
+		t.Fatal("the address was reached before any answer gave it")
+	}
+	// Any server named: the answer is the sandbox's resolver's.
+	if out := lookup("resolve", "allowed.test", "192.0.2.53"); !strings.Contains(out, "10.204.0.2") {
+		t.Fatalf("nslookup allowed.test: %q", out)
+	}
+	if !reach("after") {
+		t.Fatal("the answered address is not reached")
+	}
+	if out, res := run(t, sb, "other-port", "nc -w 2 10.204.0.2 8081 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "refused") {
+		t.Errorf("a port the rule does not name: %q %+v", out, res)
+	}
+	// Names no rule allows never leave the host, whichever server is
+	// named: the outside's own included.
+	for _, n := range []string{"evil.test", "secret-4242.attacker.test"} {
+		for _, server := range []string{"192.0.2.53", "10.204.0.2"} {
+			if out := lookup("deny-"+n+server, n, server); strings.Contains(out, "10.204.0.2\n") && strings.Contains(out, "Name:") {
+				t.Errorf("nslookup %s %s answered: %q", n, server, out)
+			}
+		}
+		if auth.asked(n) {
+			t.Errorf("the outside's DNS server was asked %s", n)
+		}
+	}
+	if !auth.asked("allowed.test") {
+		t.Error("the outside's DNS server was never asked allowed.test")
+	}
+	// Rebinding: loopback, link-local and the NAT pool are dropped from
+	// answers.
+	if out := lookup("rebind", "rebind.allowed.test", "192.0.2.53"); strings.Contains(out, "127.0.0.1\n") ||
+		strings.Contains(out, "169.254.169.254") || strings.Contains(out, "10.200.0.1\n") {
+		t.Errorf("a rebinding answer: %q", out)
+	}
+	// Past the TTL (1 s), the floor and the grace (1 s each): gone.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; reach(fmt.Sprint("expiring-", i)); i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("the address is still reached 10 s after its answer expired")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// A worker that restarts serves the sandbox's DNS again.
+	w.Kill()
+	runtimetest.StartWorkerWith(t, w.Root, cfg)
+	if out := lookup("restarted", "a.allowed.test", "192.0.2.53"); !strings.Contains(out, "10.204.0.2") {
+		t.Fatalf("nslookup after a worker restart: %q", out)
+	}
+	if !reach("restarted") {
+		t.Fatal("not reached after a worker restart")
+	}
+	// Revoked live: the rule gone, what it learned goes with it.
+	if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: pol(api.EgressRule{To: "other.test", Ports: web})}); err != nil {
+		t.Fatal(err)
+	}
+	if reach("revoked") {
+		t.Error("reached after its rule was removed")
+	}
+	if out := lookup("revoked", "allowed.test", "192.0.2.53"); strings.Contains(out, "Name:") {
+		t.Errorf("a revoked name resolves: %q", out)
+	}
+}
+
+// TestMicroVMDomainEgress: a microVM's guest resolves through its own
+// resolver too (its DNS, sent through its tap, redirected on the host)
+// and reaches what the answer gave, only that.
+func TestMicroVMDomainEgress(t *testing.T) {
+	cfg := runtimetest.Config{MicroVM: microvmtest.Settings(t), DNS: egress.Config{Upstream: []string{"10.205.0.2"}}}
+	_, c := setupWith(t, cfg)
+	pid := runtimetest.Outside(t, "dsecvdns", "10.205.0")
+	auth := serveOutside(t, pid, "10.205.0.2", map[string][]string{"allowed.test.": {"10.205.0.2"}})
+	spec := vmSpec("vmnames")
+	spec.Policy = &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
+		Egress: []api.EgressRule{{To: "allowed.test", Ports: []api.PortRange{{Low: 8080, High: 8080}}},
+			{To: "10.205.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}}}}}}
+	sb := create(t, c, spec)
+	const dial = "for i in 1 2 3; do nc -w 2 10.205.0.2 8080 </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
+	if out, res := run(t, sb, "before", dial); res.ExitCode == 0 || strings.Contains(out, "hello") {
+		t.Fatalf("reached before any answer: %q", out)
+	}
+	if out, _ := run(t, sb, "lookup", "nslookup allowed.test 192.0.2.53 2>&1; nslookup evil.test 192.0.2.53 2>&1"); !strings.Contains(out, "10.205.0.2") {
+		t.Fatalf("nslookup in the guest: %q", out)
+	}
+	if out, res := run(t, sb, "after", dial); res.ExitCode != 0 || !strings.Contains(out, "hello from outside") {
+		t.Fatalf("not reached after the answer: %q %+v", out, res)
+	}
+	if auth.asked("evil.test") {
+		t.Error("the outside's DNS server was asked evil.test")
+	}
+}
