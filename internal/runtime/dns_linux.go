@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/miekg/dns"
 
 	"github.com/dsec-project/dsec/api"
@@ -110,8 +111,11 @@ func hasDomains(eff *api.Policy) bool {
 // worker; sb.mu is held.
 func (sb *Sandbox) startDNS() error {
 	cfg := dnsConfig.Load()
-	if cfg == nil || sb.dns != nil || sb.NAT == nil || !hasDomains(sb.Policy) {
+	if sb.dns != nil || sb.NAT == nil || !hasDomains(sb.Policy) {
 		return nil
+	}
+	if cfg == nil { // its DNS would go out unresolved: fail closed
+		return fmt.Errorf("sandbox %s has domain rules, which only a worker serves (dsec daemon): %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	up, err := upstreams(cfg)
 	if err != nil {
