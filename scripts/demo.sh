@@ -110,17 +110,20 @@ if [ "$(id -u)" = 0 ]; then
 	"$dsec" rm -f demo-vm demo-vm-1-1 demo-vm-1-2 demo-vm-1-3 >/dev/null 2>&1 || true # an interrupted earlier demo's
 	"$dsec" snap rm demo-vm:1 >/dev/null 2>&1 || true
 	"$dsec" run -d --name demo-vm --backend microvm --base demo/busybox:1 --memory 256M
-	# A server whose state is in its memory alone: it counts the requests it answered.
-	"$dsec" exec demo-vm -- sh -c '(n=0; while :; do n=$((n+1)); printf "HTTP/1.0 200 OK\r\n\r\nrequest %d, answered by %s\n" $n "$(hostname)" |
-		nc -l -p 8080 >/dev/null; done) >/dev/null 2>&1 </dev/null & sleep 1'
-	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
-	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
+	# A server whose state is in its memory alone: it counts the requests it answered (each answer made
+	# once a request came, by a shell that reads it: the host name is the answering guest's).
+	"$dsec" exec demo-vm -- sh -c '(n=0; while :; do n=$((n+1)); nc -l -p 8080 -e sh -c "while read -r l && [ \"\$l\" != \"\$(printf \"\\r\")\" ]; do :; done;
+		printf \"HTTP/1.0 200 OK\r\n\r\nrequest $n, answered by %s\n\" \$(hostname)"; done) >/dev/null 2>&1 </dev/null & sleep 1'
+	# (The server listens again a moment after each answer: a request retries until it does.)
+	get() { "$dsec" exec "$1" -- sh -c 'for i in $(seq 20); do wget -q -O - http://127.0.0.1:8080/ 2>/dev/null && exit 0; sleep 0.2; done; exit 1'; }
+	get demo-vm
+	get demo-vm
 	"$dsec" snap pack-diff demo-vm -t demo-vm:1 --memory
 	"$dsec" snap branch demo-vm:1 -n 3
 	for i in 1 2 3; do
-		for _ in $(seq "$i"); do "$dsec" exec "demo-vm-1-$i" -- wget -q -O - http://127.0.0.1:8080/; done
+		for _ in $(seq "$i"); do get "demo-vm-1-$i"; done
 	done
-	"$dsec" exec demo-vm -- wget -q -O - http://127.0.0.1:8080/
+	get demo-vm
 	"$dsec" ps
 	"$dsec" rm -f demo-vm demo-vm-1-1 demo-vm-1-2 demo-vm-1-3
 
