@@ -84,9 +84,11 @@ type EgressRule struct {
 	// (NXDOMAIN for the rest, which never leave the host) and opens the
 	// addresses it answers on the rule's ports until the answer's TTL
 	// (at least dns.min_ttl) and dns.grace have passed; DNS over TLS
-	// (853) and QUIC (UDP 443) stay closed to them. Address-level only:
-	// another name on an address a rule's name resolved to is reachable
-	// too on those ports. No rule opens the
+	// (853) and QUIC (UDP 443) stay closed to them. TCP 80 and 443 go by
+	// name: the worker's proxy reads the TLS server name or HTTP Host,
+	// refuses a name no rule allows there, and dials the name itself.
+	// Other ports are address-level: another name on an address a rule's
+	// name resolved to is reachable too on them. No rule opens the
 	// deny set: link-local 169.254.0.0/16 (the metadata address) and
 	// fe80::/10, dsec's NAT pool 10.200.0.0/16 (the host's gateways and
 	// every other sandbox), multicast, 0.0.0.0/8 and broadcast, and, in

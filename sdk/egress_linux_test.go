@@ -2,8 +2,19 @@ package sdk_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
 	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -33,28 +44,40 @@ func (f *fakeDNS) asked(name string) bool {
 	return slices.Contains(f.log, dns.Fqdn(name))
 }
 
-// serveOutside serves DNS on addr:53 in the network namespace of pid.
-func serveOutside(t *testing.T, pid int, addr string, zone map[string][]string) *fakeDNS {
+// inNetns runs fn in the network namespace of pid (sockets it makes
+// stay there).
+func inNetns(t *testing.T, pid int, fn func()) {
 	t.Helper()
-	f := &fakeDNS{}
 	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer orig.Close()
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ns.Close()
 	if err := netns.Set(ns); err != nil {
 		t.Fatal(err)
 	}
-	pc, perr := net.ListenPacket("udp4", addr+":53")
-	l, lerr := net.Listen("tcp4", addr+":53")
-	netns.Set(orig)
-	ns.Close()
-	orig.Close()
-	runtime.UnlockOSThread()
+	defer netns.Set(orig)
+	fn()
+}
+
+// serveOutside serves DNS on addr:53 in the network namespace of pid.
+func serveOutside(t *testing.T, pid int, addr string, zone map[string][]string) *fakeDNS {
+	t.Helper()
+	f := &fakeDNS{}
+	var pc net.PacketConn
+	var l net.Listener
+	var perr, lerr error
+	inNetns(t, pid, func() {
+		pc, perr = net.ListenPacket("udp4", addr+":53")
+		l, lerr = net.Listen("tcp4", addr+":53")
+	})
 	if perr != nil || lerr != nil {
 		t.Fatal(perr, lerr)
 	}
@@ -204,5 +227,130 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	}
 	if auth.asked("evil.test") {
 		t.Error("the outside's DNS server was asked evil.test")
+	}
+}
+
+// webOutside serves HTTPS on addr:443 (a certificate for each name
+// asked, self-signed) and HTTP on addr:80 in the network namespace of
+// pid: each answer says the server name and Host it was asked for. It
+// returns the server names its hellos carried.
+func webOutside(t *testing.T, pid int, addr string) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var snis []string
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		snis = append(snis, h.ServerName)
+		mu.Unlock()
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: h.ServerName},
+			DNSNames: []string{h.ServerName}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, err
+	}}
+	answer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sni := "-"
+		if r.TLS != nil {
+			sni = r.TLS.ServerName
+		}
+		fmt.Fprintf(w, "sni=%s host=%s\n", sni, r.Host)
+	})
+	var ls, lt net.Listener
+	var errS, errT error
+	inNetns(t, pid, func() {
+		ls, errS = net.Listen("tcp4", addr+":443")
+		lt, errT = net.Listen("tcp4", addr+":80")
+	})
+	if errS != nil || errT != nil {
+		t.Fatal(errS, errT)
+	}
+	for _, srv := range []struct {
+		l net.Listener
+		s *http.Server
+	}{{tls.NewListener(ls, cfg), &http.Server{Handler: answer}}, {lt, &http.Server{Handler: answer}}} {
+		go srv.s.Serve(srv.l)
+		t.Cleanup(func() { srv.s.Close() })
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(snis)
+	}
+}
+
+// TestDomainEgressWeb: a sandbox's web connections go by name: HTTPS
+// and HTTP to an allowed name reach it, whatever address the sandbox
+// dialled (the proxy dials the name itself: a spoofed address sends its
+// bytes to the real server), a hello over many segments too; a name no
+// rule allows, on the allowed name's very address, a hello with no name
+// or an encrypted one, is refused before any of its bytes reach a
+// server; an address and port a CIDR rule allows is reached unread.
+func TestDomainEgressWeb(t *testing.T) {
+	cfg := runtimetest.Config{DNS: egress.Config{Upstream: []string{"10.206.0.2"}}}
+	_, c := setupWith(t, cfg)
+	pid := runtimetest.Outside(t, "dsecweb", "10.206.0")
+	serveOutside(t, pid, "10.206.0.2", map[string][]string{
+		"allowed.test.": {"10.206.0.2"}, "evil.test.": {"10.206.0.2"}, "spoofed.allowed.test.": {"10.206.0.2"},
+	})
+	snis := webOutside(t, pid, "10.206.0.2")
+	pol := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: []api.EgressRule{
+		{To: "allowed.test", Ports: []api.PortRange{{Low: 80, High: 80}, {Low: 443, High: 443}}},
+		{To: "*.allowed.test", Ports: []api.PortRange{{Low: 443, High: 443}}},
+		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}}},
+	}}}
+	sb := create(t, c, api.SandboxSpec{Name: "web", Policy: pol})
+	client := filepath.Join(t.TempDir(), "webclient")
+	build := exec.Command("go", "build", "-o", client, "github.com/dsec-project/dsec/internal/egress/webclient")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the web client: %v: %s", err, out)
+	}
+	f, err := os.Open(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := sb.WriteFile(context.Background(), "/bin/webclient", f, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	get := func(args string) (string, bool) {
+		n++
+		out, res := run(t, sb, fmt.Sprint("get-", n), "webclient "+args+" 2>&1")
+		return out, res.ExitCode == 0
+	}
+	for _, c := range []struct{ args, want string }{
+		{"-sni allowed.test 10.206.0.2:443", "sni=allowed.test host=allowed.test\n"},
+		{"-http -host allowed.test 10.206.0.2:80", "sni=- host=allowed.test\n"},
+		// Dialled anywhere (here where nothing is): dialled by name.
+		{"-sni spoofed.allowed.test 192.0.2.99:443", "sni=spoofed.allowed.test host=spoofed.allowed.test\n"},
+		{"-http -host allowed.test 192.0.2.99:80", "sni=- host=allowed.test\n"},
+		// A hello over many segments.
+		{"-chunk 7 -sni allowed.test 10.206.0.2:443", "sni=allowed.test host=allowed.test\n"},
+		// A CIDR rule's address and port: unread, where it was dialled.
+		{"-http -host whatever.test 10.206.0.2:80", "sni=- host=whatever.test\n"},
+	} {
+		if out, ok := get(c.args); !ok || out != c.want {
+			t.Errorf("webclient %s: %q (ok %v), want %q", c.args, out, ok, c.want)
+		}
+	}
+	// evil.test on allowed.test's very address, a hello with no name, a
+	// look-alike name, an encrypted hello whose outer name is allowed,
+	// a Host no rule allows on an address no CIDR rule opens: refused,
+	// and no hello of theirs reaches the server.
+	for _, args := range []string{"-sni evil.test 10.206.0.2:443", "10.206.0.2:443", "-sni allowed.test.evil.test 10.206.0.2:443",
+		"-sni allowed.test -ech-public allowed.test 10.206.0.2:443", "-http -host evil.test 192.0.2.99:80",
+		"-sni a.b.allowed.test 10.206.0.2:443"} {
+		if out, ok := get(args); ok || strings.Contains(out, "sni=") {
+			t.Errorf("webclient %s: %q (ok %v)", args, out, ok)
+		}
+	}
+	for _, n := range snis() {
+		if n != "allowed.test" && n != "spoofed.allowed.test" {
+			t.Errorf("the server got a hello for %q", n)
+		}
 	}
 }

@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"crypto/ecdh"
-	"crypto/rand"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -10,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/egress/egresstest"
 )
 
 func TestNormalize(t *testing.T) {
@@ -185,33 +185,9 @@ func TestParseHello(t *testing.T) {
 	}
 }
 
-// echConfigList is an ECHConfigList (draft-ietf-tls-esni, 4) with one
-// X25519 config for publicName.
-func echConfigList(t *testing.T, publicName string) []byte {
-	t.Helper()
-	k, err := ecdh.X25519().GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub := k.PublicKey().Bytes()
-	var c []byte
-	c = append(c, 1)          // config_id
-	c = append(c, 0x00, 0x20) // DHKEM(X25519, HKDF-SHA256)
-	c = binary.BigEndian.AppendUint16(c, uint16(len(pub)))
-	c = append(c, pub...)
-	c = append(c, 0, 4, 0, 1, 0, 1) // HKDF-SHA256, AES-128-GCM
-	c = append(c, 0)                // maximum_name_length
-	c = append(c, byte(len(publicName)))
-	c = append(c, publicName...)
-	c = append(c, 0, 0) // extensions
-	cfg := binary.BigEndian.AppendUint16([]byte{0xfe, 0x0d}, uint16(len(c)))
-	cfg = append(cfg, c...)
-	return append(binary.BigEndian.AppendUint16(nil, uint16(len(cfg))), cfg...)
-}
-
 func TestParseHelloECH(t *testing.T) {
 	b := clientHello(t, &tls.Config{ServerName: "evil.test", MinVersion: tls.VersionTLS13,
-		EncryptedClientHelloConfigList: echConfigList(t, "allowed.test")})
+		EncryptedClientHelloConfigList: egresstest.ECHConfigList("allowed.test")})
 	h, err := ParseHello(b)
 	if err != nil || !h.ECH || h.ServerName != "allowed.test" {
 		t.Fatalf("an ECH hello: %+v %v", h, err)

@@ -233,6 +233,11 @@ func Domains(rules []api.EgressRule) []egress.Rule {
 // server it names.
 var ResolverRule = api.EgressRule{To: "0.0.0.0/0", Ports: []api.PortRange{{Low: 53, High: 53}}}
 
+// WebRule lets a sandbox with domain rules open TCP 80 and 443 to any
+// address outside the closed ranges: the host redirects all of it to the
+// sandbox's proxy (network's Resolve), which decides by name.
+var WebRule = api.EgressRule{To: "0.0.0.0/0", Ports: []api.PortRange{{Low: 80, High: 80}, {Low: 443, High: 443}}, Protocol: "tcp"}
+
 // Learned are the rules a domain rule's learned addresses add: each
 // address (a /32 or /128) on the rule's ports and protocols, but for DNS
 // over TLS or QUIC (853) and QUIC (UDP 443), which only a CIDR rule

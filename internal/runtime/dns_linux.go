@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,12 +10,14 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/egress"
@@ -31,6 +34,9 @@ import (
 // sandbox's allowlist, on the rule's ports, until the answer's TTL (at
 // least MinTTL) and a grace have passed. A connect to an address no
 // answer gave, or given under another rule's ports, fails as before.
+// Its web ports (TCP 80 and 443, to any address) go to its proxy on the
+// gateway (egress.Proxy), which decides by the name the connection asks
+// for and dials that name itself.
 
 // dnsConfig is the worker's (SetDNS); nil: no resolvers (not a worker).
 var dnsConfig atomic.Pointer[egress.Config]
@@ -98,6 +104,7 @@ func hostResolvers(path string) ([]string, error) {
 // resolver is a sandbox's resolver while it serves.
 type resolver struct {
 	stopServers func()
+	listeners   []net.Listener // the proxy's
 	closed      atomic.Bool
 	done        chan struct{}
 }
@@ -144,6 +151,19 @@ func (sb *Sandbox) startDNS() error {
 		inner.ServeDNS(w, q)
 	})
 	r.stopServers = egress.Serve(pc, l, h)
+	proxy := &egress.Proxy{Direct: sb.directTo, Allow: sb.allowsName, Lookup: res.Lookup,
+		Refused: func(dst netip.AddrPort, name string, why error) {
+			slog.Info("refused a connection", "sandbox", sb.Name, "to", dst, "name", name, "why", why)
+		}}
+	for _, port := range []int{egress.PortHTTP, egress.PortHTTPS} {
+		l, err := net.Listen("tcp4", net.JoinHostPort(gw, strconv.Itoa(port)))
+		if err != nil {
+			r.stop()
+			return fmt.Errorf("the sandbox's proxy: %w", err)
+		}
+		r.listeners = append(r.listeners, l)
+		go serveProxy(l, self, proxy)
+	}
 	if err := network.Resolve(sb.NAT, true); err != nil {
 		r.stop()
 		return err
@@ -169,6 +189,9 @@ func (r *resolver) stop() {
 	}
 	close(r.done)
 	r.stopServers()
+	for _, l := range r.listeners {
+		l.Close()
+	}
 }
 
 // stopDNS stops sb's resolver; sb.mu is held.
@@ -303,4 +326,80 @@ func relearned(eff *api.Policy, learned []egress.Learned) []egress.Learned {
 		}
 	}
 	return out
+}
+
+// serveProxy hands the proxy each connection the sandbox at self makes
+// to a web port (the host redirected it here), with its original
+// destination.
+func serveProxy(l net.Listener, self netip.Addr, p *egress.Proxy) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		from, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+		dst, err := originalDst(c)
+		if err != nil || from.Addr().Unmap() != self {
+			c.Close()
+			continue
+		}
+		go p.Handle(c, dst)
+	}
+}
+
+// originalDst is where a redirected connection was for (conntrack's
+// SO_ORIGINAL_DST).
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not a TCP connection")
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var dst netip.AddrPort
+	cerr := raw.Control(func(fd uintptr) {
+		// struct sockaddr_in, in an ipv6_mreq's 20 bytes.
+		var m *unix.IPv6Mreq
+		if m, err = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST); err == nil {
+			a := m.Multiaddr
+			dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(a[4:8])), binary.BigEndian.Uint16(a[2:4]))
+		}
+	})
+	return dst, errors.Join(cerr, err)
+}
+
+// directTo says whether sb's CIDR rules allow dst over TCP itself.
+func (sb *Sandbox) directTo(dst netip.AddrPort) bool {
+	sb.mu.Lock()
+	eff := sb.Policy
+	sb.mu.Unlock()
+	host, err := hostAddrs(eff.Network.Mode)
+	if err != nil {
+		return false
+	}
+	entries, err := policy.Allowlist(eff.Network.Egress, host) // domain rules left out
+	return err == nil && policy.Allows(entries, dst.Addr(), dst.Port(), policy.ProtoTCP)
+}
+
+// allowsName says whether one of sb's domain rules allows name on port
+// over TCP.
+func (sb *Sandbox) allowsName(name string, port uint16) bool {
+	sb.mu.Lock()
+	rules := sb.Policy.Network.Egress
+	sb.mu.Unlock()
+	for _, d := range policy.Domains(rules) {
+		r := rules[d.Index]
+		if !d.Pattern.Match(name) || r.Protocol == "udp" {
+			continue
+		}
+		if len(r.Ports) == 0 || slices.ContainsFunc(r.Ports, func(p api.PortRange) bool { return p.Low <= port && port <= p.High }) {
+			return true
+		}
+	}
+	return false
 }

@@ -46,8 +46,8 @@ func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cg
 // allowlist compiles eff's egress rules and the addresses its domain
 // rules learned; in network mode nat the host's own addresses are
 // closed to them too (a loopback sandbox cannot leave its namespace to
-// reach them). With domain rules, DNS may go anywhere: the host sends it
-// to the sandbox's resolver (dns_linux.go).
+// reach them). With domain rules, DNS and the web ports may go anywhere:
+// the host sends them to the sandbox's resolver and proxy (dns_linux.go).
 func allowlist(eff *api.Policy, learned []egress.Learned) ([]policy.Entry, error) {
 	host, err := hostAddrs(eff.Network.Mode)
 	if err != nil {
@@ -55,7 +55,7 @@ func allowlist(eff *api.Policy, learned []egress.Learned) ([]policy.Entry, error
 	}
 	rules := eff.Network.Egress
 	if hasDomains(eff) {
-		rules = append(slices.Clip(rules), policy.ResolverRule)
+		rules = append(slices.Clip(rules), policy.ResolverRule, policy.WebRule)
 		rules = append(rules, policy.Learned(eff.Network.Egress, learned)...)
 	}
 	return policy.Allowlist(rules, host)

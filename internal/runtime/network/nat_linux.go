@@ -278,17 +278,22 @@ func masquerade(on bool) error {
 			return fmt.Errorf("nftables: %w", err)
 		}
 		n := 0
-		var fw *nftables.Chain
+		var fw, in *nftables.Chain
 		for _, ch := range chains {
 			if ch.Table.Name == natTable {
 				n++
-				if ch.Name == "forward" {
+				switch ch.Name {
+				case "forward":
 					fw = ch
+				case "input":
+					in = ch
 				}
 			}
 		}
-		if fw != nil && n == 4 {
-			if rules, err := c.GetRules(have, fw); err == nil && len(rules) == forwardRules {
+		if fw != nil && in != nil && n == 4 {
+			fr, ferr := c.GetRules(have, fw)
+			ir, ierr := c.GetRules(have, in)
+			if ferr == nil && ierr == nil && len(fr) == forwardRules && len(ir) == len(redirects)+1 {
 				return nil
 			}
 		}
@@ -304,30 +309,30 @@ func masquerade(on bool) error {
 			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("dsec")}, // iifname "dsec*"
 		}, inPrefix(12, natPool)...)
-		// The DNS of a sandbox with domain rules (its address in the
-		// set): every query, whatever server it names, to its gateway,
-		// where its resolver listens (Resolve); and that is all of the
-		// host it reaches.
+		// The DNS and web ports of a sandbox with domain rules (its
+		// address in the set): every query and web connection, whatever
+		// address it was for, to its gateway, where its resolver and
+		// proxy listen (Resolve); and that is all of the host it reaches.
 		resolved := &nftables.Set{Table: t, Name: resolvedSet, KeyType: nftables.TypeIPAddr}
 		if err := c.AddSet(resolved, nil); err != nil {
 			return fmt.Errorf("nftables: %w", err)
 		}
-		dns := func(proto byte) []expr.Any {
+		redirected := func(proto byte, port uint16) []expr.Any {
 			return append(slices.Clip(fromSandbox),
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 				&expr.Lookup{SourceRegister: 1, SetName: resolved.Name, SetID: resolved.ID},
 				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 53}})
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)})
 		}
 		pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(dns(proto), &expr.Redir{})})
-			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(dns(proto), &expr.Verdict{Kind: expr.VerdictAccept})})
+		for _, r := range redirects {
+			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
+			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
 		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
 		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
@@ -359,17 +364,26 @@ func masquerade(on bool) error {
 	return nil
 }
 
-// forwardRules is how many rules the forward chain holds: a table with
-// fewer (or fewer chains) is an older worker's, made anew.
+// forwardRules is how many rules the forward chain holds (the input
+// chain: one per redirect, and its drop): a table with others (or other
+// chains) is an older worker's, made anew.
 const forwardRules = 4
 
-// resolvedSet holds the addresses of the sandboxes whose DNS goes to
-// their resolvers.
+// resolvedSet holds the addresses of the sandboxes whose DNS and web
+// ports go to their resolvers and proxies.
 const resolvedSet = "resolved"
 
-// Resolve sends all DNS (UDP and TCP port 53, to any address) of the
-// sandbox n to its gateway, where the worker's resolver for it listens;
-// off, it goes where it was sent again (if its allowlist lets it).
+// redirects are what goes to a resolved sandbox's gateway: DNS (UDP and
+// TCP 53) and the web ports (TCP 80 and 443).
+var redirects = []struct {
+	proto byte
+	port  uint16
+}{{unix.IPPROTO_UDP, 53}, {unix.IPPROTO_TCP, 53}, {unix.IPPROTO_TCP, 80}, {unix.IPPROTO_TCP, 443}}
+
+// Resolve sends all DNS (UDP and TCP port 53) and web connections (TCP
+// 80 and 443) of the sandbox n, to any address, to its gateway, where
+// the worker's resolver and proxy for it listen; off, they go where they
+// were sent again (if its allowlist lets them).
 func Resolve(n *NAT, on bool) error {
 	c, err := nftables.New()
 	if err != nil {
