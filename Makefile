@@ -8,7 +8,7 @@ INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest protobuf-compiler debootstrap \
-	qemu-system-x86 xz-utils
+	qemu-system-x86 xz-utils openssl iproute2
 FUZZTIME ?= 60s
 
 .PHONY: all deps kernel build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench fuzz clean
@@ -129,6 +129,7 @@ bench: build
 	./scripts/bench-remote.sh
 	./scripts/bench-e2b.sh
 	./scripts/bench-microvm.sh
+	./scripts/bench-egress.sh
 	./scripts/bench-vmsnap.sh
 
 fuzz: deps

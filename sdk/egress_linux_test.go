@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -29,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/sdk"
 )
 
 // fakeDNS is the outside's authoritative server: it answers from zone
@@ -46,7 +48,7 @@ func (f *fakeDNS) asked(name string) bool {
 
 // inNetns runs fn in the network namespace of pid (sockets it makes
 // stay there).
-func inNetns(t *testing.T, pid int, fn func()) {
+func inNetns(t testing.TB, pid int, fn func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -68,7 +70,7 @@ func inNetns(t *testing.T, pid int, fn func()) {
 }
 
 // serveOutside serves DNS on addr:53 in the network namespace of pid.
-func serveOutside(t *testing.T, pid int, addr string, zone map[string][]string) *fakeDNS {
+func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{}
 	var pc net.PacketConn
@@ -234,7 +236,7 @@ func TestMicroVMDomainEgress(t *testing.T) {
 // asked, self-signed) and HTTP on addr:80 in the network namespace of
 // pid: each answer says the server name and Host it was asked for. It
 // returns the server names its hellos carried.
-func webOutside(t *testing.T, pid int, addr string) func() []string {
+func webOutside(t testing.TB, pid int, addr string) func() []string {
 	t.Helper()
 	var mu sync.Mutex
 	var snis []string
@@ -252,25 +254,31 @@ func webOutside(t *testing.T, pid int, addr string) func() []string {
 		return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, err
 	}}
 	answer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" { // 64 MiB, for throughput
+			io.CopyN(w, zeros{}, 64<<20)
+			return
+		}
 		sni := "-"
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
 		}
 		fmt.Fprintf(w, "sni=%s host=%s\n", sni, r.Host)
 	})
-	var ls, lt net.Listener
-	var errS, errT error
+	var ls, ls2, lt net.Listener
+	var errS, errS2, errT error
 	inNetns(t, pid, func() {
 		ls, errS = net.Listen("tcp4", addr+":443")
+		ls2, errS2 = net.Listen("tcp4", addr+":8443") // HTTPS a CIDR rule may allow, not proxied
 		lt, errT = net.Listen("tcp4", addr+":80")
 	})
-	if errS != nil || errT != nil {
-		t.Fatal(errS, errT)
+	if errS != nil || errS2 != nil || errT != nil {
+		t.Fatal(errS, errS2, errT)
 	}
 	for _, srv := range []struct {
 		l net.Listener
 		s *http.Server
-	}{{tls.NewListener(ls, cfg), &http.Server{Handler: answer}}, {lt, &http.Server{Handler: answer}}} {
+	}{{tls.NewListener(ls, cfg), &http.Server{Handler: answer}}, {tls.NewListener(ls2, cfg), &http.Server{Handler: answer}},
+		{lt, &http.Server{Handler: answer}}} {
 		go srv.s.Serve(srv.l)
 		t.Cleanup(func() { srv.s.Close() })
 	}
@@ -302,20 +310,7 @@ func TestDomainEgressWeb(t *testing.T) {
 		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}}},
 	}}}
 	sb := create(t, c, api.SandboxSpec{Name: "web", Policy: pol})
-	client := filepath.Join(t.TempDir(), "webclient")
-	build := exec.Command("go", "build", "-o", client, "github.com/dsec-project/dsec/internal/egress/webclient")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the web client: %v: %s", err, out)
-	}
-	f, err := os.Open(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := sb.WriteFile(context.Background(), "/bin/webclient", f, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	putWebclient(t, sb)
 	n := 0
 	get := func(args string) (string, bool) {
 		n++
@@ -351,6 +346,33 @@ func TestDomainEgressWeb(t *testing.T) {
 	for _, n := range snis() {
 		if n != "allowed.test" && n != "spoofed.allowed.test" {
 			t.Errorf("the server got a hello for %q", n)
+		}
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
+
+// putWebclient builds the web client statically into /bin/webclient of
+// each sandbox.
+func putWebclient(t testing.TB, sbs ...*sdk.Sandbox) {
+	t.Helper()
+	client := filepath.Join(t.TempDir(), "webclient")
+	build := exec.Command("go", "build", "-o", client, "github.com/dsec-project/dsec/internal/egress/webclient")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the web client: %v: %s", err, out)
+	}
+	for _, sb := range sbs {
+		f, err := os.Open(client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sb.WriteFile(context.Background(), "/bin/webclient", f, 0o755)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }

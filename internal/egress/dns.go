@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -68,6 +69,42 @@ type Resolver struct {
 	// MaxAddrs bounds the addresses one answer teaches (default 32):
 	// the rest are dropped from it.
 	MaxAddrs int
+
+	// cache holds the IPv4 addresses of names answered, until their TTL
+	// (Lookup's, and what Answer's A answers gave).
+	mu    sync.Mutex
+	cache map[string]cached
+}
+
+type cached struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+// maxCached bounds the names a Resolver remembers.
+const maxCached = 4096
+
+// remember caches name's IPv4 addresses from an answer's records.
+func (r *Resolver) remember(name string, answer []dns.RR, learned []Learned) {
+	ttl := uint32(1 << 31)
+	var addrs []netip.Addr
+	for _, rr := range answer {
+		ttl = min(ttl, rr.Header().Ttl)
+	}
+	for _, l := range learned {
+		if l.Addr.Is4() {
+			addrs = append(addrs, l.Addr)
+		}
+	}
+	if len(addrs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cache == nil || len(r.cache) >= maxCached {
+		r.cache = map[string]cached{}
+	}
+	r.cache[name] = cached{addrs: addrs, expires: time.Now().Add(time.Duration(max(ttl, 1)) * time.Second)}
 }
 
 // Answer answers query under rules, calling learn with the addresses
@@ -113,6 +150,9 @@ func (r *Resolver) Answer(ctx context.Context, query *dns.Msg, rules []Rule, lea
 	}
 	var learned []Learned
 	reply.Answer, learned = r.keep(up.Answer, name, rule)
+	if q.Qtype == dns.TypeA {
+		r.remember(name, reply.Answer, learned)
+	}
 	for _, rr := range up.Ns {
 		if soa, ok := rr.(*dns.SOA); ok { // negative caching's TTL
 			reply.Ns = append(reply.Ns, soa)

@@ -196,8 +196,14 @@ func relay(a, b net.Conn) {
 
 // Lookup resolves name (ASCII form) through the upstream: its A
 // records, the closed ranges left out (IPv4 only: sandboxes reach out
-// over IPv4).
+// over IPv4); an answer is reused until its TTL.
 func (r *Resolver) Lookup(ctx context.Context, name string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	c, ok := r.cache[name]
+	r.mu.Unlock()
+	if ok && time.Now().Before(c.expires) {
+		return c.addrs, nil
+	}
 	up, err := r.ask(ctx, dns.Fqdn(name), dns.TypeA)
 	if err != nil {
 		return nil, err
@@ -205,7 +211,8 @@ func (r *Resolver) Lookup(ctx context.Context, name string) ([]netip.Addr, error
 	if up.Rcode != 0 {
 		return nil, fmt.Errorf("%s: %s", name, dns.RcodeToString[up.Rcode])
 	}
-	_, learned := r.keep(up.Answer, name, Rule{})
+	kept, learned := r.keep(up.Answer, name, Rule{})
+	r.remember(name, kept, learned)
 	out := make([]netip.Addr, 0, len(learned))
 	for _, l := range learned {
 		out = append(out, l.Addr)

@@ -1,13 +1,19 @@
-// Command webclient is the tests' web client inside a sandbox (busybox's
-// wget needs a libc the test layers lack): it connects to ADDR:PORT,
-// speaks TLS there with -sni (none: no server name) unless -http, sends
-// a GET with -host as its Host, and prints the answer's body.
+// Command webclient is the tests' and benchmarks' web client inside a
+// sandbox (busybox's wget needs a libc the test layers lack): it
+// connects to ADDR:PORT, speaks TLS there with -sni (none: no server
+// name) unless -http, sends a GET for -path with -host as its Host, and
+// prints the answer's body.
 //
-//	webclient [-http] [-sni NAME] [-host NAME] [-chunk N] [-ech-public NAME] ADDR:PORT
+//	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-n N] ADDR:PORT
+//	webclient -dns NAME [-n N] SERVER:PORT
 //
 // -chunk writes the connection's bytes N at a time, 5 ms apart (a hello
 // over many segments); -ech-public offers encrypted_client_hello with a
-// made-up config whose public name is NAME.
+// made-up config whose public name is NAME. With -n, it makes N requests
+// (or DNS queries) one after another and prints, instead of a body, the
+// p50 and p99 of the time to the answer's first byte (connect included)
+// and the body's bytes per second: "ttfb-p50-us N", "ttfb-p99-us N",
+// "bytes-per-second N" (DNS: "dns-p50-us N", "dns-p99-us N").
 package main
 
 import (
@@ -19,57 +25,137 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/dsec-project/dsec/internal/egress/egresstest"
 )
 
+type options struct {
+	plain                      bool
+	sni, host, path, echPublic string
+	chunk                      int
+}
+
 func main() {
-	plain := flag.Bool("http", false, "plain HTTP, no TLS")
-	sni := flag.String("sni", "", "the TLS server name")
-	host := flag.String("host", "", "the Host header (default: -sni)")
-	chunk := flag.Int("chunk", 0, "write N bytes at a time")
-	echPublic := flag.String("ech-public", "", "offer ECH with this public name")
+	var o options
+	flag.BoolVar(&o.plain, "http", false, "plain HTTP, no TLS")
+	flag.StringVar(&o.sni, "sni", "", "the TLS server name")
+	flag.StringVar(&o.host, "host", "", "the Host header (default: -sni)")
+	flag.StringVar(&o.path, "path", "/", "the path asked for")
+	flag.IntVar(&o.chunk, "chunk", 0, "write N bytes at a time")
+	flag.StringVar(&o.echPublic, "ech-public", "", "offer ECH with this public name")
+	n := flag.Int("n", 0, "make N requests and print their timings")
+	query := flag.String("dns", "", "ask SERVER for NAME's A records")
 	flag.Parse()
-	if err := run(flag.Arg(0), *plain, *sni, *host, *chunk, *echPublic); err != nil {
+	var err error
+	switch {
+	case *query != "":
+		err = lookups(flag.Arg(0), *query, max(*n, 1))
+	case *n > 0:
+		err = timed(flag.Arg(0), o, *n)
+	default:
+		_, _, err = get(flag.Arg(0), o, os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "webclient:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr string, plain bool, sni, host string, chunk int, echPublic string) error {
+// get makes one request, copies its body to w, and returns the time to
+// its first byte and the body's length.
+func get(addr string, o options, w io.Writer) (time.Duration, int64, error) {
+	start := time.Now()
 	raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
-	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(60 * time.Second))
 	var c net.Conn = raw
-	if chunk > 0 {
-		c = &chunked{Conn: raw, n: chunk}
+	if o.chunk > 0 {
+		c = &chunked{Conn: raw, n: o.chunk}
 	}
-	if !plain {
-		cfg := &tls.Config{ServerName: sni, InsecureSkipVerify: true}
-		if echPublic != "" {
+	if !o.plain {
+		cfg := &tls.Config{ServerName: o.sni, InsecureSkipVerify: true}
+		if o.echPublic != "" {
 			cfg.MinVersion = tls.VersionTLS13
-			cfg.EncryptedClientHelloConfigList = egresstest.ECHConfigList(echPublic)
+			cfg.EncryptedClientHelloConfigList = egresstest.ECHConfigList(o.echPublic)
 		}
 		tc := tls.Client(c, cfg)
 		if err := tc.Handshake(); err != nil {
-			return err
+			return 0, 0, err
 		}
 		c = tc
 	}
+	host := o.host
 	if host == "" {
-		host = sni
+		host = o.sni
 	}
-	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n", o.path, host)
+	br := bufio.NewReader(c)
+	if _, err := br.Peek(1); err != nil {
+		return 0, 0, err
+	}
+	ttfb := time.Since(start)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	defer resp.Body.Close()
-	_, err = io.Copy(os.Stdout, resp.Body)
-	return err
+	n, err := io.Copy(w, resp.Body)
+	return ttfb, n, err
+}
+
+// timed makes n requests and prints their timings.
+func timed(addr string, o options, n int) error {
+	var ttfbs []time.Duration
+	var bytes int64
+	var spent time.Duration
+	for range n {
+		start := time.Now()
+		ttfb, b, err := get(addr, o, io.Discard)
+		if err != nil {
+			return err
+		}
+		spent += time.Since(start)
+		ttfbs = append(ttfbs, ttfb)
+		bytes += b
+	}
+	p50, p99 := quantiles(ttfbs)
+	fmt.Printf("ttfb-p50-us %d\nttfb-p99-us %d\nbytes-per-second %.0f\n", p50.Microseconds(), p99.Microseconds(), float64(bytes)/spent.Seconds())
+	return nil
+}
+
+// lookups asks server for name's A records n times and prints the
+// timings.
+func lookups(server, name string, n int) error {
+	var took []time.Duration
+	c := &dns.Client{Timeout: 5 * time.Second}
+	for range n {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		start := time.Now()
+		r, _, err := c.Exchange(m, server)
+		if err != nil {
+			return err
+		}
+		if len(r.Answer) == 0 {
+			return fmt.Errorf("%s: no answer (%s)", name, dns.RcodeToString[r.Rcode])
+		}
+		took = append(took, time.Since(start))
+	}
+	p50, p99 := quantiles(took)
+	fmt.Printf("dns-p50-us %d\ndns-p99-us %d\n", p50.Microseconds(), p99.Microseconds())
+	return nil
+}
+
+func quantiles(d []time.Duration) (p50, p99 time.Duration) {
+	slices.Sort(d)
+	return d[len(d)/2], d[min(len(d)-1, len(d)*99/100)]
 }
 
 type chunked struct {

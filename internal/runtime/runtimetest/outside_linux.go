@@ -15,7 +15,7 @@ import (
 // connection to port 8080 with "hello from outside". Tests of packages
 // that may run at once give each their own link and net. It returns the
 // server's pid: its network namespace is the outside's.
-func Outside(t *testing.T, link, net string) int {
+func Outside(t testing.TB, link, net string) int {
 	t.Helper()
 	srv := exec.Command("/bin/busybox", "sh", "-c", "while :; do echo hello from outside | nc -l -p 8080; done")
 	srv.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Setpgid: true}

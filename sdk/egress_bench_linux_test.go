@@ -1,0 +1,92 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/egress"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// BenchmarkDomainEgress: what going by name costs, measured inside
+// sandboxes by the web client, against a server outside the host (a
+// network namespace of the benchmark's): HTTPS to an allowed name through
+// the sandbox's proxy (port 443) versus the same server on a port a CIDR
+// rule allows directly (8443): the time to the first byte of the answer,
+// connect and handshake included (DSEC_BENCH_N requests, default 200,
+// in blocks taking turns), and the throughput of one connection
+// downloading 64 MiB (3 each); and a DNS answer through the sandbox's
+// resolver versus the upstream asked directly (from a sandbox with no
+// domain rules).
+func BenchmarkDomainEgress(b *testing.B) {
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("DSEC_BENCH_N")); err == nil && v > 0 {
+		n = v
+	}
+	cfg := runtimetest.Config{DNS: egress.Config{Upstream: []string{"10.207.0.2"}}}
+	w, c := setupWith(b, cfg)
+	_ = w
+	pid := runtimetest.Outside(b, "dsecbweb", "10.207.0")
+	serveOutside(b, pid, "10.207.0.2", map[string][]string{"allowed.test.": {"10.207.0.2"}})
+	webOutside(b, pid, "10.207.0.2")
+	ctx := context.Background()
+	mk := func(name string, rules ...api.EgressRule) *sdk.Sandbox {
+		sb, err := c.Create(ctx, api.SandboxSpec{Name: name, Layers: []string{"ws:1", "bb:1"},
+			Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: rules}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return sb
+	}
+	port := func(p uint16) []api.PortRange { return []api.PortRange{{Low: p, High: p}} }
+	named := mk("named", api.EgressRule{To: "allowed.test", Ports: port(443)}, api.EgressRule{To: "10.207.0.0/24", Ports: port(8443)})
+	plain := mk("plain", api.EgressRule{To: "10.207.0.0/24", Ports: port(53)})
+	putWebclient(b, named, plain)
+	step := 0
+	measure := func(sb *sdk.Sandbox, args string) map[string]float64 {
+		step++
+		var out bytes.Buffer
+		res, err := sb.Exec(ctx, sdk.ExecOptions{ID: fmt.Sprint("bench-", step), Args: []string{"sh", "-c", "webclient " + args}, Stdout: &out, Stderr: &out})
+		if err != nil || res.ExitCode != 0 {
+			b.Fatalf("webclient %s: %v %+v %s", args, err, res, out.String())
+		}
+		m := map[string]float64{}
+		for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok {
+				m[k], _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		return m
+	}
+	b.ResetTimer()
+	var proxied, direct []float64
+	const blocks = 4
+	for range blocks {
+		proxied = append(proxied, measure(named, fmt.Sprintf("-n %d -sni allowed.test 10.207.0.2:443", n/blocks))["ttfb-p50-us"])
+		direct = append(direct, measure(named, fmt.Sprintf("-n %d -sni allowed.test 10.207.0.2:8443", n/blocks))["ttfb-p50-us"])
+	}
+	mean := func(v []float64) float64 {
+		s := 0.0
+		for _, x := range v {
+			s += x
+		}
+		return s / float64(len(v))
+	}
+	b.ReportMetric(mean(proxied)/1000, "proxy-ttfb-p50-ms")
+	b.ReportMetric(mean(direct)/1000, "direct-ttfb-p50-ms")
+	tp := measure(named, "-n 3 -path /big -sni allowed.test 10.207.0.2:443")["bytes-per-second"]
+	td := measure(named, "-n 3 -path /big -sni allowed.test 10.207.0.2:8443")["bytes-per-second"]
+	b.ReportMetric(tp/(1<<20), "proxy-MiB/s")
+	b.ReportMetric(td/(1<<20), "direct-MiB/s")
+	dw := measure(named, fmt.Sprintf("-dns allowed.test -n %d 192.0.2.53:53", n))["dns-p50-us"]
+	dd := measure(plain, fmt.Sprintf("-dns allowed.test -n %d 10.207.0.2:53", n))["dns-p50-us"]
+	b.ReportMetric(dw/1000, "dns-worker-p50-ms")
+	b.ReportMetric(dd/1000, "dns-direct-p50-ms")
+}
