@@ -218,25 +218,25 @@ if [ "$(id -u)" = 0 ]; then
 		ip netns add dsec-demo-web
 		ip link add dsec-demo-w type veth peer name dsec-demo-v
 		ip link set dsec-demo-v netns dsec-demo-web
-		ip addr add 10.208.0.1/30 dev dsec-demo-w && ip link set dsec-demo-w up
-		ip -n dsec-demo-web addr add 10.208.0.2/30 dev dsec-demo-v && ip -n dsec-demo-web link set dsec-demo-v up
+		ip addr add 198.51.100.1/30 dev dsec-demo-w && ip link set dsec-demo-w up
+		ip -n dsec-demo-web addr add 198.51.100.2/30 dev dsec-demo-v && ip -n dsec-demo-web link set dsec-demo-v up
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=allowed.test \
 			-addext "subjectAltName=DNS:allowed.test,DNS:evil.test" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-		ip netns exec dsec-demo-web python3 scripts/demo-outside.py 10.208.0.2 "$work/cert.pem" "$work/key.pem" &
+		ip netns exec dsec-demo-web python3 scripts/demo-outside.py 198.51.100.2 "$work/cert.pem" "$work/key.pem" &
 		web=$!
 		trap 'kill $web 2>/dev/null || true; ip netns del dsec-demo-web 2>/dev/null || true; rm -rf "$work"' EXIT
 		CGO_ENABLED=0 go build -o "$work/webclient" ./internal/egress/webclient
 		printf 'apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  mode: nat\n  egress:\n    - to: allowed.test\n      ports: [443]\n' >"$work/names.yaml"
 		"$dsec" policy validate "$work/names.yaml"
 		"$dsec" daemon stop >/dev/null # its resolvers ask the demo's DNS server from now on
-		export DSEC_DNS_UPSTREAM=10.208.0.2
+		export DSEC_DNS_UPSTREAM=198.51.100.2
 		"$dsec" rm -f demo-names >/dev/null 2>&1 || true # an interrupted earlier demo's
 		"$dsec" run -d --name demo-names --base demo/busybox:1 --policy "$work/names.yaml"
 		"$dsec" cp "$work/webclient" demo-names:/bin/webclient
-		"$dsec" exec demo-names -- sh -c 'echo "allowed.test, asking 8.8.8.8:"; nslookup allowed.test 8.8.8.8 | tail -2;
-			echo "evil.test:"; nslookup evil.test 8.8.8.8 2>&1 | tail -1;
-			echo "HTTPS to allowed.test at 10.208.0.2:"; webclient -sni allowed.test 10.208.0.2:443;
-			echo "HTTPS to evil.test at the same 10.208.0.2:"; webclient -sni evil.test 10.208.0.2:443 2>&1' || true
+		"$dsec" exec demo-names -- sh -c 'echo "allowed.test, asking 8.8.8.8 (answered by its resolver):"; nslookup allowed.test 8.8.8.8 | grep -A1 "^Name:";
+			echo "evil.test (never asked upstream: see the outside DNS server'"'"'s log):"; nslookup evil.test 8.8.8.8 2>&1 | tail -1;
+			echo "HTTPS to allowed.test at 198.51.100.2:"; webclient -sni allowed.test 198.51.100.2:443;
+			echo "HTTPS to evil.test at the same 198.51.100.2:"; webclient -sni evil.test 198.51.100.2:443 2>&1' || true
 		"$dsec" rm -f demo-names
 		kill $web 2>/dev/null || true
 		ip netns del dsec-demo-web
