@@ -143,6 +143,9 @@ type SandboxSpec struct {
 type PolicyRequest struct {
 	Policy *Policy `json:"policy,omitempty"`
 	Name   string  `json:"name,omitempty"`
+	// Reset ends the connections the new policy no longer allows (by
+	// default they live on: the allowlist is checked when one opens).
+	Reset bool `json:"reset,omitempty"`
 }
 
 // PackRequest asks for a snapshot of a running sandbox's changes.

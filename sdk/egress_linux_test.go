@@ -120,18 +120,38 @@ func TestDomainEgress(t *testing.T) {
 		"allowed.test.":        {"10.204.0.2"},
 		"evil.test.":           {"10.204.0.2"},
 		"a.allowed.test.":      {"10.204.0.2"},
+		"all.ports.test.":      {"10.204.0.2"},
 		"rebind.allowed.test.": {"127.0.0.1", "169.254.169.254", "10.200.0.1"},
 	})
+	// A server that takes connections at once, one after another (the
+	// outside's nc listens again only a moment after each).
+	var ln net.Listener
+	inNetns(t, pid, func() { ln, _ = net.Listen("tcp4", "10.204.0.2:8081") })
+	if ln == nil {
+		t.Fatal("listen on 10.204.0.2:8081")
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello from outside\n"))
+			c.Close()
+		}
+	}()
 	ctx := context.Background()
 	pol := func(rules ...api.EgressRule) *api.Policy {
 		return &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: rules}}
 	}
-	web := []api.PortRange{{Low: 8080, High: 8080}}
+	web := []api.PortRange{{Low: 8080, High: 8081}}
 	// The outside's /24 is private: named (on another port), so a name
 	// may resolve into it.
 	allowed := pol(api.EgressRule{To: "allowed.test", Ports: web}, api.EgressRule{To: "*.allowed.test", Ports: web},
-		api.EgressRule{To: "10.204.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}}})
+		api.EgressRule{To: "10.204.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}}}, api.EgressRule{To: "all.ports.test"})
 	sb := create(t, c, api.SandboxSpec{Name: "names", Policy: allowed})
+	putWebclient(t, sb)
 	const connect = "nc -w 2 10.204.0.2 8080 </dev/null 2>&1"
 	reach := func(id string) bool {
 		out, res := run(t, sb, "reach-"+id, connect)
@@ -151,7 +171,7 @@ func TestDomainEgress(t *testing.T) {
 	if !reach("after") {
 		t.Fatal("the answered address is not reached")
 	}
-	if out, res := run(t, sb, "other-port", "nc -w 2 10.204.0.2 8081 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "refused") {
+	if out, res := run(t, sb, "other-port", "nc -w 2 10.204.0.2 8082 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "refused") {
 		t.Errorf("a port the rule does not name: %q %+v", out, res)
 	}
 	// Names no rule allows never leave the host, whichever server is
@@ -174,6 +194,28 @@ func TestDomainEgress(t *testing.T) {
 	if out := lookup("rebind", "rebind.allowed.test", "192.0.2.53"); strings.Contains(out, "127.0.0.1\n") ||
 		strings.Contains(out, "169.254.169.254") || strings.Contains(out, "10.200.0.1\n") {
 		t.Errorf("a rebinding answer: %q", out)
+	}
+	// A rule with every port still leaves DNS over TLS (853) and QUIC
+	// (UDP 443) closed; other UDP is open.
+	lookup("all-ports", "all.ports.test", "192.0.2.53")
+	for _, c := range []struct {
+		args string
+		ok   bool
+	}{{"nc -w 1 10.204.0.2 853", false}, {"webclient -dns x.test 10.204.0.2:443", false}, {"webclient -dns x.test 10.204.0.2:5000", true}} {
+		// (UDP through the web client, whose DNS query is any datagram:
+		// the one to 5000 goes out, and no answer comes.)
+		out, _ := run(t, sb, "udp-"+strings.ReplaceAll(strings.ReplaceAll(c.args, " ", "_"), "-", ""), c.args+" </dev/null 2>&1")
+		if denied := strings.Contains(strings.ToLower(out), "not permitted"); denied == c.ok {
+			t.Errorf("%s: %q", c.args, out)
+		}
+	}
+	// Resolve, then connect at once, 1,000 times: the address is open
+	// before the answer arrives, every time (its 1 s TTL expires along
+	// the way, so answers keep opening it anew).
+	if out, res := run(t, sb, "race", `fail=0; for i in $(seq 1000); do
+		nslookup a.allowed.test 192.0.2.53 >/dev/null 2>&1 && nc -w 2 10.204.0.2 8081 </dev/null 2>/dev/null | grep -q hello || fail=$((fail+1)); done
+		echo failures $fail`); res.ExitCode != 0 || out != "failures 0\n" {
+		t.Errorf("resolve then connect, 1,000 times: %q %+v", out, res)
 	}
 	// Past the TTL (1 s), the floor and the grace (1 s each): gone.
 	deadline := time.Now().Add(10 * time.Second)
@@ -215,7 +257,7 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	spec := vmSpec("vmnames")
 	spec.Policy = &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
 		Egress: []api.EgressRule{{To: "allowed.test", Ports: []api.PortRange{{Low: 8080, High: 8080}}},
-			{To: "10.205.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}}}}}}
+			{To: "10.205.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}, {Low: 8090, High: 8090}}}}}}
 	sb := create(t, c, spec)
 	const dial = "for i in 1 2 3; do nc -w 2 10.205.0.2 8080 </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
 	if out, res := run(t, sb, "before", dial); res.ExitCode == 0 || strings.Contains(out, "hello") {
@@ -229,6 +271,46 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	}
 	if auth.asked("evil.test") {
 		t.Error("the outside's DNS server was asked evil.test")
+	}
+	// A connection the guest holds to a server that ticks: a policy
+	// applied with Reset cuts it (the host forgets the flow; the
+	// server's next writes meet a reset).
+	var ln net.Listener
+	inNetns(t, pid, func() { ln, _ = net.Listen("tcp4", "10.205.0.2:8090") })
+	if ln == nil {
+		t.Fatal("listen on 10.205.0.2:8090")
+	}
+	t.Cleanup(func() { ln.Close() })
+	cut := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for {
+			if _, err := c.Write([]byte("tick\n")); err != nil {
+				cut <- err
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	if out, res := run(t, sb, "hold", "(nc 10.205.0.2 8090 >/tmp/ticks </dev/null &); sleep 2; grep -c tick /tmp/ticks"); res.ExitCode != 0 || out == "0\n" {
+		t.Fatalf("the held connection: %q %+v", out, res)
+	}
+	ctx := context.Background()
+	none := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
+		Egress: []api.EgressRule{{To: "allowed.test", Ports: []api.PortRange{{Low: 8080, High: 8080}}}}}}
+	rep, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: none, Reset: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cut:
+		t.Logf("the server's writes after the reset: %v (%v)", err, rep.Now)
+	case <-time.After(10 * time.Second):
+		t.Errorf("the held connection lives on 10 s after apply --reset: %v", rep.Now)
 	}
 }
 
@@ -254,8 +336,18 @@ func webOutside(t testing.TB, pid int, addr string) func() []string {
 		return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, err
 	}}
 	answer := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/big" { // 64 MiB, for throughput
+		switch r.URL.Path {
+		case "/big": // 64 MiB, for throughput
 			io.CopyN(w, zeros{}, 64<<20)
+			return
+		case "/slow": // a line every 100 ms for a minute
+			for range 600 {
+				if _, err := w.Write([]byte("tick\n")); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				time.Sleep(100 * time.Millisecond)
+			}
 			return
 		}
 		sni := "-"
@@ -307,7 +399,7 @@ func TestDomainEgressWeb(t *testing.T) {
 	pol := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: []api.EgressRule{
 		{To: "allowed.test", Ports: []api.PortRange{{Low: 80, High: 80}, {Low: 443, High: 443}}},
 		{To: "*.allowed.test", Ports: []api.PortRange{{Low: 443, High: 443}}},
-		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}}},
+		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}, {Low: 8443, High: 8443}}},
 	}}}
 	sb := create(t, c, api.SandboxSpec{Name: "web", Policy: pol})
 	putWebclient(t, sb)
@@ -347,6 +439,32 @@ func TestDomainEgressWeb(t *testing.T) {
 		if n != "allowed.test" && n != "spoofed.allowed.test" {
 			t.Errorf("the server got a hello for %q", n)
 		}
+	}
+	// Two long downloads, one through the proxy by name, one direct to
+	// an address and port a CIDR rule allows: a policy without either
+	// rule leaves them be, unless applied with Reset, which ends both.
+	if out, res := run(t, sb, "slow", `for p in 443 8443; do (webclient -sni allowed.test -path /slow 10.206.0.2:$p >/tmp/slow.$p 2>&1; echo $? >/tmp/rc.$p) & done
+		sleep 1; cat /tmp/slow.443 /tmp/slow.8443 | grep -c tick`); res.ExitCode != 0 || out == "0\n" {
+		t.Fatalf("the long downloads: %q %+v", out, res)
+	}
+	ctx := context.Background()
+	other := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
+		Egress: []api.EgressRule{{To: "other.test", Ports: []api.PortRange{{Low: 443, High: 443}}}}}}
+	if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: other}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sb, "kept", "sleep 1; ls /tmp/rc.* 2>/dev/null; echo checked"); out != "checked\n" {
+		t.Errorf("a policy applied without reset ended a connection: %q", out)
+	}
+	rep, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: other, Reset: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Now, "network: 2 connections the policy no longer allows reset") {
+		t.Errorf("apply with reset: %+v", rep)
+	}
+	if out, res := run(t, sb, "reset", `for i in $(seq 50); do [ -e /tmp/rc.443 ] && [ -e /tmp/rc.8443 ] && break; sleep 0.1; done; cat /tmp/rc.443 /tmp/rc.8443`); res.ExitCode != 0 || out != "1\n1\n" {
+		t.Errorf("the downloads after a reset: %q %+v", out, res)
 	}
 }
 

@@ -148,7 +148,7 @@ The JSON schema is docs/policy.schema.json.
 
 func (a *app) policyApplyCommand() *cobra.Command {
 	var file, name string
-	var asJSON bool
+	var asJSON, reset bool
 	cmd := &cobra.Command{
 		Use:   "apply SANDBOX (-f FILE | --name NAME)",
 		Short: "Apply a policy to a sandbox",
@@ -160,13 +160,14 @@ take them back from a running process.
 
 ` + policyNote + "\n\n" + exitCodesHelp,
 		Example: `  dsec policy apply rollout-7 -f allow-pypi.yaml
-  dsec policy apply rollout-7 --name ci-strict --json`,
+  dsec policy apply rollout-7 --name ci-strict --json
+  dsec policy apply rollout-7 -f no-github.yaml --reset   # and end the connections it no longer allows`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if (file == "") == (name == "") {
 				return usageError{errors.New("apply needs a policy: -f FILE or --name NAME")}
 			}
-			req := api.PolicyRequest{Name: name}
+			req := api.PolicyRequest{Name: name, Reset: reset}
 			if file != "" {
 				p, err := a.readPolicy(file)
 				if err != nil {
@@ -198,6 +199,7 @@ take them back from a running process.
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the policy document (\"-\": stdin)")
+	cmd.Flags().BoolVar(&reset, "reset", false, "end the connections the new policy no longer allows (a container's sockets, its proxy's relays; a microVM's flows are dropped); without it they live on")
 	cmd.Flags().StringVar(&name, "name", "", "a stored policy")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd

@@ -49,6 +49,51 @@ type Proxy struct {
 	Timeout time.Duration
 	// Refused, if set, is told of each connection refused, and why.
 	Refused func(dst netip.AddrPort, name string, why error)
+
+	mu   sync.Mutex
+	live map[net.Conn]flow // the connections it relays, by the sandbox's end
+}
+
+// flow is a relayed connection: what it was let through for.
+type flow struct {
+	name string // "": a CIDR rule's destination, relayed unread
+	dst  netip.AddrPort
+	up   net.Conn
+}
+
+// Cut ends the relayed connections still no longer allows (name is ""
+// for one relayed unread to dst), and returns how many.
+func (p *Proxy) Cut(still func(name string, dst netip.AddrPort) bool) int {
+	p.mu.Lock()
+	var gone []net.Conn
+	for c, f := range p.live {
+		if !still(f.name, f.dst) {
+			gone = append(gone, c, f.up)
+			delete(p.live, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range gone {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0) // a reset, as a refusal
+		}
+		c.Close()
+	}
+	return len(gone) / 2
+}
+
+// relay relays c and up as a flow for name and dst until both are done.
+func (p *Proxy) relay(c, up net.Conn, name string, dst netip.AddrPort) {
+	p.mu.Lock()
+	if p.live == nil {
+		p.live = map[net.Conn]flow{}
+	}
+	p.live[c] = flow{name: name, dst: dst, up: up}
+	p.mu.Unlock()
+	relay(c, up)
+	p.mu.Lock()
+	delete(p.live, c)
+	p.mu.Unlock()
 }
 
 // MaxFirst bounds what the Proxy reads for a name: a hello or a
@@ -69,7 +114,7 @@ func (p *Proxy) Handle(c net.Conn, dst netip.AddrPort) {
 			p.refuse(c, dst, "", err)
 			return
 		}
-		relay(c, up)
+		p.relay(c, up, "", dst)
 		return
 	}
 	name, first, err := readName(c, dst.Port(), timeout)
@@ -109,7 +154,7 @@ func (p *Proxy) Handle(c net.Conn, dst netip.AddrPort) {
 		p.refuse(c, dst, name, err)
 		return
 	}
-	relay(c, up)
+	p.relay(c, up, name, dst)
 }
 
 // readName reads from c until the name it asks for is in: a TLS

@@ -103,6 +103,7 @@ func hostResolvers(path string) ([]string, error) {
 
 // resolver is a sandbox's resolver while it serves.
 type resolver struct {
+	proxy       *egress.Proxy
 	stopServers func()
 	listeners   []net.Listener // the proxy's
 	closed      atomic.Bool
@@ -151,7 +152,7 @@ func (sb *Sandbox) startDNS() error {
 		inner.ServeDNS(w, q)
 	})
 	r.stopServers = egress.Serve(pc, l, h)
-	proxy := &egress.Proxy{Direct: sb.directTo, Allow: sb.allowsName, Lookup: res.Lookup,
+	r.proxy = &egress.Proxy{Direct: sb.directTo, Allow: sb.allowsName, Lookup: res.Lookup,
 		Refused: func(dst netip.AddrPort, name string, why error) {
 			slog.Info("refused a connection", "sandbox", sb.Name, "to", dst, "name", name, "why", why)
 		}}
@@ -162,7 +163,7 @@ func (sb *Sandbox) startDNS() error {
 			return fmt.Errorf("the sandbox's proxy: %w", err)
 		}
 		r.listeners = append(r.listeners, l)
-		go serveProxy(l, self, proxy)
+		go serveProxy(l, self, r.proxy)
 	}
 	if err := network.Resolve(sb.NAT, true); err != nil {
 		r.stop()
@@ -378,6 +379,10 @@ func (sb *Sandbox) directTo(dst netip.AddrPort) bool {
 	sb.mu.Lock()
 	eff := sb.Policy
 	sb.mu.Unlock()
+	return directIn(eff, dst)
+}
+
+func directIn(eff *api.Policy, dst netip.AddrPort) bool {
 	host, err := hostAddrs(eff.Network.Mode)
 	if err != nil {
 		return false
@@ -392,6 +397,10 @@ func (sb *Sandbox) allowsName(name string, port uint16) bool {
 	sb.mu.Lock()
 	rules := sb.Policy.Network.Egress
 	sb.mu.Unlock()
+	return nameIn(rules, name, port)
+}
+
+func nameIn(rules []api.EgressRule, name string, port uint16) bool {
 	for _, d := range policy.Domains(rules) {
 		r := rules[d.Index]
 		if !d.Pattern.Match(name) || r.Protocol == "udp" {

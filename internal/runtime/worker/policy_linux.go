@@ -68,6 +68,11 @@ func (w *worker) applyPolicy(r *http.Request, req api.PolicyRequest) (*api.Polic
 	}
 	e.op.Lock()
 	rep, err := e.sb.ApplyPolicy(context.WithoutCancel(r.Context()), p)
+	if err == nil && req.Reset {
+		var n int
+		n, err = e.sb.ResetConnections()
+		rep.Now = append(rep.Now, fmt.Sprintf("network: %d connections the policy no longer allows reset", n))
+	}
 	e.op.Unlock()
 	if err != nil {
 		return nil, err
