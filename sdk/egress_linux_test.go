@@ -244,6 +244,14 @@ func TestDomainEgress(t *testing.T) {
 	if out := lookup("revoked", "allowed.test", "192.0.2.53"); strings.Contains(out, "Name:") {
 		t.Errorf("a revoked name resolves: %q", out)
 	}
+	// No domain rules left: no resolver, and DNS goes where it is sent
+	// again (here, where a CIDR rule lets it).
+	if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: pol(api.EgressRule{To: "10.204.0.0/24", Ports: []api.PortRange{{Low: 53, High: 53}}})}); err != nil {
+		t.Fatal(err)
+	}
+	if out := lookup("direct", "evil.test", "10.204.0.2"); !strings.Contains(out, "Name:") || !auth.asked("evil.test") {
+		t.Errorf("DNS once no domain rule is left: %q (asked upstream: %v)", out, auth.asked("evil.test"))
+	}
 }
 
 // TestMicroVMDomainEgress: a microVM's guest resolves through its own

@@ -115,11 +115,11 @@ func hasDomains(eff *api.Policy) bool {
 	return eff != nil && eff.Network != nil && len(policy.Domains(eff.Network.Egress)) > 0
 }
 
-// startDNS starts sb's resolver if it needs one and this process is a
-// worker; sb.mu is held.
-func (sb *Sandbox) startDNS() error {
+// startDNS starts sb's resolver and proxy if eff (its policy, or the one
+// about to be) needs them and this process is a worker; sb.mu is held.
+func (sb *Sandbox) startDNS(eff *api.Policy) error {
 	cfg := dnsConfig.Load()
-	if sb.dns != nil || sb.NAT == nil || !hasDomains(sb.Policy) {
+	if sb.dns != nil || sb.NAT == nil || !hasDomains(eff) {
 		return nil
 	}
 	if cfg == nil { // its DNS would go out unresolved: fail closed
@@ -195,12 +195,18 @@ func (r *resolver) stop() {
 	}
 }
 
-// stopDNS stops sb's resolver; sb.mu is held.
-func (sb *Sandbox) stopDNS() {
-	if sb.dns != nil {
-		sb.dns.stop()
-		sb.dns = nil
+// stopDNS stops sb's resolver and proxy, and sends its DNS and web
+// ports where they were for again; sb.mu is held.
+func (sb *Sandbox) stopDNS() error {
+	if sb.dns == nil {
+		return nil
 	}
+	sb.dns.stop()
+	sb.dns = nil
+	if sb.NAT == nil {
+		return nil
+	}
+	return network.Resolve(sb.NAT, false)
 }
 
 // lock takes sb.mu for the resolver r, unless r is stopped meanwhile

@@ -103,7 +103,6 @@ func driverOf(name string) (driver, error) {
 // teardown every backend's is.
 func (sb *Sandbox) killInstance() []error {
 	var errs []error
-	sb.stopDNS()
 	if sb.c != nil {
 		sb.c.Destroy()
 		sb.c = nil
@@ -115,6 +114,13 @@ func (sb *Sandbox) killInstance() []error {
 		if err := sb.g.Kill(); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	// Its DNS and web ports redirected as long as a process of it may
+	// send.
+	if err := sb.stopDNS(); err != nil {
+		errs = append(errs, err)
+	}
+	if sb.g != nil {
 		if err := policy.ReleaseNetwork(sb.g.Path(), sb.Allowlist); err != nil {
 			errs = append(errs, err)
 		}

@@ -213,7 +213,17 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 	if !running {
 		rep.NewProcesses = append(rep.NewProcesses, fmt.Sprintf("all of it, when the %s sandbox starts", sb.Status))
 	} else {
+		// Its resolver and proxy first: the allowlist of a policy with
+		// domain rules opens DNS and the web ports to every address,
+		// which only their redirect makes safe.
+		hadDNS := sb.dns != nil
+		if err := sb.startDNS(eff); err != nil {
+			return nil, err
+		}
 		if err := policy.ApplyNetwork(sb.g.Path(), sb.Allowlist, entries); err != nil {
+			if !hadDNS {
+				sb.stopDNS()
+			}
 			return nil, err
 		}
 		rep.Now = append(rep.Now, fmt.Sprintf("network: egress allowlist of %d address ranges, for every process", len(entries)))
@@ -231,10 +241,8 @@ func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		}
 	}
 	sb.Policy, sb.Allowlist, sb.Limits, sb.Learned = eff, entries, limits, learned
-	if running { // a resolver if it now has domain rules, none if not
-		if !hasDomains(eff) {
-			sb.stopDNS()
-		} else if err := sb.startDNS(); err != nil {
+	if running && !hasDomains(eff) { // no domain rules now: no resolver
+		if err := sb.stopDNS(); err != nil {
 			return nil, err
 		}
 	}

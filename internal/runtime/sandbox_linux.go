@@ -460,7 +460,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	if err := d.start(ctx, sb, m, s); err != nil {
 		return err
 	}
-	if err := sb.startDNS(); err != nil {
+	if err := sb.startDNS(sb.Policy); err != nil {
 		return err
 	}
 	sb.Status = Running
@@ -531,7 +531,7 @@ func Load(root, name string) (*Sandbox, error) {
 			sb.Status = Dead
 		}
 		if sb.Status == Running {
-			if err := sb.startDNS(); err != nil {
+			if err := sb.startDNS(sb.Policy); err != nil {
 				slog.Warn("the sandbox's resolver did not start: its names do not resolve", "sandbox", name, "err", err)
 			}
 		}
