@@ -171,6 +171,11 @@ func TestDomainEgress(t *testing.T) {
 	if !reach("after") {
 		t.Fatal("the answered address is not reached")
 	}
+	// DNS over TCP too: to its resolver, whatever server it names;
+	// a name no rule allows is not answered.
+	if out, res := run(t, sb, "tcp-dns", "webclient -dns allowed.test -tcp 192.0.2.53:53 && ! webclient -dns evil.test -tcp 10.204.0.2:53"); res.ExitCode != 0 || !strings.Contains(out, "dns-p50-us") {
+		t.Errorf("DNS over TCP: %q %+v", out, res)
+	}
 	if out, res := run(t, sb, "other-port", "nc -w 2 10.204.0.2 8082 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "refused") {
 		t.Errorf("a port the rule does not name: %q %+v", out, res)
 	}

@@ -141,7 +141,7 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 	}
 	r := &resolver{done: make(chan struct{})}
 	res := &egress.Resolver{Upstream: up, MinTTL: cfg.MinTTL, Grace: cfg.Grace, Closed: sb.closedTo}
-	inner := res.Handler(sb.domainRules, func(l []egress.Learned) error { return sb.learn(r, l) })
+	inner := res.Handler(func() []egress.Rule { return sb.view().domains }, func(l []egress.Learned) error { return sb.learn(r, l) })
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 		// Only its own sandbox: another's queries never reach this
 		// address (its allowlist and the host's table), and would learn
@@ -152,7 +152,10 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 		inner.ServeDNS(w, q)
 	})
 	r.stopServers = egress.Serve(pc, l, h)
-	r.proxy = &egress.Proxy{Direct: sb.directTo, Allow: sb.allowsName, Lookup: res.Lookup,
+	r.proxy = &egress.Proxy{
+		Direct: func(dst netip.AddrPort) bool { return sb.view().direct(dst) },
+		Allow:  func(name string, port uint16) bool { return sb.view().allows(name, port) },
+		Lookup: res.Lookup,
 		Refused: func(dst netip.AddrPort, name string, why error) {
 			slog.Info("refused a connection", "sandbox", sb.Name, "to", dst, "name", name, "why", why)
 		}}
@@ -227,25 +230,64 @@ func (sb *Sandbox) lockFor(r *resolver) bool {
 	return true
 }
 
-// domainRules are sb's domain rules now (a policy applied live changes
-// them).
-func (sb *Sandbox) domainRules() []egress.Rule {
+// netView is what the resolver and proxy ask of a policy, compiled once
+// per policy (they ask on every query and connection).
+type netView struct {
+	eff     *api.Policy
+	err     error          // the host's addresses could not be read: all closed
+	host    []netip.Addr   // the host's addresses
+	static  []policy.Entry // its CIDR rules' allowlist
+	domains []egress.Rule
+}
+
+func newView(eff *api.Policy) *netView {
+	v := &netView{eff: eff, domains: policy.Domains(eff.Network.Egress)}
+	if v.host, v.err = hostAddrs(api.NetworkNAT); v.err == nil {
+		v.static, v.err = policy.Allowlist(eff.Network.Egress, v.host) // domain rules left out
+	}
+	return v
+}
+
+// direct says whether the CIDR rules allow dst over TCP itself.
+func (v *netView) direct(dst netip.AddrPort) bool {
+	return v.err == nil && policy.Allows(v.static, dst.Addr(), dst.Port(), policy.ProtoTCP)
+}
+
+// allows says whether a domain rule allows name on port over TCP.
+func (v *netView) allows(name string, port uint16) bool {
+	for _, d := range v.domains {
+		r := v.eff.Network.Egress[d.Index]
+		if !d.Pattern.Match(name) || r.Protocol == "udp" {
+			continue
+		}
+		if len(r.Ports) == 0 || slices.ContainsFunc(r.Ports, func(p api.PortRange) bool { return p.Low <= port && port <= p.High }) {
+			return true
+		}
+	}
+	return false
+}
+
+// view is sb's policy now, compiled (a policy applied live changes it).
+func (sb *Sandbox) view() *netView {
 	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return policy.Domains(sb.Policy.Network.Egress)
+	eff := sb.Policy
+	sb.mu.Unlock()
+	if v := sb.netView.Load(); v != nil && v.eff == eff {
+		return v
+	}
+	v := newView(eff)
+	sb.netView.Store(v)
+	return v
 }
 
 // closedTo says whether an answer's address is closed to sb (its deny
 // set, the host's addresses, private ranges its rules do not open).
 func (sb *Sandbox) closedTo(a netip.Addr) bool {
+	v := sb.view()
 	sb.mu.Lock()
 	entries := sb.Allowlist
 	sb.mu.Unlock()
-	host, err := hostAddrs(api.NetworkNAT)
-	if err != nil {
-		return true
-	}
-	return policy.Closed(entries, host)(a)
+	return v.err != nil || policy.Closed(entries, v.host)(a)
 }
 
 // learn adds what an answer taught to sb's allowlist before the answer
@@ -378,43 +420,4 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 		}
 	})
 	return dst, errors.Join(cerr, err)
-}
-
-// directTo says whether sb's CIDR rules allow dst over TCP itself.
-func (sb *Sandbox) directTo(dst netip.AddrPort) bool {
-	sb.mu.Lock()
-	eff := sb.Policy
-	sb.mu.Unlock()
-	return directIn(eff, dst)
-}
-
-func directIn(eff *api.Policy, dst netip.AddrPort) bool {
-	host, err := hostAddrs(eff.Network.Mode)
-	if err != nil {
-		return false
-	}
-	entries, err := policy.Allowlist(eff.Network.Egress, host) // domain rules left out
-	return err == nil && policy.Allows(entries, dst.Addr(), dst.Port(), policy.ProtoTCP)
-}
-
-// allowsName says whether one of sb's domain rules allows name on port
-// over TCP.
-func (sb *Sandbox) allowsName(name string, port uint16) bool {
-	sb.mu.Lock()
-	rules := sb.Policy.Network.Egress
-	sb.mu.Unlock()
-	return nameIn(rules, name, port)
-}
-
-func nameIn(rules []api.EgressRule, name string, port uint16) bool {
-	for _, d := range policy.Domains(rules) {
-		r := rules[d.Index]
-		if !d.Pattern.Match(name) || r.Protocol == "udp" {
-			continue
-		}
-		if len(r.Ports) == 0 || slices.ContainsFunc(r.Ports, func(p api.PortRange) bool { return p.Low <= port && port <= p.High }) {
-			return true
-		}
-	}
-	return false
 }

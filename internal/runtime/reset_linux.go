@@ -30,12 +30,12 @@ func (sb *Sandbox) ResetConnections() (int, error) {
 	}
 	n := 0
 	if sb.dns != nil {
-		eff := sb.Policy
+		v := newView(sb.Policy)
 		n += sb.dns.proxy.Cut(func(name string, dst netip.AddrPort) bool {
 			if name == "" {
-				return directIn(eff, dst)
+				return v.direct(dst)
 			}
-			return nameIn(eff.Network.Egress, name, dst.Port())
+			return v.allows(name, dst.Port())
 		})
 	}
 	gw := netip.MustParseAddr(sb.NAT.Host)

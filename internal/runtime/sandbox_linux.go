@@ -187,8 +187,9 @@ type Sandbox struct {
 	// sandbox's first start (nil: none, or start took it).
 	prestarted any
 	// dns is its resolver while it serves (sandboxes with domain rules,
-	// in a worker).
-	dns *resolver
+	// in a worker); netView its policy as the resolver and proxy ask it.
+	dns     *resolver
+	netView atomic.Pointer[netView]
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
 	restore *vmRestore

@@ -5,7 +5,7 @@
 // prints the answer's body.
 //
 //	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-n N] ADDR:PORT
-//	webclient -dns NAME [-n N] SERVER:PORT
+//	webclient -dns NAME [-tcp] [-n N] SERVER:PORT
 //
 // -chunk writes the connection's bytes N at a time, 5 ms apart (a hello
 // over many segments); -ech-public offers encrypted_client_hello with a
@@ -49,11 +49,12 @@ func main() {
 	flag.StringVar(&o.echPublic, "ech-public", "", "offer ECH with this public name")
 	n := flag.Int("n", 0, "make N requests and print their timings")
 	query := flag.String("dns", "", "ask SERVER for NAME's A records")
+	overTCP := flag.Bool("tcp", false, "ask over TCP (-dns)")
 	flag.Parse()
 	var err error
 	switch {
 	case *query != "":
-		err = lookups(flag.Arg(0), *query, max(*n, 1))
+		err = lookups(flag.Arg(0), *query, max(*n, 1), *overTCP)
 	case *n > 0:
 		err = timed(flag.Arg(0), o, *n)
 	default:
@@ -132,9 +133,12 @@ func timed(addr string, o options, n int) error {
 
 // lookups asks server for name's A records n times and prints the
 // timings.
-func lookups(server, name string, n int) error {
+func lookups(server, name string, n int, overTCP bool) error {
 	var took []time.Duration
 	c := &dns.Client{Timeout: 5 * time.Second}
+	if overTCP {
+		c.Net = "tcp"
+	}
 	for range n {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
