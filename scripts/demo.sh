@@ -11,6 +11,17 @@ export DSEC_ROOT=${DSEC_ROOT:-$PWD/.demo/root}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+# outside_ns NS LINK NET: the outside world, a network namespace NS reached through the veth pair LINK (the host's
+# side, NET.1/30) and LINKi (in NS, NET.2/30); made anew if an interrupted demo left one.
+outside_ns() {
+	ip netns del "$1" 2>/dev/null || true
+	ip link del "$2" 2>/dev/null || true
+	ip netns add "$1"
+	ip link add "$2" type veth peer name "$2i"
+	ip link set "$2i" netns "$1"
+	ip addr add "$3.1/30" dev "$2" && ip link set "$2" up
+	ip -n "$1" addr add "$3.2/30" dev "$2i" && ip -n "$1" link set "$2i" up
+}
 
 step "base layer: a busybox root file system (from Debian's busybox-static)"
 mkdir -p "$work/rootfs"/{bin,etc,tmp,root}
@@ -183,13 +194,7 @@ if [ "$(id -u)" = 0 ]; then
 	# NAT: a sandbox whose allowlist allows every address reaches a server outside the host, and
 	# neither the host's own service (on every address) nor its gateway.
 	if command -v ip >/dev/null; then
-		ip netns del dsec-demo-out 2>/dev/null || true
-		ip link del dsec-demo-o 2>/dev/null || true
-		ip netns add dsec-demo-out
-		ip link add dsec-demo-o type veth peer name dsec-demo-i
-		ip link set dsec-demo-i netns dsec-demo-out
-		ip addr add 10.201.0.1/30 dev dsec-demo-o && ip link set dsec-demo-o up
-		ip -n dsec-demo-out addr add 10.201.0.2/30 dev dsec-demo-i && ip -n dsec-demo-out link set dsec-demo-i up
+		outside_ns dsec-demo-out dsec-demo-o 10.201.0
 		ip netns exec dsec-demo-out busybox nc -ll -p 8080 -e echo "hello from outside the host" &
 		outside=$!
 		busybox nc -ll -p 18090 -e echo "the host's own service" &
@@ -213,13 +218,7 @@ if [ "$(id -u)" = 0 ]; then
 	# connects (the proxy reads the hello's name and refuses it). The outside world: the demo's own DNS and HTTPS
 	# server in a network namespace.
 	if command -v ip >/dev/null && command -v openssl >/dev/null && command -v go >/dev/null; then
-		ip netns del dsec-demo-web 2>/dev/null || true
-		ip link del dsec-demo-w 2>/dev/null || true
-		ip netns add dsec-demo-web
-		ip link add dsec-demo-w type veth peer name dsec-demo-v
-		ip link set dsec-demo-v netns dsec-demo-web
-		ip addr add 198.51.100.1/30 dev dsec-demo-w && ip link set dsec-demo-w up
-		ip -n dsec-demo-web addr add 198.51.100.2/30 dev dsec-demo-v && ip -n dsec-demo-web link set dsec-demo-v up
+		outside_ns dsec-demo-web dsec-demo-w 198.51.100
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=allowed.test \
 			-addext "subjectAltName=DNS:allowed.test,DNS:evil.test" -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
 		ip netns exec dsec-demo-web python3 scripts/demo-outside.py 198.51.100.2 "$work/cert.pem" "$work/key.pem" &

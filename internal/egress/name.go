@@ -143,17 +143,3 @@ func (p Pattern) Match(name string) bool {
 	}
 	return p.Depth == Any || !strings.Contains(front, ".")
 }
-
-// Patterns are a policy's name patterns, matched together.
-type Patterns []Pattern
-
-// Match returns the first pattern that admits name (ASCII form), and
-// whether one does.
-func (ps Patterns) Match(name string) (Pattern, bool) {
-	for _, p := range ps {
-		if p.Match(name) {
-			return p, true
-		}
-	}
-	return Pattern{}, false
-}

@@ -146,7 +146,7 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 		// Only its own sandbox: another's queries never reach this
 		// address (its allowlist and the host's table), and would learn
 		// for the wrong one.
-		if a, ok := netip.AddrFromSlice(remoteIP(w.RemoteAddr())); !ok || a.Unmap() != self {
+		if addrOf(w.RemoteAddr()) != self {
 			return
 		}
 		inner.ServeDNS(w, q)
@@ -177,14 +177,10 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 	return nil
 }
 
-func remoteIP(a net.Addr) net.IP {
-	switch a := a.(type) {
-	case *net.UDPAddr:
-		return a.IP
-	case *net.TCPAddr:
-		return a.IP
-	}
-	return nil
+// addrOf is a socket address's IP address, unmapped.
+func addrOf(a net.Addr) netip.Addr {
+	ap, _ := netip.ParseAddrPort(a.String())
+	return ap.Addr().Unmap()
 }
 
 func (r *resolver) stop() {
@@ -249,8 +245,10 @@ func newView(eff *api.Policy) *netView {
 }
 
 // direct says whether the CIDR rules allow dst over TCP itself.
+// (Never the host's loopback: the proxy dials from the host.)
 func (v *netView) direct(dst netip.AddrPort) bool {
-	return v.err == nil && policy.Allows(v.static, dst.Addr(), dst.Port(), policy.ProtoTCP)
+	a := dst.Addr().Unmap()
+	return v.err == nil && !a.IsLoopback() && !a.IsUnspecified() && policy.Allows(v.static, a, dst.Port(), policy.ProtoTCP)
 }
 
 // allows says whether a domain rule allows name on port over TCP.
@@ -389,9 +387,8 @@ func serveProxy(l net.Listener, self netip.Addr, p *egress.Proxy) {
 			}
 			continue
 		}
-		from, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 		dst, err := originalDst(c)
-		if err != nil || from.Addr().Unmap() != self {
+		if err != nil || addrOf(c.RemoteAddr()) != self {
 			c.Close()
 			continue
 		}
