@@ -204,6 +204,28 @@ class Snapshot:
 
 
 @dataclass
+class PolicyReport:
+    """What applying a policy to a running sandbox did (api.PolicyReport)."""
+
+    now: List[str] = field(default_factory=list)  # in force for every process at once
+    new_processes: List[str] = field(default_factory=list)  # for processes started from now on
+    unchanged: List[str] = field(default_factory=list)  # what a live policy cannot loosen
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> "PolicyReport":
+        return cls(now=list(d.get("now") or []), new_processes=list(d.get("new_processes") or []),
+                   unchanged=list(d.get("unchanged") or []))
+
+
+def policy_request(policy: Union[str, Mapping[str, Any]], reset: bool) -> Dict[str, Any]:
+    """An api.PolicyRequest: policy a stored policy's name or a document."""
+    req: Dict[str, Any] = {"name": policy} if isinstance(policy, str) else {"policy": dict(policy)}
+    if reset:
+        req["reset"] = True
+    return req
+
+
+@dataclass
 class SandboxInfo:
     """A sandbox as the worker describes it (api.Sandbox); raw holds every field."""
 

@@ -17,7 +17,7 @@ import json
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire
-from ._wire import Env, ExecResult, InfraError, Output, SandboxInfo, Snapshot, Target
+from ._wire import Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target
 
 _Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -307,6 +307,14 @@ class Sandbox:
         if memory:
             req["memory"] = True
         return Snapshot.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    async def apply_policy(self, policy: Union[str, Mapping[str, Any]], reset: bool = False) -> PolicyReport:
+        """Apply a policy to the running sandbox: a stored policy's name or a
+        policy document (a dict, as dsec policy show prints it). Its network
+        rules hold for every process at once; reset: connections the new
+        policy no longer allows are ended too (by default they live on)."""
+        return PolicyReport.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/policy"),
+                                                       _wire.policy_request(policy, reset)))
 
     async def pause(self) -> None:
         await self.client._json("POST", _wire.sandbox_path(self.name, "/pause"))

@@ -13,7 +13,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _wire
-from ._wire import (Env, ExecResult, InfraError, Output, SandboxInfo, Snapshot, Target)
+from ._wire import (Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -253,6 +253,14 @@ class Sandbox:
         if memory:
             req["memory"] = True
         return Snapshot.of(self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    def apply_policy(self, policy: Union[str, Mapping[str, Any]], reset: bool = False) -> PolicyReport:
+        """Apply a policy to the running sandbox: a stored policy's name or a
+        policy document (a dict, as dsec policy show prints it). Its network
+        rules hold for every process at once; reset: connections the new
+        policy no longer allows are ended too (by default they live on)."""
+        return PolicyReport.of(self.client._json("POST", _wire.sandbox_path(self.name, "/policy"),
+                                                 _wire.policy_request(policy, reset)))
 
     def pause(self) -> None:
         """Freeze the sandbox's processes where they are, their memory kept."""

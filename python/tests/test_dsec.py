@@ -157,6 +157,39 @@ def test_remote_rollout(worker):
         sb.inspect()
 
 
+def test_apply_policy(worker):
+    """A policy applied live: its network rules hold at once, for the
+    sandbox's running processes too; reset is passed on; a policy the
+    worker does not know or cannot read is refused, the old one kept."""
+    def nat(cidr):
+        return {"apiVersion": "dsec/v1", "kind": "Policy", "network": {"mode": "nat", "egress": [{"to": cidr, "ports": [80]}]}}
+
+    def denied(sb, addr):
+        out = sb.exec(["sh", "-c", "nc -w 1 %s 80 </dev/null 2>&1; true" % addr]).stdout
+        return "not permitted" in out.lower()
+
+    c = remote(worker, token())
+    sb = c.create(BASE, name="pol-1", policy=nat("192.0.2.0/24"))
+    try:
+        assert denied(sb, "198.51.100.1") and not denied(sb, "192.0.2.1")
+        report = sb.apply_policy(nat("198.51.100.0/24"))
+        assert isinstance(report, dsec.PolicyReport) and any("network" in n for n in report.now), report
+        assert not denied(sb, "198.51.100.1") and denied(sb, "192.0.2.1")
+        with pytest.raises(dsec.NotFound):
+            sb.apply_policy("no-such-policy")
+        with pytest.raises(dsec.InvalidArgument):
+            sb.apply_policy(nat("**"))
+        assert not denied(sb, "198.51.100.1")
+
+        async def aio():
+            async with remote(worker, c.target.token, aio=True) as ac:
+                return await ac.sandbox("pol-1").apply_policy(nat("192.0.2.0/24"), reset=True)
+        assert any("network" in n for n in asyncio.run(aio()).now)
+        assert denied(sb, "198.51.100.1") and not denied(sb, "192.0.2.1")
+    finally:
+        sb.remove(force=True)
+
+
 def test_long_step(worker):
     """A step longer than the client's own timeout is waited for; one past
     exec's timeout raises TimeoutError and runs on: the same id later gets
