@@ -33,8 +33,8 @@ import (
 	"github.com/dsec-project/dsec/sdk"
 )
 
-// fakeDNS is the outside's authoritative server: it answers from zone
-// (name -> A records, TTL 1) and logs every name it is asked.
+// fakeDNS is the outside's DNS server: it answers from a zone (TTL 1)
+// and logs every name it is asked.
 type fakeDNS struct {
 	mu  sync.Mutex
 	log []string
@@ -69,7 +69,10 @@ func inNetns(t testing.TB, pid int, fn func()) {
 	fn()
 }
 
-// serveOutside serves DNS on addr:53 in the network namespace of pid.
+// serveOutside serves DNS on addr:53 in the network namespace of pid:
+// zone maps a name to its records, each an IPv4 address (A), an IPv6
+// one (AAAA) or "CNAME target." (the target's records follow in the
+// answer, as a recursive server's do).
 func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{}
@@ -90,11 +93,30 @@ func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) 
 		f.mu.Lock()
 		f.log = append(f.log, name)
 		f.mu.Unlock()
-		if q.Question[0].Qtype == dns.TypeA {
-			for _, a := range zone[name] {
-				rr, _ := dns.NewRR(fmt.Sprintf("%s 1 IN A %s", name, a))
-				m.Answer = append(m.Answer, rr)
+		// A recursive server's answer: the CNAME chain, then the last
+		// name's records of the type asked.
+		qtype := q.Question[0].Qtype
+		for cur, hops := name, 0; hops < 8; hops++ {
+			next := ""
+			for _, v := range zone[cur] {
+				var rr dns.RR
+				switch target, ok := strings.CutPrefix(v, "CNAME "); {
+				case ok:
+					rr, _ = dns.NewRR(fmt.Sprintf("%s 1 IN CNAME %s", cur, target))
+					next = target
+				case strings.Contains(v, ":") && qtype == dns.TypeAAAA:
+					rr, _ = dns.NewRR(fmt.Sprintf("%s 1 IN AAAA %s", cur, v))
+				case !strings.Contains(v, ":") && qtype == dns.TypeA:
+					rr, _ = dns.NewRR(fmt.Sprintf("%s 1 IN A %s", cur, v))
+				}
+				if rr != nil {
+					m.Answer = append(m.Answer, rr)
+				}
 			}
+			if next == "" {
+				break
+			}
+			cur = next
 		}
 		if _, ok := zone[name]; !ok {
 			m.Rcode = dns.RcodeNameError
@@ -117,11 +139,17 @@ func TestDomainEgress(t *testing.T) {
 	w, c := setupWith(t, cfg)
 	pid := runtimetest.Outside(t, "dsecdns", "10.204.0")
 	auth := serveOutside(t, pid, "10.204.0.2", map[string][]string{
-		"allowed.test.":        {"10.204.0.2"},
+		"allowed.test.":        {"10.204.0.2", "2001:db8::2"},
 		"evil.test.":           {"10.204.0.2"},
 		"a.allowed.test.":      {"10.204.0.2"},
 		"all.ports.test.":      {"10.204.0.2"},
-		"rebind.allowed.test.": {"127.0.0.1", "169.254.169.254", "10.200.0.1"},
+		"rebind.allowed.test.": {"127.0.0.1", "169.254.169.254", "10.200.0.1", "::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "fe80::1"},
+		// A CNAME out of the allowed names: its target's address is
+		// learned under the rule the question matched.
+		"cdn.allowed.test.":          {"CNAME edge.cdn-elsewhere.test."},
+		"edge.cdn-elsewhere.test.":   {"10.204.0.2"},
+		"cdn-rebind.allowed.test.":   {"CNAME inside.cdn-elsewhere.test."},
+		"inside.cdn-elsewhere.test.": {"127.0.0.1", "::ffff:10.200.0.1"},
 	})
 	// A server that takes connections at once, one after another (the
 	// outside's nc listens again only a moment after each).
@@ -195,10 +223,27 @@ func TestDomainEgress(t *testing.T) {
 		t.Error("the outside's DNS server was never asked allowed.test")
 	}
 	// Rebinding: loopback, link-local and the NAT pool are dropped from
-	// answers.
-	if out := lookup("rebind", "rebind.allowed.test", "192.0.2.53"); strings.Contains(out, "127.0.0.1\n") ||
-		strings.Contains(out, "169.254.169.254") || strings.Contains(out, "10.200.0.1\n") {
-		t.Errorf("a rebinding answer: %q", out)
+	// answers, as IPv6 and IPv4-mapped too, and at a CNAME's end.
+	for _, n := range []string{"rebind.allowed.test", "cdn-rebind.allowed.test"} {
+		if out := lookup("rebind-"+n, n, "192.0.2.53"); strings.Contains(out, "127.0.0.1\n") || strings.Contains(out, "169.254.169.254") ||
+			strings.Contains(out, "10.200.0.1\n") || strings.Contains(out, "::1\n") || strings.Contains(out, "::ffff:") || strings.Contains(out, "fe80:") {
+			t.Errorf("a rebinding answer for %s: %q", n, out)
+		}
+	}
+	// IPv6: an AAAA answer passes, and opens nothing: a sandbox reaches
+	// out over IPv4 only (no IPv6 route; the host's end of its link
+	// has no IPv6), and an IPv4-mapped address is its IPv4 address.
+	if out := lookup("aaaa", "allowed.test", "192.0.2.53"); !strings.Contains(out, "2001:db8::2") {
+		t.Errorf("the AAAA answer: %q", out)
+	}
+	if out, res := run(t, sb, "v6", "nc -w 2 2001:db8::2 8080 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "hello") {
+		t.Errorf("IPv6 to an answered address: %q %+v", out, res)
+	}
+	if out, res := run(t, sb, "v4mapped", "nc -w 2 ::ffff:10.204.0.2 8082 </dev/null 2>&1"); res.ExitCode == 0 || strings.Contains(out, "hello") {
+		t.Errorf("IPv4-mapped to a port no rule opens: %q %+v", out, res)
+	}
+	if out, res := run(t, sb, "v4mapped-ok", "nc -w 2 ::ffff:10.204.0.2 8080 </dev/null 2>&1"); res.ExitCode != 0 || !strings.Contains(out, "hello from outside") {
+		t.Errorf("IPv4-mapped to the answered address: %q %+v", out, res)
 	}
 	// A rule with every port still leaves DNS over TLS (853) and QUIC
 	// (UDP 443) closed; other UDP is open.
@@ -229,6 +274,14 @@ func TestDomainEgress(t *testing.T) {
 			t.Fatal("the address is still reached 10 s after its answer expired")
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+	// A CNAME chain: the answer keeps it, and its end's address is
+	// reached.
+	if out := lookup("cname", "cdn.allowed.test", "192.0.2.53"); !strings.Contains(out, "10.204.0.2") {
+		t.Fatalf("nslookup cdn.allowed.test: %q", out)
+	}
+	if !reach("cname") {
+		t.Error("the address at a CNAME's end is not reached")
 	}
 	// A worker that restarts serves the sandbox's DNS again.
 	w.Kill()
@@ -443,10 +496,26 @@ func TestDomainEgressWeb(t *testing.T) {
 	// and no hello of theirs reaches the server.
 	for _, args := range []string{"-sni evil.test 10.206.0.2:443", "10.206.0.2:443", "-sni allowed.test.evil.test 10.206.0.2:443",
 		"-sni allowed.test -ech-public allowed.test 10.206.0.2:443", "-http -host evil.test 192.0.2.99:80",
-		"-sni a.b.allowed.test 10.206.0.2:443"} {
+		"-sni a.b.allowed.test 10.206.0.2:443",
+		// DNS over HTTPS to a resolver no rule names, at its address or
+		// any other.
+		"-sni doh.test -path /dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB 10.206.0.2:443",
+		"-sni doh.test -path /dns-query 192.0.2.99:443"} {
 		if out, ok := get(args); ok || strings.Contains(out, "sni=") {
 			t.Errorf("webclient %s: %q (ok %v)", args, out, ok)
 		}
+	}
+	// Slow hellos: forty connections that never send one hold nothing
+	// up (a request beside them is answered at once), and are cut once
+	// the proxy's wait for a name (10 s) is over.
+	out, res := run(t, sb, "stalled", `start=$(date +%s); for i in $(seq 40); do sleep 60 | (nc 10.206.0.2 443 >/dev/null 2>&1; echo cut >>/tmp/stalled) & done
+		sleep 1; webclient -sni allowed.test 10.206.0.2:443 && echo $(cat /tmp/stalled 2>/dev/null | wc -l) cut at once
+		for i in $(seq 150); do [ "$(grep -c cut /tmp/stalled 2>/dev/null)" = 40 ] && break; sleep 0.1; done
+		echo $(grep -c cut /tmp/stalled) cut after $(( $(date +%s) - start )) s`)
+	var cut, after int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(out, "sni=allowed.test host=allowed.test\n0 cut at once\n"), "%d cut after %d s", &cut, &after); err != nil ||
+		res.ExitCode != 0 || cut != 40 || after < 9 {
+		t.Errorf("forty stalled hellos: %q %+v", out, res)
 	}
 	for _, n := range snis() {
 		if n != "allowed.test" && n != "spoofed.allowed.test" {
