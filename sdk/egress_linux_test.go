@@ -192,6 +192,12 @@ func TestDomainEgress(t *testing.T) {
 	if reach("before") {
 		t.Fatal("the address was reached before any answer gave it")
 	}
+	// Its layer has no /etc/resolv.conf: it got one naming its
+	// resolver, and resolves with no server named.
+	if out, res := run(t, sb, "resolv.conf", "cat /etc/resolv.conf; nslookup allowed.test 2>&1"); res.ExitCode != 0 ||
+		!strings.Contains(out, "# written by dsec") || !strings.Contains(out, "Address: 10.204.0.2") {
+		t.Errorf("a sandbox without /etc/resolv.conf: %q %+v", out, res)
+	}
 	// Any server named: the answer is the sandbox's resolver's.
 	if out := lookup("resolve", "allowed.test", "192.0.2.53"); !strings.Contains(out, "10.204.0.2") {
 		t.Fatalf("nslookup allowed.test: %q", out)
@@ -310,6 +316,30 @@ func TestDomainEgress(t *testing.T) {
 	if out := lookup("direct", "evil.test", "10.204.0.2"); !strings.Contains(out, "Name:") || !auth.asked("evil.test") {
 		t.Errorf("DNS once no domain rule is left: %q (asked upstream: %v)", out, auth.asked("evil.test"))
 	}
+	// Domain rules applied live: a resolv.conf naming only loopback
+	// (systemd-resolved's stub, which nothing serves here) is replaced,
+	// its search and options kept; one naming a server elsewhere is
+	// kept (its DNS reaches the resolver all the same).
+	cidr := pol(api.EgressRule{To: "10.204.0.0/24", Ports: []api.PortRange{{Low: 53, High: 53}}})
+	for i, c := range []struct{ conf, want string }{
+		{"nameserver 127.0.0.53\noptions edns0\nsearch corp.test\n", "nameserver 192.0.2.53\n"},
+		{"nameserver 198.51.100.53\n", "nameserver 198.51.100.53\n"},
+	} {
+		if err := sb.WriteFile(ctx, "/etc/resolv.conf", strings.NewReader(c.conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: allowed}); err != nil {
+			t.Fatal(err)
+		}
+		out, res := run(t, sb, fmt.Sprint("live-resolv.conf-", i), "cat /etc/resolv.conf; nslookup allowed.test 2>&1")
+		if res.ExitCode != 0 || !strings.Contains(out, c.want) || !strings.Contains(out, "Address: 10.204.0.2") ||
+			i == 0 && !strings.Contains(out, "options edns0\nsearch corp.test\n") {
+			t.Errorf("resolv.conf %q, domain rules applied live: %q %+v", c.conf, out, res)
+		}
+		if _, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: cidr}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestMicroVMDomainEgress: a microVM's guest resolves through its own
@@ -329,7 +359,9 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	if out, res := run(t, sb, "before", dial); res.ExitCode == 0 || strings.Contains(out, "hello") {
 		t.Fatalf("reached before any answer: %q", out)
 	}
-	if out, _ := run(t, sb, "lookup", "nslookup allowed.test 192.0.2.53 2>&1; nslookup evil.test 192.0.2.53 2>&1"); !strings.Contains(out, "10.205.0.2") {
+	// (No server named: the guest's /etc/resolv.conf, which its layer
+	// lacks, was written through its agent.)
+	if out, _ := run(t, sb, "lookup", "nslookup allowed.test 2>&1; nslookup evil.test 192.0.2.53 2>&1"); !strings.Contains(out, "10.205.0.2") {
 		t.Fatalf("nslookup in the guest: %q", out)
 	}
 	if out, res := run(t, sb, "after", dial); res.ExitCode != 0 || !strings.Contains(out, "hello from outside") {

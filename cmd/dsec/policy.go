@@ -30,7 +30,9 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
              upstream), and each answer opens its addresses, on the rule's ports, until its
              TTL (dns.min_ttl at least) and dns.grace pass; not 853 or UDP 443. TCP 80 and
              443 go through its proxy, by the TLS server name or HTTP Host, dialled by name
-             (no name, an encrypted hello, a name no rule allows: refused). mode: nat gives
+             (no name, an encrypted hello, a name no rule allows: refused). Its
+             /etc/resolv.conf, if it names no server it may use (none, only loopback), is
+             written to name 192.0.2.53, which the redirect answers. mode: nat gives
              the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
              only); the allowlist holds either way. No rule opens the deny set: link-local
              (169.254.0.0/16 with the metadata address, fe80::/10), the NAT pool 10.200.0.0/16

@@ -1,17 +1,17 @@
 package runtime
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -84,21 +84,15 @@ func upstreams(c *egress.Config) ([]string, error) {
 
 // hostResolvers are the nameservers of a resolv.conf.
 func hostResolvers(path string) ([]string, error) {
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("the host's DNS servers: %w", err)
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "nameserver" {
-			if a, err := netip.ParseAddr(f[1]); err == nil {
-				out = append(out, a.String())
-			}
-		}
+	for _, a := range egress.Nameservers(b) {
+		out = append(out, a.String())
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // resolver is a sandbox's resolver while it serves.
@@ -175,6 +169,69 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 	go sb.expire(r)
 	sb.dns = r
 	return nil
+}
+
+// resolvConf gives sb, if its resolver serves, a /etc/resolv.conf its
+// DNS can use when its own names no server it may send DNS to
+// (egress.ResolvConf): a layer without one, or one naming
+// systemd-resolved's 127.0.0.53, resolves nothing in a sandbox
+// otherwise. Written like a file put through the API, so it is the
+// sandbox's own from then on (pack-diff keeps it). Not for a paused
+// sandbox (a frozen guest answers no file request); sb.mu is not held.
+func (sb *Sandbox) resolvConf() {
+	sb.mu.Lock()
+	skip := sb.dns == nil || sb.Status != Running || sb.Paused || sb.g != nil && sb.g.Frozen()
+	sb.mu.Unlock()
+	if skip {
+		return
+	}
+	if err := sb.writeResolvConf(); err != nil {
+		slog.Warn("no /etc/resolv.conf written: the sandbox resolves names only through servers it names itself",
+			"sandbox", sb.Name, "err", err)
+	}
+}
+
+func (sb *Sandbox) writeResolvConf() error {
+	s, err := sb.Files()
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var old []byte
+	// Non-blocking and only a regular file: the sandbox's own fifo or
+	// device there stalls nothing.
+	if f, err := s.OpenFile("etc/resolv.conf", os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			old, _ = io.ReadAll(io.LimitReader(f, 64<<10))
+		}
+		f.Close()
+	}
+	conf, changed := egress.ResolvConf(old, sb.closedTo)
+	if !changed {
+		return nil
+	}
+	if err := s.Mkdir("etc", 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	tmp := "etc/.dsec-resolv-" + RandomName("")
+	f, err := s.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(conf)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = s.Rename(tmp, "etc/resolv.conf") // a symlink there is replaced, not followed
+	}
+	if err != nil {
+		s.Remove(tmp)
+	}
+	return err
 }
 
 // addrOf is a socket address's IP address, unmapped.

@@ -157,6 +157,14 @@ func restrictions(eff *api.Policy) (*backend.Restrictions, error) {
 // processes started from now on. A stopped sandbox takes all of it when
 // it starts. The report says which is which.
 func (sb *Sandbox) ApplyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyReport, error) {
+	rep, err := sb.applyPolicy(ctx, p)
+	if err == nil {
+		sb.resolvConf() // domain rules it gained need a resolv.conf that works
+	}
+	return rep, err
+}
+
+func (sb *Sandbox) applyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyReport, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	cur := sb.Policy

@@ -397,6 +397,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 			return nil, err
 		}
 	}
+	sb.resolvConf()
 	return sb, nil
 }
 
