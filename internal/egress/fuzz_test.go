@@ -4,8 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net"
+	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -110,6 +114,76 @@ func FuzzAnswer(f *testing.F) {
 		}
 		if _, err := m.Pack(); err != nil {
 			t.Fatalf("the reply does not pack: %v", err)
+		}
+	})
+}
+
+// FuzzHandle: the proxy's whole read path, on bytes a sandbox sends in
+// pieces of any size: it never panics or hangs, refuses each connection
+// once (no upstream here), looks up only a name a rule allows, and only
+// when the bytes sent, read whole, name it: the pieces never change
+// what it decides.
+func FuzzHandle(f *testing.F) {
+	hello := clientHello(f, &tls.Config{ServerName: "allowed.test"})
+	f.Add(hello, uint8(6), true)
+	f.Add(hello[:len(hello)/2], uint8(255), true)
+	f.Add(clientHello(f, &tls.Config{ServerName: "Allowed.Test."}), uint8(0), true)
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: allowed.test:80\r\n\r\n"), uint8(2), false)
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"), uint8(9), false)
+	f.Fuzz(func(t *testing.T, b []byte, piece uint8, tlsPort bool) {
+		port := uint16(PortHTTP)
+		if tlsPort {
+			port = PortHTTPS
+		}
+		var mu sync.Mutex
+		var looked []string
+		refused := 0
+		p := &Proxy{
+			Allow: func(n string, pt uint16) bool { return n == "allowed.test" && pt == port },
+			Lookup: func(_ context.Context, n string) ([]netip.Addr, error) {
+				mu.Lock()
+				looked = append(looked, n)
+				mu.Unlock()
+				return nil, errors.New("no upstream here")
+			},
+			Timeout: 30 * time.Millisecond,
+			Refused: func(netip.AddrPort, string, error) { mu.Lock(); refused++; mu.Unlock() },
+		}
+		client, server := net.Pipe()
+		go func() { // (then closed: the proxy's wait on a silent client is TestProxyRefuses's)
+			defer client.Close()
+			for rest := b; len(rest) > 0; {
+				n := min(len(rest), int(piece)+1)
+				if _, err := client.Write(rest[:n]); err != nil {
+					return
+				}
+				rest = rest[n:]
+			}
+		}()
+		done := make(chan struct{})
+		go func() { p.Handle(server, netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), port)); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Handle did not return in 5 s")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if refused != 1 || len(looked) > 1 || len(looked) == 1 && looked[0] != "allowed.test" {
+			t.Fatalf("refused %d times, looked up %q", refused, looked)
+		}
+		// Read whole, what the bytes name.
+		whole := ""
+		if tlsPort {
+			if h, err := ParseHello(b); err == nil && !h.ECH {
+				whole = h.ServerName
+			}
+		} else if r, err := ParseRequest(b); err == nil {
+			whole = r.Host
+		}
+		whole, _ = Normalize(whole)
+		if (len(looked) == 1) != (whole == "allowed.test") {
+			t.Fatalf("looked up %q; the bytes read whole name %q", looked, whole)
 		}
 	})
 }
