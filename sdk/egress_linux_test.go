@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/quic-go/quic-go/http3"
 	"github.com/vishvananda/netns"
 
 	"github.com/dsec-project/dsec/api"
@@ -413,7 +414,7 @@ func TestMicroVMDomainEgress(t *testing.T) {
 }
 
 // webOutside serves HTTPS on addr:443 (a certificate for each name
-// asked, self-signed) and HTTP on addr:80 in the network namespace of
+// asked, self-signed), HTTP/3 on UDP addr:443 and HTTP on addr:80 in the network namespace of
 // pid: each answer says the server name and Host it was asked for. It
 // returns the server names its hellos carried.
 func webOutside(t testing.TB, pid int, addr string) func() []string {
@@ -455,15 +456,20 @@ func webOutside(t testing.TB, pid int, addr string) func() []string {
 		fmt.Fprintf(w, "sni=%s host=%s\n", sni, r.Host)
 	})
 	var ls, ls2, lt net.Listener
-	var errS, errS2, errT error
+	var lq net.PacketConn
+	var errS, errS2, errT, errQ error
 	inNetns(t, pid, func() {
 		ls, errS = net.Listen("tcp4", addr+":443")
 		ls2, errS2 = net.Listen("tcp4", addr+":8443") // HTTPS a CIDR rule may allow, not proxied
 		lt, errT = net.Listen("tcp4", addr+":80")
+		lq, errQ = net.ListenPacket("udp4", addr+":443") // HTTP/3
 	})
-	if errS != nil || errS2 != nil || errT != nil {
-		t.Fatal(errS, errS2, errT)
+	if errS != nil || errS2 != nil || errT != nil || errQ != nil {
+		t.Fatal(errS, errS2, errT, errQ)
 	}
+	h3 := &http3.Server{Handler: answer, TLSConfig: http3.ConfigureTLSConfig(cfg)}
+	go h3.Serve(lq)
+	t.Cleanup(func() { h3.Close(); lq.Close() })
 	for _, srv := range []struct {
 		l net.Listener
 		s *http.Server
@@ -500,7 +506,7 @@ func TestDomainEgressWeb(t *testing.T) {
 		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}, {Low: 8443, High: 8443}}},
 	}}}
 	sb := create(t, c, api.SandboxSpec{Name: "web", Policy: pol})
-	putWebclient(t, sb)
+	client := putWebclient(t, sb)
 	n := 0
 	get := func(args string) (string, bool) {
 		n++
@@ -536,6 +542,21 @@ func TestDomainEgressWeb(t *testing.T) {
 		if out, ok := get(args); ok || strings.Contains(out, "sni=") {
 			t.Errorf("webclient %s: %q (ok %v)", args, out, ok)
 		}
+	}
+	// QUIC: a real HTTP/3 client, the way browsers go, falls back to
+	// TCP (UDP 443 stays closed with a domain rule on 443), and gets
+	// there through the proxy by name; from the host, the same client
+	// speaks HTTP/3 to the same server.
+	if out, err := exec.Command(client, "-h3", "-sni", "allowed.test", "10.206.0.2:443").CombinedOutput(); err != nil ||
+		string(out) != "via HTTP/3\nsni=allowed.test host=allowed.test\n" {
+		t.Errorf("HTTP/3 from the host: %q %v", out, err)
+	}
+	start := time.Now()
+	if out, ok := get("-h3 -sni allowed.test 10.206.0.2:443"); !ok || !strings.HasPrefix(out, "via TCP (HTTP/3: ") ||
+		!strings.HasSuffix(out, ")\nsni=allowed.test host=allowed.test\n") {
+		t.Errorf("HTTP/3 from the sandbox: %q (ok %v), want its fallback to TCP", out, ok)
+	} else {
+		t.Logf("HTTP/3 from the sandbox, in %v: %q", time.Since(start), out)
 	}
 	// Slow hellos: forty connections that never send one hold nothing
 	// up (a request beside them is answered at once), and are cut once
@@ -587,8 +608,8 @@ type zeros struct{}
 func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
 
 // putWebclient builds the web client statically into /bin/webclient of
-// each sandbox.
-func putWebclient(t testing.TB, sbs ...*sdk.Sandbox) {
+// each sandbox, and returns where it built it.
+func putWebclient(t testing.TB, sbs ...*sdk.Sandbox) string {
 	t.Helper()
 	client := filepath.Join(t.TempDir(), "webclient")
 	build := exec.Command("go", "build", "-o", client, "github.com/dsec-project/dsec/internal/egress/webclient")
@@ -607,4 +628,5 @@ func putWebclient(t testing.TB, sbs ...*sdk.Sandbox) {
 			t.Fatal(err)
 		}
 	}
+	return client
 }

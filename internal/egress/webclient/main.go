@@ -5,8 +5,12 @@
 // prints the answer's body.
 //
 //	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-n N] ADDR:PORT
+//	webclient -h3 [-sni NAME] [-path P] ADDR:PORT
 //	webclient -dns NAME [-tcp] [-n N] SERVER:PORT
 //
+// -h3 is a browser's way: HTTP/3 over QUIC (UDP) first, and over TCP
+// once that fails; it prints "via HTTP/3" or "via TCP (HTTP/3: why)"
+// before the body.
 // -chunk writes the connection's bytes N at a time, 5 ms apart (a hello
 // over many segments); -ech-public offers encrypted_client_hello with a
 // made-up config whose public name is NAME. With -n, it makes N requests
@@ -18,6 +22,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/tls"
 	"flag"
 	"fmt"
@@ -29,6 +34,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 
 	"github.com/dsec-project/dsec/internal/egress/egresstest"
 )
@@ -50,6 +57,7 @@ func main() {
 	n := flag.Int("n", 0, "make N requests and print their timings")
 	query := flag.String("dns", "", "ask SERVER for NAME's A records")
 	overTCP := flag.Bool("tcp", false, "ask over TCP (-dns)")
+	h3 := flag.Bool("h3", false, "HTTP/3 first, TCP after it fails")
 	flag.Parse()
 	var err error
 	switch {
@@ -57,6 +65,11 @@ func main() {
 		err = lookups(flag.Arg(0), *query, max(*n, 1), *overTCP)
 	case *n > 0:
 		err = timed(flag.Arg(0), o, *n)
+	case *h3:
+		if err = getH3(flag.Arg(0), o, os.Stdout); err != nil {
+			fmt.Printf("via TCP (HTTP/3: %v)\n", err)
+			_, _, err = get(flag.Arg(0), o, os.Stdout)
+		}
 	default:
 		_, _, err = get(flag.Arg(0), o, os.Stdout)
 	}
@@ -109,6 +122,26 @@ func get(addr string, o options, w io.Writer) (time.Duration, int64, error) {
 	defer resp.Body.Close()
 	n, err := io.Copy(w, resp.Body)
 	return ttfb, n, err
+}
+
+// getH3 makes one request over HTTP/3 and copies its body to w.
+func getH3(addr string, o options, w io.Writer) error {
+	tr := &http3.Transport{TLSClientConfig: &tls.Config{ServerName: o.sni, InsecureSkipVerify: true},
+		QUICConfig: &quic.Config{HandshakeIdleTimeout: 3 * time.Second}}
+	defer tr.Close()
+	req, err := http.NewRequest("GET", "https://"+addr+o.path, nil)
+	if err != nil {
+		return err
+	}
+	req.Host = cmp.Or(o.host, o.sni)
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	fmt.Fprintln(w, "via HTTP/3")
+	_, err = io.Copy(w, resp.Body)
+	return err
 }
 
 // timed makes n requests and prints their timings.
