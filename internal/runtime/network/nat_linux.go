@@ -127,7 +127,7 @@ func Up(owner string, pid int) (_ *NAT, err error) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, fmt.Errorf("network mode nat: enable forwarding: %w", err)
 	}
-	if err := masquerade(true); err != nil {
+	if err := ensureTable(true); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -194,7 +194,7 @@ func UpTap(owner string) (_ *NAT, tap *os.File, err error) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return nil, nil, fmt.Errorf("network mode nat: enable forwarding: %w", err)
 	}
-	if err := masquerade(true); err != nil {
+	if err := ensureTable(true); err != nil {
 		return nil, nil, err
 	}
 	return n, tap, nil
@@ -245,9 +245,16 @@ func natRelease(n *NAT) error {
 		errs = append(errs, err)
 	}
 	if natSlots.Empty() {
-		errs = append(errs, masquerade(false))
+		errs = append(errs, ensureTable(false))
 	}
 	return errors.Join(errs...)
+}
+
+// ensureTable is masquerade under tableMu.
+func ensureTable(on bool) error {
+	tableMu.Lock()
+	defer tableMu.Unlock()
+	return masquerade(on)
 }
 
 // masquerade installs (or removes) table ip dsec: what the pool sends
@@ -257,7 +264,7 @@ func natRelease(n *NAT) error {
 // allowlist says (the allowlist's deny set holds the same in the
 // sandbox; this holds for addresses the host gains later too).
 func masquerade(on bool) error {
-	c, err := nftables.New()
+	c, err := nftables.New(nftNS...)
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
@@ -314,7 +321,7 @@ func masquerade(on bool) error {
 		// address it was for, to its gateway, where its resolver and
 		// proxy listen (Resolve); and that is all of the host it reaches.
 		resolved := &nftables.Set{Table: t, Name: resolvedSet, KeyType: nftables.TypeIPAddr}
-		if err := c.AddSet(resolved, nil); err != nil {
+		if err := c.AddSet(resolved, resolvingElements()); err != nil {
 			return fmt.Errorf("nftables: %w", err)
 		}
 		redirected := func(proto byte, port uint16) []expr.Any {
@@ -379,38 +386,6 @@ var redirects = []struct {
 	proto byte
 	port  uint16
 }{{unix.IPPROTO_UDP, 53}, {unix.IPPROTO_TCP, 53}, {unix.IPPROTO_TCP, 80}, {unix.IPPROTO_TCP, 443}}
-
-// Resolve sends all DNS (UDP and TCP port 53) and web connections (TCP
-// 80 and 443) of the sandbox n, to any address, to its gateway, where
-// the worker's resolver and proxy for it listen; off, they go where they
-// were sent again (if its allowlist lets them).
-func Resolve(n *NAT, on bool) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
-	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable}
-	set, err := c.GetSetByName(t, resolvedSet)
-	if err != nil {
-		if !on {
-			return nil
-		}
-		return fmt.Errorf("nftables: the set of sandboxes with a resolver: %w", err)
-	}
-	el := []nftables.SetElement{{Key: netip.MustParseAddr(n.Sandbox).AsSlice()}}
-	if on {
-		err = c.SetAddElements(set, el)
-	} else {
-		err = c.SetDeleteElements(set, el)
-	}
-	if err == nil {
-		err = c.Flush()
-	}
-	if err != nil && (on || !errors.Is(err, unix.ENOENT)) {
-		return fmt.Errorf("nftables: the sandbox's DNS to its resolver: %w", err)
-	}
-	return nil
-}
 
 // ctState matches a packet whose conntrack state has the bit.
 func ctState(bit uint32) []expr.Any {
