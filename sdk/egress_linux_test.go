@@ -71,9 +71,10 @@ func inNetns(t testing.TB, pid int, fn func()) {
 }
 
 // serveOutside serves DNS on addr:53 in the network namespace of pid:
-// zone maps a name to its records, each an IPv4 address (A), an IPv6
-// one (AAAA) or "CNAME target." (the target's records follow in the
-// answer, as a recursive server's do).
+// zone maps a name (or *.DOMAIN, for the names one label under it) to
+// its records, each an IPv4 address (A), an IPv6 one (AAAA) or "CNAME
+// target." (the target's records follow in the answer, as a recursive
+// server's do).
 func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) *fakeDNS {
 	t.Helper()
 	f := &fakeDNS{}
@@ -97,9 +98,15 @@ func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) 
 		// A recursive server's answer: the CNAME chain, then the last
 		// name's records of the type asked.
 		qtype := q.Question[0].Qtype
+		key := func(n string) string { return n }
+		if _, ok := zone[name]; !ok { // a wildcard's, one label deep
+			if _, parent, ok := strings.Cut(name, "."); ok && zone["*."+parent] != nil {
+				key = func(n string) string { return strings.Replace(n, name, "*."+parent, 1) }
+			}
+		}
 		for cur, hops := name, 0; hops < 8; hops++ {
 			next := ""
-			for _, v := range zone[cur] {
+			for _, v := range zone[key(cur)] {
 				var rr dns.RR
 				switch target, ok := strings.CutPrefix(v, "CNAME "); {
 				case ok:
@@ -119,7 +126,7 @@ func serveOutside(t testing.TB, pid int, addr string, zone map[string][]string) 
 			}
 			cur = next
 		}
-		if _, ok := zone[name]; !ok {
+		if _, ok := zone[key(name)]; !ok {
 			m.Rcode = dns.RcodeNameError
 		}
 		w.WriteMsg(m)

@@ -19,7 +19,8 @@ import (
 // lookups), asks its upstream for those, keeps of the answer only the
 // CNAME chain from the question and the chain's last name's A and AAAA
 // records outside the closed ranges (no rebinding onto loopback, the
-// metadata address, the host or another sandbox), drops HTTPS and SVCB
+// metadata address, the host or another sandbox: checked on every
+// answer, one from its cache too), drops HTTPS and SVCB
 // records (their ECH configs would hide a hello's name), and hands the
 // addresses it answers to learn before the reply leaves, so a connect
 // right after the answer finds them allowed.
@@ -70,41 +71,65 @@ type Resolver struct {
 	// the rest are dropped from it.
 	MaxAddrs int
 
-	// cache holds the IPv4 addresses of names answered, until their TTL
-	// (Lookup's, and what Answer's A answers gave).
+	// cache holds the upstream's answers, by question, until their
+	// TTL: a sandbox's repeated lookups (and its proxy's) ask it once.
 	mu    sync.Mutex
-	cache map[string]cached
+	cache map[question]cached
 }
 
+type question struct {
+	name  string // FQDN, lowercase
+	qtype uint16
+}
+
+// cached is an upstream's answer and when it came.
 type cached struct {
-	addrs   []netip.Addr
-	expires time.Time
+	msg *dns.Msg
+	at  time.Time
+	ttl time.Duration // its records' least
 }
 
-// maxCached bounds the names a Resolver remembers.
+// maxCached bounds the answers a Resolver remembers.
 const maxCached = 4096
 
-// remember caches name's IPv4 addresses from an answer's records.
-func (r *Resolver) remember(name string, answer []dns.RR, learned []Learned) {
-	ttl := uint32(1 << 31)
-	var addrs []netip.Addr
-	for _, rr := range answer {
-		ttl = min(ttl, rr.Header().Ttl)
+// query asks the upstream for name's qtype records, or takes its
+// answer from the cache while the answer's TTL lasts (with its TTLs
+// counted down): a copy the caller may change.
+func (r *Resolver) query(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+	k := question{dns.Fqdn(name), qtype}
+	now := time.Now()
+	r.mu.Lock()
+	c, ok := r.cache[k]
+	r.mu.Unlock()
+	if ok && now.Sub(c.at) < c.ttl {
+		m := c.msg.Copy()
+		age := uint32(now.Sub(c.at) / time.Second)
+		for _, rr := range m.Answer {
+			rr.Header().Ttl -= min(age, rr.Header().Ttl)
+		}
+		return m, nil
 	}
-	for _, l := range learned {
-		if l.Addr.Is4() {
-			addrs = append(addrs, l.Addr)
+	up, err := r.ask(ctx, k.name, qtype)
+	if err != nil {
+		return nil, err
+	}
+	// Only whole answers with data: an error or an empty answer is
+	// asked again.
+	if up.Rcode == dns.RcodeSuccess && len(up.Answer) > 0 {
+		ttl := uint32(1 << 31)
+		for _, rr := range up.Answer {
+			ttl = min(ttl, rr.Header().Ttl)
+		}
+		if ttl > 0 {
+			r.mu.Lock()
+			if r.cache == nil || len(r.cache) >= maxCached {
+				r.cache = map[question]cached{}
+			}
+			r.cache[k] = cached{msg: up.Copy(), at: now, ttl: time.Duration(ttl) * time.Second}
+			r.mu.Unlock()
 		}
 	}
-	if len(addrs) == 0 {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cache == nil || len(r.cache) >= maxCached {
-		r.cache = map[string]cached{}
-	}
-	r.cache[name] = cached{addrs: addrs, expires: time.Now().Add(time.Duration(max(ttl, 1)) * time.Second)}
+	return up, nil
 }
 
 // Answer answers query under rules, calling learn with the addresses
@@ -139,7 +164,7 @@ func (r *Resolver) Answer(ctx context.Context, query *dns.Msg, rules []Rule, lea
 	default: // HTTPS, SVCB and the rest: no data
 		return reply
 	}
-	up, err := r.ask(ctx, dns.Fqdn(name), q.Qtype)
+	up, err := r.query(ctx, name, q.Qtype)
 	if err != nil {
 		reply.Rcode = dns.RcodeServerFailure
 		return reply
@@ -150,9 +175,6 @@ func (r *Resolver) Answer(ctx context.Context, query *dns.Msg, rules []Rule, lea
 	}
 	var learned []Learned
 	reply.Answer, learned = r.keep(up.Answer, name, rule)
-	if q.Qtype == dns.TypeA {
-		r.remember(name, reply.Answer, learned)
-	}
 	for _, rr := range up.Ns {
 		if soa, ok := rr.(*dns.SOA); ok { // negative caching's TTL
 			reply.Ns = append(reply.Ns, soa)

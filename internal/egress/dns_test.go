@@ -288,3 +288,66 @@ func TestResolverServer(t *testing.T) {
 		t.Errorf("learned: %+v", learned)
 	}
 }
+
+func (a *authority) count(name string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, l := range a.log {
+		if l == dns.Fqdn(name) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestResolverCache: an answer is asked upstream once while its TTL
+// lasts, for the sandbox's queries and its proxy's lookups alike; from
+// the cache its TTLs count down and it still opens its addresses
+// (until what is left of the TTL, the floor and the grace), filtered as
+// the closed ranges are now; past the TTL it is asked again; a
+// negative answer is not kept.
+func TestResolverCache(t *testing.T) {
+	auth := startAuthority(t, "cached.test. 2 IN A 192.0.2.7", "cached.test. 2 IN A 10.9.9.9")
+	shut := true
+	r := &Resolver{Upstream: []string{auth.addr}, Closed: func(a netip.Addr) bool { return shut && isClosed(a) }}
+	rs := rules(t, "cached.test", "missing.test")
+	ask := func(name string) (*dns.Msg, []Learned) {
+		q := new(dns.Msg)
+		q.SetQuestion(name, dns.TypeA)
+		var learned []Learned
+		m := r.Answer(context.Background(), q, rs, func(l []Learned) error { learned = l; return nil })
+		return m, learned
+	}
+	m, l := ask("cached.test.")
+	if len(m.Answer) != 1 || len(l) != 1 || auth.count("cached.test") != 1 {
+		t.Fatalf("first: %v %v", m, l)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	shut = false // a CIDR rule now names 10/8: its address is no longer dropped
+	m, l = ask("cached.test.")
+	if len(m.Answer) != 2 || len(l) != 2 || auth.count("cached.test") != 1 {
+		t.Fatalf("from the cache: %v %v (asked %d times)", m, l, auth.count("cached.test"))
+	}
+	if ttl := m.Answer[0].Header().Ttl; ttl != 1 {
+		t.Errorf("the cached answer's TTL: %d, want 1", ttl)
+	}
+	if until := time.Until(l[0].Expires); until > 1100*time.Millisecond {
+		t.Errorf("a cached answer opens its address for %v more (1 s of TTL left)", until)
+	}
+	if addrs, err := r.Lookup(context.Background(), "cached.test"); err != nil || len(addrs) != 2 || auth.count("cached.test") != 1 {
+		t.Errorf("the proxy's lookup: %v %v (asked %d times)", addrs, err, auth.count("cached.test"))
+	}
+	time.Sleep(1000 * time.Millisecond)
+	if ask("cached.test."); auth.count("cached.test") != 2 {
+		t.Errorf("past its TTL, asked %d times", auth.count("cached.test"))
+	}
+	for range 2 {
+		if m, _ := ask("missing.test."); m.Rcode != dns.RcodeNameError {
+			t.Errorf("missing.test: %v", m)
+		}
+	}
+	if n := auth.count("missing.test"); n != 2 {
+		t.Errorf("a negative answer asked %d times, want 2 (not kept)", n)
+	}
+}

@@ -243,24 +243,19 @@ func relay(a, b net.Conn) {
 // records, the closed ranges left out (IPv4 only: sandboxes reach out
 // over IPv4); an answer is reused until its TTL.
 func (r *Resolver) Lookup(ctx context.Context, name string) ([]netip.Addr, error) {
-	r.mu.Lock()
-	c, ok := r.cache[name]
-	r.mu.Unlock()
-	if ok && time.Now().Before(c.expires) {
-		return c.addrs, nil
-	}
-	up, err := r.ask(ctx, dns.Fqdn(name), dns.TypeA)
+	up, err := r.query(ctx, name, dns.TypeA)
 	if err != nil {
 		return nil, err
 	}
-	if up.Rcode != 0 {
+	if up.Rcode != dns.RcodeSuccess {
 		return nil, fmt.Errorf("%s: %s", name, dns.RcodeToString[up.Rcode])
 	}
-	kept, learned := r.keep(up.Answer, name, Rule{})
-	r.remember(name, kept, learned)
+	_, learned := r.keep(up.Answer, name, Rule{})
 	out := make([]netip.Addr, 0, len(learned))
 	for _, l := range learned {
-		out = append(out, l.Addr)
+		if l.Addr.Is4() {
+			out = append(out, l.Addr)
+		}
 	}
 	return out, nil
 }

@@ -6,8 +6,10 @@
 //
 //	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-n N] ADDR:PORT
 //	webclient -h3 [-sni NAME] [-path P] ADDR:PORT
-//	webclient -dns NAME [-tcp] [-n N] SERVER:PORT
+//	webclient -dns NAME [-tcp] [-unique] [-n N] SERVER:PORT
 //
+// -unique asks each time for a name not asked before, under NAME
+// (qPID-I.NAME): no cache answers it.
 // -h3 is a browser's way: HTTP/3 over QUIC (UDP) first, and over TCP
 // once that fails; it prints "via HTTP/3" or "via TCP (HTTP/3: why)"
 // before the body.
@@ -57,12 +59,13 @@ func main() {
 	n := flag.Int("n", 0, "make N requests and print their timings")
 	query := flag.String("dns", "", "ask SERVER for NAME's A records")
 	overTCP := flag.Bool("tcp", false, "ask over TCP (-dns)")
+	unique := flag.Bool("unique", false, "ask for a new name under NAME each time (-dns)")
 	h3 := flag.Bool("h3", false, "HTTP/3 first, TCP after it fails")
 	flag.Parse()
 	var err error
 	switch {
 	case *query != "":
-		err = lookups(flag.Arg(0), *query, max(*n, 1), *overTCP)
+		err = lookups(flag.Arg(0), *query, max(*n, 1), *overTCP, *unique)
 	case *n > 0:
 		err = timed(flag.Arg(0), o, *n)
 	case *h3:
@@ -166,15 +169,19 @@ func timed(addr string, o options, n int) error {
 
 // lookups asks server for name's A records n times and prints the
 // timings.
-func lookups(server, name string, n int, overTCP bool) error {
+func lookups(server, name string, n int, overTCP, unique bool) error {
 	var took []time.Duration
 	c := &dns.Client{Timeout: 5 * time.Second}
 	if overTCP {
 		c.Net = "tcp"
 	}
-	for range n {
+	for i := range n {
+		q := name
+		if unique {
+			q = fmt.Sprintf("q%d-%d.%s", os.Getpid(), i, name)
+		}
 		m := new(dns.Msg)
-		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		m.SetQuestion(dns.Fqdn(q), dns.TypeA)
 		start := time.Now()
 		r, _, err := c.Exchange(m, server)
 		if err != nil {
