@@ -68,6 +68,11 @@ func Resolve(n *NAT, on bool) error {
 	tableMu.Lock()
 	defer tableMu.Unlock()
 	if err := setResolved([]nftables.SetElement{{Key: n.sandboxKey()}}, on); err != nil {
+		if on { // not resolved after all: the watch leaves it be
+			resolving.Lock()
+			delete(resolving.addrs, a)
+			resolving.Unlock()
+		}
 		return fmt.Errorf("nftables: the sandbox's DNS to its resolver: %w", err)
 	}
 	return nil
