@@ -73,8 +73,10 @@ type Resolver struct {
 
 	// cache holds the upstream's answers, by question, until their
 	// TTL: a sandbox's repeated lookups (and its proxy's) ask it once.
-	mu    sync.Mutex
-	cache map[question]cached
+	// cached counts their bytes.
+	mu     sync.Mutex
+	cache  map[question]cached
+	cached int
 }
 
 type question struct {
@@ -89,8 +91,10 @@ type cached struct {
 	ttl time.Duration // its records' least
 }
 
-// maxCached bounds the answers a Resolver remembers.
-const maxCached = 4096
+// maxCached bounds the bytes of the answers a Resolver remembers (an
+// allowed wildcard's names are many, and their answers up to 64 KiB
+// each): past it, it forgets them all.
+const maxCached = 256 << 10
 
 // query asks the upstream for name's qtype records, or takes its
 // answer from the cache while the answer's TTL lasts (with its TTLs
@@ -120,12 +124,16 @@ func (r *Resolver) query(ctx context.Context, name string, qtype uint16) (*dns.M
 		for _, rr := range up.Answer {
 			ttl = min(ttl, rr.Header().Ttl)
 		}
-		if ttl > 0 {
+		if size := up.Len(); ttl > 0 && size <= maxCached/16 {
 			r.mu.Lock()
-			if r.cache == nil || len(r.cache) >= maxCached {
-				r.cache = map[question]cached{}
+			if r.cache == nil || r.cached+size > maxCached {
+				r.cache, r.cached = map[question]cached{}, 0
+			}
+			if old, ok := r.cache[k]; ok {
+				r.cached -= old.msg.Len()
 			}
 			r.cache[k] = cached{msg: up.Copy(), at: now, ttl: time.Duration(ttl) * time.Second}
+			r.cached += size
 			r.mu.Unlock()
 		}
 	}

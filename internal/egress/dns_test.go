@@ -351,3 +351,43 @@ func TestResolverCache(t *testing.T) {
 		t.Errorf("a negative answer asked %d times, want 2 (not kept)", n)
 	}
 }
+
+// TestResolverCacheBounded: answers an allowed wildcard's many names
+// bring (large ones, from a server that answers anything) never keep
+// more than maxCached bytes, and the cache still serves.
+func TestResolverCacheBounded(t *testing.T) {
+	var mu sync.Mutex
+	asked := 0
+	addr := serve(t, dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		mu.Lock()
+		asked++
+		mu.Unlock()
+		m := new(dns.Msg)
+		m.SetReply(q)
+		for i := range 120 {
+			rr, _ := dns.NewRR(fmt.Sprintf("%s 300 IN A 198.51.100.%d", q.Question[0].Name, i+1))
+			m.Answer = append(m.Answer, rr)
+		}
+		w.WriteMsg(m)
+	}))
+	r := &Resolver{Upstream: []string{addr}}
+	for i := range 400 {
+		if _, err := r.query(context.Background(), fmt.Sprintf("n%d.wild.test", i), dns.TypeA); err != nil {
+			t.Fatal(err)
+		}
+		if r.cached > maxCached {
+			t.Fatalf("after %d names the cache holds %d bytes (bound %d)", i+1, r.cached, maxCached)
+		}
+	}
+	mu.Lock()
+	before := asked
+	mu.Unlock()
+	if _, err := r.query(context.Background(), "n399.wild.test", dns.TypeA); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked != before || r.cached == 0 {
+		t.Errorf("the last name was asked again (%d bytes cached)", r.cached)
+	}
+}
