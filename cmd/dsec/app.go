@@ -129,7 +129,9 @@ type AdmissionConfig struct {
 	Primed           int           `mapstructure:"primed"`
 	DiskFloor        string        `mapstructure:"disk_floor"` // a size: 1G
 	InodeFloor       int64         `mapstructure:"inode_floor"`
-	UppersSize       string        `mapstructure:"uppers_size"` // a size: 100G
+	UppersSize       string        `mapstructure:"uppers_size"`       // a size: 100G
+	WorkerMemoryMin  string        `mapstructure:"worker_memory_min"` // a size: 128M; negative: off
+	WorkerMemoryLow  string        `mapstructure:"worker_memory_low"` // a size: 512M; negative: off
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
@@ -238,7 +240,9 @@ inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes
 last create's layers, negative: none; admission.disk_floor, 1G, and admission.inode_floor, 10000: creates
 are refused, exit 10, while the root's file system, or the one sandboxes write to, has less free; negative: none;
 admission.uppers_size: the size of the file system all sandboxes without --disk write to, together, made
-once under the root, default its free space less 1G), idle reclaim (reclaim.idle_after,
+once under the root, default its free space less 1G; admission.worker_memory_min, 128M, and admission.worker_memory_low,
+512M: on cgroup2 hosts the worker's and its fetchers' memory protected in a group of their own, memory.min and memory.low,
+-1: off), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .backend, .base,
@@ -334,7 +338,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
-		"defaults.disk": "", "admission.uppers_size": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
+		"defaults.disk": "", "admission.uppers_size": "", "admission.worker_memory_min": "", "admission.worker_memory_low": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
 		"microvm.boot_timeout": "0s", "dns.min_ttl": "0s", "dns.grace": "0s"} {
 		v.SetDefault(k, zero)
 	}
@@ -543,6 +547,10 @@ func (a *app) versionCommand() *cobra.Command {
 				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s), %s of disk; each by default %s, %d pids and %s of disk\n",
 					w.Version, w.Pid, humanBytes(l.MemoryBytes), l.Pids, humanBytes(l.HostReserve), humanBytes(l.DiskBytes), humanBytes(l.DefaultMemory), l.DefaultPids,
 					humanBytes(l.DefaultDisk))
+				if l.WorkerMemoryMin > 0 || l.WorkerMemoryLow > 0 {
+					fmt.Fprintf(a.stdout, "the worker's memory is protected in %s: %s never reclaimed, %s only after the rest\n",
+						l.WorkerGroup, humanBytes(l.WorkerMemoryMin), humanBytes(l.WorkerMemoryLow))
+				}
 			}
 			if m := w.GetMicroVM(); m != nil {
 				if m.Error != "" {

@@ -22,15 +22,24 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 	cfg.Admission = worker.Admission{CPUOvercommit: ad.CPUOvercommit, MemoryOvercommit: ad.MemoryOvercommit,
 		MaxCreating: ad.MaxCreating, QueueTimeout: ad.QueueTimeout, Spares: ad.Spares, Primed: ad.Primed}
 	cfg.Admission.InodeFloor = ad.InodeFloor
-	if ad.DiskFloor != "" {
-		n, err := parseBytes(strings.TrimPrefix(ad.DiskFloor, "-"))
-		if err != nil {
-			return usageError{fmt.Errorf("admission.disk_floor: %w", err)}
+	// Sizes, or negative for none.
+	for _, f := range []struct {
+		key, v string
+		to     *int64
+	}{{"admission.disk_floor", ad.DiskFloor, &cfg.Admission.DiskFloor},
+		{"admission.worker_memory_min", ad.WorkerMemoryMin, &cfg.Admission.WorkerMemoryMin},
+		{"admission.worker_memory_low", ad.WorkerMemoryLow, &cfg.Admission.WorkerMemoryLow}} {
+		if f.v == "" {
+			continue
 		}
-		if strings.HasPrefix(ad.DiskFloor, "-") {
+		n, err := parseBytes(strings.TrimPrefix(f.v, "-"))
+		if err != nil {
+			return usageError{fmt.Errorf("%s %q: give a size, such as 256M, or -1 for none", f.key, f.v)}
+		}
+		if strings.HasPrefix(f.v, "-") {
 			n = -1
 		}
-		cfg.Admission.DiskFloor = n
+		*f.to = n
 	}
 	if ad.UppersSize != "" {
 		n, err := parseBytes(ad.UppersSize)

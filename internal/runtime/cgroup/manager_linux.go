@@ -1,13 +1,13 @@
 package cgroup
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // manager is how a host lays its groups out and drives them, as runc's
@@ -217,14 +217,31 @@ func (unified) pidsHits(g *Group) int { return counter(g.v2, "pids.events", "max
 func (unified) charged(g *Group) (int64, error) { return readInt(g.v2, "memory.current") }
 
 // reclaim is memory.reclaim of all the group holds, which stops short
-// with EAGAIN when nothing more can go (not an error here).
+// with EAGAIN when nothing more can go (not an error here): memory no
+// reclaim can take, such as a tmpfs's files on a host without swap.
+//
+// The write is a plain write(2): os.File would take the EAGAIN of a
+// file that polls (cgroup files do) for "not yet", and wait for a
+// readiness that never comes.
 func (unified) reclaim(g *Group) error {
 	n, err := g.MemoryCharged()
 	if err != nil {
 		return err
 	}
-	if err := write(g.v2, "memory.reclaim", strconv.FormatInt(n, 10)); err != nil && !errors.Is(err, syscall.EAGAIN) {
-		return err
+	p := filepath.Join(g.v2, "memory.reclaim")
+	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cgroup: %s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	for {
+		_, err = unix.Write(fd, []byte(strconv.FormatInt(n, 10)))
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil && err != unix.EAGAIN {
+		return fmt.Errorf("cgroup: write %d to %s: %w", n, p, err)
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ func runGuest() error {
 	if err := guestMounts(); err != nil {
 		return err
 	}
-	if err := loadModules("/modules"); err != nil {
+	if err := LoadModules("/modules"); err != nil {
 		return err
 	}
 	// What the guest writes reaches its disk within a second (not the
@@ -158,9 +158,9 @@ func guestMounts() error {
 	return nil
 }
 
-// loadModules loads the modules in dir in the order of their names
+// LoadModules loads the modules in dir in the order of their names
 // (the initramfs numbers them so).
-func loadModules(dir string) error {
+func LoadModules(dir string) error {
 	names, err := filepath.Glob(filepath.Join(dir, "*.ko"))
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -83,17 +84,20 @@ const PmemAlign = 2 << 20
 // /sys/class/virtio-ports/*/name.
 const AgentPort = "dsec.agent"
 
-// Cmdline is the guest kernel's command line, extra appended.
+// KernelParams are the parameters every guest kernel boots with:
+// console on the first serial port, quiet but for warnings; a panic
+// ends QEMU (with -no-reboot) at once; no PCI bus scan past bus 0; no
+// timer and TSC checks (which TCG makes slow and flaky); no crypto
+// self-tests; no bounce buffers (64 MiB of a guest's memory: virtio
+// needs none).
+var KernelParams = []string{"console=ttyS0", "loglevel=4", "panic=-1", "pci=lastbus=0", "tsc=reliable", "no_timer_check",
+	"cryptomgr.notests", "8250.nr_uarts=1", "random.trust_cpu=on", "swiotlb=noforce"}
+
+// Cmdline is a sandbox guest's kernel command line, extra appended:
+// KernelParams, and DSEC_GUEST=1, which reaches /init as its
+// environment and tells dsec-init it is a guest's pid 1.
 func Cmdline(extra ...string) string {
-	// console on the first serial port, quiet but for warnings; a panic
-	// ends QEMU (with -no-reboot) at once; no PCI bus scan past bus 0;
-	// no timer and TSC checks (which TCG makes slow and flaky); no
-	// crypto self-tests; no bounce buffers (64 MiB of a guest's memory:
-	// virtio needs none); DSEC_GUEST=1 reaches /init as its environment
-	// and tells dsec-init it is a guest's pid 1.
-	base := []string{"console=ttyS0", "loglevel=4", "panic=-1", "pci=lastbus=0", "tsc=reliable", "no_timer_check",
-		"cryptomgr.notests", "8250.nr_uarts=1", "random.trust_cpu=on", "swiotlb=noforce", "DSEC_GUEST=1"}
-	return strings.Join(append(base, extra...), " ")
+	return strings.Join(slices.Concat(KernelParams, []string{container.GuestEnv + "=1"}, extra), " ")
 }
 
 // Args is QEMU's command line for m.

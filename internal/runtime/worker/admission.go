@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
 // Admission bounds what a worker runs: the requests of its running
@@ -40,6 +42,13 @@ type Admission struct {
 	// existing one is resized to it when given). Creates are refused
 	// while it has less than DiskFloor free, too.
 	UppersSize int64
+	// WorkerMemoryMin and WorkerMemoryLow protect the worker's and its
+	// fetchers' memory on a host whose memory controller is on cgroup2:
+	// the worker moves into a group of its own beside the sandboxes'
+	// (cgroup.WorkerGroup), with memory.min and memory.low set (defaults
+	// 128 MiB and 512 MiB; negative: off, both: the worker stays in the
+	// group it was started in). They come out of HostReserve.
+	WorkerMemoryMin, WorkerMemoryLow int64
 }
 
 // maxSpares bounds Admission.Spares: each spare is a process and a
@@ -79,7 +88,20 @@ func (a Admission) withDefaults() Admission {
 	if a.InodeFloor == 0 {
 		a.InodeFloor = 10000
 	}
+	if a.WorkerMemoryMin == 0 {
+		a.WorkerMemoryMin = 128 << 20
+	}
+	if a.WorkerMemoryLow == 0 {
+		a.WorkerMemoryLow = 512 << 20
+	}
 	return a
+}
+
+// protection is the worker's memory protection (cgroup.Protect); ok is
+// false when both are off.
+func (a Admission) protection() (p cgroup.Protection, ok bool) {
+	a = a.withDefaults()
+	return cgroup.Protection{Min: max(a.WorkerMemoryMin, 0), Low: max(a.WorkerMemoryLow, 0)}, a.WorkerMemoryMin > 0 || a.WorkerMemoryLow > 0
 }
 
 // checkDisk refuses a create while the root's file system is nearly
@@ -121,6 +143,13 @@ func (a Admission) Validate() error {
 	}
 	if a.Primed > maxPrimed {
 		return fmt.Errorf("admission.primed %d: keep at most %d sandboxes made ahead: %w", a.Primed, maxPrimed, errdefs.ErrInvalidArgument)
+	}
+	if d := a.withDefaults(); d.WorkerMemoryMin > 0 && d.WorkerMemoryLow > 0 && d.WorkerMemoryMin > d.WorkerMemoryLow {
+		return fmt.Errorf("admission.worker_memory_min (%d MiB) is more than admission.worker_memory_low (%d MiB): the low protection includes the min; raise low or lower min: %w",
+			d.WorkerMemoryMin>>20, d.WorkerMemoryLow>>20, errdefs.ErrInvalidArgument)
+	} else if p := max(d.WorkerMemoryMin, d.WorkerMemoryLow); p > d.HostReserve {
+		return fmt.Errorf("the worker's protected memory (%d MiB, admission.worker_memory_min/low) is more than admission.host_reserve (%d MiB), which it comes out of: lower it or raise the reserve: %w",
+			p>>20, d.HostReserve>>20, errdefs.ErrInvalidArgument)
 	}
 	if a.Spares > maxSpares {
 		return fmt.Errorf("admission.spares %d: keep at most %d inits ahead of need: %w", a.Spares, maxSpares, errdefs.ErrInvalidArgument)

@@ -152,6 +152,20 @@ func Serve(ctx context.Context, cfg Config) error {
 	if cfg.CgroupParent != "" {
 		cgroup.Parent = cfg.CgroupParent
 	}
+	// Early, for what the worker holds before the move stays charged
+	// where it was (cgroup2 does not move charges).
+	if p, ok := cfg.Admission.protection(); ok {
+		if dir, err := cgroup.Protect(p); err != nil {
+			cfg.Log.Info("the worker's memory is not protected", "why", err)
+		} else {
+			cfg.Log.Info("the worker's memory is protected", "group", dir, "min", p.Min, "low", p.Low)
+			defer func() {
+				if err := cgroup.Unprotect(); err != nil {
+					cfg.Log.Warn("the worker's group", "err", err)
+				}
+			}()
+		}
+	}
 	runtime.SetMicroVM(cfg.MicroVM)
 	runtime.SetDNS(cfg.DNS)
 	if h, err := runtime.MicroVMHost(); err != nil {
@@ -343,10 +357,12 @@ func apiError(err error) *api.Error {
 
 func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
+	wp, wg := cgroup.Protected()
 	uppers, _ := disk.UppersSize(w.cfg.Root)
 	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
-			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers},
+			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
+			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
 		Features: features(), Warm: &api.Warm{Spares: w.mounter.Spares.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: microVMHost()}, nil
 }
 

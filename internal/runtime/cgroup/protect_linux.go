@@ -1,0 +1,114 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// WorkerGroup is the group Protect moves the worker into: a sibling of
+// Parent at the top of the hierarchy, outside the sandboxes' tree, where
+// the kernel honours its protection against every other group with no
+// ancestor's share to pass it down.
+func WorkerGroup() string { return Parent + "-worker" }
+
+// Protect moves the calling process, all its threads, into WorkerGroup
+// and protects p of its memory there; the processes it starts from then
+// on (the fetchers) are born in it. It returns the group's directory.
+//
+// It needs the memory controller on cgroup2 (MemoryV2, a pure v2 host):
+// v1 has no protection to give, and the error says so. Memory charged
+// before the move stays with the group it was charged to (cgroup2 does
+// not move charges), so a worker calls it first.
+func Protect(p Protection) (string, error) {
+	if p.Min < 0 || p.Low < 0 || p.Low > 0 && p.Min > p.Low {
+		return "", fmt.Errorf("cgroup: protection min %d, low %d: give sizes with min <= low", p.Min, p.Low)
+	}
+	if !pureV2() {
+		if err := MemoryV2.Err(); err != nil {
+			return "", err
+		}
+		return "", errors.New("the memory controller is on cgroup2 beside v1 controllers, where dsec bounds memory with v1's: no protection")
+	}
+	if err := MemoryV2.Err(); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(Root, WorkerGroup())
+	from, err := selfV2()
+	if err != nil {
+		return "", err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("cgroup: %w", err)
+	}
+	// The root hands the controller down (a host's init usually has);
+	// without it the group has no memory files to write.
+	_ = write(Root, "cgroup.subtree_control", "+memory")
+	for file, v := range map[string]int64{"memory.min": p.Min, "memory.low": p.Low} {
+		if err := write(dir, file, strconv.FormatInt(v, 10)); err != nil {
+			return "", err
+		}
+	}
+	if err := write(dir, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
+		return "", err
+	}
+	if d := filepath.Join(Root, from); d != dir {
+		protectedFrom = d
+	}
+	return dir, nil
+}
+
+// protectedFrom is the group the process was in before Protect moved it.
+var protectedFrom string
+
+// Unprotect moves the calling process back to the group Protect took it
+// from, and removes WorkerGroup if nothing is left in it (the fetchers
+// a worker leaves running keep it, and their protection).
+func Unprotect() error {
+	if protectedFrom == "" {
+		return nil
+	}
+	if err := write(protectedFrom, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
+		return err
+	}
+	protectedFrom = ""
+	if err := os.Remove(filepath.Join(Root, WorkerGroup())); err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	return nil
+}
+
+// Protected reads the protection of the group the calling process is in
+// now (cgroup2; zero where it has none or the host has no memory on
+// cgroup2), and that group's directory.
+func Protected() (Protection, string) {
+	rel, err := selfV2()
+	if err != nil {
+		return Protection{}, ""
+	}
+	dir := filepath.Join(Root, rel)
+	if !pureV2() {
+		dir = filepath.Join(Root, "unified", rel)
+	}
+	return Protection{Min: readBytes(dir, "memory.min"), Low: readBytes(dir, "memory.low")}, dir
+}
+
+// selfV2 is the calling process's cgroup2 path ("0::/PATH" in
+// /proc/self/cgroup).
+func selfV2() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rel, ok := strings.CutPrefix(line, "0::"); ok {
+			return rel, nil
+		}
+	}
+	return "", errors.New("no cgroup2 path in /proc/self/cgroup")
+}
