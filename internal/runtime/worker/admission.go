@@ -47,7 +47,8 @@ type Admission struct {
 	// the worker moves into a group of its own beside the sandboxes'
 	// (cgroup.WorkerGroup), with memory.min and memory.low set (defaults
 	// 128 MiB and 512 MiB; negative: off, both: the worker stays in the
-	// group it was started in). They come out of HostReserve.
+	// group it was started in). They come out of HostReserve: the
+	// defaults are cut to fit it, a setting beyond it is refused.
 	WorkerMemoryMin, WorkerMemoryLow int64
 }
 
@@ -88,11 +89,16 @@ func (a Admission) withDefaults() Admission {
 	if a.InodeFloor == 0 {
 		a.InodeFloor = 10000
 	}
-	if a.WorkerMemoryMin == 0 {
-		a.WorkerMemoryMin = 128 << 20
-	}
+	// The protection's defaults fit within the reserve, and low holds
+	// an explicit min.
 	if a.WorkerMemoryLow == 0 {
-		a.WorkerMemoryLow = 512 << 20
+		a.WorkerMemoryLow = min(max(512<<20, a.WorkerMemoryMin), a.HostReserve)
+	}
+	if a.WorkerMemoryMin == 0 {
+		a.WorkerMemoryMin = min(128<<20, a.HostReserve)
+		if a.WorkerMemoryLow > 0 {
+			a.WorkerMemoryMin = min(a.WorkerMemoryMin, a.WorkerMemoryLow)
+		}
 	}
 	return a
 }
