@@ -37,10 +37,10 @@ const guestEnv = "DSEC_TEST_GUEST"
 const exitMark = "DSEC-GUEST-EXIT "
 
 // MaybeGuest returns at once but in a guest RunInGuest booted. There it
-// mounts what a host has (/proc, /sys, /dev, a tmpfs /tmp, cgroup2 alone
-// at /sys/fs/cgroup), on a root of tmpfs (the initramfs's root cannot be
-// pivoted from, and sandboxes pivot), runs m's tests, writes their exit
-// code to the console and ends the guest.
+// mounts what a host has (/proc, /sys, /dev, cgroup2 alone at
+// /sys/fs/cgroup, /tmp on an ext4 scratch disk), on a root of tmpfs (the
+// initramfs's root cannot be pivoted from, and sandboxes pivot), runs m's
+// tests, writes their exit code to the console and ends the guest.
 func MaybeGuest(m *testing.M) {
 	if os.Getpid() != 1 || os.Getenv(guestEnv) != "1" {
 		return
@@ -242,7 +242,6 @@ func RunInGuest(t *testing.T, g Guest, pkg, run string) {
 		"-drive", "file="+scratch+",if=none,id=scratch,format=raw,cache=unsafe",
 		"-device", "virtio-blk-pci,drive=scratch",
 		"-serial", "stdio")
-	cmd.Stdin = nil
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
