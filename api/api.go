@@ -504,8 +504,8 @@ type HostLimits struct {
 	DefaultDisk int64 `json:"default_disk"`
 	// WorkerGroup is the cgroup2 group the worker runs in, and
 	// WorkerMemoryMin and WorkerMemoryLow the protection of its memory
-	// there, as the kernel holds them (memory.min, memory.low; zero on
-	// a host whose memory controller is on cgroup v1, which has none).
+	// there, as the kernel holds them (memory.min, memory.low): none on
+	// a host whose memory controller is on cgroup v1, which has none.
 	WorkerGroup     string `json:"worker_group,omitempty"`
 	WorkerMemoryMin int64  `json:"worker_memory_min"`
 	WorkerMemoryLow int64  `json:"worker_memory_low"`

@@ -25,7 +25,7 @@ var (
 	// MemoryV2 is the memory controller on the cgroup2 hierarchy: what
 	// memory.low and memory.min protection (of the worker and its
 	// fetchers against the sandboxes) needs.
-	MemoryV2 = feature.New("cgroup2 memory", "memory is bounded by the v1 controller, and the worker's own memory is not protected (memory.low)", func() error {
+	MemoryV2 = feature.New("cgroup2 memory", "memory is bounded by the v1 controller, and the worker's own memory is not protected (memory.min, memory.low)", func() error {
 		dir := Root
 		if !pureV2() {
 			dir = filepath.Join(Root, "unified")

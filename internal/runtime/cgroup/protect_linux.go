@@ -84,11 +84,11 @@ func Unprotect() error {
 }
 
 // Protected reads the protection of the group the calling process is in
-// now (cgroup2; zero where it has none or the host has no memory on
-// cgroup2), and that group's directory.
+// now, and that group's directory: nothing on a host whose memory
+// controller is not on cgroup2 (MemoryV2).
 func Protected() (Protection, string) {
 	rel, err := selfV2()
-	if err != nil {
+	if err != nil || !MemoryV2.Have() {
 		return Protection{}, ""
 	}
 	dir := filepath.Join(Root, rel)
