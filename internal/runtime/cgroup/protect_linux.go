@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,27 +58,36 @@ func Protect(p Protection) (string, error) {
 	if err := write(dir, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
 		return "", err
 	}
-	if d := filepath.Join(Root, from); d != dir {
+	protectMu.Lock()
+	if d := filepath.Join(Root, from); protectedFrom == "" && d != dir {
 		protectedFrom = d
 	}
+	protectMu.Unlock()
 	return dir, nil
 }
 
-// protectedFrom is the group the process was in before Protect moved it.
-var protectedFrom string
+var (
+	protectMu sync.Mutex
+	// protectedFrom is the group the process was in before the first
+	// Protect moved it.
+	protectedFrom string
+)
 
-// Unprotect moves the calling process back to the group Protect took it
-// from, and removes WorkerGroup if nothing is left in it (the fetchers
-// a worker leaves running keep it, and their protection).
+// Unprotect moves the calling process, if it is in WorkerGroup, back to
+// the group the first Protect took it from, and removes WorkerGroup if
+// nothing is left in it (the fetchers a worker leaves running keep it,
+// and their protection).
 func Unprotect() error {
-	if protectedFrom == "" {
-		return nil
+	dir := filepath.Join(Root, WorkerGroup())
+	protectMu.Lock()
+	from := protectedFrom
+	protectMu.Unlock()
+	if rel, err := selfV2(); err == nil && from != "" && filepath.Join(Root, rel) == dir {
+		if err := write(from, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
+			return err
+		}
 	}
-	if err := write(protectedFrom, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
-		return err
-	}
-	protectedFrom = ""
-	if err := os.Remove(filepath.Join(Root, WorkerGroup())); err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(dir); err != nil && !errors.Is(err, unix.EBUSY) && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("cgroup: %w", err)
 	}
 	return nil

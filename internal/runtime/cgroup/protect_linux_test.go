@@ -70,16 +70,7 @@ func TestProtect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		// Back to where the test started, and the group away.
-		rel := strings.TrimPrefix(strings.TrimSpace(string(before)), "0::")
-		if err := os.WriteFile(filepath.Join(cgroup.Root, rel, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-			t.Error(err)
-		}
-		if err := os.Remove(dir); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(func() { cgroup.Unprotect() }) // a test that stopped half-way
 	if want := filepath.Join(cgroup.Root, cgroup.Parent+"-worker"); dir != want {
 		t.Fatalf("the worker's group is %s, want %s (beside the sandboxes' parent)", dir, want)
 	}
@@ -122,6 +113,25 @@ func TestProtect(t *testing.T) {
 		t.Fatalf("the fetcher in the worker's group died: %v", err)
 	}
 	protectHolds(t, dir)
+	// A worker's exit: back to where it started; the group stays while
+	// a fetcher lives in it, and goes with the last.
+	if err := cgroup.Unprotect(); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := os.ReadFile("/proc/self/cgroup"); string(now) != string(before) {
+		t.Fatalf("after Unprotect in %q, want %q", now, before)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("the group went with a fetcher in it: %v", err)
+	}
+	fetcher.Process.Kill()
+	fetcher.Wait()
+	if err := cgroup.Unprotect(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the worker's group outlived its last process: %v", err)
+	}
 }
 
 // protectHolds: the protection holds against the host's own memory
