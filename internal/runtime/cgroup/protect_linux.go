@@ -30,14 +30,11 @@ func Protect(p Protection) (string, error) {
 	if p.Min < 0 || p.Low < 0 || p.Low > 0 && p.Min > p.Low {
 		return "", fmt.Errorf("cgroup: protection min %d, low %d: give sizes with min <= low", p.Min, p.Low)
 	}
-	if !pureV2() {
-		if err := MemoryV2.Err(); err != nil {
-			return "", err
-		}
-		return "", errors.New("the memory controller is on cgroup2 beside v1 controllers, where dsec bounds memory with v1's: no protection")
-	}
 	if err := MemoryV2.Err(); err != nil {
 		return "", err
+	}
+	if !pureV2() {
+		return "", errors.New("the memory controller is on cgroup2 beside v1 controllers, where dsec bounds memory with v1's: no protection")
 	}
 	dir := filepath.Join(Root, WorkerGroup())
 	from, err := selfV2()
@@ -94,17 +91,14 @@ func Unprotect() error {
 }
 
 // Protected reads the protection of the group the calling process is in
-// now, and that group's directory: nothing on a host whose memory
-// controller is not on cgroup2 (MemoryV2).
+// now, and that group's directory: nothing on a host where Protect
+// cannot protect (memory not on cgroup2 alone).
 func Protected() (Protection, string) {
 	rel, err := selfV2()
-	if err != nil || !MemoryV2.Have() {
+	if err != nil || !MemoryV2.Have() || !pureV2() {
 		return Protection{}, ""
 	}
 	dir := filepath.Join(Root, rel)
-	if !pureV2() {
-		dir = filepath.Join(Root, "unified", rel)
-	}
 	return Protection{Min: readBytes(dir, "memory.min"), Low: readBytes(dir, "memory.low")}, dir
 }
 
