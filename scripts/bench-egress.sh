@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench (as root): what domain rules cost (issue 35), measured inside sandboxes against a server in a network
-# namespace of the benchmark's: HTTPS to an allowed name through the sandbox's proxy versus the same server on a port a
-# CIDR rule allows directly (time to first byte, p50, DSEC_BENCH_N requests, default 200; throughput of one connection,
+# namespace of the benchmark's: HTTPS to an allowed name by the fast path (the sandbox resolved it) and through the
+# sandbox's proxy (it did not) versus the same server on a port a CIDR rule allows directly (time to first byte, p50, DSEC_BENCH_N requests, default 200; throughput of one connection,
 # 64 MiB), and DNS answers through the sandbox's resolver (which keeps answers for their TTL) versus the upstream asked
 # directly.
 set -euo pipefail
@@ -13,10 +13,14 @@ metric() { awk -v m="$1" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}'
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3fx", a / b }'; }
 echo "== domain egress (2-core VM, containers, inits from $DSEC_INIT; $(date -u +%F))"
 printf '%-66s %12s %12s %8s %s\n' figure measured baseline ratio target
-printf '%-66s %9s ms %9s ms %8s %s\n' "HTTPS time to first byte p50: by name through the proxy vs direct" "$(metric proxy-ttfb-p50-ms)" \
-	"$(metric direct-ttfb-p50-ms)" "$(ratio "$(metric proxy-ttfb-p50-ms)" "$(metric direct-ttfb-p50-ms)")" "<= 1.2x"
-printf '%-66s %6s MiB/s %6s MiB/s %8s %s\n' "one connection's throughput: through the proxy vs direct" "$(metric proxy-MiB/s)" \
-	"$(metric direct-MiB/s)" "$(ratio "$(metric proxy-MiB/s)" "$(metric direct-MiB/s)")" ">= 0.8x"
+printf '%-66s %9s ms %9s ms %8s %s\n' "HTTPS time to first byte p50: by name, the fast path vs direct" "$(metric fast-ttfb-p50-ms)" \
+	"$(metric direct-ttfb-p50-ms)" "$(ratio "$(metric fast-ttfb-p50-ms)" "$(metric direct-ttfb-p50-ms)")" "<= 1.2x"
+printf '%-66s %9s ms %9s ms %8s\n' "HTTPS time to first byte p50: by name, through the proxy vs direct" "$(metric proxy-ttfb-p50-ms)" \
+	"$(metric direct-ttfb-p50-ms)" "$(ratio "$(metric proxy-ttfb-p50-ms)" "$(metric direct-ttfb-p50-ms)")"
+printf '%-66s %6s MiB/s %6s MiB/s %8s %s\n' "one connection's throughput: the fast path vs direct" "$(metric fast-MiB/s)" \
+	"$(metric direct-MiB/s)" "$(ratio "$(metric fast-MiB/s)" "$(metric direct-MiB/s)")" ">= 0.8x"
+printf '%-66s %6s MiB/s %6s MiB/s %8s\n' "one connection's throughput: through the proxy vs direct" "$(metric proxy-MiB/s)" \
+	"$(metric direct-MiB/s)" "$(ratio "$(metric proxy-MiB/s)" "$(metric direct-MiB/s)")"
 printf '%-66s %9s ms %9s ms %8s\n' "DNS answer p50: the sandbox's resolver (its cache) vs the upstream" "$(metric dns-worker-p50-ms)" \
 	"$(metric dns-direct-p50-ms)" "$(ratio "$(metric dns-worker-p50-ms)" "$(metric dns-direct-p50-ms)")"
 printf '%-66s %9s ms %9s ms %8s\n' "DNS answer p99: the sandbox's resolver (its cache) vs the upstream" "$(metric dns-worker-p99-ms)" \

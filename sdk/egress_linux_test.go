@@ -25,7 +25,9 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/quic-go/quic-go/http3"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/egress"
@@ -360,9 +362,11 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	auth := serveOutside(t, pid, "10.205.0.2", map[string][]string{"allowed.test.": {"10.205.0.2"}})
 	spec := vmSpec("vmnames")
 	spec.Policy = &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
-		Egress: []api.EgressRule{{To: "allowed.test", Ports: []api.PortRange{{Low: 8080, High: 8080}}},
+		Egress: []api.EgressRule{{To: "allowed.test", Ports: []api.PortRange{{Low: 8080, High: 8080}, {Low: 443, High: 443}}},
 			{To: "10.205.0.0/24", Ports: []api.PortRange{{Low: 9, High: 9}, {Low: 8090, High: 8090}}}}}}
 	sb := create(t, c, spec)
+	snis := webOutside(t, pid, "10.205.0.2")
+	putWebclient(t, sb)
 	const dial = "for i in 1 2 3; do nc -w 2 10.205.0.2 8080 </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
 	if out, res := run(t, sb, "before", dial); res.ExitCode == 0 || strings.Contains(out, "hello") {
 		t.Fatalf("reached before any answer: %q", out)
@@ -377,6 +381,22 @@ func TestMicroVMDomainEgress(t *testing.T) {
 	}
 	if auth.asked("evil.test") {
 		t.Error("the outside's DNS server was asked evil.test")
+	}
+	// HTTPS to the answered address goes by the fast path, the
+	// guest's packets read by the worker's gate as they leave its tap:
+	// the allowed name passes, another on the same address is reset.
+	if out, res := run(t, sb, "fast", "webclient -sni allowed.test 10.205.0.2:443 2>&1"); res.ExitCode != 0 || out != "sni=allowed.test host=allowed.test\n" {
+		t.Errorf("HTTPS to allowed.test from the guest: %q %+v", out, res)
+	}
+	if out, res := run(t, sb, "fast-evil", "webclient -sni evil.test 10.205.0.2:443 2>&1"); res.ExitCode == 0 || strings.Contains(out, "sni=") {
+		t.Errorf("HTTPS to evil.test from the guest: %q %+v", out, res)
+	}
+	if fastFlowsMarked(t, "10.205.0.2", 0xd5ec0200) != 1 || fastFlowsMarked(t, "10.205.0.2", 0xd5ec0300) != 1 {
+		t.Errorf("the guest's HTTPS did not go by the fast path: %d passed, %d killed",
+			fastFlowsMarked(t, "10.205.0.2", 0xd5ec0200), fastFlowsMarked(t, "10.205.0.2", 0xd5ec0300))
+	}
+	if got := snis(); !slices.Equal(got, []string{"allowed.test"}) {
+		t.Errorf("the server got hellos for %q", got)
 	}
 	// A connection the guest holds to a server that ticks: a policy
 	// applied with Reset cuts it (the host forgets the flow; the
@@ -505,6 +525,7 @@ func TestDomainEgressWeb(t *testing.T) {
 	pid := runtimetest.Outside(t, "dsecweb", "10.206.0")
 	serveOutside(t, pid, "10.206.0.2", map[string][]string{
 		"allowed.test.": {"10.206.0.2"}, "evil.test.": {"10.206.0.2"}, "spoofed.allowed.test.": {"10.206.0.2"},
+		"other.allowed.test.": {"10.206.0.2"},
 	})
 	snis := webOutside(t, pid, "10.206.0.2")
 	pol := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: []api.EgressRule{
@@ -539,17 +560,22 @@ func TestDomainEgressWeb(t *testing.T) {
 	// look-alike name, an encrypted hello whose outer name is allowed,
 	// a Host no rule allows on an address no CIDR rule opens: refused,
 	// and no hello of theirs reaches the server.
-	for _, args := range []string{"-sni evil.test 10.206.0.2:443", "10.206.0.2:443", "-sni allowed.test.evil.test 10.206.0.2:443",
+	refusals := []string{"-sni evil.test 10.206.0.2:443", "10.206.0.2:443", "-sni allowed.test.evil.test 10.206.0.2:443",
 		"-sni allowed.test -ech-public allowed.test 10.206.0.2:443", "-http -host evil.test 192.0.2.99:80",
-		"-sni a.b.allowed.test 10.206.0.2:443",
+		"-sni a.b.allowed.test 10.206.0.2:443", "-chunk 7 -sni evil.test 10.206.0.2:443",
 		// DNS over HTTPS to a resolver no rule names, at its address or
 		// any other.
 		"-sni doh.test -path /dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB 10.206.0.2:443",
-		"-sni doh.test -path /dns-query 192.0.2.99:443"} {
-		if out, ok := get(args); ok || strings.Contains(out, "sni=") {
-			t.Errorf("webclient %s: %q (ok %v)", args, out, ok)
+		"-sni doh.test -path /dns-query 192.0.2.99:443"}
+	refused := func(args []string) {
+		t.Helper()
+		for _, args := range args {
+			if out, ok := get(args); ok || strings.Contains(out, "sni=") {
+				t.Errorf("webclient %s: %q (ok %v)", args, out, ok)
+			}
 		}
 	}
+	refused(refusals)
 	// QUIC: a real HTTP/3 client, the way browsers go, falls back to
 	// TCP (UDP 443 stays closed with a domain rule on 443), and gets
 	// there through the proxy by name; from the host, the same client
@@ -577,8 +603,39 @@ func TestDomainEgressWeb(t *testing.T) {
 		res.ExitCode != 0 || cut != 40 || after < 9 {
 		t.Errorf("forty stalled hellos: %q %+v", out, res)
 	}
+	// The fast path: once its resolver has answered allowed.test, the
+	// sandbox's HTTPS to that address is not proxied but goes on in the
+	// kernel, read by the worker's gate until the server has its hello
+	// (the flow's conntrack mark says it passed). The same refusals
+	// hold there, reset before the server has a whole hello; and so
+	// does an allowed name on an address its resolver gave only for
+	// another name.
+	if out, res := run(t, sb, "learn", "nslookup allowed.test 2>&1"); res.ExitCode != 0 || !strings.Contains(out, "10.206.0.2") {
+		t.Fatalf("nslookup allowed.test: %q %+v", out, res)
+	}
+	for _, args := range []string{"-sni allowed.test 10.206.0.2:443", "-chunk 7 -sni allowed.test 10.206.0.2:443"} {
+		if out, ok := get(args); !ok || out != "sni=allowed.test host=allowed.test\n" {
+			t.Errorf("webclient %s by the fast path: %q (ok %v)", args, out, ok)
+		}
+	}
+	refused(append(refusals, "-sni spoofed.allowed.test 10.206.0.2:443"))
+	// (Those to 10.206.0.2:443 were the gate's to refuse: their flows'
+	// conntrack marks say it killed them.)
+	if n := fastFlowsMarked(t, "10.206.0.2", 0xd5ec0300); n < 8 {
+		t.Errorf("%d flows killed by the gate, want 8", n)
+	}
+	// Two names of one rule on one address, both answered: each passes
+	// by its own answer.
+	if out, res := run(t, sb, "learn-two", "nslookup spoofed.allowed.test && nslookup other.allowed.test"); res.ExitCode != 0 {
+		t.Fatalf("nslookup: %q %+v", out, res)
+	}
+	for _, name := range []string{"spoofed.allowed.test", "other.allowed.test"} {
+		if out, ok := get("-sni " + name + " 10.206.0.2:443"); !ok || out != "sni="+name+" host="+name+"\n" {
+			t.Errorf("%s by the fast path: %q (ok %v)", name, out, ok)
+		}
+	}
 	for _, n := range snis() {
-		if n != "allowed.test" && n != "spoofed.allowed.test" {
+		if n != "allowed.test" && n != "spoofed.allowed.test" && n != "other.allowed.test" {
 			t.Errorf("the server got a hello for %q", n)
 		}
 	}
@@ -588,6 +645,9 @@ func TestDomainEgressWeb(t *testing.T) {
 	if out, res := run(t, sb, "slow", `for p in 443 8443; do (webclient -sni allowed.test -path /slow 10.206.0.2:$p >/tmp/slow.$p 2>&1; echo $? >/tmp/rc.$p) & done
 		sleep 1; cat /tmp/slow.443 /tmp/slow.8443 | grep -c tick`); res.ExitCode != 0 || out == "0\n" {
 		t.Fatalf("the long downloads: %q %+v", out, res)
+	}
+	if fastFlowsMarked(t, "10.206.0.2", 0xd5ec0200) == 0 {
+		t.Error("the download from allowed.test's address did not pass by the fast path")
 	}
 	ctx := context.Background()
 	other := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
@@ -608,6 +668,23 @@ func TestDomainEgressWeb(t *testing.T) {
 	if out, res := run(t, sb, "reset", `for i in $(seq 50); do [ -e /tmp/rc.443 ] && [ -e /tmp/rc.8443 ] && break; sleep 0.1; done; cat /tmp/rc.443 /tmp/rc.8443`); res.ExitCode != 0 || out != "1\n1\n" {
 		t.Errorf("the downloads after a reset: %q %+v", out, res)
 	}
+}
+
+// fastFlowsMarked counts the host's tracked flows to addr:443 with the
+// conntrack mark (the fast path's: network.fastPass, fastKill).
+func fastFlowsMarked(t *testing.T, addr string, mark uint32) int {
+	t.Helper()
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range flows {
+		if f.Forward.DstIP.Equal(net.ParseIP(addr)) && f.Forward.DstPort == 443 && f.Mark == mark {
+			n++
+		}
+	}
+	return n
 }
 
 type zeros struct{}

@@ -28,9 +28,11 @@ const policyNote = `A policy has four sections; one left out keeps the secure de
              through its own resolver in the worker (all its DNS goes there, whatever server
              it names): only allowed names are answered (NXDOMAIN for the rest, never asked
              upstream), and each answer opens its addresses, on the rule's ports, until its
-             TTL (dns.min_ttl at least) and dns.grace pass; not 853 or UDP 443. TCP 80 and
-             443 go through its proxy, by the TLS server name or HTTP Host, dialled by name
-             (no name, an encrypted hello, a name no rule allows: refused). Its
+             TTL (dns.min_ttl at least) and dns.grace pass; not 853 or UDP 443. TCP 443 to
+             an address its resolver answered goes on in the kernel once the worker has read
+             its hello's server name and found it allowed and answered with that address;
+             other TCP 80 and 443 go through its proxy, by the TLS server name or HTTP Host,
+             dialled by name (no name, an encrypted hello, a name no rule allows: refused). Its
              /etc/resolv.conf, if it names no server it may use (none, only loopback), is
              written to name 192.0.2.53, which the redirect answers. mode: nat gives
              the sandbox eth0, a veth pair to the host masqueraded out (default: loopback
@@ -201,7 +203,7 @@ take them back from a running process.
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the policy document (\"-\": stdin)")
-	cmd.Flags().BoolVar(&reset, "reset", false, "end the connections the new policy no longer allows (a container's sockets, its proxy's relays; a microVM's flows are dropped); without it they live on")
+	cmd.Flags().BoolVar(&reset, "reset", false, "end the connections the new policy no longer allows (a container's sockets, its proxy's relays and fast-path flows; a microVM's flows are dropped); without it they live on")
 	cmd.Flags().StringVar(&name, "name", "", "a stored policy")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	return cmd

@@ -35,6 +35,22 @@ func FuzzParseHello(f *testing.F) {
 		if _, err := ParseHello(b[:h.Len-1]); !errors.Is(err, ErrShort) {
 			t.Fatalf("its bytes but the last: %v", err)
 		}
+		// A HelloReader given the bytes a few at a time: short until
+		// they are all in, then the same hello.
+		var r HelloReader
+		step := 1 + int(b[0])%13
+		for n := step; ; n += step {
+			got, err := r.Parse(b[:min(n, h.Len)])
+			if n >= h.Len {
+				if err != nil || got != h {
+					t.Fatalf("read %d bytes at a time: %+v %v, want %+v", step, got, err, h)
+				}
+				break
+			}
+			if !errors.Is(err, ErrShort) {
+				t.Fatalf("read %d bytes at a time, the first %d: %v", step, n, err)
+			}
+		}
 	})
 }
 

@@ -44,14 +44,27 @@ const (
 // record), and the bytes may end early (ErrShort: read more and call it
 // again with them all). Anything else that is not a hello is an error.
 func ParseHello(b []byte) (Hello, error) {
-	var msg []byte // the handshake message, its records' payloads joined
-	off := 0
-	need := -1 // the message's length once its header is in
-	for need < 0 || len(msg) < need {
-		if off+recordHeaderBytes > len(b) {
-			return Hello{}, short(off)
+	var r HelloReader
+	return r.Parse(b)
+}
+
+// A HelloReader is ParseHello over bytes that grow: each Parse takes
+// up the records where the last left off, so a hello that comes a few
+// bytes at a time costs its length once, not its length squared.
+type HelloReader struct {
+	msg  []byte // the handshake message, its whole records' payloads joined
+	off  int    // where the next record starts
+	need int    // the message's length once its header is in (0: not yet)
+}
+
+// Parse is ParseHello of b, which starts with the bytes of every Parse
+// before it.
+func (r *HelloReader) Parse(b []byte) (Hello, error) {
+	for r.need == 0 || len(r.msg) < r.need {
+		if r.off+recordHeaderBytes > len(b) {
+			return Hello{}, short(r.off)
 		}
-		h := b[off : off+recordHeaderBytes]
+		h := b[r.off : r.off+recordHeaderBytes]
 		if h[0] != recordHandshake {
 			return Hello{}, fmt.Errorf("a TLS record of type %d where a handshake was due: not a TLS client", h[0])
 		}
@@ -62,26 +75,26 @@ func ParseHello(b []byte) (Hello, error) {
 		if n == 0 || n > maxRecord {
 			return Hello{}, fmt.Errorf("a TLS record of %d bytes", n)
 		}
-		if off+recordHeaderBytes+n > len(b) {
-			return Hello{}, short(off + recordHeaderBytes + n)
+		if r.off+recordHeaderBytes+n > len(b) {
+			return Hello{}, short(r.off + recordHeaderBytes + n)
 		}
-		msg = append(msg, b[off+recordHeaderBytes:off+recordHeaderBytes+n]...)
-		off += recordHeaderBytes + n
-		if need < 0 && len(msg) >= 4 {
-			if msg[0] != typeClientHello {
-				return Hello{}, fmt.Errorf("handshake message type %d, not a ClientHello", msg[0])
+		r.msg = append(r.msg, b[r.off+recordHeaderBytes:r.off+recordHeaderBytes+n]...)
+		r.off += recordHeaderBytes + n
+		if r.need == 0 && len(r.msg) >= 4 {
+			if r.msg[0] != typeClientHello {
+				return Hello{}, fmt.Errorf("handshake message type %d, not a ClientHello", r.msg[0])
 			}
-			need = 4 + (int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]))
-			if need > MaxHello {
-				return Hello{}, fmt.Errorf("a ClientHello of %d bytes, more than %d", need, MaxHello)
+			r.need = 4 + (int(r.msg[1])<<16 | int(r.msg[2])<<8 | int(r.msg[3]))
+			if r.need > MaxHello {
+				return Hello{}, fmt.Errorf("a ClientHello of %d bytes, more than %d", r.need, MaxHello)
 			}
 		}
 	}
-	if len(msg) > need {
+	if len(r.msg) > r.need {
 		return Hello{}, errors.New("the records after the ClientHello carry more handshake bytes")
 	}
-	h, err := parseClientHello(msg[4:])
-	h.Len = off
+	h, err := parseClientHello(r.msg[4:])
+	h.Len = r.off
 	return h, err
 }
 

@@ -164,6 +164,7 @@ func readName(c net.Conn, port uint16, timeout time.Duration) (string, []byte, e
 	c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
 	var b []byte
+	var hr HelloReader
 	buf := make([]byte, 4096)
 	for {
 		n, rerr := c.Read(buf)
@@ -173,7 +174,7 @@ func readName(c net.Conn, port uint16, timeout time.Duration) (string, []byte, e
 		switch port {
 		case PortHTTPS:
 			var h Hello
-			h, err = ParseHello(b)
+			h, err = hr.Parse(b)
 			switch {
 			case err != nil:
 			case h.ECH:

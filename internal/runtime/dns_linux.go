@@ -168,6 +168,7 @@ func (sb *Sandbox) startDNS(eff *api.Policy) error {
 	}
 	go sb.expire(r)
 	sb.dns = r
+	sb.syncFast()
 	return nil
 }
 
@@ -257,6 +258,7 @@ func (sb *Sandbox) stopDNS() error {
 	if sb.dns == nil {
 		return nil
 	}
+	sb.stopFast()
 	sb.dns.stop()
 	sb.dns = nil
 	if sb.NAT == nil {
@@ -352,6 +354,7 @@ func (sb *Sandbox) learn(r *resolver, learned []egress.Learned) error {
 		return errors.New("the sandbox is busy")
 	}
 	defer sb.mu.Unlock()
+	sb.answered(learned)
 	changed := false
 	for _, l := range learned {
 		i := slices.IndexFunc(sb.Learned, func(o egress.Learned) bool { return o.Addr == l.Addr && o.Rule == l.Rule })
@@ -386,6 +389,7 @@ func (sb *Sandbox) relearn() error {
 		}
 	}
 	sb.Allowlist = entries
+	sb.syncFast()
 	return sb.save()
 }
 
@@ -403,6 +407,7 @@ func (sb *Sandbox) expire(r *resolver) {
 			continue
 		}
 		now := time.Now()
+		sb.pruneAnswers(now)
 		n := len(sb.Learned)
 		sb.Learned = slices.DeleteFunc(sb.Learned, func(l egress.Learned) bool { return now.After(l.Expires) })
 		if len(sb.Learned) != n {

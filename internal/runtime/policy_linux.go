@@ -249,6 +249,7 @@ func (sb *Sandbox) applyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		}
 	}
 	sb.Policy, sb.Allowlist, sb.Limits, sb.Learned = eff, entries, limits, learned
+	sb.syncFast()
 	if running && !hasDomains(eff) { // no domain rules now: no resolver
 		if err := sb.stopDNS(); err != nil {
 			return nil, err

@@ -5,20 +5,23 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/policy"
 )
 
 // ResetConnections ends the sandbox's connections that its allowlist in
 // force no longer allows (policy apply --reset), and says how many: the
 // ones its proxy relays by a name no rule allows any more (or to an
-// address no CIDR rule does), reset; a container's own TCP sockets to
-// an address and port the allowlist no longer lets it connect to,
-// destroyed (SOCK_DESTROY: the process sees ECONNABORTED and its peer a
+// address no CIDR rule does), reset; the ones its fast path passed for
+// such a name (or to an address no longer its answer), as its own; a
+// container's own TCP sockets to an address and port the allowlist no
+// longer lets it connect to, destroyed (SOCK_DESTROY: the process sees ECONNABORTED and its peer a
 // reset); and, for a microVM, whose sockets are the guest's, the host's
 // connection tracking of its flows so closed, whose packets the host
 // then drops (the guest's connection stalls until it times out).
@@ -29,8 +32,8 @@ func (sb *Sandbox) ResetConnections() (int, error) {
 		return 0, nil
 	}
 	n := 0
+	v := newView(sb.Policy)
 	if sb.dns != nil {
-		v := newView(sb.Policy)
 		n += sb.dns.proxy.Cut(func(name string, dst netip.AddrPort) bool {
 			if name == "" {
 				return v.direct(dst)
@@ -39,9 +42,18 @@ func (sb *Sandbox) ResetConnections() (int, error) {
 		})
 	}
 	gw := netip.MustParseAddr(sb.NAT.Host)
-	closed := func(dst netip.Addr, port uint16, proto uint8) bool {
-		dst = dst.Unmap()
-		return !dst.IsLoopback() && dst != gw && !policy.Allows(sb.Allowlist, dst, port, proto)
+	fast := fastFlows(netip.MustParseAddr(sb.NAT.Sandbox))
+	closed := func(src, dst netip.AddrPort, proto uint8) bool {
+		src, dst = netip.AddrPortFrom(src.Addr().Unmap(), src.Port()), netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		if name, ok := fast[egress.Flow{Client: src, Server: dst}]; ok && proto == policy.ProtoTCP {
+			// Passed by the gate for name: closed unless a rule
+			// allows it still and the address is still its answer.
+			return !v.allows(name, dst.Port()) || !slices.ContainsFunc(sb.Learned, func(l egress.Learned) bool {
+				return l.Name == name && l.Addr == dst.Addr()
+			})
+		}
+		a := dst.Addr()
+		return !a.IsLoopback() && a != gw && !policy.Allows(sb.Allowlist, a, dst.Port(), proto)
 	}
 	var err error
 	var k int
@@ -55,7 +67,7 @@ func (sb *Sandbox) ResetConnections() (int, error) {
 
 // destroySockets destroys the established TCP sockets over IPv4 in the
 // network namespace of pid whose destination closed says is closed.
-func destroySockets(pid int, closed func(netip.Addr, uint16, uint8) bool) (int, error) {
+func destroySockets(pid int, closed func(src, dst netip.AddrPort, proto uint8) bool) (int, error) {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
 		return 0, fmt.Errorf("the sandbox's network namespace: %w", err)
@@ -73,8 +85,10 @@ func destroySockets(pid int, closed func(netip.Addr, uint16, uint8) bool) (int, 
 	n := 0
 	var errs []error
 	for _, s := range socks {
+		src, sok := netip.AddrFromSlice(s.ID.Source)
 		dst, ok := netip.AddrFromSlice(s.ID.Destination)
-		if !ok || s.State != unix.BPF_TCP_ESTABLISHED || !closed(dst, s.ID.DestinationPort, policy.ProtoTCP) {
+		if !ok || !sok || s.State != unix.BPF_TCP_ESTABLISHED ||
+			!closed(netip.AddrPortFrom(src, s.ID.SourcePort), netip.AddrPortFrom(dst, s.ID.DestinationPort), policy.ProtoTCP) {
 			continue
 		}
 		local := &net.TCPAddr{IP: s.ID.Source, Port: int(s.ID.SourcePort)}
@@ -92,7 +106,7 @@ func destroySockets(pid int, closed func(netip.Addr, uint16, uint8) bool) (int, 
 // closed destination.
 type flows struct {
 	from   netip.Addr
-	closed func(netip.Addr, uint16, uint8) bool
+	closed func(src, dst netip.AddrPort, proto uint8) bool
 }
 
 func (f flows) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
@@ -102,12 +116,12 @@ func (f flows) MatchConntrackFlow(fl *netlink.ConntrackFlow) bool {
 	}
 	dst, ok := netip.AddrFromSlice(fl.Forward.DstIP)
 	proto := map[uint8]uint8{unix.IPPROTO_TCP: policy.ProtoTCP, unix.IPPROTO_UDP: policy.ProtoUDP}[fl.Forward.Protocol]
-	return ok && proto != 0 && f.closed(dst, fl.Forward.DstPort, proto)
+	return ok && proto != 0 && f.closed(netip.AddrPortFrom(src, fl.Forward.SrcPort), netip.AddrPortFrom(dst, fl.Forward.DstPort), proto)
 }
 
 // forgetFlows deletes the host's conntrack entries of the flows from
 // the address from to a closed destination.
-func forgetFlows(from netip.Addr, closed func(netip.Addr, uint16, uint8) bool) (int, error) {
+func forgetFlows(from netip.Addr, closed func(src, dst netip.AddrPort, proto uint8) bool) (int, error) {
 	n, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, flows{from: from, closed: closed})
 	if err != nil {
 		return int(n), fmt.Errorf("the sandbox's connection tracking: %w", err)

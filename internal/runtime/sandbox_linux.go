@@ -190,6 +190,9 @@ type Sandbox struct {
 	// in a worker); netView its policy as the resolver and proxy ask it.
 	dns     *resolver
 	netView atomic.Pointer[netView]
+	// fast is what its HTTPS fast path's gate asks of it, while it has
+	// one (syncFast).
+	fast atomic.Pointer[fastView]
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
 	restore *vmRestore

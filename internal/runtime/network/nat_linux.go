@@ -337,6 +337,9 @@ func masquerade(on bool) error {
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+		if err := fastPrerouting(c, t, pre, fromSandbox); err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
 		for _, r := range redirects {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
 			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
@@ -360,6 +363,9 @@ func masquerade(on bool) error {
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}),                                // not syn alone
 			ctState(expr.CtStateBitNEW)...), drop)})
+		if err := fastForward(c, t, fw); err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
 	case !on && have != nil:
 		c.DelTable(have)
 	default:
@@ -374,7 +380,7 @@ func masquerade(on bool) error {
 // forwardRules is how many rules the forward chain holds (the input
 // chain: one per redirect, and its drop): a table with others (or other
 // chains) is an older worker's, made anew.
-const forwardRules = 4
+const forwardRules = 4 + fastForwardRules
 
 // resolvedSet holds the addresses of the sandboxes whose DNS and web
 // ports go to their resolvers and proxies.

@@ -1,0 +1,243 @@
+package network
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The fast path of a sandbox's HTTPS (egress.Gate). A connection a
+// sandbox with domain rules makes to TCP 443 of an address its resolver
+// answered it (the pair in the map fastMap) is not redirected to its
+// proxy: it goes on, its conntrack mark set to FastPending plus the
+// queue of the worker that serves the sandbox, and every packet of it,
+// both ways, goes to that queue until the worker's verdict. The worker
+// passes a flow with the mark PassMark (its conntrack mark becomes
+// fastPass: the rest of the flow is not queued), or kills it with
+// KillMark (fastKill: this packet and every later one of the flow, both
+// ways, answered with a TCP reset). A queue no process binds drops what
+// is sent to it: a flow whose worker is gone goes nowhere unread.
+
+// The queues a host's workers take for the fast path: one each, the
+// first free from FastQueueBase.
+const (
+	FastQueueBase uint16 = 0xd5e0
+	FastQueues           = 8
+)
+
+// Conntrack and packet marks of the fast path.
+const (
+	fastPending uint32 = 0xd5ec0100 // | queue - FastQueueBase
+	fastPass    uint32 = 0xd5ec0200
+	fastKill    uint32 = 0xd5ec0300
+	// PassMark and KillMark are a verdict's packet marks (Queue.Verdict).
+	PassMark = fastPass
+	KillMark = fastKill
+)
+
+// ISN is the sequence number of a flow's first SYN, from the mark its
+// queued packets carry (the rules copy it there from the flow's
+// conntrack label, which holds its bytes as the SYN had them).
+func ISN(mark uint32) uint32 {
+	return binary.BigEndian.Uint32(binary.NativeEndian.AppendUint32(nil, mark))
+}
+
+// fastMap maps a sandbox's address and a destination to the mark its
+// flows to TCP 443 there get.
+const fastMap = "fast"
+
+// fastForwardRules are the forward chain's rules of the fast path.
+const fastForwardRules = 5 + FastQueues
+
+// markData is a mark as nftables' registers hold it.
+func markData(m uint32) []byte { return binary.NativeEndian.AppendUint32(nil, m) }
+
+// fastPrerouting adds the fast path's map to t, and its rule to pre
+// (the nat prerouting chain, before its redirects).
+func fastPrerouting(c *nftables.Conn, t *nftables.Table, pre *nftables.Chain, fromSandbox []expr.Any) error {
+	m := &nftables.Set{Table: t, Name: fastMap, IsMap: true, Concatenation: true,
+		KeyType:  nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr),
+		DataType: nftables.TypeMark}
+	if err := c.AddSet(m, nil); err != nil {
+		return err
+	}
+	// tcp dport 443 ct mark set ip saddr . ip daddr map @fast accept:
+	// not redirected (a nat chain sees a flow's first packet only).
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(slices.Clip(fromSandbox),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, 443)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 2, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 2, SourceRegister: true},
+		// The SYN's sequence number, in the label's first 32 bits: the
+		// queue rules hand it to the gate with every packet (isnMark).
+		&expr.Immediate{Register: 1, Data: make([]byte, 16)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 4, Len: 4},
+		&expr.Ct{Key: expr.CtKeyLABELS, Register: 1, SourceRegister: true},
+		&expr.Verdict{Kind: expr.VerdictAccept})})
+	return nil
+}
+
+// fastForward adds the fast path's rules to fw (the forward chain,
+// after its guards).
+func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error {
+	ctMark := func(m uint32) []expr.Any {
+		return []expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(m)}}
+	}
+	isTCP := []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}}
+	reset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
+	// A verdict's mark: taken off the packet, put on its flow.
+	verdict := func(m uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(m)},
+			&expr.Immediate{Register: 1, Data: markData(m)},
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true},
+			&expr.Immediate{Register: 1, Data: markData(0)},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true},
+		}
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(ctMark(fastKill), isTCP...), reset)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: verdict(fastPass)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(verdict(fastKill), isTCP...), reset)})
+	// A server's SYN-ACK is not queued: the gate has nothing to read in
+	// it, and one trip less is on every connection's way.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(slices.Clip(isTCP),
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(fastPending)},
+		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}, // IP_CT_DIR_REPLY
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x12}},                                  // syn|ack
+		&expr.Verdict{Kind: expr.VerdictAccept})})
+	// Nor is the client's first SYN, if it carries no data (its IP and
+	// TCP headers are all its length): the label's bit synSeen says it
+	// went. Another SYN (sent again, or with another sequence number)
+	// goes to the gate, which has its first's in the label.
+	synSeen := make([]byte, 16)
+	synSeen[4] = 1
+	noData := &nftables.Set{Table: t, Anonymous: true, Constant: true, Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)}
+	var lengths []nftables.SetElement
+	for doff := 5; doff <= 15; doff++ {
+		lengths = append(lengths, nftables.SetElement{Key: []byte{byte(doff << 4), 0, 0, 0, 0, byte(20 + 4*doff), 0, 0}})
+	}
+	if err := c.AddSet(noData, lengths); err != nil {
+		return err
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(slices.Clip(isTCP),
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(fastPending)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}}, // syn alone
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 0, Len: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x45}}, // no IP options
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 12, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0xf0}, Xor: []byte{0}},
+		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: 1, SetName: noData.Name, SetID: noData.ID}, // th doff . ip length: no data
+		&expr.Ct{Key: expr.CtKeyLABELS, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 16, Mask: synSeen, Xor: make([]byte, 16)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 16)},
+		&expr.Immediate{Register: 1, Data: synSeen},
+		&expr.Ct{Key: expr.CtKeyLABELS, Register: 1, SourceRegister: true}, // (labels are set by or)
+		&expr.Verdict{Kind: expr.VerdictAccept})})
+	for i := range FastQueues {
+		// xt_NFQ_info (revision 0): the queue's number, host order.
+		info := xt.Unknown(binary.NativeEndian.AppendUint16(nil, FastQueueBase+uint16(i)))
+		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(ctMark(fastPending|uint32(i)),
+			&expr.Ct{Key: expr.CtKeyLABELS, Register: 1},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true}, // the label's first 32 bits
+			&expr.Target{Name: "NFQUEUE", Rev: 0, Info: &info})})
+	}
+	return nil
+}
+
+// Fast makes dsts the addresses whose TCP 443 the sandbox n reaches by
+// the fast path, its flows queued to queue; none: its web connections
+// all go to its proxy again.
+func Fast(n *NAT, queue uint16, dsts []netip.Addr) error {
+	tableMu.Lock()
+	defer tableMu.Unlock()
+	c, err := nftables.New(nftNS...)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	m, err := c.GetSetByName(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable}, fastMap)
+	if err != nil {
+		if len(dsts) == 0 {
+			return nil
+		}
+		return fmt.Errorf("nftables: the map of fast destinations: %w", err)
+	}
+	have, err := c.GetSetElements(m)
+	if err != nil {
+		return fmt.Errorf("nftables: the map of fast destinations: %w", err)
+	}
+	self := n.sandboxKey()
+	mark := markData(fastPending | uint32(queue-FastQueueBase))
+	want := map[netip.Addr]bool{}
+	for _, d := range dsts {
+		want[d] = true
+	}
+	var del, add []nftables.SetElement
+	for _, e := range have {
+		if len(e.Key) != 8 || !bytes.Equal(e.Key[:4], self) {
+			continue
+		}
+		d := netip.AddrFrom4([4]byte(e.Key[4:8]))
+		if want[d] && bytes.Equal(e.Val, mark) {
+			delete(want, d)
+			continue
+		}
+		del = append(del, nftables.SetElement{Key: e.Key})
+	}
+	for d := range want {
+		add = append(add, nftables.SetElement{Key: append(slices.Clip(self), d.AsSlice()...), Val: mark})
+	}
+	if len(del) == 0 && len(add) == 0 {
+		return nil
+	}
+	if len(del) > 0 {
+		if err := c.SetDeleteElements(m, del); err != nil {
+			return err
+		}
+	}
+	if len(add) > 0 {
+		if err := c.SetAddElements(m, add); err != nil {
+			return err
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables: the sandbox's fast destinations: %w", err)
+	}
+	return nil
+}
+
+// pendingOn matches the conntrack flows queued to one queue, undecided.
+type pendingOn uint32
+
+func (m pendingOn) MatchConntrackFlow(f *netlink.ConntrackFlow) bool { return f.Mark == uint32(m) }
+
+// ForgetPending deletes the host's tracking of the flows queued to q
+// and not decided (another process had q before): their next packets
+// are new to it, and dropped, never taken for new flows.
+func ForgetPending(q *Queue) error {
+	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, pendingOn(fastPending|uint32(q.Num()-FastQueueBase)))
+	return err
+}
