@@ -214,9 +214,10 @@ if [ "$(id -u)" = 0 ]; then
 		trap 'rm -rf "$work"' EXIT
 	fi
 	# Domain rules: a sandbox allowed allowed.test resolves it through its own resolver in the worker (whatever
-	# server it asks) and reaches it by name over HTTPS; evil.test, on the very same address, neither resolves nor
-	# connects (the proxy reads the hello's name and refuses it). The outside world: the demo's own DNS and HTTPS
-	# server in a network namespace.
+	# server it asks) and reaches it by name over HTTPS (the fast path: its resolver answered that address, so the
+	# worker's gate reads the hello as it passes and the kernel carries the rest); evil.test, on the very same
+	# address, neither resolves nor connects (the gate reads the hello's name and resets the connection). The outside
+	# world: the demo's own DNS and HTTPS server in a network namespace.
 	if command -v ip >/dev/null && command -v openssl >/dev/null && command -v go >/dev/null; then
 		outside_ns dsec-demo-web dsec-demo-w 198.51.100
 		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=allowed.test \
@@ -234,7 +235,7 @@ if [ "$(id -u)" = 0 ]; then
 		"$dsec" cp "$work/webclient" demo-names:/bin/webclient
 		"$dsec" exec demo-names -- sh -c 'echo "allowed.test, asking 8.8.8.8 (answered by its resolver):"; nslookup allowed.test 8.8.8.8 | grep -A1 "^Name:";
 			echo "evil.test (never asked upstream: see the outside DNS server'"'"'s log):"; nslookup evil.test 8.8.8.8 2>&1 | grep "find";
-			echo "HTTPS to allowed.test at 198.51.100.2:"; webclient -sni allowed.test 198.51.100.2:443;
+			echo "HTTPS to allowed.test at 198.51.100.2 (the fast path):"; webclient -sni allowed.test 198.51.100.2:443;
 			echo "HTTPS to evil.test at the same 198.51.100.2:"; webclient -sni evil.test 198.51.100.2:443 2>&1' || true
 		"$dsec" rm -f demo-names
 		kill $web 2>/dev/null || true

@@ -26,6 +26,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/quic-go/quic-go/http3"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -613,6 +614,13 @@ func TestDomainEgressWeb(t *testing.T) {
 	if out, res := run(t, sb, "learn", "nslookup allowed.test 2>&1"); res.ExitCode != 0 || !strings.Contains(out, "10.206.0.2") {
 		t.Fatalf("nslookup allowed.test: %q %+v", out, res)
 	}
+	// A connection that sends no hello: the gate gives up on it after
+	// 10 s and has the host kill it (its conntrack mark), though no
+	// packet of it came since.
+	idle := time.Now()
+	if out, res := run(t, sb, "idle", "(sleep 40 | nc 10.206.0.2 443 >/dev/null 2>&1 &)"); res.ExitCode != 0 {
+		t.Fatalf("the idle connection: %q %+v", out, res)
+	}
 	for _, args := range []string{"-sni allowed.test 10.206.0.2:443", "-chunk 7 -sni allowed.test 10.206.0.2:443"} {
 		if out, ok := get(args); !ok || out != "sni=allowed.test host=allowed.test\n" {
 			t.Errorf("webclient %s by the fast path: %q (ok %v)", args, out, ok)
@@ -649,6 +657,10 @@ func TestDomainEgressWeb(t *testing.T) {
 	if fastFlowsMarked(t, "10.206.0.2", 0xd5ec0200) == 0 {
 		t.Error("the download from allowed.test's address did not pass by the fast path")
 	}
+	time.Sleep(time.Until(idle.Add(12 * time.Second)))
+	if n := fastFlowsMarked(t, "10.206.0.2", 0xd5ec0300, nl.TCP_CONNTRACK_ESTABLISHED); n != 1 {
+		t.Errorf("%d open flows killed by the gate 12 s after one sent no hello, want 1", n)
+	}
 	ctx := context.Background()
 	other := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
 		Egress: []api.EgressRule{{To: "other.test", Ports: []api.PortRange{{Low: 443, High: 443}}}}}}
@@ -662,7 +674,9 @@ func TestDomainEgressWeb(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(rep.Now, "network: 2 connections the policy no longer allows reset") {
+	// (Three: the two downloads, and the idle connection the gate gave
+	// up on, whose socket lives on until its next packet.)
+	if !slices.Contains(rep.Now, "network: 3 connections the policy no longer allows reset") {
 		t.Errorf("apply with reset: %+v", rep)
 	}
 	if out, res := run(t, sb, "reset", `for i in $(seq 50); do [ -e /tmp/rc.443 ] && [ -e /tmp/rc.8443 ] && break; sleep 0.1; done; cat /tmp/rc.443 /tmp/rc.8443`); res.ExitCode != 0 || out != "1\n1\n" {
@@ -672,7 +686,8 @@ func TestDomainEgressWeb(t *testing.T) {
 
 // fastFlowsMarked counts the host's tracked flows to addr:443 with the
 // conntrack mark (the fast path's: network.fastPass, fastKill).
-func fastFlowsMarked(t *testing.T, addr string, mark uint32) int {
+// With a state, only the flows in it count.
+func fastFlowsMarked(t *testing.T, addr string, mark uint32, state ...uint8) int {
 	t.Helper()
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
 	if err != nil {
@@ -680,9 +695,13 @@ func fastFlowsMarked(t *testing.T, addr string, mark uint32) int {
 	}
 	n := 0
 	for _, f := range flows {
-		if f.Forward.DstIP.Equal(net.ParseIP(addr)) && f.Forward.DstPort == 443 && f.Mark == mark {
-			n++
+		if !f.Forward.DstIP.Equal(net.ParseIP(addr)) || f.Forward.DstPort != 443 || f.Mark != mark {
+			continue
 		}
+		if tcp, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP); len(state) > 0 && (!ok || tcp.State != state[0]) {
+			continue
+		}
+		n++
 	}
 	return n
 }

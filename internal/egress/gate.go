@@ -40,10 +40,10 @@ import (
 // stream), a SYN with another sequence number, a FIN or reset before
 // the hello is whole, a hello that is no hello, has no name, hides its
 // name (ECH) or exceeds MaxHello, a server's packet of a flow the Gate
-// does not know, a flow not decided after Timeout (at its next packet),
-// and a client's flow past MaxGatedPerClient under way at once. Data
-// in a SYN (TCP Fast Open) is dropped: the client sends it again after
-// the handshake.
+// does not know, a reset either way before the flow passed (the reset
+// goes on), a flow not passed after Timeout, and a client's flow past
+// MaxGatedPerClient under way at once. Data in a SYN (TCP Fast Open)
+// is dropped: the client sends it again after the handshake.
 
 // Verdict is what becomes of one queued packet.
 type Verdict uint8
@@ -208,8 +208,9 @@ func (g *Gate) Packet(pkt []byte, isn uint32, now time.Time) Verdict {
 func (g *Gate) fromClient(f Flow, fl *gated, s segment) Verdict {
 	switch {
 	case s.flags&tcpRST != 0:
-		g.forget(f)
-		return Accept
+		// The flow ends here, both ways (a reset the server ignores,
+		// out of its window, must not end only the Gate's part).
+		return g.kill(fl, f, errors.New("reset by the client"))
 	case s.flags&tcpURG != 0:
 		return g.kill(fl, f, errors.New("urgent data in the hello"))
 	case s.flags&tcpSYN != 0:
@@ -276,8 +277,7 @@ func (g *Gate) fromClient(f Flow, fl *gated, s segment) Verdict {
 // acknowledges the decided bytes passes the flow.
 func (g *Gate) fromServer(f Flow, fl *gated, s segment, now time.Time) Verdict {
 	if s.flags&tcpRST != 0 {
-		g.forget(f)
-		return Accept
+		return g.kill(fl, f, errors.New("reset by the server"))
 	}
 	if fl.decided && s.flags&tcpACK != 0 && int32(s.ack-(fl.isn+1+uint32(len(fl.buf)))) >= 0 {
 		// Kept a while: the packets queued behind this one still come.
@@ -303,29 +303,36 @@ func (g *Gate) kill(fl *gated, f Flow, why error) Verdict {
 	return Kill
 }
 
-// Expire ends the flows not decided for longer than Timeout: each is
-// killed at its next packet (its bytes so far are the server's, and
-// only this Gate knows them: it must not take the flow for a new one).
-// It forgets the flows passed as long ago.
-func (g *Gate) Expire(now time.Time) {
+// Expire ends the flows not passed for longer than Timeout: each is
+// held dead (its next packet killed: its bytes so far are the server's,
+// and only this Gate knows them, so it must not take the flow for a new
+// one) and returned, for the host to kill it (network.KillFlow), and
+// then ForgetFlow. It forgets the flows passed as long ago.
+func (g *Gate) Expire(now time.Time) []Flow {
 	timeout := g.Timeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
+	var out []Flow
 	for f, fl := range g.flows {
-		if fl.dead || now.Sub(fl.since) <= timeout {
-			continue
-		}
-		if fl.passed {
+		switch {
+		case fl.dead || now.Sub(fl.since) <= timeout:
+		case fl.passed:
 			g.forget(f)
-			continue
-		}
-		fl.dead, fl.buf, fl.hello = true, nil, HelloReader{}
-		if g.Killed != nil {
-			g.Killed(f, fl.name, errors.New("no decision in time"))
+		default:
+			fl.dead, fl.buf, fl.hello = true, nil, HelloReader{}
+			out = append(out, f)
+			if g.Killed != nil {
+				g.Killed(f, fl.name, errors.New("no decision in time"))
+			}
 		}
 	}
+	return out
 }
+
+// ForgetFlow forgets the flow f (one Expire returned, once the host
+// killed it).
+func (g *Gate) ForgetFlow(f Flow) { g.forget(f) }
 
 // Forget forgets the flows of the client at addr (a sandbox gone).
 func (g *Gate) Forget(addr netip.Addr) {

@@ -130,8 +130,10 @@ func TestGate(t *testing.T) {
 		}, Kill}}, "killed: the connection ended before its hello"},
 		{"no hello", []step{{func(c *conn) []byte { return c.data(0, []byte("GET / HTTP/1.1\r\n\r\n")) }, Kill}}, "killed: a TLS record of type 71"},
 		{"a server's packet first", []step{{func(c *conn) []byte { return c.ack(0) }, Kill}}, "killed: a server's packet"},
-		{"a reset", []step{whole(hello[:20]), {func(c *conn) []byte { return packet(c.client, c.server, c.isn+21, 0, tcpRST, nil) }, Accept},
-			{func(c *conn) []byte { return c.data(20, hello[20:]) }, Kill}}, "killed: a segment out of order"},
+		{"a reset before the pass", []step{whole(hello[:20]), {func(c *conn) []byte { return packet(c.client, c.server, c.isn+21, 0, tcpRST, nil) }, Kill}},
+			"killed: reset by the client"},
+		{"a reset by the server", []step{whole(hello[:20]), {func(c *conn) []byte { return packet(c.server, c.client, c.sisn+1, 0, tcpRST, nil) }, Kill}},
+			"killed: reset by the server"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, log := gateFor("allowed.test")
@@ -161,11 +163,23 @@ func TestGateExpire(t *testing.T) {
 	if v := g.Packet(c.data(0, evil[:10]), c.isn, now); v != Accept {
 		t.Fatal(v)
 	}
-	g.Expire(now.Add(11 * time.Second))
-	// The same bytes, then the allowed hello from the start: killed,
-	// not read as a new flow's.
+	if dead := g.Expire(now.Add(11 * time.Second)); len(dead) != 1 || dead[0] != (Flow{Client: c.client, Server: c.server}) {
+		t.Fatalf("expired: %v", dead)
+	}
+	// The allowed hello from the start, before the host killed the
+	// flow: killed, not read as a new flow's.
 	if v := g.Packet(c.data(0, hello), c.isn, now.Add(12*time.Second)); v != Kill || g.Len() != 0 {
 		t.Fatalf("after the timeout: %v, %d flows (%q)", v, g.Len(), *log)
+	}
+	// Dead until forgotten, then gone.
+	g.Packet(c.data(0, evil[:10]), c.isn, now)
+	g.Expire(now.Add(11 * time.Second))
+	if g.Len() != 1 {
+		t.Fatalf("%d flows after the second expiry", g.Len())
+	}
+	g.ForgetFlow(Flow{Client: c.client, Server: c.server})
+	if g.Len() != 0 {
+		t.Fatalf("%d flows after ForgetFlow", g.Len())
 	}
 	d := &conn{client: netip.MustParseAddrPort("10.200.0.2:40001"), server: serverAddr, isn: 5}
 	g.Packet(d.data(0, hello), d.isn, now)

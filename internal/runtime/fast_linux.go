@@ -96,8 +96,17 @@ func serveFast(q *network.Queue) {
 	go func() {
 		for now := range time.Tick(time.Second) {
 			fastPath.mu.Lock()
-			fastPath.gate.Expire(now)
+			dead := fastPath.gate.Expire(now)
 			fastPath.mu.Unlock()
+			for _, f := range dead {
+				if err := network.KillFlow(f.Client, f.Server); err != nil && !errors.Is(err, unix.ENOENT) {
+					slog.Warn("a flow the gate gave up on is not killed in the host: its next packet is", "from", f.Client, "to", f.Server, "err", err)
+					continue // held dead: the gate kills it at its next packet
+				}
+				fastPath.mu.Lock()
+				fastPath.gate.ForgetFlow(f)
+				fastPath.mu.Unlock()
+			}
 		}
 	}()
 	runtime.LockOSThread() // its reads block the thread itself (Queue)
@@ -233,7 +242,7 @@ func fastDecide(f egress.Flow, name string) error {
 // rules that open 443) by the fast path, and gives the gate its policy
 // and answers as they are now; sb.mu is held.
 func (sb *Sandbox) syncFast() {
-	if sb.dns == nil || sb.NAT == nil {
+	if sb.dns == nil || sb.NAT == nil || !network.FastSupported() {
 		return
 	}
 	q := fastQueue()

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
+	nl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -108,9 +110,15 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true},
 		}
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(ctMark(fastKill), isTCP...), reset)})
+	// (A reset itself goes on: both ends learn the flow is over.)
+	notReset := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}},
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: slices.Concat(ctMark(fastKill), isTCP, notReset, []expr.Any{reset})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: verdict(fastPass)})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(verdict(fastKill), isTCP...), reset)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: slices.Concat(verdict(fastKill), isTCP, notReset, []expr.Any{reset})})
 	// A server's SYN-ACK is not queued: the gate has nothing to read in
 	// it, and one trip less is on every connection's way.
 	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(slices.Clip(isTCP),
@@ -167,6 +175,14 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 	}
 	return nil
 }
+
+// fastOff says this kernel refused the fast path's rules: the table is
+// made without them (masquerade).
+var fastOff atomic.Bool
+
+// FastSupported says whether the host's kernel takes the fast path's
+// rules (true until a table made with them was refused).
+func FastSupported() bool { return !fastOff.Load() }
 
 // Fast makes dsts the addresses whose TCP 443 the sandbox n reaches by
 // the fast path, its flows queued to queue; none: its web connections
@@ -233,6 +249,43 @@ func Fast(n *NAT, queue uint16, dsts []netip.Addr) error {
 type pendingOn uint32
 
 func (m pendingOn) MatchConntrackFlow(f *netlink.ConntrackFlow) bool { return f.Mark == uint32(m) }
+
+// KillFlow sets the conntrack mark of the flow from client to server
+// to fastKill: its next packet, either way, is answered with a reset.
+func KillFlow(client, server netip.AddrPort) error {
+	c, err := nl.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	tuple := func(ae *nl.AttributeEncoder) error {
+		ae.Nested(1, func(ae *nl.AttributeEncoder) error { // CTA_TUPLE_IP
+			ae.Bytes(1, client.Addr().AsSlice()) // CTA_IP_V4_SRC
+			ae.Bytes(2, server.Addr().AsSlice()) // CTA_IP_V4_DST
+			return nil
+		})
+		ae.Nested(2, func(ae *nl.AttributeEncoder) error { // CTA_TUPLE_PROTO
+			ae.Uint8(1, unix.IPPROTO_TCP)                                  // CTA_PROTO_NUM
+			ae.Bytes(2, binary.BigEndian.AppendUint16(nil, client.Port())) // CTA_PROTO_SRC_PORT
+			ae.Bytes(3, binary.BigEndian.AppendUint16(nil, server.Port())) // CTA_PROTO_DST_PORT
+			return nil
+		})
+		return nil
+	}
+	ae := nl.NewAttributeEncoder()
+	ae.Nested(1, tuple)                                       // CTA_TUPLE_ORIG
+	ae.Bytes(8, binary.BigEndian.AppendUint32(nil, fastKill)) // CTA_MARK
+	b, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	_, err = c.Execute(nl.Message{
+		// IPCTNL_MSG_CT_NEW without NLM_F_CREATE: an update.
+		Header: nl.Header{Type: nl.HeaderType(1 << 8), Flags: nl.Request | nl.Acknowledge},
+		Data:   append([]byte{unix.AF_INET, 0, 0, 0}, b...),
+	})
+	return err
+}
 
 // ForgetPending deletes the host's tracking of the flows queued to q
 // and not decided (another process had q before): their next packets

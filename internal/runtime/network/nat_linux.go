@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -300,7 +301,11 @@ func masquerade(on bool) error {
 		if fw != nil && in != nil && n == 4 {
 			fr, ferr := c.GetRules(have, fw)
 			ir, ierr := c.GetRules(have, in)
-			if ferr == nil && ierr == nil && len(fr) == forwardRules && len(ir) == len(redirects)+1 {
+			want := forwardRules
+			if fastOff.Load() {
+				want -= fastForwardRules
+			}
+			if ferr == nil && ierr == nil && len(fr) == want && len(ir) == len(redirects)+1 {
 				return nil
 			}
 		}
@@ -337,8 +342,10 @@ func masquerade(on bool) error {
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-		if err := fastPrerouting(c, t, pre, fromSandbox); err != nil {
-			return fmt.Errorf("nftables: %w", err)
+		if !fastOff.Load() {
+			if err := fastPrerouting(c, t, pre, fromSandbox); err != nil {
+				return fmt.Errorf("nftables: %w", err)
+			}
 		}
 		for _, r := range redirects {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
@@ -363,8 +370,10 @@ func masquerade(on bool) error {
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}),                                // not syn alone
 			ctState(expr.CtStateBitNEW)...), drop)})
-		if err := fastForward(c, t, fw); err != nil {
-			return fmt.Errorf("nftables: %w", err)
+		if !fastOff.Load() {
+			if err := fastForward(c, t, fw); err != nil {
+				return fmt.Errorf("nftables: %w", err)
+			}
 		}
 	case !on && have != nil:
 		c.DelTable(have)
@@ -372,6 +381,16 @@ func masquerade(on bool) error {
 		return nil
 	}
 	if err := c.Flush(); err != nil {
+		if on && !fastOff.Load() {
+			// Another kernel may lack what the fast path's rules use
+			// (nft compat, xt NFQUEUE, conntrack labels): the table
+			// without them, and HTTPS by name through the proxies.
+			fastOff.Store(true)
+			if masquerade(on) == nil {
+				slog.Warn("the host's kernel refuses the rules of domain rules' fast path: HTTPS by name goes through the proxy", "err", err)
+				return nil
+			}
+		}
 		return fmt.Errorf("nftables masquerade: %w", err)
 	}
 	return nil
