@@ -65,9 +65,8 @@ func fastQueue() *network.Queue {
 			return
 		}
 		// Flows a process gone left undecided on this queue: their bytes
-		// so far are unknown here, so they go (the next packet of one
-		// is new to the host's tracking, and dropped).
-		if err := network.ForgetPending(fastPath.q); err != nil {
+		// so far are unknown here, so they are reset.
+		if err := network.KillPending(fastPath.q); err != nil {
 			slog.Warn("flows left undecided by an earlier worker stay", "err", err)
 		}
 		fastPath.gate = egress.Gate{
@@ -247,6 +246,7 @@ func (sb *Sandbox) syncFast() {
 	}
 	q := fastQueue()
 	if q == nil {
+		network.Fast(sb.NAT, 0, nil) // an earlier worker's, queued to no one now
 		return
 	}
 	v := newView(sb.Policy)
@@ -287,6 +287,11 @@ func (sb *Sandbox) stopFast() {
 	if fastPath.bySrc[self] == sb {
 		delete(fastPath.bySrc, self)
 		fastPath.gate.Forget(self)
+		for f := range fastPath.passed {
+			if f.Client.Addr() == self {
+				delete(fastPath.passed, f)
+			}
+		}
 	}
 	fastPath.mu.Unlock()
 	if err := network.Fast(sb.NAT, 0, nil); err != nil {

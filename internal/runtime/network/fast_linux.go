@@ -3,6 +3,7 @@ package network
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -19,9 +20,11 @@ import (
 // The fast path of a sandbox's HTTPS (egress.Gate). A connection a
 // sandbox with domain rules makes to TCP 443 of an address its resolver
 // answered it (the pair in the map fastMap) is not redirected to its
-// proxy: it goes on, its conntrack mark set to FastPending plus the
-// queue of the worker that serves the sandbox, and every packet of it,
-// both ways, goes to that queue until the worker's verdict. The worker
+// proxy: it goes on, its conntrack mark set to fastPending plus the
+// queue of the worker that serves the sandbox, its conntrack label to
+// the SYN's sequence number, and every later packet of it, both ways
+// (but the server's SYN-ACK), goes to that queue, the label's first 32
+// bits as its mark, until the worker's verdict. The worker
 // passes a flow with the mark PassMark (its conntrack mark becomes
 // fastPass: the rest of the flow is not queued), or kills it with
 // KillMark (fastKill: this packet and every later one of the flow, both
@@ -40,7 +43,7 @@ const (
 	fastPending uint32 = 0xd5ec0100 // | queue - FastQueueBase
 	fastPass    uint32 = 0xd5ec0200
 	fastKill    uint32 = 0xd5ec0300
-	// PassMark and KillMark are a verdict's packet marks (Queue.Verdict).
+	// PassMark and KillMark are a verdict's packet marks (Queue.Verdicts).
 	PassMark = fastPass
 	KillMark = fastKill
 )
@@ -245,10 +248,28 @@ func Fast(n *NAT, queue uint16, dsts []netip.Addr) error {
 	return nil
 }
 
-// pendingOn matches the conntrack flows queued to one queue, undecided.
-type pendingOn uint32
-
-func (m pendingOn) MatchConntrackFlow(f *netlink.ConntrackFlow) bool { return f.Mark == uint32(m) }
+// KillPending kills the flows queued to q and not decided (another
+// process had q before, and only it knew what they sent): their next
+// packets, either way, are answered with resets, never taken for new
+// flows.
+func KillPending(q *Queue) error {
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range flows {
+		if f.Mark != fastPending|uint32(q.Num()-FastQueueBase) || f.Forward.Protocol != unix.IPPROTO_TCP {
+			continue
+		}
+		src, _ := netip.AddrFromSlice(f.Forward.SrcIP.To4())
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+		if err := KillFlow(netip.AddrPortFrom(src, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // KillFlow sets the conntrack mark of the flow from client to server
 // to fastKill: its next packet, either way, is answered with a reset.
@@ -284,13 +305,5 @@ func KillFlow(client, server netip.AddrPort) error {
 		Header: nl.Header{Type: nl.HeaderType(1 << 8), Flags: nl.Request | nl.Acknowledge},
 		Data:   append([]byte{unix.AF_INET, 0, 0, 0}, b...),
 	})
-	return err
-}
-
-// ForgetPending deletes the host's tracking of the flows queued to q
-// and not decided (another process had q before): their next packets
-// are new to it, and dropped, never taken for new flows.
-func ForgetPending(q *Queue) error {
-	_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, pendingOn(fastPending|uint32(q.Num()-FastQueueBase)))
 	return err
 }
