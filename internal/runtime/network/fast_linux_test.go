@@ -18,8 +18,8 @@ func TestKillPending(t *testing.T) {
 	inOwnNetns(t)
 	flow := func(sport uint16, mark uint32) *netlink.ConntrackFlow {
 		f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, Mark: mark, TimeOut: 100,
-			Forward: netlink.IPTuple{SrcIP: net.IPv4(10, 200, 0, 2), DstIP: net.IPv4(192, 0, 2, 7), SrcPort: sport, DstPort: 443, Protocol: unix.IPPROTO_TCP},
-			Reverse: netlink.IPTuple{SrcIP: net.IPv4(192, 0, 2, 7), DstIP: net.IPv4(192, 0, 2, 1), SrcPort: 443, DstPort: sport, Protocol: unix.IPPROTO_TCP},
+			Forward:   netlink.IPTuple{SrcIP: net.IPv4(10, 200, 0, 2), DstIP: net.IPv4(192, 0, 2, 7), SrcPort: sport, DstPort: 443, Protocol: unix.IPPROTO_TCP},
+			Reverse:   netlink.IPTuple{SrcIP: net.IPv4(192, 0, 2, 7), DstIP: net.IPv4(192, 0, 2, 1), SrcPort: 443, DstPort: sport, Protocol: unix.IPPROTO_TCP},
 			ProtoInfo: &netlink.ProtoInfoTCP{State: 3}} // established
 		if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
 			t.Fatalf("conntrack create: %v", err)
