@@ -59,8 +59,12 @@ func ISN(mark uint32) uint32 {
 // flows to TCP 443 there get.
 const fastMap = "fast"
 
-// fastForwardRules are the forward chain's rules of the fast path.
-const fastForwardRules = 5 + FastQueues
+// fastChain holds the fast path's forward rules; fastForwardRules is
+// how many the forward chain has (its jump there).
+const (
+	fastChain        = "fastpath"
+	fastForwardRules = 1
+)
 
 // markData is a mark as nftables' registers hold it.
 func markData(m uint32) []byte { return binary.NativeEndian.AppendUint32(nil, m) }
@@ -94,9 +98,22 @@ func fastPrerouting(c *nftables.Conn, t *nftables.Table, pre *nftables.Chain, fr
 	return nil
 }
 
-// fastForward adds the fast path's rules to fw (the forward chain,
-// after its guards).
+// fastForward adds the fast path's chain to t, and the rule of fw (the
+// forward chain, after its guards) that jumps there: only for a flow
+// pending or killed (a passed flow's packets, like any other's, pay
+// that one rule).
 func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error {
+	marks := &nftables.Set{Table: t, Anonymous: true, Constant: true, KeyType: nftables.TypeMark}
+	if err := c.AddSet(marks, []nftables.SetElement{{Key: markData(fastPending)}, {Key: markData(fastKill)}}); err != nil {
+		return err
+	}
+	fc := c.AddChain(&nftables.Chain{Name: fastChain, Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: []expr.Any{
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
+		&expr.Lookup{SourceRegister: 1, SetName: marks.Name, SetID: marks.ID},
+		&expr.Verdict{Kind: expr.VerdictJump, Chain: fastChain}}})
+	fw = fc
 	ctMark := func(m uint32) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(m)}}
 	}

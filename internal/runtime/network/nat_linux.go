@@ -298,7 +298,11 @@ func masquerade(on bool) error {
 				}
 			}
 		}
-		if fw != nil && in != nil && n == 4 {
+		wantChains := 5 // (the fast path's too)
+		if fastOff.Load() {
+			wantChains = 4
+		}
+		if fw != nil && in != nil && n == wantChains {
 			fr, ferr := c.GetRules(have, fw)
 			ir, ierr := c.GetRules(have, in)
 			want := forwardRules
