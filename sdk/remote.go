@@ -30,6 +30,9 @@ func newRemote(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("the worker at %s takes a token: give one in DSEC_TOKEN or the config's token (dsec token create makes one on the worker's host): %w",
 			opts.Host, errdefs.ErrUnauthenticated)
 	}
+	if opts.Transport != nil {
+		return &Client{opts: opts, base: "http://" + hostport + "/" + api.Version, hc: &http.Client{Transport: opts.Transport}}, nil
+	}
 	t := &http.Transport{DialContext: (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		DisableCompression: true, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	scheme := "http"

@@ -55,9 +55,12 @@ type Options struct {
 	// worker that asks for one (--tls-client-ca).
 	TLSCA, ClientCert, ClientKey string
 	// Dial, with Host, reaches that worker some other way than a TCP
-	// dial (an in-process connection: the worker's E2B front); the
-	// requests are plain HTTP over what it returns.
+	// dial; the requests are plain HTTP over what it returns.
 	Dial func(ctx context.Context) (net.Conn, error)
+	// Transport, with Host, carries the requests instead (one shared by
+	// many clients: the worker's E2B front, in process); Dial and the
+	// TLS options are not used then.
+	Transport http.RoundTripper
 	// StartWorker, if set, is the command that starts a worker for Root
 	// when none answers (for example dsec --root ROOT daemon); it runs
 	// detached, its output in Root/worker.log. Started is called with its
@@ -296,6 +299,10 @@ func (c *Client) Shutdown(ctx context.Context) error { return c.do(ctx, "POST", 
 type Sandbox struct {
 	c    *Client
 	Name string
+	// Info is the sandbox as the worker described it when it made it
+	// (Create, Branch): its ID, owner, layers and limits. A handle from
+	// Client.Sandbox has none: Inspect asks.
+	Info api.Sandbox
 }
 
 // Sandbox returns a handle on an existing sandbox.
@@ -309,7 +316,7 @@ func (c *Client) Create(ctx context.Context, spec api.SandboxSpec) (*Sandbox, er
 	if err := c.do(ctx, "POST", "/sandboxes", bytes.NewReader(b), &out); err != nil {
 		return nil, err
 	}
-	return c.Sandbox(out.Name), nil
+	return &Sandbox{c: c, Name: out.Name, Info: out}, nil
 }
 
 // List describes every sandbox of the worker, oldest first, queued ones
@@ -800,7 +807,7 @@ func (c *Client) Branch(ctx context.Context, req api.BranchRequest) ([]*Sandbox,
 	}
 	sbs := make([]*Sandbox, len(out))
 	for i, d := range out {
-		sbs[i] = c.Sandbox(d.Name)
+		sbs[i] = &Sandbox{c: c, Name: d.Name, Info: d}
 	}
 	return sbs, nil
 }

@@ -50,6 +50,12 @@ func setupWith(t testing.TB, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.
 	t.Helper()
 	root := t.TempDir()
 	runtimetest.Layers(t, root)
+	return setupAt(t, root, cfg)
+}
+
+// setupAt is setupWith on root, whose layers are built.
+func setupAt(t testing.TB, root string, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.Client) {
+	t.Helper()
 	w := runtimetest.StartWorkerWith(t, root, cfg)
 	t.Cleanup(func() {
 		w.Kill()

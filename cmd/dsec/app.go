@@ -51,11 +51,19 @@ type Config struct {
 	// What dsec daemon serves on besides the root's socket (daemon.go).
 	Listen []string        `mapstructure:"listen"`
 	TLS    ServerTLSConfig `mapstructure:"tls"`
+	API    APIConfig       `mapstructure:"api"`
 	E2B    E2BConfig       `mapstructure:"e2b"`
 	// The microvm backend (microvm.Settings).
 	MicroVM MicroVMConfig `mapstructure:"microvm"`
 	// The resolvers of sandboxes with domain rules (egress.Config).
 	DNS DNSConfig `mapstructure:"dns"`
+}
+
+// APIConfig bounds the requests the worker serves at once over TCP and
+// from its E2B front (worker.Config.MaxRequests, MaxRequestsPerToken).
+type APIConfig struct {
+	MaxRequests         int `mapstructure:"max_requests"`
+	MaxRequestsPerToken int `mapstructure:"max_requests_per_token"`
 }
 
 // DNSConfig configures the resolvers of sandboxes whose policies have
@@ -247,7 +255,9 @@ once under the root, default its free space less 1G; admission.worker_memory_min
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .backend, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
-(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon), its E2B front (e2b.listen:
+(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; api.max_requests, 4096, and
+api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
+token, past which they are answered busy), its E2B front (e2b.listen:
 HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
 .env, .workdir, .userns: see dsec daemon), the microvm backend (microvm.kernel: the guest kernel's
 directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
@@ -339,7 +349,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
 		"defaults.disk": "", "admission.uppers_size": "", "admission.worker_memory_min": "", "admission.worker_memory_low": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
-		"microvm.boot_timeout": "0s", "dns.min_ttl": "0s", "dns.grace": "0s"} {
+		"microvm.boot_timeout": "0s", "dns.min_ttl": "0s", "dns.grace": "0s", "api.max_requests": 0, "api.max_requests_per_token": 0} {
 		v.SetDefault(k, zero)
 	}
 	file, explicit := configFile(flags)
@@ -365,6 +375,10 @@ func (a *app) configure(cmd *cobra.Command) error {
 	}
 	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
 		return usageError{fmt.Errorf("cache.read_ahead_kb %d: use 0 (none) to %d", ra, maxReadAheadKB)}
+	}
+	if a.cfg.API.MaxRequests < 0 || a.cfg.API.MaxRequestsPerToken < 0 {
+		return usageError{fmt.Errorf("api.max_requests %d, api.max_requests_per_token %d: give positive bounds, or 0 for the defaults",
+			a.cfg.API.MaxRequests, a.cfg.API.MaxRequestsPerToken)}
 	}
 	if d := a.cfg.Cache.KeepMounted; d < 0 {
 		return usageError{fmt.Errorf("cache.keep_mounted %v: give a duration of 0 (unmount at once) or more, such as 30s", d)}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/rootdir"
 	"github.com/dsec-project/dsec/internal/runtime"
 )
 
@@ -40,7 +41,12 @@ over a base layer.`,
 	return cmd
 }
 
+// openStore opens the root's store, the root made private first (a
+// layer build may be the first thing done on a root).
 func (a *app) openStore() (*store.Store, error) {
+	if _, err := rootdir.Secure(a.cfg.Root); err != nil {
+		return nil, err
+	}
 	return store.Open(a.storeDir())
 }
 

@@ -3,9 +3,11 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,13 +28,23 @@ whole only when it is made.
 A token of scope admin may do everything. One of scope sandboxes creates sandboxes and sees
 and acts only on those it created, the snapshots taken of them and their branches; another
 token's are not found, as if they did not exist, and what only the admin does (pools, stored
-policies, squash, stopping the worker) is refused. The worker's unix socket takes no token:
-its file permissions are its guard.
+policies, squash, stopping the worker) is refused. Its sandboxes stand on the layers the
+admin built or pulled and on its own snapshots, whose tags live in a namespace of its own
+(tenants/ID/ in the store, shown to it without that prefix). The worker's unix socket takes
+no token: its file permissions are its guard.
+
+A token of scope sandboxes may be given more (--allow): policy, to give its sandboxes
+policies of its own (inline at create, and policy apply); without it they run under the
+default policy, a stored policy named at create, or their template's, and keep it; and
+unlimited, to ask for no memory, pids or disk limit. Its quota (--max-*) bounds what its
+sandboxes and snapshots hold at once; a create or pack-diff past it is refused (exit 10).
 
 These commands act on this machine's root (--root), never on a --host worker.
 
 ` + exitCodesHelp,
 		Example: `  dsec token create --scope sandboxes --ttl 24h   # print a token for one trainer
+  dsec token create --max-sandboxes 256 --max-memory 512G --max-disk 2T
+  dsec token create --allow policy                # its sandboxes may get policies of their own
   dsec token create --e2b                         # an E2B_API_KEY for the E2B SDKs
   dsec token ls
   dsec token rm 3f2a9c1b`,
@@ -41,16 +53,32 @@ These commands act on this machine's root (--root), never on a --host worker.
 	var scope string
 	var ttl time.Duration
 	var asJSON, e2bKey bool
+	var allow []string
+	var maxSandboxes int
+	var maxMemory, maxDisk, maxSnapshots string
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Make a token and print it (the only time it is shown)",
 		Args:  exactArgs(0),
 		RunE: func(*cobra.Command, []string) error {
-			prefix := auth.Prefix
+			spec := auth.Spec{Scope: scope, TTL: ttl, Prefix: auth.Prefix, Allow: allow, Quota: auth.Quota{Sandboxes: maxSandboxes}}
 			if e2bKey {
-				prefix = auth.E2BPrefix
+				spec.Prefix = auth.E2BPrefix
 			}
-			secret, t, err := auth.Open(a.cfg.Root).CreateWith(scope, ttl, prefix)
+			for _, f := range []struct {
+				v   string
+				out *int64
+			}{{maxMemory, &spec.Quota.Memory}, {maxDisk, &spec.Quota.Disk}, {maxSnapshots, &spec.Quota.SnapshotBytes}} {
+				if f.v == "" {
+					continue
+				}
+				n, err := parseBytes(f.v)
+				if err != nil {
+					return err
+				}
+				*f.out = n
+			}
+			secret, t, err := auth.Open(a.cfg.Root).New(spec)
 			if err != nil {
 				return err
 			}
@@ -68,6 +96,11 @@ These commands act on this machine's root (--root), never on a --host worker.
 	create.Flags().DurationVar(&ttl, "ttl", 0, "how long it is valid, e.g. 24h (0: until removed)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print the token with its id, scope and expiry as JSON")
 	create.Flags().BoolVar(&e2bKey, "e2b", false, "shape it as an E2B API key, e2b_<40 hex> (E2B_API_KEY for dsec daemon --e2b-listen)")
+	create.Flags().StringSliceVar(&allow, "allow", nil, "what a sandboxes token may do beyond the basics: policy (its own policies), unlimited (no memory, pids or disk limit)")
+	create.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "its sandboxes at once, stopped and queued ones included (0: no bound)")
+	create.Flags().StringVar(&maxMemory, "max-memory", "", "the sum of its sandboxes' memory limits, e.g. 64G (none: no bound)")
+	create.Flags().StringVar(&maxDisk, "max-disk", "", "the sum of its sandboxes' disk bounds, e.g. 1T (none: no bound)")
+	create.Flags().StringVar(&maxSnapshots, "max-snapshot-bytes", "", "the bytes of its snapshots in the store, e.g. 100G (none: no bound)")
 	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -85,7 +118,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 				return a.printJSON(ts)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES")
+			fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tALLOW\tQUOTA")
 			now := time.Now()
 			for _, t := range ts {
 				exp := "never"
@@ -95,7 +128,8 @@ These commands act on this machine's root (--root), never on a --host worker.
 						exp += " (expired)"
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.Created.Local().Format(time.DateTime), exp)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.Created.Local().Format(time.DateTime), exp,
+					cmp.Or(strings.Join(t.Allow, ","), "-"), quotaString(t.Quota))
 			}
 			return tw.Flush()
 		},
@@ -120,6 +154,26 @@ These commands act on this machine's root (--root), never on a --host worker.
 	}
 	cmd.AddCommand(create, ls, rm)
 	return cmd
+}
+
+// quotaString is a token's quota as token ls shows it.
+func quotaString(q auth.Quota) string {
+	var parts []string
+	if q.Sandboxes > 0 {
+		parts = append(parts, fmt.Sprintf("%d sandboxes", q.Sandboxes))
+	}
+	for _, f := range []struct {
+		n    int64
+		what string
+	}{{q.Memory, "memory"}, {q.Disk, "disk"}, {q.SnapshotBytes, "snapshots"}} {
+		if f.n > 0 {
+			parts = append(parts, humanBytes(f.n)+" "+f.what)
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // certsCommand is dsec daemon certs.

@@ -3,11 +3,15 @@
 // mode 0600), checked on every request that does not come over the
 // root's unix socket (whose file permissions are its guard).
 //
-// A token is "dsec_" and 40 hex digits, the first 8 its ID (what
-// dsec token ls shows and rm takes). Only its SHA-256 is stored. A
-// token's scope is admin (everything) or sandboxes: it creates
+// A token is "dsec_" and 40 hex digits; its ID (what dsec token ls
+// shows, rm takes and sandboxes name as their owner) is 12 hex digits
+// of its own, drawn apart from the token: knowing an ID tells nothing
+// of a token (tokens made before IDs were drawn apart have the token's
+// first 8 digits as their ID: make them again). Only its SHA-256 is
+// stored. A token's scope is admin (everything) or sandboxes: it creates
 // sandboxes and acts only on those it created, their snapshots and
-// their branches.
+// their branches, within its quota and with what Allow lets it do
+// beyond that.
 package auth
 
 import (
@@ -50,7 +54,42 @@ type Token struct {
 	Created time.Time `json:"created"`
 	Expires time.Time `json:"expires,omitzero"` // zero: never
 	SHA256  string    `json:"sha256"`           // of the whole token
+	// Allow lists what a token of scope sandboxes may do beyond the
+	// basics (AllowPolicy, AllowUnlimited); an admin token may all.
+	Allow []string `json:"allow,omitempty"`
+	// Quota bounds what a token of scope sandboxes holds at once.
+	Quota Quota `json:"quota,omitzero"`
 }
+
+// What a token of scope sandboxes may be allowed (dsec token create
+// --allow).
+const (
+	// AllowPolicy: give its sandboxes policies of its own (inline in a
+	// create, or with policy apply). Without it they run under the
+	// default policy, a stored one named at create, or their template's,
+	// and keep it.
+	AllowPolicy = "policy"
+	// AllowUnlimited: ask for no memory, pids or disk limit
+	// (api.Unlimited). Without it such a create is refused.
+	AllowUnlimited = "unlimited"
+)
+
+// Allowances are the valid Allow values.
+var Allowances = []string{AllowPolicy, AllowUnlimited}
+
+// Quota bounds what a token's sandboxes and snapshots hold together;
+// a zero field bounds nothing.
+type Quota struct {
+	Sandboxes int   `json:"sandboxes,omitempty"` // sandboxes at once, queued and stopped ones included
+	Memory    int64 `json:"memory,omitempty"`    // bytes: the sum of their memory limits
+	Disk      int64 `json:"disk,omitempty"`      // bytes: the sum of their disk bounds
+	// SnapshotBytes bounds the bytes of its snapshots in the store.
+	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"`
+}
+
+// May says whether t may do what (AllowPolicy, AllowUnlimited): an admin
+// token may all.
+func (t Token) May(what string) bool { return t.Scope == Admin || slices.Contains(t.Allow, what) }
 
 // Expired says whether t has expired at now.
 func (t Token) Expired(now time.Time) bool { return !t.Expires.IsZero() && !now.Before(t.Expires) }
@@ -83,27 +122,61 @@ func CheckScope(scope string) error {
 // Create makes a token of scope, valid for ttl (0: until removed), and
 // returns it: the only time it is seen whole.
 func (s *Store) Create(scope string, ttl time.Duration) (string, Token, error) {
-	return s.CreateWith(scope, ttl, Prefix)
+	return s.New(Spec{Scope: scope, TTL: ttl})
 }
 
 // CreateWith is Create of a token that starts with prefix (Prefix or
 // E2BPrefix).
 func (s *Store) CreateWith(scope string, ttl time.Duration, prefix string) (string, Token, error) {
+	return s.New(Spec{Scope: scope, TTL: ttl, Prefix: prefix})
+}
+
+// Spec is a token to make.
+type Spec struct {
+	Scope  string
+	TTL    time.Duration // 0: until removed
+	Prefix string        // Prefix (default) or E2BPrefix
+	Allow  []string
+	Quota  Quota
+}
+
+// New makes the token spec describes and returns it: the only time it
+// is seen whole.
+func (s *Store) New(spec Spec) (string, Token, error) {
+	prefix := spec.Prefix
+	if prefix == "" {
+		prefix = Prefix
+	}
 	if prefix != Prefix && prefix != E2BPrefix {
 		return "", Token{}, fmt.Errorf("bad token prefix %q: %w", prefix, errdefs.ErrInvalidArgument)
 	}
-	if err := CheckScope(scope); err != nil {
+	if err := CheckScope(spec.Scope); err != nil {
 		return "", Token{}, err
 	}
-	if ttl < 0 {
-		return "", Token{}, fmt.Errorf("bad ttl %s: give a positive duration, or none: %w", ttl, errdefs.ErrInvalidArgument)
+	if spec.TTL < 0 {
+		return "", Token{}, fmt.Errorf("bad ttl %s: give a positive duration, or none: %w", spec.TTL, errdefs.ErrInvalidArgument)
+	}
+	for _, a := range spec.Allow {
+		if !slices.Contains(Allowances, a) {
+			return "", Token{}, fmt.Errorf("unknown allowance %q: give %s: %w", a, strings.Join(Allowances, " or "), errdefs.ErrInvalidArgument)
+		}
+	}
+	q := spec.Quota
+	if q.Sandboxes < 0 || q.Memory < 0 || q.Disk < 0 || q.SnapshotBytes < 0 {
+		return "", Token{}, fmt.Errorf("a negative quota (%+v): give a positive bound, or none: %w", q, errdefs.ErrInvalidArgument)
+	}
+	if spec.Scope == Admin && (len(spec.Allow) > 0 || q != (Quota{})) {
+		return "", Token{}, fmt.Errorf("an admin token may do everything: allowances and quotas are for tokens of scope %s: %w", Sandboxes, errdefs.ErrInvalidArgument)
 	}
 	b := make([]byte, 20)
 	rand.Read(b)
 	secret := prefix + hex.EncodeToString(b)
-	t := Token{ID: secret[len(prefix) : len(prefix)+8], Scope: scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret)}
-	if ttl > 0 {
-		t.Expires = t.Created.Add(ttl)
+	id := make([]byte, 6) // drawn apart: the ID says nothing of the token
+	rand.Read(id)
+	t := Token{ID: hex.EncodeToString(id), Scope: spec.Scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret),
+		Allow: slices.Compact(slices.Sorted(slices.Values(spec.Allow))), Quota: q}
+	if spec.TTL > 0 {
+		t.Expires = t.Created.Add(spec.TTL)
 	}
 	err := s.update(func(ts []Token) ([]Token, error) {
 		if slices.ContainsFunc(ts, func(o Token) bool { return o.ID == t.ID }) {
@@ -126,6 +199,20 @@ func (s *Store) Remove(id string) error {
 		}
 		return slices.Delete(ts, i, i+1), nil
 	})
+}
+
+// Lookup finds the stored token of id, expired or not.
+func (s *Store) Lookup(id string) (Token, bool) {
+	ts, err := s.cached()
+	if err != nil {
+		return Token{}, false
+	}
+	for _, t := range ts {
+		if t.ID == id {
+			return t, true
+		}
+	}
+	return Token{}, false
 }
 
 // Check finds the stored token secret is, valid at now.

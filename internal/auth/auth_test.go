@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +27,15 @@ func TestTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(admin, Prefix) || len(admin) != 45 || at.ID != admin[5:13] || at.Scope != Admin || !at.Expires.IsZero() || st.Expires.Sub(st.Created) != time.Hour {
+	if !strings.HasPrefix(admin, Prefix) || len(admin) != 45 || at.Scope != Admin || !at.Expires.IsZero() || st.Expires.Sub(st.Created) != time.Hour {
 		t.Fatalf("%s %+v %+v", admin, at, st)
+	}
+	// The ID is public (sandboxes name it as their owner): it is no
+	// part of the token.
+	for _, c := range []struct{ secret, id string }{{admin, at.ID}, {short, st.ID}} {
+		if !regexp.MustCompile(`^[0-9a-f]{12}$`).MatchString(c.id) || strings.Contains(c.secret, c.id) {
+			t.Fatalf("token id %q of %s", c.id, c.secret)
+		}
 	}
 	b, _ := os.ReadFile(filepath.Join(root, "tokens.json"))
 	if strings.Contains(string(b), admin[5:]) || strings.Contains(string(b), short[5:]) {
@@ -82,7 +90,7 @@ func TestTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(key) || kt.ID != key[4:12] {
+	if !regexp.MustCompile(`^e2b_[0-9a-f]{40}$`).MatchString(key) || strings.Contains(key, kt.ID) {
 		t.Fatalf("e2b key %s, id %s", key, kt.ID)
 	}
 	if tok, err := other.Check(key, now); err != nil || tok.ID != kt.ID {
@@ -93,6 +101,37 @@ func TestTokens(t *testing.T) {
 	}
 	if _, _, err := s.CreateWith(Admin, 0, "x_"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a bad prefix: %v", err)
+	}
+}
+
+// TestSpec: allowances and quotas are kept with the token and looked
+// up by its ID; unknown allowances, negative quotas and either on an
+// admin token are refused.
+func TestSpec(t *testing.T) {
+	s := Open(t.TempDir())
+	_, tok, err := s.New(Spec{Scope: Sandboxes, Allow: []string{AllowUnlimited, AllowPolicy, AllowPolicy}, Quota: Quota{Sandboxes: 3, Memory: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := Open(s.path[:len(s.path)-len("/tokens.json")]).Lookup(tok.ID)
+	if !ok || !slices.Equal(got.Allow, []string{AllowPolicy, AllowUnlimited}) || got.Quota != (Quota{Sandboxes: 3, Memory: 1 << 30}) {
+		t.Fatalf("lookup: %+v %v", got, ok)
+	}
+	if !got.May(AllowPolicy) || (Token{Scope: Sandboxes}).May(AllowPolicy) || !(Token{Scope: Admin}).May(AllowUnlimited) {
+		t.Error("May")
+	}
+	if _, ok := s.Lookup("nosuch"); ok {
+		t.Error("lookup of no token")
+	}
+	for what, spec := range map[string]Spec{
+		"unknown allowance": {Scope: Sandboxes, Allow: []string{"root"}},
+		"negative quota":    {Scope: Sandboxes, Quota: Quota{Disk: -1}},
+		"admin allowance":   {Scope: Admin, Allow: []string{AllowPolicy}},
+		"admin quota":       {Scope: Admin, Quota: Quota{Sandboxes: 1}},
+	} {
+		if _, _, err := s.New(spec); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: %v", what, err)
+		}
 	}
 }
 

@@ -32,7 +32,10 @@ const (
 // MakeCerts writes into dir, for a user without a PKI, a CA and two
 // certificates it signs: the worker's, for names (host names and IP
 // addresses), and a client's (for --tls-client-ca). Keys are ECDSA
-// P-256, mode 0600; nothing is overwritten.
+// P-256, mode 0600; nothing is overwritten. The CA may sign for names
+// alone (critical name constraints: those host names and their
+// subdomains, those addresses): a client that trusts it trusts it for
+// the worker, never for another site, even should its key leak.
 func MakeCerts(dir string, names []string) error {
 	if len(names) == 0 {
 		return fmt.Errorf("the worker's certificate needs at least one host name or address: %w", errdefs.ErrInvalidArgument)
@@ -48,8 +51,21 @@ func MakeCerts(dir string, names []string) error {
 	}
 	now := time.Now().Add(-time.Hour) // a host whose clock is a little behind
 	until := now.Add(certsValidDays * 24 * time.Hour)
-	caKey, caDER, err := issue(&x509.Certificate{Subject: pkix.Name{CommonName: "dsec CA"}, NotBefore: now, NotAfter: until,
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign}, nil, nil)
+	caTmpl := &x509.Certificate{Subject: pkix.Name{CommonName: "dsec CA"}, NotBefore: now, NotAfter: until,
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		PermittedDNSDomainsCritical: true}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			bits := 8 * len(ip)
+			if v4 := ip.To4(); v4 != nil {
+				ip, bits = v4, 32
+			}
+			caTmpl.PermittedIPRanges = append(caTmpl.PermittedIPRanges, &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)})
+		} else {
+			caTmpl.PermittedDNSDomains = append(caTmpl.PermittedDNSDomains, n)
+		}
+	}
+	caKey, caDER, err := issue(caTmpl, nil, nil)
 	if err != nil {
 		return err
 	}

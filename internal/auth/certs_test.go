@@ -3,6 +3,9 @@ package auth
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,6 +87,31 @@ func TestMakeCerts(t *testing.T) {
 	}
 	if err := handshake(nil); err == nil {
 		t.Fatal("a client without a certificate got through")
+	}
+	// The CA signs for the worker's names alone: a certificate its key
+	// signs for any other site does not verify (its key leaked, say).
+	caBlock, _ := pem.Decode(read(CAFile))
+	ca, _ := x509.ParseCertificate(caBlock.Bytes)
+	if len(ca.PermittedDNSDomains) != 1 || len(ca.PermittedIPRanges) != 1 || !ca.PermittedDNSDomainsCritical {
+		t.Fatalf("the CA's name constraints: %v %v", ca.PermittedDNSDomains, ca.PermittedIPRanges)
+	}
+	keyBlock, _ := pem.Decode(read(CAKeyFile))
+	for name, ok := range map[string]bool{"bank.example": false, "10.0.0.1": false, "api.worker.example": true} {
+		tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		if ip := net.ParseIP(name); ip != nil {
+			tmpl.IPAddresses = []net.IP{ip}
+		} else {
+			tmpl.DNSNames = []string{name}
+		}
+		_, der, err := issue(tmpl, ca, keyBlock.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		forged, _ := x509.ParseCertificate(der)
+		if _, err := forged.Verify(x509.VerifyOptions{Roots: pool, DNSName: name}); (err == nil) != ok {
+			t.Errorf("a certificate for %s signed by the CA: %v", name, err)
+		}
 	}
 	if err := MakeCerts(dir, []string{"x"}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("over existing files: %v", err)

@@ -35,18 +35,21 @@ const maxTimeout = 30 * 24 * time.Hour
 
 func (s *Server) controlRoutes() *http.ServeMux {
 	m := http.NewServeMux()
-	h := func(pattern string, fn func(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error) {
+	h := func(pattern string, fn func(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error) {
 		m.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
 			key := r.Header.Get("X-API-KEY")
 			if key == "" { // the SDKs up to 2.39 with E2B_ACCESS_TOKEN
 				key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			}
-			c, err := s.client(key)
-			if err == nil {
-				r.Body = http.MaxBytesReader(rw, r.Body, 1<<20)
-				err = fn(rw, r, c, key)
-			}
+			// The key first: nothing of a request without a valid one
+			// is read.
+			who, err := s.authorize(key)
 			if err != nil {
+				refuse(rw, r, err)
+				return
+			}
+			r.Body = bounded(rw, r, maxControlBody)
+			if err := fn(rw, r.WithContext(withCaller(r.Context(), who)), s.as(who), who); err != nil {
 				writeError(rw, err)
 			}
 		})
@@ -74,6 +77,38 @@ func (s *Server) controlRoutes() *http.ServeMux {
 			r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
 	return m
+}
+
+// maxControlBody bounds a control plane request's body (JSON), and
+// bodyTimeout how long it may take to come.
+const (
+	maxControlBody = 1 << 20
+	bodyTimeout    = 30 * time.Second
+)
+
+// bounded is r's body, at most max bytes, read within bodyTimeout:
+// a client that sends it slowly holds nothing for long.
+func bounded(rw http.ResponseWriter, r *http.Request, max int64) io.ReadCloser {
+	rc := http.NewResponseController(rw)
+	rc.SetReadDeadline(time.Now().Add(bodyTimeout))
+	return &deadlineBody{ReadCloser: http.MaxBytesReader(rw, r.Body, max), rc: rc}
+}
+
+// deadlineBody lifts its read deadline once it was read whole (the
+// server's wait for the client's next request must not meet it).
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // decode reads a JSON body into v; an empty body leaves v as it is.
@@ -139,8 +174,8 @@ type sandboxAnswer struct {
 	Domain             *string `json:"domain"`
 }
 
-func (s *Server) answer(rec record, key string) sandboxAnswer {
-	a := sandboxAnswer{TemplateID: rec.Template, SandboxID: rec.ID, EnvdVersion: EnvdVersion, EnvdAccessToken: key}
+func (s *Server) answer(rec record) sandboxAnswer {
+	a := sandboxAnswer{TemplateID: rec.Template, SandboxID: rec.ID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(rec)}
 	if s.opts.Domain != "" {
 		a.Domain = &s.opts.Domain
 	}
@@ -179,32 +214,33 @@ func timeoutOf(sec *int64, def time.Duration) (time.Duration, error) {
 }
 
 // template is the sandbox spec a template ID stands for: one the config
-// names, a snapshot (NAME:STEP, as createSnapshot answers), or a single
-// layer ref.
-func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (api.SandboxSpec, error) {
+// names (then ctx says so to the worker: its layers and limits are the
+// admin's), a snapshot of the caller's (NAME:STEP, as createSnapshot
+// answers), or a single layer ref the caller may name.
+func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (context.Context, api.SandboxSpec, error) {
 	if id == "" {
-		return api.SandboxSpec{}, fmt.Errorf("no templateID: name a template of the config's e2b.templates, a snapshot or a layer: %w", errdefs.ErrInvalidArgument)
+		return ctx, api.SandboxSpec{}, fmt.Errorf("no templateID: name a template of the config's e2b.templates, a snapshot or a layer: %w", errdefs.ErrInvalidArgument)
 	}
 	if t, ok := s.opts.Templates[id]; ok {
 		t.Layers = slices.Clone(t.Layers)
 		t.Env = slices.Clone(t.Env)
-		return t, nil
+		return withTemplate(ctx, id), t, nil
 	}
 	if strings.Contains(id, ":") {
 		snaps, err := c.Snapshots(ctx)
 		if err != nil {
-			return api.SandboxSpec{}, err
+			return ctx, api.SandboxSpec{}, err
 		}
 		for _, n := range snaps {
 			if n.Name == id {
-				return api.SandboxSpec{Snapshot: id}, nil
+				return ctx, api.SandboxSpec{Snapshot: id}, nil
 			}
 		}
 	}
-	return api.SandboxSpec{Layers: []string{id}}, nil
+	return ctx, api.SandboxSpec{Layers: []string{id}}, nil
 }
 
-func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error {
+func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error {
 	var req newSandbox
 	if err := decode(r, &req); err != nil {
 		return err
@@ -219,7 +255,7 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err != nil {
 		return err
 	}
-	spec, err := s.template(r.Context(), c, req.TemplateID)
+	ctx, spec, err := s.template(r.Context(), c, req.TemplateID)
 	if err != nil {
 		return err
 	}
@@ -234,12 +270,8 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 		}
 		spec.Env = append(spec.Env, k+"="+req.EnvVars[k])
 	}
-	owner, _, err := s.opts.Authorize(key)
-	if err != nil {
-		return fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
-	}
 	now := time.Now().UTC()
-	rec := record{ID: spec.Name, Owner: owner, Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, Started: now, EndAt: now.Add(timeout), NextPID: 1}
+	rec := record{ID: spec.Name, Owner: who.id, Template: req.TemplateID, Metadata: req.Metadata, EnvVars: req.EnvVars, Started: now, EndAt: now.Add(timeout), NextPID: 1}
 	if req.AutoPause {
 		rec.OnTimeout, rec.PauseMemory = "pause", req.AutoPauseMemory == nil || *req.AutoPauseMemory
 	}
@@ -248,15 +280,20 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err := s.records.put(rec); err != nil {
 		return err
 	}
-	if _, err := c.Create(r.Context(), spec); err != nil {
+	sb, err := c.Create(ctx, spec)
+	if err != nil {
 		s.records.remove(rec.ID)
 		if errdefs.IsNotFound(err) {
 			return fmt.Errorf("template %s not found: %w", req.TemplateID, err)
 		}
 		return err
 	}
+	if err := s.records.update(rec.ID, func(r *record) { r.Sandbox = sb.Info.ID }); err != nil {
+		return err
+	}
+	rec, _ = s.records.get(rec.ID)
 	s.opts.Log.Info("e2b: created a sandbox", "sandbox", rec.ID, "template", rec.Template, "timeout", timeout)
-	writeJSON(rw, http.StatusCreated, s.answer(rec, key))
+	writeJSON(rw, http.StatusCreated, s.answer(rec))
 	return nil
 }
 
@@ -275,14 +312,14 @@ func checkMetadata(m map[string]string) error {
 // recordOf is the record of a sandbox the caller sees (one dsec made
 // outside E2B gets one as its template its top layer).
 func (s *Server) recordOf(sb api.Sandbox) record {
-	if rec, ok := s.records.get(sb.Name); ok {
+	if rec, ok := s.records.get(sb.Name); ok && (rec.Sandbox == sb.ID || rec.Sandbox == "") {
 		return rec
 	}
 	tpl := sb.Snapshot
 	if tpl == "" && len(sb.Layers) > 0 {
 		tpl = sb.Layers[0]
 	}
-	return record{ID: sb.Name, Owner: sb.Owner, Template: tpl, Started: sb.Created}
+	return record{ID: sb.Name, Sandbox: sb.ID, Owner: sb.Owner, Template: tpl, Started: sb.Created}
 }
 
 // stateOf is a sandbox's E2B state: running, or paused (frozen with its
@@ -332,7 +369,7 @@ func (s *Server) listed(sb api.Sandbox, rec record) listedSandbox {
 		State: stateOf(sb), EnvdVersion: EnvdVersion, Metadata: rec.Metadata}
 }
 
-func (s *Server) list(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) list(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	q := r.URL.Query()
 	want, err := metadataQuery(q.Get("metadata"))
 	if err != nil {
@@ -433,13 +470,16 @@ func matches(have, want map[string]string) bool {
 	return true
 }
 
-func (s *Server) info(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error {
+func (s *Server) info(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	sb, err := inspect(r.Context(), c, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
+	if err := s.ensureRecord(sb); err != nil {
+		return err
+	}
 	rec := s.recordOf(sb)
-	d := sandboxDetail{listedSandbox: s.listed(sb, rec), EnvdAccessToken: key,
+	d := sandboxDetail{listedSandbox: s.listed(sb, rec), EnvdAccessToken: s.accessToken(rec),
 		Lifecycle: &lifecycle{OnTimeout: cmp.Or(rec.OnTimeout, "kill"), AutoResume: rec.AutoResume}}
 	if s.opts.Domain != "" {
 		d.Domain = &s.opts.Domain
@@ -457,7 +497,7 @@ func inspect(ctx context.Context, c *sdk.Client, id string) (api.Sandbox, error)
 	return sb, err
 }
 
-func (s *Server) killReq(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) killReq(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	id := r.PathValue("id")
 	if err := s.kill(r.Context(), c.Sandbox(id), id); err != nil {
 		return err
@@ -482,10 +522,17 @@ func (s *Server) kill(ctx context.Context, sb *sdk.Sandbox, id string) error {
 }
 
 // ensureRecord gives a sandbox made outside E2B a record, so that its
-// timeout and processes can be kept.
+// timeout and processes can be kept (and completes one a create left
+// without its sandbox's ID).
 func (s *Server) ensureRecord(sb api.Sandbox) error {
-	if _, ok := s.records.get(sb.Name); ok {
-		return nil
+	if rec, ok := s.records.get(sb.Name); ok {
+		switch rec.Sandbox {
+		case sb.ID:
+			return nil
+		case "":
+			return s.records.update(sb.Name, func(r *record) { r.Sandbox = sb.ID })
+		}
+		s.records.drop(rec) // a sandbox gone while no front ran: not this one's
 	}
 	rec := s.recordOf(sb)
 	rec.NextPID = 1
@@ -505,7 +552,7 @@ func (s *Server) updateRecord(ctx context.Context, c *sdk.Client, id string, fn 
 	return s.records.update(sb.Name, fn)
 }
 
-func (s *Server) setTimeout(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) setTimeout(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
 	}
@@ -526,7 +573,7 @@ func (s *Server) setTimeout(rw http.ResponseWriter, r *http.Request, c *sdk.Clie
 	return nil
 }
 
-func (s *Server) refresh(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) refresh(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	var req struct {
 		Duration *int64 `json:"duration"`
 	}
@@ -552,7 +599,7 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-func (s *Server) pause(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) pause(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	var req struct {
 		Memory *bool `json:"memory"`
 	}
@@ -604,18 +651,18 @@ func wake(ctx context.Context, c *sdk.Client, id string) (bool, error) {
 }
 
 // connect and resume (which refuses a running sandbox): wakeAnswer.
-func (s *Server) connect(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error {
-	return s.wakeAnswer(rw, r, c, key, false)
+func (s *Server) connect(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
+	return s.wakeAnswer(rw, r, c, false)
 }
 
-func (s *Server) resume(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error {
-	return s.wakeAnswer(rw, r, c, key, true)
+func (s *Server) resume(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
+	return s.wakeAnswer(rw, r, c, true)
 }
 
 // wakeAnswer is connect and resume: the sandbox running again (201 when
 // it was paused, 200 when it ran; resume of a running one is 409), its
 // timeout extended to at least the request's from now.
-func (s *Server) wakeAnswer(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string, mustBePaused bool) error {
+func (s *Server) wakeAnswer(rw http.ResponseWriter, r *http.Request, c *sdk.Client, mustBePaused bool) error {
 	var req struct {
 		Timeout *int64 `json:"timeout"`
 	}
@@ -650,11 +697,11 @@ func (s *Server) wakeAnswer(rw http.ResponseWriter, r *http.Request, c *sdk.Clie
 	if woke {
 		code = http.StatusCreated
 	}
-	writeJSON(rw, code, s.answer(rec, key))
+	writeJSON(rw, code, s.answer(rec))
 	return nil
 }
 
-func (s *Server) metrics(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) metrics(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	sb, err := inspect(r.Context(), c, r.PathValue("id"))
 	if err != nil {
 		return err
@@ -691,7 +738,7 @@ func (s *Server) packDiff(ctx context.Context, c *sdk.Client, sb api.Sandbox, na
 // fork makes count sandboxes on a snapshot of the sandbox's files
 // (dsec's branch): each its own upper over the same layers. Container
 // snapshots hold files, not processes: the forks start fresh ones.
-func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, key string) error {
+func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error {
 	var req struct {
 		Count   *int   `json:"count"`
 		Timeout *int64 `json:"timeout"`
@@ -718,16 +765,12 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, ke
 	if err != nil {
 		return err
 	}
-	owner, _, err := s.opts.Authorize(key)
-	if err != nil {
-		return fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
-	}
 	from := s.recordOf(src)
 	prefix := newID()
 	now := time.Now().UTC()
 	var recs []record
 	for i := range n {
-		rec := record{ID: fmt.Sprintf("%s-%d", prefix, i+1), Owner: owner, Template: from.Template, Metadata: from.Metadata, EnvVars: from.EnvVars,
+		rec := record{ID: fmt.Sprintf("%s-%d", prefix, i+1), Owner: who.id, Template: from.Template, Metadata: from.Metadata, EnvVars: from.EnvVars,
 			Started: now, EndAt: now.Add(d), OnTimeout: from.OnTimeout, PauseMemory: from.PauseMemory, AutoResume: from.AutoResume, NextPID: 1}
 		if err := s.records.put(rec); err != nil {
 			return err
@@ -736,7 +779,8 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, ke
 	}
 	spec := api.SandboxSpec{CPU: src.CPU, Memory: src.Memory, Pids: src.Pids, Disk: src.Disk, Class: src.Class, Env: src.Env, Workdir: src.Workdir,
 		Backend: src.Backend, Policy: src.Policy, UserNS: src.UserNS}
-	if _, err := c.Branch(r.Context(), api.BranchRequest{Snapshot: tag, N: n, NamePrefix: prefix, Spec: spec}); err != nil {
+	made, err := c.Branch(r.Context(), api.BranchRequest{Snapshot: tag, N: n, NamePrefix: prefix, Spec: spec})
+	if err != nil {
 		for _, rec := range recs {
 			s.records.remove(rec.ID)
 		}
@@ -746,8 +790,12 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, ke
 		Sandbox sandboxAnswer `json:"sandbox"`
 	}
 	out := make([]result, n)
-	for i, rec := range recs {
-		out[i].Sandbox = s.answer(rec, key)
+	for i, sb := range made {
+		if err := s.records.update(sb.Name, func(r *record) { r.Sandbox = sb.Info.ID }); err != nil {
+			return err
+		}
+		rec, _ := s.records.get(sb.Name)
+		out[i].Sandbox = s.answer(rec)
 	}
 	writeJSON(rw, http.StatusCreated, out)
 	return nil
@@ -760,7 +808,7 @@ type snapshotInfo struct {
 	Names      []string `json:"names"`
 }
 
-func (s *Server) snapshot(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) snapshot(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	var req struct {
 		Name string `json:"name"`
 	}
@@ -782,7 +830,7 @@ func (s *Server) snapshot(rw http.ResponseWriter, r *http.Request, c *sdk.Client
 	return nil
 }
 
-func (s *Server) snapshots(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) snapshots(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	q := r.URL.Query()
 	nodes, err := c.Snapshots(r.Context())
 	if err != nil {
@@ -820,7 +868,7 @@ func (s *Server) snapshots(rw http.ResponseWriter, r *http.Request, c *sdk.Clien
 	return nil
 }
 
-func (s *Server) deleteSnapshot(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ string) error {
+func (s *Server) deleteSnapshot(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
 	id := r.PathValue("id")
 	if err := c.RemoveSnapshot(r.Context(), id, false); err != nil {
 		return err

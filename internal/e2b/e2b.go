@@ -13,10 +13,12 @@
 // snapshots), with the caller's API key in X-API-KEY.
 //
 // An API key is a dsec token (dsec token create --e2b makes one shaped
-// e2b_<40 hex>, which every 2.x SDK accepts). The front calls the
-// worker with it, so a key sees only its own sandboxes, as on dsec's
-// TCP API; the key is also the sandbox's envdAccessToken, which the SDK
-// sends back on every envd request. The front keeps what E2B knows
+// e2b_<40 hex>, which every 2.x SDK accepts). The front checks it before
+// it reads anything of a request, then calls the worker with that
+// token's authority, so a key sees only its own sandboxes, as on dsec's
+// TCP API. A sandbox's envdAccessToken, which the SDK sends back on
+// every envd request, is a token of that sandbox's alone (never the
+// key). The front keeps what E2B knows
 // and dsec does not (a sandbox's template, metadata, timeout and its
 // processes' pids) in a record per sandbox under its directory.
 //
@@ -28,20 +30,26 @@ package e2b
 import (
 	"cmp"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -54,18 +62,17 @@ const EnvdPort = 49983
 
 // Options configure a front.
 type Options struct {
-	// Dial reaches the worker's API as a TCP client does: every request
-	// with the caller's key as its token.
-	Dial func(ctx context.Context) (net.Conn, error)
-	// Admin is the worker as its admin: what the front does on its own
-	// (removing or pausing sandboxes past their timeout).
-	Admin *sdk.Client
+	// Transport carries the front's requests to the worker's API, in
+	// process: each with the authority HeaderActAs names, which only such
+	// a request may carry (the front checks keys itself).
+	Transport http.RoundTripper
 	// Authorize checks a key as the worker does: the id of its token and
-	// whether it is the admin's. The envd requests the front answers from
-	// what it holds (a running command's stdin, its list) are the key's
-	// only for a sandbox its token owns.
+	// whether it is the admin's.
 	Authorize func(key string) (id string, admin bool, err error)
-	// Dir holds the front's records (one file per sandbox).
+	// Lookup says which sandbox, if any, a name names now: its ID. The
+	// front drops the records of sandboxes gone while it did not run.
+	Lookup func(name string) (id string, ok bool)
+	// Dir holds the front's records (one file per sandbox) and its key.
 	Dir string
 	// Templates are the template IDs the config names (e2b.templates);
 	// any other ID is a snapshot (NAME:STEP) or a single layer ref.
@@ -77,16 +84,25 @@ type Options struct {
 	Log    *slog.Logger
 }
 
+// The headers of the front's requests to the worker (Options.Transport).
+const (
+	// HeaderActAs names whose authority a request carries: a token's ID,
+	// or ActAsAdmin (what the worker's own socket made: the admin's).
+	HeaderActAs = "Dsec-Act-As"
+	ActAsAdmin  = "admin"
+	// HeaderTemplate marks a create whose spec is the config's template
+	// of that name (the admin's, not the caller's).
+	HeaderTemplate = "Dsec-Template"
+)
+
 // Server is the E2B front.
 type Server struct {
 	opts    Options
 	records *records
 	control *http.ServeMux
-	envd    *http.ServeMux
+	envd    http.Handler
 	procs   *procTable
-
-	mu      sync.Mutex
-	clients map[string]*sdk.Client // by key
+	key     []byte // of the sandboxes' envd access tokens
 }
 
 // New makes a front; Run then keeps the sandboxes' timeouts.
@@ -98,10 +114,25 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: opts, records: r, clients: map[string]*sdk.Client{}, procs: newProcTable()}
+	if opts.Lookup != nil {
+		r.reconcile(opts.Lookup)
+	}
+	key, err := envdKey(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, records: r, procs: newProcTable(), key: key}
 	s.control = s.controlRoutes()
-	s.envd = s.envdRoutes()
+	s.envd = s.envdAuth(s.envdRoutes())
 	return s, nil
+}
+
+// Forget drops what the front holds of the sandbox whose ID is id: the
+// worker calls it when it removes one, before its name is free again.
+func (s *Server) Forget(id string) {
+	if name := s.records.forget(id); name != "" {
+		s.procs.drop(name)
+	}
 }
 
 // ServeHTTP routes a request to a sandbox's port or the control plane:
@@ -177,29 +208,119 @@ func hostRoute(host string) (id, port string) {
 	return id, port
 }
 
-// maxClients bounds the clients kept (one per key seen).
-const maxClients = 4096
+// caller is who a request comes from, once its key or access token
+// was checked: a token's ID ("": the worker's own socket's, the admin,
+// which only a record made over it has as its owner).
+type caller struct {
+	id    string
+	admin bool
+}
 
-// client is the worker as the holder of key sees it.
-func (s *Server) client(key string) (*sdk.Client, error) {
+// as is the worker's API with who's authority.
+func (s *Server) as(who caller) *sdk.Client {
+	id := who.id
+	if id == "" {
+		id = ActAsAdmin
+	}
+	c, _ := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: "in-process", Transport: actAs{s.opts.Transport, id}})
+	return c
+}
+
+// actAs adds the front's headers to a request to the worker.
+type actAs struct {
+	base http.RoundTripper
+	id   string
+}
+
+type templateKey struct{}
+
+// withTemplate marks ctx's create as the config's template name.
+func withTemplate(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, templateKey{}, name)
+}
+
+func (a actAs) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(HeaderActAs, a.id)
+	r.Header.Del("Authorization")
+	if name, _ := r.Context().Value(templateKey{}).(string); name != "" {
+		r.Header.Set(HeaderTemplate, name)
+	}
+	return a.base.RoundTrip(r)
+}
+
+// authorize checks a key, before anything of its request is read.
+func (s *Server) authorize(key string) (caller, error) {
 	if key == "" {
-		return nil, fmt.Errorf("no API key: set E2B_API_KEY to a dsec token (dsec token create --e2b): %w", errdefs.ErrUnauthenticated)
+		return caller{}, fmt.Errorf("no API key: set E2B_API_KEY to a dsec token (dsec token create --e2b): %w", errdefs.ErrUnauthenticated)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.clients[key]; c != nil {
-		return c, nil
-	}
-	if len(s.clients) >= maxClients {
-		clear(s.clients)
-	}
-	c, err := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: key, Dial: s.opts.Dial})
+	id, admin, err := s.opts.Authorize(key)
 	if err != nil {
+		return caller{}, fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+	}
+	return caller{id: id, admin: admin}, nil
+}
+
+// envdKey is the front's key for the sandboxes' envd access tokens, made
+// once and kept in dir.
+func envdKey(dir string) ([]byte, error) {
+	path := filepath.Join(dir, "envd.key")
+	if b, err := os.ReadFile(path); err == nil && len(b) == 32 {
+		return b, nil
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	if err := durable.WriteFile(path, b, 0o600); err != nil {
 		return nil, err
 	}
-	s.clients[key] = c
-	return c, nil
+	return b, nil
 }
+
+// envdPrefix starts a sandbox's envd access token.
+const envdPrefix = "envd_"
+
+// accessToken is rec's sandbox's envd access token: what create and
+// connect answer as envdAccessToken and the SDK sends back on every
+// envd request. It opens that sandbox alone: never another, nor the
+// control plane ("": the sandbox's ID is not known yet).
+func (s *Server) accessToken(rec record) string {
+	if rec.Sandbox == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte("envd\x00" + rec.Sandbox))
+	return envdPrefix + hex.EncodeToString(m.Sum(nil))
+}
+
+// envdCaller is who an envd (or port) request for sandbox id comes
+// from, by its token: the sandbox's access token is its owner; a key is
+// its token's, which sees only its own sandboxes (another's is not
+// found, as on the API).
+func (s *Server) envdCaller(id, token string) (caller, error) {
+	rec, ok := s.records.get(id)
+	if strings.HasPrefix(token, envdPrefix) {
+		if want := s.accessToken(rec); ok && want != "" && hmac.Equal([]byte(token), []byte(want)) {
+			return caller{id: rec.Owner}, nil
+		}
+		return caller{}, fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+	}
+	who, err := s.authorize(token)
+	if err != nil {
+		return caller{}, err
+	}
+	if ok && !who.admin && rec.Owner != who.id {
+		return caller{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
+	}
+	return who, nil
+}
+
+type callerKey struct{}
+
+func withCaller(ctx context.Context, who caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, who)
+}
+
+func callerOf(ctx context.Context) caller { c, _ := ctx.Value(callerKey{}).(caller); return c }
 
 // errorBody is E2B's error: the SDKs key on its code, the HTTP status.
 type errorBody struct {
@@ -248,6 +369,24 @@ func writeError(rw http.ResponseWriter, err error) {
 	writeJSON(rw, code, errorBody{Code: code, Message: msg})
 }
 
+// connectErrors writes a Connect RPC's error in its protocol.
+var connectErrors = connect.NewErrorWriter()
+
+// refuse answers a request refused before anything of its body was
+// read: an RPC as its protocol says, the rest as E2B's errors; over
+// HTTP/1 its connection closes after (else the server would read what
+// is left of the body first, which a client may never send).
+func refuse(rw http.ResponseWriter, r *http.Request, err error) {
+	if r.ProtoMajor == 1 {
+		rw.Header().Set("Connection", "close")
+	}
+	if connectErrors.IsSupported(r) {
+		connectErrors.Write(rw, r, connErr(err))
+		return
+	}
+	writeError(rw, err)
+}
+
 func writeJSON(rw http.ResponseWriter, code int, v any) {
 	rw.Header().Set("Content-Type", "application/json")
 	rw.WriteHeader(code)
@@ -269,28 +408,34 @@ func (s *Server) Run(ctx context.Context) {
 	}
 }
 
-// expire acts on every record whose time is up at now.
+// expire acts on every record whose time is up at now, with the
+// authority of the sandbox's owner, on that very sandbox (its ID).
 func (s *Server) expire(ctx context.Context, now time.Time) {
 	for _, rec := range s.records.all() {
 		if rec.EndAt.IsZero() || now.Before(rec.EndAt) || rec.Expired {
 			continue
 		}
-		sb := s.opts.Admin.Sandbox(rec.ID)
-		var err error
-		if rec.OnTimeout == "pause" {
-			err = s.pauseSandbox(ctx, sb, rec.PauseMemory)
-			if errdefs.IsFailedPrecondition(err) { // paused already
-				err = nil
+		sb := s.as(caller{id: rec.Owner}).Sandbox(rec.ID)
+		info, err := sb.Inspect(ctx)
+		if err == nil && rec.Sandbox != "" && info.ID != rec.Sandbox {
+			err = fmt.Errorf("sandbox %s is another now: %w", rec.ID, errdefs.ErrNotFound)
+		}
+		if err == nil {
+			if rec.OnTimeout == "pause" {
+				err = s.pauseSandbox(ctx, sb, rec.PauseMemory)
+				if errdefs.IsFailedPrecondition(err) { // paused already
+					err = nil
+				}
+				if err == nil {
+					err = s.records.update(rec.ID, func(r *record) { r.Expired = true })
+				}
+			} else {
+				err = s.kill(ctx, sb, rec.ID)
 			}
-			if err == nil {
-				err = s.records.update(rec.ID, func(r *record) { r.Expired = true })
-			}
-		} else {
-			err = s.kill(ctx, sb, rec.ID)
 		}
 		switch {
 		case errdefs.IsNotFound(err):
-			s.records.remove(rec.ID)
+			s.records.drop(rec)
 		case err != nil:
 			s.opts.Log.Warn("e2b: cannot end a sandbox past its timeout", "sandbox", rec.ID, "action", rec.OnTimeout, "err", err)
 		default:

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -152,20 +153,34 @@ func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) WriteHeader(code int)        { r.status = code }
 func (r *recorder) Write(b []byte) (int, error) { r.body += string(b); return len(b), nil }
 
-// TestRecords: records are written whole, read back by a new front, and
-// a damaged one refuses to start it with the file named.
+// TestRecords: records are written whole, read back by a new front,
+// kept under their sandbox's ID once it is known (pending until then),
+// and die with it: forgotten by its ID, or dropped at a start when the
+// name is gone or names another sandbox; an older front's file moves to
+// its place; a damaged one refuses to start it with the file named.
 func TestRecords(t *testing.T) {
 	dir := t.TempDir()
 	r, err := openRecords(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	exists := func(f string) bool { _, err := os.Stat(filepath.Join(dir, f)); return err == nil }
 	end := time.Now().UTC().Truncate(time.Second)
 	if err := r.put(record{ID: "abc", Template: "base", EndAt: end, Metadata: map[string]string{"k": "v"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.update("abc", func(rec *record) { rec.Procs = append(rec.Procs, proc{PID: 1, Exec: "e2b-1"}); rec.NextPID = 2 }); err != nil {
+	if !exists("pending-abc.json") {
+		t.Fatal("no pending record")
+	}
+	if err := r.update("abc", func(rec *record) {
+		rec.Sandbox = "sb-1111"
+		rec.Procs = append(rec.Procs, proc{PID: 1, Exec: "e2b-1"})
+		rec.NextPID = 2
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if exists("pending-abc.json") || !exists("sb-1111.json") {
+		t.Fatal("the record is not kept under its sandbox's ID")
 	}
 	if err := r.update("nosuch", func(*record) {}); !errdefs.IsNotFound(err) {
 		t.Fatalf("update a missing record: %v", err)
@@ -175,16 +190,52 @@ func TestRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, ok := r2.get("abc")
-	if !ok || got.Template != "base" || !got.EndAt.Equal(end) || got.Metadata["k"] != "v" || len(got.Procs) != 1 || got.NextPID != 2 {
+	if !ok || got.Sandbox != "sb-1111" || got.Template != "base" || !got.EndAt.Equal(end) || got.Metadata["k"] != "v" || len(got.Procs) != 1 || got.NextPID != 2 {
 		t.Fatalf("read back: %+v", got)
 	}
-	r2.remove("abc")
-	if _, err := os.Stat(filepath.Join(dir, "abc.json")); !os.IsNotExist(err) {
-		t.Fatalf("removed record: %v", err)
+	if name := r2.forget("sb-1111"); name != "abc" || exists("sb-1111.json") {
+		t.Fatalf("forget: %q", name)
+	}
+	if _, ok := r2.get("abc"); ok {
+		t.Fatal("a forgotten record is still there")
+	}
+
+	// At a start: one whose sandbox is gone, one whose name now names
+	// another, one pending whose sandbox was made, an older front's.
+	for _, rec := range []record{{ID: "gone", Sandbox: "sb-gone"}, {ID: "reused", Sandbox: "sb-old"}, {ID: "made"}} {
+		if err := r2.put(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(record{ID: "legacy", Template: "old"})
+	os.WriteFile(filepath.Join(dir, "legacy.json"), b, 0o600)
+	r3, err := openRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]string{"reused": "sb-new", "made": "sb-made", "legacy": "sb-legacy"}
+	r3.reconcile(func(name string) (string, bool) { id, ok := live[name]; return id, ok })
+	for name, want := range map[string]string{"gone": "", "reused": "", "made": "sb-made", "legacy": "sb-legacy"} {
+		rec, ok := r3.get(name)
+		if ok != (want != "") || ok && rec.Sandbox != want {
+			t.Errorf("%s after reconcile: %+v %v", name, rec, ok)
+		}
+	}
+	for f, want := range map[string]bool{"sb-gone.json": false, "sb-old.json": false, "pending-made.json": false, "sb-made.json": true,
+		"legacy.json": false, "sb-legacy.json": true} {
+		if exists(f) != want {
+			t.Errorf("%s: exists %v", f, !want)
+		}
 	}
 	os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{"), 0o600)
 	if _, err := openRecords(dir); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "bad.json") {
 		t.Fatalf("a damaged record: %v", err)
+	}
+	os.Remove(filepath.Join(dir, "bad.json"))
+	b, _ = json.Marshal(record{ID: "x", Sandbox: "sb-x"})
+	os.WriteFile(filepath.Join(dir, "sb-y.json"), b, 0o600)
+	if _, err := openRecords(dir); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "sb-y.json") {
+		t.Fatalf("a record under another sandbox's name: %v", err)
 	}
 }
 

@@ -29,12 +29,35 @@ import (
 // bounds what it writes in all).
 const maxUpload = 1 << 30
 
+// maxMessage bounds a Connect request's message, decompressed: a
+// command and its environment, a chunk of stdin, a path.
+const maxMessage = 16 << 20
+
+// envdAuth serves an envd request only with a token that opens its
+// sandbox (envdCaller), checked before anything of the request is read:
+// neither a body nor a compressed message of a request without one is
+// ever decoded.
+func (s *Server) envdAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("signature") != "" && r.Header.Get("X-Access-Token") == "" {
+			refuse(rw, r, fmt.Errorf("signed file URLs are not served by dsec's E2B front: send the access token (X-Access-Token): %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		who, err := s.envdCaller(sandboxOf(r.Context()), r.Header.Get("X-Access-Token"))
+		if err != nil {
+			refuse(rw, r, err)
+			return
+		}
+		next.ServeHTTP(rw, r.WithContext(withCaller(r.Context(), who)))
+	})
+}
+
 // envdRoutes is envd inside a sandbox: the Connect services and the
 // REST endpoints the SDKs call.
 func (s *Server) envdRoutes() *http.ServeMux {
 	m := http.NewServeMux()
-	m.Handle(processconnect.NewProcessHandler(processService{s}))
-	m.Handle(filesystemconnect.NewFilesystemHandler(filesystemService{s}))
+	m.Handle(processconnect.NewProcessHandler(processService{s}, connect.WithReadMaxBytes(maxMessage)))
+	m.Handle(filesystemconnect.NewFilesystemHandler(filesystemService{s}, connect.WithReadMaxBytes(maxMessage)))
 	m.HandleFunc("GET /health", s.health)
 	m.HandleFunc("GET /files", s.readFile)
 	m.HandleFunc("POST /files", s.writeFiles)
@@ -48,10 +71,6 @@ func (s *Server) envdRoutes() *http.ServeMux {
 // restClient is envdClient for the REST endpoints, whose errors are
 // E2B's JSON ones.
 func (s *Server) restClient(rw http.ResponseWriter, r *http.Request) (*sdk.Client, string, bool) {
-	if r.URL.Query().Get("signature") != "" && r.Header.Get("X-Access-Token") == "" {
-		writeError(rw, fmt.Errorf("signed file URLs are not served by dsec's E2B front: send the access token (X-Access-Token): %w", errdefs.ErrUnauthenticated))
-		return nil, "", false
-	}
 	c, id, err := s.envdClient(r.Context(), r.Header)
 	if err == nil {
 		err = rootOnly(r.URL.Query().Get("username"))
@@ -66,13 +85,10 @@ func (s *Server) restClient(rw http.ResponseWriter, r *http.Request) (*sdk.Clien
 // health is 204 while the sandbox runs (the SDK's isRunning), 502
 // otherwise.
 func (s *Server) health(rw http.ResponseWriter, r *http.Request) {
-	c, err := s.client(r.Header.Get("X-Access-Token"))
-	if err == nil {
-		var sb api.Sandbox
-		if sb, err = inspect(r.Context(), c, sandboxOf(r.Context())); err == nil && sb.Status == api.StatusRunning {
-			rw.WriteHeader(http.StatusNoContent)
-			return
-		}
+	c := s.as(callerOf(r.Context()))
+	if sb, err := inspect(r.Context(), c, sandboxOf(r.Context())); err == nil && sb.Status == api.StatusRunning {
+		rw.WriteHeader(http.StatusNoContent)
+		return
 	}
 	writeJSON(rw, http.StatusBadGateway, errorBody{Code: http.StatusBadGateway, Message: "sandbox is not running"})
 }
@@ -360,16 +376,16 @@ func (f filesystemService) RemoveWatcher(context.Context, *connect.Request[fspb.
 // (a sandbox in network mode nat has one); the caller's key must see
 // the sandbox (X-Access-Token, or the E2B traffic token header).
 func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port int) {
-	key := r.Header.Get("X-Access-Token")
-	if key == "" {
-		key = r.Header.Get("E2b-Traffic-Access-Token")
+	token := r.Header.Get("X-Access-Token")
+	if token == "" {
+		token = r.Header.Get("E2b-Traffic-Access-Token")
 	}
-	c, err := s.client(key)
+	who, err := s.envdCaller(id, token)
 	if err != nil {
-		writeError(rw, err)
+		refuse(rw, r, err)
 		return
 	}
-	sb, err := inspect(r.Context(), c, id)
+	sb, err := inspect(r.Context(), s.as(who), id)
 	if err != nil {
 		writeError(rw, err)
 		return

@@ -150,24 +150,12 @@ func (t *procTable) drop(sandbox string) {
 // processService implements envd's Process service.
 type processService struct{ s *Server }
 
-// envdClient is the worker as an envd request's token holder sees it,
-// and the sandbox the request is for, which must have a record (one
+// envdClient is the worker as an envd request's caller (envdAuth) sees
+// it, and the sandbox the request is for, which must have a record (one
 // dsec made outside E2B gets one).
-func (s *Server) envdClient(ctx context.Context, h http.Header) (*sdk.Client, string, error) {
-	key := h.Get("X-Access-Token")
-	c, err := s.client(key)
-	if err != nil {
-		return nil, "", err
-	}
-	owner, admin, err := s.opts.Authorize(key)
-	if err != nil {
-		return nil, "", fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
-	}
-	id := sandboxOf(ctx)
-	if rec, ok := s.records.get(id); ok {
-		if !admin && rec.Owner != owner { // as the worker answers another token's
-			return nil, "", fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
-		}
+func (s *Server) envdClient(ctx context.Context, _ http.Header) (*sdk.Client, string, error) {
+	c, id := s.as(callerOf(ctx)), sandboxOf(ctx)
+	if _, ok := s.records.get(id); ok {
 		return c, id, nil
 	}
 	sb, err := inspect(ctx, c, id)

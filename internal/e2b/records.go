@@ -11,13 +11,21 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
 )
 
 // record is what E2B knows of a sandbox and dsec does not; one file,
-// DIR/ID.json, written whole (durable.WriteFile) at every change.
+// DIR/SANDBOX.json (the dsec sandbox's ID, which is never another's),
+// written whole (durable.WriteFile) at every change. A record dies with
+// its sandbox (Forget, when the worker removes it; reconcile, for what
+// was removed while no front ran), so none ever speaks for a later
+// sandbox of the same name. While a create is under way its sandbox has
+// no ID yet: its record is DIR/pending-ID.json until it does.
 type record struct {
-	ID string `json:"id"`
+	ID string `json:"id"` // the E2B sandbox id: the dsec sandbox's name
+	// Sandbox is the dsec sandbox's ID ("": not known yet).
+	Sandbox string `json:"sandbox,omitempty"`
 	// Owner is the id of the token that owns the sandbox (none: the
 	// admin's, made over the worker's socket).
 	Owner    string            `json:"owner,omitempty"`
@@ -58,11 +66,20 @@ type proc struct {
 // execs stay in the sandbox's journal).
 const maxProcs = 1024
 
-// records are the front's records, cached in memory.
+// records are the front's records, cached in memory by E2B id (a live
+// sandbox's name, which no other live sandbox has).
 type records struct {
 	dir string
 	mu  sync.Mutex
 	m   map[string]*record
+}
+
+// file is where rec is kept.
+func (r *records) file(rec *record) string {
+	if rec.Sandbox == "" {
+		return filepath.Join(r.dir, "pending-"+rec.ID+".json")
+	}
+	return filepath.Join(r.dir, rec.Sandbox+".json")
 }
 
 func openRecords(dir string) (*records, error) {
@@ -75,7 +92,7 @@ func openRecords(dir string) (*records, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
+		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok {
 			continue
 		}
@@ -84,12 +101,44 @@ func openRecords(dir string) (*records, error) {
 			return nil, err
 		}
 		var rec record
-		if err := json.Unmarshal(b, &rec); err != nil || rec.ID != id {
+		err = json.Unmarshal(b, &rec)
+		// Its file names its sandbox, or its id while pending (an older
+		// front's: its id, with no sandbox recorded).
+		if err == nil && name != rec.Sandbox && name != "pending-"+rec.ID && !(rec.Sandbox == "" && name == rec.ID) {
+			err = fmt.Errorf("it is not the record of %s", name)
+		}
+		if err != nil || api.ValidName(rec.ID) != nil {
 			return nil, fmt.Errorf("e2b record %s is damaged (%v): remove it to forget that sandbox's E2B state: %w", filepath.Join(dir, e.Name()), err, errdefs.ErrDataLoss)
 		}
-		r.m[id] = &rec
+		if old := r.m[rec.ID]; old != nil { // two records of one name: the newer sandbox's is what lives
+			if old.Started.After(rec.Started) {
+				continue
+			}
+		}
+		r.m[rec.ID] = &rec
+		if name != rec.Sandbox && name != "pending-"+rec.ID { // an older front's file: kept where it belongs
+			if err := r.writeSync(&rec, true); err != nil {
+				return nil, err
+			}
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
 	}
 	return r, nil
+}
+
+// reconcile drops the records whose sandbox is gone, or whose name now
+// names another sandbox, and completes those a create left pending;
+// lookup says which sandbox, if any, a name names now.
+func (r *records) reconcile(lookup func(name string) (id string, ok bool)) {
+	for _, rec := range r.all() {
+		id, ok := lookup(rec.ID)
+		switch {
+		case !ok || rec.Sandbox != "" && rec.Sandbox != id:
+			r.drop(rec)
+		case rec.Sandbox == "":
+			r.update(rec.ID, func(c *record) { c.Sandbox = id })
+		}
+	}
 }
 
 // A stored record is never changed in place: a change writes a copy
@@ -164,8 +213,11 @@ func (r *records) writeSync(rec *record, sync bool) error {
 	if !sync {
 		write = durable.Replace
 	}
-	if err := write(filepath.Join(r.dir, rec.ID+".json"), b, 0o600); err != nil {
+	if err := write(r.file(rec), b, 0o600); err != nil {
 		return fmt.Errorf("e2b record of %s: %w", rec.ID, err)
+	}
+	if old := r.m[rec.ID]; old != nil && r.file(old) != r.file(rec) {
+		os.Remove(r.file(old)) // pending no more
 	}
 	r.m[rec.ID] = rec
 	return nil
@@ -175,6 +227,33 @@ func (r *records) writeSync(rec *record, sync bool) error {
 func (r *records) remove(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, id)
-	os.Remove(filepath.Join(r.dir, id+".json"))
+	if rec := r.m[id]; rec != nil {
+		delete(r.m, id)
+		os.Remove(r.file(rec))
+	}
+}
+
+// drop forgets rec if it is still the record of its id.
+func (r *records) drop(rec record) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.m[rec.ID]; cur != nil && cur.Sandbox == rec.Sandbox {
+		delete(r.m, rec.ID)
+		os.Remove(r.file(cur))
+	}
+}
+
+// forget drops the record of the sandbox whose ID is sandbox, returning
+// its E2B id ("": none).
+func (r *records) forget(sandbox string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, rec := range r.m {
+		if rec.Sandbox == sandbox {
+			delete(r.m, id)
+			os.Remove(r.file(rec))
+			return id
+		}
+	}
+	return ""
 }

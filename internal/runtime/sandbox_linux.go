@@ -113,8 +113,8 @@ type Mounter struct {
 	DiskBound int64
 }
 
-// source is where m finds layers.
-func (m Mounter) source() lower.Source {
+// Source is where m finds layers.
+func (m Mounter) Source() lower.Source {
 	return lower.Source{Store: m.Store, Remote: m.Remote, Insecure: m.Insecure, Fetcher: m.Fetcher, Cache: m.Cache}
 }
 
@@ -243,7 +243,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		if len(o.Layers) > 0 {
 			return nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
 		}
-		l, d, err := lower.Lineage(ctx, o.Mounter.source(), o.From)
+		l, d, err := lower.Lineage(ctx, o.Mounter.Source(), o.From)
 		if err != nil {
 			return nil, err
 		}
@@ -419,7 +419,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		if len(sb.Digests) > i {
 			want = sb.Digests[i]
 		}
-		mnt, f, err := lower.Of(root).Acquire(ctx, m.source(), ref, sb.lowerUser(), want)
+		mnt, f, err := lower.Of(root).Acquire(ctx, m.Source(), ref, sb.lowerUser(), want)
 		if err != nil {
 			return err
 		}

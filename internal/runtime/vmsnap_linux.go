@@ -115,7 +115,7 @@ func (microvmDriver) snapshotMemory(ctx context.Context, sb *Sandbox, s *store.S
 // memoryOf is the memory snapshot of the snapshot ref (nil: it is a
 // disk-only one).
 func memoryOf(ctx context.Context, m Mounter, ref string) (*layer.Memory, *layer.Lineage, error) {
-	l, _, err := lower.Lineage(ctx, m.source(), ref)
+	l, _, err := lower.Lineage(ctx, m.Source(), ref)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -25,7 +25,8 @@ const (
 	DefaultMaxDepth   = 256
 )
 
-func (l Limits) withDefaults() Limits {
+// WithDefaults is l with the default of each bound it leaves unset.
+func (l Limits) WithDefaults() Limits {
 	if l.MaxBytes <= 0 {
 		l.MaxBytes = DefaultMaxBytes
 	}

@@ -59,7 +59,7 @@ func Merge(ctx context.Context, w *erofs.Writer, diff, base string) (*Packed, er
 
 func pack(ctx context.Context, w *erofs.Writer, upper string, prev Index, lim Limits, mergeBase string) (*Packed, error) {
 	merge := mergeBase != ""
-	lim = lim.withDefaults()
+	lim = lim.WithDefaults()
 	fd, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: upper, Err: err}

@@ -31,6 +31,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -121,6 +122,11 @@ type Config struct {
 	MicroVM microvm.Settings
 	// DNS: worker.Config's (the upstream of domain rules' resolvers).
 	DNS egress.Config
+	// MaxRequests and MaxRequestsPerToken: worker.Config's (the TCP
+	// API's and the E2B front's requests at once).
+	MaxRequests, MaxRequestsPerToken int
+	// SnapLimits: worker.Config's (pack-diff's bounds).
+	SnapLimits snap.Limits
 }
 
 // StartWorkerWith is StartWorker with cfg.

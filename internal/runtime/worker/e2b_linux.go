@@ -15,14 +15,13 @@ import (
 
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/e2b"
-	"github.com/dsec-project/dsec/sdk"
 )
 
 // The E2B front (package e2b) runs in the worker: its own TCP listener
-// (Config.E2B.Listen, TLS as the API's), and calls into the worker over
-// in-process connections: one the TCP API's handler serves, tokens
-// checked (a request with the caller's key), one the unix socket's
-// (the admin's: the front's timeouts).
+// (Config.E2B.Listen, TLS as the API's, with HTTP/2), and calls into
+// the worker over in-process connections, which only it can make, with
+// the authority of the key it checked (or, for what it does on its own,
+// a sandbox's timeout, of the sandbox's owner): never more.
 
 // pipeListener hands connections made in this process to a server.
 type pipeListener struct {
@@ -79,26 +78,33 @@ func (l *pipeListener) Dial(ctx context.Context) (net.Conn, error) {
 	return nil, fmt.Errorf("the worker is not serving its E2B front: %w", net.ErrClosed)
 }
 
-// serveE2B serves the front on l until ctx ends; remote and local are
-// the worker's TCP API and unix socket servers, which its in-process
-// connections reach.
-func (w *worker) serveE2B(ctx context.Context, l net.Listener, remote, local *http.Server, errc chan<- error) error {
-	authed, admin := newPipeListener(), newPipeListener()
-	go remote.Serve(authed)
-	go local.Serve(admin)
-	adminClient, err := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: "admin", Dial: admin.Dial})
-	if err != nil {
-		return err
-	}
-	front, err := e2b.New(e2b.Options{Dial: authed.Dial, Admin: adminClient, Dir: filepath.Join(w.cfg.Root, "e2b"),
+// serveE2B serves the front on l until ctx ends: its requests to the
+// worker go through routes in process, with the authority the front
+// names (actAs), in l's slots.
+func (w *worker) serveE2B(ctx context.Context, l net.Listener, routes http.Handler, lim *limiter, errc chan<- error) error {
+	pipe := newPipeListener()
+	inproc := &http.Server{Handler: w.actAs(routes, lim), BaseContext: func(net.Listener) context.Context { return ctx }}
+	go inproc.Serve(pipe)
+	transport := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return pipe.Dial(ctx) },
+		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
+	front, err := e2b.New(e2b.Options{Transport: transport, Dir: filepath.Join(w.cfg.Root, "e2b"),
 		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, Log: w.log,
 		Authorize: func(key string) (string, bool, error) {
 			t, err := w.tokens.Check(key, time.Now())
 			return t.ID, t.Scope == auth.Admin, err
+		},
+		Lookup: func(name string) (string, bool) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if e := w.sandboxes[name]; e != nil && e.sb != nil && e.gone == nil {
+				return e.sb.ID, true
+			}
+			return "", false
 		}})
 	if err != nil {
 		return err
 	}
+	w.front.Store(front)
 	srv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)}
@@ -109,8 +115,9 @@ func (w *worker) serveE2B(ctx context.Context, l net.Listener, remote, local *ht
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
-		authed.Close()
-		admin.Close()
+		inproc.Shutdown(sctx)
+		pipe.Close()
+		transport.CloseIdleConnections()
 	}()
 	return nil
 }

@@ -38,7 +38,10 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 	}
 	body := bufio.NewReaderSize(r.Body, 64<<10)
 	var req api.ExecRequest
-	if err := firstLine(body, "exec", &req); err != nil {
+	done := readBy(rw)
+	err = firstLine(body, "exec", &req)
+	done()
+	if err != nil {
 		fail(rw, err)
 		return
 	}

@@ -3,6 +3,7 @@ package worker
 import (
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 )
@@ -26,7 +27,10 @@ func handle[Req, Resp any](fn func(r *http.Request, req Req) (Resp, error)) http
 	return func(rw http.ResponseWriter, r *http.Request) {
 		var req Req
 		if _, empty := any(req).(none); !empty {
-			if err := decode(r, &req); err != nil {
+			done := readBy(rw)
+			err := decode(r, &req)
+			done()
+			if err != nil {
 				fail(rw, err)
 				return
 			}
@@ -45,6 +49,22 @@ func handle[Req, Resp any](fn func(r *http.Request, req Req) (Resp, error)) http
 			answer(rw, http.StatusOK, resp)
 		}
 	}
+}
+
+// bodyTimeout is how long a request's JSON (or a stream's first line)
+// may take to come: a client that sends it slowly holds its slot no
+// longer.
+const bodyTimeout = 30 * time.Second
+
+// readBy bounds the reading of a request's JSON in time; the returned
+// func lifts the bound once it is read (a stream's stdin, which
+// follows, takes its time).
+func readBy(rw http.ResponseWriter) func() {
+	rc := http.NewResponseController(rw)
+	if rc.SetReadDeadline(time.Now().Add(bodyTimeout)) != nil {
+		return func() {}
+	}
+	return func() { rc.SetReadDeadline(time.Time{}) }
 }
 
 func fail(rw http.ResponseWriter, err error) {

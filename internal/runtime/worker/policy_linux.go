@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/policy"
 )
@@ -55,6 +56,9 @@ func (w *worker) policyOf(p *api.Policy, name string) (*api.Policy, error) {
 }
 
 func (w *worker) applyPolicy(r *http.Request, req api.PolicyRequest) (*api.PolicyReport, error) {
+	if t := tenantOf(r.Context()); t != nil && !t.May(auth.AllowPolicy) {
+		return nil, errNotAllowed(t, auth.AllowPolicy, "change its sandboxes' policies: they keep the one they were made with")
+	}
 	p, err := w.policyOf(req.Policy, req.Name)
 	if err == nil && p == nil {
 		err = fmt.Errorf("apply needs a policy or a policy name: %w", errdefs.ErrInvalidArgument)

@@ -266,7 +266,10 @@ func (w *worker) take(p *pool) (string, *runtime.Sandbox) {
 func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 	body := bufio.NewReaderSize(r.Body, 64<<10)
 	var req api.CallRequest
-	if err := firstLine(body, "call", &req); err != nil {
+	done := readBy(rw)
+	err := firstLine(body, "call", &req)
+	done()
+	if err != nil {
 		fail(rw, err)
 		return
 	}
@@ -331,8 +334,12 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 			spec.Name = runtime.RandomName("sb-")
 		}
 		defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+		ctx := r.Context()
+		if p != nil { // the pool's template: the admin's
+			ctx = withTrusted(ctx)
+		}
 		var err error
-		if sb, err = w.makeSandbox(r.Context(), spec, mark); err != nil {
+		if sb, err = w.makeSandbox(ctx, spec, mark); err != nil {
 			fail(rw, err)
 			return
 		}
@@ -345,11 +352,19 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 	w.serveExec(rw, r, sb, req.ExecRequest, body, api.Frame{Call: info})
 }
 
+// listPools lists the pools; a tenant, which may call any of them,
+// sees each without what tells of others' use (its calls, misses and
+// the filler's error).
 func (w *worker) listPools(r *http.Request, _ none) ([]api.Pool, error) {
+	tenant := tenantOf(r.Context()) != nil
 	w.mu.Lock()
 	out := []api.Pool{}
 	for _, p := range w.pools {
-		out = append(out, p.describe())
+		d := p.describe()
+		if tenant {
+			d.Calls, d.Misses, d.Error = 0, 0, ""
+		}
+		out = append(out, d)
 	}
 	w.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

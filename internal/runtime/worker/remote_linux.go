@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -18,8 +21,10 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
-	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/tenant"
 )
 
 // The remote API. Besides its unix socket, whose file permissions are
@@ -33,13 +38,63 @@ import (
 // token's is not found, as if it did not exist; what only the admin
 // does (pools, stored policies, squash, shutdown) is refused, 403.
 
-// maxRemoteRequests bounds the requests a worker serves over TCP at
-// once (a stream of an exec's output holds one while it runs).
-const maxRemoteRequests = 1024
+// Requests over TCP and from the E2B front are bounded at once: per
+// token (Config.MaxRequestsPerToken, api.max_requests_per_token), so
+// that one tenant's streams cannot take every slot, and in all
+// (Config.MaxRequests, api.max_requests). A stream of an exec's output
+// holds one while it runs. Past either bound a request is answered busy
+// (429) at once.
+const (
+	defaultMaxRequests         = 4096
+	defaultMaxRequestsPerToken = 1024
+)
+
+// limiter counts the requests being served, by token and in all.
+type limiter struct {
+	max, perToken int
+
+	mu    sync.Mutex
+	all   int
+	token map[string]int
+}
+
+func newLimiter(max, perToken int) *limiter {
+	if max <= 0 {
+		max = defaultMaxRequests
+	}
+	if perToken <= 0 {
+		perToken = defaultMaxRequestsPerToken
+	}
+	return &limiter{max: max, perToken: min(perToken, max), token: map[string]int{}}
+}
+
+// take holds a slot for a request of token id ("": the admin's own
+// socket), or says why there is none.
+func (l *limiter) take(id string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.token[id] >= l.perToken:
+		return nil, fmt.Errorf("this token has %d requests under way, its bound: retry later: %w", l.perToken, errdefs.ErrResourceExhausted)
+	case l.all >= l.max:
+		return nil, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", l.max, errdefs.ErrResourceExhausted)
+	}
+	l.all++
+	l.token[id]++
+	return sync.OnceFunc(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.all--
+		if l.token[id]--; l.token[id] == 0 {
+			delete(l.token, id)
+		}
+	}), nil
+}
 
 // listenTCP listens on addr (tcp://HOST:PORT) as t says: TLS where t
-// has a certificate, which it must off loopback.
-func listenTCP(addr string, t TLS) (net.Listener, error) {
+// has a certificate, which it must off loopback; with h2, TLS offers
+// HTTP/2 too (the E2B front's: its SDKs multiplex over one connection).
+func listenTCP(addr string, t TLS, h2 bool) (net.Listener, error) {
 	hostport, ok := strings.CutPrefix(addr, "tcp://")
 	if !ok {
 		return nil, fmt.Errorf("bad listen address %q: give tcp://HOST:PORT: %w", addr, errdefs.ErrInvalidArgument)
@@ -65,6 +120,9 @@ func listenTCP(addr string, t TLS) (net.Listener, error) {
 			return nil, fmt.Errorf("TLS certificate %s and key %s: %v: %w", t.Cert, t.Key, err, errdefs.ErrInvalidArgument)
 		}
 		cfg = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+		if h2 {
+			cfg.NextProtos = []string{"h2", "http/1.1"}
+		}
 		if t.ClientCA != "" {
 			b, err := os.ReadFile(t.ClientCA)
 			if err != nil {
@@ -133,65 +191,122 @@ func adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // authed is next behind the tokens: a request without a valid one is
-// answered 401 and nothing more; at most max are served at once
-// (maxRemoteRequests), the rest answered busy.
-func (w *worker) authed(next http.Handler, max int) http.Handler {
-	slots := make(chan struct{}, max)
+// answered 401 and nothing more, before its body is read; the rest take
+// a slot of l's.
+func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		secret, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		t, err := w.tokens.Check(secret, time.Now())
 		if err != nil {
-			rw.Header().Set("WWW-Authenticate", `Bearer realm="dsec"`)
-			answer(rw, http.StatusUnauthorized, api.Error{Class: api.ClassUnauthorized, Message: "unauthorized"})
+			unauthorized(rw, r)
 			return
 		}
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-		default:
-			fail(rw, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", max, errdefs.ErrResourceExhausted))
-			return
-		}
-		next.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), tokenKey{}, &t)))
+		w.serveAs(rw, r, next, l, &t)
 	})
 }
 
-// snapOwners records which token took each snapshot (a sandboxes
-// token's own), in <root>/owners.json: the worker's alone.
-type snapOwners struct {
-	path string
-	mu   sync.Mutex
-	m    map[string]string // NAME:STEP: token id
+func unauthorized(rw http.ResponseWriter, r *http.Request) {
+	rw.Header().Set("WWW-Authenticate", `Bearer realm="dsec"`)
+	unread(rw, r)
+	answer(rw, http.StatusUnauthorized, api.Error{Class: api.ClassUnauthorized, Message: "unauthorized"})
 }
 
-func openSnapOwners(root string) *snapOwners {
-	o := &snapOwners{path: filepath.Join(root, "owners.json"), m: map[string]string{}}
-	if b, err := os.ReadFile(o.path); err == nil {
-		json.Unmarshal(b, &o.m)
+// unread marks r's answer as one given without reading its body: over
+// HTTP/1 its connection closes after it, else the server would read
+// what is left of the body first (a client that never sends it would
+// hold it for good).
+func unread(rw http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		rw.Header().Set("Connection", "close")
 	}
-	return o
 }
 
-func (o *snapOwners) get(ref string) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.m[canonical(ref)]
+// serveAs serves r as t's (nil: the admin's), in a slot of l's.
+func (w *worker) serveAs(rw http.ResponseWriter, r *http.Request, next http.Handler, l *limiter, t *auth.Token) {
+	id := ""
+	if t != nil {
+		id = t.ID
+	}
+	release, err := l.take(id)
+	if err != nil {
+		unread(rw, r)
+		fail(rw, err)
+		return
+	}
+	defer release()
+	ctx := r.Context()
+	if t != nil {
+		ctx = context.WithValue(ctx, tokenKey{}, t)
+	}
+	next.ServeHTTP(rw, r.WithContext(ctx))
 }
 
-func (o *snapOwners) set(ref, owner string) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	ref = canonical(ref)
-	if o.m[ref] == owner {
+// The E2B front reaches the worker in process (e2b_linux.go), having
+// checked the caller's key itself; it says whose authority a request
+// carries (e2b.HeaderActAs), and whether its spec is a template's
+// (e2b.HeaderTemplate), in headers only a connection made in this
+// process can send.
+
+// actAs serves the front's requests with the authority they name: the
+// admin's, or the token's of that ID (a removed token's: its own
+// sandboxes only, as scope sandboxes).
+func (w *worker) actAs(next http.Handler, l *limiter) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(e2b.HeaderActAs)
+		var t *auth.Token
+		switch {
+		case id == "":
+			unauthorized(rw, r)
+			return
+		case id != e2b.ActAsAdmin:
+			tok, ok := w.tokens.Lookup(id)
+			if !ok {
+				tok = auth.Token{ID: id, Scope: auth.Sandboxes}
+			}
+			t = &tok
+		}
+		if name := r.Header.Get(e2b.HeaderTemplate); name != "" {
+			if _, ok := w.cfg.E2B.Templates[name]; ok {
+				r = r.WithContext(withTrusted(r.Context()))
+			}
+		}
+		w.serveAs(rw, r, next, l, t)
+	})
+}
+
+// migrateOwners moves the snapshots an older worker recorded as a
+// token's in <root>/owners.json (their tags among everyone's) into that
+// token's namespace, tenants/ID/NAME:STEP, and removes the file. What
+// stands on one finds it by its image (its digest), as on a moved tag.
+func migrateOwners(ctx context.Context, root string, s *store.Store) error {
+	path := filepath.Join(root, "owners.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if owner == "" {
-		delete(o.m, ref)
-	} else {
-		o.m[ref] = owner
+	if err != nil {
+		return err
 	}
-	b, _ := json.Marshal(o.m)
-	return durable.WriteFile(o.path, b, 0o600)
+	var owners map[string]string // NAME:STEP: token id
+	if err := json.Unmarshal(b, &owners); err != nil {
+		return fmt.Errorf("%s: %v: remove it (its snapshots then stay the admin's): %w", path, err, errdefs.ErrDataLoss)
+	}
+	for _, ref := range slices.Sorted(maps.Keys(owners)) {
+		d, err := s.Resolve(ctx, ref)
+		if errdefs.IsNotFound(err) || tenant.Reserved(ref) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.Tag(ctx, string(tenant.Of(owners[ref]))+ref, d, false); err != nil {
+			return fmt.Errorf("move snapshot %s into its token's namespace: %w", ref, err)
+		}
+		if _, err := s.Untag(ctx, ref); err != nil {
+			return err
+		}
+	}
+	return os.Remove(path)
 }
 
 // canonical is ref as the store names it.
@@ -200,12 +315,6 @@ func canonical(ref string) string {
 		return r.String()
 	}
 	return ref
-}
-
-// mayUseSnapshot says whether ctx's caller may see and use the snapshot
-// ref; errNoSnapshot is what it is told when it may not.
-func (w *worker) mayUseSnapshot(ctx context.Context, ref string) bool {
-	return mayUse(ctx, w.owners.get(ref))
 }
 
 func errNoSnapshot(ref string) error {

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -38,7 +39,7 @@ func TestListenTCP(t *testing.T) {
 		{"127.0.0.1:0", TLS{}, false},
 		{"tcp://nohost", TLS{}, false},
 	} {
-		l, err := listenTCP(c.addr, c.tls)
+		l, err := listenTCP(c.addr, c.tls, false)
 		if l != nil {
 			l.Close()
 		}
@@ -48,12 +49,17 @@ func TestListenTCP(t *testing.T) {
 	}
 }
 
-// TestAuthed: no token or a bad one is 401 with nothing said; a good one
-// reaches the handler with its token; past the bound of requests at once
-// the rest are busy, 429, until one ends.
+// TestAuthed: no token or a bad one is 401 with nothing said, its body
+// unread; a good one reaches the handler with its token; each token has
+// its own bound of requests at once, and all together a bound above
+// them: past either the rest are busy, 429, until one ends.
 func TestAuthed(t *testing.T) {
 	w := &worker{tokens: auth.Open(t.TempDir())}
-	secret, tok, err := w.tokens.Create(auth.Sandboxes, 0)
+	secretA, tokA, err := w.tokens.Create(auth.Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretB, tokB, err := w.tokens.Create(auth.Sandboxes, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,17 +68,21 @@ func TestAuthed(t *testing.T) {
 	h := w.authed(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		entered <- tokenOf(r.Context()).ID
 		<-release
-	}), 2)
+	}), newLimiter(3, 2))
 	do := func(bearer string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest("GET", "/v1/sandboxes", nil)
+		body := &readCounter{r: strings.NewReader("{}")}
+		r := httptest.NewRequest("POST", "/v1/sandboxes", body)
 		if bearer != "" {
 			r.Header.Set("Authorization", "Bearer "+bearer)
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
+		if rec.Code == http.StatusUnauthorized && body.n > 0 {
+			t.Errorf("%q: refused, but its body was read", bearer)
+		}
 		return rec
 	}
-	for _, bad := range []string{"", "dsec_" + strings.Repeat("1", 40), secret + "x"} {
+	for _, bad := range []string{"", "dsec_" + strings.Repeat("1", 40), secretA + "x"} {
 		rec := do(bad)
 		if rec.Code != http.StatusUnauthorized || strings.TrimSpace(rec.Body.String()) != `{"class":"unauthorized","message":"unauthorized"}` || rec.Header().Get("WWW-Authenticate") == "" {
 			t.Errorf("%q: %d %s", bad, rec.Code, rec.Body)
@@ -80,20 +90,40 @@ func TestAuthed(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for range 2 {
-		wg.Add(1)
-		go func() { defer wg.Done(); do(secret) }()
+		wg.Go(func() { do(secretA) })
 	}
 	for range 2 {
-		if id := <-entered; id != tok.ID {
+		if id := <-entered; id != tokA.ID {
 			t.Fatalf("the handler saw token %q", id)
 		}
 	}
-	if rec := do(secret); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "retry later") {
-		t.Errorf("past the bound: %d %s", rec.Code, rec.Body)
+	// A has its two: its third is busy, B still gets in.
+	if rec := do(secretA); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "this token has 2 requests") {
+		t.Errorf("past a token's bound: %d %s", rec.Code, rec.Body)
+	}
+	wg.Go(func() { do(secretB) })
+	if id := <-entered; id != tokB.ID {
+		t.Fatalf("the handler saw token %q", id)
+	}
+	// Three in all: B's second is busy for the worker's sake.
+	if rec := do(secretB); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "serves 3 requests") {
+		t.Errorf("past the bound of all: %d %s", rec.Code, rec.Body)
 	}
 	close(release)
 	wg.Wait()
-	if rec := do(secret); rec.Code != http.StatusOK {
+	if rec := do(secretA); rec.Code != http.StatusOK {
 		t.Errorf("after: %d %s", rec.Code, rec.Body)
 	}
+}
+
+// readCounter counts what is read of a body.
+type readCounter struct {
+	r io.Reader
+	n int
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -55,7 +55,7 @@ func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sand
 	if err != nil {
 		return created[api.Sandbox]{}, err
 	}
-	return created[api.Sandbox]{w.describe(sb)}, nil
+	return created[api.Sandbox]{w.scopeOf(r.Context()).showSandbox(w.describe(sb))}, nil
 }
 
 // limits are the cgroup limits of a sandbox made for spec: what it
@@ -91,6 +91,14 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
 	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
 		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
+	}
+	if !isTrusted(ctx) { // the caller's own spec, not a template's or a pool's
+		if err := checkAllowed(ctx, spec); err != nil {
+			return nil, err
+		}
+		if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
+			return nil, err
+		}
 	}
 	if spec.Snapshot != "" && !spec.DiskOnly && (spec.Backend == "" || spec.Backend == runtime.MicroVM) {
 		// A memory snapshot's branch continues its guest, a microVM of
@@ -130,9 +138,6 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		return nil, err
 	}
 	// Reserve the name: a second create of it fails at once.
-	if spec.Snapshot != "" && !w.mayUseSnapshot(ctx, spec.Snapshot) {
-		return nil, errNoSnapshot(spec.Snapshot)
-	}
 	owner := ownerOf(ctx)
 	if pool != "" && pool != callPool && pool != runPool { // a pool's warm sandbox: the admin's
 		owner = ""
@@ -158,6 +163,12 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 			return nil, ctx.Err()
 		}
 		w.mu.Lock()
+	}
+	if t := tokenOf(ctx); t != nil && owner == t.ID {
+		if err := w.checkQuota(t, e); err != nil {
+			w.mu.Unlock()
+			return nil, err
+		}
 	}
 	w.sandboxes[spec.Name] = e
 	w.mu.Unlock()
@@ -369,6 +380,10 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 	for _, sb := range sbs {
 		out = append(out, w.describe(sb))
 	}
+	sc := w.scopeOf(r.Context())
+	for i := range out {
+		out[i] = sc.showSandbox(out[i])
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
 }
@@ -378,7 +393,7 @@ func (w *worker) inspect(r *http.Request, _ none) (api.Sandbox, error) {
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	return w.describe(e.sb), nil
+	return w.scopeOf(r.Context()).showSandbox(w.describe(e.sb)), nil
 }
 
 // lifecycle serves stop and start: one operation on the sandbox under
@@ -395,7 +410,7 @@ func (w *worker) lifecycle(op func(ctx context.Context, e *entry) error) func(*h
 		if err != nil {
 			return api.Sandbox{}, err
 		}
-		return w.describe(e.sb), nil
+		return w.scopeOf(r.Context()).showSandbox(w.describe(e.sb)), nil
 	}
 }
 
@@ -420,6 +435,9 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 	t0 := time.Now()
 	if err := sb.Remove(); err != nil {
 		return fmt.Errorf("remove sandbox %s: %w", name, err)
+	}
+	if f := w.front.Load(); f != nil { // before the name is free again
+		f.Forget(sb.ID)
 	}
 	w.mu.Lock()
 	if e := w.sandboxes[name]; e != nil && e.held {

@@ -28,35 +28,48 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
-	ref, err := layer.ParseRef(req.Tag)
-	if err != nil {
-		return created[api.Snapshot]{}, err
-	}
 	if !strings.Contains(req.Tag, ":") {
 		return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %q needs a step: NAME:STEP, e.g. %s:1: %w", req.Tag, req.Tag, errdefs.ErrInvalidArgument)
 	}
-	lim := w.cfg.SnapLimits
-	if req.MaxBytes != 0 {
-		lim.MaxBytes = req.MaxBytes
+	sc := w.scopeOf(r.Context())
+	ref, err := sc.newTag(req.Tag)
+	if err != nil {
+		return created[api.Snapshot]{}, err
 	}
-	if req.MaxEntries != 0 {
-		lim.MaxEntries = req.MaxEntries
+	lim, err := packLimits(w.cfg.SnapLimits, req, sc.admin())
+	if err != nil {
+		return created[api.Snapshot]{}, err
 	}
-	if req.MaxDepth != 0 {
-		lim.MaxDepth = req.MaxDepth
-	}
-	if lim.MaxBytes < 0 || lim.MaxEntries < 0 || lim.MaxDepth < 0 {
-		return created[api.Snapshot]{}, fmt.Errorf("negative pack limit (%+v): %w", lim, errdefs.ErrInvalidArgument)
+	t := tenantOf(r.Context())
+	var quota int64 // what the tenant's snapshots may still take
+	if t != nil && t.Quota.SnapshotBytes > 0 {
+		used, err := w.snapshotBytes(r.Context(), sc)
+		if err != nil {
+			return created[api.Snapshot]{}, err
+		}
+		if quota = t.Quota.SnapshotBytes - used; quota <= 0 {
+			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
+		}
+		lim.MaxBytes = min(lim.MaxBytes, quota)
 	}
 	e.op.Lock()
 	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim, Memory: req.Memory})
 	e.op.Unlock()
 	if err != nil {
+		if quota > 0 && errdefs.IsOutOfRange(err) && lim.MaxBytes == quota {
+			return created[api.Snapshot]{}, fmt.Errorf("token %s's snapshot quota leaves %d bytes, and %v: remove snapshots first (dsec snap rm): %w",
+				t.ID, quota, strings.TrimSuffix(err.Error(), ": out of range"), errdefs.ErrResourceExhausted)
+		}
 		return created[api.Snapshot]{}, err
 	}
-	if t := tokenOf(r.Context()); t != nil {
-		if err := w.owners.set(ref.String(), t.ID); err != nil {
-			w.log.Error("cannot record the snapshot's token", "snapshot", ref, "err", err)
+	if quota > 0 {
+		// The layer (and a guest) may hold more than the files' bytes.
+		if used, err := w.snapshotBytes(r.Context(), sc); err == nil && used > t.Quota.SnapshotBytes {
+			w.lineage.Lock()
+			users, _ := runtime.SnapUsers(w.cfg.Root)
+			snap.Remove(context.WithoutCancel(r.Context()), w.mounter.Store, ref.String(), users, false)
+			w.lineage.Unlock()
+			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
 		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
@@ -66,7 +79,34 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	if out.Memory != nil {
 		out.Memory.PausedSeconds = p.Paused.Seconds()
 	}
-	return created[api.Snapshot]{out}, nil
+	return created[api.Snapshot]{sc.showSnapshot(out)}, nil
+}
+
+// packLimits are a pack-diff's bounds: the worker's (snap.max_*), which
+// a request may lower; only the admin's may raise them.
+func packLimits(worker snap.Limits, req api.PackRequest, admin bool) (snap.Limits, error) {
+	if req.MaxBytes < 0 || req.MaxEntries < 0 || req.MaxDepth < 0 {
+		return snap.Limits{}, fmt.Errorf("negative pack limit (max bytes %d, entries %d, depth %d): %w", req.MaxBytes, req.MaxEntries, req.MaxDepth, errdefs.ErrInvalidArgument)
+	}
+	if worker.MaxBytes < 0 || worker.MaxEntries < 0 || worker.MaxDepth < 0 {
+		return snap.Limits{}, fmt.Errorf("negative pack limit in the worker's configuration (%+v): %w", worker, errdefs.ErrInvalidArgument)
+	}
+	lim := worker.WithDefaults()
+	pick := func(asked, bound int64) int64 {
+		if asked == 0 || !admin && asked > bound {
+			return bound
+		}
+		return asked
+	}
+	lim.MaxBytes = pick(req.MaxBytes, lim.MaxBytes)
+	lim.MaxEntries = int(pick(int64(req.MaxEntries), int64(lim.MaxEntries)))
+	lim.MaxDepth = int(pick(int64(req.MaxDepth), int64(lim.MaxDepth)))
+	return lim, nil
+}
+
+func errSnapshotQuota(t *auth.Token, used int64) error {
+	return fmt.Errorf("token %s's quota: its snapshots hold %d bytes, its bound is %d: remove some first (dsec snap rm): %w",
+		t.ID, used, t.Quota.SnapshotBytes, errdefs.ErrResourceExhausted)
 }
 
 func snapshotOf(l *layer.Info) api.Snapshot {
@@ -105,6 +145,14 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 	spec := req.Spec
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
 	ctx := context.WithoutCancel(r.Context())
+	// Resolved once, for all: each branch then stands on what it named.
+	if err := checkAllowed(ctx, spec); err != nil {
+		return created[[]api.Sandbox]{}, err
+	}
+	if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
+		return created[[]api.Sandbox]{}, err
+	}
+	ctx = withTrusted(ctx)
 	// The first branch mounts the layers; the others then only stack
 	// their own upper over the shared mounts, 8 at a time.
 	sbs := make([]*runtime.Sandbox, req.N)
@@ -135,8 +183,9 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 		return created[[]api.Sandbox]{}, firstErr(errs)
 	}
 	out := make([]api.Sandbox, len(sbs))
+	sc := w.scopeOf(ctx)
 	for i, sb := range sbs {
-		out[i] = w.describe(sb)
+		out[i] = sc.showSandbox(w.describe(sb))
 	}
 	w.log.Info("branched", "snapshot", req.Snapshot, "n", req.N, "prefix", prefix)
 	return created[[]api.Sandbox]{out}, nil
@@ -216,7 +265,9 @@ func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
 // removeSnapshot untags a snapshot nothing stands on (or, forced, one
 // something does); no sandbox comes to stand on it meanwhile.
 func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
-	if !w.mayUseSnapshot(r.Context(), r.PathValue("ref")) {
+	sc := w.scopeOf(r.Context())
+	ref, ok := sc.snapshotTag(r.PathValue("ref"))
+	if !ok {
 		return none{}, errNoSnapshot(r.PathValue("ref"))
 	}
 	w.lineage.Lock()
@@ -225,11 +276,13 @@ func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 	if err != nil {
 		return none{}, err
 	}
-	if _, err := snap.Remove(r.Context(), w.mounter.Store, r.PathValue("ref"), users, r.URL.Query().Get("force") == "1"); err != nil {
+	if _, err := snap.Remove(r.Context(), w.mounter.Store, ref, users, r.URL.Query().Get("force") == "1"); err != nil {
+		if errdefs.IsNotFound(err) && !sc.admin() {
+			return none{}, errNoSnapshot(r.PathValue("ref"))
+		}
 		return none{}, err
 	}
-	w.owners.set(r.PathValue("ref"), "")
-	w.log.Info("removed snapshot", "snapshot", r.PathValue("ref"))
+	w.log.Info("removed snapshot", "snapshot", ref)
 	return none{}, nil
 }
 
@@ -263,13 +316,15 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 // sandboxes sees its own snapshots, and of each only its own children
 // and sandboxes.
 func (w *worker) visible(ctx context.Context, n api.SnapshotNode) (api.SnapshotNode, bool) {
-	if t := tokenOf(ctx); t == nil || t.Scope == auth.Admin {
+	sc := w.scopeOf(ctx)
+	if sc.admin() {
 		return n, true
 	}
-	if !w.mayUseSnapshot(ctx, n.Name) {
+	if !sc.owns(n.Name) {
 		return n, false
 	}
-	n.Children = slices.DeleteFunc(slices.Clone(n.Children), func(c string) bool { return !w.mayUseSnapshot(ctx, c) })
+	n.Children = sc.showAll(slices.DeleteFunc(slices.Clone(n.Children), func(c string) bool { return !sc.owns(c) }))
+	n.Name, n.Parent, n.Layers = sc.show(n.Name), sc.show(n.Parent), sc.showAll(n.Layers)
 	mine := func(name string) bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()

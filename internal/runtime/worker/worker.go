@@ -55,6 +55,10 @@ type Config struct {
 	// their certificate, which an address off loopback needs.
 	Listen []string
 	TLS    TLS
+	// MaxRequests bounds the requests served at once over TCP and from
+	// the E2B front together (default 4096), MaxRequestsPerToken those
+	// of one token or key (default 1024).
+	MaxRequests, MaxRequestsPerToken int
 	// E2B serves E2B's API too (package e2b).
 	E2B E2B
 	// CgroupParent names the group all sandboxes live under (default

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -19,10 +20,12 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/feature"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/rootdir"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
@@ -77,7 +80,9 @@ type worker struct {
 	frozen map[*runtime.Sandbox]bool
 
 	tokens *auth.Store // the TCP API's (remote_linux.go)
-	owners *snapOwners // which token took each snapshot
+	// front is the E2B front, when one serves: it forgets a sandbox the
+	// worker removes.
+	front atomic.Pointer[e2b.Server]
 }
 
 // entry is a sandbox the worker owns; op serialises its lifecycle
@@ -111,8 +116,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+	fixed, err := rootdir.Secure(cfg.Root)
+	if err != nil {
 		return err
+	}
+	if len(fixed) > 0 {
+		cfg.Log.Warn("made the root's files private: other users could read them", "paths", fixed)
 	}
 	lock, err := os.OpenFile(filepath.Join(cfg.Root, "worker.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -129,7 +138,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 	}()
 	for _, addr := range cfg.Listen {
-		l, err := listenTCP(addr, cfg.TLS)
+		l, err := listenTCP(addr, cfg.TLS, false)
 		if err != nil {
 			return err
 		}
@@ -137,7 +146,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	var e2bListener net.Listener
 	if cfg.E2B.Listen != "" {
-		if e2bListener, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS); err != nil {
+		if e2bListener, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, true); err != nil {
 			return fmt.Errorf("e2b listener: %w", err)
 		}
 		defer e2bListener.Close()
@@ -192,9 +201,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	defer disk.ReleaseUppers(cfg.Root) // when no sandbox is left on it
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
-		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root), owners: openSnapOwners(cfg.Root),
+		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk}}
+	if err := migrateOwners(ctx, cfg.Root, s); err != nil {
+		return err
+	}
 	if err := w.adopt(); err != nil {
 		return err
 	}
@@ -236,7 +248,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	routes := w.routes()
 	srv := &http.Server{Handler: routes, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
-	remote := &http.Server{Handler: w.authed(routes, maxRemoteRequests), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+	lim := newLimiter(cfg.MaxRequests, cfg.MaxRequestsPerToken) // the TCP API's and the E2B front's
+	remote := &http.Server{Handler: w.authed(routes, lim), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)} // a failed handshake is anyone's knock
 	errc := make(chan error, 2+len(tcp))
@@ -253,7 +266,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		go func() { errc <- remote.Serve(l) }()
 	}
 	if e2bListener != nil {
-		if err := w.serveE2B(ctx, e2bListener, remote, srv, errc); err != nil {
+		if err := w.serveE2B(ctx, e2bListener, routes, lim, errc); err != nil {
 			return err
 		}
 		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")

@@ -1,0 +1,254 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
+	"github.com/dsec-project/dsec/internal/tenant"
+)
+
+// What a request may name in the store. The admin (the unix socket, an
+// admin token) names any tag or digest. A token of scope sandboxes (a
+// tenant) names the layers the admin built or pulled (any tag outside
+// the tenants' namespaces whose layer is not a snapshot) and its own
+// snapshots, by their tags in its namespace (package tenant) or by
+// digest; everything else, another tenant's snapshot, an admin's
+// snapshot, a tag or digest that names nothing, gets one answer,
+// errNoRef's, which says nothing of whether it exists. Every ref a
+// tenant sends that comes to name a layer (a create's layers and
+// snapshot, a branch's, a call's) is resolved here, once, into the
+// store's tag or full digest the sandbox is then made of.
+
+// scope is what the caller of a request may name.
+type scope struct {
+	w  *worker
+	ns tenant.Namespace // "": the admin
+}
+
+func (w *worker) scopeOf(ctx context.Context) scope {
+	if t := tokenOf(ctx); t != nil && t.Scope != auth.Admin {
+		return scope{w: w, ns: tenant.Of(t.ID)}
+	}
+	return scope{w: w}
+}
+
+func (s scope) admin() bool { return s.ns == "" }
+
+// errNoRef is a tenant's answer for every ref it may not or cannot
+// name, whatever the reason.
+func errNoRef(ref string) error {
+	return fmt.Errorf("no layer or snapshot %s: %w", ref, errdefs.ErrNotFound)
+}
+
+// isDigest says whether ref names a layer by its digest (sha256:HEX or
+// 12 or more hex digits), as layer.Resolve reads it.
+func isDigest(ref string) bool {
+	hexd, ok := strings.CutPrefix(ref, "sha256:")
+	if ok {
+		return true
+	}
+	if len(hexd) < 12 || len(hexd) > 64 {
+		return false
+	}
+	return strings.Trim(hexd, "0123456789abcdef") == ""
+}
+
+// layer resolves a ref the caller names among a sandbox's layers into
+// the ref the sandbox is made of: the tenant's own snapshot's tag, the
+// admin's layer's, or a layer's full digest.
+func (s scope) layer(ctx context.Context, ref string) (string, error) {
+	if s.admin() {
+		return ref, nil
+	}
+	if isDigest(ref) {
+		return s.digest(ctx, ref, false)
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return "", err
+	}
+	own, err := s.ns.Tag(r.String())
+	if err != nil {
+		return "", errNoRef(ref)
+	}
+	if _, err := s.find(ctx, own); err == nil {
+		return own, nil
+	} else if !errdefs.IsNotFound(err) {
+		return "", err
+	}
+	if tenant.Reserved(r.String()) {
+		return "", errNoRef(ref)
+	}
+	f, err := s.find(ctx, r.String())
+	switch {
+	case errdefs.IsNotFound(err):
+		return "", errNoRef(ref)
+	case err != nil:
+		return "", err
+	case f.Kind == layer.KindSnapshot: // the admin's, or a tenant's pushed under another name
+		return "", errNoRef(ref)
+	}
+	return r.String(), nil
+}
+
+// snapshot resolves the snapshot a create or branch starts on: for a
+// tenant, one of its own (by tag or digest).
+func (s scope) snapshot(ctx context.Context, ref string) (string, error) {
+	if s.admin() {
+		return ref, nil
+	}
+	if isDigest(ref) {
+		d, err := s.digest(ctx, ref, true)
+		if errdefs.IsNotFound(err) {
+			return "", errNoSnapshot(ref)
+		}
+		return d, err
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return "", err
+	}
+	own, err := s.ns.Tag(r.String())
+	if err != nil {
+		return "", errNoSnapshot(ref)
+	}
+	if _, err := s.find(ctx, own); errdefs.IsNotFound(err) {
+		return "", errNoSnapshot(ref)
+	} else if err != nil {
+		return "", err
+	}
+	return own, nil
+}
+
+// find looks a tag up where the worker's sandboxes find their layers:
+// the local store, then the remote.
+func (s scope) find(ctx context.Context, tag string) (*lower.Found, error) {
+	return lower.Resolve(ctx, "", s.w.mounter.Source(), tag, "")
+}
+
+// digest finds the one layer ref names by digest among those the
+// tenant may name (its own snapshots only, with snapshots) in the
+// local store, as sha256:HEX.
+func (s scope) digest(ctx context.Context, ref string, snapshots bool) (string, error) {
+	hexd := strings.TrimPrefix(ref, "sha256:")
+	if len(hexd) < 12 || !isDigest(hexd) {
+		return "", fmt.Errorf("bad digest %q: give sha256: and at least 12 hex digits: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	all, err := layer.List(ctx, s.w.mounter.Store)
+	if err != nil {
+		return "", err
+	}
+	var found string
+	for _, i := range all {
+		mine := s.ns.Owns(i.Ref)
+		if !mine && (snapshots || tenant.Reserved(i.Ref) || i.Kind == layer.KindSnapshot) || !strings.HasPrefix(i.Digest.Encoded(), hexd) {
+			continue
+		}
+		if found != "" && found != i.Digest.String() {
+			return "", fmt.Errorf("digest prefix %s is ambiguous: give more digits: %w", ref, errdefs.ErrInvalidArgument)
+		}
+		found = i.Digest.String()
+	}
+	if found == "" {
+		return "", errNoRef(ref)
+	}
+	return found, nil
+}
+
+// newTag is the store tag a snapshot the caller packs gets: for a
+// tenant, in its namespace.
+func (s scope) newTag(tag string) (layer.Ref, error) {
+	r, err := layer.ParseRef(tag)
+	if err != nil || s.admin() {
+		return r, err
+	}
+	own, err := s.ns.Tag(r.String())
+	if err != nil {
+		return layer.Ref{}, err
+	}
+	return layer.ParseRef(own)
+}
+
+// snapshotTag is the store tag of a snapshot the caller names to see or
+// remove it; ok is false when the caller may not (its answer is
+// errNoSnapshot).
+func (s scope) snapshotTag(ref string) (string, bool) {
+	if s.admin() {
+		return ref, true
+	}
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return ref, false
+	}
+	own, err := s.ns.Tag(r.String())
+	return own, err == nil
+}
+
+// owns says whether the caller may see the snapshot tagged tag.
+func (s scope) owns(tag string) bool { return s.admin() || s.ns.Owns(tag) }
+
+// show is a store ref as the caller sees it: a tenant's own without
+// its namespace.
+func (s scope) show(ref string) string {
+	if s.admin() {
+		return ref
+	}
+	return s.ns.Show(ref)
+}
+
+func (s scope) showAll(refs []string) []string {
+	if s.admin() || refs == nil {
+		return refs
+	}
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		out[i] = s.show(r)
+	}
+	return out
+}
+
+// showSandbox is a sandbox's description as the caller sees it.
+func (s scope) showSandbox(sb api.Sandbox) api.Sandbox {
+	sb.Layers, sb.Snapshot = s.showAll(sb.Layers), s.show(sb.Snapshot)
+	return sb
+}
+
+// showSnapshot is a snapshot as the caller sees it.
+func (s scope) showSnapshot(sn api.Snapshot) api.Snapshot {
+	sn.Name, sn.Parent, sn.Layers = s.show(sn.Name), s.show(sn.Parent), s.showAll(sn.Layers)
+	return sn
+}
+
+// resolveSpec resolves the layers and snapshot of a create the caller
+// asks for, in place (a template's or a pool's, the admin's, are not
+// the caller's: trusted).
+func (s scope) resolveSpec(ctx context.Context, spec *api.SandboxSpec) error {
+	if s.admin() {
+		return nil
+	}
+	layers := slices.Clone(spec.Layers)
+	for i, ref := range layers {
+		r, err := s.layer(ctx, ref)
+		if err != nil {
+			return err
+		}
+		layers[i] = r
+	}
+	if spec.Snapshot != "" {
+		r, err := s.snapshot(ctx, spec.Snapshot)
+		if err != nil {
+			return err
+		}
+		spec.Snapshot = r
+	}
+	spec.Layers = layers
+	return nil
+}

@@ -1,0 +1,800 @@
+package sdk_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	fspb "github.com/dsec-project/dsec/internal/e2b/envd/filesystem"
+	"github.com/dsec-project/dsec/internal/e2b/envd/filesystem/filesystemconnect"
+	pb "github.com/dsec-project/dsec/internal/e2b/envd/process"
+	"github.com/dsec-project/dsec/internal/e2b/envd/process/processconnect"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/internal/snap"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// The tenancy suite: tenants (tokens of scope sandboxes) share one
+// worker over TCP with TLS and over its E2B front (TLS, HTTP/2), and
+// each tries every route with the other's names, IDs, digests, digest
+// prefixes and tags. What a tenant may not see answers exactly as what
+// does not exist.
+
+// tenancy is the suite's worker and what each party holds on it.
+type tenancy struct {
+	root, addr, front, certs string
+	w                        *runtimetest.Worker
+	local                    *sdk.Client // the admin, on the unix socket
+	ids                      map[string]string
+	tokens                   map[string]string // party: token
+	c                        map[string]*sdk.Client
+}
+
+const tenancyPerToken = 8 // api.max_requests_per_token of the suite's worker
+
+func newTenancy(t *testing.T) *tenancy {
+	t.Helper()
+	certs := t.TempDir()
+	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	te := &tenancy{addr: freeAddr(t), front: freeAddr(t), certs: certs, ids: map[string]string{}, tokens: map[string]string{}, c: map[string]*sdk.Client{}}
+	te.root = t.TempDir()
+	runtimetest.Layers(t, te.root)
+	// A root left open by an earlier layer build: the worker makes it
+	// private as it starts.
+	for _, p := range []string{te.root, filepath.Join(te.root, "store")} {
+		os.Chmod(p, 0o755)
+	}
+	cfg := runtimetest.Config{Listen: []string{"tcp://" + te.addr},
+		TLS: worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)},
+		E2B: worker.E2B{Listen: te.front, Templates: map[string]api.SandboxSpec{
+			"base":     {Layers: []string{"bb:1"}},
+			"adm-tmpl": {Snapshot: "adm-snap:1"}, // the admin's snapshot, offered as a template
+		}},
+		Pools:               []worker.PoolConfig{{Name: "p", Size: 1, Spec: api.SandboxSpec{Layers: []string{"bb:1"}}}},
+		MaxRequestsPerToken: tenancyPerToken,
+		SnapLimits:          snap.Limits{MaxBytes: 1 << 20},
+	}
+	te.w, te.local = setupAt(t, te.root, cfg)
+	for _, p := range []string{te.root, filepath.Join(te.root, "store")} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s after the worker's start: %v %v", p, fi.Mode(), err)
+		}
+	}
+	for party, spec := range map[string]auth.Spec{
+		"a": {Scope: auth.Sandboxes}, "b": {Scope: auth.Sandboxes}, "admin": {Scope: auth.Admin},
+		"free":   {Scope: auth.Sandboxes, Allow: []string{auth.AllowPolicy, auth.AllowUnlimited}},
+		"quota":  {Scope: auth.Sandboxes, Quota: auth.Quota{Sandboxes: 2, Memory: 1 << 30}},
+		"snapq":  {Scope: auth.Sandboxes, Quota: auth.Quota{SnapshotBytes: 64 << 10}},
+		"slots1": {Scope: auth.Sandboxes},
+	} {
+		secret, tok, err := auth.Open(te.root).New(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		te.tokens[party], te.ids[party] = secret, tok.ID
+		te.c[party] = remote(t, te.addr, certs, secret, false)
+	}
+	return te
+}
+
+// tlsHTTP is an HTTP client that trusts the suite's CA (HTTP/2 where
+// the server offers it).
+func (te *tenancy) tlsHTTP(t *testing.T) *http.Client {
+	b, err := os.ReadFile(filepath.Join(te.certs, auth.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(b)
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
+}
+
+// e2bDo sends a control plane request to the front with key.
+func (te *tenancy) e2bDo(t *testing.T, hc *http.Client, method, path, key string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "https://"+te.front+path, r)
+	if key != "" {
+		req.Header.Set("X-API-KEY", key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
+}
+
+// e2bCreate makes an E2B sandbox of template with key: its id and envd
+// access token.
+func (te *tenancy) e2bCreate(t *testing.T, hc *http.Client, key, template string) (string, string) {
+	t.Helper()
+	code, body := te.e2bDo(t, hc, "POST", "/sandboxes", key, map[string]any{"templateID": template})
+	if code != http.StatusCreated {
+		t.Fatalf("e2b create %s: %d %s", template, code, body)
+	}
+	var a struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	json.Unmarshal(body, &a)
+	return a.SandboxID, a.EnvdAccessToken
+}
+
+// envd is a Connect client of sandbox id's envd with token.
+func (te *tenancy) envd(hc *http.Client, id, token string) (processconnect.ProcessClient, filesystemconnect.FilesystemClient) {
+	i := connect.WithInterceptors(headers{"E2b-Sandbox-Id": id, "X-Access-Token": token})
+	return processconnect.NewProcessClient(hc, "https://"+te.front, i), filesystemconnect.NewFilesystemClient(hc, "https://"+te.front, i)
+}
+
+// headers sets a client's requests' headers.
+type headers map[string]string
+
+func (h headers) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+		for k, v := range h {
+			r.Header().Set(k, v)
+		}
+		return next(ctx, r)
+	}
+}
+
+func (h headers) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, s connect.Spec) connect.StreamingClientConn {
+		c := next(ctx, s)
+		for k, v := range h {
+			c.RequestHeader().Set(k, v)
+		}
+		return c
+	}
+}
+
+func (h headers) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// statOK stats / in a sandbox through envd.
+func statOK(fsc filesystemconnect.FilesystemClient) error {
+	_, err := fsc.Stat(context.Background(), connect.NewRequest(&fspb.StatRequest{Path: "/"}))
+	return err
+}
+
+// run1 runs a command through envd and returns its stdout.
+func run1(pc processconnect.ProcessClient, script string) (string, error) {
+	st, err := pc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "sh", Args: []string{"-c", script}}}))
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	var out bytes.Buffer
+	for st.Receive() {
+		if d := st.Msg().GetEvent().GetData(); d != nil {
+			out.Write(d.GetStdout())
+		}
+	}
+	return out.String(), st.Err()
+}
+
+// sameAnswer: err, a call about what another tenant holds (named by
+// name), is not found and reads as err0, the same call about a name
+// that names nothing (fake): nothing tells the two apart.
+func sameAnswer(t *testing.T, what string, err, err0 error, name, fake string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: it worked", what)
+		return
+	}
+	if err0 == nil {
+		t.Errorf("%s: the fake %s worked", what, fake)
+		return
+	}
+	if !errdefs.IsNotFound(err) && !errdefs.IsPermissionDenied(err) && !errdefs.IsInvalidArgument(err) {
+		t.Errorf("%s: %v, want not found", what, err)
+	}
+	if got, want := strings.ReplaceAll(err.Error(), name, fake), err0.Error(); got != want {
+		t.Errorf("%s: told apart from nothing:\n  %s\n  %s", what, got, want)
+	}
+}
+
+// randHex is n random hex digits.
+func randHex(n int) string {
+	b := make([]byte, (n+1)/2)
+	rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+// TestTenancy: see the suite's comment above.
+func TestTenancy(t *testing.T) {
+	te := newTenancy(t)
+	ctx := context.Background()
+	a, b, admin := te.c["a"], te.c["b"], te.c["admin"]
+	hc := te.tlsHTTP(t)
+
+	// What A holds: a sandbox, a step, snapshots (one under the tag of
+	// a base layer: a squat), and an E2B sandbox.
+	asb, err := a.Create(ctx, api.SandboxSpec{Name: "a-sb", Layers: []string{"ws:1", "bb:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, asb, "a-step", "echo secret-a > /work/secret; echo trojan > /etc/answer; echo out-a"); out != "out-a\n" {
+		t.Fatalf("a's step: %q", out)
+	}
+	asnap, err := asb.PackDiff(ctx, api.PackRequest{Tag: "a-snap:1"})
+	if err != nil || asnap.Name != "a-snap:1" {
+		t.Fatalf("a's snapshot: %+v %v", asnap, err)
+	}
+	if _, err := asb.PackDiff(ctx, api.PackRequest{Tag: "bb:2"}); err != nil {
+		t.Fatalf("a's snapshot tagged bb:2: %v", err)
+	}
+	ahex := strings.TrimPrefix(asnap.Digest, "sha256:")
+	aeID, aeToken := te.e2bCreate(t, hc, te.tokens["a"], "base")
+	// The admin's: a snapshot, made over the socket.
+	adm, err := te.local.Create(ctx, api.SandboxSpec{Name: "adm-sb", Layers: []string{"bb:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, adm, "w", "echo admin-secret > /root/secret")
+	admSnap, err := adm.PackDiff(ctx, api.PackRequest{Tag: "adm-snap:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B's own sandbox, to try A's exec ids and files from.
+	bsb, err := b.Create(ctx, api.SandboxSpec{Name: "b-sb", Layers: []string{"bb:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("refs", func(t *testing.T) {
+		// Every way B may name A's snapshot, or the admin's, and a name
+		// of the same shape that names nothing.
+		other := randHex(64)
+		refs := []struct{ name, ref, fake string }{
+			{"a's tag", "a-snap:1", "zz-snap:1"},
+			{"a's tag in its namespace", "tenants/" + te.ids["a"] + "/a-snap:1", "tenants/" + te.ids["a"] + "/zz-snap:1"},
+			{"a's digest", asnap.Digest, "sha256:" + other},
+			{"a's digest, bare", ahex, other},
+			{"a's digest prefix", ahex[:12], other[:12]},
+			{"the admin's snapshot", "adm-snap:1", "zz-snap:1"},
+			{"the admin's snapshot's digest prefix", strings.TrimPrefix(admSnap.Digest, "sha256:")[:16], other[:16]},
+		}
+		routes := []struct {
+			name string
+			call func(ref string) error
+		}{
+			{"create on layers", func(ref string) error {
+				_, err := b.Create(ctx, api.SandboxSpec{Layers: []string{ref, "bb:1"}})
+				return err
+			}},
+			{"create on a snapshot", func(ref string) error {
+				_, err := b.Create(ctx, api.SandboxSpec{Snapshot: ref})
+				return err
+			}},
+			{"branch", func(ref string) error {
+				_, err := b.Branch(ctx, api.BranchRequest{Snapshot: ref, N: 2, NamePrefix: "br"})
+				return err
+			}},
+			{"call", func(ref string) error {
+				_, err := b.Call(ctx, sdk.CallOptions{Spec: &api.SandboxSpec{Layers: []string{ref, "bb:1"}}, ExecOptions: sdk.ExecOptions{Args: []string{"cat", "/work/secret"}}})
+				return err
+			}},
+			{"remove snapshot", func(ref string) error { return b.RemoveSnapshot(ctx, ref, true) }},
+			{"e2b create", func(ref string) error {
+				code, body := te.e2bDo(t, hc, "POST", "/sandboxes", te.tokens["b"], map[string]any{"templateID": ref})
+				if code == http.StatusCreated {
+					return nil
+				}
+				var e struct{ Message string }
+				json.Unmarshal(body, &e)
+				if code == http.StatusNotFound {
+					return fmt.Errorf("%s: %w", e.Message, errdefs.ErrNotFound)
+				}
+				return fmt.Errorf("%d %s", code, e.Message)
+			}},
+		}
+		for _, r := range refs {
+			for _, route := range routes {
+				sameAnswer(t, route.name+" with "+r.name, route.call(r.ref), route.call(r.fake), r.ref, r.fake)
+			}
+		}
+		if l, err := b.List(ctx); err != nil || len(l) != 1 || l[0].Name != "b-sb" {
+			t.Errorf("b lists %+v %v", l, err)
+		}
+		if s, err := b.Snapshots(ctx); err != nil || len(s) != 0 {
+			t.Errorf("b's snapshots: %+v %v", s, err)
+		}
+		// A names its own, by tag, digest and prefix, and sees its own
+		// names (never the namespace).
+		for _, ref := range []string{"a-snap:1", asnap.Digest, ahex[:12]} {
+			sb, err := a.Create(ctx, api.SandboxSpec{Snapshot: ref})
+			if err != nil {
+				t.Fatalf("a restores its snapshot by %s: %v", ref, err)
+			}
+			if out, _ := run(t, sb, "r", "cat /work/secret"); out != "secret-a\n" {
+				t.Errorf("a's restore by %s: %q", ref, out)
+			}
+			if info, _ := sb.Inspect(ctx); ref == "a-snap:1" && info.Snapshot != "a-snap:1" {
+				t.Errorf("a sees its sandbox on %q", info.Snapshot)
+			}
+			sb.Remove(ctx, true)
+		}
+		if s, _ := a.Snapshots(ctx); len(s) != 2 || s[0].Name != "a-snap:1" && s[1].Name != "a-snap:1" {
+			t.Errorf("a's snapshots: %+v", s)
+		}
+		// The admin sees A's by their whole tags.
+		all, _ := admin.Snapshots(ctx)
+		var whole []string
+		for _, n := range all {
+			whole = append(whole, n.Name)
+		}
+		if !strings.Contains(strings.Join(whole, " "), "tenants/"+te.ids["a"]+"/a-snap:1") {
+			t.Errorf("the admin's snapshot list: %v", whole)
+		}
+		// B may use what the admin built, by tag or digest prefix, and
+		// the admin's snapshot only through the template that offers it.
+		bb, err := layer.Resolve(ctx, mustStore(t, te.root), "bb:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := b.Create(ctx, api.SandboxSpec{Layers: []string{bb.Digest.Encoded()[:12]}})
+		if err != nil {
+			t.Fatalf("b on the admin's layer by a digest prefix: %v", err)
+		}
+		sb.Remove(ctx, true)
+		id, _ := te.e2bCreate(t, hc, te.tokens["b"], "adm-tmpl")
+		if err := b.Sandbox(id).Remove(ctx, true); err != nil {
+			t.Errorf("b's sandbox of the admin's template: %v", err)
+		}
+		if res, err := b.Call(ctx, sdk.CallOptions{Pool: "p", ExecOptions: sdk.ExecOptions{Args: []string{"true"}}}); err != nil || res.ExitCode != 0 {
+			t.Errorf("b's call in the admin's pool: %+v %v", res, err)
+		}
+	})
+
+	t.Run("squatting", func(t *testing.T) {
+		// A's bb:2 is A's alone: B finds none, the admin builds its own.
+		_, err := b.Create(ctx, api.SandboxSpec{Layers: []string{"bb:2"}})
+		if !errdefs.IsNotFound(err) {
+			t.Fatalf("b on bb:2 before the admin built one: %v", err)
+		}
+		s := mustStore(t, te.root)
+		base := layertest.BusyboxRoot(t, t.TempDir())
+		os.WriteFile(filepath.Join(base, "etc", "answer"), []byte("admin's 2\n"), 0o644)
+		ref, _ := layer.ParseRef("bb:2")
+		if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: base, Kind: layer.KindBase, Ref: ref}); err != nil {
+			t.Fatalf("the admin's layer build -t bb:2: %v", err)
+		}
+		for who, spec := range map[string]api.SandboxSpec{"b": {Layers: []string{"bb:2", "bb:1"}}, "a": {Snapshot: "bb:2"}} {
+			want := map[string]string{"b": "admin's 2\n", "a": "trojan\n"}[who]
+			sb, err := te.c[who].Create(ctx, spec)
+			if err != nil {
+				t.Fatalf("%s on bb:2: %v", who, err)
+			}
+			if out, _ := run(t, sb, "c", "cat /etc/answer"); out != want {
+				t.Errorf("%s's bb:2 says %q, want %q", who, out, want)
+			}
+			sb.Remove(ctx, true)
+		}
+		// A tag in another's namespace is refused as any such tag.
+		fakeID := randHex(12)
+		_, e1 := bsb.PackDiff(ctx, api.PackRequest{Tag: "tenants/" + te.ids["a"] + "/a-snap:1"})
+		_, e2 := bsb.PackDiff(ctx, api.PackRequest{Tag: "tenants/" + fakeID + "/a-snap:1"})
+		if !errdefs.IsInvalidArgument(e1) || e2 == nil || strings.ReplaceAll(e1.Error(), te.ids["a"], fakeID) != e2.Error() {
+			t.Errorf("b packs into a's namespace: %v / %v", e1, e2)
+		}
+	})
+
+	t.Run("sandbox routes", func(t *testing.T) {
+		routes := []struct {
+			name string
+			call func(sb *sdk.Sandbox) error
+		}{
+			{"inspect", func(sb *sdk.Sandbox) error { _, err := sb.Inspect(ctx); return err }},
+			{"stop", func(sb *sdk.Sandbox) error { return sb.Stop(ctx) }},
+			{"start", func(sb *sdk.Sandbox) error { return sb.Start(ctx) }},
+			{"pause", func(sb *sdk.Sandbox) error { return sb.Pause(ctx) }},
+			{"resume", func(sb *sdk.Sandbox) error { return sb.Resume(ctx) }},
+			{"evict", func(sb *sdk.Sandbox) error { return sb.Evict(ctx) }},
+			{"exec", func(sb *sdk.Sandbox) error {
+				_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "a-step", Args: []string{"true"}})
+				return err
+			}},
+			{"logs", func(sb *sdk.Sandbox) error {
+				_, err := sb.Logs(ctx, "a-step", false, io.Discard, io.Discard)
+				return err
+			}},
+			{"signal", func(sb *sdk.Sandbox) error { return sb.Signal(ctx, "a-step", syscall.SIGKILL) }},
+			{"write", func(sb *sdk.Sandbox) error { return sb.WriteFile(ctx, "/work/x", strings.NewReader("x"), 0o644) }},
+			{"read", func(sb *sdk.Sandbox) error { return sb.ReadFile(ctx, "/work/secret", io.Discard) }},
+			{"stat", func(sb *sdk.Sandbox) error { _, err := sb.Stat(ctx, "/work/secret", false); return err }},
+			{"list", func(sb *sdk.Sandbox) error { _, err := sb.ListDir(ctx, "/work", 1); return err }},
+			{"mkdir", func(sb *sdk.Sandbox) error { _, err := sb.MakeDir(ctx, "/work/d", true); return err }},
+			{"rename", func(sb *sdk.Sandbox) error { _, err := sb.Rename(ctx, "/work/secret", "/work/s2"); return err }},
+			{"rm path", func(sb *sdk.Sandbox) error { return sb.RemovePath(ctx, "/work/secret", false) }},
+			{"copy from", func(sb *sdk.Sandbox) error {
+				s, _, err := sb.CopyFrom(ctx, "/work", sdk.CopyFromOptions{})
+				if s != nil {
+					s.Close()
+				}
+				return err
+			}},
+			{"copy to", func(sb *sdk.Sandbox) error {
+				_, err := sb.CopyTo(ctx, "/work", bytes.NewReader(emptyTar()), false)
+				return err
+			}},
+			{"pack", func(sb *sdk.Sandbox) error { _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "stolen:1"}); return err }},
+			{"policy", func(sb *sdk.Sandbox) error {
+				_, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy"}})
+				return err
+			}},
+			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
+		}
+		for _, r := range routes {
+			for _, target := range []string{"a-sb", "adm-sb", aeID} {
+				sameAnswer(t, r.name+" of "+target, r.call(b.Sandbox(target)), r.call(b.Sandbox("zz-sb")), target, "zz-sb")
+			}
+		}
+		// A's step is A's: B's own sandbox has no exec of that id.
+		if _, err := bsb.Logs(ctx, "a-step", false, io.Discard, io.Discard); !errdefs.IsNotFound(err) {
+			t.Errorf("a's exec id in b's sandbox: %v", err)
+		}
+		// Still there, untouched.
+		if out, _ := run(t, asb, "check", "cat /work/secret"); out != "secret-a\n" {
+			t.Errorf("a's sandbox after b's tries: %q", out)
+		}
+	})
+
+	t.Run("e2b routes", func(t *testing.T) {
+		fake := "zz" + randHex(18)
+		for _, r := range []struct{ method, path string }{
+			{"GET", "/sandboxes/%s"}, {"DELETE", "/sandboxes/%s"}, {"POST", "/sandboxes/%s/timeout"}, {"POST", "/sandboxes/%s/refreshes"},
+			{"POST", "/sandboxes/%s/pause"}, {"POST", "/sandboxes/%s/resume"}, {"POST", "/sandboxes/%s/connect"},
+			{"GET", "/sandboxes/%s/metrics"}, {"POST", "/sandboxes/%s/fork"}, {"POST", "/sandboxes/%s/snapshots"},
+		} {
+			body := map[string]any{"timeout": 60}
+			code, got := te.e2bDo(t, hc, r.method, fmt.Sprintf(r.path, aeID), te.tokens["b"], body)
+			code0, want := te.e2bDo(t, hc, r.method, fmt.Sprintf(r.path, fake), te.tokens["b"], body)
+			if code != http.StatusNotFound || code0 != code || strings.ReplaceAll(string(got), aeID, fake) != string(want) {
+				t.Errorf("b %s %s: %d %s / %d %s", r.method, r.path, code, got, code0, want)
+			}
+		}
+		// envd with B's key, and with A's sandbox's access token on
+		// another of A's sandboxes.
+		pc, fsc := te.envd(hc, aeID, te.tokens["b"])
+		if _, err := run1(pc, "cat /etc/hostname"); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("b runs a command in a's e2b sandbox: %v", err)
+		}
+		if err := statOK(fsc); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Errorf("b stats in a's e2b sandbox: %v", err)
+		}
+		if !strings.HasPrefix(aeToken, "envd_") || strings.Contains(aeToken, te.tokens["a"][5:]) {
+			t.Errorf("a's envdAccessToken %q is not a sandbox's own", aeToken)
+		}
+		if _, fsc := te.envd(hc, aeID, aeToken); statOK(fsc) != nil {
+			t.Error("a's access token does not open its sandbox")
+		}
+		other, _ := te.e2bCreate(t, hc, te.tokens["a"], "base")
+		if _, fsc := te.envd(hc, other, aeToken); connect.CodeOf(statOK(fsc)) != connect.CodeUnauthenticated {
+			t.Errorf("a's access token on a's other sandbox: %v", statOK(fsc))
+		}
+		if code, _ := te.e2bDo(t, hc, "GET", "/sandboxes", aeToken, nil); code != http.StatusUnauthorized {
+			t.Errorf("an access token on the control plane: %d", code)
+		}
+		// The front speaks HTTP/2 over TLS.
+		resp, err := hc.Get("https://" + te.front + "/health")
+		if err != nil || resp.ProtoMajor != 2 {
+			t.Errorf("the E2B front over TLS: %v %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+		b.Sandbox(other).Remove(ctx, true)
+		te.c["a"].Sandbox(other).Remove(ctx, true)
+	})
+
+	t.Run("before the key", func(t *testing.T) {
+		// No key, and a body that never comes: answered 401 at once,
+		// on the TCP API, the control plane and envd alike.
+		for _, c := range []struct{ name, url string }{
+			{"api", "https://" + te.addr + "/v1/sandboxes"},
+			{"control", "https://" + te.front + "/sandboxes"},
+			{"envd", "https://" + te.front + "/process.Process/Start"},
+		} {
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", c.url, pr)
+			req.Header.Set("E2b-Sandbox-Id", aeID)
+			req.Header.Set("Content-Type", "application/connect+proto")
+			t0 := time.Now()
+			resp, err := hc.Do(req)
+			pw.Close()
+			if err != nil || time.Since(t0) > 5*time.Second {
+				t.Errorf("%s without a key: %v after %v", c.name, err, time.Since(t0))
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized && !strings.Contains(string(body), `"unauthenticated"`) {
+				t.Errorf("%s without a key: %d %s", c.name, resp.StatusCode, body)
+			}
+		}
+		// A gzip bomb: without a key it is never read; with one, for
+		// the key's own sandbox, it is read only up to the bound.
+		var bomb bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&bomb, gzip.BestCompression)
+		zw.Write(make([]byte, 256<<20))
+		zw.Close()
+		hwm := func() int64 {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", te.w.Pid()))
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+					n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+					return n << 10
+				}
+			}
+			return 0
+		}
+		before := hwm()
+		for _, key := range []string{"", "dsec_" + strings.Repeat("0", 40), aeToken} {
+			env := make([]byte, 5, 5+bomb.Len())
+			env[0] = 1 // compressed
+			binary.BigEndian.PutUint32(env[1:], uint32(bomb.Len()))
+			req, _ := http.NewRequest("POST", "https://"+te.front+"/process.Process/Start", bytes.NewReader(append(env, bomb.Bytes()...)))
+			req.Header.Set("E2b-Sandbox-Id", aeID)
+			req.Header.Set("Content-Type", "application/connect+proto")
+			req.Header.Set("Connect-Content-Encoding", "gzip")
+			req.Header.Set("Connect-Protocol-Version", "1")
+			req.Header.Set("Connect-Accept-Encoding", "identity")
+			req.Header.Set("X-Access-Token", key)
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = connectMessages(body)
+			if key != aeToken && !strings.Contains(string(body), `"unauthenticated"`) || key == aeToken && !strings.Contains(string(body), "resource_exhausted") {
+				t.Errorf("a gzip bomb with key %q: %d %s", key, resp.StatusCode, body)
+			}
+		}
+		if grew := hwm() - before; grew > 64<<20 {
+			t.Errorf("a gzip bomb grew the worker by %d MiB", grew>>20)
+		}
+		// Keys that are not: no descriptor is kept for each.
+		fds := func() int { e, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", te.w.Pid())); return len(e) }
+		n0 := fds()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for range 600 {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				code, _ := te.e2bDo(t, hc, "GET", "/sandboxes", "e2b_"+randHex(40), nil)
+				if code != http.StatusUnauthorized {
+					t.Errorf("a random key: %d", code)
+				}
+			})
+		}
+		wg.Wait()
+		hc.CloseIdleConnections()
+		if n := fds(); n > n0+32 {
+			t.Errorf("600 random keys took the worker from %d descriptors to %d", n0, n)
+		}
+	})
+
+	t.Run("stale record", func(t *testing.T) {
+		// A's E2B sandbox gets a timeout, and is removed outside E2B; B
+		// makes one of the same name: the front neither kills it nor
+		// answers 404 for it.
+		id, _ := te.e2bCreate(t, hc, te.tokens["a"], "base")
+		if code, body := te.e2bDo(t, hc, "POST", "/sandboxes/"+id+"/timeout", te.tokens["a"], map[string]any{"timeout": 1}); code != http.StatusNoContent {
+			t.Fatalf("timeout: %d %s", code, body)
+		}
+		if err := a.Sandbox(id).Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := b.Create(ctx, api.SandboxSpec{Name: id, Layers: []string{"bb:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Second) // the front checks timeouts every second
+		if _, err := sb.Inspect(ctx); err != nil {
+			t.Fatalf("b's sandbox of a's old name: %v", err)
+		}
+		if _, fsc := te.envd(hc, id, te.tokens["b"]); statOK(fsc) != nil {
+			t.Errorf("envd for b's sandbox of a's old name: %v", statOK(fsc))
+		}
+		sb.Remove(ctx, true)
+	})
+
+	t.Run("request slots", func(t *testing.T) {
+		// One token holds its bound of streams: its next request is
+		// busy, another's goes through.
+		slots := te.c["slots1"]
+		sb, err := slots.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.Exec(ctx, sdk.ExecOptions{ID: "long", Args: []string{"sleep", "60"}, Detach: true}); err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for range tenancyPerToken {
+			wg.Go(func() { sb.Logs(sctx, "long", true, io.Discard, io.Discard) })
+		}
+		var busy error
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if _, busy = sb.Inspect(ctx); errdefs.IsResourceExhausted(busy) {
+				break
+			}
+		}
+		if !errdefs.IsResourceExhausted(busy) || !strings.Contains(busy.Error(), "this token") {
+			t.Errorf("a token past its bound: %v", busy)
+		}
+		if _, err := asb.Inspect(ctx); err != nil {
+			t.Errorf("another token meanwhile: %v", err)
+		}
+		cancel()
+		wg.Wait()
+		sb.Remove(ctx, true)
+	})
+
+	t.Run("allowances", func(t *testing.T) {
+		if err := te.local.SavePolicy(ctx, "stored", &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy"}); err != nil {
+			t.Fatal(err)
+		}
+		free := te.c["free"]
+		for who, ok := range map[string]bool{"b": false, "free": true} {
+			c := te.c[who]
+			_, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy"}})
+			if (err == nil) != ok || !ok && !errdefs.IsPermissionDenied(err) {
+				t.Errorf("%s gives a policy of its own: %v", who, err)
+			}
+			_, err = c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Memory: api.Unlimited})
+			if (err == nil) != ok || !ok && !errdefs.IsPermissionDenied(err) {
+				t.Errorf("%s asks for unlimited memory: %v", who, err)
+			}
+			sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, PolicyName: "stored"})
+			if err != nil {
+				t.Fatalf("%s names a stored policy: %v", who, err)
+			}
+			_, err = sb.ApplyPolicy(ctx, api.PolicyRequest{Name: "stored"})
+			if (err == nil) != ok || !ok && !errdefs.IsPermissionDenied(err) {
+				t.Errorf("%s applies a policy: %v", who, err)
+			}
+		}
+		l, _ := free.List(ctx)
+		for _, sb := range l {
+			free.Sandbox(sb.Name).Remove(ctx, true)
+		}
+		l, _ = b.List(ctx)
+		for _, sb := range l {
+			if sb.Name != "b-sb" {
+				b.Sandbox(sb.Name).Remove(ctx, true)
+			}
+		}
+		// Pools and stored policies: what B may use, without others' use.
+		pools, err := b.Pools(ctx)
+		if err != nil || len(pools) != 1 || pools[0].Calls != 0 {
+			t.Errorf("b's pools: %+v %v", pools, err)
+		}
+		if ps, err := b.Policies(ctx); err != nil || len(ps) != 1 {
+			t.Errorf("b's policies: %+v %v", ps, err)
+		}
+	})
+
+	t.Run("quotas", func(t *testing.T) {
+		q := te.c["quota"]
+		for i := range 2 {
+			if _, err := q.Create(ctx, api.SandboxSpec{Name: "q" + strconv.Itoa(i), Layers: []string{"bb:1"}, Memory: 256 << 20}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := q.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Memory: 256 << 20}); !errdefs.IsResourceExhausted(err) {
+			t.Errorf("a third sandbox: %v", err)
+		}
+		q.Sandbox("q0").Remove(ctx, true)
+		if _, err := q.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Memory: 1 << 30}); !errdefs.IsResourceExhausted(err) {
+			t.Errorf("past the memory quota: %v", err)
+		}
+		q.Sandbox("q1").Remove(ctx, true)
+
+		s := te.c["snapq"]
+		sb, err := s.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "s:1"}); err != nil {
+			t.Fatalf("a small snapshot: %v", err)
+		}
+		run(t, sb, "big", "head -c 200000 /dev/urandom > /root/big")
+		if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "s:2"}); !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "quota") {
+			t.Errorf("past the snapshot quota: %v", err)
+		}
+		if l, _ := s.Snapshots(ctx); len(l) != 1 {
+			t.Errorf("snapshots after the refused pack: %+v", l)
+		}
+		// A request may lower the worker's pack bound (1 MiB here),
+		// never raise it; the admin may.
+		run(t, asb, "2m", "head -c 2000000 /dev/urandom > /root/two")
+		if _, err := asb.PackDiff(ctx, api.PackRequest{Tag: "a-big:1", MaxBytes: 100 << 20}); err == nil || !strings.Contains(err.Error(), "max-bytes") {
+			t.Errorf("a tenant raises the pack bound: %v", err)
+		}
+		if _, err := te.local.Sandbox("a-sb").PackDiff(ctx, api.PackRequest{Tag: "a-big:1", MaxBytes: 100 << 20}); err != nil {
+			t.Errorf("the admin raises the pack bound: %v", err)
+		}
+		sb.Remove(ctx, true)
+	})
+
+	for _, c := range []*sdk.Sandbox{asb, bsb, adm} {
+		te.local.Sandbox(c.Name).Remove(ctx, true)
+	}
+	te.local.Sandbox(aeID).Remove(ctx, true)
+	if l, err := te.local.List(ctx); err != nil || len(l) != 0 {
+		t.Errorf("left: %+v %v", l, err)
+	}
+}
+
+func mustStore(t *testing.T, root string) *store.Store {
+	t.Helper()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// connectMessages is what a Connect stream's messages hold, each
+// decompressed.
+func connectMessages(b []byte) []byte {
+	var out []byte
+	for len(b) >= 5 {
+		flags, n := b[0], int(binary.BigEndian.Uint32(b[1:5]))
+		if len(b) < 5+n {
+			break
+		}
+		m := b[5 : 5+n]
+		if flags&1 != 0 {
+			if zr, err := gzip.NewReader(bytes.NewReader(m)); err == nil {
+				m, _ = io.ReadAll(zr)
+			}
+		}
+		out = append(out, m...)
+		b = b[5+n:]
+	}
+	return out
+}
+
+// emptyTar is a tar stream of nothing.
+func emptyTar() []byte { return make([]byte, 1024) }
