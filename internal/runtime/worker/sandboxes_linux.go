@@ -142,6 +142,10 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	defer e.op.Unlock()
 	w.mu.Lock()
 	for {
+		if w.stopping {
+			w.mu.Unlock()
+			return nil, errStopping
+		}
 		old, taken := w.sandboxes[spec.Name]
 		if !taken {
 			break
@@ -160,7 +164,9 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		w.mu.Lock()
 	}
 	w.sandboxes[spec.Name] = e
+	w.making.Add(1) // before stopMaking waits: w.stopping is false
 	w.mu.Unlock()
+	defer w.making.Done()
 	forget := func() {
 		w.mu.Lock()
 		delete(w.sandboxes, spec.Name)
