@@ -3,9 +3,11 @@ package sdk_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
@@ -182,4 +185,52 @@ func heldBy(line, id string) bool {
 	layerDir := filepath.Dir(mnt)
 	_, err := os.Stat(filepath.Join(layerDir, "users", id))
 	return err == nil
+}
+
+// TestNextWorkerRaisesParentLimit: the next worker on a root, whose
+// config leaves the host a smaller reserve (a config change, an
+// upgrade), raises the memory limit of all sandboxes together while a
+// sandbox of the last one keeps their parent group, and creates. On
+// cgroup v1 it wrote memory.limit_in_bytes above the memory+swap limit
+// the last one had set, which v1 refuses, and every create failed.
+func TestNextWorkerRaisesParentLimit(t *testing.T) {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	mem := int64(si.Totalram) * int64(si.Unit) // MemTotal, as the worker reads it
+	parent := fmt.Sprintf("dsec-test-raise-%d", os.Getpid())
+	old := cgroup.Parent
+	cgroup.Parent = parent // this process finds the worker's groups too (its cleanup, Leftovers)
+	t.Cleanup(func() { cgroup.Parent = old })
+	cfg := runtimetest.Config{CgroupParent: parent, Admission: worker.Admission{HostReserve: mem - 3<<30, Primed: -1, Spares: -1}}
+	w, c := setupWith(t, cfg)
+	limit := func() int64 {
+		t.Helper()
+		file := filepath.Join(cgroup.Root, "memory", parent, "memory.limit_in_bytes")
+		if _, err := os.Stat(filepath.Join(cgroup.Root, "cgroup.controllers")); err == nil {
+			file = filepath.Join(cgroup.Root, parent, "memory.max")
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	create(t, c, api.SandboxSpec{Name: "kept"})
+	if n := limit(); n != 3<<30 {
+		t.Fatalf("all sandboxes together are bounded by %d, want 3 GiB", n)
+	}
+	w.Stop(t, false)
+	cfg.Admission.HostReserve = 0 // the default
+	w = runtimetest.StartWorkerWith(t, w.Root, cfg)
+	v, err := c.Version(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, c, api.SandboxSpec{Name: "next"})
+	if n := limit(); n != v.Limits.MemoryBytes || n <= 3<<30 {
+		t.Fatalf("all sandboxes together are bounded by %d after the next worker raised it to %d", n, v.Limits.MemoryBytes)
+	}
 }
