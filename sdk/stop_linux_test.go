@@ -3,7 +3,6 @@ package sdk_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -194,15 +193,7 @@ func heldBy(line, id string) bool {
 // cgroup v1 it wrote memory.limit_in_bytes above the memory+swap limit
 // the last one had set, which v1 refuses, and every create failed.
 func TestNextWorkerRaisesParentLimit(t *testing.T) {
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err != nil {
-		t.Fatal(err)
-	}
-	mem := int64(si.Totalram) * int64(si.Unit) // MemTotal, as the worker reads it
-	parent := fmt.Sprintf("dsec-test-raise-%d", os.Getpid())
-	old := cgroup.Parent
-	cgroup.Parent = parent // this process finds the worker's groups too (its cleanup, Leftovers)
-	t.Cleanup(func() { cgroup.Parent = old })
+	mem, parent := hostMemory(t), ownParent(t, "raise")
 	cfg := runtimetest.Config{CgroupParent: parent, Admission: worker.Admission{HostReserve: mem - 3<<30, Primed: -1, Spares: -1}}
 	w, c := setupWith(t, cfg)
 	limit := func() int64 {

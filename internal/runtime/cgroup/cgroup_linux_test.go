@@ -466,6 +466,18 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 	}
 }
 
+// ownParent makes the sandboxes' parent group one of the test's own
+// (not the host's sandboxes'), dsec-test-WHAT-PID, without limits
+// after the test.
+func ownParent(t *testing.T, what string) {
+	old := cgroup.Parent
+	cgroup.Parent = fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
+	t.Cleanup(func() {
+		cgroup.Parent = old
+		cgroup.LimitParent(cgroup.Limits{})
+	})
+}
+
 // TestParentBoundsAllSandboxes: LimitParent bounds every sandbox
 // together, whatever each may use: three sandboxes with no limits of
 // their own, each holding 48 MiB, do not fit a 96 MiB parent; the
@@ -473,12 +485,7 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 // (issue 36).
 func TestParentBoundsAllSandboxes(t *testing.T) {
 	layertest.RequireRoot(t)
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-parent-%d", os.Getpid()) // not the host's sandboxes' parent
-	t.Cleanup(func() {
-		cgroup.Parent = old
-		cgroup.LimitParent(cgroup.Limits{})
-	})
+	ownParent(t, "parent")
 	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
 		t.Fatal(err)
 	}
@@ -562,12 +569,7 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 // checked); on cgroup2 in TestOnPureV2Host's guest.
 func TestLimitsLowerThenRaise(t *testing.T) {
 	layertest.RequireRoot(t)
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-raise-%d", os.Getpid())
-	t.Cleanup(func() {
-		cgroup.Parent = old
-		cgroup.LimitParent(cgroup.Limits{})
-	})
+	ownParent(t, "raise")
 	// The memory limit files of a group of Parent ("": Parent itself).
 	files := func(name string) []string {
 		if isPureV2() {
