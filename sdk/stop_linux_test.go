@@ -37,7 +37,7 @@ var stopWays = []string{"SIGTERM", "shutdown", "SIGKILL"}
 func TestStopTakesWhatWasMadeAhead(t *testing.T) {
 	for _, way := range stopWays {
 		t.Run(way, func(t *testing.T) {
-			stopTakesMadeAhead(t, way, api.SandboxSpec{Layers: []string{"bb:1"}}, 2, runtimetest.Config{})
+			stopTakesMadeAhead(t, way, api.SandboxSpec{Layers: []string{"bb:1"}}, runtimetest.Config{})
 		})
 	}
 }
@@ -50,15 +50,17 @@ func TestMicroVMStopTakesWhatWasMadeAhead(t *testing.T) {
 	tmpl.Layers, tmpl.Memory = []string{"bb:1"}, 256<<20
 	for _, way := range stopWays {
 		t.Run(way, func(t *testing.T) {
-			stopTakesMadeAhead(t, way, tmpl, 1, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
+			stopTakesMadeAhead(t, way, tmpl, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
 		})
 	}
 }
 
 // stopTakesMadeAhead runs a worker with two spares, a primed sandbox and
-// a pool of size of sandboxes of tmpl, and a sandbox of the user's of
-// tmpl, and ends it the way way says.
-func stopTakesMadeAhead(t *testing.T, way string, tmpl api.SandboxSpec, size int, cfg runtimetest.Config) {
+// a pool of two sandboxes of tmpl, and a sandbox of the user's of tmpl,
+// and ends it the way way says: with a warm sandbox of the pool ready
+// and another being made.
+func stopTakesMadeAhead(t *testing.T, way string, tmpl api.SandboxSpec, cfg runtimetest.Config) {
+	const size = 2
 	cfg.Admission = worker.Admission{Spares: 2, Primed: 1}
 	cfg.Pools = []worker.PoolConfig{{Name: "p", Size: size, Spec: tmpl}}
 	w, c := setupWith(t, cfg)
