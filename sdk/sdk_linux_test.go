@@ -319,6 +319,27 @@ func TestBoundedDefaults(t *testing.T) {
 	}
 }
 
+// hostMemory is the host's memory (MemTotal), as the worker reads it.
+func hostMemory(t *testing.T) int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// ownParent is a parent group of the test's own, dsec-test-WHAT-PID,
+// for the sandboxes of the worker it starts (runtimetest.Config's
+// CgroupParent) and for this process (its cleanup and Leftovers find
+// the worker's groups there).
+func ownParent(t *testing.T, what string) string {
+	parent := fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
+	old := cgroup.Parent
+	cgroup.Parent = parent
+	t.Cleanup(func() { cgroup.Parent = old })
+	return parent
+}
+
 // TestPressureFreezesBatch: under memory pressure batch sandboxes give
 // way: a latency sandbox holds 200 MiB and a batch one churns a 160 MiB
 // file through the page cache, under a 300 MiB bound on both (the
@@ -326,15 +347,7 @@ func TestBoundedDefaults(t *testing.T) {
 // stalls that makes freeze the batch sandbox, never the latency one,
 // whose command lives on (issue 36, item 5).
 func TestPressureFreezesBatch(t *testing.T) {
-	var si syscall.Sysinfo_t
-	if err := syscall.Sysinfo(&si); err != nil {
-		t.Fatal(err)
-	}
-	mem := int64(si.Totalram) * int64(si.Unit) // MemTotal, as the worker reads it
-	parent := fmt.Sprintf("dsec-test-pressure-%d", os.Getpid())
-	old := cgroup.Parent
-	cgroup.Parent = parent // this process finds the worker's groups too (its cleanup, Leftovers)
-	t.Cleanup(func() { cgroup.Parent = old })
+	mem, parent := hostMemory(t), ownParent(t, "pressure")
 	_, c := setupWith(t, runtimetest.Config{CgroupParent: parent, Reclaim: worker.Reclaim{Pressure: 5},
 		Admission: worker.Admission{HostReserve: mem - 300<<20, Primed: -1, Spares: -1}})
 	ctx := context.Background()

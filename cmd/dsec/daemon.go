@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -42,6 +43,9 @@ Sandboxes do not depend on the worker: each sandbox's init and each lazy layer's
 is a process of its own. A worker that stops or dies (kill -9 included) leaves them
 running, and the next worker on the root re-adopts them, collects the results of the
 commands that ran meanwhile, and removes the sandboxes a dying worker left half-created.
+What a worker made ahead of need (spare inits, primed sandboxes, FnCall pools' warm
+sandboxes) goes with a worker stopped on purpose (SIGTERM, SIGINT, dsec daemon stop); the
+next worker removes what a killed one left of it.
 Layers missing from the local store are mounted lazily from the configured remote.
 
 With --listen (or listen: in the config) it serves the same API on TCP too, for trainers on
@@ -128,7 +132,15 @@ with E2B-based frameworks" says what maps to what.
 	cmd.AddCommand(&cobra.Command{
 		Use:   "stop",
 		Short: "Ask the root's worker to exit (its sandboxes run on)",
-		Args:  exactArgs(0),
+		Long: `Stop asks the root's worker to exit, waits until it has, and prints its pid. Its
+sandboxes run on, for the next worker to adopt. What it made ahead of need goes with it: its
+spare inits, primed sandboxes and FnCall pools' warm sandboxes (the next worker makes its
+own); creates under way, and those being made ahead, are finished first. Stop waits ` + stopWait.String() + `
+at most; a worker still busy then is an error: kill -9 stops it at once, and the next worker
+on the root removes what it made ahead.
+
+` + exitCodesHelp,
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := sdk.New(sdk.Options{Root: a.cfg.Root})
 			if err != nil {
@@ -142,18 +154,37 @@ with E2B-based frameworks" says what maps to what.
 			if err := c.Shutdown(cmd.Context()); err != nil {
 				return err
 			}
-			// Wait for it to exit: its last act unmounts the layers it
-			// kept mounted for reuse.
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-				if exited(v.Pid) {
-					break
-				}
+			if err := waitExit(cmd.Context(), v.Pid, stopWait); err != nil {
+				return fmt.Errorf("the worker of %s (pid %d) %w", a.cfg.Root, v.Pid, err)
 			}
 			fmt.Fprintln(a.stdout, v.Pid)
 			return nil
 		},
 	})
 	return cmd
+}
+
+// stopWait bounds dsec daemon stop's wait for the worker to exit: it
+// removes what it made ahead, each thing once it is made (a microVM's
+// boot under TCG takes up to its 90 s timeout), and unmounts the layers
+// it kept mounted for reuse.
+const stopWait = 3 * time.Minute
+
+// waitExit waits until process pid has exited, for up to d.
+func waitExit(ctx context.Context, pid int, d time.Duration) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.After(d)
+	for !exited(pid) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("was still exiting when the wait was cut short: %w", ctx.Err())
+		case <-deadline:
+			return fmt.Errorf("has not exited after %v: kill -9 it to stop it now (the next worker removes what it made ahead)", d)
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // e2bTemplates are the config's e2b.templates as sandbox specs.

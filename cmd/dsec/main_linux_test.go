@@ -55,12 +55,14 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			env.Setenv("DSEC_PYTHON", python)
 			e2bTests, _ := filepath.Abs("../../internal/e2b/testdata") // the E2B SDK's, for e2b.txtar
 			env.Setenv("DSEC_E2B_TESTS", e2bTests)
+			clean, _ := filepath.Abs("../../scripts/clean.sh") // make clean's, for stop.txtar
+			env.Setenv("DSEC_CLEAN", clean)
 			env.Defer(func() {
 				stopWorkers(env.WorkDir)
 				cleanMounts(env.WorkDir)
 				// What a script left running (sandboxes outlive a
-				// stopped worker: warm pools' too) is removed, and
-				// anything that survives that is a leak.
+				// stopped worker) is removed, and anything that
+				// survives that is a leak.
 				roots, _ := filepath.Glob(filepath.Join(env.WorkDir, "*", "sandboxes"))
 				for _, r := range roots {
 					runtimetest.Clean(filepath.Dir(r))
@@ -96,6 +98,22 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Check(layertest.MakeBusyboxRoot(ts.MkAbs(args[0])))
 			},
 			"mktree": cmdMkTree,
+			// leftovers ROOT: nothing of ROOT's sandboxes is on the
+			// host (its worker gone): no process, group, mount, loop
+			// device or sandbox directory.
+			"leftovers": func(ts *testscript.TestScript, neg bool, args []string) {
+				if len(args) != 1 {
+					ts.Fatalf("usage: leftovers ROOT")
+				}
+				root := ts.MkAbs(args[0])
+				left := append(runtimetest.Processes(root), runtimetest.Leftovers(root)...)
+				switch {
+				case len(left) > 0 && !neg:
+					ts.Fatalf("left of %s's sandboxes:\n%s", root, strings.Join(left, "\n"))
+				case len(left) == 0 && neg:
+					ts.Fatalf("nothing left of %s's sandboxes", root)
+				}
+			},
 			// microvm: the microvm backend's guest kernel and agent for
 			// the workers the script starts (DSEC_MICROVM_KERNEL and
 			// DSEC_MICROVM_AGENT); [microvm] says whether there is a

@@ -191,11 +191,14 @@ func limitParent(dir string) error {
 	}
 	memory, pids := host().parentFiles(dir)
 	if memory != "" && l.MemoryBytes > 0 {
-		if err := write(dir, memory, strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
-			return err
-		}
+		var err error
 		if memory == "memory.limit_in_bytes" { // with swap accounting, swap too
-			_ = write(dir, "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
+			err = limitMemoryV1(dir, l.MemoryBytes)
+		} else {
+			err = write(dir, memory, strconv.FormatInt(l.MemoryBytes, 10))
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if pids != "" && l.Pids > 0 {

@@ -466,6 +466,18 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 	}
 }
 
+// ownParent makes the sandboxes' parent group one of the test's own
+// (not the host's sandboxes'), dsec-test-WHAT-PID, without limits
+// after the test.
+func ownParent(t *testing.T, what string) {
+	old := cgroup.Parent
+	cgroup.Parent = fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
+	t.Cleanup(func() {
+		cgroup.Parent = old
+		cgroup.LimitParent(cgroup.Limits{})
+	})
+}
+
 // TestParentBoundsAllSandboxes: LimitParent bounds every sandbox
 // together, whatever each may use: three sandboxes with no limits of
 // their own, each holding 48 MiB, do not fit a 96 MiB parent; the
@@ -473,12 +485,7 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 // (issue 36).
 func TestParentBoundsAllSandboxes(t *testing.T) {
 	layertest.RequireRoot(t)
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-parent-%d", os.Getpid()) // not the host's sandboxes' parent
-	t.Cleanup(func() {
-		cgroup.Parent = old
-		cgroup.LimitParent(cgroup.Limits{})
-	})
+	ownParent(t, "parent")
 	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
 		t.Fatal(err)
 	}
@@ -548,5 +555,84 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 	}
 	if err := canary.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the canary outside dsec's tree died: %v", err)
+	}
+}
+
+// TestLimitsLowerThenRaise: the memory limits of the sandboxes' parent
+// and of a sandbox's group go down and up again. cgroup v1 holds
+// memory.memsw.limit_in_bytes >= memory.limit_in_bytes at every write:
+// a worker whose smaller host reserve lowered the parent's limits to
+// 3 GiB left the next one, with the default reserve, unable to raise
+// them (EINVAL on the limit, written first), and every create failed
+// while a sandbox kept the parent. The same held a sandbox whose policy
+// raised its memory. On v1 here (with swap accounting, both files are
+// checked); on cgroup2 in TestOnPureV2Host's guest.
+func TestLimitsLowerThenRaise(t *testing.T) {
+	layertest.RequireRoot(t)
+	ownParent(t, "raise")
+	// The memory limit files of a group of Parent ("": Parent itself).
+	files := func(name string) []string {
+		if isPureV2() {
+			return []string{filepath.Join(cgroup.Root, cgroup.Parent, name, "memory.max")}
+		}
+		dir := filepath.Join(cgroup.Root, "memory", cgroup.Parent, name)
+		out := []string{filepath.Join(dir, "memory.limit_in_bytes")}
+		if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
+			out = append(out, filepath.Join(dir, "memory.memsw.limit_in_bytes"))
+		}
+		return out
+	}
+	want := func(name string, n int64) {
+		t.Helper()
+		for _, f := range files(name) {
+			if v := readFile(t, f); v != strconv.FormatInt(n, 10) {
+				t.Errorf("%s = %s, want %d", f, v, n)
+			}
+		}
+	}
+	group := func(name string, l cgroup.Limits) *cgroup.Group {
+		t.Helper()
+		g, err := cgroup.New(fmt.Sprintf("test-raise-%d-%s", os.Getpid(), name), l)
+		if err != nil {
+			t.Fatalf("a group under the parent: %v", err)
+		}
+		t.Cleanup(func() { g.Remove() })
+		return g
+	}
+	const low, high = 3 << 30, 20 << 30
+	// A worker with a large host reserve, whose sandbox lives on.
+	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
+		t.Fatal(err)
+	}
+	group("kept", cgroup.Limits{})
+	if !isPureV2() && len(files("")) < 2 {
+		t.Log("no memory.memsw.limit_in_bytes here (no swap accounting): only the limit is checked")
+	}
+	want("", low)
+	// The next worker, with the default reserve, and its create.
+	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: high}); err != nil {
+		t.Fatalf("raising the parent's limit: %v", err)
+	}
+	want("", high)
+	group("next", cgroup.Limits{})
+	want("", high)
+	// And down again.
+	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
+		t.Fatalf("lowering the parent's limit: %v", err)
+	}
+	want("", low)
+
+	// A sandbox's own limit, raised and lowered while it runs.
+	g := group("own", cgroup.Limits{MemoryBytes: 64 << 20})
+	name := filepath.Base(g.Path())
+	want(name, 64<<20)
+	for _, n := range []int64{256 << 20, 32 << 20, 128 << 20} {
+		if err := g.SetLimits(cgroup.Limits{MemoryBytes: n}); err != nil {
+			t.Fatalf("the group's limit to %d MiB: %v", n>>20, err)
+		}
+		if mem, _ := g.Limits(); mem != n {
+			t.Errorf("the group's limit reads %d, want %d", mem, n)
+		}
+		want(name, n)
 	}
 }

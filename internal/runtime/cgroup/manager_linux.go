@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -79,12 +80,9 @@ func (hybrid) prepare(*Group) {}
 
 func (hybrid) limit(g *Group, l Limits) error {
 	if l.MemoryBytes > 0 {
-		if err := write(g.v1["memory"], "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
+		if err := limitMemoryV1(g.v1["memory"], l.MemoryBytes); err != nil {
 			return err
 		}
-		// Swap too, where the kernel accounts it (without swap
-		// accounting the file is missing: nothing to bound).
-		_ = write(g.v1["memory"], "memory.memsw.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10))
 		// v1 charges TCP buffers to a group only once it has a TCP
 		// limit (v2 charges them to memory.current): without one, a
 		// sandbox's unread connections take the host's tcp_mem.
@@ -100,6 +98,36 @@ func (hybrid) limit(g *Group, l Limits) error {
 	}
 	if l.Pids > 0 {
 		if err := write(g.v1["pids"], "pids.max", strconv.FormatInt(l.Pids, 10)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// limitMemoryV1 sets a v1 memory group's limit to n, and its limit of
+// memory and swap together too where the kernel accounts swap (without
+// swap accounting memory.memsw.limit_in_bytes is missing: nothing more
+// to bound). v1 holds memsw >= limit at every write and refuses one that
+// would break it (EINVAL), so a raise writes memsw first and a lowering
+// the limit first: in one fixed order, a worker that lowered the
+// sandboxes' parent left the next one unable to raise it, and every
+// create failed.
+func limitMemoryV1(dir string, n int64) error {
+	const limit, memsw = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
+	v := strconv.FormatInt(n, 10)
+	if _, err := os.Stat(filepath.Join(dir, memsw)); errors.Is(err, os.ErrNotExist) {
+		return write(dir, limit, v)
+	}
+	cur, err := readInt(dir, limit)
+	if err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	order := []string{limit, memsw}
+	if n > cur {
+		order = []string{memsw, limit}
+	}
+	for _, f := range order {
+		if err := write(dir, f, v); err != nil {
 			return err
 		}
 	}

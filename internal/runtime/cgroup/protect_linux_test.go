@@ -31,7 +31,7 @@ func TestOnPureV2Host(t *testing.T) {
 	if isPureV2() {
 		t.Skip("this host is pure cgroup v2: the package's tests ran on it")
 	}
-	run := "^Test(UnifiedManager|MemoryLimitReportsOOM|PidsLimit|FreezeThawKill|BadNames|BatchAndLatencyGroups|CPUUsageAndReclaim|ReclaimUnreclaimable|ParentBoundsAllSandboxes|Protect)$"
+	run := "^Test(UnifiedManager|MemoryLimitReportsOOM|PidsLimit|FreezeThawKill|BadNames|BatchAndLatencyGroups|CPUUsageAndReclaim|ReclaimUnreclaimable|ParentBoundsAllSandboxes|LimitsLowerThenRaise|Protect)$"
 	microvmtest.RunInGuest(t, microvmtest.Guest{Memory: 768 << 20}, "./internal/runtime/cgroup", run)
 }
 
@@ -43,12 +43,7 @@ func TestOnPureV2Host(t *testing.T) {
 // while the protected process lives on. On a v1 host it says it cannot.
 func TestProtect(t *testing.T) {
 	layertest.RequireRoot(t)
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-protect-%d", os.Getpid())
-	t.Cleanup(func() {
-		cgroup.Parent = old
-		cgroup.LimitParent(cgroup.Limits{})
-	})
+	ownParent(t, "protect")
 	if _, err := cgroup.Protect(cgroup.Protection{Min: 2 << 20, Low: 1 << 20}); err == nil || !strings.Contains(err.Error(), "min <= low") {
 		t.Fatalf("min over low: %v", err)
 	}

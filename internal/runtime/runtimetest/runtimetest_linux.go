@@ -6,9 +6,11 @@ package runtimetest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -57,7 +59,10 @@ func MaybeWorker() {
 		}
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := worker.Serve(context.Background(), cfg); err != nil {
+	// As dsec daemon does: SIGTERM and SIGINT stop it on purpose.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := worker.Serve(ctx, cfg); err != nil {
 		os.Stderr.WriteString("worker: " + err.Error() + "\n")
 		os.Exit(1)
 	}
@@ -196,6 +201,90 @@ func (w *Worker) Kill() {
 	w.cmd.Process.Signal(syscall.SIGKILL)
 	<-w.done
 	sweepSpares(w.Root)
+}
+
+// Crash kills the worker with SIGKILL and reaps it, and sweeps nothing:
+// what a kill -9 leaves, for the next worker to find.
+func (w *Worker) Crash() {
+	w.cmd.Process.Signal(syscall.SIGKILL)
+	<-w.done
+}
+
+// Stop stops the worker on purpose, as a supervisor or an operator
+// does (SIGTERM, or the shutdown request of dsec daemon stop), and
+// waits until it has exited, which it does once it has taken down what
+// it made ahead.
+func (w *Worker) Stop(t testing.TB, shutdown bool) {
+	t.Helper()
+	if shutdown {
+		c, err := sdk.New(sdk.Options{Root: w.Root})
+		if err == nil {
+			err = c.Shutdown(context.Background())
+		}
+		if err != nil {
+			t.Fatalf("the shutdown request: %v", err)
+		}
+	} else if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the worker has not exited 3 minutes after it was stopped")
+	}
+	if code := w.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the worker stopped on purpose exited %d", code)
+	}
+}
+
+// Processes lists the live processes of root's sandboxes: those in a
+// group of its (the suffix its groups' names end with), and those whose
+// command line or environment names root (a fetcher's --root, a test
+// worker's). Zombies hold nothing and are left out. Each is "PID
+// COMMAND (GROUP)".
+func Processes(root string) []string {
+	abs, _ := filepath.Abs(root)
+	suffix := runtime.CgroupSuffix(root)
+	procs, _ := os.ReadDir("/proc")
+	var out []string
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		dir := filepath.Join("/proc", p.Name())
+		stat, _ := os.ReadFile(filepath.Join(dir, "stat"))
+		if _, state, _ := strings.Cut(string(stat), ") "); state == "" || strings.HasPrefix(state, "Z") {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join(dir, "cgroup"))
+		cmdline, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join(dir, "environ"))
+		group := ""
+		for _, line := range strings.Split(string(cg), "\n") {
+			if strings.HasSuffix(line, suffix) {
+				group = line[strings.LastIndex(line, "/")+1:]
+			}
+		}
+		if group == "" && !names(cmdline, abs) && !names(environ, abs) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%d %s (%s)", pid, strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "), group))
+	}
+	return out
+}
+
+// names says whether a NUL-separated list names path, or a path in it.
+func names(list []byte, path string) bool {
+	for _, f := range strings.Split(string(list), "\x00") {
+		if _, v, ok := strings.Cut(f, "="); ok {
+			f = v
+		}
+		if f == path || strings.HasPrefix(f, path+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // Children lists the worker's child processes (zombies included) but

@@ -196,6 +196,28 @@ func TestCloseWhileMaking(t *testing.T) {
 	}
 }
 
+// After Close nothing stays in the pool, nor is made for it: an item
+// made elsewhere and put in (a pool's first, made while the worker
+// stops) is discarded, a new recipe makes nothing, a Take finds nothing.
+func TestAfterClose(t *testing.T) {
+	it := &items{}
+	p := New(Config[int64]{Size: 2, Make: it.make, Discard: it.discard})
+	waitFor(t, "2 ready", func() bool { return p.Stats().Ready == 2 })
+	if left := p.Close(); len(left) != 2 {
+		t.Fatalf("Close returned %v, want the 2 ready", left)
+	}
+	p.Put(100)
+	p.Reset(it.make)
+	p.Kick()
+	if n, ok := p.Take(); ok {
+		t.Fatalf("a closed pool handed out %d", n)
+	}
+	time.Sleep(20 * time.Millisecond) // a filler that still ran would make in this time
+	if g := it.gone(); !slices.Equal(g, []int64{100}) || it.next.Load() != 2 {
+		t.Fatalf("after Close: discarded %v, made %d, want 100 discarded and nothing made", g, it.next.Load())
+	}
+}
+
 // A pool shrunk while it makes an item discards that item once made.
 func TestShrinkWhileMaking(t *testing.T) {
 	it := &items{}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -115,6 +116,11 @@ func (w *worker) addPool(pc PoolConfig) *pool {
 	p := &pool{PoolConfig: pc, key: templateKey(pc.Spec)}
 	p.warm = warm.New(warm.Config[string]{Size: pc.Size, RefillOnTake: true,
 		Make: func(ctx context.Context) (string, error) {
+			// Queued for admission until the worker exits, at most:
+			// stopMaking waits for it.
+			ctx, cancel := context.WithCancel(ctx)
+			defer context.AfterFunc(w.ctx, cancel)()
+			defer cancel()
 			spec := p.Spec
 			spec.Name = runtime.RandomName("pool-" + p.Name + "-")
 			sb, err := w.makeSandbox(ctx, spec, p.Name)
@@ -135,7 +141,9 @@ func (w *worker) addPool(pc PoolConfig) *pool {
 		},
 		Discard: w.discardLater,
 		Failed: func(err error, retry time.Duration) {
-			w.log.Error("cannot fill pool", "pool", pc.Name, "err", err, "retry in", retry)
+			if !errors.Is(err, errStopping) {
+				w.log.Error("cannot fill pool", "pool", pc.Name, "err", err, "retry in", retry)
+			}
 		}})
 	w.pools[pc.Name] = p
 	return p
@@ -152,8 +160,11 @@ func (w *worker) savePools() error {
 	return durable.WriteFile(poolsFile(w.cfg.Root), b, 0o600)
 }
 
-// stopPools stops the fillers (the warm sandboxes stay for the next
-// worker to discard).
+// stopPools stops the fillers, each once the sandbox it is making is
+// made, and discards the warm sandboxes: made ahead of need, they go
+// with a worker that exits (one killed leaves them to the next, which
+// removes them as it adopts, and fills its pools anew). Call it after
+// stopMaking: no pool is made after it.
 func (w *worker) stopPools() {
 	w.mu.Lock()
 	var ps []*pool
@@ -161,9 +172,29 @@ func (w *worker) stopPools() {
 		ps = append(ps, p)
 	}
 	w.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, p := range ps {
-		p.warm.Close()
+		wg.Go(func() {
+			for _, name := range p.warm.Close() {
+				wg.Go(func() { w.discard(name) })
+			}
+		})
 	}
+	wg.Wait()
+}
+
+// errStopping refuses a create, or a new pool, to a worker that exits.
+var errStopping = fmt.Errorf("the worker is exiting: %w", errdefs.ErrUnavailable)
+
+// stopMaking refuses creates from now on and waits for those under
+// way, once the worker's context has ended (those still queued for
+// admission give up).
+func (w *worker) stopMaking() {
+	w.shutdown()
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	w.making.Wait()
 }
 
 // discard removes a pool's (or a call's) sandbox.
@@ -396,10 +427,14 @@ func (w *worker) putPool(r *http.Request, ps api.PoolSpec) (api.Pool, error) {
 			first = spec.Name
 		}
 		w.mu.Lock()
-		if w.pools[name] != nil {
+		if w.pools[name] != nil || w.stopping {
+			err := fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists)
+			if w.stopping { // its filler would outlive stopPools
+				err = errStopping
+			}
 			w.mu.Unlock()
 			w.discard(first)
-			return api.Pool{}, fmt.Errorf("pool %s was created meanwhile: %w", name, errdefs.ErrAlreadyExists)
+			return api.Pool{}, err
 		}
 		p = w.addPool(pc)
 		if first != "" {

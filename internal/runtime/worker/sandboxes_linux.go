@@ -147,6 +147,10 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	defer e.op.Unlock()
 	w.mu.Lock()
 	for {
+		if w.stopping {
+			w.mu.Unlock()
+			return nil, errStopping
+		}
 		old, taken := w.sandboxes[spec.Name]
 		if !taken {
 			break
@@ -171,7 +175,9 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		}
 	}
 	w.sandboxes[spec.Name] = e
+	w.making.Add(1) // before stopMaking waits: w.stopping is false
 	w.mu.Unlock()
+	defer w.making.Done()
 	forget := func() {
 		w.mu.Lock()
 		delete(w.sandboxes, spec.Name)

@@ -76,6 +76,8 @@ type worker struct {
 	shutdown  func()
 	removing  sync.WaitGroup // removals after an answer (discardLater)
 	closing   bool           // no more of those: the worker is exiting
+	making    sync.WaitGroup // creates under way (makeSandbox)
+	stopping  bool           // no more creates, no new pool: the worker is exiting
 	// frozen are the batch sandboxes the pressure loop froze.
 	frozen map[*runtime.Sandbox]bool
 
@@ -242,7 +244,13 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.startPools(ctx); err != nil {
 		return err
 	}
+	// A worker that exits takes along what it made ahead of need (its
+	// pools' warm sandboxes here, its primed sandboxes and spare inits
+	// in the defers above), once the creates under way have finished:
+	// a user's sandbox is then whole and named, for the next worker to
+	// adopt. What the process does after Serve returns is exit.
 	defer w.stopPools()
+	defer w.stopMaking()
 	go w.reclaimLoop(ctx)
 	go w.pressureLoop(ctx)
 	routes := w.routes()
