@@ -185,7 +185,9 @@ func (a *app) certsCommand() *cobra.Command {
 		Long: `Certs writes into DIR a CA (ca.pem, ca-key.pem), a certificate for the worker signed by it
 for the host names and addresses --name gives (server.pem, server-key.pem), and a client
 certificate (client.pem, client-key.pem) for a worker started with --tls-client-ca. Keys are
-ECDSA P-256, mode 0600, valid for 825 days. Nothing is overwritten.
+ECDSA P-256, mode 0600, valid for 825 days. Nothing is overwritten. The CA signs for the
+names given alone (critical name constraints): a client that trusts it (NODE_EXTRA_CA_CERTS,
+say) trusts it for the worker, and for no other site even should its key leak.
 
 Give the worker server.pem and server-key.pem (--tls-cert, --tls-key, and for mutual TLS
 --tls-client-ca ca.pem); give clients ca.pem (--tls-ca or DSEC_TLS_CA) and, for mutual TLS,
