@@ -237,6 +237,11 @@ type BranchRequest struct {
 	N          int         `json:"n"`
 	NamePrefix string      `json:"name_prefix,omitempty"` // default: from the snapshot's name
 	Spec       SandboxSpec `json:"spec,omitempty"`
+	// Like, instead of Spec, names a sandbox of the caller's whose
+	// resources, class, env, workdir, backend, user namespace and
+	// effective policy each branch takes (E2B's fork): what that sandbox
+	// was given, the caller's token need not be allowed to ask for.
+	Like string `json:"like,omitempty"`
 }
 
 // Scheduling classes.

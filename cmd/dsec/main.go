@@ -42,7 +42,8 @@ const exitCodesHelp = `Exit codes:
   8  wrong state (a running sandbox to rm without -f, a stopped one to exec in), or not done here (a
      backend this host cannot run: no QEMU or guest kernel for microvm; an ability a backend lacks)
   9  infrastructure failure (the worker or the sandbox died; not your input)
-  10 busy: the host stayed at capacity while the request waited in the admission queue`
+  10 busy: the host stayed at capacity while the request waited in the admission queue, or a
+     token's quota, or its requests at once, are spent`
 
 var version = "dev"
 

@@ -89,9 +89,14 @@ const (
 // bounded is r's body, at most max bytes, read within bodyTimeout:
 // a client that sends it slowly holds nothing for long.
 func bounded(rw http.ResponseWriter, r *http.Request, max int64) io.ReadCloser {
+	return readBy(rw, http.MaxBytesReader(rw, r.Body, max))
+}
+
+// readBy is body, to be read whole within bodyTimeout.
+func readBy(rw http.ResponseWriter, body io.ReadCloser) io.ReadCloser {
 	rc := http.NewResponseController(rw)
 	rc.SetReadDeadline(time.Now().Add(bodyTimeout))
-	return &deadlineBody{ReadCloser: http.MaxBytesReader(rw, r.Body, max), rc: rc}
+	return &deadlineBody{ReadCloser: body, rc: rc}
 }
 
 // deadlineBody lifts its read deadline once it was read whole (the
@@ -777,9 +782,7 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 		}
 		recs = append(recs, rec)
 	}
-	spec := api.SandboxSpec{CPU: src.CPU, Memory: src.Memory, Pids: src.Pids, Disk: src.Disk, Class: src.Class, Env: src.Env, Workdir: src.Workdir,
-		Backend: src.Backend, Policy: src.Policy, UserNS: src.UserNS}
-	made, err := c.Branch(r.Context(), api.BranchRequest{Snapshot: tag, N: n, NamePrefix: prefix, Spec: spec})
+	made, err := c.Branch(r.Context(), api.BranchRequest{Snapshot: tag, N: n, NamePrefix: prefix, Like: src.Name})
 	if err != nil {
 		for _, rec := range recs {
 			s.records.remove(rec.ID)

@@ -48,6 +48,9 @@ func (s *Server) envdAuth(next http.Handler) http.Handler {
 			refuse(rw, r, err)
 			return
 		}
+		if connectErrors.IsSupported(r) { // one message (no RPC served streams its input): it comes at once
+			r.Body = readBy(rw, r.Body)
+		}
 		next.ServeHTTP(rw, r.WithContext(withCaller(r.Context(), who)))
 	})
 }

@@ -87,10 +87,12 @@ def worker(tmp_path_factory):
     w.stop()
 
 
-def token(scope="sandboxes", ttl=None):
+def token(scope="sandboxes", ttl=None, allow=None):
     args = ["token", "create", "--scope", scope]
     if ttl:
         args += ["--ttl", ttl]
+    if allow:
+        args += ["--allow", allow]
     return dsec_cli(*args)
 
 
@@ -168,7 +170,9 @@ def test_apply_policy(worker):
         out = sb.exec(["sh", "-c", "nc -w 1 %s 80 </dev/null 2>&1; true" % addr]).stdout
         return "not permitted" in out.lower()
 
-    c = remote(worker, token())
+    with pytest.raises(dsec.PermissionDenied):  # a token not allowed its own policies
+        remote(worker, token()).create(BASE, name="pol-0", policy=nat("192.0.2.0/24"))
+    c = remote(worker, token(allow="policy"))
     sb = c.create(BASE, name="pol-1", policy=nat("192.0.2.0/24"))
     try:
         assert denied(sb, "198.51.100.1") and not denied(sb, "192.0.2.1")

@@ -40,7 +40,7 @@ func (w *worker) adopt() error {
 		}
 		live, uppers = append(live, st.ID), append(uppers, st.UpperFS)
 		w.log.Info("adopted sandbox", "sandbox", name, "status", st.Status)
-		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}, owner: st.Owner}
+		e := &entry{sb: sb, req: request{CPU: st.CPURequest, Memory: st.MemoryRequest}, owner: st.Owner, spec: specOf(st)}
 		if st.Status == runtime.Running {
 			w.gate.hold(e.req)
 			e.held = true

@@ -143,12 +143,18 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 		return created[[]api.Sandbox]{}, err
 	}
 	spec := req.Spec
-	spec.Layers, spec.Snapshot = nil, req.Snapshot
 	ctx := context.WithoutCancel(r.Context())
-	// Resolved once, for all: each branch then stands on what it named.
-	if err := checkAllowed(ctx, spec); err != nil {
+	if req.Like != "" {
+		like, err := w.like(r, req.Like)
+		if err != nil {
+			return created[[]api.Sandbox]{}, err
+		}
+		spec = like
+	} else if err := checkAllowed(ctx, spec); err != nil {
 		return created[[]api.Sandbox]{}, err
 	}
+	spec.Layers, spec.Snapshot = nil, req.Snapshot
+	// Resolved once, for all: each branch then stands on what it named.
 	if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
 		return created[[]api.Sandbox]{}, err
 	}
@@ -189,6 +195,40 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 	}
 	w.log.Info("branched", "snapshot", req.Snapshot, "n", req.N, "prefix", prefix)
 	return created[[]api.Sandbox]{out}, nil
+}
+
+// like is what a branch takes of the caller's sandbox name
+// (BranchRequest.Like): as it runs, its policy the effective one.
+func (w *worker) like(r *http.Request, name string) (api.SandboxSpec, error) {
+	w.mu.Lock()
+	e := w.sandboxes[name]
+	w.mu.Unlock()
+	if e == nil || e.sb == nil || e.gone != nil || !mayUse(r.Context(), e.owner) {
+		if err := api.ValidName(name); err != nil {
+			return api.SandboxSpec{}, err
+		}
+		return api.SandboxSpec{}, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
+	}
+	return specOf(e.sb.Snapshot()), nil
+}
+
+// specOf is what a sandbox of state st was made with, as a spec: its
+// limits in force (none: unlimited), requests, class, env, workdir,
+// backend, user namespace and effective policy.
+func specOf(st runtime.State) api.SandboxSpec {
+	none := func(n int64) int64 {
+		if n == 0 {
+			return api.Unlimited
+		}
+		return n
+	}
+	disk := st.Disk
+	if disk == 0 && st.UpperFS == "" {
+		disk = api.Unlimited // no bound of its own, nor the default's
+	}
+	return api.SandboxSpec{CPU: float64(st.Limits.CPUMilli) / 1000, Memory: none(st.Limits.MemoryBytes), Pids: none(st.Limits.Pids), Disk: disk,
+		CPURequest: st.CPURequest, MemoryRequest: st.MemoryRequest, Class: st.Class, Env: st.Env, Workdir: st.Workdir,
+		Backend: st.Backend, Policy: st.Policy, UserNS: st.UserNS}
 }
 
 // branchNames names n branches PREFIX-I. A default prefix takes the
