@@ -209,8 +209,10 @@ func (v *VM) Destroy() error {
 func (v *VM) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	return v.c.Exec(ctx, cmd)
 }
-func (v *VM) Result(ctx context.Context, id string) (int, error) { return v.c.Result(ctx, id) }
-func (v *VM) Probe(ctx context.Context, id string) (bool, int, error) {
+func (v *VM) Result(ctx context.Context, id string) (backend.Exit, error) {
+	return v.c.Result(ctx, id)
+}
+func (v *VM) Probe(ctx context.Context, id string) (bool, backend.Exit, error) {
 	return v.c.Probe(ctx, id)
 }
 func (v *VM) Restrict(ctx context.Context, r Restrictions) error { return v.c.Restrict(ctx, r) }

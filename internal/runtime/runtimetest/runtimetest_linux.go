@@ -121,6 +121,8 @@ type Config struct {
 	MicroVM microvm.Settings
 	// DNS: worker.Config's (the upstream of domain rules' resolvers).
 	DNS egress.Config
+	// MaxOutput: worker.Config's (exec.max_output).
+	MaxOutput int64
 }
 
 // StartWorkerWith is StartWorker with cfg.
