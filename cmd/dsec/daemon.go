@@ -84,6 +84,7 @@ with E2B-based frameworks" says what maps to what.
 				Log:        a.log,
 				ExitIdle:   exitIdle,
 				KeepLayers: a.cfg.Cache.KeepMounted,
+				MaxOutput:  a.cfg.Exec.MaxOutput,
 				Listen:     a.cfg.Listen,
 				TLS:        worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
 				MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,

@@ -408,10 +408,24 @@ func (a *app) finish(res api.ExecResult, sandbox string) error {
 	if res.OOM {
 		fmt.Fprintf(a.stderr, "dsec: the command was killed: sandbox %s hit its memory limit (out of memory)\n", sandbox)
 	}
+	a.warnOutput(res)
 	if res.ExitCode != 0 {
 		return cmdExit{res.ExitCode}
 	}
 	return nil
+}
+
+// warnOutput says on stderr when the journal kept less than the command
+// wrote: past the exec's cap, or emptied since to keep the sandbox's
+// journal within its disk bound.
+func (a *app) warnOutput(res api.ExecResult) {
+	switch {
+	case res.OutputDropped:
+		fmt.Fprintf(a.stderr, "dsec: exec %s's output was dropped from the journal to keep the sandbox within its disk bound (older outputs go first)\n", res.ID)
+	case res.OutputTruncated:
+		fmt.Fprintf(a.stderr, "dsec: exec %s's output was truncated: %s past the cap (exec.max_output, or the sandbox's disk bound) was not kept\n",
+			res.ID, humanBytes(res.OutputTruncatedBytes))
+	}
 }
 
 func (a *app) completeSandboxes(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -617,6 +631,7 @@ command ends and exits with its exit code.
 			if err != nil {
 				return err
 			}
+			a.warnOutput(res)
 			if follow && res.ExitCode != 0 {
 				return cmdExit{res.ExitCode}
 			}
