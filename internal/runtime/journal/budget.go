@@ -10,53 +10,49 @@ import (
 	"github.com/dsec-project/dsec/internal/durable"
 )
 
-// The journal's outputs stay within the sandbox's disk bound: a step
-// that starts reserves its cap; one that ends gives the reservation
-// back and counts what it wrote; the outputs of the oldest ended steps
-// are emptied when the new step's cap does not fit. The journal on disk
-// is counted once, on the first step with a bound, so that a worker
-// that restarted counts what earlier ones left.
+// The journal's outputs stay within the sandbox's disk bound: before a
+// step starts, what the journal holds (the outputs of ended steps and
+// what running ones wrote so far) and the new step's cap must fit, or
+// the outputs of the oldest ended steps are emptied until they do (and
+// the cap is lowered to what is left when running steps' outputs alone
+// leave less). Steps that run at once may together write past the bound
+// by what their caps allowed them beyond what they had written when the
+// next started; one step at a time never does. The journal on disk is
+// counted once, on the first step with a bound, so that a worker that
+// restarted counts what earlier ones left.
 
 // reserve makes room for e's output, capped at limit, within bound (0:
-// none) and returns e's cap: limit, or less when the caps of the steps
-// running leave less (0 at worst: its output is all dropped, and
-// counted). j.mu is held.
+// none) and returns e's cap. j.mu is held.
 func (j *Journal) reserve(e *Exec, limit, bound int64) int64 {
+	if bound <= 0 {
+		return limit
+	}
 	u := &j.usage
 	u.Lock()
 	defer u.Unlock()
-	if bound > 0 {
-		limit = min(limit, bound)
-		j.count()
-		for len(u.outputs) > 0 && u.bytes+u.reserved+limit > bound {
-			o := u.outputs[0]
-			u.outputs = u.outputs[1:]
-			u.bytes -= o.bytes
-			j.drop(o.id)
+	limit = min(limit, bound)
+	j.count()
+	var running int64
+	for _, r := range j.execs {
+		if !r.over {
+			running += outputBytes(r.dir)
 		}
-		limit = max(0, min(limit, bound-u.bytes-u.reserved))
 	}
-	e.reserved = limit
-	u.reserved += limit
-	return limit
+	for len(u.outputs) > 0 && u.bytes+running+limit > bound {
+		o := u.outputs[0]
+		u.outputs = u.outputs[1:]
+		u.bytes -= o.bytes
+		j.drop(o.id)
+	}
+	return max(0, min(limit, bound-u.bytes-running))
 }
 
-// release gives back the reservation of e, which never started.
-func (j *Journal) release(e *Exec) {
-	j.usage.Lock()
-	defer j.usage.Unlock()
-	j.usage.reserved -= e.reserved
-	e.reserved = 0
-}
-
-// ended counts e's output, which its writer has closed, instead of its
-// reservation.
+// ended counts e's output, which its writer has closed.
 func (j *Journal) ended(e *Exec) {
 	u := &j.usage
 	u.Lock()
 	defer u.Unlock()
-	u.reserved -= e.reserved
-	e.reserved, e.over = 0, true
+	e.over = true
 	if u.counted {
 		j.account(e.ID, e.dir)
 	}
@@ -83,8 +79,8 @@ func outputBytes(dir string) (n int64) {
 
 // count counts the outputs on disk, once: those of execs that ended,
 // oldest first, and of any a worker left without a result (a call's);
-// not those running in this journal, which reserved their caps and are
-// counted when they end. j.mu and u are held.
+// not those running in this journal, counted as they grow and when they
+// end. j.mu and u are held.
 func (j *Journal) count() {
 	u := &j.usage
 	if u.counted {

@@ -18,8 +18,8 @@
 //
 // A sandbox's journal stays within its disk bound: before a step starts,
 // the outputs of the oldest ended steps are emptied until what the
-// journal holds, the caps of the steps running and the new step's cap
-// fit (their results stay, marked OutputDropped).
+// journal holds and the new step's cap fit (their results stay, marked
+// OutputDropped).
 package journal
 
 import (
@@ -75,11 +75,9 @@ type Exec struct {
 	done chan struct{}
 	res  Result
 	j    *Journal // nil: loaded from its result
-	// limit is the cap on its output; reserved what the journal counts
-	// for it until it ends (over, under Journal.usage).
-	limit, reserved int64
-	over            bool
-	dropped         atomic.Bool // its output was emptied (OutputDropped)
+	limit   int64       // the cap on its output
+	over    bool        // ended, as the journal counts (under Journal.usage)
+	dropped atomic.Bool // its output was emptied (OutputDropped)
 	// keep: the result is written before it is told. Not in a call's
 	// sandbox: it runs one command, and goes before the worker does (a
 	// worker that starts removes those of one that died), so the exec in
@@ -144,14 +142,13 @@ type Journal struct {
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
 
-	// What the journal's outputs take (once counted): the outputs of
-	// ended execs, oldest first, and the caps of running ones.
+	// What the outputs of ended execs take (once counted), and those
+	// outputs, oldest first.
 	usage struct {
 		sync.Mutex
-		counted  bool
-		bytes    int64
-		outputs  []output // ended, with output, oldest first
-		reserved int64
+		counted bool
+		bytes   int64
+		outputs []output
 	}
 }
 
@@ -228,7 +225,6 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 	e.res.ID, e.res.Started, e.res.Args = s.ID, time.Now().UTC(), s.Args
 	e.limit = j.reserve(e, cmp.Or(s.MaxOutput, DefaultMaxOutput), s.Bound)
 	if err := start(e, files[0], files[1]); err != nil {
-		j.release(e)
 		os.RemoveAll(dir)
 		return nil, false, err
 	}

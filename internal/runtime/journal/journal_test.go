@@ -168,7 +168,7 @@ func wrote(n int) func(*Exec, *os.File, *os.File) error {
 // step's cap is lowered to the bound, and before a step starts the
 // outputs of the oldest ended steps are emptied (their results stay,
 // marked) until its cap fits; a journal opened again (a worker that
-// restarted) counts what is on disk; the caps of running steps count.
+// restarted) counts what is on disk; what running steps wrote counts.
 func TestBound(t *testing.T) {
 	dir := t.TempDir()
 	j := Open(dir)
@@ -218,8 +218,11 @@ func TestBound(t *testing.T) {
 	if !dropped(again, "1") || !dropped(again, "2") || dropped(again, "3") {
 		t.Fatal("a journal opened again does not count what is on disk")
 	}
-	// A step running holds its cap: the next gets what is left.
-	run := func(e *Exec, _, _ *os.File) error { return nil } // ends later
+	// What a running step wrote counts: the next gets what is left.
+	run := func(e *Exec, stdout, _ *os.File) error { // ends later
+		stdout.Write(make([]byte, 30))
+		return nil
+	}
 	long, _, err := again.Start(Step{Sandbox: "s", ID: "long", Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, run)
 	if err != nil {
 		t.Fatal(err)
@@ -228,8 +231,8 @@ func TestBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next.Limit() != 60 || !dropped(again, "3") || !dropped(again, "4") {
-		t.Fatalf("beside a running step's 40: cap %d, want 60, all ended outputs dropped", next.Limit())
+	if next.Limit() != 70 || !dropped(again, "3") || !dropped(again, "4") {
+		t.Fatalf("beside a running step's 30 bytes: cap %d, want 70, all ended outputs dropped", next.Limit())
 	}
 	long.Finish(Result{})
 	next.Finish(Result{})
