@@ -169,7 +169,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, errors.New(h.Error)
 	}
 	ours.Close()
-	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users,
+	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal,
 		cmd: cmd, exited: exited}
 	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
 		s.pidfd = fd
