@@ -70,11 +70,11 @@ var ErrInfra = fmt.Errorf("sandbox infrastructure failure: %w", errdefs.ErrUnava
 
 // Exec is a journaled command, running or ended.
 type Exec struct {
-	ID   string
-	dir  string
-	done chan struct{}
-	res  Result
-	j    *Journal // nil: loaded from its result
+	ID      string
+	dir     string
+	done    chan struct{}
+	res     Result
+	j       *Journal    // nil: loaded from its result
 	limit   int64       // the cap on its output
 	over    bool        // ended, as the journal counts (under Journal.usage)
 	dropped atomic.Bool // its output was emptied (OutputDropped)
