@@ -43,6 +43,16 @@ func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, 
 		if req.Rows > 0 && req.Cols > 0 {
 			pty.Setsize(master, &pty.Winsize{Rows: req.Rows, Cols: req.Cols})
 		}
+		// pty.Open leaves the master blocking (its ioctls went through
+		// Fd()): a read of it would wait under the copier's lock, and
+		// the exit, which drains it first, for the terminal's last
+		// holder, a process the command left running. A non-blocking
+		// descriptor of it instead, which the poller serves.
+		if master, err = nonBlocking(master); err != nil {
+			tty.Close()
+			fail(fmt.Errorf("a terminal in the guest: %w", err))
+			return
+		}
 		files = []*os.File{tty, tty, tty}
 		p.stdin = master
 		p.outs = []*outCopier{newOutCopier(master, frameStdout, fw)}
@@ -158,41 +168,55 @@ func (p *execPeer) pumpStdin(fr *frameReader) {
 	}
 }
 
+// nonBlocking is a non-blocking descriptor of f's open file, which it
+// closes.
+func nonBlocking(f *os.File) (*os.File, error) {
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
 // outCopier copies a command's output (a pipe's read end, or the
 // terminal) into frames of one kind, and on drain takes what the pipe
-// holds now, in order with what it copied before.
+// holds now, in order with what it copied before; what comes after is
+// dropped (the host's shim would drop it).
 type outCopier struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // held while a read and its frame go out: order
 	f      *os.File
 	rc     syscall.RawConn
 	kind   byte
 	fw     *frameWriter
 	buf    []byte
+	tty    bool
 	closed bool
+	ended  bool // drained: what comes is dropped
 	done   chan struct{}
 }
 
 func newOutCopier(f *os.File, kind byte, fw *frameWriter) *outCopier {
 	rc, _ := f.SyscallConn()
-	return &outCopier{f: f, rc: rc, kind: kind, fw: fw, buf: make([]byte, 64<<10), done: make(chan struct{})}
+	c := &outCopier{f: f, rc: rc, kind: kind, fw: fw, buf: make([]byte, 64<<10), done: make(chan struct{})}
+	rc.Control(func(fd uintptr) {
+		_, err := unix.IoctlGetTermios(int(fd), unix.TCGETS)
+		c.tty = err == nil
+	})
+	return c
 }
 
-// read copies what the descriptor holds now; eof: it has ended (a pipe
-// with no writer left; a terminal whose last holder closed it: EIO).
-func (c *outCopier) read(fd uintptr) (eof bool) {
-	for {
-		n, err := unix.Read(int(fd), c.buf)
-		switch {
-		case n > 0:
-			c.fw.frame(c.kind, c.buf[:n])
-			continue
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			return false
-		}
-		return true
+// read reads once from fd into a frame (or nowhere, once drained).
+func (c *outCopier) read(fd uintptr, max int) (int, error) {
+	n, err := unix.Read(int(fd), c.buf[:min(max, len(c.buf))])
+	if n > 0 && !c.ended {
+		c.fw.frame(c.kind, c.buf[:n])
 	}
+	return n, err
 }
 
 func (c *outCopier) run() {
@@ -200,11 +224,23 @@ func (c *outCopier) run() {
 	for {
 		eof := false
 		err := c.rc.Read(func(fd uintptr) bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			eof = c.read(fd)
-			// false: wait until it is readable again
-			return eof
+			for {
+				// One read a lock: a drain gets in between, however fast
+				// a process the command left writes.
+				c.mu.Lock()
+				n, err := c.read(fd, len(c.buf))
+				c.mu.Unlock()
+				switch {
+				case n > 0, err == unix.EINTR:
+					continue
+				case err == unix.EAGAIN:
+					return false // wait until it is readable again
+				}
+				// It has ended: a pipe with no writer left; a terminal
+				// whose last holder closed it (EIO).
+				eof = true
+				return true
+			}
 		})
 		if err != nil || eof {
 			break
@@ -216,14 +252,33 @@ func (c *outCopier) run() {
 	c.mu.Unlock()
 }
 
-// drain copies what the descriptor holds now.
+// drain copies what the descriptor holds now, and no more: a terminal's
+// count leaves out what is on its way through the line discipline,
+// which a read takes in, so some more of a terminal's.
 func (c *outCopier) drain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return
 	}
-	c.rc.Control(func(fd uintptr) { c.read(fd) })
+	c.rc.Control(func(fd uintptr) {
+		left, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
+		if err != nil {
+			left = 0
+		}
+		if c.tty {
+			left += 128 << 10
+		}
+		for left > 0 {
+			n, err := c.read(fd, left)
+			if n > 0 {
+				left -= n
+			} else if err != unix.EINTR {
+				break
+			}
+		}
+	})
+	c.ended = true
 }
 
 // guestNet brings up the guest's eth0 with n's address and route.
