@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"testing"
@@ -134,6 +135,29 @@ func BenchmarkExec(b *testing.B) {
 		d = append(d, time.Since(t0))
 	}
 	report(b, "exec", d)
+}
+
+// BenchmarkExecOutput: one exec writing 16 MiB to its stdout, which
+// the journal keeps and the client gets streamed.
+func BenchmarkExecOutput(b *testing.B) {
+	c, layers := benchClient(b)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, api.SandboxSpec{Layers: layers})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sb.Remove(ctx, true)
+	b.SetBytes(16 << 20)
+	var d []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"head", "-c", "16777216", "/dev/zero"}, Stdout: io.Discard})
+		if err != nil || res.ExitCode != 0 {
+			b.Fatal(res, err)
+		}
+		d = append(d, time.Since(t0))
+	}
+	report(b, "exec-16MiB", d)
 }
 
 // BenchmarkApplyPolicy: a running sandbox's egress allowlist changed
