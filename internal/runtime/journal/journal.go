@@ -237,7 +237,7 @@ func load(dir, id string) (*Exec, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Exec{ID: id, dir: dir, done: make(chan struct{})}
+	e := &Exec{ID: id, dir: dir, done: make(chan struct{}), over: true}
 	if err := json.Unmarshal(b, &e.res); err != nil {
 		return nil, err
 	}
