@@ -24,19 +24,18 @@ import (
 // reserve makes room for e's output, capped at limit, within bound (0:
 // none) and returns e's cap. j.mu is held.
 func (j *Journal) reserve(e *Exec, limit, bound int64) int64 {
-	if bound <= 0 {
-		return limit
-	}
 	u := &j.usage
 	u.Lock()
 	defer u.Unlock()
+	j.run(e)
+	if bound <= 0 {
+		return limit
+	}
 	limit = min(limit, bound)
 	j.count()
 	var running int64
-	for _, r := range j.execs {
-		if !r.over {
-			running += outputBytes(r.dir)
-		}
+	for r := range u.running {
+		running += outputBytes(r.dir)
 	}
 	for len(u.outputs) > 0 && u.bytes+running+limit > bound {
 		o := u.outputs[0]
@@ -47,11 +46,27 @@ func (j *Journal) reserve(e *Exec, limit, bound int64) int64 {
 	return max(0, min(limit, bound-u.bytes-running))
 }
 
+// run counts e as running. u is locked.
+func (j *Journal) run(e *Exec) {
+	if j.usage.running == nil {
+		j.usage.running = map[*Exec]bool{}
+	}
+	j.usage.running[e] = true
+}
+
+// release forgets e, which never started.
+func (j *Journal) release(e *Exec) {
+	j.usage.Lock()
+	defer j.usage.Unlock()
+	delete(j.usage.running, e)
+}
+
 // ended counts e's output, which its writer has closed.
 func (j *Journal) ended(e *Exec) {
 	u := &j.usage
 	u.Lock()
 	defer u.Unlock()
+	delete(u.running, e)
 	e.over = true
 	if u.counted {
 		j.account(e.ID, e.dir)

@@ -142,13 +142,14 @@ type Journal struct {
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
 
-	// What the outputs of ended execs take (once counted), and those
-	// outputs, oldest first.
+	// What the outputs of ended execs take (once counted), those
+	// outputs, oldest first, and the execs running.
 	usage struct {
 		sync.Mutex
 		counted bool
 		bytes   int64
 		outputs []output
+		running map[*Exec]bool
 	}
 }
 
@@ -225,6 +226,7 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 	e.res.ID, e.res.Started, e.res.Args = s.ID, time.Now().UTC(), s.Args
 	e.limit = j.reserve(e, cmp.Or(s.MaxOutput, DefaultMaxOutput), s.Bound)
 	if err := start(e, files[0], files[1]); err != nil {
+		j.release(e)
 		os.RemoveAll(dir)
 		return nil, false, err
 	}
@@ -297,6 +299,9 @@ func (j *Journal) Recover(c backend.Instance) {
 			continue
 		}
 		j.execs[e.ID] = e
+		j.usage.Lock()
+		j.run(e)
+		j.usage.Unlock()
 		if !running { // it ended while no worker was there
 			r := Result{ExitCode: x.Code, Truncated: x.Truncated}
 			if err != nil {

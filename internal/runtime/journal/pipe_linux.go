@@ -8,6 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Streams is where a Pipe writes: stream i of a command's output (0:
+// stdout, 1: stderr). A Sink is one; a guest's agent sends frames.
+type Streams interface {
+	Write(stream int, b []byte)
+}
+
 // Pipe copies the read end of a command's stdout or stderr (or a
 // terminal's master) into a stream of a Sink until its end (EOF: no
 // writer is left; a terminal: EIO) or Close. Once the step ended (End)
@@ -18,7 +24,7 @@ type Pipe struct {
 	mu    sync.Mutex // held while a read and its write go on: order
 	src   *os.File
 	rc    syscall.RawConn
-	sink  *Sink
+	out   Streams
 	i     int
 	tty   bool
 	ended bool // the step ended: what is read is dropped
@@ -26,10 +32,10 @@ type Pipe struct {
 	done  chan struct{}
 }
 
-// Copy copies src into stream i of s, from a descriptor of its own
+// Copy copies src into stream i of out, from a descriptor of its own
 // (src's open file, made non-blocking, for the runtime's poller): the
 // caller closes src when it will.
-func Copy(s *Sink, i int, src *os.File) (*Pipe, error) {
+func Copy(out Streams, i int, src *os.File) (*Pipe, error) {
 	rc, err := src.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -44,7 +50,7 @@ func Copy(s *Sink, i int, src *os.File) (*Pipe, error) {
 		return nil, err
 	}
 	_, terr := unix.IoctlGetTermios(fd, unix.TCGETS)
-	p := &Pipe{src: os.NewFile(uintptr(fd), src.Name()), sink: s, i: i, tty: terr == nil, buf: make([]byte, 64<<10), done: make(chan struct{})}
+	p := &Pipe{src: os.NewFile(uintptr(fd), src.Name()), out: out, i: i, tty: terr == nil, buf: make([]byte, 64<<10), done: make(chan struct{})}
 	if p.rc, err = p.src.SyscallConn(); err != nil {
 		p.src.Close()
 		return nil, err
@@ -56,13 +62,13 @@ func Copy(s *Sink, i int, src *os.File) (*Pipe, error) {
 // Close stops the copy (after End: what comes is not read).
 func (p *Pipe) Close() { p.src.Close() }
 
-// read reads once from fd into the sink (or nowhere, once ended).
+// read reads once from fd into its stream (or nowhere, once ended).
 func (p *Pipe) read(fd uintptr, max int) (n int, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n, err = unix.Read(int(fd), p.buf[:min(len(p.buf), max)])
 	if n > 0 && !p.ended {
-		p.sink.Write(p.i, p.buf[:n])
+		p.out.Write(p.i, p.buf[:n])
 	}
 	return n, err
 }
@@ -100,8 +106,8 @@ const terminalSlack = 128 << 10
 
 // End ends the step for this stream: what the descriptor holds now
 // (and no more, however fast a process the command left writes) goes
-// into the sink, in order with what came before; what comes after is
-// dropped. The caller then closes the sink.
+// into its stream, in order with what came before; what comes after is
+// dropped. The caller then closes the sink, if a Sink.
 func (p *Pipe) End() {
 	p.rc.Control(func(fd uintptr) {
 		p.mu.Lock()
@@ -120,7 +126,7 @@ func (p *Pipe) End() {
 		for left > 0 {
 			n, err := unix.Read(int(fd), p.buf[:min(len(p.buf), left)])
 			if n > 0 {
-				p.sink.Write(p.i, p.buf[:n])
+				p.out.Write(p.i, p.buf[:n])
 				left -= n
 			} else if err != unix.EINTR {
 				break
