@@ -383,6 +383,16 @@ type ExecResult struct {
 	// Replayed says the result was recorded by an earlier request with
 	// the same ID: the command did not run again.
 	Replayed bool `json:"replayed,omitempty"`
+	// OutputTruncated says the command wrote more than the exec's cap
+	// (the worker's exec.max_output, lowered to the sandbox's disk
+	// bound), stdout and stderr together: the journal kept the first
+	// bytes up to the cap and dropped OutputTruncatedBytes more.
+	OutputTruncated      bool  `json:"output_truncated,omitempty"`
+	OutputTruncatedBytes int64 `json:"output_truncated_bytes,omitempty"`
+	// OutputDropped says the journal emptied the output later, to keep
+	// the sandbox's journal within its disk bound (the oldest ended
+	// execs' outputs go first): a replay has the result, no output.
+	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
 // CallRequest is the first line of POST /v1/calls: one command in a

@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"testing"
@@ -117,7 +118,17 @@ func BenchmarkDefaults(b *testing.B) {
 }
 
 // BenchmarkExec: one exec of true into a running sandbox.
-func BenchmarkExec(b *testing.B) {
+func BenchmarkExec(b *testing.B) { benchExec(b, "exec", sdk.ExecOptions{Args: []string{"true"}}) }
+
+// BenchmarkExecOutput: one exec writing 16 MiB to its stdout, which
+// the journal keeps and the client gets streamed.
+func BenchmarkExecOutput(b *testing.B) {
+	b.SetBytes(16 << 20)
+	benchExec(b, "exec-16MiB", sdk.ExecOptions{Args: []string{"head", "-c", "16777216", "/dev/zero"}, Stdout: io.Discard})
+}
+
+// benchExec times exec of opts into a running sandbox, as name.
+func benchExec(b *testing.B, name string, opts sdk.ExecOptions) {
 	c, layers := benchClient(b)
 	ctx := context.Background()
 	sb, err := c.Create(ctx, api.SandboxSpec{Layers: layers})
@@ -128,12 +139,12 @@ func BenchmarkExec(b *testing.B) {
 	var d []time.Duration
 	for b.Loop() {
 		t0 := time.Now()
-		if res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		if res, err := sb.Exec(ctx, opts); err != nil || res.ExitCode != 0 {
 			b.Fatal(res, err)
 		}
 		d = append(d, time.Since(t0))
 	}
-	report(b, "exec", d)
+	report(b, name, d)
 }
 
 // BenchmarkApplyPolicy: a running sandbox's egress allowlist changed

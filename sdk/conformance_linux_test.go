@@ -34,6 +34,7 @@ func TestContainerBackend(t *testing.T) {
 				return c
 			},
 			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
+			Root:      w.Root,
 		}
 	})
 }
@@ -58,6 +59,7 @@ func TestMicroVMBackend(t *testing.T) {
 				return c
 			},
 			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
+			Root:      w.Root,
 		}
 	})
 }

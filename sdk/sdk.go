@@ -414,7 +414,12 @@ type ExecOptions struct {
 }
 
 // Exec runs a command in the sandbox and returns how it ended; the
-// output streams to opts.Stdout and opts.Stderr as it comes.
+// output streams to opts.Stdout and opts.Stderr as it comes, as the
+// sandbox's journal keeps it: up to the worker's exec.max_output
+// (stdout and stderr together, no more than the sandbox's disk bound).
+// The result's OutputTruncated and OutputTruncatedBytes say what passed
+// the cap was dropped; a replay's OutputDropped, that the journal
+// dropped the output since, to stay within the sandbox's disk bound.
 func (s *Sandbox) Exec(ctx context.Context, opts ExecOptions) (api.ExecResult, error) {
 	req := opts.request()
 	resp, err := s.c.send(ctx, "POST", s.path("/exec"), withStdin(req, opts.Stdin))

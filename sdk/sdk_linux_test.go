@@ -212,6 +212,12 @@ func TestNoHostPaths(t *testing.T) {
 		if strings.Contains(out, "/dsec-init") || strings.Contains(out, " /usr ") {
 			t.Errorf("userns %v: a mount of the inits' own namespace shows in the sandbox:\n%s", userns, out)
 		}
+		// A command's stdio: the sandbox's own /dev/null and the pipes
+		// its init copies into the journal, never a host file.
+		out, _ = run(t, sb, "fds", "for fd in 0 1 2; do readlink /proc/self/fd/$fd; stat -Lc %F /proc/self/fd/$fd; done")
+		if !regexp.MustCompile(`^/dev/null\ncharacter special file\n(pipe:\[\d+\]\nfifo\n){2}$`).MatchString(out) {
+			t.Errorf("userns %v: a command's stdio: %q, want /dev/null and two pipes", userns, out)
+		}
 		// Nor can the sandbox's root walk the init's root, cwd or binary.
 		out, _ = run(t, sb, "spawner", "for l in root cwd exe; do ls /proc/1/$l/ 2>&1; readlink /proc/1/$l 2>&1; done")
 		if got := strings.Count(out, "Permission denied"); got != 3 || strings.Count(out, "\n") != 3 {

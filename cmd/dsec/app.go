@@ -40,6 +40,7 @@ type Config struct {
 	Reclaim   ReclaimConfig       `mapstructure:"reclaim"`
 	Pools     map[string]PoolFile `mapstructure:"pools"` // FnCall pools by name
 	Defaults  DefaultsConfig      `mapstructure:"defaults"`
+	Exec      ExecConfig          `mapstructure:"exec"`
 	// A worker's TCP API to talk to instead of the root's (tcp://HOST:PORT),
 	// the token its requests carry, the CA its certificate is checked
 	// against, and a client certificate for a worker that asks for one.
@@ -124,6 +125,12 @@ type DefaultsConfig struct {
 	Memory string `mapstructure:"memory"` // a size, or unlimited (default 2G)
 	Pids   int64  `mapstructure:"pids"`   // -1: none (default 4096)
 	Disk   string `mapstructure:"disk"`   // a size, or unlimited (default 10G)
+}
+
+// ExecConfig is what the worker journals of a command: at most MaxOutput
+// bytes of its output, stdout and stderr together (0: 64M).
+type ExecConfig struct {
+	MaxOutput int64 `mapstructure:"max_output"` // a size: 64M
 }
 
 // AdmissionConfig bounds what the worker runs (worker.Admission).
@@ -253,7 +260,9 @@ once under the root, default its free space less 1G; admission.worker_memory_min
 -1: off), idle reclaim (reclaim.idle_after,
 10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
-2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited) and FnCall pools (pools.NAME.size, .backend, .base,
+2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited), what the journal keeps of
+a command's output (exec.max_output, 64M: stdout and stderr together, lowered to the sandbox's disk bound; what
+passes it is dropped and the result says so) and FnCall pools (pools.NAME.size, .backend, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
 (listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; api.max_requests, 4096, and
 api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
@@ -343,6 +352,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)
 	v.SetDefault("cache.keep_mounted", "30s")
+	v.SetDefault("exec.max_output", 0)
 	v.SetDefault("remotes", map[string]string{})
 	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
 	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
@@ -379,6 +389,9 @@ func (a *app) configure(cmd *cobra.Command) error {
 	if a.cfg.API.MaxRequests < 0 || a.cfg.API.MaxRequestsPerToken < 0 {
 		return usageError{fmt.Errorf("api.max_requests %d, api.max_requests_per_token %d: give positive bounds, or 0 for the defaults",
 			a.cfg.API.MaxRequests, a.cfg.API.MaxRequestsPerToken)}
+	}
+	if n := a.cfg.Exec.MaxOutput; n < 0 {
+		return usageError{fmt.Errorf("exec.max_output %d: give a size such as 64M (0: the default, 64M)", n)}
 	}
 	if d := a.cfg.Cache.KeepMounted; d < 0 {
 		return usageError{fmt.Errorf("cache.keep_mounted %v: give a duration of 0 (unmount at once) or more, such as 30s", d)}
@@ -417,7 +430,7 @@ func configError(from string, err error) error {
 		if where = strings.Trim(where, "'"); where != "" {
 			keys += " under " + where
 		}
-		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, defaults.*, pools.NAME.*)",
+		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, defaults.*, exec.*, pools.NAME.*)",
 			strings.TrimSuffix(from, " or DSEC_* variables"), keys)
 	}
 	if key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "'"), "' "); ok {

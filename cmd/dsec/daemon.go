@@ -88,6 +88,7 @@ with E2B-based frameworks" says what maps to what.
 				Log:         a.log,
 				ExitIdle:    exitIdle,
 				KeepLayers:  a.cfg.Cache.KeepMounted,
+				MaxOutput:   a.cfg.Exec.MaxOutput,
 				Listen:      a.cfg.Listen,
 				TLS:         worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
 				MaxRequests: a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,

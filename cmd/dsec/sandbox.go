@@ -302,6 +302,12 @@ With --json the output is collected and printed with the result as one JSON obje
 "stdout" and "stderr" hold the streams as text when they are UTF-8; a stream that is not
 is in "stdout_base64" or "stderr_base64" instead, byte for byte.
 
+The journal keeps up to exec.max_output (64M) of a command's output, stdout and stderr
+together, and no more than the sandbox's disk bound; the rest is read and dropped, and exec
+says so on stderr ("output_truncated", "output_truncated_bytes" with --json). What the
+command's processes write after it ended is not kept. To stay within its disk bound, the
+journal drops the outputs of a sandbox's oldest steps first ("output_dropped").
+
 ` + runExitHelp,
 		Example: `  dsec exec rollout-7 -- ls /work
   dsec exec --id rollout-7/step-12 rollout-7 -- sh -c 'pip install -e . && pytest -x'
@@ -408,10 +414,24 @@ func (a *app) finish(res api.ExecResult, sandbox string) error {
 	if res.OOM {
 		fmt.Fprintf(a.stderr, "dsec: the command was killed: sandbox %s hit its memory limit (out of memory)\n", sandbox)
 	}
+	a.warnOutput(res)
 	if res.ExitCode != 0 {
 		return cmdExit{res.ExitCode}
 	}
 	return nil
+}
+
+// warnOutput says on stderr when the journal kept less than the command
+// wrote: past the exec's cap, or emptied since to keep the sandbox's
+// journal within its disk bound.
+func (a *app) warnOutput(res api.ExecResult) {
+	switch {
+	case res.OutputDropped:
+		fmt.Fprintf(a.stderr, "dsec: exec %s's output was dropped from the journal to keep the sandbox within its disk bound (older outputs go first)\n", res.ID)
+	case res.OutputTruncated:
+		fmt.Fprintf(a.stderr, "dsec: exec %s's output was truncated: %s past the cap (exec.max_output, or the sandbox's disk bound) was not kept\n",
+			res.ID, humanBytes(res.OutputTruncatedBytes))
+	}
 }
 
 func (a *app) completeSandboxes(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -600,7 +620,9 @@ func (a *app) logsCommand() *cobra.Command {
 		Short: "Print the recorded output of a sandbox's command",
 		Long: `Logs prints the journaled stdout and stderr of the command dsec run started in the sandbox
 (exec id "run"), or of the exec --id names. With -f it follows the output until the
-command ends and exits with its exit code.
+command ends and exits with its exit code. It says on stderr when the journal kept less
+than the command wrote: past the cap (exec.max_output, or the sandbox's disk bound), or
+dropped since to keep the sandbox's journal within its disk bound.
 
 ` + exitCodesHelp,
 		Args:              exactArgs(1),
@@ -617,6 +639,7 @@ command ends and exits with its exit code.
 			if err != nil {
 				return err
 			}
+			a.warnOutput(res)
 			if follow && res.ExitCode != 0 {
 				return cmdExit{res.ExitCode}
 			}

@@ -3,7 +3,6 @@ package runtime_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,25 +137,20 @@ rm /etc/answer && [ ! -e /etc/answer ] && dd if=/dev/zero of=big bs=1 count=1 se
 		t.Fatal(err)
 	}
 	defer m.Close()
-	e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "jobs", TTY: true, Stdin: tty, Stdout: tty, Stderr: tty,
+	e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "jobs", TTY: true, Stdin: tty, Terminal: m,
 		Args: []string{"/bin/sh", "-c", "set -m; sleep 30 & jobs; kill %1; wait; echo JOBS-DONE"}})
 	tty.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var screen bytes.Buffer
-	done := make(chan struct{})
-	go func() { io.Copy(&screen, m); close(done) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	res, err := e.Result(ctx)
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("job control: %v %+v", err, res)
 	}
-	select {
-	case <-done:
-	case <-time.After(2 * time.Second):
-	}
+	b, _ := os.ReadFile(e.StdoutPath()) // the terminal, as the exec's journal has it
+	screen := bytes.NewBuffer(b)
 	if s := screen.String(); !strings.Contains(s, "Running") || !strings.Contains(s, "sleep 30") || !strings.Contains(s, "JOBS-DONE") {
 		t.Errorf("job control on a terminal: %q", s)
 	}

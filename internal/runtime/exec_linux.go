@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,10 +28,16 @@ type ExecSpec struct {
 	Env  []string // after the sandbox's
 	Cwd  string   // default: the sandbox's workdir, then / (a User's home)
 	User string   // default: root
-	// Stdin is nil for /dev/null. Stdout and Stderr, when set, replace
-	// the journal's output files (a terminal: the caller records it).
-	Stdin, Stdout, Stderr *os.File
-	TTY                   bool // Stdin is a terminal to make the controlling one
+	// Stdin is nil for /dev/null. With TTY it is a terminal, the
+	// command's controlling one and its stdout and stderr too, and
+	// Terminal is its master, whose output Run journals as stdout until
+	// the command ends; the caller may write to it (stdin) and closes
+	// it once the exec ended (the terminal then hangs up).
+	Stdin, Terminal *os.File
+	TTY             bool
+	// MaxOutput caps the output journaled, both streams together (0:
+	// journal.DefaultMaxOutput), lowered to the sandbox's disk bound.
+	MaxOutput int64
 }
 
 // Result is how an exec ended; Exec a journaled command; ErrInfra marks
@@ -70,7 +77,10 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	sb.mu.Lock()
 	c, g, st := sb.c, sb.g, sb.State
 	sb.mu.Unlock()
-	step := journal.Step{Sandbox: st.Name, ID: spec.ID, Args: spec.Args, Keep: st.Pool == "", Stdout: spec.Stdout, Stderr: spec.Stderr}
+	// The journal's outputs together stay within the sandbox's disk
+	// bound: what it writes to its disk is bounded so, and so is what
+	// its steps write to the host's.
+	step := journal.Step{Sandbox: st.Name, ID: spec.ID, Args: spec.Args, Keep: st.Pool == "", MaxOutput: spec.MaxOutput, Bound: cmp.Or(st.Disk, st.DiskBound)}
 	return sb.journal().Start(step, func(e *Exec, stdout, stderr *os.File) error {
 		if st.Paused {
 			return fmt.Errorf("sandbox %s is paused: resume it first (dsec resume): %w", st.Name, ErrPaused)
@@ -92,6 +102,23 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		if g != nil {
 			oomBefore = g.OOMKills()
 		}
+		maxOutput := e.Limit()
+		if maxOutput == 0 {
+			maxOutput = -1 // none
+		}
+		// A terminal's output is the worker's to journal: it holds the
+		// master, which the sandbox never gets.
+		var term *terminal
+		if spec.TTY {
+			if spec.Terminal == nil || spec.Stdin == nil {
+				return fmt.Errorf("exec %s: a terminal without its master: %w", spec.ID, errdefs.ErrInvalidArgument)
+			}
+			var err error
+			if term, err = recordTerminal(e, spec.Terminal); err != nil {
+				return err
+			}
+			stdout, stderr = spec.Stdin, spec.Stdin
+		}
 		started := make(chan struct{})
 		refused := make(chan error, 1)
 		sb.touch()
@@ -104,10 +131,16 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			// The call returns when the command ends; the init answers
 			// at once if it cannot start it.
 			var guestOOM bool
+			var truncated int64
 			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY, User: spec.User,
 				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class), OOM: &guestOOM,
-				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, Started: func(int) { close(started) }})
+				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, MaxOutput: maxOutput, Truncated: &truncated,
+				Started: func(int) { close(started) }})
+			if term != nil {
+				truncated += term.end()
+			}
 			var r Result
+			r.Truncated = truncated
 			switch {
 			case errors.Is(err, backend.ErrDied) && sb.Snapshot().Status == Stopped:
 				// A deliberate stop killed it, as docker stop does: its
@@ -138,6 +171,33 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		}
 		return nil
 	})
+}
+
+// terminal journals what a terminal's master shows as an exec's stdout.
+type terminal struct {
+	sink *journal.Sink
+	pipe *journal.Pipe
+}
+
+func recordTerminal(e *Exec, master *os.File) (*terminal, error) {
+	out, err := os.OpenFile(e.StdoutPath(), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, err
+	}
+	t := &terminal{sink: journal.NewSink(e.Limit(), out, nil)}
+	if t.pipe, err = journal.Copy(t.sink, 0, master); err != nil {
+		t.sink.Close()
+		return nil, fmt.Errorf("record the terminal: %w", err)
+	}
+	return t, nil
+}
+
+// end takes what the terminal shows now as the step's last output and
+// closes its journal; it returns the bytes the cap cut.
+func (t *terminal) end() int64 {
+	t.pipe.End()
+	t.pipe.Close() // the terminal's life is its master's, which the caller holds
+	return t.sink.Close()
 }
 
 // journal is the sandbox's journal, in its directory (which its ID

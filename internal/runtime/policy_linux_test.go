@@ -235,13 +235,26 @@ func TestAttackSuite(t *testing.T) {
 	hostArgs := []string{"-dir", t.TempDir(), "-xfs", xfsDir, "-tcp", "127.0.0.1:1", "-udp", "127.0.0.1:9", "-devdir", t.TempDir(), "-blk", blk,
 		"-ext4", ext4Dir, "-btrfs", btrfsDir}
 	hostArgs = append(hostArgs, append(escape, "-initpid", fmt.Sprint(target.Process.Pid))...)
+	// Its output a file, as the journal's files were a command's: the
+	// journal attempts go through.
+	output := func(cmd *exec.Cmd) (string, error) {
+		f, err := os.CreateTemp(t.TempDir(), "out")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		cmd.Stdout = f
+		err = cmd.Run()
+		b, _ := os.ReadFile(f.Name())
+		return string(b), err
+	}
 	cmd := exec.Command(bin, hostArgs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
-	out, err := cmd.Output()
+	out, err := output(cmd)
 	if err != nil {
 		t.Fatalf("attacker on the host: %v", err)
 	}
-	host := results(t, string(out))
+	host := results(t, out)
 	for name, res := range host {
 		if res == "EPERM" || (name == "clone3" && res == "ENOSYS") || (strings.HasPrefix(name, "NETLINK_") && res == "EPROTONOSUPPORT") {
 			t.Errorf("positive control: %s was refused on the host (%s): the attempt proves nothing", name, res)
@@ -257,10 +270,10 @@ func TestAttackSuite(t *testing.T) {
 	os.WriteFile(pf, prog, 0o600)
 	cmd = exec.Command(bin, append(hostArgs, "-seccomp", pf)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS}
-	if out, err = cmd.Output(); err != nil {
+	if out, err = output(cmd); err != nil {
 		t.Fatalf("attacker under the profile: %v", err)
 	}
-	filtered := results(t, string(out))
+	filtered := results(t, out)
 
 	// The sandbox: root inside, under a policy allowing one TCP port.
 	pol, err := policy.Parse([]byte("apiVersion: dsec/v1\nkind: Policy\nnetwork:\n  egress:\n  - to: 127.0.0.1/32\n    ports: [18081]\n    protocol: tcp\n"))
@@ -349,6 +362,7 @@ func TestAttackSuite(t *testing.T) {
 	}
 	checkDevices(t, host, inside)
 	checkEscapes(t, host, inside)
+	checkJournal(t, host, inside)
 	checkIoctls(t, host, filtered, inside)
 	if host["XFS_IOC_SWAPEXT"] == "ENOTTY" {
 		t.Errorf("XFS_IOC_SWAPEXT on the host's XFS: ENOTTY: the control did not reach XFS")
@@ -373,6 +387,24 @@ func checkEscapes(t *testing.T, host, inside map[string]string) {
 			t.Errorf("%s in the sandbox: %s, want %s (host: %s)", name, got, want, host[name])
 		}
 		if h, ok := host[name]; ok && h != "ok" && name != "mount cgroup" {
+			t.Errorf("positive control: %s on the host: %s", name, h)
+		}
+	}
+}
+
+// checkJournal holds the attempts on the exec journal to what a
+// command's pipes answer; from the host, whose output is a file, each
+// goes through.
+func checkJournal(t *testing.T, host, inside map[string]string) {
+	t.Helper()
+	for name, want := range map[string]string{
+		"stdout a file": "not a file", "stdout a host path": "pipe", "fallocate stdout": "ESPIPE", "ftruncate stdout": "EINVAL",
+		"pwrite stdout": "ESPIPE", "truncate stdout by its /proc link": "EINVAL", "init's fd links": "EACCES",
+	} {
+		if got := inside[name]; got != want {
+			t.Errorf("%s in the sandbox: %s, want %s (host: %s)", name, got, want, host[name])
+		}
+		if h := host[name]; h != "ok" {
 			t.Errorf("positive control: %s on the host: %s", name, h)
 		}
 	}

@@ -145,7 +145,12 @@ def error_frame(e: Mapping[str, Any]) -> DsecError:
 class ExecResult:
     """How a command ended, and what it wrote (stdout and stderr as text, the
     bytes in stdout_bytes and stderr_bytes). ``replayed``: the id ran before
-    and this is its recorded result; the command did not run again."""
+    and this is its recorded result; the command did not run again.
+    ``output_truncated``: the command wrote more than the exec's cap (the
+    worker's exec.max_output, lowered to the sandbox's disk bound), stdout and
+    stderr together; the journal kept the first bytes and dropped
+    ``output_truncated_bytes`` more. ``output_dropped``: the journal emptied
+    this exec's output later, to stay within the sandbox's disk bound."""
 
     exit_code: int
     stdout_bytes: bytes = b""
@@ -154,6 +159,9 @@ class ExecResult:
     replayed: bool = False
     oom: bool = False
     sandbox: str = ""  # for a call: where it ran
+    output_truncated: bool = False
+    output_truncated_bytes: int = 0
+    output_dropped: bool = False
 
     @property
     def stdout(self) -> str:
@@ -406,6 +414,9 @@ class Frames:
             self.result.exit_code = r.get("exit_code", -1)
             self.result.replayed = bool(r.get("replayed"))
             self.result.oom = bool(r.get("oom"))
+            self.result.output_truncated = bool(r.get("output_truncated"))
+            self.result.output_truncated_bytes = int(r.get("output_truncated_bytes") or 0)
+            self.result.output_dropped = bool(r.get("output_dropped"))
             self.result.id = r.get("id") or self.result.id
             self.done = True
         return out

@@ -114,6 +114,20 @@ def test_local_socket(worker):
         sb.remove(force=True)
 
 
+def test_output_truncated(worker):
+    c = dsec.Client(host="", root=ROOT)
+    sb = c.create(BASE, name="bounded-1", disk=16 << 20)
+    try:
+        r = sb.exec(["head", "-c", str(17 << 20), "/dev/zero"], id="flood")
+        assert r.exit_code == 0 and len(r.stdout_bytes) == 16 << 20
+        assert r.output_truncated and r.output_truncated_bytes == 1 << 20 and not r.output_dropped
+        sb.exec(["true"])  # the flood's 16 MiB and the next cap do not fit: dropped
+        again = sb.exec(["head", "-c", str(17 << 20), "/dev/zero"], id="flood")
+        assert again.replayed and again.output_dropped and again.output_truncated and again.stdout_bytes == b""
+    finally:
+        sb.remove(force=True)
+
+
 def test_remote_rollout(worker):
     c = remote(worker, token())
     sb = c.create(BASE, name="remote-1", env={"STEP": "x"})

@@ -189,6 +189,7 @@ func main() {
 		{"NETLINK_ROUTE (allowed)", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) }},
 	}
 	as = append(as, escapeAttempts(*inside, *initPid, *hostPid, *abstract)...)
+	as = append(as, journalAttempts(*initPid)...)
 	if *devDir != "" {
 		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
 	}

@@ -26,12 +26,12 @@ type Instance interface {
 	// signal N, 127 for a command not found, 126 for one that cannot
 	// run). ErrDied: the sandbox died under it.
 	Exec(ctx context.Context, cmd Cmd) (int, error)
-	// Result waits for the exit code of the command under id, also one
-	// an earlier connection started. ErrUnknownExec: never started.
-	Result(ctx context.Context, id string) (int, error)
+	// Result waits for the end of the command under id, also one an
+	// earlier connection started. ErrUnknownExec: never started.
+	Result(ctx context.Context, id string) (Exit, error)
 	// Probe says whether the command under id still runs; if it ended,
-	// its exit code. ErrUnknownExec: never started.
-	Probe(ctx context.Context, id string) (running bool, code int, err error)
+	// how. ErrUnknownExec: never started.
+	Probe(ctx context.Context, id string) (running bool, x Exit, err error)
 	// Done is closed when the sandbox is lost: its init died, or Close.
 	Done() <-chan struct{}
 	// Close lets go of the sandbox, which runs on.
@@ -82,6 +82,15 @@ var ErrDied = errors.New("sandbox died")
 // asked for (or forgot it: it keeps the last few thousand).
 var ErrUnknownExec = errors.New("no such exec in the sandbox")
 
+// Exit is how a command ended, once the writer of its output has
+// closed its files: the output is all there.
+type Exit struct {
+	Code int
+	// Truncated counts the bytes of its output past its cap, which the
+	// writer read and dropped.
+	Truncated int64
+}
+
 // Cmd is a command to run in a sandbox.
 type Cmd struct {
 	// ID names the command for Result; it must be unique in the sandbox.
@@ -98,10 +107,20 @@ type Cmd struct {
 	User string
 	// TTY makes Stdin the command's controlling terminal.
 	TTY bool
-	// nil: /dev/null. The caller may close them once Started ran (or
-	// Exec returned). Whoever writes them outlives the worker: a
-	// container's init holds them; a VM's host-side process would.
+	// Stdin nil: /dev/null (the sandbox's own). Stdout and Stderr are
+	// the journal's files, which the command never gets: the sandbox's
+	// writer of its output (a container's init, a VM's host-side shim),
+	// which outlives the worker, copies the command's pipes into them,
+	// within MaxOutput, and closes them when the command ends, before
+	// telling its exit. With TTY all three are the terminal, which the
+	// command gets (the caller journals what it shows). The caller may
+	// close them once Started ran (or Exec returned).
 	Stdin, Stdout, Stderr *os.File
+	// MaxOutput caps what is written to Stdout and Stderr together
+	// (past it output is read and dropped); Truncated, if set, is set
+	// to what was dropped.
+	MaxOutput int64
+	Truncated *int64
 	// Started, if set, is called with the command's pid in the
 	// sandbox's pid namespace once it runs.
 	Started func(pid int)

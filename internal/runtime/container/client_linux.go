@@ -29,6 +29,8 @@ type Conn struct {
 	exited chan struct{} // closed once cmd is reaped
 	conn   *net.UnixConn
 	users  bool // the init runs commands as other users (hello.Users)
+	// journal: the init writes the journal's files (hello.Journal)
+	journal bool
 
 	mu   sync.Mutex
 	wait map[string]chan reply
@@ -56,7 +58,7 @@ func greet(c *net.UnixConn, pid int) (*Conn, error) {
 	}
 	var h hello
 	json.Unmarshal(buf[:n], &h)
-	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users}
+	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal}
 	// Only the init holds the listener, so the init is alive now and pid
 	// is still its own: a pidfd keeps Destroy from ever signalling
 	// another process that reuses the pid after the init's death.
@@ -133,10 +135,20 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	if cmd.User != "" && !s.users {
 		return -1, fmt.Errorf("this sandbox's init, an older dsec's, cannot run a command as user %q (it would run it as root): stop and start the sandbox to give it a current init", cmd.User)
 	}
+	if !s.journal {
+		return -1, fmt.Errorf("this sandbox's init, an older dsec's, would hand the command the journal's files: stop and start the sandbox to give it a current init")
+	}
+	req := request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore,
+		User: cmd.User, MaxOutput: cmd.MaxOutput}
 	var files []int
-	for _, f := range []*os.File{cmd.Stdin, cmd.Stdout, cmd.Stderr} {
+	if cmd.Stdin == nil {
+		req.NullStdin = true
+	} else {
+		files = append(files, int(cmd.Stdin.Fd()))
+	}
+	for _, f := range []*os.File{cmd.Stdout, cmd.Stderr} {
 		if f == nil {
-			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 			if err != nil {
 				return -1, err
 			}
@@ -145,31 +157,41 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	r, err := s.do(ctx, request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore, User: cmd.User}, unix.UnixRights(files...), cmd.Started)
+	r, err := s.do(ctx, req, unix.UnixRights(files...), cmd.Started)
 	if err != nil {
 		return -1, err
 	}
 	if cmd.OOM != nil {
 		*cmd.OOM = r.OOM
 	}
+	if cmd.Truncated != nil {
+		*cmd.Truncated = r.Truncated
+	}
 	return *r.Exit, nil
 }
 
-// Result waits for the exit code of an earlier Exec with id, also one a
+// Result waits for the end of an earlier Exec with id, also one a
 // previous connection started: what a worker that restarted mid-step
 // asks before running anything again.
-func (s *Conn) Result(ctx context.Context, id string) (int, error) {
-	return s.call(ctx, request{Op: opResult, ID: id}, nil, nil)
+func (s *Conn) Result(ctx context.Context, id string) (backend.Exit, error) {
+	rep, err := s.do(ctx, request{Op: opResult, ID: id}, nil, nil)
+	if err != nil {
+		return backend.Exit{Code: -1}, err
+	}
+	return backend.Exit{Code: *rep.Exit, Truncated: rep.Truncated}, nil
 }
 
-// Probe says whether the command under id still runs; if it ended, its
-// exit code. ErrUnknownExec: the init never started it.
-func (s *Conn) Probe(ctx context.Context, id string) (running bool, code int, err error) {
-	code, err = s.call(ctx, request{Op: opProbe, ID: id}, nil, nil)
-	if errors.Is(err, errRunning) {
-		return true, -1, nil
+// Probe says whether the command under id still runs; if it ended, how.
+// ErrUnknownExec: the init never started it.
+func (s *Conn) Probe(ctx context.Context, id string) (running bool, x backend.Exit, err error) {
+	rep, err := s.do(ctx, request{Op: opProbe, ID: id}, nil, nil)
+	switch {
+	case errors.Is(err, errRunning):
+		return true, backend.Exit{Code: -1}, nil
+	case err != nil:
+		return false, backend.Exit{Code: -1}, err
 	}
-	return false, code, err
+	return false, backend.Exit{Code: *rep.Exit, Truncated: rep.Truncated}, nil
 }
 
 var errRunning = errors.New("running")

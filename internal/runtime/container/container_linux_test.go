@@ -318,9 +318,9 @@ func TestWorkerCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	code, err := again.Result(context.Background(), "step-7")
-	if err != nil || code != 5 {
-		t.Fatalf("result after reattaching: %d, %v", code, err)
+	x, err := again.Result(context.Background(), "step-7")
+	if err != nil || x.Code != 5 {
+		t.Fatalf("result after reattaching: %+v, %v", x, err)
 	}
 	if _, err := again.Exec(context.Background(), container.Cmd{ID: "step-7", Args: []string{"true"}}); err == nil {
 		t.Fatal("an exec id ran twice")

@@ -34,7 +34,9 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 }
 
 // Result is not supported off Linux.
-func (s *Conn) Result(ctx context.Context, id string) (int, error) { return -1, errNotLinux }
+func (s *Conn) Result(ctx context.Context, id string) (backend.Exit, error) {
+	return backend.Exit{Code: -1}, errNotLinux
+}
 
 // Close is not supported off Linux.
 func (s *Conn) Close() error { return errNotLinux }

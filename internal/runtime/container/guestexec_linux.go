@@ -6,12 +6,13 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 
 	"github.com/creack/pty"
 	"github.com/hashicorp/yamux"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
 // FIFREEZE and FITHAW freeze and thaw a file system (_IOWR('X', 119 and
@@ -44,8 +45,21 @@ func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, 
 			pty.Setsize(master, &pty.Winsize{Rows: req.Rows, Cols: req.Cols})
 		}
 		files = []*os.File{tty, tty, tty}
-		p.stdin = master
-		p.outs = []*outCopier{newOutCopier(master, frameStdout, fw)}
+		// pty.Open leaves the master blocking (its ioctls went through
+		// Fd()), and the copy makes the open file non-blocking: stdin
+		// is written through a non-blocking descriptor, which the
+		// poller serves.
+		if p.stdin, err = nonBlocking(master); err != nil {
+			fail(fmt.Errorf("a terminal in the guest: %w", err))
+			return
+		}
+		out, err := journal.Copy(frames{fw}, 0, p.stdin)
+		if err != nil {
+			p.stdin.Close()
+			fail(fmt.Errorf("a terminal in the guest: %w", err))
+			return
+		}
+		p.outs = []*journal.Pipe{out}
 	} else {
 		for i := range 3 {
 			r, w, err := os.Pipe()
@@ -55,15 +69,21 @@ func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, 
 			}
 			if i == 0 {
 				files, p.stdin = append(files, r), w
-			} else {
-				files = append(files, w)
-				p.outs = append(p.outs, newOutCopier(r, frameStdout+byte(i-1), fw))
+				continue
 			}
+			files = append(files, w)
+			out, err := journal.Copy(frames{fw}, i-1, r)
+			r.Close() // the copy has its own
+			if err != nil {
+				fail(err)
+				return
+			}
+			p.outs = append(p.outs, out)
 		}
 	}
 	for _, o := range p.outs {
 		go func() {
-			o.run()
+			<-o.Done()
 			p.ended()
 		}()
 	}
@@ -78,7 +98,7 @@ type execPeer struct {
 	fw    *frameWriter
 	tty   bool
 	stdin *os.File // what stdin frames go to: a pipe, or the terminal
-	outs  []*outCopier
+	outs  []*journal.Pipe
 
 	mu     sync.Mutex
 	done   int  // outs at their end
@@ -95,11 +115,12 @@ func (p *execPeer) send(r reply) {
 		return
 	}
 	// The exit goes after every byte the command wrote before it ended:
-	// what its pipes hold now. Off the loop's thread: a slow host must
-	// not hold up the guest's other commands.
+	// what its pipes hold now; nothing after it goes (the host's shim
+	// would drop it). Off the loop's thread: a slow host must not hold
+	// up the guest's other commands.
 	go func() {
 		for _, o := range p.outs {
-			o.drain()
+			o.End()
 		}
 		p.fw.json(frameReply, r)
 		p.finish()
@@ -125,15 +146,13 @@ func (p *execPeer) ended() {
 	}
 	for _, o := range p.outs {
 		select {
-		case <-o.done:
+		case <-o.Done():
 		default:
 			return
 		}
 	}
 	p.closed = true
-	if !p.tty {
-		p.stdin.Close() // unblocks a write no reader will ever take
-	}
+	p.stdin.Close() // unblocks a write no reader will ever take
 	p.st.Close()
 }
 
@@ -158,73 +177,26 @@ func (p *execPeer) pumpStdin(fr *frameReader) {
 	}
 }
 
-// outCopier copies a command's output (a pipe's read end, or the
-// terminal) into frames of one kind, and on drain takes what the pipe
-// holds now, in order with what it copied before.
-type outCopier struct {
-	mu     sync.Mutex
-	f      *os.File
-	rc     syscall.RawConn
-	kind   byte
-	fw     *frameWriter
-	buf    []byte
-	closed bool
-	done   chan struct{}
-}
-
-func newOutCopier(f *os.File, kind byte, fw *frameWriter) *outCopier {
-	rc, _ := f.SyscallConn()
-	return &outCopier{f: f, rc: rc, kind: kind, fw: fw, buf: make([]byte, 64<<10), done: make(chan struct{})}
-}
-
-// read copies what the descriptor holds now; eof: it has ended (a pipe
-// with no writer left; a terminal whose last holder closed it: EIO).
-func (c *outCopier) read(fd uintptr) (eof bool) {
-	for {
-		n, err := unix.Read(int(fd), c.buf)
-		switch {
-		case n > 0:
-			c.fw.frame(c.kind, c.buf[:n])
-			continue
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			return false
-		}
-		return true
+// nonBlocking is a non-blocking descriptor of f's open file, which it
+// closes.
+func nonBlocking(f *os.File) (*os.File, error) {
+	defer f.Close()
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
 	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-func (c *outCopier) run() {
-	defer close(c.done)
-	for {
-		eof := false
-		err := c.rc.Read(func(fd uintptr) bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			eof = c.read(fd)
-			// false: wait until it is readable again
-			return eof
-		})
-		if err != nil || eof {
-			break
-		}
-	}
-	c.mu.Lock()
-	c.closed = true
-	c.f.Close()
-	c.mu.Unlock()
-}
+// frames sends a command's output to the shim as frames, stdout's and
+// stderr's.
+type frames struct{ fw *frameWriter }
 
-// drain copies what the descriptor holds now.
-func (c *outCopier) drain() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return
-	}
-	c.rc.Control(func(fd uintptr) { c.read(fd) })
-}
+func (f frames) Write(stream int, b []byte) { f.fw.frame(frameStdout+byte(stream), b) }
 
 // guestNet brings up the guest's eth0 with n's address and route.
 // guestReNet makes eth0 what n describes in a guest restored from a

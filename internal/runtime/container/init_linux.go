@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
 // MaybeInit runs the sandbox init and never returns if this process was
@@ -48,6 +50,26 @@ type job struct {
 	pid  int  // in the sandbox's namespace; it leads its process group
 	conn peer // who hears the exit; nil once it went away
 	oom  int64
+	// The writer of its output (a container's: not a terminal's):
+	// the pipes' read ends into the journal's files.
+	pipes []*journal.Pipe
+	sink  *journal.Sink
+	// exited: reaped, its output being closed; its pid is no longer its
+	// own.
+	exited bool
+}
+
+// ending is a command whose output is closed: its exit may be told.
+type ending struct {
+	j         *job
+	code      int
+	truncated int64
+}
+
+// exit is an ended command as the init keeps it.
+type exit struct {
+	code      int
+	truncated int64
 }
 
 // peer hears an init's replies: a worker's connection to it, or in a
@@ -121,6 +143,12 @@ func initSandbox() error {
 	if err := setupRoot(tree); err != nil {
 		return err
 	}
+	// The stdin of a command without one: the sandbox's own /dev/null,
+	// opened once while the init alone runs there.
+	devNull, err := os.OpenFile("/dev/null", os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("the sandbox's /dev/null: %w", err)
+	}
 	if spec.Hostname != "" {
 		if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 			return fmt.Errorf("sethostname: %w", err)
@@ -178,16 +206,19 @@ func initSandbox() error {
 		}
 	}()
 	jobs := newLoop()
+	jobs.devNull, jobs.ends = devNull, make(chan ending)
 	for {
 		select {
 		case r := <-in:
 			jobs.handle(r)
 			for _, f := range r.files {
-				f.Close()
+				f.Close() // those handle did not take
 			}
 		case c := <-gone:
 			c.c.Close()
 			jobs.forget(c)
+		case x := <-jobs.ends:
+			jobs.ended(x)
 		case <-sigs:
 		}
 		jobs.reap()
@@ -234,8 +265,15 @@ func serve(c *net.UnixConn, in chan<- incoming, gone chan<- *connPeer) {
 type loop struct {
 	running   map[int]*job // by pid
 	byID      map[string]*job
-	done      map[string]int // exit codes
-	doneOrder []string       // oldest first
+	done      map[string]exit
+	doneOrder []string // oldest first
+	// devNull, if set (a container's init), is the stdin of commands
+	// without one, and ends makes the loop the writer of its commands'
+	// output: each gets pipes, which the init copies into the
+	// journal's files its request carries (a guest's agent has its
+	// shim write them: it gets pipes already).
+	devNull *os.File
+	ends    chan ending
 	// oomKills, if set, counts the kernel's OOM kills: a command killed
 	// while it grew was the OOM killer's (a guest's kernel is the
 	// sandbox's own; a container's exits are its group's to tell).
@@ -243,7 +281,7 @@ type loop struct {
 }
 
 func newLoop() *loop {
-	return &loop{running: map[int]*job{}, byID: map[string]*job{}, done: map[string]int{}}
+	return &loop{running: map[int]*job{}, byID: map[string]*job{}, done: map[string]exit{}}
 }
 
 func send(c peer, r reply) {
@@ -260,8 +298,8 @@ func (l *loop) handle(r incoming) {
 		clear(l.done)
 		l.doneOrder = nil
 	case opResult, opProbe:
-		if code, ok := l.done[id]; ok {
-			send(r.conn, reply{ID: id, Exit: &code})
+		if x, ok := l.done[id]; ok {
+			send(r.conn, reply{ID: id, Exit: &x.code, Truncated: x.truncated})
 		} else if j := l.byID[id]; j != nil && r.req.Op == opProbe {
 			send(r.conn, reply{ID: id, Running: true})
 		} else if j != nil {
@@ -281,9 +319,11 @@ func (l *loop) handle(r incoming) {
 		case j != nil:
 			// The command leads its session, so its group holds what it
 			// started (a shell's children); the pid too, should it have
-			// left it.
-			unix.Kill(-j.pid, unix.Signal(r.req.Signal))
-			unix.Kill(j.pid, unix.Signal(r.req.Signal))
+			// left it. One reaped is done with.
+			if !j.exited {
+				unix.Kill(-j.pid, unix.Signal(r.req.Signal))
+				unix.Kill(j.pid, unix.Signal(r.req.Signal))
+			}
 			fallthrough
 		case l.hasDone(r.req.Exec):
 			zero := 0
@@ -296,24 +336,48 @@ func (l *loop) handle(r incoming) {
 			send(r.conn, reply{ID: id, Error: "exec id " + id + " was used already"})
 			return
 		}
-		pid, err := start(r.req, r.files)
+		stdio, out, err := l.stdio(r)
+		if err != nil {
+			send(r.conn, reply{ID: id, Error: err.Error()})
+			return
+		}
+		pid, err := start(r.req, stdio)
+		for _, p := range out {
+			p[1].Close() // the command's
+		}
+		if err != nil {
+			for _, p := range out {
+				p[0].Close()
+			}
+		}
 		var nf *notFound
 		var ce *cannotExec
 		switch {
 		case errors.As(err, &nf), errors.As(err, &ce):
 			// Like a shell: a message on the command's stderr, 127
 			// for a command not found, 126 for one that cannot run.
-			fmt.Fprintf(r.files[2], "%v\n", err)
+			fmt.Fprintf(r.files[len(r.files)-1], "%v\n", err)
 			code := 127
 			if ce != nil {
 				code = 126
 			}
-			l.finish(id, code)
+			l.finish(id, exit{code: code})
 			send(r.conn, reply{ID: id, Exit: &code})
 		case err != nil:
 			send(r.conn, reply{ID: id, Error: err.Error()})
 		default:
 			j := &job{id: id, pid: pid, conn: r.conn}
+			if out != nil {
+				n := len(r.files)
+				j.sink = journal.NewSink(journal.Cap(r.req.MaxOutput), r.files[n-2], r.files[n-1])
+				r.files[n-2], r.files[n-1] = nil, nil // the sink's now
+				for i, p := range out {
+					if cp, err := journal.Copy(j.sink, i, p[0]); err == nil {
+						j.pipes = append(j.pipes, cp)
+					}
+					p[0].Close()
+				}
+			}
 			if l.oomKills != nil {
 				j.oom = l.oomKills()
 			}
@@ -325,10 +389,42 @@ func (l *loop) handle(r incoming) {
 	}
 }
 
+// stdio is what the command of an exec request gets: its stdin (the
+// sandbox's /dev/null for none), and for its output, where the loop
+// writes it (ends), the write ends of two pipes whose read ends (out)
+// the loop copies into the request's files; else (a terminal's, a
+// guest's) the request's own.
+func (l *loop) stdio(r incoming) (stdio []*os.File, out [][2]*os.File, err error) {
+	files := r.files
+	if r.req.NullStdin && len(files) == 2 {
+		files = append([]*os.File{l.devNull}, files...)
+	}
+	if len(files) != 3 || files[0] == nil {
+		return nil, nil, errors.New("bad exec request")
+	}
+	if l.ends == nil || r.req.TTY {
+		return files, nil, nil
+	}
+	stdio = []*os.File{files[0]}
+	for range 2 {
+		pr, pw, err := journal.Pipes()
+		if err != nil {
+			for _, p := range out {
+				p[0].Close()
+				p[1].Close()
+			}
+			return nil, nil, fmt.Errorf("the command's output: %w", err)
+		}
+		out = append(out, [2]*os.File{pr, pw})
+		stdio = append(stdio, pw)
+	}
+	return stdio, out, nil
+}
+
 // finish records the exit of the command under id, forgetting the
 // oldest beyond maxResults.
-func (l *loop) finish(id string, code int) {
-	l.done[id] = code
+func (l *loop) finish(id string, x exit) {
+	l.done[id] = x
 	l.doneOrder = append(l.doneOrder, id)
 	if len(l.doneOrder) > maxResults {
 		delete(l.done, l.doneOrder[0])
@@ -365,15 +461,36 @@ func (l *loop) reap() {
 			continue
 		}
 		delete(l.running, pid)
-		delete(l.byID, j.id)
 		code := ws.ExitStatus()
 		if ws.Signaled() {
 			code = 128 + int(ws.Signal())
 		}
-		l.finish(j.id, code)
+		if j.sink != nil {
+			// The step's output is what its pipes hold now: taken,
+			// and its files closed, before the exit is told (off this
+			// thread: the host's disk may be slow). Probes meanwhile
+			// find it running.
+			j.exited = true
+			go func() {
+				for _, p := range j.pipes {
+					p.End()
+				}
+				l.ends <- ending{j: j, code: code, truncated: j.sink.Close()}
+			}()
+			continue
+		}
+		delete(l.byID, j.id)
+		l.finish(j.id, exit{code: code})
 		oom := ws.Signaled() && ws.Signal() == unix.SIGKILL && l.oomKills != nil && l.oomKills() > j.oom
 		send(j.conn, reply{ID: j.id, Exit: &code, OOM: oom})
 	}
+}
+
+// ended tells the exit of a command whose output is closed.
+func (l *loop) ended(x ending) {
+	delete(l.byID, x.j.id)
+	l.finish(x.j.id, exit{code: x.code, truncated: x.truncated})
+	send(x.j.conn, reply{ID: x.j.id, Exit: &x.code, Truncated: x.truncated})
 }
 
 // initThreads is how many idle threads an init keeps for the runtime.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,7 +57,7 @@ func TestLoopTable(t *testing.T) {
 		t.Fatalf("result of an id never started: %+v, want unknown", rep)
 	}
 	for i := range maxResults + 1 {
-		l.finish(fmt.Sprint(i), i%256)
+		l.finish(fmt.Sprint(i), exit{code: i % 256})
 	}
 	if rep := answer(t, l, in, out, request{Op: opProbe, ID: "0"}); !rep.Unknown {
 		t.Fatalf("the oldest of %d exits is kept: %+v", maxResults+1, rep)
@@ -108,40 +109,32 @@ func TestProbeOfAnEarlierInit(t *testing.T) {
 		t.Fatalf("probe answered with pid -1: running %v, %v", running, err)
 	}
 	go answerWith(`{"id":"ID","exit":4}`)
-	if code, err := c.Result(t.Context(), "step"); code != 4 || err != nil {
-		t.Fatalf("result after the probe: %d %v", code, err)
+	if x, err := c.Result(t.Context(), "step"); x.Code != 4 || err != nil {
+		t.Fatalf("result after the probe: %+v %v", x, err)
 	}
 }
 
-// An init an earlier dsec started greets without "users": it would run a
-// command as root whatever user the request named, so the client refuses
-// such a command before the init sees it; one without a user still runs.
-func TestUserOfAnEarlierInit(t *testing.T) {
-	init, worker := pair(t)
-	init.Write([]byte(`{"ready":true}`))
-	c, err := greet(worker, os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Exec(t.Context(), Cmd{ID: "as-agent", Args: []string{"id"}, User: "agent"}); err == nil || !strings.Contains(err.Error(), "older dsec") {
-		t.Fatalf("a user's command to an older init: %v", err)
-	}
-	go func() {
-		buf := make([]byte, 4096)
-		n, err := init.Read(buf)
+// An init an earlier dsec started greets without "users" or without
+// "journal": it would run a command as root whatever user the request
+// named, or hand the command the journal's files, so the client refuses
+// its execs before the init sees them.
+func TestExecOfAnEarlierInit(t *testing.T) {
+	for _, g := range []string{`{"ready":true}`, `{"ready":true,"users":true}`} {
+		init, worker := pair(t)
+		init.Write([]byte(g))
+		c, err := greet(worker, os.Getpid())
 		if err != nil {
-			t.Error(err)
-			return
+			t.Fatal(err)
 		}
-		var r request
-		json.Unmarshal(buf[:n], &r)
-		if r.ID != "as-root" || r.User != "" {
-			t.Errorf("the init was sent %+v", r)
+		defer c.Close()
+		for _, cmd := range []Cmd{{ID: "as-agent", Args: []string{"id"}, User: "agent"}, {ID: "as-root", Args: []string{"id"}}} {
+			if _, err := c.Exec(t.Context(), cmd); err == nil || !strings.Contains(err.Error(), "older dsec") {
+				t.Fatalf("%s: %s to an older init: %v", g, cmd.ID, err)
+			}
 		}
-		init.Write([]byte(`{"id":"as-root","exit":0}`))
-	}()
-	if code, err := c.Exec(t.Context(), Cmd{ID: "as-root", Args: []string{"id"}}); code != 0 || err != nil {
-		t.Fatalf("root's command to an older init: %d %v", code, err)
+		init.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if n, _ := init.Read(make([]byte, 4096)); n > 0 {
+			t.Fatalf("%s: the older init was sent a request", g)
+		}
 	}
 }

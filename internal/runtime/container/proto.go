@@ -87,6 +87,14 @@ type request struct {
 	User string `json:"user,omitempty"`
 	// OOMScore: the command's oom_score_adj (0: 1000).
 	OOMScore int `json:"oom_score,omitempty"`
+	// NullStdin: the command's stdin is the sandbox's /dev/null, and
+	// the request carries two descriptors, stdout and stderr (else
+	// three, stdin first).
+	NullStdin bool `json:"null_stdin,omitempty"`
+	// MaxOutput caps the output the init (a shim) writes into the
+	// stdout and stderr the request carries, both together (0:
+	// journal.DefaultMaxOutput; negative: none).
+	MaxOutput int64 `json:"max_output,omitempty"`
 	// Restrict: what commands started from now on run under, on top
 	// of what they did.
 	Restrict *Restrictions `json:"restrict,omitempty"`
@@ -125,6 +133,9 @@ type reply struct {
 	Missing []string `json:"missing,omitempty"`
 	// OOM: the command's exit came from the OOM killer (a guest's).
 	OOM bool `json:"oom,omitempty"`
+	// Truncated: the bytes of the command's output past its cap, with
+	// its exit (a guest's is its shim's to count).
+	Truncated int64 `json:"truncated,omitempty"`
 	// Nonce: what a quiesced guest's next session comes after (and a
 	// snapshot's record of it).
 	Nonce string `json:"nonce,omitempty"`
@@ -146,7 +157,7 @@ func (r reply) last() bool {
 // greeting is the init's first message on every connection: it is
 // ready, and what it can do beyond what every init could (an older
 // dsec's init greets without them).
-var greeting = []byte(`{"ready":true,"users":true}`)
+var greeting = []byte(`{"ready":true,"users":true,"journal":true}`)
 
 // hello is a greeting as the worker reads it.
 type hello struct {
@@ -154,6 +165,10 @@ type hello struct {
 	// Users: the init runs commands as the request's user; an init
 	// that does not would run them as root, so they are refused.
 	Users bool `json:"users"`
+	// Journal: the init (a shim) writes the journal's files itself,
+	// from pipes, bounded; an init that does not would hand them to
+	// the command, so its execs are refused.
+	Journal bool `json:"journal"`
 }
 
 // readyMessage is a spare's word on fd 3 that it waits to be claimed.

@@ -169,7 +169,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, errors.New(h.Error)
 	}
 	ours.Close()
-	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users,
+	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal,
 		cmd: cmd, exited: exited}
 	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
 		s.pidfd = fd
@@ -209,8 +209,10 @@ func (v *VM) Destroy() error {
 func (v *VM) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	return v.c.Exec(ctx, cmd)
 }
-func (v *VM) Result(ctx context.Context, id string) (int, error) { return v.c.Result(ctx, id) }
-func (v *VM) Probe(ctx context.Context, id string) (bool, int, error) {
+func (v *VM) Result(ctx context.Context, id string) (backend.Exit, error) {
+	return v.c.Result(ctx, id)
+}
+func (v *VM) Probe(ctx context.Context, id string) (bool, backend.Exit, error) {
 	return v.c.Probe(ctx, id)
 }
 func (v *VM) Restrict(ctx context.Context, r Restrictions) error { return v.c.Restrict(ctx, r) }

@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/runtime/journal"
 	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
 
@@ -118,7 +119,7 @@ func runVMM() error {
 		return err
 	}
 	first := fc.(*net.UnixConn)
-	v := &vmm{running: map[string]*forward{}, done: map[string]int{}}
+	v := &vmm{running: map[string]*forward{}, done: map[string]exit{}}
 	// Then the tap (spec.Net), then the snapshot's state (spec.Restore).
 	extra := fds[4:]
 	var tap *os.File
@@ -206,7 +207,7 @@ type vmm struct {
 	mu        sync.Mutex
 	sess      *yamux.Session      // the agent's session now (nil: none, a snapshot replaces it)
 	running   map[string]*forward // execs not ended, by id
-	done      map[string]int      // exits kept, as the guest keeps them
+	done      map[string]exit     // exits kept, as the guest keeps them
 	doneOrder []string
 }
 
@@ -702,7 +703,7 @@ func (v *vmm) handle(r incoming) {
 	id := r.req.ID
 	v.mu.Lock()
 	f := v.running[id]
-	code, ended := v.done[id]
+	x, ended := v.done[id]
 	switch {
 	case r.req.Op == opExec && (f != nil || ended):
 		v.mu.Unlock()
@@ -711,7 +712,7 @@ func (v *vmm) handle(r incoming) {
 		return
 	case (r.req.Op == opResult || r.req.Op == opProbe) && ended:
 		v.mu.Unlock()
-		send(r.conn, reply{ID: id, Exit: &code})
+		send(r.conn, reply{ID: id, Exit: &x.code, Truncated: x.truncated})
 		return
 	case r.req.Op == opProbe && f != nil:
 		v.mu.Unlock()
@@ -723,13 +724,19 @@ func (v *vmm) handle(r incoming) {
 		return
 	}
 	if r.req.Op == opExec {
-		if len(r.files) != 3 {
+		files := r.files
+		if r.req.NullStdin && len(files) == 2 {
+			files = append([]*os.File{nil}, files...) // stdin's end at once
+		}
+		if len(files) != 3 || files[0] == nil && !r.req.NullStdin {
 			v.mu.Unlock()
 			closeAll(r.files)
 			send(r.conn, reply{ID: id, Error: "bad exec request"})
 			return
 		}
-		f = &forward{id: id, files: r.files, hearer: r.conn}
+		// The shim writes the output the guest sends, bounded, and
+		// none after the exit: the guest's agent is the sandbox's.
+		f = &forward{id: id, files: files, hearer: r.conn, sink: journal.NewSink(journal.Cap(r.req.MaxOutput), files[1], files[2])}
 		v.running[id] = f
 	}
 	v.mu.Unlock()
@@ -748,8 +755,9 @@ func closeAll(files []*os.File) {
 // forward is an exec the shim copies: its stdio, and who hears its exit.
 type forward struct {
 	id     string
-	files  []*os.File // stdin, stdout, stderr
-	hearer peer       // guarded by vmm.mu
+	files  []*os.File // stdin (nil: none), stdout, stderr
+	sink   *journal.Sink
+	hearer peer // guarded by vmm.mu
 }
 
 // forward sends a request to the guest on a stream of its own and
@@ -757,7 +765,8 @@ type forward struct {
 func (v *vmm) forward(req request, conn peer, f *forward) {
 	fail := func(err error) {
 		if f != nil {
-			v.end(f, nil)
+			f.sink.Close()
+			v.end(f, nil, 0)
 			v.mu.Lock()
 			conn = f.hearer
 			v.mu.Unlock()
@@ -775,7 +784,7 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 	}
 	defer st.Close()
 	fw, fr := &frameWriter{w: st}, newFrameReader(st)
-	if f != nil && req.TTY {
+	if f != nil && req.TTY && f.files[0] != nil {
 		if ws, err := pty.GetsizeFull(f.files[0]); err == nil {
 			req.Rows, req.Cols = ws.Rows, ws.Cols
 		}
@@ -795,8 +804,8 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 		}
 		switch kind {
 		case frameStdout, frameStderr:
-			if f != nil {
-				f.files[kind-frameStdout+1].Write(b)
+			if f != nil { // after the exit: dropped
+				f.sink.Write(int(kind-frameStdout), b)
 			}
 		case frameReply:
 			var r reply
@@ -809,8 +818,10 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 				continue
 			}
 			if r.last() {
+				// The output closed before the exit is told.
 				ended = true
-				v.end(f, r.Exit)
+				r.Truncated = f.sink.Close()
+				v.end(f, r.Exit, r.Truncated)
 			}
 			v.mu.Lock()
 			hearer := f.hearer
@@ -835,17 +846,17 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 
 // end takes an exec off the running table, keeping its exit (nil: it
 // never ran).
-func (v *vmm) end(f *forward, exit *int) {
+func (v *vmm) end(f *forward, code *int, truncated int64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.running[f.id] != f {
 		return
 	}
 	delete(v.running, f.id)
-	if exit == nil {
+	if code == nil {
 		return
 	}
-	v.done[f.id] = *exit
+	v.done[f.id] = exit{code: *code, truncated: truncated}
 	v.doneOrder = append(v.doneOrder, f.id)
 	if len(v.doneOrder) > maxResults {
 		delete(v.done, v.doneOrder[0])
@@ -855,6 +866,10 @@ func (v *vmm) end(f *forward, exit *int) {
 
 // copyStdin sends what the command's stdin gives as frames, and its end.
 func copyStdin(fw *frameWriter, in *os.File) {
+	if in == nil {
+		fw.frame(frameStdinEOF, nil)
+		return
+	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := in.Read(buf)

@@ -1,14 +1,29 @@
 // Package journal keeps a sandbox's steps: every exec runs under an id,
-// in <sandbox>/execs/<id>/ with its output (stdout, stderr: the files
-// the command writes to, handed to the sandbox's init as descriptors, so
-// the output survives the worker) and, once it ended, result.json. An id
-// runs at most once per sandbox: asking again returns the journaled
-// result, or waits for it. Running the command is the caller's (package
-// runtime, over a backend.Instance); the journal decides whether it runs
-// and records how it ended.
+// in <sandbox>/execs/<id>/ with its output (stdout, stderr) and, once it
+// ended, result.json. An id runs at most once per sandbox: asking again
+// returns the journaled result, or waits for it. Running the command is
+// the caller's (package runtime, over a backend.Instance); the journal
+// decides whether it runs and records how it ended.
+//
+// The output files never reach the sandbox: the command writes to pipes
+// (or a terminal), and one process outside its reach copies them into
+// the files (a Sink): the sandbox's init, which outlives the worker, so
+// the output does too; the worker for a terminal; a microVM's shim. The
+// writer bounds an exec's output (both streams together) by a cap,
+// reading and dropping what passes it (the result counts it: Truncated),
+// and stops writing when the command ends: what the pipes hold then is
+// the step's last output, its files are closed, and only then is the
+// exit told. Processes the command left may write on; nothing of theirs
+// is journaled.
+//
+// A sandbox's journal stays within its disk bound: before a step starts,
+// the outputs of the oldest ended steps are emptied until what the
+// journal holds and the new step's cap fit (their results stay, marked
+// OutputDropped).
 package journal
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,6 +34,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -40,6 +56,12 @@ type Result struct {
 	Err      string    `json:"error,omitempty"`
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished"`
+	// Truncated counts the bytes of output (both streams) past the
+	// exec's cap: read and dropped, never journaled.
+	Truncated int64 `json:"truncated,omitempty"`
+	// OutputDropped: the output was emptied later, to keep the
+	// sandbox's journal within its disk bound.
+	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
 // ErrInfra marks failures of the sandbox or the host, not of a command:
@@ -48,10 +70,14 @@ var ErrInfra = fmt.Errorf("sandbox infrastructure failure: %w", errdefs.ErrUnava
 
 // Exec is a journaled command, running or ended.
 type Exec struct {
-	ID   string
-	dir  string
-	done chan struct{}
-	res  Result
+	ID      string
+	dir     string
+	done    chan struct{}
+	res     Result
+	j       *Journal    // nil: loaded from its result
+	limit   int64       // the cap on its output
+	over    bool        // ended, as the journal counts (under Journal.usage)
+	dropped atomic.Bool // its output was emptied (OutputDropped)
 	// keep: the result is written before it is told. Not in a call's
 	// sandbox: it runs one command, and goes before the worker does (a
 	// worker that starts removes those of one that died), so the exec in
@@ -63,6 +89,10 @@ type Exec struct {
 func (e *Exec) StdoutPath() string { return filepath.Join(e.dir, "stdout") }
 func (e *Exec) StderrPath() string { return filepath.Join(e.dir, "stderr") }
 
+// Limit is the cap on the exec's output, both streams together: what
+// the writer of its files (a Sink) keeps at most.
+func (e *Exec) Limit() int64 { return e.limit }
+
 // Done is closed when the command has ended and its result is journaled.
 func (e *Exec) Done() <-chan struct{} { return e.done }
 
@@ -73,19 +103,25 @@ func (e *Exec) Result(ctx context.Context) (Result, error) {
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
-	if e.res.Err != "" {
-		return e.res, fmt.Errorf("exec %s: %s: %w", e.ID, e.res.Err, ErrInfra)
+	res := e.res
+	res.OutputDropped = res.OutputDropped || e.dropped.Load()
+	if res.Err != "" {
+		return res, fmt.Errorf("exec %s: %s: %w", e.ID, res.Err, ErrInfra)
 	}
-	return e.res, nil
+	return res, nil
 }
 
-// Finish records how the command ended (r's exit code, OOM and Err; the
-// rest is the exec's), journals it and wakes the waiters. A worker
-// killed before the result's rename leaves none: the next asks the init
-// (Recover).
+// Finish records how the command ended (r's exit code, OOM, Err and
+// Truncated; the rest is the exec's), journals it and wakes the
+// waiters. Its output files must be closed by then: the result and the
+// output agree. A worker killed before the result's rename leaves none:
+// the next asks the init (Recover).
 func (e *Exec) Finish(r Result) {
-	e.res.ExitCode, e.res.OOM, e.res.Err = r.ExitCode, r.OOM, r.Err
+	e.res.ExitCode, e.res.OOM, e.res.Err, e.res.Truncated = r.ExitCode, r.OOM, r.Err, r.Truncated
 	e.res.Finished = time.Now().UTC()
+	if e.j != nil {
+		e.j.ended(e)
+	}
 	if e.keep {
 		// The result is what a retry after a host crash finds instead
 		// of running the step again; its output is not synced (two more
@@ -105,6 +141,22 @@ type Journal struct {
 	dir   string
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
+
+	// What the outputs of ended execs take (once counted), those
+	// outputs, oldest first, and the execs running.
+	usage struct {
+		sync.Mutex
+		counted bool
+		bytes   int64
+		outputs []output
+		running map[*Exec]bool
+	}
+}
+
+// output is an ended exec's output, as the journal counts it.
+type output struct {
+	id    string
+	bytes int64
 }
 
 // Open is the journal under dir (a sandbox's execs directory, which
@@ -118,17 +170,20 @@ type Step struct {
 	Args    []string
 	// Keep writes its result (every sandbox's but a call's: Exec).
 	Keep bool
-	// Stdout and Stderr, when set, replace the journal's output files
-	// (a terminal: the caller records it).
-	Stdout, Stderr *os.File
+	// MaxOutput caps its output, both streams together (0:
+	// DefaultMaxOutput); Bound, if set, bounds the journal's outputs
+	// together (the sandbox's disk bound), the cap included.
+	MaxOutput, Bound int64
 }
 
 // Start runs s once. If its id ran before (in this worker's life or an
 // earlier one) Start returns that exec, replayed: start is not called.
-// Otherwise it makes the exec's directory and output files and calls
-// start with the exec and the files to give the command; start returns
-// once the command started (or ended), and the exec then ends by its
-// Finish. An error of start is Start's, and leaves nothing journaled.
+// Otherwise it makes room for its output (Bound), makes the exec's
+// directory and output files and calls start with the exec and the
+// files, for the writer of its output (never the command) to write
+// within e.Limit(); start returns once the command started (or ended),
+// and the exec then ends by its Finish. An error of start is Start's,
+// and leaves nothing journaled.
 func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) error) (e *Exec, replayed bool, err error) {
 	if !idRE().MatchString(s.ID) {
 		return nil, false, fmt.Errorf("bad exec id %q: use up to 128 letters, digits and '_.:@-': %w", s.ID, errdefs.ErrInvalidArgument)
@@ -156,25 +211,22 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, false, err
 	}
-	stdout, stderr := s.Stdout, s.Stderr
-	for _, f := range []struct {
-		name string
-		out  **os.File
-	}{{"stdout", &stdout}, {"stderr", &stderr}} {
-		jf, err := os.OpenFile(filepath.Join(dir, f.name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	var files [2]*os.File
+	for i, name := range []string{"stdout", "stderr"} {
+		jf, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, false, err
 		}
 		// Sent with the request, the kernel holds them from then on.
 		defer jf.Close()
-		if *f.out == nil {
-			*f.out = jf
-		}
+		files[i] = jf
 	}
-	e = &Exec{ID: s.ID, dir: dir, done: make(chan struct{}), keep: s.Keep}
+	e = &Exec{ID: s.ID, dir: dir, done: make(chan struct{}), keep: s.Keep, j: j}
 	e.res.ID, e.res.Started, e.res.Args = s.ID, time.Now().UTC(), s.Args
-	if err := start(e, stdout, stderr); err != nil {
+	e.limit = j.reserve(e, cmp.Or(s.MaxOutput, DefaultMaxOutput), s.Bound)
+	if err := start(e, files[0], files[1]); err != nil {
+		j.release(e)
 		os.RemoveAll(dir)
 		return nil, false, err
 	}
@@ -187,7 +239,7 @@ func load(dir, id string) (*Exec, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Exec{ID: id, dir: dir, done: make(chan struct{})}
+	e := &Exec{ID: id, dir: dir, done: make(chan struct{}), over: true}
 	if err := json.Unmarshal(b, &e.res); err != nil {
 		return nil, err
 	}
@@ -232,7 +284,7 @@ func (j *Journal) Recover(c backend.Instance) {
 		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
 			continue
 		}
-		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{}), keep: true}
+		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{}), keep: true, j: j}
 		e.res.ID = e.ID
 		if st, err := os.Stat(filepath.Join(dir, "stdout")); err == nil {
 			e.res.Started = st.ModTime().UTC()
@@ -241,14 +293,17 @@ func (j *Journal) Recover(c backend.Instance) {
 			e.Finish(Result{Err: "the sandbox died under the command (found on worker restart)"})
 			continue
 		}
-		running, code, err := c.Probe(context.Background(), e.ID)
+		running, x, err := c.Probe(context.Background(), e.ID)
 		if errors.Is(err, backend.ErrUnknownExec) {
 			os.RemoveAll(dir)
 			continue
 		}
 		j.execs[e.ID] = e
+		j.usage.Lock()
+		j.run(e)
+		j.usage.Unlock()
 		if !running { // it ended while no worker was there
-			r := Result{ExitCode: code}
+			r := Result{ExitCode: x.Code, Truncated: x.Truncated}
 			if err != nil {
 				r.Err = "the sandbox died under the command"
 			}
@@ -256,8 +311,8 @@ func (j *Journal) Recover(c backend.Instance) {
 			continue
 		}
 		go func() { // still running: wait on it
-			code, err := c.Result(context.Background(), e.ID)
-			r := Result{ExitCode: code}
+			x, err := c.Result(context.Background(), e.ID)
+			r := Result{ExitCode: x.Code, Truncated: x.Truncated}
 			if err != nil {
 				r.Err = "the sandbox died under the command"
 			}

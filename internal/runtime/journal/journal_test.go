@@ -2,6 +2,7 @@ package journal
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -101,15 +102,17 @@ type instance struct {
 	codes   map[string]int
 }
 
-func (i instance) Probe(_ context.Context, id string) (bool, int, error) {
+func (i instance) Probe(_ context.Context, id string) (bool, backend.Exit, error) {
 	code, ok := i.codes[id]
 	if !ok {
-		return false, 0, backend.ErrUnknownExec
+		return false, backend.Exit{}, backend.ErrUnknownExec
 	}
-	return i.running[id], code, nil
+	return i.running[id], backend.Exit{Code: code}, nil
 }
 
-func (i instance) Result(_ context.Context, id string) (int, error) { return i.codes[id], nil }
+func (i instance) Result(_ context.Context, id string) (backend.Exit, error) {
+	return backend.Exit{Code: i.codes[id]}, nil
+}
 
 // TestRecover: a restarted worker finds the steps a dead one left
 // without a result: one the init ran gets its code, one still running
@@ -150,4 +153,102 @@ func TestRecover(t *testing.T) {
 	if _, err := e.Result(context.Background()); !errdefs.IsUnavailable(err) {
 		t.Fatalf("a step whose sandbox died: %v, want an infrastructure failure", err)
 	}
+}
+
+// wrote is a start that writes n bytes of output and ends the command.
+func wrote(n int) func(*Exec, *os.File, *os.File) error {
+	return func(e *Exec, stdout, _ *os.File) error {
+		stdout.Write(make([]byte, min(int64(n), e.Limit())))
+		e.Finish(Result{})
+		return nil
+	}
+}
+
+// TestBound: a journal with a bound keeps its outputs within it: a
+// step's cap is lowered to the bound, and before a step starts the
+// outputs of the oldest ended steps are emptied (their results stay,
+// marked) until its cap fits; a journal opened again (a worker that
+// restarted) counts what is on disk; what running steps wrote counts.
+func TestBound(t *testing.T) {
+	dir := t.TempDir()
+	j := Open(dir)
+	step := func(j *Journal, id string, n int) *Exec {
+		t.Helper()
+		e, _, err := j.Start(Step{Sandbox: "s", ID: id, Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, wrote(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	total := func() (n int64) {
+		for _, p := range must(filepath.Glob(filepath.Join(dir, "*", "std*"))) {
+			st, _ := os.Stat(p)
+			n += st.Size()
+		}
+		return n
+	}
+	dropped := func(j *Journal, id string) bool {
+		e, err := j.Lookup("s", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _ := e.Result(context.Background())
+		return r.OutputDropped
+	}
+	for i, n := range []int{30, 30, 30, 50} { // the last writes past its cap
+		e := step(j, fmt.Sprint(i), n)
+		if e.Limit() != 40 {
+			t.Errorf("step %d: cap %d, want 40", i, e.Limit())
+		}
+		if got := total(); got > 100 {
+			t.Fatalf("after step %d the journal holds %d bytes, past its bound 100", i, got)
+		}
+	}
+	// 30+30+30 and a cap of 40 do not fit: step 0's output went.
+	if !dropped(j, "0") || dropped(j, "1") || dropped(j, "2") || dropped(j, "3") {
+		t.Fatalf("dropped: %v %v %v %v, want only step 0's", dropped(j, "0"), dropped(j, "1"), dropped(j, "2"), dropped(j, "3"))
+	}
+	if !dropped(Open(dir), "0") {
+		t.Fatal("the mark of a dropped output is not journaled")
+	}
+	// Opened again, the journal counts 30+30+40 on disk: the next step
+	// drops steps 1 and 2.
+	again := Open(dir)
+	if _, replayed, err := again.Start(Step{Sandbox: "s", ID: "1", Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, wrote(1)); err != nil || !replayed {
+		t.Fatal(err, replayed) // a replay: an ended step, droppable as any
+	}
+	step(again, "4", 1)
+	if !dropped(again, "1") || !dropped(again, "2") || dropped(again, "3") {
+		t.Fatal("a journal opened again does not count what is on disk")
+	}
+	// What a running step wrote counts: the next gets what is left.
+	run := func(e *Exec, stdout, _ *os.File) error { // ends later
+		stdout.Write(make([]byte, 30))
+		return nil
+	}
+	long, _, err := again.Start(Step{Sandbox: "s", ID: "long", Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _, err := again.Start(Step{Sandbox: "s", ID: "next", Args: []string{"x"}, Keep: true, MaxOutput: 80, Bound: 100}, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Limit() != 70 || !dropped(again, "3") || !dropped(again, "4") {
+		t.Fatalf("beside a running step's 30 bytes: cap %d, want 70, all ended outputs dropped", next.Limit())
+	}
+	long.Finish(Result{})
+	next.Finish(Result{})
+	// Without a bound, only the cap.
+	free, _, _ := Open(t.TempDir()).Start(Step{ID: "x", Args: []string{"x"}}, run)
+	if free.Limit() != DefaultMaxOutput {
+		t.Fatalf("no bound: cap %d", free.Limit())
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -132,6 +132,8 @@ type Config struct {
 	MaxRequests, MaxRequestsPerToken int
 	// SnapLimits: worker.Config's (pack-diff's bounds).
 	SnapLimits snap.Limits
+	// MaxOutput: worker.Config's (exec.max_output).
+	MaxOutput int64
 }
 
 // StartWorkerWith is StartWorker with cfg.

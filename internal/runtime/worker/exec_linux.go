@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
@@ -80,7 +79,7 @@ func firstLine(body *bufio.Reader, what string, v any) error {
 // serveExec runs req in sb and streams its frames: first (with the id
 // set) first, the output, the result.
 func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.Sandbox, req api.ExecRequest, body *bufio.Reader, first api.Frame) {
-	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User}
+	spec := runtime.ExecSpec{ID: req.ID, Args: req.Args, Env: req.Env, Cwd: req.Cwd, User: req.User, MaxOutput: w.cfg.MaxOutput}
 	var master, stdinW *os.File
 	var ours []*os.File // the command's ends, closed once the init has them
 	switch {
@@ -95,9 +94,15 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 		if rows <= 0 || cols <= 0 {
 			rows, cols = 24, 80
 		}
-		pty.Setsize(m, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)})
+		if rc, err := m.SyscallConn(); err == nil { // not m.Fd(): m stays non-blocking
+			rc.Control(func(fd uintptr) {
+				unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)})
+			})
+		}
 		master, ours = m, []*os.File{tty}
-		spec.Stdin, spec.Stdout, spec.Stderr, spec.TTY = tty, tty, tty, true
+		// The sandbox journals what the master shows (runtime.Run),
+		// until the command ends.
+		spec.Stdin, spec.Terminal, spec.TTY = tty, m, true
 		spec.Env = append([]string{"TERM=xterm"}, spec.Env...)
 	case req.Stdin:
 		pr, pw, err := os.Pipe()
@@ -119,18 +124,9 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 	}
 	rc := http.NewResponseController(rw)
 	rc.EnableFullDuplex() // stdin keeps coming while output goes out
-	var ttyDone chan struct{}
 	if !replayed {
 		switch {
 		case master != nil:
-			ttyDone = make(chan struct{})
-			go func() { // the terminal's output is journaled as stdout
-				defer close(ttyDone)
-				if out, err := os.OpenFile(ex.StdoutPath(), os.O_WRONLY|os.O_APPEND, 0); err == nil {
-					io.Copy(out, master)
-					out.Close()
-				}
-			}()
 			if req.Stdin {
 				go io.Copy(master, body)
 			}
@@ -153,7 +149,7 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 		json.NewEncoder(rw).Encode(first)
 		return
 	}
-	w.stream(r.Context(), rw, rc, ex, true, replayed, ttyDone, first)
+	w.stream(r.Context(), rw, rc, ex, true, replayed, first)
 }
 
 // signal sends a signal to a running exec's process group.
@@ -187,13 +183,16 @@ func (w *worker) logs(rw http.ResponseWriter, r *http.Request) {
 	}
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.WriteHeader(http.StatusOK)
-	w.stream(r.Context(), rw, http.NewResponseController(rw), ex, r.URL.Query().Get("follow") == "1", true, nil, api.Frame{})
+	w.stream(r.Context(), rw, http.NewResponseController(rw), ex, r.URL.Query().Get("follow") == "1", true, api.Frame{})
 }
 
 // stream sends an exec's journaled output from the start, as it grows,
 // then its result. Without follow it stops at the end of what is
-// there, with the result only if the command has ended.
-func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseController, ex *runtime.Exec, follow, replayed bool, ttyDone <-chan struct{}, first api.Frame) {
+// there, with the result only if the command has ended: by then the
+// output is closed (its writer closes it before the exit is told), and
+// what a replay sends is what the step wrote, however often it is
+// asked and whatever the sandbox did since.
+func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseController, ex *runtime.Exec, follow, replayed bool, first api.Frame) {
 	enc := json.NewEncoder(rw)
 	first.ID = ex.ID
 	enc.Encode(first)
@@ -244,19 +243,14 @@ func (w *worker) stream(ctx context.Context, rw io.Writer, rc *http.ResponseCont
 		}
 		select {
 		case <-ex.Done():
-			if ttyDone != nil {
-				select { // the terminal's last bytes
-				case <-ttyDone:
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
 			pump()
 			res, err := ex.Result(ctx)
 			if err != nil {
 				enc.Encode(api.Frame{Error: apiError(err)})
 			} else {
 				enc.Encode(api.Frame{Result: &api.ExecResult{ID: res.ID, ExitCode: res.ExitCode, OOM: res.OOM,
-					Started: res.Started, Finished: res.Finished, Replayed: replayed}})
+					Started: res.Started, Finished: res.Finished, Replayed: replayed,
+					OutputTruncated: res.Truncated > 0, OutputTruncatedBytes: res.Truncated, OutputDropped: res.OutputDropped}})
 			}
 			rc.Flush()
 			return

@@ -55,9 +55,6 @@ func sandboxPty(sb *runtime.Sandbox) (master, tty *os.File, err error) {
 	if errno != 0 {
 		return nil, nil, fmt.Errorf("open the terminal: %w", errno)
 	}
-	if err := unix.SetNonblock(fd, false); err != nil {
-		unix.Close(int(peer))
-		return nil, nil, err
-	}
+	// The master stays non-blocking, for the runtime's poller.
 	return os.NewFile(uintptr(fd), "ptmx"), os.NewFile(peer, "tty"), nil
 }

@@ -50,6 +50,10 @@ type Config struct {
 	KeepLayers time.Duration
 	// Defaults bound a sandbox that asks for no limit of its own.
 	Defaults Defaults
+	// MaxOutput caps what an exec's journal keeps of its output, stdout
+	// and stderr together (exec.max_output; 0: 64 MiB), lowered to the
+	// sandbox's disk bound.
+	MaxOutput int64
 	// Listen are TCP addresses (tcp://HOST:PORT) the worker serves its
 	// API on too, every request with a token (package auth); TLS is
 	// their certificate, which an address off loopback needs.

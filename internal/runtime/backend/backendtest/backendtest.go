@@ -18,8 +18,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +50,9 @@ type Env struct {
 	// (mounts, groups, devices, processes, directories): nothing, once
 	// every sandbox is removed, while the worker runs on.
 	Leftovers func() []string
+	// Root is the worker's root: where the suite looks at what the host
+	// holds of a sandbox's journal.
+	Root string
 }
 
 // Factory makes a fresh Env for one test, on a fresh root; its cleanup
@@ -66,6 +73,7 @@ func Run(t *testing.T, f Factory) {
 		{"Files", testFiles},
 		{"PackDiff", testPackDiff},
 		{"Call", testCall},
+		{"Journal", testJournal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := f(t)
@@ -405,5 +413,148 @@ func testCall(t *testing.T, env *Env) {
 		if time.Now().After(deadline) {
 			t.Fatalf("10 s after the call answered, its sandbox is still listed (%+v) or held (%v)", list, left)
 		}
+	}
+}
+
+// blocks is what a file allocates, in 512-byte blocks.
+func blocks(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Blocks)
+	}
+	return 0
+}
+
+// counter counts what is written to it.
+type counter struct{ n int64 }
+
+func (c *counter) Write(b []byte) (int, error) { c.n += int64(len(b)); return len(b), nil }
+
+// testJournal: a command's output reaches the sandbox's journal through
+// pipes that a process out of the sandbox's reach copies: the command's
+// descriptors show no host file, so it can neither grow the journal's
+// files on the host nor rewrite them; its output is kept up to the cap
+// (the sandbox's disk bound here, 16 MiB), the rest read and dropped
+// (the command never sees SIGPIPE) and counted in the result; what a
+// process it left writes after it ended is never journaled, though it
+// runs on; the journal's outputs stay within the disk bound, the oldest
+// dropped and said so; and a step the worker was killed under is
+// journaled whole, up to its exit, by the next worker.
+func testJournal(t *testing.T, env *Env) {
+	ctx := context.Background()
+	const bound = 16 << 20
+	sb, err := env.Client.Create(ctx, api.SandboxSpec{Name: "journal", Backend: env.Backend, Layers: env.Layers, Disk: bound})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := sb.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the host holds of the journal's outputs: their sizes and what
+	// they allocate.
+	held := func() (size, alloc int64) {
+		files, _ := filepath.Glob(filepath.Join(env.Root, "sandboxes", info.ID, "execs", "*", "std*"))
+		for _, p := range files {
+			var st os.FileInfo
+			if st, err = os.Stat(p); err == nil {
+				size += st.Size()
+				alloc += blocks(st) * 512
+			}
+		}
+		return size, alloc
+	}
+
+	// The descriptors a command gets are pipes (stdin without one: the
+	// sandbox's own /dev/null, or a pipe of a guest's), never a host path.
+	out, _ := sh(t, sb, "fds", "for fd in 0 1 2; do readlink /proc/self/fd/$fd; done")
+	if !regexp.MustCompile(`^(/dev/null|pipe:\[\d+\])\npipe:\[\d+\]\npipe:\[\d+\]\n$`).MatchString(out) {
+		t.Errorf("a command's descriptors: %q, want /dev/null (or a pipe) and two pipes", out)
+	}
+	var buf bytes.Buffer
+	if _, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", "readlink /proc/self/fd/0; ls -l /proc/self/fd/ /proc/$$/fd/"},
+		Stdin: strings.NewReader(""), Stdout: &buf, Stderr: &buf}); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^pipe:\[\d+\]\n`).MatchString(buf.String()) || strings.Contains(buf.String(), env.Root) {
+		t.Errorf("a command with stdin: %q, want pipes and no host path", buf.String())
+	}
+
+	// Its stdout cannot be grown, cut or rewritten as a file.
+	out, res := sh(t, sb, "grow", "fallocate -l 256M /proc/self/fd/1 2>/dev/null && echo fallocate; "+
+		"truncate -s 256M /proc/self/fd/1 2>/dev/null && echo truncate; dd if=/dev/zero of=/proc/self/fd/1 bs=1 count=1 seek=256M conv=notrunc 2>/dev/null && echo seek; "+
+		"echo done")
+	if out != "done\n" || res.ExitCode != 0 {
+		t.Errorf("growing stdout: %q, want every attempt refused", out)
+	}
+	if size, alloc := held(); size > 1<<20 || alloc > 1<<20 {
+		t.Fatalf("after the attempts to grow stdout the host holds %d bytes of journal (%d allocated)", size, alloc)
+	}
+
+	// 64 MiB of output with a 16 MiB disk: 16 MiB kept, the rest read
+	// and counted; the command ends well.
+	var c counter
+	res, err = sb.Exec(ctx, sdk.ExecOptions{ID: "flood", Args: []string{"sh", "-c", "head -c 67108864 /dev/zero"}, Stdout: &c, Stderr: &c})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("64 MiB of output: %+v %v, want exit 0 (no SIGPIPE)", res, err)
+	}
+	if c.n > bound || !res.OutputTruncated || res.OutputTruncatedBytes != 64<<20-c.n {
+		t.Fatalf("64 MiB of output, a 16 MiB disk: %d bytes streamed, result %+v, want at most 16 MiB and the rest counted", c.n, res)
+	}
+	if size, alloc := held(); size > bound || alloc > bound+1<<20 {
+		t.Fatalf("the host holds %d bytes of journal (%d allocated), past the sandbox's disk bound", size, alloc)
+	}
+	var again counter
+	if replay, err := sb.Logs(ctx, "flood", false, &again, &again); err != nil || again.n != c.n || replay.OutputTruncatedBytes != res.OutputTruncatedBytes {
+		t.Fatalf("the flood's replay: %d bytes, %+v %v", again.n, replay, err)
+	}
+
+	// A process the step left writes on after it ended, to its stdout
+	// and through /proc/self/fd: the step's output stays what it was,
+	// and the process runs on, never blocked or killed by SIGPIPE.
+	const forge = `echo honest; ( sleep 0.5; echo reward=1; echo reward=1 > /proc/self/fd/1; echo reward=1 >> /proc/self/fd/2; ` +
+		`head -c 1048576 /dev/zero; touch /wrote; exec sleep 1000 ) & exit 0`
+	out, res = sh(t, sb, "forge", forge)
+	if out != "honest\n" || res.ExitCode != 0 {
+		t.Fatalf("the step: %q %+v", out, res)
+	}
+	WaitFile(t, sb, "/wrote")
+	for _, replay := range []func(w io.Writer) (api.ExecResult, error){
+		func(w io.Writer) (api.ExecResult, error) {
+			return sb.Exec(ctx, sdk.ExecOptions{ID: "forge", Args: []string{"sh", "-c", forge}, Stdout: w, Stderr: w})
+		},
+		func(w io.Writer) (api.ExecResult, error) { return sb.Logs(ctx, "forge", false, w, w) },
+	} {
+		buf.Reset()
+		if res, err := replay(&buf); err != nil || buf.String() != "honest\n" || res.ExitCode != 0 || res.OutputTruncated {
+			t.Errorf("the step's replay after its leftover wrote: %q %+v %v, want its own output", buf.String(), res, err)
+		}
+	}
+	if out, _ := sh(t, sb, "alive", "ps | grep -c '[s]leep 1000'"); out != "1\n" {
+		t.Errorf("the process the step left: %q running, want 1", out)
+	}
+	// The flood's 16 MiB and any cap do not fit the bound beside the
+	// steps since: its output was dropped, its result kept.
+	buf.Reset()
+	if replay, err := sb.Logs(ctx, "flood", false, &buf, &buf); err != nil || buf.Len() != 0 || !replay.OutputDropped || replay.ExitCode != 0 {
+		t.Errorf("the flood's replay later: %d bytes, %+v %v, want its output dropped, its result kept", buf.Len(), replay, err)
+	}
+	if size, _ := held(); size > bound {
+		t.Errorf("the host holds %d bytes of journal, past the bound", size)
+	}
+
+	// The worker killed mid-step, the command writing on: the next
+	// worker's replay has all of it, up to its exit.
+	const mid = `for i in 1 2 3 4 5 6 7 8; do echo line $i; [ $i = 1 ] && touch /mid-started; sleep 0.2; done; echo end >&2; exit 3`
+	errc := make(chan error, 1)
+	go func() {
+		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", mid}})
+		errc <- err
+	}()
+	WaitFile(t, sb, "/mid-started")
+	sb = env.Restart(t).Sandbox(sb.Name)
+	<-errc
+	out, res = sh(t, sb, "mid", mid)
+	if want := "line 1\nline 2\nline 3\nline 4\nline 5\nline 6\nline 7\nline 8\nend\n"; out != want || res.ExitCode != 3 || !res.Replayed {
+		t.Errorf("a step across the worker's restart: %q %+v, want all its output and exit 3", out, res)
 	}
 }
