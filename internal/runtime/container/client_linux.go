@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
 // Conn is a connection to a running sandbox's init: pid 1 of the
@@ -135,9 +136,14 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 	if cmd.User != "" && !s.users {
 		return -1, fmt.Errorf("this sandbox's init, an older dsec's, cannot run a command as user %q (it would run it as root): stop and start the sandbox to give it a current init", cmd.User)
 	}
-	if !s.journal {
-		return -1, fmt.Errorf("this sandbox's init, an older dsec's, would hand the command the journal's files: stop and start the sandbox to give it a current init")
+	if !s.journal && !cmd.TTY { // a terminal's master is journaled by the caller
+		return s.execCopied(ctx, cmd)
 	}
+	return s.exec(ctx, cmd)
+}
+
+// exec sends cmd's request with its descriptors and waits for its end.
+func (s *Conn) exec(ctx context.Context, cmd Cmd) (int, error) {
 	req := request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore,
 		User: cmd.User, MaxOutput: cmd.MaxOutput}
 	var files []int
@@ -168,6 +174,61 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 		*cmd.Truncated = r.Truncated
 	}
 	return *r.Exit, nil
+}
+
+// execCopied runs cmd in a sandbox whose init, an older dsec's, hands a
+// command the descriptors it gets: it gets pipes, which the worker
+// copies into the journal, within the cap, until the command's end. Its
+// output then lives no longer than this worker: a worker that dies
+// meanwhile leaves the command writing to a pipe nobody reads (stop and
+// start the sandbox to give it a current init).
+func (s *Conn) execCopied(ctx context.Context, cmd Cmd) (int, error) {
+	var outs [2]*os.File
+	for i, f := range []*os.File{cmd.Stdout, cmd.Stderr} {
+		if f == nil {
+			continue
+		}
+		d, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return -1, err
+		}
+		outs[i] = os.NewFile(uintptr(d), f.Name())
+	}
+	sink := journal.NewSink(journal.Cap(cmd.MaxOutput), outs[0], outs[1])
+	defer sink.Close()
+	c := cmd
+	if c.Stdin == nil { // an older init takes three descriptors
+		null, err := os.Open(os.DevNull)
+		if err != nil {
+			return -1, err
+		}
+		defer null.Close()
+		c.Stdin = null
+	}
+	var pipes []*journal.Pipe
+	for i, to := range []**os.File{&c.Stdout, &c.Stderr} {
+		r, w, err := journal.Pipes()
+		if err != nil {
+			return -1, err
+		}
+		p, err := journal.Copy(sink, i, r)
+		r.Close()
+		if err != nil {
+			w.Close()
+			return -1, err
+		}
+		defer p.Close()
+		defer w.Close()
+		pipes, *to = append(pipes, p), w
+	}
+	code, err := s.exec(ctx, c)
+	for _, p := range pipes {
+		p.End()
+	}
+	if t := sink.Close(); cmd.Truncated != nil {
+		*cmd.Truncated = t
+	}
+	return code, err
 }
 
 // Result waits for the end of an earlier Exec with id, also one a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -115,26 +116,93 @@ func TestProbeOfAnEarlierInit(t *testing.T) {
 }
 
 // An init an earlier dsec started greets without "users" or without
-// "journal": it would run a command as root whatever user the request
-// named, or hand the command the journal's files, so the client refuses
-// its execs before the init sees them.
+// "journal". Without "users" it would run a command as root whatever
+// user the request named: the client refuses such an exec before the
+// init sees it. Without "journal" it hands a command the descriptors it
+// gets: it gets pipes (and stdin, as it takes three), which the worker
+// copies into the journal within the cap until the command's end.
 func TestExecOfAnEarlierInit(t *testing.T) {
-	for _, g := range []string{`{"ready":true}`, `{"ready":true,"users":true}`} {
-		init, worker := pair(t)
-		init.Write([]byte(g))
-		c, err := greet(worker, os.Getpid())
-		if err != nil {
+	init, worker := pair(t)
+	init.Write([]byte(`{"ready":true}`))
+	c, err := greet(worker, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Exec(t.Context(), Cmd{ID: "as-agent", Args: []string{"id"}, User: "agent"}); err == nil || !strings.Contains(err.Error(), "older dsec") {
+		t.Fatalf("as another user to an init without users: %v", err)
+	}
+	init.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, _ := init.Read(make([]byte, 4096)); n > 0 {
+		t.Fatal("the older init was sent a request")
+	}
+
+	init, worker = pair(t)
+	init.Write([]byte(`{"ready":true,"users":true}`))
+	if c, err = greet(worker, os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := t.TempDir()
+	var files [2]*os.File
+	for i := range files {
+		if files[i], err = os.Create(filepath.Join(dir, fmt.Sprint(i))); err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
-		for _, cmd := range []Cmd{{ID: "as-agent", Args: []string{"id"}, User: "agent"}, {ID: "as-root", Args: []string{"id"}}} {
-			if _, err := c.Exec(t.Context(), cmd); err == nil || !strings.Contains(err.Error(), "older dsec") {
-				t.Fatalf("%s: %s to an older init: %v", g, cmd.ID, err)
+	}
+	ended := make(chan struct{})
+	go func() { // the older init: runs the "command" on what it got
+		buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(3*4))
+		n, oobn, _, _, err := init.ReadMsgUnix(buf, oob)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var r request
+		json.Unmarshal(buf[:n], &r)
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		fds, _ := unix.ParseUnixRights(&msgs[0])
+		if len(fds) != 3 {
+			t.Errorf("the older init got %d descriptors", len(fds))
+			return
+		}
+		for i, fd := range fds {
+			var st unix.Stat_t
+			unix.Fstat(fd, &st)
+			if i > 0 && st.Mode&unix.S_IFMT != unix.S_IFIFO {
+				t.Errorf("descriptor %d is not a pipe: %o", i, st.Mode)
 			}
 		}
-		init.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		if n, _ := init.Read(make([]byte, 4096)); n > 0 {
-			t.Fatalf("%s: the older init was sent a request", g)
+		init.Write([]byte(`{"id":"` + r.ID + `","pid":1}`))
+		unix.Write(fds[2], []byte("err "))
+		unix.Write(fds[1], []byte("0123456789abcdefghij"))
+		init.Write([]byte(`{"id":"` + r.ID + `","exit":3}`))
+		<-ended
+		unix.Write(fds[1], []byte("after the step"))
+		for _, fd := range fds {
+			unix.Close(fd)
 		}
+	}()
+	var truncated int64
+	code, err := c.Exec(t.Context(), Cmd{ID: "s", Args: []string{"x"}, Stdout: files[0], Stderr: files[1], MaxOutput: 14, Truncated: &truncated})
+	close(ended)
+	if err != nil || code != 3 {
+		t.Fatalf("exec in an older init: %d %v", code, err)
+	}
+	time.Sleep(50 * time.Millisecond) // what comes after the step must not be kept
+	// The cap is the two streams': which comes first is the copiers'.
+	got := 0
+	for i, all := range []string{"0123456789abcdefghij", "err "} {
+		b, _ := os.ReadFile(files[i].Name())
+		if !strings.HasPrefix(all, string(b)) {
+			t.Errorf("journaled stream %d: %q, not a start of %q", i, b, all)
+		}
+		got += len(b)
+	}
+	if got != 14 {
+		t.Errorf("journaled %d bytes, want the cap, 14", got)
+	}
+	if truncated != 10 {
+		t.Errorf("truncated %d bytes, want 10", truncated)
 	}
 }
