@@ -94,6 +94,8 @@ func newTenancy(t *testing.T) *tenancy {
 		"quota":  {Scope: auth.Sandboxes, Quota: auth.Quota{Sandboxes: 2, Memory: 1 << 30}},
 		"snapq":  {Scope: auth.Sandboxes, Quota: auth.Quota{SnapshotBytes: 64 << 10}},
 		"slots1": {Scope: auth.Sandboxes},
+		"listed": {Scope: auth.Sandboxes, Policies: []string{"stored"}},
+		"gone":   {Scope: auth.Sandboxes},
 	} {
 		secret, tok, err := auth.Open(te.root).New(spec)
 		if err != nil {
@@ -512,6 +514,18 @@ func TestTenancy(t *testing.T) {
 		if code, _ := te.e2bDo(t, hc, "GET", "/sandboxes", aeToken, nil); code != http.StatusUnauthorized {
 			t.Errorf("an access token on the control plane: %d", code)
 		}
+		// A sandbox's access token dies with its owner's token.
+		gid, gtoken := te.e2bCreate(t, hc, te.tokens["gone"], "base")
+		if _, fsc := te.envd(hc, gid, gtoken); statOK(fsc) != nil {
+			t.Errorf("an access token before its key goes: %v", statOK(fsc))
+		}
+		if err := auth.Open(te.root).Remove(te.ids["gone"]); err != nil {
+			t.Fatal(err)
+		}
+		if _, fsc := te.envd(hc, gid, gtoken); connect.CodeOf(statOK(fsc)) != connect.CodeUnauthenticated {
+			t.Errorf("an access token after its key went: %v", statOK(fsc))
+		}
+		te.local.Sandbox(gid).Remove(ctx, true)
 		// The front speaks HTTP/2 over TLS.
 		resp, err := hc.Get("https://" + te.front + "/health")
 		if err != nil || resp.ProtoMajor != 2 {
@@ -685,6 +699,13 @@ func TestTenancy(t *testing.T) {
 			if (err == nil) != ok || !ok && !errdefs.IsPermissionDenied(err) {
 				t.Errorf("%s asks for unlimited memory: %v", who, err)
 			}
+			for what, spec := range map[string]api.SandboxSpec{"memory": {Memory: 1 << 50}, "pids": {Pids: 1 << 40}, "disk": {Disk: 1 << 55}} {
+				spec.Layers = []string{"bb:1"}
+				_, err = c.Create(ctx, spec)
+				if !ok && (!errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "more than the host has")) {
+					t.Errorf("%s asks for more %s than the host has: %v", who, what, err)
+				}
+			}
 			sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, PolicyName: "stored"})
 			if err != nil {
 				t.Fatalf("%s names a stored policy: %v", who, err)
@@ -704,6 +725,25 @@ func TestTenancy(t *testing.T) {
 				b.Sandbox(sb.Name).Remove(ctx, true)
 			}
 		}
+		if err := te.local.SavePolicy(ctx, "other", &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy"}); err != nil {
+			t.Fatal(err)
+		}
+		listed := te.c["listed"]
+		if _, err := listed.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, PolicyName: "other"}); !errdefs.IsPermissionDenied(err) {
+			t.Errorf("a token's unlisted stored policy: %v", err)
+		}
+		if ps, err := listed.Policies(ctx); err != nil || len(ps) != 1 || ps[0].Metadata.Name != "stored" {
+			t.Errorf("a token with listed policies sees %+v %v", ps, err)
+		}
+		if _, err := listed.Policy(ctx, "other"); !errdefs.IsNotFound(err) {
+			t.Errorf("a token gets an unlisted policy: %v", err)
+		}
+		if sb, err := listed.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, PolicyName: "stored"}); err != nil {
+			t.Errorf("a token's listed stored policy: %v", err)
+		} else {
+			sb.Remove(ctx, true)
+		}
+		te.local.RemovePolicy(ctx, "other")
 		// Pools and stored policies: what B may use, without others' use.
 		pools, err := b.Pools(ctx)
 		if err != nil || len(pools) != 1 || pools[0].Calls != 0 {
@@ -723,6 +763,10 @@ func TestTenancy(t *testing.T) {
 		}
 		if _, err := q.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Memory: 256 << 20}); !errdefs.IsResourceExhausted(err) {
 			t.Errorf("a third sandbox: %v", err)
+		}
+		// A call in the admin's pool is held by the caller's quota too.
+		if _, err := q.Call(ctx, sdk.CallOptions{Pool: "p", ExecOptions: sdk.ExecOptions{Args: []string{"true"}}}); !errdefs.IsResourceExhausted(err) {
+			t.Errorf("a pool's call past the quota: %v", err)
 		}
 		q.Sandbox("q0").Remove(ctx, true)
 		if _, err := q.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}, Memory: 1 << 30}); !errdefs.IsResourceExhausted(err) {
@@ -798,3 +842,68 @@ func connectMessages(b []byte) []byte {
 
 // emptyTar is a tar stream of nothing.
 func emptyTar() []byte { return make([]byte, 1024) }
+
+// TestOwnersMigrate: snapshots an older worker recorded as a token's
+// (owners.json, their tags among everyone's) move into that token's
+// namespace at the next start; an entry of an admin token, of a token
+// gone, or whose tag names a layer that is not a snapshot stays the
+// admin's.
+func TestOwnersMigrate(t *testing.T) {
+	root := t.TempDir()
+	runtimetest.Layers(t, root)
+	cfg := runtimetest.Config{Listen: []string{"tcp://" + freeAddr(t)}}
+	w, local := setupAt(t, root, cfg)
+	tokens := auth.Open(root)
+	secret, tok, err := tokens.Create(auth.Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, admin, _ := tokens.Create(auth.Admin, 0)
+	ctx := context.Background()
+	c, err := sdk.New(sdk.Options{Host: cfg.Listen[0], Token: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"bb:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"m:1", "adm:1"} {
+		run(t, sb, tag, "echo "+tag+" > /root/"+tag)
+		if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: tag}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb.Remove(ctx, true)
+	w.Kill()
+	// As an older worker left them: the tags among everyone's.
+	s := mustStore(t, root)
+	for _, tag := range []string{"m:1", "adm:1"} {
+		d, err := s.Resolve(ctx, "tenants/"+tok.ID+"/"+tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Tag(ctx, tag, d, false); err != nil {
+			t.Fatal(err)
+		}
+		s.Untag(ctx, "tenants/"+tok.ID+"/"+tag)
+	}
+	b, _ := json.Marshal(map[string]string{"m:1": tok.ID, "bb:1": tok.ID, "adm:1": admin.ID, "ws:1": "gone0000"})
+	if err := os.WriteFile(filepath.Join(root, "owners.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.StartWorkerWith(t, root, cfg)
+	for tag, want := range map[string]bool{"tenants/" + tok.ID + "/m:1": true, "m:1": false, "bb:1": true, "ws:1": true, "adm:1": true,
+		"tenants/" + tok.ID + "/bb:1": false, "tenants/" + admin.ID + "/adm:1": false} {
+		if _, err := s.Resolve(ctx, tag); (err == nil) != want {
+			t.Errorf("%s after the migration: %v", tag, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "owners.json")); !os.IsNotExist(err) {
+		t.Errorf("owners.json stays: %v", err)
+	}
+	if l, err := c.Snapshots(ctx); err != nil || len(l) != 1 || l[0].Name != "m:1" {
+		t.Errorf("the token's snapshots: %+v %v", l, err)
+	}
+	_ = local
+}

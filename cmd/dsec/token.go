@@ -36,7 +36,8 @@ no token: its file permissions are its guard.
 A token of scope sandboxes may be given more (--allow): policy, to give its sandboxes
 policies of its own (inline at create, and policy apply); without it they run under the
 default policy, a stored policy named at create, or their template's, and keep it; and
-unlimited, to ask for no memory, pids or disk limit. Its quota (--max-*) bounds what its
+unlimited, to ask for no memory, pids or disk limit, or more than the host has. --policy
+names the stored policies it may name (it sees no other). Its quota (--max-*) bounds what its
 sandboxes and snapshots hold at once; a create or pack-diff past it is refused (exit 10).
 
 These commands act on this machine's root (--root), never on a --host worker.
@@ -53,7 +54,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 	var scope string
 	var ttl time.Duration
 	var asJSON, e2bKey bool
-	var allow []string
+	var allow, policies []string
 	var maxSandboxes int
 	var maxMemory, maxDisk, maxSnapshots string
 	create := &cobra.Command{
@@ -61,7 +62,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 		Short: "Make a token and print it (the only time it is shown)",
 		Args:  exactArgs(0),
 		RunE: func(*cobra.Command, []string) error {
-			spec := auth.Spec{Scope: scope, TTL: ttl, Prefix: auth.Prefix, Allow: allow, Quota: auth.Quota{Sandboxes: maxSandboxes}}
+			spec := auth.Spec{Scope: scope, TTL: ttl, Prefix: auth.Prefix, Allow: allow, Quota: auth.Quota{Sandboxes: maxSandboxes}, Policies: policies}
 			if e2bKey {
 				spec.Prefix = auth.E2BPrefix
 			}
@@ -97,6 +98,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 	create.Flags().BoolVar(&asJSON, "json", false, "print the token with its id, scope and expiry as JSON")
 	create.Flags().BoolVar(&e2bKey, "e2b", false, "shape it as an E2B API key, e2b_<40 hex> (E2B_API_KEY for dsec daemon --e2b-listen)")
 	create.Flags().StringSliceVar(&allow, "allow", nil, "what a sandboxes token may do beyond the basics: policy (its own policies), unlimited (no memory, pids or disk limit)")
+	create.Flags().StringSliceVar(&policies, "policy", nil, "the stored policies its sandboxes may name, besides the default (repeatable; none: any)")
 	create.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "its sandboxes at once, stopped and queued ones included (0: no bound)")
 	create.Flags().StringVar(&maxMemory, "max-memory", "", "the sum of its sandboxes' memory limits, e.g. 64G (none: no bound)")
 	create.Flags().StringVar(&maxDisk, "max-disk", "", "the sum of its sandboxes' disk bounds, e.g. 1T (none: no bound)")

@@ -59,6 +59,10 @@ type Token struct {
 	Allow []string `json:"allow,omitempty"`
 	// Quota bounds what a token of scope sandboxes holds at once.
 	Quota Quota `json:"quota,omitzero"`
+	// Policies, if any, are the stored policies a token of scope
+	// sandboxes may name for its sandboxes (besides the default); it
+	// sees no other.
+	Policies []string `json:"policies,omitempty"`
 }
 
 // What a token of scope sandboxes may be allowed (dsec token create
@@ -138,6 +142,8 @@ type Spec struct {
 	Prefix string        // Prefix (default) or E2BPrefix
 	Allow  []string
 	Quota  Quota
+	// Policies: Token.Policies.
+	Policies []string
 }
 
 // New makes the token spec describes and returns it: the only time it
@@ -165,8 +171,13 @@ func (s *Store) New(spec Spec) (string, Token, error) {
 	if q.Sandboxes < 0 || q.Memory < 0 || q.Disk < 0 || q.SnapshotBytes < 0 {
 		return "", Token{}, fmt.Errorf("a negative quota (%+v): give a positive bound, or none: %w", q, errdefs.ErrInvalidArgument)
 	}
-	if spec.Scope == Admin && (len(spec.Allow) > 0 || q != (Quota{})) {
-		return "", Token{}, fmt.Errorf("an admin token may do everything: allowances and quotas are for tokens of scope %s: %w", Sandboxes, errdefs.ErrInvalidArgument)
+	if spec.Scope == Admin && (len(spec.Allow) > 0 || q != (Quota{}) || len(spec.Policies) > 0) {
+		return "", Token{}, fmt.Errorf("an admin token may do everything: allowances, quotas and policies are for tokens of scope %s: %w", Sandboxes, errdefs.ErrInvalidArgument)
+	}
+	for _, p := range spec.Policies {
+		if p == "" || strings.ContainsAny(p, "/\x00") {
+			return "", Token{}, fmt.Errorf("bad policy name %q: name a stored policy (dsec policy ls): %w", p, errdefs.ErrInvalidArgument)
+		}
 	}
 	b := make([]byte, 20)
 	rand.Read(b)
@@ -174,7 +185,7 @@ func (s *Store) New(spec Spec) (string, Token, error) {
 	id := make([]byte, 6) // drawn apart: the ID says nothing of the token
 	rand.Read(id)
 	t := Token{ID: hex.EncodeToString(id), Scope: spec.Scope, Created: time.Now().UTC().Truncate(time.Second), SHA256: digest(secret),
-		Allow: slices.Compact(slices.Sorted(slices.Values(spec.Allow))), Quota: q}
+		Allow: slices.Compact(slices.Sorted(slices.Values(spec.Allow))), Quota: q, Policies: slices.Compact(slices.Sorted(slices.Values(spec.Policies)))}
 	if spec.TTL > 0 {
 		t.Expires = t.Created.Add(spec.TTL)
 	}

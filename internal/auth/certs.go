@@ -65,6 +65,13 @@ func MakeCerts(dir string, names []string) error {
 			caTmpl.PermittedDNSDomains = append(caTmpl.PermittedDNSDomains, n)
 		}
 	}
+	// A kind of name with nothing permitted would be unbounded: none.
+	if len(caTmpl.PermittedIPRanges) == 0 {
+		caTmpl.ExcludedIPRanges = []*net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}
+	}
+	if len(caTmpl.PermittedDNSDomains) == 0 {
+		caTmpl.PermittedDNSDomains = []string{"invalid"} // RFC 2606: names nothing
+	}
 	caKey, caDER, err := issue(caTmpl, nil, nil)
 	if err != nil {
 		return err
@@ -73,7 +80,10 @@ func MakeCerts(dir string, names []string) error {
 	if err != nil {
 		return err
 	}
-	server := &x509.Certificate{Subject: pkix.Name{CommonName: names[0]}, NotBefore: now, NotAfter: until,
+	// Its common name is no host name: clients take the names from
+	// its SANs, and some check a name-like one against the CA's
+	// constraints too.
+	server := &x509.Certificate{Subject: pkix.Name{CommonName: "dsec worker"}, NotBefore: now, NotAfter: until,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	for _, n := range names {
 		if ip := net.ParseIP(n); ip != nil {

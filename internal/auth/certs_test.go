@@ -113,6 +113,37 @@ func TestMakeCerts(t *testing.T) {
 			t.Errorf("a certificate for %s signed by the CA: %v", name, err)
 		}
 	}
+	// A CA made for names of one kind signs for none of the other.
+	for _, names := range [][]string{{"10.0.0.5"}, {"worker.example"}} {
+		d := t.TempDir()
+		if err := MakeCerts(d, names); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(filepath.Join(d, CAFile))
+		block, _ := pem.Decode(b)
+		ca, _ := x509.ParseCertificate(block.Bytes)
+		kb, _ := os.ReadFile(filepath.Join(d, CAKeyFile))
+		key, _ := pem.Decode(kb)
+		roots := x509.NewCertPool()
+		roots.AddCert(ca)
+		for name, ok := range map[string]bool{names[0]: true, "bank.example": false, "10.9.9.9": false, "::1": false} {
+			tmpl := &x509.Certificate{Subject: pkix.Name{CommonName: "x"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+				ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+			if ip := net.ParseIP(name); ip != nil {
+				tmpl.IPAddresses = []net.IP{ip}
+			} else {
+				tmpl.DNSNames = []string{name}
+			}
+			_, der, err := issue(tmpl, ca, key.Bytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, _ := x509.ParseCertificate(der)
+			if _, err := c.Verify(x509.VerifyOptions{Roots: roots, DNSName: name}); (err == nil) != ok {
+				t.Errorf("a CA for %v, a certificate for %s: %v", names, name, err)
+			}
+		}
+	}
 	if err := MakeCerts(dir, []string{"x"}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("over existing files: %v", err)
 	}

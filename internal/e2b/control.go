@@ -48,6 +48,12 @@ func (s *Server) controlRoutes() *http.ServeMux {
 				refuse(rw, r, err)
 				return
 			}
+			release, err := s.hold(who)
+			if err != nil {
+				refuse(rw, r, err)
+				return
+			}
+			defer release()
 			r.Body = bounded(rw, r, maxControlBody)
 			if err := fn(rw, r.WithContext(withCaller(r.Context(), who)), s.as(who), who); err != nil {
 				writeError(rw, err)
@@ -520,8 +526,7 @@ func (s *Server) kill(ctx context.Context, sb *sdk.Sandbox, id string) error {
 	if err != nil {
 		return err
 	}
-	s.records.remove(id)
-	s.procs.drop(id)
+	s.procs.drop(id) // its record went with it (Forget)
 	s.opts.Log.Info("e2b: killed a sandbox", "sandbox", id)
 	return nil
 }

@@ -72,6 +72,13 @@ type Options struct {
 	// Lookup says which sandbox, if any, a name names now: its ID. The
 	// front drops the records of sandboxes gone while it did not run.
 	Lookup func(name string) (id string, ok bool)
+	// Hold holds one of the requests at once a token may have (the
+	// worker's bound) while the front serves one of its requests, from
+	// before the request's body is read; nil: no bound.
+	Hold func(id string, admin bool) (release func(), err error)
+	// Live says whether the token of id still opens anything (a
+	// sandbox's access token dies with its owner's token).
+	Live func(id string) bool
 	// Dir holds the front's records (one file per sandbox) and its key.
 	Dir string
 	// Templates are the template IDs the config names (e2b.templates);
@@ -299,7 +306,8 @@ func (s *Server) accessToken(rec record) string {
 func (s *Server) envdCaller(id, token string) (caller, error) {
 	rec, ok := s.records.get(id)
 	if strings.HasPrefix(token, envdPrefix) {
-		if want := s.accessToken(rec); ok && want != "" && hmac.Equal([]byte(token), []byte(want)) {
+		if want := s.accessToken(rec); ok && want != "" && hmac.Equal([]byte(token), []byte(want)) &&
+			(rec.Owner == "" || s.opts.Live == nil || s.opts.Live(rec.Owner)) {
 			return caller{id: rec.Owner}, nil
 		}
 		return caller{}, fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
@@ -312,6 +320,14 @@ func (s *Server) envdCaller(id, token string) (caller, error) {
 		return caller{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
 	}
 	return who, nil
+}
+
+// hold holds a request slot of who's for the request it serves now.
+func (s *Server) hold(who caller) (func(), error) {
+	if s.opts.Hold == nil {
+		return func() {}, nil
+	}
+	return s.opts.Hold(who.id, who.admin || who.id == "")
 }
 
 type callerKey struct{}

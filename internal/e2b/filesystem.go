@@ -31,7 +31,7 @@ const maxUpload = 1 << 30
 
 // maxMessage bounds a Connect request's message, decompressed: a
 // command and its environment, a chunk of stdin, a path.
-const maxMessage = 16 << 20
+const maxMessage = 4 << 20
 
 // envdAuth serves an envd request only with a token that opens its
 // sandbox (envdCaller), checked before anything of the request is read:
@@ -44,6 +44,12 @@ func (s *Server) envdAuth(next http.Handler) http.Handler {
 			return
 		}
 		who, err := s.envdCaller(sandboxOf(r.Context()), r.Header.Get("X-Access-Token"))
+		if err == nil {
+			var release func()
+			if release, err = s.hold(who); err == nil {
+				defer release()
+			}
+		}
 		if err != nil {
 			refuse(rw, r, err)
 			return
@@ -384,6 +390,12 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 		token = r.Header.Get("E2b-Traffic-Access-Token")
 	}
 	who, err := s.envdCaller(id, token)
+	if err == nil {
+		var release func()
+		if release, err = s.hold(who); err == nil {
+			defer release()
+		}
+	}
 	if err != nil {
 		refuse(rw, r, err)
 		return
@@ -402,7 +414,8 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 	p.ErrorHandler = func(rw http.ResponseWriter, _ *http.Request, err error) {
 		writeError(rw, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
 	}
-	r.Header.Del("X-Access-Token")
-	r.Header.Del("E2b-Traffic-Access-Token")
+	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
+		r.Header.Del(h) // the sandbox sees none of the caller's secrets
+	}
 	p.ServeHTTP(rw, r)
 }

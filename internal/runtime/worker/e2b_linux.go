@@ -80,10 +80,10 @@ func (l *pipeListener) Dial(ctx context.Context) (net.Conn, error) {
 
 // serveE2B serves the front on l until ctx ends: its requests to the
 // worker go through routes in process, with the authority the front
-// names (actAs), in l's slots.
+// names (actAs); each request it serves holds a slot of lim's.
 func (w *worker) serveE2B(ctx context.Context, l net.Listener, routes http.Handler, lim *limiter, errc chan<- error) error {
 	pipe := newPipeListener()
-	inproc := &http.Server{Handler: w.actAs(routes, lim), BaseContext: func(net.Listener) context.Context { return ctx }}
+	inproc := &http.Server{Handler: w.actAs(routes), BaseContext: func(net.Listener) context.Context { return ctx }}
 	go inproc.Serve(pipe)
 	transport := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return pipe.Dial(ctx) },
 		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
@@ -92,6 +92,11 @@ func (w *worker) serveE2B(ctx context.Context, l net.Listener, routes http.Handl
 		Authorize: func(key string) (string, bool, error) {
 			t, err := w.tokens.Check(key, time.Now())
 			return t.ID, t.Scope == auth.Admin, err
+		},
+		Hold: lim.take,
+		Live: func(id string) bool {
+			t, ok := w.tokens.Lookup(id)
+			return ok && !t.Expired(time.Now())
 		},
 		Lookup: func(name string) (string, bool) {
 			w.mu.Lock()

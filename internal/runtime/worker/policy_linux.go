@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 
 	"github.com/containerd/errdefs"
@@ -85,12 +86,16 @@ func (w *worker) applyPolicy(r *http.Request, req api.PolicyRequest) (*api.Polic
 	return rep, nil
 }
 
-func (w *worker) policies(*http.Request, none) ([]api.Policy, error) {
+// policies lists the stored policies: those a tenant may name, to one.
+func (w *worker) policies(r *http.Request, _ none) ([]api.Policy, error) {
 	files, _ := filepath.Glob(filepath.Join(w.cfg.Root, "policies", "*.json"))
 	sort.Strings(files)
 	out := []api.Policy{}
 	for _, f := range files {
 		name := filepath.Base(f)
+		if !mayName(r.Context(), name[:len(name)-len(".json")]) {
+			continue
+		}
 		p, err := w.loadPolicy(name[:len(name)-len(".json")])
 		if err != nil {
 			return nil, err
@@ -101,7 +106,16 @@ func (w *worker) policies(*http.Request, none) ([]api.Policy, error) {
 }
 
 func (w *worker) getPolicy(r *http.Request, _ none) (*api.Policy, error) {
+	if !mayName(r.Context(), r.PathValue("name")) {
+		return nil, fmt.Errorf("no policy %s (dsec policy ls lists them; dsec policy save stores one): %w", r.PathValue("name"), errdefs.ErrNotFound)
+	}
 	return w.loadPolicy(r.PathValue("name"))
+}
+
+// mayName says whether ctx's caller may name the stored policy name.
+func mayName(ctx context.Context, name string) bool {
+	t := tenantOf(ctx)
+	return t == nil || len(t.Policies) == 0 || slices.Contains(t.Policies, name)
 }
 
 // putPolicy stores a policy under a name (replacing one there; sandboxes

@@ -356,6 +356,22 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		info.Pool = p.Name
 		info.Sandbox, sb = w.take(p)
 	}
+	if t := tenantOf(r.Context()); sb != nil && t != nil {
+		// The pool's sandbox is the admin's; the caller's quota holds it
+		// while the call runs.
+		w.mu.Lock()
+		e := w.sandboxes[info.Sandbox]
+		err := w.checkQuota(t, e)
+		if err == nil {
+			e.account = t.ID
+		}
+		w.mu.Unlock()
+		if err != nil {
+			w.discardLater(info.Sandbox)
+			fail(rw, err)
+			return
+		}
+	}
 	if sb == nil { // no pool, or it was empty: a sandbox made for the call
 		info.Warm = false
 		switch {

@@ -3,12 +3,16 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
 // What a token of scope sandboxes may ask for (auth.Token.Allow) and
@@ -36,8 +40,10 @@ func tenantOf(ctx context.Context) *auth.Token {
 }
 
 // checkAllowed refuses what a tenant's spec asks beyond its token's
-// allowances: a policy of its own, no memory, pids or disk limit.
-func checkAllowed(ctx context.Context, spec api.SandboxSpec) error {
+// allowances: a policy of its own, no memory, pids or disk limit; and a
+// limit above what the host has (the bound all sandboxes share, or the
+// root's file system for a disk), which is none in effect.
+func (w *worker) checkAllowed(ctx context.Context, spec api.SandboxSpec) error {
 	t := tenantOf(ctx)
 	if t == nil {
 		return nil
@@ -45,10 +51,34 @@ func checkAllowed(ctx context.Context, spec api.SandboxSpec) error {
 	if spec.Policy != nil && !t.May(auth.AllowPolicy) {
 		return errNotAllowed(t, auth.AllowPolicy, "give its sandboxes policies of their own: name a stored policy (policy_name; dsec policy ls lists them)")
 	}
-	if (spec.Memory == api.Unlimited || spec.Pids == api.Unlimited || spec.Disk == api.Unlimited) && !t.May(auth.AllowUnlimited) {
+	if len(t.Policies) > 0 && spec.PolicyName != "" && !slices.Contains(t.Policies, spec.PolicyName) {
+		return fmt.Errorf("token %s may run its sandboxes under the default policy or the stored policies %s alone: %w",
+			t.ID, strings.Join(t.Policies, ", "), errdefs.ErrPermissionDenied)
+	}
+	if t.May(auth.AllowUnlimited) {
+		return nil
+	}
+	if spec.Memory == api.Unlimited || spec.Pids == api.Unlimited || spec.Disk == api.Unlimited {
 		return errNotAllowed(t, auth.AllowUnlimited, "ask for no memory, pids or disk limit: give a limit")
 	}
+	for _, l := range []struct {
+		what         string
+		asked, bound int64
+	}{{"memory", spec.Memory, cgroup.ParentLimits().MemoryBytes}, {"pids", spec.Pids, cgroup.ParentLimits().Pids}, {"disk", spec.Disk, rootSize(w.cfg.Root)}} {
+		if l.bound > 0 && l.asked > l.bound {
+			return errNotAllowed(t, auth.AllowUnlimited, fmt.Sprintf("ask for %s of %d, more than the host has (%d): no limit in effect: give a smaller one", l.what, l.asked, l.bound))
+		}
+	}
 	return nil
+}
+
+// rootSize is the size of the file system under root (0: unknown).
+func rootSize(root string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(root, &st) != nil {
+		return 0
+	}
+	return int64(st.Blocks) * st.Bsize
 }
 
 func errNotAllowed(t *auth.Token, what, do string) error {
@@ -85,7 +115,7 @@ func (w *worker) checkQuota(t *auth.Token, e *entry) error {
 		return fmt.Errorf("token %s has a disk quota: each of its sandboxes needs a disk bound (give --disk): %w", t.ID, errdefs.ErrInvalidArgument)
 	}
 	for _, o := range w.sandboxes {
-		if o.owner != t.ID || o.gone != nil {
+		if o.account != t.ID || o.gone != nil {
 			continue
 		}
 		n++

@@ -92,7 +92,10 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	case errdefs.IsNotFound(err):
 		return "", errNoRef(ref)
 	case err != nil:
-		return "", err
+		// Not in the local store, and the remote failed: how it failed
+		// would tell a tenant what the local store holds.
+		s.w.log.Warn("a tenant's layer is not in the local store, and the remote failed", "ref", ref, "err", err)
+		return "", errNoRef(ref)
 	case f.Kind == layer.KindSnapshot: // the admin's, or a tenant's pushed under another name
 		return "", errNoRef(ref)
 	}

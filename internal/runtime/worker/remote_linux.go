@@ -68,16 +68,21 @@ func newLimiter(max, perToken int) *limiter {
 	return &limiter{max: max, perToken: min(perToken, max), token: map[string]int{}}
 }
 
-// take holds a slot for a request of token id ("": the admin's own
-// socket), or says why there is none.
-func (l *limiter) take(id string) (release func(), err error) {
+// take holds a slot for a request of token id, or says why there is
+// none. The last eighth of all slots are kept for admin tokens: tenants
+// that fill theirs leave the admin a way in.
+func (l *limiter) take(id string, admin bool) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	all := l.max
+	if !admin {
+		all -= l.max / 8
+	}
 	switch {
 	case l.token[id] >= l.perToken:
 		return nil, fmt.Errorf("this token has %d requests under way, its bound: retry later: %w", l.perToken, errdefs.ErrResourceExhausted)
-	case l.all >= l.max:
-		return nil, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", l.max, errdefs.ErrResourceExhausted)
+	case l.all >= all:
+		return nil, fmt.Errorf("the worker serves %d requests over TCP already: retry later: %w", l.all, errdefs.ErrResourceExhausted)
 	}
 	l.all++
 	l.token[id]++
@@ -221,19 +226,18 @@ func unread(rw http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// serveAs serves r as t's (nil: the admin's), in a slot of l's.
+// serveAs serves r as t's (nil: the admin's), in a slot of l's (nil:
+// the caller holds one).
 func (w *worker) serveAs(rw http.ResponseWriter, r *http.Request, next http.Handler, l *limiter, t *auth.Token) {
-	id := ""
-	if t != nil {
-		id = t.ID
+	if l != nil {
+		release, err := l.take(t.ID, t.Scope == auth.Admin)
+		if err != nil {
+			unread(rw, r)
+			fail(rw, err)
+			return
+		}
+		defer release()
 	}
-	release, err := l.take(id)
-	if err != nil {
-		unread(rw, r)
-		fail(rw, err)
-		return
-	}
-	defer release()
 	ctx := r.Context()
 	if t != nil {
 		ctx = context.WithValue(ctx, tokenKey{}, t)
@@ -249,8 +253,9 @@ func (w *worker) serveAs(rw http.ResponseWriter, r *http.Request, next http.Hand
 
 // actAs serves the front's requests with the authority they name: the
 // admin's, or the token's of that ID (a removed token's: its own
-// sandboxes only, as scope sandboxes).
-func (w *worker) actAs(next http.Handler, l *limiter) http.Handler {
+// sandboxes only, as scope sandboxes). The front holds their slots
+// (holdFor), from before it reads a request.
+func (w *worker) actAs(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(e2b.HeaderActAs)
 		var t *auth.Token
@@ -270,15 +275,18 @@ func (w *worker) actAs(next http.Handler, l *limiter) http.Handler {
 				r = r.WithContext(withTrusted(r.Context()))
 			}
 		}
-		w.serveAs(rw, r, next, l, t)
+		w.serveAs(rw, r, next, nil, t)
 	})
 }
 
 // migrateOwners moves the snapshots an older worker recorded as a
-// token's in <root>/owners.json (their tags among everyone's) into that
-// token's namespace, tenants/ID/NAME:STEP, and removes the file. What
-// stands on one finds it by its image (its digest), as on a moved tag.
-func migrateOwners(ctx context.Context, root string, s *store.Store) error {
+// token's of scope sandboxes in <root>/owners.json (their tags among
+// everyone's) into that token's namespace, tenants/ID/NAME:STEP, and
+// removes the file. What stands on one finds it by its image (its
+// digest), as on a moved tag. An entry of an admin token, of a token
+// gone, or whose tag now names what is not a snapshot (a layer built
+// under the tag since) leaves the tag where it is: the admin's.
+func migrateOwners(ctx context.Context, root string, s *store.Store, tokens *auth.Store) error {
 	path := filepath.Join(root, "owners.json")
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -292,10 +300,17 @@ func migrateOwners(ctx context.Context, root string, s *store.Store) error {
 		return fmt.Errorf("%s: %v: remove it (its snapshots then stay the admin's): %w", path, err, errdefs.ErrDataLoss)
 	}
 	for _, ref := range slices.Sorted(maps.Keys(owners)) {
-		d, err := s.Resolve(ctx, ref)
-		if errdefs.IsNotFound(err) || tenant.Reserved(ref) {
+		if t, ok := tokens.Lookup(owners[ref]); !ok || t.Scope != auth.Sandboxes || tenant.Reserved(ref) {
 			continue
 		}
+		i, err := layer.Resolve(ctx, s, ref)
+		if errdefs.IsNotFound(err) || err == nil && i.Kind != layer.KindSnapshot {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		d, err := s.Resolve(ctx, ref)
 		if err != nil {
 			return err
 		}

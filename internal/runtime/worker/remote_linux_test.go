@@ -2,6 +2,7 @@ package worker
 
 import (
 	"io"
+	"strconv"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -126,4 +127,27 @@ func (c *readCounter) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
 	return n, err
+}
+
+// TestLimiterKeepsForTheAdmin: tenants that fill all but the admin's
+// eighth of the slots leave admin tokens a way in.
+func TestLimiterKeepsForTheAdmin(t *testing.T) {
+	l := newLimiter(16, 16)
+	for i := range 14 {
+		if _, err := l.take(strconv.Itoa(i%2), false); err != nil {
+			t.Fatalf("tenant slot %d: %v", i, err)
+		}
+	}
+	if _, err := l.take("t", false); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("a tenant in the admin's eighth: %v", err)
+	}
+	release, err := l.take("admin", true)
+	if err != nil {
+		t.Fatalf("the admin: %v", err)
+	}
+	release()
+	release() // once only
+	if _, err := l.take("admin", true); err != nil {
+		t.Errorf("the admin's slot after its release: %v", err)
+	}
 }

@@ -93,7 +93,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
 	}
 	if !isTrusted(ctx) { // the caller's own spec, not a template's or a pool's
-		if err := checkAllowed(ctx, spec); err != nil {
+		if err := w.checkAllowed(ctx, spec); err != nil {
 			return nil, err
 		}
 		if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
@@ -143,6 +143,10 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		owner = ""
 	}
 	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool, owner: owner}
+	t := tenantOf(ctx)
+	if t != nil { // a pool's sandbox for its call too
+		e.account = t.ID
+	}
 	e.op.Lock()
 	defer e.op.Unlock()
 	w.mu.Lock()
@@ -168,7 +172,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		}
 		w.mu.Lock()
 	}
-	if t := tokenOf(ctx); t != nil && owner == t.ID {
+	if t != nil {
 		if err := w.checkQuota(t, e); err != nil {
 			w.mu.Unlock()
 			return nil, err

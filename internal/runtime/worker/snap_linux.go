@@ -50,6 +50,10 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		if quota = t.Quota.SnapshotBytes - used; quota <= 0 {
 			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
 		}
+		if guest := w.memoryBound(e) + w.diskBound(e); req.Memory && (guest == 0 || guest > quota) {
+			return created[api.Snapshot]{}, fmt.Errorf("token %s's snapshot quota leaves %d bytes, less than a memory snapshot of this sandbox may take (its memory limit and disk bound, %d): %w",
+				t.ID, quota, guest, errdefs.ErrResourceExhausted)
+		}
 		lim.MaxBytes = min(lim.MaxBytes, quota)
 	}
 	e.op.Lock()
@@ -67,7 +71,7 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		if used, err := w.snapshotBytes(r.Context(), sc); err == nil && used > t.Quota.SnapshotBytes {
 			w.lineage.Lock()
 			users, _ := runtime.SnapUsers(w.cfg.Root)
-			snap.Remove(context.WithoutCancel(r.Context()), w.mounter.Store, ref.String(), users, false)
+			snap.Remove(context.WithoutCancel(r.Context()), w.mounter.Store, ref.String(), users, true)
 			w.lineage.Unlock()
 			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
 		}
@@ -150,7 +154,7 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 			return created[[]api.Sandbox]{}, err
 		}
 		spec = like
-	} else if err := checkAllowed(ctx, spec); err != nil {
+	} else if err := w.checkAllowed(ctx, spec); err != nil {
 		return created[[]api.Sandbox]{}, err
 	}
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
@@ -317,8 +321,12 @@ func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 		return none{}, err
 	}
 	if _, err := snap.Remove(r.Context(), w.mounter.Store, ref, users, r.URL.Query().Get("force") == "1"); err != nil {
-		if errdefs.IsNotFound(err) && !sc.admin() {
+		switch {
+		case errdefs.IsNotFound(err) && !sc.admin():
 			return none{}, errNoSnapshot(r.PathValue("ref"))
+		case errdefs.IsFailedPrecondition(err) && !sc.admin(): // what stands on it may be others'
+			return none{}, fmt.Errorf("snapshot %s is still stood on by snapshots or sandboxes (dsec snap ls --tree shows yours): remove those first, or force the removal (the tag goes; gc keeps the snapshot while they stand on it): %w",
+				canonical(r.PathValue("ref")), errdefs.ErrFailedPrecondition)
 		}
 		return none{}, err
 	}

@@ -101,6 +101,9 @@ type entry struct {
 	pool    string          // the FnCall pool it waits in, warm; callPool or runPool
 	gone    chan struct{}   // while it is being discarded: closed when that ends
 	owner   string          // the id of the token that made it ("": the admin's)
+	// account is the token whose quota holds it: its owner's, or the
+	// caller's of a call in a pool's sandbox (the admin's).
+	account string
 	// evictFailed: when the pressure loop last failed to evict it.
 	evictFailed time.Time
 }
@@ -206,7 +209,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk}}
-	if err := migrateOwners(ctx, cfg.Root, s); err != nil {
+	if err := migrateOwners(ctx, cfg.Root, s, w.tokens); err != nil {
 		return err
 	}
 	if err := w.adopt(); err != nil {
