@@ -2,10 +2,10 @@ package worker
 
 import (
 	"io"
-	"strconv"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
