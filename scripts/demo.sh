@@ -275,11 +275,12 @@ if [ "$(id -u)" = 0 ]; then
 	printf 'e2b:\n  templates:\n    base: {layers: [demo/debian:12], memory: 512M}\n' >"$work/e2b.yaml"
 	"$dsec" --config "$work/e2b.yaml" --log-level info daemon --exit-idle 10m --listen "tcp://127.0.0.1:$port" \
 		--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem" --e2b-listen "127.0.0.1:$e2bport" 2>>"$DSEC_ROOT/worker.log" &
-	token=$("$dsec" token create --scope sandboxes --ttl 1h)
+	made=$("$dsec" token create --scope sandboxes --ttl 1h --json)
+	token=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])' <<<"$made")
 	export DSEC_TLS_CA=$work/tls/ca.pem DSEC_TOKEN=$token
 	for _ in $(seq 200); do DSEC_HOST="tcp://127.0.0.1:$port" "$dsec" ps >/dev/null 2>&1 && break; sleep 0.05; done
 	DSEC_HOST="tcp://127.0.0.1:$port" /usr/bin/python3 python/examples/rollout.py demo/busybox:1
-	"$dsec" token rm "${token:5:8}" >/dev/null
+	"$dsec" token rm "$(python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' <<<"$made")" >/dev/null
 	unset DSEC_TLS_CA DSEC_TOKEN
 
 	step "E2B-based frameworks: the official E2B SDK (npm e2b), unchanged, on a Debian layer (the same worker)"
@@ -294,11 +295,12 @@ if [ "$(id -u)" = 0 ]; then
 	[ -f "$cache/e2b-2.51.0/node_modules/e2b/package.json" ] ||
 		npm install --silent --no-audit --no-fund --no-save --prefix "$cache/e2b-2.51.0" e2b@2.51.0 >/dev/null
 	"$dsec" layer build "$cache/debian-bookworm-minbase" --kind base -t demo/debian:12 --force >/dev/null
-	key=$("$dsec" token create --e2b --ttl 1h)
+	made=$("$dsec" token create --e2b --ttl 1h --json)
+	key=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])' <<<"$made")
 	# TLS as the worker's TCP API: its CA for Node.
 	E2B_API_URL="https://127.0.0.1:$e2bport" E2B_SANDBOX_URL="https://127.0.0.1:$e2bport" E2B_API_KEY=$key \
 		NODE_EXTRA_CA_CERTS="$work/tls/ca.pem" NODE_PATH="$cache/e2b-2.51.0/node_modules" node scripts/e2b-demo.cjs
-	"$dsec" token rm "${key:4:8}" >/dev/null
+	"$dsec" token rm "$(python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' <<<"$made")" >/dev/null
 
 	step "the second host runs a sandbox on lazily mounted layers"
 	DSEC_ROOT=$DSEC_ROOT_HOST2 DSEC_REMOTE="dir://$shared" "$dsec" run --rm --base demo/busybox:1 --workspace demo/go-src:1 \
