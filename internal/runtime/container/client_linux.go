@@ -211,8 +211,7 @@ func (s *Conn) execCopied(ctx context.Context, cmd Cmd) (int, error) {
 		if err != nil {
 			return -1, err
 		}
-		p, err := journal.Copy(sink, i, r)
-		r.Close()
+		p, err := journal.CopyPipe(sink, i, r)
 		if err != nil {
 			w.Close()
 			return -1, err

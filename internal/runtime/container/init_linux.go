@@ -372,10 +372,9 @@ func (l *loop) handle(r incoming) {
 				j.sink = journal.NewSink(journal.Cap(r.req.MaxOutput), r.files[n-2], r.files[n-1])
 				r.files[n-2], r.files[n-1] = nil, nil // the sink's now
 				for i, p := range out {
-					if cp, err := journal.Copy(j.sink, i, p[0]); err == nil {
+					if cp, err := journal.CopyPipe(j.sink, i, p[0]); err == nil {
 						j.pipes = append(j.pipes, cp)
 					}
-					p[0].Close()
 				}
 			}
 			if l.oomKills != nil {

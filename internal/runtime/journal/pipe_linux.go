@@ -50,7 +50,16 @@ func Copy(out Streams, i int, src *os.File) (*Pipe, error) {
 		return nil, err
 	}
 	_, terr := unix.IoctlGetTermios(fd, unix.TCGETS)
-	p := &Pipe{src: os.NewFile(uintptr(fd), src.Name()), out: out, i: i, tty: terr == nil, buf: make([]byte, 64<<10), done: make(chan struct{})}
+	return start(out, i, os.NewFile(uintptr(fd), src.Name()), terr == nil)
+}
+
+// CopyPipe is Copy of the read end of a pipe Pipes made, which it takes
+// (no descriptor of its own to make: an exec's start pays for none).
+func CopyPipe(out Streams, i int, r *os.File) (*Pipe, error) { return start(out, i, r, false) }
+
+func start(out Streams, i int, src *os.File, tty bool) (*Pipe, error) {
+	p := &Pipe{src: src, out: out, i: i, tty: tty, buf: make([]byte, 64<<10), done: make(chan struct{})}
+	var err error
 	if p.rc, err = p.src.SyscallConn(); err != nil {
 		p.src.Close()
 		return nil, err
@@ -139,11 +148,16 @@ func (p *Pipe) End() {
 func (p *Pipe) Done() <-chan struct{} { return p.done }
 
 // Pipes makes a pipe whose write end, for a command, blocks as a
-// command expects (os.Pipe's ends are both non-blocking); Copy reads
-// the other.
+// command expects (os.Pipe's ends are both non-blocking); its read end
+// is non-blocking, in the runtime's poller, for CopyPipe.
 func Pipes() (r, w *os.File, err error) {
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 		return nil, nil, err
 	}
 	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
