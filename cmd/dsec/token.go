@@ -120,7 +120,7 @@ These commands act on this machine's root (--root), never on a --host worker.
 				return a.printJSON(ts)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tALLOW\tQUOTA")
+			fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tALLOW\tPOLICIES\tQUOTA")
 			now := time.Now()
 			for _, t := range ts {
 				exp := "never"
@@ -130,8 +130,8 @@ These commands act on this machine's root (--root), never on a --host worker.
 						exp += " (expired)"
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.Created.Local().Format(time.DateTime), exp,
-					cmp.Or(strings.Join(t.Allow, ","), "-"), quotaString(t.Quota))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.Created.Local().Format(time.DateTime), exp,
+					cmp.Or(strings.Join(t.Allow, ","), "-"), cmp.Or(strings.Join(t.Policies, ","), "-"), quotaString(t.Quota))
 			}
 			return tw.Flush()
 		},
