@@ -43,22 +43,31 @@ func (s *Server) envdAuth(next http.Handler) http.Handler {
 			refuse(rw, r, fmt.Errorf("signed file URLs are not served by dsec's E2B front: send the access token (X-Access-Token): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		who, err := s.envdCaller(sandboxOf(r.Context()), r.Header.Get("X-Access-Token"))
-		if err == nil {
-			var release func()
-			if release, err = s.hold(who); err == nil {
-				defer release()
-			}
-		}
-		if err != nil {
-			refuse(rw, r, err)
+		who, release, ok := s.admit(rw, r, sandboxOf(r.Context()), r.Header.Get("X-Access-Token"))
+		if !ok {
 			return
 		}
+		defer release()
 		if connectErrors.IsSupported(r) { // one message (no RPC served streams its input): it comes at once
 			r.Body = readBy(rw, r.Body)
 		}
 		next.ServeHTTP(rw, r.WithContext(withCaller(r.Context(), who)))
 	})
+}
+
+// admit lets a request for sandbox id in with token, holding a request
+// slot of its caller's (release it), or refuses it, unread.
+func (s *Server) admit(rw http.ResponseWriter, r *http.Request, id, token string) (caller, func(), bool) {
+	who, err := s.envdCaller(id, token)
+	var release func()
+	if err == nil {
+		release, err = s.hold(who)
+	}
+	if err != nil {
+		refuse(rw, r, err)
+		return caller{}, nil, false
+	}
+	return who, release, true
 }
 
 // envdRoutes is envd inside a sandbox: the Connect services and the
@@ -389,17 +398,11 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 	if token == "" {
 		token = r.Header.Get("E2b-Traffic-Access-Token")
 	}
-	who, err := s.envdCaller(id, token)
-	if err == nil {
-		var release func()
-		if release, err = s.hold(who); err == nil {
-			defer release()
-		}
-	}
-	if err != nil {
-		refuse(rw, r, err)
+	who, release, ok := s.admit(rw, r, id, token)
+	if !ok {
 		return
 	}
+	defer release()
 	sb, err := inspect(r.Context(), s.as(who), id)
 	if err != nil {
 		writeError(rw, err)
