@@ -461,6 +461,10 @@ func TestTenancy(t *testing.T) {
 				_, err := sb.ApplyPolicy(ctx, api.PolicyRequest{Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy"}})
 				return err
 			}},
+			{"branch like", func(sb *sdk.Sandbox) error {
+				_, err := b.Branch(ctx, api.BranchRequest{Snapshot: "zz-snap:1", N: 1, Like: sb.Name})
+				return err
+			}},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {
@@ -860,7 +864,7 @@ func TestOwnersMigrate(t *testing.T) {
 	root := t.TempDir()
 	runtimetest.Layers(t, root)
 	cfg := runtimetest.Config{Listen: []string{"tcp://" + freeAddr(t)}}
-	w, local := setupAt(t, root, cfg)
+	w, _ := setupAt(t, root, cfg)
 	tokens := auth.Open(root)
 	secret, tok, err := tokens.Create(auth.Sandboxes, 0)
 	if err != nil {
@@ -913,5 +917,4 @@ func TestOwnersMigrate(t *testing.T) {
 	if l, err := c.Snapshots(ctx); err != nil || len(l) != 1 || l[0].Name != "m:1" {
 		t.Errorf("the token's snapshots: %+v %v", l, err)
 	}
-	_ = local
 }

@@ -153,11 +153,8 @@ func List(ctx context.Context, s *store.Store) ([]*Info, error) {
 // Resolve finds a layer by NAME[:VERSION] or by its digest (sha256:HEX,
 // or a unique prefix of at least 12 hex digits).
 func Resolve(ctx context.Context, s *store.Store, ref string) (*Info, error) {
-	if hexd, ok := strings.CutPrefix(ref, "sha256:"); ok || isHexPrefix(ref) {
-		if !ok {
-			hexd = ref
-		}
-		return resolveDigest(ctx, s, ref, hexd)
+	if IsDigest(ref) {
+		return ResolveDigest(ctx, s, ref, nil)
 	}
 	r, err := ParseRef(ref)
 	if err != nil {
@@ -168,6 +165,13 @@ func Resolve(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 		return nil, fmt.Errorf("no layer %s in the store (dsec layer ls lists them): %w", r, errdefs.ErrNotFound)
 	}
 	return load(s, d)
+}
+
+// IsDigest says whether ref names a layer by its digest (sha256:HEX,
+// or 12 to 64 hex digits), as Resolve reads it, rather than by a tag.
+func IsDigest(ref string) bool {
+	_, ok := strings.CutPrefix(ref, "sha256:")
+	return ok || isHexPrefix(ref)
 }
 
 func isHexPrefix(s string) bool {
@@ -182,7 +186,11 @@ func isHexPrefix(s string) bool {
 	return true
 }
 
-func resolveDigest(ctx context.Context, s *store.Store, ref, hexd string) (*Info, error) {
+// ResolveDigest finds the one tagged layer, among those keep keeps
+// (nil: all), whose digest ref names (sha256:HEX, or a unique prefix of
+// at least 12 hex digits).
+func ResolveDigest(ctx context.Context, s *store.Store, ref string, keep func(*Info) bool) (*Info, error) {
+	hexd := strings.TrimPrefix(ref, "sha256:")
 	if len(hexd) < 12 || !isHexPrefix(hexd) {
 		return nil, fmt.Errorf("bad digest %q: give sha256: and at least 12 hex digits: %w", ref, errdefs.ErrInvalidArgument)
 	}
@@ -192,7 +200,7 @@ func resolveDigest(ctx context.Context, s *store.Store, ref, hexd string) (*Info
 	}
 	var found *Info
 	for _, i := range all {
-		if strings.HasPrefix(i.Digest.Encoded(), hexd) {
+		if strings.HasPrefix(i.Digest.Encoded(), hexd) && (keep == nil || keep(i)) {
 			if found != nil && found.Digest != i.Digest {
 				return nil, fmt.Errorf("digest prefix %s is ambiguous: give more digits: %w", ref, errdefs.ErrInvalidArgument)
 			}

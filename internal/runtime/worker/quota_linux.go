@@ -61,12 +61,18 @@ func (w *worker) checkAllowed(ctx context.Context, spec api.SandboxSpec) error {
 	if spec.Memory == api.Unlimited || spec.Pids == api.Unlimited || spec.Disk == api.Unlimited {
 		return errNotAllowed(t, auth.AllowUnlimited, "ask for no memory, pids or disk limit: give a limit")
 	}
+	host := cgroup.ParentLimits()
 	for _, l := range []struct {
-		what         string
-		asked, bound int64
-	}{{"memory", spec.Memory, cgroup.ParentLimits().MemoryBytes}, {"pids", spec.Pids, cgroup.ParentLimits().Pids}, {"disk", spec.Disk, rootSize(w.cfg.Root)}} {
-		if l.bound > 0 && l.asked > l.bound {
-			return errNotAllowed(t, auth.AllowUnlimited, fmt.Sprintf("ask for %s of %d, more than the host has (%d): no limit in effect: give a smaller one", l.what, l.asked, l.bound))
+		what  string
+		asked int64
+		bound func() int64
+	}{{"memory", spec.Memory, func() int64 { return host.MemoryBytes }}, {"pids", spec.Pids, func() int64 { return host.Pids }},
+		{"disk", spec.Disk, func() int64 { return rootSize(w.cfg.Root) }}} {
+		if l.asked <= 0 {
+			continue // the default, or none asked
+		}
+		if bound := l.bound(); bound > 0 && l.asked > bound {
+			return errNotAllowed(t, auth.AllowUnlimited, fmt.Sprintf("ask for %s of %d, more than the host has (%d): no limit in effect: give a smaller one", l.what, l.asked, bound))
 		}
 	}
 	return nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/containerd/errdefs"
 
@@ -48,19 +47,6 @@ func errNoRef(ref string) error {
 	return fmt.Errorf("no layer or snapshot %s: %w", ref, errdefs.ErrNotFound)
 }
 
-// isDigest says whether ref names a layer by its digest (sha256:HEX or
-// 12 or more hex digits), as layer.Resolve reads it.
-func isDigest(ref string) bool {
-	hexd, ok := strings.CutPrefix(ref, "sha256:")
-	if ok {
-		return true
-	}
-	if len(hexd) < 12 || len(hexd) > 64 {
-		return false
-	}
-	return strings.Trim(hexd, "0123456789abcdef") == ""
-}
-
 // layer resolves a ref the caller names among a sandbox's layers into
 // the ref the sandbox is made of: the tenant's own snapshot's tag, the
 // admin's layer's, or a layer's full digest.
@@ -68,7 +54,7 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	if s.admin() {
 		return ref, nil
 	}
-	if isDigest(ref) {
+	if layer.IsDigest(ref) {
 		return s.digest(ctx, ref, false)
 	}
 	r, err := layer.ParseRef(ref)
@@ -76,15 +62,26 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 		return "", err
 	}
 	own, err := s.ns.Tag(r.String())
-	if err != nil {
+	if err != nil { // another's namespace
 		return "", errNoRef(ref)
+	}
+	// The local store first, its own tag before the admin's: a create
+	// on the admin's layers asks the remote nothing more than before.
+	if _, err := layer.Resolve(ctx, s.w.mounter.Store, own); err == nil {
+		return own, nil
+	}
+	if i, err := layer.Resolve(ctx, s.w.mounter.Store, r.String()); err == nil && own != r.String() {
+		if i.Kind == layer.KindSnapshot { // the admin's, or a tenant's pushed under another name
+			return "", errNoRef(ref)
+		}
+		return r.String(), nil
 	}
 	if _, err := s.find(ctx, own); err == nil {
 		return own, nil
 	} else if !errdefs.IsNotFound(err) {
 		return "", err
 	}
-	if tenant.Reserved(r.String()) {
+	if own == r.String() { // its own namespace, named whole
 		return "", errNoRef(ref)
 	}
 	f, err := s.find(ctx, r.String())
@@ -108,7 +105,7 @@ func (s scope) snapshot(ctx context.Context, ref string) (string, error) {
 	if s.admin() {
 		return ref, nil
 	}
-	if isDigest(ref) {
+	if layer.IsDigest(ref) {
 		d, err := s.digest(ctx, ref, true)
 		if errdefs.IsNotFound(err) {
 			return "", errNoSnapshot(ref)
@@ -141,29 +138,16 @@ func (s scope) find(ctx context.Context, tag string) (*lower.Found, error) {
 // tenant may name (its own snapshots only, with snapshots) in the
 // local store, as sha256:HEX.
 func (s scope) digest(ctx context.Context, ref string, snapshots bool) (string, error) {
-	hexd := strings.TrimPrefix(ref, "sha256:")
-	if len(hexd) < 12 || !isDigest(hexd) {
-		return "", fmt.Errorf("bad digest %q: give sha256: and at least 12 hex digits: %w", ref, errdefs.ErrInvalidArgument)
+	i, err := layer.ResolveDigest(ctx, s.w.mounter.Store, ref, func(i *layer.Info) bool {
+		return s.ns.Owns(i.Ref) || !snapshots && !tenant.Reserved(i.Ref) && i.Kind != layer.KindSnapshot
+	})
+	if errdefs.IsNotFound(err) {
+		return "", errNoRef(ref)
 	}
-	all, err := layer.List(ctx, s.w.mounter.Store)
 	if err != nil {
 		return "", err
 	}
-	var found string
-	for _, i := range all {
-		mine := s.ns.Owns(i.Ref)
-		if !mine && (snapshots || tenant.Reserved(i.Ref) || i.Kind == layer.KindSnapshot) || !strings.HasPrefix(i.Digest.Encoded(), hexd) {
-			continue
-		}
-		if found != "" && found != i.Digest.String() {
-			return "", fmt.Errorf("digest prefix %s is ambiguous: give more digits: %w", ref, errdefs.ErrInvalidArgument)
-		}
-		found = i.Digest.String()
-	}
-	if found == "" {
-		return "", errNoRef(ref)
-	}
-	return found, nil
+	return i.Digest.String(), nil
 }
 
 // newTag is the store tag a snapshot the caller packs gets: for a
