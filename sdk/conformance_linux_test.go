@@ -18,40 +18,34 @@ import (
 // TestContainerBackend holds the container backend to the conformance
 // suite every backend passes.
 func TestContainerBackend(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
-		w, c := setup(t)
-		return &backendtest.Env{
-			Backend: "container",
-			Layers:  []string{"ws:1", "bb:1"},
-			Client:  c,
-			Restart: func(t *testing.T) *sdk.Client {
-				w.Kill()
-				w = runtimetest.StartWorker(t, w.Root)
-				c, err := sdk.New(sdk.Options{Root: w.Root})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return c
-			},
-			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
-			Root:      w.Root,
-		}
-	})
+	backendtest.Run(t, conformance("container", runtimetest.Config{}))
 }
 
 // TestMicroVMBackend holds the microvm backend to the same suite: QEMU
 // guests, under TCG on these machines (KVM where the host has it).
 func TestMicroVMBackend(t *testing.T) {
-	vm := microvmtest.Settings(t)
-	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
-		w, c := setupWith(t, runtimetest.Config{MicroVM: vm})
+	backendtest.Run(t, conformance("microvm", runtimetest.Config{MicroVM: microvmtest.Settings(t)}))
+}
+
+// TestPlainBackend holds a backend of this test's own (plainDriver),
+// registered with the worker from outside package runtime, to the same
+// suite: the driver seam is all a backend needs.
+func TestPlainBackend(t *testing.T) {
+	backendtest.Run(t, conformance("plain", runtimetest.Config{Drivers: []string{"plain"}}))
+}
+
+// conformance makes the suite's Envs: workers of cfg on fresh roots,
+// their sandboxes on backend b.
+func conformance(b string, cfg runtimetest.Config) backendtest.Factory {
+	return func(t *testing.T) *backendtest.Env {
+		w, c := setupWith(t, cfg)
 		return &backendtest.Env{
-			Backend: "microvm",
+			Backend: b,
 			Layers:  []string{"ws:1", "bb:1"},
 			Client:  c,
 			Restart: func(t *testing.T) *sdk.Client {
 				w.Kill()
-				w = runtimetest.StartWorkerWith(t, w.Root, runtimetest.Config{MicroVM: vm})
+				w = runtimetest.StartWorkerWith(t, w.Root, cfg)
 				c, err := sdk.New(sdk.Options{Root: w.Root})
 				if err != nil {
 					t.Fatal(err)
@@ -61,7 +55,7 @@ func TestMicroVMBackend(t *testing.T) {
 			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
 			Root:      w.Root,
 		}
-	})
+	}
 }
 
 // TestFeatures: what the worker reports of the host matches what its

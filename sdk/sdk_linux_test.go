@@ -26,6 +26,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
@@ -34,7 +35,7 @@ import (
 // TestMain doubles as a sandbox init and as a worker.
 func TestMain(m *testing.M) {
 	container.MaybeInit()
-	runtimetest.MaybeWorker()
+	runtimetest.MaybeWorker(plainDriver{})
 	os.Exit(m.Run())
 }
 
@@ -290,8 +291,8 @@ func TestBoundedDefaults(t *testing.T) {
 	if info, err := plain.Inspect(ctx); err != nil || info.Backend != "container" {
 		t.Errorf("the backend a sandbox was made on: %q, %v", info.Backend, err)
 	}
-	if m, pids := limits(plain); m != mem || pids != 64+runtime.InitPids {
-		t.Errorf("no limits asked: memory %d, pids %d; want the defaults (128 MiB, 64 + the init's %d)", m, pids, runtime.InitPids)
+	if m, pids := limits(plain); m != mem || pids != 64+driver.InitPids {
+		t.Errorf("no limits asked: memory %d, pids %d; want the defaults (128 MiB, 64 + the init's %d)", m, pids, driver.InitPids)
 	}
 	out, res := run(t, plain, "hog", `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo ${#x}`)
 	if res.ExitCode != 137 || !res.OOM {
@@ -305,7 +306,7 @@ func TestBoundedDefaults(t *testing.T) {
 		t.Errorf("200 MB with no limit of its own: %+v", res)
 	}
 	own := create(t, c, api.SandboxSpec{Name: "own", Memory: 256 << 20, Pids: 100})
-	if mem, pids := limits(own); mem != 256<<20 || pids != 100+runtime.InitPids {
+	if mem, pids := limits(own); mem != 256<<20 || pids != 100+driver.InitPids {
 		t.Errorf("asked 256 MiB and 100 pids: %d, %d", mem, pids)
 	}
 	// A fork bomb in a sandbox with no --pids: held to the default, while
@@ -319,7 +320,7 @@ func TestBoundedDefaults(t *testing.T) {
 	}
 	info, _ := plain.Inspect(ctx)
 	if g, err := cgroup.Open(filepath.Base(info.Cgroup)); err == nil {
-		if pids, _ := g.Pids(); len(pids) > 64+runtime.InitPids {
+		if pids, _ := g.Pids(); len(pids) > 64+driver.InitPids {
 			t.Errorf("the fork bomb has %d processes, over the default of 64", len(pids))
 		}
 	}
@@ -581,8 +582,8 @@ func TestLimitsAndErrors(t *testing.T) {
 	out, _ = run(t, sb, "count-forks", "wc -l < /tmp/n")
 	// 32 of the sandbox's own, and the init's share on top (its
 	// threads use some of it).
-	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n == 0 || n >= 32+runtime.InitPids {
-		t.Fatalf("pids limit 32 (and the init's %d): %q sleeps", runtime.InitPids, out)
+	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n == 0 || n >= 32+driver.InitPids {
+		t.Fatalf("pids limit 32 (and the init's %d): %q sleeps", driver.InitPids, out)
 	}
 	if _, res := run(t, sb, "after", "true"); res.ExitCode != 0 {
 		t.Fatalf("the sandbox did not survive its OOM: %+v", res)

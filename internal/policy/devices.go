@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
 // Device is a device number a sandbox may open; Minor -1: any minor.
@@ -14,7 +14,7 @@ type Device struct {
 }
 
 // DeviceAllow are the character devices a sandbox may open: the nodes
-// of its minimal /dev (container.Devices: null, zero, full, random,
+// of its minimal /dev (backend.DevNodes: null, zero, full, random,
 // urandom, tty), its devpts instance's ptmx, and pseudo-terminal slaves
 // (major 136, UNIX98_PTY_SLAVE_MAJOR, whose 2^20 minors hold every pty
 // the kernel makes). Nothing else opens, whatever node a process makes:
@@ -26,7 +26,7 @@ type Device struct {
 // mounts are nodev too).
 var DeviceAllow = func() []Device {
 	var out []Device
-	for _, d := range container.Devices {
+	for _, d := range backend.DevNodes {
 		out = append(out, Device{d.Name, int(d.Major), int(d.Minor)})
 	}
 	return append(out, Device{"ptmx", 5, 2}, Device{"pts", 136, -1})

@@ -52,8 +52,8 @@ func diskDevice(t *testing.T, dir string) string {
 func TestDeviceIsolation(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	spares := runtime.StartSpares(root, 1)
-	mSpare := runtime.Mounter{Store: s, Spares: spares}
+	spares := prepared(runtime.NewDrivers(runtime.DriverConfig{Root: root, Spares: 1}))
+	mSpare := runtime.Mounter{Store: s, Drivers: spares}
 	primed := runtime.StartPrimed(root, runtime.Mounter{Store: s}, 1)
 	mPrimed := runtime.Mounter{Store: s, Primed: primed}
 	t.Cleanup(func() {
@@ -161,7 +161,7 @@ done 2>&1`, major, minor)
 	if policy.DevicesAttached(g.Path()) {
 		t.Fatal("the device program is still attached")
 	}
-	again, err := runtime.Load(root, "own")
+	again, err := runtime.Load(root, "own", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,47 +36,54 @@
 //
 // # The backend seam
 //
-//	worker ─ backend.Registry (runtime.Backends: names, Available)
+//	worker ─ Drivers (drivers_linux.go: each driver built with its
+//	  │      configuration, once; a registry of package backend)
 //	  │
 //	Sandbox: layers held (package lower), upper's storage (package disk),
-//	  │      state.json, policy compiled, journal, cgroup limits/figures
+//	  │      state.json, policy compiled, journal, cgroup limits/figures,
+//	  │      egress (resolver, fast path), the group killed and removed
 //	  │
-//	driver (driver_linux.go): newID · start(rootfs as []mount.Mount) ·
-//	  │                       attach · teardown  + ability: files
+//	driver.Driver: Start(StartSpec) → Started · Attach(Handle) ·
+//	  │            Teardown(Handle)
+//	  │   + abilities: ImageUpper, WarmPauser, Prestarter, UpperHolder,
+//	  │     FileOpener, MemorySnapshotter
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
-//	  │              + abilities: Restricter, Protecter, Renamer
-//	  ├── container: a dsec-init as pid 1 of new namespaces, on an overlay
-//	  │              of the host's layer mounts (package container)
-//	  └── microvm:   next (a QEMU guest whose agent is the same init)
+//	  │   + abilities: Restricter, Protecter, Renamer, Signaler,
+//	  │     driver.FSFreezer, driver.MemoryReporter
+//	  ├── container (package driver/containers): a dsec-init as pid 1 of
+//	  │             new namespaces, on an overlay of the host's layer
+//	  │             mounts (package container), spare inits made ahead
+//	  └── microvm   (package driver/microvms): a QEMU guest whose agent is
+//	                the same init, reached through its shim
 //
-// A Sandbox does what every kind of sandbox needs; its driver does what
-// only its backend does (driver_linux.go lists the drivers, once). The
-// Sandbox describes the root, as data: the overlay of its layers' host
-// mounts under its upper; the container driver mounts it, idmapped
-// into the sandbox's user namespace where it has one
-// (mount.Mount.MountIDMapped).
+// A Sandbox does what every kind of sandbox needs; its driver, a package
+// outside this one, does what only its backend does. A driver is given
+// a StartSpec (the root as []mount.Mount, the layers' images, limits,
+// the group's name, restrictions, the policy's paths, the egress
+// allowlist, whether it has a network) and a Handle of what the state
+// recorded; it returns what it started (the Instance, the group, the
+// pid, and a Record the state keeps). It never sees a Sandbox. A backend
+// of a test's own is one more driver in DriverConfig.Extra (the sdk
+// tests' plain backend passes the conformance suite so).
 //
 // Abilities are found by type assertion, and a backend without one
 // gets a typed not-implemented error that names it: on the instance
 // (restrict, protect paths, set the host name) or on the driver (files,
 // for copies in and out: backend.Files, a container's reached from the
-// host). What acts on the sandbox's cgroup is the Sandbox's, for every
-// backend, since every backend's processes live in it: freezing (pause,
-// a consistent pack-diff), limits and their live update, figures
-// (memory, CPU, OOM kills) and reclaim. So is the upper: its storage is
-// the Sandbox's (package disk), which pack-diff reads with the sandbox
-// frozen. A backend whose writes pass through a cache of its own (a
-// VM's page cache) adds an ability to flush it before a pack, and one to
-// reclaim its memory its own way (a balloon), when it comes. Every
-// backend's processes live in a cgroup the Sandbox bounds and reads:
-// a container's init and commands, a VM's hypervisor. What every
-// backend must do, seen through the worker's API, is the conformance
-// suite in package backendtest. FnCall pools, spare inits and primed
-// sandboxes are ways of using a backend, not backends: pools of package
-// warm. Layer mounts, the exec journal, NAT, user namespace id ranges
-// and the host-wide slot table of the last two are packages lower,
-// journal, network, idmap and hostslot.
+// host). The runtime never compares backend names. What acts on the
+// sandbox's cgroup is the Sandbox's, for every backend, since every
+// backend's processes live in it: freezing (pause, a consistent
+// pack-diff), limits and their live update, figures (memory, CPU, OOM
+// kills) and reclaim. So is the upper: its storage is the Sandbox's
+// (package disk), which pack-diff reads with the sandbox frozen, or,
+// where the backend holds it (a guest's disk image), through its
+// UpperHolder. What every backend must do, seen through the worker's
+// API, is the conformance suite in package backendtest. FnCall pools,
+// spare inits and primed sandboxes are ways of using a backend, not
+// backends: pools of package warm. Layer mounts, the exec journal, NAT,
+// user namespace id ranges and the host-wide slot table of the last two
+// are packages lower, journal, network, idmap and hostslot.
 //
 // The host worker that owns sandboxes and serves the API is package
 // worker.

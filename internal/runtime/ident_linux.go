@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 )
 
 // A sandbox's identity. Every sandbox has an ID, chosen when it is made
@@ -28,10 +29,10 @@ import (
 // an ID in its state: its ID is its name, and no link names it.
 
 // idTag starts every ID: no name starts with it.
-const idTag = "_"
+const idTag = driver.IDTag
 
 // newID is a new sandbox ID.
-func newID() string { return RandomName(idTag) }
+func newID() string { return driver.NewID() }
 
 func sandboxDir(root, id string) string { return filepath.Join(root, "sandboxes", id) }
 
@@ -137,7 +138,7 @@ func Unnamed(root string) []string {
 // sandbox is gone (a worker died removing it). Call it with the root's
 // worker lock held, after the named sandboxes are loaded and before
 // lower.Sweep and SweepSpares.
-func SweepUnnamed(root string) error {
+func SweepUnnamed(root string, ds *Drivers) error {
 	var errs []error
 	links, _ := os.ReadDir(filepath.Join(root, "names"))
 	for _, l := range links {
@@ -148,7 +149,7 @@ func SweepUnnamed(root string) error {
 		}
 	}
 	for _, id := range Unnamed(root) {
-		if err := unloaded(root, id).teardown(true); err != nil {
+		if err := unloaded(root, id, ds).teardown(true); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 		}
 	}
@@ -156,8 +157,9 @@ func SweepUnnamed(root string) error {
 }
 
 // unloaded is the sandbox in root's directory id as its state says, or
-// as its ID alone says where it has none: enough to tear it down.
-func unloaded(root, id string) *Sandbox {
+// as its ID alone says where it has none: enough to tear it down (by
+// its backend's driver in ds; none found: nothing of it is).
+func unloaded(root, id string, ds *Drivers) *Sandbox {
 	sb := &Sandbox{dir: sandboxDir(root, id)}
 	if b, err := os.ReadFile(filepath.Join(sb.dir, "state.json")); err == nil {
 		json.Unmarshal(b, &sb.State)
@@ -166,5 +168,6 @@ func unloaded(root, id string) *Sandbox {
 	if sb.CgroupName == "" {
 		sb.CgroupName = cgroupName(root, id)
 	}
+	sb.d, _ = ds.Driver(sb.Backend)
 	return sb
 }

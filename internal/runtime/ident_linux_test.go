@@ -67,7 +67,7 @@ func TestIdentity(t *testing.T) {
 	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "old", Layers: []string{"bb:1"}}, Mounter: m}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a create of an older sandbox's name: %v", err)
 	}
-	old, err := runtime.Load(root, "old")
+	old, err := runtime.Load(root, "old", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestIdentity(t *testing.T) {
 	}
 	half.Close()
 	os.Remove(filepath.Join(root, "names", "half"))
-	if _, err := runtime.Load(root, "ghost"); !errdefs.IsNotFound(err) {
+	if _, err := runtime.Load(root, "ghost", nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("load of a name whose sandbox is gone: %v", err)
 	}
 	if _, err := os.Lstat(filepath.Join(root, "names", "ghost")); !os.IsNotExist(err) {
@@ -107,7 +107,7 @@ func TestIdentity(t *testing.T) {
 	if ids := runtime.Unnamed(root); len(ids) != 1 || ids[0] != half.Snapshot().ID {
 		t.Fatalf("unnamed %v, want %s", ids, half.Snapshot().ID)
 	}
-	if err := runtime.SweepUnnamed(root); err != nil {
+	if err := runtime.SweepUnnamed(root, nil); err != nil {
 		t.Fatal(err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {

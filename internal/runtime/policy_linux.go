@@ -24,6 +24,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
@@ -236,7 +237,7 @@ func (sb *Sandbox) applyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		}
 		rep.Now = append(rep.Now, fmt.Sprintf("network: egress allowlist of %d address ranges, for every process", len(entries)))
 		if limits != sb.Limits {
-			if err := sb.g.SetLimits(withInit(limits)); err != nil {
+			if err := sb.g.SetLimits(driver.WithInit(limits)); err != nil {
 				return nil, fmt.Errorf("resources: %w", err)
 			}
 			rep.Now = append(rep.Now, fmt.Sprintf("resources: memory %d bytes, cpu %d millicores, pids %d (0: no limit)",

@@ -30,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	dsecrt "github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/testenv"
 )
@@ -948,8 +949,8 @@ func TestPidsAreTheUsers(t *testing.T) {
 	sh(t, sb, "many", "for i in $(seq 64); do (echo x >> /tmp/n; exec sleep 2) & done 2>/dev/null") // the shell dies at its first refused fork
 	time.Sleep(500 * time.Millisecond)
 	out, _ := sh(t, sb, "count", "wc -l < /tmp/n")
-	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n < 3 || n >= 4+dsecrt.InitPids {
-		t.Fatalf("64 sleeps under --pids 4 (and the init's %d): %q started", dsecrt.InitPids, out)
+	if n, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || n < 3 || n >= 4+driver.InitPids {
+		t.Fatalf("64 sleeps under --pids 4 (and the init's %d): %q started", driver.InitPids, out)
 	}
 }
 

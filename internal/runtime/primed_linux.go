@@ -12,6 +12,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
@@ -84,12 +85,12 @@ func (p *Primed) make(r primeRecipe, refs []string) (*Sandbox, error) {
 // asks for more than a primed sandbox has (a policy, a snapshot, a disk
 // quota or bound of its own, a user namespace, class batch, merged
 // memory) or a layer is not in the local store.
-func (p *Primed) recipe(ctx context.Context, o Options, d driver, limits cgroup.Limits, disk int64) (primeRecipe, bool) {
+func (p *Primed) recipe(ctx context.Context, o Options, d driver.Driver, limits cgroup.Limits, disk int64) (primeRecipe, bool) {
 	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.Spec.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
 		return primeRecipe{}, false
 	}
 	r := primeRecipe{backend: d.Name()}
-	if _, fixed := d.(imageUpper); fixed {
+	if _, fixed := d.(driver.ImageUpper); fixed {
 		r.limits = cgroup.Limits{MemoryBytes: limits.MemoryBytes, CPUMilli: limits.CPUMilli}
 	}
 	for _, ref := range o.Layers {
@@ -165,8 +166,8 @@ func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err 
 	if err := pr.ResumeWarm(); err != nil {
 		return nil, err
 	}
-	if _, fixed := pr.driver().(imageUpper); !fixed { // a guest's are its own, and the recipe's
-		if err := pr.g.SetLimits(withInit(st.Limits)); err != nil {
+	if _, fixed := pr.d.(driver.ImageUpper); !fixed { // a guest's are its own, and the recipe's
+		if err := pr.g.SetLimits(driver.WithInit(st.Limits)); err != nil {
 			return nil, err
 		}
 	}

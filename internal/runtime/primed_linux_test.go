@@ -17,6 +17,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
@@ -67,14 +68,14 @@ func primedState(t *testing.T, dir string) runtime.State {
 func TestPrimed(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	m := runtime.Mounter{Store: s, Spares: runtime.StartSpares(root, 1)}
+	m := runtime.Mounter{Store: s, Drivers: prepared(runtime.NewDrivers(runtime.DriverConfig{Root: root, Spares: 1}))}
 	p := runtime.StartPrimed(root, m, 1)
 	m.Primed = p
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
 			p.Close()
-			m.Spares.Close()
+			m.Drivers.Close()
 		}
 		runtimetest.Clean(root)
 	})
@@ -110,7 +111,7 @@ func TestPrimed(t *testing.T) {
 	if got := primedState(t, second.Dir()); got.Name != "second" || got.Pid != pst.Pid || got.Limits.Pids != 128 {
 		t.Fatalf("saved state %+v", got)
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(128+runtime.InitPids) {
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(128+driver.InitPids) {
 		t.Fatalf("pids.max %q, want the create's 128 and the init's share", max)
 	}
 	out, code := sh(t, second, "1", "hostname; cat /work/hello; echo $STEP; echo kept > /work/new")
@@ -140,7 +141,7 @@ func TestPrimed(t *testing.T) {
 		t.Fatalf("second's layers after a create of its name failed: %v", held)
 	}
 	// A worker restarted now finds the sandbox under its name.
-	if sb, err := runtime.Load(root, "second"); err != nil || sb.Snapshot().Status != runtime.Running {
+	if sb, err := runtime.Load(root, "second", nil); err != nil || sb.Snapshot().Status != runtime.Running {
 		t.Fatalf("load: %v", err)
 	} else {
 		sb.Close()
@@ -160,7 +161,7 @@ func TestPrimed(t *testing.T) {
 	if st := call.Snapshot(); st.Pid != pst.Pid || st.Name != "call" || st.Hostname != "call" || st.Status != runtime.Running || st.Pool != "(run)" || call.Dir() != pdir {
 		t.Fatalf("the call's sandbox did not take the primed %s as it is: %+v in %s", pdir, st, call.Dir())
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(64+runtime.InitPids) {
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(64+driver.InitPids) {
 		t.Fatalf("pids.max %q, want the call's 64 and the init's share", max)
 	}
 	if out, code := sh(t, call, "1", "hostname; cat /work/hello"); code != 0 || out != "call\nfrom the workspace\n" {
@@ -228,7 +229,7 @@ func TestPrimed(t *testing.T) {
 	}
 	closed = true
 	p.Close()
-	m.Spares.Close()
+	m.Drivers.Close()
 	if left := runtimetest.Leftovers(root); len(left) != 0 {
 		t.Fatalf("left behind: %v", left)
 	}
@@ -274,7 +275,7 @@ func TestSweepPrimed(t *testing.T) {
 		}
 	}
 	// The worker "dies": its primer is not closed, the sandboxes run on.
-	if err := runtime.SweepUnnamed(root); err != nil {
+	if err := runtime.SweepUnnamed(root, nil); err != nil {
 		t.Fatal(err)
 	}
 	for _, pid := range []int{callPid, pid} {
@@ -294,4 +295,10 @@ func TestSweepPrimed(t *testing.T) {
 		t.Fatalf("left behind: %v", left)
 	}
 	p.Close() // what it had ready is gone already
+}
+
+// prepared is ds, making what it keeps ahead of need.
+func prepared(ds *runtime.Drivers) *runtime.Drivers {
+	ds.Prepare()
+	return ds
 }

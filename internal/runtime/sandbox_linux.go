@@ -3,9 +3,6 @@ package runtime
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +30,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/network"
@@ -101,9 +99,9 @@ type Mounter struct {
 	Insecure bool
 	Fetcher  lazy.Start
 	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
-	// Spares are inits started ahead of need; nil: every sandbox
-	// starts its own.
-	Spares *Spares
+	// Drivers run the backends (nil: the built-in ones, nothing made
+	// ahead of need).
+	Drivers *Drivers
 	// Primed are sandboxes made ahead on the last create's layers; nil:
 	// none.
 	Primed *Primed
@@ -180,10 +178,11 @@ type Sandbox struct {
 	mu sync.Mutex // guards State and c, g
 	State
 	dir string
+	d   driver.Driver    // its backend's
 	c   backend.Instance // while it runs
 	g   *cgroup.Group    // the group every process of it runs in
 
-	// prestarted is the warm instance the driver's newID took for this
+	// prestarted is the warm instance its driver made ahead for this
 	// sandbox's first start (nil: none, or start took it).
 	prestarted any
 	// dns is its resolver while it serves (sandboxes with domain rules,
@@ -195,7 +194,7 @@ type Sandbox struct {
 	fast atomic.Pointer[fastView]
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
-	restore *vmRestore
+	restore *driver.Restore
 
 	journalOnce sync.Once
 	steps       *journal.Journal // its execs (journal)
@@ -207,21 +206,11 @@ type Sandbox struct {
 
 // RandomName is prefix and 12 random hex digits: a name for a sandbox,
 // a spare's group or a primed sandbox that no other takes.
-func RandomName(prefix string) string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
+func RandomName(prefix string) string { return driver.RandomName(prefix) }
 
 // cgroupName is the group of the sandbox id, unique per root, so that
 // two roots on a host (two workers, two test runs) never share a group.
-func cgroupName(root, id string) string { return "sb-" + id + CgroupSuffix(root) }
-
-func rootHash(root string) string {
-	abs, _ := filepath.Abs(root)
-	h := sha256.Sum256([]byte(abs))
-	return hex.EncodeToString(h[:4])
-}
+func cgroupName(root, id string) string { return driver.GroupName(root, id) }
 
 // Create composes the layers under an upper on local disk, makes the
 // cgroup and starts the init. On any failure everything done so far is
@@ -254,7 +243,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		if o.Workdir == "" {
 			o.Workdir = l.Workdir
 		}
-		if l.Memory != nil && !o.DiskOnly && o.Backend == MicroVM {
+		if l.Memory != nil && !o.DiskOnly && o.Backend != "" && o.Backend == o.Drivers.MemoryBackend() {
 			// The guest's layer devices, under its own disk.
 			mem, o.Layers, digests = l.Memory, nil, nil
 			for _, lo := range mem.Layers {
@@ -292,7 +281,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := api.CheckDisk(quota); err != nil {
 		return nil, err
 	}
-	d, err := driverOf(o.Backend)
+	d, err := o.Drivers.Driver(o.Backend)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +295,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		}
 	}
 	asked := quota // the disk the create asked for (0: none of its own)
-	if _, guest := d.(imageUpper); guest && quota == 0 {
+	if _, guest := d.(driver.ImageUpper); guest && quota == 0 {
 		// Its upper is a disk image of its own, of the bound's size.
 		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound)); err != nil {
 			return nil, err
@@ -333,8 +322,8 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{State: st}
-	sb.ID = d.newID(sb, o.Mounter)
+	sb := &Sandbox{State: st, d: d}
+	sb.ID = sb.newID()
 	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
 	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when taken
 	if err := os.Mkdir(sb.dir, 0o700); err != nil {
@@ -407,10 +396,6 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // start mounts the layers and the overlay, makes the cgroup and starts
 // the init: creating a sandbox, or starting a stopped one on its upper.
 func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
-	d, err := driverOf(sb.Backend)
-	if err != nil {
-		return err
-	}
 	root := sb.root()
 	var lowers, digests, images []string
 	var kinds []layer.Kind
@@ -429,7 +414,7 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 		kinds = append(kinds, f.Kind)
 	}
 	sb.Digests = digests
-	if _, guest := d.(imageUpper); sb.Disk > 0 && !guest {
+	if _, guest := sb.d.(driver.ImageUpper); sb.Disk > 0 && !guest {
 		if err := disk.Mount(sb.dir, sb.Status == Creating); err != nil {
 			return err
 		}
@@ -461,8 +446,14 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	}
 	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
 	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
-	s := startSpec{rootfs: []mount.Mount{ov}, images: images, restrict: restrict, readOnly: readOnly, hidden: sb.Policy.Files.Hidden}
-	if err := d.start(ctx, sb, m, s); err != nil {
+	s := driver.StartSpec{Handle: sb.handle(), Hostname: sb.Hostname, RootFS: []mount.Mount{ov}, Images: images, Layers: sb.Layers,
+		Digests: sb.Digests, Limits: sb.Limits, Allowlist: sb.Allowlist, NAT: sb.Policy.Network.Mode == api.NetworkNAT,
+		MergeMemory: sb.MergeMemory, Restrict: restrict, ReadOnly: readOnly, Hidden: sb.Policy.Files.Hidden, Warm: sb.prestarted}
+	sb.prestarted = nil // the driver's now
+	s.Restore, sb.restore = sb.restore, nil
+	started, err := sb.d.Start(ctx, s)
+	sb.took(started)
+	if err != nil {
 		return err
 	}
 	if err := sb.startDNS(sb.Policy); err != nil {
@@ -489,7 +480,7 @@ func (sb *Sandbox) save() error {
 // results of execs that were running when that worker died are collected
 // as they finish. A sandbox a worker died creating is removed, and Load
 // says it does not exist.
-func Load(root, name string) (*Sandbox, error) {
+func Load(root, name string, ds *Drivers) (*Sandbox, error) {
 	if err := api.ValidName(name); err != nil {
 		return nil, err
 	}
@@ -501,7 +492,7 @@ func Load(root, name string) (*Sandbox, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		if _, serr := os.Stat(dir); serr == nil { // an older dsec died before its first state
-			sb := unloaded(root, id)
+			sb := unloaded(root, id, ds)
 			sb.Name = name
 			sb.teardown(true)
 		} else if err := dropName(root, name, id); err != nil { // a worker died removing it
@@ -520,16 +511,17 @@ func Load(root, name string) (*Sandbox, error) {
 		return nil, fmt.Errorf("sandbox %s: state: %v: %w", name, err, errdefs.ErrDataLoss)
 	}
 	sb.ID = id // an older dsec's records none: its name
+	d, err := ds.Driver(sb.Backend)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	sb.d = d
 	switch sb.Status {
 	case Creating:
 		sb.teardown(true)
 		return nil, fmt.Errorf("no sandbox %s (a worker died creating it; removed): %w", name, errdefs.ErrNotFound)
 	case Running:
-		d, err := driverOf(sb.Backend)
-		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", name, err)
-		}
-		if err := d.attach(sb); err != nil {
+		if err := sb.attach(context.Background()); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
 		if sb.c == nil && !sb.Paused {
@@ -724,17 +716,10 @@ func (sb *Sandbox) pause() error {
 	return nil
 }
 
-// driver is the driver of the sandbox's backend (nil: one this dsec
-// does not know).
-func (sb *Sandbox) driver() driver {
-	d, _ := driverOf(sb.Backend)
-	return d
-}
-
 // PauseWarm pauses a sandbox made ahead of need (primed, or a FnCall
 // pool's) if its backend's wait so (a microVM's guest); others run on.
 func (sb *Sandbox) PauseWarm() error {
-	if _, ok := sb.driver().(warmPauser); !ok {
+	if _, ok := sb.d.(driver.WarmPauser); !ok {
 		return nil
 	}
 	return sb.Pause()
@@ -773,11 +758,7 @@ func (sb *Sandbox) Resume(ctx context.Context, m Mounter) error {
 	}
 	sb.Paused = false
 	if sb.c == nil { // paused when this worker found it: attached now
-		d, err := driverOf(sb.Backend)
-		if err != nil {
-			return err
-		}
-		if err := d.attach(sb); err != nil {
+		if err := sb.attach(ctx); err != nil {
 			return fmt.Errorf("sandbox %s: %w", sb.Name, err)
 		}
 		if sb.c == nil {
@@ -837,15 +818,14 @@ func (sb *Sandbox) Remove() error {
 // and the layers, and with all removes the directory too.
 func (sb *Sandbox) teardown(all bool) error {
 	var errs []error
-	d, err := driverOf(sb.Backend)
-	if err != nil {
-		return err // nothing of it is removed: a newer dsec's to take down
+	if sb.d == nil {
+		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to take down: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
 	}
 	sb.dropPrestarted()
 	if sb.Paused && sb.g != nil { // killed running: a frozen task may not die
 		sb.g.Thaw()
 	}
-	errs = d.teardown(sb, !all)
+	errs = sb.teardownInstance(!all)
 	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
@@ -881,15 +861,6 @@ func (sb *Sandbox) teardown(all bool) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// dropPrestarted discards the warm instance newID took, if start did
-// not take it.
-func (sb *Sandbox) dropPrestarted() {
-	if p, ok := sb.prestarted.(interface{ discard() }); ok {
-		p.discard()
-	}
-	sb.prestarted = nil
 }
 
 // lowerUser is the name the sandbox holds its layers by: its ID.

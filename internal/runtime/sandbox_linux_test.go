@@ -86,7 +86,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 	// The worker goes away and a new one re-adopts the sandbox.
 	sb.Close()
-	again, err := runtime.Load(root, "rollout-1")
+	again, err := runtime.Load(root, "rollout-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)
 	}
-	if _, err := runtime.Load(root, "rollout-1"); !errdefs.IsNotFound(err) {
+	if _, err := runtime.Load(root, "rollout-1", nil); !errdefs.IsNotFound(err) {
 		t.Fatalf("load after remove: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/snap"
 )
 
@@ -70,24 +71,20 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 			}
 		}
 	}
-	d, err := driverOf(sb.Backend)
-	if err != nil {
-		return nil, err
-	}
-	ms, _ := d.(memorySnapshotter)
-	if o.Memory && ms == nil {
+	if _, ok := sb.d.(driver.MemorySnapshotter); o.Memory && !ok {
 		return nil, fmt.Errorf("the %s backend keeps no memory in a snapshot: pack-diff --memory needs a microVM (dsec run --backend microvm); without --memory the snapshot holds the files: %w",
-			d.Name(), errdefs.ErrNotImplemented)
+			sb.backendName(), errdefs.ErrNotImplemented)
 	}
 	// What the sandbox wrote, as the host reads it: its upper, or (a
 	// backend whose guest holds it) a consistent view of it until
 	// release.
 	upper, release := sb.Upper(), func() error { return nil }
-	if h, ok := d.(upperHolder); ok {
+	if h, ok := sb.d.(driver.UpperHolder); ok {
 		if sb.Paused {
 			return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its files: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
 		}
-		if upper, release, err = h.holdUpper(ctx, sb); err != nil {
+		var err error
+		if upper, release, err = h.HoldUpper(ctx, sb.handle()); err != nil {
 			return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 		}
 	}
@@ -101,7 +98,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 			return nil, err
 		}
 		defer unlock()
-		if mem, paused, err = ms.snapshotMemory(ctx, sb, o.Store); err != nil {
+		if mem, paused, err = snapshotMemory(ctx, sb, o.Store); err != nil {
 			release()
 			return nil, fmt.Errorf("pack-diff %s: its memory: %w", sb.Name, err)
 		}

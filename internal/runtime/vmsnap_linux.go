@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
@@ -29,20 +29,6 @@ import (
 // (the store's blobs) or by the sandbox itself once the worker evicted
 // it, paused, to give its memory back (files in its directory).
 
-// vmRestore starts a microVM from a saved guest rather than booting it:
-// what is the machine it ran on, where its device state and RAM image
-// are, the nonce its agent waits for, and the policy its memory holds.
-type vmRestore struct {
-	what       string // "snapshot NAME:STEP", for errors
-	machine    layer.Machine
-	state, ram string // files; ram "": the RAM is in the state
-	nonce      string
-	policy     *api.Policy
-	// branch: the guest becomes another sandbox (a branch of a memory
-	// snapshot), not the one saved (an evicted one resuming).
-	branch bool
-}
-
 // SavedVM is a paused microVM evicted to its directory: its device
 // state and RAM image there (its disk is its own, as it was), and the
 // nonce its agent waits for. Its machine is the state's Machine.
@@ -51,29 +37,23 @@ type SavedVM struct {
 	RAM   bool   `json:"ram,omitempty"` // a RAM image beside the state
 }
 
-// memorySnapshotter is a driver that saves a running sandbox whole:
-// what a memory snapshot (pack-diff --memory) takes.
-type memorySnapshotter interface {
-	// snapshotMemory saves sb's guest into blobs of s, with its upper
-	// frozen by the caller (holdUpper) and left so.
-	snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Memory, time.Duration, error)
-}
-
 // saveTo has sb's running guest save itself into the files state, ram
 // and disk (any may be a store's ingest), and returns what it took;
 // with stop it stays stopped, and disk may be nil (see VM.Snapshot).
 func saveTo(ctx context.Context, sb *Sandbox, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error) {
-	vm, _ := sb.c.(*container.VM)
-	if vm == nil {
-		return nil, fmt.Errorf("sandbox %s has no running guest: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	ms, ok := sb.d.(driver.MemorySnapshotter)
+	if !ok {
+		return nil, fmt.Errorf("the %s backend keeps no memory in a snapshot: %w", sb.backendName(), errdefs.ErrNotImplemented)
 	}
 	if sb.Machine == nil {
 		return nil, fmt.Errorf("sandbox %s was started by an older dsec, which recorded no machine: stop and start it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
-	return vm.Snapshot(ctx, state, ram, disk, stop)
+	return ms.SaveGuest(ctx, sb.handle(), state, ram, disk, stop)
 }
 
-func (microvmDriver) snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Memory, time.Duration, error) {
+// snapshotMemory saves sb's guest into blobs of s, with its upper frozen
+// by the caller (driver.UpperHolder) and left so.
+func snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Memory, time.Duration, error) {
 	var ins [3]*store.Ingest
 	for i := range ins {
 		in, err := s.NewIngest()
@@ -155,10 +135,10 @@ func (sb *Sandbox) restoreFrom(ctx context.Context, m Mounter, ref string, mem *
 	if err := readImage(m.Store.BlobPath(mem.Disk.Digest), disk.Image(sb.dir)); err != nil {
 		return fmt.Errorf("snapshot %s: its disk: %w", ref, err)
 	}
-	sb.restore = &vmRestore{what: "snapshot " + ref, machine: mem.Machine, state: m.Store.BlobPath(mem.State.Digest),
-		nonce: mem.Nonce, policy: mem.Policy, branch: true}
+	sb.restore = &driver.Restore{What: "snapshot " + ref, Machine: mem.Machine, State: m.Store.BlobPath(mem.State.Digest),
+		Nonce: mem.Nonce, Branch: true}
 	if mem.RAM != nil {
-		sb.restore.ram = m.Store.BlobPath(mem.RAM.Digest)
+		sb.restore.RAM = m.Store.BlobPath(mem.RAM.Digest)
 	}
 	return nil
 }
@@ -204,6 +184,12 @@ const (
 	savedRAM   = "saved.ram"
 )
 
+// Evictable says whether the sandbox's backend can evict it (Evict).
+func (sb *Sandbox) Evictable() bool {
+	_, ok := sb.d.(driver.MemorySnapshotter)
+	return ok
+}
+
 // Evict pauses a running microVM (a paused one stays so), saves its
 // guest to its directory and ends its instance, giving its memory back
 // to the host; Resume restores it. The worker evicts paused microVMs
@@ -211,9 +197,9 @@ const (
 func (sb *Sandbox) Evict(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if _, ok := sb.driver().(memorySnapshotter); !ok {
+	if _, ok := sb.d.(driver.MemorySnapshotter); !ok {
 		return fmt.Errorf("the %s backend keeps a sandbox's memory in its processes alone: sandbox %s cannot be evicted (pause it): %w",
-			cmp.Or(sb.Backend, Backends.Names()[0]), sb.Name, errdefs.ErrNotImplemented)
+			sb.backendName(), sb.Name, errdefs.ErrNotImplemented)
 	}
 	if sb.Saved != nil {
 		return nil
@@ -230,12 +216,17 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 		if err := sb.g.Thaw(); err != nil {
 			return err
 		}
-		vm, err := container.AttachVM(filepath.Join(sb.dir, "init.sock"), filepath.Join(sb.dir, "files.sock"), sb.Pid)
+		h := sb.handle()
+		h.Paused = false
+		s, err := sb.d.Attach(ctx, h)
+		if err == nil && s.Instance == nil {
+			err = errors.New("its guest does not answer")
+		}
 		if err != nil {
 			sb.g.Freeze()
 			return fmt.Errorf("sandbox %s has no running guest to evict: %v: %w", sb.Name, err, errdefs.ErrFailedPrecondition)
 		}
-		sb.c = vm
+		sb.c = s.Instance
 	}
 	var files [2]*os.File
 	for i, n := range []string{savedState, savedRAM} {
@@ -276,7 +267,7 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 	}
 	// Its instance goes (its guest stopped: nothing to flush); its
 	// disk and name stay.
-	errs := sb.driver().teardown(sb, false)
+	errs := sb.teardownInstance(false)
 	sb.Pid = 0
 	if err := sb.save(); err != nil {
 		errs = append(errs, err)
@@ -296,15 +287,15 @@ func (sb *Sandbox) resumeSaved(ctx context.Context, m Mounter) error {
 	if sb.Machine == nil {
 		return fmt.Errorf("sandbox %s's saved guest names no machine: %w", sb.Name, errdefs.ErrDataLoss)
 	}
-	sb.restore = &vmRestore{what: fmt.Sprintf("sandbox %s's saved guest", sb.Name), machine: *sb.Machine,
-		state: filepath.Join(sb.dir, savedState), nonce: sb.Saved.Nonce}
+	sb.restore = &driver.Restore{What: fmt.Sprintf("sandbox %s's saved guest", sb.Name), Machine: *sb.Machine,
+		State: filepath.Join(sb.dir, savedState), Nonce: sb.Saved.Nonce}
 	if sb.Saved.RAM {
-		sb.restore.ram = filepath.Join(sb.dir, savedRAM)
+		sb.restore.RAM = filepath.Join(sb.dir, savedRAM)
 	}
 	sb.Paused = false
 	if err := sb.start(ctx, m); err != nil {
 		sb.restore = nil
-		errs := sb.driver().teardown(sb, false)
+		errs := sb.teardownInstance(false)
 		sb.Paused, sb.Pid = true, 0
 		return errors.Join(fmt.Errorf("resume sandbox %s: %w", sb.Name, err), errors.Join(errs...), sb.save())
 	}
@@ -327,7 +318,7 @@ func (sb *Sandbox) dropSaved() {
 // reported it (nil: no running microVM, or no report yet).
 func (sb *Sandbox) GuestMemory(ctx context.Context) *container.GuestMemory {
 	sb.mu.Lock()
-	vm, _ := sb.c.(*container.VM)
+	vm, _ := sb.c.(driver.MemoryReporter)
 	paused := sb.Paused
 	sb.mu.Unlock()
 	if vm == nil || paused {

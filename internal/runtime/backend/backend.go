@@ -1,14 +1,15 @@
-// Package backend is the registry of the kinds of sandbox a worker runs:
-// the container backend today (package container under package runtime),
-// a QEMU microVM next. A sandbox's spec names its backend
+// Package backend is the registry of the kinds of sandbox a worker runs
+// (container, microvm) and what a running sandbox is to the runtime (an
+// Instance and its abilities); package driver is what a backend
+// implements to be run. A sandbox's spec names its backend
 // (api.SandboxSpec.Backend, default the first registered); the worker
 // finds it here, once, and refuses a name it does not know with the names
 // it does. Warm pools and one-off calls (FnCall, dsec run --rm) are ways
 // of using a backend, not backends: they are not registered.
 //
-// The registry is explicit: the worker lists its backends in one place
-// (worker.Backends), as restic's backend/all and gVisor's platform
-// registry do, so what a binary runs is read in one line.
+// The registry is explicit: the drivers a worker runs are built in one
+// place (runtime.NewDrivers), as restic's backend/all and gVisor's
+// platform registry do, so what a binary runs is read in one line.
 package backend
 
 import (

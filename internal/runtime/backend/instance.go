@@ -142,3 +142,14 @@ type Restrictions struct {
 	// /proc) commands may change: a Landlock domain.
 	Writable []string `json:"writable,omitempty"`
 }
+
+// DevNode is a character device node of a sandbox's /dev.
+type DevNode struct {
+	Name         string
+	Major, Minor uint32
+}
+
+// DevNodes are the nodes of a sandbox's /dev (ptmx is its devpts
+// instance's, and the pseudo-terminals are there too): what the device
+// allowlist (package policy) lets it open, whatever its backend.
+var DevNodes = []DevNode{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}

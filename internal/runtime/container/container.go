@@ -112,12 +112,7 @@ var KeptCaps = []int{
 }
 
 // Device is a character device node of a sandbox's /dev.
-type Device struct {
-	Name         string
-	Major, Minor uint32
-}
+type Device = backend.DevNode
 
-// Devices are the nodes of a sandbox's /dev (ptmx is its devpts
-// instance's, and the pseudo-terminals are there too): what the device
-// allowlist lets it open.
-var Devices = []Device{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+// Devices are the nodes of a sandbox's /dev (backend.DevNodes).
+var Devices = backend.DevNodes

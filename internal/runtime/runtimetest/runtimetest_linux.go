@@ -46,7 +46,10 @@ const (
 
 // MaybeWorker runs a worker and exits if the test binary was started as
 // one by StartWorker; a TestMain calls it (after container.MaybeInit).
-func MaybeWorker() {
+// drivers are backends of the test's own, which a worker runs when its
+// Config names them (Drivers).
+func MaybeWorker(drivers ...worker.Driver) {
+	testDrivers = drivers
 	root := os.Getenv(workerEnv)
 	if root == "" {
 		return
@@ -58,6 +61,13 @@ func MaybeWorker() {
 			os.Exit(1)
 		}
 	}
+	var names struct{ Drivers []string }
+	json.Unmarshal([]byte(os.Getenv(workerConfigEnv)), &names)
+	for _, d := range testDrivers {
+		if slices.Contains(names.Drivers, d.Name()) {
+			cfg.Drivers = append(cfg.Drivers, d)
+		}
+	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// As dsec daemon does: SIGTERM and SIGINT stop it on purpose.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,6 +77,16 @@ func MaybeWorker() {
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// testDrivers are the test's own backends (MaybeWorker's), which Clean
+// takes down too.
+var testDrivers []worker.Driver
+
+// drivers are the drivers that take down root's sandboxes: the
+// built-in ones and the test's own.
+func drivers(root string) *runtime.Drivers {
+	return runtime.NewDrivers(runtime.DriverConfig{Root: root, Extra: testDrivers})
 }
 
 // Layers builds into root's store bb:1, a busybox base with
@@ -134,6 +154,9 @@ type Config struct {
 	SnapLimits snap.Limits
 	// MaxOutput: worker.Config's (exec.max_output).
 	MaxOutput int64
+	// Drivers names the test's own backends (MaybeWorker's) the worker
+	// runs beside the built-in ones.
+	Drivers []string `json:",omitempty"`
 }
 
 // StartWorkerWith is StartWorker with cfg.
@@ -351,7 +374,7 @@ func waitingSpare(pid string) bool {
 func Clean(root string) {
 	names, _ := runtime.List(root)
 	for _, n := range names {
-		if sb, err := runtime.Load(root, n); err == nil {
+		if sb, err := runtime.Load(root, n, drivers(root)); err == nil {
 			sb.Remove()
 		}
 	}
@@ -362,7 +385,7 @@ func Clean(root string) {
 	// Every sandbox is gone now, so a spare's group that still holds a
 	// process is one the worker had claimed for a sandbox it did not
 	// finish making (a primed one, say): killed too.
-	runtime.SweepUnnamed(root)
+	runtime.SweepUnnamed(root, drivers(root))
 	runtime.SweepSpares(root, nil, false)
 	lower.Of(root).Sweep(nil)
 	disk.SweepUppers(root, nil)

@@ -19,7 +19,7 @@ func (w *worker) adopt() error {
 	var uppers []string // the uppers of the sandboxes kept
 	unknown := false    // a sandbox whose group is unknown
 	for _, name := range names {
-		sb, err := runtime.Load(w.cfg.Root, name)
+		sb, err := runtime.Load(w.cfg.Root, name, w.mounter.Drivers)
 		if errdefs.IsNotFound(err) {
 			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
 			continue
@@ -47,7 +47,7 @@ func (w *worker) adopt() error {
 		}
 		w.sandboxes[name] = e
 	}
-	if err := runtime.SweepUnnamed(w.cfg.Root); err != nil {
+	if err := runtime.SweepUnnamed(w.cfg.Root, w.mounter.Drivers); err != nil {
 		w.log.Error("cannot remove the primed or half-made sandboxes of a worker that died", "err", err)
 	}
 	if err := lower.Of(w.cfg.Root).Sweep(live); err != nil {

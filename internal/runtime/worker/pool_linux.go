@@ -76,7 +76,7 @@ func (w *worker) startPools(ctx context.Context) error {
 		byName[pc.Name] = pc
 	}
 	for _, pc := range w.cfg.Pools {
-		if err := checkPool(pc); err != nil {
+		if err := w.checkPool(pc); err != nil {
 			return fmt.Errorf("pool %s in the configuration: %w", pc.Name, err)
 		}
 		if old, ok := byName[pc.Name]; ok && templateKey(old.Spec) == templateKey(pc.Spec) {
@@ -92,7 +92,7 @@ func (w *worker) startPools(ctx context.Context) error {
 	return nil
 }
 
-func checkPool(pc PoolConfig) error {
+func (w *worker) checkPool(pc PoolConfig) error {
 	if !poolNameRE().MatchString(pc.Name) {
 		return fmt.Errorf("bad pool name %q: use up to 40 letters, digits, '_', '.' and '-': %w", pc.Name, errdefs.ErrInvalidArgument)
 	}
@@ -102,7 +102,7 @@ func checkPool(pc PoolConfig) error {
 	if len(pc.Spec.Layers) == 0 && pc.Spec.Snapshot == "" {
 		return fmt.Errorf("a pool's template needs layers (a base at least) or a snapshot: %w", errdefs.ErrInvalidArgument)
 	}
-	if _, err := Backends.Lookup(pc.Spec.Backend); err != nil {
+	if _, err := w.mounter.Drivers.Lookup(pc.Spec.Backend); err != nil {
 		return fmt.Errorf("a pool's sandboxes: %w", err)
 	}
 	if pc.Spec.Name != "" {
@@ -430,7 +430,7 @@ func (w *worker) putPool(r *http.Request, ps api.PoolSpec) (api.Pool, error) {
 			return api.Pool{}, fmt.Errorf("no pool %s: to create it give its sandboxes' layers (dsec pool resize %s N --base REF ...): %w", name, name, errdefs.ErrNotFound)
 		}
 		pc := PoolConfig{Name: name, Size: ps.Size, Spec: *ps.Spec}
-		if err := checkPool(pc); err != nil {
+		if err := w.checkPool(pc); err != nil {
 			return api.Pool{}, err
 		}
 		first := ""
@@ -460,7 +460,7 @@ func (w *worker) putPool(r *http.Request, ps api.PoolSpec) (api.Pool, error) {
 		if ps.Spec != nil && templateKey(*ps.Spec) != p.key {
 			return api.Pool{}, fmt.Errorf("pool %s has another template: delete it first (dsec pool rm %s) to change its sandboxes: %w", name, name, errdefs.ErrAlreadyExists)
 		}
-		if err := checkPool(PoolConfig{Name: name, Size: ps.Size, Spec: p.Spec}); err != nil {
+		if err := w.checkPool(PoolConfig{Name: name, Size: ps.Size, Spec: p.Spec}); err != nil {
 			return api.Pool{}, err
 		}
 		w.mu.Lock()

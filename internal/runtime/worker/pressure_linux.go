@@ -118,7 +118,7 @@ func (w *worker) pausedVM() *entry {
 			continue
 		}
 		st := e.sb.Snapshot()
-		if st.Status != runtime.Running || !st.Paused || st.Saved != nil || st.Backend != runtime.MicroVM {
+		if st.Status != runtime.Running || !st.Paused || st.Saved != nil || !e.sb.Evictable() {
 			continue
 		}
 		if t := st.PausedAt; out == nil || t.Before(at) {

@@ -16,6 +16,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 )
 
 // get finds the sandbox r names ({name}), if r's caller may see it: to
@@ -100,7 +101,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 			return nil, err
 		}
 	}
-	if spec.Snapshot != "" && !spec.DiskOnly && (spec.Backend == "" || spec.Backend == runtime.MicroVM) {
+	if mb := w.mounter.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
 		// A memory snapshot's branch continues its guest, a microVM of
 		// its RAM, by default.
 		mem, err := runtime.MemoryOf(ctx, w.mounter, spec.Snapshot)
@@ -108,13 +109,13 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 			return nil, err
 		}
 		if mem != nil {
-			spec.Backend = runtime.MicroVM
+			spec.Backend = mb
 			if spec.Memory == 0 {
 				spec.Memory = mem.MemoryBytes
 			}
 		}
 	}
-	b, err := Backends.Usable(spec.Backend)
+	b, err := w.mounter.Drivers.Usable(spec.Backend)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +307,7 @@ func (w *worker) evict(ctx context.Context, e *entry) error {
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st := sb.Snapshot()
 	out := api.Sandbox{
-		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, Backends.Names()[0]), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.mounter.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
@@ -345,7 +346,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 		out.MemoryLimit, out.PidsLimit = g.Limits()
 		out.Frozen = g.Frozen()
 		if out.PidsLimit > 0 { // the user's count, the init's share left out
-			out.PidsLimit = max(out.PidsLimit-runtime.InitPids, 1)
+			out.PidsLimit = max(out.PidsLimit-driver.InitPids, 1)
 		}
 		if used, err := g.CPUUsage(); err == nil {
 			out.CPUSeconds = used.Seconds()

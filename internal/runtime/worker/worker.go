@@ -71,6 +71,9 @@ type Config struct {
 	CgroupParent string
 	// MicroVM configures the microvm backend.
 	MicroVM microvm.Settings
+	// Drivers are backends beyond the built-in ones (a test's: a
+	// program that serves a worker registers them in Go).
+	Drivers []Driver `json:"-"`
 	// DNS configures the resolvers of sandboxes with domain rules.
 	DNS egress.Config
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -53,9 +54,8 @@ func features() []api.Feature {
 	return out
 }
 
-// Backends are the kinds of sandbox a worker runs, the default first:
-// the runtime's registry (runtime.Backends), where they are listed once.
-var Backends = runtime.Backends
+// Driver is a backend's driver.
+type Driver = driver.Driver
 
 type worker struct {
 	cfg     Config
@@ -180,9 +180,9 @@ func Serve(ctx context.Context, cfg Config) error {
 			}()
 		}
 	}
-	runtime.SetMicroVM(cfg.MicroVM)
 	runtime.SetDNS(cfg.DNS)
-	if h, err := runtime.MicroVMHost(); err != nil {
+	drivers := runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers})
+	if h, err := drivers.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)
 	} else {
 		cfg.Log.Info("microVMs run", "accel", h.Accel.Name, "why", h.Accel.Why, "kernel", h.Kernel.String(), "qemu", h.QEMUVersion)
@@ -208,7 +208,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
-			DiskBound: cfg.Defaults.withDefaults().Disk}}
+			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: drivers}}
 	if err := migrateOwners(ctx, cfg.Root, s, w.tokens); err != nil {
 		return err
 	}
@@ -219,10 +219,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer lower.Of(cfg.Root).ReleaseKept() // after the sandboxes' release
 	defer w.release()
 	defer w.waitRemovals()
-	if n := cfg.Admission.withDefaults().Spares; n > 0 {
-		w.mounter.Spares = runtime.StartSpares(cfg.Root, n)
-		defer w.mounter.Spares.Close()
-	}
+	drivers.Prepare() // what a dead worker left is swept
+	defer drivers.Close()
 	if n := cfg.Admission.withDefaults().Primed; n > 0 {
 		w.mounter.Primed = runtime.StartPrimed(cfg.Root, w.mounter, n)
 		defer w.mounter.Primed.Close()
@@ -383,16 +381,16 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
 	wp, wg := cgroup.Protected()
 	uppers, _ := disk.UppersSize(w.cfg.Root)
-	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: Backends.Names(),
+	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: w.mounter.Drivers.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
-		Features: features(), Warm: &api.Warm{Spares: w.mounter.Spares.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: microVMHost()}, nil
+		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost()}, nil
 }
 
 // microVMHost describes what the microvm backend runs with here.
-func microVMHost() *api.MicroVMHost {
-	h, err := runtime.MicroVMHost()
+func (w *worker) microVMHost() *api.MicroVMHost {
+	h, err := w.mounter.Drivers.MicroVMHost()
 	if err != nil {
 		return &api.MicroVMHost{Error: err.Error()}
 	}

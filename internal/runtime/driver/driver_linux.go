@@ -1,0 +1,197 @@
+// Package driver is the backend seam: what a kind of sandbox implements
+// for the runtime to run it, from outside package runtime. A Driver
+// starts a sandbox's instance on what the runtime resolved for it (the
+// root as mounts, the layers' images, limits, restrictions, network),
+// finds it again after a worker restart, and takes down what it made;
+// it never sees the runtime's Sandbox, only a StartSpec and a Handle,
+// and returns what it started and what the sandbox's state keeps.
+//
+// What a backend can do beyond that is an ability: an interface of this
+// package (or of package backend, for a running Instance) that its
+// Driver or Instance implements, found by type assertion. The runtime
+// asks an ability; it never compares backend names.
+//
+// The drivers a worker runs are built in one place (runtime.Drivers), as
+// restic's backend/all lists its backends; a test may add its own.
+package driver
+
+import (
+	"context"
+	"os"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/network"
+)
+
+// Driver runs the sandboxes of one backend.
+type Driver interface {
+	backend.Backend
+	// Start starts a sandbox's instance: its group made (NewGroup) and
+	// held to s.Allowlist before anything of the sandbox runs, its
+	// root composed from s.Root, its policy's restrictions and paths
+	// held before its first command. On an error, Started holds what
+	// was made so far, which the runtime then has Teardown take down.
+	Start(ctx context.Context, s StartSpec) (Started, error)
+	// Attach finds a running sandbox's instance again (a worker
+	// restarted): Started.Instance nil says it died while no worker was
+	// there. A paused sandbox's instance cannot answer: Attach finds
+	// its group only, and the runtime attaches again when it resumes.
+	Attach(ctx context.Context, h Handle) (Started, error)
+	// Teardown takes down what Start made beyond the group, once the
+	// runtime killed every process of the sandbox and removed its group
+	// and network: mounts, id ranges, sockets. Every error is returned.
+	Teardown(ctx context.Context, h Handle) []error
+}
+
+// StartSpec is what the backend-neutral part of a start resolved.
+type StartSpec struct {
+	Handle
+	Hostname string
+	// RootFS describes the sandbox's root, not mounted: the overlay of
+	// its layers' mounts on the host (topmost first, nodev) under its
+	// upper. A backend mounts it (idmapped into a user namespace, where
+	// the sandbox has one) or hands its parts over.
+	RootFS []mount.Mount
+	// Images are the layers' image files, topmost first, for a backend
+	// that maps them itself (a lazy layer's: its fetcher's padded
+	// file); Layers their refs and Digests their digests.
+	Images, Layers, Digests []string
+	Limits                  cgroup.Limits
+	// Allowlist is the sandbox's egress rules as applied to its group.
+	Allowlist []policy.Entry
+	// NAT: the sandbox's network mode is nat (a way out through the
+	// host); else it has none.
+	NAT         bool
+	MergeMemory bool
+	Restrict    *backend.Restrictions
+	// ReadOnly and Hidden are the policy's paths, the toolkit's among
+	// the read-only ones unless the policy lets them be written.
+	ReadOnly, Hidden []string
+	// Warm is what the driver's Prestarter made ahead for this
+	// sandbox (nil: none).
+	Warm any
+	// Restore starts the instance from a saved guest, not afresh (a
+	// MemorySnapshotter's).
+	Restore *Restore
+}
+
+// Handle is what a driver is given of a sandbox it started: where it
+// is, and what its state recorded.
+type Handle struct {
+	ID, Name string // Name: the user's, for messages
+	// Dir is the sandbox's directory (state, sockets, logs, rootfs),
+	// Root the worker's root it is under (caches shared by sandboxes).
+	Dir, Root string
+	// Slot names the sandbox among every root's on this host: the key
+	// of its subnet and its id range.
+	Slot string
+	// Group is the name of its cgroup.
+	Group  string
+	Pid    int
+	Paused bool
+	UserNS bool
+	// Instance is the running instance (nil: none).
+	Instance backend.Instance
+	Record
+}
+
+// Started is what a start made.
+type Started struct {
+	Instance backend.Instance
+	// Group is the group every process of the sandbox runs in.
+	Group *cgroup.Group
+	Pid   int
+	Record
+}
+
+// Record is what a sandbox's state keeps of its instance, for Attach and
+// Teardown and for users to read.
+type Record struct {
+	// IDs: a user namespace's sandbox's ids while it runs.
+	IDs *container.IDMap
+	// NAT is its way out in network mode nat.
+	NAT *network.NAT
+	// VM is a guest's machine as users see it; Machine the same in
+	// full, what a memory snapshot of it records.
+	VM      *api.VMInfo
+	Machine *layer.Machine
+}
+
+// Restore starts a guest from a saved one rather than booting it: the
+// machine it ran on, where its device state and RAM image are, and the
+// nonce its agent waits for.
+type Restore struct {
+	What       string // "snapshot NAME:STEP", for errors
+	Machine    layer.Machine
+	State, RAM string // files; RAM "": the RAM is in the state
+	Nonce      string
+	// Branch: the guest becomes another sandbox (a branch of a memory
+	// snapshot), not the one saved (an evicted one resuming).
+	Branch bool
+}
+
+// Abilities a Driver may have, found by type assertion.
+type (
+	// ImageUpper: a sandbox's upper is always a disk image of its own
+	// (its --disk, else one of the default bound's size), which its
+	// instance mounts; the host never mounts it while the sandbox runs.
+	ImageUpper interface{ UpperIsImage() bool }
+	// WarmPauser: the sandboxes made ahead of need (primed, a pool's)
+	// wait paused, the CPU an idle one spends (a guest kernel's timers)
+	// saved until it is taken.
+	WarmPauser interface{ PausesWarm() bool }
+	// Prestarter makes instances ahead of need: Prestart takes one for
+	// a sandbox about to be made, which then has its ID (and gets it as
+	// StartSpec.Warm); ok false: none is ready (or fits p), and the
+	// sandbox gets a new ID. Discard drops one Start did not take.
+	Prestarter interface {
+		Prestart(p Prestart) (id string, warm any, ok bool)
+		Discard(warm any)
+	}
+	// MemorySnapshotter saves a running guest whole into the files
+	// state, ram and disk (any may be a store's ingest): what a memory
+	// snapshot takes, and what an eviction saves (stop: it stays
+	// stopped; disk may be nil). Its sandboxes start from a saved guest
+	// (StartSpec.Restore).
+	MemorySnapshotter interface {
+		SaveGuest(ctx context.Context, h Handle, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error)
+	}
+	// UpperHolder makes a running sandbox's upper readable on the host,
+	// consistent, until release (pack-diff reads it so).
+	UpperHolder interface {
+		HoldUpper(ctx context.Context, h Handle) (dir string, release func() error, err error)
+	}
+	// FileOpener opens a running sandbox's files as its processes
+	// resolve them, for copies in and out.
+	FileOpener interface {
+		Files(h Handle) (backend.Files, error)
+	}
+)
+
+// Prestart is what decides whether a warm instance fits a sandbox.
+type Prestart struct {
+	Idle   bool // class batch: its CPU group under the idle parent
+	UserNS bool
+}
+
+// Abilities a running Instance may have beyond package backend's.
+type (
+	// MemoryReporter reports a guest's memory as its balloon last
+	// did.
+	MemoryReporter interface {
+		Memory(ctx context.Context) (*container.GuestMemory, error)
+	}
+	// FSFreezer flushes and freezes the file system of a guest's disk
+	// (FreezeFS) and lets it be written again (ThawFS): the runtime
+	// freezes a guest stopped (not removed) before killing it.
+	FSFreezer interface {
+		FreezeFS(ctx context.Context) error
+		ThawFS(ctx context.Context) error
+	}
+)
