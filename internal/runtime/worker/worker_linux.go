@@ -2,9 +2,9 @@ package worker
 
 import (
 	"context"
-	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"errors"
 	"fmt"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"log/slog"
 	"net"
 	"net/http"

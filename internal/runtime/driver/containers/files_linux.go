@@ -35,7 +35,9 @@ const inRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_
 // HostFiles opens the files of a running sandbox whose root the host
 // sees at rootfs (composed there), as its processes resolve them; m
 // are its ids (nil: the host's).
-func HostFiles(rootfs string, m *container.IDMap) (backend.Files, error) { return openHostFiles(rootfs, m) }
+func HostFiles(rootfs string, m *container.IDMap) (backend.Files, error) {
+	return openHostFiles(rootfs, m)
+}
 
 func openHostFiles(rootfs string, m *container.IDMap) (*hostFiles, error) {
 	root, err := unix.Open(rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
