@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
