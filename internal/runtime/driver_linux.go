@@ -50,6 +50,7 @@ func (sb *Sandbox) took(s driver.Started) {
 func (sb *Sandbox) attach(ctx context.Context) error {
 	s, err := sb.d.Attach(ctx, sb.handle())
 	sb.took(s)
+	sb.g = s.Group // none found: none
 	return err
 }
 

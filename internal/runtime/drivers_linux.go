@@ -91,7 +91,11 @@ func (ds *Drivers) MemoryBackend() string {
 }
 
 // Prepare starts what the drivers keep ahead of need (spare inits).
+// Nil-safe.
 func (ds *Drivers) Prepare() {
+	if ds == nil {
+		return
+	}
 	for _, d := range ds.list {
 		if p, ok := d.(interface{ Prepare() }); ok {
 			p.Prepare()

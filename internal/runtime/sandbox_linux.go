@@ -396,6 +396,9 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // start mounts the layers and the overlay, makes the cgroup and starts
 // the init: creating a sandbox, or starting a stopped one on its upper.
 func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
+	if sb.d == nil {
+		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to start: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
+	}
 	root := sb.root()
 	var lowers, digests, images []string
 	var kinds []layer.Kind
@@ -511,16 +514,18 @@ func Load(root, name string, ds *Drivers) (*Sandbox, error) {
 		return nil, fmt.Errorf("sandbox %s: state: %v: %w", name, err, errdefs.ErrDataLoss)
 	}
 	sb.ID = id // an older dsec's records none: its name
-	d, err := ds.Driver(sb.Backend)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
-	}
+	// A backend this worker lacks (a newer dsec's): the sandbox is
+	// listed, and only a running one is refused.
+	d, derr := ds.Driver(sb.Backend)
 	sb.d = d
 	switch sb.Status {
 	case Creating:
 		sb.teardown(true)
 		return nil, fmt.Errorf("no sandbox %s (a worker died creating it; removed): %w", name, errdefs.ErrNotFound)
 	case Running:
+		if derr != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", name, derr)
+		}
 		if err := sb.attach(context.Background()); err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
@@ -681,186 +686,6 @@ func (sb *Sandbox) Close() error {
 		return c.Close()
 	}
 	return nil
-}
-
-// Pause freezes every process of a running sandbox where it is, its
-// memory kept (what the kernel can take of it, its page cache, taken
-// back now), until Resume: it uses no CPU meanwhile and runs no exec.
-// A paused sandbox stays so across worker restarts.
-func (sb *Sandbox) Pause() error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.pause()
-}
-
-// pause is Pause; sb.mu is held.
-func (sb *Sandbox) pause() error {
-	switch {
-	case sb.Status != Running || sb.g == nil:
-		return fmt.Errorf("sandbox %s is %s: only a running sandbox pauses: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
-	case sb.Paused:
-		return fmt.Errorf("sandbox %s is paused already: %w", sb.Name, ErrPaused)
-	}
-	if err := sb.g.Freeze(); err != nil {
-		return fmt.Errorf("pause sandbox %s: %w", sb.Name, err)
-	}
-	sb.Paused, sb.PausedAt = true, time.Now().UTC()
-	if err := sb.save(); err != nil {
-		sb.Paused = false
-		sb.g.Thaw()
-		return err
-	}
-	if err := sb.g.Reclaim(); err == nil {
-		sb.reclaimed = time.Now().UTC()
-	}
-	return nil
-}
-
-// PauseWarm pauses a sandbox made ahead of need (primed, or a FnCall
-// pool's) if its backend's wait so (a microVM's guest); others run on.
-func (sb *Sandbox) PauseWarm() error {
-	if _, ok := sb.d.(driver.WarmPauser); !ok {
-		return nil
-	}
-	return sb.Pause()
-}
-
-// ResumeWarm resumes a sandbox PauseWarm paused, as it is taken (a
-// warm one is never evicted).
-func (sb *Sandbox) ResumeWarm() error {
-	sb.mu.Lock()
-	paused := sb.Paused
-	sb.mu.Unlock()
-	if !paused {
-		return nil
-	}
-	return sb.Resume(context.Background(), Mounter{})
-}
-
-// ErrPaused says a sandbox is paused (errdefs.ErrFailedPrecondition).
-var ErrPaused = fmt.Errorf("paused: %w", errdefs.ErrFailedPrecondition)
-
-// Resume lets a paused sandbox's processes run on: an evicted one's
-// guest is restored from its directory first (its layers found by m).
-func (sb *Sandbox) Resume(ctx context.Context, m Mounter) error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if !sb.Paused {
-		return fmt.Errorf("sandbox %s is not paused: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	}
-	if sb.Saved != nil {
-		return sb.resumeSaved(ctx, m)
-	}
-	if sb.g != nil {
-		if err := sb.g.Thaw(); err != nil {
-			return fmt.Errorf("resume sandbox %s: %w", sb.Name, err)
-		}
-	}
-	sb.Paused = false
-	if sb.c == nil { // paused when this worker found it: attached now
-		if err := sb.attach(ctx); err != nil {
-			return fmt.Errorf("sandbox %s: %w", sb.Name, err)
-		}
-		if sb.c == nil {
-			sb.Status = Dead
-		}
-		sb.journal().Recover(sb.c)
-	}
-	return sb.save()
-}
-
-// Stop kills every process of the sandbox and unmounts its root; its
-// files (the upper) stay for Start.
-func (sb *Sandbox) Stop() error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.Status == Stopped {
-		return nil
-	}
-	if err := sb.teardown(false); err != nil {
-		return err
-	}
-	sb.dropSaved() // its disk is as the guest froze it: it starts on that
-	sb.Status, sb.Pid, sb.Paused = Stopped, 0, false
-	return sb.save()
-}
-
-// Start starts a stopped (or dead) sandbox again on its files.
-func (sb *Sandbox) Start(ctx context.Context, m Mounter) (err error) {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.Status == Running {
-		return fmt.Errorf("sandbox %s is already running: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	}
-	if sb.Status == Dead {
-		if err := sb.teardown(false); err != nil {
-			return err
-		}
-	}
-	if err := sb.start(ctx, m); err != nil {
-		sb.teardown(false)
-		sb.Status, sb.Pid = Stopped, 0
-		sb.save()
-		return err
-	}
-	return nil
-}
-
-// Remove stops every process of the sandbox and removes its mounts,
-// cgroup, files and state.
-func (sb *Sandbox) Remove() error {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.teardown(true)
-}
-
-// teardown kills the processes, removes the cgroup, unmounts the root
-// and the layers, and with all removes the directory too.
-func (sb *Sandbox) teardown(all bool) error {
-	var errs []error
-	if sb.d == nil {
-		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to take down: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
-	}
-	sb.dropPrestarted()
-	if sb.Paused && sb.g != nil { // killed running: a frozen task may not die
-		sb.g.Thaw()
-	}
-	errs = sb.teardownInstance(!all)
-	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
-		errs = append(errs, err)
-	}
-	// Sandboxes made before layer mounts were shared mounted their own.
-	old, _ := filepath.Glob(filepath.Join(sb.dir, "layers", "*"))
-	for _, m := range old {
-		if err := lazy.Unmount(m); err != nil && !mount.IsNotMounted(err) {
-			errs = append(errs, err)
-		}
-	}
-	if err := os.RemoveAll(filepath.Join(sb.work(), "work")); err != nil {
-		errs = append(errs, err)
-	}
-	if all && len(errs) == 0 {
-		if err := disk.Unmount(sb.dir); err != nil {
-			errs = append(errs, err)
-		}
-		if sb.UpperFS != "" {
-			if err := disk.RemoveUpper(sb.root(), sb.UpperFS); err != nil {
-				errs = append(errs, err)
-			} else {
-				sb.UpperFS = "" // a second removal mounts nothing
-			}
-		}
-	}
-	if all && len(errs) == 0 {
-		if err := os.RemoveAll(sb.dir); err != nil {
-			errs = append(errs, err)
-		} else if sb.Name != "" { // the name is free once all is gone
-			if err := dropName(sb.root(), sb.Name, sb.ID); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // lowerUser is the name the sandbox holds its layers by: its ID.

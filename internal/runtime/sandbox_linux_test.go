@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,4 +188,55 @@ func removeOnSecondHost(t *testing.T, host string, sb *runtime.Sandbox) {
 			t.Fatalf("left behind 10 s after the removal: %v", l)
 		}
 	}
+}
+
+// TestUnknownBackend: a sandbox of a backend this worker does not run (a
+// newer dsec's) is loaded, stopped, and never started or taken down by
+// this one; running, it is not loaded. Nothing of it is touched.
+func TestUnknownBackend(t *testing.T) {
+	root, s := layers(t)
+	ctx := context.Background()
+	sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "newer", Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		runtimetest.Clean(root)
+		if l := runtimetest.Leftovers(root); len(l) > 0 {
+			t.Errorf("left behind: %v", l)
+		}
+	})
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(sb.Dir(), "state.json")
+	orig, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setBackend := func(b []byte) {
+		if err := os.WriteFile(state, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer := []byte(strings.Replace(string(orig), `"name": "newer",`, `"name": "newer", "backend": "warp",`, 1))
+	setBackend(newer)
+	again, err := runtime.Load(root, "newer", nil)
+	if err != nil || again.Snapshot().Status != runtime.Stopped {
+		t.Fatalf("load a stopped sandbox of backend warp: %v", err)
+	}
+	if err := again.Start(ctx, runtime.Mounter{Store: s}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
+		t.Errorf("start it: %v, want not implemented, naming the backend", err)
+	}
+	if err := again.Remove(); !errdefs.IsNotImplemented(err) {
+		t.Errorf("remove it: %v, want not implemented", err)
+	}
+	if _, err := os.Stat(sb.Dir()); err != nil {
+		t.Errorf("its directory went: %v", err)
+	}
+	setBackend([]byte(strings.Replace(string(newer), `"status": "stopped"`, `"status": "running"`, 1)))
+	if _, err := runtime.Load(root, "newer", nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
+		t.Errorf("load a running sandbox of backend warp: %v, want the backend named", err)
+	}
+	setBackend(orig) // Clean takes it down
 }

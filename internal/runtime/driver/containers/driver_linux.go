@@ -114,9 +114,11 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 			return out, err
 		}
 		out.IDs = ids
-		if out.Group, devices, err = driver.NewGroup(s.Group, s.Limits); err != nil {
+		g, d, err := driver.NewGroup(s.Group, s.Limits)
+		if err != nil {
 			return out, err
 		}
+		out.Group, devices = g, d
 		if own, err = container.Prestart(out.Group.Add, ids); err != nil {
 			return out, err
 		}

@@ -1,0 +1,213 @@
+package container
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/sparse"
+)
+
+// The shim's side of memory snapshots: a guest restored from saved
+// state, saved to files, its balloon's figures.
+
+// restore runs the guest a memory snapshot saved: QEMU takes its device
+// state (its RAM is the snapshot's copy already, skipped by the stream:
+// x-ignore-shared), the guest goes on, and its agent, waiting since the
+// snapshot, gets a new session and what it must change to be this
+// sandbox (its clock, entropy, name and network).
+func (v *vmm) restore(spec VMSpec) error {
+	defer spec.State.Close()
+	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(spec.State.Fd())); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate-incoming", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	if err := v.qmp.migrated(spec.BootTimeout); err != nil {
+		return fmt.Errorf("load the snapshot's device state: %w", err)
+	}
+	if _, err := v.qmp.do("cont", nil); err != nil {
+		return err
+	}
+	sess, err := v.link.resync(spec.Restore.Nonce)
+	if err != nil {
+		return err
+	}
+	v.use(sess)
+	g := spec.Guest
+	g.Time = time.Now().UnixNano()
+	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &g})
+	return err
+}
+
+// ignoreShared leaves the guest's shared memory out of a migration
+// stream: its RAM (a file a snapshot copies on its own) and its layers
+// (the pmem images, read-only).
+var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+
+// snapshot saves the guest, paused for as short a time as it takes:
+// its agent quiesced (no command may run: their streams would end), the
+// upper's file system frozen, QEMU stopped, its device state migrated
+// to the request's first file and its RAM written to the second (a
+// sparse image), the guest let go on, its disk's image written to the
+// third while its file system is still frozen, and its agent given a
+// new session (which thaws the file system, unless the worker froze it
+// before: pack-diff reads it meanwhile). A snapshot that evicts the
+// guest (req.Stop) leaves it stopped, and writes no disk. The reply
+// says how long the guest was paused and the nonce a guest restored
+// from the snapshot waits for.
+func (v *vmm) snapshot(r incoming) {
+	defer closeAll(r.files)
+	fail := func(err error) { send(r.conn, reply{ID: r.req.ID, Error: err.Error()}) }
+	if len(r.files) != 3 && !(r.req.Stop && len(r.files) == 2) {
+		fail(errors.New("a memory snapshot needs its state, RAM and disk files"))
+		return
+	}
+	if v.spec.Disk == "" {
+		fail(errors.New("this guest's shim knows no disk image (an older dsec started it): stop and start it first"))
+		return
+	}
+	v.mu.Lock()
+	n := len(v.running)
+	v.mu.Unlock()
+	if n > 0 {
+		fail(fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition))
+		return
+	}
+	q, err := v.ask(request{Op: opQuiesce, ID: "#quiesce"})
+	if err != nil {
+		fail(fmt.Errorf("quiesce the guest: %w", err))
+		return
+	}
+	v.drop()
+	info := &SnapshotInfo{Nonce: q.Nonce}
+	t0 := time.Now()
+	err = v.save(r.files[0], r.files[1], info)
+	if r.req.Stop {
+		if err == nil { // the guest never runs again: what it saved must last
+			err = errors.Join(r.files[0].Sync(), r.files[1].Sync())
+		}
+		if err != nil {
+			err = errors.Join(err, v.goOn(q))
+			fail(err)
+			return
+		}
+		zero := 0
+		send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+		return
+	}
+	if _, cerr := v.qmp.do("cont", nil); err == nil {
+		err = cerr
+	}
+	info.PausedNS = time.Since(t0).Nanoseconds()
+	if err == nil {
+		err = writeImage(r.files[2], v.spec.Disk, &info.Disk)
+	}
+	if rerr := v.resumeAgent(q); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	zero := 0
+	send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+}
+
+// balloon is the guest's balloon device (microvm.Machine names it).
+const balloon = "/machine/peripheral/balloon0"
+
+// pollBalloon has QEMU ask the guest's balloon for its memory figures
+// every 2 s (a restored guest's device state may not carry it).
+func (v *vmm) pollBalloon() error {
+	_, err := v.qmp.do("qom-set", map[string]any{"path": balloon, "property": "guest-stats-polling-interval", "value": 2})
+	return err
+}
+
+// guestMemory is what the guest's balloon last reported.
+func (v *vmm) guestMemory() (*GuestMemory, error) {
+	b, err := v.qmp.do("qom-get", map[string]any{"path": balloon, "property": "guest-stats"})
+	if err != nil {
+		return nil, err
+	}
+	var st struct {
+		Stats map[string]int64 `json:"stats"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("the balloon's figures: %w", err)
+	}
+	m := &GuestMemory{Total: st.Stats["stat-total-memory"], Available: st.Stats["stat-available-memory"]}
+	if m.Total <= 0 || m.Available < 0 {
+		return nil, errors.New("the guest's balloon reported no figures yet")
+	}
+	return m, nil
+}
+
+// goOn lets a guest a failed eviction stopped run on.
+func (v *vmm) goOn(q reply) error {
+	_, err := v.qmp.do("cont", nil)
+	return errors.Join(err, v.resumeAgent(q))
+}
+
+// resumeAgent gives the agent a quiesce ended its session a new one,
+// and lets it go on as it was (its file system thawed unless it was
+// frozen before).
+func (v *vmm) resumeAgent(q reply) error {
+	sess, err := v.link.resync(q.Nonce)
+	if err != nil {
+		return err
+	}
+	v.use(sess)
+	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
+	return err
+}
+
+// save stops QEMU and writes the guest's device state, and its RAM if
+// it is a file (else the state holds it).
+func (v *vmm) save(state, ram *os.File, info *SnapshotInfo) error {
+	if _, err := v.qmp.do("stop", nil); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(state.Fd())); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	if err := v.qmp.migrated(time.Minute); err != nil {
+		return fmt.Errorf("save the device state: %w", err)
+	}
+	if v.ram == nil {
+		return nil
+	}
+	st, err := sparse.Write(ram, v.ram)
+	if err != nil {
+		return fmt.Errorf("write the guest's memory: %w", err)
+	}
+	info.RAM = st
+	return nil
+}
+
+// writeImage writes the sparse image of the file src to dst.
+func writeImage(dst *os.File, src string, st *sparse.Stats) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if *st, err = sparse.Write(dst, f); err != nil {
+		return fmt.Errorf("write the guest's disk: %w", err)
+	}
+	return nil
+}
