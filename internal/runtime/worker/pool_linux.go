@@ -26,12 +26,28 @@ import (
 // template, one taken per call and discarded after it (never reused,
 // so nothing of a call reaches the next), refilled in the background.
 
-// callPool marks a sandbox made for a call no pool served; runPool one
-// made for a call on the container backend (dsec run --rm), listed.
+// purpose is what a sandbox is made for: a user's create (forUser), a
+// pool's (the pool's name: a warm sandbox, or one made for a call when
+// the pool had none ready), a call no pool served (forCall) or dsec run
+// --rm's (forRun, listed). Its text is what the sandbox's state records
+// (runtime.Spec.Pool), which a worker that restarts reads back.
+type purpose string
+
 const (
-	callPool = "(call)"
-	runPool  = "(run)"
+	forUser purpose = ""
+	forCall purpose = "(call)"
+	forRun  purpose = "(run)"
 )
+
+// ofPool is the purpose of pool name's sandboxes.
+func ofPool(name string) purpose { return purpose(name) }
+
+// warm says whether it is a pool's sandbox (the admin's, made ahead).
+func (p purpose) warm() bool { return p != forUser && p != forCall && p != forRun }
+
+// listed says whether the sandbox is listed without all=1: a user's or
+// a run's.
+func (p purpose) listed() bool { return p == forUser || p == forRun }
 
 var poolNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,39}$`) })
 
@@ -123,7 +139,7 @@ func (w *worker) addPool(pc PoolConfig) *pool {
 			defer cancel()
 			spec := p.Spec
 			spec.Name = runtime.RandomName("pool-" + p.Name + "-")
-			sb, err := w.makeSandbox(ctx, spec, p.Name)
+			sb, err := w.makeSandbox(ctx, spec, ofPool(p.Name))
 			if err != nil {
 				return "", err
 			}
@@ -340,12 +356,12 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("a call needs a pool or a sandbox spec: %w", errdefs.ErrInvalidArgument))
 		return
 	}
-	spec, mark := api.SandboxSpec{}, callPool
+	spec, why := api.SandboxSpec{}, forCall
 	switch {
 	case p != nil:
-		spec, mark = p.Spec, p.Name
+		spec, why = p.Spec, ofPool(p.Name)
 	case req.Run:
-		spec, mark = *req.Spec, runPool
+		spec, why = *req.Spec, forRun
 	default:
 		spec = *req.Spec
 	}
@@ -375,7 +391,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 	if sb == nil { // no pool, or it was empty: a sandbox made for the call
 		info.Warm = false
 		switch {
-		case mark != runPool:
+		case why != forRun:
 			spec.Name = runtime.RandomName("call-")
 		case spec.Name == "":
 			spec.Name = runtime.RandomName("sb-")
@@ -386,7 +402,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 			ctx = withTrusted(ctx)
 		}
 		var err error
-		if sb, err = w.makeSandbox(ctx, spec, mark); err != nil {
+		if sb, err = w.makeSandbox(ctx, spec, why); err != nil {
 			fail(rw, err)
 			return
 		}
@@ -437,7 +453,7 @@ func (w *worker) putPool(r *http.Request, ps api.PoolSpec) (api.Pool, error) {
 		if pc.Size > 0 { // the template must work before the pool exists
 			spec := pc.Spec
 			spec.Name = runtime.RandomName("pool-" + name + "-")
-			if _, err := w.makeSandbox(r.Context(), spec, name); err != nil {
+			if _, err := w.makeSandbox(r.Context(), spec, ofPool(name)); err != nil {
 				return api.Pool{}, fmt.Errorf("pool %s: its first sandbox: %w", name, err)
 			}
 			first = spec.Name
@@ -523,7 +539,7 @@ func (w *worker) reclaimLoop(ctx context.Context) {
 		w.mu.Lock()
 		var sbs []*runtime.Sandbox
 		for _, e := range w.sandboxes {
-			if e.sb != nil && e.pool == "" {
+			if e.sb != nil && e.purpose == forUser {
 				sbs = append(sbs, e.sb)
 			}
 		}

@@ -114,7 +114,7 @@ func (w *worker) pausedVM() *entry {
 	var out *entry
 	var at time.Time
 	for _, e := range w.sandboxes {
-		if e.sb == nil || e.pool != "" || time.Since(e.evictFailed) < time.Minute { // one that failed is let be a while
+		if e.sb == nil || e.purpose != forUser || time.Since(e.evictFailed) < time.Minute { // one that failed is let be a while
 			continue
 		}
 		st := e.sb.Snapshot()

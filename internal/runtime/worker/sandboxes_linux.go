@@ -84,12 +84,12 @@ func requestOf(spec api.SandboxSpec) request {
 // createSandbox makes a sandbox a user asked for (a pool's are made by
 // its filler): one primed ahead serves it when it is what was primed.
 func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runtime.Sandbox, error) {
-	return w.makeSandbox(ctx, spec, "")
+	return w.makeSandbox(ctx, spec, forUser)
 }
 
 // makeSandbox makes a sandbox once the gate admits it; pool names the
 // FnCall pool it is made for.
-func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool string) (*runtime.Sandbox, error) {
+func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purpose) (*runtime.Sandbox, error) {
 	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
 		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
 	}
@@ -140,10 +140,10 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	}
 	// Reserve the name: a second create of it fails at once.
 	owner := ownerOf(ctx)
-	if pool != "" && pool != callPool && pool != runPool { // a pool's warm sandbox: the admin's
+	if why.warm() { // a pool's sandbox: the admin's
 		owner = ""
 	}
-	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), pool: pool, owner: owner}
+	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), purpose: why, owner: owner}
 	t := tenantOf(ctx)
 	if t != nil { // a pool's sandbox for its call too
 		e.account = t.ID
@@ -210,7 +210,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 	w.mu.Unlock()
 	// Not while queued: snapshot removal and squash wait for this.
 	m := w.mounter
-	if pool != "" && pool != runPool && pool != callPool { // a pool's filler: not what users create next
+	if why.warm() { // a pool's filler: not what users create next
 		m.Primed = nil
 	}
 	w.lineage.RLock()
@@ -223,7 +223,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		CPURequest:    e.req.CPU,
 		MemoryRequest: e.req.Memory,
 		MergeMemory:   w.cfg.Reclaim.KSM,
-		Pool:          pool,
+		Pool:          string(why),
 		Owner:         e.owner,
 		DiskOnly:      spec.DiskOnly,
 	}})
@@ -242,7 +242,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, pool str
 		w.gate.release(e.req)
 		return nil, err
 	}
-	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", pool, "took", time.Since(t0))
+	w.log.Info("created sandbox", "sandbox", spec.Name, "layers", spec.Layers, "pool", string(why), "took", time.Since(t0))
 	return sb, nil
 }
 
@@ -328,7 +328,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	if st.Paused {
 		out.Status = api.StatusPaused
 	}
-	showMark(&out, st.Pool)
+	showMark(&out, purpose(st.Pool))
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
 	if t := sb.Reclaimed(); !t.IsZero() {
 		out.Reclaimed = &t
@@ -357,12 +357,12 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 
 // showMark shows what a sandbox was made for: a FnCall pool (or a call)
 // by name, a run --rm as Rm.
-func showMark(sb *api.Sandbox, mark string) {
-	if mark == runPool {
+func showMark(sb *api.Sandbox, why purpose) {
+	if why == forRun {
 		sb.Rm = true
 		return
 	}
-	sb.Pool = mark
+	sb.Pool = string(why)
 }
 
 // list lists the sandboxes, queued and being made ones included; warm
@@ -376,14 +376,14 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 		switch {
 		case !mayUse(r.Context(), e.owner): // another token's
 		case e.gone != nil: // being removed
-		case e.pool != "" && e.pool != runPool && !all:
+		case !e.purpose.listed() && !all:
 		case e.sb != nil:
 			sbs = append(sbs, e.sb)
 		default:
 			spec := e.spec
 			spec.Policy = nil
 			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Digests: []string{}}
-			showMark(&sb, e.pool)
+			showMark(&sb, e.purpose)
 			out = append(out, sb)
 		}
 	}

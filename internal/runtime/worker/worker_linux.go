@@ -98,7 +98,7 @@ type entry struct {
 	since   time.Time       // of pending
 	req     request         // what it holds of the host's capacity
 	held    bool            // whether it holds req
-	pool    string          // the FnCall pool it waits in, warm; callPool or runPool
+	purpose purpose         // what it is made for: a user's, a pool's, a call's
 	gone    chan struct{}   // while it is being discarded: closed when that ends
 	owner   string          // the id of the token that made it ("": the admin's)
 	// account is the token whose quota holds it: its owner's, or the
