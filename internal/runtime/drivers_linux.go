@@ -19,9 +19,6 @@ import (
 // here and nowhere else: a new backend is a package implementing
 // driver.Driver and its line below.
 
-// MicroVM is the microvm backend's name.
-const MicroVM = microvms.MicroVM
-
 // DriverConfig configures the drivers.
 type DriverConfig struct {
 	// Root is the worker's root.
@@ -135,7 +132,7 @@ func (ds *Drivers) Close() error {
 // MicroVMHost is what this host runs microVMs with (an error says what
 // it lacks), as ds's microvm driver resolved it.
 func (ds *Drivers) MicroVMHost() (*microvm.Host, error) {
-	d, err := ds.Driver(MicroVM)
+	d, err := ds.Driver(microvms.MicroVM)
 	if err != nil {
 		return nil, err
 	}
