@@ -566,6 +566,15 @@ type forward struct {
 // relays its replies; an exec's (f) output goes to its stdio.
 func (v *vmm) forward(req request, conn peer, f *forward) {
 	fail := func(err error) {
+		if errors.Is(err, yamux.ErrSessionShutdown) {
+			// The agent's session ended: the guest is going, and
+			// its shim with it, which tells the sandbox died.
+			select {
+			case <-v.exited:
+				return
+			case <-time.After(2 * time.Second):
+			}
+		}
 		if f != nil {
 			f.sink.Close()
 			v.end(f, nil, 0)
