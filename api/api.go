@@ -96,6 +96,11 @@ type SandboxSpec struct {
 	Name    string   `json:"name,omitempty"`    // default: generated
 	Backend string   `json:"backend,omitempty"` // default: container
 	Layers  []string `json:"layers"`            // topmost first: toolkit, workspace, base
+	// Image is a container image (python:3.12, ghcr.io/org/env:v1,
+	// 127.0.0.1:5000/repo@sha256:...) whose layers stack under Layers,
+	// imported from its registry on first use; its config's environment
+	// and working directory are the defaults of Env and Workdir.
+	Image string `json:"image,omitempty"`
 	// Resources. CPU zero means no limit; Memory and Pids zero mean the
 	// worker's default (HostLimits), Unlimited none of the sandbox's own.
 	CPU    float64 `json:"cpu,omitempty"` // CPUs

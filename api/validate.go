@@ -56,6 +56,12 @@ func (s *SandboxSpec) Validate() error {
 	if s.Snapshot != "" && len(s.Layers) > 0 {
 		return fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
 	}
+	if s.Snapshot != "" && s.Image != "" {
+		return fmt.Errorf("a sandbox starts on a snapshot or on an image, not both (a snapshot knows the layers it was taken on): %w", errdefs.ErrInvalidArgument)
+	}
+	if s.Image != "" && (len(s.Image) > 1024 || strings.ContainsAny(s.Image, " \t\r\n")) {
+		return fmt.Errorf("bad image %q: give NAME[:TAG] or NAME@DIGEST, e.g. python:3.12: %w", s.Image, errdefs.ErrInvalidArgument)
+	}
 	if s.DiskOnly && s.Snapshot == "" {
 		return fmt.Errorf("--disk-only starts a sandbox on a snapshot's files alone: give the snapshot too: %w", errdefs.ErrInvalidArgument)
 	}

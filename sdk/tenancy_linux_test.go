@@ -385,6 +385,27 @@ func TestTenancy(t *testing.T) {
 		}
 	})
 
+	t.Run("images", func(t *testing.T) {
+		// A tenant's create may not make the worker fetch from its own
+		// host or a private network (a registry only it reaches, a
+		// metadata service), on the API or through the E2B front: the
+		// pull's dialer refuses every address that is not public,
+		// whatever name led there.
+		for _, img := range []string{"127.0.0.1:5000/x:1", "10.0.0.1:5000/x:1", "169.254.169.254/latest:1", "localhost:5000/x:1"} {
+			_, err := b.Create(ctx, api.SandboxSpec{Image: img})
+			if !errdefs.IsPermissionDenied(err) {
+				t.Errorf("b's create on %s: %v, want permission denied", img, err)
+			}
+			code, body := te.e2bDo(t, hc, "POST", "/sandboxes", te.tokens["b"], map[string]any{"templateID": "base", "metadata": map[string]string{"image": img}})
+			if code != http.StatusForbidden {
+				t.Errorf("b's E2B create on %s: %d %s, want 403", img, code, body)
+			}
+		}
+		if l, err := b.List(ctx); err != nil || len(l) != 1 {
+			t.Errorf("b lists %+v %v", l, err)
+		}
+	})
+
 	t.Run("squatting", func(t *testing.T) {
 		// A's bb:2 is A's alone: B finds none, the admin builds its own.
 		_, err := b.Create(ctx, api.SandboxSpec{Layers: []string{"bb:2"}})

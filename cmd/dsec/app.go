@@ -58,6 +58,18 @@ type Config struct {
 	MicroVM MicroVMConfig `mapstructure:"microvm"`
 	// The resolvers of sandboxes with domain rules (egress.Config).
 	DNS DNSConfig `mapstructure:"dns"`
+	// How images are pulled from registries.
+	Registries RegistriesConfig `mapstructure:"registries"`
+}
+
+// RegistriesConfig says how images are pulled (image.Options).
+type RegistriesConfig struct {
+	// Insecure lists registries (HOST[:PORT]) spoken to over plain
+	// HTTP; one on a loopback address always is.
+	Insecure []string `mapstructure:"insecure"`
+	// Platform is the OS/ARCH[/VARIANT] taken from a multi-platform
+	// image; "": the host's.
+	Platform string `mapstructure:"platform"`
 }
 
 // APIConfig bounds the requests the worker serves at once over TCP and
@@ -95,12 +107,17 @@ type E2BConfig struct {
 	Listen    string                 `mapstructure:"listen"`
 	Domain    string                 `mapstructure:"domain"`
 	Templates map[string]E2BTemplate `mapstructure:"templates"`
+	// ImageKeys are the create metadata keys that name a container
+	// image, as trainers send one (default: image).
+	ImageKeys []string `mapstructure:"image_metadata_keys"`
 }
 
 // E2BTemplate is an E2B template ID the config names: layers (toolkit
-// first) and the defaults of the sandboxes made from it.
+// first), an image under them, and the defaults of the sandboxes made
+// from it.
 type E2BTemplate struct {
 	Layers  []string `mapstructure:"layers"`
+	Image   string   `mapstructure:"image"`
 	CPU     float64  `mapstructure:"cpu"`
 	Memory  string   `mapstructure:"memory"`
 	Disk    string   `mapstructure:"disk"`
@@ -267,8 +284,11 @@ passes it is dropped and the result says so) and FnCall pools (pools.NAME.size, 
 (listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; api.max_requests, 4096, and
 api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
 token, past which they are answered busy), its E2B front (e2b.listen:
-HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
-.env, .workdir, .userns: see dsec daemon), the microvm backend (microvm.kernel: the guest kernel's
+HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .image, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
+.env, .workdir, .userns: see dsec daemon; e2b.image_metadata_keys, [image]: the create metadata keys that name an
+image), how images are pulled (registries.platform: OS/ARCH[/VARIANT] taken from a multi-platform image, default
+this host's; registries.insecure: HOST[:PORT]s spoken to over plain HTTP, beside those on loopback, which always
+are; credentials as docker login left them, or DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD), the microvm backend (microvm.kernel: the guest kernel's
 directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
 fill; microvm.accel: auto, kvm or tcg; microvm.qemu: QEMU's binary; microvm.agent: the guest's static dsec-init;
 microvm.boot_timeout: 10s under KVM, 90s under TCG), the resolvers of sandboxes with domain rules (dns.upstream:

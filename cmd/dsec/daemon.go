@@ -82,8 +82,13 @@ with E2B-based frameworks" says what maps to what.
 					return err
 				}
 			}
+			registries, err := a.registryOptions("")
+			if err != nil {
+				return err
+			}
 			cfg := worker.Config{
-				Root: a.cfg.Root, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
+				Registries: registries,
+				Root:       a.cfg.Root, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
 				Fetcher:     lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
 				Log:         a.log,
 				ExitIdle:    exitIdle,
@@ -109,7 +114,7 @@ with E2B-based frameworks" says what maps to what.
 			if f.Changed("tls-client-ca") {
 				cfg.TLS.ClientCA = tlsCfg.ClientCA
 			}
-			cfg.E2B.Listen, cfg.E2B.Domain = a.cfg.E2B.Listen, a.cfg.E2B.Domain
+			cfg.E2B.Listen, cfg.E2B.Domain, cfg.E2B.ImageKeys = a.cfg.E2B.Listen, a.cfg.E2B.Domain, a.cfg.E2B.ImageKeys
 			if f.Changed("e2b-listen") {
 				cfg.E2B.Listen = e2bListen
 			}
@@ -192,10 +197,10 @@ func waitExit(ctx context.Context, pid int, d time.Duration) error {
 func (a *app) e2bTemplates() (map[string]api.SandboxSpec, error) {
 	out := map[string]api.SandboxSpec{}
 	for name, t := range a.cfg.E2B.Templates {
-		if len(t.Layers) == 0 {
-			return nil, usageError{fmt.Errorf("e2b.templates.%s: give its layers (a list of refs, toolkit first)", name)}
+		if len(t.Layers) == 0 && t.Image == "" {
+			return nil, usageError{fmt.Errorf("e2b.templates.%s: give its layers (a list of refs, toolkit first), or an image, or both", name)}
 		}
-		spec := api.SandboxSpec{Layers: t.Layers, CPU: t.CPU, Pids: t.Pids, PolicyName: t.Policy, Backend: t.Backend, Class: t.Class,
+		spec := api.SandboxSpec{Layers: t.Layers, Image: t.Image, CPU: t.CPU, Pids: t.Pids, PolicyName: t.Policy, Backend: t.Backend, Class: t.Class,
 			Env: t.Env, Workdir: t.Workdir, UserNS: t.UserNS}
 		for _, size := range []struct {
 			key, v string

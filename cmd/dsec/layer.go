@@ -51,8 +51,8 @@ func (a *app) openStore() (*store.Store, error) {
 }
 
 type buildFlags struct {
-	kind, tag, order string
-	force, json      bool
+	kind, tag, order, platform string
+	force, json                bool
 }
 
 func (a *app) layerBuild() *cobra.Command {
@@ -68,6 +68,10 @@ SRC is one of:
   FILE       an image archive (docker save output or an OCI image layout tarball),
              flattened in layer order with whiteouts applied
   -          a tar, tar.gz or tar.zst stream on standard input
+  docker://IMAGE, oci://HOST[:PORT]/REPO[:TAG|@DIGEST]
+             an image in a registry, imported as dsec image pull does: one EROFS layer
+             for each of its layers (--kind and -t are not needed; the image is named by
+             its reference), layers the store holds already not fetched again
 
 Modes, owners, nanosecond mtimes, every xattr, hard links (one inode), symlinks, devices,
 fifos, sockets and sparse files survive. AUFS whiteouts (.wh.NAME, .wh..wh..opq) in a plain
@@ -90,6 +94,9 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
   # a workspace from a tarball on stdin, as JSON
   git archive HEAD | dsec layer build - --kind workspace -t myrepo:abc123 --json
 
+  # import an image from a registry, one EROFS layer per image layer
+  dsec layer build docker://python:3.12
+
   # flatten an image saved with docker save
   dsec layer build ./python.tar --kind base -t python:3.12
 
@@ -98,6 +105,9 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
   dsec layer build ./rootfs --kind base -t debian/bookworm:2026.11p --order step.profile`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.HasPrefix(args[0], "docker://") || strings.HasPrefix(args[0], "oci://") {
+				return a.buildFromRegistry(cmd, args[0], f)
+			}
 			if f.kind == "" {
 				return usageError{fmt.Errorf("layer build needs --kind base, workspace or toolkit")}
 			}
@@ -152,10 +162,27 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 	fl.BoolVar(&f.force, "force", false, "replace an existing tag that names other content")
 	fl.StringVar(&f.order, "order", "", "lay out the data the access profile FILE names first, in its order (see dsec layer profile)")
 	fl.BoolVar(&f.json, "json", false, "print the layer as JSON (digest, size, name, kind, metadata, ...)")
+	fl.StringVar(&f.platform, "platform", "", "OS/ARCH[/VARIANT] to take from a multi-platform image (docker:// and oci:// sources)")
 	_ = cmd.RegisterFlagCompletionFunc("kind", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return []string{"base", "workspace", "toolkit"}, cobra.ShellCompDirectiveNoFileComp
 	})
 	return cmd
+}
+
+// buildFromRegistry imports a docker:// or oci:// source as an image.
+func (a *app) buildFromRegistry(cmd *cobra.Command, src string, f buildFlags) error {
+	if f.kind != "" && f.kind != string(layer.KindBase) || f.tag != "" || f.order != "" {
+		return usageError{fmt.Errorf("%s is an image: its layers are base layers named by their digests, and the image by its reference: drop --kind, -t and --order", src)}
+	}
+	img, err := a.pullImage(cmd, src, f.platform)
+	if err != nil {
+		return err
+	}
+	if f.json {
+		return a.printJSON(img)
+	}
+	_, err = fmt.Fprintln(a.stdout, strings.Join(img.Refs(), "\n"))
+	return err
 }
 
 type barProgress struct{ bar *progressbar.ProgressBar }

@@ -174,6 +174,37 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				ts.Defer(srv.Close)
 				ts.Setenv(args[0], strings.TrimPrefix(srv.URL, "http://"))
 			},
+			// registryimages VAR: a registry on 127.0.0.1 (VAR its
+			// address) holding busybox images built with umoci:
+			// env:base (APP=base, workdir /srv), and env:tools and
+			// env:fresh, a layer each over env:base's; VAR_STORE is the
+			// address as the store's tags name it.
+			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
+				exe, err := layertest.Registry()
+				ts.Check(err)
+				addr, stop, err := layertest.RunRegistry(exe, ts.MkAbs("registry"), "")
+				ts.Check(err)
+				ts.Defer(stop)
+				l, err := layertest.NewLayout(ts.MkAbs("layout"))
+				ts.Check(err)
+				ts.Check(l.Layer("", "base", func(root string) error {
+					if err := layertest.MakeBusyboxRoot(root); err != nil {
+						return err
+					}
+					return os.Mkdir(filepath.Join(root, "srv"), 0o755)
+				}))
+				ts.Check(l.Umoci("config", "--image", l.Dir+":base", "--config.env", "APP=base", "--config.env", "PATH=/bin", "--config.workingdir", "/srv"))
+				for _, tag := range []string{"tools", "fresh"} {
+					ts.Check(l.Layer("base", tag, func(root string) error {
+						return os.WriteFile(filepath.Join(root, tag), []byte(tag+"\n"), 0o644)
+					}))
+				}
+				for _, tag := range []string{"base", "tools", "fresh"} {
+					ts.Check(l.Push(addr, "env", tag))
+				}
+				ts.Setenv(args[0], addr)
+				ts.Setenv(args[0]+"_STORE", strings.Replace(addr, ":", "_", 1)) // as its store tags name it
+			},
 			"mkarchive": func(ts *testscript.TestScript, neg bool, args []string) {
 				if len(args) != 2 {
 					ts.Fatalf("usage: mkarchive docker|oci|tar FILE")

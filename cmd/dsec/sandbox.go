@@ -157,11 +157,14 @@ type runFlags struct {
 func (a *app) runCommand() *cobra.Command {
 	var f runFlags
 	cmd := &cobra.Command{
-		Use:   "run --base REF [--workspace REF] [--toolkit REF] [flags] [-- CMD [ARG...]]",
+		Use:   "run (--base REF | --image IMAGE) [--workspace REF] [--toolkit REF] [flags] [-- CMD [ARG...]]",
 		Short: "Create a sandbox on layers and run a command in it",
 		Long: `Run composes the layers (toolkit over workspace over base, each mounted from the local
 store, or lazily from the configured remote when the store lacks it) under a writable upper
-of the sandbox's own, starts the sandbox and runs CMD in it, streaming its output. The
+of the sandbox's own; --image puts a container image's layers at the bottom instead of a
+base (imported from its registry on first use, as dsec image pull does; its environment and
+working directory are the defaults of --env and --workdir, and CMD is run, not the image's
+own command), starts the sandbox and runs CMD in it, streaming its output. The
 sandbox lives on after CMD (its files and background processes persist for later
 dsec exec steps) unless --rm is given: then the worker removes it when CMD ends, or when
 this client goes away (interrupted or killed), and its name is free again; with -d, run prints the sandbox's name and returns,
@@ -177,7 +180,10 @@ CMD's exec id is --id (default "run").
   # a stateful sandbox for a rollout, then steps in it
   dsec run -d --name rollout-7 --base debian:12 --workspace repo:abc123 --toolkit harness:3 \
       --cpu 1 --memory 2G --disk 10G --env PYTHONDONTWRITEBYTECODE=1 --workdir /work
-  dsec exec --id step-1 rollout-7 -- pytest -x`,
+  dsec exec --id step-1 rollout-7 -- pytest -x
+
+  # an environment named by its image, a workspace and a harness over it
+  dsec run --rm --image python:3.12 --workspace repo:abc123 --toolkit harness:3 -- python -m pytest`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runError(a.run(cmd.Context(), f, args))
 		},
@@ -207,8 +213,8 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		if len(args) == 0 || f.detach || f.name != "" || f.asJSON {
 			return usageError{errors.New("--backend fncall runs CMD in a sandbox discarded after it: give a command, and no -d, --name or --json")}
 		}
-		if f.base == "" && f.pool == "" {
-			return usageError{errors.New("--backend fncall needs --pool NAME or --base REF (dsec pool ls lists the pools)")}
+		if f.base == "" && f.image == "" && f.pool == "" {
+			return usageError{errors.New("--backend fncall needs --pool NAME, --base REF or --image IMAGE (dsec pool ls lists the pools)")}
 		}
 		spec, err := a.spec(f.specFlags)
 		if err != nil {
@@ -216,8 +222,8 @@ func (a *app) run(ctx context.Context, f runFlags, args []string) error {
 		}
 		return a.call(ctx, f.pool, &spec, false, execFlags{tty: f.tty, stdin: f.stdin}, args)
 	}
-	if f.base == "" {
-		return usageError{errors.New("run needs --base REF (dsec layer ls lists the layers)")}
+	if f.base == "" && f.image == "" {
+		return usageError{errors.New("run needs --base REF (dsec layer ls lists the layers) or --image IMAGE (e.g. python:3.12)")}
 	}
 	if len(args) == 0 && !f.detach {
 		return usageError{errors.New("give a command after --, or -d to keep the sandbox running idle")}

@@ -27,6 +27,7 @@ func layerStack(toolkit, workspace, base string) []string {
 // template.
 type specFlags struct {
 	base, workspace, toolkit string
+	image                    string
 	hostname                 string
 	cpu, cpuRequest          float64
 	memory, memoryRequest    string
@@ -41,6 +42,7 @@ type specFlags struct {
 
 func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
+	fl.StringVar(&f.image, "image", "", "a container image (python:3.12, ghcr.io/org/env:v1) whose layers go under the others, pulled on first use")
 	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
 	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
 	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
@@ -60,7 +62,10 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 // spec is the sandbox the flags describe.
 func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname,
-		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns}
+		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns, Image: f.image}
+	if f.image != "" && f.base != "" {
+		return spec, usageError{fmt.Errorf("--image and --base are both a sandbox's bottom: give one (a workspace and a toolkit stack on either)")}
+	}
 	if err := sizes(&spec, f.memory, f.disk); err != nil {
 		return spec, err
 	}
@@ -104,7 +109,7 @@ func (a *app) call(ctx context.Context, pool string, spec *api.SandboxSpec, rm b
 		return err
 	}
 	opts := sdk.CallOptions{Pool: pool, Spec: spec, Run: rm, ExecOptions: sdk.ExecOptions{ID: f.id, Args: args}}
-	if pool != "" && len(spec.Layers) == 0 {
+	if pool != "" && len(spec.Layers) == 0 && spec.Image == "" {
 		opts.Spec = nil
 	}
 	defer a.streams(&opts.ExecOptions, f)()

@@ -248,7 +248,38 @@ func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (contex
 			}
 		}
 	}
+	if looksLikeImage(id) {
+		return ctx, api.SandboxSpec{Image: strings.TrimPrefix(id, "docker://")}, nil
+	}
 	return ctx, api.SandboxSpec{Layers: []string{id}}, nil
+}
+
+// imageOf is the image a create's metadata names under one of the image
+// keys, if any.
+func (s *Server) imageOf(md map[string]string) string {
+	keys := s.opts.ImageKeys
+	if keys == nil {
+		keys = []string{"image"}
+	}
+	for _, k := range keys {
+		if v := strings.TrimSpace(md[k]); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// looksLikeImage says whether a template ID names a container image
+// rather than a layer: docker:// or oci://, or a name whose first
+// component is a registry (it holds a '.' or a ':', or is localhost,
+// as Docker reads names). A Docker Hub name is a layer's unless it
+// says docker:// (python:3.12 could be either).
+func looksLikeImage(id string) bool {
+	if strings.HasPrefix(id, "docker://") || strings.HasPrefix(id, "oci://") {
+		return true
+	}
+	first, _, ok := strings.Cut(id, "/")
+	return ok && (strings.ContainsAny(first, ".:") || first == "localhost")
 }
 
 func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error {
@@ -266,8 +297,15 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err != nil {
 		return err
 	}
-	ctx, spec, err := s.template(r.Context(), c, req.TemplateID)
-	if err != nil {
+	var ctx context.Context
+	var spec api.SandboxSpec
+	if img := s.imageOf(req.Metadata); img != "" {
+		ctx, spec = r.Context(), api.SandboxSpec{Image: img}
+		if t, ok := s.opts.Templates[req.TemplateID]; ok {
+			ctx, spec = withTemplate(ctx, req.TemplateID), t
+			spec.Layers, spec.Env, spec.Image = slices.Clone(t.Layers), slices.Clone(t.Env), img
+		}
+	} else if ctx, spec, err = s.template(r.Context(), c, req.TemplateID); err != nil {
 		return err
 	}
 	if err := checkMetadata(req.Metadata); err != nil {

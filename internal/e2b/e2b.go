@@ -84,6 +84,11 @@ type Options struct {
 	// Templates are the template IDs the config names (e2b.templates);
 	// any other ID is a snapshot (NAME:STEP) or a single layer ref.
 	Templates map[string]api.SandboxSpec
+	// ImageKeys are the create metadata keys that name a container image
+	// for the sandbox (nil: "image"), as RL trainers send one with no
+	// template: the sandbox is the image's, under the layers of the
+	// template ID if the config names it.
+	ImageKeys []string
 	// Domain is what the create and connect answers give as the
 	// sandboxes' domain (none: the SDK's own default is not used, it
 	// routes by headers to E2B_SANDBOX_URL).

@@ -49,6 +49,9 @@ const (
 	// KindSnapshot is a sandbox's changes over the layers it ran on,
 	// made by dsec snap pack-diff; its config names those layers.
 	KindSnapshot Kind = "snapshot"
+	// KindImage is no layer: an image's record (package image), its
+	// layers in order and its config, tagged in the same index.
+	KindImage Kind = "image"
 )
 
 // Kinds lists the valid kinds.
@@ -197,8 +200,15 @@ type BuildOptions struct {
 	// regular file (erofs.Writer.Plan), so the image is hashed as it is
 	// written. SourceKind names it in the config.
 	Walk       func(context.Context, *erofs.Writer) error
-	SourceKind string
-	Snapshot   *Lineage // a snapshot layer's lineage
+	SourceKind string // also names a stream (Source "-") in the config
+	// Verify, when set, runs once the source was converted and before
+	// anything is stored: an error (a digest that does not match) keeps
+	// the layer out of the store.
+	Verify func() error
+	// Implied gives the attributes of directories a tar holds only
+	// because it adds something below them (erofs.Writer.SetImplied).
+	Implied  func(p string) (erofs.Attr, bool)
+	Snapshot *Lineage // a snapshot layer's lineage
 
 	// Order lists the files (or parts of them) whose data goes first, in
 	// this order: an access profile (see lazy.Profile and ParseProfile).
@@ -240,6 +250,9 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		if src, err = openSource(o.Source, o.Stdin); err != nil {
 			return nil, err
 		}
+		if o.SourceKind != "" {
+			src.kind = o.SourceKind
+		}
 	}
 	defer src.close()
 	if len(o.Order) > 0 && !src.planned {
@@ -269,11 +282,17 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		h.onData = func(n int) { o.Progress.Add(int64(n)) }
 		w.Observe(h)
 	}
+	w.SetImplied(o.Implied)
 	if err := w.SetOrder(o.Order); err != nil {
 		return nil, fmt.Errorf("--order: %w", err)
 	}
 	if err := src.add(ctx, w, o.Progress); err != nil {
 		return nil, storeErr(err)
+	}
+	if o.Verify != nil {
+		if err := o.Verify(); err != nil {
+			return nil, err
+		}
 	}
 	st, err := w.Finish()
 	if err != nil {

@@ -141,6 +141,9 @@ func List(ctx context.Context, s *store.Store) ([]*Info, error) {
 	}
 	out := make([]*Info, 0, len(tags))
 	for _, t := range tags {
+		if t.Annotations[AnnotationKind] == string(KindImage) {
+			continue
+		}
 		i, err := load(s, t)
 		if err != nil {
 			return nil, err
@@ -163,6 +166,9 @@ func Resolve(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 	d, err := s.Resolve(ctx, r.String())
 	if err != nil {
 		return nil, fmt.Errorf("no layer %s in the store (dsec layer ls lists them): %w", r, errdefs.ErrNotFound)
+	}
+	if d.Annotations[AnnotationKind] == string(KindImage) {
+		return nil, fmt.Errorf("%s is an image, a stack of layers: name it as an image (dsec run --image, dsec image inspect): %w", r, errdefs.ErrInvalidArgument)
 	}
 	return load(s, d)
 }

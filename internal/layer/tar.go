@@ -290,7 +290,7 @@ func addTar(ctx context.Context, w *erofs.Writer, r io.Reader, p Progress) error
 		return err
 	}
 	defer done()
-	if err := w.Mkdir("", erofs.Attr{Mode: 0o755}); err != nil {
+	if err := w.Mkdir("", w.Implied("")); err != nil {
 		return err
 	}
 	if err := newTarAdder(w, p).addLayer(ctx, plain, nil); err != nil {
@@ -302,3 +302,7 @@ func addTar(ctx context.Context, w *erofs.Writer, r io.Reader, p Progress) error
 	}
 	return nil
 }
+
+// Decompress returns the plain stream of r, gzip or zstd or neither, as
+// the layer's own sources are read; done releases the decoder.
+func Decompress(r io.Reader) (plain io.Reader, done func(), err error) { return decompress(r) }

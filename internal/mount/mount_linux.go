@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -44,6 +45,11 @@ func (m Mount) Mount(target string) error {
 		}()
 		if err != nil {
 			return fmt.Errorf("mount %s on %s: %w", m, target, err)
+		}
+		// Each layer takes ~17 bytes as a descriptor's path: some 240
+		// fit the page mount(2) takes (overlayfs stacks 500 at most).
+		if n := len(strings.Join(data, ",")); n >= os.Getpagesize() {
+			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): %w", lowerCount(data), n, errdefs.ErrOutOfRange)
 		}
 	}
 	source := m.Source
@@ -138,6 +144,16 @@ func layersByDescriptor(data []string) ([]int, error) {
 		}
 	}
 	return fds, nil
+}
+
+// lowerCount is how many layers an overlay's options stack.
+func lowerCount(data []string) int {
+	for _, o := range data {
+		if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+			return len(splitLowers(v))
+		}
+	}
+	return 0
 }
 
 // splitLowers undoes escapeLowers.

@@ -3,10 +3,13 @@ package mount_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
@@ -95,5 +98,41 @@ func TestMountIDMappedRefuses(t *testing.T) {
 		if err := m.MountIDMapped(dir, -1, 0); err == nil {
 			t.Errorf("%s: idmapped", what)
 		}
+	}
+}
+
+// TestOverlayManyLayers: an overlay stacks as many layers as their
+// descriptors' paths fit in a page, however long their own paths are
+// (an image of Docker's most, 127 layers, with room to spare); past
+// that the error says so.
+func TestOverlayManyLayers(t *testing.T) {
+	layertest.RequireRoot(t)
+	base := filepath.Join(t.TempDir(), strings.Repeat("a-long-directory-name-", 4))
+	var lowers []string
+	for i := range 300 {
+		d := filepath.Join(base, fmt.Sprintf("layer-%03d", i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("f%03d", i)), []byte("x"), 0o644)
+		lowers = append(lowers, d)
+	}
+	rw := t.TempDir()
+	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
+	os.Mkdir(upper, 0o755)
+	os.Mkdir(work, 0o755)
+	merged := t.TempDir()
+	if err := mount.Overlay(lowers[:150], upper, work).Mount(merged); err != nil {
+		t.Fatalf("150 layers of %d-byte paths: %v", len(lowers[0]), err)
+	}
+	ents, _ := os.ReadDir(merged)
+	mount.Unmount(merged)
+	if len(ents) != 150 {
+		t.Errorf("the stack of 150 shows %d files", len(ents))
+	}
+	err := mount.Overlay(lowers, upper, work).Mount(merged)
+	if !errdefs.IsOutOfRange(err) || !strings.Contains(err.Error(), "300 layers are too many to stack") {
+		mount.Unmount(merged)
+		t.Fatalf("300 layers: %v", err)
 	}
 }

@@ -228,15 +228,15 @@ class Client:
     async def version(self) -> Dict[str, Any]:
         return await self._json("GET", _wire.path("/version"))
 
-    async def create(self, layers: Sequence[str], name: Optional[str] = None, cpu: Optional[float] = None,
+    async def create(self, layers: Sequence[str] = (), name: Optional[str] = None, cpu: Optional[float] = None,
                      memory: Optional[int] = None, env: Env = None, workdir: Optional[str] = None,
                      policy: Union[str, Mapping[str, Any], None] = None, backend: Optional[str] = None,
-                     **spec: Any) -> "Sandbox":
+                     image: Optional[str] = None, **spec: Any) -> "Sandbox":
         """See dsec.Client.create."""
         if "class_" in spec:
             spec["class"] = spec.pop("class_")
         d = await self._json("POST", _wire.path("/sandboxes"),
-                             _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, **spec))
+                             _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, image=image, **spec))
         return Sandbox(self, d["name"])
 
     def sandbox(self, name: str) -> "Sandbox":

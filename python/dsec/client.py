@@ -122,18 +122,20 @@ class Client:
         """Who the worker is: its version, API, pid, backends, limits, features."""
         return self._json("GET", _wire.path("/version"))
 
-    def create(self, layers: Sequence[str], name: Optional[str] = None, cpu: Optional[float] = None,
+    def create(self, layers: Sequence[str] = (), name: Optional[str] = None, cpu: Optional[float] = None,
                memory: Optional[int] = None, env: Env = None, workdir: Optional[str] = None,
                policy: Union[str, Mapping[str, Any], None] = None, backend: Optional[str] = None,
-               **spec: Any) -> "Sandbox":
+               image: Optional[str] = None, **spec: Any) -> "Sandbox":
         """Create and start a sandbox on layers (topmost first: toolkit,
-        workspace, base). memory in bytes; policy a stored policy's name or
-        a policy document; spec: any other api.SandboxSpec field (pids, disk,
-        class_, hostname, userns, snapshot)."""
+        workspace, base), or on a container image (image="python:3.12",
+        pulled on first use) with any layers over it. memory in bytes; policy
+        a stored policy's name or a policy document; spec: any other
+        api.SandboxSpec field (pids, disk, class_, hostname, userns,
+        snapshot)."""
         if "class_" in spec:
             spec["class"] = spec.pop("class_")
         d = self._json("POST", _wire.path("/sandboxes"),
-                       _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, **spec))
+                       _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, image=image, **spec))
         return Sandbox(self, d["name"])
 
     def sandbox(self, name: str) -> "Sandbox":

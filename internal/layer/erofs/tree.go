@@ -27,8 +27,26 @@ func SplitPath(p string) ([]string, error) {
 	return out, nil
 }
 
+// Implied returns the attributes of a directory the image holds only
+// because something is added below it, as SetImplied says.
+func (w *Writer) Implied(p string) Attr {
+	if w.implied != nil {
+		if a, ok := w.implied(p); ok {
+			a.Mode = a.Mode&^S_IFMT | S_IFDIR
+			return a
+		}
+	}
+	return Attr{Mode: S_IFDIR | 0o755}
+}
+
+// SetImplied gives the attributes of the directories the image holds
+// only because something is added below them (and of its root): f's,
+// where it says so; else mode 0755, owner 0, mtime 0. A layer that goes
+// over others takes them from those (a tar names only what changed).
+func (w *Writer) SetImplied(f func(p string) (Attr, bool)) { w.implied = f }
+
 // lookup walks to p; with create it makes missing parent directories
-// (mode 0755, owner 0, mtime 0). It returns the parent and the final name.
+// (as Implied says). It returns the parent and the final name.
 func (w *Writer) lookup(p string) (parent *node, name string, err error) {
 	parts, err := SplitPath(p)
 	if err != nil {
@@ -38,11 +56,11 @@ func (w *Writer) lookup(p string) (parent *node, name string, err error) {
 		return nil, "", nil
 	}
 	dir := w.root
-	for _, c := range parts[:len(parts)-1] {
+	for i, c := range parts[:len(parts)-1] {
 		next := dir.children[c]
 		if next == nil {
 			next = &node{name: c, parent: dir, children: map[string]*node{},
-				ino: &inode{Attr: Attr{Mode: S_IFDIR | 0o755}, nlink: 1}}
+				ino: &inode{Attr: w.Implied(strings.Join(parts[:i+1], "/")), nlink: 1}}
 			dir.children[c] = next
 		} else if next.ino.Mode&S_IFMT != S_IFDIR {
 			return nil, "", fmt.Errorf("%w: %q: %q is not a directory", ErrInvalid, p, c)

@@ -55,6 +55,7 @@ type Writer struct {
 	rank    map[string]int // SetOrder: position of a path
 	hot     [][]BlockRange // SetOrder: per position, the hot blocks (nil: all)
 	observe Observer
+	implied func(p string) (Attr, bool) // SetImplied
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of

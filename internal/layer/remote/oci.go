@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
+	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -27,9 +31,23 @@ type OCI struct {
 }
 
 func openOCI(host, repo string, o Options) *OCI {
+	return &OCI{host: host, repo: repo, o: o, client: Client(host, o)}
+}
+
+// Client is a registry client for host: credentials from o, else as
+// docker login left them (the config file and its credential helpers);
+// bearer tokens cached; retries on the errors worth retrying.
+func Client(host string, o Options) *auth.Client {
 	c := &auth.Client{Client: retry.DefaultClient, Cache: auth.NewCache()}
+	if o.PublicOnly {
+		c.Client = &http.Client{Transport: retry.NewTransport(&http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 30 * time.Second, Control: publicOnly}).DialContext,
+			TLSHandshakeTimeout: 30 * time.Second, ForceAttemptHTTP2: true,
+		})}
+	}
 	c.SetUserAgent("dsec")
 	switch {
+	case o.Anonymous:
 	case o.Username != "" || o.Password != "":
 		c.Credential = auth.StaticCredential(host, auth.Credential{Username: o.Username, Password: o.Password})
 	default:
@@ -37,7 +55,7 @@ func openOCI(host, repo string, o Options) *OCI {
 			c.Credential = credentials.Credential(store)
 		}
 	}
-	return &OCI{host: host, repo: repo, o: o, client: c}
+	return c
 }
 
 func (t *OCI) String() string { return "oci://" + t.host + "/" + t.repo }
@@ -58,6 +76,9 @@ type ociRepo struct {
 	ref  layer.Ref
 	name string
 }
+
+// Classify turns registry errors into errdefs classes with a hint.
+func Classify(err error) error { return classify(err) }
 
 // classify turns registry errors into errdefs classes with a hint.
 func classify(err error) error {
@@ -121,4 +142,19 @@ func (r ociRepo) Tag(ctx context.Context, d ocispec.Descriptor, force bool) erro
 func EnvCredentials(o *Options) {
 	o.Username = os.Getenv("DSEC_REGISTRY_USERNAME")
 	o.Password = os.Getenv("DSEC_REGISTRY_PASSWORD")
+}
+
+// publicOnly refuses a connection to this host, or to a private or
+// link-local network: checked on the address dialled, so no name that
+// resolves there (now, or after a redirect) reaches it.
+func publicOnly(network, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
+		return fmt.Errorf("%s is not a public address: %w", host, errdefs.ErrPermissionDenied)
+	}
+	return nil
 }

@@ -52,6 +52,11 @@ type Options struct {
 	Insecure bool
 	// Username and Password, if set, override the docker config file.
 	Username, Password string
+	// Anonymous: no credentials at all, the docker config's neither.
+	Anonymous bool
+	// PublicOnly: connect to public addresses only (not this host, nor
+	// a private or link-local network).
+	PublicOnly bool
 }
 
 // Open opens a remote URL: dir:///PATH or oci://HOST[:PORT]/REPOSITORY.

@@ -88,7 +88,7 @@ func (w *worker) serveE2B(ctx context.Context, l net.Listener, routes http.Handl
 	transport := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return pipe.Dial(ctx) },
 		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}
 	front, err := e2b.New(e2b.Options{Transport: transport, Dir: filepath.Join(w.cfg.Root, "e2b"),
-		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, Log: w.log,
+		Templates: w.cfg.E2B.Templates, Domain: w.cfg.E2B.Domain, ImageKeys: w.cfg.E2B.ImageKeys, Log: w.log,
 		Authorize: func(key string) (string, bool, error) {
 			t, err := w.tokens.Check(key, time.Now())
 			return t.ID, t.Scope == auth.Admin, err

@@ -101,6 +101,9 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 			return nil, err
 		}
 	}
+	if err := w.withImage(ctx, &spec); err != nil {
+		return nil, err
+	}
 	if mb := w.mounter.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
 		// A memory snapshot's branch continues its guest, a microVM of
 		// its RAM, by default.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/egress"
+	"github.com/dsec-project/dsec/internal/layer/image"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
@@ -29,8 +30,12 @@ type Config struct {
 	Version  string // reported by GET /v1/version
 	Remote   remote.Target
 	Insecure bool
-	Fetcher  lazy.Start  // how to start a lazy layer's fetcher
-	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
+	// Registries says how images a create names are pulled on first
+	// use (platform, insecure registries; credentials as docker login
+	// left them, or DSEC_REGISTRY_*).
+	Registries image.Options
+	Fetcher    lazy.Start  // how to start a lazy layer's fetcher
+	Cache      lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
 	// SnapLimits bound pack-diff where a request does not (snap.max_*).
 	SnapLimits snap.Limits
 	Log        *slog.Logger
@@ -86,6 +91,7 @@ type E2B struct {
 	Listen    string
 	Templates map[string]api.SandboxSpec
 	Domain    string
+	ImageKeys []string // e2b.Options.ImageKeys
 }
 
 // TLS is where a TCP listener's certificate and key are, and the CA

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
@@ -135,10 +134,9 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		unix.Close(ns)
 	} else {
 		for _, m := range s.RootFS {
-			if n := len(strings.Join(m.Options, ",")); n >= os.Getpagesize() {
-				return out, fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): fold the snapshot chain with dsec snap squash: %w", len(s.Layers), n, errdefs.ErrOutOfRange)
-			}
-			if err := m.Mount(rootfs); err != nil {
+			if err := m.Mount(rootfs); errdefs.IsOutOfRange(err) {
+				return out, fmt.Errorf("%w: fold the snapshot chain with dsec snap squash", err)
+			} else if err != nil {
 				return out, err
 			}
 		}

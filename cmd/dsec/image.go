@@ -1,0 +1,255 @@
+//go:build !front
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/image"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+)
+
+func (a *app) imageCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:         "image",
+		Short:       "Import container images from registries as stacks of EROFS layers",
+		Annotations: map[string]string{localAnnotation: "true"},
+		Long: `An image is imported from an OCI distribution registry (Docker Hub, ghcr.io, a registry of
+your own) into the store at <root>/store. Each of its layers becomes an EROFS layer of its own,
+tagged oci/sha256/DIFFID:erofs1 by the digest of the layer's tar, so two images that share
+layers store and fetch them once; the image itself is a small record of its layers in order
+and its config (environment, working directory, user, command), which dsec run --image and
+the SDKs apply.
+
+Names are read as docker pull reads them: python:3.12 is docker.io/library/python:3.12.
+Credentials are those docker login left (the config file and its credential helpers), or
+DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD. A registry on a loopback address is
+spoken to over plain HTTP, as Docker does; any other over TLS unless the config file lists it
+under registries.insecure.`,
+	}
+	cmd.AddCommand(a.imagePull(), a.imageList(), a.imageInspect(), a.imageRemove())
+	return cmd
+}
+
+// registryOptions are the pull options of the config and environment.
+func (a *app) registryOptions(platform string) (image.Options, error) {
+	if platform == "" {
+		platform = a.cfg.Registries.Platform
+	}
+	p, err := image.ParsePlatform(platform)
+	if err != nil {
+		return image.Options{}, usageError{err}
+	}
+	var ro remote.Options
+	remote.EnvCredentials(&ro)
+	return image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure}, nil
+}
+
+// pullImage imports ref, with a progress bar on a terminal.
+func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image, error) {
+	r, err := image.ParseReference(ref)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	o, err := a.registryOptions(platform)
+	if err != nil {
+		return nil, err
+	}
+	var bar *progressbar.ProgressBar
+	if a.showProgress() {
+		o.Progress = func(total int64) layer.Progress {
+			bar = progressbar.NewOptions64(total, progressbar.OptionSetWriter(a.stderr),
+				progressbar.OptionSetDescription("pulling "+r.String()), progressbar.OptionShowBytes(true),
+				progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+			return barProgress{bar}
+		}
+	}
+	s, err := a.openStore()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	img, err := image.Import(cmd.Context(), s, r, o)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.log.Info("imported image", "image", img.Reference, "layers", len(img.Layers), "fetched", img.Fetched,
+		"reused", img.Reused, "seconds", time.Since(start).Seconds())
+	return img, nil
+}
+
+func (a *app) imagePull() *cobra.Command {
+	var asJSON bool
+	var platform string
+	cmd := &cobra.Command{
+		Use:   "pull IMAGE",
+		Short: "Import an image from a registry",
+		Long: `Pull imports IMAGE (NAME[:TAG], NAME@DIGEST, docker://NAME or oci://HOST[:PORT]/REPO[:TAG]).
+Every layer the store lacks is fetched once and converted to EROFS as it streams in (nothing
+is unpacked to disk), checked against the blob's digest and the config's diff ID before it is
+stored; a layer that fails its check leaves nothing behind. An image index is resolved to
+--platform (default: the config's registries.platform, else this host's). Pulling a tag again
+moves the image to what the registry names now, fetching only the layers that changed.
+
+Stdout gets the image's layers as a sandbox stacks them (topmost first), or JSON with --json.
+
+` + exitCodesHelp,
+		Example: `  dsec image pull python:3.12
+  dsec image pull ghcr.io/org/swe-env:django-11099 --platform linux/amd64
+  dsec image pull 127.0.0.1:5000/env@sha256:4f1c... --json | jq -r .layers[].ref`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			img, err := a.pullImage(cmd, args[0], platform)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(img)
+			}
+			_, err = fmt.Fprintln(a.stdout, strings.Join(img.Refs(), "\n"))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON (its layers, config and what was fetched)")
+	cmd.Flags().StringVar(&platform, "platform", "", "OS/ARCH[/VARIANT] to take from a multi-platform image")
+	return cmd
+}
+
+func (a *app) imageList() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the images in the store",
+		Example: `  dsec image ls
+  dsec image ls --json | jq -r '.[].reference'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			all, err := image.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if all == nil {
+					all = []*image.Image{}
+				}
+				return a.printJSON(all)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "IMAGE\tPLATFORM\tLAYERS\tSIZE\tMANIFEST")
+			for _, i := range all {
+				var size int64
+				for _, l := range i.Layers {
+					size += l.Size
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", i.Reference, i.Platform, len(i.Layers), humanBytes(size), i.Manifest.Encoded()[:12])
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func (a *app) imageInspect() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect IMAGE",
+		Short: "Show an imported image's layers and config",
+		Long: `Inspect shows an image the store holds: its layers, bottom first (each OCI layer's diff
+ID, blob and the EROFS layer it became), and the config a sandbox takes from it.
+
+` + exitCodesHelp,
+		Example: `  dsec image inspect python:3.12
+  dsec image inspect --json python:3.12 | jq .config.env`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := image.ParseReference(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			img, err := image.Lookup(cmd.Context(), s, r)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(img)
+			}
+			return printImage(a.stdout, img)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printImage(w io.Writer, img *image.Image) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	fmt.Fprintf(tw, "image:\t%s\n", img.Reference)
+	fmt.Fprintf(tw, "manifest:\t%s\n", img.Manifest)
+	fmt.Fprintf(tw, "platform:\t%s\n", img.Platform)
+	fmt.Fprintf(tw, "env:\t%s\n", strings.Join(img.Config.Env, " "))
+	fmt.Fprintf(tw, "workdir:\t%s\n", img.Config.WorkingDir)
+	fmt.Fprintf(tw, "user:\t%s\n", img.Config.User)
+	fmt.Fprintf(tw, "command:\t%s\n", strings.Join(append(append([]string{}, img.Config.Entrypoint...), img.Config.Cmd...), " "))
+	for i, l := range img.Layers {
+		fmt.Fprintf(tw, "layer %d:\t%s (%s, diff %s)\n", i+1, l.Ref, humanBytes(l.Size), l.DiffID.Encoded()[:12])
+	}
+	return tw.Flush()
+}
+
+func (a *app) imageRemove() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "rm IMAGE...",
+		Aliases: []string{"remove"},
+		Short:   "Remove images, and the layers no other image has; dsec layer gc frees their blobs",
+		Long: `Rm removes the images' records and the tags of their layers that no other image has.
+Blobs stay until dsec layer gc, which keeps those a sandbox or a snapshot stands on.
+
+` + exitCodesHelp,
+		Example: `  dsec image rm python:3.12 && dsec layer gc`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("image rm needs at least one IMAGE")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			for _, ref := range args {
+				r, err := image.ParseReference(ref)
+				if err != nil {
+					return usageError{err}
+				}
+				img, err := image.Remove(cmd.Context(), s, r)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(a.stdout, img.Reference)
+			}
+			return nil
+		},
+	}
+	return cmd
+}

@@ -1,0 +1,336 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sync/singleflight"
+	"oras.land/oras-go/v2/content"
+	orasremote "oras.land/oras-go/v2/registry/remote"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Media types of an image's record in the store.
+const (
+	ArtifactType    = "application/vnd.dsec.image.v1"
+	MediaTypeRecord = "application/vnd.dsec.image.record.v1+json"
+)
+
+// errNoPlatform: the image is not for the platform asked for.
+var errNoPlatform = errdefs.ErrNotFound
+
+// Options says how to pull.
+type Options struct {
+	Platform Platform // zero: the host's
+	// Username and Password, when set, are the registry's credentials;
+	// else those docker login left.
+	Username, Password string
+	// Anonymous: no credentials, docker login's neither; PublicOnly: no
+	// registry on this host or a private network (a tenant's pull).
+	Anonymous, PublicOnly bool
+	// Insecure lists registries (HOST[:PORT]) spoken to over plain HTTP
+	// beside those on a loopback address, which always are.
+	Insecure []string
+	// Progress, when set, is given the compressed bytes to fetch once
+	// they are known (not called when the store holds every layer), and
+	// returns what receives them as they arrive.
+	Progress func(total int64) layer.Progress
+}
+
+// Record is an image in the store: its layers, bottom first, and its
+// config. It is the config blob of the image's manifest in the store,
+// whose layers are the layers' own manifests (so a collection keeps
+// them while the image is kept).
+type Record struct {
+	Reference string        `json:"reference"` // as pulled, normalized
+	Manifest  digest.Digest `json:"manifest"`  // the registry's manifest
+	Platform  string        `json:"platform"`
+	Config    Config        `json:"config"`
+	Layers    []Layer       `json:"layers"`
+}
+
+// Layer is one of an image's layers: the OCI layer and the EROFS layer
+// it became.
+type Layer struct {
+	DiffID digest.Digest `json:"diff_id"`  // its tar's sha256
+	Chain  digest.Digest `json:"chain_id"` // it and everything under it
+	Blob   digest.Digest `json:"blob"`     // as the registry holds it
+	Size   int64         `json:"size"`     // the blob's
+	Ref    string        `json:"ref"`      // the EROFS layer's store tag
+	Digest digest.Digest `json:"digest"`   // the EROFS layer's
+}
+
+// Image is an image record in the store.
+type Image struct {
+	Record
+	Tag string        `json:"tag"` // the record's store tag
+	ID  digest.Digest `json:"id"`  // the record's manifest in the store
+	// Fetched and Reused count the layers this import converted and
+	// those the store already held.
+	Fetched int `json:"fetched,omitempty"`
+	Reused  int `json:"reused,omitempty"`
+}
+
+// Refs are the image's layers as a sandbox stacks them: topmost first.
+func (i *Image) Refs() []string {
+	out := make([]string, len(i.Layers))
+	for n, l := range i.Layers {
+		out[len(i.Layers)-1-n] = l.Ref
+	}
+	return out
+}
+
+// pulls makes concurrent imports of one image in one process one.
+var pulls singleflight.Group
+
+// Import pulls ref into s: each layer the store lacks is fetched once,
+// verified against its digests and converted to EROFS as it streams in
+// (nothing is unpacked to disk), and the image's record is tagged by
+// its reference (a tag pulled again moves to what the registry says
+// now). Concurrent imports of one image in a process share one pull;
+// across processes a layer two convert at once is stored once (its
+// conversion is deterministic).
+func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image, error) {
+	if o.Platform == (Platform{}) {
+		o.Platform = HostPlatform()
+	}
+	key := s.Dir() + "\x00" + ref.String() + "\x00" + o.Platform.String()
+	v, err, _ := pulls.Do(key, func() (any, error) { return pull(ctx, s, ref, o) })
+	if err != nil {
+		return nil, err
+	}
+	img := *v.(*Image)
+	return &img, nil
+}
+
+func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image, error) {
+	repo, err := orasremote.NewRepository(ref.Host() + "/" + ref.Repository)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+	}
+	repo.PlainHTTP = ref.Loopback() || slices.Contains(o.Insecure, ref.Registry)
+	repo.Client = remote.Client(ref.Host(), remote.Options{Username: o.Username, Password: o.Password, Anonymous: o.Anonymous, PublicOnly: o.PublicOnly})
+	fail := func(what string, err error) error {
+		if errors.Is(err, layer.ErrBadSource) || errdefs.IsNotFound(err) && errors.Is(err, errNoPlatform) {
+			return fmt.Errorf("%s: %w", ref, err)
+		}
+		return fmt.Errorf("%s: %s: %w", ref, what, remote.Classify(err))
+	}
+	want := ref.Tag
+	if ref.Digest != "" {
+		want = ref.Digest.String()
+	}
+	desc, err := repo.Resolve(ctx, want)
+	if err != nil {
+		if err = remote.Classify(err); errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("%s: the registry has no such image: check its name and tag: %w", ref, errdefs.ErrNotFound)
+		}
+		return nil, fail("resolve", err)
+	}
+	for depth := 0; isIndex(desc.MediaType); depth++ {
+		if depth == 2 {
+			return nil, fail("", fmt.Errorf("%w: image indexes nest too deep", layer.ErrBadSource))
+		}
+		b, err := fetchJSON(ctx, repo, desc)
+		if err != nil {
+			return nil, fail("fetch the index", err)
+		}
+		if desc, err = parseIndex(b, o.Platform); err != nil {
+			return nil, fail("", err)
+		}
+	}
+	mb, err := fetchJSON(ctx, repo, desc)
+	if err != nil {
+		return nil, fail("fetch the manifest", err)
+	}
+	m, err := parseManifest(mb)
+	if err != nil {
+		return nil, fail("", err)
+	}
+	cb, err := fetchJSON(ctx, repo, m.config)
+	if err != nil {
+		return nil, fail("fetch the config", err)
+	}
+	cfg, diffIDs, err := parseConfig(cb, len(m.layers), o.Platform)
+	if err != nil {
+		return nil, fail("", err)
+	}
+	img := &Image{Record: Record{Reference: ref.String(), Manifest: desc.Digest, Platform: o.Platform.String(), Config: cfg}}
+	// What the store holds already is not fetched again.
+	var todo []int
+	var total int64
+	chains := chainIDs(diffIDs)
+	for i, l := range m.layers {
+		tag := LayerTag(chains[i])
+		img.Layers = append(img.Layers, Layer{DiffID: diffIDs[i], Chain: chains[i], Blob: l.Digest, Size: l.Size, Ref: tag.String()})
+		if have, err := layer.Resolve(ctx, s, tag.String()); err == nil {
+			img.Layers[i].Digest = have.Digest
+			img.Reused++
+			continue
+		}
+		todo, total = append(todo, i), total+l.Size
+	}
+	var p layer.Progress = noProgress{}
+	if o.Progress != nil && len(todo) > 0 {
+		if q := o.Progress(total); q != nil {
+			p = q
+		}
+	}
+	for _, i := range todo {
+		var under []digest.Digest
+		for _, l := range img.Layers[:i] {
+			under = append(under, l.Digest)
+		}
+		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p)
+		if err != nil {
+			return nil, fail(fmt.Sprintf("layer %d of %d (%s)", i+1, len(m.layers), m.layers[i].Digest), err)
+		}
+		img.Layers[i].Digest = info.Digest
+		img.Fetched++
+	}
+	if err := record(ctx, s, ref, img); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+type noProgress struct{}
+
+func (noProgress) Add(int64) {}
+
+// fetchJSON reads a manifest, an index or a config whole, bounded, and
+// checks it against its descriptor.
+func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descriptor) ([]byte, error) {
+	if d.Size > maxJSON {
+		return nil, fmt.Errorf("%w: %s is %d bytes, more than a manifest or config may be", layer.ErrBadSource, d.Digest, d.Size)
+	}
+	var rc io.ReadCloser
+	var err error
+	if isIndex(d.MediaType) || d.MediaType == ocispec.MediaTypeImageManifest || d.MediaType == dockerManifest {
+		rc, err = repo.Manifests().Fetch(ctx, d)
+	} else {
+		rc, err = repo.Blobs().Fetch(ctx, d)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := content.ReadAll(rc, d)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", layer.ErrBadSource, d.Digest, err)
+	}
+	return b, nil
+}
+
+// convert streams one OCI layer from the registry into an EROFS layer
+// tagged by its chain: the compressed bytes are checked against the
+// blob's digest and the tar against the diff ID before the layer is
+// stored. under are the EROFS layers below it, bottom first.
+func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress) (*layer.Info, error) {
+	diffID := l.DiffID
+	st, err := openStack(s, under)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	rc, err := repo.Blobs().Fetch(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	vr := content.NewVerifyReader(&counting{r: rc, p: p}, d)
+	plain, done, err := layer.Decompress(vr)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	diffHash := sha256.New()
+	tar := io.TeeReader(plain, diffHash)
+	verify := func() error {
+		if _, err := io.Copy(io.Discard, tar); err != nil {
+			return fmt.Errorf("%w: read the layer: %v", layer.ErrBadSource, err)
+		}
+		if _, err := io.Copy(io.Discard, vr); err != nil {
+			return fmt.Errorf("%w: read the layer: %v", layer.ErrBadSource, err)
+		}
+		if err := vr.Verify(); err != nil {
+			return fmt.Errorf("%w: the blob is not what its digest says (corrupt in the registry or on the way): %v", layer.ErrBadSource, err)
+		}
+		if got := digest.NewDigest(digest.SHA256, diffHash); got != diffID {
+			return fmt.Errorf("%w: the layer's tar has digest %s, the image config says %s", layer.ErrBadSource, got, diffID)
+		}
+		return nil
+	}
+	return layer.Build(ctx, s, layer.BuildOptions{
+		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain),
+		Verify: verify, Implied: st.implied,
+		// The same bytes on every host: the layer's manifest too.
+		Now: func() time.Time { return time.Unix(0, 0) },
+	})
+}
+
+// record writes the image's record and tags it by its reference.
+func record(ctx context.Context, s *store.Store, ref Reference, img *Image) error {
+	tag, err := ref.StoreTag()
+	if err != nil {
+		return err
+	}
+	release, err := s.Writer()
+	if err != nil {
+		return err
+	}
+	defer release()
+	rb, _ := json.Marshal(img.Record)
+	cfg, err := s.WriteBlob(MediaTypeRecord, rb)
+	if err != nil {
+		return err
+	}
+	man := ocispec.Manifest{
+		Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactType, Config: cfg,
+	}
+	for _, l := range img.Layers {
+		d, err := s.Resolve(ctx, l.Ref)
+		if err != nil {
+			return fmt.Errorf("%s: layer %s left the store during the import (a gc?): import again: %w", ref, l.Ref, err)
+		}
+		man.Layers = append(man.Layers, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d.Digest, Size: d.Size})
+	}
+	mb, _ := json.Marshal(man)
+	md, err := s.WriteBlob(ocispec.MediaTypeImageManifest, mb)
+	if err != nil {
+		return err
+	}
+	md.ArtifactType = ArtifactType
+	md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindImage)}
+	if err := s.Tag(ctx, tag.String(), md, true); err != nil {
+		return err
+	}
+	img.Tag, img.ID = tag.String(), md.Digest
+	return nil
+}
+
+// counting tells p of the bytes read.
+type counting struct {
+	r io.Reader
+	p layer.Progress
+}
+
+func (c *counting) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.p.Add(int64(n))
+	return n, err
+}

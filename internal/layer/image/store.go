@@ -1,0 +1,99 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Lookup finds the image ref names in s, imported before.
+func Lookup(ctx context.Context, s *store.Store, ref Reference) (*Image, error) {
+	tag, err := ref.StoreTag()
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.Resolve(ctx, tag.String())
+	if err != nil || d.Annotations[layer.AnnotationKind] != string(layer.KindImage) {
+		return nil, fmt.Errorf("no image %s in the store: import it with dsec image pull %s: %w", ref, ref, errdefs.ErrNotFound)
+	}
+	return load(s, d)
+}
+
+// load reads an image's record from its tagged manifest.
+func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
+	tag := d.Annotations[store.RefAnnotation]
+	mb, err := s.ReadBlob(d.Digest, maxJSON)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", tag, err)
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(mb, &man); err != nil || man.Config.MediaType != MediaTypeRecord {
+		return nil, fmt.Errorf("image %s: its manifest %s is no image record: %w", tag, d.Digest, errdefs.ErrDataLoss)
+	}
+	rb, err := s.ReadBlob(man.Config.Digest, maxJSON)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", tag, err)
+	}
+	img := &Image{Tag: tag, ID: d.Digest}
+	if err := json.Unmarshal(rb, &img.Record); err != nil || len(img.Layers) == 0 {
+		return nil, fmt.Errorf("image %s: its record %s does not parse: %w", tag, man.Config.Digest, errdefs.ErrDataLoss)
+	}
+	return img, nil
+}
+
+// List returns the images in s, in tag order.
+func List(ctx context.Context, s *store.Store) ([]*Image, error) {
+	tags, err := s.Tags(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Image
+	for _, t := range tags {
+		if t.Annotations[layer.AnnotationKind] != string(layer.KindImage) {
+			continue
+		}
+		img, err := load(s, t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
+
+// Remove untags the image ref, and those of its layers no other image
+// has; their blobs go at the next gc, unless a sandbox or a snapshot
+// stands on them.
+func Remove(ctx context.Context, s *store.Store, ref Reference) (*Image, error) {
+	img, err := Lookup(ctx, s, ref)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.Untag(ctx, img.Tag); err != nil {
+		return nil, err
+	}
+	rest, err := List(ctx, s)
+	if err != nil {
+		return img, err
+	}
+	shared := map[string]bool{}
+	for _, o := range rest {
+		for _, l := range o.Layers {
+			shared[l.Ref] = true
+		}
+	}
+	for _, l := range img.Layers {
+		if !shared[l.Ref] {
+			if _, err := s.Untag(ctx, l.Ref); err != nil && !errdefs.IsNotFound(err) {
+				return img, err
+			}
+		}
+	}
+	return img, nil
+}

@@ -1,0 +1,102 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer/image"
+)
+
+// withImage stacks the layers of the image a create names under its
+// own and takes the image's environment and working directory as
+// defaults. An image the store lacks is imported first: before the
+// admission gate, so an import holds no other create back, and once
+// for concurrent creates on one image (image.Import).
+//
+// A tenant's create imports without the worker's credentials (the
+// admin's private images are the admin's to import) and never from a
+// registry on the worker's own host or a private network (the worker
+// would fetch from where only it can reach); an image the admin
+// imported, it uses as it uses the admin's layers.
+func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
+	if spec.Image == "" {
+		return nil
+	}
+	if spec.Snapshot != "" {
+		return fmt.Errorf("a sandbox starts on a snapshot or on an image, not both: %w", errdefs.ErrInvalidArgument)
+	}
+	ref, err := image.ParseReference(spec.Image)
+	if err != nil {
+		return err
+	}
+	img, err := image.Lookup(ctx, w.mounter.Store, ref)
+	if errdefs.IsNotFound(err) {
+		img, err = w.importImage(ctx, ref)
+	}
+	if err != nil {
+		return err
+	}
+	spec.Layers = append(spec.Layers, img.Refs()...)
+	spec.Env = mergeEnv(img.Config.Env, spec.Env)
+	if spec.Workdir == "" {
+		spec.Workdir = img.Config.WorkingDir
+	}
+	return nil
+}
+
+// importImage pulls an image a create names.
+func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.Image, error) {
+	o := w.cfg.Registries
+	if !w.scopeOf(ctx).admin() {
+		if err := publicRegistry(ref); err != nil {
+			return nil, err
+		}
+		o.Anonymous, o.PublicOnly, o.Username, o.Password = true, true, "", ""
+	}
+	o.Progress = nil
+	t0 := time.Now()
+	// The pull outlives a create that gives up: another create may be
+	// waiting on it (single flight), and what it fetched is kept.
+	img, err := image.Import(context.WithoutCancel(ctx), w.mounter.Store, ref, o)
+	if err != nil {
+		return nil, err
+	}
+	w.log.Info("imported image", "image", img.Reference, "layers", len(img.Layers), "fetched", img.Fetched,
+		"reused", img.Reused, "took", time.Since(t0))
+	return img, nil
+}
+
+// publicRegistry refuses, for a tenant, a registry named by an address
+// on the worker's host (the pull's dialer refuses every address that is
+// not public, whatever name resolves to it: this is the early word).
+func publicRegistry(ref image.Reference) error {
+	if ref.Loopback() {
+		return fmt.Errorf("image %s is not in the store, and a token imports only from public registries: ask the worker's admin to dsec image pull it: %w",
+			ref, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// mergeEnv is base with over's variables set over it.
+func mergeEnv(base, over []string) []string {
+	if len(base) == 0 {
+		return over
+	}
+	out := make([]string, 0, len(base)+len(over))
+	set := map[string]bool{}
+	for _, kv := range over {
+		k, _, _ := strings.Cut(kv, "=")
+		set[k] = true
+	}
+	for _, kv := range base {
+		if k, _, _ := strings.Cut(kv, "="); !set[k] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, over...)
+}
