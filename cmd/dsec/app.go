@@ -70,6 +70,15 @@ type RegistriesConfig struct {
 	// Platform is the OS/ARCH[/VARIANT] taken from a multi-platform
 	// image; "": the host's.
 	Platform string `mapstructure:"platform"`
+	// Mirrors are asked first for a registry's images (a list, as a
+	// map's keys would be split at their dots).
+	Mirrors []MirrorConfig `mapstructure:"mirrors"`
+}
+
+// MirrorConfig names the mirrors of a registry, asked in order.
+type MirrorConfig struct {
+	Registry string   `mapstructure:"registry"` // docker.io, ghcr.io, HOST:PORT
+	Hosts    []string `mapstructure:"hosts"`    // HOST[:PORT]
 }
 
 // APIConfig bounds the requests the worker serves at once over TCP and
@@ -288,7 +297,7 @@ HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .image, .cpu, .memory, .disk, 
 .env, .workdir, .userns: see dsec daemon; e2b.image_metadata_keys, [image]: the create metadata keys that name an
 image), how images are pulled (registries.platform: OS/ARCH[/VARIANT] taken from a multi-platform image, default
 this host's; registries.insecure: HOST[:PORT]s spoken to over plain HTTP, beside those on loopback, which always
-are; credentials as docker login left them, or DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD), the microvm backend (microvm.kernel: the guest kernel's
+are; registries.mirrors: a list of {registry, hosts}, the hosts asked first for that registry's images; credentials as docker login left them, or DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD), the microvm backend (microvm.kernel: the guest kernel's
 directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
 fill; microvm.accel: auto, kvm or tcg; microvm.qemu: QEMU's binary; microvm.agent: the guest's static dsec-init;
 microvm.boot_timeout: 10s under KVM, 90s under TCG), the resolvers of sandboxes with domain rules (dns.upstream:

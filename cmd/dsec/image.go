@@ -50,7 +50,17 @@ func (a *app) registryOptions(platform string) (image.Options, error) {
 	}
 	var ro remote.Options
 	remote.EnvCredentials(&ro)
-	return image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure}, nil
+	o := image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure}
+	for _, m := range a.cfg.Registries.Mirrors {
+		if m.Registry == "" || len(m.Hosts) == 0 {
+			return o, usageError{fmt.Errorf("registries.mirrors: each gives a registry (docker.io, HOST:PORT) and its hosts")}
+		}
+		if o.Mirrors == nil {
+			o.Mirrors = map[string][]string{}
+		}
+		o.Mirrors[m.Registry] = append(o.Mirrors[m.Registry], m.Hosts...)
+	}
+	return o, nil
 }
 
 // pullImage imports ref, with a progress bar on a terminal.

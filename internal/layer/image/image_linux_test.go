@@ -7,6 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -354,13 +361,16 @@ func TestImportPlatform(t *testing.T) {
 }
 
 // TestImportCorruptBlob: a blob whose bytes are not its digest's is
-// refused, and nothing of it stays in the store.
+// refused, and nothing of it stays in the store; the layers under it
+// that were whole stay, so the pull, taken up again once the blob is
+// sound, fetches only what it lacks.
 func TestImportCorruptBlob(t *testing.T) {
 	layertest.RequireRoot(t)
 	ctx := context.Background()
 	addr, data := layertest.StartRegistry(t)
 	l := newLayout(t)
-	l.layer("", "v1", func(root string) { randomFile(t, root+"/f", 1<<20) })
+	l.layer("", "v1", func(root string) { randomFile(t, root+"/under", 1<<20) })
+	l.layer("v1", "v1", func(root string) { randomFile(t, root+"/f", 1<<20) })
 	l.push(addr, "bad", "v1")
 	d, err := remoteRepo(t, addr, "bad").Resolve(ctx, "v1")
 	if err != nil {
@@ -369,17 +379,19 @@ func TestImportCorruptBlob(t *testing.T) {
 	mb, _ := os.ReadFile(filepath.Join(l.Dir, "blobs/sha256", d.Digest.Encoded()))
 	var m ocispec.Manifest
 	json.Unmarshal(mb, &m)
-	blob := filepath.Join(data, "docker/registry/v2/blobs/sha256", m.Layers[0].Digest.Encoded()[:2], m.Layers[0].Digest.Encoded(), "data")
-	b, err := os.ReadFile(blob)
+	top := m.Layers[1].Digest.Encoded()
+	blob := filepath.Join(data, "docker/registry/v2/blobs/sha256", top[:2], top, "data")
+	sound, err := os.ReadFile(blob)
 	if err != nil {
 		t.Fatal(err)
 	}
+	b := append([]byte(nil), sound...)
 	b[len(b)/2] ^= 0xff
 	os.WriteFile(blob, b, 0o644)
 	s := openStore(t)
 	_, err = image.Import(ctx, s, mustRef(t, addr+"/bad:v1"), image.Options{})
-	if !errors.Is(err, layer.ErrBadSource) {
-		t.Fatalf("a corrupt blob: %v, want a bad source", err)
+	if !errors.Is(err, layer.ErrBadSource) || !strings.Contains(err.Error(), "layer 2 of 2") {
+		t.Fatalf("a corrupt blob: %v, want a bad source in layer 2", err)
 	}
 	tags, _ := s.Tags(ctx)
 	ingest, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest"))
@@ -389,10 +401,15 @@ func TestImportCorruptBlob(t *testing.T) {
 			left = append(left, e.Name())
 		}
 	}
-	if len(tags) != 0 || len(left) != 0 {
-		t.Errorf("a refused import left %d tags and ingests %v", len(tags), left)
+	if len(tags) != 1 || len(left) != 0 {
+		t.Errorf("a refused import left %d tags (want the sound layer's alone) and ingests %v", len(tags), left)
 	}
 	t.Logf("refused: %v", err)
+	os.WriteFile(blob, sound, 0o644)
+	img, err := image.Import(ctx, s, mustRef(t, addr+"/bad:v1"), image.Options{})
+	if err != nil || img.Fetched != 1 || img.Reused != 1 {
+		t.Fatalf("taken up again: %+v %v, want 1 fetched and 1 reused", img, err)
+	}
 }
 
 // TestImportAuth: a private repository needs the credentials; without
@@ -439,3 +456,123 @@ func remoteClient(host, user, password string) *auth.Client {
 }
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// cutting is a proxy in front of a registry that cuts the first cut
+// blob transfers half way (the connection ends), and counts the ranged
+// requests that take them up again.
+type cutting struct {
+	proxy        *httputil.ReverseProxy
+	cut, resumed atomic.Int32
+	cuts         int32
+}
+
+func (c *cutting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.Contains(r.URL.Path, "/blobs/") && r.Header.Get("Range") != "" {
+		c.resumed.Add(1)
+	}
+	c.proxy.ServeHTTP(w, r)
+}
+
+type cutBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *cutBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errors.New("cut")
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// TestImportResumes: a transfer cut half way is taken up again where it
+// stopped (a Range request), and the image is whole.
+func TestImportResumes(t *testing.T) {
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	addr, _ := layertest.StartRegistry(t)
+	l := newLayout(t)
+	l.layer("", "v1", func(root string) { randomFile(t, root+"/big", 6<<20) })
+	l.push(addr, "cut", "v1")
+	target, _ := url.Parse("http://" + addr)
+	c := &cutting{proxy: httputil.NewSingleHostReverseProxy(target), cuts: 2}
+	c.proxy.ErrorLog = log.New(io.Discard, "", 0)
+	c.proxy.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.Method == http.MethodGet && strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.ContentLength > 1<<20 &&
+			resp.Request.Header.Get("Range") == "" && c.cut.Add(1) <= c.cuts {
+			resp.Body = &cutBody{ReadCloser: resp.Body, left: resp.ContentLength / 2}
+		}
+		return nil
+	}
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	s := openStore(t)
+	img, err := image.Import(ctx, s, mustRef(t, strings.TrimPrefix(srv.URL, "http://")+"/cut:v1"), image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.resumed.Load() == 0 {
+		t.Error("no transfer was taken up again with a Range request")
+	}
+	want := layertest.ScanDir(t, l.unpack("v1"))
+	got := layertest.ScanDir(t, mountImage(t, s, img))
+	delete(want, "")
+	delete(got, "")
+	if d := layertest.Diff(want, got); len(d) > 0 {
+		t.Errorf("after a resumed pull: %s", strings.Join(d, "\n"))
+	}
+	t.Logf("%d transfers taken up again", c.resumed.Load())
+}
+
+// TestImportMirrors: a mirror the config names is asked first and
+// serves the pull; one that lacks the image, or does not answer, is
+// passed over for the next, the registry last.
+func TestImportMirrors(t *testing.T) {
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	origin, _ := layertest.StartRegistry(t)
+	mirror, _ := layertest.StartRegistry(t)
+	empty, _ := layertest.StartRegistry(t)
+	l := newLayout(t)
+	l.layer("", "v1", func(root string) { write(t, root+"/where", "mirror\n") })
+	l.layer("", "v2", func(root string) { write(t, root+"/where", "origin\n") })
+	l.push(mirror, "m", "v1")
+	l.push(origin, "m", "v2")
+	dead := freeAddr(t)
+	o := image.Options{Mirrors: map[string][]string{origin: {dead, empty, mirror}}}
+	s := openStore(t)
+	img, err := image.Import(ctx, s, mustRef(t, origin+"/m:v1"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.From != mirror {
+		t.Errorf("v1 came from %s, want the mirror %s", img.From, mirror)
+	}
+	if b, _ := os.ReadFile(mountImage(t, s, img) + "/where"); string(b) != "mirror\n" {
+		t.Errorf("v1 holds %q", b)
+	}
+	// What no mirror has comes from the registry.
+	img, err = image.Import(ctx, s, mustRef(t, origin+"/m:v2"), o)
+	if err != nil || img.From != origin {
+		t.Fatalf("v2: %+v %v, want it from %s", img, err, origin)
+	}
+	// What none has says what each said.
+	_, err = image.Import(ctx, s, mustRef(t, origin+"/m:v3"), o)
+	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "mirrors: "+dead) {
+		t.Errorf("v3: %v", err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

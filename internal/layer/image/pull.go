@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -44,6 +45,10 @@ type Options struct {
 	// Insecure lists registries (HOST[:PORT]) spoken to over plain HTTP
 	// beside those on a loopback address, which always are.
 	Insecure []string
+	// Mirrors lists, for a registry (docker.io, ghcr.io, HOST:PORT), the
+	// hosts (HOST[:PORT]) asked first, in order: the first that has the
+	// image serves the whole pull; the registry itself comes last.
+	Mirrors map[string][]string
 	// Progress, when set, is given the compressed bytes to fetch once
 	// they are known (not called when the store holds every layer), and
 	// returns what receives them as they arrive.
@@ -78,10 +83,12 @@ type Image struct {
 	Record
 	Tag string        `json:"tag"` // the record's store tag
 	ID  digest.Digest `json:"id"`  // the record's manifest in the store
-	// Fetched and Reused count the layers this import converted and
+	// From is the host this import read it from (a mirror's, or the
+	// registry's); Fetched and Reused count the layers it converted and
 	// those the store already held.
-	Fetched int `json:"fetched,omitempty"`
-	Reused  int `json:"reused,omitempty"`
+	From    string `json:"from,omitempty"`
+	Fetched int    `json:"fetched,omitempty"`
+	Reused  int    `json:"reused,omitempty"`
 }
 
 // Refs are the image's layers as a sandbox stacks them: topmost first.
@@ -116,29 +123,62 @@ func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Ima
 	return &img, nil
 }
 
-func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image, error) {
-	repo, err := orasremote.NewRepository(ref.Host() + "/" + ref.Repository)
+// repository opens ref's repository on host (the registry's, or a
+// mirror's: the config's, so reached wherever it is).
+func repository(ref Reference, host string, mirror bool, o Options) (*orasremote.Repository, error) {
+	repo, err := orasremote.NewRepository(host + "/" + ref.Repository)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s on %s: %v: %w", ref, host, err, errdefs.ErrInvalidArgument)
 	}
-	repo.PlainHTTP = ref.Loopback() || slices.Contains(o.Insecure, ref.Registry)
-	repo.Client = remote.Client(ref.Host(), remote.Options{Username: o.Username, Password: o.Password, Anonymous: o.Anonymous, PublicOnly: o.PublicOnly})
-	fail := func(what string, err error) error {
-		if errors.Is(err, layer.ErrBadSource) || errdefs.IsNotFound(err) && errors.Is(err, errNoPlatform) {
-			return fmt.Errorf("%s: %w", ref, err)
-		}
-		return fmt.Errorf("%s: %s: %w", ref, what, remote.Classify(err))
-	}
+	on := Reference{Registry: host}
+	repo.PlainHTTP = on.Loopback() || slices.Contains(o.Insecure, host)
+	repo.Client = remote.Client(host, remote.Options{Username: o.Username, Password: o.Password, Anonymous: o.Anonymous, PublicOnly: o.PublicOnly && !mirror})
+	return repo, nil
+}
+
+// resolve finds ref on its mirrors, in the order given, then on its
+// registry: the first that has it serves the whole pull.
+func resolve(ctx context.Context, ref Reference, o Options) (*orasremote.Repository, ocispec.Descriptor, string, error) {
 	want := ref.Tag
 	if ref.Digest != "" {
 		want = ref.Digest.String()
 	}
-	desc, err := repo.Resolve(ctx, want)
-	if err != nil {
-		if err = remote.Classify(err); errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("%s: the registry has no such image: check its name and tag: %w", ref, errdefs.ErrNotFound)
+	hosts := append(slices.Clone(o.Mirrors[ref.Registry]), ref.Host())
+	var why []string
+	for i, host := range hosts {
+		repo, err := repository(ref, host, i < len(hosts)-1, o)
+		if err != nil {
+			return nil, ocispec.Descriptor{}, "", err
 		}
-		return nil, fail("resolve", err)
+		desc, err := repo.Resolve(ctx, want)
+		if err == nil {
+			return repo, desc, host, nil
+		}
+		err = remote.Classify(err)
+		if i == len(hosts)-1 {
+			if errdefs.IsNotFound(err) {
+				err = fmt.Errorf("the registry has no such image: check its name and tag: %w", errdefs.ErrNotFound)
+			}
+			if len(why) > 0 {
+				err = fmt.Errorf("%w (mirrors: %s)", err, strings.Join(why, "; "))
+			}
+			return nil, ocispec.Descriptor{}, "", fmt.Errorf("%s: %w", ref, err)
+		}
+		why = append(why, host+": "+err.Error())
+	}
+	panic("unreachable")
+}
+
+func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image, error) {
+	fail := func(what string, err error) error {
+		if what == "" || errors.Is(err, layer.ErrBadSource) {
+			return fmt.Errorf("%s: %w", ref, err)
+		}
+		return fmt.Errorf("%s: %s: %w", ref, what, remote.Classify(err))
+	}
+	repo, desc, host, err := resolve(ctx, ref, o)
+	if err != nil {
+		return nil, err
 	}
 	for depth := 0; isIndex(desc.MediaType); depth++ {
 		if depth == 2 {
@@ -168,7 +208,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 	if err != nil {
 		return nil, fail("", err)
 	}
-	img := &Image{Record: Record{Reference: ref.String(), Manifest: desc.Digest, Platform: o.Platform.String(), Config: cfg}}
+	img := &Image{Record: Record{Reference: ref.String(), Manifest: desc.Digest, Platform: o.Platform.String(), Config: cfg}, From: host}
 	// What the store holds already is not fetched again.
 	var todo []int
 	var total int64
@@ -196,7 +236,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		}
 		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p)
 		if err != nil {
-			return nil, fail(fmt.Sprintf("layer %d of %d (%s)", i+1, len(m.layers), m.layers[i].Digest), err)
+			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
 		}
 		img.Layers[i].Digest = info.Digest
 		img.Fetched++
@@ -246,7 +286,7 @@ func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d
 		return nil, err
 	}
 	defer st.Close()
-	rc, err := repo.Blobs().Fetch(ctx, d)
+	rc, err := resume(ctx, func() (io.ReadCloser, error) { return repo.Blobs().Fetch(ctx, d) })
 	if err != nil {
 		return nil, err
 	}
@@ -274,12 +314,20 @@ func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d
 		}
 		return nil
 	}
-	return layer.Build(ctx, s, layer.BuildOptions{
+	info, err := layer.Build(ctx, s, layer.BuildOptions{
 		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain),
 		Verify: verify, Implied: st.implied,
 		// The same bytes on every host: the layer's manifest too.
 		Now: func() time.Time { return time.Unix(0, 0) },
 	})
+	if errors.Is(err, layer.ErrBadSource) {
+		// A blob that does not decompress or untar may just not be
+		// its digest's: say that, which says where the fault is.
+		if _, cerr := io.Copy(io.Discard, vr); cerr == nil && vr.Verify() != nil {
+			return nil, fmt.Errorf("%w: the blob is not what its digest says (corrupt in the registry or on the way)", layer.ErrBadSource)
+		}
+	}
+	return info, err
 }
 
 // record writes the image's record and tags it by its reference.
@@ -334,3 +382,63 @@ func (c *counting) Read(b []byte) (int, error) {
 	c.p.Add(int64(n))
 	return n, err
 }
+
+// maxResumes bounds how often one blob's transfer is taken up again.
+const maxResumes = 5
+
+// resuming reads a blob, taking a cut transfer up again where it
+// stopped: a new request for the bytes from there (HTTP Range, where the
+// registry serves it; else the blob again, its first bytes skipped).
+// What it reads is checked against the blob's digest all the same.
+type resuming struct {
+	ctx   context.Context
+	fetch func() (io.ReadCloser, error)
+	rc    io.ReadCloser
+	off   int64
+	tries int
+}
+
+func resume(ctx context.Context, fetch func() (io.ReadCloser, error)) (*resuming, error) {
+	rc, err := fetch()
+	if err != nil {
+		return nil, err
+	}
+	return &resuming{ctx: ctx, fetch: fetch, rc: rc}, nil
+}
+
+func (r *resuming) Read(b []byte) (int, error) {
+	n, err := r.rc.Read(b)
+	r.off += int64(n)
+	if err == nil || err == io.EOF || r.tries >= maxResumes || r.ctx.Err() != nil {
+		return n, err
+	}
+	r.tries++
+	r.rc.Close()
+	select { // a moment for what cut it to pass
+	case <-time.After(time.Duration(r.tries) * 100 * time.Millisecond):
+	case <-r.ctx.Done():
+	}
+	rc, ferr := r.fetch()
+	if ferr != nil {
+		r.rc = io.NopCloser(eofReader{})
+		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
+	}
+	if sk, ok := rc.(io.Seeker); ok {
+		_, ferr = sk.Seek(r.off, io.SeekStart)
+	} else {
+		_, ferr = io.CopyN(io.Discard, rc, r.off)
+	}
+	if ferr != nil {
+		rc.Close()
+		r.rc = io.NopCloser(eofReader{})
+		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
+	}
+	r.rc = rc
+	return n, nil
+}
+
+func (r *resuming) Close() error { return r.rc.Close() }
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
