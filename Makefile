@@ -112,7 +112,7 @@ check-proto: proto-bin
 test: deps kernel vet check-docs check-proto
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-BENCH_PKGS := pv debootstrap runc
+BENCH_PKGS := pv debootstrap runc containerd
 
 bench: build
 	@missing=""; for p in $(BENCH_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -131,6 +131,7 @@ bench: build
 	./scripts/bench-microvm.sh
 	./scripts/bench-egress.sh
 	./scripts/bench-vmsnap.sh
+	./scripts/bench-image.sh
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

@@ -82,7 +82,7 @@ with E2B-based frameworks" says what maps to what.
 					return err
 				}
 			}
-			registries, err := a.registryOptions("")
+			registries, err := a.registryOptions("", nil)
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,14 +25,16 @@ func (a *app) imageCommand() *cobra.Command {
 		Annotations: map[string]string{localAnnotation: "true"},
 		Long: `An image is imported from an OCI distribution registry (Docker Hub, ghcr.io, a registry of
 your own) into the store at <root>/store. Each of its layers becomes an EROFS layer of its own,
-tagged oci/sha256/DIFFID:erofs1 by the digest of the layer's tar, so two images that share
-layers store and fetch them once; the image itself is a small record of its layers in order
-and its config (environment, working directory, user, command), which dsec run --image and
-the SDKs apply.
+tagged oci/sha256/CHAINID:erofs1 by its OCI chain ID (the digests of its tar and of every
+layer's under it), so two images that share their first layers store and fetch them once;
+the image itself is a small record of its layers in order and its config, whose environment
+and working directory dsec run --image and the SDKs take as defaults (its user and command
+are recorded, not applied: a sandbox runs the commands it is given, as root unless told).
 
 Names are read as docker pull reads them: python:3.12 is docker.io/library/python:3.12.
 Credentials are those docker login left (the config file and its credential helpers), or
-DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD. A registry on a loopback address is
+DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD, given to DSEC_REGISTRY_HOST alone (without it,
+to the registry of the image pulled; a worker's pulls get them only with it). A registry on a loopback address is
 spoken to over plain HTTP, as Docker does; any other over TLS unless the config file lists it
 under registries.insecure.`,
 	}
@@ -40,7 +43,11 @@ under registries.insecure.`,
 }
 
 // registryOptions are the pull options of the config and environment.
-func (a *app) registryOptions(platform string) (image.Options, error) {
+// DSEC_REGISTRY_USERNAME and _PASSWORD go to DSEC_REGISTRY_HOST alone,
+// or, without it, to the registry of the image a command names (a
+// worker's pulls on first use, of images any client names, get them
+// only with DSEC_REGISTRY_HOST).
+func (a *app) registryOptions(platform string, named *image.Reference) (image.Options, error) {
 	if platform == "" {
 		platform = a.cfg.Registries.Platform
 	}
@@ -50,7 +57,11 @@ func (a *app) registryOptions(platform string) (image.Options, error) {
 	}
 	var ro remote.Options
 	remote.EnvCredentials(&ro)
-	o := image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure}
+	o := image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure,
+		CredentialHost: os.Getenv("DSEC_REGISTRY_HOST")}
+	if o.CredentialHost == "" && named != nil {
+		o.CredentialHost = named.Registry
+	}
 	for _, m := range a.cfg.Registries.Mirrors {
 		if m.Registry == "" || len(m.Hosts) == 0 {
 			return o, usageError{fmt.Errorf("registries.mirrors: each gives a registry (docker.io, HOST:PORT) and its hosts")}
@@ -69,7 +80,7 @@ func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image,
 	if err != nil {
 		return nil, usageError{err}
 	}
-	o, err := a.registryOptions(platform)
+	o, err := a.registryOptions(platform, &r)
 	if err != nil {
 		return nil, err
 	}

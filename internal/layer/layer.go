@@ -207,8 +207,10 @@ type BuildOptions struct {
 	Verify func() error
 	// Implied gives the attributes of directories a tar holds only
 	// because it adds something below them (erofs.Writer.SetImplied).
-	Implied  func(p string) (erofs.Attr, bool)
-	Snapshot *Lineage // a snapshot layer's lineage
+	Implied func(p string) (erofs.Attr, bool)
+	// MaxEntries bounds the entries a source may add (0: none).
+	MaxEntries int
+	Snapshot   *Lineage // a snapshot layer's lineage
 
 	// Order lists the files (or parts of them) whose data goes first, in
 	// this order: an access profile (see lazy.Profile and ParseProfile).
@@ -283,6 +285,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		w.Observe(h)
 	}
 	w.SetImplied(o.Implied)
+	w.SetMaxEntries(o.MaxEntries)
 	if err := w.SetOrder(o.Order); err != nil {
 		return nil, fmt.Errorf("--order: %w", err)
 	}

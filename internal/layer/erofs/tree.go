@@ -39,6 +39,10 @@ func (w *Writer) Implied(p string) Attr {
 	return Attr{Mode: S_IFDIR | 0o755}
 }
 
+// SetMaxEntries bounds the entries added (n <= 0: no bound): the tree
+// is held in memory until Finish.
+func (w *Writer) SetMaxEntries(n int) { w.maxEntries = n }
+
 // SetImplied gives the attributes of the directories the image holds
 // only because something is added below them (and of its root): f's,
 // where it says so; else mode 0755, owner 0, mtime 0. A layer that goes
@@ -109,6 +113,11 @@ func unlinkTree(n *node) {
 // place puts a new entry at p, replacing what was there. A directory
 // placed over a directory keeps the old one's children, as tar does.
 func (w *Writer) place(p string, ino *inode) error {
+	if w.maxEntries > 0 {
+		if w.placed++; w.placed > w.maxEntries {
+			return fmt.Errorf("%w: more than %d", ErrTooMany, w.maxEntries)
+		}
+	}
 	if err := checkAttr(p, &ino.Attr); err != nil {
 		return err
 	}

@@ -10,6 +10,10 @@ import (
 // bad path, an unsupported xattr) rather than by I/O.
 var ErrInvalid = errors.New("invalid entry")
 
+// ErrTooMany is returned once a source adds more entries than the
+// writer's bound (SetMaxEntries).
+var ErrTooMany = errors.New("too many entries")
+
 // Attr describes an inode. Mode carries the type bits (S_IFREG, ...) and
 // the permission bits including setuid, setgid and sticky.
 type Attr struct {
@@ -56,6 +60,8 @@ type Writer struct {
 	hot     [][]BlockRange // SetOrder: per position, the hot blocks (nil: all)
 	observe Observer
 	implied func(p string) (Attr, bool) // SetImplied
+
+	maxEntries, placed int // SetMaxEntries
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of

@@ -435,11 +435,15 @@ func TestImportAuth(t *testing.T) {
 	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "DSEC_REGISTRY_USERNAME") {
 		t.Fatalf("no credentials: %v", err)
 	}
-	if _, err := image.Import(ctx, s, mustRef(t, addr+"/private:v1"), image.Options{Username: "agent", Password: "wrong"}); !errdefs.IsPermissionDenied(err) {
+	if _, err := image.Import(ctx, s, mustRef(t, addr+"/private:v1"), image.Options{Username: "agent", Password: "wrong", CredentialHost: addr}); !errdefs.IsPermissionDenied(err) {
 		t.Fatalf("wrong credentials: %v", err)
 	}
-	if _, err := image.Import(ctx, s, mustRef(t, addr+"/private:v1"), image.Options{Username: "agent", Password: "s3cret"}); err != nil {
+	if _, err := image.Import(ctx, s, mustRef(t, addr+"/private:v1"), image.Options{Username: "agent", Password: "s3cret", CredentialHost: addr}); err != nil {
 		t.Fatal(err)
+	}
+	// Credentials are for the registry they name, no other.
+	if _, err := image.Import(ctx, openStore(t), mustRef(t, addr+"/private:v1"), image.Options{Username: "agent", Password: "s3cret", CredentialHost: "registry.example"}); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("credentials for another registry: %v", err)
 	}
 	// As docker login leaves them: the config file.
 	cfg := t.TempDir()
@@ -575,4 +579,53 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestImportLimits: an import past its bounds (a tenant's) is refused,
+// past what its blobs declare before anything is fetched, and past what
+// it unpacks or the entries of a layer as it streams; the store keeps
+// nothing of it.
+func TestImportLimits(t *testing.T) {
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	addr, _ := layertest.StartRegistry(t)
+	l := newLayout(t)
+	l.layer("", "v1", func(root string) {
+		randomFile(t, root+"/big", 2<<20)
+		for i := range 100 {
+			write(t, fmt.Sprintf("%s/many/%d", root, i), "")
+		}
+	})
+	l.push(addr, "lim", "v1")
+	ref := mustRef(t, addr+"/lim:v1")
+	for name, lim := range map[string]image.Limits{
+		"compressed": {Compressed: 1 << 20}, "unpacked": {Bytes: 1 << 20}, "entries": {Entries: 50},
+	} {
+		s := openStore(t)
+		_, err := image.Import(ctx, s, ref, image.Options{Limits: lim})
+		if err == nil || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want a one-line refusal", name, err)
+		}
+		if !errdefs.IsOutOfRange(err) {
+			t.Errorf("%s: %v, want out of range", name, err)
+		}
+		if tags, _ := s.Tags(ctx); len(tags) != 0 {
+			t.Errorf("%s: the store kept %d tags", name, len(tags))
+		}
+		t.Logf("%s: %v", name, err)
+	}
+	if _, err := image.Import(ctx, openStore(t), ref, image.Options{Limits: image.Limits{Compressed: 8 << 20, Bytes: 8 << 20, Entries: 200}}); err != nil {
+		t.Errorf("within bounds: %v", err)
+	}
+	// A tag of the store that names a layer is not an image's to take.
+	s := openStore(t)
+	tag, _ := ref.StoreTag()
+	p := filepath.Join(t.TempDir(), "l.tar")
+	os.WriteFile(p, layertest.Tar(layertest.File{Name: "x", Body: "x"}), 0o644)
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: p, Kind: layer.KindBase, Ref: tag}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Import(ctx, s, ref, image.Options{}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("an image over a layer's tag: %v", err)
+	}
 }

@@ -25,8 +25,11 @@ const (
 // are read whole only up to this.
 const maxJSON = 4 << 20
 
-// maxLayers bounds an image's layers (Docker's own bound is 127).
-const maxLayers = 255
+// maxLayers bounds an image's layers: Docker's bound is 127, and some
+// 200 layers are what a sandbox's overlay can stack (their descriptors'
+// paths fill the page its options take), workspaces and snapshots
+// over them included.
+const maxLayers = 160
 
 func isIndex(mediaType string) bool {
 	return mediaType == ocispec.MediaTypeImageIndex || mediaType == dockerList

@@ -20,6 +20,7 @@ import (
 	orasremote "oras.land/oras-go/v2/registry/remote"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
@@ -45,6 +46,11 @@ type Options struct {
 	// Insecure lists registries (HOST[:PORT]) spoken to over plain HTTP
 	// beside those on a loopback address, which always are.
 	Insecure []string
+	// Limits bound what an import may take (zero: none): a tenant's.
+	Limits Limits
+	// CredentialHost is the one registry Username and Password are
+	// given to ("": none; docker login's are each for its own host).
+	CredentialHost string
 	// Mirrors lists, for a registry (docker.io, ghcr.io, HOST:PORT), the
 	// hosts (HOST[:PORT]) asked first, in order: the first that has the
 	// image serves the whole pull; the registry itself comes last.
@@ -53,6 +59,13 @@ type Options struct {
 	// they are known (not called when the store holds every layer), and
 	// returns what receives them as they arrive.
 	Progress func(total int64) layer.Progress
+}
+
+// Limits bound an import.
+type Limits struct {
+	Compressed int64 // the bytes its layers' blobs declare, together
+	Bytes      int64 // the bytes its layers' tars unpack to, together
+	Entries    int   // the entries of one layer
 }
 
 // Record is an image in the store: its layers, bottom first, and its
@@ -114,13 +127,21 @@ func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Ima
 	if o.Platform == (Platform{}) {
 		o.Platform = HostPlatform()
 	}
-	key := s.Dir() + "\x00" + ref.String() + "\x00" + o.Platform.String()
-	v, err, _ := pulls.Do(key, func() (any, error) { return pull(ctx, s, ref, o) })
-	if err != nil {
-		return nil, err
+	// Only pulls of the same authority share: a tenant's anonymous one
+	// must not fail the admin's, nor ride on it.
+	key := fmt.Sprintf("%s\x00%s\x00%s\x00%t\x00%t\x00%s", s.Dir(), ref, o.Platform, o.Anonymous, o.PublicOnly, o.Username)
+	// The pull is the first caller's; each waits on its own context.
+	ch := pulls.DoChan(key, func() (any, error) { return pull(ctx, s, ref, o) })
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		img := *r.Val.(*Image)
+		return &img, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	img := *v.(*Image)
-	return &img, nil
 }
 
 // repository opens ref's repository on host (the registry's, or a
@@ -132,7 +153,11 @@ func repository(ref Reference, host string, mirror bool, o Options) (*orasremote
 	}
 	on := Reference{Registry: host}
 	repo.PlainHTTP = on.Loopback() || slices.Contains(o.Insecure, host)
-	repo.Client = remote.Client(host, remote.Options{Username: o.Username, Password: o.Password, Anonymous: o.Anonymous, PublicOnly: o.PublicOnly && !mirror})
+	ro := remote.Options{Anonymous: o.Anonymous, PublicOnly: o.PublicOnly && !mirror}
+	if host == o.CredentialHost || o.CredentialHost == dockerHub && host == dockerHubHost {
+		ro.Username, ro.Password = o.Username, o.Password
+	}
+	repo.Client = remote.Client(host, ro)
 	return repo, nil
 }
 
@@ -223,6 +248,11 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		}
 		todo, total = append(todo, i), total+l.Size
 	}
+	if lim := o.Limits.Compressed; lim > 0 && total > lim {
+		return nil, fmt.Errorf("%s: its layers are %d bytes, more than an import may fetch here (%d): ask the worker's admin to dsec image pull it: %w",
+			ref, total, lim, errdefs.ErrOutOfRange)
+	}
+	budget := &budget{limit: o.Limits.Bytes}
 	var p layer.Progress = noProgress{}
 	if o.Progress != nil && len(todo) > 0 {
 		if q := o.Progress(total); q != nil {
@@ -234,7 +264,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		for _, l := range img.Layers[:i] {
 			under = append(under, l.Digest)
 		}
-		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p)
+		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
 		}
@@ -279,7 +309,7 @@ func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 // tagged by its chain: the compressed bytes are checked against the
 // blob's digest and the tar against the diff ID before the layer is
 // stored. under are the EROFS layers below it, bottom first.
-func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress) (*layer.Info, error) {
+func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (*layer.Info, error) {
 	diffID := l.DiffID
 	st, err := openStack(s, under)
 	if err != nil {
@@ -298,7 +328,7 @@ func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d
 	}
 	defer done()
 	diffHash := sha256.New()
-	tar := io.TeeReader(plain, diffHash)
+	tar := io.TeeReader(b.reader(plain), diffHash)
 	verify := func() error {
 		if _, err := io.Copy(io.Discard, tar); err != nil {
 			return fmt.Errorf("%w: read the layer: %v", layer.ErrBadSource, err)
@@ -316,10 +346,16 @@ func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d
 	}
 	info, err := layer.Build(ctx, s, layer.BuildOptions{
 		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain),
-		Verify: verify, Implied: st.implied,
+		Verify: verify, Implied: st.implied, MaxEntries: entries,
 		// The same bytes on every host: the layer's manifest too.
 		Now: func() time.Time { return time.Unix(0, 0) },
 	})
+	if b.spent() {
+		return nil, errBudget // what the tar reader made of it hides why
+	}
+	if errors.Is(err, erofs.ErrTooMany) {
+		return nil, fmt.Errorf("the layer holds more than the %d entries an import may here: ask the worker's admin to dsec image pull it: %w", entries, errdefs.ErrOutOfRange)
+	}
 	if errors.Is(err, layer.ErrBadSource) {
 		// A blob that does not decompress or untar may just not be
 		// its digest's: say that, which says where the fault is.
@@ -364,10 +400,24 @@ func record(ctx context.Context, s *store.Store, ref Reference, img *Image) erro
 	}
 	md.ArtifactType = ArtifactType
 	md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindImage)}
+	// A tag pulled again moves to what the registry says now; the
+	// layers only the image it named had go with it.
+	var old *Image
+	if d, err := s.Resolve(ctx, tag.String()); err == nil {
+		if d.Annotations[layer.AnnotationKind] != string(layer.KindImage) {
+			return fmt.Errorf("%s: the store's tag %s names a layer, not an image: remove it (dsec layer rm) to import the image: %w", ref, tag, errdefs.ErrAlreadyExists)
+		}
+		if old, err = load(s, d); err != nil {
+			old = nil
+		}
+	}
 	if err := s.Tag(ctx, tag.String(), md, true); err != nil {
 		return err
 	}
 	img.Tag, img.ID = tag.String(), md.Digest
+	if old != nil && old.ID != img.ID {
+		return untagUnshared(ctx, s, old)
+	}
 	return nil
 }
 
@@ -423,13 +473,19 @@ func (r *resuming) Read(b []byte) (int, error) {
 		r.rc = io.NopCloser(eofReader{})
 		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
 	}
-	if sk, ok := rc.(io.Seeker); ok {
-		_, ferr = sk.Seek(r.off, io.SeekStart)
-	} else {
+	if sk, ok := rc.(io.Seeker); !ok {
 		_, ferr = io.CopyN(io.Discard, rc, r.off)
+	} else if _, ferr = sk.Seek(r.off, io.SeekStart); ferr != nil {
+		// It said it serves ranges, and did not: read up to there.
+		rc.Close()
+		if rc, ferr = r.fetch(); ferr == nil {
+			_, ferr = io.CopyN(io.Discard, rc, r.off)
+		}
 	}
 	if ferr != nil {
-		rc.Close()
+		if rc != nil {
+			rc.Close()
+		}
 		r.rc = io.NopCloser(eofReader{})
 		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
 	}
@@ -442,3 +498,30 @@ func (r *resuming) Close() error { return r.rc.Close() }
 type eofReader struct{}
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+// budget is what an import may unpack in all (limit 0: no bound).
+type budget struct{ limit, used int64 }
+
+var errBudget = fmt.Errorf("the image unpacks to more than an import may write here: ask the worker's admin to dsec image pull it: %w", errdefs.ErrOutOfRange)
+
+func (b *budget) reader(r io.Reader) io.Reader {
+	if b.limit <= 0 {
+		return r
+	}
+	return &spending{r: r, b: b}
+}
+
+func (b *budget) spent() bool { return b.limit > 0 && b.used > b.limit }
+
+type spending struct {
+	r io.Reader
+	b *budget
+}
+
+func (s *spending) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if s.b.used += int64(n); s.b.spent() {
+		return n, errBudget
+	}
+	return n, err
+}

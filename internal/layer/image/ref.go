@@ -1,9 +1,9 @@
 // Package image imports container images from OCI distribution
 // registries into the store: each of an image's layers becomes an EROFS
-// layer of its own, tagged by its diff ID (the sha256 of its tar), so
-// images that share their first layers store those once; the image is a
-// small record of its layers in order and its config, tagged by its
-// reference.
+// layer of its own, tagged by its chain ID (its tar's sha256 and those
+// of the layers under it, as OCI defines it), so images that share
+// their first layers store those once; the image is a small record of
+// its layers in order and its config, tagged by its reference.
 package image
 
 import (
@@ -50,7 +50,7 @@ func ParseReference(s string) (Reference, error) {
 		return bad("not an image name")
 	}
 	first, rest, hasSlash := strings.Cut(name, "/")
-	if oci && !hasSlash {
+	if oci && (!hasSlash || !strings.ContainsAny(first, ".:") && first != "localhost") {
 		return bad("an oci:// reference names its registry: oci://HOST[:PORT]/REPO[:TAG]")
 	}
 	if !oci && (!hasSlash || !strings.ContainsAny(first, ".:") && first != "localhost") {

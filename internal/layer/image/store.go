@@ -78,9 +78,15 @@ func Remove(ctx context.Context, s *store.Store, ref Reference) (*Image, error) 
 	if _, err := s.Untag(ctx, img.Tag); err != nil {
 		return nil, err
 	}
+	return img, untagUnshared(ctx, s, img)
+}
+
+// untagUnshared untags the layers of img, no longer tagged, that no
+// image in s has.
+func untagUnshared(ctx context.Context, s *store.Store, img *Image) error {
 	rest, err := List(ctx, s)
 	if err != nil {
-		return img, err
+		return err
 	}
 	shared := map[string]bool{}
 	for _, o := range rest {
@@ -91,9 +97,9 @@ func Remove(ctx context.Context, s *store.Store, ref Reference) (*Image, error) 
 	for _, l := range img.Layers {
 		if !shared[l.Ref] {
 			if _, err := s.Untag(ctx, l.Ref); err != nil && !errdefs.IsNotFound(err) {
-				return img, err
+				return err
 			}
 		}
 	}
-	return img, nil
+	return nil
 }

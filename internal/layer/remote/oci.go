@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,10 +42,7 @@ func openOCI(host, repo string, o Options) *OCI {
 func Client(host string, o Options) *auth.Client {
 	c := &auth.Client{Client: retry.DefaultClient, Cache: auth.NewCache()}
 	if o.PublicOnly {
-		c.Client = &http.Client{Transport: retry.NewTransport(&http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 30 * time.Second, Control: publicOnly}).DialContext,
-			TLSHandshakeTimeout: 30 * time.Second, ForceAttemptHTTP2: true,
-		})}
+		c.Client = publicClient()
 	}
 	c.SetUserAgent("dsec")
 	switch {
@@ -144,17 +143,66 @@ func EnvCredentials(o *Options) {
 	o.Password = os.Getenv("DSEC_REGISTRY_PASSWORD")
 }
 
-// publicOnly refuses a connection to this host, or to a private or
-// link-local network: checked on the address dialled, so no name that
-// resolves there (now, or after a redirect) reaches it.
+// publicClient is the one client of every public-only pull: one pool
+// of connections, idle ones closed, no proxy.
+var publicClient = sync.OnceValue(func() *http.Client {
+	return &http.Client{Transport: retry.NewTransport(&http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, Control: publicOnly}).DialContext,
+		TLSHandshakeTimeout: 30 * time.Second, ResponseHeaderTimeout: time.Minute,
+		IdleConnTimeout: 30 * time.Second, MaxIdleConnsPerHost: 4, ForceAttemptHTTP2: true,
+	})}
+})
+
+// notPublic are the special-purpose ranges beyond what net.IP's
+// methods name (IANA's registries): shared address space (a cloud's
+// metadata service may live there), benchmarking, protocol assignments,
+// this network, reserved, documentation, NAT64, and 6to4 and Teredo,
+// which tunnel to any IPv4 address.
+var notPublic = sync.OnceValue(func() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []string{"0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15", "198.51.100.0/24",
+		"203.0.113.0/24", "240.0.0.0/4", "64:ff9b::/96", "64:ff9b:1::/48", "2001::/32", "2001:db8::/32", "2002::/16"} {
+		out = append(out, netip.MustParsePrefix(p))
+	}
+	return out
+})
+
+// Public says whether ip is a public unicast address, none of this
+// host's own.
+func Public(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	if !ip.IsGlobalUnicast() || ip.IsPrivate() {
+		return false
+	}
+	for _, p := range notPublic() {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if own, ok := netip.AddrFromSlice(n.IP); ok && own.Unmap() == ip {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// publicOnly refuses a connection to an address that is not Public:
+// checked on the address dialled, so no name that resolves there (now,
+// or after a redirect) reaches it.
 func publicOnly(network, address string, _ syscall.RawConn) error {
-	host, _, err := net.SplitHostPort(address)
+	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return err
 	}
-	ip := net.ParseIP(host)
-	if ip == nil || ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
-		return fmt.Errorf("%s is not a public address: %w", host, errdefs.ErrPermissionDenied)
+	if !Public(ap.Addr()) {
+		return fmt.Errorf("%s is not a public address (a registry on this host or a private network is the admin's to pull from): %w", ap.Addr(), errdefs.ErrPermissionDenied)
 	}
 	return nil
 }

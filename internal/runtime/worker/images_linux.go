@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/image"
 )
 
@@ -35,6 +36,9 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 		return err
 	}
 	img, err := image.Lookup(ctx, w.mounter.Store, ref)
+	if err == nil && !w.whole(ctx, img) {
+		err = fmt.Errorf("%s: a layer of the image left the store: %w", ref, errdefs.ErrNotFound)
+	}
 	if errdefs.IsNotFound(err) {
 		img, err = w.importImage(ctx, ref)
 	}
@@ -49,24 +53,58 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	return nil
 }
 
+// whole says whether every layer of img is in the store as imported
+// (a layer rm, or a pull that moved another tag, may have taken one).
+func (w *worker) whole(ctx context.Context, img *image.Image) bool {
+	for _, l := range img.Layers {
+		if i, err := layer.Resolve(ctx, w.mounter.Store, l.Ref); err != nil || i.Digest != l.Digest {
+			return false
+		}
+	}
+	return true
+}
+
+// What a tenant's import may take: it fetches and writes for the
+// worker, before any quota of its own counts.
+var tenantImport = image.Limits{Compressed: 8 << 30, Bytes: 32 << 30, Entries: 2 << 20}
+
+// importTimeout bounds an import a create waits for.
+const importTimeout = 30 * time.Minute
+
 // importImage pulls an image a create names.
 func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.Image, error) {
 	o := w.cfg.Registries
-	if !w.scopeOf(ctx).admin() {
+	tenant := !w.scopeOf(ctx).admin()
+	if tenant {
 		if err := publicRegistry(ref); err != nil {
 			return nil, err
 		}
 		o.Anonymous, o.PublicOnly, o.Username, o.Password = true, true, "", ""
+		o.Limits = tenantImport
+	}
+	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
+		return nil, err
 	}
 	o.Progress = nil
 	t0 := time.Now()
-	// The pull outlives a create that gives up: another create may be
-	// waiting on it (single flight), and what it fetched is kept.
-	img, err := image.Import(context.WithoutCancel(ctx), w.mounter.Store, ref, o)
+	// The pull outlives a create that gives up, bounded: another create
+	// may be waiting on it (single flight), and what it fetched is kept.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), importTimeout)
+	defer cancel()
+	select {
+	case w.imports <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	img, err := image.Import(pctx, w.mounter.Store, ref, o)
+	<-w.imports
+	if tenant && errdefs.IsPermissionDenied(err) && !strings.Contains(err.Error(), "public") {
+		return nil, fmt.Errorf("image %s is not in the store, and its registry refuses an anonymous pull: ask the worker's admin to dsec image pull it: %w", ref, errdefs.ErrPermissionDenied)
+	}
 	if err != nil {
 		return nil, err
 	}
-	w.log.Info("imported image", "image", img.Reference, "layers", len(img.Layers), "fetched", img.Fetched,
+	w.log.Info("imported image", "image", img.Reference, "from", img.From, "layers", len(img.Layers), "fetched", img.Fetched,
 		"reused", img.Reused, "took", time.Since(t0))
 	return img, nil
 }

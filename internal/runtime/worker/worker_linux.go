@@ -61,6 +61,9 @@ type worker struct {
 	cfg     Config
 	log     *slog.Logger
 	mounter runtime.Mounter
+	// imports bounds the image imports at once (they fetch and write
+	// for the host; creates wait for them before admission).
+	imports chan struct{}
 
 	// lineage: creates read it (a sandbox comes to stand on layers),
 	// snapshot removal and squash write it.
@@ -205,7 +208,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
 	}
 	defer disk.ReleaseUppers(cfg.Root) // when no sandbox is left on it
-	w := &worker{cfg: cfg, log: cfg.Log, sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
+	w := &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: drivers}}
