@@ -38,7 +38,7 @@ to the registry of the image pulled; a worker's pulls get them only with it). A 
 spoken to over plain HTTP, as Docker does; any other over TLS unless the config file lists it
 under registries.insecure.`,
 	}
-	cmd.AddCommand(a.imagePull(), a.imageList(), a.imageInspect(), a.imageRemove())
+	cmd.AddCommand(a.imagePull(), a.imagePush(), a.imageList(), a.imageInspect(), a.imageRemove())
 	return cmd
 }
 
@@ -272,5 +272,67 @@ Blobs stay until dsec layer gc, which keeps those a sandbox or a snapshot stands
 			return nil
 		},
 	}
+	return cmd
+}
+
+func (a *app) imagePush() *cobra.Command {
+	var f copyFlags
+	cmd := &cobra.Command{
+		Use:   "push IMAGE [REMOTE]",
+		Short: "Copy an imported image to a shared remote, for other hosts' workers",
+		Long: `Push copies an image the local store holds to REMOTE, as dsec layer push copies layers: its
+layers first (what the remote lacks; the tags move last), then its record. A worker whose
+remote (the config's remote:) holds the image makes sandboxes on it without asking its
+registry: it takes the record from the remote and mounts the layers lazily from there.
+
+REMOTE is dir:///PATH, oci://HOST[:PORT]/REPOSITORY or a name under remotes: in the config
+file; without it, the config's remote:.
+
+` + exitCodesHelp,
+		Example: `  dsec image pull python:3.12 && dsec image push python:3.12 dir:///mnt/3fs/dsec
+  # on every other host (remote: dir:///mnt/3fs/dsec in its config)
+  dsec run --rm --image python:3.12 -- python3 -V`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usageError{fmt.Errorf("image push takes IMAGE and an optional REMOTE")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := image.ParseReference(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			target, s, err := a.remoteAndStore(args[1:], f.insecure)
+			if err != nil {
+				return err
+			}
+			p, done := a.copyProgress("push " + r.String())
+			img, res, err := image.Push(cmd.Context(), s, target, r, f.force, p)
+			done()
+			if err != nil {
+				return err
+			}
+			if f.json {
+				return a.printJSON(struct {
+					Image  *image.Image     `json:"image"`
+					Copied []*remote.Result `json:"copied"`
+				}{img, res})
+			}
+			var copied, skipped int
+			var n int64
+			for _, x := range res {
+				c, s, b := x.Totals()
+				copied, skipped, n = copied+c, skipped+s, n+b
+			}
+			fmt.Fprintf(a.stderr, "push %s: %d blobs copied (%s), %d already there\n", img.Reference, copied, humanBytes(n), skipped)
+			_, err = fmt.Fprintln(a.stdout, img.Reference)
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&f.force, "force", false, "replace the image's tag on the remote if it names another image")
+	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	fl.BoolVar(&f.json, "json", false, "print the image and what was copied as JSON")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 // openRemote turns a REMOTE argument (a URL, or a name under remotes: in
@@ -89,11 +90,7 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 			if err != nil {
 				return usageError{err}
 			}
-			target, err := a.openRemote(strings.Join(args[1:], ""), f.insecure)
-			if err != nil {
-				return err
-			}
-			s, err := a.openStore()
+			target, s, err := a.remoteAndStore(args[1:], f.insecure)
 			if err != nil {
 				return err
 			}
@@ -101,18 +98,9 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 			if push {
 				src, dst = dst, src
 			}
-			var p remote.Progress
-			var bar *progressbar.ProgressBar
-			if a.showProgress() {
-				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
-					progressbar.OptionSetDescription(verb+" "+ref.String()), progressbar.OptionShowBytes(true),
-					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
-				p = barProgress{bar}
-			}
+			p, done := a.copyProgress(verb + " " + ref.String())
 			res, err := remote.Copy(cmd.Context(), src, dst, ref, f.force, p)
-			if bar != nil {
-				bar.Finish()
-			}
+			done()
 			if err != nil {
 				return err
 			}
@@ -134,4 +122,27 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to a registry on localhost")
 	fl.BoolVar(&f.json, "json", false, "print what was copied as JSON")
 	return cmd
+}
+
+// remoteAndStore opens the remote args name (none: the config's) and
+// the local store.
+func (a *app) remoteAndStore(args []string, insecure bool) (remote.Target, *store.Store, error) {
+	target, err := a.openRemote(strings.Join(args, ""), insecure)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := a.openStore()
+	return target, s, err
+}
+
+// copyProgress is a byte bar described by what, on a terminal (nil
+// elsewhere), and what ends it.
+func (a *app) copyProgress(what string) (remote.Progress, func()) {
+	if !a.showProgress() {
+		return nil, func() {}
+	}
+	bar := progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
+		progressbar.OptionSetDescription(what), progressbar.OptionShowBytes(true),
+		progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+	return barProgress{bar}, func() { bar.Finish() }
 }

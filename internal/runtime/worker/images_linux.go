@@ -9,8 +9,8 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/image"
+	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
 // withImage stacks the layers of the image a create names under its
@@ -36,6 +36,14 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 		return err
 	}
 	img, err := image.Lookup(ctx, w.mounter.Store, ref)
+	if errdefs.IsNotFound(err) && w.mounter.Remote != nil {
+		// Another host imported it and pushed it to the shared
+		// remote: its record comes here, its layers stay there
+		// (mounted lazily).
+		if img, err = image.Fetch(ctx, w.mounter.Remote, w.mounter.Store, ref); err == nil {
+			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.mounter.Remote)
+		}
+	}
 	if err == nil && !w.whole(ctx, img) {
 		err = fmt.Errorf("%s: a layer of the image left the store: %w", ref, errdefs.ErrNotFound)
 	}
@@ -53,11 +61,13 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	return nil
 }
 
-// whole says whether every layer of img is in the store as imported
-// (a layer rm, or a pull that moved another tag, may have taken one).
+// whole says whether every layer of img is as imported, in the store
+// or on the remote (a layer rm, or a pull that moved another tag, may
+// have taken one).
 func (w *worker) whole(ctx context.Context, img *image.Image) bool {
 	for _, l := range img.Layers {
-		if i, err := layer.Resolve(ctx, w.mounter.Store, l.Ref); err != nil || i.Digest != l.Digest {
+		f, err := lower.Resolve(ctx, "", w.mounter.Source(), l.Ref, "")
+		if err != nil || f.Digest != l.Digest.String() {
 			return false
 		}
 	}
