@@ -128,7 +128,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("a microVM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
 	}
 	if len(s.Images) > container.MaxLayers {
-		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash: %w", len(s.Images), container.MaxLayers, errdefs.ErrOutOfRange)
+		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash, or run a deeper image on the container backend: %w", len(s.Images), container.MaxLayers, errdefs.ErrOutOfRange)
 	}
 	dir := filepath.Join(s.Root, "microvm")
 	initrd, err := microvm.Initramfs(dir, h.Kernel, h.Agent)
