@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/image"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/rootdir"
 	"github.com/dsec-project/dsec/internal/runtime"
@@ -190,29 +191,40 @@ type barProgress struct{ bar *progressbar.ProgressBar }
 func (b barProgress) Add(n int64) { _ = b.bar.Add64(n) }
 
 func (a *app) layerList() *cobra.Command {
-	var asJSON bool
+	var asJSON, all bool
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List the layers in the store",
+		Long: `Ls lists the layers in the store. The layers of imported images (tagged oci/sha256/CHAINID)
+are left out unless --all: dsec image ls lists the images.`,
 		Example: `  dsec layer ls
-  dsec layer ls --json | jq -r '.[].name'`,
+  dsec layer ls --all --json | jq -r '.[].name'`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := a.openStore()
 			if err != nil {
 				return err
 			}
-			all, err := layer.List(cmd.Context(), s)
+			listed, err := layer.List(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
+			shown := listed[:0:0]
+			for _, i := range listed {
+				if all || !image.IsLayerTag(i.Ref) {
+					shown = append(shown, i)
+				}
+			}
+			if hidden := len(listed) - len(shown); hidden > 0 && !asJSON {
+				fmt.Fprintf(a.stderr, "%d layers of imported images not shown (--all shows them; dsec image ls lists the images)\n", hidden)
+			}
 			if asJSON {
-				return a.printJSON(all)
+				return a.printJSON(shown)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tKIND\tDIGEST\tSIZE\tFILES\tCREATED")
-			for _, i := range all {
+			for _, i := range shown {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.Ref, i.Kind, i.Digest.Encoded()[:12],
 					humanBytes(i.Size), i.Files, i.Created.Local().Format(time.DateTime))
 			}
@@ -220,6 +232,7 @@ func (a *app) layerList() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "list the layers of imported images too")
 	return cmd
 }
 
@@ -273,7 +286,7 @@ func (a *app) layerRemove() *cobra.Command {
 		Short:   "Remove layer tags; dsec layer gc frees their blobs",
 		Long: `Rm removes the tags NAME[:VERSION]. The blobs stay until dsec layer gc, so a layer that is
 mounted or being pushed keeps its bytes. It refuses (exit 8) to remove a layer a snapshot
-stands on or a sandbox of this root runs on, unless --force: then only the tag goes, and
+stands on, a sandbox of this root runs on or an image has, unless --force: then only the tag goes, and
 gc keeps the layer, untagged, while they stand on it (they find it by its digest).
 
 ` + exitCodesHelp,
@@ -292,7 +305,16 @@ gc keeps the layer, untagged, while they stand on it (they find it by its digest
 			users := map[string][]string{}
 			if us, err := runtime.SnapUsers(a.cfg.Root); err == nil {
 				for _, u := range us {
-					users[u.Name] = u.Digests
+					users["sandbox "+u.Name] = u.Digests
+				}
+			}
+			imgs, err := image.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			for _, img := range imgs {
+				for _, l := range img.Layers {
+					users["image "+img.Reference] = append(users["image "+img.Reference], l.Digest.String())
 				}
 			}
 			var removed []*layer.Info

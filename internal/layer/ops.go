@@ -274,9 +274,10 @@ func Remove(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 }
 
 // StoodOn names what stands on the layer tagged ref: the snapshots whose
-// lineage holds its image, and those of users (sandbox name -> the layer
-// digests it runs on) that run on it; nothing when another tag names
-// the same image, which then keeps it.
+// lineage holds its image, and those of users (what a user is, "sandbox
+// NAME" or "image REF" -> the layer digests it stands on) that stand on
+// it; nothing when another tag names the same image, which then keeps
+// it.
 func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][]string) ([]string, error) {
 	_, i, err := resolveTag(ctx, s, ref)
 	if err != nil {
@@ -300,7 +301,7 @@ func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][
 	}
 	for _, name := range slices.Sorted(maps.Keys(users)) {
 		if slices.Contains(users[name], i.Digest.String()) {
-			on = append(on, "sandbox "+name)
+			on = append(on, name)
 		}
 	}
 	return on, nil

@@ -138,5 +138,8 @@ func LayerTag(chain digest.Digest) layer.Ref {
 	return layer.Ref{Name: "oci/" + chain.Algorithm().String() + "/" + chain.Encoded(), Version: conversion}
 }
 
+// IsLayerTag says whether a store tag is that of an image's layer.
+func IsLayerTag(tag string) bool { return strings.HasPrefix(tag, "oci/sha256/") }
+
 // conversion names how OCI layers become EROFS: a new way gets new tags.
 const conversion = "erofs1"
