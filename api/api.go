@@ -98,8 +98,9 @@ type SandboxSpec struct {
 	Layers  []string `json:"layers"`            // topmost first: toolkit, workspace, base
 	// Image is a container image (python:3.12, ghcr.io/org/env:v1,
 	// 127.0.0.1:5000/repo@sha256:...) whose layers stack under Layers,
-	// imported from its registry on first use; its config's environment
-	// and working directory are the defaults of Env and Workdir.
+	// imported from its registry on first use; its config's environment,
+	// working directory and user are the defaults of Env, Workdir and
+	// User.
 	Image string `json:"image,omitempty"`
 	// Resources. CPU zero means no limit; Memory and Pids zero mean the
 	// worker's default (HostLimits), Unlimited none of the sandbox's own.
@@ -119,9 +120,12 @@ type SandboxSpec struct {
 	MemoryRequest int64   `json:"memory_request,omitempty"`
 	// Class is SchedLatency (default) or SchedBatch.
 	Class string `json:"class,omitempty"`
-	// Defaults for every exec.
+	// Defaults for every exec. User is as ExecRequest's (a name, a uid
+	// or uid:gid; default root): a command that names no user runs as
+	// it.
 	Env     []string `json:"env,omitempty"`
 	Workdir string   `json:"workdir,omitempty"`
+	User    string   `json:"user,omitempty"`
 	// Hostname defaults to the name.
 	Hostname string `json:"hostname,omitempty"`
 	// Snapshot, instead of Layers, starts the sandbox on a snapshot

@@ -107,6 +107,9 @@ func (s *SandboxSpec) Validate() error {
 	if strings.ContainsRune(s.Workdir, 0) {
 		return fmt.Errorf("bad workdir %q: a NUL byte: %w", s.Workdir, errdefs.ErrInvalidArgument)
 	}
+	if len(s.User) > 256 || strings.ContainsAny(s.User, "\x00\n") {
+		return fmt.Errorf("bad user %q: give a user name, a uid or uid:gid: %w", s.User, errdefs.ErrInvalidArgument)
+	}
 	if len(s.Hostname) > 64 || strings.ContainsRune(s.Hostname, 0) { // sethostname(2)'s bound
 		return fmt.Errorf("bad hostname %q: give up to 64 bytes: %w", s.Hostname, errdefs.ErrInvalidArgument)
 	}

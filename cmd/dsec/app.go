@@ -195,6 +195,7 @@ type PoolFile struct {
 	Policy    string   `mapstructure:"policy"` // a stored policy's name
 	Env       []string `mapstructure:"env"`
 	Workdir   string   `mapstructure:"workdir"`
+	User      string   `mapstructure:"user"`
 	UserNS    bool     `mapstructure:"userns"`
 }
 

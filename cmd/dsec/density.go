@@ -88,7 +88,7 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 		cfg.Defaults.Pids = p
 	}
 	for name, p := range a.cfg.Pools {
-		spec := api.SandboxSpec{Backend: p.Backend, CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, UserNS: p.UserNS}
+		spec := api.SandboxSpec{Backend: p.Backend, CPU: p.CPU, Class: p.Class, PolicyName: p.Policy, Env: p.Env, Workdir: p.Workdir, User: p.User, UserNS: p.UserNS}
 		spec.Layers = layerStack(p.Toolkit, p.Workspace, p.Base)
 		if p.Memory != "" {
 			n, err := parseBytes(p.Memory)

@@ -177,8 +177,9 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			// registryimages VAR: a registry on 127.0.0.1 (VAR its
 			// address) holding busybox images built with umoci:
 			// env:base (APP=base, workdir /srv), and env:tools and
-			// env:fresh, a layer each over env:base's; VAR_STORE is the
-			// address as the store's tags name it.
+			// env:fresh, a layer each over env:base's, and env:user,
+			// whose layer adds the user app (uid 1000), its USER;
+			// VAR_STORE is the address as the store's tags name it.
 			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
 				exe, err := layertest.Registry()
 				ts.Check(err)
@@ -199,7 +200,17 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 						return os.WriteFile(filepath.Join(root, tag), []byte(tag+"\n"), 0o644)
 					}))
 				}
-				for _, tag := range []string{"base", "tools", "fresh"} {
+				ts.Check(l.Layer("base", "user", func(root string) error {
+					if err := os.MkdirAll(filepath.Join(root, "home/app"), 0o700); err != nil {
+						return err
+					}
+					if err := os.Chown(filepath.Join(root, "home/app"), 1000, 1000); err != nil {
+						return err
+					}
+					return os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n"), 0o644)
+				}))
+				ts.Check(l.Umoci("config", "--image", l.Dir+":user", "--config.user", "app"))
+				for _, tag := range []string{"base", "tools", "fresh", "user"} {
 					ts.Check(l.Push(addr, "env", tag))
 				}
 				ts.Setenv(args[0], addr)

@@ -129,13 +129,14 @@ type branchFlags struct {
 	pids             int64
 	env              []string
 	workdir, backend string
+	user             string
 	policy           string
 	asJSON, userns   bool
 	diskOnly         bool
 }
 
 func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
-	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, UserNS: f.userns, DiskOnly: f.diskOnly}
+	spec := api.SandboxSpec{Backend: f.backend, CPU: f.cpu, Pids: f.pids, Env: f.env, Workdir: f.workdir, User: f.user, UserNS: f.userns, DiskOnly: f.diskOnly}
 	var err error
 	if spec.Policy, spec.PolicyName, err = a.policyArg(f.policy); err != nil {
 		return spec, err
@@ -156,6 +157,7 @@ func (f *branchFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.pids, "pids", 0, "limit on the processes and threads of each (its init's not counted)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVarP(&f.user, "user", "u", "", "every command's default user (default: the snapshot's sandbox's)")
 	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVar(&f.asJSON, "json", false, "print the sandboxes as JSON")
 	fl.BoolVar(&f.userns, "userns", false, "run each in a user namespace of its own")

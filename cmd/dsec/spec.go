@@ -36,6 +36,7 @@ type specFlags struct {
 	class                    string
 	env                      []string
 	workdir                  string
+	user                     string
 	policy                   string
 	userns                   bool
 }
@@ -55,13 +56,14 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.class, "class", "", "scheduling class: latency (interactive steps, the default) or batch (runs only on CPU nothing else wants)")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V for every command of the sandbox (repeatable)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "every command's default working directory")
+	fl.StringVarP(&f.user, "user", "u", "", "every command's default user: a name of the sandbox's /etc/passwd, uid or uid:gid (default: an image's USER, else root)")
 	fl.StringVar(&f.policy, "policy", "", "a policy file, or the name of a stored one (default: the secure default)")
 	fl.BoolVar(&f.userns, "userns", false, "run in a user namespace of its own: root in the sandbox is nobody on the host")
 }
 
 // spec is the sandbox the flags describe.
 func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
-	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, Hostname: f.hostname,
+	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, User: f.user, Hostname: f.hostname,
 		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns, Image: f.image}
 	if f.image != "" && f.base != "" {
 		return spec, usageError{fmt.Errorf("--image and --base are both a sandbox's bottom: give one (a workspace and a toolkit stack on either)")}

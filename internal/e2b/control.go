@@ -311,6 +311,12 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err := checkMetadata(req.Metadata); err != nil {
 		return err
 	}
+	if spec.Image != "" && spec.User == "" {
+		// E2B names a command's user: root is root, not the image's
+		// USER, which the worker would make the sandbox's default (a
+		// uid: an image may have no /etc/passwd).
+		spec.User = "0"
+	}
 	spec.Name = newID()
 	keys := slices.Sorted(maps.Keys(req.EnvVars))
 	for _, k := range keys {

@@ -141,10 +141,11 @@ type Lineage struct {
 	// Incremental: only what changed since the parent snapshot, which
 	// came from the same sandbox; else everything the sandbox wrote.
 	Incremental bool `json:"incremental,omitempty"`
-	// The sandbox's environment and working directory for every exec,
-	// which sandboxes started on the snapshot inherit unless given.
+	// The sandbox's environment, working directory and user for every
+	// exec, which sandboxes started on the snapshot inherit unless given.
 	Env     []string `json:"env,omitempty"`
 	Workdir string   `json:"workdir,omitempty"`
+	User    string   `json:"user,omitempty"`
 	// Memory: a memory snapshot's guest (pack-diff --memory of a
 	// microVM), which a microVM starts again where it stopped.
 	Memory *Memory `json:"memory,omitempty"`

@@ -27,7 +27,7 @@ type ExecSpec struct {
 	Args []string
 	Env  []string // after the sandbox's
 	Cwd  string   // default: the sandbox's workdir, then / (a User's home)
-	User string   // default: root
+	User string   // default: the sandbox's user, then root
 	// Stdin is nil for /dev/null. With TTY it is a terminal, the
 	// command's controlling one and its stdout and stderr too, and
 	// Terminal is its master, whose output Run journals as stdout until
@@ -98,6 +98,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			cwd = st.Workdir
 		}
 		env := mergeEnv(defaultEnv, st.Env, spec.Env)
+		user := cmp.Or(spec.User, st.User)
 		oomBefore := 0
 		if g != nil {
 			oomBefore = g.OOMKills()
@@ -132,7 +133,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			// at once if it cannot start it.
 			var guestOOM bool
 			var truncated int64
-			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY, User: spec.User,
+			code, err := c.Exec(context.Background(), backend.Cmd{ID: spec.ID, Args: spec.Args, Env: env, Cwd: cwd, TTY: spec.TTY, User: user,
 				MakeCwd: spec.Cwd == "" && cwd != "", OOMScore: oomScore(st.Class), OOM: &guestOOM,
 				Stdin: spec.Stdin, Stdout: stdout, Stderr: stderr, MaxOutput: maxOutput, Truncated: &truncated,
 				Started: func(int) { close(started) }})

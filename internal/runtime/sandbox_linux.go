@@ -57,10 +57,11 @@ type Spec struct {
 	Hostname  string   `json:"hostname"`          // asked: "" for the name
 	Env       []string `json:"env,omitempty"`     // every exec's environment, before its own
 	Workdir   string   `json:"workdir,omitempty"` // every exec's default directory
+	User      string   `json:"user,omitempty"`    // every exec's default user ("": root)
 	// From, instead of Layers, starts the sandbox on a snapshot: the
-	// snapshot over exactly the layers it was taken on, with the env and
-	// workdir of the sandbox it was taken from unless Env and Workdir
-	// are given. Resolved, Layers are those.
+	// snapshot over exactly the layers it was taken on, with the env,
+	// workdir and user of the sandbox it was taken from unless Env,
+	// Workdir and User are given. Resolved, Layers are those.
 	From string `json:"from,omitempty"`
 	// Policy holds the sandbox to files, syscall and network rules;
 	// asked, nil: the secure default; resolved: the effective policy.
@@ -242,6 +243,9 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		}
 		if o.Workdir == "" {
 			o.Workdir = l.Workdir
+		}
+		if o.User == "" {
+			o.User = l.User
 		}
 		if l.Memory != nil && !o.DiskOnly && o.Backend != "" && o.Backend == o.Drivers.MemoryBackend() {
 			// The guest's layer devices, under its own disk.

@@ -113,7 +113,7 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	var packed *snap.Packed
 	info, err := layer.Build(ctx, o.Store, layer.BuildOptions{
 		Kind: layer.KindSnapshot, Ref: o.Ref, SourceKind: "upper",
-		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil, Env: sb.Env, Workdir: sb.Workdir, Memory: mem},
+		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: sb.Name, Incremental: prev != nil, Env: sb.Env, Workdir: sb.Workdir, User: sb.User, Memory: mem},
 		Walk: func(ctx context.Context, w *erofs.Writer) error {
 			var err error
 			packed, err = snap.Pack(ctx, w, upper, prev, o.Limits)

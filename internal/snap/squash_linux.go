@@ -106,7 +106,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	}()
 	info, err := layer.Build(ctx, s, layer.BuildOptions{
 		Kind: layer.KindSnapshot, Ref: to, SourceKind: "squash",
-		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: top.Snapshot.Sandbox, Env: top.Snapshot.Env, Workdir: top.Snapshot.Workdir},
+		Snapshot: &layer.Lineage{Lowers: lowers, Sandbox: top.Snapshot.Sandbox, Env: top.Snapshot.Env, Workdir: top.Snapshot.Workdir, User: top.Snapshot.User},
 		Walk: func(ctx context.Context, w *erofs.Writer) error {
 			for _, m := range mnts {
 				p, err := Merge(ctx, w, m, base)

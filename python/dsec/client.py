@@ -130,7 +130,7 @@ class Client:
         workspace, base), or on a container image (image="python:3.12",
         pulled on first use) with any layers over it. memory in bytes; policy
         a stored policy's name or a policy document; spec: any other
-        api.SandboxSpec field (pids, disk, class_, hostname, userns,
+        api.SandboxSpec field (pids, disk, class_, hostname, user, userns,
         snapshot)."""
         if "class_" in spec:
             spec["class"] = spec.pop("class_")

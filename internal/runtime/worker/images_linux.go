@@ -58,6 +58,9 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if spec.Workdir == "" {
 		spec.Workdir = img.Config.WorkingDir
 	}
+	if spec.User == "" {
+		spec.User = img.Config.User
+	}
 	return nil
 }
 

@@ -231,7 +231,7 @@ func specOf(st runtime.State) api.SandboxSpec {
 		disk = api.Unlimited // no bound of its own, nor the default's
 	}
 	return api.SandboxSpec{CPU: float64(st.Limits.CPUMilli) / 1000, Memory: none(st.Limits.MemoryBytes), Pids: none(st.Limits.Pids), Disk: disk,
-		CPURequest: st.CPURequest, MemoryRequest: st.MemoryRequest, Class: st.Class, Env: st.Env, Workdir: st.Workdir,
+		CPURequest: st.CPURequest, MemoryRequest: st.MemoryRequest, Class: st.Class, Env: st.Env, Workdir: st.Workdir, User: st.User,
 		Backend: st.Backend, Policy: st.Policy, UserNS: st.UserNS}
 }
 
