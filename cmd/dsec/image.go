@@ -27,9 +27,9 @@ func (a *app) imageCommand() *cobra.Command {
 your own) into the store at <root>/store. Each of its layers becomes an EROFS layer of its own,
 tagged oci/sha256/CHAINID:erofs1 by its OCI chain ID (the digests of its tar and of every
 layer's under it), so two images that share their first layers store and fetch them once;
-the image itself is a small record of its layers in order and its config, whose environment
-and working directory dsec run --image and the SDKs take as defaults (its user and command
-are recorded, not applied: a sandbox runs the commands it is given, as root unless told).
+the image itself is a small record of its layers in order and its config, whose environment,
+working directory and user dsec run --image and the SDKs take as defaults (its entrypoint and
+command are recorded, not run: a sandbox runs the commands it is given).
 
 Names are read as docker pull reads them: python:3.12 is docker.io/library/python:3.12.
 Credentials are those docker login left (the config file and its credential helpers), or
