@@ -213,6 +213,24 @@ func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
 	return sb.journal().Lookup(sb.Snapshot().Name, id)
 }
 
+// Terminal allocates a terminal for a command of the sandbox (ExecSpec's
+// Terminal and Stdin), as its backend gives one.
+func (sb *Sandbox) Terminal() (master, tty *os.File, err error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.c == nil {
+		return nil, nil, fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	}
+	t, err := ability[backend.Terminaler](sb, "give a command a terminal")
+	if err != nil {
+		return nil, nil, err
+	}
+	if master, tty, err = t.Terminal(); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", sb.Name, err)
+	}
+	return master, tty, nil
+}
+
 // Signal sends sig to the running exec id (its process group). An exec
 // that ended is ErrFailedPrecondition; one never started ErrNotFound.
 func (sb *Sandbox) Signal(ctx context.Context, id string, sig syscall.Signal) error {

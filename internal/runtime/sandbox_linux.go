@@ -227,45 +227,9 @@ func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
 // create is Create, for a name already checked; with p, o may take a
 // sandbox p primed.
 func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox, err error) {
-	var digests []string
-	var mem *layer.Memory // a memory snapshot's guest, which the sandbox continues
-	if o.From != "" {
-		if len(o.Layers) > 0 {
-			return nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
-		}
-		l, d, err := lower.Lineage(ctx, o.Mounter.Source(), o.From)
-		if err != nil {
-			return nil, err
-		}
-		o.Layers, digests = []string{o.From}, []string{d}
-		if o.Env == nil {
-			o.Env = l.Env
-		}
-		if o.Workdir == "" {
-			o.Workdir = l.Workdir
-		}
-		if o.User == "" {
-			o.User = l.User
-		}
-		if l.Memory != nil && !o.DiskOnly && o.Backend != "" && o.Backend == o.Drivers.MemoryBackend() {
-			// The guest's layer devices, under its own disk.
-			mem, o.Layers, digests = l.Memory, nil, nil
-			for _, lo := range mem.Layers {
-				o.Layers = append(o.Layers, lo.Ref)
-				digests = append(digests, lo.Digest.String())
-			}
-		}
-		for _, lo := range l.Lowers {
-			if mem != nil {
-				break
-			}
-			if slices.Contains(digests, lo.Digest.String()) {
-				return nil, fmt.Errorf("snapshot %s stands on its own image (through %s: an older dsec packed an empty diff over an empty one): it cannot be started; dsec snap rm it and branch from the snapshot under it: %w",
-					o.From, lo.Ref, errdefs.ErrInvalidArgument)
-			}
-			o.Layers = append(o.Layers, lo.Ref)
-			digests = append(digests, lo.Digest.String())
-		}
+	digests, mem, err := onSnapshot(ctx, &o) // mem: a memory snapshot's guest, which the sandbox continues
+	if err != nil {
+		return nil, err
 	}
 	if len(o.Layers) == 0 {
 		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
@@ -352,35 +316,10 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 			return nil, err
 		}
 	}
-	dirs := []string{"rootfs", "execs", "upper", "work"}
-	switch {
-	case mem != nil: // the snapshot's disk
-		dirs = dirs[:2]
-		// Its blobs stay while they are fetched and the guest reads
-		// them: a collection waits.
-		release, err := o.Mounter.Store.Writer()
-		if err != nil {
-			return nil, err
-		}
-		defer release()
-		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
-			return nil, err
-		}
-	case quota > 0: // upper and work are made on the quota when it is mounted
-		dirs = dirs[:2]
-		if err := disk.Make(sb.dir, quota); err != nil {
-			return nil, err
-		}
-	case sb.UpperFS != "":
-		dirs = dirs[:2]
-		if err := disk.NewUpper(root, sb.UpperFS, sb.DiskBound); err != nil {
-			return nil, err
-		}
-	}
-	for _, d := range dirs {
-		if err := os.Mkdir(filepath.Join(sb.dir, d), 0o755); err != nil {
-			return nil, err
-		}
+	release, err := sb.makeDirs(ctx, root, o, mem, quota)
+	defer release()
+	if err != nil {
+		return nil, err
 	}
 	if err := sb.start(ctx, o.Mounter); err != nil {
 		if o.From != "" && errdefs.IsNotFound(err) {
@@ -395,6 +334,90 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	}
 	sb.resolvConf()
 	return sb, nil
+}
+
+// onSnapshot resolves a sandbox made on a snapshot (o.From): its layers
+// are the snapshot over exactly those it was taken on (a memory
+// snapshot's guest's devices, when the sandbox continues its guest),
+// and the env, workdir and user it was taken with are the defaults.
+// digests are the layers'; mem the guest continued (nil: none).
+func onSnapshot(ctx context.Context, o *Options) (digests []string, mem *layer.Memory, err error) {
+	if o.From == "" {
+		return nil, nil, nil
+	}
+	if len(o.Layers) > 0 {
+		return nil, nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
+	}
+	l, d, err := lower.Lineage(ctx, o.Mounter.Source(), o.From)
+	if err != nil {
+		return nil, nil, err
+	}
+	o.Layers, digests = []string{o.From}, []string{d}
+	if o.Env == nil {
+		o.Env = l.Env
+	}
+	if o.Workdir == "" {
+		o.Workdir = l.Workdir
+	}
+	if o.User == "" {
+		o.User = l.User
+	}
+	if l.Memory != nil && !o.DiskOnly && o.Backend != "" && o.Backend == o.Drivers.MemoryBackend() {
+		// The guest's layer devices, under its own disk.
+		mem, o.Layers, digests = l.Memory, nil, nil
+		for _, lo := range mem.Layers {
+			o.Layers = append(o.Layers, lo.Ref)
+			digests = append(digests, lo.Digest.String())
+		}
+	}
+	for _, lo := range l.Lowers {
+		if mem != nil {
+			break
+		}
+		if slices.Contains(digests, lo.Digest.String()) {
+			return nil, nil, fmt.Errorf("snapshot %s stands on its own image (through %s: an older dsec packed an empty diff over an empty one): it cannot be started; dsec snap rm it and branch from the snapshot under it: %w",
+				o.From, lo.Ref, errdefs.ErrInvalidArgument)
+		}
+		o.Layers = append(o.Layers, lo.Ref)
+		digests = append(digests, lo.Digest.String())
+	}
+	return digests, mem, nil
+}
+
+// makeDirs makes the sandbox's directories and what its upper is on: a
+// memory snapshot's disk restored, a disk of its own (quota), or its
+// part of the root's shared file system. The caller calls release once
+// the sandbox has started: a memory snapshot's blobs stay while they are
+// fetched and the guest reads them (a collection waits).
+func (sb *Sandbox) makeDirs(ctx context.Context, root string, o Options, mem *layer.Memory, quota int64) (release func(), err error) {
+	release = func() {}
+	dirs := []string{"rootfs", "execs", "upper", "work"}
+	switch {
+	case mem != nil: // the snapshot's disk
+		dirs = dirs[:2]
+		if release, err = o.Mounter.Store.Writer(); err != nil {
+			return func() {}, err
+		}
+		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
+			return release, err
+		}
+	case quota > 0: // upper and work are made on the quota when it is mounted
+		dirs = dirs[:2]
+		if err := disk.Make(sb.dir, quota); err != nil {
+			return release, err
+		}
+	case sb.UpperFS != "":
+		dirs = dirs[:2]
+		if err := disk.NewUpper(root, sb.UpperFS, sb.DiskBound); err != nil {
+			return release, err
+		}
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(filepath.Join(sb.dir, d), 0o755); err != nil {
+			return release, err
+		}
+	}
+	return release, nil
 }
 
 // start mounts the layers and the overlay, makes the cgroup and starts

@@ -56,6 +56,12 @@ type (
 	Renamer interface {
 		SetHostname(name string) error
 	}
+	// Terminaler allocates a terminal for a command (Cmd.TTY): master
+	// is the runtime's (non-blocking, for its poller; what the command
+	// shows is read there), tty the command's end.
+	Terminaler interface {
+		Terminal() (master, tty *os.File, err error)
+	}
 	// Signaler signals a running command (its process group) by its
 	// id; one that ended is left be. ErrUnknownExec: never started.
 	Signaler interface {

@@ -84,7 +84,7 @@ func (w *worker) serveExec(rw http.ResponseWriter, r *http.Request, sb *runtime.
 	var ours []*os.File // the command's ends, closed once the init has them
 	switch {
 	case req.TTY:
-		m, tty, err := sandboxPty(sb)
+		m, tty, err := sb.Terminal()
 		if err != nil {
 			fail(rw, fmt.Errorf("allocate a terminal: %w", err))
 			return

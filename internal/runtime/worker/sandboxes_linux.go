@@ -16,7 +16,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
-	"github.com/dsec-project/dsec/internal/runtime/driver"
 )
 
 // get finds the sandbox r names ({name}), if r's caller may see it: to
@@ -90,101 +89,14 @@ func (w *worker) createSandbox(ctx context.Context, spec api.SandboxSpec) (*runt
 // makeSandbox makes a sandbox once the gate admits it; pool names the
 // FnCall pool it is made for.
 func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purpose) (*runtime.Sandbox, error) {
-	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
-		return nil, fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
-	}
-	if !isTrusted(ctx) { // the caller's own spec, not a template's or a pool's
-		if err := w.checkAllowed(ctx, spec); err != nil {
-			return nil, err
-		}
-		if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
-			return nil, err
-		}
-	}
-	if err := w.withImage(ctx, &spec); err != nil {
+	if err := w.resolve(ctx, &spec); err != nil {
 		return nil, err
 	}
-	if mb := w.mounter.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
-		// A memory snapshot's branch continues its guest, a microVM of
-		// its RAM, by default.
-		mem, err := runtime.MemoryOf(ctx, w.mounter, spec.Snapshot)
-		if err != nil && !errdefs.IsNotFound(err) {
-			return nil, err
-		}
-		if mem != nil {
-			spec.Backend = mb
-			if spec.Memory == 0 {
-				spec.Memory = mem.MemoryBytes
-			}
-		}
-	}
-	b, err := w.mounter.Drivers.Usable(spec.Backend)
+	e, err := w.reserve(ctx, spec, why)
 	if err != nil {
 		return nil, err
 	}
-	spec.Backend = b.Name()
-	if err := checkSpec(&spec); err != nil {
-		return nil, err
-	}
-	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
-		return nil, err
-	}
-	if spec.Disk <= 0 { // it writes to the shared file system
-		size, free := disk.UppersSize(w.cfg.Root)
-		if err := w.cfg.Admission.checkUppers(disk.UppersDir(w.cfg.Root), size, free); err != nil {
-			return nil, err
-		}
-	}
-	if spec.Name == "" {
-		spec.Name = runtime.RandomName("sb-")
-	}
-	if err := api.ValidName(spec.Name); err != nil {
-		return nil, err
-	}
-	// Reserve the name: a second create of it fails at once.
-	owner := ownerOf(ctx)
-	if why.warm() { // a pool's sandbox: the admin's
-		owner = ""
-	}
-	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), purpose: why, owner: owner}
-	t := tenantOf(ctx)
-	if t != nil { // a pool's sandbox for its call too
-		e.account = t.ID
-	}
-	e.op.Lock()
 	defer e.op.Unlock()
-	w.mu.Lock()
-	for {
-		if w.stopping {
-			w.mu.Unlock()
-			return nil, errStopping
-		}
-		old, taken := w.sandboxes[spec.Name]
-		if !taken {
-			break
-		}
-		gone := old.gone
-		if gone == nil {
-			w.mu.Unlock()
-			return nil, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists)
-		}
-		w.mu.Unlock() // the name's sandbox is going: wait for it
-		select {
-		case <-gone:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		w.mu.Lock()
-	}
-	if t != nil {
-		if err := w.checkQuota(t, e); err != nil {
-			w.mu.Unlock()
-			return nil, err
-		}
-	}
-	w.sandboxes[spec.Name] = e
-	w.making.Add(1) // before stopMaking waits: w.stopping is false
-	w.mu.Unlock()
 	defer w.making.Done()
 	forget := func() {
 		w.mu.Lock()
@@ -249,6 +161,116 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 	return sb, nil
 }
 
+// resolve makes spec what the sandbox is made of: a tenant's refs
+// checked and resolved, an image's layers and defaults taken, the
+// backend chosen (a memory snapshot's microVM by default), the host's
+// disk checked, a name given.
+func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
+	if spec.Backend == "fncall" { // what DESIGN and the CLI call one
+		return fmt.Errorf("fncall is not a backend but calls in warm sandboxes of one, discarded after each: use dsec run --backend fncall -- CMD, or the SDK's Call: %w", errdefs.ErrInvalidArgument)
+	}
+	if !isTrusted(ctx) { // the caller's own spec, not a template's or a pool's
+		if err := w.checkAllowed(ctx, *spec); err != nil {
+			return err
+		}
+		if err := w.scopeOf(ctx).resolveSpec(ctx, spec); err != nil {
+			return err
+		}
+	}
+	if err := w.withImage(ctx, spec); err != nil {
+		return err
+	}
+	if mb := w.mounter.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
+		// A memory snapshot's branch continues its guest, a microVM of
+		// its RAM, by default.
+		mem, err := runtime.MemoryOf(ctx, w.mounter, spec.Snapshot)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		if mem != nil {
+			spec.Backend = mb
+			if spec.Memory == 0 {
+				spec.Memory = mem.MemoryBytes
+			}
+		}
+	}
+	b, err := w.mounter.Drivers.Usable(spec.Backend)
+	if err != nil {
+		return err
+	}
+	spec.Backend = b.Name()
+	if err := checkSpec(spec); err != nil {
+		return err
+	}
+	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
+		return err
+	}
+	if spec.Disk <= 0 { // it writes to the shared file system
+		size, free := disk.UppersSize(w.cfg.Root)
+		if err := w.cfg.Admission.checkUppers(disk.UppersDir(w.cfg.Root), size, free); err != nil {
+			return err
+		}
+	}
+	if spec.Name == "" {
+		spec.Name = runtime.RandomName("sb-")
+	}
+	return api.ValidName(spec.Name)
+}
+
+// reserve takes spec's name for a sandbox being made (a second create
+// of it fails at once; one whose sandbox is being removed waits), within
+// the tenant's quota. The entry comes back with its op held and the
+// worker's making counted: the caller lets both go.
+func (w *worker) reserve(ctx context.Context, spec api.SandboxSpec, why purpose) (*entry, error) {
+	owner := ownerOf(ctx)
+	if why.warm() { // a pool's sandbox: the admin's
+		owner = ""
+	}
+	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), purpose: why, owner: owner}
+	t := tenantOf(ctx)
+	if t != nil { // a pool's sandbox for its call too
+		e.account = t.ID
+	}
+	e.op.Lock()
+	fail := func(err error) (*entry, error) {
+		e.op.Unlock()
+		return nil, err
+	}
+	w.mu.Lock()
+	for {
+		if w.stopping {
+			w.mu.Unlock()
+			return fail(errStopping)
+		}
+		old, taken := w.sandboxes[spec.Name]
+		if !taken {
+			break
+		}
+		gone := old.gone
+		if gone == nil {
+			w.mu.Unlock()
+			return fail(fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists))
+		}
+		w.mu.Unlock() // the name's sandbox is going: wait for it
+		select {
+		case <-gone:
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
+		w.mu.Lock()
+	}
+	if t != nil {
+		if err := w.checkQuota(t, e); err != nil {
+			w.mu.Unlock()
+			return fail(err)
+		}
+	}
+	w.sandboxes[spec.Name] = e
+	w.making.Add(1) // before stopMaking waits: w.stopping is false
+	w.mu.Unlock()
+	return e, nil
+}
+
 // stop stops a sandbox and gives back what it held of the host.
 func (w *worker) stop(_ context.Context, e *entry) error {
 	if err := e.sb.Stop(); err != nil {
@@ -306,26 +328,23 @@ func (w *worker) evict(ctx context.Context, e *entry) error {
 	return nil
 }
 
-// describe is a sandbox as the API shows it.
+// describe is a sandbox as the API shows it: its state, and what it
+// uses now (runtime's Stats).
 func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
-	st := sb.Snapshot()
+	st, use := sb.Snapshot(), sb.Stats()
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.mounter.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, User: st.User, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
-		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: sb.ExecCount(),
-		DiskUsed: sb.DiskUsed(), DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: sb.Idle().Seconds(),
+		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: use.Execs,
+		DiskUsed: use.DiskUsed, DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: use.Idle.Seconds(),
+		Cgroup: use.Cgroup, MemoryBytes: use.MemoryBytes, OOMKills: use.OOMKills, MemoryLimit: use.MemoryLimit, PidsLimit: use.PidsLimit,
+		Frozen: use.Frozen, CPUSeconds: use.CPUSeconds,
 	}
 	if st.VM != nil {
 		vm := *st.VM
 		vm.Evicted = st.Saved != nil
-		if st.Status == runtime.Running && !st.Paused {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if m := sb.GuestMemory(ctx); m != nil {
-				vm.GuestMemory, vm.GuestMemoryUsed = m.Total, m.Total-m.Available
-			}
-			cancel()
-		}
+		vm.GuestMemory, vm.GuestMemoryUsed = use.GuestMemory, use.GuestMemoryUsed
 		out.VM = &vm
 	}
 	if st.Paused {
@@ -333,27 +352,14 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	}
 	showMark(&out, purpose(st.Pool))
 	out.Class, out.CPURequest, out.MemoryRequest = st.Class, st.CPURequest, st.MemoryRequest
-	if t := sb.Reclaimed(); !t.IsZero() {
-		out.Reclaimed = &t
+	if !use.Reclaimed.IsZero() {
+		out.Reclaimed = &use.Reclaimed
 	}
 	if st.NAT != nil {
 		out.Address, out.Gateway = st.NAT.Sandbox, st.NAT.Host
 	}
 	if st.IDs != nil {
 		out.HostID = st.IDs.Host
-	}
-	if g := sb.Cgroup(); g != nil && st.Status == runtime.Running {
-		out.Cgroup = g.Path()
-		out.MemoryBytes, _ = g.MemoryCharged()
-		out.OOMKills = g.OOMKills()
-		out.MemoryLimit, out.PidsLimit = g.Limits()
-		out.Frozen = g.Frozen()
-		if out.PidsLimit > 0 { // the user's count, the init's share left out
-			out.PidsLimit = max(out.PidsLimit-driver.InitPids, 1)
-		}
-		if used, err := g.CPUUsage(); err == nil {
-			out.CPUSeconds = used.Seconds()
-		}
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,25 +140,16 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := lockRoot(lock, cfg.Root); err != nil {
 		return err
 	}
-	var tcp []net.Listener // made first: a bad address fails the start, not a later request
+	tcp, e2bListener, err := listen(cfg) // first: a bad address fails the start, not a later request
 	defer func() {
-		for _, l := range tcp {
-			l.Close()
+		for _, l := range append(tcp, e2bListener) {
+			if l != nil {
+				l.Close()
+			}
 		}
 	}()
-	for _, addr := range cfg.Listen {
-		l, err := listenTCP(addr, cfg.TLS, false)
-		if err != nil {
-			return err
-		}
-		tcp = append(tcp, l)
-	}
-	var e2bListener net.Listener
-	if cfg.E2B.Listen != "" {
-		if e2bListener, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, true); err != nil {
-			return fmt.Errorf("e2b listener: %w", err)
-		}
-		defer e2bListener.Close()
+	if err != nil {
+		return err
 	}
 	s, err := store.Open(filepath.Join(cfg.Root, "store"))
 	if err != nil {
@@ -166,52 +158,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := cfg.Admission.Validate(); err != nil {
 		return err
 	}
-	if cfg.CgroupParent != "" {
-		cgroup.Parent = cfg.CgroupParent
-	}
-	// Early, for what the worker holds before the move stays charged
-	// where it was (cgroup2 does not move charges).
-	if p, ok := cfg.Admission.protection(); ok {
-		if dir, err := cgroup.Protect(p); err != nil {
-			cfg.Log.Info("the worker's memory is not protected", "why", err)
-		} else {
-			cfg.Log.Info("the worker's memory is protected", "group", dir, "min", p.Min, "low", p.Low)
-			defer func() {
-				if err := cgroup.Unprotect(); err != nil {
-					cfg.Log.Warn("the worker's group", "err", err)
-				}
-			}()
-		}
-	}
-	runtime.SetDNS(cfg.DNS)
-	drivers := runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers})
-	if h, err := drivers.MicroVMHost(); err != nil {
-		cfg.Log.Info("this host runs no microVMs", "why", err)
-	} else {
-		cfg.Log.Info("microVMs run", "accel", h.Accel.Name, "why", h.Accel.Why, "kernel", h.Kernel.String(), "qemu", h.QEMUVersion)
-	}
-	cpus, mem, err := runtime.HostCapacity()
+	h, err := prepareHost(cfg)
+	defer h.undo()
 	if err != nil {
 		return err
 	}
-	if err := cgroup.LimitParent(parentLimits(cfg.Admission.withDefaults(), mem)); err != nil {
-		// Sandboxes using more than the new bound already: it holds
-		// from when they free it; the worker runs on.
-		cfg.Log.Warn("cannot bound all sandboxes together yet", "err", err)
-	}
-	// Sandboxes without a disk quota of their own write to one file
-	// system, of a bounded size; each has its bound there.
-	if err := disk.PrepareUppers(cfg.Root, cfg.Admission.UppersSize); err != nil {
-		if size, _ := disk.UppersSize(cfg.Root); size == 0 {
-			return err
-		}
-		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
-	}
-	defer disk.ReleaseUppers(cfg.Root) // when no sandbox is left on it
 	w := &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
-		gate: newGate(cfg.Admission, cpus, mem), tokens: auth.Open(cfg.Root),
+		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
-			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: drivers}}
+			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
 	if err := migrateOwners(ctx, cfg.Root, s, w.tokens); err != nil {
 		return err
 	}
@@ -222,25 +177,20 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer lower.Of(cfg.Root).ReleaseKept() // after the sandboxes' release
 	defer w.release()
 	defer w.waitRemovals()
-	drivers.Prepare() // what a dead worker left is swept
-	defer drivers.Close()
+	h.drivers.Prepare() // what a dead worker left is swept
+	defer h.drivers.Close()
 	if n := cfg.Admission.withDefaults().Primed; n > 0 {
 		w.mounter.Primed = runtime.StartPrimed(cfg.Root, w.mounter, n)
 		defer w.mounter.Primed.Close()
 	}
 
 	sock := filepath.Join(cfg.Root, api.Socket)
-	os.Remove(sock) // a dead worker's: we hold the lock
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", sock, err)
-	}
+	l, err := listenSocket(cfg.Root, sock)
 	defer os.Remove(sock)
-	os.Chmod(sock, 0o600)
-	if err := os.WriteFile(filepath.Join(cfg.Root, "worker.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+	defer os.Remove(filepath.Join(cfg.Root, "worker.pid"))
+	if err != nil {
 		return err
 	}
-	defer os.Remove(filepath.Join(cfg.Root, "worker.pid"))
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -257,6 +207,29 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer w.stopMaking()
 	go w.reclaimLoop(ctx)
 	go w.pressureLoop(ctx)
+	errc, stop, err := w.serve(ctx, l, tcp, e2bListener, sock, initBin)
+	if err != nil {
+		return err
+	}
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+	if err := w.wait(ctx, errc); err != nil {
+		return err
+	}
+	// Requests in flight get a moment; running execs go on in their
+	// sandboxes and a later worker collects their results.
+	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer scancel()
+	stop(sctx)
+	return nil
+}
+
+// serve serves the API on the socket's listener l and, through the
+// token check and the request slots, on the TCP listeners and the E2B
+// front's; errc hears a server that failed, stop shuts the servers down.
+func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, e2bListener net.Listener, sock, initBin string) (errc chan error, stop func(context.Context), err error) {
+	cfg := w.cfg
 	routes := w.routes()
 	srv := &http.Server{Handler: routes, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
@@ -264,7 +237,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	remote := &http.Server{Handler: w.authed(routes, lim), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ErrorLog:    slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)} // a failed handshake is anyone's knock
-	errc := make(chan error, 2+len(tcp))
+	errc = make(chan error, 2+len(tcp))
 	w.mu.Lock()
 	n := len(w.sandboxes) // pools fill it meanwhile
 	w.mu.Unlock()
@@ -279,7 +252,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	if e2bListener != nil {
 		if err := w.serveE2B(ctx, e2bListener, routes, lim, errc); err != nil {
-			return err
+			return nil, nil, err
 		}
 		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")
 	}
@@ -290,12 +263,18 @@ func Serve(ctx context.Context, cfg Config) error {
 			}
 		}
 	}()
-	if cfg.Ready != nil {
-		cfg.Ready()
-	}
+	return errc, func(ctx context.Context) {
+		srv.Shutdown(ctx)
+		remote.Shutdown(ctx)
+	}, nil
+}
+
+// wait returns when the worker is to stop: a server's error, ctx done,
+// or (cfg.ExitIdle) no sandbox, pool or request for that long (nil).
+func (w *worker) wait(ctx context.Context, errc <-chan error) error {
 	var idle <-chan time.Time
-	if cfg.ExitIdle > 0 {
-		t := time.NewTicker(min(cfg.ExitIdle/4, 5*time.Second))
+	if w.cfg.ExitIdle > 0 {
+		t := time.NewTicker(min(w.cfg.ExitIdle/4, 5*time.Second))
 		defer t.Stop()
 		idle = t.C
 	}
@@ -305,22 +284,116 @@ func Serve(ctx context.Context, cfg Config) error {
 			return err
 		case <-idle:
 			w.mu.Lock()
-			quiet := len(w.sandboxes) == 0 && len(w.pools) == 0 && time.Since(w.lastReq) > cfg.ExitIdle
+			quiet := len(w.sandboxes) == 0 && len(w.pools) == 0 && time.Since(w.lastReq) > w.cfg.ExitIdle
 			w.mu.Unlock()
 			if !quiet {
 				continue
 			}
-			w.log.Info("worker idle: exiting", "after", cfg.ExitIdle)
+			w.log.Info("worker idle: exiting", "after", w.cfg.ExitIdle)
+			return nil
 		case <-ctx.Done():
+			return nil
 		}
-		// Requests in flight get a moment; running execs go on in
-		// their sandboxes and a later worker collects their results.
-		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer scancel()
-		srv.Shutdown(sctx)
-		remote.Shutdown(sctx)
-		return nil
 	}
+}
+
+// listen opens the TCP API's listeners and the E2B front's, those that
+// it opened before a failure included.
+func listen(cfg Config) (tcp []net.Listener, e2b net.Listener, err error) {
+	for _, addr := range cfg.Listen {
+		l, err := listenTCP(addr, cfg.TLS, false)
+		if err != nil {
+			return tcp, nil, err
+		}
+		tcp = append(tcp, l)
+	}
+	if cfg.E2B.Listen != "" {
+		if e2b, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, true); err != nil {
+			return tcp, nil, fmt.Errorf("e2b listener: %w", err)
+		}
+	}
+	return tcp, e2b, nil
+}
+
+// listenSocket listens on the root's socket (a dead worker's is
+// removed: the caller holds the lock) and writes the worker's pid.
+func listenSocket(root, sock string) (net.Listener, error) {
+	os.Remove(sock)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", sock, err)
+	}
+	os.Chmod(sock, 0o600)
+	if err := os.WriteFile(filepath.Join(root, "worker.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// host is what prepareHost readied: the drivers, the host's capacity,
+// and undo, which gives back what it took (the sandboxes' file system
+// once no sandbox is left on it, the worker's protected group).
+type host struct {
+	drivers *runtime.Drivers
+	cpus    int
+	mem     int64
+	undo    func()
+}
+
+// prepareHost readies the host for sandboxes: the control groups'
+// parent, bounded, and the worker's protection; the resolver settings;
+// the drivers; the sandboxes' shared file system. undo is set on an
+// error too.
+func prepareHost(cfg Config) (h host, err error) {
+	var undo []func()
+	h.undo = func() {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+	}
+	if cfg.CgroupParent != "" {
+		cgroup.Parent = cfg.CgroupParent
+	}
+	// Early, for what the worker holds before the move stays charged
+	// where it was (cgroup2 does not move charges).
+	if p, ok := cfg.Admission.protection(); ok {
+		if dir, err := cgroup.Protect(p); err != nil {
+			cfg.Log.Info("the worker's memory is not protected", "why", err)
+		} else {
+			cfg.Log.Info("the worker's memory is protected", "group", dir, "min", p.Min, "low", p.Low)
+			undo = append(undo, func() {
+				if err := cgroup.Unprotect(); err != nil {
+					cfg.Log.Warn("the worker's group", "err", err)
+				}
+			})
+		}
+	}
+	runtime.SetDNS(cfg.DNS)
+	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers})
+	if m, err := h.drivers.MicroVMHost(); err != nil {
+		cfg.Log.Info("this host runs no microVMs", "why", err)
+	} else {
+		cfg.Log.Info("microVMs run", "accel", m.Accel.Name, "why", m.Accel.Why, "kernel", m.Kernel.String(), "qemu", m.QEMUVersion)
+	}
+	if h.cpus, h.mem, err = runtime.HostCapacity(); err != nil {
+		return h, err
+	}
+	if err := cgroup.LimitParent(parentLimits(cfg.Admission.withDefaults(), h.mem)); err != nil {
+		// Sandboxes using more than the new bound already: it holds
+		// from when they free it; the worker runs on.
+		cfg.Log.Warn("cannot bound all sandboxes together yet", "err", err)
+	}
+	// Sandboxes without a disk quota of their own write to one file
+	// system, of a bounded size; each has its bound there.
+	if err := disk.PrepareUppers(cfg.Root, cfg.Admission.UppersSize); err != nil {
+		if size, _ := disk.UppersSize(cfg.Root); size == 0 {
+			return h, err
+		}
+		cfg.Log.Warn("the sandboxes' file system keeps its size", "err", err) // a shrink that does not fit
+	}
+	undo = append(undo, func() { disk.ReleaseUppers(cfg.Root) }) // when no sandbox is left on it
+	return h, nil
 }
 
 func (w *worker) routes() http.Handler {

@@ -1,36 +1,42 @@
-package worker
+package container
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/dsec-project/dsec/internal/runtime"
 )
 
-// sandboxPty allocates a terminal from the sandbox's own devpts (its
+// Terminal allocates a terminal from the sandbox's own devpts
+// (backend.Terminaler).
+func (s *Conn) Terminal() (master, tty *os.File, err error) { return terminalOf(s.Pid()) }
+
+// Terminal allocates a terminal from the devpts its shim sees, the
+// host's: the guest's command gets it through the agent.
+func (v *VM) Terminal() (master, tty *os.File, err error) { return terminalOf(v.Pid()) }
+
+// terminalOf allocates a terminal from the sandbox's own devpts (its
 // /dev/pts/ptmx, reached through its init's root), so that the command
 // finds its terminal under /dev/pts: ttyname() and tty(1) name it, as
 // they could not name one of the host's instance. The path is resolved
 // inside the sandbox's root without following any link, and what it
 // opens must be a devpts ptmx, whatever the agent mounted there; the
 // terminal's other end comes from the master (TIOCGPTPEER), by no path.
-func sandboxPty(sb *runtime.Sandbox) (master, tty *os.File, err error) {
-	pid := sb.Snapshot().Pid
+func terminalOf(pid int) (master, tty *os.File, err error) {
 	if pid <= 0 {
-		return nil, nil, fmt.Errorf("sandbox %s has no init to give a terminal", sb.Name)
+		return nil, nil, errors.New("the sandbox has no init to give a terminal")
 	}
 	root, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s's root: %w", sb.Name, err)
+		return nil, nil, fmt.Errorf("the sandbox's root: %w", err)
 	}
 	defer unix.Close(root)
 	fd, err := unix.Openat2(root, "dev/pts/ptmx", &unix.OpenHow{Flags: unix.O_RDWR | unix.O_NOCTTY | unix.O_NONBLOCK | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
 	if err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s's /dev/pts/ptmx: %w", sb.Name, err)
+		return nil, nil, fmt.Errorf("the sandbox's /dev/pts/ptmx: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -46,7 +52,7 @@ func sandboxPty(sb *runtime.Sandbox) (master, tty *os.File, err error) {
 		return nil, nil, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != 5 || unix.Minor(st.Rdev) != 2 || sfs.Type != unix.DEVPTS_SUPER_MAGIC {
-		return nil, nil, fmt.Errorf("sandbox %s's /dev/pts/ptmx is not a devpts terminal multiplexer", sb.Name)
+		return nil, nil, errors.New("the sandbox's /dev/pts/ptmx is not a devpts terminal multiplexer")
 	}
 	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
 		return nil, nil, fmt.Errorf("unlock the terminal: %w", err)
