@@ -521,7 +521,7 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 					backend += "/" + s.VM.Accel
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s ago\t%s\n", s.Name, s.Status, backend, class, cpu, mem, disk, idle, s.Execs,
-					time.Since(s.Created).Round(time.Second), strings.Join(s.Layers, ","))
+					time.Since(s.Created).Round(time.Second), shownLayers(s))
 			}
 			return tw.Flush()
 		},
@@ -530,6 +530,21 @@ journaled execs, age and layers. Warm sandboxes of FnCall pools only with --all.
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print names only")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "list the warm sandboxes of FnCall pools too")
 	return cmd
+}
+
+// shownLayers is what ps shows of a sandbox's layers: an image's by the
+// image's name.
+func shownLayers(s api.Sandbox) string {
+	if s.Image == "" {
+		return strings.Join(s.Layers, ",")
+	}
+	var out []string
+	for _, l := range s.Layers {
+		if !strings.HasPrefix(l, "oci/sha256/") { // an image's layer tags (internal/layer/image)
+			out = append(out, l)
+		}
+	}
+	return strings.Join(append(out, s.Image), ",")
 }
 
 func (a *app) inspectCommand() *cobra.Command {

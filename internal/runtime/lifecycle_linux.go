@@ -53,6 +53,41 @@ func (sb *Sandbox) pause() error {
 	return nil
 }
 
+// Hold freezes a running sandbox's processes where they are, as Pause
+// does, without pausing it: its state says running, an exec waits, and
+// Unhold lets it go on. The worker holds batch sandboxes while the host
+// is short of memory; a stop and start lets go of a hold too.
+func (sb *Sandbox) Hold() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status != Running || sb.g == nil {
+		return fmt.Errorf("sandbox %s is %s: only a running sandbox is held: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	}
+	return sb.g.Freeze()
+}
+
+// Unhold lets a held sandbox run on; a paused one stays frozen.
+func (sb *Sandbox) Unhold() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Paused || sb.g == nil {
+		return nil
+	}
+	return sb.g.Thaw()
+}
+
+// Held says whether the sandbox's processes are frozen (held or
+// paused); live whether it runs, with a group to freeze.
+func (sb *Sandbox) Held() (held, live bool) {
+	sb.mu.Lock()
+	g := sb.g
+	sb.mu.Unlock()
+	if g == nil {
+		return false, false
+	}
+	return g.Frozen(), true
+}
+
 // PauseWarm pauses a sandbox made ahead of need (primed, or a FnCall
 // pool's) if its backend's wait so (a microVM's guest); others run on.
 func (sb *Sandbox) PauseWarm() error {

@@ -58,6 +58,9 @@ type Spec struct {
 	Env       []string `json:"env,omitempty"`     // every exec's environment, before its own
 	Workdir   string   `json:"workdir,omitempty"` // every exec's default directory
 	User      string   `json:"user,omitempty"`    // every exec's default user ("": root)
+	// Image names the container image whose layers are at the bottom
+	// of Layers (its normalized reference), for those who look.
+	Image string `json:"image,omitempty"`
 	// From, instead of Layers, starts the sandbox on a snapshot: the
 	// snapshot over exactly the layers it was taken on, with the env,
 	// workdir and user of the sandbox it was taken from unless Env,

@@ -54,6 +54,7 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 		return err
 	}
 	spec.Layers = append(spec.Layers, img.Refs()...)
+	spec.Image = img.Reference
 	spec.Env = mergeEnv(img.Config.Env, spec.Env)
 	if spec.Workdir == "" {
 		spec.Workdir = img.Config.WorkingDir

@@ -31,8 +31,9 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			if sb.Snapshot().Paused { // paused since: it stays frozen
 				continue
 			}
-			if g := sb.Cgroup(); g != nil {
-				g.Thaw()
+			if err := sb.Unhold(); err != nil {
+				w.log.Error("cannot thaw a batch sandbox", "sandbox", sb.Name, "err", err)
+				continue
 			}
 			w.log.Info("thawed a batch sandbox: the memory pressure passed", "sandbox", sb.Name)
 		}
@@ -68,13 +69,12 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			}
 		}
 		for _, sb := range w.batchSandboxes() {
-			g := sb.Cgroup()
-			switch {
-			case g == nil || w.pressureFrozen(sb) && g.Frozen(): // (a stop and start thaws it)
+			switch held, live := sb.Held(); {
+			case !live || w.pressureFrozen(sb) && held: // (a stop and start thaws it)
 			case !reclaimed:
 				sb.Reclaim()
 			default:
-				if err := g.Freeze(); err != nil {
+				if err := sb.Hold(); err != nil {
 					w.log.Error("cannot freeze a batch sandbox under memory pressure", "sandbox", sb.Name, "err", err)
 					continue
 				}

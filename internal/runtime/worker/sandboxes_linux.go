@@ -132,7 +132,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 	t0 := time.Now()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{Mounter: m, Spec: runtime.Spec{
 		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
-		Workdir: spec.Workdir, User: spec.User, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
+		Workdir: spec.Workdir, User: spec.User, Image: spec.Image, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
 		Disk:          max(spec.Disk, 0),
 		DiskBound:     min(spec.Disk, 0), // api.Unlimited, or the default
 		CPURequest:    e.req.CPU,
@@ -334,7 +334,7 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
 	st, use := sb.Snapshot(), sb.Stats()
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.mounter.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
-			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, User: st.User, Hostname: st.Hostname, Snapshot: st.From,
+			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, User: st.User, Image: st.Image, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: use.Execs,
 		DiskUsed: use.DiskUsed, DiskLimit: cmp.Or(st.Disk, st.DiskBound), IdleSeconds: use.Idle.Seconds(),
