@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,8 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
@@ -459,4 +462,82 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestMicroVMDeepStack: a stack deeper than a guest has layer devices
+// for (a deep image's) runs on a microVM: its deepest layers are folded
+// into one base layer, built once and found by the next create; the
+// guest sees every layer's files, an upper layer's whiteout included;
+// the container backend stacks the same layers unfolded, and a microVM
+// on a snapshot of that container folds the deepest under the snapshot.
+func TestMicroVMDeepStack(t *testing.T) {
+	w, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
+	ctx := context.Background()
+	n := container.MaxLayers + 6
+	var layers []string // topmost first, over bb:1
+	for i := range n - 1 {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte(fmt.Sprintf("layer %d\n", i)), 0o644)
+		if i == n-2 { // the topmost hides the deepest's file
+			unix.Mknod(filepath.Join(dir, "f00"), unix.S_IFCHR, 0)
+		}
+		tag := fmt.Sprintf("deep%02d:1", i)
+		buildLayer(t, w.Root, tag, dir)
+		layers = append([]string{tag}, layers...)
+	}
+	layers = append(layers, "bb:1")
+	check := func(sb *sdk.Sandbox) {
+		t.Helper()
+		out, res := run(t, sb, "files", `cat /f01 /f$(printf %02d `+strconv.Itoa(n-2)+`); test -e /f00 || echo hidden; ls /bin/busybox`)
+		if want := fmt.Sprintf("layer 1\nlayer %d\nhidden\n/bin/busybox\n", n-2); out != want || res.ExitCode != 0 {
+			t.Errorf("%d layers: %q (exit %d), want %q", n, out, res.ExitCode, want)
+		}
+	}
+	vm := create(t, c, api.SandboxSpec{Name: "deep", Backend: "microvm", Layers: layers})
+	check(vm)
+	info, err := vm.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Layers) != container.MaxLayers || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) || info.Layers[0] != layers[0] {
+		t.Fatalf("a microVM on %d layers stands on %v, want the top %d and one folded", n, info.Layers, container.MaxLayers-1)
+	}
+	folded := info.Layers[len(info.Layers)-1]
+	s, err := store.Open(filepath.Join(w.Root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := layer.Resolve(ctx, s, folded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next create finds the fold: the same layer, not built again.
+	vm2 := create(t, c, api.SandboxSpec{Name: "deep2", Backend: "microvm", Layers: layers})
+	check(vm2)
+	if info2, _ := vm2.Inspect(ctx); !slices.Equal(info2.Layers, info.Layers) {
+		t.Errorf("the second create stands on %v, the first on %v", info2.Layers, info.Layers)
+	}
+	if after, err := layer.Resolve(ctx, s, folded); err != nil || after.Created != before.Created {
+		t.Errorf("the fold was built again: %v %v", after, err)
+	}
+	// A container stacks them all.
+	ct := create(t, c, api.SandboxSpec{Name: "deepct", Layers: layers})
+	check(ct)
+	if info, _ := ct.Inspect(ctx); len(info.Layers) != n {
+		t.Errorf("a container on %d layers stands on %d", n, len(info.Layers))
+	}
+	// A microVM on a snapshot of it: the snapshot over the top layers,
+	// the deepest folded (one more of them: the snapshot is a layer).
+	run(t, ct, "mine", "echo mine > /mine")
+	if _, err := ct.PackDiff(ctx, api.PackRequest{Tag: "deepsnap:1"}); err != nil {
+		t.Fatal(err)
+	}
+	br := create(t, c, api.SandboxSpec{Name: "deepsnap", Backend: "microvm", Snapshot: "deepsnap:1", Layers: []string{}})
+	check(br)
+	if out, _ := run(t, br, "mine", "cat /mine"); out != "mine\n" {
+		t.Errorf("the snapshot's file: %q", out)
+	}
+	if info, _ := br.Inspect(ctx); len(info.Layers) != container.MaxLayers || info.Layers[0] != "deepsnap:1" || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) {
+		t.Errorf("a microVM on the snapshot stands on %v, want it over %d layers, the deepest folded", info.Layers, container.MaxLayers-1)
+	}
 }

@@ -256,6 +256,11 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
+	if mem == nil { // (a memory snapshot's guest has its devices)
+		if digests, err = foldDeep(ctx, root, &o, d, digests); err != nil {
+			return nil, err
+		}
+	}
 	if mem != nil {
 		if quota != 0 && quota != mem.DiskBytes {
 			return nil, fmt.Errorf("snapshot %s's guest has a disk of %d MiB: a sandbox that continues it has that disk (give no --disk): %w", o.From, mem.DiskBytes>>20, errdefs.ErrInvalidArgument)

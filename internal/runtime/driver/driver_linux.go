@@ -146,6 +146,10 @@ type (
 	// wait paused, the CPU an idle one spends (a guest kernel's timers)
 	// saved until it is taken.
 	WarmPauser interface{ PausesWarm() bool }
+	// LayerBound: a sandbox stacks at most MaxLayers layers (a guest's
+	// layer devices); the runtime folds the deepest of a deeper stack
+	// into one.
+	LayerBound interface{ MaxLayers() int }
 	// Prestarter makes instances ahead of need: Prestart takes one for
 	// a sandbox about to be made, which then has its ID (and gets it as
 	// StartSpec.Warm); ok false: none is ready (or fits p), and the

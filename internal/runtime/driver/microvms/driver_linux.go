@@ -117,6 +117,9 @@ func guestCPUs(l cgroup.Limits) int {
 	return max(1, min(n, numCPU()))
 }
 
+// MaxLayers is how many layer devices a guest takes (driver.LayerBound).
+func (d *Driver) MaxLayers() int { return container.MaxLayers }
+
 // Start boots the sandbox's guest (or restores a saved one) in its
 // group.
 func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Started, err error) {
@@ -128,7 +131,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("a microVM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
 	}
 	if len(s.Images) > container.MaxLayers {
-		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash, or run a deeper image on the container backend: %w", len(s.Images), container.MaxLayers, errdefs.ErrOutOfRange)
+		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash: %w", len(s.Images), container.MaxLayers, errdefs.ErrOutOfRange)
 	}
 	dir := filepath.Join(s.Root, "microvm")
 	initrd, err := microvm.Initramfs(dir, h.Kernel, h.Agent)
