@@ -18,3 +18,14 @@ printf '%-44s %9s MB %9s MB %8s %s\n' "bytes written" "$(metric "$r" dsec-writte
 	"$(ratio "$(metric "$r" dsec-written-MB)" "$(metric "$r" ctr-written-MB)")" "<= 0.5x"
 printf '%-44s %9s MB %9s MB %8s\n' "bytes kept on disk" "$(metric "$r" dsec-disk-MB)" "$(metric "$r" ctr-disk-MB)" \
 	"$(ratio "$(metric "$r" dsec-disk-MB)" "$(metric "$r" ctr-disk-MB)")"
+
+# 20 images built as SWE-bench's (one Debian root and one toolchain layer shared, an environment layer of 8 of 30
+# packages and a repository layer each): what the store keeps against the registry's listed sizes and the unique content.
+r=$(go test -run '^$' -bench 'BenchmarkSWEBenchImages$' -benchtime 1x -timeout 30m ./internal/layer/image/)
+echo "== 20 SWE-bench-like images: stored vs listed and unique content"
+printf '%-44s %10s MB\n' "stored (du of the store)" "$(metric "$r" stored-MB)"
+printf '%-44s %10s MB %8s\n' "their compressed sizes, summed per image" "$(metric "$r" listed-MB)" \
+	"$(ratio "$(metric "$r" stored-MB)" "$(metric "$r" listed-MB)")"
+printf '%-44s %10s MB\n' "the registry's blobs (du)" "$(metric "$r" registry-MB)"
+printf '%-44s %10s MB %8s %s\n' "unique file content" "$(metric "$r" unique-MB)" \
+	"$(ratio "$(metric "$r" stored-MB)" "$(metric "$r" unique-MB)")" "<= 1.1x"
