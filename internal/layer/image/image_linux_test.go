@@ -310,6 +310,26 @@ func TestImportConcurrent(t *testing.T) {
 	if n := pulls.Load(); n != 1 {
 		t.Errorf("4 concurrent imports pulled %d times, want once", n)
 	}
+	// Imports that share no pull (another authority's, as another
+	// process's) convert a layer once: the other waits for it and finds
+	// it stored.
+	s2 := openStore(t)
+	var fetched, reused atomic.Int32
+	for i, anon := range []bool{false, true, false, true} {
+		wg.Go(func() {
+			img, err := image.Import(context.Background(), s2, mustRef(t, addr+"/conc:v1"), image.Options{Anonymous: anon, Username: fmt.Sprint("user", i)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			fetched.Add(int32(img.Fetched))
+			reused.Add(int32(img.Reused))
+		})
+	}
+	wg.Wait()
+	if fetched.Load() != 1 || reused.Load() != 3 {
+		t.Errorf("4 imports of separate pulls fetched the layer %d times and reused it %d times, want 1 and 3", fetched.Load(), reused.Load())
+	}
 }
 
 // TestImportPlatform resolves a multi-platform index to the host's

@@ -264,7 +264,21 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		for _, l := range img.Layers[:i] {
 			under = append(under, l.Digest)
 		}
+		// One process converts a layer: another pulling an image with it
+		// (dsec image pull beside a worker's import) waits, then finds it.
+		release, err := s.Exclusive(ctx, "oci-"+chains[i].Encoded())
+		if err != nil {
+			return nil, err
+		}
+		if have, err := layer.Resolve(ctx, s, img.Layers[i].Ref); err == nil {
+			release()
+			img.Layers[i].Digest = have.Digest
+			img.Reused++
+			p.Add(m.layers[i].Size)
+			continue
+		}
 		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
+		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
 		}

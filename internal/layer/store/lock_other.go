@@ -3,6 +3,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -14,5 +15,9 @@ const (
 )
 
 func (s *Store) lock(name string, exclusive bool) (func(), error) {
+	return nil, fmt.Errorf("store locking: %w", errdefs.ErrNotImplemented)
+}
+
+func (s *Store) Exclusive(context.Context, string) (func(), error) {
 	return nil, fmt.Errorf("store locking: %w", errdefs.ErrNotImplemented)
 }

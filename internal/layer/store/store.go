@@ -8,6 +8,8 @@
 //	ingest/              blobs being written; never read as content
 //	.lock                flock: shared while a writer may add unreferenced
 //	                     blobs, exclusive for garbage collection
+//	locks/<name>         flocks of work one process does for all
+//	                     (Exclusive)
 //
 // A blob becomes visible only by rename(2) after its bytes were fsynced
 // and hashed, and the directory is fsynced after the rename, so a writer
