@@ -40,14 +40,14 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 	}
 	keep := b.MaxLayers() - 1
 	deep := o.Layers[keep:]
+	wants := make([]string, len(deep)) // the digests a snapshot's stack pins ("": none)
+	if len(digests) > keep {
+		copy(wants, digests[keep:])
+	}
 	src := o.Mounter.Source()
 	sum := sha256.New()
 	for i, ref := range deep {
-		want := ""
-		if len(digests) > keep+i {
-			want = digests[keep+i]
-		}
-		f, err := lower.Resolve(ctx, root, src, ref, want)
+		f, err := lower.Resolve(ctx, root, src, ref, wants[i])
 		if err != nil {
 			return nil, err
 		}
@@ -58,7 +58,7 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 		fmt.Fprintln(sum, f.Digest)
 	}
 	tag := FoldedPrefix + hex.EncodeToString(sum.Sum(nil))[:32] + ":1"
-	info, err := fold(ctx, root, o.Mounter, tag, deep, digests, keep)
+	info, err := fold(ctx, root, o.Mounter, tag, deep, wants)
 	if err != nil {
 		return nil, fmt.Errorf("fold the deepest %d of %d layers into one (a %s sandbox takes %d): %w", len(deep), len(o.Layers), d.Name(), b.MaxLayers(), err)
 	}
@@ -70,8 +70,9 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 }
 
 // fold returns the layer tag, building it from the merged view of deep
-// (topmost first) if the store lacks it.
-func fold(ctx context.Context, root string, m Mounter, tag string, deep, digests []string, keep int) (*layer.Info, error) {
+// (topmost first, each the image wants names, if any) if the store
+// lacks it.
+func fold(ctx context.Context, root string, m Mounter, tag string, deep, wants []string) (*layer.Info, error) {
 	folding.Lock()
 	defer folding.Unlock()
 	if info, err := layer.Resolve(ctx, m.Store, tag); err == nil {
@@ -82,11 +83,7 @@ func fold(ctx context.Context, root string, m Mounter, tag string, deep, digests
 	defer ms.Release(user)
 	var dirs []string
 	for i, ref := range deep {
-		want := ""
-		if len(digests) > keep+i {
-			want = digests[keep+i]
-		}
-		dir, _, err := ms.Acquire(ctx, m.Source(), ref, user, want)
+		dir, _, err := ms.Acquire(ctx, m.Source(), ref, user, wants[i])
 		if err != nil {
 			return nil, err
 		}

@@ -30,23 +30,7 @@ func BenchmarkImport(b *testing.B) {
 	if _, err := exec.LookPath("ctr"); err != nil {
 		b.Skip("SKIPPED: containerd's ctr is missing (make bench installs Debian's containerd)")
 	}
-	debian, err := layertest.DebianRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	exe, err := layertest.Registry()
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr, stop, err := layertest.RunRegistry(exe, b.TempDir(), "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stop()
-	l, err := layertest.NewLayout(filepath.Join(b.TempDir(), "layout"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	debian, addr, _, l := benchImages(b)
 	must := func(err error) {
 		if err != nil {
 			b.Fatal(err)
@@ -117,6 +101,30 @@ func BenchmarkImport(b *testing.B) {
 	b.ReportMetric(ctrW/n/1e6, "ctr-written-MB")
 	b.ReportMetric(dsecDisk/n/1e6, "dsec-disk-MB")
 	b.ReportMetric(ctrDisk/n/1e6, "ctr-disk-MB")
+}
+
+// benchImages is what an import benchmark builds its images from: the
+// Debian root, a registry on 127.0.0.1 (its address and directory; it
+// stops with b) and an OCI layout.
+func benchImages(b *testing.B) (debian, addr, regDir string, l *layertest.Layout) {
+	debian, err := layertest.DebianRoot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	exe, err := layertest.Registry()
+	if err != nil {
+		b.Fatal(err)
+	}
+	regDir = b.TempDir()
+	addr, stop, err := layertest.RunRegistry(exe, regDir, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stop)
+	if l, err = layertest.NewLayout(filepath.Join(b.TempDir(), "layout")); err != nil {
+		b.Fatal(err)
+	}
+	return debian, addr, regDir, l
 }
 
 func mustParse(b *testing.B, s string) image.Reference {

@@ -30,24 +30,7 @@ import (
 // against the unique file content of all 20 (target: <= 1.1x).
 func BenchmarkSWEBenchImages(b *testing.B) {
 	layertest.RequireRoot(b)
-	debian, err := layertest.DebianRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	exe, err := layertest.Registry()
-	if err != nil {
-		b.Fatal(err)
-	}
-	regDir := b.TempDir()
-	addr, stop, err := layertest.RunRegistry(exe, regDir, "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stop()
-	l, err := layertest.NewLayout(filepath.Join(b.TempDir(), "layout"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	debian, addr, regDir, l := benchImages(b)
 	must := func(err error) {
 		if err != nil {
 			b.Fatal(err)

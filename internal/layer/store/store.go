@@ -9,7 +9,7 @@
 //	.lock                flock: shared while a writer may add unreferenced
 //	                     blobs, exclusive for garbage collection
 //	locks/<name>         flocks of work one process does for all
-//	                     (Exclusive)
+//	                     (Exclusive); GC removes those nobody holds
 //
 // A blob becomes visible only by rename(2) after its bytes were fsynced
 // and hashed, and the directory is fsynced after the rename, so a writer
@@ -565,6 +565,7 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 			res.Ingests++
 		}
 	}
+	s.sweepLocks()
 	return res, durable.SyncDir(dir)
 }
 

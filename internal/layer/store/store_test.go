@@ -127,6 +127,17 @@ func TestTags(t *testing.T) {
 func TestGC(t *testing.T) {
 	ctx := context.Background()
 	s := open(t)
+	// An Exclusive lock nobody holds goes; a held one stays.
+	held, err := s.Exclusive(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held()
+	free, err := s.Exclusive(ctx, "free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free()
 	leaf, _ := s.WriteBlob("application/octet-stream", []byte("leaf"))
 	orphan, _ := s.WriteBlob("application/octet-stream", []byte("orphan"))
 	parentBody, _ := json.Marshal(leaf)
@@ -163,6 +174,12 @@ func TestGC(t *testing.T) {
 	}
 	if res.Blobs != 2 || res.Ingests != 1 {
 		t.Fatalf("gc = %+v", res)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "locks", "held")); err != nil {
+		t.Errorf("gc removed a held lock: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "locks", "free")); !os.IsNotExist(err) {
+		t.Errorf("gc kept a lock nobody holds: %v", err)
 	}
 	for _, d := range []ocispec.Descriptor{leaf, parent, rooted, owned, ownedLeaf} {
 		if !s.Exists(d.Digest) {
