@@ -343,7 +343,7 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 		}
 		return err
 	}
-	if err := s.records.update(rec.ID, func(r *record) { r.Sandbox = sb.Info.ID }); err != nil {
+	if err := s.records.created(rec.ID, sb.Info.ID); err != nil {
 		return err
 	}
 	rec, _ = s.records.get(rec.ID)

@@ -157,7 +157,8 @@ func (r *recorder) Write(b []byte) (int, error) { r.body += string(b); return le
 // kept under their sandbox's ID once it is known (pending until then),
 // and die with it: forgotten by its ID, or dropped at a start when the
 // name is gone or names another sandbox; an older front's file moves to
-// its place; a damaged one refuses to start it with the file named.
+// its place; a create's record survives a crash that cuts its unsynced
+// write; a damaged one refuses to start it with the file named.
 func TestRecords(t *testing.T) {
 	dir := t.TempDir()
 	r, err := openRecords(dir)
@@ -227,6 +228,57 @@ func TestRecords(t *testing.T) {
 			t.Errorf("%s: exists %v", f, !want)
 		}
 	}
+	// A create: the pending record synced, the one under the ID not,
+	// the pending one behind it until the record is next synced. Read
+	// back, it is the latter; cut by a crash (empty), the former, which
+	// reconcile completes.
+	if err := r3.put(record{ID: "new", Template: "base"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r3.created("new", "sb-new1"); err != nil {
+		t.Fatal(err)
+	}
+	if !exists("pending-new.json") || !exists("sb-new1.json") {
+		t.Fatal("after a create: want the pending record and the sandbox's")
+	}
+	r4, err := openRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok := r4.get("new"); !ok || rec.Sandbox != "sb-new1" || !rec.pending {
+		t.Fatalf("a created record read back: %+v %v", rec, ok)
+	}
+	os.WriteFile(filepath.Join(dir, "sb-new1.json"), nil, 0o600)
+	r5, err := openRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok := r5.get("new"); !ok || rec.Sandbox != "" || exists("sb-new1.json") {
+		t.Fatalf("a created record a crash cut: %+v %v", rec, ok)
+	}
+	live["new"] = "sb-new1"
+	r5.reconcile(func(name string) (string, bool) { id, ok := live[name]; return id, ok })
+	if rec, _ := r5.get("new"); rec.Sandbox != "sb-new1" || exists("pending-new.json") || !exists("sb-new1.json") {
+		t.Fatalf("a pending record completed: %+v", rec)
+	}
+	if err := r5.created("new", "sb-new1"); err != nil {
+		t.Fatal(err)
+	}
+	r5.remove("new")
+	if exists("pending-new.json") || exists("sb-new1.json") {
+		t.Fatal("a removed record left a file")
+	}
+	if err := r5.put(record{ID: "new2"}); err != nil {
+		t.Fatal(err)
+	}
+	r5.created("new2", "sb-new2")
+	if err := r5.update("new2", func(rec *record) { rec.EndAt = end }); err != nil || exists("pending-new2.json") || !exists("sb-new2.json") {
+		t.Fatalf("a created record synced: the pending one stays (%v)", err)
+	}
+	if r5.forget("sb-new2") != "new2" || exists("sb-new2.json") {
+		t.Fatal("forget left the record")
+	}
+
 	os.WriteFile(filepath.Join(dir, "bad.json"), []byte("{"), 0o600)
 	if _, err := openRecords(dir); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), "bad.json") {
 		t.Fatalf("a damaged record: %v", err)

@@ -21,7 +21,11 @@ import (
 // its sandbox (Forget, when the worker removes it; reconcile, for what
 // was removed while no front ran), so none ever speaks for a later
 // sandbox of the same name. While a create is under way its sandbox has
-// no ID yet: its record is DIR/pending-ID.json until it does.
+// no ID yet: its record is DIR/pending-ID.json, synced, until it does;
+// the record under the ID is then written without waiting for the disk
+// (a create pays for one sync, not two), and the pending file stays
+// until the record is next synced or dies: what a crash leaves is one
+// or the other, and reconcile completes a pending one.
 type record struct {
 	ID string `json:"id"` // the E2B sandbox id: the dsec sandbox's name
 	// Sandbox is the dsec sandbox's ID ("": not known yet).
@@ -48,6 +52,10 @@ type record struct {
 	// Snapshots counts createSnapshot's steps; Forks the forks made.
 	Snapshots int `json:"snapshots,omitempty"`
 	Forks     int `json:"forks,omitempty"`
+
+	// pending: DIR/pending-ID.json is there too, the synced record of
+	// the create, behind this one that was not synced.
+	pending bool
 }
 
 // proc is a command envd started: its pid (the front's number for it),
@@ -77,9 +85,19 @@ type records struct {
 // file is where rec is kept.
 func (r *records) file(rec *record) string {
 	if rec.Sandbox == "" {
-		return filepath.Join(r.dir, "pending-"+rec.ID+".json")
+		return r.pendingFile(rec.ID)
 	}
 	return filepath.Join(r.dir, rec.Sandbox+".json")
+}
+
+func (r *records) pendingFile(id string) string { return filepath.Join(r.dir, "pending-"+id+".json") }
+
+// removeFiles removes rec's files.
+func (r *records) removeFiles(rec *record) {
+	os.Remove(r.file(rec))
+	if rec.pending {
+		os.Remove(r.pendingFile(rec.ID))
+	}
 }
 
 func openRecords(dir string) (*records, error) {
@@ -100,6 +118,12 @@ func openRecords(dir string) (*records, error) {
 		if err != nil {
 			return nil, err
 		}
+		if len(b) == 0 && !strings.HasPrefix(name, "pending-") {
+			// A write not synced that a crash cut: its pending file, if
+			// any, is the record; else the sandbox has none.
+			os.Remove(filepath.Join(dir, e.Name()))
+			continue
+		}
 		var rec record
 		err = json.Unmarshal(b, &rec)
 		// Its file names its sandbox, or its id while pending (an older
@@ -110,8 +134,17 @@ func openRecords(dir string) (*records, error) {
 		if err != nil || api.ValidName(rec.ID) != nil {
 			return nil, fmt.Errorf("e2b record %s is damaged (%v): remove it to forget that sandbox's E2B state: %w", filepath.Join(dir, e.Name()), err, errdefs.ErrDataLoss)
 		}
-		if old := r.m[rec.ID]; old != nil { // two records of one name: the newer sandbox's is what lives
-			if old.Started.After(rec.Started) {
+		if old := r.m[rec.ID]; old != nil {
+			switch {
+			case old.Started.Equal(rec.Started) && (old.Sandbox == "") != (rec.Sandbox == ""):
+				// A create's pending record and the one written
+				// after it: the latter, with the former behind it.
+				if rec.Sandbox == "" {
+					old.pending = true
+					continue
+				}
+				rec.pending = true
+			case old.Started.After(rec.Started): // two records of one name: the newer sandbox's is what lives
 				continue
 			}
 		}
@@ -184,6 +217,12 @@ func (r *records) put(rec record) error {
 // update changes the record of id; errdefs.ErrNotFound if there is none.
 func (r *records) update(id string, fn func(*record)) error { return r.change(id, fn, true) }
 
+// created records the sandbox a create made, without a sync (the
+// pending record stays behind it: see record).
+func (r *records) created(id, sandbox string) error {
+	return r.change(id, func(rec *record) { rec.Sandbox = sandbox }, false)
+}
+
 // addProc is update for a command started: atomic but not fsynced (a
 // write per command; what a host crash may lose is a pid of a process
 // the crash took too, and exec ids never repeat, so no pid the front
@@ -217,7 +256,15 @@ func (r *records) writeSync(rec *record, sync bool) error {
 		return fmt.Errorf("e2b record of %s: %w", rec.ID, err)
 	}
 	if old := r.m[rec.ID]; old != nil && r.file(old) != r.file(rec) {
-		os.Remove(r.file(old)) // pending no more
+		if old.Sandbox == "" && !sync {
+			rec.pending = true // kept until this record is synced
+		} else {
+			os.Remove(r.file(old))
+		}
+	}
+	if rec.pending && sync && rec.Sandbox != "" {
+		os.Remove(r.pendingFile(rec.ID)) // pending no more
+		rec.pending = false
 	}
 	r.m[rec.ID] = rec
 	return nil
@@ -229,7 +276,7 @@ func (r *records) remove(id string) {
 	defer r.mu.Unlock()
 	if rec := r.m[id]; rec != nil {
 		delete(r.m, id)
-		os.Remove(r.file(rec))
+		r.removeFiles(rec)
 	}
 }
 
@@ -239,7 +286,7 @@ func (r *records) drop(rec record) {
 	defer r.mu.Unlock()
 	if cur := r.m[rec.ID]; cur != nil && cur.Sandbox == rec.Sandbox {
 		delete(r.m, rec.ID)
-		os.Remove(r.file(cur))
+		r.removeFiles(cur)
 	}
 }
 
@@ -251,7 +298,7 @@ func (r *records) forget(sandbox string) string {
 	for id, rec := range r.m {
 		if rec.Sandbox == sandbox {
 			delete(r.m, id)
-			os.Remove(r.file(rec))
+			r.removeFiles(rec)
 			return id
 		}
 	}

@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/containerd/errdefs"
@@ -50,6 +51,39 @@ var ErrNoSpace = errors.New("no space left in the store")
 // Store is an OCI image layout on disk.
 type Store struct {
 	dir string
+	// index is index.json as last read, and which file that was: read
+	// again only once another is in its place (every write renames a
+	// new one in, this process's or another's). A create resolves its
+	// refs more than once; a store of many layers has a large index.
+	index indexCache
+}
+
+type indexCache struct {
+	sync.Mutex
+	file fileKey
+	idx  *ocispec.Index
+}
+
+// copy is the index read last, for a caller to change.
+func (c *indexCache) copy() *ocispec.Index {
+	idx := *c.idx
+	idx.Manifests = slices.Clone(idx.Manifests)
+	return &idx
+}
+
+// fileKey tells one file from another at a path: its inode, size and
+// change time (an inode is reused only after the file it was is gone).
+type fileKey struct {
+	ino, size uint64
+	ctime     syscall.Timespec
+}
+
+func keyOf(fi fs.FileInfo) (fileKey, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileKey{}, false
+	}
+	return fileKey{ino: uint64(st.Ino), size: uint64(st.Size), ctime: st.Ctim}, true
 }
 
 // Open opens the layout at dir, creating it if needed.
@@ -311,19 +345,46 @@ func (s *Store) Exists(d digest.Digest) bool {
 	return err == nil
 }
 
+// readIndex is the store's index, the caller's to change (its
+// descriptors' annotations are shared: replace them, never write them).
 func (s *Store) readIndex() (*ocispec.Index, error) {
-	b, err := os.ReadFile(filepath.Join(s.dir, ocispec.ImageIndexFile))
+	s.index.Lock()
+	defer s.index.Unlock()
+	p := filepath.Join(s.dir, ocispec.ImageIndexFile)
+	if fi, err := os.Stat(p); err == nil && s.index.idx != nil {
+		if key, ok := keyOf(fi); ok && key == s.index.file {
+			return s.index.copy(), nil
+		}
+	}
+	f, err := os.Open(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return emptyIndex(), nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var idx ocispec.Index
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return nil, fmt.Errorf("store index %s is corrupt: %v: %w", filepath.Join(s.dir, ocispec.ImageIndexFile), err, errdefs.ErrDataLoss)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
-	return &idx, nil
+	key, ok := keyOf(fi)
+	if !ok || s.index.idx == nil || key != s.index.file {
+		b, err := io.ReadAll(f)
+		if err != nil {
+			return nil, err
+		}
+		var idx ocispec.Index
+		if err := json.Unmarshal(b, &idx); err != nil {
+			return nil, fmt.Errorf("store index %s is corrupt: %v: %w", p, err, errdefs.ErrDataLoss)
+		}
+		s.index.file, s.index.idx = key, &idx
+		if !ok {
+			s.index.idx = nil
+			return &idx, nil
+		}
+	}
+	return s.index.copy(), nil
 }
 
 func (s *Store) writeIndex(idx *ocispec.Index) error {

@@ -124,6 +124,45 @@ func TestTags(t *testing.T) {
 	}
 }
 
+// TestIndexReadOnce: a store reads its index again only once another
+// file is in its place, also one another Store (another process) wrote;
+// what a caller does with the tags it got changes no later answer.
+func TestIndexReadOnce(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	other, err := store.Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := s.WriteBlob("application/json", []byte(`"a"`))
+	b, _ := s.WriteBlob("application/json", []byte(`"b"`))
+	if err := s.Tag(ctx, "x:1", a, false); err != nil {
+		t.Fatal(err)
+	}
+	tags, err := s.Tags(ctx)
+	if err != nil || len(tags) != 1 {
+		t.Fatal(tags, err)
+	}
+	tags[0].Digest = b.Digest // the caller's copy
+	if d, err := s.Resolve(ctx, "x:1"); err != nil || d.Digest != a.Digest {
+		t.Fatalf("x:1 -> %s %v after a caller changed its tags", d.Digest, err)
+	}
+	for i, ref := range []string{"y:1", "y:2", "y:3"} { // each seen by the other at once
+		if err := other.Tag(ctx, ref, b, false); err != nil {
+			t.Fatal(err)
+		}
+		if tags, _ := s.Tags(ctx); len(tags) != i+2 {
+			t.Fatalf("after another store's tag %s: %d tags, want %d", ref, len(tags), i+2)
+		}
+	}
+	if _, err := other.Untag(ctx, "x:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Resolve(ctx, "x:1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("x:1 after another store untagged it: %v", err)
+	}
+}
+
 func TestGC(t *testing.T) {
 	ctx := context.Background()
 	s := open(t)

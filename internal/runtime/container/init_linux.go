@@ -87,7 +87,12 @@ func (p *connPeer) send(r reply) {
 // initSandbox waits, as a spare, for its sandbox; then sets the root up,
 // serves requests and reaps.
 func initSandbox() error {
-	spareThreads(initThreads)
+	// The copier of its commands' output keeps a thread, blocked in a
+	// system call: one more spare, so that initThreads stay idle.
+	if err := journal.StartCopier(); err != nil {
+		return err
+	}
+	spareThreads(initThreads + 1)
 	// Out of the host's mounts before anything: a spare may wait long,
 	// and must pin none of them meanwhile.
 	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
@@ -466,10 +471,14 @@ func (l *loop) reap() {
 		}
 		if j.sink != nil {
 			// The step's output is what its pipes hold now: taken,
-			// and its files closed, before the exit is told (off this
-			// thread: the host's disk may be slow). Probes meanwhile
-			// find it running.
+			// and its files closed, before the exit is told. Here if
+			// the pipes are empty; else off this thread (the host's
+			// disk may be slow), and probes meanwhile find it running.
 			j.exited = true
+			if j.endNow() {
+				l.ended(ending{j: j, code: code, truncated: j.sink.Close()})
+				continue
+			}
 			go func() {
 				for _, p := range j.pipes {
 					p.End()
@@ -483,6 +492,17 @@ func (l *loop) reap() {
 		oom := ws.Signaled() && ws.Signal() == unix.SIGKILL && l.oomKills != nil && l.oomKills() > j.oom
 		send(j.conn, reply{ID: j.id, Exit: &code, OOM: oom})
 	}
+}
+
+// endNow ends the step of j, exited, here if that writes nothing (its
+// pipes are empty): the exit is then told without a thread's handoff.
+func (j *job) endNow() bool {
+	for _, p := range j.pipes {
+		if !p.TryEnd() {
+			return false
+		}
+	}
+	return true
 }
 
 // ended tells the exit of a command whose output is closed.

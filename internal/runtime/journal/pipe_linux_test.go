@@ -14,6 +14,23 @@ import (
 // never blocks on a pipe no one reads), and the copy ends with the last
 // writer.
 func TestPipe(t *testing.T) {
+	for name, copy := range copiers {
+		t.Run(name, func(t *testing.T) { testPipe(t, copy) })
+	}
+}
+
+// copiers are the two ways to copy a pipe: Copy, from a descriptor of
+// its own in the runtime's poller (the caller keeps r), and CopyPipe,
+// in the process's copier (which takes r).
+var copiers = map[string]func(out Streams, i int, r *os.File) (*Pipe, error){
+	"Copy": func(out Streams, i int, r *os.File) (*Pipe, error) {
+		defer r.Close() // the copy has its own
+		return Copy(out, i, r)
+	},
+	"CopyPipe": CopyPipe,
+}
+
+func testPipe(t *testing.T, copy func(Streams, int, *os.File) (*Pipe, error)) {
 	dir := t.TempDir()
 	var files [2]*os.File
 	for i, name := range []string{"stdout", "stderr"} {
@@ -31,10 +48,9 @@ func TestPipe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pipes[i], err = Copy(sink, i, r); err != nil {
+		if pipes[i], err = copy(sink, i, r); err != nil {
 			t.Fatal(err)
 		}
-		r.Close() // the copy has its own
 		ws[i] = w
 	}
 	ws[1].WriteString("err\n")
@@ -81,22 +97,18 @@ func TestPipe(t *testing.T) {
 // TestPipeEnd: what a pipe holds when the step ends is the step's, all
 // of it, however soon after the write the end comes.
 func TestPipeEnd(t *testing.T) {
+	for name, copy := range copiers {
+		t.Run(name, func(t *testing.T) { testPipeEnd(t, copy) })
+	}
+}
+
+func testPipeEnd(t *testing.T, copy func(Streams, int, *os.File) (*Pipe, error)) {
 	for i := range 50 {
-		p := filepath.Join(t.TempDir(), "stdout")
-		f, err := os.Create(p)
+		p, sink, r, w := stdoutPipe(t)
+		pipe, err := copy(sink, 0, r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sink := NewSink(1<<20, f, nil)
-		r, w, err := Pipes()
-		if err != nil {
-			t.Fatal(err)
-		}
-		pipe, err := Copy(sink, 0, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Close()
 		want := bytes.Repeat([]byte{'x'}, 1000+i*997)
 		w.Write(want)
 		pipe.End()
@@ -104,6 +116,68 @@ func TestPipeEnd(t *testing.T) {
 		w.Close()
 		if got, _ := os.ReadFile(p); !bytes.Equal(got, want) {
 			t.Fatalf("round %d: %d bytes journaled, want %d", i, len(got), len(want))
+		}
+	}
+}
+
+// stdoutPipe is a sink of 1 MiB whose stdout is the file at p, and a
+// pipe for it.
+func stdoutPipe(t *testing.T) (p string, sink *Sink, r, w *os.File) {
+	p = filepath.Join(t.TempDir(), "stdout")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, w, err = Pipes(); err != nil {
+		t.Fatal(err)
+	}
+	return p, NewSink(1<<20, f, nil), r, w
+}
+
+// TestTryEnd: a CopyPipe's step ends at once where its pipe holds
+// nothing (all it wrote is in the stream), and not where it holds
+// something, which End then takes; a write after either end is dropped.
+func TestTryEnd(t *testing.T) {
+	for _, unread := range []bool{false, true} {
+		p, sink, r, w := stdoutPipe(t)
+		var pipe *Pipe
+		var err error
+		want := "read "
+		if !unread {
+			if pipe, err = CopyPipe(sink, 0, r); err != nil {
+				t.Fatal(err)
+			}
+			w.WriteString(want)
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				if got, _ := os.ReadFile(p); string(got) == want {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatalf("the copier wrote %q, want %q", got, want)
+				}
+			}
+		} else {
+			// A pipe the copier does not read (as one it has not
+			// got to yet): what it holds is End's.
+			pipe = &Pipe{out: sink, r: r, fd: int(r.Fd()), copier: &copier{epfd: -1, pipes: map[int32]*Pipe{}}, done: make(chan struct{})}
+			w.WriteString(want)
+		}
+		if got := pipe.TryEnd(); got == unread {
+			t.Errorf("TryEnd = %v with a pipe that holds something: %v", got, unread)
+		}
+		if unread {
+			pipe.End()
+			pipe.Close()
+		}
+		w.WriteString("after")
+		sink.Close()
+		w.Close()
+		select {
+		case <-pipe.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the copy outlives its last writer")
+		}
+		if got, _ := os.ReadFile(p); string(got) != want {
+			t.Errorf("journaled %q, want %q", got, want)
 		}
 	}
 }

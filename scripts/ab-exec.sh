@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# ab-exec.sh REV-A [REV-B] (as root): what a change costs an exec, two builds' workers side by side. REV-A and REV-B are
+# git revisions of this repository (REV-B by default the working tree); each build's dsecd and dsec-init serve a root
+# of their own, on a layer of busybox and bash. Their requests alternate turn by turn (A then B, then B then A), so that
+# what the machine does meanwhile falls on both alike, and every figure runs twice, the roots swapped:
+#   1. create + the first exec, and exec of true, Go SDK, unix socket (sdk's BenchmarkExecAB; BENCH_AB_N exec turns,
+#      default 1000, a tenth as many creates)
+#   2. the same over TCP with TLS and a token
+#   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
+#      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
+# Prints each side's p50 and the ratio B/A per round: under 1 is B faster.
+set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "ab-exec: needs root (the workers)" >&2; exit 1; }
+[ $# -ge 1 ] || { echo "usage: $0 REV-A [REV-B]   (REV-B: the working tree)" >&2; exit 2; }
+command -v node >/dev/null || { echo "ab-exec: needs node (make deps installs it)" >&2; exit 1; }
+repo=$(git rev-parse --show-toplevel)
+n=${BENCH_AB_N:-1000}
+work=$(mktemp -d /tmp/dsec-ab.XXXXXX)
+stop() { for s in a b; do [ -x "$work/$s/dsec" ] && DSEC_ROOT=$work/root-$s "$work/$s/dsec" daemon stop >/dev/null 2>&1 || true; done; }
+cleanup() { stop; git -C "$repo" worktree prune; rm -rf "$work"; }
+trap cleanup EXIT
+
+build() { # build REV DIR
+	local src=$repo
+	if [ "$1" != . ]; then
+		src=$work/src
+		git -C "$repo" worktree add -q --detach "$src" "$1"
+	fi
+	(cd "$src" && CGO_ENABLED=0 go build -trimpath -o "$2/dsecd" ./cmd/dsec &&
+		CGO_ENABLED=0 go build -trimpath -tags front -o "$2/dsec" ./cmd/dsec &&
+		CGO_ENABLED=0 go build -trimpath -o "$2/dsec-init" ./cmd/dsec-init)
+	if [ "$1" != . ]; then git -C "$repo" worktree remove --force "$src"; fi
+}
+build "$1" "$work/a"
+build "${2:-.}" "$work/b"
+(cd "$repo" && go test -c -o "$work/sdk.test" ./sdk/)
+mods=${XDG_CACHE_HOME:-$HOME/.cache}/dsec/e2b-2.51.0
+[ -f "$mods/node_modules/e2b/package.json" ] || npm install -s --prefix "$mods" e2b@2.51.0 >/dev/null
+
+# The layer: busybox, and bash with its libraries (E2B runs commands with bash -l -c).
+rootfs=$work/rootfs
+mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp" "$rootfs/root"
+cp /bin/busybox "$rootfs/bin/"
+for c in sh true cat ls sleep; do ln -s busybox "$rootfs/bin/$c"; done
+cp /bin/bash "$rootfs/bin/bash"
+for lib in $(ldd /bin/bash | grep -o '/[^ ]*'); do mkdir -p "$rootfs$(dirname "$lib")"; cp -L "$lib" "$rootfs$lib"; done
+"$work/a/dsecd" daemon certs "$work/tls" --name localhost >/dev/null
+for s in a b; do
+	DSEC_ROOT=$work/root-$s "$work/a/dsecd" layer build "$rootfs" --kind base -t bench:1 >/dev/null
+	DSEC_ROOT=$work/root-$s "$work/a/dsecd" token create --scope sandboxes --ttl 24h >"$work/token-$s"
+	DSEC_ROOT=$work/root-$s "$work/a/dsecd" token create --e2b --ttl 24h >"$work/key-$s"
+done
+
+metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
+echo "== exec, A ($1) vs B (${2:-working tree}), turns alternating; $(nproc) cores, $(uname -r), $(date -u +%F)"
+printf '%-7s %-44s %10s %10s %8s %8s\n' round figure A B B/A "turns"
+# up starts both workers, with TLS or without (plain), on ports pa and pb.
+up() {
+	stop
+	local tls=()
+	[ "$1" = plain ] || tls=(--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem")
+	DSEC_ROOT=$ra setsid "$work/a/dsecd" daemon --listen "tcp://127.0.0.1:$pa" "${tls[@]}" --e2b-listen "127.0.0.1:$((pa + 100))" \
+		>"$work/daemon-a.log" 2>&1 &
+	DSEC_ROOT=$rb setsid "$work/b/dsecd" daemon --listen "tcp://127.0.0.1:$pb" "${tls[@]}" --e2b-listen "127.0.0.1:$((pb + 100))" \
+		>"$work/daemon-b.log" 2>&1 &
+	for r in "$ra" "$rb"; do
+		for _ in $(seq 100); do [ -S "$r/dsec.sock" ] && break; sleep 0.1; done
+	done
+}
+
+# e2b prints the E2B figures over https or http.
+e2b() {
+	local j
+	j=$(cd "$repo" && NODE_PATH=$mods/node_modules NODE_EXTRA_CA_CERTS=$work/tls/ca.pem node internal/e2b/testdata/ab.cjs bench:1 \
+		$((n / 10)) "$1://localhost:$((pa + 100))" "$(cat "$work/key-$ka")" "$1://localhost:$((pb + 100))" "$(cat "$work/key-$kb")")
+	for f in create_first run; do
+		python3 -c 'import json,sys; d=json.loads(sys.argv[1])[sys.argv[2]]; print("%.2f %.2f %.3f %.3f" % (d["a_p50_ms"], d["b_p50_ms"], d["b_a_p50"], d["b_a_median_of_turns"]))' "$j" $f |
+			{ read -r x y z w; printf '%-7s %-44s %7s ms %7s ms %7sx %7sx\n' "$round" "E2B $f p50, JS SDK, $1" "$x" "$y" "$z" "$w"; }
+	done
+}
+
+for round in 1 2; do
+	# ka, kb: the root (its tokens and keys) A's build and B's serve
+	ka=a kb=b pa=17501 pb=17502
+	[ "$round" = 1 ] || { ka=b kb=a pa=17502 pb=17501; }
+	ra=$work/root-$ka rb=$work/root-$kb
+	up tls
+	for mode in unix tcp; do
+		a=$ra b=$rb
+		[ $mode = unix ] || { a="tcp://localhost:$pa|$(cat "$work/token-$ka")" b="tcp://localhost:$pb|$(cat "$work/token-$kb")"; }
+		r=$(cd "$repo/sdk" && DSEC_AB_A=$a DSEC_AB_B=$b DSEC_AB_CA=$work/tls/ca.pem DSEC_AB_CREATES=$((n / 10)) "$work/sdk.test" -test.run '^$' \
+			-test.bench '^BenchmarkExecAB$' -test.benchtime "${n}x")
+		for f in create exec; do
+			printf '%-7s %-44s %7s ms %7s ms %7.3fx %7.3fx\n' "$round" "$f p50, Go SDK, $mode" "$(metric "$r" $f-a-p50-ms)" \
+				"$(metric "$r" $f-b-p50-ms)" "$(metric "$r" $f-b/a-p50)" "$(metric "$r" $f-b/a-median-of-turns)"
+		done
+	done
+	e2b https # the front speaks TLS as the API does (HTTP/2)
+	up plain
+	e2b http
+done
