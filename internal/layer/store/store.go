@@ -78,14 +78,6 @@ type fileKey struct {
 	ctime     syscall.Timespec
 }
 
-func keyOf(fi fs.FileInfo) (fileKey, bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileKey{}, false
-	}
-	return fileKey{ino: uint64(st.Ino), size: uint64(st.Size), ctime: st.Ctim}, true
-}
-
 // Open opens the layout at dir, creating it if needed.
 func Open(dir string) (*Store, error) {
 	s := &Store{dir: dir}
