@@ -226,7 +226,8 @@ func (w *worker) reserve(ctx context.Context, spec api.SandboxSpec, why purpose)
 	if why.warm() { // a pool's sandbox: the admin's
 		owner = ""
 	}
-	e := &entry{spec: spec, pending: api.StatusCreating, since: time.Now(), req: requestOf(spec), purpose: why, owner: owner}
+	// Queued until the gate admits it: only so many are creating.
+	e := &entry{spec: spec, pending: api.StatusQueued, since: time.Now(), req: requestOf(spec), purpose: why, owner: owner}
 	t := tenantOf(ctx)
 	if t != nil { // a pool's sandbox for its call too
 		e.account = t.ID
