@@ -636,6 +636,23 @@ func (c *Client) Snapshots(ctx context.Context) ([]api.SnapshotNode, error) {
 	return out, c.do(ctx, "GET", "/snapshots", nil, &out)
 }
 
+// Snapshot is the snapshot named name (NAME:STEP) with its lineage, as
+// Snapshots lists it; errdefs.ErrNotFound if there is none the caller
+// sees. A worker answers it without reading the whole lineage when name
+// is no snapshot.
+func (c *Client) Snapshot(ctx context.Context, name string) (api.SnapshotNode, error) {
+	var out []api.SnapshotNode
+	if err := c.do(ctx, "GET", "/snapshots?name="+url.QueryEscape(name), nil, &out); err != nil {
+		return api.SnapshotNode{}, err
+	}
+	for _, n := range out { // an older worker lists them all
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return api.SnapshotNode{}, fmt.Errorf("no snapshot %s: %w", name, errdefs.ErrNotFound)
+}
+
 // RemoveSnapshot untags snapshot ref (NAME:STEP). Unless forced it
 // refuses (errdefs.ErrFailedPrecondition) while a snapshot or sandbox
 // stands on it.

@@ -314,6 +314,7 @@ func TestTenancy(t *testing.T) {
 				return err
 			}},
 			{"remove snapshot", func(ref string) error { return b.RemoveSnapshot(ctx, ref, true) }},
+			{"snapshot by name", func(ref string) error { _, err := b.Snapshot(ctx, ref); return err }},
 			{"e2b create", func(ref string) error {
 				code, body := te.e2bDo(t, hc, "POST", "/sandboxes", te.tokens["b"], map[string]any{"templateID": ref})
 				if code == http.StatusCreated {
@@ -355,6 +356,12 @@ func TestTenancy(t *testing.T) {
 		}
 		if s, _ := a.Snapshots(ctx); len(s) != 2 || s[0].Name != "a-snap:1" && s[1].Name != "a-snap:1" {
 			t.Errorf("a's snapshots: %+v", s)
+		}
+		if n, err := a.Snapshot(ctx, "a-snap:1"); err != nil || n.Name != "a-snap:1" || n.Digest != asnap.Digest {
+			t.Errorf("a's snapshot by name: %+v %v", n, err)
+		}
+		if _, err := a.Snapshot(ctx, "bb:1"); !errdefs.IsNotFound(err) { // a layer
+			t.Errorf("a layer as a snapshot: %v", err)
 		}
 		// The admin sees A's by their whole tags.
 		all, _ := admin.Snapshots(ctx)

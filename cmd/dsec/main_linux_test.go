@@ -178,10 +178,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			// address) holding busybox images built with umoci:
 			// env:base (APP=base, workdir /srv), and env:tools and
 			// env:fresh, a layer each over env:base's, and env:user,
-			// whose layer adds the user app (uid 1000), its USER; and
-			// env:base again as library/env:base, where a mirror of
-			// Docker Hub has Docker Hub's env:base; VAR_STORE is the
-			// address as the store's tags name it.
+			// whose layer adds the user app (uid 1000), its USER;
+			// VAR_STORE is the address as the store's tags name it.
 			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
 				exe, err := layertest.Registry()
 				ts.Check(err)
@@ -215,7 +213,6 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				for _, tag := range []string{"base", "tools", "fresh", "user"} {
 					ts.Check(l.Push(addr, "env", tag))
 				}
-				ts.Check(l.Push(addr, "library/env", "base")) // as Docker Hub's env:base, for a mirror of it
 				ts.Setenv(args[0], addr)
 				ts.Setenv(args[0]+"_STORE", strings.Replace(addr, ":", "_", 1)) // as its store tags name it
 			},

@@ -21,7 +21,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/layer/image"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -239,14 +238,10 @@ func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (contex
 		return withTemplate(ctx, id), t, nil
 	}
 	if strings.Contains(id, ":") {
-		snaps, err := c.Snapshots(ctx)
-		if err != nil {
+		if _, err := c.Snapshot(ctx, id); err == nil {
+			return ctx, api.SandboxSpec{Snapshot: id}, nil
+		} else if !errdefs.IsNotFound(err) {
 			return ctx, api.SandboxSpec{}, err
-		}
-		for _, n := range snaps {
-			if n.Name == id {
-				return ctx, api.SandboxSpec{Snapshot: id}, nil
-			}
 		}
 	}
 	if looksLikeImage(id) {
@@ -283,24 +278,6 @@ func looksLikeImage(id string) bool {
 	return ok && (strings.ContainsAny(first, ".:") || first == "localhost")
 }
 
-// e2bUser is the user of a sandbox made through E2B: root on an image,
-// not the image's USER, which the worker would make the sandbox's
-// default (a uid: an image may have no /etc/passwd), since E2B names
-// each command's user.
-func e2bUser(spec api.SandboxSpec) string {
-	if spec.Image != "" && spec.User == "" {
-		return "0"
-	}
-	return spec.User
-}
-
-// isImageName says whether a template ID that names no layer reads as
-// an image of Docker Hub's (python:3.12, library/python).
-func isImageName(id string) bool {
-	_, err := image.ParseReference(id)
-	return err == nil
-}
-
 func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error {
 	var req newSandbox
 	if err := decode(r, &req); err != nil {
@@ -330,7 +307,12 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err := checkMetadata(req.Metadata); err != nil {
 		return err
 	}
-	spec.User = e2bUser(spec)
+	if spec.Image != "" && spec.User == "" {
+		// E2B names a command's user: root is root, not the image's
+		// USER, which the worker would make the sandbox's default (a
+		// uid: an image may have no /etc/passwd).
+		spec.User = "0"
+	}
 	spec.Name = newID()
 	keys := slices.Sorted(maps.Keys(req.EnvVars))
 	for _, k := range keys {
@@ -350,13 +332,6 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 		return err
 	}
 	sb, err := c.Create(ctx, spec)
-	if errdefs.IsNotFound(err) && slices.Equal(spec.Layers, []string{req.TemplateID}) && isImageName(req.TemplateID) {
-		// No layer of that name: a bare image name (python:3.12),
-		// as Docker reads it.
-		spec.Layers, spec.Image = nil, req.TemplateID
-		spec.User = e2bUser(spec)
-		sb, err = c.Create(ctx, spec)
-	}
 	if err != nil {
 		s.records.remove(rec.ID)
 		if errdefs.IsNotFound(err) {

@@ -256,6 +256,12 @@ class Client:
     async def snapshots(self) -> List[Dict[str, Any]]:
         return await self._json("GET", _wire.path("/snapshots")) or []
 
+    async def snapshot(self, name: str) -> Dict[str, Any]:
+        for n in await self._json("GET", _wire.path("/snapshots", name=name)) or []:
+            if n.get("name") == name:  # an older worker lists them all
+                return n
+        raise _wire.NotFound("no snapshot " + name, 404)
+
     async def remove_snapshot(self, ref: str, force: bool = False) -> None:
         await self._body("DELETE", _wire.path("/snapshots/" + ref, force="1" if force else None))
 

@@ -160,6 +160,13 @@ class Client:
         """The snapshots this client may see, with their lineage."""
         return self._json("GET", _wire.path("/snapshots")) or []
 
+    def snapshot(self, name: str) -> Dict[str, Any]:
+        """The snapshot named name (NAME:STEP) with its lineage; NotFound if there is none this client sees."""
+        for n in self._json("GET", _wire.path("/snapshots", name=name)) or []:
+            if n.get("name") == name:  # an older worker lists them all
+                return n
+        raise _wire.NotFound("no snapshot " + name, 404)
+
     def remove_snapshot(self, ref: str, force: bool = False) -> None:
         self._send("DELETE", _wire.path("/snapshots/" + ref, force="1" if force else None)).read()
 

@@ -165,6 +165,9 @@ def test_remote_rollout(worker):
     assert [b.exec(["cat", "/data"]).stdout_bytes for b in branches] == [b"\x00bytes"] * 3
     assert {s.name for s in c.sandboxes()} == {"remote-1"} | {b.name for b in branches}
     assert [s["name"] for s in c.snapshots()] == ["remote-1:1"]
+    assert c.snapshot("remote-1:1")["name"] == "remote-1:1"
+    with pytest.raises(dsec.NotFound):
+        c.snapshot("remote-1:9")
     for b in branches:
         b.remove(force=True)
     sb.remove(force=True)

@@ -283,19 +283,38 @@ func firstErr(errs []error) error {
 
 // snapshots lists the lineage DAG.
 func (w *worker) snapshots(r *http.Request, _ none) ([]api.SnapshotNode, error) {
+	out := []api.SnapshotNode{}
+	// ?name=REF: that snapshot's node alone, if the caller sees one of
+	// that name. What names no snapshot (an E2B template ID that is a
+	// layer's, at every create) is answered without the lineage, which
+	// reads every layer and sandbox.
+	name := r.URL.Query().Get("name")
+	if name != "" && !w.isSnapshot(r.Context(), name) {
+		return out, nil
+	}
 	w.lineage.RLock()
 	defer w.lineage.RUnlock()
 	nodes, err := w.tree(r.Context())
 	if err != nil {
 		return nil, err
 	}
-	out := []api.SnapshotNode{}
 	for _, n := range nodes {
-		if v, ok := w.visible(r.Context(), n.SnapshotNode); ok {
+		if v, ok := w.visible(r.Context(), n.SnapshotNode); ok && (name == "" || v.Name == name) {
 			out = append(out, v)
 		}
 	}
 	return out, nil
+}
+
+// isSnapshot says whether ref, as ctx's caller names it, is a snapshot
+// in the local store.
+func (w *worker) isSnapshot(ctx context.Context, ref string) bool {
+	tag, ok := w.scopeOf(ctx).snapshotTag(ref)
+	if !ok {
+		return false
+	}
+	i, err := layer.Resolve(ctx, w.mounter.Store, tag)
+	return err == nil && i.Kind == layer.KindSnapshot
 }
 
 func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
