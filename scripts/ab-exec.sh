@@ -8,6 +8,8 @@
 #   2. the same over TCP with TLS and a token
 #   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
 #      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
+#   4. with BENCH_AB_H2=1, the E2B figures over TLS once more with B's front offering HTTP/2 (config e2b.http2): what
+#      HTTP/2 costs the JS SDK (run it with REV-A the tree's own commit)
 # Prints each side's p50 and the ratio B/A per round: under 1 is B faster.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "ab-exec: needs root (the workers)" >&2; exit 1; }
@@ -61,7 +63,9 @@ up() {
 	[ "$1" = plain ] || tls=(--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem")
 	DSEC_ROOT=$ra setsid "$work/a/dsecd" daemon --listen "tcp://127.0.0.1:$pa" "${tls[@]}" --e2b-listen "127.0.0.1:$((pa + 100))" \
 		>"$work/daemon-a.log" 2>&1 &
-	DSEC_ROOT=$rb setsid "$work/b/dsecd" daemon --listen "tcp://127.0.0.1:$pb" "${tls[@]}" --e2b-listen "127.0.0.1:$((pb + 100))" \
+	local envb=(DSEC_ROOT=$rb)
+	if [ "${2:-}" = h2b ]; then printf 'e2b:\n  http2: true\n' >"$work/h2.yaml" && envb+=(DSEC_CONFIG=$work/h2.yaml); fi
+	env "${envb[@]}" setsid "$work/b/dsecd" daemon --listen "tcp://127.0.0.1:$pb" "${tls[@]}" --e2b-listen "127.0.0.1:$((pb + 100))" \
 		>"$work/daemon-b.log" 2>&1 &
 	for r in "$ra" "$rb"; do
 		for _ in $(seq 100); do [ -S "$r/dsec.sock" ] && break; sleep 0.1; done
@@ -75,7 +79,7 @@ e2b() {
 		$((n / 10)) "$1://localhost:$((pa + 100))" "$(cat "$work/key-$ka")" "$1://localhost:$((pb + 100))" "$(cat "$work/key-$kb")")
 	for f in create_first run; do
 		python3 -c 'import json,sys; d=json.loads(sys.argv[1])[sys.argv[2]]; print("%.2f %.2f %.3f %.3f" % (d["a_p50_ms"], d["b_p50_ms"], d["b_a_p50"], d["b_a_median_of_turns"]))' "$j" $f |
-			{ read -r x y z w; printf '%-7s %-44s %7s ms %7s ms %7sx %7sx\n' "$round" "E2B $f p50, JS SDK, $1" "$x" "$y" "$z" "$w"; }
+			{ read -r x y z w; printf '%-7s %-44s %7s ms %7s ms %7sx %7sx\n' "$round" "E2B $f p50, JS SDK, $1${2:+ ($2 on B)}" "$x" "$y" "$z" "$w"; }
 	done
 }
 
@@ -95,7 +99,11 @@ for round in 1 2; do
 				"$(metric "$r" $f-b-p50-ms)" "$(metric "$r" $f-b/a-p50)" "$(metric "$r" $f-b/a-median-of-turns)"
 		done
 	done
-	e2b https # the front speaks TLS as the API does (HTTP/2)
+	e2b https # the front speaks TLS as the API does
+	if [ "${BENCH_AB_H2:-}" = 1 ]; then
+		up tls h2b
+		e2b https h2
+	fi
 	up plain
 	e2b http
 done

@@ -74,7 +74,7 @@ func newTenancy(t *testing.T) *tenancy {
 	}
 	cfg := runtimetest.Config{Listen: []string{"tcp://" + te.addr},
 		TLS: worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)},
-		E2B: worker.E2B{Listen: te.front, Templates: map[string]api.SandboxSpec{
+		E2B: worker.E2B{Listen: te.front, HTTP2: true, Templates: map[string]api.SandboxSpec{
 			"base":     {Layers: []string{"bb:1"}},
 			"adm-tmpl": {Snapshot: "adm-snap:1"}, // the admin's snapshot, offered as a template
 		}},
@@ -558,7 +558,7 @@ func TestTenancy(t *testing.T) {
 			t.Errorf("an access token after its key went: %v", statOK(fsc))
 		}
 		te.local.Sandbox(gid).Remove(ctx, true)
-		// The front speaks HTTP/2 over TLS.
+		// The front speaks HTTP/2 over TLS where asked (e2b.http2).
 		resp, err := hc.Get("https://" + te.front + "/health")
 		if err != nil || resp.ProtoMajor != 2 {
 			t.Errorf("the E2B front over TLS: %v %v", resp, err)

@@ -57,7 +57,7 @@ makes them), and with --tls-client-ca only clients with a certificate that CA si
 With --e2b-listen HOST:PORT (or e2b.listen in the config) it speaks E2B's API too, so the
 official E2B SDKs and the agent frameworks built on them drive dsec sandboxes unchanged: set
 E2B_API_URL and E2B_SANDBOX_URL to http://HOST:PORT (https:// with TLS, which it takes as the
-TCP API does) and E2B_API_KEY to a token (dsec token create --e2b makes one shaped as E2B's
+TCP API does: HTTP/1.1, and HTTP/2 too with e2b.http2 in the config) and E2B_API_KEY to a token (dsec token create --e2b makes one shaped as E2B's
 keys). A template ID is a name under e2b.templates in the config (layers, toolkit first, and
 the sandboxes' cpu, memory, disk, pids, policy, backend, class, env, workdir, userns), a
 snapshot (NAME:STEP, what createSnapshot answers) or one layer ref. The README's "Using dsec
@@ -114,7 +114,7 @@ with E2B-based frameworks" says what maps to what.
 			if f.Changed("tls-client-ca") {
 				cfg.TLS.ClientCA = tlsCfg.ClientCA
 			}
-			cfg.E2B.Listen, cfg.E2B.Domain, cfg.E2B.ImageKeys = a.cfg.E2B.Listen, a.cfg.E2B.Domain, a.cfg.E2B.ImageKeys
+			cfg.E2B.Listen, cfg.E2B.Domain, cfg.E2B.ImageKeys, cfg.E2B.HTTP2 = a.cfg.E2B.Listen, a.cfg.E2B.Domain, a.cfg.E2B.ImageKeys, a.cfg.E2B.HTTP2
 			if f.Changed("e2b-listen") {
 				cfg.E2B.Listen = e2bListen
 			}

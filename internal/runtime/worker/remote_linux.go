@@ -98,7 +98,7 @@ func (l *limiter) take(id string, admin bool) (release func(), err error) {
 
 // listenTCP listens on addr (tcp://HOST:PORT) as t says: TLS where t
 // has a certificate, which it must off loopback; with h2, TLS offers
-// HTTP/2 too (the E2B front's: its SDKs multiplex over one connection).
+// HTTP/2 too (the E2B front's, e2b.http2: its SDKs multiplex over it).
 func listenTCP(addr string, t TLS, h2 bool) (net.Listener, error) {
 	hostport, ok := strings.CutPrefix(addr, "tcp://")
 	if !ok {

@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,6 +50,45 @@ func TestListenTCP(t *testing.T) {
 		if (err == nil) != c.ok || (err != nil && !errdefs.IsInvalidArgument(err)) {
 			t.Errorf("%s %+v: %v", c.addr, c.tls, err)
 		}
+	}
+}
+
+// TestListenTCPProtocols: over TLS a listener offers HTTP/1.1, and
+// HTTP/2 first where asked (the E2B front's e2b.http2); a client that
+// offers both gets what the listener says.
+func TestListenTCPProtocols(t *testing.T) {
+	certs := t.TempDir()
+	if err := auth.MakeCerts(certs, []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(filepath.Join(certs, auth.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	withTLS := TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}
+	for _, c := range []struct {
+		h2        bool
+		wantMajor int
+	}{{false, 1}, {true, 2}} {
+		l, err := listenTCP("tcp://127.0.0.1:0", withTLS, c.h2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
+		go srv.Serve(l)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
+		resp, err := hc.Get("https://" + l.Addr().String() + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.ProtoMajor != c.wantMajor {
+			t.Errorf("h2 %v: the client got %s, want HTTP/%d", c.h2, resp.Proto, c.wantMajor)
+		}
+		hc.CloseIdleConnections()
+		srv.Close()
 	}
 }
 

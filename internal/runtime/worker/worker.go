@@ -92,6 +92,10 @@ type E2B struct {
 	Templates map[string]api.SandboxSpec
 	Domain    string
 	ImageKeys []string // e2b.Options.ImageKeys
+	// HTTP2 offers HTTP/2 beside HTTP/1.1 over TLS. Off by default:
+	// the JS SDK's HTTP/2 path costs each request ~5% over HTTP/1.1
+	// (BENCHMARKS.md); on, its requests share a few connections.
+	HTTP2 bool
 }
 
 // TLS is where a TCP listener's certificate and key are, and the CA

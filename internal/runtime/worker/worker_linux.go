@@ -308,7 +308,7 @@ func listen(cfg Config) (tcp []net.Listener, e2b net.Listener, err error) {
 		tcp = append(tcp, l)
 	}
 	if cfg.E2B.Listen != "" {
-		if e2b, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, true); err != nil {
+		if e2b, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, cfg.E2B.HTTP2); err != nil {
 			return tcp, nil, fmt.Errorf("e2b listener: %w", err)
 		}
 	}
