@@ -8,6 +8,7 @@
 #   2. the same over TCP with TLS and a token
 #   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
 #      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
+#   With BENCH_AB_E2B_ONLY=1 only the E2B figures run.
 #   4. with BENCH_AB_H2=1, the E2B figures over TLS once more with B's front offering HTTP/2 (config e2b.http2): what
 #      HTTP/2 costs the JS SDK (run it with REV-A the tree's own commit)
 # Prints each side's p50 and the ratio B/A per round: under 1 is B faster.
@@ -89,7 +90,9 @@ for round in 1 2; do
 	[ "$round" = 1 ] || { ka=b kb=a pa=17502 pb=17501; }
 	ra=$work/root-$ka rb=$work/root-$kb
 	up tls
-	for mode in unix tcp; do
+	modes=(unix tcp)
+	[ "${BENCH_AB_E2B_ONLY:-}" != 1 ] || modes=()
+	for mode in "${modes[@]}"; do
 		a=$ra b=$rb
 		[ $mode = unix ] || { a="tcp://localhost:$pa|$(cat "$work/token-$ka")" b="tcp://localhost:$pb|$(cat "$work/token-$kb")"; }
 		r=$(cd "$repo/sdk" && DSEC_AB_A=$a DSEC_AB_B=$b DSEC_AB_CA=$work/tls/ca.pem DSEC_AB_CREATES=$((n / 10)) "$work/sdk.test" -test.run '^$' \

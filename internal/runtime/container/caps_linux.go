@@ -9,10 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// dropBounding drops from this thread's bounding set every capability
+// DropBounding drops from this thread's bounding set every capability
 // but KeptCaps: no command it forks gains another, even by exec of a
 // file with capabilities.
-func dropBounding() error {
+func DropBounding() error {
 	last := 40
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
 		last, _ = strconv.Atoi(strings.TrimSpace(string(b)))
@@ -31,10 +31,10 @@ func dropBounding() error {
 	return nil
 }
 
-// dropPrivileges shrinks the thread's capabilities to KeptCaps (the
+// DropPrivileges shrinks the thread's capabilities to KeptCaps (the
 // bounding set is dropBounding's) and sets no_new_privs; exec carries
 // them to the command.
-func dropPrivileges() error {
+func DropPrivileges() error {
 	var mask [2]uint32
 	for _, c := range KeptCaps {
 		mask[c/32] |= 1 << (c % 32)

@@ -34,7 +34,7 @@ type Conn struct {
 	journal bool
 
 	mu   sync.Mutex
-	wait map[string]chan reply
+	wait map[string]chan Reply
 	dead chan struct{}
 	err  error
 }
@@ -46,20 +46,20 @@ func Attach(socket string, pid int) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
-	return greet(c, pid)
+	return Greet(c, pid)
 }
 
-// greet waits for the init's greeting on c, a new connection to it.
-func greet(c *net.UnixConn, pid int) (*Conn, error) {
+// Greet waits for the init's greeting on c, a new connection to it.
+func Greet(c *net.UnixConn, pid int) (*Conn, error) {
 	buf := make([]byte, 4096)
 	n, err := c.Read(buf)
 	if err != nil || n == 0 { // the init greets once it is ready
 		c.Close()
 		return nil, fmt.Errorf("%w: init did not answer", ErrSandboxDied)
 	}
-	var h hello
+	var h Hello
 	json.Unmarshal(buf[:n], &h)
-	s := &Conn{pid: pid, conn: c, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal}
+	s := &Conn{pid: pid, conn: c, wait: map[string]chan Reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal}
 	// Only the init holds the listener, so the init is alive now and pid
 	// is still its own: a pidfd keeps Destroy from ever signalling
 	// another process that reuses the pid after the init's death.
@@ -90,17 +90,17 @@ func (s *Conn) readReplies() {
 			for _, ch := range s.wait {
 				close(ch)
 			}
-			s.wait = map[string]chan reply{}
+			s.wait = map[string]chan Reply{}
 			s.mu.Unlock()
 			return
 		}
-		var rep reply
+		var rep Reply
 		if json.Unmarshal(buf[:n], &rep) != nil {
 			continue
 		}
 		s.mu.Lock()
 		ch := s.wait[rep.ID]
-		if rep.last() {
+		if rep.Last() {
 			delete(s.wait, rep.ID)
 		}
 		s.mu.Unlock()
@@ -144,7 +144,7 @@ func (s *Conn) Exec(ctx context.Context, cmd Cmd) (int, error) {
 
 // exec sends cmd's request with its descriptors and waits for its end.
 func (s *Conn) exec(ctx context.Context, cmd Cmd) (int, error) {
-	req := request{Op: opExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore,
+	req := Request{Op: OpExec, ID: cmd.ID, Args: cmd.Args, Env: cmd.Env, Cwd: cmd.Cwd, TTY: cmd.TTY, MakeCwd: cmd.MakeCwd, OOMScore: cmd.OOMScore,
 		User: cmd.User, MaxOutput: cmd.MaxOutput}
 	var files []int
 	if cmd.Stdin == nil {
@@ -163,7 +163,7 @@ func (s *Conn) exec(ctx context.Context, cmd Cmd) (int, error) {
 		}
 		files = append(files, int(f.Fd()))
 	}
-	r, err := s.do(ctx, req, unix.UnixRights(files...), cmd.Started)
+	r, err := s.Do(ctx, req, unix.UnixRights(files...), cmd.Started)
 	if err != nil {
 		return -1, err
 	}
@@ -234,7 +234,7 @@ func (s *Conn) execCopied(ctx context.Context, cmd Cmd) (int, error) {
 // previous connection started: what a worker that restarted mid-step
 // asks before running anything again.
 func (s *Conn) Result(ctx context.Context, id string) (backend.Exit, error) {
-	rep, err := s.do(ctx, request{Op: opResult, ID: id}, nil, nil)
+	rep, err := s.Do(ctx, Request{Op: OpResult, ID: id}, nil, nil)
 	if err != nil {
 		return backend.Exit{Code: -1}, err
 	}
@@ -244,7 +244,7 @@ func (s *Conn) Result(ctx context.Context, id string) (backend.Exit, error) {
 // Probe says whether the command under id still runs; if it ended, how.
 // ErrUnknownExec: the init never started it.
 func (s *Conn) Probe(ctx context.Context, id string) (running bool, x backend.Exit, err error) {
-	rep, err := s.do(ctx, request{Op: opProbe, ID: id}, nil, nil)
+	rep, err := s.Do(ctx, Request{Op: OpProbe, ID: id}, nil, nil)
 	switch {
 	case errors.Is(err, errRunning):
 		return true, backend.Exit{Code: -1}, nil
@@ -260,51 +260,51 @@ var errRunning = errors.New("running")
 // r too (on top of what they did: seccomp filters and Landlock domains
 // only stack). Commands already running keep what they had.
 func (s *Conn) Restrict(ctx context.Context, r Restrictions) error {
-	_, err := s.call(ctx, request{Op: opRestrict, ID: fmt.Sprintf("#restrict-%d", restrictSeq.Add(1)), Restrict: &r}, nil, nil)
+	_, err := s.call(ctx, Request{Op: OpRestrict, ID: fmt.Sprintf("#restrict-%d", RestrictSeq.Add(1)), Restrict: &r}, nil, nil)
 	return err
 }
 
-var restrictSeq atomic.Int64
+var RestrictSeq atomic.Int64
 
 // Signal sends sig to the process group of the command under id (a
 // no-op once it ended). ErrUnknownExec: the init never started it.
 func (s *Conn) Signal(ctx context.Context, id string, sig syscall.Signal) error {
-	_, err := s.call(ctx, request{Op: opSignal, ID: fmt.Sprintf("#signal-%d", restrictSeq.Add(1)), Exec: id, Signal: int(sig)}, nil, nil)
+	_, err := s.call(ctx, Request{Op: OpSignal, ID: fmt.Sprintf("#signal-%d", RestrictSeq.Add(1)), Exec: id, Signal: int(sig)}, nil, nil)
 	return err
 }
 
-func (s *Conn) call(ctx context.Context, r request, oob []byte, started func(pid int)) (int, error) {
-	rep, err := s.do(ctx, r, oob, started)
+func (s *Conn) call(ctx context.Context, r Request, oob []byte, started func(pid int)) (int, error) {
+	rep, err := s.Do(ctx, r, oob, started)
 	if err != nil {
 		return -1, err
 	}
 	return *rep.Exit, nil
 }
 
-// do sends r and returns its last reply: one with an exit code, or an
+// Do sends r and returns its last reply: one with an exit code, or an
 // error.
-func (s *Conn) do(ctx context.Context, r request, oob []byte, started func(pid int)) (reply, error) {
-	ch := make(chan reply, 2)
+func (s *Conn) Do(ctx context.Context, r Request, oob []byte, started func(pid int)) (Reply, error) {
+	ch := make(chan Reply, 2)
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
-		return reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
+		return Reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, s.err)
 	}
 	if _, busy := s.wait[r.ID]; busy {
 		s.mu.Unlock()
-		return reply{}, fmt.Errorf("exec %s is already being waited for", r.ID)
+		return Reply{}, fmt.Errorf("exec %s is already being waited for", r.ID)
 	}
 	s.wait[r.ID] = ch
 	s.mu.Unlock()
 	b, _ := json.Marshal(r)
 	if _, _, err := s.conn.WriteMsgUnix(b, oob, nil); err != nil {
-		return reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, err)
+		return Reply{}, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
 	for {
 		select {
 		case rep, ok := <-ch:
 			if !ok {
-				return reply{}, ErrSandboxDied
+				return Reply{}, ErrSandboxDied
 			}
 			if rep.Unknown {
 				return rep, fmt.Errorf("%w: %s", ErrUnknownExec, r.ID)
@@ -315,7 +315,7 @@ func (s *Conn) do(ctx context.Context, r request, oob []byte, started func(pid i
 			if rep.Exit != nil {
 				return rep, nil
 			}
-			if r.Op == opProbe { // rep.Running, or Pid -1 from an earlier init
+			if r.Op == OpProbe { // rep.Running, or Pid -1 from an earlier init
 				return rep, errRunning
 			}
 			if rep.Pid > 0 && started != nil {
@@ -325,7 +325,7 @@ func (s *Conn) do(ctx context.Context, r request, oob []byte, started func(pid i
 			s.mu.Lock()
 			delete(s.wait, r.ID)
 			s.mu.Unlock()
-			return reply{}, ctx.Err()
+			return Reply{}, ctx.Err()
 		}
 	}
 }
@@ -353,8 +353,8 @@ func (s *Conn) Destroy() error {
 	return nil
 }
 
-// signal sends the init (a microVM's shim) sig.
-func (s *Conn) signal(sig syscall.Signal) error {
+// SignalInit sends the init (a microVM's shim) sig.
+func (s *Conn) SignalInit(sig syscall.Signal) error {
 	if s.cmd != nil {
 		return s.cmd.Process.Signal(sig)
 	}

@@ -16,14 +16,14 @@ import (
 // CPUs have SMT siblings for it to keep apart (CoreSched).
 func CoreScheduling() bool { return CoreSched.Have() }
 
-// coreSchedule gives the calling thread (and so every command forked
+// CoreSchedule gives the calling thread (and so every command forked
 // from it) a core-scheduling cookie of its own where the kernel has core
 // scheduling: the sandbox's batch work then never runs on the SMT
 // sibling of another sandbox's task, so it cannot slow a latency step
 // sharing the core (or read its state through the core's caches).
 // Without it (CONFIG_SCHED_CORE unset, as on these VMs, or no SMT)
 // there is nothing to do.
-func coreSchedule() error {
+func CoreSchedule() error {
 	if !CoreScheduling() {
 		return nil
 	}
@@ -35,7 +35,7 @@ func coreSchedule() error {
 
 // start starts a request's command from the init's thread, so it
 // inherits the dropped capabilities and no_new_privs.
-func start(r request, stdio []*os.File) (int, error) {
+func start(r Request, stdio []*os.File) (int, error) {
 	if len(stdio) != 3 || len(r.Args) == 0 {
 		return 0, errors.New("bad exec request")
 	}
@@ -117,10 +117,10 @@ func start(r request, stdio []*os.File) (int, error) {
 // killable, or the group would stall.
 const initOOMScore = -999
 
-// protectInit lowers the init's oom_score_adj from outside. That needs
+// ProtectInit lowers the init's oom_score_adj from outside. That needs
 // CAP_SYS_RESOURCE, which some hosts withhold (a worker in a container,
 // these CI machines); without it the init keeps the worker's score.
-func protectInit(pid int) {
+func ProtectInit(pid int) {
 	os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte(strconv.Itoa(initOOMScore)), 0)
 }
 

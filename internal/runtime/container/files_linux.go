@@ -82,9 +82,9 @@ func statOf(fi fs.FileInfo) *fsStat {
 	return st
 }
 
-// serveFiles answers file requests on a stream until it closes (the
+// ServeFiles answers file requests on a stream until it closes (the
 // guest's side).
-func serveFiles(st io.ReadWriteCloser, fr *frameReader, fw *frameWriter) {
+func ServeFiles(st io.ReadWriteCloser, fr *FrameReader, fw *FrameWriter) {
 	files := map[int]*os.File{}
 	next := 1
 	defer func() {
@@ -94,8 +94,8 @@ func serveFiles(st io.ReadWriteCloser, fr *frameReader, fw *frameWriter) {
 	}()
 	buf := make([]byte, maxIO)
 	for {
-		kind, b, err := fr.next()
-		if err != nil || kind != frameRequest {
+		kind, b, err := fr.Next()
+		if err != nil || kind != FrameRequest {
 			return
 		}
 		var q fsRequest
@@ -104,8 +104,8 @@ func serveFiles(st io.ReadWriteCloser, fr *frameReader, fw *frameWriter) {
 		}
 		var data []byte
 		if q.Op == "write" {
-			k, d, err := fr.next()
-			if err != nil || k != frameStdin {
+			k, d, err := fr.Next()
+			if err != nil || k != FrameStdin {
 				return
 			}
 			data = d
@@ -202,11 +202,11 @@ func serveFiles(st io.ReadWriteCloser, fr *frameReader, fw *frameWriter) {
 				r.Errno = int(errno)
 			}
 		}
-		if fw.json(frameReply, r) != nil {
+		if fw.JSON(FrameReply, r) != nil {
 			return
 		}
 		if q.Op == "read" && r.Error == "" {
-			if fw.frame(frameStdout, out) != nil {
+			if fw.Frame(FrameStdout, out) != nil {
 				return
 			}
 		}
@@ -218,8 +218,8 @@ func serveFiles(st io.ReadWriteCloser, fr *frameReader, fw *frameWriter) {
 type RemoteFiles struct {
 	mu   sync.Mutex
 	conn net.Conn
-	fr   *frameReader
-	fw   *frameWriter
+	fr   *FrameReader
+	fw   *FrameWriter
 	refs int // the FS and its open files
 	ids  archive.IDMap
 }
@@ -232,23 +232,23 @@ func DialFiles(socket string) (*RemoteFiles, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
-	return &RemoteFiles{conn: c, fr: newFrameReader(c), fw: &frameWriter{w: c}, refs: 1}, nil
+	return &RemoteFiles{conn: c, fr: NewFrameReader(c), fw: &FrameWriter{w: c}, refs: 1}, nil
 }
 
 // call sends q (and data, a write's) and returns the reply (and a read's
 // data, valid until the next call; the caller holds c.mu).
 func (c *RemoteFiles) call(q fsRequest, data []byte) (fsReply, []byte, error) {
 	var r fsReply
-	if err := c.fw.json(frameRequest, q); err != nil {
+	if err := c.fw.JSON(FrameRequest, q); err != nil {
 		return r, nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
 	if q.Op == "write" {
-		if err := c.fw.frame(frameStdin, data); err != nil {
+		if err := c.fw.Frame(FrameStdin, data); err != nil {
 			return r, nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 		}
 	}
-	kind, b, err := c.fr.next()
-	if err == nil && (kind != frameReply || json.Unmarshal(b, &r) != nil) {
+	kind, b, err := c.fr.Next()
+	if err == nil && (kind != FrameReply || json.Unmarshal(b, &r) != nil) {
 		err = errors.New("a reply that is none")
 	}
 	if err != nil {
@@ -256,7 +256,7 @@ func (c *RemoteFiles) call(q fsRequest, data []byte) (fsReply, []byte, error) {
 	}
 	var out []byte
 	if q.Op == "read" && r.Error == "" {
-		if kind, out, err = c.fr.next(); err != nil || kind != frameStdout || len(out) > max(q.N, 1) {
+		if kind, out, err = c.fr.Next(); err != nil || kind != FrameStdout || len(out) > max(q.N, 1) {
 			return r, nil, fmt.Errorf("%w: the guest's files: a read's data: %v", ErrSandboxDied, err)
 		}
 	}

@@ -17,13 +17,13 @@ import (
 // big-endian uint32 length and that many bytes.
 //
 //	shim                                       guest agent
-//	  open a stream; frameRequest{op, id, ...} ─▶
-//	  (exec) frameStdin ... frameStdinEOF ─────▶ into the command's stdin
-//	                 ◀─ frameReply{id, pid}      started
-//	                 ◀─ frameStdout, frameStderr its output, as it comes
-//	                 ◀─ frameReply{id, exit}     ended: after every byte it
+//	  open a stream; FrameRequest{op, id, ...} ─▶
+//	  (exec) FrameStdin ... FrameStdinEOF ─────▶ into the command's stdin
+//	                 ◀─ FrameReply{id, pid}      started
+//	                 ◀─ FrameStdout, FrameStderr its output, as it comes
+//	                 ◀─ FrameReply{id, exit}     ended: after every byte it
 //	                                             wrote before it ended
-//	                 ◀─ frameStdout ...          what its children write on
+//	                 ◀─ FrameStdout ...          what its children write on
 //	                                             until the pipes close; then
 //	                                             the stream closes
 //
@@ -32,28 +32,28 @@ import (
 // (files_linux.go's remote half). Frames from the guest are untrusted:
 // a length over maxFrame ends the stream.
 const (
-	frameRequest  = 'q'
-	frameReply    = 'r'
-	frameStdin    = '0'
-	frameStdout   = '1'
-	frameStderr   = '2'
-	frameStdinEOF = 'e'
+	FrameRequest  = 'q'
+	FrameReply    = 'r'
+	FrameStdin    = '0'
+	FrameStdout   = '1'
+	FrameStderr   = '2'
+	FrameStdinEOF = 'e'
 )
 
-// maxFrame bounds a frame's payload.
-const maxFrame = 1 << 20
+// MaxFrame bounds a frame's payload.
+const MaxFrame = 1 << 20
 
-// frameWriter writes whole frames to one stream from any goroutine.
-type frameWriter struct {
+// FrameWriter writes whole frames to one stream from any goroutine.
+type FrameWriter struct {
 	mu sync.Mutex
 	w  io.Writer
 }
 
-func (fw *frameWriter) frame(kind byte, p []byte) error {
+func (fw *FrameWriter) Frame(kind byte, p []byte) error {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
 	for { // a long write as frames of maxFrame; an empty one as one frame
-		n := min(len(p), maxFrame)
+		n := min(len(p), MaxFrame)
 		var hdr [5]byte
 		hdr[0] = kind
 		binary.BigEndian.PutUint32(hdr[1:], uint32(n))
@@ -69,33 +69,33 @@ func (fw *frameWriter) frame(kind byte, p []byte) error {
 	}
 }
 
-func (fw *frameWriter) json(kind byte, v any) error {
+func (fw *FrameWriter) JSON(kind byte, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return fw.frame(kind, b)
+	return fw.Frame(kind, b)
 }
 
-// frameReader reads frames from one stream.
-type frameReader struct {
+// FrameReader reads frames from one stream.
+type FrameReader struct {
 	r   *bufio.Reader
 	buf []byte
 }
 
-func newFrameReader(r io.Reader) *frameReader {
-	return &frameReader{r: bufio.NewReaderSize(r, 64<<10)}
+func NewFrameReader(r io.Reader) *FrameReader {
+	return &FrameReader{r: bufio.NewReaderSize(r, 64<<10)}
 }
 
-// next reads a frame; its payload is valid until the next call.
-func (fr *frameReader) next() (byte, []byte, error) {
+// Next reads a frame; its payload is valid until the Next call.
+func (fr *FrameReader) Next() (byte, []byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(fr.r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[1:])
-	if n > maxFrame {
-		return 0, nil, fmt.Errorf("a frame of %d bytes: over %d", n, maxFrame)
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("a frame of %d bytes: over %d", n, MaxFrame)
 	}
 	if cap(fr.buf) < int(n) {
 		fr.buf = make([]byte, n)

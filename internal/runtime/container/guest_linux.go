@@ -59,8 +59,8 @@ func runGuest() error {
 	if err != nil {
 		return err
 	}
-	l := &guestLink{l: newLink(port)}
-	sess, err := l.l.start(true)
+	l := &guestLink{l: NewLink(port)}
+	sess, err := l.l.Start(true)
 	if err != nil {
 		return err
 	}
@@ -69,10 +69,10 @@ func runGuest() error {
 	if err != nil {
 		return fmt.Errorf("the host never asked for the guest: %w", err)
 	}
-	fr, fw := newFrameReader(st), &frameWriter{w: st}
-	kind, b, err := fr.next()
-	var req request
-	if err == nil && (kind != frameRequest || json.Unmarshal(b, &req) != nil || req.Op != opSetup || req.Setup == nil) {
+	fr, fw := NewFrameReader(st), &FrameWriter{w: st}
+	kind, b, err := fr.Next()
+	var req Request
+	if err == nil && (kind != FrameRequest || json.Unmarshal(b, &req) != nil || req.Op != OpSetup || req.Setup == nil) {
 		err = errors.New("the host's first request is not the guest's setup")
 	}
 	if err != nil {
@@ -83,7 +83,7 @@ func runGuest() error {
 		g.link = l
 	}
 	if err != nil {
-		fw.json(frameReply, reply{ID: req.ID, Error: "guest setup: " + err.Error()})
+		fw.JSON(FrameReply, Reply{ID: req.ID, Error: "guest setup: " + err.Error()})
 		st.Close()
 		time.Sleep(time.Second) // for the reply to leave
 		return err
@@ -92,38 +92,38 @@ func runGuest() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	if err := dropBounding(); err != nil {
+	if err := DropBounding(); err != nil {
 		return err
 	}
-	if err := dropPrivileges(); err != nil {
+	if err := DropPrivileges(); err != nil {
 		return err
 	}
-	if err := applyRestrictions(req.Setup.Restrictions); err != nil {
+	if err := ApplyRestrictions(req.Setup.Restrictions); err != nil {
 		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return err
 	}
 	zero := 0
-	fw.json(frameReply, reply{ID: req.ID, Exit: &zero})
+	fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero})
 	st.Close()
 
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	in := make(chan incoming)
+	in := make(chan Incoming)
 	go g.accept(in)
-	jobs := newLoop()
-	jobs.oomKills = guestOOMKills
+	jobs := NewLoop()
+	jobs.OOMKills = guestOOMKills
 	for {
 		select {
 		case r := <-in:
-			jobs.handle(r)
-			for _, f := range r.files {
+			jobs.Handle(r)
+			for _, f := range r.Files {
 				f.Close()
 			}
 		case <-sigs:
 		}
-		jobs.reap()
+		jobs.Reap()
 	}
 }
 
@@ -142,7 +142,11 @@ func guestOOMKills() int64 {
 // guestMounts mounts what the agent needs of the kernel in the
 // initramfs.
 func guestMounts() error {
-	for _, m := range []mnt{
+	for _, m := range []struct {
+		src, target, fstype string
+		flags               uintptr
+		data                string
+	}{
 		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
@@ -210,7 +214,7 @@ type guest struct {
 // guestLink is the agent's end of the link (link.go) and its session
 // now, which a memory snapshot replaces.
 type guestLink struct {
-	l    *link
+	l    *Link
 	mu   sync.Mutex
 	sess *yamux.Session
 	// quiesced is the nonce the next session comes after ("": the
@@ -220,7 +224,7 @@ type guestLink struct {
 
 // accept serves the session's streams; a quiesced session is followed
 // by the next one.
-func (g *guest) accept(in chan<- incoming) {
+func (g *guest) accept(in chan<- Incoming) {
 	for {
 		g.link.mu.Lock()
 		sess := g.link.sess
@@ -237,7 +241,7 @@ func (g *guest) accept(in chan<- incoming) {
 			fmt.Fprintf(os.Stderr, "dsec guest: the host's session ended: %v\n", err)
 			os.Exit(1)
 		}
-		next, err := g.link.l.next()
+		next, err := g.link.l.Next()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "dsec guest: the agent's port, waiting for the host: %v\n", err)
 			os.Exit(1)
@@ -251,12 +255,12 @@ func (g *guest) accept(in chan<- incoming) {
 // quiesce flushes and freezes the upper's file system (a snapshot's disk
 // is then consistent) and ends the session once its answer, the nonce
 // the next session will come after, is out.
-func (g *guest) quiesce(st *yamux.Stream, fw *frameWriter, req request) {
+func (g *guest) quiesce(st *yamux.Stream, fw *FrameWriter, req Request) {
 	unix.Sync()
 	err := unix.IoctlSetInt(g.upper, fiFreeze, 0)
 	frozen := errors.Is(err, unix.EBUSY)
 	if err != nil && !frozen {
-		fw.json(frameReply, reply{ID: req.ID, Error: fmt.Sprintf("freeze the upper: %v", err)})
+		fw.JSON(FrameReply, Reply{ID: req.ID, Error: fmt.Sprintf("freeze the upper: %v", err)})
 		st.Close()
 		return
 	}
@@ -269,9 +273,9 @@ func (g *guest) quiesce(st *yamux.Stream, fw *frameWriter, req request) {
 	g.link.quiesced = nonce
 	sess := g.link.sess
 	g.link.mu.Unlock()
-	g.link.l.expect(nonce)
+	g.link.l.Expect(nonce)
 	zero := 0
-	fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
+	fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
 	st.Close()
 	sess.Close()
 }
@@ -423,7 +427,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if err := ov.Mount(root); err != nil {
 		return nil, err
 	}
-	if err := stageKernelFS(root, nil); err != nil {
+	if err := StageKernelFS(root, nil); err != nil {
 		return nil, err
 	}
 	if s.Hostname != "" {
@@ -431,7 +435,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 			return nil, fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := loopbackUp(); err != nil {
+	if err := LoopbackUp(); err != nil {
 		return nil, err
 	}
 	if s.Net != nil {
@@ -447,7 +451,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if err := switchRoot(root); err != nil {
 		return nil, err
 	}
-	if _, err := protect(os.Getpid(), s.ReadOnly, s.Hidden); err != nil {
+	if _, err := ProtectPaths(os.Getpid(), s.ReadOnly, s.Hidden); err != nil {
 		return nil, fmt.Errorf("policy files: %w", err)
 	}
 	return g, nil
@@ -484,68 +488,68 @@ func addEntropy(b []byte) {
 }
 
 // serveStream answers the request a stream opens with.
-func (g *guest) serveStream(st *yamux.Stream, in chan<- incoming) {
-	fr, fw := newFrameReader(st), &frameWriter{w: st}
-	kind, b, err := fr.next()
-	var req request
-	if err != nil || kind != frameRequest || json.Unmarshal(b, &req) != nil {
+func (g *guest) serveStream(st *yamux.Stream, in chan<- Incoming) {
+	fr, fw := NewFrameReader(st), &FrameWriter{w: st}
+	kind, b, err := fr.Next()
+	var req Request
+	if err != nil || kind != FrameRequest || json.Unmarshal(b, &req) != nil {
 		st.Close()
 		return
 	}
 	answer := func(err error) {
-		r := reply{ID: req.ID}
+		r := Reply{ID: req.ID}
 		if err != nil {
 			r.Error = err.Error()
 		} else {
 			zero := 0
 			r.Exit = &zero
 		}
-		fw.json(frameReply, r)
+		fw.JSON(FrameReply, r)
 		st.Close()
 	}
 	switch req.Op {
-	case opExec:
+	case OpExec:
 		guestExec(st, fr, fw, req, in)
-	case opResult, opProbe, opRestrict, opSignal:
-		in <- incoming{req: req, conn: &streamPeer{st: st, fw: fw}}
-	case opFiles:
-		serveFiles(st, fr, fw)
+	case OpResult, OpProbe, OpRestrict, OpSignal:
+		in <- Incoming{Req: req, Conn: &streamPeer{st: st, fw: fw}}
+	case OpFiles:
+		ServeFiles(st, fr, fw)
 		st.Close()
-	case opProtect:
+	case OpProtect:
 		var missing []string
-		onSpentThread(func() { missing, err = protect(os.Getpid(), req.ReadOnly, req.Hidden) })
+		OnSpentThread(func() { missing, err = ProtectPaths(os.Getpid(), req.ReadOnly, req.Hidden) })
 		if err != nil {
 			answer(err)
 			return
 		}
 		zero := 0
-		fw.json(frameReply, reply{ID: req.ID, Exit: &zero, Missing: missing})
+		fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero, Missing: missing})
 		st.Close()
-	case opHostname:
+	case OpHostname:
 		answer(unix.Sethostname([]byte(req.Hostname)))
-	case opFreezeFS:
+	case OpFreezeFS:
 		unix.Sync()
 		answer(unix.IoctlSetInt(g.upper, fiFreeze, 0))
-	case opQuiesce:
+	case OpQuiesce:
 		g.quiesce(st, fw, req)
-	case opResume:
+	case OpResume:
 		if req.Setup == nil {
 			answer(errors.New("resume without a spec"))
 			return
 		}
 		err := g.resume(req.Setup)
 		if err == nil && req.Setup.Forget {
-			in <- incoming{req: request{Op: opForget}}
+			in <- Incoming{Req: Request{Op: OpForget}}
 		}
 		answer(err)
-	case opThawFS:
+	case OpThawFS:
 		err := unix.IoctlSetInt(g.upper, fiThaw, 0)
 		if errors.Is(err, unix.EINVAL) { // not frozen
 			err = nil
 		}
 		answer(err)
 	default:
-		fw.json(frameReply, reply{ID: req.ID, Error: fmt.Sprintf("unknown request %q: the guest's agent and the worker are of different dsec versions", req.Op)})
+		fw.JSON(FrameReply, Reply{ID: req.ID, Error: fmt.Sprintf("unknown request %q: the guest's agent and the worker are of different dsec versions", req.Op)})
 		st.Close()
 	}
 }
@@ -554,12 +558,12 @@ func (g *guest) serveStream(st *yamux.Stream, in chan<- incoming) {
 // after the last.
 type streamPeer struct {
 	st *yamux.Stream
-	fw *frameWriter
+	fw *FrameWriter
 }
 
-func (p *streamPeer) send(r reply) {
-	p.fw.json(frameReply, r)
-	if r.last() {
+func (p *streamPeer) Send(r Reply) {
+	p.fw.JSON(FrameReply, r)
+	if r.Last() {
 		p.st.Close()
 	}
 }

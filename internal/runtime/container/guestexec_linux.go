@@ -25,14 +25,14 @@ const (
 // guestExec starts an exec request's command in the guest: its stdio are
 // pipes (or a terminal of the guest's) whose other ends the agent copies
 // from and to the stream; the loop starts it from its thread.
-func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, in chan<- incoming) {
+func guestExec(st *yamux.Stream, fr *FrameReader, fw *FrameWriter, req Request, in chan<- Incoming) {
 	p := &execPeer{st: st, fw: fw, tty: req.TTY}
 	var files []*os.File
 	fail := func(err error) {
 		for _, f := range files {
 			f.Close()
 		}
-		fw.json(frameReply, reply{ID: req.ID, Error: err.Error()})
+		fw.JSON(FrameReply, Reply{ID: req.ID, Error: err.Error()})
 		st.Close()
 	}
 	if req.TTY {
@@ -88,14 +88,14 @@ func guestExec(st *yamux.Stream, fr *frameReader, fw *frameWriter, req request, 
 		}()
 	}
 	go p.pumpStdin(fr)
-	in <- incoming{req: req, files: files, conn: p}
+	in <- Incoming{Req: req, Files: files, Conn: p}
 }
 
 // execPeer hears an exec's replies on its stream, and carries its
 // stdio: stdin frames in, output frames out.
 type execPeer struct {
 	st    *yamux.Stream
-	fw    *frameWriter
+	fw    *FrameWriter
 	tty   bool
 	stdin *os.File // what stdin frames go to: a pipe, or the terminal
 	outs  []*journal.Pipe
@@ -106,10 +106,10 @@ type execPeer struct {
 	closed bool
 }
 
-func (p *execPeer) send(r reply) {
+func (p *execPeer) Send(r Reply) {
 	if r.Exit == nil {
-		p.fw.json(frameReply, r)
-		if r.last() { // refused: nothing runs
+		p.fw.JSON(FrameReply, r)
+		if r.Last() { // refused: nothing runs
 			p.finish()
 		}
 		return
@@ -122,7 +122,7 @@ func (p *execPeer) send(r reply) {
 		for _, o := range p.outs {
 			o.End()
 		}
-		p.fw.json(frameReply, r)
+		p.fw.JSON(FrameReply, r)
 		p.finish()
 	}()
 }
@@ -157,16 +157,16 @@ func (p *execPeer) ended() {
 }
 
 // pumpStdin writes the stream's stdin frames into the command's stdin.
-func (p *execPeer) pumpStdin(fr *frameReader) {
+func (p *execPeer) pumpStdin(fr *FrameReader) {
 	for {
-		kind, b, err := fr.next()
+		kind, b, err := fr.Next()
 		if err != nil {
 			break
 		}
 		switch kind {
-		case frameStdin:
+		case FrameStdin:
 			p.stdin.Write(b) // a command gone (EPIPE): dropped
-		case frameStdinEOF:
+		case FrameStdinEOF:
 			if !p.tty {
 				p.stdin.Close()
 			}
@@ -194,9 +194,9 @@ func nonBlocking(f *os.File) (*os.File, error) {
 
 // frames sends a command's output to the shim as frames, stdout's and
 // stderr's.
-type frames struct{ fw *frameWriter }
+type frames struct{ fw *FrameWriter }
 
-func (f frames) Write(stream int, b []byte) { f.fw.frame(frameStdout+byte(stream), b) }
+func (f frames) Write(stream int, b []byte) { f.fw.Frame(FrameStdout+byte(stream), b) }
 
 // guestNet brings up the guest's eth0 with n's address and route.
 // guestReNet makes eth0 what n describes in a guest restored from a

@@ -48,22 +48,22 @@ func initSandbox() error {
 	if err := journal.StartCopier(); err != nil {
 		return err
 	}
-	spareThreads(initThreads + 1)
+	SpareThreads(InitThreads + 1)
 	// Out of the host's mounts before anything: a spare may wait long,
 	// and must pin none of them meanwhile.
 	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
 		return err
 	}
-	if err := loopbackUp(); err != nil {
+	if err := LoopbackUp(); err != nil {
 		return err
 	}
 	// The bounding set limits only what commands exec into: dropped
 	// while the spare waits, off the claim's path; the init keeps its
 	// own capabilities for the claim's mounts.
-	if err := dropBounding(); err != nil {
+	if err := DropBounding(); err != nil {
 		return err
 	}
-	if _, err := unix.Write(3, readyMessage); err != nil {
+	if _, err := unix.Write(3, ReadyMessage); err != nil {
 		return err
 	}
 	// A spec is a few KiB; the largest, a seccomp program of
@@ -120,7 +120,7 @@ func initSandbox() error {
 		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 			return fmt.Errorf("SCHED_IDLE: %w", err)
 		}
-		if err := coreSchedule(); err != nil {
+		if err := CoreSchedule(); err != nil {
 			return err
 		}
 	}
@@ -134,11 +134,11 @@ func initSandbox() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	if err := dropPrivileges(); err != nil {
+	if err := DropPrivileges(); err != nil {
 		return err
 	}
 	// On this thread, which forks every command: they inherit it.
-	if err := applyRestrictions(spec.Restrictions); err != nil {
+	if err := ApplyRestrictions(spec.Restrictions); err != nil {
 		return err
 	}
 	// Its other threads still hold the host's capabilities: no process
@@ -149,39 +149,39 @@ func initSandbox() error {
 	// The worker that claimed the init hears it is ready from this
 	// thread, before anything else: no goroutine needs to be scheduled
 	// first. Its first request waits in the socket meanwhile.
-	first.Write(greeting)
+	first.Write(Greeting)
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	in, gone := make(chan incoming), make(chan *connPeer)
+	in, gone := make(chan Incoming), make(chan *ConnPeer)
 	// The worker that claimed the init, then later ones, one after
 	// another or at once.
-	go serve(first, in, gone)
+	go Serve(first, in, gone)
 	go func() {
 		for {
 			c, err := ul.AcceptUnix()
 			if err != nil {
 				continue
 			}
-			c.Write(greeting)
-			go serve(c, in, gone)
+			c.Write(Greeting)
+			go Serve(c, in, gone)
 		}
 	}()
-	jobs := newLoop()
-	jobs.devNull, jobs.ends = devNull, make(chan ending)
+	jobs := NewLoop()
+	jobs.DevNull, jobs.Ends = devNull, make(chan Ending)
 	for {
 		select {
 		case r := <-in:
-			jobs.handle(r)
-			for _, f := range r.files {
+			jobs.Handle(r)
+			for _, f := range r.Files {
 				f.Close() // those handle did not take
 			}
 		case c := <-gone:
-			c.c.Close()
-			jobs.forget(c)
-		case x := <-jobs.ends:
-			jobs.ended(x)
+			c.C.Close()
+			jobs.Forget(c)
+		case x := <-jobs.Ends:
+			jobs.Ended(x)
 		case <-sigs:
 		}
-		jobs.reap()
+		jobs.Reap()
 	}
 }

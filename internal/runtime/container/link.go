@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
-// link carries yamux sessions between a microVM's shim and its guest's
+// Link carries yamux sessions between a microVM's shim and its guest's
 // agent over one byte stream (the agent's virtio-serial port; on the
 // host, the socket to QEMU's end of it), one session after another. A
 // memory snapshot replaces the session: the agent, asked to quiesce,
@@ -20,7 +20,7 @@ import (
 // stream and hands each session what is its own: a session that ended
 // never reads a byte of the next, and what the old one still had on
 // its way is dropped.
-type link struct {
+type Link struct {
 	rw io.ReadWriter
 
 	mu       sync.Mutex
@@ -36,14 +36,14 @@ type link struct {
 // and a newline follow it).
 const resyncMarker = "\x00\x00dsec-agent-resync-1\x00"
 
-func newLink(rw io.ReadWriter) *link {
-	l := &link{rw: rw, nextPipe: make(chan *io.PipeReader, 1), done: make(chan struct{})}
+func NewLink(rw io.ReadWriter) *Link {
+	l := &Link{rw: rw, nextPipe: make(chan *io.PipeReader, 1), done: make(chan struct{})}
 	l.first, l.pw = io.Pipe()
 	go l.pump()
 	return l
 }
 
-func (l *link) pump() {
+func (l *Link) pump() {
 	buf := make([]byte, 64<<10)
 	var tail []byte // the bytes read while a marker is awaited
 	for {
@@ -97,10 +97,10 @@ func (c *linkConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
 func (c *linkConn) Write(p []byte) (int, error) { return c.w.Write(p) }
 func (c *linkConn) Close() error                { return c.r.Close() }
 
-// start starts a session that reads what the stream brings from now on,
+// Start starts a session that reads what the stream brings from now on,
 // the first one what it brought since the link was made (the host's
 // side: it writes the marker itself, if one is due).
-func (l *link) start(server bool) (*yamux.Session, error) {
+func (l *Link) Start(server bool) (*yamux.Session, error) {
 	l.mu.Lock()
 	pr := l.first
 	if pr != nil {
@@ -117,7 +117,7 @@ func (l *link) start(server bool) (*yamux.Session, error) {
 	return l.session(pr, server)
 }
 
-func (l *link) session(pr *io.PipeReader, server bool) (*yamux.Session, error) {
+func (l *Link) session(pr *io.PipeReader, server bool) (*yamux.Session, error) {
 	c := &linkConn{r: pr, w: l.rw}
 	if server {
 		return yamux.Server(c, muxConfig())
@@ -125,9 +125,9 @@ func (l *link) session(pr *io.PipeReader, server bool) (*yamux.Session, error) {
 	return yamux.Client(c, muxConfig())
 }
 
-// end ends sess, and drops what the stream brings until the next
+// End ends sess, and drops what the stream brings until the next
 // session starts.
-func (l *link) end(sess *yamux.Session) {
+func (l *Link) End(sess *yamux.Session) {
 	l.mu.Lock()
 	if l.pw != nil {
 		l.pw.Close()
@@ -137,21 +137,21 @@ func (l *link) end(sess *yamux.Session) {
 	sess.Close()
 }
 
-// expect drops what the stream brings from now on until the marker and
+// Expect drops what the stream brings from now on until the marker and
 // nonce come (the guest's side: its session is about to end). The
 // session still writes: its last answer goes out after this, so that
 // no marker can come before it is awaited (a restored guest's host
 // writes one as soon as the guest runs).
-func (l *link) expect(nonce string) {
+func (l *Link) Expect(nonce string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.want = []byte(resyncMarker + nonce + "\n")
 	l.pw = nil // its reader is the session's, closed with it
 }
 
-// next waits for the marker expect named and returns the session after
+// Next waits for the marker expect named and returns the session after
 // it (the guest's side).
-func (l *link) next() (*yamux.Session, error) {
+func (l *Link) Next() (*yamux.Session, error) {
 	select {
 	case pr := <-l.nextPipe:
 		return l.session(pr, true)
@@ -160,10 +160,10 @@ func (l *link) next() (*yamux.Session, error) {
 	}
 }
 
-// resync writes the marker and nonce and starts the session after them
+// Resync writes the marker and nonce and starts the session after them
 // (the host's side).
-func (l *link) resync(nonce string) (*yamux.Session, error) {
-	sess, err := l.start(false)
+func (l *Link) Resync(nonce string) (*yamux.Session, error) {
+	sess, err := l.Start(false)
 	if err != nil {
 		return nil, err
 	}

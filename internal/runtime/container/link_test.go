@@ -11,10 +11,10 @@ import (
 
 // pair is a host's and a guest's link over one stream, as a microVM's
 // agent port is.
-func linkPair(t *testing.T) (host, guest *link) {
+func linkPair(t *testing.T) (host, guest *Link) {
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
-	return newLink(a), newLink(b)
+	return NewLink(a), NewLink(b)
 }
 
 // echo serves sess's streams: each answers what it reads.
@@ -51,7 +51,7 @@ func roundTrip(t *testing.T, sess *yamux.Session, msg string) {
 // port's leftovers).
 func TestLinkResync(t *testing.T) {
 	host, guest := linkPair(t)
-	gs, err := guest.start(true)
+	gs, err := guest.Start(true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,12 +62,12 @@ func TestLinkResync(t *testing.T) {
 		}
 		b := make([]byte, 1)
 		io.ReadFull(st, b)
-		guest.expect("n1")
+		guest.Expect("n1")
 		st.Write([]byte("nonce n1"))
 		st.Close()
 		gs.Close()
 	}(gs)
-	hs, err := host.start(false)
+	hs, err := host.Start(false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,18 +80,18 @@ func TestLinkResync(t *testing.T) {
 	if b, err := io.ReadAll(st); string(b) != "nonce n1" {
 		t.Fatalf("the quiesce's answer: %q %v", b, err)
 	}
-	host.end(hs)
+	host.End(hs)
 	// Bytes no session reads: a stale frame, and another nonce.
 	host.rw.Write([]byte("garbage" + resyncMarker + "n0\n"))
 	next := make(chan *yamux.Session, 1)
 	go func() {
-		s, err := guest.next()
+		s, err := guest.Next()
 		if err != nil {
 			t.Error(err)
 		}
 		next <- s
 	}()
-	hs, err = host.resync("n1")
+	hs, err = host.Resync("n1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestLinkResync(t *testing.T) {
 // (a host's request waits in the guest's port for its agent).
 func TestLinkEarly(t *testing.T) {
 	host, guest := linkPair(t)
-	hs, err := host.start(false)
+	hs, err := host.Start(false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestLinkEarly(t *testing.T) {
 		st <- err
 	}()
 	time.Sleep(50 * time.Millisecond) // the guest's pump has read it
-	gs, err := guest.start(true)
+	gs, err := guest.Start(true)
 	if err != nil {
 		t.Fatal(err)
 	}

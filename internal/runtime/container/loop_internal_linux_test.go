@@ -32,15 +32,15 @@ func pair(t *testing.T) (init, worker *net.UnixConn) {
 	return conn(fds[0]), conn(fds[1])
 }
 
-func answer(t *testing.T, l *loop, in *connPeer, out *net.UnixConn, r request) reply {
+func answer(t *testing.T, l *Loop, in *ConnPeer, out *net.UnixConn, r Request) Reply {
 	t.Helper()
-	l.handle(incoming{req: r, conn: in})
+	l.Handle(Incoming{Req: r, Conn: in})
 	buf := make([]byte, 4096)
 	n, err := out.Read(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep reply
+	var rep Reply
 	if err := json.Unmarshal(buf[:n], &rep); err != nil {
 		t.Fatal(err)
 	}
@@ -52,33 +52,33 @@ func answer(t *testing.T, l *loop, in *connPeer, out *net.UnixConn, r request) r
 // ended), for running commands, and for a request it does not know.
 func TestLoopTable(t *testing.T) {
 	c, out := pair(t)
-	in := &connPeer{c}
-	l := newLoop()
-	if rep := answer(t, l, in, out, request{Op: opResult, ID: "never"}); !rep.Unknown {
+	in := &ConnPeer{c}
+	l := NewLoop()
+	if rep := answer(t, l, in, out, Request{Op: OpResult, ID: "never"}); !rep.Unknown {
 		t.Fatalf("result of an id never started: %+v, want unknown", rep)
 	}
-	for i := range maxResults + 1 {
-		l.finish(fmt.Sprint(i), exit{code: i % 256})
+	for i := range MaxResults + 1 {
+		l.finish(fmt.Sprint(i), Exit{code: i % 256})
 	}
-	if rep := answer(t, l, in, out, request{Op: opProbe, ID: "0"}); !rep.Unknown {
-		t.Fatalf("the oldest of %d exits is kept: %+v", maxResults+1, rep)
+	if rep := answer(t, l, in, out, Request{Op: OpProbe, ID: "0"}); !rep.Unknown {
+		t.Fatalf("the oldest of %d exits is kept: %+v", MaxResults+1, rep)
 	}
-	if rep := answer(t, l, in, out, request{Op: opResult, ID: "300"}); rep.Exit == nil || *rep.Exit != 300%256 {
+	if rep := answer(t, l, in, out, Request{Op: OpResult, ID: "300"}); rep.Exit == nil || *rep.Exit != 300%256 {
 		t.Fatalf("result of a kept exit: %+v", rep)
 	}
-	if len(l.done) != maxResults || len(l.doneOrder) != maxResults {
-		t.Fatalf("%d exits kept (%d in order), want %d", len(l.done), len(l.doneOrder), maxResults)
+	if len(l.done) != MaxResults || len(l.doneOrder) != MaxResults {
+		t.Fatalf("%d exits kept (%d in order), want %d", len(l.done), len(l.doneOrder), MaxResults)
 	}
-	if rep := answer(t, l, in, out, request{Op: opExec, ID: "300", Args: []string{"true"}}); !strings.Contains(rep.Error, "used already") {
+	if rep := answer(t, l, in, out, Request{Op: OpExec, ID: "300", Args: []string{"true"}}); !strings.Contains(rep.Error, "used already") {
 		t.Fatalf("exec under a used id: %+v", rep)
 	}
 	j := &job{id: "busy"}
 	l.running[1<<22], l.byID["busy"] = j, j
-	if rep := answer(t, l, in, out, request{Op: opProbe, ID: "busy"}); !rep.Running || rep.Exit != nil {
+	if rep := answer(t, l, in, out, Request{Op: OpProbe, ID: "busy"}); !rep.Running || rep.Exit != nil {
 		t.Fatalf("probe of a running command: %+v", rep)
 	}
-	l.forget(in)
-	if rep := answer(t, l, in, out, request{Op: "shutdown", ID: "x"}); !strings.Contains(rep.Error, `unknown request "shutdown"`) {
+	l.Forget(in)
+	if rep := answer(t, l, in, out, Request{Op: "shutdown", ID: "x"}); !strings.Contains(rep.Error, `unknown request "shutdown"`) {
 		t.Fatalf("an unknown request: %+v", rep)
 	}
 }
@@ -88,8 +88,8 @@ func TestLoopTable(t *testing.T) {
 // the command next.
 func TestProbeOfAnEarlierInit(t *testing.T) {
 	init, worker := pair(t)
-	init.Write(greeting)
-	c, err := greet(worker, os.Getpid())
+	init.Write(Greeting)
+	c, err := Greet(worker, os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestProbeOfAnEarlierInit(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		var r request
+		var r Request
 		json.Unmarshal(buf[:n], &r)
 		init.Write([]byte(strings.ReplaceAll(rep, "ID", r.ID)))
 	}
@@ -124,7 +124,7 @@ func TestProbeOfAnEarlierInit(t *testing.T) {
 func TestExecOfAnEarlierInit(t *testing.T) {
 	init, worker := pair(t)
 	init.Write([]byte(`{"ready":true}`))
-	c, err := greet(worker, os.Getpid())
+	c, err := Greet(worker, os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestExecOfAnEarlierInit(t *testing.T) {
 
 	init, worker = pair(t)
 	init.Write([]byte(`{"ready":true,"users":true}`))
-	if c, err = greet(worker, os.Getpid()); err != nil {
+	if c, err = Greet(worker, os.Getpid()); err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
@@ -158,7 +158,7 @@ func TestExecOfAnEarlierInit(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		var r request
+		var r Request
 		json.Unmarshal(buf[:n], &r)
 		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
 		fds, _ := unix.ParseUnixRights(&msgs[0])

@@ -30,20 +30,20 @@ func (s *Conn) Protect(readOnly, hidden []string) (missing []string, err error) 
 		err     error
 	}
 	var r result
-	onSpentThread(func() { // it enters the sandbox's mount namespace
-		r.missing, r.err = protect(s.pid, readOnly, hidden)
+	OnSpentThread(func() { // it enters the sandbox's mount namespace
+		r.missing, r.err = ProtectPaths(s.pid, readOnly, hidden)
 	})
 	return r.missing, r.err
 }
 
-// onSpentThread runs fn on an OS thread that ends with it, for work that
+// OnSpentThread runs fn on an OS thread that ends with it, for work that
 // changes its thread for good (a sandbox's namespace). Go ends the
 // thread of a goroutine that exits locked to it, but parks the main
 // thread instead, for good and as it is: the namespace fn left it in
 // would live as long as the process, and every mount in it (a
 // sandbox's overlay, its disk's loop device with it). So on the main
 // thread fn runs on another one.
-func onSpentThread(fn func()) {
+func OnSpentThread(fn func()) {
 	done := make(chan struct{})
 	go func() {
 		runtime.LockOSThread()
@@ -57,14 +57,14 @@ func onSpentThread(fn func()) {
 func spend(fn func(), done chan<- struct{}) {
 	defer close(done)
 	if unix.Gettid() == unix.Getpid() {
-		onSpentThread(fn) // this thread is locked here: another runs it
+		OnSpentThread(fn) // this thread is locked here: another runs it
 		runtime.UnlockOSThread()
 		return
 	}
 	fn()
 }
 
-func protect(pid int, readOnly, hidden []string) (missing []string, err error) {
+func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err error) {
 	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox's mount namespace: %w", err)

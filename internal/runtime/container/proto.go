@@ -39,41 +39,41 @@ package container
 // refused, which is what makes a retried step run exactly once. Closing
 // a connection never stops a command; its exit is kept for Result.
 
-// op is what a request asks the init for.
-type op string
+// Op is what a request asks the init for.
+type Op string
 
 const (
-	opExec     op = "exec"     // start a command with the request's stdio
-	opResult   op = "result"   // the exit code of a command, waiting for it
-	opProbe    op = "probe"    // whether a command runs, else its exit code
-	opRestrict op = "restrict" // restrict every command started from now on
-	opSignal   op = "signal"   // signal a running command's process group
+	OpExec     Op = "exec"     // start a command with the request's stdio
+	OpResult   Op = "result"   // the exit code of a command, waiting for it
+	OpProbe    Op = "probe"    // whether a command runs, else its exit code
+	OpRestrict Op = "restrict" // restrict every command started from now on
+	OpSignal   Op = "signal"   // signal a running command's process group
 )
 
 // What only a microVM's guest agent answers (frame.go); a container's
 // init does these from the host, or not at all.
 const (
-	opSetup    op = "setup"    // the guest's first request: mount its root, become its init
-	opProtect  op = "protect"  // make paths read-only or hidden (Protect)
-	opHostname op = "hostname" // name the guest's host
-	opFiles    op = "files"    // the rest of the stream speaks the file protocol
-	opFreezeFS op = "freezefs" // flush and freeze the upper's file system (FIFREEZE)
-	opThawFS   op = "thawfs"   // thaw it (FITHAW)
-	opQuiesce  op = "quiesce"  // freeze the upper, answer a nonce, end the session (a memory snapshot)
-	opResume   op = "resume"   // the first request of the session after one: clock, RNG, name, network, thaw
-	opForget   op = "forget"   // the agent's own, after a resume as another sandbox: forget the exits kept
+	OpSetup    Op = "setup"    // the guest's first request: mount its root, become its init
+	OpProtect  Op = "protect"  // make paths read-only or hidden (Protect)
+	OpHostname Op = "hostname" // name the guest's host
+	OpFiles    Op = "files"    // the rest of the stream speaks the file protocol
+	OpFreezeFS Op = "freezefs" // flush and freeze the upper's file system (FIFREEZE)
+	OpThawFS   Op = "thawfs"   // thaw it (FITHAW)
+	OpQuiesce  Op = "quiesce"  // freeze the upper, answer a nonce, end the session (a memory snapshot)
+	OpResume   Op = "resume"   // the first request of the session after one: clock, RNG, name, network, thaw
+	OpForget   Op = "forget"   // the agent's own, after a resume as another sandbox: forget the exits kept
 )
 
 // What only a microVM's shim answers (the worker's requests about the
 // machine, not the guest).
 const (
-	opSnapshot op = "snapshot" // save the guest's memory, device state and disk (SCM_RIGHTS: their files)
-	opMemory   op = "memory"   // the guest's memory as its balloon last reported it
+	OpSnapshot Op = "snapshot" // save the guest's memory, device state and disk (SCM_RIGHTS: their files)
+	OpMemory   Op = "memory"   // the guest's memory as its balloon last reported it
 )
 
-// request is what the worker sends the init.
-type request struct {
-	Op   op       `json:"op"`
+// Request is what the worker sends the init.
+type Request struct {
+	Op   Op       `json:"op"`
 	ID   string   `json:"id"`
 	Args []string `json:"args,omitempty"`
 	Env  []string `json:"env,omitempty"`
@@ -118,9 +118,9 @@ type request struct {
 	Stop bool `json:"stop,omitempty"`
 }
 
-// reply is what the init answers a request with, once or twice (exec:
+// Reply is what the init answers a request with, once or twice (exec:
 // started, then ended).
-type reply struct {
+type Reply struct {
 	ID   string `json:"id"`
 	Pid  int    `json:"pid,omitempty"`  // started, as this pid in the sandbox's namespace
 	Exit *int   `json:"exit,omitempty"` // ended with this code (128+N for signal N)
@@ -148,19 +148,19 @@ type reply struct {
 	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
 }
 
-// last reports whether r is the last reply to its request: all but an
+// Last reports whether r is the Last reply to its request: all but an
 // exec's "started".
-func (r reply) last() bool {
+func (r Reply) Last() bool {
 	return r.Exit != nil || r.Error != "" || r.Unknown || r.Running || r.Pid == -1
 }
 
-// greeting is the init's first message on every connection: it is
+// Greeting is the init's first message on every connection: it is
 // ready, and what it can do beyond what every init could (an older
 // dsec's init greets without them).
-var greeting = []byte(`{"ready":true,"users":true,"journal":true}`)
+var Greeting = []byte(`{"ready":true,"users":true,"journal":true}`)
 
-// hello is a greeting as the worker reads it.
-type hello struct {
+// Hello is a greeting as the worker reads it.
+type Hello struct {
 	Ready bool `json:"ready"`
 	// Users: the init runs commands as the request's user; an init
 	// that does not would run them as root, so they are refused.
@@ -171,5 +171,5 @@ type hello struct {
 	Journal bool `json:"journal"`
 }
 
-// readyMessage is a spare's word on fd 3 that it waits to be claimed.
-var readyMessage = []byte("ready")
+// ReadyMessage is a spare's word on fd 3 that it waits to be claimed.
+var ReadyMessage = []byte("ready")

@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// applyRestrictions loads r on the calling thread; no_new_privs is set
+// ApplyRestrictions loads r on the calling thread; no_new_privs is set
 // already.
-func applyRestrictions(r *Restrictions) error {
+func ApplyRestrictions(r *Restrictions) error {
 	if r == nil {
 		return nil
 	}

@@ -34,7 +34,7 @@ func leaveHostMounts(userns bool) error {
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=700,size=64k"); err != nil {
 		return fmt.Errorf("mount the spare root: %w", err)
 	}
-	if err := stageKernelFS(dir, devs); err != nil {
+	if err := StageKernelFS(dir, devs); err != nil {
 		return err
 	}
 	return pivot(dir)
@@ -70,12 +70,12 @@ func pivot(dir string) error {
 	return unix.Chdir("/")
 }
 
-// stageKernelFS mounts what a sandbox's root gets of the kernel (/proc
+// StageKernelFS mounts what a sandbox's root gets of the kernel (/proc
 // of its pid namespace, with what it must not see masked or read-only, a
 // minimal /dev, a read-only /sys) in the spare's own root (dir), ahead of
 // the sandbox: a claim only moves them into the sandbox's root. The
 // device nodes are made, or bound from devs (cloneDevices) when given.
-func stageKernelFS(dir string, devs map[string]int) error {
+func StageKernelFS(dir string, devs map[string]int) error {
 	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	for _, m := range []mnt{
 		{"proc", "/proc", "proc", nodev, ""},

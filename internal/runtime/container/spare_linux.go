@@ -66,7 +66,7 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
-	protectInit(cmd.Process.Pid)
+	ProtectInit(cmd.Process.Pid)
 	sp := &Spare{cmd: cmd, ctl: ours, exited: make(chan struct{})}
 	// Reap the init whenever it exits, whether or not this process still
 	// holds a connection: a long-lived worker must not collect zombies.
@@ -186,7 +186,7 @@ func (sp *Spare) Claim(spec Spec) (_ *Conn, err error) {
 		return nil, fmt.Errorf("clone the sandbox root %s: %w", spec.Root, err)
 	}
 	defer unix.Close(tree)
-	logf, done, err := logFile(spec.Stderr)
+	logf, done, err := LogFile(spec.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +205,7 @@ func (sp *Spare) Claim(spec Spec) (_ *Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, err := greet(fc.(*net.UnixConn), sp.cmd.Process.Pid)
+	sb, err := Greet(fc.(*net.UnixConn), sp.cmd.Process.Pid)
 	if err != nil {
 		<-sp.exited
 		<-done
@@ -216,9 +216,9 @@ func (sp *Spare) Claim(spec Spec) (_ *Conn, err error) {
 	return sb, nil
 }
 
-// logFile is a file whose writes reach w: w itself when it is one, else a
+// LogFile is a file whose writes reach w: w itself when it is one, else a
 // pipe copied into w until done closes; /dev/null without w.
-func logFile(w io.Writer) (_ *os.File, done chan struct{}, err error) {
+func LogFile(w io.Writer) (_ *os.File, done chan struct{}, err error) {
 	done = make(chan struct{})
 	if f, ok := w.(*os.File); ok {
 		close(done)

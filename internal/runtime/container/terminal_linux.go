@@ -11,20 +11,20 @@ import (
 
 // Terminal allocates a terminal from the sandbox's own devpts
 // (backend.Terminaler).
-func (s *Conn) Terminal() (master, tty *os.File, err error) { return terminalOf(s.Pid()) }
+func (s *Conn) Terminal() (master, tty *os.File, err error) { return TerminalOf(s.Pid()) }
 
 // Terminal allocates a terminal from the devpts its shim sees, the
 // host's: the guest's command gets it through the agent.
-func (v *VM) Terminal() (master, tty *os.File, err error) { return terminalOf(v.Pid()) }
+func (v *VM) Terminal() (master, tty *os.File, err error) { return TerminalOf(v.Pid()) }
 
-// terminalOf allocates a terminal from the sandbox's own devpts (its
+// TerminalOf allocates a terminal from the sandbox's own devpts (its
 // /dev/pts/ptmx, reached through its init's root), so that the command
 // finds its terminal under /dev/pts: ttyname() and tty(1) name it, as
 // they could not name one of the host's instance. The path is resolved
 // inside the sandbox's root without following any link, and what it
 // opens must be a devpts ptmx, whatever the agent mounted there; the
 // terminal's other end comes from the master (TIOCGPTPEER), by no path.
-func terminalOf(pid int) (master, tty *os.File, err error) {
+func TerminalOf(pid int) (master, tty *os.File, err error) {
 	if pid <= 0 {
 		return nil, nil, errors.New("the sandbox has no init to give a terminal")
 	}

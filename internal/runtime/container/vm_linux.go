@@ -79,7 +79,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, err
 	}
 	closers = append(closers, console)
-	logf, done, err := logFile(spec.Stderr)
+	logf, done, err := LogFile(spec.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		ours.Close()
 		return nil, fmt.Errorf("start the microVM's shim: %w", err)
 	}
-	protectInit(cmd.Process.Pid)
+	ProtectInit(cmd.Process.Pid)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	kill := func() {
@@ -152,7 +152,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	n, err := conn.Read(buf)
 	conn.SetReadDeadline(time.Time{})
 	var h struct {
-		hello
+		Hello
 		Error string `json:"error"`
 	}
 	if err == nil {
@@ -169,7 +169,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, errors.New(h.Error)
 	}
 	ours.Close()
-	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal,
+	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan Reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal,
 		cmd: cmd, exited: exited}
 	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
 		s.pidfd = fd
@@ -198,7 +198,7 @@ func (v *VM) Close() error          { return v.c.Close() }
 // group, which a zombie still holds, could not be removed meanwhile. A
 // shim that does not end within 5 s is killed.
 func (v *VM) Destroy() error {
-	if v.c.signal(syscall.SIGTERM) == nil {
+	if v.c.SignalInit(syscall.SIGTERM) == nil {
 		select {
 		case <-v.c.dead:
 		case <-time.After(5 * time.Second):
@@ -221,9 +221,9 @@ func (v *VM) Signal(ctx context.Context, id string, sig syscall.Signal) error {
 }
 
 // simple sends a request that only a guest answers.
-func (v *VM) simple(ctx context.Context, r request) (reply, error) {
-	r.ID = fmt.Sprintf("#%s-%d", r.Op, restrictSeq.Add(1))
-	return v.c.do(ctx, r, nil, nil)
+func (v *VM) simple(ctx context.Context, r Request) (Reply, error) {
+	r.ID = fmt.Sprintf("#%s-%d", r.Op, RestrictSeq.Add(1))
+	return v.c.Do(ctx, r, nil, nil)
 }
 
 // Protect makes paths of the guest read-only or hidden, as a container's
@@ -232,26 +232,26 @@ func (v *VM) Protect(readOnly, hidden []string) ([]string, error) {
 	if len(readOnly) == 0 && len(hidden) == 0 {
 		return nil, nil
 	}
-	r, err := v.simple(context.Background(), request{Op: opProtect, ReadOnly: readOnly, Hidden: hidden})
+	r, err := v.simple(context.Background(), Request{Op: OpProtect, ReadOnly: readOnly, Hidden: hidden})
 	return r.Missing, err
 }
 
 // SetHostname names the guest's host.
 func (v *VM) SetHostname(name string) error {
-	_, err := v.simple(context.Background(), request{Op: opHostname, Hostname: name})
+	_, err := v.simple(context.Background(), Request{Op: OpHostname, Hostname: name})
 	return err
 }
 
 // FreezeFS flushes the guest's upper file system to its disk and freezes
 // it: the disk image is then consistent, and stays so until ThawFS.
 func (v *VM) FreezeFS(ctx context.Context) error {
-	_, err := v.simple(ctx, request{Op: opFreezeFS})
+	_, err := v.simple(ctx, Request{Op: OpFreezeFS})
 	return err
 }
 
 // ThawFS thaws what FreezeFS froze.
 func (v *VM) ThawFS(ctx context.Context) error {
-	_, err := v.simple(ctx, request{Op: opThawFS})
+	_, err := v.simple(ctx, Request{Op: OpThawFS})
 	return err
 }
 
@@ -266,7 +266,7 @@ func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool)
 	if disk != nil {
 		fds = append(fds, int(disk.Fd()))
 	}
-	r, err := v.c.do(ctx, request{Op: opSnapshot, ID: fmt.Sprintf("#snapshot-%d", restrictSeq.Add(1)), Stop: stop}, unix.UnixRights(fds...), nil)
+	r, err := v.c.Do(ctx, Request{Op: OpSnapshot, ID: fmt.Sprintf("#snapshot-%d", RestrictSeq.Add(1)), Stop: stop}, unix.UnixRights(fds...), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +278,7 @@ func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool)
 
 // Memory is the guest's memory as its balloon last reported it.
 func (v *VM) Memory(ctx context.Context) (*GuestMemory, error) {
-	r, err := v.c.do(ctx, request{Op: opMemory, ID: fmt.Sprintf("#memory-%d", restrictSeq.Add(1))}, nil, nil)
+	r, err := v.c.Do(ctx, Request{Op: OpMemory, ID: fmt.Sprintf("#memory-%d", RestrictSeq.Add(1))}, nil, nil)
 	if err != nil {
 		return nil, err
 	}

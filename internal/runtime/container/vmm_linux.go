@@ -114,7 +114,7 @@ func runVMM() error {
 		return err
 	}
 	first := fc.(*net.UnixConn)
-	v := &vmm{running: map[string]*forward{}, done: map[string]exit{}}
+	v := &vmm{running: map[string]*forward{}, done: map[string]Exit{}}
 	// Then the tap (spec.Net), then the snapshot's state (spec.Restore).
 	extra := fds[4:]
 	var tap *os.File
@@ -160,17 +160,17 @@ func runVMM() error {
 	if err != nil {
 		return err
 	}
-	first.Write(greeting)
-	in, gone := make(chan incoming), make(chan *connPeer)
-	go serve(first, in, gone)
+	first.Write(Greeting)
+	in, gone := make(chan Incoming), make(chan *ConnPeer)
+	go Serve(first, in, gone)
 	go func() {
 		for {
 			c, err := l.(*net.UnixListener).AcceptUnix()
 			if err != nil {
 				continue
 			}
-			c.Write(greeting)
-			go serve(c, in, gone)
+			c.Write(Greeting)
+			go Serve(c, in, gone)
 		}
 	}()
 	go v.serveFiles(fl)
@@ -179,7 +179,7 @@ func runVMM() error {
 		case r := <-in:
 			v.handle(r)
 		case c := <-gone:
-			c.c.Close()
+			c.C.Close()
 			v.forget(c)
 		case <-v.exited:
 			return fmt.Errorf("the microVM ended (%v); its console's end:\n%s", v.qemuErr, v.console.tail())
@@ -195,14 +195,14 @@ type vmm struct {
 	exited  chan struct{} // closed once QEMU has exited
 	qemuErr error
 	console *ring
-	link    *link
+	link    *Link
 	qmp     *qmp
 	ram     *os.File // the guest's memory (nil: anonymous)
 
 	mu        sync.Mutex
 	sess      *yamux.Session      // the agent's session now (nil: none, a snapshot replaces it)
 	running   map[string]*forward // execs not ended, by id
-	done      map[string]exit     // exits kept, as the guest keeps them
+	done      map[string]Exit     // exits kept, as the guest keeps them
 	doneOrder []string
 }
 
@@ -241,7 +241,7 @@ func (v *vmm) drop() {
 	v.sess = nil
 	v.mu.Unlock()
 	if sess != nil {
-		v.link.end(sess)
+		v.link.End(sess)
 	}
 }
 
@@ -287,7 +287,7 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	if err != nil {
 		return err
 	}
-	v.link = newLink(agentConn)
+	v.link = NewLink(agentConn)
 	spec.Guest.Time = time.Now().UnixNano()
 	setup := make(chan error, 1)
 	go func() {
@@ -303,7 +303,7 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 			setup <- v.restore(spec)
 			return
 		}
-		sess, err := v.link.start(false)
+		sess, err := v.link.Start(false)
 		if err != nil {
 			setup <- err
 			return
@@ -446,14 +446,14 @@ func (v *vmm) startQEMU(spec VMSpec, files []*os.File) (io.Reader, error) {
 
 // setup sends the guest its spec and waits for it to be the sandbox.
 func (v *vmm) setup(g GuestSpec) error {
-	_, err := v.ask(request{Op: opSetup, ID: "#setup", Setup: &g})
+	_, err := v.ask(Request{Op: OpSetup, ID: "#setup", Setup: &g})
 	return err
 }
 
 // ask sends the agent a request that has one reply, on a stream of its
 // own, and returns the reply.
-func (v *vmm) ask(req request) (reply, error) {
-	var r reply
+func (v *vmm) ask(req Request) (Reply, error) {
+	var r Reply
 	sess, err := v.session()
 	if err != nil {
 		return r, err
@@ -463,15 +463,15 @@ func (v *vmm) ask(req request) (reply, error) {
 		return r, err
 	}
 	defer st.Close()
-	fw, fr := &frameWriter{w: st}, newFrameReader(st)
-	if err := fw.json(frameRequest, req); err != nil {
+	fw, fr := &FrameWriter{w: st}, NewFrameReader(st)
+	if err := fw.JSON(FrameRequest, req); err != nil {
 		return r, err
 	}
-	kind, b, err := fr.next()
+	kind, b, err := fr.Next()
 	if err != nil {
 		return r, fmt.Errorf("the guest's agent went away: %v", err)
 	}
-	if kind != frameReply || json.Unmarshal(b, &r) != nil {
+	if kind != FrameReply || json.Unmarshal(b, &r) != nil {
 		return r, errors.New("the guest's agent answered no reply")
 	}
 	if r.Error != "" {
@@ -482,66 +482,66 @@ func (v *vmm) ask(req request) (reply, error) {
 
 // handle answers a worker's request, from the shim's own table where it
 // can (commands it is copying), else from the guest's.
-func (v *vmm) handle(r incoming) {
-	switch r.req.Op {
-	case opSnapshot: // in this loop: no other request meanwhile
+func (v *vmm) handle(r Incoming) {
+	switch r.Req.Op {
+	case OpSnapshot: // in this loop: no other request meanwhile
 		v.snapshot(r)
 		return
-	case opMemory:
-		closeAll(r.files)
+	case OpMemory:
+		closeAll(r.Files)
 		m, err := v.guestMemory()
 		if err != nil {
-			send(r.conn, reply{ID: r.req.ID, Error: err.Error()})
+			Send(r.Conn, Reply{ID: r.Req.ID, Error: err.Error()})
 			return
 		}
 		zero := 0
-		send(r.conn, reply{ID: r.req.ID, Exit: &zero, Memory: m})
+		Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Memory: m})
 		return
 	}
-	id := r.req.ID
+	id := r.Req.ID
 	v.mu.Lock()
 	f := v.running[id]
 	x, ended := v.done[id]
 	switch {
-	case r.req.Op == opExec && (f != nil || ended):
+	case r.Req.Op == OpExec && (f != nil || ended):
 		v.mu.Unlock()
-		closeAll(r.files)
-		send(r.conn, reply{ID: id, Error: "exec id " + id + " was used already"})
+		closeAll(r.Files)
+		Send(r.Conn, Reply{ID: id, Error: "exec id " + id + " was used already"})
 		return
-	case (r.req.Op == opResult || r.req.Op == opProbe) && ended:
+	case (r.Req.Op == OpResult || r.Req.Op == OpProbe) && ended:
 		v.mu.Unlock()
-		send(r.conn, reply{ID: id, Exit: &x.code, Truncated: x.truncated})
+		Send(r.Conn, Reply{ID: id, Exit: &x.code, Truncated: x.truncated})
 		return
-	case r.req.Op == opProbe && f != nil:
+	case r.Req.Op == OpProbe && f != nil:
 		v.mu.Unlock()
-		send(r.conn, reply{ID: id, Running: true})
+		Send(r.Conn, Reply{ID: id, Running: true})
 		return
-	case r.req.Op == opResult && f != nil:
-		f.hearer = r.conn // the exit goes to whoever asks last
+	case r.Req.Op == OpResult && f != nil:
+		f.hearer = r.Conn // the exit goes to whoever asks last
 		v.mu.Unlock()
 		return
 	}
-	if r.req.Op == opExec {
-		files := r.files
-		if r.req.NullStdin && len(files) == 2 {
+	if r.Req.Op == OpExec {
+		files := r.Files
+		if r.Req.NullStdin && len(files) == 2 {
 			files = append([]*os.File{nil}, files...) // stdin's end at once
 		}
-		if len(files) != 3 || files[0] == nil && !r.req.NullStdin {
+		if len(files) != 3 || files[0] == nil && !r.Req.NullStdin {
 			v.mu.Unlock()
-			closeAll(r.files)
-			send(r.conn, reply{ID: id, Error: "bad exec request"})
+			closeAll(r.Files)
+			Send(r.Conn, Reply{ID: id, Error: "bad exec request"})
 			return
 		}
 		// The shim writes the output the guest sends, bounded, and
 		// none after the exit: the guest's agent is the sandbox's.
-		f = &forward{id: id, files: files, hearer: r.conn, sink: journal.NewSink(journal.Cap(r.req.MaxOutput), files[1], files[2])}
+		f = &forward{id: id, files: files, hearer: r.Conn, sink: journal.NewSink(journal.Cap(r.Req.MaxOutput), files[1], files[2])}
 		v.running[id] = f
 	}
 	v.mu.Unlock()
 	if f == nil {
-		closeAll(r.files)
+		closeAll(r.Files)
 	}
-	go v.forward(r.req, r.conn, f)
+	go v.forward(r.Req, r.Conn, f)
 }
 
 func closeAll(files []*os.File) {

@@ -29,12 +29,12 @@ type forward struct {
 	id     string
 	files  []*os.File // stdin (nil: none), stdout, stderr
 	sink   *journal.Sink
-	hearer peer // guarded by vmm.mu
+	hearer Peer // guarded by vmm.mu
 }
 
 // forward sends a request to the guest on a stream of its own and
 // relays its replies; an exec's (f) output goes to its stdio.
-func (v *vmm) forward(req request, conn peer, f *forward) {
+func (v *vmm) forward(req Request, conn Peer, f *forward) {
 	fail := func(err error) {
 		if errors.Is(err, yamux.ErrSessionShutdown) {
 			// The agent's session ended: the guest is going, and
@@ -52,7 +52,7 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 			conn = f.hearer
 			v.mu.Unlock()
 		}
-		send(conn, reply{ID: req.ID, Error: err.Error()})
+		Send(conn, Reply{ID: req.ID, Error: err.Error()})
 	}
 	sess, err := v.session()
 	var st *yamux.Stream
@@ -64,13 +64,13 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 		return
 	}
 	defer st.Close()
-	fw, fr := &frameWriter{w: st}, newFrameReader(st)
+	fw, fr := &FrameWriter{w: st}, NewFrameReader(st)
 	if f != nil && req.TTY && f.files[0] != nil {
 		if ws, err := pty.GetsizeFull(f.files[0]); err == nil {
 			req.Rows, req.Cols = ws.Rows, ws.Cols
 		}
 	}
-	if err := fw.json(frameRequest, req); err != nil {
+	if err := fw.JSON(FrameRequest, req); err != nil {
 		fail(fmt.Errorf("the guest's agent: %w", err))
 		return
 	}
@@ -79,26 +79,26 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 	}
 	ended := false
 	for {
-		kind, b, err := fr.next()
+		kind, b, err := fr.Next()
 		if err != nil {
 			break
 		}
 		switch kind {
-		case frameStdout, frameStderr:
+		case FrameStdout, FrameStderr:
 			if f != nil { // after the exit: dropped
-				f.sink.Write(int(kind-frameStdout), b)
+				f.sink.Write(int(kind-FrameStdout), b)
 			}
-		case frameReply:
-			var r reply
+		case FrameReply:
+			var r Reply
 			if json.Unmarshal(b, &r) != nil {
 				continue
 			}
 			r.ID = req.ID // a stream answers its own request only
 			if f == nil {
-				send(conn, r)
+				Send(conn, r)
 				continue
 			}
-			if r.last() {
+			if r.Last() {
 				// The output closed before the exit is told.
 				ended = true
 				r.Truncated = f.sink.Close()
@@ -107,7 +107,7 @@ func (v *vmm) forward(req request, conn peer, f *forward) {
 			v.mu.Lock()
 			hearer := f.hearer
 			v.mu.Unlock()
-			send(hearer, r)
+			Send(hearer, r)
 		}
 	}
 	if f != nil {
@@ -137,31 +137,31 @@ func (v *vmm) end(f *forward, code *int, truncated int64) {
 	if code == nil {
 		return
 	}
-	v.done[f.id] = exit{code: *code, truncated: truncated}
+	v.done[f.id] = Exit{code: *code, truncated: truncated}
 	v.doneOrder = append(v.doneOrder, f.id)
-	if len(v.doneOrder) > maxResults {
+	if len(v.doneOrder) > MaxResults {
 		delete(v.done, v.doneOrder[0])
 		v.doneOrder = v.doneOrder[1:]
 	}
 }
 
 // copyStdin sends what the command's stdin gives as frames, and its end.
-func copyStdin(fw *frameWriter, in *os.File) {
+func copyStdin(fw *FrameWriter, in *os.File) {
 	if in == nil {
-		fw.frame(frameStdinEOF, nil)
+		fw.Frame(FrameStdinEOF, nil)
 		return
 	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := in.Read(buf)
 		if n > 0 {
-			if fw.frame(frameStdin, buf[:n]) != nil {
+			if fw.Frame(FrameStdin, buf[:n]) != nil {
 				return
 			}
 		}
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				fw.frame(frameStdinEOF, nil)
+				fw.Frame(FrameStdinEOF, nil)
 			}
 			return
 		}
@@ -169,7 +169,7 @@ func copyStdin(fw *frameWriter, in *os.File) {
 }
 
 // forget drops c, gone, as the hearer of any exit.
-func (v *vmm) forget(c peer) {
+func (v *vmm) forget(c Peer) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, f := range v.running {
@@ -198,7 +198,7 @@ func (v *vmm) serveFiles(l net.Listener) {
 				return
 			}
 			defer st.Close()
-			if (&frameWriter{w: st}).json(frameRequest, request{Op: opFiles, ID: "#files"}) != nil {
+			if (&FrameWriter{w: st}).JSON(FrameRequest, Request{Op: OpFiles, ID: "#files"}) != nil {
 				return
 			}
 			done := make(chan struct{})

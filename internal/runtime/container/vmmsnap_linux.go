@@ -37,14 +37,14 @@ func (v *vmm) restore(spec VMSpec) error {
 	if _, err := v.qmp.do("cont", nil); err != nil {
 		return err
 	}
-	sess, err := v.link.resync(spec.Restore.Nonce)
+	sess, err := v.link.Resync(spec.Restore.Nonce)
 	if err != nil {
 		return err
 	}
 	v.use(sess)
 	g := spec.Guest
 	g.Time = time.Now().UnixNano()
-	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &g})
+	_, err = v.ask(Request{Op: OpResume, ID: "#resume", Setup: &g})
 	return err
 }
 
@@ -64,10 +64,10 @@ var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability"
 // guest (req.Stop) leaves it stopped, and writes no disk. The reply
 // says how long the guest was paused and the nonce a guest restored
 // from the snapshot waits for.
-func (v *vmm) snapshot(r incoming) {
-	defer closeAll(r.files)
-	fail := func(err error) { send(r.conn, reply{ID: r.req.ID, Error: err.Error()}) }
-	if len(r.files) != 3 && !(r.req.Stop && len(r.files) == 2) {
+func (v *vmm) snapshot(r Incoming) {
+	defer closeAll(r.Files)
+	fail := func(err error) { Send(r.Conn, Reply{ID: r.Req.ID, Error: err.Error()}) }
+	if len(r.Files) != 3 && !(r.Req.Stop && len(r.Files) == 2) {
 		fail(errors.New("a memory snapshot needs its state, RAM and disk files"))
 		return
 	}
@@ -82,7 +82,7 @@ func (v *vmm) snapshot(r incoming) {
 		fail(fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition))
 		return
 	}
-	q, err := v.ask(request{Op: opQuiesce, ID: "#quiesce"})
+	q, err := v.ask(Request{Op: OpQuiesce, ID: "#quiesce"})
 	if err != nil {
 		fail(fmt.Errorf("quiesce the guest: %w", err))
 		return
@@ -90,10 +90,10 @@ func (v *vmm) snapshot(r incoming) {
 	v.drop()
 	info := &SnapshotInfo{Nonce: q.Nonce}
 	t0 := time.Now()
-	err = v.save(r.files[0], r.files[1], info)
-	if r.req.Stop {
+	err = v.save(r.Files[0], r.Files[1], info)
+	if r.Req.Stop {
 		if err == nil { // the guest never runs again: what it saved must last
-			err = errors.Join(r.files[0].Sync(), r.files[1].Sync())
+			err = errors.Join(r.Files[0].Sync(), r.Files[1].Sync())
 		}
 		if err != nil {
 			err = errors.Join(err, v.goOn(q))
@@ -101,7 +101,7 @@ func (v *vmm) snapshot(r incoming) {
 			return
 		}
 		zero := 0
-		send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+		Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
 		return
 	}
 	if _, cerr := v.qmp.do("cont", nil); err == nil {
@@ -109,7 +109,7 @@ func (v *vmm) snapshot(r incoming) {
 	}
 	info.PausedNS = time.Since(t0).Nanoseconds()
 	if err == nil {
-		err = writeImage(r.files[2], v.spec.Disk, &info.Disk)
+		err = writeImage(r.Files[2], v.spec.Disk, &info.Disk)
 	}
 	if rerr := v.resumeAgent(q); err == nil {
 		err = rerr
@@ -119,7 +119,7 @@ func (v *vmm) snapshot(r incoming) {
 		return
 	}
 	zero := 0
-	send(r.conn, reply{ID: r.req.ID, Exit: &zero, Snapshot: info})
+	Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
 }
 
 // balloon is the guest's balloon device (microvm.Machine names it).
@@ -152,7 +152,7 @@ func (v *vmm) guestMemory() (*GuestMemory, error) {
 }
 
 // goOn lets a guest a failed eviction stopped run on.
-func (v *vmm) goOn(q reply) error {
+func (v *vmm) goOn(q Reply) error {
 	_, err := v.qmp.do("cont", nil)
 	return errors.Join(err, v.resumeAgent(q))
 }
@@ -160,13 +160,13 @@ func (v *vmm) goOn(q reply) error {
 // resumeAgent gives the agent a quiesce ended its session a new one,
 // and lets it go on as it was (its file system thawed unless it was
 // frozen before).
-func (v *vmm) resumeAgent(q reply) error {
-	sess, err := v.link.resync(q.Nonce)
+func (v *vmm) resumeAgent(q Reply) error {
+	sess, err := v.link.Resync(q.Nonce)
 	if err != nil {
 		return err
 	}
 	v.use(sess)
-	_, err = v.ask(request{Op: opResume, ID: "#resume", Setup: &GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
+	_, err = v.ask(Request{Op: OpResume, ID: "#resume", Setup: &GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
 	return err
 }
 
