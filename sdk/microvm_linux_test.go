@@ -25,7 +25,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
-	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
@@ -473,7 +473,7 @@ func must[T any](v T, err error) T {
 func TestMicroVMDeepStack(t *testing.T) {
 	w, c := setupWith(t, runtimetest.Config{MicroVM: microvmtest.Settings(t)})
 	ctx := context.Background()
-	n := container.MaxLayers + 6
+	n := initproto.MaxLayers + 6
 	var layers []string // topmost first, over bb:1
 	for i := range n - 1 {
 		dir := t.TempDir()
@@ -499,8 +499,8 @@ func TestMicroVMDeepStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(info.Layers) != container.MaxLayers || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) || info.Layers[0] != layers[0] {
-		t.Fatalf("a microVM on %d layers stands on %v, want the top %d and one folded", n, info.Layers, container.MaxLayers-1)
+	if len(info.Layers) != initproto.MaxLayers || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) || info.Layers[0] != layers[0] {
+		t.Fatalf("a microVM on %d layers stands on %v, want the top %d and one folded", n, info.Layers, initproto.MaxLayers-1)
 	}
 	folded := info.Layers[len(info.Layers)-1]
 	s, err := store.Open(filepath.Join(w.Root, "store"))
@@ -537,7 +537,7 @@ func TestMicroVMDeepStack(t *testing.T) {
 	if out, _ := run(t, br, "mine", "cat /mine"); out != "mine\n" {
 		t.Errorf("the snapshot's file: %q", out)
 	}
-	if info, _ := br.Inspect(ctx); len(info.Layers) != container.MaxLayers || info.Layers[0] != "deepsnap:1" || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) {
-		t.Errorf("a microVM on the snapshot stands on %v, want it over %d layers, the deepest folded", info.Layers, container.MaxLayers-1)
+	if info, _ := br.Inspect(ctx); len(info.Layers) != initproto.MaxLayers || info.Layers[0] != "deepsnap:1" || !strings.HasPrefix(info.Layers[len(info.Layers)-1], runtime.FoldedPrefix) {
+		t.Errorf("a microVM on the snapshot stands on %v, want it over %d layers, the deepest folded", info.Layers, initproto.MaxLayers-1)
 	}
 }

@@ -27,6 +27,8 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
@@ -35,6 +37,8 @@ import (
 // TestMain doubles as a sandbox init and as a worker.
 func TestMain(m *testing.M) {
 	container.MaybeInit()
+	vmm.MaybeRun()   // a microVM's shim
+	agent.MaybeRun() // its guest's agent
 	runtimetest.MaybeWorker(plainDriver{})
 	os.Exit(m.Run())
 }

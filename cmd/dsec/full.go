@@ -11,13 +11,20 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 )
 
 // This file is the complete binary's: dsecd as make build names it, and
 // dsec as plain go build makes it. front.go is the client build's.
 
-// beforeMain: a sandbox's init is this binary re-executed.
-func beforeMain() { container.MaybeInit() }
+// beforeMain: a sandbox's init, a microVM's shim and its guest's agent
+// are this binary re-executed.
+func beforeMain() {
+	container.MaybeInit()
+	vmm.MaybeRun()
+	agent.MaybeRun()
+}
 
 // fullCommands are the commands the client build hands to this binary.
 func (a *app) fullCommands() []*cobra.Command {

@@ -21,6 +21,8 @@ import (
 	"github.com/dsec-project/dsec/internal/e2b/e2btest"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/testenv"
@@ -29,12 +31,14 @@ import (
 func TestMain(m *testing.M) {
 	full := func() {
 		container.MaybeInit() // sandboxes' inits are this command re-executed
+		vmm.MaybeRun()        // a microVM's shim
+		agent.MaybeRun()      // its guest's agent
 		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	// dsecd: what the client build (client_linux_test.go) hands over to.
 	// dsec-init: the name a sandbox's init runs under.
 	// dsec-vmm: the name a microVM's shim runs under.
-	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full, container.InitName: full, container.VMMName: full})
+	testscript.Main(m, map[string]func(){"dsec": full, "dsecd": full, container.InitName: full, vmm.VMMName: full})
 }
 
 // TestScripts runs the CLI scripts in testdata/script.

@@ -20,12 +20,16 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
 // TestMain doubles as a sandbox init and as a lazy layer's fetcher.
 func TestMain(m *testing.M) {
 	container.MaybeInit()
+	vmm.MaybeRun()   // a microVM's shim
+	agent.MaybeRun() // its guest's agent
 	if os.Getenv("DSEC_TEST_FETCHER") == "1" {
 		err := lazy.Serve(context.Background(), os.Args[len(os.Args)-1], 300*time.Millisecond, slog.Default())
 		if err != nil && !errors.Is(err, lazy.ErrBusy) {

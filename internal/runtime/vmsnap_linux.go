@@ -17,9 +17,9 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/policy"
-	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
@@ -40,7 +40,7 @@ type SavedVM struct {
 // saveTo has sb's running guest save itself into the files state, ram
 // and disk (any may be a store's ingest), and returns what it took;
 // with stop it stays stopped, and disk may be nil (see VM.Snapshot).
-func saveTo(ctx context.Context, sb *Sandbox, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error) {
+func saveTo(ctx context.Context, sb *Sandbox, state, ram, disk *os.File, stop bool) (*initproto.SnapshotInfo, error) {
 	ms, ok := sb.d.(driver.MemorySnapshotter)
 	if !ok {
 		return nil, fmt.Errorf("the %s backend keeps no memory in a snapshot: %w", sb.backendName(), errdefs.ErrNotImplemented)
@@ -316,7 +316,7 @@ func (sb *Sandbox) dropSaved() {
 
 // GuestMemory is a running microVM's memory as its guest's balloon last
 // reported it (nil: no running microVM, or no report yet).
-func (sb *Sandbox) GuestMemory(ctx context.Context) *container.GuestMemory {
+func (sb *Sandbox) GuestMemory(ctx context.Context) *initproto.GuestMemory {
 	sb.mu.Lock()
 	vm, _ := sb.c.(driver.MemoryReporter)
 	paused := sb.Paused

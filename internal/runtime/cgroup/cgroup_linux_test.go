@@ -20,12 +20,16 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 )
 
 func TestMain(m *testing.M) {
 	microvmtest.MaybeGuest(m) // TestOnPureV2Host's guest
 	container.MaybeInit()
+	vmm.MaybeRun()   // a microVM's shim
+	agent.MaybeRun() // its guest's agent
 	if os.Getenv(heavyExitEnv) == "1" {
 		heavyExit()
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
 
 func init() {
@@ -354,7 +355,7 @@ func TestIdleAndMergeableCommands(t *testing.T) {
 	}
 	// Core scheduling: an idle sandbox's commands get a cookie of their
 	// own, where the kernel can.
-	if !container.CoreScheduling() {
+	if !initproto.CoreScheduling() {
 		t.Log("NOTE: no core scheduling on this host (CONFIG_SCHED_CORE unset or no SMT): the cookie is not exercised here")
 		return
 	}

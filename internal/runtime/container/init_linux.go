@@ -6,38 +6,21 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
 // MaybeInit runs the sandbox init and never returns if this process was
-// started as one; otherwise it returns at once.
-//
-// The same binary is a microVM's shim on the host (vmm_linux.go) and,
-// as a guest's pid 1, its agent (guest_linux.go).
+// started as one; otherwise it returns at once. (The same binary is a
+// microVM's shim and its guest's agent: vmm.MaybeRun, agent.MaybeRun.)
 func MaybeInit() {
-	var run func() error
-	var who string
-	switch {
-	case os.Getenv(initEnv) == "1":
-		run, who = initSandbox, "dsec init"
-	case os.Getenv(vmmEnv) == "1":
-		run, who = runVMM, "dsec vmm"
-	case os.Getenv(GuestEnv) == "1" && os.Getpid() == 1:
-		run, who = runGuest, "dsec guest"
-	default:
-		return
+	if os.Getenv(initEnv) == "1" {
+		initproto.Run("dsec init", initSandbox)
 	}
-	// Capabilities and no_new_privs are per thread: the init drops them
-	// on this thread and forks every command from it.
-	runtime.LockOSThread()
-	err := run()
-	fmt.Fprintf(os.Stderr, "%s: %v\n", who, err)
-	os.Exit(127)
 }
 
 // initSandbox waits, as a spare, for its sandbox; then sets the root up,
@@ -48,13 +31,13 @@ func initSandbox() error {
 	if err := journal.StartCopier(); err != nil {
 		return err
 	}
-	SpareThreads(InitThreads + 1)
+	initproto.SpareThreads(initproto.InitThreads + 1)
 	// Out of the host's mounts before anything: a spare may wait long,
 	// and must pin none of them meanwhile.
 	if err := leaveHostMounts(os.Getenv(usernsEnv) == "1"); err != nil {
 		return err
 	}
-	if err := LoopbackUp(); err != nil {
+	if err := initproto.LoopbackUp(); err != nil {
 		return err
 	}
 	// The bounding set limits only what commands exec into: dropped
@@ -63,7 +46,7 @@ func initSandbox() error {
 	if err := DropBounding(); err != nil {
 		return err
 	}
-	if _, err := unix.Write(3, ReadyMessage); err != nil {
+	if _, err := unix.Write(3, initproto.ReadyMessage); err != nil {
 		return err
 	}
 	// A spec is a few KiB; the largest, a seccomp program of
@@ -120,7 +103,7 @@ func initSandbox() error {
 		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 			return fmt.Errorf("SCHED_IDLE: %w", err)
 		}
-		if err := CoreSchedule(); err != nil {
+		if err := initproto.CoreSchedule(); err != nil {
 			return err
 		}
 	}
@@ -138,7 +121,7 @@ func initSandbox() error {
 		return err
 	}
 	// On this thread, which forks every command: they inherit it.
-	if err := ApplyRestrictions(spec.Restrictions); err != nil {
+	if err := initproto.ApplyRestrictions(spec.Restrictions); err != nil {
 		return err
 	}
 	// Its other threads still hold the host's capabilities: no process
@@ -149,25 +132,25 @@ func initSandbox() error {
 	// The worker that claimed the init hears it is ready from this
 	// thread, before anything else: no goroutine needs to be scheduled
 	// first. Its first request waits in the socket meanwhile.
-	first.Write(Greeting)
+	first.Write(initproto.Greeting)
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	in, gone := make(chan Incoming), make(chan *ConnPeer)
+	in, gone := make(chan initproto.Incoming), make(chan *initproto.ConnPeer)
 	// The worker that claimed the init, then later ones, one after
 	// another or at once.
-	go Serve(first, in, gone)
+	go initproto.Serve(first, in, gone)
 	go func() {
 		for {
 			c, err := ul.AcceptUnix()
 			if err != nil {
 				continue
 			}
-			c.Write(Greeting)
-			go Serve(c, in, gone)
+			c.Write(initproto.Greeting)
+			go initproto.Serve(c, in, gone)
 		}
 	}()
-	jobs := NewLoop()
-	jobs.DevNull, jobs.Ends = devNull, make(chan Ending)
+	jobs := initproto.NewLoop()
+	jobs.DevNull, jobs.Ends = devNull, make(chan initproto.Ending)
 	for {
 		select {
 		case r := <-in:

@@ -31,7 +31,7 @@ func (s *Conn) Protect(readOnly, hidden []string) (missing []string, err error) 
 	}
 	var r result
 	OnSpentThread(func() { // it enters the sandbox's mount namespace
-		r.missing, r.err = ProtectPaths(s.pid, readOnly, hidden)
+		r.missing, r.err = ProtectPaths(s.Pid(), readOnly, hidden)
 	})
 	return r.missing, r.err
 }
@@ -243,7 +243,7 @@ func (s *Conn) SetHostname(name string) error {
 			runtime.UnlockOSThread()
 			return
 		}
-		back, err := setHostname(s.pid, name)
+		back, err := setHostname(s.Pid(), name)
 		if back { // the thread is the host's again: it may serve others
 			runtime.UnlockOSThread()
 		}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -66,7 +67,7 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start sandbox init: %w", err)
 	}
-	ProtectInit(cmd.Process.Pid)
+	initproto.ProtectInit(cmd.Process.Pid)
 	sp := &Spare{cmd: cmd, ctl: ours, exited: make(chan struct{})}
 	// Reap the init whenever it exits, whether or not this process still
 	// holds a connection: a long-lived worker must not collect zombies.
@@ -205,15 +206,15 @@ func (sp *Spare) Claim(spec Spec) (_ *Conn, err error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, err := Greet(fc.(*net.UnixConn), sp.cmd.Process.Pid)
+	c, err := initproto.Greet(fc.(*net.UnixConn), sp.cmd.Process.Pid)
 	if err != nil {
 		<-sp.exited
 		<-done
 		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", sp.cmd.ProcessState.ExitCode())
 	}
 	sp.ctl.Close()
-	sb.cmd, sb.exited = sp.cmd, sp.exited
-	return sb, nil
+	c.Spawned(sp.cmd, sp.exited)
+	return &Conn{c}, nil
 }
 
 // LogFile is a file whose writes reach w: w itself when it is one, else a

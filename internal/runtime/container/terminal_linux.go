@@ -13,10 +13,6 @@ import (
 // (backend.Terminaler).
 func (s *Conn) Terminal() (master, tty *os.File, err error) { return TerminalOf(s.Pid()) }
 
-// Terminal allocates a terminal from the devpts its shim sees, the
-// host's: the guest's command gets it through the agent.
-func (v *VM) Terminal() (master, tty *os.File, err error) { return TerminalOf(v.Pid()) }
-
 // TerminalOf allocates a terminal from the sandbox's own devpts (its
 // /dev/pts/ptmx, reached through its init's root), so that the command
 // finds its terminal under /dev/pts: ttyname() and tty(1) name it, as

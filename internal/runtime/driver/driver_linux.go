@@ -26,6 +26,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
@@ -164,7 +165,7 @@ type (
 	// stopped; disk may be nil). Its sandboxes start from a saved guest
 	// (StartSpec.Restore).
 	MemorySnapshotter interface {
-		SaveGuest(ctx context.Context, h Handle, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error)
+		SaveGuest(ctx context.Context, h Handle, state, ram, disk *os.File, stop bool) (*initproto.SnapshotInfo, error)
 	}
 	// UpperHolder makes a running sandbox's upper readable on the host,
 	// consistent, until release (pack-diff reads it so).
@@ -189,7 +190,7 @@ type (
 	// MemoryReporter reports a guest's memory as its balloon last
 	// did.
 	MemoryReporter interface {
-		Memory(ctx context.Context) (*container.GuestMemory, error)
+		Memory(ctx context.Context) (*initproto.GuestMemory, error)
 	}
 	// FSFreezer flushes and freezes the file system of a guest's disk
 	// (FreezeFS) and lets it be written again (ThawFS): the runtime

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
 
 // Machine describes a guest as QEMU is to run it: Args is its command
@@ -97,7 +97,7 @@ var KernelParams = []string{"console=ttyS0", "loglevel=4", "panic=-1", "pci=last
 // KernelParams, and DSEC_GUEST=1, which reaches /init as its
 // environment and tells dsec-init it is a guest's pid 1.
 func Cmdline(extra ...string) string {
-	return strings.Join(slices.Concat(KernelParams, []string{container.GuestEnv + "=1"}, extra), " ")
+	return strings.Join(slices.Concat(KernelParams, []string{initproto.GuestEnv + "=1"}, extra), " ")
 }
 
 // Args is QEMU's command line for m.
@@ -121,12 +121,12 @@ func (m Machine) Args() []string {
 		"-kernel", m.Kernel, "-initrd", m.Initrd, "-append", Cmdline(m.Append...),
 		"-serial", "stdio",
 		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", m.AgentFD),
-		"-device", fmt.Sprintf("virtio-serial-pci,id=serial0,addr=%#x", container.SerialSlot),
+		"-device", fmt.Sprintf("virtio-serial-pci,id=serial0,addr=%#x", initproto.SerialSlot),
 		"-device", "virtserialport,chardev=agent,name=" + AgentPort,
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
 		"-mon", "chardev=qmp,mode=control",
-		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", container.RNGSlot),
-		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=%s,deflate-on-oom=on,addr=%#x", onOff(!m.NoFreePageReporting), container.BalloonSlot),
+		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", initproto.RNGSlot),
+		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=%s,deflate-on-oom=on,addr=%#x", onOff(!m.NoFreePageReporting), initproto.BalloonSlot),
 	}
 	if m.RAMFD > 0 {
 		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=ram0,size=%dM,mem-path=/proc/self/fd/%d,share=on", m.Memory>>20, m.RAMFD))
@@ -138,12 +138,12 @@ func (m Machine) Args() []string {
 		if m.LayerDisks {
 			a = append(a,
 				"-drive", fmt.Sprintf("file=%s,if=none,id=layer%d,format=raw,readonly=on,cache=none,aio=threads", qemuOpt(l.Path), i),
-				"-device", fmt.Sprintf("virtio-blk-pci,drive=layer%d,addr=%#x", i, container.FirstLayerSlot+i))
+				"-device", fmt.Sprintf("virtio-blk-pci,drive=layer%d,addr=%#x", i, initproto.FirstLayerSlot+i))
 			continue
 		}
 		a = append(a,
 			"-object", fmt.Sprintf("memory-backend-file,id=layer%d,share=on,readonly=on,mem-path=%s,size=%d", i, qemuOpt(l.Path), l.Size),
-			"-device", fmt.Sprintf("virtio-pmem-pci,memdev=layer%d,id=pmem%d,addr=%#x", i, i, container.FirstLayerSlot+i))
+			"-device", fmt.Sprintf("virtio-pmem-pci,memdev=layer%d,id=pmem%d,addr=%#x", i, i, initproto.FirstLayerSlot+i))
 	}
 	cache := "writeback"
 	if m.Direct {
@@ -151,7 +151,7 @@ func (m Machine) Args() []string {
 	}
 	a = append(a,
 		"-drive", fmt.Sprintf("file=%s,if=none,id=upper,format=raw,cache=%s,aio=threads,discard=unmap", qemuOpt(m.Upper), cache),
-		"-device", fmt.Sprintf("virtio-blk-pci,drive=upper,serial=dsec-upper,addr=%#x", container.UpperSlot))
+		"-device", fmt.Sprintf("virtio-blk-pci,drive=upper,serial=dsec-upper,addr=%#x", initproto.UpperSlot))
 	switch {
 	case m.NetFD > 0:
 		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD))
@@ -159,7 +159,7 @@ func (m Machine) Args() []string {
 		a = append(a, "-netdev", "hubport,id=net0,hubid=0")
 	}
 	if m.NetFD > 0 || m.Unplugged {
-		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, container.NetSlot))
+		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
 	}
 	return a
 }

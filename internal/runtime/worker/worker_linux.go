@@ -32,6 +32,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
@@ -40,7 +41,7 @@ import (
 // worker starts.
 var Features = []*feature.Test{mount.HaveEROFS, mount.HaveOverlay, mount.HaveFUSE, mount.HaveBtrfs, mount.HaveIDMap,
 	cgroup.Kill, cgroup.Freeze, cgroup.MemoryV2, policy.EgressBPF, policy.DevicesBPF,
-	container.Landlock, container.CoreSched, container.MemoryMerge, container.UserNamespaces, runtime.OnlineGrow}
+	initproto.Landlock, initproto.CoreSched, initproto.MemoryMerge, initproto.UserNamespaces, runtime.OnlineGrow}
 
 // features describes Features.
 func features() []api.Feature {

@@ -29,9 +29,10 @@ import (
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
-	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
@@ -52,8 +53,8 @@ var (
 	_ driver.FileOpener  = (*Driver)(nil)
 
 	_ driver.MemorySnapshotter = (*Driver)(nil)
-	_ driver.FSFreezer         = (*container.VM)(nil)
-	_ driver.MemoryReporter    = (*container.VM)(nil)
+	_ driver.FSFreezer         = (*vmm.VM)(nil)
+	_ driver.MemoryReporter    = (*vmm.VM)(nil)
 )
 
 // New makes the driver for microVMs as s configures them.
@@ -118,7 +119,7 @@ func guestCPUs(l cgroup.Limits) int {
 }
 
 // MaxLayers is how many layer devices a guest takes (driver.LayerBound).
-func (d *Driver) MaxLayers() int { return container.MaxLayers }
+func (d *Driver) MaxLayers() int { return initproto.MaxLayers }
 
 // Start boots the sandbox's guest (or restores a saved one) in its
 // group.
@@ -130,8 +131,8 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	if s.UserNS {
 		return out, fmt.Errorf("a microVM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
 	}
-	if len(s.Images) > container.MaxLayers {
-		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash: %w", len(s.Images), container.MaxLayers, errdefs.ErrOutOfRange)
+	if len(s.Images) > initproto.MaxLayers {
+		return out, fmt.Errorf("%d layers: a microVM takes %d at most: fold the snapshot chain with dsec snap squash: %w", len(s.Images), initproto.MaxLayers, errdefs.ErrOutOfRange)
 	}
 	dir := filepath.Join(s.Root, "microvm")
 	initrd, err := microvm.Initramfs(dir, h.Kernel, h.Agent)
@@ -201,8 +202,8 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		NoFreePageReporting: h.NoFreePageReporting}
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	spec := container.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
-		Guest:  container.GuestSpec{Layers: len(pmem), LayerDisks: h.LayerDisks, Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
+	spec := vmm.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
+		Guest:  initproto.GuestSpec{Layers: len(pmem), LayerDisks: h.LayerDisks, Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
 		Socket: filepath.Join(s.Dir, "init.sock"), FilesSocket: filepath.Join(s.Dir, "files.sock"), Console: filepath.Join(s.Dir, "console.log"),
 		Stderr: logf, Setup: g.Add, Idle: s.Limits.Idle, MergeMemory: s.MergeMemory, RAM: this.RAMFile, Disk: disk.Image(s.Dir)}
 	next := 5 // QEMU's next fd: the tap's, then the RAM's
@@ -224,7 +225,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		}
 		mach.NetFD, mach.MAC, this.MAC = next, nat.MAC(), nat.MAC()
 		next++
-		spec.Tap, spec.Guest.Net = tap, &container.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+		spec.Tap, spec.Guest.Net = tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
 	} else if r != nil && r.Machine.MAC != "" {
 		// Its NIC stays, on no network.
 		mach.Unplugged, mach.MAC = true, r.Machine.MAC
@@ -239,11 +240,11 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		}
 		defer state.Close()
 		mach.Incoming, spec.State = true, state
-		spec.Restore = &container.VMRestore{Nonce: r.Nonce, RAM: r.RAM}
+		spec.Restore = &initproto.VMRestore{Nonce: r.Nonce, RAM: r.RAM}
 		spec.Guest.Thaw, spec.Guest.Forget = true, r.Branch
 	}
 	spec.Argv = mach.Args()
-	vm, err := container.StartVM(spec)
+	vm, err := vmm.StartVM(spec)
 	if err != nil { // the guest failed: the host's, never the request's
 		return out, fmt.Errorf("start microVM: %v: %w", err, errdefs.ErrUnavailable)
 	}
@@ -278,7 +279,7 @@ func (d *Driver) Attach(_ context.Context, h driver.Handle) (out driver.Started,
 	if h.Paused {
 		return out, nil
 	}
-	if vm, err := container.AttachVM(filepath.Join(h.Dir, "init.sock"), filepath.Join(h.Dir, "files.sock"), h.Pid); err == nil {
+	if vm, err := vmm.AttachVM(filepath.Join(h.Dir, "init.sock"), filepath.Join(h.Dir, "files.sock"), h.Pid); err == nil {
 		out.Instance, out.Pid = vm, h.Pid
 	}
 	return out, nil
@@ -297,7 +298,7 @@ func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error {
 
 // Files opens the guest's files through its agent's file server.
 func (d *Driver) Files(h driver.Handle) (backend.Files, error) {
-	vm, _ := h.Instance.(*container.VM)
+	vm, _ := h.Instance.(*vmm.VM)
 	if vm == nil {
 		return nil, fmt.Errorf("sandbox %s has no running guest: start it first: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}
@@ -309,7 +310,7 @@ func (d *Driver) Files(h driver.Handle) (backend.Files, error) {
 // read-only on the host until release, which thaws the guest's file
 // system: what pack-diff reads, while the sandbox is frozen too.
 func (d *Driver) HoldUpper(ctx context.Context, h driver.Handle) (string, func() error, error) {
-	vm, _ := h.Instance.(*container.VM)
+	vm, _ := h.Instance.(*vmm.VM)
 	if vm == nil {
 		return "", nil, fmt.Errorf("sandbox %s has no running guest: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}
@@ -347,9 +348,9 @@ func hostMemory() int64 {
 }
 
 // SaveGuest has the sandbox's running guest save itself into the files
-// state, ram and disk (see container.VM.Snapshot).
-func (d *Driver) SaveGuest(ctx context.Context, h driver.Handle, state, ram, disk *os.File, stop bool) (*container.SnapshotInfo, error) {
-	vm, _ := h.Instance.(*container.VM)
+// state, ram and disk (see vmm.VM.Snapshot).
+func (d *Driver) SaveGuest(ctx context.Context, h driver.Handle, state, ram, disk *os.File, stop bool) (*initproto.SnapshotInfo, error) {
+	vm, _ := h.Instance.(*vmm.VM)
 	if vm == nil {
 		return nil, fmt.Errorf("sandbox %s has no running guest: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 )
 
@@ -66,7 +66,7 @@ func guestHost() error {
 	if err := unix.Mount("devtmpfs", "/dev", "devtmpfs", 0, ""); err != nil { // /dev/null for exec
 		return fmt.Errorf("mount /dev: %w", err)
 	}
-	if err := container.LoadModules("/modules"); err != nil { // the scratch disk's
+	if err := agent.LoadModules("/modules"); err != nil { // the scratch disk's
 		return err
 	}
 	if err := os.MkdirAll("/newroot", 0o755); err != nil {

@@ -1,4 +1,4 @@
-package container
+package vmm
 
 import (
 	"encoding/json"
@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
 	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
@@ -27,7 +28,7 @@ import (
 // the guest's agent, sets the guest up, and then serves the init
 // protocol on the sandbox's socket as a container's init does: the
 // worker cannot tell them apart but by the requests only a guest
-// answers. Each request becomes a stream to the agent (frame.go); an
+// answers. Each request becomes a stream to the agent (initproto's frames); an
 // exec's stdio descriptors stay with the shim, which copies the
 // command's output into them as it comes, so a command's output and
 // result outlive the worker as a container's do. The shim is the
@@ -43,8 +44,8 @@ const VMMName = "dsec-vmm"
 type VMSpec struct {
 	// Argv is QEMU's command line: the agent's socket is its fd 3 and
 	// QMP's its fd 4 (microvm.Machine's AgentFD and QMPFD).
-	Argv  []string  `json:"argv"`
-	Guest GuestSpec `json:"guest"`
+	Argv  []string            `json:"argv"`
+	Guest initproto.GuestSpec `json:"guest"`
 	// BootTimeout bounds the wait for the guest's agent to set up.
 	BootTimeout time.Duration `json:"boot_timeout"`
 	// Accel names the accelerator, for what the shim says of a guest
@@ -77,8 +78,8 @@ type VMSpec struct {
 	Disk string `json:"disk,omitempty"`
 	// Restore starts the guest from a memory snapshot, whose device
 	// state State holds (QEMU waits for it: microvm.Machine's Incoming).
-	Restore *VMRestore `json:"restore,omitempty"`
-	State   *os.File   `json:"-"`
+	Restore *initproto.VMRestore `json:"restore,omitempty"`
+	State   *os.File             `json:"-"`
 }
 
 // maxConsole bounds the console file: a guest printing without end
@@ -114,7 +115,7 @@ func runVMM() error {
 		return err
 	}
 	first := fc.(*net.UnixConn)
-	v := &vmm{running: map[string]*forward{}, done: map[string]Exit{}}
+	v := &vmm{running: map[string]*forward{}, done: map[string]initproto.Exit{}}
 	// Then the tap (spec.Net), then the snapshot's state (spec.Restore).
 	extra := fds[4:]
 	var tap *os.File
@@ -160,17 +161,17 @@ func runVMM() error {
 	if err != nil {
 		return err
 	}
-	first.Write(Greeting)
-	in, gone := make(chan Incoming), make(chan *ConnPeer)
-	go Serve(first, in, gone)
+	first.Write(initproto.Greeting)
+	in, gone := make(chan initproto.Incoming), make(chan *initproto.ConnPeer)
+	go initproto.Serve(first, in, gone)
 	go func() {
 		for {
 			c, err := l.(*net.UnixListener).AcceptUnix()
 			if err != nil {
 				continue
 			}
-			c.Write(Greeting)
-			go Serve(c, in, gone)
+			c.Write(initproto.Greeting)
+			go initproto.Serve(c, in, gone)
 		}
 	}()
 	go v.serveFiles(fl)
@@ -195,14 +196,14 @@ type vmm struct {
 	exited  chan struct{} // closed once QEMU has exited
 	qemuErr error
 	console *ring
-	link    *Link
+	link    *initproto.Link
 	qmp     *qmp
 	ram     *os.File // the guest's memory (nil: anonymous)
 
 	mu        sync.Mutex
-	sess      *yamux.Session      // the agent's session now (nil: none, a snapshot replaces it)
-	running   map[string]*forward // execs not ended, by id
-	done      map[string]Exit     // exits kept, as the guest keeps them
+	sess      *yamux.Session            // the agent's session now (nil: none, a snapshot replaces it)
+	running   map[string]*forward       // execs not ended, by id
+	done      map[string]initproto.Exit // exits kept, as the guest keeps them
 	doneOrder []string
 }
 
@@ -287,7 +288,7 @@ func (v *vmm) boot(spec VMSpec, console, tap *os.File) error {
 	if err != nil {
 		return err
 	}
-	v.link = NewLink(agentConn)
+	v.link = initproto.NewLink(agentConn)
 	spec.Guest.Time = time.Now().UnixNano()
 	setup := make(chan error, 1)
 	go func() {
@@ -445,15 +446,15 @@ func (v *vmm) startQEMU(spec VMSpec, files []*os.File) (io.Reader, error) {
 }
 
 // setup sends the guest its spec and waits for it to be the sandbox.
-func (v *vmm) setup(g GuestSpec) error {
-	_, err := v.ask(Request{Op: OpSetup, ID: "#setup", Setup: &g})
+func (v *vmm) setup(g initproto.GuestSpec) error {
+	_, err := v.ask(initproto.Request{Op: initproto.OpSetup, ID: "#setup", Setup: &g})
 	return err
 }
 
 // ask sends the agent a request that has one reply, on a stream of its
 // own, and returns the reply.
-func (v *vmm) ask(req Request) (Reply, error) {
-	var r Reply
+func (v *vmm) ask(req initproto.Request) (initproto.Reply, error) {
+	var r initproto.Reply
 	sess, err := v.session()
 	if err != nil {
 		return r, err
@@ -463,15 +464,15 @@ func (v *vmm) ask(req Request) (Reply, error) {
 		return r, err
 	}
 	defer st.Close()
-	fw, fr := &FrameWriter{w: st}, NewFrameReader(st)
-	if err := fw.JSON(FrameRequest, req); err != nil {
+	fw, fr := initproto.NewFrameWriter(st), initproto.NewFrameReader(st)
+	if err := fw.JSON(initproto.FrameRequest, req); err != nil {
 		return r, err
 	}
 	kind, b, err := fr.Next()
 	if err != nil {
 		return r, fmt.Errorf("the guest's agent went away: %v", err)
 	}
-	if kind != FrameReply || json.Unmarshal(b, &r) != nil {
+	if kind != initproto.FrameReply || json.Unmarshal(b, &r) != nil {
 		return r, errors.New("the guest's agent answered no reply")
 	}
 	if r.Error != "" {
@@ -482,20 +483,20 @@ func (v *vmm) ask(req Request) (Reply, error) {
 
 // handle answers a worker's request, from the shim's own table where it
 // can (commands it is copying), else from the guest's.
-func (v *vmm) handle(r Incoming) {
+func (v *vmm) handle(r initproto.Incoming) {
 	switch r.Req.Op {
-	case OpSnapshot: // in this loop: no other request meanwhile
+	case initproto.OpSnapshot: // in this loop: no other request meanwhile
 		v.snapshot(r)
 		return
-	case OpMemory:
+	case initproto.OpMemory:
 		closeAll(r.Files)
 		m, err := v.guestMemory()
 		if err != nil {
-			Send(r.Conn, Reply{ID: r.Req.ID, Error: err.Error()})
+			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
 			return
 		}
 		zero := 0
-		Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Memory: m})
+		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Memory: m})
 		return
 	}
 	id := r.Req.ID
@@ -503,25 +504,25 @@ func (v *vmm) handle(r Incoming) {
 	f := v.running[id]
 	x, ended := v.done[id]
 	switch {
-	case r.Req.Op == OpExec && (f != nil || ended):
+	case r.Req.Op == initproto.OpExec && (f != nil || ended):
 		v.mu.Unlock()
 		closeAll(r.Files)
-		Send(r.Conn, Reply{ID: id, Error: "exec id " + id + " was used already"})
+		initproto.Send(r.Conn, initproto.Reply{ID: id, Error: "exec id " + id + " was used already"})
 		return
-	case (r.Req.Op == OpResult || r.Req.Op == OpProbe) && ended:
+	case (r.Req.Op == initproto.OpResult || r.Req.Op == initproto.OpProbe) && ended:
 		v.mu.Unlock()
-		Send(r.Conn, Reply{ID: id, Exit: &x.code, Truncated: x.truncated})
+		initproto.Send(r.Conn, initproto.Reply{ID: id, Exit: &x.Code, Truncated: x.Truncated})
 		return
-	case r.Req.Op == OpProbe && f != nil:
+	case r.Req.Op == initproto.OpProbe && f != nil:
 		v.mu.Unlock()
-		Send(r.Conn, Reply{ID: id, Running: true})
+		initproto.Send(r.Conn, initproto.Reply{ID: id, Running: true})
 		return
-	case r.Req.Op == OpResult && f != nil:
+	case r.Req.Op == initproto.OpResult && f != nil:
 		f.hearer = r.Conn // the exit goes to whoever asks last
 		v.mu.Unlock()
 		return
 	}
-	if r.Req.Op == OpExec {
+	if r.Req.Op == initproto.OpExec {
 		files := r.Files
 		if r.Req.NullStdin && len(files) == 2 {
 			files = append([]*os.File{nil}, files...) // stdin's end at once
@@ -529,7 +530,7 @@ func (v *vmm) handle(r Incoming) {
 		if len(files) != 3 || files[0] == nil && !r.Req.NullStdin {
 			v.mu.Unlock()
 			closeAll(r.Files)
-			Send(r.Conn, Reply{ID: id, Error: "bad exec request"})
+			initproto.Send(r.Conn, initproto.Reply{ID: id, Error: "bad exec request"})
 			return
 		}
 		// The shim writes the output the guest sends, bounded, and

@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import (
 	"encoding/json"
@@ -39,8 +39,8 @@ type Ending struct {
 
 // Exit is an ended command as the init keeps it.
 type Exit struct {
-	code      int
-	truncated int64
+	Code      int
+	Truncated int64
 }
 
 // Peer hears an init's replies: a worker's connection to it, or in a
@@ -129,7 +129,7 @@ func (l *Loop) Handle(r Incoming) {
 		l.doneOrder = nil
 	case OpResult, OpProbe:
 		if x, ok := l.done[id]; ok {
-			Send(r.Conn, Reply{ID: id, Exit: &x.code, Truncated: x.truncated})
+			Send(r.Conn, Reply{ID: id, Exit: &x.Code, Truncated: x.Truncated})
 		} else if j := l.byID[id]; j != nil && r.Req.Op == OpProbe {
 			Send(r.Conn, Reply{ID: id, Running: true})
 		} else if j != nil {
@@ -191,7 +191,7 @@ func (l *Loop) Handle(r Incoming) {
 			if ce != nil {
 				code = 126
 			}
-			l.finish(id, Exit{code: code})
+			l.finish(id, Exit{Code: code})
 			Send(r.Conn, Reply{ID: id, Exit: &code})
 		case err != nil:
 			Send(r.Conn, Reply{ID: id, Error: err.Error()})
@@ -313,7 +313,7 @@ func (l *Loop) Reap() {
 			continue
 		}
 		delete(l.byID, j.id)
-		l.finish(j.id, Exit{code: code})
+		l.finish(j.id, Exit{Code: code})
 		oom := ws.Signaled() && ws.Signal() == unix.SIGKILL && l.OOMKills != nil && l.OOMKills() > j.oom
 		Send(j.conn, Reply{ID: j.id, Exit: &code, OOM: oom})
 	}
@@ -333,7 +333,7 @@ func (j *job) endNow() bool {
 // Ended tells the exit of a command whose output is closed.
 func (l *Loop) Ended(x Ending) {
 	delete(l.byID, x.j.id)
-	l.finish(x.j.id, Exit{code: x.code, truncated: x.truncated})
+	l.finish(x.j.id, Exit{Code: x.code, Truncated: x.truncated})
 	Send(x.j.conn, Reply{ID: x.j.id, Exit: &x.code, Truncated: x.truncated})
 }
 
@@ -383,4 +383,15 @@ func LoopbackUp() error {
 		return fmt.Errorf("bring lo up: %w", err)
 	}
 	return nil
+}
+
+// Run runs an init (who names it in its last word) on the thread it was
+// started on, and exits: 127 when run fails. Capabilities and
+// no_new_privs are per thread: an init drops them on this thread and
+// forks every command from it.
+func Run(who string, run func() error) {
+	runtime.LockOSThread()
+	err := run()
+	fmt.Fprintf(os.Stderr, "%s: %v\n", who, err)
+	os.Exit(127)
 }

@@ -1,4 +1,4 @@
-package container
+package vmm
 
 // The shim's side of a guest's execs: each one's stdio copied between
 // the caller and the agent, its exit passed on; the guest's file
@@ -21,6 +21,7 @@ import (
 	"github.com/creack/pty"
 	"github.com/hashicorp/yamux"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
@@ -29,12 +30,12 @@ type forward struct {
 	id     string
 	files  []*os.File // stdin (nil: none), stdout, stderr
 	sink   *journal.Sink
-	hearer Peer // guarded by vmm.mu
+	hearer initproto.Peer // guarded by vmm.mu
 }
 
 // forward sends a request to the guest on a stream of its own and
 // relays its replies; an exec's (f) output goes to its stdio.
-func (v *vmm) forward(req Request, conn Peer, f *forward) {
+func (v *vmm) forward(req initproto.Request, conn initproto.Peer, f *forward) {
 	fail := func(err error) {
 		if errors.Is(err, yamux.ErrSessionShutdown) {
 			// The agent's session ended: the guest is going, and
@@ -52,7 +53,7 @@ func (v *vmm) forward(req Request, conn Peer, f *forward) {
 			conn = f.hearer
 			v.mu.Unlock()
 		}
-		Send(conn, Reply{ID: req.ID, Error: err.Error()})
+		initproto.Send(conn, initproto.Reply{ID: req.ID, Error: err.Error()})
 	}
 	sess, err := v.session()
 	var st *yamux.Stream
@@ -64,13 +65,13 @@ func (v *vmm) forward(req Request, conn Peer, f *forward) {
 		return
 	}
 	defer st.Close()
-	fw, fr := &FrameWriter{w: st}, NewFrameReader(st)
+	fw, fr := initproto.NewFrameWriter(st), initproto.NewFrameReader(st)
 	if f != nil && req.TTY && f.files[0] != nil {
 		if ws, err := pty.GetsizeFull(f.files[0]); err == nil {
 			req.Rows, req.Cols = ws.Rows, ws.Cols
 		}
 	}
-	if err := fw.JSON(FrameRequest, req); err != nil {
+	if err := fw.JSON(initproto.FrameRequest, req); err != nil {
 		fail(fmt.Errorf("the guest's agent: %w", err))
 		return
 	}
@@ -84,18 +85,18 @@ func (v *vmm) forward(req Request, conn Peer, f *forward) {
 			break
 		}
 		switch kind {
-		case FrameStdout, FrameStderr:
+		case initproto.FrameStdout, initproto.FrameStderr:
 			if f != nil { // after the exit: dropped
-				f.sink.Write(int(kind-FrameStdout), b)
+				f.sink.Write(int(kind-initproto.FrameStdout), b)
 			}
-		case FrameReply:
-			var r Reply
+		case initproto.FrameReply:
+			var r initproto.Reply
 			if json.Unmarshal(b, &r) != nil {
 				continue
 			}
 			r.ID = req.ID // a stream answers its own request only
 			if f == nil {
-				Send(conn, r)
+				initproto.Send(conn, r)
 				continue
 			}
 			if r.Last() {
@@ -107,7 +108,7 @@ func (v *vmm) forward(req Request, conn Peer, f *forward) {
 			v.mu.Lock()
 			hearer := f.hearer
 			v.mu.Unlock()
-			Send(hearer, r)
+			initproto.Send(hearer, r)
 		}
 	}
 	if f != nil {
@@ -137,31 +138,31 @@ func (v *vmm) end(f *forward, code *int, truncated int64) {
 	if code == nil {
 		return
 	}
-	v.done[f.id] = Exit{code: *code, truncated: truncated}
+	v.done[f.id] = initproto.Exit{Code: *code, Truncated: truncated}
 	v.doneOrder = append(v.doneOrder, f.id)
-	if len(v.doneOrder) > MaxResults {
+	if len(v.doneOrder) > initproto.MaxResults {
 		delete(v.done, v.doneOrder[0])
 		v.doneOrder = v.doneOrder[1:]
 	}
 }
 
 // copyStdin sends what the command's stdin gives as frames, and its end.
-func copyStdin(fw *FrameWriter, in *os.File) {
+func copyStdin(fw *initproto.FrameWriter, in *os.File) {
 	if in == nil {
-		fw.Frame(FrameStdinEOF, nil)
+		fw.Frame(initproto.FrameStdinEOF, nil)
 		return
 	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := in.Read(buf)
 		if n > 0 {
-			if fw.Frame(FrameStdin, buf[:n]) != nil {
+			if fw.Frame(initproto.FrameStdin, buf[:n]) != nil {
 				return
 			}
 		}
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				fw.Frame(FrameStdinEOF, nil)
+				fw.Frame(initproto.FrameStdinEOF, nil)
 			}
 			return
 		}
@@ -169,7 +170,7 @@ func copyStdin(fw *FrameWriter, in *os.File) {
 }
 
 // forget drops c, gone, as the hearer of any exit.
-func (v *vmm) forget(c Peer) {
+func (v *vmm) forget(c initproto.Peer) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, f := range v.running {
@@ -198,7 +199,7 @@ func (v *vmm) serveFiles(l net.Listener) {
 				return
 			}
 			defer st.Close()
-			if (&FrameWriter{w: st}).JSON(FrameRequest, Request{Op: OpFiles, ID: "#files"}) != nil {
+			if initproto.NewFrameWriter(st).JSON(initproto.FrameRequest, initproto.Request{Op: initproto.OpFiles, ID: "#files"}) != nil {
 				return
 			}
 			done := make(chan struct{})

@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import "github.com/dsec-project/dsec/internal/runtime/sparse"
 

@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import (
 	"encoding/json"
@@ -58,7 +58,7 @@ func TestLoopTable(t *testing.T) {
 		t.Fatalf("result of an id never started: %+v, want unknown", rep)
 	}
 	for i := range MaxResults + 1 {
-		l.finish(fmt.Sprint(i), Exit{code: i % 256})
+		l.finish(fmt.Sprint(i), Exit{Code: i % 256})
 	}
 	if rep := answer(t, l, in, out, Request{Op: OpProbe, ID: "0"}); !rep.Unknown {
 		t.Fatalf("the oldest of %d exits is kept: %+v", MaxResults+1, rep)

@@ -1,4 +1,4 @@
-package container
+package vmm
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/sparse"
 )
 
@@ -44,7 +45,7 @@ func (v *vmm) restore(spec VMSpec) error {
 	v.use(sess)
 	g := spec.Guest
 	g.Time = time.Now().UnixNano()
-	_, err = v.ask(Request{Op: OpResume, ID: "#resume", Setup: &g})
+	_, err = v.ask(initproto.Request{Op: initproto.OpResume, ID: "#resume", Setup: &g})
 	return err
 }
 
@@ -64,9 +65,9 @@ var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability"
 // guest (req.Stop) leaves it stopped, and writes no disk. The reply
 // says how long the guest was paused and the nonce a guest restored
 // from the snapshot waits for.
-func (v *vmm) snapshot(r Incoming) {
+func (v *vmm) snapshot(r initproto.Incoming) {
 	defer closeAll(r.Files)
-	fail := func(err error) { Send(r.Conn, Reply{ID: r.Req.ID, Error: err.Error()}) }
+	fail := func(err error) { initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()}) }
 	if len(r.Files) != 3 && !(r.Req.Stop && len(r.Files) == 2) {
 		fail(errors.New("a memory snapshot needs its state, RAM and disk files"))
 		return
@@ -82,13 +83,13 @@ func (v *vmm) snapshot(r Incoming) {
 		fail(fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition))
 		return
 	}
-	q, err := v.ask(Request{Op: OpQuiesce, ID: "#quiesce"})
+	q, err := v.ask(initproto.Request{Op: initproto.OpQuiesce, ID: "#quiesce"})
 	if err != nil {
 		fail(fmt.Errorf("quiesce the guest: %w", err))
 		return
 	}
 	v.drop()
-	info := &SnapshotInfo{Nonce: q.Nonce}
+	info := &initproto.SnapshotInfo{Nonce: q.Nonce}
 	t0 := time.Now()
 	err = v.save(r.Files[0], r.Files[1], info)
 	if r.Req.Stop {
@@ -101,7 +102,7 @@ func (v *vmm) snapshot(r Incoming) {
 			return
 		}
 		zero := 0
-		Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
+		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
 		return
 	}
 	if _, cerr := v.qmp.do("cont", nil); err == nil {
@@ -119,7 +120,7 @@ func (v *vmm) snapshot(r Incoming) {
 		return
 	}
 	zero := 0
-	Send(r.Conn, Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
+	initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
 }
 
 // balloon is the guest's balloon device (microvm.Machine names it).
@@ -133,7 +134,7 @@ func (v *vmm) pollBalloon() error {
 }
 
 // guestMemory is what the guest's balloon last reported.
-func (v *vmm) guestMemory() (*GuestMemory, error) {
+func (v *vmm) guestMemory() (*initproto.GuestMemory, error) {
 	b, err := v.qmp.do("qom-get", map[string]any{"path": balloon, "property": "guest-stats"})
 	if err != nil {
 		return nil, err
@@ -144,7 +145,7 @@ func (v *vmm) guestMemory() (*GuestMemory, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("the balloon's figures: %w", err)
 	}
-	m := &GuestMemory{Total: st.Stats["stat-total-memory"], Available: st.Stats["stat-available-memory"]}
+	m := &initproto.GuestMemory{Total: st.Stats["stat-total-memory"], Available: st.Stats["stat-available-memory"]}
 	if m.Total <= 0 || m.Available < 0 {
 		return nil, errors.New("the guest's balloon reported no figures yet")
 	}
@@ -152,7 +153,7 @@ func (v *vmm) guestMemory() (*GuestMemory, error) {
 }
 
 // goOn lets a guest a failed eviction stopped run on.
-func (v *vmm) goOn(q Reply) error {
+func (v *vmm) goOn(q initproto.Reply) error {
 	_, err := v.qmp.do("cont", nil)
 	return errors.Join(err, v.resumeAgent(q))
 }
@@ -160,19 +161,19 @@ func (v *vmm) goOn(q Reply) error {
 // resumeAgent gives the agent a quiesce ended its session a new one,
 // and lets it go on as it was (its file system thawed unless it was
 // frozen before).
-func (v *vmm) resumeAgent(q Reply) error {
+func (v *vmm) resumeAgent(q initproto.Reply) error {
 	sess, err := v.link.Resync(q.Nonce)
 	if err != nil {
 		return err
 	}
 	v.use(sess)
-	_, err = v.ask(Request{Op: OpResume, ID: "#resume", Setup: &GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
+	_, err = v.ask(initproto.Request{Op: initproto.OpResume, ID: "#resume", Setup: &initproto.GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
 	return err
 }
 
 // save stops QEMU and writes the guest's device state, and its RAM if
 // it is a file (else the state holds it).
-func (v *vmm) save(state, ram *os.File, info *SnapshotInfo) error {
+func (v *vmm) save(state, ram *os.File, info *initproto.SnapshotInfo) error {
 	if _, err := v.qmp.do("stop", nil); err != nil {
 		return err
 	}

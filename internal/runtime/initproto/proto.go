@@ -1,8 +1,11 @@
-package container
-
-// The init protocol: how the worker and a sandbox's init talk. It is
-// written down here once; client_linux.go speaks the worker's side,
-// spare_linux.go the claim, init_linux.go the init's.
+// Package initproto is the init protocol: how the worker and a
+// sandbox's init talk, written down here once, and what every init
+// serves with it. Conn (client_linux.go) speaks the worker's side; Loop
+// (loop_linux.go) is an init's table of commands, which a container's
+// init (package container, whose spare_linux.go holds the claim) and a
+// microVM guest's agent (driver/microvms/agent) run; a microVM's shim
+// (driver/microvms/vmm) forwards it to the guest over one serial port
+// in frames (frame.go) on a resumable link (link.go).
 //
 //	worker (Prestart)                         init (a re-exec of dsec-init)
 //	  socketpair; fork the init, fd 3 ──────▶ leave the host's mounts, bring lo up,
@@ -38,6 +41,16 @@ package container
 // Exec ids are used once: an exec under an id the init has seen is
 // refused, which is what makes a retried step run exactly once. Closing
 // a connection never stops a command; its exit is kept for Result.
+package initproto
+
+import "github.com/dsec-project/dsec/internal/runtime/backend"
+
+// Restrictions are what the kernel holds a sandbox's commands to beyond
+// namespaces and capabilities.
+type Restrictions = backend.Restrictions
+
+// Cmd is a command to run in a sandbox.
+type Cmd = backend.Cmd
 
 // Op is what a request asks the init for.
 type Op string

@@ -1,4 +1,4 @@
-package container
+package agent
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
 )
 
@@ -25,14 +26,14 @@ const (
 // guestExec starts an exec request's command in the guest: its stdio are
 // pipes (or a terminal of the guest's) whose other ends the agent copies
 // from and to the stream; the loop starts it from its thread.
-func guestExec(st *yamux.Stream, fr *FrameReader, fw *FrameWriter, req Request, in chan<- Incoming) {
+func guestExec(st *yamux.Stream, fr *initproto.FrameReader, fw *initproto.FrameWriter, req initproto.Request, in chan<- initproto.Incoming) {
 	p := &execPeer{st: st, fw: fw, tty: req.TTY}
 	var files []*os.File
 	fail := func(err error) {
 		for _, f := range files {
 			f.Close()
 		}
-		fw.JSON(FrameReply, Reply{ID: req.ID, Error: err.Error()})
+		fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Error: err.Error()})
 		st.Close()
 	}
 	if req.TTY {
@@ -88,14 +89,14 @@ func guestExec(st *yamux.Stream, fr *FrameReader, fw *FrameWriter, req Request, 
 		}()
 	}
 	go p.pumpStdin(fr)
-	in <- Incoming{Req: req, Files: files, Conn: p}
+	in <- initproto.Incoming{Req: req, Files: files, Conn: p}
 }
 
 // execPeer hears an exec's replies on its stream, and carries its
 // stdio: stdin frames in, output frames out.
 type execPeer struct {
 	st    *yamux.Stream
-	fw    *FrameWriter
+	fw    *initproto.FrameWriter
 	tty   bool
 	stdin *os.File // what stdin frames go to: a pipe, or the terminal
 	outs  []*journal.Pipe
@@ -106,9 +107,9 @@ type execPeer struct {
 	closed bool
 }
 
-func (p *execPeer) Send(r Reply) {
+func (p *execPeer) Send(r initproto.Reply) {
 	if r.Exit == nil {
-		p.fw.JSON(FrameReply, r)
+		p.fw.JSON(initproto.FrameReply, r)
 		if r.Last() { // refused: nothing runs
 			p.finish()
 		}
@@ -122,7 +123,7 @@ func (p *execPeer) Send(r Reply) {
 		for _, o := range p.outs {
 			o.End()
 		}
-		p.fw.JSON(FrameReply, r)
+		p.fw.JSON(initproto.FrameReply, r)
 		p.finish()
 	}()
 }
@@ -157,16 +158,16 @@ func (p *execPeer) ended() {
 }
 
 // pumpStdin writes the stream's stdin frames into the command's stdin.
-func (p *execPeer) pumpStdin(fr *FrameReader) {
+func (p *execPeer) pumpStdin(fr *initproto.FrameReader) {
 	for {
 		kind, b, err := fr.Next()
 		if err != nil {
 			break
 		}
 		switch kind {
-		case FrameStdin:
+		case initproto.FrameStdin:
 			p.stdin.Write(b) // a command gone (EPIPE): dropped
-		case FrameStdinEOF:
+		case initproto.FrameStdinEOF:
 			if !p.tty {
 				p.stdin.Close()
 			}
@@ -194,16 +195,16 @@ func nonBlocking(f *os.File) (*os.File, error) {
 
 // frames sends a command's output to the shim as frames, stdout's and
 // stderr's.
-type frames struct{ fw *FrameWriter }
+type frames struct{ fw *initproto.FrameWriter }
 
-func (f frames) Write(stream int, b []byte) { f.fw.Frame(FrameStdout+byte(stream), b) }
+func (f frames) Write(stream int, b []byte) { f.fw.Frame(initproto.FrameStdout+byte(stream), b) }
 
 // guestNet brings up the guest's eth0 with n's address and route.
 // guestReNet makes eth0 what n describes in a guest restored from a
 // snapshot, which had another sandbox's: its hardware address, its
 // address and route, and no neighbour its old gateway left (the host's
 // side is another tap, of another hardware address).
-func guestReNet(n *GuestNet) error {
+func guestReNet(n *initproto.GuestNet) error {
 	mac, err := net.ParseMAC(n.MAC)
 	if err != nil {
 		return fmt.Errorf("guest network: %w", err)
@@ -239,7 +240,7 @@ func guestReNet(n *GuestNet) error {
 	return guestNet(n)
 }
 
-func guestNet(n *GuestNet) error {
+func guestNet(n *initproto.GuestNet) error {
 	var link netlink.Link
 	mac, err := net.ParseMAC(n.MAC)
 	if err != nil {

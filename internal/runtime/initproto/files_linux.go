@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import (
 	"encoding/json"
@@ -232,7 +232,7 @@ func DialFiles(socket string) (*RemoteFiles, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSandboxDied, err)
 	}
-	return &RemoteFiles{conn: c, fr: NewFrameReader(c), fw: &FrameWriter{w: c}, refs: 1}, nil
+	return &RemoteFiles{conn: c, fr: NewFrameReader(c), fw: NewFrameWriter(c), refs: 1}, nil
 }
 
 // call sends q (and data, a write's) and returns the reply (and a read's

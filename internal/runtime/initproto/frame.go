@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import (
 	"bufio"
@@ -10,7 +10,7 @@ import (
 )
 
 // Frames: what travels on each stream between a microVM's shim and its
-// guest's agent (vmm_linux.go, guest_linux.go). The two ends speak the
+// guest's agent (packages driver/microvms/vmm and agent). The two ends speak the
 // init protocol of proto.go, but over a virtio-serial port, which passes
 // bytes and no descriptors: one port carries a yamux session, and each
 // request is a stream of its own, whose frames are a kind byte, a
@@ -48,6 +48,9 @@ type FrameWriter struct {
 	mu sync.Mutex
 	w  io.Writer
 }
+
+// NewFrameWriter writes frames to w.
+func NewFrameWriter(w io.Writer) *FrameWriter { return &FrameWriter{w: w} }
 
 func (fw *FrameWriter) Frame(kind byte, p []byte) error {
 	fw.mu.Lock()

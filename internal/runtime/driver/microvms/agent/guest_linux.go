@@ -1,4 +1,4 @@
-package container
+package agent
 
 import (
 	"crypto/rand"
@@ -24,6 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/mount"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
 
 // A microVM guest's agent: dsec-init as the guest's pid 1. It loads the
@@ -31,8 +33,8 @@ import (
 // sandbox over the agent's virtio-serial port: first the setup (its
 // layers, each a virtio-pmem device mounted EROFS with DAX, under an
 // overlay whose upper is on the virtio-blk disk, which becomes its
-// root), then the init protocol of proto.go, request by request, each a
-// stream of the port's yamux session (frame.go). Commands run as in a
+// root), then the init protocol (package initproto), request by request, each a
+// stream of the port's yamux session (initproto's frames). Commands run as in a
 // container: forked from one thread that dropped to the sandbox's
 // capabilities and restrictions, reaped by the same loop, their exits
 // kept for the same ids; their stdio are pipes (or a terminal) the agent
@@ -59,7 +61,7 @@ func runGuest() error {
 	if err != nil {
 		return err
 	}
-	l := &guestLink{l: NewLink(port)}
+	l := &guestLink{l: initproto.NewLink(port)}
 	sess, err := l.l.Start(true)
 	if err != nil {
 		return err
@@ -69,10 +71,10 @@ func runGuest() error {
 	if err != nil {
 		return fmt.Errorf("the host never asked for the guest: %w", err)
 	}
-	fr, fw := NewFrameReader(st), &FrameWriter{w: st}
+	fr, fw := initproto.NewFrameReader(st), initproto.NewFrameWriter(st)
 	kind, b, err := fr.Next()
-	var req Request
-	if err == nil && (kind != FrameRequest || json.Unmarshal(b, &req) != nil || req.Op != OpSetup || req.Setup == nil) {
+	var req initproto.Request
+	if err == nil && (kind != initproto.FrameRequest || json.Unmarshal(b, &req) != nil || req.Op != initproto.OpSetup || req.Setup == nil) {
 		err = errors.New("the host's first request is not the guest's setup")
 	}
 	if err != nil {
@@ -83,7 +85,7 @@ func runGuest() error {
 		g.link = l
 	}
 	if err != nil {
-		fw.JSON(FrameReply, Reply{ID: req.ID, Error: "guest setup: " + err.Error()})
+		fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Error: "guest setup: " + err.Error()})
 		st.Close()
 		time.Sleep(time.Second) // for the reply to leave
 		return err
@@ -92,27 +94,27 @@ func runGuest() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	if err := DropBounding(); err != nil {
+	if err := container.DropBounding(); err != nil {
 		return err
 	}
-	if err := DropPrivileges(); err != nil {
+	if err := container.DropPrivileges(); err != nil {
 		return err
 	}
-	if err := ApplyRestrictions(req.Setup.Restrictions); err != nil {
+	if err := initproto.ApplyRestrictions(req.Setup.Restrictions); err != nil {
 		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return err
 	}
 	zero := 0
-	fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero})
+	fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Exit: &zero})
 	st.Close()
 
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, syscall.SIGCHLD)
-	in := make(chan Incoming)
+	in := make(chan initproto.Incoming)
 	go g.accept(in)
-	jobs := NewLoop()
+	jobs := initproto.NewLoop()
 	jobs.OOMKills = guestOOMKills
 	for {
 		select {
@@ -211,10 +213,10 @@ type guest struct {
 	link  *guestLink
 }
 
-// guestLink is the agent's end of the link (link.go) and its session
+// guestLink is the agent's end of the link (initproto.Link) and its session
 // now, which a memory snapshot replaces.
 type guestLink struct {
-	l    *Link
+	l    *initproto.Link
 	mu   sync.Mutex
 	sess *yamux.Session
 	// quiesced is the nonce the next session comes after ("": the
@@ -224,7 +226,7 @@ type guestLink struct {
 
 // accept serves the session's streams; a quiesced session is followed
 // by the next one.
-func (g *guest) accept(in chan<- Incoming) {
+func (g *guest) accept(in chan<- initproto.Incoming) {
 	for {
 		g.link.mu.Lock()
 		sess := g.link.sess
@@ -255,12 +257,12 @@ func (g *guest) accept(in chan<- Incoming) {
 // quiesce flushes and freezes the upper's file system (a snapshot's disk
 // is then consistent) and ends the session once its answer, the nonce
 // the next session will come after, is out.
-func (g *guest) quiesce(st *yamux.Stream, fw *FrameWriter, req Request) {
+func (g *guest) quiesce(st *yamux.Stream, fw *initproto.FrameWriter, req initproto.Request) {
 	unix.Sync()
 	err := unix.IoctlSetInt(g.upper, fiFreeze, 0)
 	frozen := errors.Is(err, unix.EBUSY)
 	if err != nil && !frozen {
-		fw.JSON(FrameReply, Reply{ID: req.ID, Error: fmt.Sprintf("freeze the upper: %v", err)})
+		fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Error: fmt.Sprintf("freeze the upper: %v", err)})
 		st.Close()
 		return
 	}
@@ -275,7 +277,7 @@ func (g *guest) quiesce(st *yamux.Stream, fw *FrameWriter, req Request) {
 	g.link.mu.Unlock()
 	g.link.l.Expect(nonce)
 	zero := 0
-	fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
+	fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Exit: &zero, Nonce: nonce, Frozen: frozen})
 	st.Close()
 	sess.Close()
 }
@@ -284,7 +286,7 @@ func (g *guest) quiesce(st *yamux.Stream, fw *FrameWriter, req Request) {
 // own or another's (a branch): the clock from the host, entropy from the
 // host and its RNG reseeded at once, its host name and network, its
 // upper thawed.
-func (g *guest) resume(spec *GuestSpec) error {
+func (g *guest) resume(spec *initproto.GuestSpec) error {
 	if spec.Time > 0 {
 		ts := unix.NsecToTimespec(spec.Time)
 		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
@@ -350,12 +352,12 @@ func guestDevices(layers int, disks bool) ([]string, string, error) {
 		for _, d := range devs {
 			n, slot := d.Name(), slotOf(d.Name())
 			switch {
-			case strings.HasPrefix(n, prefix) && slot >= FirstLayerSlot && slot < FirstLayerSlot+layers:
+			case strings.HasPrefix(n, prefix) && slot >= initproto.FirstLayerSlot && slot < initproto.FirstLayerSlot+layers:
 				if _, err := os.Stat("/dev/" + n); err == nil {
-					out[slot-FirstLayerSlot] = "/dev/" + n
+					out[slot-initproto.FirstLayerSlot] = "/dev/" + n
 					found++
 				}
-			case strings.HasPrefix(n, "vd") && slot == UpperSlot:
+			case strings.HasPrefix(n, "vd") && slot == initproto.UpperSlot:
 				if _, err := os.Stat("/dev/" + n); err == nil {
 					upper = "/dev/" + n
 				}
@@ -371,7 +373,7 @@ func guestDevices(layers int, disks bool) ([]string, string, error) {
 }
 
 // setupGuest mounts the sandbox's root and moves into it.
-func setupGuest(s *GuestSpec) (*guest, error) {
+func setupGuest(s *initproto.GuestSpec) (*guest, error) {
 	if s.Time > 0 {
 		ts := unix.NsecToTimespec(s.Time)
 		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
@@ -379,8 +381,8 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if len(s.Seed) > 0 {
 		addEntropy(s.Seed)
 	}
-	if s.Layers < 1 || s.Layers > MaxLayers {
-		return nil, fmt.Errorf("%d layers: a guest takes 1 to %d", s.Layers, MaxLayers)
+	if s.Layers < 1 || s.Layers > initproto.MaxLayers {
+		return nil, fmt.Errorf("%d layers: a guest takes 1 to %d", s.Layers, initproto.MaxLayers)
 	}
 	layers, disk, err := guestDevices(s.Layers, s.LayerDisks)
 	if err != nil {
@@ -427,7 +429,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if err := ov.Mount(root); err != nil {
 		return nil, err
 	}
-	if err := StageKernelFS(root, nil); err != nil {
+	if err := container.StageKernelFS(root, nil); err != nil {
 		return nil, err
 	}
 	if s.Hostname != "" {
@@ -435,7 +437,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 			return nil, fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := LoopbackUp(); err != nil {
+	if err := initproto.LoopbackUp(); err != nil {
 		return nil, err
 	}
 	if s.Net != nil {
@@ -451,7 +453,7 @@ func setupGuest(s *GuestSpec) (*guest, error) {
 	if err := switchRoot(root); err != nil {
 		return nil, err
 	}
-	if _, err := ProtectPaths(os.Getpid(), s.ReadOnly, s.Hidden); err != nil {
+	if _, err := container.ProtectPaths(os.Getpid(), s.ReadOnly, s.Hidden); err != nil {
 		return nil, fmt.Errorf("policy files: %w", err)
 	}
 	return g, nil
@@ -488,68 +490,68 @@ func addEntropy(b []byte) {
 }
 
 // serveStream answers the request a stream opens with.
-func (g *guest) serveStream(st *yamux.Stream, in chan<- Incoming) {
-	fr, fw := NewFrameReader(st), &FrameWriter{w: st}
+func (g *guest) serveStream(st *yamux.Stream, in chan<- initproto.Incoming) {
+	fr, fw := initproto.NewFrameReader(st), initproto.NewFrameWriter(st)
 	kind, b, err := fr.Next()
-	var req Request
-	if err != nil || kind != FrameRequest || json.Unmarshal(b, &req) != nil {
+	var req initproto.Request
+	if err != nil || kind != initproto.FrameRequest || json.Unmarshal(b, &req) != nil {
 		st.Close()
 		return
 	}
 	answer := func(err error) {
-		r := Reply{ID: req.ID}
+		r := initproto.Reply{ID: req.ID}
 		if err != nil {
 			r.Error = err.Error()
 		} else {
 			zero := 0
 			r.Exit = &zero
 		}
-		fw.JSON(FrameReply, r)
+		fw.JSON(initproto.FrameReply, r)
 		st.Close()
 	}
 	switch req.Op {
-	case OpExec:
+	case initproto.OpExec:
 		guestExec(st, fr, fw, req, in)
-	case OpResult, OpProbe, OpRestrict, OpSignal:
-		in <- Incoming{Req: req, Conn: &streamPeer{st: st, fw: fw}}
-	case OpFiles:
-		ServeFiles(st, fr, fw)
+	case initproto.OpResult, initproto.OpProbe, initproto.OpRestrict, initproto.OpSignal:
+		in <- initproto.Incoming{Req: req, Conn: &streamPeer{st: st, fw: fw}}
+	case initproto.OpFiles:
+		initproto.ServeFiles(st, fr, fw)
 		st.Close()
-	case OpProtect:
+	case initproto.OpProtect:
 		var missing []string
-		OnSpentThread(func() { missing, err = ProtectPaths(os.Getpid(), req.ReadOnly, req.Hidden) })
+		container.OnSpentThread(func() { missing, err = container.ProtectPaths(os.Getpid(), req.ReadOnly, req.Hidden) })
 		if err != nil {
 			answer(err)
 			return
 		}
 		zero := 0
-		fw.JSON(FrameReply, Reply{ID: req.ID, Exit: &zero, Missing: missing})
+		fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Exit: &zero, Missing: missing})
 		st.Close()
-	case OpHostname:
+	case initproto.OpHostname:
 		answer(unix.Sethostname([]byte(req.Hostname)))
-	case OpFreezeFS:
+	case initproto.OpFreezeFS:
 		unix.Sync()
 		answer(unix.IoctlSetInt(g.upper, fiFreeze, 0))
-	case OpQuiesce:
+	case initproto.OpQuiesce:
 		g.quiesce(st, fw, req)
-	case OpResume:
+	case initproto.OpResume:
 		if req.Setup == nil {
 			answer(errors.New("resume without a spec"))
 			return
 		}
 		err := g.resume(req.Setup)
 		if err == nil && req.Setup.Forget {
-			in <- Incoming{Req: Request{Op: OpForget}}
+			in <- initproto.Incoming{Req: initproto.Request{Op: initproto.OpForget}}
 		}
 		answer(err)
-	case OpThawFS:
+	case initproto.OpThawFS:
 		err := unix.IoctlSetInt(g.upper, fiThaw, 0)
 		if errors.Is(err, unix.EINVAL) { // not frozen
 			err = nil
 		}
 		answer(err)
 	default:
-		fw.JSON(FrameReply, Reply{ID: req.ID, Error: fmt.Sprintf("unknown request %q: the guest's agent and the worker are of different dsec versions", req.Op)})
+		fw.JSON(initproto.FrameReply, initproto.Reply{ID: req.ID, Error: fmt.Sprintf("unknown request %q: the guest's agent and the worker are of different dsec versions", req.Op)})
 		st.Close()
 	}
 }
@@ -558,11 +560,11 @@ func (g *guest) serveStream(st *yamux.Stream, in chan<- Incoming) {
 // after the last.
 type streamPeer struct {
 	st *yamux.Stream
-	fw *FrameWriter
+	fw *initproto.FrameWriter
 }
 
-func (p *streamPeer) Send(r Reply) {
-	p.fw.JSON(FrameReply, r)
+func (p *streamPeer) Send(r initproto.Reply) {
+	p.fw.JSON(initproto.FrameReply, r)
 	if r.Last() {
 		p.st.Close()
 	}

@@ -1,4 +1,4 @@
-package container
+package vmm
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
 
 // VM is the worker's handle on a running microVM: the connection to its
@@ -22,7 +24,7 @@ import (
 // agent; the host name, read-only and hidden paths set by it; its upper's
 // file system frozen for a consistent pack).
 type VM struct {
-	c     *Conn
+	c     *initproto.Conn
 	files string
 }
 
@@ -32,7 +34,12 @@ var (
 	_ backend.Protecter  = (*VM)(nil)
 	_ backend.Renamer    = (*VM)(nil)
 	_ backend.Signaler   = (*VM)(nil)
+	_ backend.Terminaler = (*VM)(nil)
 )
+
+// Terminal allocates a terminal from the devpts its shim sees, the
+// host's: the guest's command gets it through the agent.
+func (v *VM) Terminal() (master, tty *os.File, err error) { return container.TerminalOf(v.Pid()) }
 
 // StartVM starts a microVM's shim, which starts QEMU, and returns once
 // the guest is the sandbox spec describes: a guest that fails, or does
@@ -42,7 +49,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	if spec.Socket == "" || spec.FilesSocket == "" {
 		return nil, errors.New("microvm: no control socket path")
 	}
-	self, err := InitBinary()
+	self, err := container.InitBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +86,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, err
 	}
 	closers = append(closers, console)
-	logf, done, err := LogFile(spec.Stderr)
+	logf, done, err := container.LogFile(spec.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +110,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		ours.Close()
 		return nil, fmt.Errorf("start the microVM's shim: %w", err)
 	}
-	ProtectInit(cmd.Process.Pid)
+	initproto.ProtectInit(cmd.Process.Pid)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	kill := func() {
@@ -138,7 +145,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	}
 	if err != nil {
 		kill()
-		return nil, fmt.Errorf("%w: the microVM's shim is gone: %v", ErrSandboxDied, err)
+		return nil, fmt.Errorf("%w: the microVM's shim is gone: %v", initproto.ErrSandboxDied, err)
 	}
 	fc, err := net.FileConn(ours)
 	if err != nil {
@@ -152,7 +159,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	n, err := conn.Read(buf)
 	conn.SetReadDeadline(time.Time{})
 	var h struct {
-		Hello
+		initproto.Hello
 		Error string `json:"error"`
 	}
 	if err == nil {
@@ -169,19 +176,15 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, errors.New(h.Error)
 	}
 	ours.Close()
-	s := &Conn{pid: cmd.Process.Pid, conn: conn, wait: map[string]chan Reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal,
-		cmd: cmd, exited: exited}
-	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
-		s.pidfd = fd
-	}
-	go s.readReplies()
+	s := initproto.NewConn(conn, cmd.Process.Pid, h.Hello)
+	s.Spawned(cmd, exited)
 	return &VM{c: s, files: spec.FilesSocket}, nil
 }
 
 // AttachVM connects to the shim of a running microVM, whose host pid is
 // pid: how a restarted worker takes it back.
 func AttachVM(socket, files string, pid int) (*VM, error) {
-	c, err := Attach(socket, pid)
+	c, err := initproto.Attach(socket, pid)
 	if err != nil {
 		return nil, err
 	}
@@ -200,13 +203,13 @@ func (v *VM) Close() error          { return v.c.Close() }
 func (v *VM) Destroy() error {
 	if v.c.SignalInit(syscall.SIGTERM) == nil {
 		select {
-		case <-v.c.dead:
+		case <-v.c.Done():
 		case <-time.After(5 * time.Second):
 		}
 	}
 	return v.c.Destroy()
 }
-func (v *VM) Exec(ctx context.Context, cmd Cmd) (int, error) {
+func (v *VM) Exec(ctx context.Context, cmd initproto.Cmd) (int, error) {
 	return v.c.Exec(ctx, cmd)
 }
 func (v *VM) Result(ctx context.Context, id string) (backend.Exit, error) {
@@ -215,14 +218,16 @@ func (v *VM) Result(ctx context.Context, id string) (backend.Exit, error) {
 func (v *VM) Probe(ctx context.Context, id string) (bool, backend.Exit, error) {
 	return v.c.Probe(ctx, id)
 }
-func (v *VM) Restrict(ctx context.Context, r Restrictions) error { return v.c.Restrict(ctx, r) }
+func (v *VM) Restrict(ctx context.Context, r initproto.Restrictions) error {
+	return v.c.Restrict(ctx, r)
+}
 func (v *VM) Signal(ctx context.Context, id string, sig syscall.Signal) error {
 	return v.c.Signal(ctx, id, sig)
 }
 
 // simple sends a request that only a guest answers.
-func (v *VM) simple(ctx context.Context, r Request) (Reply, error) {
-	r.ID = fmt.Sprintf("#%s-%d", r.Op, RestrictSeq.Add(1))
+func (v *VM) simple(ctx context.Context, r initproto.Request) (initproto.Reply, error) {
+	r.ID = fmt.Sprintf("#%s-%d", r.Op, initproto.RestrictSeq.Add(1))
 	return v.c.Do(ctx, r, nil, nil)
 }
 
@@ -232,26 +237,26 @@ func (v *VM) Protect(readOnly, hidden []string) ([]string, error) {
 	if len(readOnly) == 0 && len(hidden) == 0 {
 		return nil, nil
 	}
-	r, err := v.simple(context.Background(), Request{Op: OpProtect, ReadOnly: readOnly, Hidden: hidden})
+	r, err := v.simple(context.Background(), initproto.Request{Op: initproto.OpProtect, ReadOnly: readOnly, Hidden: hidden})
 	return r.Missing, err
 }
 
 // SetHostname names the guest's host.
 func (v *VM) SetHostname(name string) error {
-	_, err := v.simple(context.Background(), Request{Op: OpHostname, Hostname: name})
+	_, err := v.simple(context.Background(), initproto.Request{Op: initproto.OpHostname, Hostname: name})
 	return err
 }
 
 // FreezeFS flushes the guest's upper file system to its disk and freezes
 // it: the disk image is then consistent, and stays so until ThawFS.
 func (v *VM) FreezeFS(ctx context.Context) error {
-	_, err := v.simple(ctx, Request{Op: OpFreezeFS})
+	_, err := v.simple(ctx, initproto.Request{Op: initproto.OpFreezeFS})
 	return err
 }
 
 // ThawFS thaws what FreezeFS froze.
 func (v *VM) ThawFS(ctx context.Context) error {
-	_, err := v.simple(ctx, Request{Op: OpThawFS})
+	_, err := v.simple(ctx, initproto.Request{Op: initproto.OpThawFS})
 	return err
 }
 
@@ -261,12 +266,12 @@ func (v *VM) ThawFS(ctx context.Context) error {
 // paused for as short a time as it takes; no command may run meanwhile.
 // The guest runs on; with stop, it stays stopped (to be killed: it is
 // being evicted) and disk may be nil (its own image is the disk).
-func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool) (*SnapshotInfo, error) {
+func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool) (*initproto.SnapshotInfo, error) {
 	fds := []int{int(state.Fd()), int(ram.Fd())}
 	if disk != nil {
 		fds = append(fds, int(disk.Fd()))
 	}
-	r, err := v.c.Do(ctx, Request{Op: OpSnapshot, ID: fmt.Sprintf("#snapshot-%d", RestrictSeq.Add(1)), Stop: stop}, unix.UnixRights(fds...), nil)
+	r, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpSnapshot, ID: fmt.Sprintf("#snapshot-%d", initproto.RestrictSeq.Add(1)), Stop: stop}, unix.UnixRights(fds...), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +282,8 @@ func (v *VM) Snapshot(ctx context.Context, state, ram, disk *os.File, stop bool)
 }
 
 // Memory is the guest's memory as its balloon last reported it.
-func (v *VM) Memory(ctx context.Context) (*GuestMemory, error) {
-	r, err := v.c.Do(ctx, Request{Op: OpMemory, ID: fmt.Sprintf("#memory-%d", RestrictSeq.Add(1))}, nil, nil)
+func (v *VM) Memory(ctx context.Context) (*initproto.GuestMemory, error) {
+	r, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpMemory, ID: fmt.Sprintf("#memory-%d", initproto.RestrictSeq.Add(1))}, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -289,4 +294,4 @@ func (v *VM) Memory(ctx context.Context) (*GuestMemory, error) {
 }
 
 // Files opens the guest's files, through its agent.
-func (v *VM) Files() (*RemoteFiles, error) { return DialFiles(v.files) }
+func (v *VM) Files() (*initproto.RemoteFiles, error) { return initproto.DialFiles(v.files) }

@@ -1,4 +1,4 @@
-package container
+package initproto
 
 import (
 	"context"
@@ -59,6 +59,12 @@ func Greet(c *net.UnixConn, pid int) (*Conn, error) {
 	}
 	var h Hello
 	json.Unmarshal(buf[:n], &h)
+	return NewConn(c, pid, h), nil
+}
+
+// NewConn is the connection c to an init, whose host pid is pid, that
+// greeted it with h.
+func NewConn(c *net.UnixConn, pid int, h Hello) *Conn {
 	s := &Conn{pid: pid, conn: c, wait: map[string]chan Reply{}, dead: make(chan struct{}), pidfd: -1, users: h.Users, journal: h.Journal}
 	// Only the init holds the listener, so the init is alive now and pid
 	// is still its own: a pidfd keeps Destroy from ever signalling
@@ -67,8 +73,12 @@ func Greet(c *net.UnixConn, pid int) (*Conn, error) {
 		s.pidfd = fd
 	}
 	go s.readReplies()
-	return s, nil
+	return s
 }
+
+// Spawned says that this process started the init as cmd, reaped once
+// exited is closed: Destroy then kills it and waits.
+func (s *Conn) Spawned(cmd *exec.Cmd, exited chan struct{}) { s.cmd, s.exited = cmd, exited }
 
 // Done is closed when the connection to the init is lost: the init died
 // (or Close was called).
@@ -118,12 +128,11 @@ var ErrSandboxDied = backend.ErrDied
 // Result asked for (or forgot it: it keeps the last 4096).
 var ErrUnknownExec = backend.ErrUnknownExec
 
-// A Conn is the container backend's Instance.
+// A Conn is an Instance: what every init answers (a container's
+// adds what its host side does, a microVM's what its shim does).
 var (
 	_ backend.Instance   = (*Conn)(nil)
 	_ backend.Restricter = (*Conn)(nil)
-	_ backend.Protecter  = (*Conn)(nil)
-	_ backend.Renamer    = (*Conn)(nil)
 	_ backend.Signaler   = (*Conn)(nil)
 )
 

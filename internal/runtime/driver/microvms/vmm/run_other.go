@@ -1,0 +1,6 @@
+//go:build !linux
+
+package vmm
+
+// MaybeRun returns at once: microVMs need Linux.
+func MaybeRun() {}
