@@ -8,11 +8,13 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/containers"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // The backends a worker runs, each driver built with its configuration
@@ -30,6 +32,9 @@ type DriverConfig struct {
 	MicroVM microvm.Settings
 	// Extra are drivers beyond the built-in ones (a test's).
 	Extra []driver.Driver
+	// DNS configures the egress service of sandboxes with domain
+	// rules (nil: none, and such sandboxes fail to start).
+	DNS *egress.Config
 }
 
 // NewDrivers builds the drivers c configures, the default first;
@@ -44,14 +49,27 @@ func NewDrivers(c DriverConfig) *Drivers {
 	for i, d := range list {
 		bs[i] = d
 	}
-	return &Drivers{Registry: backend.NewRegistry(bs...), list: list}
+	ds := &Drivers{Registry: backend.NewRegistry(bs...), list: list}
+	if c.DNS != nil {
+		ds.egress = network.NewEgress(*c.DNS)
+	}
+	return ds
 }
 
 // Drivers are the drivers a worker runs: a registry (package backend)
 // whose backends are drivers.
 type Drivers struct {
 	*backend.Registry
-	list []driver.Driver
+	list   []driver.Driver
+	egress *network.Egress
+}
+
+// Egress is the egress service of the sandboxes of ds (nil: none).
+func (ds *Drivers) Egress() *network.Egress {
+	if ds == nil {
+		return nil
+	}
+	return ds.egress
 }
 
 // orDefault is ds, or for nil (library use) the built-in drivers

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
-	"net"
-	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -25,6 +23,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
@@ -48,9 +47,9 @@ func withPolicy(p *api.Policy, l cgroup.Limits) (*api.Policy, []policy.Entry, cg
 // rules learned; in network mode nat the host's own addresses are
 // closed to them too (a loopback sandbox cannot leave its namespace to
 // reach them). With domain rules, DNS and the web ports may go anywhere:
-// the host sends them to the sandbox's resolver and proxy (dns_linux.go).
+// the host sends them to the sandbox's resolver and proxy (network.Egress).
 func allowlist(eff *api.Policy, learned []egress.Learned) ([]policy.Entry, error) {
-	host, err := hostAddrs(eff.Network.Mode)
+	host, err := network.HostAddrs(eff.Network.Mode)
 	if err != nil {
 		return nil, err
 	}
@@ -60,27 +59,6 @@ func allowlist(eff *api.Policy, learned []egress.Learned) ([]policy.Entry, error
 		rules = append(rules, policy.Learned(eff.Network.Egress, learned)...)
 	}
 	return policy.Allowlist(rules, host)
-}
-
-// hostAddrs are the host's addresses a sandbox in network mode mode may
-// not reach (loopback's: none).
-func hostAddrs(mode string) ([]netip.Addr, error) {
-	if mode != api.NetworkNAT {
-		return nil, nil
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("the host's addresses: %w", err)
-	}
-	var host []netip.Addr
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && !ip.IsLoopback() {
-				host = append(host, ip.Unmap())
-			}
-		}
-	}
-	return host, nil
 }
 
 // policyLimits tightens l by the policy's resources: the lower of the two
@@ -225,7 +203,7 @@ func (sb *Sandbox) applyPolicy(ctx context.Context, p *api.Policy) (*api.PolicyR
 		// Its resolver and proxy first: the allowlist of a policy with
 		// domain rules opens DNS and the web ports to every address,
 		// which only their redirect makes safe.
-		hadDNS := sb.dns != nil
+		hadDNS := sb.link != nil
 		if err := sb.startDNS(eff); err != nil {
 			return nil, err
 		}

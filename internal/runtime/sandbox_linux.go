@@ -189,13 +189,13 @@ type Sandbox struct {
 	// prestarted is the warm instance its driver made ahead for this
 	// sandbox's first start (nil: none, or start took it).
 	prestarted any
-	// dns is its resolver while it serves (sandboxes with domain rules,
-	// in a worker); netView its policy as the resolver and proxy ask it.
-	dns     *resolver
-	netView atomic.Pointer[netView]
-	// fast is what its HTTPS fast path's gate asks of it, while it has
-	// one (syncFast).
-	fast atomic.Pointer[fastView]
+	// egress is its worker's egress service (nil: not a worker's, and
+	// domain rules fail closed); link its hold on it while its
+	// resolver and proxy serve (domain rules); netView its policy as
+	// they ask it.
+	egress  *network.Egress
+	link    *network.Link
+	netView atomic.Pointer[network.View]
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
 	restore *driver.Restore
@@ -298,7 +298,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{State: st, d: d}
+	sb := &Sandbox{State: st, d: d, egress: o.Drivers.Egress()}
 	sb.ID = sb.newID()
 	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
 	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when taken
@@ -541,7 +541,7 @@ func Load(root, name string, ds *Drivers) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{dir: dir}
+	sb := &Sandbox{dir: dir, egress: ds.Egress()}
 	if fi, err := os.Stat(filepath.Join(dir, "execs")); err == nil { // its last exec began then
 		sb.active.Store(fi.ModTime().UnixNano())
 	}

@@ -370,8 +370,8 @@ func prepareHost(cfg Config) (h host, err error) {
 			})
 		}
 	}
-	runtime.SetDNS(cfg.DNS)
-	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers})
+	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers,
+		DNS: &cfg.DNS})
 	if m, err := h.drivers.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)
 	} else {
