@@ -8,7 +8,7 @@
 #   2. the same over TCP with TLS and a token
 #   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
 #      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
-#   With BENCH_AB_E2B_ONLY=1 only the E2B figures run.
+#   With BENCH_AB_E2B_ONLY=1 only the E2B figures run; with BENCH_AB_GO_ONLY=1 only the Go SDK's.
 #   4. with BENCH_AB_H2=1, the E2B figures over TLS once more with B's front offering HTTP/2 (config e2b.http2): what
 #      HTTP/2 costs the JS SDK (run it with REV-A the tree's own commit)
 # Prints each side's p50 and the ratio B/A per round: under 1 is B faster.
@@ -102,6 +102,7 @@ for round in 1 2; do
 				"$(metric "$r" $f-b-p50-ms)" "$(metric "$r" $f-b/a-p50)" "$(metric "$r" $f-b/a-median-of-turns)"
 		done
 	done
+	[ "${BENCH_AB_GO_ONLY:-}" != 1 ] || continue
 	e2b https # the front speaks TLS as the API does
 	if [ "${BENCH_AB_H2:-}" = 1 ]; then
 		up tls h2b

@@ -355,12 +355,13 @@ func (a *app) layerGC() *cobra.Command {
 		Use:   "gc",
 		Short: "Delete blobs that no tag reaches and leftovers of interrupted builds",
 		Long: `Gc marks every blob reachable from a tag (manifest, config, EROFS image, window table),
-from the lineage of every snapshot it keeps (the layers it stands on) and from the layers
-every sandbox of this root runs on, with the manifest, config and window table of every
-image it keeps, and deletes the rest, with the files that killed builds left in the
-store's ingest directory. A layer removed with rm --force that a snapshot or sandbox
-stands on is kept, untagged, and still found by its digest. It waits for running builds
-to finish.
+from the lineage of every snapshot it keeps (the layers it stands on), from the layers
+every sandbox of this root runs on and from what creates under way hold (their leases in
+the store, which die with the process that took them), with the manifest, config and
+window table of every image it keeps, and deletes the rest, with the files that killed
+builds left in the store's ingest directory. A layer removed with rm --force that a
+snapshot or sandbox stands on is kept, untagged, and still found by its digest. It waits
+for running builds and for creates resolving their layers.
 
 ` + exitCodesHelp,
 		Example: `  dsec layer gc --json`,

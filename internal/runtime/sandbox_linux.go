@@ -196,6 +196,9 @@ type Sandbox struct {
 	egress  *network.Egress
 	link    *network.Link
 	netView atomic.Pointer[network.View]
+	// lease holds what a create resolved until its state names it (nil:
+	// not being created).
+	lease *store.Lease
 	// restore starts the instance from a saved guest (a microVM's
 	// memory snapshot, or its own eviction), not afresh: start's, once.
 	restore *driver.Restore
@@ -230,7 +233,14 @@ func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
 // create is Create, for a name already checked; with p, o may take a
 // sandbox p primed.
 func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox, err error) {
-	digests, mem, err := onSnapshot(ctx, &o) // mem: a memory snapshot's guest, which the sandbox continues
+	// What it resolves is leased until its state names it: no removal
+	// counts it unused, no collection takes it, meanwhile.
+	lease, err := createLease(o.Store)
+	if err != nil {
+		return nil, err
+	}
+	defer lease.Release()
+	digests, mem, err := onSnapshot(ctx, &o, lease) // mem: a memory snapshot's guest, which the sandbox continues
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +308,8 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{State: st, d: d, egress: o.Drivers.Egress()}
+	sb := &Sandbox{State: st, d: d, egress: o.Drivers.Egress(), lease: lease}
+	defer func() { sb.lease = nil }() // released: its state names what it stands on
 	sb.ID = sb.newID()
 	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
 	sb.Hostname = cmp.Or(sb.Hostname, sb.ID) // primed: named when taken
@@ -349,15 +360,19 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // snapshot's guest's devices, when the sandbox continues its guest),
 // and the env, workdir and user it was taken with are the defaults.
 // digests are the layers'; mem the guest continued (nil: none).
-func onSnapshot(ctx context.Context, o *Options) (digests []string, mem *layer.Memory, err error) {
+func onSnapshot(ctx context.Context, o *Options, lease *store.Lease) (digests []string, mem *layer.Memory, err error) {
 	if o.From == "" {
 		return nil, nil, nil
 	}
 	if len(o.Layers) > 0 {
 		return nil, nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
 	}
-	l, d, err := lower.Lineage(ctx, o.Mounter.Source(), o.From)
-	if err != nil {
+	var l *layer.Lineage
+	var d string
+	if err := leased(o.Store, lease, func() ([]string, error) {
+		l, d, err = lower.Lineage(ctx, o.Mounter.Source(), o.From)
+		return []string{d}, err
+	}); err != nil {
 		return nil, nil, err
 	}
 	o.Layers, digests = []string{o.From}, []string{d}
@@ -437,19 +452,24 @@ func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
 	root := sb.root()
 	var lowers, digests, images []string
 	var kinds []layer.Kind
-	for i, ref := range sb.Layers {
-		want := ""
-		if len(sb.Digests) > i {
-			want = sb.Digests[i]
+	if err := leased(m.Store, sb.lease, func() ([]string, error) {
+		for i, ref := range sb.Layers {
+			want := ""
+			if len(sb.Digests) > i {
+				want = sb.Digests[i]
+			}
+			mnt, f, err := lower.Of(root).Acquire(ctx, m.Source(), ref, sb.lowerUser(), want)
+			if err != nil {
+				return digests, err
+			}
+			lowers = append(lowers, mnt)
+			digests = append(digests, f.Digest)
+			images = append(images, f.Image)
+			kinds = append(kinds, f.Kind)
 		}
-		mnt, f, err := lower.Of(root).Acquire(ctx, m.Source(), ref, sb.lowerUser(), want)
-		if err != nil {
-			return err
-		}
-		lowers = append(lowers, mnt)
-		digests = append(digests, f.Digest)
-		images = append(images, f.Image)
-		kinds = append(kinds, f.Kind)
+		return digests, nil
+	}); err != nil {
+		return err
 	}
 	sb.Digests = digests
 	if _, guest := sb.d.(driver.ImageUpper); sb.Disk > 0 && !guest {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -160,7 +161,8 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 }
 
 // SnapUsers reads what every sandbox of root stands on, for lineage,
-// from the state files alone: it does not adopt or change any sandbox.
+// from the state files alone (it does not adopt or change any sandbox),
+// and what the creates under way hold by their leases (User.Lease).
 func SnapUsers(root string) ([]snap.User, error) {
 	names, err := List(root)
 	if err != nil {
@@ -177,6 +179,29 @@ func SnapUsers(root string) ([]snap.User, error) {
 			continue
 		}
 		out = append(out, snap.User{Name: st.Name, From: st.From, Digests: st.Digests})
+	}
+	// Creates under way: what they resolved is in use before their
+	// state names it (store leases).
+	dir := filepath.Join(root, "store")
+	if _, err := os.Stat(filepath.Join(dir, "leases")); err != nil {
+		return out, nil // none was ever taken
+	}
+	s, err := store.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	leased, err := s.Leased()
+	if err != nil {
+		return nil, err
+	}
+	byLease := map[string][]string{}
+	for d, names := range leased {
+		for _, n := range names {
+			byLease[n] = append(byLease[n], d.String())
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(byLease)) {
+		out = append(out, snap.User{Name: "being made (lease " + n + ")", Digests: byLease[n], Lease: true})
 	}
 	return out, nil
 }

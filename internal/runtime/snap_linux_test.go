@@ -296,6 +296,29 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if _, err := snap.Remove(context.Background(), f.s, "bb:1", users, false); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("snap rm of a layer: %v", err)
 	}
+	// A create under way on a snapshot nothing else stands on: its
+	// lease counts as a user, and every create releases its own.
+	if ents, _ := os.ReadDir(filepath.Join(f.s.Dir(), "leases")); len(ents) != 0 {
+		t.Errorf("creates left leases: %v", ents)
+	}
+	lonely, err := layer.Resolve(context.Background(), f.s, "rollout/flatb:3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := f.s.Lease("create-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Add(lonely.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := runtime.SnapUsers(f.root); err != nil {
+		t.Fatal(err)
+	} else if _, err := snap.Remove(context.Background(), f.s, "rollout/flatb:3", u, false); !errdefs.IsFailedPrecondition(err) ||
+		!strings.Contains(err.Error(), "being made (lease create-test)") {
+		t.Errorf("rm of a snapshot a create under way resolved: %v", err)
+	}
+	lease.Release()
 	if _, err := snap.Remove(context.Background(), f.s, "rollout/flat:3", users, true); err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,9 @@ type User struct {
 	Name    string
 	From    string   // the snapshot it was started on
 	Digests []string // of its layers
+	// Lease: a create under way, whose lease holds what it resolved
+	// (store leases); in use, not yet a sandbox to list.
+	Lease bool
 }
 
 // Tree lists the store's snapshots, oldest first, with what stands on

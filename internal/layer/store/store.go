@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -507,14 +508,16 @@ type Marks struct {
 	// Owner says, of a small untagged blob, the blob that keeps it (a
 	// manifest: its image) and its media type; a blob whose owner is
 	// kept is kept, with what it refers to. nil: none.
-	Owner func(b []byte) (owner digest.Digest, mediaType string, ok bool)
+	Owner func(b []byte) (owner digest.Digest, mediaType string, ok bool) // LeasedAs is the media type of the blobs live leases hold: each is
+	// a root of that type (Lease).
+	LeasedAs string
 }
 
 // maxOwned bounds the blobs Owner is asked about.
 const maxOwned = 64 << 10
 
-// GC removes every blob that m does not reach from a tag, a root or a
-// kept owner, and every leftover ingest. It waits for writers holding
+// GC removes every blob that m does not reach from a tag, a root, a live
+// lease or a kept owner, and every leftover ingest. It waits for writers holding
 // the shared lock.
 func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 	var res GCResult
@@ -534,6 +537,13 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 	}
 	live := map[digest.Digest]bool{}
 	queue := append(slices.Clone(idx.Manifests), m.Roots...)
+	leased, err := s.Leased()
+	if err != nil {
+		return res, err
+	}
+	for _, d := range slices.Sorted(maps.Keys(leased)) {
+		queue = append(queue, ocispec.Descriptor{MediaType: m.LeasedAs, Digest: d})
+	}
 	mark := func() error {
 		for len(queue) > 0 {
 			d := queue[0]

@@ -229,3 +229,87 @@ func TestGC(t *testing.T) {
 		t.Fatal("gc kept a blob nothing needs")
 	}
 }
+
+// TestLeases: a live lease keeps its blobs, and what they refer to,
+// from collection, untagged; a released one, or one whose holder died
+// (its file unlocked), does not; Leased names the leases by digest and
+// skips a line being cut.
+func TestLeases(t *testing.T) {
+	ctx := context.Background()
+	s := open(t)
+	child, _ := s.WriteBlob("application/octet-stream", []byte("child"))
+	body, _ := json.Marshal(child)
+	parent, _ := s.WriteBlob("application/vnd.test+json", body)
+	other, _ := s.WriteBlob("application/octet-stream", []byte("other"))
+	dead, _ := s.WriteBlob("application/octet-stream", []byte("dead"))
+	refs := func(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
+		var c ocispec.Descriptor
+		return []ocispec.Descriptor{c}, json.Unmarshal(b, &c)
+	}
+	a, err := s.Lease("create-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release()
+	if _, err := s.Lease("create-a"); err == nil {
+		t.Error("a second lease of one name")
+	}
+	if err := a.Add(parent.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Add("sha256:nothex"); err == nil {
+		t.Error("a lease took a bad digest")
+	}
+	b, err := s.Lease("create-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add(other.Digest, parent.Digest); err != nil {
+		t.Fatal(err)
+	}
+	// A holder that died: its lease's file is there, unlocked.
+	if err := os.WriteFile(filepath.Join(s.Dir(), "leases", "create-dead"), []byte(dead.Digest.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A line being appended, cut.
+	f, err := os.OpenFile(filepath.Join(s.Dir(), "leases", "create-a"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("sha256:0123")
+	f.Close()
+	leased, err := s.Leased()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := leased[parent.Digest]; len(got) != 2 || len(leased) != 2 || len(leased[other.Digest]) != 1 {
+		t.Errorf("leased = %v", leased)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "leases", "create-dead")); !os.IsNotExist(err) {
+		t.Errorf("a dead holder's lease stays: %v", err)
+	}
+	if err := b.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(); err != nil {
+		t.Errorf("a second release: %v", err)
+	}
+	if err := b.Add(other.Digest); err == nil {
+		t.Error("a released lease took a digest")
+	}
+	if _, err := s.GC(ctx, store.Marks{Refs: refs, LeasedAs: "application/vnd.test+json"}); err != nil {
+		t.Fatal(err)
+	}
+	for d, want := range map[digest.Digest]bool{parent.Digest: true, child.Digest: true, other.Digest: false, dead.Digest: false} {
+		if s.Exists(d) != want {
+			t.Errorf("after gc, %s kept: %v, want %v", d, s.Exists(d), want)
+		}
+	}
+	a.Release()
+	if _, err := s.GC(ctx, store.Marks{Refs: refs}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Exists(parent.Digest) {
+		t.Error("gc kept a blob whose lease was released")
+	}
+}

@@ -123,12 +123,10 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 	w.mu.Lock()
 	e.pending, e.held = api.StatusCreating, true
 	w.mu.Unlock()
-	// Not while queued: snapshot removal and squash wait for this.
 	m := w.mounter
 	if why.warm() { // a pool's filler: not what users create next
 		m.Primed = nil
 	}
-	w.lineage.RLock()
 	t0 := time.Now()
 	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{Mounter: m, Spec: runtime.Spec{
 		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
@@ -142,7 +140,6 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 		Owner:         e.owner,
 		DiskOnly:      spec.DiskOnly,
 	}})
-	w.lineage.RUnlock()
 	// The entry leaves "creating" before the slot goes to the next
 	// creation: ps never shows more being made than max_creating.
 	w.mu.Lock()

@@ -69,10 +69,8 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	if quota > 0 {
 		// The layer (and a guest) may hold more than the files' bytes.
 		if used, err := w.snapshotBytes(r.Context(), sc); err == nil && used > t.Quota.SnapshotBytes {
-			w.lineage.Lock()
 			users, _ := runtime.SnapUsers(w.cfg.Root)
 			snap.Remove(context.WithoutCancel(r.Context()), w.mounter.Store, ref.String(), users, true)
-			w.lineage.Unlock()
 			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
 		}
 	}
@@ -292,8 +290,6 @@ func (w *worker) snapshots(r *http.Request, _ none) ([]api.SnapshotNode, error) 
 	if name != "" && !w.isSnapshot(r.Context(), name) {
 		return out, nil
 	}
-	w.lineage.RLock()
-	defer w.lineage.RUnlock()
 	nodes, err := w.tree(r.Context())
 	if err != nil {
 		return nil, err
@@ -322,19 +318,23 @@ func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// (Creates under way are no sandboxes to list yet.)
+	users = slices.DeleteFunc(users, func(u snap.User) bool { return u.Lease })
 	return snap.Tree(ctx, w.mounter.Store, users)
 }
 
 // removeSnapshot untags a snapshot nothing stands on (or, forced, one
-// something does); no sandbox comes to stand on it meanwhile.
+// something does); a create under way counts by its lease.
 func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 	sc := w.scopeOf(r.Context())
 	ref, ok := sc.snapshotTag(r.PathValue("ref"))
 	if !ok {
 		return none{}, errNoSnapshot(r.PathValue("ref"))
 	}
-	w.lineage.Lock()
-	defer w.lineage.Unlock()
+	// Its users are every sandbox's state and the creates' leases
+	// (store leases): a create that resolves it after they are read
+	// stands on it untagged, as after a forced removal, and a collection
+	// keeps it while it does.
 	users, err := runtime.SnapUsers(w.cfg.Root)
 	if err != nil {
 		return none{}, err
@@ -362,8 +362,13 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
-	w.lineage.Lock()
-	defer w.lineage.Unlock()
+	// No collection while it reads the chain (a removal may untag a
+	// link of it meanwhile: its blobs stay).
+	unlock, err := w.mounter.Store.Writer()
+	if err != nil {
+		return created[api.Snapshot]{}, err
+	}
+	defer unlock()
 	tmp, err := os.MkdirTemp(w.cfg.Root, "squash-")
 	if err != nil {
 		return created[api.Snapshot]{}, err

@@ -67,10 +67,6 @@ type worker struct {
 	// for the host; creates wait for them before admission).
 	imports chan struct{}
 
-	// lineage: creates read it (a sandbox comes to stand on layers),
-	// snapshot removal and squash write it.
-	lineage sync.RWMutex
-
 	gate *gate
 	ctx  context.Context // the worker's life: pools' fillers run in it
 
