@@ -348,6 +348,12 @@ var termGrace = time.Second
 // fetches block 0 and the metadata region first, mounts the FUSE file and
 // writes fetcher.ready.
 func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger) error {
+	// Caught from the start: a SIGTERM that comes once a mount found the
+	// fetcher ready (written below) gets its grace, never the default
+	// action, which would end it at once and leave its FUSE mount dead.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(term)
 	lock, err := os.OpenFile(filepath.Join(dir, "fetcher.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -433,8 +439,6 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	defer stopPrefetch()
 	go f.prefetch(pctx)
 
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	idleSince := time.Now()
