@@ -1,6 +1,7 @@
 package network
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -49,16 +50,9 @@ type Egress struct {
 // NewEgress is the egress service of a worker whose resolvers follow c
 // (its zero MinTTL and Grace: 30 s each).
 func NewEgress(c egress.Config) *Egress {
-	c.MinTTL = cmp(c.MinTTL, 30*time.Second)
-	c.Grace = cmp(c.Grace, 30*time.Second)
+	c.MinTTL = cmp.Or(c.MinTTL, 30*time.Second)
+	c.Grace = cmp.Or(c.Grace, 30*time.Second)
 	return &Egress{cfg: c}
-}
-
-func cmp(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // MaxLearned bounds a sandbox's learned addresses: past it, the ones
