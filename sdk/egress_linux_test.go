@@ -467,6 +467,17 @@ func webOutside(t testing.TB, pid int, addr string) func() []string {
 		case "/big": // 64 MiB, for throughput
 			io.CopyN(w, zeros{}, 64<<20)
 			return
+		case "/rst": // the server resets the connection
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			if tc, ok := c.(*tls.Conn); ok {
+				c = tc.NetConn()
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+			return
 		case "/slow": // a line every 100 ms for a minute
 			for range 600 {
 				if _, err := w.Write([]byte("tick\n")); err != nil {
@@ -732,4 +743,60 @@ func putWebclient(t testing.TB, sbs ...*sdk.Sandbox) string {
 		}
 	}
 	return client
+}
+
+// TestDomainEgressPortReuse: a connection from the port of one that
+// ended by a reset is a new flow to the host, decided afresh, whatever
+// conntrack kept of the old one: after the proxy refused one, the same
+// port's next connection to an address its resolver has since answered
+// takes the fast path; after a server reset one the gate passed, the
+// same port's next hello (for a name no rule allows) is refused, never
+// passed unread.
+func TestDomainEgressPortReuse(t *testing.T) {
+	cfg := runtimetest.Config{DNS: egress.Config{Upstream: []string{"10.206.0.2"}}}
+	_, c := setupWith(t, cfg)
+	pid := runtimetest.Outside(t, "dsecweb", "10.206.0")
+	serveOutside(t, pid, "10.206.0.2", map[string][]string{"allowed.test.": {"10.206.0.2"}, "evil.test.": {"10.206.0.2"}})
+	snis := webOutside(t, pid, "10.206.0.2")
+	pol := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT, Egress: []api.EgressRule{
+		{To: "allowed.test", Ports: []api.PortRange{{Low: 443, High: 443}}},
+		{To: "10.206.0.0/24", Ports: []api.PortRange{{Low: 80, High: 80}}}}}}
+	sb := create(t, c, api.SandboxSpec{Name: "reuse", Policy: pol})
+	putWebclient(t, sb)
+	markOf := func(port uint16) (uint32, bool) {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if f.Forward.DstIP.Equal(net.ParseIP("10.206.0.2")) && f.Forward.DstPort == 443 && f.Forward.SrcPort == port {
+				return f.Mark, true
+			}
+		}
+		return 0, false
+	}
+	if out, res := run(t, sb, "refused", "webclient -port 40001 -sni evil.test 10.206.0.2:443 2>&1"); res.ExitCode == 0 {
+		t.Fatalf("evil.test through the proxy: %q", out)
+	}
+	if out, res := run(t, sb, "learn", "nslookup allowed.test 2>&1"); res.ExitCode != 0 || !strings.Contains(out, "10.206.0.2") {
+		t.Fatalf("nslookup allowed.test: %q %+v", out, res)
+	}
+	if out, res := run(t, sb, "again", "webclient -port 40001 -sni allowed.test 10.206.0.2:443 2>&1"); res.ExitCode != 0 || out != "sni=allowed.test host=allowed.test\n" {
+		t.Errorf("allowed.test from the refused one's port: %q %+v", out, res)
+	}
+	if m, ok := markOf(40001); !ok || m != 0xd5ec0200 {
+		t.Errorf("allowed.test from the refused one's port: flow tracked %v, mark %x, want the fast path's pass (d5ec0200)", ok, m)
+	}
+	out, res := run(t, sb, "reset", "webclient -port 40000 -sni allowed.test -path /rst 10.206.0.2:443 2>&1; webclient -port 40000 -sni evil.test 10.206.0.2:443 2>&1")
+	if res.ExitCode == 0 || strings.Contains(out, "sni=evil.test") {
+		t.Errorf("evil.test from the port of a passed flow its server reset: %q %+v", out, res)
+	}
+	for _, n := range snis() {
+		if n != "allowed.test" {
+			t.Errorf("the server got a hello for %q", n)
+		}
+	}
+	if out, res := run(t, sb, "after", "webclient -sni allowed.test 10.206.0.2:443 2>&1"); res.ExitCode != 0 || out != "sni=allowed.test host=allowed.test\n" {
+		t.Errorf("allowed.test after: %q %+v", out, res)
+	}
 }

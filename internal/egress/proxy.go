@@ -49,6 +49,11 @@ type Proxy struct {
 	Timeout time.Duration
 	// Refused, if set, is told of each connection refused, and why.
 	Refused func(dst netip.AddrPort, name string, why error)
+	// Reset, if set, is told of each connection of the sandbox's it
+	// reset (refused, or cut), once the reset is sent: the host may
+	// forget the flow, so that a new connection from the same port is
+	// decided afresh rather than taken for the one reset.
+	Reset func(c net.Conn, dst netip.AddrPort)
 
 	mu   sync.Mutex
 	live map[net.Conn]flow // the connections it relays, by the sandbox's end
@@ -66,18 +71,23 @@ type flow struct {
 func (p *Proxy) Cut(still func(name string, dst netip.AddrPort) bool) int {
 	p.mu.Lock()
 	var gone []net.Conn
+	var dsts []netip.AddrPort
 	for c, f := range p.live {
 		if !still(f.name, f.dst) {
 			gone = append(gone, c, f.up)
+			dsts = append(dsts, f.dst)
 			delete(p.live, c)
 		}
 	}
 	p.mu.Unlock()
-	for _, c := range gone {
+	for i, c := range gone {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // a reset, as a refusal
 		}
 		c.Close()
+		if i%2 == 0 && p.Reset != nil { // the sandbox's end
+			p.Reset(c, dsts[i/2])
+		}
 	}
 	return len(gone) / 2
 }
@@ -215,8 +225,12 @@ func (p *Proxy) refuse(c net.Conn, dst netip.AddrPort, name string, why error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetLinger(0)
 	}
+	c.Close()
 	if p.Refused != nil {
 		p.Refused(dst, name, why)
+	}
+	if p.Reset != nil {
+		p.Reset(c, dst)
 	}
 }
 

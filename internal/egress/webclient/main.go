@@ -4,7 +4,7 @@
 // name) unless -http, sends a GET for -path with -host as its Host, and
 // prints the answer's body.
 //
-//	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-n N] ADDR:PORT
+//	webclient [-http] [-sni NAME] [-host NAME] [-path P] [-chunk N] [-ech-public NAME] [-port N] [-n N] ADDR:PORT
 //	webclient -h3 [-sni NAME] [-path P] ADDR:PORT
 //	webclient -dns NAME [-tcp] [-unique] [-n N] SERVER:PORT
 //
@@ -15,7 +15,8 @@
 // before the body.
 // -chunk writes the connection's bytes N at a time, 5 ms apart (a hello
 // over many segments); -ech-public offers encrypted_client_hello with a
-// made-up config whose public name is NAME. With -n, it makes N requests
+// made-up config whose public name is NAME; -port connects from that
+// local port. With -n, it makes N requests
 // (or DNS queries) one after another and prints, instead of a body, the
 // p50 and p99 of the time to the answer's first byte (connect included)
 // and the body's bytes per second: "ttfb-p50-us N", "ttfb-p99-us N",
@@ -45,7 +46,7 @@ import (
 type options struct {
 	plain                      bool
 	sni, host, path, echPublic string
-	chunk                      int
+	chunk, port                int
 }
 
 func main() {
@@ -55,6 +56,7 @@ func main() {
 	flag.StringVar(&o.host, "host", "", "the Host header (default: -sni)")
 	flag.StringVar(&o.path, "path", "/", "the path asked for")
 	flag.IntVar(&o.chunk, "chunk", 0, "write N bytes at a time")
+	flag.IntVar(&o.port, "port", 0, "connect from this local port")
 	flag.StringVar(&o.echPublic, "ech-public", "", "offer ECH with this public name")
 	n := flag.Int("n", 0, "make N requests and print their timings")
 	query := flag.String("dns", "", "ask SERVER for NAME's A records")
@@ -86,7 +88,11 @@ func main() {
 // its first byte and the body's length.
 func get(addr string, o options, w io.Writer) (time.Duration, int64, error) {
 	start := time.Now()
-	raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if o.port > 0 {
+		d.LocalAddr = &net.TCPAddr{Port: o.port}
+	}
+	raw, err := d.Dial("tcp", addr)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -127,6 +127,16 @@ func (e *Egress) Open(name string, nat *NAT, c Client) (*Link, error) {
 		Lookup: res.Lookup,
 		Refused: func(dst netip.AddrPort, host string, why error) {
 			slog.Info("refused a connection", "sandbox", name, "to", dst, "name", host, "why", why)
+		},
+		// Or the sandbox's next connection from that port would go to
+		// the proxy again by the flow's entry, whatever the fast path
+		// says of it now.
+		Reset: func(c net.Conn, dst netip.AddrPort) {
+			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+			client := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+			if err := ForgetFlow(client, dst); err != nil && !errors.Is(err, unix.ENOENT) {
+				slog.Debug("a connection the proxy reset stays in the host's flows", "sandbox", name, "from", client, "to", dst, "err", err)
+			}
 		}}
 	for _, port := range []int{egress.PortHTTP, egress.PortHTTPS} {
 		l, err := net.Listen("tcp4", net.JoinHostPort(gw, strconv.Itoa(port)))

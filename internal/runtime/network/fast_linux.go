@@ -60,10 +60,11 @@ func ISN(mark uint32) uint32 {
 const fastMap = "fast"
 
 // fastChain holds the fast path's forward rules; fastForwardRules is
-// how many the forward chain has (its jump there).
+// how many the forward chain has (its jump there, and the kill of a
+// passed flow its server reset).
 const (
 	fastChain        = "fastpath"
-	fastForwardRules = 1
+	fastForwardRules = 2
 )
 
 // markData is a mark as nftables' registers hold it.
@@ -98,16 +99,32 @@ func fastPrerouting(c *nftables.Conn, t *nftables.Table, pre *nftables.Chain, fr
 	return nil
 }
 
-// fastForward adds the fast path's chain to t, and the rule of fw (the
-// forward chain, after its guards) that jumps there: only for a flow
-// pending or killed (a passed flow's packets, like any other's, pay
-// that one rule).
+// fastForward adds the fast path's chain to t, and the rules of fw (the
+// forward chain, after its guards) that kill a passed flow its server
+// reset and jump there: only for a flow pending or killed (a passed
+// flow's packets, like any other's, pay those two rules).
 func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error {
 	marks := &nftables.Set{Table: t, Anonymous: true, Constant: true, KeyType: nftables.TypeMark}
 	if err := c.AddSet(marks, []nftables.SetElement{{Key: markData(fastPending)}, {Key: markData(fastKill)}}); err != nil {
 		return err
 	}
 	fc := c.AddChain(&nftables.Chain{Name: fastChain, Table: t})
+	// A passed flow its server resets is killed: conntrack takes the
+	// client's next SYN from the same port (within its close timeout)
+	// for the old flow, not a new one, and so would pass its hello
+	// unread; killed, that SYN is answered with a reset.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: []expr.Any{
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(fastPass)},
+		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}, // IP_CT_DIR_REPLY
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0}}, // rst
+		&expr.Immediate{Register: 1, Data: markData(fastKill)},
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true}}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: []expr.Any{
 		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
@@ -291,12 +308,27 @@ func KillPending(q *Queue) error {
 // KillFlow sets the conntrack mark of the flow from client to server
 // to fastKill: its next packet, either way, is answered with a reset.
 func KillFlow(client, server netip.AddrPort) error {
-	c, err := nl.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	tuple := func(ae *nl.AttributeEncoder) error {
+	ae := flowTuple(client, server)
+	ae.Bytes(8, binary.BigEndian.AppendUint32(nil, fastKill)) // CTA_MARK
+	// IPCTNL_MSG_CT_NEW without NLM_F_CREATE: an update.
+	return conntrack(0, ae)
+}
+
+// ForgetFlow deletes the host's conntrack entry of the TCP flow from
+// client to server (as the client sent it, before any redirect): the
+// client's next SYN from that port opens a new flow, decided afresh,
+// where the entry of one reset from the other end would have taken it
+// (conntrack reopens a flow only after a FIN, or after a reset the
+// client sent).
+func ForgetFlow(client, server netip.AddrPort) error {
+	return conntrack(2, flowTuple(client, server)) // IPCTNL_MSG_CT_DELETE
+}
+
+// flowTuple encodes the original tuple of the TCP flow from client to
+// server (CTA_TUPLE_ORIG).
+func flowTuple(client, server netip.AddrPort) *nl.AttributeEncoder {
+	ae := nl.NewAttributeEncoder()
+	ae.Nested(1, func(ae *nl.AttributeEncoder) error { // CTA_TUPLE_ORIG
 		ae.Nested(1, func(ae *nl.AttributeEncoder) error { // CTA_TUPLE_IP
 			ae.Bytes(1, client.Addr().AsSlice()) // CTA_IP_V4_SRC
 			ae.Bytes(2, server.Addr().AsSlice()) // CTA_IP_V4_DST
@@ -309,17 +341,24 @@ func KillFlow(client, server netip.AddrPort) error {
 			return nil
 		})
 		return nil
-	}
-	ae := nl.NewAttributeEncoder()
-	ae.Nested(1, tuple)                                       // CTA_TUPLE_ORIG
-	ae.Bytes(8, binary.BigEndian.AppendUint32(nil, fastKill)) // CTA_MARK
+	})
+	return ae
+}
+
+// conntrack sends ctnetlink the message msg (IPCTNL_MSG_CT_*) of ae's
+// attributes, and waits for its answer.
+func conntrack(msg uint16, ae *nl.AttributeEncoder) error {
 	b, err := ae.Encode()
 	if err != nil {
 		return err
 	}
+	c, err := nl.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	_, err = c.Execute(nl.Message{
-		// IPCTNL_MSG_CT_NEW without NLM_F_CREATE: an update.
-		Header: nl.Header{Type: nl.HeaderType(1 << 8), Flags: nl.Request | nl.Acknowledge},
+		Header: nl.Header{Type: nl.HeaderType(1<<8 | msg), Flags: nl.Request | nl.Acknowledge}, // NFNL_SUBSYS_CTNETLINK
 		Data:   append([]byte{unix.AF_INET, 0, 0, 0}, b...),
 	})
 	return err
