@@ -133,7 +133,8 @@ func (ds *Drivers) Ready() int {
 	return n
 }
 
-// Close stops what the drivers keep ahead of need. Nil-safe.
+// Close stops what the drivers keep ahead of need, and lets go of the
+// egress service's queue. Nil-safe.
 func (ds *Drivers) Close() error {
 	if ds == nil {
 		return nil
@@ -143,6 +144,9 @@ func (ds *Drivers) Close() error {
 		if c, ok := d.(io.Closer); ok {
 			errs = append(errs, c.Close())
 		}
+	}
+	if ds.egress != nil {
+		errs = append(errs, ds.egress.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -55,6 +55,11 @@ func NewEgress(c egress.Config) *Egress {
 	return &Egress{cfg: c}
 }
 
+// Close lets go of the fast path's netfilter queue, if the service
+// bound one (the sandboxes' links are closed first, or their fast flows
+// under way go nowhere until another worker binds the queue).
+func (e *Egress) Close() error { return e.gate.close() }
+
 // MaxLearned bounds a sandbox's learned addresses: past it, the ones
 // soonest to expire go first.
 const MaxLearned = 1024

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/dsec-project/dsec/internal/egress"
 )
 
 // TestKillPending: the flows an earlier process left pending on a queue
@@ -46,5 +48,30 @@ func TestKillPending(t *testing.T) {
 	err = KillFlow(netip.MustParseAddrPort("10.200.0.2:40009"), netip.MustParseAddrPort("192.0.2.7:443"))
 	if !errors.Is(err, unix.ENOENT) {
 		t.Errorf("KillFlow of a flow not tracked: %v", err)
+	}
+}
+
+// TestEgressQueues: two egress services in one process bind a queue
+// each, and one closed lets go of its own, which a third binds again;
+// a closed service's gate has no queue.
+func TestEgressQueues(t *testing.T) {
+	inOwnNetns(t)
+	a, b := NewEgress(egress.Config{}), NewEgress(egress.Config{})
+	t.Cleanup(func() { a.Close(); b.Close() })
+	qa, qb := a.gate.queue(), b.gate.queue()
+	if qa == nil || qb == nil || qa.Num() == qb.Num() {
+		t.Fatalf("queues of two services: %v %v", qa != nil, qb != nil)
+	}
+	num := qa.Num()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if a.gate.queue() != nil {
+		t.Error("a closed service's gate still has its queue")
+	}
+	c := NewEgress(egress.Config{})
+	t.Cleanup(func() { c.Close() })
+	if qc := c.gate.queue(); qc == nil || qc.Num() != num {
+		t.Errorf("a third service's queue: %v, want %d (the closed one's)", qc != nil, num)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -32,7 +33,9 @@ import (
 type gate struct {
 	once  sync.Once
 	q     *Queue
-	mu    sync.Mutex // guards gate, bySrc and passed
+	done      chan struct{} // closed by close
+	closeOnce sync.Once
+	mu        sync.Mutex // guards gate, bySrc and passed
 	gate  egress.Gate
 	bySrc map[netip.Addr]*Link // the sandboxes it serves, by address
 	// passed are the flows passed and the names they asked, for
@@ -43,7 +46,7 @@ type gate struct {
 // maxPassed bounds the passed flows remembered.
 const maxPassed = 1 << 16
 
-// queue is the gate's queue, bound on first use; nil: off.
+// queue is the gate's queue, bound on first use; nil: off (or closed).
 func (g *gate) queue() *Queue {
 	g.once.Do(func() {
 		var errs []error
@@ -54,7 +57,8 @@ func (g *gate) queue() *Queue {
 				break
 			}
 			errs = append(errs, err)
-			if !errors.Is(err, unix.EBUSY) {
+			// (The kernel says EPERM of a queue another socket has.)
+			if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EBUSY) {
 				break
 			}
 		}
@@ -80,16 +84,43 @@ func (g *gate) queue() *Queue {
 		}
 		g.bySrc = map[netip.Addr]*Link{}
 		g.passed = map[egress.Flow]string{}
+		g.done = make(chan struct{})
 		go g.serve()
 	})
+	if g.q != nil && g.q.closed.Load() {
+		return nil
+	}
 	return g.q
 }
 
+// close unbinds the gate's queue, if it has one, and stops serving it
+// (never bound after): flows under way on it go nowhere until another
+// worker binds it and kills them (KillPending).
+func (g *gate) close() (err error) {
+	g.once.Do(func() {})
+	if g.q == nil {
+		return nil
+	}
+	g.closeOnce.Do(func() {
+		close(g.done)
+		err = g.q.Close()
+	})
+	return err
+}
+
 // serve gives each queued packet its verdict, and ends the flows left
-// undecided too long, for as long as the process lives.
+// undecided too long, until the gate is closed.
 func (g *gate) serve() {
 	go func() {
-		for now := range time.Tick(time.Second) {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			var now time.Time
+			select {
+			case <-g.done:
+				return
+			case now = <-tick.C:
+			}
 			g.mu.Lock()
 			dead := g.gate.Expire(now)
 			g.mu.Unlock()
@@ -107,6 +138,9 @@ func (g *gate) serve() {
 	runtime.LockOSThread() // its reads block the thread itself (Queue)
 	for {
 		pkts, err := g.q.Read()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
 		if err != nil {
 			slog.Error("the fast path's queue failed: its flows go nowhere until the worker restarts", "err", err)
 			return

@@ -65,7 +65,7 @@ type QueuedPacket struct {
 	Packet []byte
 }
 
-// OpenQueue binds the queue num: unix.EBUSY if another process has it.
+// OpenQueue binds the queue num: unix.EPERM if another socket has it.
 func OpenQueue(num uint16) (*Queue, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
