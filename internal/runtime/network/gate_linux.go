@@ -31,13 +31,13 @@ import (
 // starts (nil queue: the fast path is off, and every web connection
 // goes to the proxies).
 type gate struct {
-	once  sync.Once
-	q     *Queue
+	once      sync.Once
+	q         *Queue
 	done      chan struct{} // closed by close
 	closeOnce sync.Once
 	mu        sync.Mutex // guards gate, bySrc and passed
-	gate  egress.Gate
-	bySrc map[netip.Addr]*Link // the sandboxes it serves, by address
+	gate      egress.Gate
+	bySrc     map[netip.Addr]*Link // the sandboxes it serves, by address
 	// passed are the flows passed and the names they asked, for
 	// Flows; a flow long ended is forgotten past maxPassed.
 	passed map[egress.Flow]string
