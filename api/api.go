@@ -270,6 +270,9 @@ const (
 	StatusStopped  = "stopped" // no process; its files are kept (start it again)
 	StatusPaused   = "paused"  // its processes frozen, their memory kept (resume it)
 	StatusDead     = "dead"    // its init died without being stopped
+	// StatusUnreachable is a gateway's word for a sandbox whose worker
+	// does not answer: as that worker last listed it.
+	StatusUnreachable = "unreachable"
 )
 
 // Sandbox describes a sandbox.
@@ -279,6 +282,9 @@ type Sandbox struct {
 	// and cgroup); Name is a label. An older dsec's sandbox's ID is its
 	// name.
 	ID string `json:"id,omitempty"`
+	// Node is the worker that holds it, when a gateway answers (its
+	// TCP API).
+	Node string `json:"node,omitempty"`
 	// Owner is the id of the API token that made it (dsec token ls;
 	// none: made over the worker's unix socket).
 	Owner   string    `json:"owner,omitempty"`
@@ -474,6 +480,30 @@ type VersionInfo struct {
 	// MicroVM is what the microvm backend runs its guests with here, or
 	// why it cannot.
 	MicroVM *MicroVMHost `json:"microvm,omitempty"`
+	// Gateway: this is a gateway of workers (dsec gateway), not one;
+	// its Backends are those some worker up runs.
+	Gateway bool `json:"gateway,omitempty"`
+}
+
+// Node is a worker of a gateway's fleet, as the gateway knows it (dsec
+// node ls).
+type Node struct {
+	URL string `json:"url"` // its TCP API
+	// Up: it answered its last heartbeats. Error is why the last one
+	// failed, Seen when it last answered.
+	Up    bool      `json:"up"`
+	Error string    `json:"error,omitempty"`
+	Seen  time.Time `json:"seen,omitzero"`
+	// Cordoned: no create is placed there (dsec node cordon).
+	Cordoned  bool     `json:"cordoned,omitempty"`
+	Sandboxes int      `json:"sandboxes"`
+	Version   string   `json:"version,omitempty"`
+	Backends  []string `json:"backends,omitempty"`
+	// MemoryBytes bounds all its sandboxes together; MemoryFree is what
+	// is left once its sandboxes' limits are counted (placement's
+	// measure).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	MemoryFree  int64 `json:"memory_free"`
 }
 
 // GetMicroVM is v's MicroVM, nil for a nil v.

@@ -2,18 +2,16 @@ package sdk
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
 )
 
 // newRemote is a client of the worker at opts.Host, over TCP.
@@ -41,23 +39,9 @@ func newRemote(opts Options) (*Client, error) {
 		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return opts.Dial(ctx) }
 		t.MaxIdleConnsPerHost = 256
 	} else if opts.TLSCA != "" || opts.ClientCert != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-		if opts.TLSCA != "" {
-			b, err := os.ReadFile(opts.TLSCA)
-			if err != nil {
-				return nil, fmt.Errorf("TLS CA: %w", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(b) {
-				return nil, fmt.Errorf("TLS CA %s holds no PEM certificate: %w", opts.TLSCA, errdefs.ErrInvalidArgument)
-			}
-		}
-		if opts.ClientCert != "" || opts.ClientKey != "" {
-			pair, err := tls.LoadX509KeyPair(opts.ClientCert, opts.ClientKey)
-			if err != nil {
-				return nil, fmt.Errorf("client certificate %s and key %s: %v: %w", opts.ClientCert, opts.ClientKey, err, errdefs.ErrInvalidArgument)
-			}
-			cfg.Certificates = []tls.Certificate{pair}
+		cfg, err := auth.ClientTLS(opts.TLSCA, opts.ClientCert, opts.ClientKey)
+		if err != nil {
+			return nil, err
 		}
 		t.TLSClientConfig, scheme = cfg, "https"
 	}

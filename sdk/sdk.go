@@ -291,6 +291,23 @@ func (c *Client) Version(ctx context.Context) (api.VersionInfo, error) {
 	return v, c.do(ctx, "GET", "/version", nil, &v)
 }
 
+// Nodes are the workers of a gateway's fleet, as it knows them (an
+// admin token of the gateway's).
+func (c *Client) Nodes(ctx context.Context) ([]api.Node, error) {
+	var out []api.Node
+	return out, c.do(ctx, "GET", "/nodes", nil, &out)
+}
+
+// Cordon stops a gateway placing creates on the worker node (its URL or
+// HOST:PORT), or with on false lets it again.
+func (c *Client) Cordon(ctx context.Context, node string, on bool) error {
+	verb := "/uncordon"
+	if on {
+		verb = "/cordon"
+	}
+	return c.do(ctx, "POST", "/nodes/"+url.PathEscape(node)+verb, nil, nil)
+}
+
 // Shutdown asks the worker to exit; its sandboxes run on.
 func (c *Client) Shutdown(ctx context.Context) error { return c.do(ctx, "POST", "/shutdown", nil, nil) }
 

@@ -60,6 +60,25 @@ type Config struct {
 	DNS DNSConfig `mapstructure:"dns"`
 	// How images are pulled from registries.
 	Registries RegistriesConfig `mapstructure:"registries"`
+	// What dsec gateway serves, and its workers.
+	Gateway GatewayConfig `mapstructure:"gateway"`
+}
+
+// GatewayConfig is dsec gateway's: where it listens and its workers.
+type GatewayConfig struct {
+	Listen  []string        `mapstructure:"listen"`
+	Workers []GatewayWorker `mapstructure:"workers"`
+	// Heartbeat is how often each worker is asked how it is (default
+	// 2 s); a worker silent for three is down.
+	Heartbeat time.Duration `mapstructure:"heartbeat"`
+}
+
+// GatewayWorker is a worker of the gateway's fleet: its TCP API, an
+// admin token of its, and the CA its certificate is checked against.
+type GatewayWorker struct {
+	URL   string `mapstructure:"url"`
+	Token string `mapstructure:"token"`
+	CA    string `mapstructure:"ca"`
 }
 
 // RegistriesConfig says how images are pulled (image.Options).

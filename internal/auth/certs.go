@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -141,4 +142,30 @@ func issue(tmpl, parent *x509.Certificate, parentKey []byte) ([]byte, []byte, er
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	return keyDER, der, err
+}
+
+// ClientTLS is the TLS configuration of a client of a worker (or
+// gateway): the server's certificate checked against the CA in the PEM
+// file ca (none: the system's roots), and the client's own certificate
+// and key, for a server that asks for one (none: no certificate).
+func ClientTLS(ca, cert, key string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		b, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CA: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("TLS CA %s holds no PEM certificate: %w", ca, errdefs.ErrInvalidArgument)
+		}
+	}
+	if cert != "" || key != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate %s and key %s: %v: %w", cert, key, err, errdefs.ErrInvalidArgument)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }

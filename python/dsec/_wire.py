@@ -242,12 +242,13 @@ class SandboxInfo:
     id: str = ""
     layers: List[str] = field(default_factory=list)
     pid: int = 0
+    node: str = ""  # the worker that holds it, when a gateway answers (dsec gateway)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> "SandboxInfo":
         return cls(name=d.get("name", ""), status=d.get("status", ""), id=d.get("id", ""),
-                   layers=list(d.get("layers") or []), pid=d.get("pid", 0), raw=dict(d))
+                   layers=list(d.get("layers") or []), pid=d.get("pid", 0), node=d.get("node", ""), raw=dict(d))
 
 
 def default_root() -> str:

@@ -2,13 +2,10 @@ package worker
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -96,69 +93,6 @@ func (l *limiter) take(id string, admin bool) (release func(), err error) {
 	}), nil
 }
 
-// listenTCP listens on addr (tcp://HOST:PORT) as t says: TLS where t
-// has a certificate, which it must off loopback; with h2, TLS offers
-// HTTP/2 too (the E2B front's, e2b.http2: its SDKs multiplex over it).
-func listenTCP(addr string, t TLS, h2 bool) (net.Listener, error) {
-	hostport, ok := strings.CutPrefix(addr, "tcp://")
-	if !ok {
-		return nil, fmt.Errorf("bad listen address %q: give tcp://HOST:PORT: %w", addr, errdefs.ErrInvalidArgument)
-	}
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return nil, fmt.Errorf("bad listen address %q: %v: give tcp://HOST:PORT: %w", addr, err, errdefs.ErrInvalidArgument)
-	}
-	if (t.Cert == "") != (t.Key == "") {
-		return nil, fmt.Errorf("TLS needs both a certificate and its key (--tls-cert, --tls-key): %w", errdefs.ErrInvalidArgument)
-	}
-	if t.Cert == "" && !loopback(host) {
-		return nil, fmt.Errorf("listening on %s, off loopback, needs TLS: give --tls-cert and --tls-key (dsec daemon certs DIR makes a CA and certificates), or listen on 127.0.0.1: %w",
-			hostport, errdefs.ErrInvalidArgument)
-	}
-	if t.Cert == "" && t.ClientCA != "" {
-		return nil, fmt.Errorf("--tls-client-ca needs TLS: give --tls-cert and --tls-key too: %w", errdefs.ErrInvalidArgument)
-	}
-	var cfg *tls.Config
-	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-		if err != nil {
-			return nil, fmt.Errorf("TLS certificate %s and key %s: %v: %w", t.Cert, t.Key, err, errdefs.ErrInvalidArgument)
-		}
-		cfg = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
-		if h2 {
-			cfg.NextProtos = []string{"h2", "http/1.1"}
-		}
-		if t.ClientCA != "" {
-			b, err := os.ReadFile(t.ClientCA)
-			if err != nil {
-				return nil, fmt.Errorf("client CA: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(b) {
-				return nil, fmt.Errorf("client CA %s holds no PEM certificate: %w", t.ClientCA, errdefs.ErrInvalidArgument)
-			}
-			cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
-		}
-	}
-	l, err := net.Listen("tcp", hostport)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", hostport, err)
-	}
-	if cfg != nil {
-		l = tls.NewListener(l, cfg)
-	}
-	return l, nil
-}
-
-// loopback says whether host names only this machine.
-func loopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 type tokenKey struct{}
 
 // tokenOf is the token a request came with (nil: over the unix socket).
@@ -197,7 +131,8 @@ func adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 
 // authed is next behind the tokens: a request without a valid one is
 // answered 401 and nothing more, before its body is read; the rest take
-// a slot of l's.
+// a slot of l's. An admin token's request on behalf of another token
+// (a gateway's, auth.OnBehalfHeader) is served as that token's.
 func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		secret, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -205,6 +140,18 @@ func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 		if err != nil {
 			unauthorized(rw, r)
 			return
+		}
+		if h := r.Header.Get(auth.OnBehalfHeader); h != "" {
+			if t.Scope != auth.Admin {
+				unread(rw, r)
+				fail(rw, fmt.Errorf("a token of scope %s cannot act on behalf of another (%s): %w", t.Scope, auth.OnBehalfHeader, errdefs.ErrPermissionDenied))
+				return
+			}
+			if t, err = auth.ParseOnBehalf(h); err != nil {
+				unread(rw, r)
+				fail(rw, err)
+				return
+			}
 		}
 		w.serveAs(rw, r, next, l, &t)
 	})

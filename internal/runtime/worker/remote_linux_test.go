@@ -3,6 +3,7 @@ package worker
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -43,7 +44,7 @@ func TestListenTCP(t *testing.T) {
 		{"127.0.0.1:0", TLS{}, false},
 		{"tcp://nohost", TLS{}, false},
 	} {
-		l, err := listenTCP(c.addr, c.tls, false)
+		l, err := ListenTCP(c.addr, c.tls, false)
 		if l != nil {
 			l.Close()
 		}
@@ -72,7 +73,7 @@ func TestListenTCPProtocols(t *testing.T) {
 		h2        bool
 		wantMajor int
 	}{{false, 1}, {true, 2}} {
-		l, err := listenTCP("tcp://127.0.0.1:0", withTLS, c.h2)
+		l, err := ListenTCP("tcp://127.0.0.1:0", withTLS, c.h2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,5 +192,53 @@ func TestLimiterKeepsForTheAdmin(t *testing.T) {
 	release() // once only
 	if _, err := l.take("admin", true); err != nil {
 		t.Errorf("the admin's slot after its release: %v", err)
+	}
+}
+
+// TestOnBehalf: an admin token's request on behalf of another token is
+// served as that token's, its scope and all; a sandboxes token may not
+// act on behalf of anyone (403), and a bad header is 400, both before
+// the body is read.
+func TestOnBehalf(t *testing.T) {
+	w := &worker{tokens: auth.Open(t.TempDir())}
+	admin, _, err := w.tokens.Create(auth.Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenant, tokT, err := w.tokens.Create(auth.Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := w.authed(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		t := tokenOf(r.Context())
+		fmt.Fprintf(rw, "%s %s %v", t.ID, t.Scope, t.Allow)
+	}), newLimiter(8, 8))
+	client := auth.Token{ID: "0123456789ab", Scope: auth.Sandboxes, Allow: []string{auth.AllowPolicy}, SHA256: "x"}
+	for _, c := range []struct {
+		bearer, behalf string
+		code           int
+		body           string
+	}{
+		{admin, auth.OnBehalf(client), 200, "0123456789ab sandboxes [policy]"},
+		{admin, "", 200, ""},
+		{tenant, "", 200, tokT.ID + " sandboxes []"},
+		{tenant, auth.OnBehalf(client), 403, `"class":"denied"`},
+		{admin, "e30", 400, `"class":"invalid"`}, // {}: no scope
+		{admin, "%%%", 400, `"class":"invalid"`},
+	} {
+		body := &readCounter{r: strings.NewReader("{}")}
+		r := httptest.NewRequest("POST", "/v1/sandboxes", body)
+		r.Header.Set("Authorization", "Bearer "+c.bearer)
+		if c.behalf != "" {
+			r.Header.Set(auth.OnBehalfHeader, c.behalf)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.body) {
+			t.Errorf("%.12s on behalf of %q: %d %s, want %d %s", c.bearer, c.behalf, rec.Code, rec.Body, c.code, c.body)
+		}
+		if c.code != 200 && body.n > 0 {
+			t.Errorf("%q: refused, but its body was read", c.behalf)
+		}
 	}
 }

@@ -298,14 +298,14 @@ func (w *worker) wait(ctx context.Context, errc <-chan error) error {
 // it opened before a failure included.
 func listen(cfg Config) (tcp []net.Listener, e2b net.Listener, err error) {
 	for _, addr := range cfg.Listen {
-		l, err := listenTCP(addr, cfg.TLS, false)
+		l, err := ListenTCP(addr, cfg.TLS, false)
 		if err != nil {
 			return tcp, nil, err
 		}
 		tcp = append(tcp, l)
 	}
 	if cfg.E2B.Listen != "" {
-		if e2b, err = listenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, cfg.E2B.HTTP2); err != nil {
+		if e2b, err = ListenTCP("tcp://"+strings.TrimPrefix(cfg.E2B.Listen, "tcp://"), cfg.TLS, cfg.E2B.HTTP2); err != nil {
 			return tcp, nil, fmt.Errorf("e2b listener: %w", err)
 		}
 	}

@@ -1,0 +1,240 @@
+//go:build !front
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+func (a *app) gatewayCommand() *cobra.Command {
+	var listen, workers, tokens, cas []string
+	var tlsCfg ServerTLSConfig
+	var heartbeat time.Duration
+	cmd := &cobra.Command{
+		Use:         "gateway",
+		Short:       "Serve one API for a fleet of workers, each sandbox on the worker that holds it",
+		Annotations: map[string]string{localAnnotation: "true"},
+		Long: `Gateway serves the API of a worker (as dsec daemon --listen does) for a fleet of workers:
+the CLI, the SDKs and scripts point at it (dsec --host, DSEC_HOST) exactly as at one worker.
+A create goes to the worker with the most memory left to give (its bound on all sandboxes,
+less its sandboxes' limits), the next one if that one is busy; a request about a sandbox
+goes to the worker that holds it, streamed both ways (an exec's input and output); a list
+asks every worker. The gateway keeps nothing of its own: each worker lists what it holds at
+every heartbeat (--heartbeat, default 2 s), so a gateway started again, or a second one
+beside it, routes as the first did. Names are the fleet's: a create of a name some worker
+holds is refused.
+
+Clients hold the gateway's own tokens (dsec token create on the gateway's --root); the
+gateway speaks to each worker with an admin token of that worker's (--worker-token), over
+TLS checked against --worker-ca, and has the worker serve each request as its client's
+token: a token of scope sandboxes sees only its own sandboxes, on every worker. Quotas hold
+per worker.
+
+A worker that does not answer for three heartbeats is down: its sandboxes are listed as
+unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
+from run and exec), and no create goes there until it answers again. dsec node ls shows the
+workers; dsec node cordon stops creates going to one. Not served through a gateway yet (ask
+a worker): the E2B API, snapshots and branches, stored policies and pools.
+
+` + exitCodesHelp,
+		Example: `  dsec --root /var/lib/dsec-gw token create --scope admin      # the gateway's own tokens
+  dsec --root /var/lib/dsec-gw gateway --listen tcp://0.0.0.0:7443 \
+      --tls-cert gw.pem --tls-key gw-key.pem \
+      --worker tcp://host1:7443 --worker tcp://host2:7443 --worker-token dsec_... --worker-ca ca.pem
+  DSEC_HOST=tcp://gw:7443 DSEC_TOKEN=dsec_... dsec run --name a -- true`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := a.cfg.Gateway
+			f := cmd.Flags()
+			if f.Changed("listen") {
+				c.Listen = listen
+			}
+			if f.Changed("heartbeat") {
+				c.Heartbeat = heartbeat
+			}
+			if f.Changed("worker") {
+				ws, err := gatewayWorkers(workers, tokens, cas)
+				if err != nil {
+					return err
+				}
+				c.Workers = ws
+			}
+			tls := worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA}
+			if f.Changed("tls-cert") {
+				tls.Cert = tlsCfg.Cert
+			}
+			if f.Changed("tls-key") {
+				tls.Key = tlsCfg.Key
+			}
+			if f.Changed("tls-client-ca") {
+				tls.ClientCA = tlsCfg.ClientCA
+			}
+			if len(c.Listen) == 0 {
+				return fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
+			}
+			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log}
+			for _, w := range c.Workers {
+				cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.URL, Token: w.Token, CA: w.CA})
+			}
+			g, err := gateway.New(cfg)
+			if err != nil {
+				return err
+			}
+			var ls []net.Listener
+			defer func() {
+				for _, l := range ls {
+					l.Close()
+				}
+			}()
+			for _, addr := range c.Listen {
+				l, err := worker.ListenTCP(addr, tls, false)
+				if err != nil {
+					return err
+				}
+				ls = append(ls, l)
+			}
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			g.Heartbeat(ctx)
+			go g.Run(ctx)
+			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+			errc := make(chan error, len(ls))
+			for _, l := range ls {
+				a.log.Info("the gateway listens", "addr", l.Addr().String(), "workers", len(cfg.Workers))
+				go func() { errc <- srv.Serve(l) }()
+			}
+			select {
+			case <-ctx.Done():
+				sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer scancel()
+				return srv.Shutdown(sctx)
+			case err := <-errc:
+				return err
+			}
+		},
+	}
+	cmd.Flags().StringArrayVar(&listen, "listen", nil, "serve the fleet's API on tcp://HOST:PORT (repeatable; config gateway.listen)")
+	cmd.Flags().StringArrayVar(&workers, "worker", nil, "a worker's TCP API, tcp://HOST:PORT (repeatable; config gateway.workers)")
+	cmd.Flags().StringArrayVar(&tokens, "worker-token", nil, "an admin token of the worker's: one for all, or one per --worker in order")
+	cmd.Flags().StringArrayVar(&cas, "worker-ca", nil, "the CA the worker's certificate is checked against: one for all, or one per --worker")
+	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
+	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
+	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 0, "ask each worker how it is this often (default 2s; config gateway.heartbeat)")
+	return cmd
+}
+
+// gatewayWorkers pairs --worker with --worker-token and --worker-ca:
+// each given once for all, or once per worker.
+func gatewayWorkers(urls, tokens, cas []string) ([]GatewayWorker, error) {
+	pick := func(what string, vs []string, i int) (string, error) {
+		switch len(vs) {
+		case 0:
+			return "", nil
+		case 1:
+			return vs[0], nil
+		case len(urls):
+			return vs[i], nil
+		}
+		return "", fmt.Errorf("%d --%s for %d --worker: give one for all, or one per worker in order: %w", len(vs), what, len(urls), errdefs.ErrInvalidArgument)
+	}
+	var out []GatewayWorker
+	for i, u := range urls {
+		t, err := pick("worker-token", tokens, i)
+		if err != nil {
+			return nil, err
+		}
+		ca, err := pick("worker-ca", cas, i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, GatewayWorker{URL: u, Token: t, CA: ca})
+	}
+	return out, nil
+}
+
+func (a *app) nodeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "See and cordon the workers of a gateway's fleet (dsec --host GATEWAY)",
+		Long: `Node lists the workers of the fleet the gateway at --host serves (dsec gateway), and stops
+(cordon) or lets again (uncordon) creates going to one; its sandboxes run on and are served
+as before. These take an admin token of the gateway's.
+
+` + exitCodesHelp,
+		Example: `  dsec --host tcp://gw:7443 node ls
+  dsec --host tcp://gw:7443 node cordon tcp://host2:7443
+  dsec --host tcp://gw:7443 node ls --json | jq '.[] | select(.up | not) | .url'`,
+	}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the workers: up or down, sandboxes, memory left to place",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.gatewayClient()
+			if err != nil {
+				return err
+			}
+			nodes, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(nodes)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "WORKER\tSTATE\tSANDBOXES\tMEMORY FREE\tVERSION\tERROR")
+			for _, n := range nodes {
+				state := "up"
+				switch {
+				case !n.Up:
+					state = "down"
+				case n.Cordoned:
+					state = "cordoned"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", n.URL, state, n.Sandboxes, humanBytes(n.MemoryFree), n.Version, n.Error)
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of nodes)")
+	cordon := func(use, short string, on bool) *cobra.Command {
+		return &cobra.Command{
+			Use:   use + " WORKER",
+			Short: short,
+			Args:  exactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := a.gatewayClient()
+				if err != nil {
+					return err
+				}
+				return c.Cordon(cmd.Context(), args[0], on)
+			},
+		}
+	}
+	cmd.AddCommand(ls, cordon("cordon", "Place no more creates on a worker (its sandboxes run on)", true),
+		cordon("uncordon", "Place creates on a worker again", false))
+	return cmd
+}
+
+// gatewayClient is a client of the gateway at --host.
+func (a *app) gatewayClient() (*sdk.Client, error) {
+	if a.cfg.Host == "" {
+		return nil, fmt.Errorf("dsec node talks to a gateway: give --host tcp://GATEWAY:PORT (DSEC_HOST) and its admin token (DSEC_TOKEN): %w", errdefs.ErrInvalidArgument)
+	}
+	return a.client()
+}

@@ -1,0 +1,776 @@
+// Package gateway serves a worker's API for a fleet of workers (dsec
+// gateway): a request about a sandbox goes to the worker that holds it,
+// a create or a call to the worker with the most room, a list to every
+// worker. It keeps no state of its own: the workers' lists, asked at
+// every heartbeat, say where each sandbox is, so a gateway started
+// again (or a second one beside it) routes as the first did.
+//
+// Clients hold the gateway's own tokens (<root>/tokens.json, dsec
+// token create on its root); the gateway speaks to each worker with an
+// admin token of that worker's, and names the client's token on every
+// request (auth.OnBehalfHeader), which the worker serves as that
+// token's: its scope, what it may do, its quota (per worker) and its
+// sandboxes alone. A worker that does not answer its heartbeats for
+// DownAfter is down: its sandboxes are listed as unreachable and a
+// request about one is an infrastructure failure (503), at once, and
+// no create goes there until it answers again.
+package gateway
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+)
+
+// Worker is a worker of the fleet, as the gateway reaches it.
+type Worker struct {
+	// URL is its TCP API: tcp://HOST:PORT (dsec daemon --listen).
+	URL string `json:"url"`
+	// Token is an admin token of the worker's.
+	Token string `json:"token"`
+	// CA is the PEM file its certificate is checked against; none:
+	// plain HTTP to a loopback address, else the system's roots.
+	CA string `json:"ca,omitempty"`
+}
+
+// Config is a gateway's configuration.
+type Config struct {
+	Workers []Worker
+	// Tokens are the gateway's clients' tokens.
+	Tokens *auth.Store
+	// Heartbeat is how often each worker is asked how it is and what it
+	// holds (default 2 s); DownAfter how long one may not answer before
+	// it is down (default three heartbeats).
+	Heartbeat, DownAfter time.Duration
+	Version              string
+	Log                  *slog.Logger
+}
+
+// Gateway serves the API for the fleet (ServeHTTP) while Run heartbeats.
+type Gateway struct {
+	cfg   Config
+	nodes []*node
+	mux   *http.ServeMux
+
+	mu     sync.Mutex
+	routes map[string]*node // a sandbox's name: its worker's
+	next   int              // the node a tie of placement goes to
+}
+
+// node is one worker, as the gateway knows it.
+type node struct {
+	Worker
+	host  string   // HOST:PORT
+	base  *url.URL // scheme://HOST:PORT
+	rt    http.RoundTripper
+	proxy *httputil.ReverseProxy
+
+	mu       sync.Mutex
+	seen     time.Time // its last answer
+	err      error     // its last heartbeat's failure
+	down     bool
+	cordoned bool
+	info     api.VersionInfo
+	held     []api.Sandbox // as of its last answer
+	// pending are the creates sent its way that its list does not show
+	// yet, by sandbox name (or, while under way, a reservation's key):
+	// the memory each may take.
+	pending map[string]pend
+	reserve int // the last reservation's number
+}
+
+// pend is a create sent to a worker, not yet in its list.
+type pend struct {
+	mem  int64
+	sent time.Time
+}
+
+// pendFor bounds how long a create sent is counted without its
+// worker's list showing it (a sandbox removed meanwhile never shows).
+const pendFor = time.Minute
+
+// New is a gateway of cfg's workers; Run starts their heartbeats.
+func New(cfg Config) (*Gateway, error) {
+	if len(cfg.Workers) == 0 {
+		return nil, fmt.Errorf("a gateway needs workers: give --worker tcp://HOST:PORT (one per worker): %w", errdefs.ErrInvalidArgument)
+	}
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
+	cfg.DownAfter = cmp.Or(cfg.DownAfter, 3*cfg.Heartbeat)
+	cfg.Log = cmp.Or(cfg.Log, slog.Default())
+	g := &Gateway{cfg: cfg, routes: map[string]*node{}}
+	for _, w := range cfg.Workers {
+		n, err := newNode(w)
+		if err != nil {
+			return nil, err
+		}
+		if slices.ContainsFunc(g.nodes, func(o *node) bool { return o.host == n.host }) {
+			return nil, fmt.Errorf("worker %s is named twice: %w", w.URL, errdefs.ErrInvalidArgument)
+		}
+		n.proxy = &httputil.ReverseProxy{Transport: n.rt, FlushInterval: -1,
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.SetURL(n.base)
+				pr.Out.Host = n.host
+			},
+			ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
+				g.lost(n, err)
+				fail(rw, n.unreachable(err))
+			}}
+		g.nodes = append(g.nodes, n)
+	}
+	g.mux = g.routesMux()
+	return g, nil
+}
+
+// newNode is w, parsed, with its transport.
+func newNode(w Worker) (*node, error) {
+	hostport, ok := strings.CutPrefix(w.URL, "tcp://")
+	if !ok {
+		return nil, fmt.Errorf("bad worker %q: give tcp://HOST:PORT: %w", w.URL, errdefs.ErrInvalidArgument)
+	}
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, fmt.Errorf("bad worker %q: %v: give tcp://HOST:PORT: %w", w.URL, err, errdefs.ErrInvalidArgument)
+	}
+	if w.Token == "" {
+		return nil, fmt.Errorf("worker %s has no token: give an admin token of its (dsec token create --scope admin on its host): %w", w.URL, errdefs.ErrInvalidArgument)
+	}
+	t := &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0}
+	scheme := "http"
+	ip := net.ParseIP(host)
+	if w.CA != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
+		cfg, err := auth.ClientTLS(w.CA, "", "")
+		if err != nil {
+			return nil, fmt.Errorf("worker %s: %w", w.URL, err)
+		}
+		t.TLSClientConfig, scheme = cfg, "https"
+	}
+	return &node{Worker: w, host: hostport, base: &url.URL{Scheme: scheme, Host: hostport}, rt: t}, nil
+}
+
+// Run heartbeats the workers every Heartbeat until ctx ends (a gateway
+// heartbeats once before it serves, so that it routes from its first
+// request).
+func (g *Gateway) Run(ctx context.Context) {
+	tick := time.NewTicker(g.cfg.Heartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		g.Heartbeat(ctx)
+	}
+}
+
+// Heartbeat asks every worker at once how it is and what it holds,
+// waiting DownAfter at most.
+func (g *Gateway) Heartbeat(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, n := range g.nodes {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
+			defer cancel()
+			var info api.VersionInfo
+			var held []api.Sandbox
+			err := n.get(ctx, "/"+api.Version+"/version", nil, &info)
+			if err == nil {
+				err = n.get(ctx, "/"+api.Version+"/sandboxes?all=1", nil, &held)
+			}
+			if err != nil {
+				g.lost(n, err)
+				return
+			}
+			n.mu.Lock()
+			if n.down {
+				g.cfg.Log.Info("a worker answers again", "worker", n.URL)
+			}
+			n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
+			for name, p := range n.pending {
+				if !strings.HasPrefix(name, "?") && (time.Since(p.sent) > pendFor || slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name })) {
+					delete(n.pending, name)
+				}
+			}
+			n.mu.Unlock()
+			g.mu.Lock()
+			for name, o := range g.routes {
+				if o == n && !slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name }) {
+					delete(g.routes, name)
+				}
+			}
+			for _, s := range held {
+				g.routes[s.Name] = n
+			}
+			g.mu.Unlock()
+		})
+	}
+	wg.Wait()
+}
+
+// lost records that n did not answer: down once it has not for
+// DownAfter (or never has).
+func (g *Gateway) lost(n *node, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.err = err
+	if !n.down && time.Since(n.seen) >= g.cfg.DownAfter {
+		n.down = true
+		g.cfg.Log.Warn("a worker is down: its sandboxes are unreachable, and no create goes there", "worker", n.URL, "err", err)
+	}
+}
+
+// unreachable is the infrastructure failure of a request n did not
+// answer.
+func (n *node) unreachable(err error) error {
+	n.mu.Lock()
+	seen := n.seen
+	n.mu.Unlock()
+	since := "never answered"
+	if !seen.IsZero() {
+		since = "last answered " + seen.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("worker %s does not answer (%s): %v: %w", n.URL, since, err, errdefs.ErrUnavailable)
+}
+
+// get asks n for path as its admin (or on behalf of t) and decodes
+// its JSON answer into out.
+func (n *node) get(ctx context.Context, path string, t *auth.Token, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.base.String()+path, nil)
+	if err != nil {
+		return err
+	}
+	n.authorize(req.Header, t)
+	resp, err := n.rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errorOf(resp)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+}
+
+// authorize makes h n's admin's, on behalf of t (nil: the admin).
+func (n *node) authorize(h http.Header, t *auth.Token) {
+	h.Set("Authorization", "Bearer "+n.Token)
+	h.Del(auth.OnBehalfHeader)
+	if t != nil && t.Scope != auth.Admin {
+		h.Set(auth.OnBehalfHeader, auth.OnBehalf(*t))
+	}
+}
+
+// errorOf is the error a worker's answer of a failure says.
+func errorOf(resp *http.Response) error {
+	var e api.Error
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e); err != nil || e.Class == "" {
+		e = api.Error{Class: api.ClassOfStatus(resp.StatusCode), Message: resp.Status}
+	}
+	return &e
+}
+
+// room says whether n is up, and how much memory it has left to give:
+// its bound on all sandboxes less what its sandboxes may use and what
+// creates sent its way may.
+func (n *node) room() (up bool, free int64, count int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down || n.seen.IsZero() || n.cordoned {
+		return false, 0, 0
+	}
+	if n.info.Limits != nil {
+		free = n.info.Limits.MemoryBytes
+	}
+	for _, s := range n.held {
+		if s.Status == api.StatusRunning || s.Status == api.StatusPaused || s.Status == api.StatusCreating || s.Status == api.StatusQueued {
+			free -= max(s.MemoryLimit, s.Memory)
+		}
+	}
+	for _, p := range n.pending {
+		free -= p.mem
+	}
+	return true, free, len(n.held) + len(n.pending)
+}
+
+// reserved counts mem against n's room while a create of that much is
+// under way; settle (nil if failed) ends the reservation.
+func (n *node) reserved(mem int64) (settle func(name string)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.info.Limits != nil {
+		mem = max(mem, n.info.Limits.DefaultMemory)
+	}
+	n.reserve++
+	key := fmt.Sprint("?", n.reserve)
+	if n.pending == nil {
+		n.pending = map[string]pend{}
+	}
+	n.pending[key] = pend{mem: mem, sent: time.Now()}
+	return func(name string) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		p := n.pending[key]
+		delete(n.pending, key)
+		if name != "" && !slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }) {
+			n.pending[name] = p
+		}
+	}
+}
+
+// place orders the workers a create of spec may go to: the one with
+// the most memory left first (ties: the fewest sandboxes, then in
+// turn); none up is an infrastructure failure.
+func (g *Gateway) place() ([]*node, error) {
+	type cand struct {
+		n     *node
+		free  int64
+		count int
+		turn  int
+	}
+	g.mu.Lock()
+	start := g.next
+	g.next++
+	g.mu.Unlock()
+	var cs []cand
+	for i := range g.nodes {
+		n := g.nodes[(start+i)%len(g.nodes)]
+		if up, free, count := n.room(); up {
+			cs = append(cs, cand{n, free, count, i})
+		}
+	}
+	if len(cs) == 0 {
+		return nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
+	}
+	slices.SortStableFunc(cs, func(a, b cand) int {
+		return cmp.Or(cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
+	})
+	out := make([]*node, len(cs))
+	for i, c := range cs {
+		out[i] = c.n
+	}
+	return out, nil
+}
+
+// ServeHTTP serves r for the fleet, behind the gateway's tokens.
+func (g *Gateway) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	secret, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	t, err := g.cfg.Tokens.Check(secret, time.Now())
+	if err != nil {
+		rw.Header().Set("WWW-Authenticate", `Bearer realm="dsec"`)
+		if r.ProtoMajor == 1 {
+			rw.Header().Set("Connection", "close") // its body unread
+		}
+		answer(rw, http.StatusUnauthorized, api.Error{Class: api.ClassUnauthorized, Message: "unauthorized"})
+		return
+	}
+	g.mux.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), tokenKey{}, &t)))
+}
+
+type tokenKey struct{}
+
+func tokenOf(r *http.Request) *auth.Token { return r.Context().Value(tokenKey{}).(*auth.Token) }
+
+func (g *Gateway) routesMux() *http.ServeMux {
+	v := "/" + api.Version
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+v+"/version", g.version)
+	mux.HandleFunc("GET "+v+"/nodes", g.adminOnly("list the workers", g.listNodes))
+	mux.HandleFunc("POST "+v+"/nodes/{node}/cordon", g.adminOnly("cordon workers", g.cordon(true)))
+	mux.HandleFunc("POST "+v+"/nodes/{node}/uncordon", g.adminOnly("uncordon workers", g.cordon(false)))
+	mux.HandleFunc("POST "+v+"/sandboxes", g.create)
+	mux.HandleFunc("GET "+v+"/sandboxes", g.list)
+	mux.HandleFunc("GET "+v+"/sandboxes/{name}", g.inspect)
+	mux.HandleFunc(v+"/sandboxes/{name}", g.toHolder)
+	mux.HandleFunc(v+"/sandboxes/{name}/{rest...}", g.toHolder)
+	mux.HandleFunc("POST "+v+"/calls", g.call)
+	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
+		fail(rw, fmt.Errorf("the gateway does not serve %s %s: ask a worker of the fleet for it (dsec --host tcp://WORKER): %w",
+			r.Method, r.URL.Path, errdefs.ErrNotImplemented))
+	})
+	return mux
+}
+
+func (g *Gateway) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		if t := tokenOf(r); t.Scope != auth.Admin {
+			fail(rw, fmt.Errorf("a token of scope %s cannot %s: use an admin token of the gateway's: %w", t.Scope, what, errdefs.ErrPermissionDenied))
+			return
+		}
+		h(rw, r)
+	}
+}
+
+// version is the gateway's: the API it speaks, and every backend some
+// worker up runs.
+func (g *Gateway) version(rw http.ResponseWriter, r *http.Request) {
+	v := api.VersionInfo{API: api.Version, Version: g.cfg.Version, Pid: os.Getpid(), Gateway: true}
+	for _, n := range g.nodes {
+		n.mu.Lock()
+		if !n.down {
+			for _, b := range n.info.Backends {
+				if !slices.Contains(v.Backends, b) {
+					v.Backends = append(v.Backends, b)
+				}
+			}
+		}
+		n.mu.Unlock()
+	}
+	answer(rw, http.StatusOK, v)
+}
+
+// listNodes says how each worker is (dsec node ls).
+func (g *Gateway) listNodes(rw http.ResponseWriter, r *http.Request) {
+	out := []api.Node{}
+	for _, n := range g.nodes {
+		_, free, _ := n.room()
+		n.mu.Lock()
+		s := api.Node{URL: n.URL, Up: !n.down && !n.seen.IsZero(), Cordoned: n.cordoned, Sandboxes: len(n.held),
+			Version: n.info.Version, Backends: n.info.Backends, MemoryFree: max(free, 0)}
+		if !n.seen.IsZero() {
+			s.Seen = n.seen.UTC()
+		}
+		if n.err != nil {
+			s.Error = n.err.Error()
+		}
+		if n.info.Limits != nil {
+			s.MemoryBytes = n.info.Limits.MemoryBytes
+		}
+		n.mu.Unlock()
+		out = append(out, s)
+	}
+	answer(rw, http.StatusOK, out)
+}
+
+// cordon stops (or starts again) placing creates on a worker.
+func (g *Gateway) cordon(on bool) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		n := g.node(r.PathValue("node"))
+		if n == nil {
+			fail(rw, fmt.Errorf("no worker %s in the fleet (dsec node ls): %w", r.PathValue("node"), errdefs.ErrNotFound))
+			return
+		}
+		n.mu.Lock()
+		n.cordoned = on
+		n.mu.Unlock()
+		rw.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// node is the worker named by its URL or HOST:PORT.
+func (g *Gateway) node(name string) *node {
+	for _, n := range g.nodes {
+		if n.URL == name || n.host == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// maxBody bounds a create's or call's body (a worker's bound too).
+const maxBody = 1 << 20
+
+// create places a sandbox: a name taken anywhere in the fleet is
+// refused as a worker refuses one it holds; else the workers in the
+// order of place, the next when one is busy (429) or does not answer.
+func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+		return
+	}
+	var spec struct {
+		Name   string `json:"name"`
+		Memory int64  `json:"memory"`
+	}
+	json.Unmarshal(body, &spec) // (a bad body is the worker's to refuse)
+	if spec.Name != "" {
+		if n := g.holder(r.Context(), spec.Name); n != nil {
+			fail(rw, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists))
+			return
+		}
+	}
+	nodes, err := g.place()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	t := tokenOf(r)
+	var last *http.Response
+	var n *node
+	var settle func(name string)
+	for _, o := range nodes {
+		n = o
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, n.base.String()+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		n.authorize(req.Header, t)
+		settle = n.reserved(spec.Memory)
+		resp, err := n.rt.RoundTrip(req)
+		if err != nil {
+			settle("")
+			g.lost(n, err)
+			// (Only a create that surely never arrived goes elsewhere:
+			// one lost on the way may have been made.)
+			var op *net.OpError
+			if r.Context().Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
+				fail(rw, n.unreachable(err))
+				return
+			}
+			continue
+		}
+		if resp.StatusCode != http.StatusCreated {
+			settle("")
+		}
+		if resp.StatusCode == http.StatusTooManyRequests && n != nodes[len(nodes)-1] {
+			resp.Body.Close()
+			continue
+		}
+		if last != nil {
+			last.Body.Close()
+		}
+		last = resp
+		break
+	}
+	if last == nil {
+		fail(rw, fmt.Errorf("no worker took the sandbox: each was busy or did not answer (dsec node ls): %w", errdefs.ErrUnavailable))
+		return
+	}
+	defer last.Body.Close()
+	if last.StatusCode != http.StatusCreated {
+		relay(rw, last)
+		return
+	}
+	sb, err := n.described(last)
+	if err != nil {
+		settle("")
+		fail(rw, err)
+		return
+	}
+	var name string
+	json.Unmarshal(sb["name"], &name)
+	settle(name)
+	g.mu.Lock()
+	g.routes[name] = n
+	g.mu.Unlock()
+	answer(rw, http.StatusCreated, sb)
+}
+
+// described is the sandbox n's answer describes, with its node.
+func (n *node) described(resp *http.Response) (map[string]json.RawMessage, error) {
+	var sb map[string]json.RawMessage
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err == nil {
+		err = json.Unmarshal(b, &sb)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worker %s's description of a sandbox: %v: %w", n.URL, err, errdefs.ErrUnavailable)
+	}
+	sb["node"], _ = json.Marshal(n.URL)
+	return sb, nil
+}
+
+// inspect is the sandbox's worker's description of it, with its node.
+func (g *Gateway) inspect(rw http.ResponseWriter, r *http.Request) {
+	n := g.holderUp(rw, r)
+	if n == nil {
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, n.base.String()+r.URL.RequestURI(), nil)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	n.authorize(req.Header, tokenOf(r))
+	resp, err := n.rt.RoundTrip(req)
+	if err != nil {
+		g.lost(n, err)
+		fail(rw, n.unreachable(err))
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		relay(rw, resp)
+		return
+	}
+	sb, err := n.described(resp)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	answer(rw, http.StatusOK, sb)
+}
+
+// call places a call (a sandbox for one command, streamed) as a create
+// is placed: on the first worker of place's order.
+func (g *Gateway) call(rw http.ResponseWriter, r *http.Request) {
+	nodes, err := g.place()
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	g.relayTo(nodes[0], rw, r)
+}
+
+// list is every worker's list, on behalf of the caller: a down
+// worker's sandboxes as it last listed them, unreachable.
+func (g *Gateway) list(rw http.ResponseWriter, r *http.Request) {
+	t := tokenOf(r)
+	lists := make([][]api.Sandbox, len(g.nodes))
+	var wg sync.WaitGroup
+	for i, n := range g.nodes {
+		wg.Go(func() {
+			n.mu.Lock()
+			down, held := n.down, n.held
+			n.mu.Unlock()
+			var got []api.Sandbox
+			var err error
+			if !down {
+				ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
+				err = n.get(ctx, r.URL.RequestURI(), t, &got)
+				cancel()
+				if err != nil {
+					g.lost(n, err)
+				}
+			}
+			if down || err != nil {
+				got = nil
+				for _, s := range held {
+					if t.Scope == auth.Admin || s.Owner == t.ID {
+						s.Status = api.StatusUnreachable
+						got = append(got, s)
+					}
+				}
+			}
+			for i := range got {
+				got[i].Node = n.URL
+			}
+			lists[i] = got
+		})
+	}
+	wg.Wait()
+	out := slices.Concat(lists...)
+	if out == nil {
+		out = []api.Sandbox{}
+	}
+	slices.SortStableFunc(out, func(a, b api.Sandbox) int { return a.Created.Compare(b.Created) })
+	answer(rw, http.StatusOK, out)
+}
+
+// toHolder relays a request about a sandbox to its worker.
+func (g *Gateway) toHolder(rw http.ResponseWriter, r *http.Request) {
+	if n := g.holderUp(rw, r); n != nil {
+		g.relayTo(n, rw, r)
+	}
+}
+
+// holderUp is the worker up that holds r's sandbox, or nil once rw
+// has the answer: not found, or its worker down.
+func (g *Gateway) holderUp(rw http.ResponseWriter, r *http.Request) *node {
+	name := r.PathValue("name")
+	n := g.holder(r.Context(), name)
+	if n == nil {
+		fail(rw, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound))
+		return nil
+	}
+	n.mu.Lock()
+	down, err := n.down, n.err
+	n.mu.Unlock()
+	if down {
+		fail(rw, fmt.Errorf("sandbox %s: %w", name, n.unreachable(err)))
+		return nil
+	}
+	return n
+}
+
+// holder is the worker that holds the sandbox name: as the last
+// heartbeat said, or else as the workers up say now (one made through
+// another gateway since).
+func (g *Gateway) holder(ctx context.Context, name string) *node {
+	g.mu.Lock()
+	n := g.routes[name]
+	g.mu.Unlock()
+	if n != nil {
+		return n
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
+	defer cancel()
+	found := make(chan *node, len(g.nodes))
+	var wg sync.WaitGroup
+	for _, o := range g.nodes {
+		o.mu.Lock()
+		down := o.down
+		o.mu.Unlock()
+		if down {
+			continue
+		}
+		wg.Go(func() {
+			var sb api.Sandbox
+			if o.get(ctx, "/"+api.Version+"/sandboxes/"+url.PathEscape(name), nil, &sb) == nil {
+				found <- o
+			}
+		})
+	}
+	go func() { wg.Wait(); close(found) }()
+	n, ok := <-found
+	if !ok {
+		return nil
+	}
+	g.mu.Lock()
+	g.routes[name] = n
+	g.mu.Unlock()
+	return n
+}
+
+// relayTo relays r to n as the caller's, streaming both ways (an
+// exec's input and output at once).
+func (g *Gateway) relayTo(n *node, rw http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(rw).EnableFullDuplex()
+	n.authorize(r.Header, tokenOf(r))
+	n.proxy.ServeHTTP(rw, r)
+}
+
+// relay copies a worker's answer to rw as it is.
+func relay(rw http.ResponseWriter, resp *http.Response) {
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			rw.Header().Add(k, v)
+		}
+	}
+	rw.WriteHeader(resp.StatusCode)
+	io.Copy(rw, resp.Body)
+}
+
+func answer(rw http.ResponseWriter, status int, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(status)
+	json.NewEncoder(rw).Encode(v)
+}
+
+// fail answers err as a worker would (api.ErrorOf).
+func fail(rw http.ResponseWriter, err error) {
+	body, status := api.ErrorOf(err)
+	answer(rw, status, body)
+}

@@ -1,0 +1,261 @@
+package sdk_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// fleetWorker is a worker of a test's fleet: TCP with TLS on loopback,
+// its root, config (to start it again) and an admin token.
+type fleetWorker struct {
+	w     *runtimetest.Worker
+	cfg   runtimetest.Config
+	url   string
+	ca    string
+	admin string
+}
+
+func startFleetWorker(t *testing.T) *fleetWorker {
+	t.Helper()
+	certs := t.TempDir()
+	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cfg := runtimetest.Config{Listen: []string{"tcp://" + addr},
+		TLS: worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}}
+	w, _ := setupWith(t, cfg)
+	admin, _, err := auth.Open(w.Root).Create(auth.Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleetWorker{w: w, cfg: cfg, url: "tcp://" + addr, ca: filepath.Join(certs, auth.CAFile), admin: admin}
+}
+
+// startGateway serves a gateway of ws on loopback until the test ends
+// (or stop), heartbeating every 100 ms; a worker silent for 1.5 s is
+// down (a loaded machine's worker may take a few heartbeats to answer).
+func startGateway(t *testing.T, root string, ws []*fleetWorker) (addr string, stop func()) {
+	t.Helper()
+	cfg := gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}
+	for _, w := range ws {
+		cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.url, Token: w.admin, CA: w.ca})
+	}
+	g, err := gateway.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g.Heartbeat(ctx)
+	go g.Run(ctx)
+	srv := &http.Server{Handler: g}
+	go srv.Serve(l)
+	stop = func() { cancel(); srv.Close() }
+	t.Cleanup(stop)
+	return l.Addr().String(), stop
+}
+
+// TestGateway: three workers (each its own root, TCP API and CA) behind
+// one gateway, driven with the gateway's tokens exactly as one worker:
+// creates spread over the workers, execs (with input) and files reach
+// the sandbox's worker, a name is the fleet's, a tenant sees only its
+// own sandboxes on every worker; a worker killed is down within its
+// heartbeats (its sandboxes unreachable, a request about one an
+// infrastructure failure at once, creates elsewhere) and, started
+// again, serves its sandboxes again; a gateway started anew routes as
+// the first did.
+func TestGateway(t *testing.T) {
+	ctx := context.Background()
+	ws := []*fleetWorker{startFleetWorker(t), startFleetWorker(t), startFleetWorker(t)}
+	gwRoot := t.TempDir()
+	tokens := auth.Open(gwRoot)
+	mint := func(scope string) string {
+		s, _, err := tokens.Create(scope, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	aliceToken, bobToken, adminToken := mint(auth.Sandboxes), mint(auth.Sandboxes), mint(auth.Admin)
+	addr, stop := startGateway(t, gwRoot, ws)
+	client := func(token string) *sdk.Client {
+		c, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	alice, bob, admin := client(aliceToken), client(bobToken), client(adminToken)
+	waitUp := func(want int) []api.Node {
+		t.Helper()
+		var nodes []api.Node
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			var err error
+			if nodes, err = admin.Nodes(ctx); err == nil {
+				up := 0
+				for _, n := range nodes {
+					if n.Up {
+						up++
+					}
+				}
+				if up == want {
+					return nodes
+				}
+			}
+		}
+		t.Fatalf("%d workers up, want %d: %+v", len(nodes), want, nodes)
+		return nil
+	}
+	waitUp(3)
+	if _, err := alice.Nodes(ctx); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a tenant's node ls: %v", err)
+	}
+	if v, err := alice.Version(ctx); err != nil || !v.Gateway || !slices.Contains(v.Backends, "container") {
+		t.Errorf("the gateway's version: %+v %v", v, err)
+	}
+
+	// Six creates: two on each worker.
+	where := map[string]string{} // sandbox: its worker
+	for _, name := range []string{"a0", "a1", "a2", "a3", "a4", "a5"} {
+		sb, err := alice.Create(ctx, api.SandboxSpec{Name: name, Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		where[name] = sb.Info.Node
+	}
+	per := map[string]int{}
+	for _, n := range where {
+		per[n]++
+	}
+	for _, w := range ws {
+		if per[w.url] != 2 {
+			t.Errorf("sandboxes per worker: %v, want 2 on each", per)
+			break
+		}
+	}
+	// Execs, with input, and files, on each worker.
+	for name := range where {
+		sb := alice.Sandbox(name)
+		var out bytes.Buffer
+		res, err := sb.Exec(ctx, sdk.ExecOptions{ID: "cat", Args: []string{"sh", "-c", "cat; echo $((6*7))"}, Stdin: strings.NewReader("in\n"), Stdout: &out})
+		if err != nil || res.ExitCode != 0 || out.String() != "in\n42\n" {
+			t.Errorf("exec in %s through the gateway: %+v %v %q", name, res, err, out.String())
+		}
+		if err := sb.WriteFile(ctx, "/tmp/f", strings.NewReader(name), 0o644); err != nil {
+			t.Errorf("write in %s: %v", name, err)
+		} else if b := new(bytes.Buffer); sb.ReadFile(ctx, "/tmp/f", b) != nil || b.String() != name {
+			t.Errorf("read in %s: %q", name, b)
+		}
+	}
+	// A name is the fleet's.
+	if _, err := alice.Create(ctx, api.SandboxSpec{Name: "a0", Layers: []string{"ws:1", "bb:1"}}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a0 again: %v", err)
+	}
+	// Bob sees none of Alice's, anywhere; Alice none of his.
+	if l, err := bob.List(ctx); err != nil || len(l) != 0 {
+		t.Errorf("bob's list: %+v %v", l, err)
+	}
+	for name := range where {
+		if _, err := bob.Sandbox(name).Inspect(ctx); !errdefs.IsNotFound(err) {
+			t.Errorf("bob inspecting %s: %v", name, err)
+		}
+		if _, err := bob.Sandbox(name).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); !errdefs.IsNotFound(err) {
+			t.Errorf("bob's exec in %s: %v", name, err)
+		}
+	}
+	if _, err := bob.Create(ctx, api.SandboxSpec{Name: "b0", Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := alice.List(ctx); err != nil || len(l) != 6 || slices.ContainsFunc(l, func(s api.Sandbox) bool { return s.Name == "b0" }) {
+		t.Errorf("alice's list: %d %v", len(l), err)
+	}
+
+	// A worker killed: down within its heartbeats.
+	dead := ws[1]
+	dead.w.Crash()
+	var onDead string
+	for name, n := range where {
+		if n == dead.url {
+			onDead = name
+		}
+	}
+	if onDead == "" {
+		t.Fatalf("no sandbox on worker %s: %v", dead.url, where)
+	}
+	waitUp(2)
+	start := time.Now()
+	_, err := alice.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}})
+	if !sdk.IsInfra(err) || time.Since(start) > 2*time.Second {
+		t.Errorf("exec in %s on the dead worker: %v after %v, want an infrastructure failure at once", onDead, err, time.Since(start))
+	}
+	l, err := alice.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range l {
+		if (s.Node == dead.url) != (s.Status == api.StatusUnreachable) {
+			t.Errorf("%s on %s is %s", s.Name, s.Node, s.Status)
+		}
+	}
+	for i := range 4 {
+		sb, err := alice.Create(ctx, api.SandboxSpec{Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20})
+		if err != nil {
+			t.Fatalf("create %d with a worker down: %v", i, err)
+		}
+		if sb.Info.Node == dead.url {
+			t.Errorf("a create went to the dead worker")
+		}
+	}
+	// Started again, it serves its sandboxes again.
+	dead.w = runtimetest.StartWorkerWith(t, dead.w.Root, dead.cfg)
+	waitUp(3)
+	var out bytes.Buffer
+	if res, err := alice.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"cat", "/tmp/f"}, Stdout: &out}); err != nil || res.ExitCode != 0 || out.String() != onDead {
+		t.Errorf("exec in %s once its worker is back: %+v %v %q", onDead, res, err, out.String())
+	}
+
+	// A gateway started anew routes as the first did.
+	stop()
+	addr, _ = startGateway(t, gwRoot, ws)
+	alice = client(aliceToken)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out.Reset()
+		res, err := alice.Sandbox("a3").Exec(ctx, sdk.ExecOptions{Args: []string{"cat", "/tmp/f"}, Stdout: &out})
+		if err == nil && res.ExitCode == 0 && out.String() == "a3" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exec in a3 through a new gateway: %+v %v %q", res, err, out.String())
+		}
+	}
+	all, err := alice.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all {
+		if err := alice.Sandbox(s.Name).Remove(ctx, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("remove %s: %v", s.Name, err)
+		}
+	}
+}
