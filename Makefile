@@ -130,6 +130,7 @@ bench: build
 	./scripts/bench-e2b.sh
 	./scripts/bench-microvm.sh
 	./scripts/bench-egress.sh
+	./scripts/bench-gateway.sh
 	./scripts/bench-vmsnap.sh
 	./scripts/bench-image.sh
 

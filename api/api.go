@@ -485,6 +485,27 @@ type VersionInfo struct {
 	Gateway bool `json:"gateway,omitempty"`
 }
 
+// BatchRequest asks for Count sandboxes of one spec at once (POST
+// /v1/batches): a rollout's burst. Each is made as a create of Spec
+// would be, named Spec.Name-I (I from 0) or, without a name, as a
+// create names one.
+type BatchRequest struct {
+	Spec  SandboxSpec `json:"spec"`
+	Count int         `json:"count"`
+}
+
+// MaxBatch bounds a batch's Count.
+const MaxBatch = 8192
+
+// BatchItem is a line of a batch's answer (JSON lines, one per sandbox,
+// as each is made or fails, in no order): the sandbox, or why it was not
+// made.
+type BatchItem struct {
+	Index   int      `json:"index"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
+	Error   *Error   `json:"error,omitempty"`
+}
+
 // Node is a worker of a gateway's fleet, as the gateway knows it (dsec
 // node ls).
 type Node struct {

@@ -115,3 +115,19 @@ func (s *SandboxSpec) Validate() error {
 	}
 	return nil
 }
+
+// Validate refuses a batch of no sandboxes, or of too many, or whose
+// spec no create would take (its last sandbox's name included).
+func (r BatchRequest) Validate() error {
+	if r.Count < 1 || r.Count > MaxBatch {
+		return fmt.Errorf("a batch of %d sandboxes: ask for 1 to %d: %w", r.Count, MaxBatch, errdefs.ErrInvalidArgument)
+	}
+	spec := r.Spec
+	if spec.Name != "" {
+		spec.Name = BatchName(spec.Name, r.Count-1)
+	}
+	return spec.Validate()
+}
+
+// BatchName is the name of a batch's sandbox i, of its spec's name.
+func BatchName(name string, i int) string { return fmt.Sprintf("%s-%d", name, i) }

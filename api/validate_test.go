@@ -80,3 +80,29 @@ func FuzzValidate(f *testing.F) {
 		}
 	})
 }
+
+// TestBatchRequestValidate: a batch of 1 to MaxBatch sandboxes whose
+// last name is a name, and whose spec a create would take.
+func TestBatchRequestValidate(t *testing.T) {
+	long := strings.Repeat("a", 61)
+	for _, c := range []struct {
+		req BatchRequest
+		ok  bool
+	}{
+		{BatchRequest{Count: 1}, true},
+		{BatchRequest{Spec: SandboxSpec{Name: "r"}, Count: MaxBatch}, true},
+		{BatchRequest{Count: 0}, false},
+		{BatchRequest{Count: -1}, false},
+		{BatchRequest{Count: MaxBatch + 1}, false},
+		{BatchRequest{Spec: SandboxSpec{Name: long}, Count: 10}, true},  // long-9: 63
+		{BatchRequest{Spec: SandboxSpec{Name: long}, Count: 11}, false}, // long-10: 64
+		{BatchRequest{Spec: SandboxSpec{Name: "-x"}, Count: 2}, false},
+		{BatchRequest{Spec: SandboxSpec{Snapshot: "s:1", Layers: []string{"l"}}, Count: 2}, false},
+	} {
+		if err := c.req.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.req, err, c.ok)
+		} else if err != nil && !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%+v: %v, not invalid argument", c.req, err)
+		}
+	}
+}

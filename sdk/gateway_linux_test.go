@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -32,7 +31,7 @@ type fleetWorker struct {
 	admin string
 }
 
-func startFleetWorker(t *testing.T) *fleetWorker {
+func startFleetWorker(t testing.TB) *fleetWorker {
 	t.Helper()
 	certs := t.TempDir()
 	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
@@ -52,9 +51,15 @@ func startFleetWorker(t *testing.T) *fleetWorker {
 // startGateway serves a gateway of ws on loopback until the test ends
 // (or stop), heartbeating every 100 ms; a worker silent for 1.5 s is
 // down (a loaded machine's worker may take a few heartbeats to answer).
-func startGateway(t *testing.T, root string, ws []*fleetWorker) (addr string, stop func()) {
+func startGateway(t testing.TB, root string, ws []*fleetWorker) (addr string, stop func()) {
+	return startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond},
+		ws, worker.TLS{})
+}
+
+// startGatewayWith serves a gateway of cfg and ws on loopback (with
+// TLS's certificate, if any) until the test ends, or stop.
+func startGatewayWith(t testing.TB, cfg gateway.Config, ws []*fleetWorker, tls worker.TLS) (addr string, stop func()) {
 	t.Helper()
-	cfg := gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}
 	for _, w := range ws {
 		cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.url, Token: w.admin, CA: w.ca})
 	}
@@ -62,7 +67,7 @@ func startGateway(t *testing.T, root string, ws []*fleetWorker) (addr string, st
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := worker.ListenTCP("tcp://"+freeAddr(t), tls, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,6 +196,31 @@ func TestGateway(t *testing.T) {
 		t.Errorf("alice's list: %d %v", len(l), err)
 	}
 
+	// A batch of 60, spread over the three as they have room.
+	items, err := batchOf(t, alice, api.SandboxSpec{Name: "g", Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per = map[string]int{}
+	for i, it := range items {
+		if it.Error != nil || it.Sandbox == nil || it.Sandbox.Name != api.BatchName("g", i) || it.Sandbox.Status != api.StatusRunning {
+			t.Fatalf("batch item %d: %+v %+v", i, it, it.Error)
+		}
+		per[it.Sandbox.Node]++
+	}
+	for _, w := range ws {
+		if per[w.url] < 15 {
+			t.Errorf("a batch of 60 per worker: %v, want about 20 on each", per)
+			break
+		}
+	}
+	if _, err := batchOf(t, alice, api.SandboxSpec{Name: "g", Layers: []string{"ws:1", "bb:1"}}, 2); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a batch of taken names: %v", err)
+	}
+	if res, err := alice.Sandbox("g-59").Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
+		t.Errorf("exec in g-59: %+v %v", res, err)
+	}
+
 	// A worker killed: down within its heartbeats.
 	dead := ws[1]
 	dead.w.Crash()
@@ -205,7 +235,7 @@ func TestGateway(t *testing.T) {
 	}
 	waitUp(2)
 	start := time.Now()
-	_, err := alice.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}})
+	_, err = alice.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}})
 	if !sdk.IsInfra(err) || time.Since(start) > 2*time.Second {
 		t.Errorf("exec in %s on the dead worker: %v after %v, want an infrastructure failure at once", onDead, err, time.Since(start))
 	}

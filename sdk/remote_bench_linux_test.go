@@ -39,20 +39,8 @@ func BenchmarkRemote(b *testing.B) {
 	defer sb.Remove(ctx, true)
 	// The admin's socket sees every sandbox: the same one.
 	lsb := local.Sandbox("bench")
-	run := func(s *sdk.Sandbox) time.Duration {
-		t0 := time.Now()
-		if res, err := s.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
-			b.Fatal(res, err)
-		}
-		return time.Since(t0)
-	}
-	run(lsb)
-	run(sb)
-	var unix, remote []time.Duration
-	for b.Loop() {
-		unix = append(unix, run(lsb))
-		remote = append(remote, run(sb))
-	}
+	run := func(s *sdk.Sandbox) time.Duration { return execTrue(b, s) }
+	unix, remote := turns(b, lsb, sb)
 	report(b, "unix", unix)
 	report(b, "tcp-tls", remote)
 	b.ReportMetric(ms(p50(remote))/ms(p50(unix)), "tcp/unix-p50")
@@ -98,3 +86,15 @@ func p50(d []time.Duration) time.Duration { // report sorted d
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// turns times execs of true in x and in y, turn by turn, while b loops
+// (one of each first, untimed).
+func turns(b *testing.B, x, y *sdk.Sandbox) (xs, ys []time.Duration) {
+	execTrue(b, x)
+	execTrue(b, y)
+	for b.Loop() {
+		xs = append(xs, execTrue(b, x))
+		ys = append(ys, execTrue(b, y))
+	}
+	return xs, ys
+}

@@ -335,6 +335,32 @@ func (c *Client) Create(ctx context.Context, spec api.SandboxSpec) (*Sandbox, er
 	return &Sandbox{c: c, Name: out.Name, Info: out}, nil
 }
 
+// Batch asks for count sandboxes of spec at once (POST /v1/batches: a
+// rollout's burst, one request) and calls each with every one as it is
+// made, or why it was not (item.Error), in no order; it returns once
+// all are answered. Named spec.Name-0 ... (none: generated). Through a
+// gateway they are spread over its workers.
+func (c *Client) Batch(ctx context.Context, spec api.SandboxSpec, count int, each func(api.BatchItem)) error {
+	b, _ := json.Marshal(api.BatchRequest{Spec: spec, Count: count})
+	resp, err := c.send(ctx, "POST", "/batches", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	defer closeBody(resp.Body)
+	dec := json.NewDecoder(resp.Body)
+	for n := range count {
+		var it api.BatchItem
+		if err := dec.Decode(&it); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("a batch's answer ended after %d of %d sandboxes: %v: %w", n, count, err, ErrInfra)
+		}
+		each(it)
+	}
+	return nil
+}
+
 // List describes every sandbox of the worker, oldest first, queued ones
 // included, warm FnCall sandboxes not.
 func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {

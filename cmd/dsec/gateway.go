@@ -32,7 +32,8 @@ the CLI, the SDKs and scripts point at it (dsec --host, DSEC_HOST) exactly as at
 A create goes to the worker with the most memory left to give (its bound on all sandboxes,
 less its sandboxes' limits), the next one if that one is busy; a request about a sandbox
 goes to the worker that holds it, streamed both ways (an exec's input and output); a list
-asks every worker. The gateway keeps nothing of its own: each worker lists what it holds at
+asks every worker; a batch (POST /v1/batches, the SDKs' batch) places each of its sandboxes
+as a create is. The gateway keeps nothing of its own: each worker lists what it holds at
 every heartbeat (--heartbeat, default 2 s), so a gateway started again, or a second one
 beside it, routes as the first did. Names are the fleet's: a create of a name some worker
 holds is refused.

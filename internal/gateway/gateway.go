@@ -403,6 +403,7 @@ func (g *Gateway) routesMux() *http.ServeMux {
 	mux.HandleFunc(v+"/sandboxes/{name}", g.toHolder)
 	mux.HandleFunc(v+"/sandboxes/{name}/{rest...}", g.toHolder)
 	mux.HandleFunc("POST "+v+"/calls", g.call)
+	mux.HandleFunc("POST "+v+"/batches", g.batch)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("the gateway does not serve %s %s: ask a worker of the fleet for it (dsec --host tcp://WORKER): %w",
 			r.Method, r.URL.Path, errdefs.ErrNotImplemented))
@@ -509,53 +510,9 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	nodes, err := g.place()
+	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, spec.Memory)
 	if err != nil {
 		fail(rw, err)
-		return
-	}
-	t := tokenOf(r)
-	var last *http.Response
-	var n *node
-	var settle func(name string)
-	for _, o := range nodes {
-		n = o
-		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, n.base.String()+r.URL.RequestURI(), bytes.NewReader(body))
-		if err != nil {
-			fail(rw, err)
-			return
-		}
-		req.Header.Set("Content-Type", "application/json")
-		n.authorize(req.Header, t)
-		settle = n.reserved(spec.Memory)
-		resp, err := n.rt.RoundTrip(req)
-		if err != nil {
-			settle("")
-			g.lost(n, err)
-			// (Only a create that surely never arrived goes elsewhere:
-			// one lost on the way may have been made.)
-			var op *net.OpError
-			if r.Context().Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
-				fail(rw, n.unreachable(err))
-				return
-			}
-			continue
-		}
-		if resp.StatusCode != http.StatusCreated {
-			settle("")
-		}
-		if resp.StatusCode == http.StatusTooManyRequests && n != nodes[len(nodes)-1] {
-			resp.Body.Close()
-			continue
-		}
-		if last != nil {
-			last.Body.Close()
-		}
-		last = resp
-		break
-	}
-	if last == nil {
-		fail(rw, fmt.Errorf("no worker took the sandbox: each was busy or did not answer (dsec node ls): %w", errdefs.ErrUnavailable))
 		return
 	}
 	defer last.Body.Close()
@@ -576,6 +533,49 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 	g.routes[name] = n
 	g.mu.Unlock()
 	answer(rw, http.StatusCreated, sb)
+}
+
+// createOne sends a create (body, to path) to the workers in the order
+// of place, each reserving mem until it answers: the next when one is
+// busy (429) or surely never got it. It returns the answer (its body
+// the caller's to close), the worker, and how to settle the
+// reservation once the sandbox's name is known (201 only: else it is
+// settled).
+func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, mem int64) (*http.Response, *node, func(string), error) {
+	nodes, err := g.place()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for i, n := range nodes {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.base.String()+path, bytes.NewReader(body))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		n.authorize(req.Header, t)
+		settle := n.reserved(mem)
+		resp, err := n.rt.RoundTrip(req)
+		if err != nil {
+			settle("")
+			g.lost(n, err)
+			// (Only a create that surely never arrived goes elsewhere:
+			// one lost on the way may have been made.)
+			var op *net.OpError
+			if ctx.Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
+				return nil, nil, nil, n.unreachable(err)
+			}
+			continue
+		}
+		if resp.StatusCode != http.StatusCreated {
+			settle("")
+			if resp.StatusCode == http.StatusTooManyRequests && i < len(nodes)-1 {
+				resp.Body.Close()
+				continue
+			}
+		}
+		return resp, n, settle, nil
+	}
+	return nil, nil, nil, fmt.Errorf("no worker took the sandbox: each was busy or did not answer (dsec node ls): %w", errdefs.ErrUnavailable)
 }
 
 // described is the sandbox n's answer describes, with its node.
@@ -621,6 +621,90 @@ func (g *Gateway) inspect(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	answer(rw, http.StatusOK, sb)
+}
+
+// batch makes a batch's sandboxes over the fleet: each a create placed
+// as one is (so a burst spreads by the room each worker has left, its
+// creates under way counted), all at once, answered as JSON lines as
+// each is made or fails. Its names are checked against the workers'
+// last lists, not asked of each.
+func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
+	var req api.BatchRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody+1))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		fail(rw, fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if err := req.Validate(); err != nil {
+		fail(rw, err)
+		return
+	}
+	if req.Spec.Name != "" {
+		g.mu.Lock()
+		var taken string
+		for i := range req.Count {
+			if name := api.BatchName(req.Spec.Name, i); g.routes[name] != nil {
+				taken = name
+				break
+			}
+		}
+		g.mu.Unlock()
+		if taken != "" {
+			fail(rw, fmt.Errorf("sandbox %s already exists: give the batch another name, or remove it first (dsec rm): %w", taken, errdefs.ErrAlreadyExists))
+			return
+		}
+	}
+	t := tokenOf(r)
+	rw.Header().Set("Content-Type", "application/x-ndjson")
+	rw.WriteHeader(http.StatusOK)
+	flush := http.NewResponseController(rw)
+	flush.Flush()
+	var mu sync.Mutex
+	enc := json.NewEncoder(rw)
+	var wg sync.WaitGroup
+	for i := range req.Count {
+		wg.Go(func() {
+			item := g.batchItem(r.Context(), t, req.Spec, i)
+			mu.Lock()
+			defer mu.Unlock()
+			enc.Encode(item)
+			flush.Flush()
+		})
+	}
+	wg.Wait()
+}
+
+// batchItem makes a batch's sandbox i of spec.
+func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.SandboxSpec, i int) api.BatchItem {
+	item := api.BatchItem{Index: i}
+	if spec.Name != "" {
+		spec.Name = api.BatchName(spec.Name, i)
+	}
+	body, _ := json.Marshal(spec)
+	resp, n, settle, err := g.createOne(ctx, t, "/"+api.Version+"/sandboxes", body, spec.Memory)
+	if err != nil {
+		item.Error, _ = api.ErrorOf(err)
+		return item
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		item.Error, _ = api.ErrorOf(errorOf(resp))
+		return item
+	}
+	var sb api.Sandbox
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&sb); err != nil {
+		settle("")
+		item.Error, _ = api.ErrorOf(fmt.Errorf("worker %s's description of a sandbox: %v: %w", n.URL, err, errdefs.ErrUnavailable))
+		return item
+	}
+	settle(sb.Name)
+	g.mu.Lock()
+	g.routes[sb.Name] = n
+	g.mu.Unlock()
+	sb.Node = n.URL
+	item.Sandbox = &sb
+	return item
 }
 
 // call places a call (a sandbox for one command, streamed) as a create

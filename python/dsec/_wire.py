@@ -141,6 +141,21 @@ def error_frame(e: Mapping[str, Any]) -> DsecError:
     return _CLASSES.get(e.get("class", ""), DsecError)(e.get("message", "exec failed"), 0)
 
 
+def batch_items(raw: bytes, count: int) -> List[Union[str, DsecError]]:
+    """A batch's answer (api.BatchItem lines), in index order: each
+    sandbox's name, or the error it was not made for."""
+    out: List[Union[str, DsecError, None]] = [None] * count
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        it = json.loads(line)
+        i = it.get("index", -1)
+        if 0 <= i < count:
+            out[i] = error_frame(it["error"]) if it.get("error") else it["sandbox"]["name"]
+    return [x if x is not None else InfraError("the batch's answer ended before its sandbox %d" % i, 0)
+            for i, x in enumerate(out)]
+
+
 @dataclass
 class ExecResult:
     """How a command ended, and what it wrote (stdout and stderr as text, the

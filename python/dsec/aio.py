@@ -17,7 +17,7 @@ import json
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire
-from ._wire import Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target
+from ._wire import DsecError, Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target
 
 _Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -238,6 +238,15 @@ class Client:
         d = await self._json("POST", _wire.path("/sandboxes"),
                              _wire.spec(layers, name, cpu, memory, env, workdir, policy, backend, image=image, **spec))
         return Sandbox(self, d["name"])
+
+    async def batch(self, count: int, layers: Sequence[str] = (), name: Optional[str] = None,
+                    **spec: Any) -> List[Union["Sandbox", DsecError]]:
+        """See dsec.Client.batch."""
+        if "class_" in spec:
+            spec["class"] = spec.pop("class_")
+        body = json.dumps({"spec": _wire.spec(layers, name, **spec), "count": count}).encode()
+        raw = await self._body("POST", _wire.path("/batches"), body)
+        return [x if isinstance(x, DsecError) else Sandbox(self, x) for x in _wire.batch_items(raw, count)]
 
     def sandbox(self, name: str) -> "Sandbox":
         return Sandbox(self, name)

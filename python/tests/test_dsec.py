@@ -367,3 +367,29 @@ def wait_file(sb, p, timeout=20):
         except dsec.NotFound:
             time.sleep(0.02)
     raise AssertionError("no %s in %s after %ds" % (p, sb.name, timeout))
+
+
+def test_batch(worker):
+    c = remote(worker, token())
+    taken = c.create(BASE, name="pb-1")
+    try:
+        got = c.batch(4, BASE, name="pb", memory=64 << 20)
+        assert isinstance(got[1], dsec.Conflict)
+        made = [sb for sb in got if isinstance(sb, dsec.Sandbox)]
+        assert [sb.name for sb in made] == ["pb-0", "pb-2", "pb-3"]
+        assert [sb.exec(["echo", sb.name]).stdout for sb in made] == ["pb-0\n", "pb-2\n", "pb-3\n"]
+        for sb in made:
+            sb.remove(force=True)
+        with pytest.raises(dsec.InvalidArgument):
+            c.batch(0, BASE)
+
+        async def main():
+            async with remote(worker, token(), aio=True) as a:
+                bs = await a.batch(2, BASE, memory=64 << 20)
+                assert all(isinstance(b, dsec.aio.Sandbox) for b in bs) and bs[0].name != bs[1].name
+                for b in bs:
+                    await b.remove(force=True)
+
+        asyncio.run(main())
+    finally:
+        taken.remove(force=True)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -45,6 +46,14 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 	cmd.Args = []string{InitName} // its /proc/PID/cmdline names no host path
 	cmd.Env = []string{initEnv + "=1"}
 	cmd.ExtraFiles = []*os.File{theirs}
+	// What it says if it fails before it is ready: a file of no name
+	// (an init that lives says nothing there, and keeps it alone).
+	said, _ := os.CreateTemp("", "dsec-init-")
+	if said != nil {
+		os.Remove(said.Name())
+		defer said.Close()
+		cmd.Stderr = said
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
 		Setsid:     true,
@@ -75,13 +84,13 @@ func Prestart(setup func(pid int) error, ids *IDMap) (*Spare, error) {
 	if setup != nil {
 		if err := setup(cmd.Process.Pid); err != nil {
 			sp.Discard()
-			return nil, err
+			return nil, fmt.Errorf("%w%s", err, saidOf(said))
 		}
 	}
 	if n, err := ours.Read(make([]byte, 16)); err != nil || n == 0 {
 		<-sp.exited // its end closes when it exits
 		ours.Close()
-		return nil, fmt.Errorf("sandbox init exited before it was ready (exit %d)", cmd.ProcessState.ExitCode())
+		return nil, fmt.Errorf("sandbox init exited before it was ready (exit %d)%s", cmd.ProcessState.ExitCode(), saidOf(said))
 	}
 	return sp, nil
 }
@@ -210,7 +219,7 @@ func (sp *Spare) Claim(spec Spec) (_ *Conn, err error) {
 	if err != nil {
 		<-sp.exited
 		<-done
-		return nil, fmt.Errorf("sandbox init failed (exit %d): see its stderr", sp.cmd.ProcessState.ExitCode())
+		return nil, fmt.Errorf("sandbox init failed (exit %d)", sp.cmd.ProcessState.ExitCode())
 	}
 	sp.ctl.Close()
 	c.Spawned(sp.cmd, sp.exited)
@@ -255,4 +264,33 @@ func Create(spec Spec) (*Conn, error) {
 		return nil, err
 	}
 	return sp.Claim(spec)
+}
+
+// saidOf is the last line an init wrote to said, as ": LINE" (none: "").
+func saidOf(said *os.File) string {
+	if said == nil {
+		return ""
+	}
+	st, err := said.Stat()
+	if err != nil {
+		return ""
+	}
+	b := make([]byte, min(st.Size(), 4096))
+	n, _ := said.ReadAt(b, st.Size()-int64(len(b)))
+	lines := strings.Split(strings.TrimSpace(string(b[:n])), "\n")
+	if last := lines[len(lines)-1]; last != "" {
+		return ": " + last
+	}
+	return ""
+}
+
+// LastWords is the last line an init wrote to the log at path, as
+// ": LINE" (none: ""): what to say of one that failed.
+func LastWords(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	return saidOf(f)
 }

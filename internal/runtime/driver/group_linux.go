@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"sync"
 
@@ -32,6 +33,19 @@ func NewGroup(name string, l cgroup.Limits, extra ...policy.Device) (g *cgroup.G
 	done := make(chan error, 1)
 	go func() { done <- g.AllowDevices(policy.DevicesV1(extra...)) }()
 	return g, sync.OnceValue(func() error { return <-done }), nil
+}
+
+// Adder is g.Add once devices (NewGroup's) has written the group's v1
+// device lines: a process put in the group before them could open a
+// device in the moment between the v1 controller's deny-all and its
+// allow lines (a container init's /dev/null, EPERM, under a burst).
+func Adder(g *cgroup.Group, devices func() error) func(pid int) error {
+	return func(pid int) error {
+		if err := devices(); err != nil {
+			return fmt.Errorf("device allowlist: %w", err)
+		}
+		return g.Add(pid)
+	}
 }
 
 // NoDevices leaves the device allowlist out of new groups: a

@@ -429,6 +429,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/policies/{name}", adminOnly("store policies", handle(w.putPolicy)))
 	mux.HandleFunc("DELETE /v1/policies/{name}", adminOnly("remove stored policies", handle(w.deletePolicy)))
 	mux.HandleFunc("POST /v1/calls", w.call)
+	mux.HandleFunc("POST /v1/batches", w.batch)
 	mux.HandleFunc("GET /v1/pools", handle(w.listPools))
 	mux.HandleFunc("PUT /v1/pools/{name}", adminOnly("make or resize pools", handle(w.putPool)))
 	mux.HandleFunc("DELETE /v1/pools/{name}", adminOnly("remove pools", handle(w.deletePool)))

@@ -118,7 +118,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 			return out, err
 		}
 		out.Group, devices = g, d
-		if own, err = container.Prestart(out.Group.Add, ids); err != nil {
+		if own, err = container.Prestart(driver.Adder(g, d), ids); err != nil {
 			return out, err
 		}
 		ns, err := own.UserNamespace()
@@ -164,7 +164,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	}
 	defer logf.Close()
 	spec := container.Spec{Root: rootfs, Hostname: s.Hostname, Socket: filepath.Join(s.Dir, "init.sock"),
-		Restrictions: s.Restrict, Setup: out.Group.Add, Stderr: logf, Idle: s.Limits.Idle, MergeMemory: s.MergeMemory}
+		Restrictions: s.Restrict, Setup: driver.Adder(out.Group, devices), Stderr: logf, Idle: s.Limits.Idle, MergeMemory: s.MergeMemory}
 	var c *container.Conn
 	switch {
 	case sp != nil:
@@ -177,7 +177,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		c, err = container.Create(spec)
 	}
 	if err != nil {
-		return out, err
+		return out, fmt.Errorf("%w%s", err, container.LastWords(logf.Name()))
 	}
 	out.Instance, out.Pid = c, c.Pid()
 	// Before the first command: the toolkit and the policy's read-only

@@ -205,7 +205,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	spec := vmm.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
 		Guest:  initproto.GuestSpec{Layers: len(pmem), LayerDisks: h.LayerDisks, Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
 		Socket: filepath.Join(s.Dir, "init.sock"), FilesSocket: filepath.Join(s.Dir, "files.sock"), Console: filepath.Join(s.Dir, "console.log"),
-		Stderr: logf, Setup: g.Add, Idle: s.Limits.Idle, MergeMemory: s.MergeMemory, RAM: this.RAMFile, Disk: disk.Image(s.Dir)}
+		Stderr: logf, Setup: driver.Adder(g, devices), Idle: s.Limits.Idle, MergeMemory: s.MergeMemory, RAM: this.RAMFile, Disk: disk.Image(s.Dir)}
 	next := 5 // QEMU's next fd: the tap's, then the RAM's
 	if s.NAT {
 		if r != nil && r.Machine.MAC == "" {
