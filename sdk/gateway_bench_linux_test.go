@@ -26,7 +26,8 @@ import (
 //     the gateway, spread over the three workers, vs the same burst
 //     straight to one worker: sandboxes made per second.
 //  3. the time from a worker's death (kill -9) to the gateway listing
-//     its sandboxes unreachable, at the default heartbeat (2 s).
+//     its sandboxes unreachable, and to its taking the worker for down
+//     (three heartbeats unanswered; the default heartbeat, 2 s).
 func BenchmarkGateway(b *testing.B) {
 	ctx := context.Background()
 	ws := []*fleetWorker{startFleetWorker(b), startFleetWorker(b), startFleetWorker(b)}
@@ -51,11 +52,17 @@ func BenchmarkGateway(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	adm, _, err := auth.Open(gwRoot).Create(auth.Admin, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	admin, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: adm, TLSCA: ws[0].ca})
+	if err != nil {
+		b.Fatal(err)
+	}
 	cordonOthers := func(on bool) { // the gateway's exec sandbox on worker 0
 		for _, w := range ws[1:] {
-			adm, _, _ := auth.Open(gwRoot).Create(auth.Admin, 0)
-			c, _ := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: adm, TLSCA: ws[0].ca})
-			if err := c.Cordon(ctx, w.url, on); err != nil {
+			if err := admin.Cordon(ctx, w.url, on); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -141,6 +148,24 @@ func BenchmarkGateway(b *testing.B) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	b.ReportMetric(time.Since(t0).Seconds(), "death-to-unreachable-s")
+	// And to the gateway's taking it for down (placing nothing there):
+	// its heartbeats unanswered for three.
+	for {
+		up := true
+		for _, n := range must(admin.Nodes(ctx)) {
+			if n.URL == dead.url {
+				up = n.Up
+			}
+		}
+		if !up {
+			break
+		}
+		if time.Since(t0) > time.Minute {
+			b.Fatal("the dead worker is not down a minute after its death")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.ReportMetric(time.Since(t0).Seconds(), "death-to-down-s")
 	dead.w = runtimetest.StartWorkerWith(b, dead.w.Root, dead.cfg) // its sandboxes removed as the bench ends
 }
 

@@ -306,10 +306,14 @@ func (n *node) room() (up bool, free int64, count int) {
 			free -= max(s.MemoryLimit, s.Memory)
 		}
 	}
-	for _, p := range n.pending {
-		free -= p.mem
+	count = len(n.held)
+	for name, p := range n.pending {
+		if !slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }) {
+			free -= p.mem
+			count++
+		}
 	}
-	return true, free, len(n.held) + len(n.pending)
+	return true, free, count
 }
 
 // reserved counts mem against n's room while a create of that much is
@@ -526,13 +530,25 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	var name string
-	json.Unmarshal(sb["name"], &name)
-	settle(name)
-	g.mu.Lock()
-	g.routes[name] = n
-	g.mu.Unlock()
+	b, _ := json.Marshal(sb)
+	var made api.Sandbox
+	json.Unmarshal(b, &made)
+	settle(made.Name)
+	g.made(n, made)
 	answer(rw, http.StatusCreated, sb)
+}
+
+// made records a sandbox n made: routed there, and in its list until
+// its next heartbeat says (its worker may die before).
+func (g *Gateway) made(n *node, sb api.Sandbox) {
+	g.mu.Lock()
+	g.routes[sb.Name] = n
+	g.mu.Unlock()
+	n.mu.Lock()
+	if !slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == sb.Name }) {
+		n.held = append(slices.Clip(n.held), sb)
+	}
+	n.mu.Unlock()
 }
 
 // createOne sends a create (body, to path) to the workers in the order
@@ -699,9 +715,7 @@ func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.Sandbox
 		return item
 	}
 	settle(sb.Name)
-	g.mu.Lock()
-	g.routes[sb.Name] = n
-	g.mu.Unlock()
+	g.made(n, sb)
 	sb.Node = n.URL
 	item.Sandbox = &sb
 	return item
