@@ -1,9 +1,12 @@
 package sdk_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -189,6 +192,29 @@ func TestGateway(t *testing.T) {
 			t.Errorf("bob's exec in %s: %v", name, err)
 		}
 	}
+	// Nor by a header his request's Connection names, which a relay
+	// drops as hop-by-hop: the gateway's own go on after that.
+	for _, hop := range []string{auth.OnBehalfHeader, auth.OnBehalfHeader + ", Authorization"} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /v1/sandboxes/a0/execs/cat HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nConnection: %s, close\r\n\r\n", bobToken, hop)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Errorf("bob's request for a0's exec with Connection: %s: %v %v", hop, resp.Status, err)
+		}
+		conn.Close()
+	}
+	// A name is free again as soon as its sandbox is removed.
+	if err := alice.Sandbox("a5").Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err := alice.Create(ctx, api.SandboxSpec{Name: "a5", Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}); err != nil {
+		t.Errorf("a5 again, once removed: %v", err)
+	} else {
+		where["a5"] = sb.Info.Node
+	}
 	if _, err := bob.Create(ctx, api.SandboxSpec{Name: "b0", Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}); err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +264,10 @@ func TestGateway(t *testing.T) {
 	_, err = alice.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}})
 	if !sdk.IsInfra(err) || time.Since(start) > 2*time.Second {
 		t.Errorf("exec in %s on the dead worker: %v after %v, want an infrastructure failure at once", onDead, err, time.Since(start))
+	}
+	// Bob: not found, as on a worker up.
+	if _, err := bob.Sandbox(onDead).Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); !errdefs.IsNotFound(err) {
+		t.Errorf("bob's exec in %s on the dead worker: %v", onDead, err)
 	}
 	l, err := alice.List(ctx)
 	if err != nil {

@@ -74,11 +74,16 @@ type GatewayConfig struct {
 }
 
 // GatewayWorker is a worker of the gateway's fleet: its TCP API, an
-// admin token of its, and the CA its certificate is checked against.
+// admin token of its, the CA its certificate is checked against, and
+// the gateway's certificate for it.
 type GatewayWorker struct {
 	URL   string `mapstructure:"url"`
 	Token string `mapstructure:"token"`
 	CA    string `mapstructure:"ca"`
+	// Cert and Key: the gateway's client certificate, for a worker that
+	// asks for one.
+	Cert string `mapstructure:"cert"`
+	Key  string `mapstructure:"key"`
 }
 
 // RegistriesConfig says how images are pulled (image.Options).

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 )
 
 func (a *app) gatewayCommand() *cobra.Command {
-	var listen, workers, tokens, cas []string
+	var listen, workers, tokens, cas, certs, keys []string
 	var tlsCfg ServerTLSConfig
 	var heartbeat time.Duration
 	cmd := &cobra.Command{
@@ -35,20 +36,23 @@ goes to the worker that holds it, streamed both ways (an exec's input and output
 asks every worker; a batch (POST /v1/batches, the SDKs' batch) places each of its sandboxes
 as a create is. The gateway keeps nothing of its own: each worker lists what it holds at
 every heartbeat (--heartbeat, default 2 s), so a gateway started again, or a second one
-beside it, routes as the first did. Names are the fleet's: a create of a name some worker
-holds is refused.
+beside it, routes as the first did. Names are the fleet's as far as the workers' last lists
+say: a create of a name some worker held at its last heartbeat, or that another create through
+this gateway is making, is refused.
 
 Clients hold the gateway's own tokens (dsec token create on the gateway's --root); the
 gateway speaks to each worker with an admin token of that worker's (--worker-token), over
-TLS checked against --worker-ca, and has the worker serve each request as its client's
+TLS checked against --worker-ca (with --worker-cert and --worker-key for a worker that asks
+for a client certificate), and has the worker serve each request as its client's
 token: a token of scope sandboxes sees only its own sandboxes, on every worker. Quotas hold
 per worker.
 
 A worker that does not answer for three heartbeats is down: its sandboxes are listed as
 unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
 from run and exec), and no create goes there until it answers again. dsec node ls shows the
-workers; dsec node cordon stops creates going to one. Not served through a gateway yet (ask
-a worker): the E2B API, snapshots and branches, stored policies and pools.
+workers; dsec node cordon stops creates going to one (this gateway's alone), dsec node drain
+waits for its sandboxes to go too. Not served through a gateway yet (ask a worker): the E2B
+API, listing, removing and branching snapshots, stored policies and pools.
 
 ` + exitCodesHelp,
 		Example: `  dsec --root /var/lib/dsec-gw token create --scope admin      # the gateway's own tokens
@@ -67,7 +71,7 @@ a worker): the E2B API, snapshots and branches, stored policies and pools.
 				c.Heartbeat = heartbeat
 			}
 			if f.Changed("worker") {
-				ws, err := gatewayWorkers(workers, tokens, cas)
+				ws, err := gatewayWorkers(workers, map[string][]string{"worker-token": tokens, "worker-ca": cas, "worker-cert": certs, "worker-key": keys})
 				if err != nil {
 					return err
 				}
@@ -88,7 +92,7 @@ a worker): the E2B API, snapshots and branches, stored policies and pools.
 			}
 			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log}
 			for _, w := range c.Workers {
-				cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.URL, Token: w.Token, CA: w.CA})
+				cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.URL, Token: w.Token, CA: w.CA, Cert: w.Cert, Key: w.Key})
 			}
 			g, err := gateway.New(cfg)
 			if err != nil {
@@ -111,7 +115,7 @@ a worker): the E2B API, snapshots and branches, stored policies and pools.
 			defer cancel()
 			g.Heartbeat(ctx)
 			go g.Run(ctx)
-			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 			errc := make(chan error, len(ls))
 			for _, l := range ls {
 				a.log.Info("the gateway listens", "addr", l.Addr().String(), "workers", len(cfg.Workers))
@@ -131,6 +135,8 @@ a worker): the E2B API, snapshots and branches, stored policies and pools.
 	cmd.Flags().StringArrayVar(&workers, "worker", nil, "a worker's TCP API, tcp://HOST:PORT (repeatable; config gateway.workers)")
 	cmd.Flags().StringArrayVar(&tokens, "worker-token", nil, "an admin token of the worker's: one for all, or one per --worker in order")
 	cmd.Flags().StringArrayVar(&cas, "worker-ca", nil, "the CA the worker's certificate is checked against: one for all, or one per --worker")
+	cmd.Flags().StringArrayVar(&certs, "worker-cert", nil, "the gateway's client certificate, for workers that ask for one: one for all, or one per --worker")
+	cmd.Flags().StringArrayVar(&keys, "worker-key", nil, "its key: one for all, or one per --worker")
 	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
 	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
 	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
@@ -138,31 +144,36 @@ a worker): the E2B API, snapshots and branches, stored policies and pools.
 	return cmd
 }
 
-// gatewayWorkers pairs --worker with --worker-token and --worker-ca:
-// each given once for all, or once per worker.
-func gatewayWorkers(urls, tokens, cas []string) ([]GatewayWorker, error) {
-	pick := func(what string, vs []string, i int) (string, error) {
-		switch len(vs) {
+// gatewayWorkers pairs --worker with --worker-token, --worker-ca,
+// --worker-cert and --worker-key (each, by its flag's name): each given
+// once for all, or once per worker, in order.
+func gatewayWorkers(urls []string, each map[string][]string) ([]GatewayWorker, error) {
+	pick := func(what string, i int) (string, error) {
+		switch vs := each[what]; len(vs) {
 		case 0:
 			return "", nil
 		case 1:
 			return vs[0], nil
 		case len(urls):
 			return vs[i], nil
+		default:
+			return "", fmt.Errorf("%d --%s for %d --worker: give one for all, or one per worker in order: %w", len(vs), what, len(urls), errdefs.ErrInvalidArgument)
 		}
-		return "", fmt.Errorf("%d --%s for %d --worker: give one for all, or one per worker in order: %w", len(vs), what, len(urls), errdefs.ErrInvalidArgument)
 	}
 	var out []GatewayWorker
 	for i, u := range urls {
-		t, err := pick("worker-token", tokens, i)
-		if err != nil {
-			return nil, err
+		w := GatewayWorker{URL: u}
+		for _, f := range []struct {
+			flag string
+			to   *string
+		}{{"worker-token", &w.Token}, {"worker-ca", &w.CA}, {"worker-cert", &w.Cert}, {"worker-key", &w.Key}} {
+			v, err := pick(f.flag, i)
+			if err != nil {
+				return nil, err
+			}
+			*f.to = v
 		}
-		ca, err := pick("worker-ca", cas, i)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, GatewayWorker{URL: u, Token: t, CA: ca})
+		out = append(out, w)
 	}
 	return out, nil
 }
@@ -170,14 +181,16 @@ func gatewayWorkers(urls, tokens, cas []string) ([]GatewayWorker, error) {
 func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "See and cordon the workers of a gateway's fleet (dsec --host GATEWAY)",
+		Short: "See, cordon and drain the workers of a gateway's fleet (dsec --host GATEWAY)",
 		Long: `Node lists the workers of the fleet the gateway at --host serves (dsec gateway), and stops
 (cordon) or lets again (uncordon) creates going to one; its sandboxes run on and are served
-as before. These take an admin token of the gateway's.
+as before. Drain cordons one and waits until its sandboxes are gone (they are not moved).
+These take an admin token of the gateway's.
 
 ` + exitCodesHelp,
 		Example: `  dsec --host tcp://gw:7443 node ls
   dsec --host tcp://gw:7443 node cordon tcp://host2:7443
+  dsec --host tcp://gw:7443 node drain host2:7443 --wait 1h   # cordon, then wait for its sandboxes to go
   dsec --host tcp://gw:7443 node ls --json | jq '.[] | select(.up | not) | .url'`,
 	}
 	var asJSON bool
@@ -227,8 +240,53 @@ as before. These take an admin token of the gateway's.
 			},
 		}
 	}
+	var wait time.Duration
+	drain := &cobra.Command{
+		Use:   "drain WORKER",
+		Short: "Cordon a worker, and wait until none of its sandboxes is left",
+		Long: `Drain cordons the worker (no create goes there), then waits, up to --wait, until it holds
+no sandbox: its sandboxes are not moved, but run on until their owners remove them. Past
+--wait it says how many are left and exits 10 (busy); the worker stays cordoned.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.gatewayClient()
+			if err != nil {
+				return err
+			}
+			if err := c.Cordon(cmd.Context(), args[0], true); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(wait)
+			for {
+				nodes, err := c.Nodes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				left := -1
+				for _, n := range nodes {
+					if n.URL == args[0] || strings.TrimPrefix(n.URL, "tcp://") == args[0] {
+						left = n.Sandboxes
+					}
+				}
+				switch {
+				case left == 0:
+					fmt.Fprintf(a.stderr, "drained %s: no sandbox left\n", args[0])
+					return nil
+				case time.Now().After(deadline):
+					return fmt.Errorf("%s still holds %d sandboxes after %v: it stays cordoned (dsec node uncordon undoes it): %w",
+						args[0], left, wait, errdefs.ErrResourceExhausted)
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(time.Second):
+				}
+			}
+		},
+	}
+	drain.Flags().DurationVar(&wait, "wait", 10*time.Minute, "how long to wait for its sandboxes to go")
 	cmd.AddCommand(ls, cordon("cordon", "Place no more creates on a worker (its sandboxes run on)", true),
-		cordon("uncordon", "Place creates on a worker again", false))
+		cordon("uncordon", "Place creates on a worker again", false), drain)
 	return cmd
 }
 

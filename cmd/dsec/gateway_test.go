@@ -18,12 +18,12 @@ func TestGatewayWorkers(t *testing.T) {
 		err         string
 	}{
 		{[]string{"t"}, nil, []GatewayWorker{{URL: "tcp://a:1", Token: "t"}, {URL: "tcp://b:2", Token: "t"}}, ""},
-		{[]string{"t1", "t2"}, []string{"ca"}, []GatewayWorker{{"tcp://a:1", "t1", "ca"}, {"tcp://b:2", "t2", "ca"}}, ""},
+		{[]string{"t1", "t2"}, []string{"ca"}, []GatewayWorker{{URL: "tcp://a:1", Token: "t1", CA: "ca"}, {URL: "tcp://b:2", Token: "t2", CA: "ca"}}, ""},
 		{nil, []string{"c1", "c2"}, []GatewayWorker{{URL: "tcp://a:1", CA: "c1"}, {URL: "tcp://b:2", CA: "c2"}}, ""},
 		{[]string{"t1", "t2", "t3"}, nil, nil, "3 --worker-token for 2 --worker"},
 		{[]string{"t"}, []string{"c1", "c2", "c3"}, nil, "3 --worker-ca for 2 --worker"},
 	} {
-		got, err := gatewayWorkers(urls, c.tokens, c.cas)
+		got, err := gatewayWorkers(urls, map[string][]string{"worker-token": c.tokens, "worker-ca": c.cas})
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%v %v: %v, want %q", c.tokens, c.cas, err, c.err)

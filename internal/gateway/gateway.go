@@ -1,9 +1,9 @@
 // Package gateway serves a worker's API for a fleet of workers (dsec
 // gateway): a request about a sandbox goes to the worker that holds it,
 // a create or a call to the worker with the most room, a list to every
-// worker. It keeps no state of its own: the workers' lists, asked at
-// every heartbeat, say where each sandbox is, so a gateway started
-// again (or a second one beside it) routes as the first did.
+// worker. It keeps no state of its own but cordons: the workers' lists,
+// asked at every heartbeat, say where each sandbox is, so a gateway
+// started again (or a second one beside it) routes as the first did.
 //
 // Clients hold the gateway's own tokens (<root>/tokens.json, dsec
 // token create on its root); the gateway speaks to each worker with an
@@ -50,6 +50,10 @@ type Worker struct {
 	// CA is the PEM file its certificate is checked against; none:
 	// plain HTTP to a loopback address, else the system's roots.
 	CA string `json:"ca,omitempty"`
+	// Cert and Key are the gateway's client certificate, for a worker
+	// that asks for one (dsec daemon --tls-client-ca).
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
 }
 
 // Config is a gateway's configuration.
@@ -71,9 +75,11 @@ type Gateway struct {
 	nodes []*node
 	mux   *http.ServeMux
 
-	mu     sync.Mutex
-	routes map[string]*node // a sandbox's name: its worker's
-	next   int              // the node a tie of placement goes to
+	placing sync.Mutex // one placement at a time
+	mu      sync.Mutex
+	routes  map[string]*node // a sandbox's name: its worker's
+	making  map[string]bool  // names a create through this gateway is making
+	next    int              // the node a tie of placement goes to
 }
 
 // node is one worker, as the gateway knows it.
@@ -116,7 +122,7 @@ func New(cfg Config) (*Gateway, error) {
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.DownAfter = cmp.Or(cfg.DownAfter, 3*cfg.Heartbeat)
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
-	g := &Gateway{cfg: cfg, routes: map[string]*node{}}
+	g := &Gateway{cfg: cfg, routes: map[string]*node{}, making: map[string]bool{}}
 	for _, w := range cfg.Workers {
 		n, err := newNode(w)
 		if err != nil {
@@ -129,9 +135,30 @@ func New(cfg Config) (*Gateway, error) {
 			Rewrite: func(pr *httputil.ProxyRequest) {
 				pr.SetURL(n.base)
 				pr.Out.Host = n.host
+				// On the request as it leaves, after the headers its
+				// Connection names are gone: never the client's to drop.
+				n.authorize(pr.Out.Header, tokenOf(pr.In))
+			},
+			ModifyResponse: func(resp *http.Response) error {
+				if resp.StatusCode == http.StatusUnauthorized {
+					resp.Body.Close()
+					return n.refused()
+				}
+				if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
+					if name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/"); ok && !strings.Contains(name, "/") {
+						g.forget(n, name)
+					}
+				}
+				return nil
 			},
 			ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
-				g.lost(n, err)
+				if errors.Is(err, errRefused) {
+					fail(rw, err)
+					return
+				}
+				if r.Context().Err() == nil { // (not the client's going)
+					g.lost(n, err)
+				}
 				fail(rw, n.unreachable(err))
 			}}
 		g.nodes = append(g.nodes, n)
@@ -157,8 +184,8 @@ func newNode(w Worker) (*node, error) {
 		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0}
 	scheme := "http"
 	ip := net.ParseIP(host)
-	if w.CA != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
-		cfg, err := auth.ClientTLS(w.CA, "", "")
+	if w.CA != "" || w.Cert != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
+		cfg, err := auth.ClientTLS(w.CA, w.Cert, w.Key)
 		if err != nil {
 			return nil, fmt.Errorf("worker %s: %w", w.URL, err)
 		}
@@ -167,20 +194,27 @@ func newNode(w Worker) (*node, error) {
 	return &node{Worker: w, host: hostport, base: &url.URL{Scheme: scheme, Host: hostport}, rt: t}, nil
 }
 
-// Run heartbeats the workers every Heartbeat until ctx ends (a gateway
-// heartbeats once before it serves, so that it routes from its first
-// request).
+// Run heartbeats each worker every Heartbeat until ctx ends, each on
+// its own (one slow to answer delays no other's). A gateway heartbeats
+// once (Heartbeat) before it serves, so that it routes from its first
+// request.
 func (g *Gateway) Run(ctx context.Context) {
-	tick := time.NewTicker(g.cfg.Heartbeat)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		g.Heartbeat(ctx)
+	var wg sync.WaitGroup
+	for _, n := range g.nodes {
+		wg.Go(func() {
+			tick := time.NewTicker(g.cfg.Heartbeat)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				g.beat(ctx, n)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // Heartbeat asks every worker at once how it is and what it holds,
@@ -188,43 +222,62 @@ func (g *Gateway) Run(ctx context.Context) {
 func (g *Gateway) Heartbeat(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, n := range g.nodes {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
-			defer cancel()
-			var info api.VersionInfo
-			var held []api.Sandbox
-			err := n.get(ctx, "/"+api.Version+"/version", nil, &info)
-			if err == nil {
-				err = n.get(ctx, "/"+api.Version+"/sandboxes?all=1", nil, &held)
-			}
-			if err != nil {
-				g.lost(n, err)
-				return
-			}
-			n.mu.Lock()
-			if n.down {
-				g.cfg.Log.Info("a worker answers again", "worker", n.URL)
-			}
-			n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
-			for name, p := range n.pending {
-				if !strings.HasPrefix(name, "?") && (time.Since(p.sent) > pendFor || slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name })) {
-					delete(n.pending, name)
-				}
-			}
-			n.mu.Unlock()
-			g.mu.Lock()
-			for name, o := range g.routes {
-				if o == n && !slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name }) {
-					delete(g.routes, name)
-				}
-			}
-			for _, s := range held {
-				g.routes[s.Name] = n
-			}
-			g.mu.Unlock()
-		})
+		wg.Go(func() { g.beat(ctx, n) })
 	}
 	wg.Wait()
+}
+
+// beat asks n how it is and what it holds. An answer, even busy, says
+// it lives; none within DownAfter counts against it (lost).
+func (g *Gateway) beat(ctx context.Context, n *node) {
+	bctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
+	defer cancel()
+	var info api.VersionInfo
+	var held []api.Sandbox
+	err := n.get(bctx, "/"+api.Version+"/version", nil, &info)
+	if err == nil {
+		err = n.get(bctx, "/"+api.Version+"/sandboxes", nil, &held)
+	}
+	if answered(err) && !errors.Is(err, errRefused) {
+		n.mu.Lock()
+		n.seen = time.Now() // (busy: what it holds is as last said)
+		n.mu.Unlock()
+		return
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			g.lost(n, err)
+		}
+		return
+	}
+	n.mu.Lock()
+	if n.down {
+		g.cfg.Log.Info("a worker answers again", "worker", n.URL)
+	}
+	n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
+	for name, p := range n.pending {
+		if !strings.HasPrefix(name, "?") && (time.Since(p.sent) > pendFor || slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name })) {
+			delete(n.pending, name)
+		}
+	}
+	n.mu.Unlock()
+	g.mu.Lock()
+	for name, o := range g.routes {
+		if o == n && !slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name }) {
+			delete(g.routes, name)
+		}
+	}
+	for _, s := range held {
+		g.routes[s.Name] = n
+	}
+	g.mu.Unlock()
+}
+
+// answered says whether err is a worker's answer (a failure it said),
+// not its silence.
+func answered(err error) bool {
+	var e *api.Error
+	return errors.As(err, &e)
 }
 
 // lost records that n did not answer: down once it has not for
@@ -237,6 +290,15 @@ func (g *Gateway) lost(n *node, err error) {
 		n.down = true
 		g.cfg.Log.Warn("a worker is down: its sandboxes are unreachable, and no create goes there", "worker", n.URL, "err", err)
 	}
+}
+
+// errRefused marks a worker's refusal of the gateway's own token.
+var errRefused = errors.New("refuses the gateway's token for it")
+
+// refused is the infrastructure failure of a worker's 401 to the
+// gateway: its token for the worker is wrong, not the client's.
+func (n *node) refused() error {
+	return fmt.Errorf("worker %s %w (--worker-token: an admin token of that worker's): %w", n.URL, errRefused, errdefs.ErrUnavailable)
 }
 
 // unreachable is the infrastructure failure of a request n did not
@@ -265,10 +327,13 @@ func (n *node) get(ctx context.Context, path string, t *auth.Token, out any) err
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errorOf(resp)
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+	case http.StatusUnauthorized:
+		return n.refused()
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+	return errorOf(resp)
 }
 
 // authorize makes h n's admin's, on behalf of t (nil: the admin).
@@ -341,16 +406,21 @@ func (n *node) reserved(mem int64) (settle func(name string)) {
 	}
 }
 
-// place orders the workers a create of spec may go to: the one with
+// place orders the workers a create asking mem may go to: the one with
 // the most memory left first (ties: the fewest sandboxes, then in
-// turn); none up is an infrastructure failure.
-func (g *Gateway) place() ([]*node, error) {
+// turn), and reserves mem on it (settled as reserved says); none up is
+// an infrastructure failure.
+func (g *Gateway) place(mem int64) ([]*node, func(string), error) {
 	type cand struct {
 		n     *node
 		free  int64
 		count int
 		turn  int
 	}
+	// One placement at a time: each sees the reservations of those
+	// before it (a burst spreads).
+	g.placing.Lock()
+	defer g.placing.Unlock()
 	g.mu.Lock()
 	start := g.next
 	g.next++
@@ -363,7 +433,7 @@ func (g *Gateway) place() ([]*node, error) {
 		}
 	}
 	if len(cs) == 0 {
-		return nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
 	}
 	slices.SortStableFunc(cs, func(a, b cand) int {
 		return cmp.Or(cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
@@ -372,7 +442,7 @@ func (g *Gateway) place() ([]*node, error) {
 	for i, c := range cs {
 		out[i] = c.n
 	}
-	return out, nil
+	return out, out[0].reserved(mem), nil
 }
 
 // ServeHTTP serves r for the fleet, behind the gateway's tokens.
@@ -509,10 +579,12 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 	}
 	json.Unmarshal(body, &spec) // (a bad body is the worker's to refuse)
 	if spec.Name != "" {
-		if n := g.holder(r.Context(), spec.Name); n != nil {
-			fail(rw, fmt.Errorf("sandbox %s already exists: give another --name, or remove it first (dsec rm): %w", spec.Name, errdefs.ErrAlreadyExists))
+		release, err := g.claim([]string{spec.Name})
+		if err != nil {
+			fail(rw, err)
 			return
 		}
+		defer release()
 	}
 	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, spec.Memory)
 	if err != nil {
@@ -551,47 +623,94 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 	n.mu.Unlock()
 }
 
+// forget records that n removed the sandbox name: its name is free at
+// once, and its memory no longer counted.
+func (g *Gateway) forget(n *node, name string) {
+	g.mu.Lock()
+	if g.routes[name] == n {
+		delete(g.routes, name)
+	}
+	g.mu.Unlock()
+	n.mu.Lock()
+	n.held = slices.DeleteFunc(slices.Clone(n.held), func(s api.Sandbox) bool { return s.Name == name })
+	delete(n.pending, name)
+	n.mu.Unlock()
+}
+
+// claim takes names for creates through this gateway, until release: a
+// name some worker held at its last heartbeat, or that another create
+// here is making, is refused as a worker refuses one it holds. (Names
+// are the fleet's as far as the workers' lists say: two gateways may
+// each make one name at once on two workers.)
+func (g *Gateway) claim(names []string) (release func(), err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, name := range names {
+		if g.routes[name] != nil || g.making[name] {
+			return nil, fmt.Errorf("sandbox %s already exists: give another name, or remove it first (dsec rm): %w", name, errdefs.ErrAlreadyExists)
+		}
+	}
+	for _, name := range names {
+		g.making[name] = true
+	}
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for _, name := range names {
+			delete(g.making, name)
+		}
+	}, nil
+}
+
 // createOne sends a create (body, to path) to the workers in the order
-// of place, each reserving mem until it answers: the next when one is
-// busy (429) or surely never got it. It returns the answer (its body
+// of place, each reserving mem until it answers: the next only when one
+// surely never got it (no connection). It returns the answer (its body
 // the caller's to close), the worker, and how to settle the
 // reservation once the sandbox's name is known (201 only: else it is
 // settled).
 func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, mem int64) (*http.Response, *node, func(string), error) {
-	nodes, err := g.place()
+	nodes, settle, err := g.place(mem)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	for i, n := range nodes {
+		if i > 0 {
+			settle = n.reserved(mem)
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.base.String()+path, bytes.NewReader(body))
 		if err != nil {
+			settle("")
 			return nil, nil, nil, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		n.authorize(req.Header, t)
-		settle := n.reserved(mem)
 		resp, err := n.rt.RoundTrip(req)
 		if err != nil {
 			settle("")
+			if ctx.Err() != nil {
+				return nil, nil, nil, ctx.Err()
+			}
 			g.lost(n, err)
 			// (Only a create that surely never arrived goes elsewhere:
 			// one lost on the way may have been made.)
 			var op *net.OpError
-			if ctx.Err() != nil || !errors.As(err, &op) || op.Op != "dial" {
+			if !errors.As(err, &op) || op.Op != "dial" {
 				return nil, nil, nil, n.unreachable(err)
 			}
 			continue
 		}
 		if resp.StatusCode != http.StatusCreated {
 			settle("")
-			if resp.StatusCode == http.StatusTooManyRequests && i < len(nodes)-1 {
-				resp.Body.Close()
-				continue
-			}
 		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			resp.Body.Close()
+			return nil, nil, nil, n.refused()
+		}
+		// (A worker's busy or quota refusal is the client's answer: a
+		// quota holds per worker, not once per worker.)
 		return resp, n, settle, nil
 	}
-	return nil, nil, nil, fmt.Errorf("no worker took the sandbox: each was busy or did not answer (dsec node ls): %w", errdefs.ErrUnavailable)
+	return nil, nil, nil, fmt.Errorf("no worker took the sandbox: none answered (dsec node ls): %w", errdefs.ErrUnavailable)
 }
 
 // described is the sandbox n's answer describes, with its node.
@@ -622,11 +741,17 @@ func (g *Gateway) inspect(rw http.ResponseWriter, r *http.Request) {
 	n.authorize(req.Header, tokenOf(r))
 	resp, err := n.rt.RoundTrip(req)
 	if err != nil {
-		g.lost(n, err)
+		if r.Context().Err() == nil {
+			g.lost(n, err)
+		}
 		fail(rw, n.unreachable(err))
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		fail(rw, n.refused())
+		return
+	}
 	if resp.StatusCode != http.StatusOK {
 		relay(rw, resp)
 		return
@@ -646,9 +771,14 @@ func (g *Gateway) inspect(rw http.ResponseWriter, r *http.Request) {
 // last lists, not asked of each.
 func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 	var req api.BatchRequest
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody+1))
+	lr := &io.LimitedReader{R: r.Body, N: maxBody + 1}
+	dec := json.NewDecoder(lr)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
+		if lr.N == 0 {
+			fail(rw, fmt.Errorf("request body over %d KiB: send less: %w", maxBody>>10, errdefs.ErrOutOfRange))
+			return
+		}
 		fail(rw, fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument))
 		return
 	}
@@ -657,19 +787,16 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Spec.Name != "" {
-		g.mu.Lock()
-		var taken string
-		for i := range req.Count {
-			if name := api.BatchName(req.Spec.Name, i); g.routes[name] != nil {
-				taken = name
-				break
-			}
+		names := make([]string, req.Count)
+		for i := range names {
+			names[i] = api.BatchName(req.Spec.Name, i)
 		}
-		g.mu.Unlock()
-		if taken != "" {
-			fail(rw, fmt.Errorf("sandbox %s already exists: give the batch another name, or remove it first (dsec rm): %w", taken, errdefs.ErrAlreadyExists))
+		release, err := g.claim(names)
+		if err != nil {
+			fail(rw, err)
 			return
 		}
+		defer release()
 	}
 	t := tokenOf(r)
 	rw.Header().Set("Content-Type", "application/x-ndjson")
@@ -679,8 +806,13 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 	var mu sync.Mutex
 	enc := json.NewEncoder(rw)
 	var wg sync.WaitGroup
+	// So many under way at once, as a worker's own admission would take
+	// them (more only wait there, holding the token's request slots).
+	under := make(chan struct{}, maxBatchUnderWay)
 	for i := range req.Count {
+		under <- struct{}{}
 		wg.Go(func() {
+			defer func() { <-under }()
 			item := g.batchItem(r.Context(), t, req.Spec, i)
 			mu.Lock()
 			defer mu.Unlock()
@@ -724,19 +856,26 @@ func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.Sandbox
 // call places a call (a sandbox for one command, streamed) as a create
 // is placed: on the first worker of place's order.
 func (g *Gateway) call(rw http.ResponseWriter, r *http.Request) {
-	nodes, err := g.place()
+	nodes, settle, err := g.place(0)
 	if err != nil {
 		fail(rw, err)
 		return
 	}
+	defer settle("") // (a call's sandbox is gone when it answers)
 	g.relayTo(nodes[0], rw, r)
 }
 
+// maxBatchUnderWay bounds a batch's creates under way at once through a
+// gateway.
+const maxBatchUnderWay = 64
+
 // list is every worker's list, on behalf of the caller: a down
-// worker's sandboxes as it last listed them, unreachable.
+// worker's sandboxes as it last listed them, unreachable. A worker's
+// refusal (busy: the caller's requests at once) is the list's.
 func (g *Gateway) list(rw http.ResponseWriter, r *http.Request) {
 	t := tokenOf(r)
 	lists := make([][]api.Sandbox, len(g.nodes))
+	errs := make([]error, len(g.nodes))
 	var wg sync.WaitGroup
 	for i, n := range g.nodes {
 		wg.Go(func() {
@@ -749,7 +888,11 @@ func (g *Gateway) list(rw http.ResponseWriter, r *http.Request) {
 				ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
 				err = n.get(ctx, r.URL.RequestURI(), t, &got)
 				cancel()
-				if err != nil {
+				if answered(err) {
+					errs[i] = err
+					return
+				}
+				if err != nil && r.Context().Err() == nil {
 					g.lost(n, err)
 				}
 			}
@@ -769,6 +912,12 @@ func (g *Gateway) list(rw http.ResponseWriter, r *http.Request) {
 		})
 	}
 	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+	}
 	out := slices.Concat(lists...)
 	if out == nil {
 		out = []api.Sandbox{}
@@ -787,16 +936,23 @@ func (g *Gateway) toHolder(rw http.ResponseWriter, r *http.Request) {
 // holderUp is the worker up that holds r's sandbox, or nil once rw
 // has the answer: not found, or its worker down.
 func (g *Gateway) holderUp(rw http.ResponseWriter, r *http.Request) *node {
-	name := r.PathValue("name")
-	n := g.holder(r.Context(), name)
+	name, t := r.PathValue("name"), tokenOf(r)
+	notFound := fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
+	n := g.holder(r.Context(), name, t)
 	if n == nil {
-		fail(rw, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound))
+		fail(rw, notFound)
 		return nil
 	}
 	n.mu.Lock()
 	down, err := n.down, n.err
+	// Another's sandbox on a worker down is not found, as on one up.
+	mine := t.Scope == auth.Admin || slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == name && s.Owner == t.ID })
 	n.mu.Unlock()
-	if down {
+	switch {
+	case down && !mine:
+		fail(rw, notFound)
+		return nil
+	case down:
 		fail(rw, fmt.Errorf("sandbox %s: %w", name, n.unreachable(err)))
 		return nil
 	}
@@ -804,9 +960,9 @@ func (g *Gateway) holderUp(rw http.ResponseWriter, r *http.Request) *node {
 }
 
 // holder is the worker that holds the sandbox name: as the last
-// heartbeat said, or else as the workers up say now (one made through
-// another gateway since).
-func (g *Gateway) holder(ctx context.Context, name string) *node {
+// heartbeat said, or else as the workers up say now to t (one made
+// through another gateway since; t's own only).
+func (g *Gateway) holder(ctx context.Context, name string, t *auth.Token) *node {
 	g.mu.Lock()
 	n := g.routes[name]
 	g.mu.Unlock()
@@ -826,7 +982,7 @@ func (g *Gateway) holder(ctx context.Context, name string) *node {
 		}
 		wg.Go(func() {
 			var sb api.Sandbox
-			if o.get(ctx, "/"+api.Version+"/sandboxes/"+url.PathEscape(name), nil, &sb) == nil {
+			if o.get(ctx, "/"+api.Version+"/sandboxes/"+url.PathEscape(name), t, &sb) == nil {
 				found <- o
 			}
 		})
@@ -842,11 +998,10 @@ func (g *Gateway) holder(ctx context.Context, name string) *node {
 	return n
 }
 
-// relayTo relays r to n as the caller's, streaming both ways (an
-// exec's input and output at once).
+// relayTo relays r to n as the caller's (n.proxy's Rewrite), streaming
+// both ways (an exec's input and output at once).
 func (g *Gateway) relayTo(n *node, rw http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(rw).EnableFullDuplex()
-	n.authorize(r.Header, tokenOf(r))
 	n.proxy.ServeHTTP(rw, r)
 }
 

@@ -4,8 +4,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/dsec-project/dsec/internal/policy"
@@ -84,9 +88,51 @@ func RandomName(prefix string) string {
 // two roots on a host (two workers, two test runs) never share a group.
 func GroupName(root, id string) string { return "sb-" + id + GroupSuffix(root) }
 
-// GroupSuffix ends the name of every group of root's sandboxes.
-func GroupSuffix(root string) string {
+// GroupSuffix ends the name of every group of root's sandboxes: the
+// root's identity (RootID).
+func GroupSuffix(root string) string { return "-" + RootID(root) }
+
+// RootID is the root's identity on its host, 8 hex digits, so that two
+// roots on one kernel never name their sandboxes' groups alike, even at
+// one path (two pods' containers, each with its /var/lib/dsec): drawn at
+// random and kept in <root>/root-id the first time it is asked. A root
+// used before it (whose sandboxes or spares have groups already) keeps
+// what their names bear, the hash of its path; so does a root that does
+// not exist yet.
+func RootID(root string) string {
 	abs, _ := filepath.Abs(root)
+	if id, ok := rootIDs.Load(abs); ok {
+		return id.(string)
+	}
 	h := sha256.Sum256([]byte(abs))
-	return "-" + hex.EncodeToString(h[:4])
+	byPath := hex.EncodeToString(h[:4])
+	p := filepath.Join(abs, "root-id")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if st, serr := os.Stat(abs); serr != nil || !st.IsDir() {
+			return byPath // (not kept: the root may be made later)
+		}
+		id := byPath
+		old, _ := os.ReadDir(filepath.Join(abs, "sandboxes"))
+		if groups, _ := cgroup.List("", "-"+byPath); len(old) == 0 && len(groups) == 0 {
+			id = RandomName("")[:8]
+		}
+		// Published whole (a link fails if another made it meanwhile),
+		// then read back: whoever made it first.
+		tmp := p + "." + RandomName("")
+		if werr := os.WriteFile(tmp, []byte(id+"\n"), 0o600); werr == nil {
+			os.Link(tmp, p)
+		}
+		os.Remove(tmp)
+		b, err = os.ReadFile(p)
+	}
+	id := strings.TrimSpace(string(b))
+	if err != nil || len(id) != 8 || strings.Trim(id, "0123456789abcdef") != "" {
+		return byPath // (unreadable or not ours: not kept, asked again)
+	}
+	rootIDs.Store(abs, id)
+	return id
 }
+
+// rootIDs are the roots' identities, once read.
+var rootIDs sync.Map
