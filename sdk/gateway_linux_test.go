@@ -55,8 +55,8 @@ func startFleetWorker(t testing.TB) *fleetWorker {
 // (or stop), heartbeating every 100 ms; a worker silent for 1.5 s is
 // down (a loaded machine's worker may take a few heartbeats to answer).
 func startGateway(t testing.TB, root string, ws []*fleetWorker) (addr string, stop func()) {
-	return startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond},
-		ws, worker.TLS{})
+	return startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond,
+		Cordons: filepath.Join(root, "gateway-cordons.json")}, ws, worker.TLS{})
 }
 
 // startGatewayWith serves a gateway of cfg and ws on loopback (with
@@ -295,10 +295,17 @@ func TestGateway(t *testing.T) {
 		t.Errorf("exec in %s once its worker is back: %+v %v %q", onDead, res, err, out.String())
 	}
 
-	// A gateway started anew routes as the first did.
+	// A gateway started anew routes as the first did, and keeps its
+	// cordons.
+	if err := admin.Cordon(ctx, ws[2].url, true); err != nil {
+		t.Fatal(err)
+	}
 	stop()
 	addr, _ = startGateway(t, gwRoot, ws)
-	alice = client(aliceToken)
+	alice, admin = client(aliceToken), client(adminToken)
+	if nodes, err := admin.Nodes(ctx); err != nil || len(nodes) != 3 || !nodes[2].Cordoned || nodes[0].Cordoned {
+		t.Errorf("the cordons of a gateway started anew: %+v %v", nodes, err)
+	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		out.Reset()
 		res, err := alice.Sandbox("a3").Exec(ctx, sdk.ExecOptions{Args: []string{"cat", "/tmp/f"}, Stdout: &out})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,8 +51,8 @@ per worker.
 A worker that does not answer for three heartbeats is down: its sandboxes are listed as
 unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
 from run and exec), and no create goes there until it answers again. dsec node ls shows the
-workers; dsec node cordon stops creates going to one (this gateway's alone), dsec node drain
-waits for its sandboxes to go too. Not served through a gateway yet (ask a worker): the E2B
+workers; dsec node cordon stops creates going to one (kept in the gateway's root: a gateway
+started again on it keeps it), dsec node drain waits for its sandboxes to go too. Not served through a gateway yet (ask a worker): the E2B
 API, listing, removing and branching snapshots, stored policies and pools.
 
 ` + exitCodesHelp,
@@ -90,7 +91,8 @@ API, listing, removing and branching snapshots, stored policies and pools.
 			if len(c.Listen) == 0 {
 				return fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
 			}
-			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log}
+			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log,
+				Cordons: filepath.Join(a.cfg.Root, "gateway-cordons.json")}
 			for _, w := range c.Workers {
 				cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.URL, Token: w.Token, CA: w.CA, Cert: w.Cert, Key: w.Key})
 			}

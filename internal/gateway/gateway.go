@@ -1,9 +1,10 @@
 // Package gateway serves a worker's API for a fleet of workers (dsec
 // gateway): a request about a sandbox goes to the worker that holds it,
 // a create or a call to the worker with the most room, a list to every
-// worker. It keeps no state of its own but cordons: the workers' lists,
-// asked at every heartbeat, say where each sandbox is, so a gateway
-// started again (or a second one beside it) routes as the first did.
+// worker. It keeps no state of its own but its cordons (Config.Cordons):
+// the workers' lists, asked at every heartbeat, say where each sandbox
+// is, so a gateway started again (or a second one beside it) routes as
+// the first did.
 //
 // Clients hold the gateway's own tokens (<root>/tokens.json, dsec
 // token create on its root); the gateway speaks to each worker with an
@@ -24,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -39,6 +41,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/durable"
 )
 
 // Worker is a worker of the fleet, as the gateway reaches it.
@@ -65,8 +68,11 @@ type Config struct {
 	// holds (default 2 s); DownAfter how long one may not answer before
 	// it is down (default three heartbeats).
 	Heartbeat, DownAfter time.Duration
-	Version              string
-	Log                  *slog.Logger
+	// Cordons is the file that keeps which workers are cordoned, so that
+	// a gateway started again keeps them ("": memory only).
+	Cordons string
+	Version string
+	Log     *slog.Logger
 }
 
 // Gateway serves the API for the fleet (ServeHTTP) while Run heartbeats.
@@ -75,11 +81,12 @@ type Gateway struct {
 	nodes []*node
 	mux   *http.ServeMux
 
-	placing sync.Mutex // one placement at a time
-	mu      sync.Mutex
-	routes  map[string]*node // a sandbox's name: its worker's
-	making  map[string]bool  // names a create through this gateway is making
-	next    int              // the node a tie of placement goes to
+	placing   sync.Mutex // one placement at a time
+	cordoning sync.Mutex // one change of cordons at a time
+	mu        sync.Mutex
+	routes    map[string]*node // a sandbox's name: its worker's
+	making    map[string]bool  // names a create through this gateway is making
+	next      int              // the node a tie of placement goes to
 }
 
 // node is one worker, as the gateway knows it.
@@ -163,8 +170,51 @@ func New(cfg Config) (*Gateway, error) {
 			}}
 		g.nodes = append(g.nodes, n)
 	}
+	if err := g.loadCordons(); err != nil {
+		return nil, err
+	}
 	g.mux = g.routesMux()
 	return g, nil
+}
+
+// loadCordons cordons the workers cfg.Cordons names (one no longer in
+// the fleet is forgotten).
+func (g *Gateway) loadCordons() error {
+	if g.cfg.Cordons == "" {
+		return nil
+	}
+	b, err := os.ReadFile(g.cfg.Cordons)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var urls []string
+	if err == nil {
+		err = json.Unmarshal(b, &urls)
+	}
+	if err != nil {
+		return fmt.Errorf("the gateway's cordons (%s): %v: remove the file to forget them: %w", g.cfg.Cordons, err, errdefs.ErrDataLoss)
+	}
+	for _, n := range g.nodes {
+		n.cordoned = slices.Contains(urls, n.URL)
+	}
+	return nil
+}
+
+// saveCordons keeps which workers are cordoned in cfg.Cordons.
+func (g *Gateway) saveCordons() error {
+	if g.cfg.Cordons == "" {
+		return nil
+	}
+	urls := []string{}
+	for _, n := range g.nodes {
+		n.mu.Lock()
+		if n.cordoned {
+			urls = append(urls, n.URL)
+		}
+		n.mu.Unlock()
+	}
+	b, _ := json.Marshal(urls)
+	return durable.WriteFile(g.cfg.Cordons, b, 0o600)
 }
 
 // newNode is w, parsed, with its transport.
@@ -386,8 +436,8 @@ func (n *node) room() (up bool, free int64, count int) {
 func (n *node) reserved(mem int64) (settle func(name string)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.info.Limits != nil {
-		mem = max(mem, n.info.Limits.DefaultMemory)
+	if mem <= 0 && n.info.Limits != nil { // (none asked: the worker's default limit)
+		mem = n.info.Limits.DefaultMemory
 	}
 	n.reserve++
 	key := fmt.Sprint("?", n.reserve)
@@ -544,9 +594,15 @@ func (g *Gateway) cordon(on bool) http.HandlerFunc {
 			fail(rw, fmt.Errorf("no worker %s in the fleet (dsec node ls): %w", r.PathValue("node"), errdefs.ErrNotFound))
 			return
 		}
+		g.cordoning.Lock()
+		defer g.cordoning.Unlock()
 		n.mu.Lock()
 		n.cordoned = on
 		n.mu.Unlock()
+		if err := g.saveCordons(); err != nil {
+			fail(rw, fmt.Errorf("the cordon holds, but not past this gateway's restart: %w", err))
+			return
+		}
 		rw.WriteHeader(http.StatusNoContent)
 	}
 }
