@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"crypto/rand"
@@ -312,6 +313,18 @@ func TestTenancy(t *testing.T) {
 			{"call", func(ref string) error {
 				_, err := b.Call(ctx, sdk.CallOptions{Spec: &api.SandboxSpec{Layers: []string{ref, "bb:1"}}, ExecOptions: sdk.ExecOptions{Args: []string{"cat", "/work/secret"}}})
 				return err
+			}},
+			{"batch", func(ref string) error {
+				var said error // (its first item's: each answers alike)
+				err := b.Batch(ctx, api.SandboxSpec{Snapshot: ref}, 2, func(it api.BatchItem) {
+					switch {
+					case it.Sandbox != nil:
+						said = fmt.Errorf("made %s", it.Sandbox.Name)
+					case said == nil:
+						said = it.Error
+					}
+				})
+				return cmp.Or(err, said)
 			}},
 			{"remove snapshot", func(ref string) error { return b.RemoveSnapshot(ctx, ref, true) }},
 			{"snapshot by name", func(ref string) error { _, err := b.Snapshot(ctx, ref); return err }},

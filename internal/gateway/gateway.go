@@ -288,7 +288,7 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	if err == nil {
 		err = n.get(bctx, "/"+api.Version+"/sandboxes", nil, &held)
 	}
-	if answered(err) && !errors.Is(err, errRefused) {
+	if answered(err) {
 		n.mu.Lock()
 		n.seen = time.Now() // (busy: what it holds is as last said)
 		n.mu.Unlock()
