@@ -46,6 +46,7 @@ package api
 
 import (
 	"io/fs"
+	"strings"
 	"time"
 )
 
@@ -242,15 +243,24 @@ type SquashRequest struct {
 // backend apply to each; its name, layers and snapshot are ignored.
 // Either every branch is made or none.
 type BranchRequest struct {
-	Snapshot   string      `json:"snapshot"`
-	N          int         `json:"n"`
-	NamePrefix string      `json:"name_prefix,omitempty"` // default: from the snapshot's name
-	Spec       SandboxSpec `json:"spec,omitempty"`
+	Snapshot   string `json:"snapshot"`
+	N          int    `json:"n"`
+	NamePrefix string `json:"name_prefix,omitempty"` // default: from the snapshot's name (BranchPrefix)
+	// First is the first branch's number, PREFIX-FIRST (0: 1 with a
+	// NamePrefix, else the worker's next free number after PREFIX-).
+	First int         `json:"first,omitempty"`
+	Spec  SandboxSpec `json:"spec,omitempty"`
 	// Like, instead of Spec, names a sandbox of the caller's whose
 	// resources, class, env, workdir, backend, user namespace and
 	// effective policy each branch takes (E2B's fork): what that sandbox
 	// was given, the caller's token need not be allowed to ask for.
 	Like string `json:"like,omitempty"`
+}
+
+// BranchPrefix is the name prefix of a snapshot's branches when the
+// request gives none: its name with / and : as -.
+func BranchPrefix(snapshot string) string {
+	return strings.NewReplacer("/", "-", ":", "-").Replace(snapshot)
 }
 
 // Scheduling classes.
@@ -483,6 +493,10 @@ type VersionInfo struct {
 	// Gateway: this is a gateway of workers (dsec gateway), not one;
 	// its Backends are those some worker up runs.
 	Gateway bool `json:"gateway,omitempty"`
+	// PublishesSnapshots: the worker publishes each snapshot it packs to
+	// its remote, where every worker sharing that remote branches it
+	// (snap.publish), so a gateway may place their branches anywhere.
+	PublishesSnapshots bool `json:"publishes_snapshots,omitempty"`
 }
 
 // BatchRequest asks for Count sandboxes of one spec at once (POST

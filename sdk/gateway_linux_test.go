@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/gateway"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
@@ -36,13 +39,20 @@ type fleetWorker struct {
 
 func startFleetWorker(t testing.TB) *fleetWorker {
 	t.Helper()
+	return startFleetWorkerWith(t, runtimetest.Config{})
+}
+
+// startFleetWorkerWith is startFleetWorker with cfg (its TCP API set
+// here).
+func startFleetWorkerWith(t testing.TB, cfg runtimetest.Config) *fleetWorker {
+	t.Helper()
 	certs := t.TempDir()
 	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)
-	cfg := runtimetest.Config{Listen: []string{"tcp://" + addr},
-		TLS: worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}}
+	cfg.Listen = []string{"tcp://" + addr}
+	cfg.TLS = worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}
 	w, _ := setupWith(t, cfg)
 	admin, _, err := auth.Open(w.Root).Create(auth.Admin, 0)
 	if err != nil {
@@ -206,6 +216,27 @@ func TestGateway(t *testing.T) {
 		}
 		conn.Close()
 	}
+	// Nor by an E2B front's headers, which vouch for a spec as the
+	// admin's: the gateway sends on only its own front's. Unbounded
+	// memory is the admin's to ask for, in a create or a call.
+	for _, path := range []string{"/v1/sandboxes", "/v1/calls"} {
+		body := `{"layers":["ws:1","bb:1"],"memory":-1}`
+		if path == "/v1/calls" {
+			body = `{"spec":` + body + `,"run":true,"args":["true"]}`
+		}
+		req, _ := http.NewRequest("POST", "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+bobToken)
+		req.Header.Set(e2b.HeaderTemplate, "base")
+		req.Header.Set(e2b.HeaderActAs, e2b.ActAsAdmin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("bob's %s unbounded, as a template's: %s", path, resp.Status)
+		}
+	}
 	// A name is free again as soon as its sandbox is removed.
 	if err := alice.Sandbox("a5").Remove(ctx, true); err != nil {
 		t.Fatal(err)
@@ -323,6 +354,243 @@ func TestGateway(t *testing.T) {
 	for _, s := range all {
 		if err := alice.Sandbox(s.Name).Remove(ctx, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("remove %s: %v", s.Name, err)
+		}
+	}
+}
+
+// TestGatewaySnapshots: three workers that publish their snapshots to
+// one shared dir: remote, behind a gateway. A snapshot packed on one
+// worker is listed once, and branched on another (the first cordoned)
+// from the remote; a fork (a branch like a sandbox) goes to that
+// sandbox's worker; branch names are the fleet's; a create on a
+// snapshot goes where it may; another tenant sees none of it; a
+// snapshot is removed from every worker that holds it.
+func TestGatewaySnapshots(t *testing.T) {
+	ctx := context.Background()
+	shared := "dir://" + filepath.Join(t.TempDir(), "shared")
+	var ws []*fleetWorker
+	for range 3 {
+		ws = append(ws, startFleetWorkerWith(t, runtimetest.Config{RemoteURL: shared, PublishSnapshots: true}))
+	}
+	gwRoot := t.TempDir()
+	addr, _ := startGateway(t, gwRoot, ws)
+	tokens := auth.Open(gwRoot)
+	client := func(scope string) *sdk.Client {
+		secret, _, err := tokens.Create(scope, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	alice, bob, admin := client(auth.Sandboxes), client(auth.Sandboxes), client(auth.Admin)
+	v, err := admin.Version(ctx)
+	if err != nil || !v.Gateway {
+		t.Fatalf("version through the gateway: %+v, %v", v, err)
+	}
+	read := func(sb *sdk.Sandbox) string {
+		t.Helper()
+		var b bytes.Buffer
+		if err := sb.ReadFile(ctx, "/state", &b); err != nil {
+			t.Fatalf("read /state of %s: %v", sb.Name, err)
+		}
+		return b.String()
+	}
+
+	src := create(t, alice, api.SandboxSpec{Name: "src"})
+	if err := src.WriteFile(ctx, "/state", strings.NewReader("step-1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.PackDiff(ctx, api.PackRequest{Tag: "roll:1"}); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := alice.Snapshots(ctx)
+	if err != nil || len(snaps) != 1 || snaps[0].Name != "roll:1" {
+		t.Fatalf("alice's snapshots through the gateway: %+v, %v", snaps, err)
+	}
+	if snaps, err := bob.Snapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("bob's snapshots: %+v, %v", snaps, err)
+	}
+	if _, err := bob.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 1}); !errdefs.IsNotFound(err) {
+		t.Errorf("bob branches alice's snapshot: %v", err)
+	}
+
+	// Its worker cordoned, the branches go to another, which finds the
+	// snapshot in the remote; they are numbered on across the fleet.
+	home := src.Info.Node
+	if err := admin.Cordon(ctx, home, true); err != nil {
+		t.Fatal(err)
+	}
+	brs, err := alice.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := alice.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	brs = append(brs, more...)
+	var names []string
+	for _, b := range brs {
+		names = append(names, b.Name)
+		if b.Info.Node == home || b.Info.Node == "" {
+			t.Errorf("branch %s on %q, the cordoned worker's %s", b.Name, b.Info.Node, home)
+		}
+		if got := read(b); got != "step-1" {
+			t.Errorf("branch %s reads %q", b.Name, got)
+		}
+	}
+	if want := []string{"roll-1-1", "roll-1-2", "roll-1-3"}; !slices.Equal(names, want) {
+		t.Errorf("branch names %v, want %v", names, want)
+	}
+	onSnap, err := alice.Create(ctx, api.SandboxSpec{Snapshot: "roll:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if onSnap.Info.Node == home || read(onSnap) != "step-1" {
+		t.Errorf("a create on the snapshot: on %s (cordoned %s)", onSnap.Info.Node, home)
+	}
+	if err := admin.Cordon(ctx, home, false); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fork is on its sandbox's worker.
+	forks, err := alice.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 1, NamePrefix: "fork", Like: "src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forks[0].Name != "fork-1" || forks[0].Info.Node != home {
+		t.Errorf("fork %s on %s, want fork-1 on %s", forks[0].Name, forks[0].Info.Node, home)
+	}
+	if _, err := bob.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 1, Like: "src"}); !errdefs.IsNotFound(err) {
+		t.Errorf("bob forks alice's sandbox: %v", err)
+	}
+
+	// Removed while sandboxes stand on it: refused; then from everywhere.
+	if err := alice.RemoveSnapshot(ctx, "roll:1", false); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("removing a snapshot sandboxes stand on: %v", err)
+	}
+	for _, sb := range append(append(brs, forks...), onSnap) {
+		if err := sb.Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := alice.RemoveSnapshot(ctx, "roll:1", false); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err := alice.Snapshots(ctx); err != nil || len(snaps) != 0 {
+		t.Errorf("alice's snapshots after rm: %+v, %v", snaps, err)
+	}
+	if err := alice.RemoveSnapshot(ctx, "roll:1", false); !errdefs.IsNotFound(err) {
+		t.Errorf("removing it again: %v", err)
+	}
+	src.Remove(ctx, true)
+}
+
+// TestSandboxPorts: a sandbox's server (in network mode nat) is reached
+// through the API's port route: on its worker, through a gateway, and
+// through E2B's PORT-ID route of the worker's front and of a gateway's
+// front (which has no other way to a sandbox on another host); another
+// tenant reaches nothing, nor does a sandbox without an address.
+func TestSandboxPorts(t *testing.T) {
+	ctx := context.Background()
+	e2bAddr := freeAddr(t)
+	fw := startFleetWorkerWith(t, runtimetest.Config{E2B: worker.E2B{Listen: e2bAddr}})
+	gwRoot := t.TempDir()
+	gw := gateway.Config{Tokens: auth.Open(gwRoot), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}
+	for _, w := range []*fleetWorker{fw} {
+		gw.Workers = append(gw.Workers, gateway.Worker{URL: w.url, Token: w.admin, CA: w.ca})
+	}
+	g, err := gateway.New(gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g.Heartbeat(gctx)
+	go g.Run(gctx)
+	gwAPI := httptest.NewServer(g)
+	defer gwAPI.Close()
+	inproc, stopInProc := e2b.InProcess(gctx, g.ActAs())
+	defer stopInProc()
+	front, err := e2b.New(e2b.Options{Transport: inproc, Dir: filepath.Join(gwRoot, "e2b"),
+		Authorize: func(key string) (string, bool, error) {
+			tok, err := gw.Tokens.Check(key, time.Now())
+			return tok.ID, tok.Scope == auth.Admin, err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwFront := httptest.NewServer(front)
+	defer gwFront.Close()
+	gwAdmin, _, err := gw.Tokens.Create(auth.Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwTenant, _, err := gw.Tokens.Create(auth.Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := sdk.New(sdk.Options{Host: fw.url, Token: fw.admin, TLSCA: fw.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT}}
+	web := create(t, c, api.SandboxSpec{Name: "web", Policy: nat})
+	if out, res := run(t, web, "httpd", "mkdir -p /www && echo served > /www/index.html && httpd -p 8080 -h /www"); res.ExitCode != 0 {
+		t.Fatalf("httpd: %q %+v", out, res)
+	}
+	plain := create(t, c, api.SandboxSpec{Name: "plain"})
+	defer plain.Remove(ctx, true)
+	defer web.Remove(ctx, true)
+
+	workerTLS, err := auth.ClientTLS(fw.ca, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	toWorker := &http.Client{Transport: &http.Transport{TLSClientConfig: workerTLS}}
+	get := func(client *http.Client, url string, header map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url, nil)
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+	workerURL := "https://" + strings.TrimPrefix(fw.url, "tcp://")
+	for _, c := range []struct {
+		what   string
+		client *http.Client
+		url    string
+		header map[string]string
+		code   int
+		body   string
+	}{
+		{"the worker's API", toWorker, workerURL + "/v1/sandboxes/web/ports/8080/index.html", bearer(fw.admin), 200, "served\n"},
+		{"a gateway's API", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/web/ports/8080/index.html", bearer(gwAdmin), 200, "served\n"},
+		{"another tenant's", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/web/ports/8080/index.html", bearer(gwTenant), 404, "no sandbox web"},
+		{"no address", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/plain/ports/8080/", bearer(gwAdmin), 503, "no address to reach port 8080"},
+		{"a bad port", toWorker, workerURL + "/v1/sandboxes/web/ports/http/", bearer(fw.admin), 400, "bad port"},
+		{"the worker's E2B front", toWorker, "https://" + e2bAddr + "/index.html",
+			map[string]string{"E2b-Sandbox-Id": "web", "E2b-Sandbox-Port": "8080", "X-Access-Token": fw.admin}, 200, "served\n"},
+		{"a gateway's E2B front", http.DefaultClient, gwFront.URL + "/index.html",
+			map[string]string{"E2b-Sandbox-Id": "web", "E2b-Sandbox-Port": "8080", "X-Access-Token": gwAdmin}, 200, "served\n"},
+		{"a gateway's E2B front, another tenant's key", http.DefaultClient, gwFront.URL + "/index.html",
+			map[string]string{"E2b-Sandbox-Id": "web", "E2b-Sandbox-Port": "8080", "X-Access-Token": gwTenant}, 404, ""},
+	} {
+		if code, body := get(c.client, c.url, c.header); code != c.code || !strings.Contains(body, c.body) {
+			t.Errorf("%s: %d %q, want %d %q", c.what, code, body, c.code, c.body)
 		}
 	}
 }

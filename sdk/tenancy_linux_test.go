@@ -506,6 +506,20 @@ func TestTenancy(t *testing.T) {
 				_, err := b.Branch(ctx, api.BranchRequest{Snapshot: "zz-snap:1", N: 1, Like: sb.Name})
 				return err
 			}},
+			{"port", func(sb *sdk.Sandbox) error {
+				req, _ := http.NewRequest("GET", "https://"+te.addr+"/v1/sandboxes/"+sb.Name+"/ports/8080/", nil)
+				req.Header.Set("Authorization", "Bearer "+te.tokens["b"])
+				resp, err := hc.Do(req)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				var e api.Error
+				if resp.StatusCode/100 == 2 || json.NewDecoder(resp.Body).Decode(&e) != nil {
+					return nil
+				}
+				return &e
+			}},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {

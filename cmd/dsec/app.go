@@ -62,6 +62,14 @@ type Config struct {
 	Registries RegistriesConfig `mapstructure:"registries"`
 	// What dsec gateway serves, and its workers.
 	Gateway GatewayConfig `mapstructure:"gateway"`
+	// Snapshots (worker.Config.PublishSnapshots).
+	Snap SnapConfig `mapstructure:"snap"`
+}
+
+// SnapConfig is what a worker does with the snapshots it packs.
+type SnapConfig struct {
+	// Publish pushes each to the remote before the pack is answered.
+	Publish bool `mapstructure:"publish"`
 }
 
 // GatewayConfig is dsec gateway's: where it listens and its workers.
@@ -315,7 +323,9 @@ once under the root, default its free space less 1G; admission.worker_memory_min
 batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
 2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited), what the journal keeps of
 a command's output (exec.max_output, 64M: stdout and stderr together, lowered to the sandbox's disk bound; what
-passes it is dropped and the result says so) and FnCall pools (pools.NAME.size, .backend, .base,
+passes it is dropped and the result says so) snapshots (snap.publish, false: push each
+snapshot a worker packs to its remote before the pack is answered, so a fleet's workers sharing that remote
+branch one another's snapshots) and FnCall pools (pools.NAME.size, .backend, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
 (listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; api.max_requests, 4096, and
 api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
@@ -406,6 +416,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	v.SetDefault("e2b.listen", "")
 	v.SetDefault("e2b.domain", "")
 	v.SetDefault("e2b.http2", false)
+	v.SetDefault("snap.publish", false)
 	v.SetDefault("e2b.templates", map[string]any{})
 	v.SetDefault("cache.max_bytes", 0)
 	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/gateway"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
@@ -23,6 +24,7 @@ import (
 
 func (a *app) gatewayCommand() *cobra.Command {
 	var listen, workers, tokens, cas, certs, keys []string
+	var e2bListen string
 	var tlsCfg ServerTLSConfig
 	var heartbeat time.Duration
 	cmd := &cobra.Command{
@@ -52,15 +54,26 @@ A worker that does not answer for three heartbeats is down: its sandboxes are li
 unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
 from run and exec), and no create goes there until it answers again. dsec node ls shows the
 workers; dsec node cordon stops creates going to one (kept in the gateway's root: a gateway
-started again on it keeps it), dsec node drain waits for its sandboxes to go too. Not served through a gateway yet (ask a worker): the E2B
-API, listing, removing and branching snapshots, stored policies and pools.
+started again on it keeps it), dsec node drain waits for its sandboxes to go too.
+
+With --e2b-listen HOST:PORT (config e2b.listen, with e2b.templates, e2b.domain and e2b.http2 as
+dsec daemon takes them) it serves E2B's API for the fleet too: E2B_API_URL and E2B_SANDBOX_URL
+point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). Its
+records of E2B sandboxes (template, metadata, timeout) are kept under the gateway's root.
+
+Snapshots: a pack-diff is taken where its sandbox runs; snap ls and rm ask every worker; a branch
+or a create on a snapshot goes to a worker that holds it (a memory snapshot's guest runs there), or
+to any worker when the workers share a remote they publish snapshots to (snap.publish). Not
+served through a gateway yet (ask a worker): stored policies, pools and squash.
 
 ` + exitCodesHelp,
 		Example: `  dsec --root /var/lib/dsec-gw token create --scope admin      # the gateway's own tokens
   dsec --root /var/lib/dsec-gw gateway --listen tcp://0.0.0.0:7443 \
       --tls-cert gw.pem --tls-key gw-key.pem \
       --worker tcp://host1:7443 --worker tcp://host2:7443 --worker-token dsec_... --worker-ca ca.pem
-  DSEC_HOST=tcp://gw:7443 DSEC_TOKEN=dsec_... dsec run --name a -- true`,
+  DSEC_HOST=tcp://gw:7443 DSEC_TOKEN=dsec_... dsec run --name a -- true
+  dsec --root /var/lib/dsec-gw gateway --listen tcp://127.0.0.1:7443 --e2b-listen 127.0.0.1:3000 \
+      --worker tcp://127.0.0.1:7001 --worker tcp://127.0.0.1:7002 --worker-token dsec_... --worker-ca ca.pem`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := a.cfg.Gateway
@@ -88,6 +101,10 @@ API, listing, removing and branching snapshots, stored policies and pools.
 			if f.Changed("tls-client-ca") {
 				tls.ClientCA = tlsCfg.ClientCA
 			}
+			e2bAddr := a.cfg.E2B.Listen
+			if f.Changed("e2b-listen") {
+				e2bAddr = e2bListen
+			}
 			if len(c.Listen) == 0 {
 				return fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
 			}
@@ -113,21 +130,46 @@ API, listing, removing and branching snapshots, stored policies and pools.
 				}
 				ls = append(ls, l)
 			}
+			var e2bL net.Listener
+			if e2bAddr != "" {
+				if e2bL, err = worker.ListenTCP("tcp://"+strings.TrimPrefix(e2bAddr, "tcp://"), tls, a.cfg.E2B.HTTP2); err != nil {
+					return err
+				}
+				ls = append(ls, e2bL)
+			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g.Heartbeat(ctx)
 			go g.Run(ctx)
 			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+			servers := []*http.Server{srv}
 			errc := make(chan error, len(ls))
 			for _, l := range ls {
+				if l == e2bL {
+					continue
+				}
 				a.log.Info("the gateway listens", "addr", l.Addr().String(), "workers", len(cfg.Workers))
 				go func() { errc <- srv.Serve(l) }()
+			}
+			if e2bL != nil {
+				front, stop, err := a.gatewayFront(ctx, g, cfg.Tokens)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+				servers = append(servers, fsrv)
+				a.log.Info("the gateway serves E2B's API", "addr", e2bL.Addr().String())
+				go func() { errc <- fsrv.Serve(e2bL) }()
 			}
 			select {
 			case <-ctx.Done():
 				sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer scancel()
-				return srv.Shutdown(sctx)
+				for _, s := range servers {
+					s.Shutdown(sctx)
+				}
+				return nil
 			case err := <-errc:
 				return err
 			}
@@ -142,8 +184,46 @@ API, listing, removing and branching snapshots, stored policies and pools.
 	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
 	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
 	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	cmd.Flags().StringVar(&e2bListen, "e2b-listen", "", "serve E2B's API for the fleet on HOST:PORT, for the E2B SDKs (config e2b.listen)")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 0, "ask each worker how it is this often (default 2s; config gateway.heartbeat)")
 	return cmd
+}
+
+// gatewayFront is the E2B front for the fleet g serves: it checks keys
+// against the gateway's tokens and calls g in process with the caller's
+// authority (g.ActAs); its records are under the gateway's root.
+func (a *app) gatewayFront(ctx context.Context, g *gateway.Gateway, tokens *auth.Store) (*e2b.Server, func(), error) {
+	templates, err := a.e2bTemplates()
+	if err != nil {
+		return nil, nil, err
+	}
+	transport, stop := e2b.InProcess(ctx, g.ActAs())
+	opts := e2b.Options{Transport: transport, Dir: filepath.Join(a.cfg.Root, "e2b"), Templates: templates,
+		Domain: a.cfg.E2B.Domain, ImageKeys: a.cfg.E2B.ImageKeys, Log: a.log,
+		Authorize: func(key string) (string, bool, error) {
+			t, err := tokens.Check(key, time.Now())
+			return t.ID, t.Scope == auth.Admin, err
+		},
+		Live: func(id string) bool {
+			t, ok := tokens.Lookup(id)
+			return ok && !t.Expired(time.Now())
+		}}
+	if _, _, known := g.Lookup(""); known {
+		// (Records of sandboxes gone are dropped only when every worker
+		// has said what it holds.)
+		opts.Lookup = func(name string) (string, bool) {
+			id, ok, _ := g.Lookup(name)
+			return id, ok
+		}
+	}
+	front, err := e2b.New(opts)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	g.OnForget(front.Forget)
+	go front.Run(ctx)
+	return front, stop, nil
 }
 
 // gatewayWorkers pairs --worker with --worker-token, --worker-ca,

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -390,9 +391,11 @@ func (f filesystemService) RemoveWatcher(context.Context, *connect.Request[fspb.
 	return nil, connect.NewError(connect.CodeUnimplemented, errNoWatch)
 }
 
-// proxy sends a request for another port of a sandbox to its address
-// (a sandbox in network mode nat has one); the caller's key must see
-// the sandbox (X-Access-Token, or the E2B traffic token header).
+// proxy sends a request for another port of a sandbox to it, through
+// the API's port route (a sandbox in network mode nat has an address
+// there), so that a sandbox on another host of a gateway's is reached
+// too; the caller's key must see the sandbox (X-Access-Token, or the
+// E2B traffic token header).
 func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port int) {
 	token := r.Header.Get("X-Access-Token")
 	if token == "" {
@@ -403,22 +406,19 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	defer release()
-	sb, err := inspect(r.Context(), s.as(who), id)
-	if err != nil {
-		writeError(rw, err)
-		return
-	}
-	if sb.Address == "" {
-		writeError(rw, fmt.Errorf("sandbox %s has no address to reach port %d at: give its template a policy with network mode nat: %w", id, port, errdefs.ErrUnavailable))
-		return
-	}
-	target := &url.URL{Scheme: "http", Host: sb.Address + ":" + strconv.Itoa(port)}
-	p := httputil.NewSingleHostReverseProxy(target)
-	p.ErrorHandler = func(rw http.ResponseWriter, _ *http.Request, err error) {
-		writeError(rw, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
-	}
-	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
-		r.Header.Del(h) // the sandbox sees none of the caller's secrets
-	}
+	p := &httputil.ReverseProxy{Transport: actAs{s.opts.Transport, cmp.Or(who.id, ActAsAdmin)}, FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL = &url.URL{Scheme: "http", Host: "dsec-worker",
+				Path:     "/" + api.Version + "/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port) + pr.In.URL.Path,
+				RawQuery: pr.In.URL.RawQuery}
+			pr.Out.Host = "dsec-worker"
+			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
+			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
+			}
+		},
+		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
+			writeError(rw, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
+		}}
 	p.ServeHTTP(rw, r)
 }

@@ -35,6 +35,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -42,6 +43,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/e2b"
 )
 
 // Worker is a worker of the fleet, as the gateway reaches it.
@@ -87,6 +89,8 @@ type Gateway struct {
 	routes    map[string]*node // a sandbox's name: its worker's
 	making    map[string]bool  // names a create through this gateway is making
 	next      int              // the node a tie of placement goes to
+
+	onForget atomic.Pointer[func(id string)] // OnForget's
 }
 
 // node is one worker, as the gateway knows it.
@@ -304,6 +308,14 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	if n.down {
 		g.cfg.Log.Info("a worker answers again", "worker", n.URL)
 	}
+	var gone []string
+	for _, s := range n.held {
+		// (One made through this gateway since the list was asked for
+		// is pending, not gone.)
+		if _, made := n.pending[s.Name]; !made && !slices.ContainsFunc(held, func(h api.Sandbox) bool { return h.ID == s.ID }) {
+			gone = append(gone, s.ID)
+		}
+	}
 	n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
 	for name, p := range n.pending {
 		if !strings.HasPrefix(name, "?") && (time.Since(p.sent) > pendFor || slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name })) {
@@ -321,6 +333,9 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 		g.routes[s.Name] = n
 	}
 	g.mu.Unlock()
+	for _, id := range gone {
+		g.gone(id)
+	}
 }
 
 // answered says whether err is a worker's answer (a failure it said),
@@ -390,6 +405,8 @@ func (n *node) get(ctx context.Context, path string, t *auth.Token, out any) err
 func (n *node) authorize(h http.Header, t *auth.Token) {
 	h.Set("Authorization", "Bearer "+n.Token)
 	h.Del(auth.OnBehalfHeader)
+	h.Del(e2b.HeaderActAs) // (an E2B front's, never a client's to send on)
+	h.Del(e2b.HeaderTemplate)
 	if t != nil && t.Scope != auth.Admin {
 		h.Set(auth.OnBehalfHeader, auth.OnBehalf(*t))
 	}
@@ -456,11 +473,11 @@ func (n *node) reserved(mem int64) (settle func(name string)) {
 	}
 }
 
-// place orders the workers a create asking mem may go to: the one with
-// the most memory left first (ties: the fewest sandboxes, then in
-// turn), and reserves mem on it (settled as reserved says); none up is
-// an infrastructure failure.
-func (g *Gateway) place(mem int64) ([]*node, func(string), error) {
+// place orders the workers a create asking mem may go to (those only
+// takes; nil: any): the one with the most memory left first (ties: the
+// fewest sandboxes, then in turn), and reserves mem on it (settled as
+// reserved says); none up is an infrastructure failure.
+func (g *Gateway) place(mem int64, only func(*node) bool) ([]*node, func(string), error) {
 	type cand struct {
 		n     *node
 		free  int64
@@ -478,9 +495,12 @@ func (g *Gateway) place(mem int64) ([]*node, func(string), error) {
 	var cs []cand
 	for i := range g.nodes {
 		n := g.nodes[(start+i)%len(g.nodes)]
-		if up, free, count := n.room(); up {
+		if up, free, count := n.room(); up && (only == nil || only(n)) {
 			cs = append(cs, cand{n, free, count, i})
 		}
+	}
+	if len(cs) == 0 && only != nil {
+		return nil, nil, fmt.Errorf("no worker up that may take it (of those that hold its snapshot or share it through their remote; dsec node ls): %w", errdefs.ErrUnavailable)
 	}
 	if len(cs) == 0 {
 		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
@@ -512,6 +532,75 @@ func (g *Gateway) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 
 type tokenKey struct{}
 
+// templateKey marks a create whose spec is the E2B front's template of
+// that name: the gateway's configuration, not its caller's.
+type templateKey struct{}
+
+// ActAs serves the fleet's API to an E2B front in this process
+// (e2b.InProcess): each request with the authority e2b.HeaderActAs
+// names, a gateway token's ID or e2b.ActAsAdmin, which only such a
+// request carries (the front checked the caller's key itself). A create
+// the front marks as its template's (e2b.HeaderTemplate) is sent to its
+// worker as the admin's spec on behalf of the caller, as a worker's own
+// front makes one.
+func (g *Gateway) ActAs() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(e2b.HeaderActAs)
+		t := auth.Token{ID: id, Scope: auth.Sandboxes}
+		switch {
+		case id == "":
+			answer(rw, http.StatusUnauthorized, api.Error{Class: api.ClassUnauthorized, Message: "unauthorized"})
+			return
+		case id == e2b.ActAsAdmin:
+			t = auth.Token{Scope: auth.Admin}
+		default:
+			if tok, ok := g.cfg.Tokens.Lookup(id); ok {
+				t = tok
+			}
+		}
+		ctx := context.WithValue(r.Context(), tokenKey{}, &t)
+		if name := r.Header.Get(e2b.HeaderTemplate); name != "" {
+			ctx = context.WithValue(ctx, templateKey{}, name)
+		}
+		g.mux.ServeHTTP(rw, r.WithContext(ctx))
+		// What a worker answered before it read all (a file past a full
+		// disk) is read here, in process, so that the front reads the
+		// answer, not a connection closed under its write.
+		io.Copy(io.Discard, r.Body)
+	})
+}
+
+// Lookup is the ID of the sandbox named name, as its worker last listed
+// it; known is false while some worker has never answered (what it
+// holds is not known yet). For an E2B front's records (e2b.Options).
+func (g *Gateway) Lookup(name string) (id string, ok, known bool) {
+	known = true
+	for _, n := range g.nodes {
+		n.mu.Lock()
+		if n.seen.IsZero() {
+			known = false
+		}
+		for _, s := range n.held {
+			if s.Name == name {
+				id, ok = s.ID, true
+			}
+		}
+		n.mu.Unlock()
+	}
+	return id, ok, known
+}
+
+// OnForget has f hear the ID of each sandbox gone from the fleet:
+// removed through the gateway, or no longer in its worker's list (an E2B
+// front's Forget).
+func (g *Gateway) OnForget(f func(id string)) { g.onForget.Store(&f) }
+
+func (g *Gateway) gone(id string) {
+	if f := g.onForget.Load(); f != nil && id != "" {
+		(*f)(id)
+	}
+}
+
 func tokenOf(r *http.Request) *auth.Token { return r.Context().Value(tokenKey{}).(*auth.Token) }
 
 func (g *Gateway) routesMux() *http.ServeMux {
@@ -528,6 +617,9 @@ func (g *Gateway) routesMux() *http.ServeMux {
 	mux.HandleFunc(v+"/sandboxes/{name}/{rest...}", g.toHolder)
 	mux.HandleFunc("POST "+v+"/calls", g.call)
 	mux.HandleFunc("POST "+v+"/batches", g.batch)
+	mux.HandleFunc("POST "+v+"/branches", g.branch)
+	mux.HandleFunc("GET "+v+"/snapshots", g.snapshots)
+	mux.HandleFunc("DELETE "+v+"/snapshots/{ref...}", g.removeSnapshot)
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("the gateway does not serve %s %s: ask a worker of the fleet for it (dsec --host tcp://WORKER): %w",
 			r.Method, r.URL.Path, errdefs.ErrNotImplemented))
@@ -630,10 +722,18 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var spec struct {
-		Name   string `json:"name"`
-		Memory int64  `json:"memory"`
+		Name     string `json:"name"`
+		Memory   int64  `json:"memory"`
+		Snapshot string `json:"snapshot"`
 	}
 	json.Unmarshal(body, &spec) // (a bad body is the worker's to refuse)
+	var only func(*node) bool
+	if spec.Snapshot != "" {
+		if only, err = g.snapshotTakers(r.Context(), tokenOf(r), spec.Snapshot); err != nil {
+			fail(rw, err)
+			return
+		}
+	}
 	if spec.Name != "" {
 		release, err := g.claim([]string{spec.Name})
 		if err != nil {
@@ -642,7 +742,7 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		}
 		defer release()
 	}
-	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, spec.Memory)
+	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, spec.Memory, only)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -682,6 +782,13 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 // forget records that n removed the sandbox name: its name is free at
 // once, and its memory no longer counted.
 func (g *Gateway) forget(n *node, name string) {
+	n.mu.Lock()
+	var id string
+	if i := slices.IndexFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }); i >= 0 {
+		id = n.held[i].ID
+	}
+	n.mu.Unlock()
+	g.gone(id)
 	g.mu.Lock()
 	if g.routes[name] == n {
 		delete(g.routes, name)
@@ -724,8 +831,8 @@ func (g *Gateway) claim(names []string) (release func(), err error) {
 // the caller's to close), the worker, and how to settle the
 // reservation once the sandbox's name is known (201 only: else it is
 // settled).
-func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, mem int64) (*http.Response, *node, func(string), error) {
-	nodes, settle, err := g.place(mem)
+func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, mem int64, only func(*node) bool) (*http.Response, *node, func(string), error) {
+	nodes, settle, err := g.place(mem, only)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -740,6 +847,9 @@ func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, bod
 		}
 		req.Header.Set("Content-Type", "application/json")
 		n.authorize(req.Header, t)
+		if name, _ := ctx.Value(templateKey{}).(string); name != "" && t.Scope != auth.Admin {
+			req.Header.Set(e2b.HeaderTemplate, name) // the admin's spec, vouched for as the worker's own front does
+		}
 		resp, err := n.rt.RoundTrip(req)
 		if err != nil {
 			settle("")
@@ -855,6 +965,14 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 		defer release()
 	}
 	t := tokenOf(r)
+	var only func(*node) bool
+	if req.Spec.Snapshot != "" {
+		var err error
+		if only, err = g.snapshotTakers(r.Context(), t, req.Spec.Snapshot); err != nil {
+			fail(rw, err)
+			return
+		}
+	}
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.WriteHeader(http.StatusOK)
 	flush := http.NewResponseController(rw)
@@ -869,7 +987,7 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 		under <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-under }()
-			item := g.batchItem(r.Context(), t, req.Spec, i)
+			item := g.batchItem(r.Context(), t, req.Spec, i, only)
 			mu.Lock()
 			defer mu.Unlock()
 			enc.Encode(item)
@@ -880,13 +998,13 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 }
 
 // batchItem makes a batch's sandbox i of spec.
-func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.SandboxSpec, i int) api.BatchItem {
+func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.SandboxSpec, i int, only func(*node) bool) api.BatchItem {
 	item := api.BatchItem{Index: i}
 	if spec.Name != "" {
 		spec.Name = api.BatchName(spec.Name, i)
 	}
 	body, _ := json.Marshal(spec)
-	resp, n, settle, err := g.createOne(ctx, t, "/"+api.Version+"/sandboxes", body, spec.Memory)
+	resp, n, settle, err := g.createOne(ctx, t, "/"+api.Version+"/sandboxes", body, spec.Memory, only)
 	if err != nil {
 		item.Error, _ = api.ErrorOf(err)
 		return item
@@ -912,7 +1030,7 @@ func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.Sandbox
 // call places a call (a sandbox for one command, streamed) as a create
 // is placed: on the first worker of place's order.
 func (g *Gateway) call(rw http.ResponseWriter, r *http.Request) {
-	nodes, settle, err := g.place(0)
+	nodes, settle, err := g.place(0, nil)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -992,7 +1110,12 @@ func (g *Gateway) toHolder(rw http.ResponseWriter, r *http.Request) {
 // holderUp is the worker up that holds r's sandbox, or nil once rw
 // has the answer: not found, or its worker down.
 func (g *Gateway) holderUp(rw http.ResponseWriter, r *http.Request) *node {
-	name, t := r.PathValue("name"), tokenOf(r)
+	return g.holderNamed(rw, r, r.PathValue("name"))
+}
+
+// holderNamed is holderUp of the sandbox name.
+func (g *Gateway) holderNamed(rw http.ResponseWriter, r *http.Request, name string) *node {
+	t := tokenOf(r)
 	notFound := fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
 	n := g.holder(r.Context(), name, t)
 	if n == nil {

@@ -309,7 +309,7 @@ func masquerade(on bool) error {
 			if fastOff.Load() {
 				want -= fastForwardRules
 			}
-			if ferr == nil && ierr == nil && len(fr) == want && len(ir) == len(redirects)+1 {
+			if ferr == nil && ierr == nil && len(fr) == want && len(ir) == len(redirects)+2 {
 				return nil
 			}
 		}
@@ -355,6 +355,10 @@ func masquerade(on bool) error {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
 			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
 		}
+		// Answers to what the host opened (a worker reaching a sandbox's
+		// server: its port route) come back; nothing a sandbox opens does.
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(append(slices.Clip(fromSandbox), ctState(expr.CtStateBitESTABLISHED)...),
+			&expr.Verdict{Kind: expr.VerdictAccept})})
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
 		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
@@ -401,8 +405,8 @@ func masquerade(on bool) error {
 }
 
 // forwardRules is how many rules the forward chain holds (the input
-// chain: one per redirect, and its drop): a table with others (or other
-// chains) is an older worker's, made anew.
+// chain: one per redirect, the answers to the host's, and its drop): a
+// table with others (or other chains) is an older worker's, made anew.
 const forwardRules = 4 + fastForwardRules
 
 // resolvedSet holds the addresses of the sandboxes whose DNS and web

@@ -6,6 +6,7 @@ package runtimetest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -42,6 +44,9 @@ import (
 const (
 	workerEnv       = "DSEC_TEST_WORKER_ROOT"
 	workerConfigEnv = "DSEC_TEST_WORKER_CONFIG"
+	// fetcherArg starts a test binary as a worker's fetcher (of a lazy
+	// layer from its remote): TEST-BINARY fetcherArg DIR.
+	fetcherArg = "-dsec-test-fetcher"
 )
 
 // MaybeWorker runs a worker and exits if the test binary was started as
@@ -50,6 +55,14 @@ const (
 // Config names them (Drivers).
 func MaybeWorker(drivers ...worker.Driver) {
 	testDrivers = drivers
+	if len(os.Args) == 3 && os.Args[1] == fetcherArg { // a worker's lazy layer's fetcher
+		err := lazy.Serve(context.Background(), os.Args[2], 300*time.Millisecond, slog.Default())
+		if err != nil && !errors.Is(err, lazy.ErrBusy) {
+			os.Stderr.WriteString("fetcher: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	root := os.Getenv(workerEnv)
 	if root == "" {
 		return
@@ -61,8 +74,20 @@ func MaybeWorker(drivers ...worker.Driver) {
 			os.Exit(1)
 		}
 	}
-	var names struct{ Drivers []string }
+	var names struct {
+		Drivers   []string
+		RemoteURL string
+	}
 	json.Unmarshal([]byte(os.Getenv(workerConfigEnv)), &names)
+	if names.RemoteURL != "" {
+		t, err := remote.Open(names.RemoteURL, remote.Options{})
+		if err != nil {
+			os.Stderr.WriteString("worker remote: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		cfg.Remote = t
+		cfg.Fetcher = lazy.Start{Path: os.Args[0], Args: []string{fetcherArg}}
+	}
 	for _, d := range testDrivers {
 		if slices.Contains(names.Drivers, d.Name()) {
 			cfg.Drivers = append(cfg.Drivers, d)
@@ -157,6 +182,10 @@ type Config struct {
 	// Drivers names the test's own backends (MaybeWorker's) the worker
 	// runs beside the built-in ones.
 	Drivers []string `json:",omitempty"`
+	// RemoteURL is the worker's remote (worker.Config.Remote, opened
+	// from this URL); PublishSnapshots: worker.Config's (snap.publish).
+	RemoteURL        string `json:",omitempty"`
+	PublishSnapshots bool   `json:",omitempty"`
 }
 
 // StartWorkerWith is StartWorker with cfg.
@@ -390,6 +419,19 @@ func Clean(root string) {
 	lower.Of(root).Sweep(nil)
 	disk.SweepUppers(root, nil)
 	disk.ReleaseUppers(root)
+	waitFetchers(root)
+}
+
+// waitFetchers waits (5 s at most) for the fetchers of root's lazy
+// layers to go: each exits, unmounting its file, once no mount of its
+// layer is left (lazy.Serve's idle time after).
+func waitFetchers(root string) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile("/proc/thread-self/mountinfo")
+		if !strings.Contains(string(b), " "+root+"/cache/") {
+			return
+		}
+	}
 }
 
 // sweepSpares removes the groups of a dead worker's spares, as the next

@@ -132,7 +132,9 @@ func adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 // authed is next behind the tokens: a request without a valid one is
 // answered 401 and nothing more, before its body is read; the rest take
 // a slot of l's. An admin token's request on behalf of another token
-// (a gateway's, auth.OnBehalfHeader) is served as that token's.
+// (a gateway's, auth.OnBehalfHeader) is served as that token's; its
+// create marked as an E2B template's (e2b.HeaderTemplate) takes the spec
+// as the admin's, as one from this worker's own front.
 func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		secret, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -151,6 +153,11 @@ func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 				unread(rw, r)
 				fail(rw, err)
 				return
+			}
+			if r.Header.Get(e2b.HeaderTemplate) != "" {
+				// The gateway's E2B front's template: the admin's spec,
+				// made for its caller (as this worker's own front does).
+				r = r.WithContext(withTrusted(r.Context()))
 			}
 		}
 		w.serveAs(rw, r, next, l, &t)

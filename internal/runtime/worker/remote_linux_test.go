@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
 )
 
 // TestListenTCP: loopback takes plain TCP; anything else needs TLS, a
@@ -211,26 +212,32 @@ func TestOnBehalf(t *testing.T) {
 	}
 	h := w.authed(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		t := tokenOf(r.Context())
-		fmt.Fprintf(rw, "%s %s %v", t.ID, t.Scope, t.Allow)
+		fmt.Fprintf(rw, "%s %s %v trusted=%v", t.ID, t.Scope, t.Allow, isTrusted(r.Context()))
 	}), newLimiter(8, 8))
 	client := auth.Token{ID: "0123456789ab", Scope: auth.Sandboxes, Allow: []string{auth.AllowPolicy}, SHA256: "x"}
 	for _, c := range []struct {
 		bearer, behalf string
+		template       string // e2b.HeaderTemplate: an admin's vouching, on behalf of a client
 		code           int
 		body           string
 	}{
-		{admin, auth.OnBehalf(client), 200, "0123456789ab sandboxes [policy]"},
-		{admin, "", 200, ""},
-		{tenant, "", 200, tokT.ID + " sandboxes []"},
-		{tenant, auth.OnBehalf(client), 403, `"class":"denied"`},
-		{admin, "e30", 400, `"class":"invalid"`}, // {}: no scope
-		{admin, "%%%", 400, `"class":"invalid"`},
+		{admin, auth.OnBehalf(client), "", 200, "0123456789ab sandboxes [policy] trusted=false"},
+		{admin, auth.OnBehalf(client), "base", 200, "0123456789ab sandboxes [policy] trusted=true"},
+		{admin, "", "", 200, ""},
+		{tenant, "", "", 200, tokT.ID + " sandboxes [] trusted=false"},
+		{tenant, "", "base", 200, tokT.ID + " sandboxes [] trusted=false"}, // a tenant's own claim: nothing
+		{tenant, auth.OnBehalf(client), "", 403, `"class":"denied"`},
+		{admin, "e30", "", 400, `"class":"invalid"`}, // {}: no scope
+		{admin, "%%%", "", 400, `"class":"invalid"`},
 	} {
 		body := &readCounter{r: strings.NewReader("{}")}
 		r := httptest.NewRequest("POST", "/v1/sandboxes", body)
 		r.Header.Set("Authorization", "Bearer "+c.bearer)
 		if c.behalf != "" {
 			r.Header.Set(auth.OnBehalfHeader, c.behalf)
+		}
+		if c.template != "" {
+			r.Header.Set(e2b.HeaderTemplate, c.template)
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)

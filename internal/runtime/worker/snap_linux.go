@@ -10,12 +10,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/snap"
 )
@@ -75,6 +77,17 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
+	if w.cfg.PublishSnapshots && w.mounter.Remote != nil {
+		// Published before it is answered: once packed, any worker of the
+		// remote's branches it. (The tag, the caller's own, replaces one a
+		// snapshot removed here since left there.)
+		t0 := time.Now()
+		if _, err := remote.Copy(context.WithoutCancel(r.Context()), remote.Local(w.mounter.Store), w.mounter.Remote, ref, true, nil); err != nil {
+			return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but not published to %s (snap.publish): %v: %w",
+				sc.show(ref.String()), w.mounter.Remote, err, errdefs.ErrUnavailable)
+		}
+		w.log.Info("published snapshot", "snapshot", ref, "remote", w.mounter.Remote, "took", time.Since(t0))
+	}
 	out := snapshotOf(p.Layer)
 	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
 	out.Dropped, out.FrozenSeconds = p.Packed.Dropped, p.Frozen.Seconds()
@@ -136,11 +149,14 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 	if req.N < 1 || req.N > maxBranches {
 		return created[[]api.Sandbox]{}, fmt.Errorf("branch count %d: give 1 to %d: %w", req.N, maxBranches, errdefs.ErrInvalidArgument)
 	}
+	if req.First < 0 {
+		return created[[]api.Sandbox]{}, fmt.Errorf("branch number %d: give 1 or more: %w", req.First, errdefs.ErrInvalidArgument)
+	}
 	prefix := req.NamePrefix
 	if prefix == "" {
-		prefix = strings.NewReplacer("/", "-", ":", "-").Replace(req.Snapshot)
+		prefix = api.BranchPrefix(req.Snapshot)
 	}
-	names, err := w.branchNames(prefix, req.N, req.NamePrefix == "")
+	names, err := w.branchNames(prefix, req.N, req.First, req.NamePrefix == "")
 	if err != nil {
 		return created[[]api.Sandbox]{}, err
 	}
@@ -237,10 +253,13 @@ func specOf(st runtime.State) api.SandboxSpec {
 // indices after the highest its branches hold now, so a second branch of
 // a snapshot never meets the first's; a prefix the user gave is refused
 // whole, before anything is made, if any of its names is taken.
-func (w *worker) branchNames(prefix string, n int, next bool) ([]string, error) {
+func (w *worker) branchNames(prefix string, n, first int, next bool) ([]string, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	first := 1
+	if first > 0 {
+		next = false
+	}
+	first = max(first, 1)
 	if next {
 		for name := range w.sandboxes {
 			if i, err := strconv.Atoi(strings.TrimPrefix(name, prefix+"-")); err == nil && strings.HasPrefix(name, prefix+"-") && i >= first {

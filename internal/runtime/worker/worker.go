@@ -38,7 +38,11 @@ type Config struct {
 	Cache      lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
 	// SnapLimits bound pack-diff where a request does not (snap.max_*).
 	SnapLimits snap.Limits
-	Log        *slog.Logger
+	// PublishSnapshots pushes each snapshot packed here to Remote before
+	// the pack is answered (snap.publish): a fleet's workers sharing the
+	// remote branch one another's snapshots lazily.
+	PublishSnapshots bool
+	Log              *slog.Logger
 	// ExitIdle, if set, stops the worker once no sandbox exists and no
 	// request came for that long (a worker the CLI started on demand).
 	ExitIdle time.Duration

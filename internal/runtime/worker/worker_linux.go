@@ -155,6 +155,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := cfg.Admission.Validate(); err != nil {
 		return err
 	}
+	if cfg.PublishSnapshots && cfg.Remote == nil {
+		return fmt.Errorf("snap.publish needs a remote to publish snapshots to: give the config a remote (dir:///PATH on a file system every worker mounts, or oci://HOST/REPO): %w", errdefs.ErrInvalidArgument)
+	}
 	h, err := prepareHost(cfg)
 	defer h.undo()
 	if err != nil {
@@ -419,6 +422,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}/archive", w.statPath)
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/archive", w.putArchive)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", handle(w.packDiff))
+	mux.HandleFunc("/v1/sandboxes/{name}/ports/{port}/{path...}", w.port)
 	mux.HandleFunc("POST /v1/branches", handle(w.branch))
 	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
@@ -459,7 +463,8 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
-		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost()}, nil
+		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
+		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil}, nil
 }
 
 // microVMHost describes what the microvm backend runs with here.

@@ -1,0 +1,282 @@
+package gateway
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+)
+
+// Snapshots in a fleet. A pack-diff is taken on the worker that runs its
+// sandbox (a request about the sandbox, relayed), into that worker's
+// store, and, where the workers publish them (snap.publish), into their
+// shared remote too. So a branch of a snapshot, or a create on one, goes
+// to a worker that holds it, or to any worker that publishes to the
+// remote (it finds the snapshot there, lazily); a memory snapshot's
+// guest goes only where it was taken. A fork (a branch like a sandbox)
+// goes to that sandbox's worker.
+
+// snapshotTakers says which workers may take a sandbox on the snapshot
+// ref, as t names it: those that hold it and, unless it is a memory
+// snapshot, those that publish snapshots to a shared remote. One no
+// worker up holds or could find is not found.
+func (g *Gateway) snapshotTakers(ctx context.Context, t *auth.Token, ref string) (func(*node) bool, error) {
+	if strings.HasPrefix(ref, "sha256:") {
+		return nil, nil // (by digest: every worker is asked as a create is)
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
+	defer cancel()
+	var mu sync.Mutex
+	var holders []*node
+	memory := false
+	g.eachUp(func(_ int, n *node) {
+		var got []api.SnapshotNode
+		if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), t, &got) != nil {
+			return
+		}
+		for _, s := range got {
+			if s.Name == ref {
+				mu.Lock()
+				holders = append(holders, n)
+				memory = memory || s.MemoryBytes > 0
+				mu.Unlock()
+			}
+		}
+	})
+	shares := func(n *node) bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.info.PublishesSnapshots
+	}
+	if len(holders) == 0 && !slices.ContainsFunc(g.nodes, shares) {
+		return nil, fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", ref, errdefs.ErrNotFound)
+	}
+	return func(n *node) bool { return slices.Contains(holders, n) || !memory && shares(n) }, nil
+}
+
+// eachUp runs f for each worker up (i its index in g.nodes), all at
+// once, and waits for them.
+func (g *Gateway) eachUp(f func(i int, n *node)) {
+	var wg sync.WaitGroup
+	for i, n := range g.nodes {
+		if n.isUp() {
+			wg.Go(func() { f(i, n) })
+		}
+	}
+	wg.Wait()
+}
+
+// isUp says whether n answered its last heartbeat.
+func (n *node) isUp() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return !n.down && !n.seen.IsZero()
+}
+
+// snapshots is every worker's list of the caller's snapshots: one held
+// by several (each branched it from the remote) once, its children
+// joined.
+func (g *Gateway) snapshots(rw http.ResponseWriter, r *http.Request) {
+	t := tokenOf(r)
+	lists := make([][]api.SnapshotNode, len(g.nodes))
+	errs := make([]error, len(g.nodes))
+	g.eachUp(func(i int, n *node) {
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
+		defer cancel()
+		err := n.get(ctx, r.URL.RequestURI(), t, &lists[i])
+		if answered(err) {
+			errs[i] = err
+		} else if err != nil && r.Context().Err() == nil {
+			g.lost(n, err)
+		}
+	})
+	for _, err := range errs {
+		if err != nil {
+			fail(rw, err)
+			return
+		}
+	}
+	out := []api.SnapshotNode{}
+	for _, l := range lists {
+		for _, s := range l {
+			i := slices.IndexFunc(out, func(o api.SnapshotNode) bool { return o.Name == s.Name && o.Digest == s.Digest })
+			if i < 0 {
+				out = append(out, s)
+				continue
+			}
+			for _, c := range s.Children {
+				if !slices.Contains(out[i].Children, c) {
+					out[i].Children = append(out[i].Children, c)
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b api.SnapshotNode) int { return a.Created.Compare(b.Created) })
+	answer(rw, http.StatusOK, out)
+}
+
+// removeSnapshot removes the snapshot from every worker up that holds
+// it: done where any did; not found where none did; a refusal (one
+// stands on it) is the answer. (A copy published to the remote stays
+// there.)
+func (g *Gateway) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
+	t := tokenOf(r)
+	type result struct {
+		status int
+		err    error
+	}
+	results := make([]result, len(g.nodes))
+	g.eachUp(func(i int, n *node) {
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodDelete, n.base.String()+r.URL.RequestURI(), nil)
+		if err != nil {
+			results[i] = result{err: err}
+			return
+		}
+		n.authorize(req.Header, t)
+		resp, err := n.rt.RoundTrip(req)
+		if err != nil {
+			if r.Context().Err() == nil {
+				g.lost(n, err)
+			}
+			results[i] = result{err: n.unreachable(err)}
+			return
+		}
+		defer resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusUnauthorized:
+			results[i] = result{err: n.refused()}
+		case resp.StatusCode/100 == 2:
+			results[i] = result{status: resp.StatusCode}
+		default:
+			results[i] = result{status: resp.StatusCode, err: errorOf(resp)}
+		}
+	})
+	var refusal, notFound error
+	for _, res := range results {
+		switch {
+		case res.status/100 == 2:
+			rw.WriteHeader(http.StatusNoContent)
+			return
+		case res.status == http.StatusNotFound:
+			notFound = cmp.Or(notFound, res.err)
+		case res.err != nil:
+			refusal = cmp.Or(refusal, res.err)
+		}
+	}
+	if refusal != nil {
+		fail(rw, refusal)
+		return
+	}
+	if notFound == nil {
+		notFound = fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", r.PathValue("ref"), errdefs.ErrNotFound)
+	}
+	fail(rw, notFound)
+}
+
+// branch places a branch request: a fork (like a sandbox) on that
+// sandbox's worker, else on a worker that may take the snapshot
+// (snapshotTakers), the one with the most room. Its names are the
+// fleet's: without a prefix, numbered on from the last PREFIX-N any
+// worker holds.
+func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+		return
+	}
+	var req api.BranchRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		fail(rw, fmt.Errorf("bad request body: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	if req.Snapshot == "" || req.N < 1 || req.First < 0 {
+		fail(rw, fmt.Errorf("a branch needs a snapshot (NAME:STEP; dsec snap ls lists them), a count of 1 or more and no negative first number: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	t := tokenOf(r)
+	var only func(*node) bool
+	if req.Like != "" {
+		n := g.holderNamed(rw, r, req.Like)
+		if n == nil {
+			return
+		}
+		only = func(o *node) bool { return o == n }
+	} else if only, err = g.snapshotTakers(r.Context(), t, req.Snapshot); err != nil {
+		fail(rw, err)
+		return
+	}
+	if req.NamePrefix == "" {
+		req.NamePrefix, req.First = api.BranchPrefix(req.Snapshot), g.nextBranch(api.BranchPrefix(req.Snapshot))
+	}
+	names := make([]string, req.N)
+	for i := range names {
+		names[i] = req.NamePrefix + "-" + strconv.Itoa(max(req.First, 1)+i)
+	}
+	release, err := g.claim(names)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	defer release()
+	body, _ = json.Marshal(req)
+	resp, n, settle, err := g.createOne(r.Context(), t, r.URL.RequestURI(), body, req.Spec.Memory*int64(req.N), only)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	defer resp.Body.Close()
+	defer settle("")
+	if resp.StatusCode != http.StatusCreated {
+		relay(rw, resp)
+		return
+	}
+	var made []api.Sandbox
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err == nil {
+		err = json.NewDecoder(bytes.NewReader(b)).Decode(&made)
+	}
+	if err != nil {
+		fail(rw, fmt.Errorf("worker %s's answer to a branch: %v: %w", n.URL, err, errdefs.ErrUnavailable))
+		return
+	}
+	for i := range made {
+		g.made(n, made[i])
+		made[i].Node = n.URL
+	}
+	answer(rw, http.StatusCreated, made)
+}
+
+// nextBranch is the number after the last PREFIX-N a worker held at its
+// last heartbeat, or a create here is making.
+func (g *Gateway) nextBranch(prefix string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next := 1
+	see := func(name string) {
+		if rest, ok := strings.CutPrefix(name, prefix+"-"); ok {
+			if i, err := strconv.Atoi(rest); err == nil && i >= next {
+				next = i + 1
+			}
+		}
+	}
+	for name := range g.routes {
+		see(name)
+	}
+	for name := range g.making {
+		see(name)
+	}
+	return next
+}

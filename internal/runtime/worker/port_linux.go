@@ -1,0 +1,57 @@
+package worker
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+)
+
+// port relays an HTTP request (a WebSocket's upgrade too) to a port on
+// the sandbox's own address, that of its NAT network: ANY
+// /v1/sandboxes/{name}/ports/{port}/{path...}. What E2B's PORT-ID host
+// names goes through here, so that a front or a gateway on another
+// host reaches a sandbox's server as one on this host would. The
+// sandbox sees none of the caller's credentials; its Host is the one
+// X-Forwarded-Host names (the caller's), else ADDRESS:PORT.
+func (w *worker) port(rw http.ResponseWriter, r *http.Request) {
+	e, err := w.get(r)
+	if err != nil {
+		fail(rw, err)
+		return
+	}
+	p, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || p <= 0 || p > 65535 {
+		fail(rw, fmt.Errorf("bad port %q: give a port number, 1 to 65535: %w", r.PathValue("port"), errdefs.ErrInvalidArgument))
+		return
+	}
+	st := e.sb.Snapshot()
+	if st.NAT == nil || st.Status != api.StatusRunning {
+		fail(rw, fmt.Errorf("sandbox %s has no address to reach port %d at (running, under a policy of network mode nat): %w", e.sb.Name, p, errdefs.ErrUnavailable))
+		return
+	}
+	target := &url.URL{Scheme: "http", Host: st.NAT.Sandbox + ":" + strconv.Itoa(p)}
+	proxy := &httputil.ReverseProxy{FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+pr.In.PathValue("path"), ""
+			pr.Out.Host = target.Host
+			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" {
+				pr.Out.Host = h
+			}
+			for _, h := range []string{"Authorization", auth.OnBehalfHeader, "X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
+				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
+			}
+		},
+		ErrorHandler: func(rw http.ResponseWriter, _ *http.Request, err error) {
+			fail(rw, fmt.Errorf("sandbox %s port %d: %v: %w", e.sb.Name, p, err, errdefs.ErrUnavailable))
+		}}
+	http.NewResponseController(rw).EnableFullDuplex()
+	proxy.ServeHTTP(rw, r)
+}
