@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,132 @@ var v1Mounted = sync.OnceValue(func() map[string]bool {
 
 const cgroupSuperMagic = 0x27e0eb
 
+// escapes are the host's v1 hierarchies that hold none of the
+// controllers dsec bounds sandboxes with (cpuacct, cpuset, blkio,
+// name=systemd, ...) and where this process is not in the root group.
+// A sandbox's group is made in each of them too, so that none of its
+// processes stays in a group of its worker's: a kubelet deleting the
+// worker's pod kills every process left in any hierarchy of the pod's
+// groups, and a service manager may stop every process of the
+// worker's. (Where the worker is in the root group, as on a host's
+// shell, they stay there: nothing to leave, and nothing to pay.)
+var escapes = sync.OnceValue(func() []string {
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(self), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[1] == "" || f[2] == "/" {
+			continue // cgroup2's line, or the root group
+		}
+		ctrls := strings.Split(f[1], ",")
+		if slices.ContainsFunc(ctrls, func(c string) bool { return slices.Contains(v1Controllers, c) }) {
+			continue // bounded there already
+		}
+		if dir := v1Mount(string(mounts), ctrls); dir != "" && !slices.Contains(out, dir) {
+			out = append(out, dir)
+		}
+	}
+	slices.Sort(out)
+	return out
+})
+
+// escapable are the v1 hierarchies a group may have escaped to (those
+// that hold none of dsec's controllers), whatever this process's place
+// in them: where a group made by a worker elsewhere (in a pod) may have
+// directories to remove.
+var escapable = sync.OnceValue(func() []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || g[0] != "cgroup" || filepath.Dir(f[4]) != Root {
+			continue
+		}
+		opts := strings.Split(g[2], ",")
+		if !slices.ContainsFunc(opts, func(o string) bool { return slices.Contains(v1Controllers, o) }) && !slices.Contains(out, filepath.Base(f[4])) {
+			out = append(out, filepath.Base(f[4]))
+		}
+	}
+	return out
+})
+
+// v1Mount is the directory under Root (its base name) where the v1
+// hierarchy of ctrls is mounted, as mountinfo says; "" if none.
+func v1Mount(mountinfo string, ctrls []string) string {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || g[0] != "cgroup" || filepath.Dir(f[4]) != Root {
+			continue
+		}
+		opts := strings.Split(g[2], ",")
+		if !slices.ContainsFunc(ctrls, func(c string) bool { return !slices.Contains(opts, c) }) {
+			return filepath.Base(f[4])
+		}
+	}
+	return ""
+}
+
+// Hierarchies are the directories of every cgroup hierarchy mounted
+// under Root: each v1 one and the cgroup2 one.
+func Hierarchies() []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 5 && len(g) >= 1 && (g[0] == "cgroup" || g[0] == "cgroup2") &&
+			(f[4] == Root || filepath.Dir(f[4]) == Root) && !slices.Contains(out, f[4]) {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+// Join moves this process into group name (made if missing) in every
+// hierarchy: as a container runtime places a container (a test's pod).
+func Join(name string) error {
+	for _, h := range Hierarchies() {
+		d := filepath.Join(h, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if filepath.Base(h) == "cpuset" {
+			if err := fillCpuset(d); err != nil {
+				return err
+			}
+		}
+		if err := write(d, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillCpuset gives a new v1 cpuset group its parent's CPUs and memory
+// nodes: one starts with none, and takes no process so.
+func fillCpuset(dir string) error {
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+		if strings.TrimSpace(string(b)) != "" {
+			continue
+		}
+		p, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+		if err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+		if err := write(dir, f, strings.TrimSpace(string(p))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pureV2 reports whether the host has only the unified hierarchy.
 func pureV2() bool {
 	_, err := os.Stat(filepath.Join(Root, "cgroup.controllers"))
@@ -109,7 +236,16 @@ func newGroup(m manager, name string, l Limits) (*Group, error) {
 			if err = limitParent(filepath.Dir(d)); err != nil {
 				break
 			}
+			cpuset := strings.HasPrefix(d, filepath.Join(Root, "cpuset")+"/")
+			if cpuset {
+				if err = fillCpuset(filepath.Dir(d)); err != nil {
+					break
+				}
+			}
 			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
+				if err == nil && cpuset {
+					err = fillCpuset(d)
+				}
 				break
 			}
 		}
@@ -311,7 +447,7 @@ func Open(name string) (*Group, error) {
 
 func (g *Group) dirs() []string {
 	out := []string{g.v2}
-	for _, c := range v1Controllers {
+	for _, c := range append(slices.Clip(v1Controllers), escapes()...) {
 		if d, ok := g.v1[c]; ok {
 			out = append(out, d)
 		}
@@ -323,7 +459,7 @@ func (g *Group) dirs() []string {
 // suffix, in any hierarchy.
 func List(prefix, suffix string) ([]string, error) {
 	parents := []string{filepath.Join(Root, Parent), filepath.Join(Root, "unified", Parent)}
-	for _, c := range v1Controllers {
+	for _, c := range append(slices.Clip(v1Controllers), escapable()...) {
 		parents = append(parents, filepath.Join(Root, c, Parent))
 	}
 	seen := map[string]bool{}
@@ -539,7 +675,7 @@ func readInt(dir, file string) (int64, error) {
 func (g *Group) Remove() error {
 	dirs := g.dirs()
 	var errs []error
-	for _, d := range dirs[1:] {
+	for _, d := range append(dirs[1:], g.escaped()...) {
 		if err := rmdir(d); err != nil {
 			errs = append(errs, err)
 		}
@@ -548,6 +684,23 @@ func (g *Group) Remove() error {
 		return errors.Join(errs...)
 	}
 	return rmdir(dirs[0])
+}
+
+// escaped are the directories of the group in the hierarchies a worker
+// elsewhere may have made it in and this one does not (escapable, not
+// escapes): a sandbox's made by a worker in a pod, removed by one on
+// the host's shell.
+func (g *Group) escaped() []string {
+	if g.v1 == nil {
+		return nil
+	}
+	var out []string
+	for _, h := range escapable() {
+		if _, ok := g.v1[h]; !ok {
+			out = append(out, filepath.Join(Root, h, Parent, g.name))
+		}
+	}
+	return out
 }
 
 // rmdir removes a group's directory, and its parent with its last group.
@@ -573,7 +726,8 @@ func RemoveLeftover(name string) error {
 	}
 	var errs []error
 	for _, idle := range []bool{false, true} {
-		for _, d := range layout(name, idle).dirs() {
+		g := layout(name, idle)
+		for _, d := range append(g.dirs(), g.escaped()...) {
 			if err := rmdir(d); err != nil {
 				errs = append(errs, err)
 			}

@@ -90,3 +90,31 @@ func TestUnifiedManager(t *testing.T) {
 		t.Fatalf("parent files %s %s", mem, pids)
 	}
 }
+
+// TestV1Mount: a v1 hierarchy is found by its controllers (or its name)
+// among the mounts under Root, whatever else its options say.
+func TestV1Mount(t *testing.T) {
+	const info = `25 1 0:23 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+27 25 0:25 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd
+28 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+29 25 0:27 / /sys/fs/cgroup/net_cls,net_prio rw,nosuid - cgroup cgroup rw,net_cls,net_prio
+30 25 0:28 / /sys/fs/cgroup/cpuset rw,nosuid - cgroup cgroup rw,cpuset,clone_children
+31 1 0:29 / /mnt/other rw - cgroup cgroup rw,blkio
+`
+	for _, c := range []struct {
+		ctrls []string
+		want  string
+	}{
+		{[]string{"name=systemd"}, "systemd"},
+		{[]string{"cpu", "cpuacct"}, "cpu,cpuacct"},
+		{[]string{"net_cls", "net_prio"}, "net_cls,net_prio"},
+		{[]string{"cpuset"}, "cpuset"},
+		{[]string{"blkio"}, ""}, // mounted elsewhere than Root
+		{[]string{"hugetlb"}, ""},
+	} {
+		if got := v1Mount(info, c.ctrls); got != c.want {
+			t.Errorf("%v: %q, want %q", c.ctrls, got, c.want)
+		}
+	}
+}

@@ -73,6 +73,9 @@ func (hybrid) layout(name string, idle bool) *Group {
 		}
 	}
 	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
+	for _, h := range escapes() {
+		g.v1[h] = filepath.Join(Root, h, Parent, name)
+	}
 	return g
 }
 

@@ -139,6 +139,13 @@ func setupRoot(tree int) error {
 		return fmt.Errorf("attach the sandbox root: %w", err)
 	}
 	unix.Close(tree)
+	// A clone of a shared mount is its peer (the worker's root shared, as
+	// a Kubernetes hostPath with Bidirectional propagation is), and
+	// pivot_root refuses a shared root (EINVAL): this one is private, and
+	// nothing the sandbox mounts reaches the host.
+	if err := unix.Mount("", root, "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make the sandbox root private: %w", err)
+	}
 	for _, d := range []string{"/proc", "/dev", "/sys"} {
 		target := root + d
 		if err := os.MkdirAll(target, 0o755); err != nil {

@@ -77,8 +77,15 @@ func MaybeWorker(drivers ...worker.Driver) {
 	var names struct {
 		Drivers   []string
 		RemoteURL string
+		Pod       string
 	}
 	json.Unmarshal([]byte(os.Getenv(workerConfigEnv)), &names)
+	if names.Pod != "" {
+		if err := cgroup.Join(names.Pod); err != nil {
+			os.Stderr.WriteString("join the pod's groups: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+	}
 	if names.RemoteURL != "" {
 		t, err := remote.Open(names.RemoteURL, remote.Options{})
 		if err != nil {
@@ -186,6 +193,12 @@ type Config struct {
 	// from this URL); PublishSnapshots: worker.Config's (snap.publish).
 	RemoteURL        string `json:",omitempty"`
 	PublishSnapshots bool   `json:",omitempty"`
+	// MountNS starts the worker in a mount namespace of its own, whose
+	// mounts are copies of the test's (peers of shared ones), as a
+	// container's are; Pod places it in that group in every cgroup
+	// hierarchy (cgroup.Join), as a pod's container is.
+	MountNS bool   `json:",omitempty"`
+	Pod     string `json:",omitempty"`
 }
 
 // StartWorkerWith is StartWorker with cfg.
@@ -193,6 +206,9 @@ func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 	t.Helper()
 	b, _ := json.Marshal(cfg)
 	cmd := exec.Command(os.Args[0])
+	if cfg.MountNS {
+		cmd = exec.Command("unshare", "--mount", "--propagation", "unchanged", os.Args[0])
+	}
 	cmd.Env = append(os.Environ(), workerEnv+"="+root, workerConfigEnv+"="+string(b))
 	log, err := os.OpenFile(filepath.Join(root, "worker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -560,4 +576,33 @@ func Leftovers(root string) []string {
 		out = append(out, "sandbox name "+e.Name())
 	}
 	return out
+}
+
+// KillPod does to the groups of pod (cgroup.Join's) what a kubelet does
+// to a pod it deletes: kills every process left in them, in every
+// hierarchy, and removes them. It fails if a group will not go (a
+// process in it that outlives its kill).
+func KillPod(pod string) error {
+	var errs []error
+	for _, h := range cgroup.Hierarchies() {
+		d := filepath.Join(h, pod)
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, perr := strconv.Atoi(f); perr == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+		}
+		if err != nil {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			errs = append(errs, fmt.Errorf("%s (holds %q): %w", d, strings.Fields(string(b)), err))
+		}
+	}
+	return errors.Join(errs...)
 }
