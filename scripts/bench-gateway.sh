@@ -23,3 +23,8 @@ printf '%-56s %6s /s %6s /s %8s\n' "$burst creates at once: gateway (3 workers) 
 	"$(metric "$r" one-worker-burst-per-s)" "$(ratio "$(metric "$r" gateway-burst-per-s)" "$(metric "$r" one-worker-burst-per-s)")"
 printf '%-56s %8s s\n' "a worker's kill -9 to its sandboxes listed unreachable" "$(metric "$r" death-to-unreachable-s)"
 printf '%-56s %8s s\n' "a worker's kill -9 to the gateway taking it for down" "$(metric "$r" death-to-down-s)"
+
+# 4. a gateway's heartbeat on a worker holding 100 sandboxes: the brief list it asks for vs the full one.
+r=$(go test -run '^$' -bench 'BenchmarkListBrief$' -benchtime "${BENCH_LISTS:-30}x" ./sdk/)
+printf '%-56s %7s ms %7s ms %8s\n' "list of 100 sandboxes: brief (a heartbeat) vs full" "$(metric "$r" brief-p50-ms)" \
+	"$(metric "$r" full-p50-ms)" "$(ratio "$(metric "$r" brief-p50-ms)" "$(metric "$r" full-p50-ms)")"

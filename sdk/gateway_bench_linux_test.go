@@ -178,3 +178,48 @@ func mustList(b *testing.B, c *sdk.Client) []api.Sandbox {
 	}
 	return l
 }
+
+// BenchmarkListBrief (scripts/bench-gateway.sh): what a gateway's
+// heartbeat costs a worker holding 100 sandboxes: the brief list it asks
+// for (what the worker holds) against the full one (what each uses, read
+// from its groups and disk), turn by turn.
+func BenchmarkListBrief(b *testing.B) {
+	_, c := setupWith(b, runtimetest.Config{})
+	ctx := context.Background()
+	const held = 100
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i := range held {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := c.Create(ctx, api.SandboxSpec{Name: fmt.Sprintf("held-%d", i), Layers: []string{"ws:1", "bb:1"}, Memory: 32 << 20}); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	var full, brief []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for _, f := range []struct {
+			list func(context.Context) ([]api.Sandbox, error)
+			into *[]time.Duration
+		}{{c.List, &full}, {c.ListBrief, &brief}} {
+			t0 := time.Now()
+			sbs, err := f.list(ctx)
+			if err != nil || len(sbs) != held {
+				b.Fatalf("%d sandboxes listed, %v", len(sbs), err)
+			}
+			*f.into = append(*f.into, time.Since(t0))
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(ms(p50(full)), "full-p50-ms")
+	b.ReportMetric(ms(p50(brief)), "brief-p50-ms")
+	for i := range held {
+		c.Sandbox(fmt.Sprintf("held-%d", i)).Remove(ctx, true)
+	}
+}

@@ -358,6 +358,21 @@ func TestGateway(t *testing.T) {
 	}
 }
 
+// gatewayClient is a client of the gateway at addr with a new token of
+// spec's, of the gateway's on root.
+func gatewayClient(t *testing.T, root, addr string, spec auth.Spec) *sdk.Client {
+	t.Helper()
+	secret, _, err := auth.Open(root).New(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestGatewaySnapshots: three workers that publish their snapshots to
 // one shared dir: remote, behind a gateway. A snapshot packed on one
 // worker is listed once, and branched on another (the first cordoned)
@@ -374,18 +389,7 @@ func TestGatewaySnapshots(t *testing.T) {
 	}
 	gwRoot := t.TempDir()
 	addr, _ := startGateway(t, gwRoot, ws)
-	tokens := auth.Open(gwRoot)
-	client := func(scope string) *sdk.Client {
-		secret, _, err := tokens.Create(scope, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: secret})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	client := func(scope string) *sdk.Client { return gatewayClient(t, gwRoot, addr, auth.Spec{Scope: scope}) }
 	alice, bob, admin := client(auth.Sandboxes), client(auth.Sandboxes), client(auth.Admin)
 	v, err := admin.Version(ctx)
 	if err != nil || !v.Gateway {
@@ -591,6 +595,109 @@ func TestSandboxPorts(t *testing.T) {
 	} {
 		if code, body := get(c.client, c.url, c.header); code != c.code || !strings.Contains(body, c.body) {
 			t.Errorf("%s: %d %q, want %d %q", c.what, code, body, c.code, c.body)
+		}
+	}
+}
+
+// TestGatewayFleetConfig: stored policies and FnCall pools through a
+// gateway are the fleet's: a policy stored is on every worker, listed
+// once, named by a tenant's create on any worker, removed from all; a
+// pool's size is split over the workers (a cordoned one keeps none),
+// listed as the fleet's, called through the gateway, removed from all.
+func TestGatewayFleetConfig(t *testing.T) {
+	ctx := context.Background()
+	ws := []*fleetWorker{startFleetWorker(t), startFleetWorker(t), startFleetWorker(t)}
+	gwRoot := t.TempDir()
+	addr, _ := startGateway(t, gwRoot, ws)
+	admin := gatewayClient(t, gwRoot, addr, auth.Spec{Scope: auth.Admin})
+	tenant := gatewayClient(t, gwRoot, addr, auth.Spec{Scope: auth.Sandboxes, Policies: []string{"quiet"}})
+	direct := make([]*sdk.Client, len(ws))
+	for i, w := range ws {
+		c, err := sdk.New(sdk.Options{Host: w.url, Token: w.admin, TLSCA: w.ca})
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct[i] = c
+	}
+	quiet := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkLoopback}}
+	if err := tenant.SavePolicy(ctx, "quiet", quiet); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a tenant stores a policy through the gateway: %v", err)
+	}
+	if err := admin.SavePolicy(ctx, "quiet", quiet); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.SavePolicy(ctx, "other", quiet); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range direct {
+		if _, err := c.Policy(ctx, "quiet"); err != nil {
+			t.Errorf("worker %d lacks the policy: %v", i, err)
+		}
+	}
+	ps, err := tenant.Policies(ctx)
+	if err != nil || len(ps) != 1 || ps[0].Metadata == nil || ps[0].Metadata.Name != "quiet" {
+		t.Errorf("the tenant's policies through the gateway: %+v, %v", ps, err)
+	}
+	if ps, err := admin.Policies(ctx); err != nil || len(ps) != 2 {
+		t.Errorf("the admin's policies through the gateway: %d, %v", len(ps), err)
+	}
+	if _, err := tenant.Policy(ctx, "other"); !errdefs.IsNotFound(err) {
+		t.Errorf("a policy the tenant may not name: %v", err)
+	}
+	for i := range 3 { // (on whichever worker each lands)
+		sb, err := tenant.Create(ctx, api.SandboxSpec{Layers: []string{"ws:1", "bb:1"}, PolicyName: "quiet", Memory: 64 << 20})
+		if err != nil {
+			t.Fatalf("create %d under the stored policy: %v", i, err)
+		}
+		sb.Remove(ctx, true)
+	}
+	for _, name := range []string{"quiet", "other"} {
+		if err := admin.RemovePolicy(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.RemovePolicy(ctx, "quiet"); !errdefs.IsNotFound(err) {
+		t.Errorf("removing it again: %v", err)
+	}
+	for i, c := range direct {
+		if _, err := c.Policy(ctx, "quiet"); !errdefs.IsNotFound(err) {
+			t.Errorf("worker %d keeps the policy: %v", i, err)
+		}
+	}
+
+	// A pool of 5 over three workers, one cordoned: 3 and 2.
+	if err := admin.Cordon(ctx, ws[2].url, true); err != nil {
+		t.Fatal(err)
+	}
+	spec := &api.SandboxSpec{Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20}
+	p, err := admin.ResizePool(ctx, "fn", api.PoolSpec{Size: 5, Spec: spec})
+	if err != nil || p.Size != 5 {
+		t.Fatalf("the pool through the gateway: %+v, %v", p, err)
+	}
+	var sizes []int
+	for _, c := range direct {
+		pools, err := c.Pools(ctx)
+		if err != nil || len(pools) != 1 {
+			t.Fatalf("a worker's pools: %+v, %v", pools, err)
+		}
+		sizes = append(sizes, pools[0].Size)
+	}
+	if !slices.Equal(sizes, []int{3, 2, 0}) {
+		t.Errorf("the pool's shares: %v, want [3 2 0]", sizes)
+	}
+	if pools, err := admin.Pools(ctx); err != nil || len(pools) != 1 || pools[0].Size != 5 {
+		t.Errorf("the fleet's pools: %+v, %v", pools, err)
+	}
+	res, err := tenant.Call(ctx, sdk.CallOptions{Pool: "fn", ExecOptions: sdk.ExecOptions{Args: []string{"true"}}})
+	if err != nil || res.ExitCode != 0 {
+		t.Errorf("a call on the pool through the gateway: %+v, %v", res, err)
+	}
+	if err := admin.RemovePool(ctx, "fn"); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range direct {
+		if pools, err := c.Pools(ctx); err != nil || len(pools) != 0 {
+			t.Errorf("worker %d keeps the pool: %+v, %v", i, pools, err)
 		}
 	}
 }

@@ -63,8 +63,9 @@ records of E2B sandboxes (template, metadata, timeout) are kept under the gatewa
 
 Snapshots: a pack-diff is taken where its sandbox runs; snap ls and rm ask every worker; a branch
 or a create on a snapshot goes to a worker that holds it (a memory snapshot's guest runs there), or
-to any worker when the workers share a remote they publish snapshots to (snap.publish). Not
-served through a gateway yet (ask a worker): stored policies, pools and squash.
+to any worker when the workers share a remote they publish snapshots to (snap.publish). Stored
+policies are stored on every worker up; a pool's size is split over the workers up and not
+cordoned; their lists are the fleet's. Not served through a gateway yet (ask a worker): squash.
 
 ` + exitCodesHelp,
 		Example: `  dsec --root /var/lib/dsec-gw token create --scope admin      # the gateway's own tokens

@@ -290,7 +290,7 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	var held []api.Sandbox
 	err := n.get(bctx, "/"+api.Version+"/version", nil, &info)
 	if err == nil {
-		err = n.get(bctx, "/"+api.Version+"/sandboxes", nil, &held)
+		err = n.get(bctx, "/"+api.Version+"/sandboxes?brief=1", nil, &held) // (what it holds, not what each uses)
 	}
 	if answered(err) {
 		n.mu.Lock()
@@ -620,6 +620,13 @@ func (g *Gateway) routesMux() *http.ServeMux {
 	mux.HandleFunc("POST "+v+"/branches", g.branch)
 	mux.HandleFunc("GET "+v+"/snapshots", g.snapshots)
 	mux.HandleFunc("DELETE "+v+"/snapshots/{ref...}", g.removeSnapshot)
+	mux.HandleFunc("GET "+v+"/policies", g.policies)
+	mux.HandleFunc("GET "+v+"/policies/{name}", g.policy)
+	mux.HandleFunc("PUT "+v+"/policies/{name}", g.adminOnly("store policies", g.putPolicy))
+	mux.HandleFunc("DELETE "+v+"/policies/{name}", g.adminOnly("remove stored policies", g.removeAll("policy")))
+	mux.HandleFunc("GET "+v+"/pools", g.pools)
+	mux.HandleFunc("PUT "+v+"/pools/{name}", g.adminOnly("make or resize pools", g.putPool))
+	mux.HandleFunc("DELETE "+v+"/pools/{name}", g.adminOnly("remove pools", g.removeAll("pool")))
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("the gateway does not serve %s %s: ask a worker of the fleet for it (dsec --host tcp://WORKER): %w",
 			r.Method, r.URL.Path, errdefs.ErrNotImplemented))

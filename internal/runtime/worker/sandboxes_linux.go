@@ -328,8 +328,16 @@ func (w *worker) evict(ctx context.Context, e *entry) error {
 
 // describe is a sandbox as the API shows it: its state, and what it
 // uses now (runtime's Stats).
-func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox {
-	st, use := sb.Snapshot(), sb.Stats()
+func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox { return w.describeAs(sb, true) }
+
+// describeAs is describe, with what the sandbox uses now only if stats
+// (each read from its groups and disk): a brief list's leaves it out.
+func (w *worker) describeAs(sb *runtime.Sandbox, stats bool) api.Sandbox {
+	st := sb.Snapshot()
+	var use runtime.Stats
+	if stats {
+		use = sb.Stats()
+	}
 	out := api.Sandbox{
 		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.mounter.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, User: st.User, Image: st.Image, Hostname: st.Hostname, Snapshot: st.From,
@@ -376,6 +384,9 @@ func showMark(sb *api.Sandbox, why purpose) {
 // pool sandboxes only with all=1.
 func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 	all := r.URL.Query().Get("all") == "1"
+	// ?brief=1: without what each uses now (a gateway's heartbeat: what
+	// a worker holds, not what it costs to read every group each time).
+	brief := r.URL.Query().Get("brief") == "1"
 	out := []api.Sandbox{}
 	w.mu.Lock()
 	var sbs []*runtime.Sandbox
@@ -396,7 +407,7 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 	}
 	w.mu.Unlock()
 	for _, sb := range sbs {
-		out = append(out, w.describe(sb))
+		out = append(out, w.describeAs(sb, !brief))
 	}
 	sc := w.scopeOf(r.Context())
 	for i := range out {
