@@ -497,6 +497,22 @@ type VersionInfo struct {
 	// its remote, where every worker sharing that remote branches it
 	// (snap.publish), so a gateway may place their branches anywhere.
 	PublishesSnapshots bool `json:"publishes_snapshots,omitempty"`
+	// Capacity is what the worker's admission holds now.
+	Capacity *Capacity `json:"capacity,omitempty"`
+}
+
+// Capacity is what a worker's admission holds: the CPU and memory
+// requests it admits in all (its CPUs and memory times its overcommit
+// ratios) and what its sandboxes and creates hold of them, the creates
+// waiting in its queue, and, while a disk of its is below its floor (a
+// create is refused), why.
+type Capacity struct {
+	CPURequests        float64 `json:"cpu_requests"`
+	CPURequestsUsed    float64 `json:"cpu_requests_used"`
+	MemoryRequests     int64   `json:"memory_requests"`
+	MemoryRequestsUsed int64   `json:"memory_requests_used"`
+	Queued             int     `json:"queued"`
+	DiskFull           string  `json:"disk_full,omitempty"`
 }
 
 // BatchRequest asks for Count sandboxes of one spec at once (POST
@@ -539,6 +555,9 @@ type Node struct {
 	// measure).
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	MemoryFree  int64 `json:"memory_free"`
+	// Capacity is what its admission held at its last heartbeat: a
+	// create goes first to a worker that admits it at once.
+	Capacity *Capacity `json:"capacity,omitempty"`
 }
 
 // GetMicroVM is v's MicroVM, nil for a nil v.

@@ -701,3 +701,32 @@ func TestGatewayFleetConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayPlacesByAdmission: a create goes to a worker whose
+// admission takes it now, before one with more memory left that would
+// queue it: worker A admits one CPU of requests in all, B fifty; three
+// creates of one CPU each are all made at once, one on A.
+func TestGatewayPlacesByAdmission(t *testing.T) {
+	ctx := context.Background()
+	small := startFleetWorkerWith(t, runtimetest.Config{Admission: worker.Admission{CPUOvercommit: 0.5, QueueTimeout: 500 * time.Millisecond}})
+	big := startFleetWorkerWith(t, runtimetest.Config{Admission: worker.Admission{QueueTimeout: 500 * time.Millisecond}})
+	gwRoot := t.TempDir()
+	addr, _ := startGateway(t, gwRoot, []*fleetWorker{small, big})
+	c := gatewayClient(t, gwRoot, addr, auth.Spec{Scope: auth.Admin})
+	nodes, err := c.Nodes(ctx)
+	if err != nil || len(nodes) != 2 {
+		t.Fatalf("nodes: %+v, %v", nodes, err)
+	}
+	on := map[string]int{}
+	for i := range 3 {
+		sb, err := c.Create(ctx, api.SandboxSpec{Name: fmt.Sprintf("cpu-%d", i), Layers: []string{"ws:1", "bb:1"}, CPURequest: 1, Memory: 64 << 20})
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		on[sb.Info.Node]++
+		defer sb.Remove(ctx, true)
+	}
+	if on[small.url] != 1 || on[big.url] != 2 {
+		t.Errorf("placed %v: want 1 on the worker that admits one CPU, 2 on the other", on)
+	}
+}

@@ -33,8 +33,9 @@ func (a *app) gatewayCommand() *cobra.Command {
 		Annotations: map[string]string{localAnnotation: "true"},
 		Long: `Gateway serves the API of a worker (as dsec daemon --listen does) for a fleet of workers:
 the CLI, the SDKs and scripts point at it (dsec --host, DSEC_HOST) exactly as at one worker.
-A create goes to the worker with the most memory left to give (its bound on all sandboxes,
-less its sandboxes' limits), the next one if that one is busy; a request about a sandbox
+A create goes to a worker whose admission takes it at once (CPU and memory requests, queue,
+disk floors) with the most memory left to give (its bound on all sandboxes, less its sandboxes'
+limits); a request about a sandbox
 goes to the worker that holds it, streamed both ways (an exec's input and output); a list
 asks every worker; a batch (POST /v1/batches, the SDKs' batch) places each of its sandboxes
 as a create is. The gateway keeps nothing of its own: each worker lists what it holds at

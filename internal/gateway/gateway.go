@@ -115,10 +115,32 @@ type node struct {
 	reserve int // the last reservation's number
 }
 
-// pend is a create sent to a worker, not yet in its list.
+// pend is a create sent to a worker, not yet in its list: its memory
+// limit and its requests.
 type pend struct {
 	mem  int64
+	req  request
 	sent time.Time
+}
+
+// request is what a create asks of a worker's admission: CPUs and
+// memory (its requests, else its limits, as the worker counts them).
+type request struct {
+	cpu float64
+	mem int64
+}
+
+// demand is what a create (or a branch of N) asks: its memory limit,
+// against a worker's room, and its requests, against its admission.
+type demand struct {
+	mem int64
+	req request
+}
+
+// demandOf is what spec asks, n times over.
+func demandOf(spec api.SandboxSpec, n int) demand {
+	r := request{cpu: cmp.Or(spec.CPURequest, spec.CPU), mem: cmp.Or(spec.MemoryRequest, spec.Memory)}
+	return demand{mem: spec.Memory * int64(n), req: request{cpu: r.cpu * float64(n), mem: r.mem * int64(n)}}
 }
 
 // pendFor bounds how long a create sent is counted without its
@@ -288,9 +310,12 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	defer cancel()
 	var info api.VersionInfo
 	var held []api.Sandbox
-	err := n.get(bctx, "/"+api.Version+"/version", nil, &info)
+	// The list first: a sandbox made between the two is then counted in
+	// the capacity the version says as well as pending (twice, until the
+	// next heartbeat), never in neither.
+	err := n.get(bctx, "/"+api.Version+"/sandboxes?brief=1", nil, &held) // (what it holds, not what each uses)
 	if err == nil {
-		err = n.get(bctx, "/"+api.Version+"/sandboxes?brief=1", nil, &held) // (what it holds, not what each uses)
+		err = n.get(bctx, "/"+api.Version+"/version", nil, &info)
 	}
 	if answered(err) {
 		n.mu.Lock()
@@ -448,11 +473,36 @@ func (n *node) room() (up bool, free int64, count int) {
 	return true, free, count
 }
 
-// reserved counts mem against n's room while a create of that much is
-// under way; settle (nil if failed) ends the reservation.
-func (n *node) reserved(mem int64) (settle func(name string)) {
+// admits says whether n's admission would take r now, as its last
+// heartbeat said (with the creates sent its way since): no queue, the
+// requests within what it admits, no disk below its floor. A worker
+// that says nothing of it (an older one) admits all.
+func (n *node) admits(r request) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	c := n.info.Capacity
+	if c == nil {
+		return true
+	}
+	if c.DiskFull != "" || c.Queued > 0 {
+		return false
+	}
+	// Every create sent since: one the gateway has seen made is in held
+	// before its worker's capacity says so; a heartbeat that lists it
+	// (the list asked before the capacity) ends its pending.
+	cpu, mem := c.CPURequestsUsed+r.cpu, c.MemoryRequestsUsed+r.mem
+	for _, p := range n.pending {
+		cpu, mem = cpu+p.req.cpu, mem+p.req.mem
+	}
+	return cpu <= c.CPURequests+1e-9 && mem <= c.MemoryRequests
+}
+
+// reserved counts d against n's room and admission while a create of
+// that much is under way; settle (nil if failed) ends the reservation.
+func (n *node) reserved(d demand) (settle func(name string)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	mem := d.mem
 	if mem <= 0 && n.info.Limits != nil { // (none asked: the worker's default limit)
 		mem = n.info.Limits.DefaultMemory
 	}
@@ -461,7 +511,7 @@ func (n *node) reserved(mem int64) (settle func(name string)) {
 	if n.pending == nil {
 		n.pending = map[string]pend{}
 	}
-	n.pending[key] = pend{mem: mem, sent: time.Now()}
+	n.pending[key] = pend{mem: mem, req: d.req, sent: time.Now()}
 	return func(name string) {
 		n.mu.Lock()
 		defer n.mu.Unlock()
@@ -473,16 +523,19 @@ func (n *node) reserved(mem int64) (settle func(name string)) {
 	}
 }
 
-// place orders the workers a create asking mem may go to (those only
-// takes; nil: any): the one with the most memory left first (ties: the
-// fewest sandboxes, then in turn), and reserves mem on it (settled as
-// reserved says); none up is an infrastructure failure.
-func (g *Gateway) place(mem int64, only func(*node) bool) ([]*node, func(string), error) {
+// place orders the workers a create asking d may go to (those only
+// takes; nil: any): those whose admission takes it now first (the rest
+// would queue it, or refuse it for a full disk), then the one with the
+// most memory left (ties: the fewest sandboxes, then in turn), and
+// reserves d on the first (settled as reserved says); none up is an
+// infrastructure failure.
+func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string), error) {
 	type cand struct {
-		n     *node
-		free  int64
-		count int
-		turn  int
+		n      *node
+		admits bool
+		free   int64
+		count  int
+		turn   int
 	}
 	// One placement at a time: each sees the reservations of those
 	// before it (a burst spreads).
@@ -496,7 +549,7 @@ func (g *Gateway) place(mem int64, only func(*node) bool) ([]*node, func(string)
 	for i := range g.nodes {
 		n := g.nodes[(start+i)%len(g.nodes)]
 		if up, free, count := n.room(); up && (only == nil || only(n)) {
-			cs = append(cs, cand{n, free, count, i})
+			cs = append(cs, cand{n, n.admits(d.req), free, count, i})
 		}
 	}
 	if len(cs) == 0 && only != nil {
@@ -506,13 +559,24 @@ func (g *Gateway) place(mem int64, only func(*node) bool) ([]*node, func(string)
 		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
 	}
 	slices.SortStableFunc(cs, func(a, b cand) int {
-		return cmp.Or(cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
+		return cmp.Or(-cmpBool(a.admits, b.admits), cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
 	})
 	out := make([]*node, len(cs))
 	for i, c := range cs {
 		out[i] = c.n
 	}
-	return out, out[0].reserved(mem), nil
+	return out, out[0].reserved(d), nil
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 // ServeHTTP serves r for the fleet, behind the gateway's tokens.
@@ -679,6 +743,7 @@ func (g *Gateway) listNodes(rw http.ResponseWriter, r *http.Request) {
 		if n.info.Limits != nil {
 			s.MemoryBytes = n.info.Limits.MemoryBytes
 		}
+		s.Capacity = n.info.Capacity
 		n.mu.Unlock()
 		out = append(out, s)
 	}
@@ -728,11 +793,7 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
 		return
 	}
-	var spec struct {
-		Name     string `json:"name"`
-		Memory   int64  `json:"memory"`
-		Snapshot string `json:"snapshot"`
-	}
+	var spec api.SandboxSpec
 	json.Unmarshal(body, &spec) // (a bad body is the worker's to refuse)
 	var only func(*node) bool
 	if spec.Snapshot != "" {
@@ -749,7 +810,7 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		}
 		defer release()
 	}
-	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, spec.Memory, only)
+	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, demandOf(spec, 1), only)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -838,14 +899,14 @@ func (g *Gateway) claim(names []string) (release func(), err error) {
 // the caller's to close), the worker, and how to settle the
 // reservation once the sandbox's name is known (201 only: else it is
 // settled).
-func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, mem int64, only func(*node) bool) (*http.Response, *node, func(string), error) {
-	nodes, settle, err := g.place(mem, only)
+func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, d demand, only func(*node) bool) (*http.Response, *node, func(string), error) {
+	nodes, settle, err := g.place(d, only)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	for i, n := range nodes {
 		if i > 0 {
-			settle = n.reserved(mem)
+			settle = n.reserved(d)
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, n.base.String()+path, bytes.NewReader(body))
 		if err != nil {
@@ -1011,7 +1072,7 @@ func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.Sandbox
 		spec.Name = api.BatchName(spec.Name, i)
 	}
 	body, _ := json.Marshal(spec)
-	resp, n, settle, err := g.createOne(ctx, t, "/"+api.Version+"/sandboxes", body, spec.Memory, only)
+	resp, n, settle, err := g.createOne(ctx, t, "/"+api.Version+"/sandboxes", body, demandOf(spec, 1), only)
 	if err != nil {
 		item.Error, _ = api.ErrorOf(err)
 		return item
@@ -1037,7 +1098,7 @@ func (g *Gateway) batchItem(ctx context.Context, t *auth.Token, spec api.Sandbox
 // call places a call (a sandbox for one command, streamed) as a create
 // is placed: on the first worker of place's order.
 func (g *Gateway) call(rw http.ResponseWriter, r *http.Request) {
-	nodes, settle, err := g.place(0, nil)
+	nodes, settle, err := g.place(demand{}, nil)
 	if err != nil {
 		fail(rw, err)
 		return

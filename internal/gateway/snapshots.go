@@ -232,7 +232,7 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	body, _ = json.Marshal(req)
-	resp, n, settle, err := g.createOne(r.Context(), t, r.URL.RequestURI(), body, req.Spec.Memory*int64(req.N), only)
+	resp, n, settle, err := g.createOne(r.Context(), t, r.URL.RequestURI(), body, demandOf(req.Spec, req.N), only)
 	if err != nil {
 		fail(rw, err)
 		return

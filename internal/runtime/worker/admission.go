@@ -9,6 +9,8 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/api"
+
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
@@ -318,6 +320,14 @@ func (g *gate) hold(r request) {
 	defer g.mu.Unlock()
 	g.used.CPU += r.CPU
 	g.used.Memory += r.Memory
+}
+
+// capacity is what g admits and holds now.
+func (g *gate) capacity() api.Capacity {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return api.Capacity{CPURequests: g.cpuCap, CPURequestsUsed: g.used.CPU, MemoryRequests: g.memCap, MemoryRequestsUsed: g.used.Memory,
+		Queued: len(g.queue)}
 }
 
 // usage describes what is admitted; g.mu is held.

@@ -464,7 +464,21 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
 		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
-		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil}, nil
+		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity()}, nil
+}
+
+// capacity is what the worker's admission holds now, and whether a
+// disk of its refuses creates.
+func (w *worker) capacity() *api.Capacity {
+	c := w.gate.capacity()
+	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
+		c.DiskFull = err.Error()
+	} else if size, free := disk.UppersSize(w.cfg.Root); size > 0 {
+		if err := w.cfg.Admission.checkUppers(disk.UppersDir(w.cfg.Root), size, free); err != nil {
+			c.DiskFull = err.Error()
+		}
+	}
+	return &c
 }
 
 // microVMHost describes what the microvm backend runs with here.
