@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -450,6 +451,24 @@ func TestGatewaySnapshots(t *testing.T) {
 	if want := []string{"roll-1-1", "roll-1-2", "roll-1-3"}; !slices.Equal(names, want) {
 		t.Errorf("branch names %v, want %v", names, want)
 	}
+	// Two at once take numbers one after the other.
+	twin := make([][]*sdk.Sandbox, 2)
+	var wg sync.WaitGroup
+	for i := range twin {
+		wg.Go(func() {
+			var err error
+			if twin[i], err = alice.Branch(ctx, api.BranchRequest{Snapshot: "roll:1", N: 1}); err != nil {
+				t.Errorf("branch %d of two at once: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, b := range twin {
+		brs = append(brs, b...)
+	}
+	if len(brs) != 5 || brs[3].Name == brs[4].Name {
+		t.Errorf("two branches at once: %d made", len(brs))
+	}
 	onSnap, err := alice.Create(ctx, api.SandboxSpec{Snapshot: "roll:1"})
 	if err != nil {
 		t.Fatal(err)
@@ -490,6 +509,10 @@ func TestGatewaySnapshots(t *testing.T) {
 	}
 	if err := alice.RemoveSnapshot(ctx, "roll:1", false); !errdefs.IsNotFound(err) {
 		t.Errorf("removing it again: %v", err)
+	}
+	// Its tag is the fleet's still: the shared remote names it.
+	if _, err := src.PackDiff(ctx, api.PackRequest{Tag: "roll:1"}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "shared remote") {
+		t.Errorf("a pack under a tag the shared remote holds: %v", err)
 	}
 	src.Remove(ctx, true)
 }
@@ -545,8 +568,19 @@ func TestSandboxPorts(t *testing.T) {
 	}
 	nat := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT}}
 	web := create(t, c, api.SandboxSpec{Name: "web", Policy: nat})
-	if out, res := run(t, web, "httpd", "mkdir -p /www && echo served > /www/index.html && httpd -p 8080 -h /www"); res.ExitCode != 0 {
+	if out, res := run(t, web, "httpd", "mkdir -p /www && echo served > /www/index.html && httpd -p 8080 -h /www && "+
+		"echo /:user:secret > /www.conf && httpd -p 8081 -h /www -c /www.conf"); res.ExitCode != 0 {
 		t.Fatalf("httpd: %q %+v", out, res)
+	}
+	info, err := web.Inspect(ctx)
+	if err != nil || info.Address == "" {
+		t.Fatalf("web's address: %+v, %v", info, err)
+	}
+	// Another process of the host's reaches no sandbox: only the
+	// worker's own connections (the port route's) get answers.
+	if conn, err := net.DialTimeout("tcp", info.Address+":8080", time.Second); err == nil {
+		conn.Close()
+		t.Errorf("a host process reached the sandbox's server at %s:8080", info.Address)
 	}
 	plain := create(t, c, api.SandboxSpec{Name: "plain"})
 	defer plain.Remove(ctx, true)
@@ -585,6 +619,7 @@ func TestSandboxPorts(t *testing.T) {
 		{"a gateway's API", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/web/ports/8080/index.html", bearer(gwAdmin), 200, "served\n"},
 		{"another tenant's", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/web/ports/8080/index.html", bearer(gwTenant), 404, "no sandbox web"},
 		{"no address", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/plain/ports/8080/", bearer(gwAdmin), 503, "no address to reach port 8080"},
+		{"a server's own 401, through a gateway", http.DefaultClient, gwAPI.URL + "/v1/sandboxes/web/ports/8081/index.html", bearer(gwAdmin), 401, ""},
 		{"a bad port", toWorker, workerURL + "/v1/sandboxes/web/ports/http/", bearer(fw.admin), 400, "bad port"},
 		{"the worker's E2B front", toWorker, "https://" + e2bAddr + "/index.html",
 			map[string]string{"E2b-Sandbox-Id": "web", "E2b-Sandbox-Port": "8080", "X-Access-Token": fw.admin}, 200, "served\n"},

@@ -2,11 +2,15 @@ package sdk_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
@@ -40,8 +44,22 @@ func TestWorkerAsPod(t *testing.T) {
 			}
 		}
 	})
+	// The pod is pinned to CPU 0 (a CPU manager's static policy): its
+	// sandboxes leave its groups, not its pinning.
+	pinned := filepath.Join(cgroup.Root, "cpuset", pod)
+	if err := os.Mkdir(pinned, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for f, v := range map[string]string{"cpuset.cpus": "0", "cpuset.mems": "0"} {
+		if err := os.WriteFile(filepath.Join(pinned, f), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w, c := setupAt(t, root, runtimetest.Config{MountNS: true, Pod: pod})
 	sb := create(t, c, api.SandboxSpec{Name: "inpod"})
+	if out, _ := run(t, sb, "cpus", "grep Cpus_allowed_list /proc/self/status"); !strings.HasSuffix(out, "\t0\n") {
+		t.Errorf("the sandbox of a pod pinned to CPU 0 runs on %q", out)
+	}
 	if out, res := run(t, sb, "start", "echo kept > /state; sleep 1000 >/dev/null 2>&1 & echo $! > /sleeper"); res.ExitCode != 0 {
 		t.Fatalf("start: %q %+v", out, res)
 	}

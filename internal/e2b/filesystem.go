@@ -413,7 +413,8 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = "dsec-worker"
 			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
-			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
+				HeaderActAs, HeaderTemplate} {
 				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
 			}
 		},

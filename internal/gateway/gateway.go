@@ -171,9 +171,14 @@ func New(cfg Config) (*Gateway, error) {
 				// On the request as it leaves, after the headers its
 				// Connection names are gone: never the client's to drop.
 				n.authorize(pr.Out.Header, tokenOf(pr.In))
+				if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && strings.Contains(pr.In.URL.Path, "/ports/") {
+					pr.Out.Header.Set("X-Forwarded-Host", h) // (the Host a sandbox's server is asked for)
+				}
 			},
 			ModifyResponse: func(resp *http.Response) error {
-				if resp.StatusCode == http.StatusUnauthorized {
+				// The worker's own 401 (its realm), not a sandbox server's
+				// through the port route.
+				if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == `Bearer realm="dsec"` {
 					resp.Body.Close()
 					return n.refused()
 				}
@@ -843,6 +848,14 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 	n.mu.Lock()
 	if !slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == sb.Name }) {
 		n.held = append(slices.Clip(n.held), sb)
+	}
+	// Pending until a heartbeat lists it: one whose list was asked for
+	// before it was made must not take it for gone.
+	if _, ok := n.pending[sb.Name]; !ok {
+		if n.pending == nil {
+			n.pending = map[string]pend{}
+		}
+		n.pending[sb.Name] = pend{sent: time.Now()}
 	}
 	n.mu.Unlock()
 }

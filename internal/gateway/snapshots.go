@@ -165,19 +165,27 @@ func (g *Gateway) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
 		}
 	})
 	var refusal, notFound error
-	for _, res := range results {
+	removed, refused := 0, []string{}
+	for i, res := range results {
 		switch {
 		case res.status/100 == 2:
-			rw.WriteHeader(http.StatusNoContent)
-			return
+			removed++
 		case res.status == http.StatusNotFound:
 			notFound = cmp.Or(notFound, res.err)
 		case res.err != nil:
 			refusal = cmp.Or(refusal, res.err)
+			refused = append(refused, g.nodes[i].URL)
 		}
 	}
-	if refusal != nil {
+	switch {
+	case refusal != nil && removed > 0:
+		fail(rw, fmt.Errorf("snapshot %s removed from %d workers, not from %s: %w", r.PathValue("ref"), removed, strings.Join(refused, ", "), refusal))
+		return
+	case refusal != nil:
 		fail(rw, refusal)
+		return
+	case removed > 0:
+		rw.WriteHeader(http.StatusNoContent)
 		return
 	}
 	if notFound == nil {
@@ -218,14 +226,7 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	if req.NamePrefix == "" {
-		req.NamePrefix, req.First = api.BranchPrefix(req.Snapshot), g.nextBranch(api.BranchPrefix(req.Snapshot))
-	}
-	names := make([]string, req.N)
-	for i := range names {
-		names[i] = req.NamePrefix + "-" + strconv.Itoa(max(req.First, 1)+i)
-	}
-	release, err := g.claim(names)
+	release, err := g.claimBranches(&req)
 	if err != nil {
 		fail(rw, err)
 		return
@@ -257,6 +258,31 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 		made[i].Node = n.URL
 	}
 	answer(rw, http.StatusCreated, made)
+}
+
+// claimBranches claims a branch request's names as claim does: without
+// a prefix, numbered on from the last PREFIX-N (both at once: two
+// branches of one snapshot at once take numbers one after the other).
+func (g *Gateway) claimBranches(req *api.BranchRequest) (release func(), err error) {
+	for {
+		var first int
+		prefix := req.NamePrefix
+		if prefix == "" {
+			prefix, first = api.BranchPrefix(req.Snapshot), g.nextBranch(api.BranchPrefix(req.Snapshot))
+		}
+		names := make([]string, req.N)
+		for i := range names {
+			names[i] = prefix + "-" + strconv.Itoa(max(cmp.Or(first, req.First), 1)+i)
+		}
+		release, err := g.claim(names)
+		if err != nil && errdefs.IsAlreadyExists(err) && req.NamePrefix == "" {
+			continue // (taken meanwhile: the next numbers)
+		}
+		if err == nil && req.NamePrefix == "" {
+			req.NamePrefix, req.First = prefix, first
+		}
+		return release, err
+	}
 }
 
 // nextBranch is the number after the last PREFIX-N a worker held at its

@@ -167,7 +167,7 @@ func Join(name string) error {
 			return err
 		}
 		if filepath.Base(h) == "cpuset" {
-			if err := fillCpuset(d); err != nil {
+			if err := fillCpuset(d, ""); err != nil {
 				return err
 			}
 		}
@@ -178,9 +178,25 @@ func Join(name string) error {
 	return nil
 }
 
-// fillCpuset gives a new v1 cpuset group its parent's CPUs and memory
-// nodes: one starts with none, and takes no process so.
-func fillCpuset(dir string) error {
+// ownCpuset is this process's v1 cpuset group, "" if none or the root:
+// a sandbox that leaves it (escapes) keeps its CPUs and memory nodes (a
+// pod's CPU manager's pinning).
+var ownCpuset = sync.OnceValue(func() string {
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	for _, line := range strings.Split(string(self), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpuset") && f[2] != "/" {
+			return filepath.Join(Root, "cpuset", f[2])
+		}
+	}
+	return ""
+})
+
+// fillCpuset gives a new v1 cpuset group the CPUs and memory nodes of
+// from ("": its parent's): one starts with none, and takes no process so.
+func fillCpuset(dir, from string) error {
+	if from == "" {
+		from = filepath.Dir(dir)
+	}
 	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
@@ -189,7 +205,7 @@ func fillCpuset(dir string) error {
 		if strings.TrimSpace(string(b)) != "" {
 			continue
 		}
-		p, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f))
+		p, err := os.ReadFile(filepath.Join(from, f))
 		if err != nil {
 			return fmt.Errorf("cgroup: %w", err)
 		}
@@ -238,13 +254,13 @@ func newGroup(m manager, name string, l Limits) (*Group, error) {
 			}
 			cpuset := strings.HasPrefix(d, filepath.Join(Root, "cpuset")+"/")
 			if cpuset {
-				if err = fillCpuset(filepath.Dir(d)); err != nil {
+				if err = fillCpuset(filepath.Dir(d), ""); err != nil {
 					break
 				}
 			}
 			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
 				if err == nil && cpuset {
-					err = fillCpuset(d)
+					err = fillCpuset(d, ownCpuset())
 				}
 				break
 			}

@@ -46,6 +46,11 @@ const (
 	// PassMark and KillMark are a verdict's packet marks (Queue.Verdicts).
 	PassMark = fastPass
 	KillMark = fastKill
+	// HostMark marks the worker's own connections to its sandboxes (a
+	// sandbox's port route, SO_MARK): their flows take it as their
+	// conntrack mark, and a sandbox's answers on them alone reach the
+	// host; no other process of the host's reaches a sandbox.
+	HostMark uint32 = 0xd5ec0400
 )
 
 // ISN is the sequence number of a flow's first SYN, from the mark its

@@ -298,9 +298,9 @@ func masquerade(on bool) error {
 				}
 			}
 		}
-		wantChains := 5 // (the fast path's too)
+		wantChains := 6 // (the fast path's too)
 		if fastOff.Load() {
-			wantChains = 4
+			wantChains = 5
 		}
 		if fw != nil && in != nil && n == wantChains {
 			fr, ferr := c.GetRules(have, fw)
@@ -355,10 +355,19 @@ func masquerade(on bool) error {
 			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
 			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
 		}
-		// Answers to what the host opened (a worker reaching a sandbox's
-		// server: its port route) come back; nothing a sandbox opens does.
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(append(slices.Clip(fromSandbox), ctState(expr.CtStateBitESTABLISHED)...),
-			&expr.Verdict{Kind: expr.VerdictAccept})})
+		// Answers on what the worker opened to a sandbox (its port
+		// route, HostMark) come back; nothing a sandbox opens does, nor
+		// answers to another process of the host's.
+		out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true}}})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: slices.Concat(fromSandbox, ctState(expr.CtStateBitESTABLISHED), []expr.Any{
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
+			&expr.Verdict{Kind: expr.VerdictAccept}})})
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
 		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})

@@ -2,15 +2,21 @@ package worker
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // port relays an HTTP request (a WebSocket's upgrade too) to a port on
@@ -37,15 +43,16 @@ func (w *worker) port(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	target := &url.URL{Scheme: "http", Host: st.NAT.Sandbox + ":" + strconv.Itoa(p)}
-	proxy := &httputil.ReverseProxy{FlushInterval: -1,
+	proxy := &httputil.ReverseProxy{FlushInterval: -1, Transport: portTransport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.URL.Path, pr.Out.URL.RawPath = "/"+pr.In.PathValue("path"), ""
 			pr.Out.Host = target.Host
-			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" {
+			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" { // (the In's: Rewrite's Out has none)
 				pr.Out.Host = h
 			}
-			for _, h := range []string{"Authorization", auth.OnBehalfHeader, "X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key"} {
+			for _, h := range []string{"Authorization", auth.OnBehalfHeader, "X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key",
+				e2b.HeaderActAs, e2b.HeaderTemplate} {
 				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
 			}
 		},
@@ -54,4 +61,21 @@ func (w *worker) port(rw http.ResponseWriter, r *http.Request) {
 		}}
 	http.NewResponseController(rw).EnableFullDuplex()
 	proxy.ServeHTTP(rw, r)
+}
+
+// portTransport carries the port route's requests: no proxy of the
+// worker's environment, and each connection marked as the worker's own
+// (network.HostMark), which alone a sandbox's answers reach.
+var portTransport = &http.Transport{
+	DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second,
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(network.HostMark))
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}).DialContext,
+	MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second, DisableCompression: true,
 }

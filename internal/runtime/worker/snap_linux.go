@@ -42,6 +42,13 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
+	if w.cfg.PublishSnapshots && w.mounter.Remote != nil {
+		// A tag is the fleet's: one another worker published (or this
+		// one, of a snapshot removed since) names that snapshot still.
+		if err := remoteFree(r.Context(), w.mounter.Remote, ref); err != nil {
+			return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %s: %w", sc.show(ref.String()), err)
+		}
+	}
 	t := tenantOf(r.Context())
 	var quota int64 // what the tenant's snapshots may still take
 	if t != nil && t.Quota.SnapshotBytes > 0 {
@@ -79,10 +86,9 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
 	if w.cfg.PublishSnapshots && w.mounter.Remote != nil {
 		// Published before it is answered: once packed, any worker of the
-		// remote's branches it. (The tag, the caller's own, replaces one a
-		// snapshot removed here since left there.)
+		// remote's branches it.
 		t0 := time.Now()
-		if _, err := remote.Copy(context.WithoutCancel(r.Context()), remote.Local(w.mounter.Store), w.mounter.Remote, ref, true, nil); err != nil {
+		if _, err := remote.Copy(context.WithoutCancel(r.Context()), remote.Local(w.mounter.Store), w.mounter.Remote, ref, false, nil); err != nil {
 			return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but not published to %s (snap.publish): %v: %w",
 				sc.show(ref.String()), w.mounter.Remote, err, errdefs.ErrUnavailable)
 		}
@@ -428,4 +434,20 @@ func (w *worker) visible(ctx context.Context, n api.SnapshotNode) (api.SnapshotN
 		n.Sandbox = ""
 	}
 	return n, true
+}
+
+// remoteFree says whether ref is free in t: an error if it names a layer
+// there, or t cannot say.
+func remoteFree(ctx context.Context, t remote.Target, ref layer.Ref) error {
+	repo, err := t.Repo(ctx, ref)
+	if err == nil {
+		_, err = repo.Resolve(ctx)
+	}
+	switch {
+	case errdefs.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("the shared remote %s cannot say whether it is taken (snap.publish): %v: %w", t, err, errdefs.ErrUnavailable)
+	}
+	return fmt.Errorf("taken in the shared remote %s (a snapshot packed on another worker, or one removed here since): give another step: %w", t, errdefs.ErrAlreadyExists)
 }
