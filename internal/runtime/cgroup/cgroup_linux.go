@@ -722,7 +722,7 @@ func (g *Group) escaped() []string {
 // rmdir removes a group's directory, and its parent with its last group.
 func rmdir(d string) error {
 	var err error
-	for i := 0; i < 100; i++ { // a just-killed task may linger a moment
+	for i := 0; i < 400; i++ { // a just-killed task may linger a moment (on a loaded host, up to a second or more)
 		if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
 			os.Remove(filepath.Dir(d))
 			return nil

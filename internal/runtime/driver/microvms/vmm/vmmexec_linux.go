@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/creack/pty"
@@ -37,9 +38,10 @@ type forward struct {
 // relays its replies; an exec's (f) output goes to its stdio.
 func (v *vmm) forward(req initproto.Request, conn initproto.Peer, f *forward) {
 	fail := func(err error) {
-		if errors.Is(err, yamux.ErrSessionShutdown) {
-			// The agent's session ended: the guest is going, and
-			// its shim with it, which tells the sandbox died.
+		if errors.Is(err, yamux.ErrSessionShutdown) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed) {
+			// The agent's session ended (or its link broke before the
+			// session knew: QEMU killed): the guest is going, and its
+			// shim with it, which tells the sandbox died.
 			select {
 			case <-v.exited:
 				return
