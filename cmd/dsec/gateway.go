@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -295,7 +296,7 @@ These take an admin token of the gateway's.
 				return a.printJSON(nodes)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "WORKER\tSTATE\tSANDBOXES\tMEMORY FREE\tVERSION\tERROR")
+			fmt.Fprintln(tw, "WORKER\tSTATE\tSANDBOXES\tMEMORY FREE\tCPU REQUESTS\tQUEUED\tVERSION\tERROR")
 			for _, n := range nodes {
 				state := "up"
 				switch {
@@ -304,7 +305,14 @@ These take an admin token of the gateway's.
 				case n.Cordoned:
 					state = "cordoned"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", n.URL, state, n.Sandboxes, humanBytes(n.MemoryFree), n.Version, n.Error)
+				cpu, queued := "-", "-"
+				if c := n.Capacity; c != nil {
+					cpu, queued = fmt.Sprintf("%g/%g", c.CPURequestsUsed, c.CPURequests), strconv.Itoa(c.Queued)
+					if c.DiskFull != "" {
+						state += ", disk full"
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", n.URL, state, n.Sandboxes, humanBytes(n.MemoryFree), cpu, queued, n.Version, n.Error)
 			}
 			return tw.Flush()
 		},
