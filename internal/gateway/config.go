@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,7 +64,13 @@ func (g *Gateway) sendTo(r *http.Request, n *node, t *auth.Token, method, path s
 	if bodyFor != nil {
 		body = bytes.NewReader(bodyFor(n))
 	}
-	req, err := http.NewRequestWithContext(r.Context(), method, n.base.String()+path, body)
+	ctx := r.Context()
+	if method == http.MethodGet { // (a read of one silent worker holds none up)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.DownAfter)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, n.base.String()+path, body)
 	if err != nil {
 		return answerOf{n: n, err: err}
 	}
@@ -115,7 +123,7 @@ func written(rw http.ResponseWriter, what string, answers []answerOf, ok func(an
 	for _, a := range answers {
 		if err := a.failure(); err != nil {
 			failed = append(failed, a.n.URL)
-			first = cmpOr(first, err)
+			first = cmp.Or(first, err)
 		}
 	}
 	switch {
@@ -127,13 +135,6 @@ func written(rw http.ResponseWriter, what string, answers []answerOf, ok func(an
 		fail(rw, fmt.Errorf("%s: done on %d of the %d workers up, not on %s: %w", what, len(answers)-len(failed), len(answers),
 			strings.Join(failed, ", "), first))
 	}
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // putPolicy stores a policy on every worker up.
@@ -196,11 +197,11 @@ func (g *Gateway) policy(rw http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if !errdefs.IsNotFound(a.failure()) {
-				first = cmpOr(first, a.failure())
+				first = cmp.Or(first, a.failure())
 			}
 		}
 	}
-	fail(rw, cmpOr(first, fmt.Errorf("no policy %s on any worker up (dsec policy ls lists them): %w", r.PathValue("name"), errdefs.ErrNotFound)))
+	fail(rw, cmp.Or(first, fmt.Errorf("no policy %s on any worker up (dsec policy ls lists them): %w", r.PathValue("name"), errdefs.ErrNotFound)))
 }
 
 // merged decodes every worker's list answer to r into out, one entry per

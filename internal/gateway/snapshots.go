@@ -90,39 +90,16 @@ func (n *node) isUp() bool {
 // by several (each branched it from the remote) once, its children
 // joined.
 func (g *Gateway) snapshots(rw http.ResponseWriter, r *http.Request) {
-	t := tokenOf(r)
-	lists := make([][]api.SnapshotNode, len(g.nodes))
-	errs := make([]error, len(g.nodes))
-	g.eachUp(func(i int, n *node) {
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
-		defer cancel()
-		err := n.get(ctx, r.URL.RequestURI(), t, &lists[i])
-		if answered(err) {
-			errs[i] = err
-		} else if err != nil && r.Context().Err() == nil {
-			g.lost(n, err)
-		}
-	})
-	for _, err := range errs {
-		if err != nil {
-			fail(rw, err)
-			return
-		}
-	}
-	out := []api.SnapshotNode{}
-	for _, l := range lists {
-		for _, s := range l {
-			i := slices.IndexFunc(out, func(o api.SnapshotNode) bool { return o.Name == s.Name && o.Digest == s.Digest })
-			if i < 0 {
-				out = append(out, s)
-				continue
-			}
-			for _, c := range s.Children {
-				if !slices.Contains(out[i].Children, c) {
-					out[i].Children = append(out[i].Children, c)
-				}
+	var out []api.SnapshotNode
+	key := func(s api.SnapshotNode) string { return s.Name + "@" + s.Digest }
+	if !merged(g, rw, r, &out, key, func(into *api.SnapshotNode, more api.SnapshotNode) {
+		for _, c := range more.Children {
+			if !slices.Contains(into.Children, c) {
+				into.Children = append(into.Children, c)
 			}
 		}
+	}) {
+		return
 	}
 	slices.SortStableFunc(out, func(a, b api.SnapshotNode) int { return a.Created.Compare(b.Created) })
 	answer(rw, http.StatusOK, out)
