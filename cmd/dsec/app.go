@@ -50,10 +50,14 @@ type Config struct {
 	ClientCert string `mapstructure:"client-cert"`
 	ClientKey  string `mapstructure:"client-key"`
 	// What dsec daemon serves on besides the root's socket (daemon.go).
-	Listen []string        `mapstructure:"listen"`
-	TLS    ServerTLSConfig `mapstructure:"tls"`
-	API    APIConfig       `mapstructure:"api"`
-	E2B    E2BConfig       `mapstructure:"e2b"`
+	Listen []string `mapstructure:"listen"`
+	// AdminTokenFile holds an admin token the TCP API of dsec daemon or
+	// dsec gateway takes besides the root's tokens, never written there
+	// (a Kubernetes Secret's, shared by a fleet's workers and gateways).
+	AdminTokenFile string          `mapstructure:"admin_token_file"`
+	TLS            ServerTLSConfig `mapstructure:"tls"`
+	API            APIConfig       `mapstructure:"api"`
+	E2B            E2BConfig       `mapstructure:"e2b"`
 	// The microvm backend (microvm.Settings).
 	MicroVM MicroVMConfig `mapstructure:"microvm"`
 	// The resolvers of sandboxes with domain rules (egress.Config).
@@ -79,6 +83,18 @@ type GatewayConfig struct {
 	// Heartbeat is how often each worker is asked how it is (default
 	// 2 s); a worker silent for three is down.
 	Heartbeat time.Duration `mapstructure:"heartbeat"`
+	// Kubernetes finds the workers in a cluster, besides Workers.
+	Kubernetes GatewayKubernetes `mapstructure:"kubernetes"`
+}
+
+// GatewayKubernetes is where a gateway finds its workers in Kubernetes
+// (kube.Config): the endpoints of their Service, each reached as Worker
+// says (its URL aside).
+type GatewayKubernetes struct {
+	Service    string        `mapstructure:"service"`
+	Port       string        `mapstructure:"port"`
+	Kubeconfig string        `mapstructure:"kubeconfig"`
+	Worker     GatewayWorker `mapstructure:"worker"`
 }
 
 // GatewayWorker is a worker of the gateway's fleet: its TCP API, an
@@ -92,6 +108,13 @@ type GatewayWorker struct {
 	// asks for one.
 	Cert string `mapstructure:"cert"`
 	Key  string `mapstructure:"key"`
+	// TokenFile holds the token, for one not written in the config (a
+	// Kubernetes Secret's).
+	TokenFile string `mapstructure:"token_file"`
+	// ServerName is the name its certificate must bear, for workers
+	// reached by addresses their certificates do not name (a DaemonSet's
+	// pods sharing one certificate).
+	ServerName string `mapstructure:"server_name"`
 }
 
 // RegistriesConfig says how images are pulled (image.Options).
@@ -327,7 +350,9 @@ passes it is dropped and the result says so) snapshots (snap.publish, false: pus
 snapshot a worker packs to its remote before the pack is answered, so a fleet's workers sharing that remote
 branch one another's snapshots) and FnCall pools (pools.NAME.size, .backend, .base,
 .workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
-(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; api.max_requests, 4096, and
+(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; admin_token_file: a file
+holding an admin token it takes besides the root's, never written there, as a fleet's workers and gateways share one
+from a Kubernetes Secret; api.max_requests, 4096, and
 api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
 token, past which they are answered busy), its E2B front (e2b.listen:
 HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .image, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
@@ -408,7 +433,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 	}
 	v.SetDefault("remote", "")
-	for _, k := range []string{"token", "client-cert", "client-key", "tls.cert", "tls.key", "tls.client_ca"} {
+	for _, k := range []string{"token", "client-cert", "client-key", "tls.cert", "tls.key", "tls.client_ca", "admin_token_file"} {
 		v.SetDefault(k, "")
 	}
 	v.SetDefault("listen", []string{})

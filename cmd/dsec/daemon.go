@@ -88,7 +88,7 @@ with E2B-based frameworks" says what maps to what.
 			}
 			cfg := worker.Config{
 				Registries: registries,
-				Root:       a.cfg.Root, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
+				Root:       a.cfg.Root, AdminTokenFile: a.cfg.AdminTokenFile, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
 				Fetcher:          lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
 				Log:              a.log,
 				ExitIdle:         exitIdle,

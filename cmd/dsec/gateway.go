@@ -5,8 +5,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,12 +21,14 @@ import (
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/internal/gateway/kube"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
 
 func (a *app) gatewayCommand() *cobra.Command {
-	var listen, workers, tokens, cas, certs, keys []string
+	var listen, workers, tokens, cas, certs, keys, names []string
+	var service string
 	var e2bListen string
 	var tlsCfg ServerTLSConfig
 	var heartbeat time.Duration
@@ -88,7 +92,8 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 				c.Heartbeat = heartbeat
 			}
 			if f.Changed("worker") {
-				ws, err := gatewayWorkers(workers, map[string][]string{"worker-token": tokens, "worker-ca": cas, "worker-cert": certs, "worker-key": keys})
+				ws, err := gatewayWorkers(workers, map[string][]string{"worker-token": tokens, "worker-ca": cas, "worker-cert": certs, "worker-key": keys,
+					"worker-server-name": names})
 				if err != nil {
 					return err
 				}
@@ -111,10 +116,31 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 			if len(c.Listen) == 0 {
 				return fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
 			}
+			if f.Changed("kubernetes-service") {
+				c.Kubernetes.Service = service
+			}
 			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log,
 				Cordons: filepath.Join(a.cfg.Root, "gateway-cordons.json")}
+			if a.cfg.AdminTokenFile != "" {
+				if err := cfg.Tokens.PinAdminFile(a.cfg.AdminTokenFile); err != nil {
+					return err
+				}
+			}
 			for _, w := range c.Workers {
-				cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.URL, Token: w.Token, CA: w.CA, Cert: w.Cert, Key: w.Key})
+				gw, err := w.worker()
+				if err != nil {
+					return err
+				}
+				cfg.Workers = append(cfg.Workers, gw)
+			}
+			if k := c.Kubernetes; k.Service != "" {
+				gw, err := k.Worker.worker()
+				if err != nil {
+					return err
+				}
+				if cfg.Discover, err = kube.Discover(kube.Config{Service: k.Service, Port: k.Port, Kubeconfig: k.Kubeconfig, Worker: gw}); err != nil {
+					return err
+				}
 			}
 			g, err := gateway.New(cfg)
 			if err != nil {
@@ -144,7 +170,8 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 			defer cancel()
 			g.Heartbeat(ctx)
 			go g.Run(ctx)
-			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+			errLog := slog.NewLogLogger(a.log.Handler(), slog.LevelDebug) // a failed handshake is anyone's knock (a probe's)
+			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 			servers := []*http.Server{srv}
 			errc := make(chan error, len(ls))
 			for _, l := range ls {
@@ -160,7 +187,7 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 					return err
 				}
 				defer stop()
-				fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+				fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 				servers = append(servers, fsrv)
 				a.log.Info("the gateway serves E2B's API", "addr", e2bL.Addr().String())
 				go func() { errc <- fsrv.Serve(e2bL) }()
@@ -184,6 +211,8 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 	cmd.Flags().StringArrayVar(&cas, "worker-ca", nil, "the CA the worker's certificate is checked against: one for all, or one per --worker")
 	cmd.Flags().StringArrayVar(&certs, "worker-cert", nil, "the gateway's client certificate, for workers that ask for one: one for all, or one per --worker")
 	cmd.Flags().StringArrayVar(&keys, "worker-key", nil, "its key: one for all, or one per --worker")
+	cmd.Flags().StringArrayVar(&names, "worker-server-name", nil, "the name the worker's certificate must bear, when not its address: one for all, or one per --worker")
+	cmd.Flags().StringVar(&service, "kubernetes-service", "", "find the workers as the endpoints of this Kubernetes Service, NAMESPACE/NAME (config gateway.kubernetes.service; with gateway.kubernetes.worker: token_file, ca, server_name)")
 	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
 	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
 	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
@@ -251,7 +280,7 @@ func gatewayWorkers(urls []string, each map[string][]string) ([]GatewayWorker, e
 		for _, f := range []struct {
 			flag string
 			to   *string
-		}{{"worker-token", &w.Token}, {"worker-ca", &w.CA}, {"worker-cert", &w.Cert}, {"worker-key", &w.Key}} {
+		}{{"worker-token", &w.Token}, {"worker-ca", &w.CA}, {"worker-cert", &w.Cert}, {"worker-key", &w.Key}, {"worker-server-name", &w.ServerName}} {
 			v, err := pick(f.flag, i)
 			if err != nil {
 				return nil, err
@@ -261,6 +290,20 @@ func gatewayWorkers(urls []string, each map[string][]string) ([]GatewayWorker, e
 		out = append(out, w)
 	}
 	return out, nil
+}
+
+// worker is w as the gateway reaches it, its token read from TokenFile
+// if it has one.
+func (w GatewayWorker) worker() (gateway.Worker, error) {
+	token := w.Token
+	if w.TokenFile != "" {
+		b, err := os.ReadFile(w.TokenFile)
+		if err != nil {
+			return gateway.Worker{}, fmt.Errorf("the workers' token file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return gateway.Worker{URL: w.URL, Token: token, CA: w.CA, Cert: w.Cert, Key: w.Key, ServerName: w.ServerName}, nil
 }
 
 func (a *app) nodeCommand() *cobra.Command {

@@ -110,6 +110,38 @@ type Store struct {
 	mu     sync.Mutex
 	tokens []Token
 	stamp  [2]int64 // the file's mtime and size when read
+	pinned []Token  // PinAdmin's, never in the file
+}
+
+// PinnedID is the ID of a token PinAdmin holds.
+const PinnedID = "pinned"
+
+// PinAdmin has the store take secret as an admin token for as long as
+// it is open, without writing it to the file: the token an orchestrator
+// hands every worker of a fleet and its gateways (a Kubernetes
+// Secret's, admin_token_file), gone with the process that pinned it.
+func (s *Store) PinAdmin(secret string) error {
+	secret = strings.TrimSpace(secret)
+	digits, ok := strings.CutPrefix(secret, Prefix)
+	if !ok || len(digits) != 40 || strings.Trim(digits, "0123456789abcdef") != "" {
+		return fmt.Errorf("a pinned admin token must be %s and 40 hex digits (as dsec token create prints one): %w", Prefix, errdefs.ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pinned = append(s.pinned, Token{ID: PinnedID, Scope: Admin, SHA256: digest(secret)})
+	return nil
+}
+
+// PinAdminFile is PinAdmin of the token file holds.
+func (s *Store) PinAdminFile(file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("the admin token file: %w", err)
+	}
+	if err := s.PinAdmin(string(b)); err != nil {
+		return fmt.Errorf("%s: %w", file, err)
+	}
+	return nil
 }
 
 // Open is the token store of root.
@@ -240,6 +272,9 @@ func (s *Store) Check(secret string, now time.Time) (Token, error) {
 		return Token{}, ErrUnauthorized
 	}
 	want := digest(secret)
+	s.mu.Lock()
+	ts = append(slices.Clip(ts), s.pinned...)
+	s.mu.Unlock()
 	for _, t := range ts {
 		if subtle.ConstantTimeCompare([]byte(t.SHA256), []byte(want)) == 1 && !t.Expired(now) {
 			return t, nil

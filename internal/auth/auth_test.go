@@ -154,3 +154,43 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestPinAdmin: a pinned admin token is taken as an admin's, beside
+// the file's, and never written there; a malformed one is refused.
+func TestPinAdmin(t *testing.T) {
+	root := t.TempDir()
+	s := Open(root)
+	user, _, err := s.Create(Sandboxes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := Prefix + strings.Repeat("ab", 20)
+	if _, err := s.Check(pinned, time.Now()); err == nil {
+		t.Fatal("a token not pinned yet is taken")
+	}
+	file := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(file, []byte(pinned+"\n"), 0o600)
+	if err := s.PinAdminFile(file); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := s.Check(pinned, time.Now()); err != nil || tok.Scope != Admin || tok.ID != PinnedID {
+		t.Errorf("the pinned token: %+v %v", tok, err)
+	}
+	if tok, err := s.Check(user, time.Now()); err != nil || tok.Scope != Sandboxes {
+		t.Errorf("the file's token beside it: %+v %v", tok, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "tokens.json")); strings.Contains(string(b), digest(pinned)) {
+		t.Error("the pinned token is in the file")
+	}
+	if tok, err := Open(root).Check(pinned, time.Now()); err == nil {
+		t.Errorf("another store of the root takes the pinned token: %+v", tok)
+	}
+	for _, bad := range []string{"", "dsec_short", E2BPrefix + strings.Repeat("ab", 20), Prefix + strings.Repeat("zz", 20)} {
+		if err := s.PinAdmin(bad); err == nil {
+			t.Errorf("pinned %q", bad)
+		}
+	}
+	if err := s.PinAdminFile(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Error("a missing file pinned")
+	}
+}

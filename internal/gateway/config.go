@@ -39,7 +39,7 @@ type answerOf struct {
 func (g *Gateway) toEach(r *http.Request, method, path string, bodyFor func(n *node) []byte, take func(*node) bool) []answerOf {
 	t := tokenOf(r)
 	var nodes []*node
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		if n.isUp() && (take == nil || take(n)) {
 			nodes = append(nodes, n)
 		}
@@ -185,7 +185,7 @@ func policyName(p api.Policy) string {
 func (g *Gateway) policy(rw http.ResponseWriter, r *http.Request) {
 	answers := g.toEach(r, http.MethodGet, r.URL.RequestURI(), nil, nil)
 	var first error
-	for _, n := range g.nodes { // (in the fleet's order)
+	for _, n := range g.all() { // (in the fleet's order)
 		for _, a := range answers {
 			if a.n != n {
 				continue
@@ -210,7 +210,7 @@ func (g *Gateway) policy(rw http.ResponseWriter, r *http.Request) {
 func merged[T any](g *Gateway, rw http.ResponseWriter, r *http.Request, out *[]T, key func(T) string, join func(into *T, more T)) bool {
 	answers := g.toEach(r, http.MethodGet, r.URL.RequestURI(), nil, nil)
 	*out = []T{}
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		for _, a := range answers {
 			if a.n != n {
 				continue
@@ -277,7 +277,7 @@ func (g *Gateway) putPool(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var takers []*node
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		if up, _, _ := n.room(); up {
 			takers = append(takers, n)
 		}

@@ -59,11 +59,18 @@ type Worker struct {
 	// that asks for one (dsec daemon --tls-client-ca).
 	Cert string `json:"cert,omitempty"`
 	Key  string `json:"key,omitempty"`
+	// ServerName is the name its certificate must bear ("": the host
+	// of URL).
+	ServerName string `json:"server_name,omitempty"`
 }
 
 // Config is a gateway's configuration.
 type Config struct {
 	Workers []Worker
+	// Discover, if any, finds the fleet's workers besides Workers (its
+	// Kubernetes Service's endpoints): it calls found with all of them
+	// at each change until ctx ends (Kubernetes).
+	Discover func(ctx context.Context, found func([]Worker)) error
 	// Tokens are the gateway's clients' tokens.
 	Tokens *auth.Store
 	// Heartbeat is how often each worker is asked how it is and what it
@@ -80,8 +87,13 @@ type Config struct {
 // Gateway serves the API for the fleet (ServeHTTP) while Run heartbeats.
 type Gateway struct {
 	cfg   Config
-	nodes []*node
+	fleet atomic.Pointer[[]*node] // all's
 	mux   *http.ServeMux
+
+	joining sync.Mutex      // one change of the fleet at a time
+	ctx     context.Context // Run's, once it runs (under joining)
+	beating sync.WaitGroup  // the heartbeats' loops
+	cordons []string        // the URLs of the workers cordoned (under cordoning)
 
 	placing   sync.Mutex // one placement at a time
 	cordoning sync.Mutex // one change of cordons at a time
@@ -106,6 +118,7 @@ type node struct {
 	err      error     // its last heartbeat's failure
 	down     bool
 	cordoned bool
+	absent   time.Time // since when discovery no longer names it
 	info     api.VersionInfo
 	held     []api.Sandbox // as of its last answer
 	// pending are the creates sent its way that its list does not show
@@ -149,67 +162,91 @@ const pendFor = time.Minute
 
 // New is a gateway of cfg's workers; Run starts their heartbeats.
 func New(cfg Config) (*Gateway, error) {
-	if len(cfg.Workers) == 0 {
-		return nil, fmt.Errorf("a gateway needs workers: give --worker tcp://HOST:PORT (one per worker): %w", errdefs.ErrInvalidArgument)
+	if len(cfg.Workers) == 0 && cfg.Discover == nil {
+		return nil, fmt.Errorf("a gateway needs workers: give --worker tcp://HOST:PORT (one per worker), or --kubernetes-service NAMESPACE/NAME: %w", errdefs.ErrInvalidArgument)
 	}
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.DownAfter = cmp.Or(cfg.DownAfter, 3*cfg.Heartbeat)
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
 	g := &Gateway{cfg: cfg, routes: map[string]*node{}, making: map[string]bool{}}
-	for _, w := range cfg.Workers {
-		n, err := newNode(w)
-		if err != nil {
-			return nil, err
-		}
-		if slices.ContainsFunc(g.nodes, func(o *node) bool { return o.host == n.host }) {
-			return nil, fmt.Errorf("worker %s is named twice: %w", w.URL, errdefs.ErrInvalidArgument)
-		}
-		n.proxy = &httputil.ReverseProxy{Transport: n.rt, FlushInterval: -1,
-			Rewrite: func(pr *httputil.ProxyRequest) {
-				pr.SetURL(n.base)
-				pr.Out.Host = n.host
-				// On the request as it leaves, after the headers its
-				// Connection names are gone: never the client's to drop.
-				n.authorize(pr.Out.Header, tokenOf(pr.In))
-				if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && strings.Contains(pr.In.URL.Path, "/ports/") {
-					pr.Out.Header.Set("X-Forwarded-Host", h) // (the Host a sandbox's server is asked for)
-				}
-			},
-			ModifyResponse: func(resp *http.Response) error {
-				// The worker's own 401 (its realm), not a sandbox server's
-				// through the port route.
-				if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == `Bearer realm="dsec"` {
-					resp.Body.Close()
-					return n.refused()
-				}
-				if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
-					if name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/"); ok && !strings.Contains(name, "/") {
-						g.forget(n, name)
-					}
-				}
-				return nil
-			},
-			ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
-				if errors.Is(err, errRefused) {
-					fail(rw, err)
-					return
-				}
-				if r.Context().Err() == nil { // (not the client's going)
-					g.lost(n, err)
-				}
-				fail(rw, n.unreachable(err))
-			}}
-		g.nodes = append(g.nodes, n)
-	}
+	g.fleet.Store(&[]*node{})
 	if err := g.loadCordons(); err != nil {
 		return nil, err
 	}
+	var nodes []*node
+	for _, w := range cfg.Workers {
+		n, err := g.newNode(w)
+		if err != nil {
+			return nil, err
+		}
+		if slices.ContainsFunc(nodes, func(o *node) bool { return o.host == n.host }) {
+			return nil, fmt.Errorf("worker %s is named twice: %w", w.URL, errdefs.ErrInvalidArgument)
+		}
+		nodes = append(nodes, n)
+	}
+	g.fleet.Store(&nodes)
 	g.mux = g.routesMux()
 	return g, nil
 }
 
-// loadCordons cordons the workers cfg.Cordons names (one no longer in
-// the fleet is forgotten).
+// all is the fleet's workers as of now (a slice never changed: one
+// joining or leaving makes another).
+func (g *Gateway) all() []*node { return *g.fleet.Load() }
+
+// Discovered makes ws the fleet (cfg.Discover's answer): a worker new
+// to it joins at once; one no longer named leaves once it does not
+// answer, so that a worker's restart (its pod replaced: gone from the
+// list for a moment) loses none of its sandboxes' routes. A worker named
+// wrong is logged and left out.
+func (g *Gateway) Discovered(ws []Worker) {
+	g.joining.Lock()
+	defer g.joining.Unlock()
+	old := g.all()
+	nodes := make([]*node, 0, len(old)+len(ws))
+	for _, n := range old {
+		i := slices.IndexFunc(ws, func(w Worker) bool { return w.URL == n.URL })
+		n.mu.Lock()
+		if i >= 0 {
+			n.absent = time.Time{}
+		} else if n.absent.IsZero() {
+			n.absent = time.Now()
+		}
+		n.mu.Unlock()
+		nodes = append(nodes, n)
+	}
+	for _, w := range ws {
+		if slices.ContainsFunc(old, func(n *node) bool { return n.URL == w.URL }) {
+			continue
+		}
+		n, err := g.newNode(w)
+		if err != nil {
+			g.cfg.Log.Error("a worker discovered is left out", "worker", w.URL, "err", err)
+			continue
+		}
+		g.cfg.Log.Info("a worker joins the fleet", "worker", w.URL)
+		nodes = append(nodes, n)
+		g.start(n)
+	}
+	g.fleet.Store(&nodes)
+}
+
+// leave drops n from the fleet: gone from discovery and not answering.
+func (g *Gateway) leave(n *node) {
+	g.joining.Lock()
+	defer g.joining.Unlock()
+	nodes := slices.DeleteFunc(slices.Clone(g.all()), func(o *node) bool { return o == n })
+	g.fleet.Store(&nodes)
+	g.cfg.Log.Warn("a worker leaves the fleet: no longer discovered, and silent", "worker", n.URL)
+	g.mu.Lock()
+	for name, o := range g.routes {
+		if o == n {
+			delete(g.routes, name)
+		}
+	}
+	g.mu.Unlock()
+}
+
+// loadCordons reads which workers cfg.Cordons says are cordoned.
 func (g *Gateway) loadCordons() error {
 	if g.cfg.Cordons == "" {
 		return nil
@@ -218,34 +255,91 @@ func (g *Gateway) loadCordons() error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	var urls []string
 	if err == nil {
-		err = json.Unmarshal(b, &urls)
+		err = json.Unmarshal(b, &g.cordons)
 	}
 	if err != nil {
 		return fmt.Errorf("the gateway's cordons (%s): %v: remove the file to forget them: %w", g.cfg.Cordons, err, errdefs.ErrDataLoss)
 	}
-	for _, n := range g.nodes {
-		n.cordoned = slices.Contains(urls, n.URL)
-	}
 	return nil
 }
 
-// saveCordons keeps which workers are cordoned in cfg.Cordons.
+// saveCordons keeps which workers are cordoned in cfg.Cordons (one that
+// left the fleet stays cordoned should it join again).
 func (g *Gateway) saveCordons() error {
-	if g.cfg.Cordons == "" {
-		return nil
-	}
 	urls := []string{}
-	for _, n := range g.nodes {
+	for _, u := range g.cordons {
+		if !slices.ContainsFunc(g.all(), func(n *node) bool { return n.URL == u }) {
+			urls = append(urls, u)
+		}
+	}
+	for _, n := range g.all() {
 		n.mu.Lock()
 		if n.cordoned {
 			urls = append(urls, n.URL)
 		}
 		n.mu.Unlock()
 	}
+	g.cordons = urls
+	if g.cfg.Cordons == "" {
+		return nil
+	}
 	b, _ := json.Marshal(urls)
 	return durable.WriteFile(g.cfg.Cordons, b, 0o600)
+}
+
+// newNode is the node of w, with its proxy.
+func (g *Gateway) newNode(w Worker) (*node, error) {
+	n, err := newNode(w)
+	if err != nil {
+		return nil, err
+	}
+	g.cordoning.Lock()
+	n.cordoned = slices.Contains(g.cordons, n.URL)
+	g.cordoning.Unlock()
+	n.proxy = &httputil.ReverseProxy{Transport: n.rt, FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(n.base)
+			pr.Out.Host = n.host
+			// On the request as it leaves, after the headers its
+			// Connection names are gone: never the client's to drop.
+			n.authorize(pr.Out.Header, tokenOf(pr.In))
+			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && strings.Contains(pr.In.URL.Path, "/ports/") {
+				pr.Out.Header.Set("X-Forwarded-Host", h) // (the Host a sandbox's server is asked for)
+			}
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			// The worker's own 401 (its realm), not a sandbox server's
+			// through the port route.
+			if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == `Bearer realm="dsec"` {
+				resp.Body.Close()
+				return n.refused()
+			}
+			if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
+				if name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/"); ok && !strings.Contains(name, "/") {
+					g.forget(n, name)
+				}
+			}
+			return nil
+		},
+		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
+			// The transport may still read the request's body after
+			// RoundTrip failed (an exec's input, full duplex): this
+			// connection serves no next request, which it would read
+			// at once.
+			if r.ProtoMajor == 1 {
+				rw.Header().Set("Connection", "close")
+			}
+			if errors.Is(err, errRefused) {
+				fail(rw, err)
+				return
+			}
+			if r.Context().Err() == nil { // (not the client's going)
+				g.lost(n, err)
+			}
+			fail(rw, n.unreachable(err))
+		}}
+	return n, nil
 }
 
 // newNode is w, parsed, with its transport.
@@ -265,44 +359,71 @@ func newNode(w Worker) (*node, error) {
 		DisableCompression: true, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 0}
 	scheme := "http"
 	ip := net.ParseIP(host)
-	if w.CA != "" || w.Cert != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
+	if w.CA != "" || w.Cert != "" || w.ServerName != "" || !(host == "localhost" || ip != nil && ip.IsLoopback()) {
 		cfg, err := auth.ClientTLS(w.CA, w.Cert, w.Key)
 		if err != nil {
 			return nil, fmt.Errorf("worker %s: %w", w.URL, err)
 		}
+		cfg.ServerName = w.ServerName
 		t.TLSClientConfig, scheme = cfg, "https"
 	}
 	return &node{Worker: w, host: hostport, base: &url.URL{Scheme: scheme, Host: hostport}, rt: t}, nil
 }
 
 // Run heartbeats each worker every Heartbeat until ctx ends, each on
-// its own (one slow to answer delays no other's). A gateway heartbeats
-// once (Heartbeat) before it serves, so that it routes from its first
-// request.
+// its own (one slow to answer delays no other's), and, with
+// cfg.Discover, follows the fleet's workers as they join and leave. A
+// gateway heartbeats once (Heartbeat) before it serves, so that it
+// routes from its first request.
 func (g *Gateway) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, n := range g.nodes {
-		wg.Go(func() {
-			tick := time.NewTicker(g.cfg.Heartbeat)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
-				g.beat(ctx, n)
-			}
-		})
+	g.joining.Lock()
+	g.ctx = ctx
+	for _, n := range g.all() {
+		g.start(n)
 	}
-	wg.Wait()
+	g.joining.Unlock()
+	if g.cfg.Discover != nil {
+		if err := g.cfg.Discover(ctx, g.Discovered); err != nil && ctx.Err() == nil {
+			g.cfg.Log.Error("the fleet's workers are no longer discovered", "err", err)
+		}
+	}
+	<-ctx.Done()
+	g.beating.Wait()
+}
+
+// start heartbeats n every Heartbeat once Run runs (under joining),
+// until n leaves the fleet or Run's context ends.
+func (g *Gateway) start(n *node) {
+	if g.ctx == nil {
+		return
+	}
+	ctx := g.ctx
+	g.beating.Go(func() {
+		tick := time.NewTicker(g.cfg.Heartbeat)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			g.beat(ctx, n)
+			n.mu.Lock()
+			leaves := !n.absent.IsZero() && (n.down || n.seen.IsZero() && time.Since(n.absent) >= g.cfg.DownAfter)
+			n.mu.Unlock()
+			if leaves {
+				g.leave(n)
+				return
+			}
+		}
+	})
 }
 
 // Heartbeat asks every worker at once how it is and what it holds,
 // waiting DownAfter at most.
 func (g *Gateway) Heartbeat(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		wg.Go(func() { g.beat(ctx, n) })
 	}
 	wg.Wait()
@@ -551,8 +672,9 @@ func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string),
 	g.next++
 	g.mu.Unlock()
 	var cs []cand
-	for i := range g.nodes {
-		n := g.nodes[(start+i)%len(g.nodes)]
+	nodes := g.all()
+	for i := range nodes {
+		n := nodes[(start+i)%len(nodes)]
 		if up, free, count := n.room(); up && (only == nil || only(n)) {
 			cs = append(cs, cand{n, n.admits(d.req), free, count, i})
 		}
@@ -561,7 +683,7 @@ func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string),
 		return nil, nil, fmt.Errorf("no worker up that may take it (of those that hold its snapshot or share it through their remote; dsec node ls): %w", errdefs.ErrUnavailable)
 	}
 	if len(cs) == 0 {
-		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(g.nodes), errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(nodes), errdefs.ErrUnavailable)
 	}
 	slices.SortStableFunc(cs, func(a, b cand) int {
 		return cmp.Or(-cmpBool(a.admits, b.admits), cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
@@ -644,7 +766,7 @@ func (g *Gateway) ActAs() http.Handler {
 // holds is not known yet). For an E2B front's records (e2b.Options).
 func (g *Gateway) Lookup(name string) (id string, ok, known bool) {
 	known = true
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		n.mu.Lock()
 		if n.seen.IsZero() {
 			known = false
@@ -717,7 +839,7 @@ func (g *Gateway) adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 // worker up runs.
 func (g *Gateway) version(rw http.ResponseWriter, r *http.Request) {
 	v := api.VersionInfo{API: api.Version, Version: g.cfg.Version, Pid: os.Getpid(), Gateway: true}
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		n.mu.Lock()
 		if !n.down {
 			for _, b := range n.info.Backends {
@@ -734,7 +856,7 @@ func (g *Gateway) version(rw http.ResponseWriter, r *http.Request) {
 // listNodes says how each worker is (dsec node ls).
 func (g *Gateway) listNodes(rw http.ResponseWriter, r *http.Request) {
 	out := []api.Node{}
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		_, free, _ := n.room()
 		n.mu.Lock()
 		s := api.Node{URL: n.URL, Up: !n.down && !n.seen.IsZero(), Cordoned: n.cordoned, Sandboxes: len(n.held),
@@ -778,7 +900,7 @@ func (g *Gateway) cordon(on bool) http.HandlerFunc {
 
 // node is the worker named by its URL or HOST:PORT.
 func (g *Gateway) node(name string) *node {
-	for _, n := range g.nodes {
+	for _, n := range g.all() {
 		if n.URL == name || n.host == name {
 			return n
 		}
@@ -1129,10 +1251,11 @@ const maxBatchUnderWay = 64
 // refusal (busy: the caller's requests at once) is the list's.
 func (g *Gateway) list(rw http.ResponseWriter, r *http.Request) {
 	t := tokenOf(r)
-	lists := make([][]api.Sandbox, len(g.nodes))
-	errs := make([]error, len(g.nodes))
+	nodes := g.all()
+	lists := make([][]api.Sandbox, len(nodes))
+	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
-	for i, n := range g.nodes {
+	for i, n := range nodes {
 		wg.Go(func() {
 			n.mu.Lock()
 			down, held := n.down, n.held
@@ -1231,9 +1354,10 @@ func (g *Gateway) holder(ctx context.Context, name string, t *auth.Token) *node 
 	}
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
 	defer cancel()
-	found := make(chan *node, len(g.nodes))
+	nodes := g.all()
+	found := make(chan *node, len(nodes))
 	var wg sync.WaitGroup
-	for _, o := range g.nodes {
+	for _, o := range nodes {
 		o.mu.Lock()
 		down := o.down
 		o.mu.Unlock()

@@ -42,7 +42,7 @@ func (g *Gateway) snapshotTakers(ctx context.Context, t *auth.Token, ref string)
 	var mu sync.Mutex
 	var holders []*node
 	memory := false
-	g.eachUp(func(_ int, n *node) {
+	g.eachUp(g.all(), func(_ int, n *node) {
 		var got []api.SnapshotNode
 		if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), t, &got) != nil {
 			return
@@ -61,17 +61,17 @@ func (g *Gateway) snapshotTakers(ctx context.Context, t *auth.Token, ref string)
 		defer n.mu.Unlock()
 		return n.info.PublishesSnapshots
 	}
-	if len(holders) == 0 && !slices.ContainsFunc(g.nodes, shares) {
+	if len(holders) == 0 && !slices.ContainsFunc(g.all(), shares) {
 		return nil, fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", ref, errdefs.ErrNotFound)
 	}
 	return func(n *node) bool { return slices.Contains(holders, n) || !memory && shares(n) }, nil
 }
 
-// eachUp runs f for each worker up (i its index in g.nodes), all at
+// eachUp runs f for each worker of nodes up (i its index), all at
 // once, and waits for them.
-func (g *Gateway) eachUp(f func(i int, n *node)) {
+func (g *Gateway) eachUp(nodes []*node, f func(i int, n *node)) {
 	var wg sync.WaitGroup
-	for i, n := range g.nodes {
+	for i, n := range nodes {
 		if n.isUp() {
 			wg.Go(func() { f(i, n) })
 		}
@@ -115,8 +115,9 @@ func (g *Gateway) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
 		status int
 		err    error
 	}
-	results := make([]result, len(g.nodes))
-	g.eachUp(func(i int, n *node) {
+	nodes := g.all()
+	results := make([]result, len(nodes))
+	g.eachUp(nodes, func(i int, n *node) {
 		req, err := http.NewRequestWithContext(r.Context(), http.MethodDelete, n.base.String()+r.URL.RequestURI(), nil)
 		if err != nil {
 			results[i] = result{err: err}
@@ -151,7 +152,7 @@ func (g *Gateway) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
 			notFound = cmp.Or(notFound, res.err)
 		case res.err != nil:
 			refusal = cmp.Or(refusal, res.err)
-			refused = append(refused, g.nodes[i].URL)
+			refused = append(refused, nodes[i].URL)
 		}
 	}
 	switch {

@@ -26,10 +26,13 @@ import (
 
 // Config configures a worker.
 type Config struct {
-	Root     string
-	Version  string // reported by GET /v1/version
-	Remote   remote.Target
-	Insecure bool
+	Root string
+	// AdminTokenFile holds an admin token the TCP API takes besides the
+	// root's tokens (auth.Store.PinAdmin).
+	AdminTokenFile string
+	Version        string // reported by GET /v1/version
+	Remote         remote.Target
+	Insecure       bool
 	// Registries says how images a create names are pulled on first
 	// use (platform, insecure registries; credentials as docker login
 	// left them, or DSEC_REGISTRY_*).

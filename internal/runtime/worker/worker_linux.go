@@ -167,6 +167,11 @@ func Serve(ctx context.Context, cfg Config) error {
 		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
 		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
+	if cfg.AdminTokenFile != "" {
+		if err := w.tokens.PinAdminFile(cfg.AdminTokenFile); err != nil {
+			return err
+		}
+	}
 	if err := migrateOwners(ctx, cfg.Root, s, w.tokens); err != nil {
 		return err
 	}

@@ -1,0 +1,320 @@
+package kubetest_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/kubetest"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// TestDeployment runs deploy/kubernetes on a real cluster of two nodes:
+// the worker DaemonSet and the gateway Deployment come up, the gateway
+// finds both workers through their Service's EndpointSlices, and
+// sandboxes made through it spread over both nodes; the sandboxes live
+// on while a worker's pod is deleted, while the DaemonSet rolls, and
+// while a worker's container is killed and restarted; a node whose
+// kubelet and worker are stopped is down in the gateway's fleet within
+// its heartbeat timeout, its sandboxes an infrastructure failure, and
+// new sandboxes go to the other node.
+func TestDeployment(t *testing.T) {
+	images := map[string]string{"localhost/dsec": os.Getenv("DSEC_IMAGE"), "localhost/dsec/pause": os.Getenv("DSEC_PAUSE_IMAGE")}
+	kubetest.Tools(t)
+	for name, f := range images {
+		if f == "" {
+			t.Fatalf("no image for %s: DSEC_IMAGE and DSEC_PAUSE_IMAGE name make image's archives (make test sets them)", name)
+		}
+	}
+	ctx := context.Background()
+	// The workers' roots, one per node (the DaemonSet's hostPath, a
+	// directory per node name), with the test's layers; cleaned after
+	// the cluster is gone (cleanups run last first).
+	roots := t.TempDir()
+	// A shared mount, as systemd makes / (the worker's Bidirectional
+	// root needs one).
+	if err := syscall.Mount(roots, roots, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(roots, syscall.MNT_DETACH) })
+	if err := syscall.Mount("", roots, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"n1", "n2"} {
+		root := filepath.Join(roots, n)
+		runtimetest.Layers(t, root)
+		t.Cleanup(func() { runtimetest.Clean(root) })
+	}
+	c := kubetest.Start(t, 2, images)
+
+	// What an operator makes first: the namespace, and the Secret with
+	// the fleet's tokens and certificates.
+	certs := filepath.Join(c.Dir, "certs")
+	names := []string{"dsec-worker"}
+	for _, n := range c.Nodes {
+		names = append(names, n.IP)
+	}
+	if err := auth.MakeCerts(certs, names); err != nil {
+		t.Fatal(err)
+	}
+	workerToken, gatewayToken := newToken(), newToken()
+	c.MustKubectl("create", "namespace", "dsec")
+	c.MustKubectl("-n", "dsec", "create", "secret", "generic", "dsec-secrets",
+		"--from-literal=worker-token="+workerToken, "--from-literal=gateway-token="+gatewayToken,
+		"--from-file=ca.pem="+filepath.Join(certs, auth.CAFile), "--from-file=server.pem="+filepath.Join(certs, auth.ServerFile),
+		"--from-file=server-key.pem="+filepath.Join(certs, auth.ServerKeyFile))
+
+	// The base, with what a cluster without kube-proxy or DNS (this
+	// one) needs: the gateway on its node's network, the API server by
+	// address; images only as imported.
+	_, file, _, _ := runtime.Caller(0)
+	base, err := filepath.Rel(filepath.Join(c.Dir, "overlay"), filepath.Join(filepath.Dir(file), "..", "..", "deploy", "kubernetes", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(c.Dir, "overlay"), 0o755)
+	overlay := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+patches:
+  - target: {kind: DaemonSet, name: dsec-worker}
+    patch: |
+      - {op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: %s}
+      - {op: add, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
+  - target: {kind: Deployment, name: dsec-gateway}
+    patch: |
+      - {op: add, path: /spec/template/spec/hostNetwork, value: true}
+      - {op: add, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: %q}}
+      - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--heartbeat=1s"}
+`, base, roots, kubetest.HostIP)
+	if err := os.WriteFile(filepath.Join(c.Dir, "overlay", "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.MustKubectl("apply", "-k", filepath.Join(c.Dir, "overlay"))
+	t.Cleanup(func() {
+		// The pods go before the cluster does: a worker stops as its
+		// pod is deleted; its sandboxes stay for the roots' cleanup.
+		if t.Failed() {
+			out, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "wide")
+			t.Logf("pods:\n%s", out)
+			names, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "name")
+			for _, p := range strings.Fields(names) {
+				for _, prev := range []string{"--previous=false", "--previous=true"} {
+					out, _ := c.Kubectl("-n", "dsec", "logs", p, prev, "--tail=60")
+					t.Logf("--- %s %s:\n%s", p, prev, out)
+				}
+			}
+		}
+		c.Kubectl("delete", "namespace", "dsec", "--wait=true", "--timeout=60s")
+	})
+	workersReady := func() {
+		t.Helper()
+		c.WaitFor(3*time.Minute, "the worker DaemonSet ready on both nodes", func() bool {
+			out, err := c.Kubectl("-n", "dsec", "get", "daemonset", "dsec-worker", "-o",
+				"jsonpath={.status.numberReady}/{.status.updatedNumberScheduled}/{.status.desiredNumberScheduled}")
+			return err == nil && out == "2/2/2"
+		})
+	}
+	workersReady()
+	c.WaitFor(2*time.Minute, "the gateway available", func() bool {
+		out, err := c.Kubectl("-n", "dsec", "get", "deployment", "dsec-gateway", "-o", "jsonpath={.status.availableReplicas}")
+		return err == nil && out == "1"
+	})
+	gwIP := strings.TrimSpace(c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=gateway", "-o", "jsonpath={.items[0].status.hostIP}"))
+	gw, err := sdk.New(sdk.Options{Host: "tcp://" + gwIP + ":7444", Token: gatewayToken, TLSCA: filepath.Join(certs, auth.CAFile)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIP := func() map[string]api.Node {
+		ns, err := gw.Nodes(ctx)
+		if err != nil {
+			return nil
+		}
+		out := map[string]api.Node{}
+		for _, n := range ns {
+			out[strings.TrimSuffix(strings.TrimPrefix(n.URL, "tcp://"), ":7443")] = n
+		}
+		return out
+	}
+	c.WaitFor(time.Minute, "the gateway's fleet: both workers, up", func() bool {
+		ns := byIP()
+		return len(ns) == 2 && ns[c.Nodes[0].IP].Up && ns[c.Nodes[1].IP].Up
+	})
+
+	// Sandboxes through the gateway, spread over both nodes.
+	var sbs []*sdk.Sandbox
+	for i := range 4 {
+		sb, err := gw.Create(ctx, api.SandboxSpec{Name: fmt.Sprintf("k%d", i), Layers: []string{"ws:1", "bb:1"}})
+		if err != nil {
+			t.Fatalf("create through the gateway: %v", err)
+		}
+		sbs = append(sbs, sb)
+		if out := run(t, sb, "echo kept > /state; sleep 100000 >/dev/null 2>&1 & echo $! > /sleeper"); out != "" {
+			t.Fatalf("start: %q", out)
+		}
+	}
+	c.WaitFor(30*time.Second, "two sandboxes on each node", func() bool {
+		ns := byIP()
+		return ns[c.Nodes[0].IP].Sandboxes == 2 && ns[c.Nodes[1].IP].Sandboxes == 2
+	})
+	alive := func(when string) {
+		t.Helper()
+		for _, sb := range sbs {
+			var out, last string
+			var err error
+			// A worker just started may still be taking its sandboxes
+			// back, and the gateway hears of it at its next heartbeat.
+			c.WaitFor(time.Minute, when+": "+sb.Name+" answers", func() bool {
+				out, err = tryRun(sb, "cat /state; kill -0 $(cat /sleeper) && echo alive")
+				if err != nil && err.Error() != last {
+					last = err.Error()
+					t.Logf("%s: %s: %v", when, sb.Name, err)
+				}
+				return err == nil
+			})
+			if out != "kept\nalive\n" {
+				t.Errorf("%s: sandbox %s: %q", when, sb.Name, out)
+			}
+		}
+	}
+	alive("at first")
+
+	// A worker's pod is deleted (the DaemonSet makes another).
+	pods := func() map[string]string {
+		out := c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=worker", "-o",
+			`jsonpath={range .items[*]}{.spec.nodeName}={.metadata.name}{"\n"}{end}`)
+		m := map[string]string{}
+		for _, l := range strings.Fields(out) {
+			node, pod, _ := strings.Cut(l, "=")
+			m[node] = pod
+		}
+		return m
+	}
+	old := pods()["n1"]
+	c.MustKubectl("-n", "dsec", "delete", "pod", old, "--wait=true")
+	c.WaitFor(time.Minute, "n1's worker pod replaced", func() bool { p := pods()["n1"]; return p != "" && p != old })
+	workersReady()
+	alive("after n1's worker pod was deleted")
+
+	// The DaemonSet rolls: every worker pod replaced, one at a time.
+	c.MustKubectl("-n", "dsec", "rollout", "restart", "daemonset/dsec-worker")
+	c.MustKubectl("-n", "dsec", "rollout", "status", "daemonset/dsec-worker", "--timeout=3m")
+	workersReady()
+	alive("after the DaemonSet rolled")
+
+	// A worker's container dies (kill -9); the kubelet restarts it.
+	pid := workerPid(t, c.Nodes[1].IP)
+	restarts := func() int {
+		out, _ := c.Kubectl("-n", "dsec", "get", "pod", pods()["n2"], "-o", "jsonpath={.status.containerStatuses[0].restartCount}")
+		n, _ := strconv.Atoi(out)
+		return n
+	}
+	before := restarts()
+	syscall.Kill(pid, syscall.SIGKILL)
+	c.WaitFor(2*time.Minute, "n2's worker container restarted", func() bool { return restarts() > before })
+	workersReady()
+	alive("after n2's worker container was killed")
+
+	// Node n2 stops: its kubelet, then its worker. The gateway notices
+	// within its heartbeat timeout (three heartbeats of 1 s).
+	c.Nodes[1].StopKubelet()
+	syscall.Kill(workerPid(t, c.Nodes[1].IP), syscall.SIGKILL)
+	t0 := time.Now()
+	c.WaitFor(30*time.Second, "n2 down in the gateway's fleet", func() bool {
+		n, ok := byIP()[c.Nodes[1].IP]
+		return ok && !n.Up
+	})
+	t.Logf("n2's worker stopped: the gateway saw it down after %s", time.Since(t0).Round(100*time.Millisecond))
+	var onN2 *sdk.Sandbox
+	for _, sb := range sbs {
+		info, err := sb.Inspect(ctx)
+		if err == nil {
+			continue
+		}
+		if !errdefs.IsUnavailable(err) {
+			t.Errorf("inspect %s: %v, want an infrastructure failure (unavailable) or an answer", sb.Name, err)
+		}
+		_ = info
+		onN2 = sb
+	}
+	if onN2 == nil {
+		t.Fatal("no sandbox reported unreachable on the stopped node")
+	}
+	if _, err := tryRun(onN2, "true"); !errdefs.IsUnavailable(err) {
+		t.Errorf("an exec in %s on the stopped node: %v, want unavailable", onN2.Name, err)
+	}
+	for i := range 2 {
+		sb, err := gw.Create(ctx, api.SandboxSpec{Name: fmt.Sprintf("after%d", i), Layers: []string{"ws:1", "bb:1"}})
+		if err != nil {
+			t.Fatalf("a create while n2 is down: %v", err)
+		}
+		if out := run(t, sb, "echo ok"); out != "ok\n" {
+			t.Errorf("after%d: %q", i, out)
+		}
+	}
+	if n := byIP()[c.Nodes[0].IP]; n.Sandboxes != 4 {
+		t.Errorf("n1 holds %d sandboxes, want 4 (its 2 and the 2 made while n2 was down)", n.Sandboxes)
+	}
+}
+
+func newToken() string {
+	b := make([]byte, 20)
+	rand.Read(b)
+	return auth.Prefix + hex.EncodeToString(b)
+}
+
+func run(t *testing.T, sb *sdk.Sandbox, script string) string {
+	t.Helper()
+	out, err := tryRun(sb, script)
+	if err != nil {
+		t.Fatalf("exec in %s: %v", sb.Name, err)
+	}
+	return out
+}
+
+func tryRun(sb *sdk.Sandbox, script string) (string, error) {
+	var out bytes.Buffer
+	res, err := sb.Exec(context.Background(), sdk.ExecOptions{Args: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit %d: %s", res.ExitCode, out.String())
+	}
+	return out.String(), err
+}
+
+// workerPid is the PID of the worker that listens on ip, as the host
+// sees it.
+func workerPid(t *testing.T, ip string) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 0 && strings.HasSuffix(args[0], "/dsecd") && bytes.Contains(b, []byte("daemon\x00--listen\x00tcp://"+ip+":")) {
+			return pid
+		}
+	}
+	t.Fatal(errors.New("no worker listens on " + ip))
+	return 0
+}
