@@ -67,6 +67,14 @@ dsec daemon takes them) it serves E2B's API for the fleet too: E2B_API_URL and E
 point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). Its
 records of E2B sandboxes (template, metadata, timeout) are kept under the gateway's root.
 
+On Kubernetes (deploy/kubernetes), --kubernetes-service NAMESPACE/NAME (config gateway.kubernetes.service,
+.port, .kubeconfig: default the pod's service account) finds the workers as that Service's endpoints, each
+reached as gateway.kubernetes.worker says (token_file, ca, server_name, cert, key): one joins as its endpoint
+appears, and one gone from them leaves once it does not answer either. The gateway then also applies the
+namespace's SandboxPolicy, SandboxTemplate and SandboxPool objects (group dsec.dev) to every worker, with
+their status. admin_token_file (DSEC_ADMIN_TOKEN_FILE) gives the gateway an admin token from a file besides
+its root's tokens.
+
 Snapshots: a pack-diff is taken where its sandbox runs; snap ls and rm ask every worker; a branch
 or a create on a snapshot goes to a worker that holds it (a memory snapshot's guest runs there), or
 to any worker when the workers share a remote they publish snapshots to (snap.publish). Stored
@@ -79,6 +87,7 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
       --tls-cert gw.pem --tls-key gw-key.pem \
       --worker tcp://host1:7443 --worker tcp://host2:7443 --worker-token dsec_... --worker-ca ca.pem
   DSEC_HOST=tcp://gw:7443 DSEC_TOKEN=dsec_... dsec run --name a -- true
+  dsec --root /var/lib/dsec-gw gateway --listen tcp://0.0.0.0:7444 --kubernetes-service dsec/dsec-worker
   dsec --root /var/lib/dsec-gw gateway --listen tcp://127.0.0.1:7443 --e2b-listen 127.0.0.1:3000 \
       --worker tcp://127.0.0.1:7001 --worker tcp://127.0.0.1:7002 --worker-token dsec_... --worker-ca ca.pem`,
 		Args: exactArgs(0),
@@ -133,12 +142,14 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 				}
 				cfg.Workers = append(cfg.Workers, gw)
 			}
+			var kcfg *kube.Config
 			if k := c.Kubernetes; k.Service != "" {
 				gw, err := k.Worker.worker()
 				if err != nil {
 					return err
 				}
-				if cfg.Discover, err = kube.Discover(kube.Config{Service: k.Service, Port: k.Port, Kubeconfig: k.Kubeconfig, Worker: gw}); err != nil {
+				kcfg = &kube.Config{Service: k.Service, Port: k.Port, Kubeconfig: k.Kubeconfig, Worker: gw}
+				if cfg.Discover, err = kube.Discover(*kcfg); err != nil {
 					return err
 				}
 			}
@@ -170,6 +181,13 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 			defer cancel()
 			g.Heartbeat(ctx)
 			go g.Run(ctx)
+			if kcfg != nil {
+				go func() {
+					if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log); err != nil && ctx.Err() == nil {
+						a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool) are not applied", "err", err)
+					}
+				}()
+			}
 			errLog := slog.NewLogLogger(a.log.Handler(), slog.LevelDebug) // a failed handshake is anyone's knock (a probe's)
 			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 			servers := []*http.Server{srv}

@@ -30,7 +30,9 @@ import (
 // finds both workers through their Service's EndpointSlices, and
 // sandboxes made through it spread over both nodes; the sandboxes live
 // on while a worker's pod is deleted, while the DaemonSet rolls, and
-// while a worker's container is killed and restarted; a node whose
+// while a worker's container is killed and restarted; its
+// SandboxPolicy, SandboxTemplate and SandboxPool objects hold on every
+// worker and go with their objects; a node whose
 // kubelet and worker are stopped is down in the gateway's fleet within
 // its heartbeat timeout, its sandboxes an infrastructure failure, and
 // new sandboxes go to the other node.
@@ -61,7 +63,9 @@ func TestDeployment(t *testing.T) {
 		runtimetest.Layers(t, root)
 		t.Cleanup(func() { runtimetest.Clean(root) })
 	}
+	t0 := time.Now()
 	c := kubetest.Start(t, 2, images)
+	t.Logf("the cluster (control plane, two nodes Ready, images in): %s", time.Since(t0).Round(100*time.Millisecond))
 
 	// What an operator makes first: the namespace, and the Secret with
 	// the fleet's tokens and certificates.
@@ -108,6 +112,7 @@ patches:
 	if err := os.WriteFile(filepath.Join(c.Dir, "overlay", "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t0 = time.Now()
 	c.MustKubectl("apply", "-k", filepath.Join(c.Dir, "overlay"))
 	t.Cleanup(func() {
 		// The pods go before the cluster does: a worker stops as its
@@ -138,6 +143,7 @@ patches:
 		out, err := c.Kubectl("-n", "dsec", "get", "deployment", "dsec-gateway", "-o", "jsonpath={.status.availableReplicas}")
 		return err == nil && out == "1"
 	})
+	t.Logf("deploy/kubernetes applied to the gateway available and both workers ready: %s", time.Since(t0).Round(100*time.Millisecond))
 	gwIP := strings.TrimSpace(c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=gateway", "-o", "jsonpath={.items[0].status.hostIP}"))
 	gw, err := sdk.New(sdk.Options{Host: "tcp://" + gwIP + ":7444", Token: gatewayToken, TLSCA: filepath.Join(certs, auth.CAFile)})
 	if err != nil {
@@ -197,6 +203,65 @@ patches:
 	}
 	alive("at first")
 
+	// dsec's objects, applied to the fleet by the gateway: a policy on
+	// every worker, a pool of a template sized across the fleet (and
+	// changed with its template), each gone from the fleet with its
+	// object; one the schema refuses never reaches it.
+	direct := map[string]*sdk.Client{}
+	for _, n := range c.Nodes {
+		d, err := sdk.New(sdk.Options{Host: "tcp://" + n.IP + ":7443", Token: workerToken, TLSCA: filepath.Join(certs, auth.CAFile)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct[n.Name] = d
+	}
+	if _, err := c.KubectlIn([]byte(objects), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	each := func(what string, ok func(d *sdk.Client) bool) {
+		t.Helper()
+		c.WaitFor(time.Minute, what+" on both workers", func() bool {
+			for _, d := range direct {
+				if !ok(d) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	pool := func(d *sdk.Client) (api.Pool, bool) {
+		ps, err := d.Pools(ctx)
+		for _, p := range ps {
+			if err == nil && p.Name == "warm" {
+				return p, true
+			}
+		}
+		return api.Pool{}, false
+	}
+	each("the SandboxPolicy stored", func(d *sdk.Client) bool {
+		p, err := d.Policy(ctx, "quiet")
+		return err == nil && p.Network != nil && p.Network.Mode == api.NetworkLoopback
+	})
+	each("the SandboxPool's share, warm", func(d *sdk.Client) bool {
+		p, ok := pool(d)
+		return ok && p.Size == 1 && p.Warm == 1 && p.Spec.Memory == 64<<20
+	})
+	c.WaitFor(time.Minute, "the objects' status", func() bool {
+		out, _ := c.Kubectl("-n", "dsec", "get", "sandboxpolicy/quiet", "sandboxpool/warm", "-o", "jsonpath={.items[*].status.applied}")
+		return out == "true true"
+	})
+	c.MustKubectl("-n", "dsec", "patch", "sandboxtemplate", "bb", "--type=merge", "-p", `{"spec":{"memory":134217728}}`)
+	each("the pool following its template", func(d *sdk.Client) bool { p, ok := pool(d); return ok && p.Spec.Memory == 128<<20 })
+	if out, err := c.KubectlIn([]byte(badPool), "apply", "-f", "-"); err == nil || !strings.Contains(err.Error(), "size") {
+		t.Errorf("a SandboxPool of size -1: %q %v, want the schema's refusal", out, err)
+	}
+	c.MustKubectl("-n", "dsec", "delete", "sandboxpool/warm", "sandboxpolicy/quiet", "--timeout=60s")
+	each("the pool and the policy gone", func(d *sdk.Client) bool {
+		_, held := pool(d)
+		_, err := d.Policy(ctx, "quiet")
+		return !held && errdefs.IsNotFound(err)
+	})
+
 	// A worker's pod is deleted (the DaemonSet makes another).
 	pods := func() map[string]string {
 		out := c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=worker", "-o",
@@ -209,16 +274,20 @@ patches:
 		return m
 	}
 	old := pods()["n1"]
+	t0 = time.Now()
 	c.MustKubectl("-n", "dsec", "delete", "pod", old, "--wait=true")
 	c.WaitFor(time.Minute, "n1's worker pod replaced", func() bool { p := pods()["n1"]; return p != "" && p != old })
 	workersReady()
 	alive("after n1's worker pod was deleted")
+	t.Logf("n1's worker pod deleted to its sandboxes served again: %s", time.Since(t0).Round(100*time.Millisecond))
 
 	// The DaemonSet rolls: every worker pod replaced, one at a time.
+	t0 = time.Now()
 	c.MustKubectl("-n", "dsec", "rollout", "restart", "daemonset/dsec-worker")
 	c.MustKubectl("-n", "dsec", "rollout", "status", "daemonset/dsec-worker", "--timeout=3m")
 	workersReady()
 	alive("after the DaemonSet rolled")
+	t.Logf("the DaemonSet's rollout to every sandbox served again: %s", time.Since(t0).Round(100*time.Millisecond))
 
 	// A worker's container dies (kill -9); the kubelet restarts it.
 	pid := workerPid(t, c.Nodes[1].IP)
@@ -237,7 +306,7 @@ patches:
 	// within its heartbeat timeout (three heartbeats of 1 s).
 	c.Nodes[1].StopKubelet()
 	syscall.Kill(workerPid(t, c.Nodes[1].IP), syscall.SIGKILL)
-	t0 := time.Now()
+	t0 = time.Now()
 	c.WaitFor(30*time.Second, "n2 down in the gateway's fleet", func() bool {
 		n, ok := byIP()[c.Nodes[1].IP]
 		return ok && !n.Up
@@ -274,6 +343,32 @@ patches:
 		t.Errorf("n1 holds %d sandboxes, want 4 (its 2 and the 2 made while n2 was down)", n.Sandboxes)
 	}
 }
+
+// objects are dsec's Kubernetes objects the test applies.
+const objects = `apiVersion: dsec.dev/v1alpha1
+kind: SandboxPolicy
+metadata: {name: quiet, namespace: dsec}
+spec:
+  network: {mode: loopback}
+---
+apiVersion: dsec.dev/v1alpha1
+kind: SandboxTemplate
+metadata: {name: bb, namespace: dsec}
+spec:
+  layers: ["ws:1", "bb:1"]
+  memory: 67108864
+---
+apiVersion: dsec.dev/v1alpha1
+kind: SandboxPool
+metadata: {name: warm, namespace: dsec}
+spec: {template: bb, size: 2}
+`
+
+const badPool = `apiVersion: dsec.dev/v1alpha1
+kind: SandboxPool
+metadata: {name: bad, namespace: dsec}
+spec: {template: bb, size: -1}
+`
 
 func newToken() string {
 	b := make([]byte, 20)

@@ -51,29 +51,10 @@ const namespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 // worker whose node stopped answering stays in the fleet, down, its
 // sandboxes reported unreachable), at each change, until ctx ends.
 func Discover(cfg Config) (func(ctx context.Context, found func([]gateway.Worker)) error, error) {
-	ns, name, ok := strings.Cut(cfg.Service, "/")
-	if !ok {
-		name = ns
-		b, err := os.ReadFile(namespaceFile)
-		if err != nil {
-			return nil, fmt.Errorf("the workers' Service %q names no namespace, and the gateway runs in no pod (%v): give NAMESPACE/NAME: %w", cfg.Service, err, errdefs.ErrInvalidArgument)
-		}
-		ns = strings.TrimSpace(string(b))
-	}
-	if ns == "" || name == "" || strings.Contains(name, "/") {
-		return nil, fmt.Errorf("bad workers' Service %q: give NAMESPACE/NAME: %w", cfg.Service, errdefs.ErrInvalidArgument)
-	}
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, ns, name, err := connect(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("the Kubernetes API: %v (in a pod, its service account; else give a kubeconfig): %w", err, errdefs.ErrInvalidArgument)
+		return nil, err
 	}
-	rc.UserAgent = "dsec-gateway"
 	client, err := discoveryclient.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -130,6 +111,33 @@ func Discover(cfg Config) (func(ctx context.Context, found func([]gateway.Worker
 			found(ws)
 		}
 	}, nil
+}
+
+// connect is the API server's configuration cfg says, and the workers'
+// Service's namespace and name.
+func connect(cfg Config) (rc *rest.Config, ns, name string, err error) {
+	ns, name, ok := strings.Cut(cfg.Service, "/")
+	if !ok {
+		name = ns
+		b, err := os.ReadFile(namespaceFile)
+		if err != nil {
+			return nil, "", "", fmt.Errorf("the workers' Service %q names no namespace, and the gateway runs in no pod (%v): give NAMESPACE/NAME: %w", cfg.Service, err, errdefs.ErrInvalidArgument)
+		}
+		ns = strings.TrimSpace(string(b))
+	}
+	if ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, "", "", fmt.Errorf("bad workers' Service %q: give NAMESPACE/NAME: %w", cfg.Service, errdefs.ErrInvalidArgument)
+	}
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, "", "", fmt.Errorf("the Kubernetes API: %v (in a pod, its service account; else give a kubeconfig): %w", err, errdefs.ErrInvalidArgument)
+	}
+	rc.UserAgent = "dsec-gateway"
+	return rc, ns, name, nil
 }
 
 // Workers are the URLs (tcp://ADDRESS:PORT) of the endpoints s lists
