@@ -454,6 +454,25 @@ type PoolSpec struct {
 	Spec *SandboxSpec `json:"spec,omitempty"`
 }
 
+// EstimateRequest is POST /v1/estimates (an admin's): what a create on
+// Layers would fetch on a worker, with the refs as Tenant (a token's ID;
+// "": the admin) names them. A gateway asks it to place a create where
+// its layers are.
+type EstimateRequest struct {
+	Layers []string `json:"layers"`
+	Tenant string   `json:"tenant,omitempty"`
+}
+
+// Estimate is a worker's answer to an EstimateRequest.
+type Estimate struct {
+	// FetchBytes are the bytes of the layers its local store lacks, as
+	// its remote holds them, less what its lazy cache holds of each: at
+	// most what a create there fetches.
+	FetchBytes int64 `json:"fetch_bytes"`
+	// Missing counts the layers it finds nowhere.
+	Missing int `json:"missing"`
+}
+
 // Pool is a FnCall pool.
 type Pool struct {
 	Name    string      `json:"name"`

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench (as root): a gateway of three workers on this machine, every figure against its baseline in one run.
 #  1. exec of true through the gateway vs straight to the sandbox's worker, both TCP+TLS with a token, alternating.
-#  2. a burst of creates at once through the gateway (three workers) vs straight to one worker: sandboxes per second.
+#  2. a burst of creates at once through the gateway (three workers) vs straight to one worker: sandboxes per second;
+#     the same as one batch (POST /v1/batches). BENCH_BURST sets how many (default 60).
 #  3. the time from a worker's kill -9 to the gateway listing its sandboxes unreachable, and to its taking it for down.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "bench-gateway: needs root (the workers): skipped" >&2; exit 0; }
@@ -21,6 +22,8 @@ for q in p50 p99; do
 done
 printf '%-56s %6s /s %6s /s %8s\n' "$burst creates at once: gateway (3 workers) vs one worker" "$(metric "$r" gateway-burst-per-s)" \
 	"$(metric "$r" one-worker-burst-per-s)" "$(ratio "$(metric "$r" gateway-burst-per-s)" "$(metric "$r" one-worker-burst-per-s)")"
+printf '%-56s %6s /s %6s /s %8s\n' "a batch of $burst: gateway (3 workers) vs one worker" "$(metric "$r" gateway-batch-per-s)" \
+	"$(metric "$r" one-worker-batch-per-s)" "$(ratio "$(metric "$r" gateway-batch-per-s)" "$(metric "$r" one-worker-batch-per-s)")"
 printf '%-56s %8s s\n' "a worker's kill -9 to its sandboxes listed unreachable" "$(metric "$r" death-to-unreachable-s)"
 printf '%-56s %8s s\n' "a worker's kill -9 to the gateway taking it for down" "$(metric "$r" death-to-down-s)"
 

@@ -1,6 +1,7 @@
 package sdk_test
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -25,6 +26,8 @@ import (
 //  2. a burst of N creates at once (-gateway.burst, default 60) through
 //     the gateway, spread over the three workers, vs the same burst
 //     straight to one worker: sandboxes made per second.
+//     The same N as one batch (POST /v1/batches), through the gateway
+//     and straight to one worker.
 //  3. the time from a worker's death (kill -9) to the gateway listing
 //     its sandboxes unreachable, and to its taking the worker for down
 //     (three heartbeats unanswered; the default heartbeat, 2 s).
@@ -114,6 +117,32 @@ func BenchmarkGateway(b *testing.B) {
 	b.ReportMetric(gwRate, "gateway-burst-per-s")
 	b.ReportMetric(oneRate, "one-worker-burst-per-s")
 	b.ReportMetric(gwRate/oneRate, "gateway/one-burst")
+
+	// The batch: N sandboxes of one spec in one request (POST
+	// /v1/batches), through the gateway (placed over the three), then
+	// straight to worker 0.
+	batch := func(c *sdk.Client, prefix string) float64 {
+		t0 := time.Now()
+		var failed error
+		err := c.Batch(ctx, api.SandboxSpec{Name: prefix, Layers: []string{"bb:1"}, Memory: 64 << 20}, *burstN, func(it api.BatchItem) {
+			if it.Error != nil && failed == nil {
+				failed = it.Error
+			}
+		})
+		rate := float64(*burstN) / time.Since(t0).Seconds()
+		if err = cmp.Or(err, failed); err != nil {
+			b.Fatal(err)
+		}
+		for i := range *burstN {
+			c.Sandbox(fmt.Sprintf("%s-%d", prefix, i)).Remove(ctx, true)
+		}
+		return rate
+	}
+	gwBatch := batch(gw, "gb")
+	oneBatch := batch(direct, "db")
+	b.ReportMetric(gwBatch, "gateway-batch-per-s")
+	b.ReportMetric(oneBatch, "one-worker-batch-per-s")
+	b.ReportMetric(gwBatch/oneBatch, "gateway/one-batch")
 
 	// A worker's death, seen at the default heartbeat.
 	dead := ws[2]

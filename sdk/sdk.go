@@ -545,6 +545,14 @@ func (c *Client) ResizePool(ctx context.Context, name string, spec api.PoolSpec)
 	return out, c.do(ctx, "PUT", "/pools/"+url.PathEscape(name), bytes.NewReader(b), &out)
 }
 
+// Estimate asks a worker, as its admin, what a create on req's layers
+// would fetch there (a gateway's placement asks it).
+func (c *Client) Estimate(ctx context.Context, req api.EstimateRequest) (api.Estimate, error) {
+	b, _ := json.Marshal(req)
+	var out api.Estimate
+	return out, c.do(ctx, "POST", "/estimates", bytes.NewReader(b), &out)
+}
+
 // RemovePool removes a pool and discards its warm sandboxes.
 func (c *Client) RemovePool(ctx context.Context, name string) error {
 	return c.do(ctx, "DELETE", "/pools/"+url.PathEscape(name), nil, nil)

@@ -98,9 +98,10 @@ type Gateway struct {
 	placing   sync.Mutex // one placement at a time
 	cordoning sync.Mutex // one change of cordons at a time
 	mu        sync.Mutex
-	routes    map[string]*node // a sandbox's name: its worker's
-	making    map[string]bool  // names a create through this gateway is making
-	next      int              // the node a tie of placement goes to
+	routes    map[string]*node          // a sandbox's name: its worker's
+	making    map[string]bool           // names a create through this gateway is making
+	estimates map[estimateKey]estimated // (near.go) by worker, tenant and layers
+	next      int                       // the node a tie of placement goes to
 
 	onForget atomic.Pointer[func(id string)] // OnForget's
 }
@@ -148,12 +149,15 @@ type request struct {
 type demand struct {
 	mem int64
 	req request
+	// layers are the ones it stands on, as its caller names them: a
+	// worker that holds them goes before one that would fetch them.
+	layers []string
 }
 
 // demandOf is what spec asks, n times over.
 func demandOf(spec api.SandboxSpec, n int) demand {
 	r := request{cpu: cmp.Or(spec.CPURequest, spec.CPU), mem: cmp.Or(spec.MemoryRequest, spec.Memory)}
-	return demand{mem: spec.Memory * int64(n), req: request{cpu: r.cpu * float64(n), mem: r.mem * int64(n)}}
+	return demand{mem: spec.Memory * int64(n), req: request{cpu: r.cpu * float64(n), mem: r.mem * int64(n)}, layers: spec.Layers}
 }
 
 // pendFor bounds how long a create sent is counted without its
@@ -168,7 +172,7 @@ func New(cfg Config) (*Gateway, error) {
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 2*time.Second)
 	cfg.DownAfter = cmp.Or(cfg.DownAfter, 3*cfg.Heartbeat)
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
-	g := &Gateway{cfg: cfg, routes: map[string]*node{}, making: map[string]bool{}}
+	g := &Gateway{cfg: cfg, routes: map[string]*node{}, making: map[string]bool{}, estimates: map[estimateKey]estimated{}}
 	g.fleet.Store(&[]*node{})
 	if err := g.loadCordons(); err != nil {
 		return nil, err
@@ -656,9 +660,17 @@ func (n *node) reserved(d demand) (settle func(name string)) {
 // reserves d on the first (settled as reserved says); none up is an
 // infrastructure failure.
 func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string), error) {
+	return g.placeNear(d, only, nil)
+}
+
+// placeNear is place, a worker nearer the create's layers (near, by
+// nearness: none, all alike) going before a farther one among those
+// whose admission takes it.
+func (g *Gateway) placeNear(d demand, only func(*node) bool, near map[*node]int) ([]*node, func(string), error) {
 	type cand struct {
 		n      *node
 		admits bool
+		near   int
 		free   int64
 		count  int
 		turn   int
@@ -676,7 +688,7 @@ func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string),
 	for i := range nodes {
 		n := nodes[(start+i)%len(nodes)]
 		if up, free, count := n.room(); up && (only == nil || only(n)) {
-			cs = append(cs, cand{n, n.admits(d.req), free, count, i})
+			cs = append(cs, cand{n, n.admits(d.req), near[n], free, count, i})
 		}
 	}
 	if len(cs) == 0 && only != nil {
@@ -686,7 +698,7 @@ func (g *Gateway) place(d demand, only func(*node) bool) ([]*node, func(string),
 		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(nodes), errdefs.ErrUnavailable)
 	}
 	slices.SortStableFunc(cs, func(a, b cand) int {
-		return cmp.Or(-cmpBool(a.admits, b.admits), cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
+		return cmp.Or(-cmpBool(a.admits, b.admits), cmp.Compare(a.near, b.near), cmp.Compare(b.free, a.free), cmp.Compare(a.count, b.count), cmp.Compare(a.turn, b.turn))
 	})
 	out := make([]*node, len(cs))
 	for i, c := range cs {
@@ -1035,7 +1047,7 @@ func (g *Gateway) claim(names []string) (release func(), err error) {
 // reservation once the sandbox's name is known (201 only: else it is
 // settled).
 func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, d demand, only func(*node) bool) (*http.Response, *node, func(string), error) {
-	nodes, settle, err := g.place(d, only)
+	nodes, settle, err := g.placeNear(d, only, g.nearness(ctx, t, d.layers, only))
 	if err != nil {
 		return nil, nil, nil, err
 	}

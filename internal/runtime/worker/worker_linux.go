@@ -432,6 +432,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
 	mux.HandleFunc("POST /v1/squash", adminOnly("squash snapshots", handle(w.squash)))
+	mux.HandleFunc("POST /v1/estimates", adminOnly("ask what a create would fetch", handle(w.estimate)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", handle(w.applyPolicy))
 	mux.HandleFunc("GET /v1/policies", handle(w.policies))
 	mux.HandleFunc("GET /v1/policies/{name}", handle(w.getPolicy))
