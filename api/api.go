@@ -473,6 +473,33 @@ type Estimate struct {
 	Missing int `json:"missing"`
 }
 
+// ClaimRequest is POST /v1/claims (an admin's): gateways make a
+// sandbox name the fleet's by claiming it, before their create, on one
+// worker that every gateway picks for that name (its home). Claims are
+// all of Names or none, held by Holder for TTLMillis (a create under
+// way renews its claim; one made keeps it a few heartbeats, until every
+// gateway's lists show the sandbox). Release drops Holder's claims of
+// Names instead; Release with no Holder drops only claims whose create
+// is over (a name removed is free at once).
+type ClaimRequest struct {
+	Names     []string `json:"names"`
+	Holder    string   `json:"holder,omitempty"`
+	TTLMillis int64    `json:"ttl_ms,omitempty"`
+	// Made: their creates are over (the sandboxes exist).
+	Made    bool `json:"made,omitempty"`
+	Release bool `json:"release,omitempty"`
+}
+
+// MaxClaims bounds a ClaimRequest's Names (a batch's names).
+const MaxClaims = MaxBatch
+
+// CordonRequest is PUT /v1/cordon (an admin's): a cordoned worker is
+// given no create by a gateway (it still takes those sent to it), and
+// keeps saying so across its own and every gateway's restarts.
+type CordonRequest struct {
+	Cordoned bool `json:"cordoned"`
+}
+
 // Pool is a FnCall pool.
 type Pool struct {
 	Name    string      `json:"name"`
@@ -518,6 +545,8 @@ type VersionInfo struct {
 	PublishesSnapshots bool `json:"publishes_snapshots,omitempty"`
 	// Capacity is what the worker's admission holds now.
 	Capacity *Capacity `json:"capacity,omitempty"`
+	// Cordoned: gateways place no create here (PUT /v1/cordon).
+	Cordoned bool `json:"cordoned,omitempty"`
 }
 
 // Capacity is what a worker's admission holds: the CPU and memory

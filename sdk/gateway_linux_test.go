@@ -10,14 +10,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
@@ -62,12 +65,65 @@ func startFleetWorkerWith(t testing.TB, cfg runtimetest.Config) *fleetWorker {
 	return &fleetWorker{w: w, cfg: cfg, url: "tcp://" + addr, ca: filepath.Join(certs, auth.CAFile), admin: admin}
 }
 
+// hosts numbers the hosts startHost makes in this test process.
+var hosts atomic.Int32
+
+// startHost starts a worker as a host of its own on this kernel: in a
+// network namespace of its own (linked to the test's by a veth pair of
+// its own, 10.253.N.1 here and 10.253.N.2 there, where it listens) and
+// a mount namespace of its own, on its own root, with cfg.
+func startHost(t testing.TB, cfg runtimetest.Config) *fleetWorker {
+	t.Helper()
+	n := hosts.Add(1)
+	ns, link, ip := fmt.Sprint("dsgw-h", n), fmt.Sprint("dsgwh", n), fmt.Sprintf("10.253.%d.2", n)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	sh("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	sh("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", link).Run() })
+	sh("addr", "add", fmt.Sprintf("10.253.%d.1/30", n), "dev", link)
+	sh("link", "set", link, "up")
+	sh("-n", ns, "addr", "add", ip+"/30", "dev", "eth0")
+	sh("-n", ns, "link", "set", "eth0", "up")
+	sh("-n", ns, "link", "set", "lo", "up")
+	sh("-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.253.%d.1", n))
+	certs := t.TempDir()
+	if err := auth.MakeCerts(certs, []string{"localhost", ip}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = []string{"tcp://" + ip + ":7443"}
+	cfg.TLS = worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}
+	cfg.MountNS, cfg.NetNS = true, ns
+	// Its root a shared mount, as a host's / is under systemd: what the
+	// worker mounts there is the test's to see and clean, and the next
+	// worker's (a new mount namespace) to take back.
+	root := t.TempDir()
+	runtimetest.Layers(t, root)
+	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) }) // (after the worker's cleanups)
+	if err := unix.Mount("", root, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := setupAt(t, root, cfg)
+	admin, _, err := auth.Open(w.Root).Create(auth.Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleetWorker{w: w, cfg: cfg, url: "tcp://" + ip + ":7443", ca: filepath.Join(certs, auth.CAFile), admin: admin}
+}
+
 // startGateway serves a gateway of ws on loopback until the test ends
 // (or stop), heartbeating every 100 ms; a worker silent for 1.5 s is
 // down (a loaded machine's worker may take a few heartbeats to answer).
 func startGateway(t testing.TB, root string, ws []*fleetWorker) (addr string, stop func()) {
-	return startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond,
-		Cordons: filepath.Join(root, "gateway-cordons.json")}, ws, worker.TLS{})
+	return startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}, ws, worker.TLS{})
 }
 
 // startGatewayWith serves a gateway of cfg and ws on loopback (with
@@ -95,8 +151,9 @@ func startGatewayWith(t testing.TB, cfg gateway.Config, ws []*fleetWorker, tls w
 	return l.Addr().String(), stop
 }
 
-// TestGateway: three workers (each its own root, TCP API and CA) behind
-// one gateway, driven with the gateway's tokens exactly as one worker:
+// TestGateway: three workers as three hosts (each in network and mount
+// namespaces of its own, with its own root, TCP API and CA) behind one
+// gateway, driven with the gateway's tokens exactly as one worker:
 // creates spread over the workers, execs (with input) and files reach
 // the sandbox's worker, a name is the fleet's, a tenant sees only its
 // own sandboxes on every worker; a worker killed is down within its
@@ -106,7 +163,7 @@ func startGatewayWith(t testing.TB, cfg gateway.Config, ws []*fleetWorker, tls w
 // the first did.
 func TestGateway(t *testing.T) {
 	ctx := context.Background()
-	ws := []*fleetWorker{startFleetWorker(t), startFleetWorker(t), startFleetWorker(t)}
+	ws := []*fleetWorker{startHost(t, runtimetest.Config{}), startHost(t, runtimetest.Config{}), startHost(t, runtimetest.Config{})}
 	gwRoot := t.TempDir()
 	tokens := auth.Open(gwRoot)
 	mint := func(scope string) string {
@@ -386,7 +443,7 @@ func TestGatewaySnapshots(t *testing.T) {
 	shared := "dir://" + filepath.Join(t.TempDir(), "shared")
 	var ws []*fleetWorker
 	for range 3 {
-		ws = append(ws, startFleetWorkerWith(t, runtimetest.Config{RemoteURL: shared, PublishSnapshots: true}))
+		ws = append(ws, startHost(t, runtimetest.Config{RemoteURL: shared, PublishSnapshots: true}))
 	}
 	gwRoot := t.TempDir()
 	addr, _ := startGateway(t, gwRoot, ws)

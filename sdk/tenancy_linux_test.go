@@ -537,6 +537,36 @@ func TestTenancy(t *testing.T) {
 		}
 	})
 
+	t.Run("admin routes", func(t *testing.T) {
+		// The fleet's routes are an admin's (a gateway's): a tenant may
+		// not claim another's names, cordon the worker, nor learn what
+		// its store holds.
+		for _, r := range []struct{ method, path, body string }{
+			{"POST", "/v1/claims", `{"names":["a-sb"],"holder":"b"}`},
+			{"POST", "/v1/claims", `{"names":["a-sb"],"release":true}`},
+			{"PUT", "/v1/cordon", `{"cordoned":true}`},
+			{"POST", "/v1/estimates", `{"layers":["bb:1"]}`},
+			{"POST", "/v1/squash", `{"snapshot":"a-snap:1"}`},
+			{"PUT", "/v1/pools/p", `{"size":5}`},
+			{"PUT", "/v1/policies/stored", `{}`},
+		} {
+			req, _ := http.NewRequest(r.method, "https://"+te.addr+r.path, strings.NewReader(r.body))
+			req.Header.Set("Authorization", "Bearer "+te.tokens["b"])
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden {
+				t.Errorf("b's %s %s: %s, want 403", r.method, r.path, resp.Status)
+			}
+		}
+		if v, err := admin.Version(ctx); err != nil || v.Cordoned {
+			t.Errorf("the worker after b's cordon: %v %v", v.Cordoned, err)
+		}
+	})
+
 	t.Run("e2b routes", func(t *testing.T) {
 		fake := "zz" + randHex(18)
 		for _, r := range []struct{ method, path string }{

@@ -85,6 +85,10 @@ type GatewayConfig struct {
 	Heartbeat time.Duration `mapstructure:"heartbeat"`
 	// Kubernetes finds the workers in a cluster, besides Workers.
 	Kubernetes GatewayKubernetes `mapstructure:"kubernetes"`
+	// TokensFile is the clients' token store ("": ROOT/tokens.json),
+	// read again when it changes: replicas of a gateway share one (a
+	// Kubernetes Secret's).
+	TokensFile string `mapstructure:"tokens_file"`
 }
 
 // GatewayKubernetes is where a gateway finds its workers in Kubernetes

@@ -45,11 +45,13 @@ goes to the worker that holds it, streamed both ways (an exec's input and output
 asks every worker; a batch (POST /v1/batches, the SDKs' batch) places each of its sandboxes
 as a create is. The gateway keeps nothing of its own: each worker lists what it holds at
 every heartbeat (--heartbeat, default 2 s), so a gateway started again, or a second one
-beside it, routes as the first did. Names are the fleet's as far as the workers' last lists
-say: a create of a name some worker held at its last heartbeat, or that another create through
-this gateway is making, is refused.
+beside it, routes as the first did. Names are the fleet's, through any number of gateways: a
+create of a name some worker held at its last heartbeat is refused, and a create claims its
+name first on the name's home, a worker all gateways pick alike, which refuses a name another
+create holds.
 
-Clients hold the gateway's own tokens (dsec token create on the gateway's --root); the
+Clients hold the gateway's own tokens (dsec token create on the gateway's --root, or the file
+gateway.tokens_file names, which replicas share: a Kubernetes Secret's); the
 gateway speaks to each worker with an admin token of that worker's (--worker-token), over
 TLS checked against --worker-ca (with --worker-cert and --worker-key for a worker that asks
 for a client certificate), and has the worker serve each request as its client's
@@ -59,20 +61,21 @@ per worker.
 A worker that does not answer for three heartbeats is down: its sandboxes are listed as
 unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
 from run and exec), and no create goes there until it answers again. dsec node ls shows the
-workers; dsec node cordon stops creates going to one (kept in the gateway's root: a gateway
-started again on it keeps it), dsec node drain waits for its sandboxes to go too.
+workers; dsec node cordon stops creates going to one (the worker keeps it: every gateway sees
+it), dsec node drain waits for its sandboxes to go too.
 
 With --e2b-listen HOST:PORT (config e2b.listen, with e2b.templates, e2b.domain and e2b.http2 as
 dsec daemon takes them) it serves E2B's API for the fleet too: E2B_API_URL and E2B_SANDBOX_URL
 point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). Its
-records of E2B sandboxes (template, metadata, timeout) are kept under the gateway's root.
+records of E2B sandboxes (template, metadata, timeout) are kept under the gateway's root: run
+one gateway with --e2b-listen, and as many without it as you like.
 
 On Kubernetes (deploy/kubernetes), --kubernetes-service NAMESPACE/NAME (config gateway.kubernetes.service,
 .port, .kubeconfig: default the pod's service account) finds the workers as that Service's endpoints, each
 reached as gateway.kubernetes.worker says (token_file, ca, server_name, cert, key): one joins as its endpoint
 appears, and one gone from them leaves once it does not answer either. The gateway then also applies the
 namespace's SandboxPolicy, SandboxTemplate and SandboxPool objects (group dsec.dev) to every worker, with
-their status. admin_token_file (DSEC_ADMIN_TOKEN_FILE) gives the gateway an admin token from a file besides
+their status: one replica at a time, the holder of the Lease dsec-gateway. admin_token_file (DSEC_ADMIN_TOKEN_FILE) gives the gateway an admin token from a file besides
 its root's tokens.
 
 Snapshots: a pack-diff is taken where its sandbox runs; snap ls and rm ask every worker; a branch
@@ -128,8 +131,11 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 			if f.Changed("kubernetes-service") {
 				c.Kubernetes.Service = service
 			}
-			cfg := gateway.Config{Tokens: auth.Open(a.cfg.Root), Heartbeat: c.Heartbeat, Version: version, Log: a.log,
-				Cordons: filepath.Join(a.cfg.Root, "gateway-cordons.json")}
+			store := auth.Open(a.cfg.Root)
+			if c.TokensFile != "" {
+				store = auth.OpenFile(c.TokensFile)
+			}
+			cfg := gateway.Config{Tokens: store, Heartbeat: c.Heartbeat, Version: version, Log: a.log}
 			if a.cfg.AdminTokenFile != "" {
 				if err := cfg.Tokens.PinAdminFile(a.cfg.AdminTokenFile); err != nil {
 					return err
@@ -330,8 +336,9 @@ func (a *app) nodeCommand() *cobra.Command {
 		Short: "See, cordon and drain the workers of a gateway's fleet (dsec --host GATEWAY)",
 		Long: `Node lists the workers of the fleet the gateway at --host serves (dsec gateway), and stops
 (cordon) or lets again (uncordon) creates going to one; its sandboxes run on and are served
-as before. Drain cordons one and waits until its sandboxes are gone (they are not moved).
-These take an admin token of the gateway's.
+as before; the worker keeps its cordon, so every gateway of the fleet sees it. Drain cordons
+one and waits until its sandboxes are gone (they are not moved). These take an admin token
+of the gateway's.
 
 ` + exitCodesHelp,
 		Example: `  dsec --host tcp://gw:7443 node ls

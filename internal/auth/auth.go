@@ -145,7 +145,13 @@ func (s *Store) PinAdminFile(file string) error {
 }
 
 // Open is the token store of root.
-func Open(root string) *Store { return &Store{path: filepath.Join(root, "tokens.json")} }
+func Open(root string) *Store { return OpenFile(filepath.Join(root, "tokens.json")) }
+
+// OpenFile is the token store in file (as Open writes one): replicas of
+// a gateway share one, a Kubernetes Secret's (read only: its tokens are
+// made elsewhere and the Secret updated; a change is read at the next
+// check).
+func OpenFile(file string) *Store { return &Store{path: file} }
 
 // CheckScope refuses an unknown scope.
 func CheckScope(scope string) error {

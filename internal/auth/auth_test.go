@@ -194,3 +194,43 @@ func TestPinAdmin(t *testing.T) {
 		t.Error("a missing file pinned")
 	}
 }
+
+// TestOpenFile: a store in a file another program updates as the
+// kubelet updates a Secret's volume (a new directory, the link to it
+// swapped) takes the new tokens at the next check, and the old ones no
+// longer.
+func TestOpenFile(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "..a"), filepath.Join(dir, "..b")
+	first, _, err := OpenFile(filepath.Join(a, "tokens.json")).New(Spec{Scope: Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..a", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/tokens.json", filepath.Join(dir, "tokens.json")); err != nil {
+		t.Fatal(err)
+	}
+	s := OpenFile(filepath.Join(dir, "tokens.json"))
+	if tok, err := s.Check(first, time.Now()); err != nil || tok.Scope != Sandboxes {
+		t.Fatalf("the first token: %+v %v", tok, err)
+	}
+	second, _, err := OpenFile(filepath.Join(b, "tokens.json")).New(Spec{Scope: Admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(filepath.Join(b, "tokens.json"), time.Now().Add(time.Second), time.Now().Add(time.Second))
+	if err := os.Symlink("..b", filepath.Join(dir, "..tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := s.Check(second, time.Now()); err != nil || tok.Scope != Admin {
+		t.Errorf("the second token, once the link is swapped: %+v %v", tok, err)
+	}
+	if _, err := s.Check(first, time.Now()); !errdefs.IsUnauthorized(err) {
+		t.Errorf("the first token, gone from the file: %v", err)
+	}
+}

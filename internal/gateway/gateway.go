@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -42,7 +41,6 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
-	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/e2b"
 )
 
@@ -77,9 +75,7 @@ type Config struct {
 	// holds (default 2 s); DownAfter how long one may not answer before
 	// it is down (default three heartbeats).
 	Heartbeat, DownAfter time.Duration
-	// Cordons is the file that keeps which workers are cordoned, so that
-	// a gateway started again keeps them ("": memory only).
-	Cordons string
+
 	Version string
 	Log     *slog.Logger
 }
@@ -93,10 +89,8 @@ type Gateway struct {
 	joining sync.Mutex      // one change of the fleet at a time
 	ctx     context.Context // Run's, once it runs (under joining)
 	beating sync.WaitGroup  // the heartbeats' loops
-	cordons []string        // the URLs of the workers cordoned (under cordoning)
 
 	placing   sync.Mutex // one placement at a time
-	cordoning sync.Mutex // one change of cordons at a time
 	mu        sync.Mutex
 	routes    map[string]*node          // a sandbox's name: its worker's
 	making    map[string]bool           // names a create through this gateway is making
@@ -174,9 +168,6 @@ func New(cfg Config) (*Gateway, error) {
 	cfg.Log = cmp.Or(cfg.Log, slog.Default())
 	g := &Gateway{cfg: cfg, routes: map[string]*node{}, making: map[string]bool{}, estimates: map[estimateKey]estimated{}}
 	g.fleet.Store(&[]*node{})
-	if err := g.loadCordons(); err != nil {
-		return nil, err
-	}
 	var nodes []*node
 	for _, w := range cfg.Workers {
 		n, err := g.newNode(w)
@@ -250,57 +241,12 @@ func (g *Gateway) leave(n *node) {
 	g.mu.Unlock()
 }
 
-// loadCordons reads which workers cfg.Cordons says are cordoned.
-func (g *Gateway) loadCordons() error {
-	if g.cfg.Cordons == "" {
-		return nil
-	}
-	b, err := os.ReadFile(g.cfg.Cordons)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err == nil {
-		err = json.Unmarshal(b, &g.cordons)
-	}
-	if err != nil {
-		return fmt.Errorf("the gateway's cordons (%s): %v: remove the file to forget them: %w", g.cfg.Cordons, err, errdefs.ErrDataLoss)
-	}
-	return nil
-}
-
-// saveCordons keeps which workers are cordoned in cfg.Cordons (one that
-// left the fleet stays cordoned should it join again).
-func (g *Gateway) saveCordons() error {
-	urls := []string{}
-	for _, u := range g.cordons {
-		if !slices.ContainsFunc(g.all(), func(n *node) bool { return n.URL == u }) {
-			urls = append(urls, u)
-		}
-	}
-	for _, n := range g.all() {
-		n.mu.Lock()
-		if n.cordoned {
-			urls = append(urls, n.URL)
-		}
-		n.mu.Unlock()
-	}
-	g.cordons = urls
-	if g.cfg.Cordons == "" {
-		return nil
-	}
-	b, _ := json.Marshal(urls)
-	return durable.WriteFile(g.cfg.Cordons, b, 0o600)
-}
-
 // newNode is the node of w, with its proxy.
 func (g *Gateway) newNode(w Worker) (*node, error) {
 	n, err := newNode(w)
 	if err != nil {
 		return nil, err
 	}
-	g.cordoning.Lock()
-	n.cordoned = slices.Contains(g.cordons, n.URL)
-	g.cordoning.Unlock()
 	n.proxy = &httputil.ReverseProxy{Transport: n.rt, FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(n.base)
@@ -322,6 +268,7 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 			if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
 				if name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/"); ok && !strings.Contains(name, "/") {
 					g.forget(n, name)
+					g.freed(name)
 				}
 			}
 			return nil
@@ -472,6 +419,7 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 		}
 	}
 	n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
+	n.cordoned = info.Cordoned
 	for name, p := range n.pending {
 		if !strings.HasPrefix(name, "?") && (time.Since(p.sent) > pendFor || slices.ContainsFunc(held, func(s api.Sandbox) bool { return s.Name == name })) {
 			delete(n.pending, name)
@@ -889,7 +837,9 @@ func (g *Gateway) listNodes(rw http.ResponseWriter, r *http.Request) {
 	answer(rw, http.StatusOK, out)
 }
 
-// cordon stops (or starts again) placing creates on a worker.
+// cordon stops (or starts again) placing creates on a worker: the
+// worker keeps it (PUT /v1/cordon), so that every gateway of the fleet,
+// and this one started again, places none there.
 func (g *Gateway) cordon(on bool) http.HandlerFunc {
 	return func(rw http.ResponseWriter, r *http.Request) {
 		n := g.node(r.PathValue("node"))
@@ -897,15 +847,16 @@ func (g *Gateway) cordon(on bool) http.HandlerFunc {
 			fail(rw, fmt.Errorf("no worker %s in the fleet (dsec node ls): %w", r.PathValue("node"), errdefs.ErrNotFound))
 			return
 		}
-		g.cordoning.Lock()
-		defer g.cordoning.Unlock()
+		if err := n.send(r.Context(), http.MethodPut, "/"+api.Version+"/cordon", api.CordonRequest{Cordoned: on}, nil); err != nil {
+			if !answered(err) {
+				err = n.unreachable(err)
+			}
+			fail(rw, fmt.Errorf("worker %s keeps its cordon, and did not take this one: %w", n.URL, err))
+			return
+		}
 		n.mu.Lock()
 		n.cordoned = on
 		n.mu.Unlock()
-		if err := g.saveCordons(); err != nil {
-			fail(rw, fmt.Errorf("the cordon holds, but not past this gateway's restart: %w", err))
-			return
-		}
 		rw.WriteHeader(http.StatusNoContent)
 	}
 }
@@ -941,13 +892,14 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	var made string
 	if spec.Name != "" {
-		release, err := g.claim([]string{spec.Name})
+		c, err := g.claim(r.Context(), []string{spec.Name})
 		if err != nil {
 			fail(rw, err)
 			return
 		}
-		defer release()
+		defer func() { c.done(func(name string) bool { return name == made }) }()
 	}
 	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, demandOf(spec, 1), only)
 	if err != nil {
@@ -966,10 +918,11 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, _ := json.Marshal(sb)
-	var made api.Sandbox
-	json.Unmarshal(b, &made)
-	settle(made.Name)
-	g.made(n, made)
+	var sandbox api.Sandbox
+	json.Unmarshal(b, &sandbox)
+	settle(sandbox.Name)
+	g.made(n, sandbox)
+	made = sandbox.Name
 	answer(rw, http.StatusCreated, sb)
 }
 
@@ -1013,31 +966,6 @@ func (g *Gateway) forget(n *node, name string) {
 	n.held = slices.DeleteFunc(slices.Clone(n.held), func(s api.Sandbox) bool { return s.Name == name })
 	delete(n.pending, name)
 	n.mu.Unlock()
-}
-
-// claim takes names for creates through this gateway, until release: a
-// name some worker held at its last heartbeat, or that another create
-// here is making, is refused as a worker refuses one it holds. (Names
-// are the fleet's as far as the workers' lists say: two gateways may
-// each make one name at once on two workers.)
-func (g *Gateway) claim(names []string) (release func(), err error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, name := range names {
-		if g.routes[name] != nil || g.making[name] {
-			return nil, fmt.Errorf("sandbox %s already exists: give another name, or remove it first (dsec rm): %w", name, errdefs.ErrAlreadyExists)
-		}
-	}
-	for _, name := range names {
-		g.making[name] = true
-	}
-	return func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		for _, name := range names {
-			delete(g.making, name)
-		}
-	}, nil
 }
 
 // createOne sends a create (body, to path) to the workers in the order
@@ -1167,17 +1095,23 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
+	var mu sync.Mutex
+	made := map[string]bool{} // (under mu)
 	if req.Spec.Name != "" {
 		names := make([]string, req.Count)
 		for i := range names {
 			names[i] = api.BatchName(req.Spec.Name, i)
 		}
-		release, err := g.claim(names)
+		c, err := g.claim(r.Context(), names)
 		if err != nil {
 			fail(rw, err)
 			return
 		}
-		defer release()
+		defer func() {
+			mu.Lock()
+			defer mu.Unlock()
+			c.done(func(name string) bool { return made[name] })
+		}()
 	}
 	t := tokenOf(r)
 	var only func(*node) bool
@@ -1192,7 +1126,6 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 	rw.WriteHeader(http.StatusOK)
 	flush := http.NewResponseController(rw)
 	flush.Flush()
-	var mu sync.Mutex
 	enc := json.NewEncoder(rw)
 	var wg sync.WaitGroup
 	// So many under way at once, as a worker's own admission would take
@@ -1205,6 +1138,9 @@ func (g *Gateway) batch(rw http.ResponseWriter, r *http.Request) {
 			item := g.batchItem(r.Context(), t, req.Spec, i, only)
 			mu.Lock()
 			defer mu.Unlock()
+			if item.Sandbox != nil {
+				made[item.Sandbox.Name] = true
+			}
 			enc.Encode(item)
 			flush.Flush()
 		})

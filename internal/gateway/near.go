@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -108,21 +109,32 @@ func (g *Gateway) nearness(ctx context.Context, t *auth.Token, layers []string, 
 // estimate asks n, as its admin, what a create on req's layers would
 // fetch there.
 func (n *node) estimate(ctx context.Context, req api.EstimateRequest) (api.Estimate, error) {
-	b, _ := json.Marshal(req)
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, n.base.String()+"/"+api.Version+"/estimates", bytes.NewReader(b))
+	var e api.Estimate
+	return e, n.send(ctx, http.MethodPost, "/"+api.Version+"/estimates", req, &e)
+}
+
+// send sends n method path with in as its JSON body, as n's admin, and
+// decodes a 200's answer into out (nil: any 2xx, its body unread).
+func (n *node) send(ctx context.Context, method, path string, in, out any) error {
+	b, _ := json.Marshal(in)
+	r, err := http.NewRequestWithContext(ctx, method, n.base.String()+path, bytes.NewReader(b))
 	if err != nil {
-		return api.Estimate{}, err
+		return err
 	}
 	n.authorize(r.Header, nil)
 	r.Header.Set("Content-Type", "application/json")
 	resp, err := n.rt.RoundTrip(r)
 	if err != nil {
-		return api.Estimate{}, err
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return api.Estimate{}, errorOf(resp)
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return n.refused()
+	case out == nil && resp.StatusCode/100 == 2:
+		return nil
+	case resp.StatusCode != http.StatusOK:
+		return errorOf(resp)
 	}
-	var e api.Estimate
-	return e, json.NewDecoder(resp.Body).Decode(&e)
+	return json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(out)
 }

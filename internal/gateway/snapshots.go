@@ -204,12 +204,17 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	release, err := g.claimBranches(&req)
+	c, err := g.claimBranches(r.Context(), &req)
 	if err != nil {
 		fail(rw, err)
 		return
 	}
-	defer release()
+	var made []api.Sandbox
+	defer func() {
+		c.done(func(name string) bool {
+			return slices.ContainsFunc(made, func(s api.Sandbox) bool { return s.Name == name })
+		})
+	}()
 	body, _ = json.Marshal(req)
 	resp, n, settle, err := g.createOne(r.Context(), t, r.URL.RequestURI(), body, demandOf(req.Spec, req.N), only)
 	if err != nil {
@@ -222,7 +227,6 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 		relay(rw, resp)
 		return
 	}
-	var made []api.Sandbox
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err == nil {
 		err = json.NewDecoder(bytes.NewReader(b)).Decode(&made)
@@ -241,25 +245,27 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 // claimBranches claims a branch request's names as claim does: without
 // a prefix, numbered on from the last PREFIX-N (both at once: two
 // branches of one snapshot at once take numbers one after the other).
-func (g *Gateway) claimBranches(req *api.BranchRequest) (release func(), err error) {
-	for {
+func (g *Gateway) claimBranches(ctx context.Context, req *api.BranchRequest) (*claimed, error) {
+	after := 0 // (numbers a home said are taken: the next try goes past)
+	for try := 0; ; try++ {
 		var first int
 		prefix := req.NamePrefix
 		if prefix == "" {
-			prefix, first = api.BranchPrefix(req.Snapshot), g.nextBranch(api.BranchPrefix(req.Snapshot))
+			prefix, first = api.BranchPrefix(req.Snapshot), max(g.nextBranch(api.BranchPrefix(req.Snapshot)), after+1)
 		}
 		names := make([]string, req.N)
 		for i := range names {
 			names[i] = prefix + "-" + strconv.Itoa(max(cmp.Or(first, req.First), 1)+i)
 		}
-		release, err := g.claim(names)
-		if err != nil && errdefs.IsAlreadyExists(err) && req.NamePrefix == "" {
-			continue // (taken meanwhile: the next numbers)
+		c, err := g.claim(ctx, names)
+		if err != nil && errdefs.IsAlreadyExists(err) && req.NamePrefix == "" && try < 64 {
+			after = first // (taken meanwhile, here or through another gateway: the next numbers)
+			continue
 		}
 		if err == nil && req.NamePrefix == "" {
 			req.NamePrefix, req.First = prefix, first
 		}
-		return release, err
+		return c, err
 	}
 }
 

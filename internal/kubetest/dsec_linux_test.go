@@ -37,52 +37,9 @@ import (
 // its heartbeat timeout, its sandboxes an infrastructure failure, and
 // new sandboxes go to the other node.
 func TestDeployment(t *testing.T) {
-	images := map[string]string{"localhost/dsec": os.Getenv("DSEC_IMAGE"), "localhost/dsec/pause": os.Getenv("DSEC_PAUSE_IMAGE")}
-	kubetest.Tools(t)
-	for name, f := range images {
-		if f == "" {
-			t.Fatalf("no image for %s: DSEC_IMAGE and DSEC_PAUSE_IMAGE name make image's archives (make test sets them)", name)
-		}
-	}
+	f := startFleet(t)
+	c, roots, certs, workerToken, gatewayToken, tenantToken := f.c, f.roots, f.certs, f.workerToken, f.gatewayToken, f.tenantToken
 	ctx := context.Background()
-	// The workers' roots, one per node (the DaemonSet's hostPath, a
-	// directory per node name), with the test's layers; cleaned after
-	// the cluster is gone (cleanups run last first).
-	roots := t.TempDir()
-	// A shared mount, as systemd makes / (the worker's Bidirectional
-	// root needs one).
-	if err := syscall.Mount(roots, roots, "", syscall.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { syscall.Unmount(roots, syscall.MNT_DETACH) })
-	if err := syscall.Mount("", roots, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []string{"n1", "n2"} {
-		root := filepath.Join(roots, n)
-		runtimetest.Layers(t, root)
-		t.Cleanup(func() { runtimetest.Clean(root) })
-	}
-	t0 := time.Now()
-	c := kubetest.Start(t, 2, images)
-	t.Logf("the cluster (control plane, two nodes Ready, images in): %s", time.Since(t0).Round(100*time.Millisecond))
-
-	// What an operator makes first: the namespace, and the Secret with
-	// the fleet's tokens and certificates.
-	certs := filepath.Join(c.Dir, "certs")
-	names := []string{"dsec-worker"}
-	for _, n := range c.Nodes {
-		names = append(names, n.IP)
-	}
-	if err := auth.MakeCerts(certs, names); err != nil {
-		t.Fatal(err)
-	}
-	workerToken, gatewayToken := newToken(), newToken()
-	c.MustKubectl("create", "namespace", "dsec")
-	c.MustKubectl("-n", "dsec", "create", "secret", "generic", "dsec-secrets",
-		"--from-literal=worker-token="+workerToken, "--from-literal=gateway-token="+gatewayToken,
-		"--from-file=ca.pem="+filepath.Join(certs, auth.CAFile), "--from-file=server.pem="+filepath.Join(certs, auth.ServerFile),
-		"--from-file=server-key.pem="+filepath.Join(certs, auth.ServerKeyFile))
 
 	// The base, with what a cluster without kube-proxy or DNS (this
 	// one) needs: the gateway on its node's network, the API server by
@@ -112,24 +69,9 @@ patches:
 	if err := os.WriteFile(filepath.Join(c.Dir, "overlay", "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t0 = time.Now()
+	t0 := time.Now()
 	c.MustKubectl("apply", "-k", filepath.Join(c.Dir, "overlay"))
-	t.Cleanup(func() {
-		// The pods go before the cluster does: a worker stops as its
-		// pod is deleted; its sandboxes stay for the roots' cleanup.
-		if t.Failed() {
-			out, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "wide")
-			t.Logf("pods:\n%s", out)
-			names, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "name")
-			for _, p := range strings.Fields(names) {
-				for _, prev := range []string{"--previous=false", "--previous=true"} {
-					out, _ := c.Kubectl("-n", "dsec", "logs", p, prev, "--tail=60")
-					t.Logf("--- %s %s:\n%s", p, prev, out)
-				}
-			}
-		}
-		c.Kubectl("delete", "namespace", "dsec", "--wait=true", "--timeout=60s")
-	})
+	undeploy(t, c)
 	workersReady := func() {
 		t.Helper()
 		c.WaitFor(3*time.Minute, "the worker DaemonSet ready on both nodes", func() bool {
@@ -139,16 +81,28 @@ patches:
 		})
 	}
 	workersReady()
-	c.WaitFor(2*time.Minute, "the gateway available", func() bool {
-		out, err := c.Kubectl("-n", "dsec", "get", "deployment", "dsec-gateway", "-o", "jsonpath={.status.availableReplicas}")
-		return err == nil && out == "1"
-	})
-	t.Logf("deploy/kubernetes applied to the gateway available and both workers ready: %s", time.Since(t0).Round(100*time.Millisecond))
-	gwIP := strings.TrimSpace(c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=gateway", "-o", "jsonpath={.items[0].status.hostIP}"))
-	gw, err := sdk.New(sdk.Options{Host: "tcp://" + gwIP + ":7444", Token: gatewayToken, TLSCA: filepath.Join(certs, auth.CAFile)})
-	if err != nil {
-		t.Fatal(err)
+	gatewaysReady := func() {
+		t.Helper()
+		c.WaitFor(2*time.Minute, "both gateway replicas available", func() bool {
+			out, err := c.Kubectl("-n", "dsec", "get", "deployment", "dsec-gateway", "-o", "jsonpath={.status.availableReplicas}/{.status.updatedReplicas}/{.status.replicas}")
+			return err == nil && out == "2/2/2"
+		})
 	}
+	gatewaysReady()
+	t.Logf("deploy/kubernetes applied to both gateways available and both workers ready: %s", time.Since(t0).Round(100*time.Millisecond))
+	// Each replica on its node's network (one a node: their port).
+	gwIPs := strings.Fields(c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=gateway", "-o", "jsonpath={.items[*].status.hostIP}"))
+	if len(gwIPs) != 2 || gwIPs[0] == gwIPs[1] {
+		t.Fatalf("the gateway replicas' nodes: %v, want two", gwIPs)
+	}
+	gateway := func(ip, token string) *sdk.Client {
+		g, err := sdk.New(sdk.Options{Host: "tcp://" + ip + ":7444", Token: token, TLSCA: filepath.Join(certs, auth.CAFile)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	gw, gw2 := gateway(gwIPs[0], gatewayToken), gateway(gwIPs[1], gatewayToken)
 	byIP := func() map[string]api.Node {
 		ns, err := gw.Nodes(ctx)
 		if err != nil {
@@ -181,6 +135,23 @@ patches:
 		ns := byIP()
 		return ns[c.Nodes[0].IP].Sandboxes == 2 && ns[c.Nodes[1].IP].Sandboxes == 2
 	})
+
+	// The other replica: the same fleet, the tokens of the Secret, and
+	// a name made through one is taken through the other.
+	tenant := gateway(gwIPs[1], tenantToken)
+	tsb, err := tenant.Create(ctx, api.SandboxSpec{Name: "t0", Layers: []string{"ws:1", "bb:1"}})
+	if err != nil {
+		t.Fatalf("a tenant's create through the second replica: %v", err)
+	}
+	if out := run(t, tsb, "echo tenant"); out != "tenant\n" {
+		t.Errorf("t0: %q", out)
+	}
+	if _, err := gw2.Create(ctx, api.SandboxSpec{Name: "k0", Layers: []string{"ws:1", "bb:1"}}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("k0 (made through the first replica) through the second: %v, want already exists", err)
+	}
+	if err := tsb.Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
 	alive := func(when string) {
 		t.Helper()
 		for _, sb := range sbs {
@@ -250,6 +221,26 @@ patches:
 		out, _ := c.Kubectl("-n", "dsec", "get", "sandboxpolicy/quiet", "sandboxpool/warm", "-o", "jsonpath={.items[*].status.applied}")
 		return out == "true true"
 	})
+	// One replica applies them, the Lease's holder; once its pod goes
+	// the other takes the Lease and applies what changes next.
+	holder := func() string {
+		out, _ := c.Kubectl("-n", "dsec", "get", "lease", "dsec-gateway", "-o", "jsonpath={.spec.holderIdentity}")
+		return out
+	}
+	first := holder()
+	if first == "" {
+		t.Fatal("no gateway replica holds the Lease dsec-gateway")
+	}
+	t0 = time.Now()
+	for _, pod := range strings.Fields(c.MustKubectl("-n", "dsec", "get", "pod", "-l", "app.kubernetes.io/component=gateway", "-o", "jsonpath={.items[*].metadata.name}")) {
+		c.MustKubectl("-n", "dsec", "delete", "pod", pod, "--wait=true")
+		gatewaysReady()
+		if h := holder(); h != "" && h != first {
+			break
+		}
+	}
+	c.WaitFor(time.Minute, "another replica holding the Lease", func() bool { h := holder(); return h != "" && h != first })
+	t.Logf("the Lease's holder's pod deleted to another replica holding it: %s", time.Since(t0).Round(100*time.Millisecond))
 	c.MustKubectl("-n", "dsec", "patch", "sandboxtemplate", "bb", "--type=merge", "-p", `{"spec":{"memory":134217728}}`)
 	each("the pool following its template", func(d *sdk.Client) bool { p, ok := pool(d); return ok && p.Spec.Memory == 128<<20 })
 	if out, err := c.KubectlIn([]byte(badPool), "apply", "-f", "-"); err == nil || !strings.Contains(err.Error(), "size") {
@@ -342,6 +333,97 @@ patches:
 	if n := byIP()[c.Nodes[0].IP]; n.Sandboxes != 4 {
 		t.Errorf("n1 holds %d sandboxes, want 4 (its 2 and the 2 made while n2 was down)", n.Sandboxes)
 	}
+}
+
+// fleet is a cluster of two nodes with what an operator makes before
+// deploying dsec: the workers' roots (one per node name, with the
+// test's layers), the namespace dsec, the Secret dsec-secrets (tokens
+// and certificates) and the gateways' clients' tokens in the Secret
+// dsec-gateway-tokens.
+type fleet struct {
+	c                                      *kubetest.Cluster
+	roots, certs                           string
+	workerToken, gatewayToken, tenantToken string
+}
+
+func startFleet(t *testing.T) *fleet {
+	t.Helper()
+	images := map[string]string{"localhost/dsec": os.Getenv("DSEC_IMAGE"), "localhost/dsec/pause": os.Getenv("DSEC_PAUSE_IMAGE")}
+	kubetest.Tools(t)
+	for name, f := range images {
+		if f == "" {
+			t.Fatalf("no image for %s: DSEC_IMAGE and DSEC_PAUSE_IMAGE name make image's archives (make test sets them)", name)
+		}
+	}
+	// The workers' roots, one per node (the DaemonSet's hostPath, a
+	// directory per node name), with the test's layers; cleaned after
+	// the cluster is gone (cleanups run last first).
+	roots := t.TempDir()
+	// A shared mount, as systemd makes / (the worker's Bidirectional
+	// root needs one).
+	if err := syscall.Mount(roots, roots, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(roots, syscall.MNT_DETACH) })
+	if err := syscall.Mount("", roots, "", syscall.MS_SHARED|syscall.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"n1", "n2"} {
+		root := filepath.Join(roots, n)
+		runtimetest.Layers(t, root)
+		t.Cleanup(func() { runtimetest.Clean(root) })
+	}
+	t0 := time.Now()
+	c := kubetest.Start(t, 2, images)
+	t.Logf("the cluster (control plane, two nodes Ready, images in): %s", time.Since(t0).Round(100*time.Millisecond))
+
+	// What an operator makes first: the namespace, and the Secret with
+	// the fleet's tokens and certificates.
+	certs := filepath.Join(c.Dir, "certs")
+	names := []string{"dsec-worker"}
+	for _, n := range c.Nodes {
+		names = append(names, n.IP)
+	}
+	if err := auth.MakeCerts(certs, names); err != nil {
+		t.Fatal(err)
+	}
+	workerToken, gatewayToken := newToken(), newToken()
+	c.MustKubectl("create", "namespace", "dsec")
+	c.MustKubectl("-n", "dsec", "create", "secret", "generic", "dsec-secrets",
+		"--from-literal=worker-token="+workerToken, "--from-literal=gateway-token="+gatewayToken,
+		"--from-file=ca.pem="+filepath.Join(certs, auth.CAFile), "--from-file=server.pem="+filepath.Join(certs, auth.ServerFile),
+		"--from-file=server-key.pem="+filepath.Join(certs, auth.ServerKeyFile))
+	// The gateways' clients' tokens, made as an operator would (dsec
+	// token create on a scratch root), in a Secret the replicas share.
+	tokensFile := filepath.Join(c.Dir, "gateway-tokens", "tokens.json")
+	tenantToken, _, err := auth.OpenFile(tokensFile).New(auth.Spec{Scope: auth.Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.MustKubectl("-n", "dsec", "create", "secret", "generic", "dsec-gateway-tokens", "--from-file=tokens.json="+tokensFile)
+
+	return &fleet{c: c, roots: roots, certs: certs, workerToken: workerToken, gatewayToken: gatewayToken, tenantToken: tenantToken}
+}
+
+// undeploy has dsec's namespace deleted when the test ends, the pods'
+// logs shown first if it failed. (The pods go before the cluster does: a
+// worker stops as its pod is deleted; its sandboxes stay for the roots'
+// cleanup.)
+func undeploy(t *testing.T, c *kubetest.Cluster) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "wide")
+			t.Logf("pods:\n%s", out)
+			names, _ := c.Kubectl("-n", "dsec", "get", "pods", "-o", "name")
+			for _, p := range strings.Fields(names) {
+				for _, prev := range []string{"--previous=false", "--previous=true"} {
+					out, _ := c.Kubectl("-n", "dsec", "logs", p, prev, "--tail=60")
+					t.Logf("--- %s %s:\n%s", p, prev, out)
+				}
+			}
+		}
+		c.Kubectl("delete", "namespace", "dsec", "--wait=true", "--timeout=60s")
+	})
 }
 
 // objects are dsec's Kubernetes objects the test applies.

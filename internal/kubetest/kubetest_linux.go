@@ -94,7 +94,7 @@ func Tools(t testing.TB) string {
 		}
 		t.Skip("SKIPPED: no cluster tools: DSEC_CLUSTER_TOOLS is unset (make cluster-tools builds them; make test sets it)")
 	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"} {
+	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "helm"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			t.Fatalf("the cluster tools: %v (make cluster-tools)", err)
 		}
@@ -412,6 +412,21 @@ func (c *Cluster) KubectlIn(stdin []byte, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
 		return out.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// Helm runs helm as the cluster's admin, its state under the cluster's
+// directory, and returns its output.
+func (c *Cluster) Helm(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Bin, "helm"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+c.path("helm/cache"), "HELM_CONFIG_HOME="+c.path("helm/config"), "HELM_DATA_HOME="+c.path("helm/data"))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("helm %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
 	return out.String(), nil
 }

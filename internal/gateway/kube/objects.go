@@ -39,6 +39,9 @@ const (
 	// resync is how often an object is applied again: a worker that
 	// joined since has it too.
 	resync = 30 * time.Second
+	// LeaseName is the Lease (in the workers' Service's namespace) that
+	// the gateway replica applying the objects holds.
+	LeaseName = "dsec-gateway"
 )
 
 var (
@@ -60,9 +63,14 @@ func Objects(ctx context.Context, cfg Config, fleet http.Handler, log *slog.Logg
 	}
 	lg := logr.FromSlogHandler(log.Handler())
 	ctrllog.SetLogger(lg)
+	// One replica of the gateway applies them at a time: the holder of
+	// the Lease (its PUTs would only repeat one another's, and their
+	// statuses conflict).
 	mgr, err := ctrl.NewManager(rc, ctrl.Options{Logger: lg,
 		Cache:   cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		LeaderElection: true, LeaderElectionID: LeaseName, LeaderElectionNamespace: ns,
+		LeaderElectionResourceLock: "leases", LeaderElectionReleaseOnCancel: true})
 	if err != nil {
 		return err
 	}

@@ -199,16 +199,25 @@ type Config struct {
 	// hierarchy (cgroup.Join), as a pod's container is.
 	MountNS bool   `json:",omitempty"`
 	Pod     string `json:",omitempty"`
+	// NetNS starts the worker in that network namespace (ip netns's
+	// name; entered with nsenter: ip netns exec would remount /sys, and
+	// the cgroup file systems under it with it): with MountNS, a host of
+	// its own on one kernel.
+	NetNS string `json:",omitempty"`
 }
 
 // StartWorkerWith is StartWorker with cfg.
 func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 	t.Helper()
 	b, _ := json.Marshal(cfg)
-	cmd := exec.Command(os.Args[0])
+	args := []string{os.Args[0]}
 	if cfg.MountNS {
-		cmd = exec.Command("unshare", "--mount", "--propagation", "unchanged", os.Args[0])
+		args = append([]string{"unshare", "--mount", "--propagation", "unchanged"}, args...)
 	}
+	if cfg.NetNS != "" {
+		args = append([]string{"nsenter", "--net=/run/netns/" + cfg.NetNS}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), workerEnv+"="+root, workerConfigEnv+"="+string(b))
 	log, err := os.OpenFile(filepath.Join(root, "worker.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {

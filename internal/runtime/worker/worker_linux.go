@@ -81,6 +81,8 @@ type worker struct {
 	stopping  bool           // no more creates, no new pool: the worker is exiting
 	// frozen are the batch sandboxes the pressure loop froze.
 	frozen map[*runtime.Sandbox]bool
+	// claims are the names gateways claimed here (fleet_linux.go).
+	claims map[string]claim
 
 	tokens *auth.Store // the TCP API's (remote_linux.go)
 	// front is the E2B front, when one serves: it forgets a sandbox the
@@ -433,6 +435,8 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
 	mux.HandleFunc("POST /v1/squash", adminOnly("squash snapshots", handle(w.squash)))
 	mux.HandleFunc("POST /v1/estimates", adminOnly("ask what a create would fetch", handle(w.estimate)))
+	mux.HandleFunc("POST /v1/claims", adminOnly("claim sandbox names for a fleet", handle(w.claimNames)))
+	mux.HandleFunc("PUT /v1/cordon", adminOnly("cordon the worker", handle(w.cordon)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", handle(w.applyPolicy))
 	mux.HandleFunc("GET /v1/policies", handle(w.policies))
 	mux.HandleFunc("GET /v1/policies/{name}", handle(w.getPolicy))
@@ -470,7 +474,7 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
 		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
-		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity()}, nil
+		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned()}, nil
 }
 
 // capacity is what the worker's admission holds now, and whether a
