@@ -572,6 +572,47 @@ func TestGatewaySnapshots(t *testing.T) {
 		t.Errorf("a pack under a tag the shared remote holds: %v", err)
 	}
 	src.Remove(ctx, true)
+
+	// The admin squashes a chain through the gateway, on the worker
+	// that holds it, which publishes the squash: branched on another
+	// (the first cordoned) from the remote. A tenant may not squash, and
+	// a tag some worker holds is refused.
+	asrc := create(t, admin, api.SandboxSpec{Name: "asrc"})
+	for i, state := range []string{"a-1", "a-2"} {
+		if err := asrc.WriteFile(ctx, "/state", strings.NewReader(state), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := asrc.PackDiff(ctx, api.PackRequest{Tag: fmt.Sprint("chain:", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := alice.Squash(ctx, "chain:2", "flat:1"); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a tenant's squash: %v, want permission denied", err)
+	}
+	if _, err := admin.Squash(ctx, "chain:2", "chain:1"); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a squash to a tag a worker holds: %v, want already exists", err)
+	}
+	if _, err := admin.Squash(ctx, "nothing:1", "flat:1"); !errdefs.IsNotFound(err) {
+		t.Errorf("a squash of no snapshot: %v, want not found", err)
+	}
+	flat, err := admin.Squash(ctx, "chain:2", "flat:1")
+	if err != nil || flat.Name != "flat:1" || flat.Folded < 2 {
+		t.Fatalf("a squash through the gateway: %+v, %v", flat, err)
+	}
+	if err := admin.Cordon(ctx, asrc.Info.Node, true); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := admin.Branch(ctx, api.BranchRequest{Snapshot: "flat:1", N: 1})
+	if err != nil || len(fb) != 1 || fb[0].Info.Node == asrc.Info.Node {
+		t.Fatalf("a branch of the squash, its worker cordoned: %+v, %v", fb, err)
+	}
+	if got := read(fb[0]); got != "a-2" {
+		t.Errorf("the squash's branch reads %q, want a-2", got)
+	}
+	admin.Cordon(ctx, asrc.Info.Node, false)
+	for _, sb := range append(fb, asrc) {
+		sb.Remove(ctx, true)
+	}
 }
 
 // TestSandboxPorts: a sandbox's server (in network mode nat) is reached

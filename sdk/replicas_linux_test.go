@@ -2,7 +2,10 @@ package sdk_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -25,7 +28,14 @@ func TestGatewayReplicas(t *testing.T) {
 	root := t.TempDir()
 	addr1, _ := startGateway(t, root, ws)
 	addr2, _ := startGateway(t, root, ws)
-	c1 := gatewayClient(t, root, addr1, auth.Spec{Scope: auth.Admin})
+	admin1, _, err := auth.Open(root).New(auth.Spec{Scope: auth.Admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := sdk.New(sdk.Options{Host: "tcp://" + addr1, Token: admin1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c2 := gatewayClient(t, root, addr2, auth.Spec{Scope: auth.Admin})
 	spec := api.SandboxSpec{Layers: []string{"bb:1"}, Memory: 64 << 20}
 
@@ -148,4 +158,18 @@ func TestGatewayReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the first gateway to see the cordon lifted", cordoned(c1, false))
+
+	// What a gateway does not serve (a worker's own shutdown) says so.
+	req, _ := http.NewRequest("POST", "http://"+addr1+"/v1/shutdown", nil)
+	req.Header.Set("Authorization", "Bearer "+admin1)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e api.Error
+	json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(e.Message, "the gateway does not serve") {
+		t.Errorf("a worker's shutdown through a gateway: %s %+v", resp.Status, e)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/gateway"
@@ -75,14 +76,16 @@ On Kubernetes (deploy/kubernetes), --kubernetes-service NAMESPACE/NAME (config g
 reached as gateway.kubernetes.worker says (token_file, ca, server_name, cert, key): one joins as its endpoint
 appears, and one gone from them leaves once it does not answer either. The gateway then also applies the
 namespace's SandboxPolicy, SandboxTemplate and SandboxPool objects (group dsec.dev) to every worker, with
-their status: one replica at a time, the holder of the Lease dsec-gateway. admin_token_file (DSEC_ADMIN_TOKEN_FILE) gives the gateway an admin token from a file besides
+their status: one replica at a time, the holder of the Lease dsec-gateway; with --e2b-listen, each
+SandboxTemplate's name is an E2B template ID too. admin_token_file (DSEC_ADMIN_TOKEN_FILE) gives the gateway an admin token from a file besides
 its root's tokens.
 
 Snapshots: a pack-diff is taken where its sandbox runs; snap ls and rm ask every worker; a branch
 or a create on a snapshot goes to a worker that holds it (a memory snapshot's guest runs there), or
 to any worker when the workers share a remote they publish snapshots to (snap.publish). Stored
 policies are stored on every worker up; a pool's size is split over the workers up and not
-cordoned; their lists are the fleet's. Not served through a gateway yet (ask a worker): squash.
+cordoned; their lists are the fleet's. A squash (an admin's) runs on a worker that holds the chain
+(published, as a pack is, by a worker that publishes its snapshots).
 
 ` + exitCodesHelp,
 		Example: `  dsec --root /var/lib/dsec-gw token create --scope admin      # the gateway's own tokens
@@ -187,9 +190,21 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 			defer cancel()
 			g.Heartbeat(ctx)
 			go g.Run(ctx)
+			var front *e2b.Server
+			if e2bL != nil {
+				var stop func()
+				if front, stop, err = a.gatewayFront(ctx, g, cfg.Tokens); err != nil {
+					return err
+				}
+				defer stop()
+			}
 			if kcfg != nil {
+				var templates func(map[string]api.SandboxSpec)
+				if front != nil {
+					templates = front.SetTemplates // (a SandboxTemplate is a template ID)
+				}
 				go func() {
-					if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log); err != nil && ctx.Err() == nil {
+					if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log, templates); err != nil && ctx.Err() == nil {
 						a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool) are not applied", "err", err)
 					}
 				}()
@@ -206,11 +221,6 @@ cordoned; their lists are the fleet's. Not served through a gateway yet (ask a w
 				go func() { errc <- srv.Serve(l) }()
 			}
 			if e2bL != nil {
-				front, stop, err := a.gatewayFront(ctx, g, cfg.Tokens)
-				if err != nil {
-					return err
-				}
-				defer stop()
 				fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
 				servers = append(servers, fsrv)
 				a.log.Info("the gateway serves E2B's API", "addr", e2bL.Addr().String())

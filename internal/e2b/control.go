@@ -232,9 +232,7 @@ func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (contex
 	if id == "" {
 		return ctx, api.SandboxSpec{}, fmt.Errorf("no templateID: name a template of the config's e2b.templates, a snapshot or a layer: %w", errdefs.ErrInvalidArgument)
 	}
-	if t, ok := s.opts.Templates[id]; ok {
-		t.Layers = slices.Clone(t.Layers)
-		t.Env = slices.Clone(t.Env)
+	if t, ok := s.templateOf(id); ok {
 		return withTemplate(ctx, id), t, nil
 	}
 	if strings.Contains(id, ":") {
@@ -297,9 +295,9 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	var spec api.SandboxSpec
 	if img := s.imageOf(req.Metadata); img != "" {
 		ctx, spec = r.Context(), api.SandboxSpec{Image: img}
-		if t, ok := s.opts.Templates[req.TemplateID]; ok {
+		if t, ok := s.templateOf(req.TemplateID); ok {
 			ctx, spec = withTemplate(ctx, req.TemplateID), t
-			spec.Layers, spec.Env, spec.Image = slices.Clone(t.Layers), slices.Clone(t.Env), img
+			spec.Image = img
 		}
 	} else if ctx, spec, err = s.template(r.Context(), c, req.TemplateID); err != nil {
 		return err

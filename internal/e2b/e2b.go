@@ -41,8 +41,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -110,6 +112,7 @@ const (
 // Server is the E2B front.
 type Server struct {
 	opts    Options
+	more    atomic.Pointer[map[string]api.SandboxSpec] // SetTemplates's
 	records *records
 	control *http.ServeMux
 	envd    http.Handler
@@ -245,6 +248,26 @@ type actAs struct {
 }
 
 type templateKey struct{}
+
+// SetTemplates makes more template IDs besides the config's (which
+// win a name both have): a gateway's, its SandboxTemplate objects. Each
+// call replaces the last.
+func (s *Server) SetTemplates(more map[string]api.SandboxSpec) {
+	s.more.Store(&more)
+}
+
+// templateOf is the template id names, the config's or SetTemplates's,
+// as a copy the caller may change.
+func (s *Server) templateOf(id string) (api.SandboxSpec, bool) {
+	t, ok := s.opts.Templates[id]
+	if !ok {
+		if more := s.more.Load(); more != nil {
+			t, ok = (*more)[id]
+		}
+	}
+	t.Layers, t.Env = slices.Clone(t.Layers), slices.Clone(t.Env)
+	return t, ok
+}
 
 // withTemplate marks ctx's create as the config's template name.
 func withTemplate(ctx context.Context, name string) context.Context {

@@ -771,6 +771,7 @@ func (g *Gateway) routesMux() *http.ServeMux {
 	mux.HandleFunc("POST "+v+"/branches", g.branch)
 	mux.HandleFunc("GET "+v+"/snapshots", g.snapshots)
 	mux.HandleFunc("DELETE "+v+"/snapshots/{ref...}", g.removeSnapshot)
+	mux.HandleFunc("POST "+v+"/squash", g.adminOnly("squash snapshots", g.squash))
 	mux.HandleFunc("GET "+v+"/policies", g.policies)
 	mux.HandleFunc("GET "+v+"/policies/{name}", g.policy)
 	mux.HandleFunc("PUT "+v+"/policies/{name}", g.adminOnly("store policies", g.putPolicy))

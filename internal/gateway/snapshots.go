@@ -290,3 +290,67 @@ func (g *Gateway) nextBranch(prefix string) int {
 	}
 	return next
 }
+
+// squash folds a snapshot's chain into a new snapshot (an admin's) on a
+// worker up that holds the chain: a tag some worker holds is refused,
+// as a worker refuses one it holds (a worker publishing its snapshots
+// publishes the new one, so that every worker of the shared remote
+// branches it).
+func (g *Gateway) squash(rw http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+		return
+	}
+	var req api.SquashRequest
+	json.Unmarshal(body, &req) // (a bad body is the worker's to refuse)
+	holders := func(ref string) []*node {
+		if ref == "" {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
+		defer cancel()
+		var mu sync.Mutex
+		var out []*node
+		g.eachUp(g.all(), func(_ int, n *node) {
+			var got []api.SnapshotNode
+			if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), nil, &got) == nil &&
+				slices.ContainsFunc(got, func(s api.SnapshotNode) bool { return s.Name == ref }) {
+				mu.Lock()
+				out = append(out, n)
+				mu.Unlock()
+			}
+		})
+		return out
+	}
+	if hs := holders(req.Tag); len(hs) > 0 {
+		fail(rw, fmt.Errorf("snapshot %s already exists on worker %s: give another tag: %w", req.Tag, hs[0].URL, errdefs.ErrAlreadyExists))
+		return
+	}
+	hs := holders(req.Snapshot)
+	if len(hs) == 0 && req.Snapshot != "" && req.Tag != "" {
+		fail(rw, fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", req.Snapshot, errdefs.ErrNotFound))
+		return
+	}
+	n := g.pick(hs)
+	if n == nil {
+		fail(rw, fmt.Errorf("no worker of the fleet is up (dsec node ls): %w", errdefs.ErrUnavailable))
+		return
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	g.relayTo(n, rw, r)
+}
+
+// pick is the first of ns, else any worker up (one that answers a bad
+// request as a worker does); nil: none is up.
+func (g *Gateway) pick(ns []*node) *node {
+	if len(ns) > 0 {
+		return ns[0]
+	}
+	for _, n := range g.all() {
+		if n.isUp() {
+			return n
+		}
+	}
+	return nil
+}

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -65,6 +69,7 @@ patches:
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: %q}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--heartbeat=1s"}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--e2b-listen=0.0.0.0:3000"}
 `, base, roots, kubetest.HostIP)
 	if err := os.WriteFile(filepath.Join(c.Dir, "overlay", "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
 		t.Fatal(err)
@@ -221,6 +226,21 @@ patches:
 		out, _ := c.Kubectl("-n", "dsec", "get", "sandboxpolicy/quiet", "sandboxpool/warm", "-o", "jsonpath={.items[*].status.applied}")
 		return out == "true true"
 	})
+	// A SandboxTemplate is a template ID of every replica's E2B front.
+	for _, ip := range gwIPs {
+		var id string
+		c.WaitFor(time.Minute, "an E2B sandbox of the template bb through "+ip, func() bool {
+			id, err = e2bCreate(ip+":3000", gatewayToken, filepath.Join(certs, auth.CAFile), "bb")
+			return err == nil
+		})
+		info, err := gw.Sandbox(id).Inspect(ctx)
+		if err != nil || info.Memory != 64<<20 || strings.Join(info.Layers, ",") != "ws:1,bb:1" {
+			t.Errorf("the E2B sandbox of the template bb: %+v %v", info, err)
+		}
+		if err := gw.Sandbox(id).Remove(ctx, true); err != nil {
+			t.Error(err)
+		}
+	}
 	// One replica applies them, the Lease's holder; once its pod goes
 	// the other takes the Lease and applies what changes next.
 	holder := func() string {
@@ -451,6 +471,35 @@ kind: SandboxPool
 metadata: {name: bad, namespace: dsec}
 spec: {template: bb, size: -1}
 `
+
+// e2bCreate creates a sandbox of template through the E2B front at addr
+// (TLS, checked against ca), as the E2B SDKs do, and says its ID.
+func e2bCreate(addr, key, ca, template string) (string, error) {
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return "", err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "dsec-worker"}}}
+	req, _ := http.NewRequest("POST", "https://"+addr+"/sandboxes", strings.NewReader(`{"templateID":"`+template+`"}`))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		SandboxID string `json:"sandboxID"`
+		Message   string `json:"message"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != http.StatusCreated || out.SandboxID == "" {
+		return "", fmt.Errorf("E2B create of %s: %s: %s", template, resp.Status, out.Message)
+	}
+	return out.SandboxID, nil
+}
 
 func newToken() string {
 	b := make([]byte, 20)

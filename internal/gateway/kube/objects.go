@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -55,8 +56,10 @@ var (
 // fleet (the gateway's Gateway.ActAs, as its admin), until ctx ends: a
 // policy stored on every worker, a pool (of a template) sized across
 // the fleet; each removed from the fleet with its object. Each object's
-// status says whether it holds on every worker.
-func Objects(ctx context.Context, cfg Config, fleet http.Handler, log *slog.Logger) error {
+// status says whether it holds on every worker. templates, if any, is
+// told every SandboxTemplate (its name: its spec) at each change, on
+// every replica (the E2B front's template IDs).
+func Objects(ctx context.Context, cfg Config, fleet http.Handler, log *slog.Logger, templates func(map[string]api.SandboxSpec)) error {
 	rc, ns, _, err := connect(cfg)
 	if err != nil {
 		return err
@@ -99,7 +102,63 @@ func Objects(ctx context.Context, cfg Config, fleet http.Handler, log *slog.Logg
 		Watches(object(templateKind), poolsOf).Complete(reconcile.Func(a.pool)); err != nil {
 		return err
 	}
+	if templates != nil {
+		every := false // (not the Lease holder's alone: each replica's front takes them)
+		tl := &templateList{c: mgr.GetClient(), ns: ns, found: templates, log: log}
+		if err := ctrl.NewControllerManagedBy(mgr).Named("sandboxtemplate").For(object(templateKind)).
+			WithOptions(controller.Options{NeedLeaderElection: &every}).Complete(reconcile.Func(tl.list)); err != nil {
+			return err
+		}
+	}
 	return mgr.Start(ctx)
+}
+
+// templateList tells found every SandboxTemplate of ns.
+type templateList struct {
+	c     client.Client
+	ns    string
+	found func(map[string]api.SandboxSpec)
+	log   *slog.Logger
+}
+
+// list tells tl.found every template as of now: one whose spec is no
+// sandbox spec is left out, and logged.
+func (tl *templateList) list(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(templateKind.GroupVersion().WithKind("SandboxTemplateList"))
+	if err := tl.c.List(ctx, list, client.InNamespace(tl.ns)); err != nil {
+		return reconcile.Result{}, err
+	}
+	out := map[string]api.SandboxSpec{}
+	for _, t := range list.Items {
+		if !t.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		spec, err := templateSpec(&t)
+		if err != nil {
+			tl.log.Warn("a SandboxTemplate is no sandbox spec: left out", "template", t.GetName(), "err", err)
+			continue
+		}
+		out[t.GetName()] = spec
+	}
+	tl.found(out)
+	return reconcile.Result{}, nil
+}
+
+// templateSpec is t's spec as a sandbox's.
+func templateSpec(t *unstructured.Unstructured) (api.SandboxSpec, error) {
+	spec, _, _ := unstructured.NestedMap(t.Object, "spec")
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return api.SandboxSpec{}, err
+	}
+	var s api.SandboxSpec
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return api.SandboxSpec{}, err
+	}
+	return s, nil
 }
 
 func object(k schema.GroupVersionKind) *unstructured.Unstructured {
@@ -138,13 +197,8 @@ func (a *applier) pool(ctx context.Context, req reconcile.Request) (reconcile.Re
 		if err := a.c.Get(ctx, types.NamespacedName{Namespace: u.GetNamespace(), Name: name}, t); err != nil {
 			return nil, fmt.Errorf("its template %s: %w", name, err)
 		}
-		spec, _, _ := unstructured.NestedMap(t.Object, "spec")
-		b, err := json.Marshal(spec)
+		s, err := templateSpec(t)
 		if err != nil {
-			return nil, err
-		}
-		var s api.SandboxSpec
-		if err := json.Unmarshal(b, &s); err != nil {
 			return nil, fmt.Errorf("its template %s: %v", name, err)
 		}
 		return json.Marshal(api.PoolSpec{Size: int(size), Spec: &s})

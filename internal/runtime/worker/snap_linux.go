@@ -42,12 +42,8 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
-	if w.cfg.PublishSnapshots && w.mounter.Remote != nil {
-		// A tag is the fleet's: one another worker published (or this
-		// one, of a snapshot removed since) names that snapshot still.
-		if err := remoteFree(r.Context(), w.mounter.Remote, ref); err != nil {
-			return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %s: %w", sc.show(ref.String()), err)
-		}
+	if err := w.publishable(r.Context(), ref); err != nil {
+		return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %s: %w", sc.show(ref.String()), err)
 	}
 	t := tenantOf(r.Context())
 	var quota int64 // what the tenant's snapshots may still take
@@ -84,15 +80,8 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
-	if w.cfg.PublishSnapshots && w.mounter.Remote != nil {
-		// Published before it is answered: once packed, any worker of the
-		// remote's branches it.
-		t0 := time.Now()
-		if _, err := remote.Copy(context.WithoutCancel(r.Context()), remote.Local(w.mounter.Store), w.mounter.Remote, ref, false, nil); err != nil {
-			return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but not published to %s (snap.publish): %v: %w",
-				sc.show(ref.String()), w.mounter.Remote, err, errdefs.ErrUnavailable)
-		}
-		w.log.Info("published snapshot", "snapshot", ref, "remote", w.mounter.Remote, "took", time.Since(t0))
+	if err := w.publish(r.Context(), ref); err != nil {
+		return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but %w", sc.show(ref.String()), err)
 	}
 	out := snapshotOf(p.Layer)
 	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
@@ -101,6 +90,32 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		out.Memory.PausedSeconds = p.Paused.Seconds()
 	}
 	return created[api.Snapshot]{sc.showSnapshot(out)}, nil
+}
+
+// publishable refuses a new snapshot's tag that the shared remote holds,
+// when the worker publishes its snapshots there (snap.publish): a tag
+// is the fleet's, and one another worker published (or this one, of a
+// snapshot removed since) names that snapshot still.
+func (w *worker) publishable(ctx context.Context, ref layer.Ref) error {
+	if !w.cfg.PublishSnapshots || w.mounter.Remote == nil {
+		return nil
+	}
+	return remoteFree(ctx, w.mounter.Remote, ref)
+}
+
+// publish pushes the snapshot ref, made here, to the shared remote when
+// the worker publishes its snapshots (snap.publish): before it is
+// answered, so that once made any worker of the remote branches it.
+func (w *worker) publish(ctx context.Context, ref layer.Ref) error {
+	if !w.cfg.PublishSnapshots || w.mounter.Remote == nil {
+		return nil
+	}
+	t0 := time.Now()
+	if _, err := remote.Copy(context.WithoutCancel(ctx), remote.Local(w.mounter.Store), w.mounter.Remote, ref, false, nil); err != nil {
+		return fmt.Errorf("not published to %s (snap.publish): %v: %w", w.mounter.Remote, err, errdefs.ErrUnavailable)
+	}
+	w.log.Info("published snapshot", "snapshot", ref, "remote", w.mounter.Remote, "took", time.Since(t0))
+	return nil
 }
 
 // packLimits are a pack-diff's bounds: the worker's (snap.max_*), which
@@ -387,6 +402,9 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
+	if err := w.publishable(r.Context(), to); err != nil {
+		return created[api.Snapshot]{}, fmt.Errorf("snapshot tag %s: %w", to, err)
+	}
 	// No collection while it reads the chain (a removal may untag a
 	// link of it meanwhile: its blobs stay).
 	unlock, err := w.mounter.Store.Writer()
@@ -406,6 +424,9 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 	out := snapshotOf(info)
 	out.Folded, out.Entries, out.Whiteouts, out.Bytes = n.Folded, n.Entries, n.Whiteouts, n.Bytes
 	w.log.Info("squashed", "snapshot", req.Snapshot, "to", info.Ref, "folded", n.Folded)
+	if err := w.publish(r.Context(), to); err != nil {
+		return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is squashed here, but %w", to, err)
+	}
 	return created[api.Snapshot]{out}, nil
 }
 
