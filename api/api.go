@@ -482,8 +482,11 @@ type Estimate struct {
 // Names instead; Release with no Holder drops only claims whose create
 // is over (a name removed is free at once).
 type ClaimRequest struct {
-	Names     []string `json:"names"`
-	Holder    string   `json:"holder,omitempty"`
+	Names  []string `json:"names"`
+	Holder string   `json:"holder,omitempty"`
+	// Holders, if any, are each name's holder, in place of Holder (a
+	// gateway settles many creates' claims at once).
+	Holders   []string `json:"holders,omitempty"`
 	TTLMillis int64    `json:"ttl_ms,omitempty"`
 	// Made: their creates are over (the sandboxes exist).
 	Made    bool `json:"made,omitempty"`

@@ -134,6 +134,18 @@ func TestGatewayReplicas(t *testing.T) {
 		t.Errorf("dup-0 made again at once: %v", err)
 	}
 
+	// Made, removed and made again at once, its claim not settled yet.
+	s.Name = "quick"
+	for i := range 3 {
+		sb, err := c1.Create(ctx, s)
+		if err != nil {
+			t.Fatalf("quick, made the %d. time at once after its removal: %v", i+1, err)
+		}
+		if err := sb.Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// A cordon is the worker's: the other gateway sees it.
 	if err := c1.Cordon(ctx, ws[0].url, true); err != nil {
 		t.Fatal(err)

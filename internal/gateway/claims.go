@@ -30,7 +30,17 @@ const (
 	claimRenew = 10 * time.Second
 	// claimAsk bounds a claim's round trip to a home.
 	claimAsk = 5 * time.Second
+	// settleEvery gathers the claims of creates made in a while into one
+	// request to each home (a burst settles in a few, not one each).
+	settleEvery = 100 * time.Millisecond
 )
+
+// settling are the claims of creates made, to settle on their homes.
+type settling struct {
+	mu        sync.Mutex
+	at        map[*node]*api.ClaimRequest // (Names and Holders)
+	scheduled bool
+}
 
 // homes orders the workers up for name, its home first: each worker's
 // weight is a hash of its URL and the name, the heaviest first, so that
@@ -170,7 +180,6 @@ func (c *claimed) done(made func(name string) bool) {
 		c.stop()
 		c.renew.Wait()
 	}
-	settle := max(3*c.g.cfg.Heartbeat, 10*time.Second)
 	for n, names := range c.at {
 		var kept, freed []string
 		for _, name := range names {
@@ -180,18 +189,77 @@ func (c *claimed) done(made func(name string) bool) {
 				freed = append(freed, name)
 			}
 		}
-		go func() { // (not the create's time: a lapse is harmless)
-			ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
-			defer cancel()
-			if len(kept) > 0 {
-				n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: kept, Holder: c.holder, Made: true, TTLMillis: settle.Milliseconds()}, nil)
-			}
-			if len(freed) > 0 {
+		if len(kept) > 0 {
+			c.g.settleLater(n, kept, c.holder)
+		}
+		if len(freed) > 0 {
+			go func() { // (not the create's time: a lapse is harmless)
+				ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
+				defer cancel()
 				n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: freed, Holder: c.holder, Release: true}, nil)
-			}
-		}()
+			}()
+		}
 	}
 	c.g.unmake(c.names)
+}
+
+// settleLater settles the claims of names, made, on their home n with
+// those of the other creates made within settleEvery: each kept a few
+// heartbeats, until every gateway's lists show its sandbox.
+func (g *Gateway) settleLater(n *node, names []string, holder string) {
+	s := &g.settling
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.at == nil {
+		s.at = map[*node]*api.ClaimRequest{}
+	}
+	req := s.at[n]
+	if req == nil {
+		req = &api.ClaimRequest{Made: true, TTLMillis: max(3*g.cfg.Heartbeat, 10*time.Second).Milliseconds()}
+		s.at[n] = req
+	}
+	for _, name := range names {
+		req.Names, req.Holders = append(req.Names, name), append(req.Holders, holder)
+	}
+	if !s.scheduled {
+		s.scheduled = true
+		time.AfterFunc(settleEvery, g.settle)
+	}
+}
+
+// settle sends the claims settleLater gathered.
+func (g *Gateway) settle() {
+	s := &g.settling
+	s.mu.Lock()
+	at := s.at
+	s.at, s.scheduled = nil, false
+	s.mu.Unlock()
+	for n, req := range at {
+		if len(req.Names) == 0 { // (all removed since: unsettled)
+			continue
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
+			defer cancel()
+			n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", req, nil)
+		}()
+	}
+}
+
+// unsettled takes name out of the claims settleLater gathers, and says
+// its holder ("": none there).
+func (g *Gateway) unsettled(name string) string {
+	s := &g.settling
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, req := range s.at {
+		if i := slices.Index(req.Names, name); i >= 0 {
+			holder := req.Holders[i]
+			req.Names, req.Holders = slices.Delete(req.Names, i, i+1), slices.Delete(req.Holders, i, i+1)
+			return holder
+		}
+	}
+	return ""
 }
 
 // release lets go of every name c took (a claim refused in part).
@@ -221,7 +289,9 @@ func (g *Gateway) freed(name string) {
 	if len(hs) == 0 {
 		return
 	}
+	// (Its claim not settled yet: let go as its holder's.)
+	holder := g.unsettled(name)
 	ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
 	defer cancel()
-	hs[0].send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: []string{name}, Release: true}, nil)
+	hs[0].send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: []string{name}, Holder: holder, Release: true}, nil)
 }

@@ -139,9 +139,8 @@ func written(rw http.ResponseWriter, what string, answers []answerOf, ok func(an
 
 // putPolicy stores a policy on every worker up.
 func (g *Gateway) putPolicy(rw http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+	body, ok := readBody(rw, r)
+	if !ok {
 		return
 	}
 	answers := g.toEach(r, http.MethodPut, r.URL.RequestURI(), func(*node) []byte { return body }, nil)

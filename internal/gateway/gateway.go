@@ -98,6 +98,7 @@ type Gateway struct {
 	next      int                       // the node a tie of placement goes to
 
 	onForget atomic.Pointer[func(id string)] // OnForget's
+	settling settling                        // (claims.go) the claims of creates made, to settle
 }
 
 // node is one worker, as the gateway knows it.
@@ -875,19 +876,29 @@ func (g *Gateway) node(name string) *node {
 // maxBody bounds a create's or call's body (a worker's bound too).
 const maxBody = 1 << 20
 
+// readBody reads r's body, maxBody at most; false: it is answered.
+func readBody(rw http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil || len(body) > maxBody {
+		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+		return nil, false
+	}
+	return body, true
+}
+
 // create places a sandbox: a name taken anywhere in the fleet is
 // refused as a worker refuses one it holds; else the workers in the
 // order of place, the next when one is busy (429) or does not answer.
 func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+	body, ok := readBody(rw, r)
+	if !ok {
 		return
 	}
 	var spec api.SandboxSpec
 	json.Unmarshal(body, &spec) // (a bad body is the worker's to refuse)
 	var only func(*node) bool
 	if spec.Snapshot != "" {
+		var err error
 		if only, err = g.snapshotTakers(r.Context(), tokenOf(r), spec.Snapshot); err != nil {
 			fail(rw, err)
 			return

@@ -37,25 +37,7 @@ func (g *Gateway) snapshotTakers(ctx context.Context, t *auth.Token, ref string)
 	if strings.HasPrefix(ref, "sha256:") {
 		return nil, nil // (by digest: every worker is asked as a create is)
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
-	defer cancel()
-	var mu sync.Mutex
-	var holders []*node
-	memory := false
-	g.eachUp(g.all(), func(_ int, n *node) {
-		var got []api.SnapshotNode
-		if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), t, &got) != nil {
-			return
-		}
-		for _, s := range got {
-			if s.Name == ref {
-				mu.Lock()
-				holders = append(holders, n)
-				memory = memory || s.MemoryBytes > 0
-				mu.Unlock()
-			}
-		}
-	})
+	holders, memory := g.holders(ctx, t, ref)
 	shares := func(n *node) bool {
 		n.mu.Lock()
 		defer n.mu.Unlock()
@@ -65,6 +47,29 @@ func (g *Gateway) snapshotTakers(ctx context.Context, t *auth.Token, ref string)
 		return nil, fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", ref, errdefs.ErrNotFound)
 	}
 	return func(n *node) bool { return slices.Contains(holders, n) || !memory && shares(n) }, nil
+}
+
+// holders are the workers up that hold the snapshot ref, as t (nil:
+// the admin) names it, and whether it is a memory snapshot.
+func (g *Gateway) holders(ctx context.Context, t *auth.Token, ref string) (hs []*node, memory bool) {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.DownAfter)
+	defer cancel()
+	var mu sync.Mutex
+	g.eachUp(g.all(), func(_ int, n *node) {
+		var got []api.SnapshotNode
+		if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), t, &got) != nil {
+			return
+		}
+		for _, s := range got {
+			if s.Name == ref {
+				mu.Lock()
+				hs = append(hs, n)
+				memory = memory || s.MemoryBytes > 0
+				mu.Unlock()
+			}
+		}
+	})
+	return hs, memory
 }
 
 // eachUp runs f for each worker of nodes up (i its index), all at
@@ -178,9 +183,8 @@ func (g *Gateway) removeSnapshot(rw http.ResponseWriter, r *http.Request) {
 // fleet's: without a prefix, numbered on from the last PREFIX-N any
 // worker holds.
 func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+	body, ok := readBody(rw, r)
+	if !ok {
 		return
 	}
 	var req api.BranchRequest
@@ -194,6 +198,7 @@ func (g *Gateway) branch(rw http.ResponseWriter, r *http.Request) {
 	}
 	t := tokenOf(r)
 	var only func(*node) bool
+	var err error
 	if req.Like != "" {
 		n := g.holderNamed(rw, r, req.Like)
 		if n == nil {
@@ -297,37 +302,22 @@ func (g *Gateway) nextBranch(prefix string) int {
 // publishes the new one, so that every worker of the shared remote
 // branches it).
 func (g *Gateway) squash(rw http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
-		fail(rw, fmt.Errorf("request body over %d KiB, or unread: %v: %w", maxBody>>10, err, errdefs.ErrOutOfRange))
+	body, ok := readBody(rw, r)
+	if !ok {
 		return
 	}
 	var req api.SquashRequest
 	json.Unmarshal(body, &req) // (a bad body is the worker's to refuse)
-	holders := func(ref string) []*node {
-		if ref == "" {
-			return nil
+	if req.Tag != "" {
+		if hs, _ := g.holders(r.Context(), nil, req.Tag); len(hs) > 0 {
+			fail(rw, fmt.Errorf("snapshot %s already exists on worker %s: give another tag: %w", req.Tag, hs[0].URL, errdefs.ErrAlreadyExists))
+			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.DownAfter)
-		defer cancel()
-		var mu sync.Mutex
-		var out []*node
-		g.eachUp(g.all(), func(_ int, n *node) {
-			var got []api.SnapshotNode
-			if n.get(ctx, "/"+api.Version+"/snapshots?name="+url.QueryEscape(ref), nil, &got) == nil &&
-				slices.ContainsFunc(got, func(s api.SnapshotNode) bool { return s.Name == ref }) {
-				mu.Lock()
-				out = append(out, n)
-				mu.Unlock()
-			}
-		})
-		return out
 	}
-	if hs := holders(req.Tag); len(hs) > 0 {
-		fail(rw, fmt.Errorf("snapshot %s already exists on worker %s: give another tag: %w", req.Tag, hs[0].URL, errdefs.ErrAlreadyExists))
-		return
+	var hs []*node
+	if req.Snapshot != "" {
+		hs, _ = g.holders(r.Context(), nil, req.Snapshot)
 	}
-	hs := holders(req.Snapshot)
 	if len(hs) == 0 && req.Snapshot != "" && req.Tag != "" {
 		fail(rw, fmt.Errorf("no snapshot %s on any worker up (dsec snap ls lists them): %w", req.Snapshot, errdefs.ErrNotFound))
 		return

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -139,12 +140,34 @@ func Layers(t testing.TB, root string) {
 	os.MkdirAll(filepath.Join(ws, "work"), 0o755)
 	os.WriteFile(filepath.Join(ws, "work", "hello"), []byte("from the workspace\n"), 0o644)
 	for tag, src := range map[string]string{"bb:1": base, "ws:1": ws} {
+		// Every root's layers alike, whenever built (as a fleet's hosts
+		// get one layer from its remote): the trees' times fixed.
+		stamp(t, src)
 		ref, _ := layer.ParseRef(tag)
 		if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref}); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
+
+// stamp sets the times of everything under dir, links too, to one
+// instant.
+func stamp(t testing.TB, dir string) {
+	t.Helper()
+	at := []unix.Timespec{unix.NsecToTimespec(layerTime), unix.NsecToTimespec(layerTime)}
+	err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return unix.UtimesNanoAt(unix.AT_FDCWD, path, at, unix.AT_SYMLINK_NOFOLLOW)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// layerTime is the test layers' files' time (2026-01-01 UTC).
+const layerTime = 1767225600 * int64(time.Second)
 
 // Worker is a worker process a test started.
 type Worker struct {

@@ -62,8 +62,19 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 	if len(req.Names) == 0 || len(req.Names) > api.MaxClaims {
 		return none{}, fmt.Errorf("a claim names 1 to %d sandbox names, not %d: %w", api.MaxClaims, len(req.Names), errdefs.ErrInvalidArgument)
 	}
-	if req.Holder == "" && !req.Release {
-		return none{}, fmt.Errorf("a claim names its holder: %w", errdefs.ErrInvalidArgument)
+	if req.Holders != nil && len(req.Holders) != len(req.Names) {
+		return none{}, fmt.Errorf("a claim names %d holders for %d names: %w", len(req.Holders), len(req.Names), errdefs.ErrInvalidArgument)
+	}
+	holder := func(i int) string {
+		if req.Holders != nil {
+			return req.Holders[i]
+		}
+		return req.Holder
+	}
+	for i := range req.Names {
+		if holder(i) == "" && !req.Release {
+			return none{}, fmt.Errorf("a claim names its holder: %w", errdefs.ErrInvalidArgument)
+		}
 	}
 	now := time.Now()
 	w.mu.Lock()
@@ -74,16 +85,16 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 		}
 	}
 	if req.Release {
-		for _, name := range req.Names {
-			if c, ok := w.claims[name]; ok && (c.holder == req.Holder || req.Holder == "" && c.made) {
+		for i, name := range req.Names {
+			if c, ok := w.claims[name]; ok && (c.holder == holder(i) || holder(i) == "" && c.made) {
 				delete(w.claims, name)
 			}
 		}
 		return none{}, nil
 	}
-	for _, name := range req.Names {
+	for i, name := range req.Names {
 		c, ok := w.claims[name]
-		if ok && c.holder != req.Holder {
+		if ok && c.holder != holder(i) {
 			return none{}, fmt.Errorf("sandbox %s already exists, or is being made: give another name, or remove it first (dsec rm): %w", name, errdefs.ErrAlreadyExists)
 		}
 		if _, held := w.sandboxes[name]; held && !ok { // (a renewal's sandbox may be here: its create made it)
@@ -94,8 +105,8 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 	if w.claims == nil {
 		w.claims = map[string]claim{}
 	}
-	for _, name := range req.Names {
-		w.claims[name] = claim{holder: req.Holder, until: now.Add(ttl), made: req.Made}
+	for i, name := range req.Names {
+		w.claims[name] = claim{holder: holder(i), until: now.Add(ttl), made: req.Made}
 	}
 	return none{}, nil
 }
