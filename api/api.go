@@ -478,9 +478,10 @@ type Estimate struct {
 // worker that every gateway picks for that name (its home). Claims are
 // all of Names or none, held by Holder for TTLMillis (a create under
 // way renews its claim; one made keeps it a few heartbeats, until every
-// gateway's lists show the sandbox). Release drops Holder's claims of
-// Names instead; Release with no Holder drops only claims whose create
-// is over (a name removed is free at once).
+// gateway's lists show the sandbox: Made, name by name). Release drops
+// Holder's claims of Names instead; Release with no Holder drops their
+// claims whoever holds them (their sandboxes removed: a name removed is
+// free at once), and their holders' late settles are ignored.
 type ClaimRequest struct {
 	Names  []string `json:"names"`
 	Holder string   `json:"holder,omitempty"`

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -70,12 +71,15 @@ var hosts atomic.Int32
 
 // startHost starts a worker as a host of its own on this kernel: in a
 // network namespace of its own (linked to the test's by a veth pair of
-// its own, 10.253.N.1 here and 10.253.N.2 there, where it listens) and
+// its own, 10.P.N.1 here and 10.P.N.2 there, where it listens) and
 // a mount namespace of its own, on its own root, with cfg.
 func startHost(t testing.TB, cfg runtimetest.Config) *fleetWorker {
 	t.Helper()
+	// (Named by this process too: a run cut short leaves its own.)
 	n := hosts.Add(1)
-	ns, link, ip := fmt.Sprint("dsgw-h", n), fmt.Sprint("dsgwh", n), fmt.Sprintf("10.253.%d.2", n)
+	ns, link := fmt.Sprintf("dsgw%d-h%d", os.Getpid(), n), fmt.Sprintf("dsgw%dh%d", os.Getpid()%100000, n%1000)
+	sub := fmt.Sprintf("10.%d.%d", 240+os.Getpid()%8, n%256)
+	ip := sub + ".2"
 	sh := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -86,12 +90,12 @@ func startHost(t testing.TB, cfg runtimetest.Config) *fleetWorker {
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	sh("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", link).Run() })
-	sh("addr", "add", fmt.Sprintf("10.253.%d.1/30", n), "dev", link)
+	sh("addr", "add", sub+".1/30", "dev", link)
 	sh("link", "set", link, "up")
 	sh("-n", ns, "addr", "add", ip+"/30", "dev", "eth0")
 	sh("-n", ns, "link", "set", "eth0", "up")
 	sh("-n", ns, "link", "set", "lo", "up")
-	sh("-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.253.%d.1", n))
+	sh("-n", ns, "route", "add", "default", "via", sub+".1")
 	certs := t.TempDir()
 	if err := auth.MakeCerts(certs, []string{"localhost", ip}); err != nil {
 		t.Fatal(err)

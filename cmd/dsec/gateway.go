@@ -204,8 +204,17 @@ cordoned; their lists are the fleet's. A squash (an admin's) runs on a worker th
 					templates = front.SetTemplates // (a SandboxTemplate is a template ID)
 				}
 				go func() {
-					if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log, templates); err != nil && ctx.Err() == nil {
-						a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool) are not applied", "err", err)
+					// Again after it ends (its Lease lost to another
+					// replica, the API server gone a while): a replica
+					// stands for the Lease and lists templates for good.
+					for ctx.Err() == nil {
+						if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log, templates); err != nil && ctx.Err() == nil {
+							a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool): again in 5s", "err", err)
+						}
+						select {
+						case <-ctx.Done():
+						case <-time.After(5 * time.Second):
+						}
 					}
 				}()
 			}

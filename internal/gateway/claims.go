@@ -28,8 +28,11 @@ import (
 const (
 	claimTTL   = 30 * time.Second
 	claimRenew = 10 * time.Second
-	// claimAsk bounds a claim's round trip to a home.
+	// claimAsk bounds a claim's round trip to a home; freeAsk a removed
+	// name's (a removal's answer waits for it: a hung home costs it
+	// this much, and the name a settle's time at most).
 	claimAsk = 5 * time.Second
+	freeAsk  = time.Second
 	// settleEvery gathers the claims of creates made in a while into one
 	// request to each home (a burst settles in a few, not one each).
 	settleEvery = 100 * time.Millisecond
@@ -153,10 +156,10 @@ func (c *claimed) take(ctx context.Context) error {
 				switch {
 				case err == nil:
 					c.at[n] = append(c.at[n], names...)
-				case answered(err) && !errdefs.IsNotImplemented(err) && !errdefs.IsNotFound(err):
-					refused = err // (taken, or refused: the create's answer)
+				case errdefs.IsAlreadyExists(err) || errdefs.IsInvalidArgument(err):
+					refused = err // (taken, or a bad name: the create's answer)
 				default:
-					next = append(next, names...) // (silent, or an older worker: the next home)
+					next = append(next, names...) // (silent, busy, or an older worker: the next home)
 				}
 			})
 		}
@@ -235,31 +238,30 @@ func (g *Gateway) settle() {
 	s.at, s.scheduled = nil, false
 	s.mu.Unlock()
 	for n, req := range at {
-		if len(req.Names) == 0 { // (all removed since: unsettled)
-			continue
+		for len(req.Names) > 0 { // (in requests a worker takes)
+			k := min(len(req.Names), api.MaxClaims)
+			part := *req
+			part.Names, part.Holders = req.Names[:k], req.Holders[:k]
+			req.Names, req.Holders = req.Names[k:], req.Holders[k:]
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
+				defer cancel()
+				n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", part, nil)
+			}()
 		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
-			defer cancel()
-			n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", req, nil)
-		}()
 	}
 }
 
-// unsettled takes name out of the claims settleLater gathers, and says
-// its holder ("": none there).
-func (g *Gateway) unsettled(name string) string {
+// unsettled takes name out of the claims settleLater gathers.
+func (g *Gateway) unsettled(name string) {
 	s := &g.settling
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, req := range s.at {
 		if i := slices.Index(req.Names, name); i >= 0 {
-			holder := req.Holders[i]
 			req.Names, req.Holders = slices.Delete(req.Names, i, i+1), slices.Delete(req.Holders, i, i+1)
-			return holder
 		}
 	}
-	return ""
 }
 
 // release lets go of every name c took (a claim refused in part).
@@ -289,9 +291,8 @@ func (g *Gateway) freed(name string) {
 	if len(hs) == 0 {
 		return
 	}
-	// (Its claim not settled yet: let go as its holder's.)
-	holder := g.unsettled(name)
-	ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
+	g.unsettled(name)
+	ctx, cancel := context.WithTimeout(context.Background(), freeAsk)
 	defer cancel()
-	hs[0].send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: []string{name}, Holder: holder, Release: true}, nil)
+	hs[0].send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: []string{name}, Release: true}, nil)
 }

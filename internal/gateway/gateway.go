@@ -904,22 +904,26 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var made string
+	// made: the sandbox may stand (made, or its answer lost on the way:
+	// its claim is kept until the heartbeats say).
+	made := true
 	if spec.Name != "" {
 		c, err := g.claim(r.Context(), []string{spec.Name})
 		if err != nil {
 			fail(rw, err)
 			return
 		}
-		defer func() { c.done(func(name string) bool { return name == made }) }()
+		defer func() { c.done(func(string) bool { return made }) }()
 	}
 	last, n, settle, err := g.createOne(r.Context(), tokenOf(r), r.URL.RequestURI(), body, demandOf(spec, 1), only)
 	if err != nil {
+		made = errdefs.IsUnavailable(err) || r.Context().Err() != nil
 		fail(rw, err)
 		return
 	}
 	defer last.Body.Close()
 	if last.StatusCode != http.StatusCreated {
+		made = false
 		relay(rw, last)
 		return
 	}
@@ -934,7 +938,6 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 	json.Unmarshal(b, &sandbox)
 	settle(sandbox.Name)
 	g.made(n, sandbox)
-	made = sandbox.Name
 	answer(rw, http.StatusCreated, sb)
 }
 

@@ -145,7 +145,8 @@ func (tl *templateList) list(ctx context.Context, _ reconcile.Request) (reconcil
 	return reconcile.Result{}, nil
 }
 
-// templateSpec is t's spec as a sandbox's.
+// templateSpec is t's spec as a sandbox's (a field this gateway does
+// not know, a newer one's, left out).
 func templateSpec(t *unstructured.Unstructured) (api.SandboxSpec, error) {
 	spec, _, _ := unstructured.NestedMap(t.Object, "spec")
 	b, err := json.Marshal(spec)
@@ -153,12 +154,7 @@ func templateSpec(t *unstructured.Unstructured) (api.SandboxSpec, error) {
 		return api.SandboxSpec{}, err
 	}
 	var s api.SandboxSpec
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
-		return api.SandboxSpec{}, err
-	}
-	return s, nil
+	return s, json.Unmarshal(b, &s)
 }
 
 func object(k schema.GroupVersionKind) *unstructured.Unstructured {

@@ -406,6 +406,32 @@ func TestReclaimUnreclaimable(t *testing.T) {
 	}
 }
 
+// TestLimitBelowUnreclaimable: a memory limit below what a group holds
+// and the kernel cannot take back (a tmpfs's file, no swap) is refused
+// after the tries a busy host's reclaim is given, saying what the group
+// uses; the group keeps its limit.
+func TestLimitBelowUnreclaimable(t *testing.T) {
+	layertest.RequireRoot(t)
+	tmpfs := t.TempDir()
+	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, "size=128m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(tmpfs, unix.MNT_DETACH) })
+	t.Setenv("TMPDIR", tmpfs)
+	g, _, ch, _ := sandbox(t, cgroup.Limits{MemoryBytes: 256 << 20}, `dd if=/dev/zero of=/dev/shm/f bs=1M count=32 && sync`)
+	if r := <-ch; r.err != nil || r.code != 0 {
+		t.Fatalf("%v %d", r.err, r.code)
+	}
+	t0 := time.Now()
+	err := g.SetLimits(cgroup.Limits{MemoryBytes: 8 << 20})
+	if err == nil || !strings.Contains(err.Error(), "the group uses") || time.Since(t0) < 200*time.Millisecond {
+		t.Errorf("a limit of 8 MiB below 32 MiB of tmpfs: %v after %s, want refused after retries", err, time.Since(t0))
+	}
+	if m, _ := g.Limits(); m != 256<<20 {
+		t.Errorf("the limit after the refusal: %d, want 256 MiB", m)
+	}
+}
+
 // A v1 directory that will not go keeps the cgroup2 one, by which Open
 // finds the group for a second Remove; RemoveLeftover clears what a
 // Remove that did not keep it left.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -119,7 +120,7 @@ func limitMemoryV1(dir string, n int64) error {
 	const limit, memsw = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
 	v := strconv.FormatInt(n, 10)
 	if _, err := os.Stat(filepath.Join(dir, memsw)); errors.Is(err, os.ErrNotExist) {
-		return write(dir, limit, v)
+		return writeReclaiming(dir, limit, v)
 	}
 	cur, err := readInt(dir, limit)
 	if err != nil {
@@ -130,11 +131,30 @@ func limitMemoryV1(dir string, n int64) error {
 		order = []string{memsw, limit}
 	}
 	for _, f := range order {
-		if err := write(dir, f, v); err != nil {
+		if err := writeReclaiming(dir, f, v); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// writeReclaiming writes a v1 memory limit: one below the group's usage
+// has the kernel reclaim first, and it answers EBUSY when that did not
+// get below it in its few tries (page cache dirty or under writeback on
+// a busy host: a spare's group lowered to 32 MiB failed a create so), so
+// it is written again, a second at most, before that is the answer.
+func writeReclaiming(dir, file, v string) error {
+	var err error
+	for wait := time.Millisecond; ; wait *= 2 {
+		if err = write(dir, file, v); !errors.Is(err, unix.EBUSY) || wait > 256*time.Millisecond {
+			break
+		}
+		time.Sleep(wait)
+	}
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%w (the group uses %d bytes, and the kernel reclaimed too little of them)", err, readBytes(dir, "memory.usage_in_bytes"))
+	}
+	return err
 }
 
 func (hybrid) weight(w int64) (string, int64) { return "cpu.shares", max(2, w*1024/100) }

@@ -39,25 +39,27 @@ func (w *worker) cordon(_ *http.Request, req api.CordonRequest) (api.CordonReque
 	return req, durable.WriteFile(w.cordonFile(), nil, 0o600)
 }
 
-// claim is a name claimed here: by whom, until when, and whether its
-// create is over.
+// claim is a name claimed here: by whom, until when.
 type claim struct {
 	holder string
 	until  time.Time
-	made   bool
 }
 
 // The bounds of a claim's time: a create renews its claim well within
-// the most it may ask.
+// the most it may ask. A name released as its sandbox's removal is
+// remembered so long, its holder's late settle or renewal ignored.
 const (
 	claimTTL    = 30 * time.Second
 	maxClaimTTL = 10 * time.Minute
+	releasedFor = time.Minute
 )
 
-// claimNames claims names for a gateway's create, all or none, or
-// releases them (POST /v1/claims, an admin's): a name claimed by
-// another holder, or held by a sandbox here, is refused as a worker
-// refuses a name it holds.
+// claimNames claims names for gateways' creates (POST /v1/claims, an
+// admin's): a claim is all or none, a name claimed by another holder,
+// or held by a sandbox here, refused as a worker refuses a name it
+// holds; a settle (Made) keeps each name its holder still holds, name
+// by name; a release by a holder drops its claims, one by no holder
+// (a sandbox removed) whoever's they are.
 func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error) {
 	if len(req.Names) == 0 || len(req.Names) > api.MaxClaims {
 		return none{}, fmt.Errorf("a claim names 1 to %d sandbox names, not %d: %w", api.MaxClaims, len(req.Names), errdefs.ErrInvalidArgument)
@@ -84,10 +86,31 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 			delete(w.claims, name)
 		}
 	}
-	if req.Release {
+	for name, r := range w.released {
+		if now.After(r.until) {
+			delete(w.released, name)
+		}
+	}
+	if w.claims == nil {
+		w.claims, w.released = map[string]claim{}, map[string]claim{}
+	}
+	gone := func(i int) bool { r, ok := w.released[req.Names[i]]; return ok && r.holder == holder(i) }
+	ttl := min(cmpPositive(time.Duration(req.TTLMillis)*time.Millisecond, claimTTL), maxClaimTTL)
+	switch {
+	case req.Release:
 		for i, name := range req.Names {
-			if c, ok := w.claims[name]; ok && (c.holder == holder(i) || holder(i) == "" && c.made) {
+			if c, ok := w.claims[name]; ok && (c.holder == holder(i) || holder(i) == "") {
 				delete(w.claims, name)
+				if holder(i) == "" {
+					w.released[name] = claim{holder: c.holder, until: now.Add(releasedFor)}
+				}
+			}
+		}
+		return none{}, nil
+	case req.Made:
+		for i, name := range req.Names {
+			if c, ok := w.claims[name]; (!ok || c.holder == holder(i)) && !gone(i) {
+				w.claims[name] = claim{holder: holder(i), until: now.Add(ttl)}
 			}
 		}
 		return none{}, nil
@@ -97,16 +120,19 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 		if ok && c.holder != holder(i) {
 			return none{}, fmt.Errorf("sandbox %s already exists, or is being made: give another name, or remove it first (dsec rm): %w", name, errdefs.ErrAlreadyExists)
 		}
-		if _, held := w.sandboxes[name]; held && !ok { // (a renewal's sandbox may be here: its create made it)
+		// (A renewal's sandbox may be here: its create made it; one
+		// being discarded holds its name no longer, as a create here
+		// waits for it.)
+		if e, held := w.sandboxes[name]; held && e.gone == nil && !ok && !gone(i) {
 			return none{}, fmt.Errorf("sandbox %s already exists: give another name, or remove it first (dsec rm): %w", name, errdefs.ErrAlreadyExists)
 		}
 	}
-	ttl := min(cmpPositive(time.Duration(req.TTLMillis)*time.Millisecond, claimTTL), maxClaimTTL)
-	if w.claims == nil {
-		w.claims = map[string]claim{}
-	}
 	for i, name := range req.Names {
-		w.claims[name] = claim{holder: holder(i), until: now.Add(ttl), made: req.Made}
+		if gone(i) { // (a renewal of a create whose sandbox was removed)
+			continue
+		}
+		delete(w.released, name)
+		w.claims[name] = claim{holder: holder(i), until: now.Add(ttl)}
 	}
 	return none{}, nil
 }

@@ -81,8 +81,9 @@ type worker struct {
 	stopping  bool           // no more creates, no new pool: the worker is exiting
 	// frozen are the batch sandboxes the pressure loop froze.
 	frozen map[*runtime.Sandbox]bool
-	// claims are the names gateways claimed here (fleet_linux.go).
-	claims map[string]claim
+	// claims are the names gateways claimed here, released those let go
+	// as their sandboxes were removed (fleet_linux.go).
+	claims, released map[string]claim
 
 	tokens *auth.Store // the TCP API's (remote_linux.go)
 	// front is the E2B front, when one serves: it forgets a sandbox the
