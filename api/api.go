@@ -339,6 +339,24 @@ type Sandbox struct {
 	Execs int  `json:"execs"` // journaled execs
 	// VM is a microVM's machine (the microvm backend's sandboxes).
 	VM *VMInfo `json:"vm,omitempty"`
+	// E2B is what the worker's E2B front keeps of a sandbox its API
+	// made or touched (a gateway's front reads it here); nil: none.
+	E2B *E2BState `json:"e2b,omitempty"`
+}
+
+// E2BState is an E2B sandbox's state beside dsec's: its template ID and
+// metadata, when it started, and when its timeout passes (OnTimeout:
+// kill, or pause).
+type E2BState struct {
+	Template  string            `json:"template"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Started   time.Time         `json:"started"`
+	EndAt     time.Time         `json:"end_at"`
+	OnTimeout string            `json:"on_timeout,omitempty"`
+	// AccessToken is the sandbox's envd access token: only in the
+	// answer to the create that gave the worker its record (a
+	// gateway's front's, e2b.HeaderRecord).
+	AccessToken string `json:"access_token,omitempty"`
 }
 
 // VMInfo is what a microVM runs on: the accelerator (kvm, or tcg: QEMU's
@@ -551,6 +569,10 @@ type VersionInfo struct {
 	Capacity *Capacity `json:"capacity,omitempty"`
 	// Cordoned: gateways place no create here (PUT /v1/cordon).
 	Cordoned bool `json:"cordoned,omitempty"`
+	// TokenID is the ID of the token that asked (none: the socket): a
+	// gateway learns its admin token's on each worker, whose sandboxes
+	// it made as the admin name it as their owner.
+	TokenID string `json:"token_id,omitempty"`
 }
 
 // Capacity is what a worker's admission holds: the CPU and memory

@@ -645,7 +645,7 @@ func TestSandboxPorts(t *testing.T) {
 	defer gwAPI.Close()
 	inproc, stopInProc := e2b.InProcess(gctx, g.ActAs())
 	defer stopInProc()
-	front, err := e2b.New(e2b.Options{Transport: inproc, Dir: filepath.Join(gwRoot, "e2b"),
+	front, err := e2b.New(e2b.Options{Transport: inproc, Fleet: g,
 		Authorize: func(key string) (string, bool, error) {
 			tok, err := gw.Tokens.Check(key, time.Now())
 			return tok.ID, tok.Scope == auth.Admin, err

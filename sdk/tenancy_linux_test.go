@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
 	fspb "github.com/dsec-project/dsec/internal/e2b/envd/filesystem"
 	"github.com/dsec-project/dsec/internal/e2b/envd/filesystem/filesystemconnect"
 	pb "github.com/dsec-project/dsec/internal/e2b/envd/process"
@@ -549,6 +551,11 @@ func TestTenancy(t *testing.T) {
 			{"POST", "/v1/squash", `{"snapshot":"a-snap:1"}`},
 			{"PUT", "/v1/pools/p", `{"size":5}`},
 			{"PUT", "/v1/policies/stored", `{}`},
+			// A gateway's E2B front's relay: a tenant's key would be
+			// taken unchecked.
+			{"GET", "/v1/e2b/sandboxes/a-sb", ``},
+			{"POST", "/v1/e2b/sandboxes/a-sb/timeout", `{"timeout":1}`},
+			{"POST", "/v1/e2b/process.Process/List", `{}`},
 		} {
 			req, _ := http.NewRequest(r.method, "https://"+te.addr+r.path, strings.NewReader(r.body))
 			req.Header.Set("Authorization", "Bearer "+te.tokens["b"])
@@ -564,6 +571,29 @@ func TestTenancy(t *testing.T) {
 		}
 		if v, err := admin.Version(ctx); err != nil || v.Cordoned {
 			t.Errorf("the worker after b's cordon: %v %v", v.Cordoned, err)
+		}
+	})
+
+	t.Run("e2b record", func(t *testing.T) {
+		// A gateway's E2B front sends its creates' records; a tenant's
+		// create with one gets none (its sandbox no timeout another set,
+		// no access token).
+		rec := base64.RawURLEncoding.EncodeToString([]byte(`{"id":"b-rec","template":"t","started":"2026-01-01T00:00:00Z","end_at":"2026-01-01T00:00:01Z"}`))
+		req, _ := http.NewRequest("POST", "https://"+te.addr+"/v1/sandboxes", strings.NewReader(`{"name":"b-rec","layers":["bb:1"]}`))
+		req.Header.Set("Authorization", "Bearer "+te.tokens["b"])
+		req.Header.Set(e2b.HeaderRecord, rec)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sb api.Sandbox
+		json.NewDecoder(resp.Body).Decode(&sb)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || sb.E2B != nil {
+			t.Errorf("b's create with an E2B record: %s, its E2B state %+v: want 201 and none", resp.Status, sb.E2B)
+		}
+		if err := b.Sandbox("b-rec").Remove(ctx, true); err != nil {
+			t.Error(err)
 		}
 	})
 

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -67,9 +66,10 @@ it), dsec node drain waits for its sandboxes to go too.
 
 With --e2b-listen HOST:PORT (config e2b.listen, with e2b.templates, e2b.domain and e2b.http2 as
 dsec daemon takes them) it serves E2B's API for the fleet too: E2B_API_URL and E2B_SANDBOX_URL
-point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). Its
-records of E2B sandboxes (template, metadata, timeout) are kept under the gateway's root: run
-one gateway with --e2b-listen, and as many without it as you like.
+point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). It
+keeps no E2B state: each sandbox's (its record, timeout and commands) is kept by the E2B front
+of the worker that holds it, where every request about that sandbox is relayed, so any number
+of replicas serve E2B's API alike.
 
 On Kubernetes (deploy/kubernetes), --kubernetes-service NAMESPACE/NAME (config gateway.kubernetes.service,
 .port, .kubeconfig: default the pod's service account) finds the workers as that Service's endpoints, each
@@ -266,14 +266,16 @@ cordoned; their lists are the fleet's. A squash (an admin's) runs on a worker th
 
 // gatewayFront is the E2B front for the fleet g serves: it checks keys
 // against the gateway's tokens and calls g in process with the caller's
-// authority (g.ActAs); its records are under the gateway's root.
+// authority (g.ActAs); it keeps nothing of its own (each sandbox's E2B
+// state is its worker's front's, e2b.Fleet), so every replica serves
+// alike.
 func (a *app) gatewayFront(ctx context.Context, g *gateway.Gateway, tokens *auth.Store) (*e2b.Server, func(), error) {
 	templates, err := a.e2bTemplates()
 	if err != nil {
 		return nil, nil, err
 	}
 	transport, stop := e2b.InProcess(ctx, g.ActAs())
-	opts := e2b.Options{Transport: transport, Dir: filepath.Join(a.cfg.Root, "e2b"), Templates: templates,
+	front, err := e2b.New(e2b.Options{Transport: transport, Fleet: g, Templates: templates,
 		Domain: a.cfg.E2B.Domain, ImageKeys: a.cfg.E2B.ImageKeys, Log: a.log,
 		Authorize: func(key string) (string, bool, error) {
 			t, err := tokens.Check(key, time.Now())
@@ -282,22 +284,11 @@ func (a *app) gatewayFront(ctx context.Context, g *gateway.Gateway, tokens *auth
 		Live: func(id string) bool {
 			t, ok := tokens.Lookup(id)
 			return ok && !t.Expired(time.Now())
-		}}
-	if _, _, known := g.Lookup(""); known {
-		// (Records of sandboxes gone are dropped only when every worker
-		// has said what it holds.)
-		opts.Lookup = func(name string) (string, bool) {
-			id, ok, _ := g.Lookup(name)
-			return id, ok
-		}
-	}
-	front, err := e2b.New(opts)
+		}})
 	if err != nil {
 		stop()
 		return nil, nil, err
 	}
-	g.OnForget(front.Forget)
-	go front.Run(ctx)
 	return front, stop, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,24 +37,33 @@ const maxTimeout = 30 * 24 * time.Hour
 func (s *Server) controlRoutes() *http.ServeMux {
 	m := http.NewServeMux()
 	h := func(pattern string, fn func(rw http.ResponseWriter, r *http.Request, c *sdk.Client, who caller) error) {
+		// A route about one sandbox: on a gateway's front, its worker's.
+		one := strings.Contains(pattern, "/sandboxes/{id}")
 		m.HandleFunc(pattern, func(rw http.ResponseWriter, r *http.Request) {
-			key := r.Header.Get("X-API-KEY")
-			if key == "" { // the SDKs up to 2.39 with E2B_ACCESS_TOKEN
-				key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			who, ok := relayed(r.Context()) // (its key checked, its slot held)
+			if !ok {
+				key := r.Header.Get("X-API-KEY")
+				if key == "" { // the SDKs up to 2.39 with E2B_ACCESS_TOKEN
+					key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+				}
+				// The key first: nothing of a request without a valid
+				// one is read.
+				var err error
+				if who, err = s.authorize(key); err != nil {
+					refuse(rw, r, err)
+					return
+				}
+				release, err := s.hold(who)
+				if err != nil {
+					refuse(rw, r, err)
+					return
+				}
+				defer release()
 			}
-			// The key first: nothing of a request without a valid one
-			// is read.
-			who, err := s.authorize(key)
-			if err != nil {
-				refuse(rw, r, err)
+			if s.opts.Fleet != nil && one {
+				s.relay(rw, r, who) // the body read there, or on the way
 				return
 			}
-			release, err := s.hold(who)
-			if err != nil {
-				refuse(rw, r, err)
-				return
-			}
-			defer release()
 			r.Body = bounded(rw, r, maxControlBody)
 			if err := fn(rw, r.WithContext(withCaller(r.Context(), who)), s.as(who), who); err != nil {
 				writeError(rw, err)
@@ -185,10 +195,10 @@ type sandboxAnswer struct {
 	Domain             *string `json:"domain"`
 }
 
-func (s *Server) answer(rec record) sandboxAnswer {
+func (s *Server) answer(ctx context.Context, rec record) sandboxAnswer {
 	a := sandboxAnswer{TemplateID: rec.Template, SandboxID: rec.ID, EnvdVersion: EnvdVersion, EnvdAccessToken: s.accessToken(rec)}
-	if s.opts.Domain != "" {
-		a.Domain = &s.opts.Domain
+	if d := s.domain(ctx); d != "" {
+		a.Domain = &d
 	}
 	return a
 }
@@ -325,6 +335,9 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 		rec.OnTimeout, rec.PauseMemory = "pause", req.AutoPauseMemory == nil || *req.AutoPauseMemory
 	}
 	rec.AutoResume = req.AutoResume != nil && req.AutoResume.Enabled
+	if s.opts.Fleet != nil {
+		return s.createOnWorker(rw, ctx, c, spec, rec)
+	}
 	// The record first: a sandbox never runs without its timeout.
 	if err := s.records.put(rec); err != nil {
 		return err
@@ -342,9 +355,38 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	}
 	rec, _ = s.records.get(rec.ID)
 	s.opts.Log.Info("e2b: created a sandbox", "sandbox", rec.ID, "template", rec.Template, "timeout", timeout)
-	writeJSON(rw, http.StatusCreated, s.answer(rec))
+	writeJSON(rw, http.StatusCreated, s.answer(r.Context(), rec))
 	return nil
 }
+
+// createOnWorker is create's end on a gateway's front: the record goes
+// with the create to the worker it is placed on, which keeps it from
+// before the sandbox runs and answers its access token.
+func (s *Server) createOnWorker(rw http.ResponseWriter, ctx context.Context, c *sdk.Client, spec api.SandboxSpec, rec record) error {
+	b, _ := json.Marshal(rec)
+	sb, err := c.Create(context.WithValue(ctx, recordKey{}, base64.RawURLEncoding.EncodeToString(b)), spec)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("template %s not found: %w", rec.Template, err)
+		}
+		return err
+	}
+	st := sb.Info.E2B
+	if st == nil || st.AccessToken == "" {
+		// A worker that knew no E2B record: one older than its gateway.
+		sb.Remove(context.WithoutCancel(ctx), true)
+		return fmt.Errorf("worker %s keeps no E2B state (older than this gateway? upgrade it): %w", sb.Info.Node, errdefs.ErrNotImplemented)
+	}
+	a := s.answer(ctx, rec)
+	a.EnvdAccessToken = st.AccessToken
+	s.opts.Log.Info("e2b: created a sandbox", "sandbox", rec.ID, "template", rec.Template, "node", sb.Info.Node, "timeout", rec.EndAt.Sub(rec.Started))
+	writeJSON(rw, http.StatusCreated, a)
+	return nil
+}
+
+// recordKey marks a create a gateway's front sends with its record
+// (HeaderRecord).
+type recordKey struct{}
 
 // checkMetadata bounds what a record keeps.
 func checkMetadata(m map[string]string) error {
@@ -363,6 +405,10 @@ func checkMetadata(m map[string]string) error {
 func (s *Server) recordOf(sb api.Sandbox) record {
 	if rec, ok := s.records.get(sb.Name); ok && (rec.Sandbox == sb.ID || rec.Sandbox == "") {
 		return rec
+	}
+	if st := sb.E2B; st != nil { // its worker's front's (a gateway's front)
+		return record{ID: sb.Name, Sandbox: sb.ID, Owner: sb.Owner, Template: st.Template, Metadata: st.Metadata, Started: st.Started,
+			EndAt: st.EndAt, OnTimeout: st.OnTimeout}
 	}
 	tpl := sb.Snapshot
 	if tpl == "" && len(sb.Layers) > 0 {
@@ -530,8 +576,8 @@ func (s *Server) info(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ 
 	rec := s.recordOf(sb)
 	d := sandboxDetail{listedSandbox: s.listed(sb, rec), EnvdAccessToken: s.accessToken(rec),
 		Lifecycle: &lifecycle{OnTimeout: cmp.Or(rec.OnTimeout, "kill"), AutoResume: rec.AutoResume}}
-	if s.opts.Domain != "" {
-		d.Domain = &s.opts.Domain
+	if dom := s.domain(r.Context()); dom != "" {
+		d.Domain = &dom
 	}
 	writeJSON(rw, http.StatusOK, d)
 	return nil
@@ -745,7 +791,7 @@ func (s *Server) wakeAnswer(rw http.ResponseWriter, r *http.Request, c *sdk.Clie
 	if woke {
 		code = http.StatusCreated
 	}
-	writeJSON(rw, code, s.answer(rec))
+	writeJSON(rw, code, s.answer(r.Context(), rec))
 	return nil
 }
 

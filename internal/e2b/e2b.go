@@ -96,6 +96,9 @@ type Options struct {
 	// routes by headers to E2B_SANDBOX_URL).
 	Domain string
 	Log    *slog.Logger
+	// Fleet makes this a gateway's front, which keeps no records: each
+	// sandbox's are its worker's front's (fleet.go). Dir is not used.
+	Fleet Fleet
 }
 
 // The headers of the front's requests to the worker (Options.Transport).
@@ -125,18 +128,20 @@ func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	r, err := openRecords(opts.Dir)
-	if err != nil {
-		return nil, err
+	s := &Server{opts: opts, records: &records{m: map[string]*record{}}, procs: newProcTable()}
+	if opts.Fleet == nil {
+		r, err := openRecords(opts.Dir)
+		if err != nil {
+			return nil, err
+		}
+		if opts.Lookup != nil {
+			r.reconcile(opts.Lookup)
+		}
+		if s.key, err = envdKey(opts.Dir); err != nil {
+			return nil, err
+		}
+		s.records = r
 	}
-	if opts.Lookup != nil {
-		r.reconcile(opts.Lookup)
-	}
-	key, err := envdKey(opts.Dir)
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{opts: opts, records: r, procs: newProcTable(), key: key}
 	s.control = s.controlRoutes()
 	s.envd = s.envdAuth(s.envdRoutes())
 	return s, nil
@@ -191,6 +196,14 @@ func (s *Server) route(rw http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil || p <= 0 || p > 65535 {
 		writeError(rw, fmt.Errorf("bad E2b-Sandbox-Port %q: give a port number: %w", port, errdefs.ErrInvalidArgument))
+		return
+	}
+	if s.opts.Fleet != nil {
+		token := r.Header.Get("X-Access-Token")
+		if token == "" && p != EnvdPort {
+			token = r.Header.Get("E2b-Traffic-Access-Token")
+		}
+		s.relaySandbox(rw, r, id, strconv.Itoa(p), token)
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id))
@@ -281,6 +294,9 @@ func (a actAs) RoundTrip(r *http.Request) (*http.Response, error) {
 	if name, _ := r.Context().Value(templateKey{}).(string); name != "" {
 		r.Header.Set(HeaderTemplate, name)
 	}
+	if rec, _ := r.Context().Value(recordKey{}).(string); rec != "" && r.Method == http.MethodPost {
+		r.Header.Set(HeaderRecord, rec)
+	}
 	return a.base.RoundTrip(r)
 }
 
@@ -319,7 +335,7 @@ const envdPrefix = "envd_"
 // envd request. It opens that sandbox alone: never another, nor the
 // control plane ("": the sandbox's ID is not known yet).
 func (s *Server) accessToken(rec record) string {
-	if rec.Sandbox == "" {
+	if rec.Sandbox == "" || s.key == nil { // (a gateway's front: its workers' fronts know them)
 		return ""
 	}
 	m := hmac.New(sha256.New, s.key)
@@ -438,8 +454,12 @@ func writeJSON(rw http.ResponseWriter, code int, v any) {
 }
 
 // Run keeps the sandboxes' timeouts until ctx ends: one past its end is
-// removed, or paused where its lifecycle says so.
+// removed, or paused where its lifecycle says so. (A gateway's front
+// keeps none: the workers' fronts do.)
 func (s *Server) Run(ctx context.Context) {
+	if s.opts.Fleet != nil {
+		return
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {

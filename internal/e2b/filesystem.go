@@ -59,6 +59,14 @@ func (s *Server) envdAuth(next http.Handler) http.Handler {
 // admit lets a request for sandbox id in with token, holding a request
 // slot of its caller's (release it), or refuses it, unread.
 func (s *Server) admit(rw http.ResponseWriter, r *http.Request, id, token string) (caller, func(), bool) {
+	if via, ok := relayed(r.Context()); ok { // its slot held by the worker
+		who, err := s.relayedCaller(id, token, via)
+		if err != nil {
+			refuse(rw, r, err)
+			return caller{}, nil, false
+		}
+		return who, func() {}, true
+	}
 	who, err := s.envdCaller(id, token)
 	var release func()
 	if err == nil {
@@ -414,7 +422,7 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 			pr.Out.Host = "dsec-worker"
 			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
 			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
-				HeaderActAs, HeaderTemplate} {
+				HeaderActAs, HeaderTemplate, HeaderRecord, HeaderDomain, HeaderUser} {
 				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
 			}
 		},

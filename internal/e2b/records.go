@@ -214,6 +214,16 @@ func (r *records) put(rec record) error {
 	return r.write(&rec)
 }
 
+// putNew writes rec, a create's, unless its id has a record already.
+func (r *records) putNew(rec record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[rec.ID]; ok {
+		return fmt.Errorf("sandbox %s already has an E2B record: %w", rec.ID, errdefs.ErrAlreadyExists)
+	}
+	return r.write(&rec)
+}
+
 // update changes the record of id; errdefs.ErrNotFound if there is none.
 func (r *records) update(id string, fn func(*record)) error { return r.change(id, fn, true) }
 

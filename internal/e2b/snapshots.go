@@ -96,7 +96,7 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 			return err
 		}
 		rec, _ := s.records.get(sb.Name)
-		out[i].Sandbox = s.answer(rec)
+		out[i].Sandbox = s.answer(r.Context(), rec)
 	}
 	writeJSON(rw, http.StatusCreated, out)
 	return nil

@@ -97,8 +97,7 @@ type Gateway struct {
 	estimates map[estimateKey]estimated // (near.go) by worker, tenant and layers
 	next      int                       // the node a tie of placement goes to
 
-	onForget atomic.Pointer[func(id string)] // OnForget's
-	settling settling                        // (claims.go) the claims of creates made, to settle
+	settling settling // (claims.go) the claims of creates made, to settle
 }
 
 // node is one worker, as the gateway knows it.
@@ -255,7 +254,7 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 			// On the request as it leaves, after the headers its
 			// Connection names are gone: never the client's to drop.
 			n.authorize(pr.Out.Header, tokenOf(pr.In))
-			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && strings.Contains(pr.In.URL.Path, "/ports/") {
+			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && (strings.Contains(pr.In.URL.Path, "/ports/") || strings.HasPrefix(pr.In.URL.Path, e2bPrefix+"/")) {
 				pr.Out.Header.Set("X-Forwarded-Host", h) // (the Host a sandbox's server is asked for)
 			}
 		},
@@ -267,7 +266,11 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 				return n.refused()
 			}
 			if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
-				if name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/"); ok && !strings.Contains(name, "/") {
+				name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/")
+				if !ok { // E2B's kill, relayed to the worker's front
+					name, ok = strings.CutPrefix(r.URL.Path, e2bPrefix+"/sandboxes/")
+				}
+				if ok && !strings.Contains(name, "/") {
 					g.forget(n, name)
 					g.freed(name)
 				}
@@ -282,14 +285,18 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 			if r.ProtoMajor == 1 {
 				rw.Header().Set("Connection", "close")
 			}
+			answer := func(err error) { fail(rw, err) }
+			if f, ok := r.Context().Value(failKey{}).(func(error)); ok { // (an E2B front's relay: its own form)
+				answer = f
+			}
 			if errors.Is(err, errRefused) {
-				fail(rw, err)
+				answer(err)
 				return
 			}
 			if r.Context().Err() == nil { // (not the client's going)
 				g.lost(n, err)
 			}
-			fail(rw, n.unreachable(err))
+			answer(n.unreachable(err))
 		}}
 	return n, nil
 }
@@ -411,14 +418,6 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	if n.down {
 		g.cfg.Log.Info("a worker answers again", "worker", n.URL)
 	}
-	var gone []string
-	for _, s := range n.held {
-		// (One made through this gateway since the list was asked for
-		// is pending, not gone.)
-		if _, made := n.pending[s.Name]; !made && !slices.ContainsFunc(held, func(h api.Sandbox) bool { return h.ID == s.ID }) {
-			gone = append(gone, s.ID)
-		}
-	}
 	n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
 	n.cordoned = info.Cordoned
 	for name, p := range n.pending {
@@ -437,9 +436,6 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 		g.routes[s.Name] = n
 	}
 	g.mu.Unlock()
-	for _, id := range gone {
-		g.gone(id)
-	}
 }
 
 // answered says whether err is a worker's answer (a failure it said),
@@ -511,6 +507,7 @@ func (n *node) authorize(h http.Header, t *auth.Token) {
 	h.Del(auth.OnBehalfHeader)
 	h.Del(e2b.HeaderActAs) // (an E2B front's, never a client's to send on)
 	h.Del(e2b.HeaderTemplate)
+	h.Del(e2b.HeaderRecord)
 	if t != nil && t.Scope != auth.Admin {
 		h.Set(auth.OnBehalfHeader, auth.OnBehalf(*t))
 	}
@@ -685,8 +682,12 @@ func (g *Gateway) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 type tokenKey struct{}
 
 // templateKey marks a create whose spec is the E2B front's template of
-// that name: the gateway's configuration, not its caller's.
-type templateKey struct{}
+// that name: the gateway's configuration, not its caller's; recordKey
+// one the front sends with its record (e2b.HeaderRecord).
+type (
+	templateKey struct{}
+	recordKey   struct{}
+)
 
 // ActAs serves the fleet's API to an E2B front in this process
 // (e2b.InProcess): each request with the authority e2b.HeaderActAs
@@ -698,21 +699,16 @@ type templateKey struct{}
 func (g *Gateway) ActAs() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(e2b.HeaderActAs)
-		t := auth.Token{ID: id, Scope: auth.Sandboxes}
-		switch {
-		case id == "":
+		if id == "" {
 			answer(rw, http.StatusUnauthorized, api.Error{Class: api.ClassUnauthorized, Message: "unauthorized"})
 			return
-		case id == e2b.ActAsAdmin:
-			t = auth.Token{Scope: auth.Admin}
-		default:
-			if tok, ok := g.cfg.Tokens.Lookup(id); ok {
-				t = tok
-			}
 		}
-		ctx := context.WithValue(r.Context(), tokenKey{}, &t)
+		ctx := context.WithValue(r.Context(), tokenKey{}, g.actingAs(id))
 		if name := r.Header.Get(e2b.HeaderTemplate); name != "" {
 			ctx = context.WithValue(ctx, templateKey{}, name)
+		}
+		if rec := r.Header.Get(e2b.HeaderRecord); rec != "" {
+			ctx = context.WithValue(ctx, recordKey{}, rec)
 		}
 		g.mux.ServeHTTP(rw, r.WithContext(ctx))
 		// What a worker answered before it read all (a file past a full
@@ -722,35 +718,17 @@ func (g *Gateway) ActAs() http.Handler {
 	})
 }
 
-// Lookup is the ID of the sandbox named name, as its worker last listed
-// it; known is false while some worker has never answered (what it
-// holds is not known yet). For an E2B front's records (e2b.Options).
-func (g *Gateway) Lookup(name string) (id string, ok, known bool) {
-	known = true
-	for _, n := range g.all() {
-		n.mu.Lock()
-		if n.seen.IsZero() {
-			known = false
-		}
-		for _, s := range n.held {
-			if s.Name == name {
-				id, ok = s.ID, true
-			}
-		}
-		n.mu.Unlock()
+// actingAs is the token an E2B front acts as: the gateway's token of id
+// (a removed one's: its own sandboxes only, as scope sandboxes), or the
+// admin's (e2b.ActAsAdmin).
+func (g *Gateway) actingAs(id string) *auth.Token {
+	if id == e2b.ActAsAdmin {
+		return &auth.Token{Scope: auth.Admin}
 	}
-	return id, ok, known
-}
-
-// OnForget has f hear the ID of each sandbox gone from the fleet:
-// removed through the gateway, or no longer in its worker's list (an E2B
-// front's Forget).
-func (g *Gateway) OnForget(f func(id string)) { g.onForget.Store(&f) }
-
-func (g *Gateway) gone(id string) {
-	if f := g.onForget.Load(); f != nil && id != "" {
-		(*f)(id)
+	if t, ok := g.cfg.Tokens.Lookup(id); ok {
+		return &t
 	}
+	return &auth.Token{ID: id, Scope: auth.Sandboxes}
 }
 
 func tokenOf(r *http.Request) *auth.Token { return r.Context().Value(tokenKey{}).(*auth.Token) }
@@ -965,13 +943,6 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 // forget records that n removed the sandbox name: its name is free at
 // once, and its memory no longer counted.
 func (g *Gateway) forget(n *node, name string) {
-	n.mu.Lock()
-	var id string
-	if i := slices.IndexFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }); i >= 0 {
-		id = n.held[i].ID
-	}
-	n.mu.Unlock()
-	g.gone(id)
 	g.mu.Lock()
 	if g.routes[name] == n {
 		delete(g.routes, name)
@@ -1007,6 +978,9 @@ func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, bod
 		n.authorize(req.Header, t)
 		if name, _ := ctx.Value(templateKey{}).(string); name != "" && t.Scope != auth.Admin {
 			req.Header.Set(e2b.HeaderTemplate, name) // the admin's spec, vouched for as the worker's own front does
+		}
+		if rec, _ := ctx.Value(recordKey{}).(string); rec != "" {
+			req.Header.Set(e2b.HeaderRecord, rec) // the E2B front's record, for the worker's front to keep
 		}
 		resp, err := n.rt.RoundTrip(req)
 		if err != nil {
@@ -1282,12 +1256,20 @@ func (g *Gateway) holderUp(rw http.ResponseWriter, r *http.Request) *node {
 
 // holderNamed is holderUp of the sandbox name.
 func (g *Gateway) holderNamed(rw http.ResponseWriter, r *http.Request, name string) *node {
-	t := tokenOf(r)
+	n, err := g.holderOf(r.Context(), name, tokenOf(r))
+	if err != nil {
+		fail(rw, err)
+	}
+	return n
+}
+
+// holderOf is the worker up that holds the sandbox name, as t sees it:
+// else not found, or its worker down.
+func (g *Gateway) holderOf(ctx context.Context, name string, t *auth.Token) (*node, error) {
 	notFound := fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
-	n := g.holder(r.Context(), name, t)
+	n := g.holder(ctx, name, t)
 	if n == nil {
-		fail(rw, notFound)
-		return nil
+		return nil, notFound
 	}
 	n.mu.Lock()
 	down, err := n.down, n.err
@@ -1296,13 +1278,11 @@ func (g *Gateway) holderNamed(rw http.ResponseWriter, r *http.Request, name stri
 	n.mu.Unlock()
 	switch {
 	case down && !mine:
-		fail(rw, notFound)
-		return nil
+		return nil, notFound
 	case down:
-		fail(rw, fmt.Errorf("sandbox %s: %w", name, n.unreachable(err)))
-		return nil
+		return nil, fmt.Errorf("sandbox %s: %w", name, n.unreachable(err))
 	}
-	return n
+	return n, nil
 }
 
 // holder is the worker that holds the sandbox name: as the last

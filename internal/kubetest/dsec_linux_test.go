@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -226,19 +227,38 @@ patches:
 		out, _ := c.Kubectl("-n", "dsec", "get", "sandboxpolicy/quiet", "sandboxpool/warm", "-o", "jsonpath={.items[*].status.applied}")
 		return out == "true true"
 	})
-	// A SandboxTemplate is a template ID of every replica's E2B front.
-	for _, ip := range gwIPs {
-		var id string
+	// A SandboxTemplate is a template ID of every replica's E2B front,
+	// and an E2B sandbox is every replica's: made through one, a file
+	// written through it is read through the other, which sets its
+	// timeout and kills it.
+	ca := filepath.Join(certs, auth.CAFile)
+	for i, ip := range gwIPs {
+		other := gwIPs[1-i] + ":3000"
+		var id, access string
 		c.WaitFor(time.Minute, "an E2B sandbox of the template bb through "+ip, func() bool {
-			id, err = e2bCreate(ip+":3000", gatewayToken, filepath.Join(certs, auth.CAFile), "bb")
+			id, access, err = e2bCreate(ip+":3000", gatewayToken, ca, "bb")
 			return err == nil
 		})
 		info, err := gw.Sandbox(id).Inspect(ctx)
-		if err != nil || info.Memory != 64<<20 || strings.Join(info.Layers, ",") != "ws:1,bb:1" {
+		if err != nil || info.Memory != 64<<20 || strings.Join(info.Layers, ",") != "ws:1,bb:1" || info.E2B == nil || info.E2B.Template != "bb" {
 			t.Errorf("the E2B sandbox of the template bb: %+v %v", info, err)
 		}
-		if err := gw.Sandbox(id).Remove(ctx, true); err != nil {
-			t.Error(err)
+		envd := map[string]string{"E2b-Sandbox-Id": id, "X-Access-Token": access, "Content-Type": "application/octet-stream"}
+		if code, body, err := e2bDo(ip+":3000", ca, "POST", "/files?path=/tmp/made-by", envd, ip); err != nil || code != http.StatusOK {
+			t.Errorf("an E2B file write through %s: %d %s %v", ip, code, body, err)
+		}
+		if code, body, err := e2bDo(other, ca, "GET", "/files?path=/tmp/made-by", envd, ""); err != nil || code != http.StatusOK || body != ip {
+			t.Errorf("the file read through the other replica %s: %d %q %v, want %q", other, code, body, err, ip)
+		}
+		key := map[string]string{"X-Api-Key": gatewayToken, "Content-Type": "application/json"}
+		if code, body, err := e2bDo(other, ca, "POST", "/sandboxes/"+id+"/timeout", key, `{"timeout":600}`); err != nil || code != http.StatusNoContent {
+			t.Errorf("its timeout set through %s: %d %s %v", other, code, body, err)
+		}
+		if info, err := gw.Sandbox(id).Inspect(ctx); err != nil || info.E2B == nil || time.Until(info.E2B.EndAt) < 500*time.Second {
+			t.Errorf("its E2B state after the timeout was set: %+v %v", info.E2B, err)
+		}
+		if code, body, err := e2bDo(other, ca, "DELETE", "/sandboxes/"+id, key, ""); err != nil || code != http.StatusNoContent {
+			t.Errorf("killed through %s: %d %s %v", other, code, body, err)
 		}
 	}
 	// One replica applies them, the Lease's holder; once its pod goes
@@ -473,32 +493,47 @@ spec: {template: bb, size: -1}
 `
 
 // e2bCreate creates a sandbox of template through the E2B front at addr
-// (TLS, checked against ca), as the E2B SDKs do, and says its ID.
-func e2bCreate(addr, key, ca, template string) (string, error) {
+// (TLS, checked against ca), as the E2B SDKs do, and says its ID and
+// envd access token.
+func e2bCreate(addr, key, ca, template string) (id, access string, err error) {
+	code, body, err := e2bDo(addr, ca, "POST", "/sandboxes", map[string]string{"X-Api-Key": key, "Content-Type": "application/json"},
+		`{"templateID":"`+template+`"}`)
+	if err != nil {
+		return "", "", err
+	}
+	var out struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+		Message         string `json:"message"`
+	}
+	json.Unmarshal([]byte(body), &out)
+	if code != http.StatusCreated || out.SandboxID == "" || out.EnvdAccessToken == "" {
+		return "", "", fmt.Errorf("E2B create of %s: %d: %s", template, code, body)
+	}
+	return out.SandboxID, out.EnvdAccessToken, nil
+}
+
+// e2bDo sends a request to the E2B front at addr (TLS, checked against
+// ca) and says its answer.
+func e2bDo(addr, ca, method, path string, header map[string]string, body string) (int, string, error) {
 	pem, err := os.ReadFile(ca)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
 	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "dsec-worker"}}}
-	req, _ := http.NewRequest("POST", "https://"+addr+"/sandboxes", strings.NewReader(`{"templateID":"`+template+`"}`))
-	req.Header.Set("X-API-Key", key)
-	req.Header.Set("Content-Type", "application/json")
+	req, _ := http.NewRequest(method, "https://"+addr+path, strings.NewReader(body))
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
-	var out struct {
-		SandboxID string `json:"sandboxID"`
-		Message   string `json:"message"`
-	}
-	json.NewDecoder(resp.Body).Decode(&out)
-	if resp.StatusCode != http.StatusCreated || out.SandboxID == "" {
-		return "", fmt.Errorf("E2B create of %s: %s: %s", template, resp.Status, out.Message)
-	}
-	return out.SandboxID, nil
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b), err
 }
 
 func newToken() string {

@@ -154,14 +154,30 @@ func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 				fail(rw, err)
 				return
 			}
+			r = r.WithContext(context.WithValue(r.Context(), gatewayKey{}, true))
 			if r.Header.Get(e2b.HeaderTemplate) != "" {
 				// The gateway's E2B front's template: the admin's spec,
 				// made for its caller (as this worker's own front does).
 				r = r.WithContext(withTrusted(r.Context()))
 			}
 		}
+		if t.Scope != auth.Admin && r.Header.Get(auth.OnBehalfHeader) == "" {
+			r.Header.Del(e2b.HeaderRecord) // (an admin's alone to send)
+		}
 		w.serveAs(rw, r, next, l, &t)
 	})
+}
+
+// gatewayKey marks a request an admin's token made on behalf of another
+// (a gateway's, for its client).
+type gatewayKey struct{}
+
+// vouched says whether r came with the admin's token: over the socket,
+// the admin's own, or a gateway's on behalf of its client.
+func vouched(r *http.Request) bool {
+	t := tokenOf(r.Context())
+	via, _ := r.Context().Value(gatewayKey{}).(bool)
+	return t == nil || t.Scope == auth.Admin || via
 }
 
 func unauthorized(rw http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
@@ -51,11 +52,43 @@ func decode(r *http.Request, v any) error {
 
 func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
 	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+	if rec := r.Header.Get(e2b.HeaderRecord); rec != "" {
+		return w.createForE2B(r, spec, rec)
+	}
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
 		return created[api.Sandbox]{}, err
 	}
 	return created[api.Sandbox]{w.scopeOf(r.Context()).showSandbox(w.describe(sb))}, nil
+}
+
+// createForE2B is a create a gateway's E2B front sent with its record
+// (e2b.HeaderRecord): this worker's front keeps the record from before
+// the sandbox runs, and the answer holds its access token.
+func (w *worker) createForE2B(r *http.Request, spec api.SandboxSpec, rec string) (created[api.Sandbox], error) {
+	front := w.front.Load()
+	switch {
+	case !vouched(r):
+		return created[api.Sandbox]{}, fmt.Errorf("a token of scope %s cannot send an E2B record: use an admin token (a gateway's): %w", tokenOf(r.Context()).Scope, errdefs.ErrPermissionDenied)
+	case front == nil:
+		return created[api.Sandbox]{}, fmt.Errorf("this worker's E2B front is not started yet: try again: %w", errdefs.ErrUnavailable)
+	case spec.Name == "":
+		return created[api.Sandbox]{}, fmt.Errorf("a create with an E2B record must name its sandbox: %w", errdefs.ErrInvalidArgument)
+	}
+	var sb *runtime.Sandbox
+	st, err := front.Adopt(rec, spec.Name, ownerOf(r.Context()), func() (string, error) {
+		var err error
+		if sb, err = w.createSandbox(r.Context(), spec); err != nil {
+			return "", err
+		}
+		return sb.ID, nil
+	})
+	if err != nil {
+		return created[api.Sandbox]{}, err
+	}
+	out := w.scopeOf(r.Context()).showSandbox(w.describe(sb))
+	out.E2B = st
+	return created[api.Sandbox]{out}, nil
 }
 
 // limits are the cgroup limits of a sandbox made for spec: what it
@@ -366,6 +399,9 @@ func (w *worker) describeAs(sb *runtime.Sandbox, stats bool) api.Sandbox {
 	}
 	if st.IDs != nil {
 		out.HostID = st.IDs.Host
+	}
+	if f := w.front.Load(); f != nil && stats {
+		out.E2B = f.State(st.Name, st.ID)
 	}
 	return out
 }

@@ -86,8 +86,8 @@ type worker struct {
 	claims, released map[string]claim
 
 	tokens *auth.Store // the TCP API's (remote_linux.go)
-	// front is the E2B front, when one serves: it forgets a sandbox the
-	// worker removes.
+	// front is the E2B front (e2b_linux.go), once the worker serves: it
+	// forgets a sandbox the worker removes.
 	front atomic.Pointer[e2b.Server]
 }
 
@@ -258,10 +258,12 @@ func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, 
 	for _, l := range tcp {
 		go func() { errc <- remote.Serve(l) }()
 	}
+	front, stopFront, err := w.startFront(ctx, routes, lim)
+	if err != nil {
+		return nil, nil, err
+	}
 	if e2bListener != nil {
-		if err := w.serveE2B(ctx, e2bListener, routes, lim, errc); err != nil {
-			return nil, nil, err
-		}
+		w.serveE2B(ctx, e2bListener, front, errc)
 		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")
 	}
 	go func() { // off the first request's path
@@ -274,6 +276,7 @@ func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, 
 	return errc, func(ctx context.Context) {
 		srv.Shutdown(ctx)
 		remote.Shutdown(ctx)
+		stopFront()
 	}, nil
 }
 
@@ -438,6 +441,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/estimates", adminOnly("ask what a create would fetch", handle(w.estimate)))
 	mux.HandleFunc("POST /v1/claims", adminOnly("claim sandbox names for a fleet", handle(w.claimNames)))
 	mux.HandleFunc("PUT /v1/cordon", adminOnly("cordon the worker", handle(w.cordon)))
+	mux.HandleFunc("/v1/e2b/", w.e2bRelayed)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/policy", handle(w.applyPolicy))
 	mux.HandleFunc("GET /v1/policies", handle(w.policies))
 	mux.HandleFunc("GET /v1/policies/{name}", handle(w.getPolicy))
@@ -466,7 +470,7 @@ func apiError(err error) *api.Error {
 	return e
 }
 
-func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
+func (w *worker) version(r *http.Request, _ none) (api.VersionInfo, error) {
 	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
 	wp, wg := cgroup.Protected()
 	uppers, _ := disk.UppersSize(w.cfg.Root)
@@ -475,7 +479,8 @@ func (w *worker) version(*http.Request, none) (api.VersionInfo, error) {
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
 		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
-		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned()}, nil
+		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned(),
+		TokenID: ownerOf(r.Context())}, nil
 }
 
 // capacity is what the worker's admission holds now, and whether a

@@ -1,0 +1,175 @@
+package sdk_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/e2b"
+	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// TestGatewayE2BReplicas: two gateways of one worker (one set of tokens),
+// each with an E2B front that keeps nothing. A sandbox made through one
+// is every replica's: its files, its description, its list entry and
+// its timeout through the other; an access token opens its own sandbox
+// alone, and dies with its owner's token; another tenant's key sees
+// nothing. Its timeout is kept by the worker with no gateway running.
+func TestGatewayE2BReplicas(t *testing.T) {
+	ctx := context.Background()
+	fw := startFleetWorker(t)
+	tokens := t.TempDir()
+	base := map[string]api.SandboxSpec{"base": {Layers: []string{"ws:1", "bb:1"}}}
+	var fronts []*httptest.Server
+	for range 2 {
+		cfg := gateway.Config{Tokens: auth.Open(tokens), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond,
+			Workers: []gateway.Worker{{URL: fw.url, Token: fw.admin, CA: fw.ca}}}
+		g, err := gateway.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		g.Heartbeat(gctx)
+		go g.Run(gctx)
+		inproc, stop := e2b.InProcess(gctx, g.ActAs())
+		t.Cleanup(stop)
+		front, err := e2b.New(e2b.Options{Transport: inproc, Fleet: g, Templates: base,
+			Authorize: func(key string) (string, bool, error) {
+				tok, err := cfg.Tokens.Check(key, time.Now())
+				return tok.ID, tok.Scope == auth.Admin, err
+			},
+			Live: func(id string) bool { _, ok := cfg.Tokens.Lookup(id); return ok }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(front)
+		t.Cleanup(srv.Close)
+		fronts = append(fronts, srv)
+	}
+	one, two := fronts[0].URL, fronts[1].URL
+	store := auth.Open(tokens)
+	admin, _, _ := store.Create(auth.Admin, 0)
+	alice, aliceTok, _ := store.Create(auth.Sandboxes, 0)
+	bob, _, _ := store.Create(auth.Sandboxes, 0)
+
+	do := func(url, method, path string, header map[string]string, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	key := func(k string) map[string]string {
+		return map[string]string{"X-Api-Key": k, "Content-Type": "application/json"}
+	}
+	made := func(url, k string) (id, access string) {
+		t.Helper()
+		code, body := do(url, "POST", "/sandboxes", key(k), `{"templateID":"base","metadata":{"run":"r1"},"timeout":300}`)
+		var out struct{ SandboxID, EnvdAccessToken string }
+		json.Unmarshal([]byte(body), &out)
+		if code != http.StatusCreated || out.EnvdAccessToken == "" {
+			t.Fatalf("an E2B create: %d %s", code, body)
+		}
+		return out.SandboxID, out.EnvdAccessToken
+	}
+	envd := func(id, token string) map[string]string {
+		return map[string]string{"E2b-Sandbox-Id": id, "X-Access-Token": token, "Content-Type": "application/octet-stream"}
+	}
+	aID, aAccess := made(one, alice)
+	bID, bAccess := made(two, bob)
+	adID, adAccess := made(two, admin)
+	for _, f := range []struct{ id, access, text string }{{aID, aAccess, "alice"}, {bID, bAccess, "bob"}, {adID, adAccess, "admin"}} {
+		if code, body := do(one, "POST", "/files?path=/tmp/by", envd(f.id, f.access), f.text); code != http.StatusOK {
+			t.Fatalf("%s's file through the first replica: %d %s", f.text, code, body)
+		}
+	}
+	for _, c := range []struct {
+		what   string
+		url    string
+		method string
+		path   string
+		header map[string]string
+		body   string
+		code   int
+		want   string
+	}{
+		{"her file, with her access token, through the other replica", two, "GET", "/files?path=/tmp/by", envd(aID, aAccess), "", 200, "alice"},
+		{"her file, with her key", two, "GET", "/files?path=/tmp/by", envd(aID, alice), "", 200, "alice"},
+		{"her file, with bob's key", two, "GET", "/files?path=/tmp/by", envd(aID, bob), "", 404, ""},
+		{"her sandbox, with bob's access token", two, "GET", "/files?path=/tmp/by", envd(aID, bAccess), "", 401, ""},
+		{"bob's sandbox, with her access token", one, "GET", "/files?path=/tmp/by", envd(bID, aAccess), "", 401, ""},
+		{"bob's sandbox, with his access token", two, "GET", "/files?path=/tmp/by", envd(bID, bAccess), "", 200, "bob"},
+		{"the admin's sandbox, with its access token", two, "GET", "/files?path=/tmp/by", envd(adID, adAccess), "", 200, "admin"},
+		{"the admin's sandbox, with her access token", two, "GET", "/files?path=/tmp/by", envd(adID, aAccess), "", 401, ""},
+		{"the admin's sandbox, with her key", two, "GET", "/files?path=/tmp/by", envd(adID, alice), "", 404, ""},
+		{"a forged access token", two, "GET", "/files?path=/tmp/by", envd(aID, "envd_"+strings.Repeat("0", 64)), "", 401, ""},
+		{"her sandbox described through the other replica", two, "GET", "/sandboxes/" + aID, key(alice), "", 200, `"templateID":"base"`},
+		{"her sandbox, described to bob", two, "GET", "/sandboxes/" + aID, key(bob), "", 404, ""},
+		{"her sandboxes listed through the other replica", two, "GET", "/v2/sandboxes?metadata=run%3Dr1", key(alice), "", 200, aID},
+		{"her timeout set through the other replica", two, "POST", "/sandboxes/" + aID + "/timeout", key(alice), `{"timeout":900}`, 204, ""},
+		{"her timeout set by bob", one, "POST", "/sandboxes/" + aID + "/timeout", key(bob), `{"timeout":1}`, 404, ""},
+	} {
+		code, body := do(c.url, c.method, c.path, c.header, c.body)
+		if code != c.code || !strings.Contains(body, c.want) {
+			t.Errorf("%s: %d %q, want %d %q", c.what, code, body, c.code, c.want)
+		}
+	}
+	if code, body := do(two, "GET", "/v2/sandboxes", key(bob), ""); code != 200 || strings.Contains(body, aID) {
+		t.Errorf("bob's list: %d %s: holds alice's sandbox", code, body)
+	}
+	direct, err := sdk.New(sdk.Options{Host: fw.url, Token: fw.admin, TLSCA: fw.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := direct.Sandbox(aID).Inspect(ctx)
+	if err != nil || info.E2B == nil || info.E2B.Template != "base" || info.E2B.Metadata["run"] != "r1" || time.Until(info.E2B.EndAt) < 800*time.Second ||
+		info.E2B.AccessToken != "" {
+		t.Errorf("her sandbox as its worker describes it: %+v %v", info.E2B, err)
+	}
+	// Her token removed, her access token opens nothing.
+	if err := store.Remove(aliceTok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := do(two, "GET", "/files?path=/tmp/by", envd(aID, aAccess), ""); code != http.StatusUnauthorized {
+		t.Errorf("her access token after her token was removed: %d %s", code, body)
+	}
+	// Bob's timeout passes with no gateway running: his worker's front
+	// keeps it.
+	if code, body := do(one, "POST", "/sandboxes/"+bID+"/timeout", key(bob), `{"timeout":1}`); code != http.StatusNoContent {
+		t.Fatalf("bob's timeout: %d %s", code, body)
+	}
+	for _, f := range fronts {
+		f.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := direct.Sandbox(bID).Inspect(ctx); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("bob's sandbox outlived its timeout by 10 s with no gateway running")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, id := range []string{aID, adID} {
+		if err := direct.Sandbox(id).Remove(ctx, true); err != nil {
+			t.Error(err)
+		}
+	}
+}
