@@ -1,14 +1,19 @@
 package sdk_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
@@ -133,6 +138,37 @@ func TestGatewayE2BReplicas(t *testing.T) {
 	if code, body := do(two, "GET", "/v2/sandboxes", key(bob), ""); code != 200 || strings.Contains(body, aID) {
 		t.Errorf("bob's list: %d %s: holds alice's sandbox", code, body)
 	}
+	// Where a relay goes is its path's to say, never a header's that a
+	// proxy drops when Connection names it: a control route with a
+	// forged access token is refused, not served as the owner's.
+	for _, drop := range []string{"E2b-Sandbox-Id", "E2b-Sandbox-Id, E2b-Sandbox-Port, X-Access-Token"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(two, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /sandboxes/%s HTTP/1.1\r\nHost: x\r\nX-Access-Token: envd_x\r\nE2b-Sandbox-Id: %s\r\nConnection: %s\r\n\r\n", aID, aID, drop)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		if resp.StatusCode != http.StatusUnauthorized || strings.Contains(string(b), aAccess) {
+			t.Errorf("her description asked for with a forged access token, Connection: %s: %s %s", drop, resp.Status, b)
+		}
+	}
+	// A fork relayed to the worker counts in the forker's quota.
+	carol, _, _ := store.New(auth.Spec{Scope: auth.Sandboxes, Quota: auth.Quota{Sandboxes: 2}})
+	cID, _ := made(one, carol)
+	if code, body := do(two, "POST", "/sandboxes/"+cID+"/fork", key(carol), `{"count":2}`); code != http.StatusTooManyRequests || !strings.Contains(body, "quota") {
+		t.Errorf("two forks of a sandbox of a quota of two: %d %s", code, body)
+	}
+	if code, body := do(two, "POST", "/sandboxes/"+cID+"/fork", key(carol), `{"count":1}`); code != http.StatusCreated {
+		t.Errorf("one fork of a sandbox of a quota of two: %d %s", code, body)
+	}
+	if code, body := do(two, "GET", "/v2/sandboxes", key(carol), ""); code != 200 || strings.Count(body, `"sandboxID"`) != 2 {
+		t.Errorf("carol's list: %d %s, want her two sandboxes", code, body)
+	}
 	direct, err := sdk.New(sdk.Options{Host: fw.url, Token: fw.admin, TLSCA: fw.ca})
 	if err != nil {
 		t.Fatal(err)
@@ -171,5 +207,70 @@ func TestGatewayE2BReplicas(t *testing.T) {
 		if err := direct.Sandbox(id).Remove(ctx, true); err != nil {
 			t.Error(err)
 		}
+	}
+	all, _ := direct.List(ctx)
+	for _, sb := range all { // carol's
+		direct.Sandbox(sb.Name).Remove(ctx, true)
+	}
+}
+
+// TestGatewayQuotaFleetWide: a tenant's quota holds across the fleet,
+// not once per worker: with two sandboxes of a quota of three on one
+// worker and one on the other, a fourth is refused whichever worker it
+// would go to (before, each worker counted only its own).
+func TestGatewayQuotaFleetWide(t *testing.T) {
+	ctx := context.Background()
+	ws := []*fleetWorker{startFleetWorker(t), startFleetWorker(t)}
+	gwRoot := t.TempDir()
+	addr, _ := startGateway(t, gwRoot, ws)
+	admin := gatewayClient(t, gwRoot, addr, auth.Spec{Scope: auth.Admin})
+	alice := gatewayClient(t, gwRoot, addr, auth.Spec{Scope: auth.Sandboxes, Quota: auth.Quota{Sandboxes: 3, Memory: 256 << 20}})
+	spec := func(name string, mem int64) api.SandboxSpec {
+		return api.SandboxSpec{Name: name, Layers: []string{"ws:1", "bb:1"}, Memory: mem}
+	}
+	// Each worker in turn the only one open: two on the first, one on
+	// the second.
+	for i, name := range []string{"q0", "q1", "q2"} {
+		open, shut := ws[0], ws[1]
+		if i == 2 {
+			open, shut = ws[1], ws[0]
+		}
+		if err := admin.Cordon(ctx, shut.url, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Cordon(ctx, open.url, false); err != nil {
+			t.Fatal(err)
+		}
+		sb, err := alice.Create(ctx, spec(name, 64<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.Info.Node != open.url {
+			t.Fatalf("%s went to %s, not %s, the only worker open", name, sb.Info.Node, open.url)
+		}
+	}
+	// The second holds one of three: alone, it would take a fourth.
+	if _, err := alice.Create(ctx, spec("q3", 64<<20)); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("a fourth sandbox of a quota of three, on the worker that holds one: %v", err)
+	}
+	if err := admin.Cordon(ctx, ws[0].url, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.Create(ctx, spec("q3", 64<<20)); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("a fourth sandbox of a quota of three, either worker open: %v", err)
+	}
+	// Memory too, once one goes: with 128 MiB of a 256 MiB quota held,
+	// a sandbox of 192 MiB does not fit, one of 128 MiB does.
+	if err := alice.Sandbox("q0").Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.Create(ctx, spec("q4", 192<<20)); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("a sandbox of 192 MiB with 128 MiB of a 256 MiB memory quota held: %v", err)
+	}
+	if _, err := alice.Create(ctx, spec("q4", 128<<20)); err != nil {
+		t.Errorf("a sandbox of 128 MiB with 128 MiB of a 256 MiB memory quota held: %v", err)
+	}
+	for _, name := range []string{"q1", "q2", "q4"} {
+		alice.Sandbox(name).Remove(ctx, true)
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -185,3 +187,57 @@ func TestGatewayReplicas(t *testing.T) {
 		t.Errorf("a worker's shutdown through a gateway: %s %+v", resp.Status, e)
 	}
 }
+
+// TestClaimsOutliveTheWorker: the names gateways claim on a worker (the
+// names' home) are kept across its restart, stopped or killed with -9
+// once they were written: another holder's claim of one is refused by
+// the worker started again, and a new name is claimed as before.
+func TestClaimsOutliveTheWorker(t *testing.T) {
+	fw := startFleetWorker(t)
+	tlsConf, err := auth.ClientTLS(fw.ca, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConf}}
+	claim := func(name, holder string) int {
+		t.Helper()
+		b, _ := json.Marshal(api.ClaimRequest{Names: []string{name}, Holder: holder, TTLMillis: 60_000})
+		req, _ := http.NewRequest("POST", "https://"+strings.TrimPrefix(fw.url, "tcp://")+"/v1/claims", strings.NewReader(string(b)))
+		req.Header.Set("Authorization", "Bearer "+fw.admin)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 == 2 {
+			return http.StatusOK
+		}
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		name string
+		stop func()
+	}{
+		{"kept-stopped", func() { fw.w.Stop(t, false) }},
+		{"kept-killed", func() { time.Sleep(3 * claimsWritten); fw.w.Crash() }},
+	} {
+		if code := claim(c.name, "gateway-1"); code != http.StatusOK {
+			t.Fatalf("claim %s: %d", c.name, code)
+		}
+		c.stop()
+		fw.w = runtimetest.StartWorkerWith(t, fw.w.Root, fw.cfg)
+		if code := claim(c.name, "gateway-2"); code != http.StatusConflict {
+			t.Errorf("%s claimed by another once its worker restarted: %d, want 409", c.name, code)
+		}
+		if code := claim(c.name, "gateway-1"); code != http.StatusOK {
+			t.Errorf("%s renewed by its holder once its worker restarted: %d", c.name, code)
+		}
+		if code := claim(c.name+"-new", "gateway-2"); code != http.StatusOK {
+			t.Errorf("a new name claimed once its worker restarted: %d", code)
+		}
+	}
+}
+
+// claimsWritten is how often a worker writes its claims as they change.
+const claimsWritten = 200 * time.Millisecond

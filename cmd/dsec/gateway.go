@@ -55,8 +55,9 @@ gateway.tokens_file names, which replicas share: a Kubernetes Secret's); the
 gateway speaks to each worker with an admin token of that worker's (--worker-token), over
 TLS checked against --worker-ca (with --worker-cert and --worker-key for a worker that asks
 for a client certificate), and has the worker serve each request as its client's
-token: a token of scope sandboxes sees only its own sandboxes, on every worker. Quotas hold
-per worker.
+token: a token of scope sandboxes sees only its own sandboxes, on every worker. A token's
+quota holds across the fleet: each worker is told it less what the token's sandboxes hold on
+the others.
 
 A worker that does not answer for three heartbeats is down: its sandboxes are listed as
 unreachable, a request about one fails at once as an infrastructure failure (exit 9; 255
@@ -69,7 +70,8 @@ dsec daemon takes them) it serves E2B's API for the fleet too: E2B_API_URL and E
 point at it, E2B_API_KEY is a token of the gateway's (dsec token create --e2b on its root). It
 keeps no E2B state: each sandbox's (its record, timeout and commands) is kept by the E2B front
 of the worker that holds it, where every request about that sandbox is relayed, so any number
-of replicas serve E2B's API alike.
+of replicas serve E2B's API alike (give them one set of tokens, gateway.tokens_file, and one
+admin token per worker: the sandboxes the admin makes are that token's on the worker).
 
 On Kubernetes (deploy/kubernetes), --kubernetes-service NAMESPACE/NAME (config gateway.kubernetes.service,
 .port, .kubeconfig: default the pod's service account) finds the workers as that Service's endpoints, each

@@ -363,8 +363,14 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 // with the create to the worker it is placed on, which keeps it from
 // before the sandbox runs and answers its access token.
 func (s *Server) createOnWorker(rw http.ResponseWriter, ctx context.Context, c *sdk.Client, spec api.SandboxSpec, rec record) error {
+	rec.EnvVars = nil // (in the spec's env already)
 	b, _ := json.Marshal(rec)
-	sb, err := c.Create(context.WithValue(ctx, recordKey{}, base64.RawURLEncoding.EncodeToString(b)), spec)
+	raw := base64.RawURLEncoding.EncodeToString(b)
+	if len(raw) > maxRecordHeader {
+		return fmt.Errorf("metadata too large for a gateway to pass to its worker (the sandbox's record is %d bytes, up to %d KiB): send less: %w",
+			len(b), maxRecordHeader*3/4>>10, errdefs.ErrInvalidArgument)
+	}
+	sb, err := c.Create(context.WithValue(ctx, recordKey{}, raw), spec)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return fmt.Errorf("template %s not found: %w", rec.Template, err)
@@ -387,6 +393,10 @@ func (s *Server) createOnWorker(rw http.ResponseWriter, ctx context.Context, c *
 // recordKey marks a create a gateway's front sends with its record
 // (HeaderRecord).
 type recordKey struct{}
+
+// maxRecordHeader bounds a HeaderRecord: a worker reads at most 64 KiB
+// of a request's headers.
+const maxRecordHeader = 40 << 10
 
 // checkMetadata bounds what a record keeps.
 func checkMetadata(m map[string]string) error {

@@ -107,6 +107,11 @@ const (
 	// or ActAsAdmin (what the worker's own socket made: the admin's).
 	HeaderActAs = "Dsec-Act-As"
 	ActAsAdmin  = "admin"
+	// HeaderActAsToken carries, with HeaderActAs, the token itself as a
+	// gateway vouched for it (auth.OnBehalf's encoding), for a request
+	// it relayed: the worker serves it with that token's quota and
+	// allowances.
+	HeaderActAsToken = "Dsec-Act-As-Token"
 	// HeaderTemplate marks a create whose spec is the config's template
 	// of that name (the admin's, not the caller's).
 	HeaderTemplate = "Dsec-Template"
@@ -198,12 +203,19 @@ func (s *Server) route(rw http.ResponseWriter, r *http.Request) {
 		writeError(rw, fmt.Errorf("bad E2b-Sandbox-Port %q: give a port number: %w", port, errdefs.ErrInvalidArgument))
 		return
 	}
+	s.toSandbox(rw, r, id, p)
+}
+
+// toSandbox serves a request to sandbox id's port p (envd's, or a
+// server's), or, on a gateway's front, relays it to the sandbox's
+// worker.
+func (s *Server) toSandbox(rw http.ResponseWriter, r *http.Request, id string, p int) {
 	if s.opts.Fleet != nil {
 		token := r.Header.Get("X-Access-Token")
 		if token == "" && p != EnvdPort {
 			token = r.Header.Get("E2b-Traffic-Access-Token")
 		}
-		s.relaySandbox(rw, r, id, strconv.Itoa(p), token)
+		s.relaySandbox(rw, r, id, p, token)
 		return
 	}
 	r = r.WithContext(context.WithValue(r.Context(), sandboxKey{}, id))
@@ -238,10 +250,16 @@ func hostRoute(host string) (id, port string) {
 
 // caller is who a request comes from, once its key or access token
 // was checked: a token's ID ("": the worker's own socket's, the admin,
-// which only a record made over it has as its owner).
+// which only a record made over it has as its owner). token is the
+// token itself as a gateway vouched for it (auth.OnBehalf's: its scope,
+// quota and allowances), on a request it relayed.
 type caller struct {
 	id    string
 	admin bool
+	token string
+	// byAccess: a relayed request whose caller is the sandbox's owner
+	// for its access token, which must then be valid here.
+	byAccess bool
 }
 
 // as is the worker's API with who's authority.
@@ -250,14 +268,15 @@ func (s *Server) as(who caller) *sdk.Client {
 	if id == "" {
 		id = ActAsAdmin
 	}
-	c, _ := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: "in-process", Transport: actAs{s.opts.Transport, id}})
+	c, _ := sdk.New(sdk.Options{Host: "tcp://dsec-worker:0", Token: "in-process", Transport: actAs{s.opts.Transport, id, who.token}})
 	return c
 }
 
 // actAs adds the front's headers to a request to the worker.
 type actAs struct {
-	base http.RoundTripper
-	id   string
+	base  http.RoundTripper
+	id    string
+	token string
 }
 
 type templateKey struct{}
@@ -290,6 +309,10 @@ func withTemplate(ctx context.Context, name string) context.Context {
 func (a actAs) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set(HeaderActAs, a.id)
+	r.Header.Del(HeaderActAsToken)
+	if a.token != "" {
+		r.Header.Set(HeaderActAsToken, a.token)
+	}
 	r.Header.Del("Authorization")
 	if name, _ := r.Context().Value(templateKey{}).(string); name != "" {
 		r.Header.Set(HeaderTemplate, name)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"path"
 	"strconv"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 	"github.com/containerd/errdefs"
@@ -212,9 +213,10 @@ func (s *Server) writeFiles(rw http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		}
-		lr := &io.LimitedReader{R: body, N: maxUpload + 1}
+		lr := &limitReader{r: body}
+		lr.left.Store(maxUpload + 1)
 		err = sb.WriteFile(r.Context(), p, lr, 0o644)
-		if lr.N <= 0 {
+		if lr.left.Load() <= 0 {
 			return fmt.Errorf("%s: a file over %d bytes: write it in parts: %w", p, int64(maxUpload), errdefs.ErrOutOfRange)
 		}
 		if err != nil {
@@ -414,7 +416,7 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	defer release()
-	p := &httputil.ReverseProxy{Transport: actAs{s.opts.Transport, cmp.Or(who.id, ActAsAdmin)}, FlushInterval: -1,
+	p := &httputil.ReverseProxy{Transport: actAs{s.opts.Transport, cmp.Or(who.id, ActAsAdmin), who.token}, FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL = &url.URL{Scheme: "http", Host: "dsec-worker",
 				Path:     "/" + api.Version + "/sandboxes/" + url.PathEscape(id) + "/ports/" + strconv.Itoa(port) + pr.In.URL.Path,
@@ -422,7 +424,7 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 			pr.Out.Host = "dsec-worker"
 			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
 			for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key", "E2b-Sandbox-Id", "E2b-Sandbox-Port",
-				HeaderActAs, HeaderTemplate, HeaderRecord, HeaderDomain, HeaderUser} {
+				HeaderActAs, HeaderActAsToken, HeaderTemplate, HeaderRecord, HeaderDomain, HeaderUser} {
 				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
 			}
 		},
@@ -430,4 +432,25 @@ func (s *Server) proxy(rw http.ResponseWriter, r *http.Request, id string, port 
 			writeError(rw, fmt.Errorf("sandbox %s port %d: %v: %w", id, port, err, errdefs.ErrUnavailable))
 		}}
 	p.ServeHTTP(rw, r)
+}
+
+// limitReader is io.LimitedReader whose bound may be read while another
+// goroutine reads it: a worker that answered early (a disk full) has
+// its transport still reading the upload after WriteFile returned.
+type limitReader struct {
+	r    io.Reader
+	left atomic.Int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	left := l.left.Load()
+	if left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > left {
+		p = p[:left]
+	}
+	n, err := l.r.Read(p)
+	l.left.Add(-int64(n))
+	return n, err
 }

@@ -43,14 +43,35 @@ const HeaderDomain = "Dsec-E2b-Domain"
 
 // Fleet is what a gateway's front needs of its gateway.
 type Fleet interface {
-	// Relay sends r, a request about sandbox name, to the E2B front of
-	// the worker that holds it (Server.Relayed there) with the authority
-	// of the token of id (ActAsAdmin: the admin's); fail answers what
-	// keeps it from getting there.
-	Relay(rw http.ResponseWriter, r *http.Request, name, id string, fail func(error))
+	// Relay sends r to the E2B front of the worker that holds the
+	// sandbox to names (Server.Relayed there), streaming both ways; fail
+	// answers what keeps it from getting there.
+	Relay(rw http.ResponseWriter, r *http.Request, to RelayTo, fail func(error))
 	// Owner is whom a request with sandbox name's access token acts
 	// as: the ID of the token that owns it, or ActAsAdmin.
 	Owner(ctx context.Context, name string) (string, error)
+}
+
+// RelayTo says where a gateway relays a request and with what. What
+// decides where it goes and whose it is travels in its path (the
+// worker's routes /v1/e2b/control/PATH, /v1/e2b/sandbox/NAME/PORT/PATH,
+// /v1/e2b/token/NAME/PORT/PATH), or is set as it leaves, never left in
+// a header the client sent: a proxy drops any header the client names
+// in Connection.
+type RelayTo struct {
+	Sandbox string // its name
+	// Port is the sandbox's port (envd's, or a server's); 0: the
+	// control route r's path names.
+	Port int
+	// As is the ID of the token whose authority the request has (its
+	// quota and allowances with it), or ActAsAdmin.
+	As string
+	// Access is the sandbox's access token the caller came with,
+	// checked by the worker's front ("": the caller's key, checked by
+	// the gateway).
+	Access string
+	// Header is set on the request as it leaves.
+	Header http.Header
 }
 
 type relayKey struct{}
@@ -61,26 +82,45 @@ func relayed(ctx context.Context) (caller, bool) {
 	return who, ok
 }
 
-// Relayed serves r, a request about one sandbox that a gateway's front
-// relayed to this worker's front, with the authority of the token of
-// id (admin: the admin's): the caller whose key the gateway checked,
-// or, for a request with a sandbox's access token, the sandbox's owner,
-// whose token the gateway found live (the access token is checked here,
-// against the record). r's path is E2B's; the worker holds the caller's
-// request slot already.
-func (s *Server) Relayed(rw http.ResponseWriter, r *http.Request, id string, admin bool) {
+// Relay is a request a gateway relayed to this worker's front, as its
+// route says: to Port of Sandbox (envd's, or a server's), or, with no
+// Sandbox, to the control route its path names (E2B's). It has the
+// authority of the token of ID (Admin: the admin's), Token as the
+// gateway vouched for it (auth.OnBehalf's encoding): the caller whose
+// key the gateway checked, or, ByAccess, the sandbox's owner, whose
+// token the gateway found live, with an access token checked here
+// against the record.
+type Relay struct {
+	Sandbox  string
+	Port     int
+	ID       string
+	Admin    bool
+	Token    string
+	ByAccess bool
+}
+
+// Relayed serves r as rl says. The worker holds the caller's request
+// slot already.
+func (s *Server) Relayed(rw http.ResponseWriter, r *http.Request, rl Relay) {
 	r.Header.Del("Authorization") // (the gateway's to the worker)
-	if h := r.Header.Get("X-Forwarded-Host"); h != "" && r.Header.Get("E2b-Sandbox-Id") != "" {
-		r.Host = h // what the caller asked the gateway for (a port's server sees it)
-	}
+	r.Header.Del("E2b-Sandbox-Id")
+	r.Header.Del("E2b-Sandbox-Port")
 	if u := r.Header.Get(HeaderUser); u != "" {
 		r.SetBasicAuth(u, "")
 	}
-	ctx := context.WithValue(r.Context(), relayKey{}, caller{id: id, admin: admin})
+	ctx := context.WithValue(r.Context(), relayKey{}, caller{id: rl.ID, admin: rl.Admin, token: rl.Token, byAccess: rl.ByAccess})
 	if d := r.Header.Get(HeaderDomain); d != "" {
 		ctx = context.WithValue(ctx, domainKey{}, d)
 	}
-	s.ServeHTTP(rw, r.WithContext(ctx))
+	r = r.WithContext(ctx)
+	if rl.Sandbox == "" {
+		s.control.ServeHTTP(rw, r)
+		return
+	}
+	if h := r.Header.Get("X-Forwarded-Host"); h != "" {
+		r.Host = h // what the caller asked the gateway for (a port's server sees it)
+	}
+	s.toSandbox(rw, r, rl.Sandbox, rl.Port)
 }
 
 type domainKey struct{}
@@ -98,12 +138,16 @@ func (s *Server) domain(ctx context.Context) string {
 // owns (the admin: any).
 func (s *Server) relayedCaller(id, token string, via caller) (caller, error) {
 	rec, ok := s.records.get(id)
-	if strings.HasPrefix(token, envdPrefix) {
+	if via.byAccess || strings.HasPrefix(token, envdPrefix) {
 		want := s.accessToken(rec)
-		if ok && want != "" && hmac.Equal([]byte(token), []byte(want)) && (via.admin || rec.Owner == via.id) {
-			return caller{id: rec.Owner}, nil
+		if !ok || want == "" || !hmac.Equal([]byte(token), []byte(want)) || !via.admin && rec.Owner != via.id {
+			return caller{}, fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
 		}
-		return caller{}, fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
+		who := caller{id: rec.Owner}
+		if via.id == rec.Owner {
+			who.token = via.token
+		}
+		return who, nil
 	}
 	if ok && !via.admin && rec.Owner != via.id {
 		return caller{}, fmt.Errorf("sandbox %s not found: %w", id, errdefs.ErrNotFound)
@@ -166,57 +210,61 @@ func (s *Server) State(name, id string) *api.E2BState {
 // relay is a control route of a gateway's front: the request goes to
 // the front of the worker that holds the sandbox.
 func (s *Server) relay(rw http.ResponseWriter, r *http.Request, who caller) {
-	id := who.id
-	if id == "" || who.admin {
-		id = ActAsAdmin
+	to := RelayTo{Sandbox: r.PathValue("id"), As: who.id, Header: s.relayHeader(r)}
+	if to.As == "" || who.admin {
+		to.As = ActAsAdmin
 	}
-	r.Header.Del(HeaderDomain)
-	if s.opts.Domain != "" {
-		r.Header.Set(HeaderDomain, s.opts.Domain)
-	}
-	r.Header.Del("E2b-Sandbox-Id") // (a control route: by its path alone)
-	r.Header.Del("X-Forwarded-Host")
-	s.opts.Fleet.Relay(rw, r, r.PathValue("id"), id, func(err error) { writeError(rw, err) })
+	s.opts.Fleet.Relay(rw, r, to, func(err error) { writeError(rw, err) })
 }
 
-// relaySandbox relays a request to sandbox id's envd or a port of it,
-// with token (an access token, or a key), from a gateway's front: by
-// headers, whatever Host it came with.
-func (s *Server) relaySandbox(rw http.ResponseWriter, r *http.Request, id, port, token string) {
-	var as string
+// relayHeader is what a relayed request carries for the worker's front
+// besides its path: the domain answers give and the user a command
+// runs as (Basic auth's, which the relay's own replaces).
+func (s *Server) relayHeader(r *http.Request) http.Header {
+	h := http.Header{}
+	if s.opts.Domain != "" {
+		h.Set(HeaderDomain, s.opts.Domain)
+	}
+	if user, _, ok := r.BasicAuth(); ok {
+		h.Set(HeaderUser, user)
+	}
+	return h
+}
+
+// relaySandbox relays a request to port of sandbox id (envd's, or a
+// server's) with token (an access token, or a key), from a gateway's
+// front.
+func (s *Server) relaySandbox(rw http.ResponseWriter, r *http.Request, id string, port int, token string) {
+	to := RelayTo{Sandbox: id, Port: port, Header: s.relayHeader(r)}
+	to.Header.Set("X-Forwarded-Host", r.Host)
 	if strings.HasPrefix(token, envdPrefix) {
 		// The owner's token must be live; the worker's front checks the
 		// access token itself.
 		var err error
-		as, err = s.opts.Fleet.Owner(r.Context(), id)
-		if err == nil && as != ActAsAdmin && s.opts.Live != nil && !s.opts.Live(as) || errdefs.IsNotFound(err) {
+		to.As, err = s.opts.Fleet.Owner(r.Context(), id)
+		if err == nil && to.As != ActAsAdmin && s.opts.Live != nil && !s.opts.Live(to.As) || errdefs.IsNotFound(err) {
 			err = fmt.Errorf("unauthorized: %w", errdefs.ErrUnauthenticated)
 		}
 		if err != nil {
 			refuse(rw, r, err)
 			return
 		}
+		to.Access = token
 	} else {
 		who, err := s.authorize(token)
 		if err != nil {
 			refuse(rw, r, err)
 			return
 		}
-		as = who.id
+		to.As = who.id
 		if who.admin {
-			as = ActAsAdmin
+			to.As = ActAsAdmin
 		}
 	}
-	r.Header.Set("E2b-Sandbox-Id", id)
-	r.Header.Set("E2b-Sandbox-Port", port)
-	r.Header.Set("X-Forwarded-Host", r.Host)
-	r.Header.Del(HeaderUser)
-	if user, _, ok := r.BasicAuth(); ok {
-		r.Header.Set(HeaderUser, user)
+	// (A key, checked here, is never the worker's to see; an access
+	// token goes as the relay sets it.)
+	for _, h := range []string{"X-Access-Token", "E2b-Traffic-Access-Token", HeaderUser, HeaderDomain, "X-Forwarded-Host"} {
+		r.Header.Del(h)
 	}
-	r.Header.Del(HeaderDomain)
-	if s.opts.Domain != "" {
-		r.Header.Set(HeaderDomain, s.opts.Domain)
-	}
-	s.opts.Fleet.Relay(rw, r, id, as, func(err error) { refuse(rw, r, err) })
+	s.opts.Fleet.Relay(rw, r, to, func(err error) { refuse(rw, r, err) })
 }

@@ -179,6 +179,7 @@ func (c *claimed) take(ctx context.Context) error {
 // heartbeats, until every gateway's lists show them; the rest are let
 // go at once.
 func (c *claimed) done(made func(name string) bool) {
+	var wg sync.WaitGroup
 	if c.stop != nil {
 		c.stop()
 		c.renew.Wait()
@@ -196,13 +197,17 @@ func (c *claimed) done(made func(name string) bool) {
 			c.g.settleLater(n, kept, c.holder)
 		}
 		if len(freed) > 0 {
-			go func() { // (not the create's time: a lapse is harmless)
-				ctx, cancel := context.WithTimeout(context.Background(), claimAsk)
+			// Before the create's answer is out (its handler returns
+			// after): a client that retries a refused create finds its
+			// name free. A lapse is harmless: the claim runs out.
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				n.send(ctx, http.MethodPost, "/"+api.Version+"/claims", api.ClaimRequest{Names: freed, Holder: c.holder, Release: true}, nil)
-			}()
+			})
 		}
 	}
+	wg.Wait()
 	c.g.unmake(c.names)
 }
 

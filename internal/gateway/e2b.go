@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/containerd/errdefs"
 
@@ -25,26 +26,51 @@ const e2bPrefix = "/" + api.Version + "/e2b"
 // failure.
 type failKey struct{}
 
-// Relay sends r, an E2B request about sandbox name, to the E2B front of
-// the worker that holds it, with the authority of the token of id
-// (e2b.ActAsAdmin: the admin's), streaming both ways; fail answers what
+// Relay sends r, an E2B request about sandbox to.Sandbox, to the E2B
+// front of the worker that holds it, with the authority of the token
+// of to.As (e2b.ActAsAdmin: the admin's) and its quota on that worker
+// (quotaOn: a fork there makes sandboxes), streaming both ways: to the
+// route of the worker's that to says (e2bPrefix/control/PATH,
+// e2bPrefix/sandbox/NAME/PORT/PATH, e2bPrefix/token/NAME/PORT/PATH),
+// with to.Header and to.Access set as it leaves; fail answers what
 // keeps it from getting there, in the front's form.
-func (g *Gateway) Relay(rw http.ResponseWriter, r *http.Request, name, id string, fail func(error)) {
-	t := g.actingAs(id)
-	ctx := context.WithValue(context.WithValue(r.Context(), tokenKey{}, t), failKey{}, fail)
-	n, err := g.holderOf(ctx, name, t)
+func (g *Gateway) Relay(rw http.ResponseWriter, r *http.Request, to e2b.RelayTo, fail func(error)) {
+	t := g.actingAs(to.As)
+	n, err := g.holderOf(r.Context(), to.Sandbox, t)
 	if err != nil {
 		fail(err)
 		return
 	}
-	out := r.WithContext(ctx)
+	tq, _ := g.quotaOn(t, n) // (used up: the worker refuses what would add to it)
+	set := to.Header.Clone()
+	if set == nil {
+		set = http.Header{}
+	}
+	mode := "sandbox"
+	if to.Access != "" {
+		mode = "token"
+		set.Set("X-Access-Token", to.Access)
+	}
+	ctx := context.WithValue(context.WithValue(r.Context(), tokenKey{}, tq), failKey{}, fail)
+	out := r.WithContext(context.WithValue(ctx, relayKey{}, set))
 	u := *r.URL
-	u.Path, u.RawPath = e2bPrefix+r.URL.Path, ""
+	u.Path, u.RawPath = e2bPrefix+"/control"+r.URL.Path, ""
+	if to.Port != 0 {
+		u.Path = e2bPrefix + "/" + mode + "/" + to.Sandbox + "/" + strconv.Itoa(to.Port) + r.URL.Path
+	}
 	out.URL = &u
 	out.Header = r.Header.Clone()
 	out.Header.Del("X-Api-Key") // (the gateway's key: checked here, never the worker's to see)
 	g.relayTo(n, rw, out)
 }
+
+// relayKey holds, on a request an E2B front relays, the headers set on
+// it as it leaves (e2b.RelayTo.Header): after the proxy dropped what
+// the client's Connection names, so no client drops them.
+type relayKey struct{}
+
+// relayHeaders are those a relay sets, a client's dropped.
+var relayHeaders = []string{"X-Access-Token", "E2b-Traffic-Access-Token", e2b.HeaderUser, e2b.HeaderDomain, "X-Forwarded-Host"}
 
 // Owner is whom a request with sandbox name's access token acts as:
 // the gateway's token that owns it, or e2b.ActAsAdmin for one the

@@ -254,8 +254,16 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 			// On the request as it leaves, after the headers its
 			// Connection names are gone: never the client's to drop.
 			n.authorize(pr.Out.Header, tokenOf(pr.In))
-			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && (strings.Contains(pr.In.URL.Path, "/ports/") || strings.HasPrefix(pr.In.URL.Path, e2bPrefix+"/")) {
+			if h := pr.In.Header.Get("X-Forwarded-Host"); h != "" && strings.Contains(pr.In.URL.Path, "/ports/") {
 				pr.Out.Header.Set("X-Forwarded-Host", h) // (the Host a sandbox's server is asked for)
+			}
+			if set, ok := pr.In.Context().Value(relayKey{}).(http.Header); ok { // an E2B front's relay
+				for _, h := range relayHeaders {
+					pr.Out.Header.Del(h)
+				}
+				for h, vs := range set {
+					pr.Out.Header[h] = vs
+				}
 			}
 		},
 		ModifyResponse: func(resp *http.Response) error {
@@ -268,7 +276,7 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 			if r := resp.Request; r.Method == http.MethodDelete && resp.StatusCode/100 == 2 {
 				name, ok := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/sandboxes/")
 				if !ok { // E2B's kill, relayed to the worker's front
-					name, ok = strings.CutPrefix(r.URL.Path, e2bPrefix+"/sandboxes/")
+					name, ok = strings.CutPrefix(r.URL.Path, e2bPrefix+"/control/sandboxes/")
 				}
 				if ok && !strings.Contains(name, "/") {
 					g.forget(n, name)
@@ -914,6 +922,7 @@ func (g *Gateway) create(rw http.ResponseWriter, r *http.Request) {
 	b, _ := json.Marshal(sb)
 	var sandbox api.Sandbox
 	json.Unmarshal(b, &sandbox)
+	sandbox.E2B = nil // (its access token: the caller's alone, never kept here)
 	settle(sandbox.Name)
 	g.made(n, sandbox)
 	answer(rw, http.StatusCreated, sb)
@@ -975,7 +984,12 @@ func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, bod
 			return nil, nil, nil, err
 		}
 		req.Header.Set("Content-Type", "application/json")
-		n.authorize(req.Header, t)
+		tq, err := g.quotaOn(t, n)
+		if err != nil { // (used up on the others)
+			settle("")
+			return nil, nil, nil, err
+		}
+		n.authorize(req.Header, tq)
 		if name, _ := ctx.Value(templateKey{}).(string); name != "" && t.Scope != auth.Admin {
 			req.Header.Set(e2b.HeaderTemplate, name) // the admin's spec, vouched for as the worker's own front does
 		}
@@ -1004,11 +1018,58 @@ func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, bod
 			resp.Body.Close()
 			return nil, nil, nil, n.refused()
 		}
-		// (A worker's busy or quota refusal is the client's answer: a
-		// quota holds per worker, not once per worker.)
+		// (A worker's busy or quota refusal is the client's answer.)
 		return resp, n, settle, nil
 	}
 	return nil, nil, nil, fmt.Errorf("no worker took the sandbox: none answered (dsec node ls): %w", errdefs.ErrUnavailable)
+}
+
+// quotaOn is t as worker n is to see it: its quota less what its
+// sandboxes hold on the other workers, as their lists say, so that n's
+// check holds the quota across the fleet (to within the creates in
+// flight to other workers meanwhile). A bound they fill is -1 (none
+// left: n refuses whatever would add to it), with an error that says
+// so.
+func (g *Gateway) quotaOn(t *auth.Token, n *node) (*auth.Token, error) {
+	q := t.Quota
+	if t.Scope == auth.Admin || q.Sandboxes == 0 && q.Memory == 0 && q.Disk == 0 {
+		return t, nil
+	}
+	var count, mem, disk int64
+	for _, o := range g.all() {
+		if o == n {
+			continue
+		}
+		o.mu.Lock()
+		for _, s := range o.held { // (a worker down's too: they still stand)
+			if s.Owner == t.ID {
+				count, mem, disk = count+1, mem+s.Memory, disk+cmp.Or(s.DiskLimit, s.Disk)
+			}
+		}
+		o.mu.Unlock()
+	}
+	left := *t
+	var err error
+	for _, b := range []struct {
+		what        string
+		bound, have int64
+		left        func(int64)
+	}{
+		{"sandboxes", int64(q.Sandboxes), count, func(v int64) { left.Quota.Sandboxes = int(v) }},
+		{"bytes of memory limits", q.Memory, mem, func(v int64) { left.Quota.Memory = v }},
+		{"bytes of disk bounds", q.Disk, disk, func(v int64) { left.Quota.Disk = v }},
+	} {
+		switch {
+		case b.bound == 0:
+		case b.have >= b.bound:
+			b.left(-1)
+			err = cmp.Or(err, fmt.Errorf("token %s's quota: its sandboxes on the fleet hold %d %s, its bound: remove some of them first (dsec rm): %w",
+				t.ID, b.have, b.what, errdefs.ErrResourceExhausted))
+		default:
+			b.left(b.bound - b.have)
+		}
+	}
+	return &left, err
 }
 
 // described is the sandbox n's answer describes, with its node.

@@ -70,7 +70,6 @@ patches:
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: %q}}
       - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "6443"}}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--heartbeat=1s"}
-      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--e2b-listen=0.0.0.0:3000"}
 `, base, roots, kubetest.HostIP)
 	if err := os.WriteFile(filepath.Join(c.Dir, "overlay", "kustomization.yaml"), []byte(overlay), 0o644); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -75,9 +77,13 @@ func (w *worker) serveE2B(ctx context.Context, l net.Listener, front *e2b.Server
 }
 
 // e2bRelayed serves a request a gateway's E2B front relayed to this
-// worker's (/v1/e2b/...: E2B's path after it), with the authority of
-// the token it came on behalf of (none: the admin's). Only the admin's
-// token may relay: a tenant's would have its key unchecked.
+// worker's, where its path says (/v1/e2b/control/PATH: E2B's control
+// route PATH; /v1/e2b/sandbox/NAME/PORT/PATH: PATH on port PORT of
+// sandbox NAME, envd's or a server's; /v1/e2b/token/NAME/PORT/PATH: the
+// same, its caller the sandbox's owner for the access token it carries,
+// which the front checks), with the authority of the token it came on
+// behalf of, as the gateway vouched for it (none: the admin's). Only the
+// admin's token may relay: a tenant's would have its key unchecked.
 func (w *worker) e2bRelayed(rw http.ResponseWriter, r *http.Request) {
 	front := w.front.Load()
 	switch {
@@ -85,14 +91,32 @@ func (w *worker) e2bRelayed(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("a token of scope %s cannot relay E2B requests: use an admin token (a gateway's): %w", tokenOf(r.Context()).Scope, errdefs.ErrPermissionDenied))
 		return
 	case front == nil:
-		fail(rw, fmt.Errorf("this worker's E2B front is not started yet: try again: %w", errdefs.ErrUnavailable))
+		fail(rw, fmt.Errorf("this worker serves no E2B front (its log says why): %w", errdefs.ErrUnavailable))
 		return
 	}
-	id, admin := "", true
+	rl := e2b.Relay{Admin: true}
 	if t := tokenOf(r.Context()); t != nil && t.Scope != auth.Admin {
-		id, admin = t.ID, false
+		rl = e2b.Relay{ID: t.ID, Token: auth.OnBehalf(*t)}
 	}
-	http.StripPrefix("/"+api.Version+"/e2b", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		front.Relayed(rw, r, id, admin)
-	})).ServeHTTP(rw, r)
+	rest, _ := strings.CutPrefix(r.URL.Path, "/"+api.Version+"/e2b/")
+	mode, rest, _ := strings.Cut(rest, "/")
+	switch mode {
+	case "control":
+		rest = "/" + rest
+	case "sandbox", "token":
+		parts := strings.SplitN(rest, "/", 3)
+		p, err := strconv.Atoi(parts[min(1, len(parts)-1)])
+		if len(parts) < 3 || api.ValidName(parts[0]) != nil || err != nil || p <= 0 || p > 65535 {
+			fail(rw, fmt.Errorf("bad E2B relay %s: give /v1/e2b/%s/NAME/PORT/PATH: %w", r.URL.Path, mode, errdefs.ErrInvalidArgument))
+			return
+		}
+		rl.Sandbox, rl.Port, rl.ByAccess, rest = parts[0], p, mode == "token", "/"+parts[2]
+		http.NewResponseController(rw).EnableFullDuplex() // (a server's port: its client may write as it reads)
+	default:
+		fail(rw, fmt.Errorf("no E2B relay %s: give /v1/e2b/control/PATH, or /v1/e2b/sandbox/NAME/PORT/PATH: %w", r.URL.Path, errdefs.ErrNotFound))
+		return
+	}
+	r2 := r.Clone(r.Context())
+	r2.URL.Path, r2.URL.RawPath = rest, ""
+	front.Relayed(rw, r2, rl)
 }

@@ -1,6 +1,8 @@
 package worker
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -45,6 +47,104 @@ type claim struct {
 	until  time.Time
 }
 
+// The claims outlive the worker: written to claimsFile at most every
+// claimsEvery while they change (and as the worker stops), read as it
+// starts, so a worker restarted (its pod rolled) keeps the claims
+// homed here, all but those of the last claimsEvery before a crash.
+const claimsEvery = 200 * time.Millisecond
+
+// claimsFile holds the claims: claimsState, JSON.
+func (w *worker) claimsFile() string { return filepath.Join(w.cfg.Root, "claims.json") }
+
+type claimsState struct {
+	Claims   map[string]savedClaim `json:"claims"`
+	Released map[string]savedClaim `json:"released"`
+}
+
+type savedClaim struct {
+	Holder string    `json:"holder"`
+	Until  time.Time `json:"until"`
+}
+
+// loadClaims reads the claims a worker before this one left, those
+// still in force; a file it cannot read is a warning (its claims are
+// gone: a window of the claims' time for a name's second create).
+func (w *worker) loadClaims() {
+	b, err := os.ReadFile(w.claimsFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var st claimsState
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil {
+		w.log.Warn("the names claimed here before are forgotten", "file", w.claimsFile(), "err", err)
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.claims, w.released = map[string]claim{}, map[string]claim{}
+	for _, m := range []struct {
+		from map[string]savedClaim
+		to   map[string]claim
+	}{{st.Claims, w.claims}, {st.Released, w.released}} {
+		for name, c := range m.from {
+			if now.Before(c.Until) && api.ValidName(name) == nil {
+				m.to[name] = claim{holder: c.Holder, until: c.Until}
+			}
+		}
+	}
+}
+
+// keepClaims writes the claims while they change, until ctx ends or
+// stop, and once more then (stop waits for it).
+func (w *worker) keepClaims(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(claimsEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				w.saveClaims()
+				return
+			case <-t.C:
+				w.saveClaims()
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// saveClaims writes the claims if they changed since last written.
+func (w *worker) saveClaims() {
+	w.mu.Lock()
+	if !w.claimsDirty {
+		w.mu.Unlock()
+		return
+	}
+	w.claimsDirty = false
+	st := claimsState{Claims: map[string]savedClaim{}, Released: map[string]savedClaim{}}
+	for name, c := range w.claims {
+		st.Claims[name] = savedClaim{c.holder, c.until}
+	}
+	for name, c := range w.released {
+		st.Released[name] = savedClaim{c.holder, c.until}
+	}
+	w.mu.Unlock()
+	b, _ := json.Marshal(st)
+	if err := durable.Replace(w.claimsFile(), b, 0o600); err != nil {
+		w.log.Warn("cannot keep the names claimed here", "err", err)
+		w.mu.Lock()
+		w.claimsDirty = true
+		w.mu.Unlock()
+	}
+}
+
 // The bounds of a claim's time: a create renews its claim well within
 // the most it may ask. A name released as its sandbox's removal is
 // remembered so long, its holder's late settle or renewal ignored.
@@ -81,6 +181,7 @@ func (w *worker) claimNames(_ *http.Request, req api.ClaimRequest) (none, error)
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.claimsDirty = true
 	for name, c := range w.claims { // (the lapsed go first)
 		if now.After(c.until) {
 			delete(w.claims, name)

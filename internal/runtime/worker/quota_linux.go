@@ -107,17 +107,19 @@ func (w *worker) diskBound(e *entry) int64 {
 }
 
 // checkQuota refuses e, a sandbox t's request adds, when t's sandboxes
-// would then hold more than its quota allows; w.mu is held.
+// would then hold more than its quota allows; w.mu is held. A bound of
+// -1 is one the token's sandboxes on other workers used up (a
+// gateway's, on behalf of its client: what is left here).
 func (w *worker) checkQuota(t *auth.Token, e *entry) error {
 	q := t.Quota
 	if q.Sandboxes == 0 && q.Memory == 0 && q.Disk == 0 {
 		return nil
 	}
 	n, mem, disk := 1, w.memoryBound(e), w.diskBound(e)
-	if q.Memory > 0 && mem == 0 {
+	if q.Memory != 0 && mem == 0 {
 		return fmt.Errorf("token %s has a memory quota: each of its sandboxes needs a memory limit (give --memory): %w", t.ID, errdefs.ErrInvalidArgument)
 	}
-	if q.Disk > 0 && disk == 0 {
+	if q.Disk != 0 && disk == 0 {
 		return fmt.Errorf("token %s has a disk quota: each of its sandboxes needs a disk bound (give --disk): %w", t.ID, errdefs.ErrInvalidArgument)
 	}
 	for _, o := range w.sandboxes {
@@ -129,15 +131,19 @@ func (w *worker) checkQuota(t *auth.Token, e *entry) error {
 		disk += w.diskBound(o)
 	}
 	over := func(what string, have, bound int64) error {
+		if bound < 0 {
+			return fmt.Errorf("token %s's quota of %s is held by its sandboxes on the fleet's other workers: remove some of them first (dsec rm): %w",
+				t.ID, what, errdefs.ErrResourceExhausted)
+		}
 		return fmt.Errorf("token %s's quota: its sandboxes would hold %d %s, over its bound of %d: remove some of them first (dsec rm): %w",
 			t.ID, have, what, bound, errdefs.ErrResourceExhausted)
 	}
 	switch {
-	case q.Sandboxes > 0 && n > q.Sandboxes:
+	case q.Sandboxes != 0 && n > max(q.Sandboxes, 0):
 		return over("sandboxes", int64(n), int64(q.Sandboxes))
-	case q.Memory > 0 && mem > q.Memory:
+	case q.Memory != 0 && mem > max(q.Memory, 0):
 		return over("bytes of memory limits", mem, q.Memory)
-	case q.Disk > 0 && disk > q.Disk:
+	case q.Disk != 0 && disk > max(q.Disk, 0):
 		return over("bytes of disk bounds", disk, q.Disk)
 	}
 	return nil

@@ -238,6 +238,13 @@ func (w *worker) actAs(next http.Handler) http.Handler {
 			if !ok {
 				tok = auth.Token{ID: id, Scope: auth.Sandboxes}
 			}
+			if h := r.Header.Get(e2b.HeaderActAsToken); h != "" {
+				// A gateway's client's, as the gateway vouched for it
+				// on the request the front relays (e2bRelayed).
+				if v, err := auth.ParseOnBehalf(h); err == nil && v.ID == id {
+					tok = v
+				}
+			}
 			t = &tok
 		}
 		if name := r.Header.Get(e2b.HeaderTemplate); name != "" {

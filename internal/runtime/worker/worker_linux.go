@@ -84,6 +84,7 @@ type worker struct {
 	// claims are the names gateways claimed here, released those let go
 	// as their sandboxes were removed (fleet_linux.go).
 	claims, released map[string]claim
+	claimsDirty      bool // not written since they changed
 
 	tokens *auth.Store // the TCP API's (remote_linux.go)
 	// front is the E2B front (e2b_linux.go), once the worker serves: it
@@ -254,18 +255,27 @@ func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, 
 		addrs = append(addrs, l.Addr().String())
 	}
 	w.log.Info("worker serving", "socket", sock, "listen", addrs, "tls", cfg.TLS.Cert != "", "sandboxes", n, "init", initBin) // before any request
+	w.loadClaims()
+	stopClaims := w.keepClaims(ctx)
+	// The E2B front before the TCP API: a gateway relays to it. Without
+	// a listener of its own, one that cannot start (a damaged record)
+	// only keeps gateways' E2B requests off this worker.
+	front, stopFront, err := w.startFront(ctx, routes, lim)
+	switch {
+	case err != nil && e2bListener != nil:
+		return nil, nil, err
+	case err != nil:
+		w.log.Error("the worker's E2B front cannot start: gateways' E2B requests for its sandboxes fail", "err", err)
+		stopFront = func() {}
+	case e2bListener != nil:
+		w.serveE2B(ctx, e2bListener, front, errc)
+		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")
+	}
 	go func() { errc <- srv.Serve(l) }()
 	for _, l := range tcp {
 		go func() { errc <- remote.Serve(l) }()
 	}
-	front, stopFront, err := w.startFront(ctx, routes, lim)
-	if err != nil {
-		return nil, nil, err
-	}
-	if e2bListener != nil {
-		w.serveE2B(ctx, e2bListener, front, errc)
-		w.log.Info("serving E2B's API", "listen", e2bListener.Addr().String(), "tls", cfg.TLS.Cert != "")
-	}
+
 	go func() { // off the first request's path
 		for _, f := range features() {
 			if !f.Available {
@@ -277,6 +287,7 @@ func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, 
 		srv.Shutdown(ctx)
 		remote.Shutdown(ctx)
 		stopFront()
+		stopClaims()
 	}, nil
 }
 
