@@ -569,6 +569,9 @@ type VersionInfo struct {
 	Capacity *Capacity `json:"capacity,omitempty"`
 	// Cordoned: gateways place no create here (PUT /v1/cordon).
 	Cordoned bool `json:"cordoned,omitempty"`
+	// E2B: the worker's E2B front serves its gateways' fronts (a
+	// sandbox's E2B state is kept there).
+	E2B bool `json:"e2b,omitempty"`
 	// TokenID is the ID of the token that asked (none: the socket): a
 	// gateway learns its admin token's on each worker, whose sandboxes
 	// it made as the admin name it as their owner.

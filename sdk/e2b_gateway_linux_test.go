@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/e2b"
 	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -32,34 +35,7 @@ func TestGatewayE2BReplicas(t *testing.T) {
 	ctx := context.Background()
 	fw := startFleetWorker(t)
 	tokens := t.TempDir()
-	base := map[string]api.SandboxSpec{"base": {Layers: []string{"ws:1", "bb:1"}}}
-	var fronts []*httptest.Server
-	for range 2 {
-		cfg := gateway.Config{Tokens: auth.Open(tokens), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond,
-			Workers: []gateway.Worker{{URL: fw.url, Token: fw.admin, CA: fw.ca}}}
-		g, err := gateway.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gctx, cancel := context.WithCancel(ctx)
-		t.Cleanup(cancel)
-		g.Heartbeat(gctx)
-		go g.Run(gctx)
-		inproc, stop := e2b.InProcess(gctx, g.ActAs())
-		t.Cleanup(stop)
-		front, err := e2b.New(e2b.Options{Transport: inproc, Fleet: g, Templates: base,
-			Authorize: func(key string) (string, bool, error) {
-				tok, err := cfg.Tokens.Check(key, time.Now())
-				return tok.ID, tok.Scope == auth.Admin, err
-			},
-			Live: func(id string) bool { _, ok := cfg.Tokens.Lookup(id); return ok }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := httptest.NewServer(front)
-		t.Cleanup(srv.Close)
-		fronts = append(fronts, srv)
-	}
+	fronts := gatewayFronts(t, tokens, []*fleetWorker{fw}, 2)
 	one, two := fronts[0].URL, fronts[1].URL
 	store := auth.Open(tokens)
 	admin, _, _ := store.Create(auth.Admin, 0)
@@ -211,6 +187,96 @@ func TestGatewayE2BReplicas(t *testing.T) {
 	all, _ := direct.List(ctx)
 	for _, sb := range all { // carol's
 		direct.Sandbox(sb.Name).Remove(ctx, true)
+	}
+}
+
+// gatewayFronts starts n gateways of ws with one token store (in dir),
+// each with an E2B front (template base) served on loopback until the
+// test ends.
+func gatewayFronts(t *testing.T, dir string, ws []*fleetWorker, n int) []*httptest.Server {
+	t.Helper()
+	base := map[string]api.SandboxSpec{"base": {Layers: []string{"ws:1", "bb:1"}}}
+	var fronts []*httptest.Server
+	for range n {
+		cfg := gateway.Config{Tokens: auth.Open(dir), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}
+		for _, w := range ws {
+			cfg.Workers = append(cfg.Workers, gateway.Worker{URL: w.url, Token: w.admin, CA: w.ca})
+		}
+		g, err := gateway.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		g.Heartbeat(gctx)
+		go g.Run(gctx)
+		inproc, stop := e2b.InProcess(gctx, g.ActAs())
+		t.Cleanup(stop)
+		front, err := e2b.New(e2b.Options{Transport: inproc, Fleet: g, Templates: base,
+			Authorize: func(key string) (string, bool, error) {
+				tok, err := cfg.Tokens.Check(key, time.Now())
+				return tok.ID, tok.Scope == auth.Admin, err
+			},
+			Live: func(id string) bool { _, ok := cfg.Tokens.Lookup(id); return ok }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(front)
+		t.Cleanup(srv.Close)
+		fronts = append(fronts, srv)
+	}
+	return fronts
+}
+
+// TestGatewayE2BNeedsAFront: a worker whose E2B front cannot start (a
+// damaged record in its root) still starts and serves dsec's API, says
+// so in its version, and a gateway places no E2B sandbox there.
+func TestGatewayE2BNeedsAFront(t *testing.T) {
+	ctx := context.Background()
+	good, bad := startFleetWorker(t), startFleetWorker(t)
+	bad.w.Crash()
+	if err := os.MkdirAll(filepath.Join(bad.w.Root, "e2b"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bad.w.Root, "e2b", "damaged.json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad.w = runtimetest.StartWorkerWith(t, bad.w.Root, bad.cfg)
+	direct, err := sdk.New(sdk.Options{Host: bad.url, Token: bad.admin, TLSCA: bad.ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := direct.Version(ctx); err != nil || v.E2B {
+		t.Fatalf("the version of a worker whose E2B front failed: e2b %v, %v", v.E2B, err)
+	}
+	tokens := t.TempDir()
+	front := gatewayFronts(t, tokens, []*fleetWorker{good, bad}, 1)[0]
+	key, _, _ := auth.Open(tokens).Create(auth.Sandboxes, 0)
+	time.Sleep(300 * time.Millisecond) // (a heartbeat or two)
+	for range 4 {
+		req, _ := http.NewRequest("POST", front.URL+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("an E2B create with one worker's front down: %s %s", resp.Status, b)
+		}
+	}
+	if sbs, err := direct.List(ctx); err != nil || len(sbs) != 0 {
+		t.Errorf("E2B sandboxes on the worker whose front failed: %d %v", len(sbs), err)
+	}
+	gd, _ := sdk.New(sdk.Options{Host: good.url, Token: good.admin, TLSCA: good.ca})
+	sbs, _ := gd.List(ctx)
+	for _, sb := range sbs {
+		gd.Sandbox(sb.Name).Remove(ctx, true)
+	}
+	if len(sbs) != 4 {
+		t.Errorf("%d E2B sandboxes on the worker whose front serves, want 4", len(sbs))
 	}
 }
 

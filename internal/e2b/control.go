@@ -363,7 +363,6 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 // with the create to the worker it is placed on, which keeps it from
 // before the sandbox runs and answers its access token.
 func (s *Server) createOnWorker(rw http.ResponseWriter, ctx context.Context, c *sdk.Client, spec api.SandboxSpec, rec record) error {
-	rec.EnvVars = nil // (in the spec's env already)
 	b, _ := json.Marshal(rec)
 	raw := base64.RawURLEncoding.EncodeToString(b)
 	if len(raw) > maxRecordHeader {

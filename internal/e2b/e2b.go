@@ -203,6 +203,10 @@ func (s *Server) route(rw http.ResponseWriter, r *http.Request) {
 		writeError(rw, fmt.Errorf("bad E2b-Sandbox-Port %q: give a port number: %w", port, errdefs.ErrInvalidArgument))
 		return
 	}
+	if err := api.ValidName(id); err != nil {
+		writeError(rw, fmt.Errorf("bad E2b-Sandbox-Id: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
 	s.toSandbox(rw, r, id, p)
 }
 

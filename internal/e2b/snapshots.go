@@ -33,9 +33,9 @@ func (s *Server) packDiff(ctx context.Context, c *sdk.Client, sb api.Sandbox, na
 	}
 	tag := snapshotTag(cmp.Or(name, "e2b-"+sb.Name), rec.Snapshots+1)
 	if _, err := c.Sandbox(sb.Name).PackDiff(ctx, api.PackRequest{Tag: tag}); err != nil {
-		if name == "" && errdefs.IsFailedPrecondition(err) {
-			if last := lastSnapshot(ctx, c, sb.Name); last != "" {
-				return last, nil // nothing changed since: that one holds this state (a second fork)
+		if name == "" && sb.Status == api.StatusRunning && errdefs.IsFailedPrecondition(err) && strings.Contains(err.Error(), "nothing changed in sandbox") {
+			if last := lastSnapshot(ctx, c, sb); last != "" {
+				return last, nil // that one holds this state (a second fork)
 			}
 		}
 		return "", err
@@ -43,16 +43,16 @@ func (s *Server) packDiff(ctx context.Context, c *sdk.Client, sb api.Sandbox, na
 	return tag, s.records.update(sb.Name, func(r *record) { r.Snapshots++ })
 }
 
-// lastSnapshot is the newest snapshot the caller sees of sandbox name
-// ("": none).
-func lastSnapshot(ctx context.Context, c *sdk.Client, name string) string {
+// lastSnapshot is the newest snapshot the caller sees of sb ("": none).
+func lastSnapshot(ctx context.Context, c *sdk.Client, sb api.Sandbox) string {
 	snaps, err := c.Snapshots(ctx)
 	if err != nil {
 		return ""
 	}
 	var last api.SnapshotNode
 	for _, n := range snaps {
-		if n.Sandbox == name && n.Created.After(last.Created) {
+		// (Not an earlier sandbox's of its name: times in whole seconds.)
+		if n.Sandbox == sb.Name && !n.Created.Before(sb.Created.Truncate(time.Second)) && n.Created.After(last.Created) {
 			last = n
 		}
 	}

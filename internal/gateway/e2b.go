@@ -41,7 +41,10 @@ func (g *Gateway) Relay(rw http.ResponseWriter, r *http.Request, to e2b.RelayTo,
 		fail(err)
 		return
 	}
-	tq, _ := g.quotaOn(t, n) // (used up: the worker refuses what would add to it)
+	tq := t
+	if to.Port == 0 { // (a control route: a fork makes sandboxes)
+		tq, _ = g.quotaOn(t, n) // (used up: the worker refuses what would add to it)
+	}
 	set := to.Header.Clone()
 	if set == nil {
 		set = http.Header{}
@@ -56,7 +59,7 @@ func (g *Gateway) Relay(rw http.ResponseWriter, r *http.Request, to e2b.RelayTo,
 	u := *r.URL
 	u.Path, u.RawPath = e2bPrefix+"/control"+r.URL.Path, ""
 	if to.Port != 0 {
-		u.Path = e2bPrefix + "/" + mode + "/" + to.Sandbox + "/" + strconv.Itoa(to.Port) + r.URL.Path
+		u.Path = e2bPrefix + "/" + mode + "/" + url.PathEscape(to.Sandbox) + "/" + strconv.Itoa(to.Port) + r.URL.Path
 	}
 	out.URL = &u
 	out.Header = r.Header.Clone()

@@ -646,7 +646,7 @@ func (g *Gateway) placeNear(d demand, only func(*node) bool, near map[*node]int)
 		}
 	}
 	if len(cs) == 0 && only != nil {
-		return nil, nil, fmt.Errorf("no worker up that may take it (of those that hold its snapshot or share it through their remote; dsec node ls): %w", errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("no worker up that may take it (of those that hold its snapshot or share it through their remote, or, for an E2B sandbox, whose E2B front serves gateways; dsec node ls): %w", errdefs.ErrUnavailable)
 	}
 	if len(cs) == 0 {
 		return nil, nil, fmt.Errorf("no worker of the %d is up to take it (dsec node ls): %w", len(nodes), errdefs.ErrUnavailable)
@@ -970,6 +970,11 @@ func (g *Gateway) forget(n *node, name string) {
 // reservation once the sandbox's name is known (201 only: else it is
 // settled).
 func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, body []byte, d demand, only func(*node) bool) (*http.Response, *node, func(string), error) {
+	if rec, _ := ctx.Value(recordKey{}).(string); rec != "" {
+		// An E2B front's: to a worker whose front keeps its record (not
+		// one older than this gateway, nor one whose front failed).
+		only = withE2B(only)
+	}
 	nodes, settle, err := g.placeNear(d, only, g.nearness(ctx, t, d.layers, only))
 	if err != nil {
 		return nil, nil, nil, err
@@ -1022,6 +1027,16 @@ func (g *Gateway) createOne(ctx context.Context, t *auth.Token, path string, bod
 		return resp, n, settle, nil
 	}
 	return nil, nil, nil, fmt.Errorf("no worker took the sandbox: none answered (dsec node ls): %w", errdefs.ErrUnavailable)
+}
+
+// withE2B is only, of the workers whose E2B front serves gateways.
+func withE2B(only func(*node) bool) func(*node) bool {
+	return func(n *node) bool {
+		n.mu.Lock()
+		e2b := n.info.E2B
+		n.mu.Unlock()
+		return e2b && (only == nil || only(n))
+	}
 }
 
 // quotaOn is t as worker n is to see it: its quota less what its

@@ -52,7 +52,7 @@ func (w *worker) port(rw http.ResponseWriter, r *http.Request) {
 				pr.Out.Host = h
 			}
 			for _, h := range []string{"Authorization", auth.OnBehalfHeader, "X-Access-Token", "E2b-Traffic-Access-Token", "X-Api-Key",
-				e2b.HeaderActAs, e2b.HeaderTemplate, e2b.HeaderRecord, e2b.HeaderDomain, e2b.HeaderUser} {
+				e2b.HeaderActAs, e2b.HeaderActAsToken, e2b.HeaderTemplate, e2b.HeaderRecord, e2b.HeaderDomain, e2b.HeaderUser} {
 				pr.Out.Header.Del(h) // the sandbox sees none of the caller's secrets
 			}
 		},

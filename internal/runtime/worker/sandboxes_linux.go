@@ -71,7 +71,7 @@ func (w *worker) createForE2B(r *http.Request, spec api.SandboxSpec, rec string)
 	case !vouched(r):
 		return created[api.Sandbox]{}, fmt.Errorf("a token of scope %s cannot send an E2B record: use an admin token (a gateway's): %w", tokenOf(r.Context()).Scope, errdefs.ErrPermissionDenied)
 	case front == nil:
-		return created[api.Sandbox]{}, fmt.Errorf("this worker's E2B front is not started yet: try again: %w", errdefs.ErrUnavailable)
+		return created[api.Sandbox]{}, fmt.Errorf("this worker serves no E2B front (its log says why): %w", errdefs.ErrUnavailable)
 	case spec.Name == "":
 		return created[api.Sandbox]{}, fmt.Errorf("a create with an E2B record must name its sandbox: %w", errdefs.ErrInvalidArgument)
 	}

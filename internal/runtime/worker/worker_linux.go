@@ -288,6 +288,7 @@ func (w *worker) serve(ctx context.Context, l net.Listener, tcp []net.Listener, 
 		remote.Shutdown(ctx)
 		stopFront()
 		stopClaims()
+		w.saveClaims() // (those the requests of the last moment made)
 	}, nil
 }
 
@@ -491,7 +492,7 @@ func (w *worker) version(r *http.Request, _ none) (api.VersionInfo, error) {
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
 		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
 		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned(),
-		TokenID: ownerOf(r.Context())}, nil
+		TokenID: ownerOf(r.Context()), E2B: w.front.Load() != nil}, nil
 }
 
 // capacity is what the worker's admission holds now, and whether a
