@@ -24,3 +24,12 @@ printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes at once: sandboxes/s" "$(metr
 	"$(metric "$r" go-sandboxes/s)" "$(metric "$r" e2b/go-sandboxes)"
 printf '%-52s %9s /s %9s /s %7sx\n' "100 sandboxes x 10 commands: commands/s" "$(metric "$r" e2b-commands/s)" \
 	"$(metric "$r" go-commands/s)" "$(metric "$r" e2b/go-commands)"
+
+# 5. E2B through a gateway: the same worker's own front vs a gateway's (each request relayed to the worker's front),
+#    the E2B JS SDK's requests alternating turn by turn (internal/e2b/testdata/ab.cjs).
+r=$(go test -run '^$' -bench 'BenchmarkE2BGateway$' -benchtime "${n}x" ./sdk/)
+printf '%-52s %12s %12s %8s\n' "E2B through a gateway" gateway worker ratio
+printf '%-52s %9s ms %9s ms %7sx\n' "create + first command, p50" "$(metric "$r" gateway-create_first-p50-ms)" \
+	"$(metric "$r" worker-create_first-p50-ms)" "$(metric "$r" gateway/worker-create_first)"
+printf '%-52s %9s ms %9s ms %7sx\n' "command (commands.run('true')), p50" "$(metric "$r" gateway-run-p50-ms)" \
+	"$(metric "$r" worker-run-p50-ms)" "$(metric "$r" gateway/worker-run)"

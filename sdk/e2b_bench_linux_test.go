@@ -2,11 +2,15 @@ package sdk_test
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,14 +34,7 @@ import (
 // SDK does), a stat's p50 (one request each way: what a request costs
 // the clients), and 100 sandboxes made at once, 10 commands each.
 func BenchmarkE2B(b *testing.B) {
-	mods, err := e2btest.Install("2.51.0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	debian, err := layertest.DebianRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
+	mods, debian := e2bBench(b)
 	root := b.TempDir()
 	runtimetest.Layers(b, root)
 	s, err := store.Open(filepath.Join(root, "store"))
@@ -156,4 +153,77 @@ func BenchmarkE2B(b *testing.B) {
 	b.ReportMetric(f["run_p50_ms"]/ms(p50(runs)), "e2b/go-run")
 	b.ReportMetric(f["sandboxes_per_s"]/goSandboxes, "e2b/go-sandboxes")
 	b.ReportMetric(f["commands_per_s"]/goCommands, "e2b/go-commands")
+}
+
+// e2bBench is what the E2B benchmarks need: the E2B JS SDK's modules
+// and a Debian tree.
+func e2bBench(b *testing.B) (mods, debian string) {
+	mods, err := e2btest.Install("2.51.0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if debian, err = layertest.DebianRoot(); err != nil {
+		b.Fatal(err)
+	}
+	return mods, debian
+}
+
+// BenchmarkE2BGateway: what a gateway's relay costs the E2B SDK. One
+// worker, on a Debian layer, serves E2B's API on its own front (A, the
+// baseline) and through a gateway's front (B: each request relayed to
+// the worker's front), all over TLS, the official E2B JS SDK's
+// requests alternating turn by turn (internal/e2b/testdata/ab.cjs):
+// create + the first command, and a command in one sandbox of each.
+func BenchmarkE2BGateway(b *testing.B) {
+	mods, debian := e2bBench(b)
+	tpl := map[string]api.SandboxSpec{"base": {Layers: []string{"debian:12"}}}
+	front := freeAddr(b)
+	fw := startFleetWorkerWith(b, runtimetest.Config{E2B: worker.E2B{Listen: front, Templates: tpl}})
+	s, err := store.Open(filepath.Join(fw.w.Root, "store"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ref, _ := layer.ParseRef("debian:12")
+	if _, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: debian, Kind: layer.KindBase, Ref: ref}); err != nil {
+		b.Fatal(err)
+	}
+	keyA, _, err := auth.Open(fw.w.Root).CreateWith(auth.Sandboxes, 0, auth.E2BPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens := b.TempDir()
+	// The gateway's front over TLS too, with the worker's certificate
+	// (the same CA: one NODE_EXTRA_CA_CERTS for both).
+	cert, err := tls.LoadX509KeyPair(filepath.Join(filepath.Dir(fw.ca), auth.ServerFile), filepath.Join(filepath.Dir(fw.ca), auth.ServerKeyFile))
+	if err != nil {
+		b.Fatal(err)
+	}
+	gw := gatewayFrontsOf(b, tokens, []*fleetWorker{fw}, 1, tpl, &cert)[0]
+	keyB, _, err := auth.Open(tokens).CreateWith(auth.Sandboxes, 0, auth.E2BPrefix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // (the gateway's first heartbeats)
+	turns := 0
+	for b.Loop() { // (so the benchmark runs once: its turns are ab.cjs's)
+		turns++
+	}
+	n := max(turns/5, 20)
+	node := exec.Command("node", "../internal/e2b/testdata/ab.cjs", "base", strconv.Itoa(n), "https://"+front, keyA, gw.URL, keyB)
+	node.Env = append(os.Environ(), "NODE_PATH="+mods, "NODE_EXTRA_CA_CERTS="+fw.ca)
+	var stderr strings.Builder
+	node.Stderr = &stderr
+	out, err := node.Output()
+	if err != nil {
+		b.Fatalf("ab.cjs: %v: %s%s", err, out, stderr.String())
+	}
+	var f map[string]map[string]float64
+	if err := json.Unmarshal(out, &f); err != nil {
+		b.Fatalf("ab.cjs said %q: %v", out, err)
+	}
+	for _, k := range []string{"create_first", "run"} {
+		b.ReportMetric(f[k]["b_p50_ms"], "gateway-"+k+"-p50-ms")
+		b.ReportMetric(f[k]["a_p50_ms"], "worker-"+k+"-p50-ms")
+		b.ReportMetric(f[k]["b_a_median_of_turns"], "gateway/worker-"+k)
+	}
 }

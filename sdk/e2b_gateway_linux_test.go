@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -191,11 +192,16 @@ func TestGatewayE2BReplicas(t *testing.T) {
 }
 
 // gatewayFronts starts n gateways of ws with one token store (in dir),
-// each with an E2B front (template base) served on loopback until the
-// test ends.
-func gatewayFronts(t *testing.T, dir string, ws []*fleetWorker, n int) []*httptest.Server {
+// each with an E2B front (template base: the test layers) served on
+// loopback until the test ends.
+func gatewayFronts(t testing.TB, dir string, ws []*fleetWorker, n int) []*httptest.Server {
+	return gatewayFrontsOf(t, dir, ws, n, map[string]api.SandboxSpec{"base": {Layers: []string{"ws:1", "bb:1"}}}, nil)
+}
+
+// gatewayFrontsOf is gatewayFronts with base's templates, served over
+// TLS with cert if not nil.
+func gatewayFrontsOf(t testing.TB, dir string, ws []*fleetWorker, n int, base map[string]api.SandboxSpec, cert *tls.Certificate) []*httptest.Server {
 	t.Helper()
-	base := map[string]api.SandboxSpec{"base": {Layers: []string{"ws:1", "bb:1"}}}
 	var fronts []*httptest.Server
 	for range n {
 		cfg := gateway.Config{Tokens: auth.Open(dir), Heartbeat: 100 * time.Millisecond, DownAfter: 1500 * time.Millisecond}
@@ -221,7 +227,13 @@ func gatewayFronts(t *testing.T, dir string, ws []*fleetWorker, n int) []*httpte
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(front)
+		srv := httptest.NewUnstartedServer(front)
+		if cert != nil {
+			srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
+			srv.StartTLS()
+		} else {
+			srv.Start()
+		}
 		t.Cleanup(srv.Close)
 		fronts = append(fronts, srv)
 	}
