@@ -121,6 +121,16 @@ type node struct {
 	// the memory each may take.
 	pending map[string]pend
 	reserve int // the last reservation's number
+	// changed are the sandboxes this gateway made (true) or removed
+	// (false) there lately, and when: a list asked for before may not
+	// show it (beat).
+	changed map[string]change
+}
+
+// change is a sandbox a gateway made or removed on a worker, and when.
+type change struct {
+	made bool
+	at   time.Time
 }
 
 // pend is a create sent to a worker, not yet in its list: its memory
@@ -403,6 +413,7 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	defer cancel()
 	var info api.VersionInfo
 	var held []api.Sandbox
+	asked := time.Now()
 	// The list first: a sandbox made between the two is then counted in
 	// the capacity the version says as well as pending (twice, until the
 	// next heartbeat), never in neither.
@@ -425,6 +436,21 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 	n.mu.Lock()
 	if n.down {
 		g.cfg.Log.Info("a worker answers again", "worker", n.URL)
+	}
+	// What this gateway made or removed there since it asked: as done,
+	// whatever the list says (the worker may have listed before).
+	for name, c := range n.changed {
+		i := slices.IndexFunc(held, func(s api.Sandbox) bool { return s.Name == name })
+		switch {
+		case c.at.Before(asked):
+			delete(n.changed, name) // (the list shows it)
+		case !c.made && i >= 0:
+			held = slices.Delete(held, i, i+1)
+		case c.made && i < 0:
+			if j := slices.IndexFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }); j >= 0 {
+				held = append(held, n.held[j])
+			}
+		}
 	}
 	n.seen, n.err, n.down, n.info, n.held = time.Now(), nil, false, info, held
 	n.cordoned = info.Cordoned
@@ -938,6 +964,7 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 	if !slices.ContainsFunc(n.held, func(s api.Sandbox) bool { return s.Name == sb.Name }) {
 		n.held = append(slices.Clip(n.held), sb)
 	}
+	n.noteChange(sb.Name, true)
 	// Pending until a heartbeat lists it: one whose list was asked for
 	// before it was made must not take it for gone.
 	if _, ok := n.pending[sb.Name]; !ok {
@@ -947,6 +974,15 @@ func (g *Gateway) made(n *node, sb api.Sandbox) {
 		n.pending[sb.Name] = pend{sent: time.Now()}
 	}
 	n.mu.Unlock()
+}
+
+// noteChange notes that this gateway made (or removed) the sandbox name
+// on n now; n.mu is held.
+func (n *node) noteChange(name string, made bool) {
+	if n.changed == nil {
+		n.changed = map[string]change{}
+	}
+	n.changed[name] = change{made: made, at: time.Now()}
 }
 
 // forget records that n removed the sandbox name: its name is free at
@@ -959,6 +995,7 @@ func (g *Gateway) forget(n *node, name string) {
 	g.mu.Unlock()
 	n.mu.Lock()
 	n.held = slices.DeleteFunc(slices.Clone(n.held), func(s api.Sandbox) bool { return s.Name == name })
+	n.noteChange(name, false)
 	delete(n.pending, name)
 	n.mu.Unlock()
 }
