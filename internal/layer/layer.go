@@ -231,31 +231,14 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
 		return nil, err
 	}
-	// A tag that names a layer already is refused unless the build gives
-	// that very layer again (of the same kind): then the build is a
-	// no-op, as re-running it should be.
-	var existing *ocispec.Descriptor
-	if !o.Force {
-		if d, err := s.Resolve(ctx, o.Ref.String()); err == nil {
-			if o.Kind == KindSnapshot || d.Annotations[AnnotationKind] != string(o.Kind) {
-				return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
-			}
-			existing = &d
-		}
+	existing, err := existingTag(ctx, s, o)
+	if err != nil {
+		return nil, err
 	}
 	start := time.Now()
-	var src *source
-	if o.Walk != nil {
-		src = &source{kind: o.SourceKind, close: func() {}, planned: true,
-			add: func(ctx context.Context, w *erofs.Writer, _ Progress) error { return o.Walk(ctx, w) }}
-	} else {
-		var err error
-		if src, err = openSource(o.Source, o.Stdin); err != nil {
-			return nil, err
-		}
-		if o.SourceKind != "" {
-			src.kind = o.SourceKind
-		}
+	src, err := buildSource(o)
+	if err != nil {
+		return nil, err
 	}
 	defer src.close()
 	if len(o.Order) > 0 && !src.planned {
@@ -322,13 +305,55 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		return Resolve(ctx, s, o.Ref.String())
 	}
 	lg.Debug("image committed", "digest", blob.Digest, "seconds", time.Since(start).Seconds())
+	return tagLayer(ctx, s, o, src.kind, st, blob, wins)
+}
+
+// existingTag is the layer o.Ref names already, when the build may give
+// it again. A tag that names a layer already is refused unless the build
+// gives that very layer again (of the same kind): then the build is a
+// no-op, as re-running it should be.
+func existingTag(ctx context.Context, s *store.Store, o BuildOptions) (*ocispec.Descriptor, error) {
+	var existing *ocispec.Descriptor
+	if !o.Force {
+		if d, err := s.Resolve(ctx, o.Ref.String()); err == nil {
+			if o.Kind == KindSnapshot || d.Annotations[AnnotationKind] != string(o.Kind) {
+				return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
+			}
+			existing = &d
+		}
+	}
+	return existing, nil
+}
+
+// buildSource is what a build reads: o.Walk's plan, else o.Source
+// opened.
+func buildSource(o BuildOptions) (*source, error) {
+	var src *source
+	if o.Walk != nil {
+		src = &source{kind: o.SourceKind, close: func() {}, planned: true,
+			add: func(ctx context.Context, w *erofs.Writer, _ Progress) error { return o.Walk(ctx, w) }}
+	} else {
+		var err error
+		if src, err = openSource(o.Source, o.Stdin); err != nil {
+			return nil, err
+		}
+		if o.SourceKind != "" {
+			src.kind = o.SourceKind
+		}
+	}
+	return src, nil
+}
+
+// tagLayer stores what describes the layer blob committed (its windows'
+// digests, its config, its manifest) and tags it o.Ref.
+func tagLayer(ctx context.Context, s *store.Store, o BuildOptions, kind string, st erofs.Stats, blob ocispec.Descriptor, wins []byte) (*Info, error) {
 	blob.MediaType = MediaTypeLayer
 	winDesc, err := s.WriteBlob(MediaTypeWindows, wins)
 	if err != nil {
 		return nil, storeErr(err)
 	}
 	cfg := Config{
-		Kind: o.Kind, Created: o.Now().UTC().Round(time.Second), Source: src.kind, BlockSize: erofs.BlockSize,
+		Kind: o.Kind, Created: o.Now().UTC().Round(time.Second), Source: kind, BlockSize: erofs.BlockSize,
 		Files: st.Entries, Inodes: st.Inodes, Data: st.Data, Metadata: st.Metadata,
 		Windows:  Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
 		Snapshot: o.Snapshot,

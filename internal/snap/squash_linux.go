@@ -26,20 +26,9 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	if top.Snapshot == nil {
 		return nil, tally, fmt.Errorf("%s is a %s layer, not a snapshot: %w", ref, top.Kind, errdefs.ErrInvalidArgument)
 	}
-	chain := []*layer.Info{top}
-	lowers := top.Snapshot.Lowers
-	for len(lowers) > 0 {
-		i, err := layer.Resolve(ctx, s, lowers[0].Ref)
-		if err != nil || i.Digest != lowers[0].Digest {
-			if i, err = layer.Resolve(ctx, s, lowers[0].Digest.String()); err != nil {
-				return nil, tally, fmt.Errorf("snapshot chain of %s: layer %s (%s) is not in the store: %w", ref, lowers[0].Ref, lowers[0].Digest, errdefs.ErrNotFound)
-			}
-		}
-		if i.Snapshot == nil {
-			break
-		}
-		chain = append(chain, i)
-		lowers = lowers[1:]
+	chain, lowers, err := snapshotChain(ctx, s, ref, top)
+	if err != nil {
+		return nil, tally, err
 	}
 	if len(chain) < 2 {
 		return nil, tally, fmt.Errorf("%s stands on no other snapshot: there is no chain to squash: %w", ref, errdefs.ErrInvalidArgument)
@@ -124,6 +113,27 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 	}
 	tally.Folded = len(chain)
 	return info, tally, nil
+}
+
+// snapshotChain is the chain of snapshots that ends in top (ref's): top,
+// its parent snapshot and so on, and the layers under the chain.
+func snapshotChain(ctx context.Context, s *store.Store, ref string, top *layer.Info) ([]*layer.Info, []layer.Lower, error) {
+	chain := []*layer.Info{top}
+	lowers := top.Snapshot.Lowers
+	for len(lowers) > 0 {
+		i, err := layer.Resolve(ctx, s, lowers[0].Ref)
+		if err != nil || i.Digest != lowers[0].Digest {
+			if i, err = layer.Resolve(ctx, s, lowers[0].Digest.String()); err != nil {
+				return nil, nil, fmt.Errorf("snapshot chain of %s: layer %s (%s) is not in the store: %w", ref, lowers[0].Ref, lowers[0].Digest, errdefs.ErrNotFound)
+			}
+		}
+		if i.Snapshot == nil {
+			break
+		}
+		chain = append(chain, i)
+		lowers = lowers[1:]
+	}
+	return chain, lowers, nil
 }
 
 // Squashed is what a squash folded and what the new snapshot holds:

@@ -397,6 +397,27 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
 		return err
 	}
+	srv, err := mountFUSE(mnt, f, spec)
+	if err != nil {
+		return err
+	}
+	defer unmountFUSE(srv, mnt, log)
+	os.WriteFile(filepath.Join(dir, "fetcher.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	f.written = Stats{BytesTotal: -1} // publish the first counters now
+	f.writeStats()
+	if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(dir, "fetcher.ready"))
+	log.Info("serving", "layer", spec.Ref, "digest", spec.Digest, "cached", c.cached)
+	pctx, stopPrefetch := context.WithCancel(ctx)
+	defer stopPrefetch()
+	go f.prefetch(pctx)
+	return untilIdle(ctx, f, term, dir, idle, log)
+}
+
+// mountFUSE mounts f's files (the image, its pmem view) on mnt.
+func mountFUSE(mnt string, f *fetcher, spec Spec) (*fuse.Server, error) {
 	root := &rootNode{img: &imageNode{f: f}, pmem: &pmemNode{f: f}}
 	sec := time.Hour // attributes never change
 	srv, err := fs.Mount(mnt, root, &fs.Options{
@@ -410,35 +431,31 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("mount FUSE: %w", err)
+		return nil, fmt.Errorf("mount FUSE: %w", err)
 	}
-	defer func() {
-		// The EROFS mount that just went may hold the image open a moment
-		// longer (its last reference drops asynchronously), failing the
-		// unmount: retry, then detach. A fetcher never exits leaving a
-		// dead FUSE mount behind (CI saw one once).
-		for range 50 {
-			if srv.Unmount() == nil {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			log.Error("unmounting the FUSE mount", "err", err)
-		}
-	}()
-	os.WriteFile(filepath.Join(dir, "fetcher.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
-	f.written = Stats{BytesTotal: -1} // publish the first counters now
-	f.writeStats()
-	if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
-		return err
-	}
-	defer os.Remove(filepath.Join(dir, "fetcher.ready"))
-	log.Info("serving", "layer", spec.Ref, "digest", spec.Digest, "cached", c.cached)
-	pctx, stopPrefetch := context.WithCancel(ctx)
-	defer stopPrefetch()
-	go f.prefetch(pctx)
+	return srv, nil
+}
 
+// unmountFUSE unmounts srv from mnt as the fetcher exits.
+func unmountFUSE(srv *fuse.Server, mnt string, log *slog.Logger) {
+	// The EROFS mount that just went may hold the image open a moment
+	// longer (its last reference drops asynchronously), failing the
+	// unmount: retry, then detach. A fetcher never exits leaving a
+	// dead FUSE mount behind (CI saw one once).
+	for range 50 {
+		if srv.Unmount() == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		log.Error("unmounting the FUSE mount", "err", err)
+	}
+}
+
+// untilIdle serves until ctx ends or no mount has used the layer for
+// idle (a SIGTERM on term: soon, after termGrace).
+func untilIdle(ctx context.Context, f *fetcher, term <-chan os.Signal, dir string, idle time.Duration, log *slog.Logger) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	idleSince := time.Now()
@@ -473,7 +490,7 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 				continue
 			}
 			f.writeStats()
-			log.Info("no mount uses the layer: exiting", "layer", spec.Ref)
+			log.Info("no mount uses the layer: exiting", "layer", f.spec.Ref)
 			return nil
 		}
 	}

@@ -575,10 +575,34 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 	}
 	// Owned blobs, to a fixed point: a kept manifest's config may be a
 	// snapshot's, whose lowers keep more images, and their manifests.
-	type owned struct {
-		owner digest.Digest
-		self  ocispec.Descriptor
+	candidates := s.ownedBlobs(ents, live, m)
+	for grew := true; grew; {
+		grew = false
+		for _, c := range candidates {
+			if live[c.owner] && !live[c.self.Digest] {
+				queue, grew = append(queue, c.self), true
+			}
+		}
+		if err := mark(); err != nil {
+			return res, err
+		}
 	}
+	if err := s.sweep(dir, ents, live, &res); err != nil {
+		return res, err
+	}
+	s.sweepLocks()
+	return res, durable.SyncDir(dir)
+}
+
+// owned is a small untagged blob and the blob that keeps it (Marks.Owner).
+type owned struct {
+	owner digest.Digest
+	self  ocispec.Descriptor
+}
+
+// ownedBlobs are the blobs of ents, not live, that m.Owner says a blob
+// keeps.
+func (s *Store) ownedBlobs(ents []os.DirEntry, live map[digest.Digest]bool, m Marks) []owned {
 	var candidates []owned
 	if m.Owner != nil {
 		for _, e := range ents {
@@ -595,17 +619,12 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 			}
 		}
 	}
-	for grew := true; grew; {
-		grew = false
-		for _, c := range candidates {
-			if live[c.owner] && !live[c.self.Digest] {
-				queue, grew = append(queue, c.self), true
-			}
-		}
-		if err := mark(); err != nil {
-			return res, err
-		}
-	}
+	return candidates
+}
+
+// sweep removes the blobs of ents (in dir) not live and every leftover
+// ingest, counting them in res.
+func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]bool, res *GCResult) error {
 	for _, e := range ents {
 		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
 		if live[d] {
@@ -615,7 +634,7 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 			res.Bytes += info.Size()
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-			return res, err
+			return err
 		}
 		res.Blobs++
 	}
@@ -628,8 +647,7 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 			res.Ingests++
 		}
 	}
-	s.sweepLocks()
-	return res, durable.SyncDir(dir)
+	return nil
 }
 
 func isJSON(mt string) bool {

@@ -121,7 +121,44 @@ func main() {
 	os.MkdirAll(scratch, 0o755)
 	file := filepath.Join(scratch, "f")
 	os.WriteFile(file, []byte("data"), 0o644)
-	as := []attempt{
+	as := syscallAttempts(scratch, file)
+	as = append(as, escapeAttempts(*inside, *initPid, *hostPid, *abstract)...)
+	as = append(as, journalAttempts(*initPid)...)
+	if *devDir != "" {
+		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
+	}
+	as = append(as, variantAttempts(file, exchangeRequests)...)
+	if *xfs != "" {
+		as = append(as, xfsAttempts(*xfs)...)
+	}
+	if *ext4 != "" {
+		as = append(as, ext4Attempts(*ext4)...)
+	}
+	if *btrfs != "" {
+		as = append(as, btrfsAttempts(*btrfs)...)
+		as = append(as, quotaAttempts(*btrfs, "quota btrfs")...)
+	}
+	if *inside { // on the host, dir's file system could be the host's own Btrfs
+		as = append(as, quotaAttempts(*dir, "quota upper")...)
+	}
+	if *tcp != "" {
+		as = append(as, tcpAttempts(*tcp)...)
+	}
+	if *udp != "" {
+		as = append(as, udpAttempt(*udp))
+	}
+	for _, a := range as {
+		fmt.Printf("%s\t%s\n", a.name, outcome(a.try()))
+	}
+	unix.Unmount(scratch, unix.MNT_DETACH)
+	os.RemoveAll(scratch)
+}
+
+// syscallAttempts are the attempts of every run: system calls, ioctls
+// on a file and sockets a sandbox must not have (NETLINK_ROUTE, allowed,
+// the control).
+func syscallAttempts(scratch, file string) []attempt {
+	return []attempt{
 		{"mount", func() error { return unix.Mount("none", scratch, "tmpfs", 0, "") }},
 		{"umount2", func() error { return unix.Unmount("/nonexistent-dsec", 0) }},
 		{"fsopen", func() error { return raw(unix.SYS_FSOPEN, str("tmpfs"), 0) }},
@@ -188,88 +225,75 @@ func main() {
 		{"NETLINK_XFRM", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_XFRM) }},
 		{"NETLINK_ROUTE (allowed)", func() error { return raw(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE) }},
 	}
-	as = append(as, escapeAttempts(*inside, *initPid, *hostPid, *abstract)...)
-	as = append(as, journalAttempts(*initPid)...)
-	if *devDir != "" {
-		as = append(as, deviceAttempts(*devDir, scratch, *blk)...)
-	}
-	as = append(as, variantAttempts(file, exchangeRequests)...)
-	if *xfs != "" {
-		as = append(as, xfsAttempts(*xfs)...)
-	}
-	if *ext4 != "" {
-		as = append(as, ext4Attempts(*ext4)...)
-	}
-	if *btrfs != "" {
-		as = append(as, btrfsAttempts(*btrfs)...)
-		as = append(as, quotaAttempts(*btrfs, "quota btrfs")...)
-	}
-	if *inside { // on the host, dir's file system could be the host's own Btrfs
-		as = append(as, quotaAttempts(*dir, "quota upper")...)
-	}
-	if *tcp != "" {
-		host, port, _ := net.SplitHostPort(*tcp)
-		as = append(as,
-			attempt{"connect tcp4", dial("tcp4", *tcp)},
-			attempt{"connect tcp6 to ::ffff:" + host, func() error {
-				// Go's dialer turns a mapped address back into IPv4:
-				// this is the IPv6 socket an attacker would open.
-				fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM, 0)
-				if err != nil {
-					return err
-				}
-				defer unix.Close(fd)
-				p, _ := strconv.Atoi(port)
-				sa := &unix.SockaddrInet6{Port: p}
-				copy(sa.Addr[:], net.ParseIP(host).To16())
-				return unix.Connect(fd, sa)
-			}},
-			attempt{"connect mptcp", func() error {
-				fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP)
-				if err != nil {
-					return err
-				}
-				defer unix.Close(fd)
-				ap, _ := net.ResolveTCPAddr("tcp4", *tcp)
-				sa := &unix.SockaddrInet4{Port: ap.Port}
-				copy(sa.Addr[:], ap.IP.To4())
-				return unix.Connect(fd, sa)
-			}})
-	}
-	if *udp != "" {
-		as = append(as, attempt{"sendto udp", func() error {
-			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+}
+
+// tcpAttempts connect to tcp over IPv4, IPv4-mapped IPv6 and MPTCP.
+func tcpAttempts(tcp string) []attempt {
+	host, port, _ := net.SplitHostPort(tcp)
+	return []attempt{
+		{"connect tcp4", dial("tcp4", tcp)},
+		{"connect tcp6 to ::ffff:" + host, func() error {
+			// Go's dialer turns a mapped address back into IPv4:
+			// this is the IPv6 socket an attacker would open.
+			fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM, 0)
 			if err != nil {
 				return err
 			}
 			defer unix.Close(fd)
-			ap, _ := net.ResolveUDPAddr("udp4", *udp)
+			p, _ := strconv.Atoi(port)
+			sa := &unix.SockaddrInet6{Port: p}
+			copy(sa.Addr[:], net.ParseIP(host).To16())
+			return unix.Connect(fd, sa)
+		}},
+		{"connect mptcp", func() error {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			ap, _ := net.ResolveTCPAddr("tcp4", tcp)
 			sa := &unix.SockaddrInet4{Port: ap.Port}
 			copy(sa.Addr[:], ap.IP.To4())
-			return unix.Sendto(fd, []byte("x"), 0, sa)
-		}})
+			return unix.Connect(fd, sa)
+		}},
 	}
-	for _, a := range as {
-		res := "ok"
-		if err := a.try(); err != nil {
-			var e syscall.Errno
-			if errors.As(err, &e) && !isOpError(err) {
-				res = unix.ErrnoName(e)
-			} else if op, ok := err.(*net.OpError); ok {
-				res = op.Err.Error()
-				if se, ok := op.Err.(*os.SyscallError); ok {
-					if e, ok := se.Err.(syscall.Errno); ok {
-						res = unix.ErrnoName(e)
-					}
-				}
-			} else {
-				res = err.Error()
-			}
+}
+
+// udpAttempt sends a datagram to udp.
+func udpAttempt(udp string) attempt {
+	return attempt{"sendto udp", func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
 		}
-		fmt.Printf("%s\t%s\n", a.name, res)
+		defer unix.Close(fd)
+		ap, _ := net.ResolveUDPAddr("udp4", udp)
+		sa := &unix.SockaddrInet4{Port: ap.Port}
+		copy(sa.Addr[:], ap.IP.To4())
+		return unix.Sendto(fd, []byte("x"), 0, sa)
+	}}
+}
+
+// outcome is what an attempt's line says of err: ok, the errno's name,
+// or the error.
+func outcome(err error) string {
+	res := "ok"
+	if err != nil {
+		var e syscall.Errno
+		if errors.As(err, &e) && !isOpError(err) {
+			res = unix.ErrnoName(e)
+		} else if op, ok := err.(*net.OpError); ok {
+			res = op.Err.Error()
+			if se, ok := op.Err.(*os.SyscallError); ok {
+				if e, ok := se.Err.(syscall.Errno); ok {
+					res = unix.ErrnoName(e)
+				}
+			}
+		} else {
+			res = err.Error()
+		}
 	}
-	unix.Unmount(scratch, unix.MNT_DETACH)
-	os.RemoveAll(scratch)
+	return res
 }
 
 // escapeAttempts are the classes of published container escapes that
