@@ -6,44 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
-	"github.com/containerd/errdefs"
+	"github.com/spf13/cobra"
 )
-
-// Exit codes. One place decides them; every command's help lists them.
-const (
-	exitOK       = 0
-	exitFailure  = 1  // I/O error, corruption, anything unexpected
-	exitUsage    = 2  // bad flags, arguments or configuration
-	exitBadInput = 3  // the input's content is invalid (corrupt archive, bad entry)
-	exitNotFound = 4  // a layer, tag, file or blob does not exist
-	exitExists   = 5  // the tag already exists (use --force)
-	exitNoSpace  = 6  // the store's file system is full
-	exitDenied   = 7  // a registry refused the credentials
-	exitState    = 8  // the sandbox is in the wrong state (running, stopped)
-	exitInfraErr = 9  // the worker or a sandbox failed (infrastructure, not input)
-	exitBusy     = 10 // the host stayed at capacity for the admission queue's timeout
-)
-
-const exitCodesHelp = `Exit codes:
-  0  success
-  1  failure (I/O error, corrupt store, anything unexpected)
-  2  usage error (bad flag, argument, tag or configuration)
-  3  invalid input (corrupt or truncated archive, an entry a layer cannot hold, a snapshot over its limits)
-  4  not found (layer, tag, source path or blob)
-  5  already exists (a tag names other content; pass --force)
-  6  no space left in the store's file system
-  7  permission denied (registry credentials, or a worker's token, missing or refused)
-  8  wrong state (a running sandbox to rm without -f, a stopped one to exec in), or not done here (a
-     backend this host cannot run: no QEMU or guest kernel for microvm; an ability a backend lacks)
-  9  infrastructure failure (the worker or the sandbox died; not your input)
-  10 busy: the host stayed at capacity while the request waited in the admission queue, or a
-     token's quota, or its requests at once, are spent`
 
 var version = "dev"
 
@@ -62,14 +30,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var err error
 	if !app.handles(cmd, args) { // the client build lacks the command
 		err = handOver(args)
-	} else if err = cmd.ExecuteContext(ctx); errors.Is(err, errNeedFull) {
+	} else if err = execute(ctx, cmd, args); errors.Is(err, errNeedFull) {
 		err = handOver(args)
 	}
 	if err == nil {
 		return exitOK
-	}
-	if strings.HasPrefix(err.Error(), "unknown command ") { // cobra's, untyped
-		err = usageError{err}
 	}
 	var ce cmdExit
 	if errors.As(err, &ce) { // a command's exit code, passed through
@@ -79,56 +44,47 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return exitCode(err)
 }
 
-// usageError marks a problem with the command line itself.
-type usageError struct{ error }
+// execute runs the command args name. cobra's errors about the command
+// line itself are untyped; they become usage errors here by where they
+// arise, not by their text:
+//   - a name no command has: Find, Execute's first step, failed. It is
+//     asked again after Execute, on the same tree (with the help,
+//     completion and __complete commands Execute adds) and the same
+//     args, so it fails alike, and only then;
+//   - arguments a command's validator refuses: dsec's validators give
+//     usage errors already, cobra's own (its completion commands take no
+//     arguments) are made to.
+func execute(ctx context.Context, root *cobra.Command, args []string) error {
+	root.InitDefaultCompletionCmd(args...) // as Execute does, earlier: to reach its validators
+	for _, c := range allCommands(root) {
+		if refuse := c.Args; refuse != nil {
+			c.Args = func(cmd *cobra.Command, args []string) error {
+				err := refuse(cmd, args)
+				if err != nil && !isUsage(err) {
+					return usageError{err}
+				}
+				return err
+			}
+		}
+	}
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		if _, _, ferr := root.Find(args); ferr != nil {
+			return usageError{err}
+		}
+	}
+	return err
+}
+
+// allCommands is root and every command under it.
+func allCommands(root *cobra.Command) []*cobra.Command {
+	all := []*cobra.Command{root}
+	for _, c := range root.Commands() {
+		all = append(all, allCommands(c)...)
+	}
+	return all
+}
 
 // errNeedFull: the client build met input only the complete binary
 // reads (a policy file), before doing anything; it hands the command over.
 var errNeedFull = errors.New("needs dsec's complete binary")
-
-func (u usageError) Unwrap() error { return u.error }
-
-func exitCode(err error) int {
-	var u usageError
-	var coded *codedError
-	switch {
-	case errors.As(err, &coded):
-		return coded.code
-	case errors.As(err, &u):
-		return exitUsage
-	case isNoSpace(err):
-		return exitNoSpace
-	case errdefs.IsNotFound(err), errors.Is(err, fs.ErrNotExist):
-		return exitNotFound
-	case errdefs.IsPermissionDenied(err), errdefs.IsUnauthorized(err):
-		return exitDenied
-	case errdefs.IsAlreadyExists(err):
-		return exitExists
-	case errdefs.IsFailedPrecondition(err), errdefs.IsNotImplemented(err):
-		return exitState
-	case errdefs.IsUnavailable(err):
-		return exitInfraErr
-	case errdefs.IsResourceExhausted(err):
-		return exitBusy
-	case errdefs.IsOutOfRange(err):
-		return exitBadInput
-	case errdefs.IsInvalidArgument(err):
-		if isBadInput(err) {
-			return exitBadInput
-		}
-		return exitUsage
-	}
-	return exitFailure
-}
-
-// userMessage drops the errdefs class names that wrapping appends.
-func userMessage(err error) string {
-	msg := err.Error()
-	for _, suffix := range []string{": not found", ": already exists", ": invalid argument", ": data loss", ": not implemented", ": permission denied", ": failed precondition", ": unavailable", ": out of range", ": resource exhausted", ": unknown", ": conflict", ": canceled", ": aborted"} {
-		msg = strings.TrimSuffix(msg, suffix)
-	}
-	if isNoSpace(err) {
-		msg += " (free space on the store's file system or choose another --root)"
-	}
-	return msg
-}

@@ -12,7 +12,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
@@ -20,53 +19,6 @@ import (
 	"github.com/dsec-project/dsec/internal/units"
 	"github.com/dsec-project/dsec/sdk"
 )
-
-// Exit codes of run and exec, which otherwise exit with the command's.
-const (
-	exitDsec  = 125 // dsec could not run the command (unknown sandbox, ...)
-	exitInfra = 255 // the sandbox or the worker failed under the command
-)
-
-const runExitHelp = `Exit codes: the command's own exit code (128+N if a signal N killed it, 127 if it
-was not found in the sandbox); 2 for a bad command line; 125 if dsec could not run it (unknown
-sandbox or layer, a stopped sandbox: the message says which); 10 if the host stayed at capacity for
-the admission queue's timeout; 137 if dsec stop killed it; 255 if the sandbox or the worker failed
-under it (an infrastructure failure: the step says nothing about the command; retry it with
-the same --id to collect its result if it ran).`
-
-// cmdExit makes dsec exit with a command's code, silently.
-type cmdExit struct{ code int }
-
-func (e cmdExit) Error() string { return fmt.Sprintf("exit %d", e.code) }
-
-// runError gives run's and exec's own failures their exit codes.
-func runError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ce cmdExit
-	var ue usageError
-	if errors.As(err, &ce) || errors.As(err, &ue) {
-		return err
-	}
-	code := exitDsec
-	switch {
-	case sdk.IsInfra(err):
-		code = exitInfra
-	case errdefs.IsResourceExhausted(err): // as the exit code table says
-		code = exitBusy
-	case errdefs.IsInvalidArgument(err): // a bad flag or name: the command line
-		code = exitUsage
-	}
-	return &codedError{err, code}
-}
-
-type codedError struct {
-	error
-	code int
-}
-
-func (e *codedError) Unwrap() error { return e.error }
 
 // sdkOptions reach the worker the settings name: --host's, else the
 // root's.
