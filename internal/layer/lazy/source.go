@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,20 +25,20 @@ type source interface {
 
 // openSource opens the layer blob at a remote URL.
 func openSource(spec Spec) (source, error) {
-	u, err := url.Parse(spec.Remote)
+	loc, err := remote.ParseLocation(spec.Remote)
 	if err != nil {
 		return nil, err
 	}
-	switch u.Scheme {
-	case "dir":
-		f, err := os.Open(filepath.Join(u.Path, "blobs", "sha256", spec.Digest.Encoded()))
+	switch loc.Scheme {
+	case remote.SchemeDir:
+		f, err := os.Open(filepath.Join(loc.Path, "blobs", "sha256", spec.Digest.Encoded()))
 		if err != nil {
 			return nil, fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
 		}
 		return dirSource{f, remote.EmulationFromEnv()}, nil
-	case "oci":
+	case remote.SchemeOCI:
 		name, _, _ := strings.Cut(spec.Ref, ":")
-		return newHTTPSource(u.Host, strings.Trim(u.Path, "/")+"/"+name, spec.Digest, spec.Insecure), nil
+		return newHTTPSource(loc.Host, loc.Repo+"/"+name, spec.Digest, spec.Insecure), nil
 	}
 	return nil, fmt.Errorf("remote %s: unknown scheme", spec.Remote)
 }

@@ -59,29 +59,63 @@ type Options struct {
 	PublicOnly bool
 }
 
-// Open opens a remote URL: dir:///PATH or oci://HOST[:PORT]/REPOSITORY.
-func Open(rawURL string, o Options) (Target, error) {
+// Scheme is the kind of store a remote URL names.
+type Scheme int
+
+const (
+	SchemeUnknown Scheme = iota // no scheme, or one dsec does not know
+	SchemeDir                   // dir:///PATH: an OCI image layout on a POSIX path
+	SchemeOCI                   // oci://HOST[:PORT]/REPOSITORY: a registry's repository
+)
+
+// Location is a remote URL read once: its scheme and the parts that
+// scheme has. What else the URL must be is Open's to check.
+type Location struct {
+	URL    *url.URL
+	Scheme Scheme
+	Path   string // SchemeDir: the directory
+	Host   string // SchemeOCI: HOST[:PORT]
+	Repo   string // SchemeOCI: the repository, without slashes around it
+}
+
+// ParseLocation reads a remote URL; its error is url.Parse's.
+func ParseLocation(rawURL string) (Location, error) {
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme == "" {
-		return nil, fmt.Errorf("bad remote %q: give dir:///PATH or oci://HOST[:PORT]/REPOSITORY: %w", rawURL, errdefs.ErrInvalidArgument)
+	if err != nil {
+		return Location{}, err
 	}
+	loc := Location{URL: u}
 	switch u.Scheme {
 	case "dir":
-		if u.Host != "" || !filepath.IsAbs(u.Path) {
+		loc.Scheme, loc.Path = SchemeDir, u.Path
+	case "oci":
+		loc.Scheme, loc.Host, loc.Repo = SchemeOCI, u.Host, strings.Trim(u.Path, "/")
+	}
+	return loc, nil
+}
+
+// Open opens a remote URL: dir:///PATH or oci://HOST[:PORT]/REPOSITORY.
+func Open(rawURL string, o Options) (Target, error) {
+	loc, err := ParseLocation(rawURL)
+	if err != nil || loc.URL.Scheme == "" {
+		return nil, fmt.Errorf("bad remote %q: give dir:///PATH or oci://HOST[:PORT]/REPOSITORY: %w", rawURL, errdefs.ErrInvalidArgument)
+	}
+	switch loc.Scheme {
+	case SchemeDir:
+		if loc.URL.Host != "" || !filepath.IsAbs(loc.Path) {
 			return nil, fmt.Errorf("bad remote %q: a dir: remote is dir:///ABSOLUTE/PATH: %w", rawURL, errdefs.ErrInvalidArgument)
 		}
-		return openDir(u.Path)
-	case "oci":
-		repo := strings.Trim(u.Path, "/")
-		if u.Host == "" || repo == "" {
+		return openDir(loc.Path)
+	case SchemeOCI:
+		if loc.Host == "" || loc.Repo == "" {
 			return nil, fmt.Errorf("bad remote %q: an oci: remote is oci://HOST[:PORT]/REPOSITORY: %w", rawURL, errdefs.ErrInvalidArgument)
 		}
-		if o.Insecure && !isLoopback(u.Hostname()) {
-			return nil, fmt.Errorf("--insecure (plain HTTP) is allowed only for a registry on localhost, not %s: %w", u.Host, errdefs.ErrInvalidArgument)
+		if o.Insecure && !isLoopback(loc.URL.Hostname()) {
+			return nil, fmt.Errorf("--insecure (plain HTTP) is allowed only for a registry on localhost, not %s: %w", loc.Host, errdefs.ErrInvalidArgument)
 		}
-		return openOCI(u.Host, repo, o), nil
+		return openOCI(loc.Host, loc.Repo, o), nil
 	}
-	return nil, fmt.Errorf("bad remote %q: unknown scheme %q (want dir or oci): %w", rawURL, u.Scheme, errdefs.ErrInvalidArgument)
+	return nil, fmt.Errorf("bad remote %q: unknown scheme %q (want dir or oci): %w", rawURL, loc.URL.Scheme, errdefs.ErrInvalidArgument)
 }
 
 func isLoopback(host string) bool {
