@@ -566,8 +566,8 @@ func (a *app) showProgress() bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// nameResult is one name of a command over several (stop, start, rm,
-// snap rm, pool rm) in its --json list.
+// nameResult is one name of a command over several (stop, start, pause,
+// resume, rm, snap rm, pool rm) in its --json list.
 type nameResult struct {
 	Name  string `json:"name"`
 	Error string `json:"error,omitempty"`
@@ -605,7 +605,8 @@ func (a *app) eachName(names []string, asJSON bool, fn func(string) error) error
 }
 
 // localAnnotation marks a command (and those under it) that acts on
-// this machine's root whatever --host says: layers, tokens, the worker.
+// this machine's root whatever --host says: layers, images, tokens, the
+// worker, a gateway.
 const localAnnotation = "dsec.local"
 
 // sayLocal tells a user who gave --host that cmd acts here.
