@@ -2,10 +2,17 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/containerd/errdefs"
 )
+
+// ErrInfra marks failures of the sandbox, the worker or the host rather
+// than of a command: a trainer retries these elsewhere instead of
+// scoring them. It is errdefs' unavailable class, which is what crosses
+// the wire; the worker's runtime and the SDK both wrap this one.
+var ErrInfra = fmt.Errorf("infrastructure failure: %w", errdefs.ErrUnavailable)
 
 // Error classes.
 const (

@@ -67,12 +67,12 @@ func TestFnCallNeverLeaksBetweenCalls(t *testing.T) {
 	waitFor(t, "the pool to fill", func() bool { return warm(t, c, "p") == 2 })
 	// Every group of the worker's (the pool's sandboxes, its spares)
 	// carries the device allowlist.
-	names, err := cgroup.List("sb-", dsecrt.CgroupSuffix(w.Root))
+	names, err := cgroup.NewTree("").List("sb-", dsecrt.CgroupSuffix(w.Root))
 	if err != nil || len(names) < 2 {
 		t.Fatalf("the worker's groups: %v %v", names, err)
 	}
 	for _, n := range names {
-		if g, err := cgroup.Open(n); err != nil || !policy.DevicesAttached(g.Path()) {
+		if g, err := cgroup.NewTree("").Open(n); err != nil || !policy.DevicesAttached(g.Path()) {
 			t.Errorf("group %s: no device allowlist (%v)", n, err)
 		}
 	}

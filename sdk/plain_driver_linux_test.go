@@ -11,7 +11,6 @@ import (
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
-	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/containers"
@@ -44,7 +43,7 @@ func (plainDriver) Start(_ context.Context, s driver.StartSpec) (out driver.Star
 			return out, err
 		}
 	}
-	g, devices, err := driver.NewGroup(s.Group, s.Limits)
+	g, devices, err := driver.NewGroup(s.Groups, s.Group, s.Limits)
 	if err != nil {
 		return out, err
 	}
@@ -71,7 +70,7 @@ func (plainDriver) Start(_ context.Context, s driver.StartSpec) (out driver.Star
 }
 
 func (plainDriver) Attach(_ context.Context, h driver.Handle) (out driver.Started, err error) {
-	out.Group, _ = cgroup.Open(h.Group)
+	out.Group, _ = h.Groups.Open(h.Group)
 	if h.Paused {
 		return out, nil
 	}

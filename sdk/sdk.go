@@ -82,7 +82,7 @@ type Client struct {
 
 // ErrInfra marks failures of the sandbox, the worker or the host rather
 // than of a command (errdefs.IsUnavailable matches it too).
-var ErrInfra = fmt.Errorf("infrastructure failure: %w", errdefs.ErrUnavailable)
+var ErrInfra = api.ErrInfra
 
 // IsInfra reports whether err is an infrastructure failure.
 func IsInfra(err error) bool { return errors.Is(err, ErrInfra) || errdefs.IsUnavailable(err) }

@@ -285,7 +285,7 @@ func TestBoundedDefaults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := cgroup.Open(filepath.Base(info.Cgroup))
+		g, err := cgroup.NewTree("").Open(filepath.Base(info.Cgroup))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -323,7 +323,7 @@ func TestBoundedDefaults(t *testing.T) {
 		t.Errorf("a sandbox beside a fork bomb: %q %+v", out, res)
 	}
 	info, _ := plain.Inspect(ctx)
-	if g, err := cgroup.Open(filepath.Base(info.Cgroup)); err == nil {
+	if g, err := cgroup.NewTree("").Open(filepath.Base(info.Cgroup)); err == nil {
 		if pids, _ := g.Pids(); len(pids) > 64+driver.InitPids {
 			t.Errorf("the fork bomb has %d processes, over the default of 64", len(pids))
 		}
@@ -341,14 +341,10 @@ func hostMemory(t *testing.T) int64 {
 
 // ownParent is a parent group of the test's own, dsec-test-WHAT-PID,
 // for the sandboxes of the worker it starts (runtimetest.Config's
-// CgroupParent) and for this process (its cleanup and Leftovers find
-// the worker's groups there).
+// CgroupParent, where runtimetest's cleanup and Leftovers then find
+// them).
 func ownParent(t *testing.T, what string) string {
-	parent := fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
-	old := cgroup.Parent
-	cgroup.Parent = parent
-	t.Cleanup(func() { cgroup.Parent = old })
-	return parent
+	return fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
 }
 
 // TestPressureFreezesBatch: under memory pressure batch sandboxes give

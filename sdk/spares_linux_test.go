@@ -25,7 +25,7 @@ func TestSpares(t *testing.T) {
 	ctx := context.Background()
 	waitFor(t, "two spares", func() bool { return len(w.Spares()) == 2 })
 	spares := w.Spares()
-	spareGroups, _ := runtime.Groups(w.Root) // no sandbox yet: the spares'
+	spareGroups, _ := runtime.Groups(nil, w.Root) // no sandbox yet: the spares'
 
 	sb := create(t, c, api.SandboxSpec{Name: "fast"})
 	info, err := sb.Inspect(ctx)
@@ -59,7 +59,7 @@ func TestSpares(t *testing.T) {
 	})
 	w = runtimetest.StartWorkerWith(t, w.Root, cfg)
 	waitFor(t, "two new spares", func() bool { return len(w.Spares()) == 2 })
-	groups, err := runtime.Groups(w.Root)
+	groups, err := runtime.Groups(nil, w.Root)
 	if err != nil || len(groups) != 4 || !slices.Contains(groups, lastElem(info.Cgroup)) || !slices.Contains(groups, lastElem(binfo.Cgroup)) {
 		t.Fatalf("after a restart the groups are %v (%v): want two new spares' and the sandboxes' %s and %s", groups, err, info.Cgroup, binfo.Cgroup)
 	}
@@ -69,7 +69,7 @@ func TestSpares(t *testing.T) {
 	if err := sb.Remove(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if groups, _ := runtime.Groups(w.Root); slices.Contains(groups, lastElem(info.Cgroup)) {
+	if groups, _ := runtime.Groups(nil, w.Root); slices.Contains(groups, lastElem(info.Cgroup)) {
 		t.Fatalf("the removed sandbox's group stays: %v", groups)
 	}
 }
@@ -82,7 +82,7 @@ func TestWithoutSpares(t *testing.T) {
 	w, c := setupWith(t, runtimetest.Config{Admission: worker.Admission{Spares: -1, Primed: -1}})
 	sb := create(t, c, api.SandboxSpec{Name: "cold"})
 	info, _ := sb.Inspect(context.Background())
-	if groups, _ := runtime.Groups(w.Root); len(groups) != 1 || len(w.Spares()) != 0 {
+	if groups, _ := runtime.Groups(nil, w.Root); len(groups) != 1 || len(w.Spares()) != 0 {
 		t.Fatalf("spares without spares: %s, %v", info.Cgroup, w.Spares())
 	}
 	if out, res := run(t, sb, "x", "cat /etc/answer"); out != "42\n" {

@@ -139,7 +139,7 @@ func hostState(t *testing.T, root string) []string {
 			out = append(out, "process "+p)
 		}
 	}
-	groups, err := runtime.Groups(root)
+	groups, err := runtime.Groups(nil, root)
 	if err != nil {
 		t.Fatal(err)
 	}

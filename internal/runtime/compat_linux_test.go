@@ -92,7 +92,7 @@ func buildCompat(t *testing.T, f *snapFixture) (python bool) {
 func TestCompatibility(t *testing.T) {
 	f := newSnapFixture(t)
 	python := buildCompat(t, f)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "compat", Layers: []string{"compat:1", "bb:1"}, Env: []string{"HOME=/root"}}})
+	sb := f.create(dsecrt.Spec{Name: "compat", Layers: []string{"compat:1", "bb:1"}, Env: []string{"HOME=/root"}})
 
 	out, code := sh(t, sb, "compat", "/opt/compat/compat")
 	if code != 0 {
@@ -160,8 +160,8 @@ rm /etc/answer && [ ! -e /etc/answer ] && dd if=/dev/zero of=big bs=1 count=1 se
 	if err != nil {
 		t.Fatal(err)
 	}
-	nat := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "compat-nat", Layers: []string{"compat:1", "bb:1"}, Policy: natPol}})
-	if out, _ := sh(t, nat, "compat", "/opt/compat/compat | grep interfaces"); !strings.Contains(out, "eth0="+nat.Snapshot().NAT.Sandbox+"/30") {
+	nat := f.create(dsecrt.Spec{Name: "compat-nat", Layers: []string{"compat:1", "bb:1"}, Policy: natPol})
+	if out, _ := sh(t, nat, "compat", "/opt/compat/compat | grep interfaces"); !strings.Contains(out, "eth0="+nat.Current().NAT.Sandbox+"/30") {
 		t.Errorf("interfaces in nat mode: %q", out)
 	}
 }

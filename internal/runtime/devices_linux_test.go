@@ -53,9 +53,13 @@ func TestDeviceIsolation(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
 	spares := prepared(runtime.NewDrivers(runtime.DriverConfig{Root: root, Spares: 1}))
-	mSpare := runtime.Mounter{Store: s, Drivers: spares}
-	primed := runtime.StartPrimed(root, runtime.Mounter{Store: s}, 1)
-	mPrimed := runtime.Mounter{Store: s, Primed: primed}
+	// Three hosts on one root, used one after the other: a plain one,
+	// one with a spare init, one with a primed sandbox.
+	plain := &runtime.Host{Root: root, Store: s}
+	mSpare := &runtime.Host{Root: root, Store: s, Drivers: spares}
+	mPrimed := &runtime.Host{Root: root, Store: s}
+	primed := mPrimed.StartPrimed(1)
+	mPrimed.Primed = primed
 	t.Cleanup(func() {
 		primed.Close()
 		spares.Close()
@@ -64,17 +68,16 @@ func TestDeviceIsolation(t *testing.T) {
 			t.Errorf("left behind: %v", l)
 		}
 	})
-	create := func(o runtime.Options, m runtime.Mounter) *runtime.Sandbox {
+	create := func(o runtime.Spec, h *runtime.Host) *runtime.Sandbox {
 		t.Helper()
-		o.Mounter = m
-		sb, err := runtime.Create(ctx, root, o)
+		sb, err := h.Create(ctx, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sb.Remove() })
 		return sb
 	}
-	a := create(runtime.Options{Spec: runtime.Spec{Name: "a", Layers: []string{"bb:1"}, Disk: 32 << 20}}, runtime.Mounter{Store: s})
+	a := create(runtime.Spec{Name: "a", Layers: []string{"bb:1"}, Disk: 32 << 20}, plain)
 	if out, code := sh(t, a, "secret", "echo SECRET-OF-A > /secret && sync"); code != 0 {
 		t.Fatalf("A: %s", out)
 	}
@@ -96,15 +99,15 @@ func TestDeviceIsolation(t *testing.T) {
 done 2>&1`, major, minor)
 	try := func(how string, sb *runtime.Sandbox, n int) {
 		t.Helper()
-		st := sb.Snapshot()
-		g, err := cgroup.Open(st.CgroupName)
+		st := sb.Current()
+		g, err := cgroup.NewTree("").Open(st.CgroupName)
 		if err != nil {
 			t.Fatalf("%s: %v", how, err)
 		}
 		if !policy.DevicesAttached(g.Path()) {
 			t.Errorf("%s: no device program on %s", how, g.Path())
 		}
-		if list, err := os.ReadFile(filepath.Join(cgroup.Root, "devices", cgroup.Parent, st.CgroupName, "devices.list")); err == nil {
+		if list, err := os.ReadFile(filepath.Join(cgroup.Root, "devices", cgroup.DefaultParent, st.CgroupName, "devices.list")); err == nil {
 			if strings.Contains(string(list), "a *:* rwm") || !strings.Contains(string(list), "c 1:3 rw") {
 				t.Errorf("%s: v1 devices.list %q", how, list)
 			}
@@ -125,35 +128,35 @@ done 2>&1`, major, minor)
 		}
 	}
 
-	own := create(runtime.Options{Spec: runtime.Spec{Name: "own", Layers: []string{"bb:1"}}}, runtime.Mounter{Store: s})
+	own := create(runtime.Spec{Name: "own", Layers: []string{"bb:1"}}, plain)
 	try("own init", own, 0)
-	before, _ := runtime.Groups(root) // the spare's among them
-	spare := create(runtime.Options{Spec: runtime.Spec{Name: "spare", Layers: []string{"bb:1"}}}, mSpare)
-	if !slices.Contains(before, spare.Snapshot().CgroupName) {
-		t.Errorf("spare: the sandbox did not take a spare: %s", spare.Snapshot().CgroupName)
+	before, _ := runtime.Groups(nil, root) // the spare's among them
+	spare := create(runtime.Spec{Name: "spare", Layers: []string{"bb:1"}}, mSpare)
+	if !slices.Contains(before, spare.Current().CgroupName) {
+		t.Errorf("spare: the sandbox did not take a spare: %s", spare.Current().CgroupName)
 	}
 	try("spare", spare, 1)
-	create(runtime.Options{Spec: runtime.Spec{Name: "prime", Layers: []string{"bb:1"}}}, mPrimed)
+	create(runtime.Spec{Name: "prime", Layers: []string{"bb:1"}}, mPrimed)
 	primed.Refill() // as the worker does once a create is answered
 	ready := waitPrimed(t, primed, root, 1)
-	pr := create(runtime.Options{Spec: runtime.Spec{Name: "primed", Layers: []string{"bb:1"}}}, mPrimed)
+	pr := create(runtime.Spec{Name: "primed", Layers: []string{"bb:1"}}, mPrimed)
 	if pr.Dir() != ready[0] {
-		t.Errorf("primed: the sandbox did not take a primed one: %s", pr.Snapshot().CgroupName)
+		t.Errorf("primed: the sandbox did not take a primed one: %s", pr.Current().CgroupName)
 	}
 	try("primed", pr, 2)
-	us := create(runtime.Options{Spec: runtime.Spec{Name: "userns", Layers: []string{"bb:1"}, UserNS: true}}, runtime.Mounter{Store: s})
+	us := create(runtime.Spec{Name: "userns", Layers: []string{"bb:1"}, UserNS: true}, plain)
 	try("user namespace", us, 3)
 
 	if err := own.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := own.Start(ctx, runtime.Mounter{Store: s}); err != nil {
+	if err := own.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	try("after stop and start", own, 4)
 	own.Close() // the worker goes; a new one adopts the sandbox
 	// As an older dsec would have left it: no device program.
-	g, err := cgroup.Open(own.Snapshot().CgroupName)
+	g, err := cgroup.NewTree("").Open(own.Current().CgroupName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +164,7 @@ done 2>&1`, major, minor)
 	if policy.DevicesAttached(g.Path()) {
 		t.Fatal("the device program is still attached")
 	}
-	again, err := runtime.Load(root, "own", nil)
+	again, err := (&runtime.Host{Root: root, Store: s}).Load("own")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,11 +211,11 @@ func BenchmarkDevices(b *testing.B) {
 	}
 	defer runtime.SetNoDevices(false)
 	var d [2][]time.Duration
+	h := &runtime.Host{Root: root, Store: s}
 	i := 0
 	for b.Loop() {
 		runtime.SetNoDevices(i%2 == 1)
-		first, _ := createExecRemove(b, root, runtime.Options{Spec: runtime.Spec{Name: fmt.Sprint("bench-", i),
-			Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}})
+		first, _ := createExecRemove(b, h, runtime.Spec{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}})
 		d[i%2] = append(d[i%2], first)
 		i++
 	}
@@ -233,9 +236,9 @@ func p50(x []time.Duration) float64 {
 
 // createExecRemove makes a sandbox, runs true in it and removes it:
 // how long until true was done, and until the sandbox was gone.
-func createExecRemove(b *testing.B, root string, o runtime.Options) (first, whole time.Duration) {
+func createExecRemove(b *testing.B, h *runtime.Host, o runtime.Spec) (first, whole time.Duration) {
 	t0 := time.Now()
-	sb, err := runtime.Create(context.Background(), root, o)
+	sb, err := h.Create(context.Background(), o)
 	if err != nil {
 		b.Fatal(err)
 	}

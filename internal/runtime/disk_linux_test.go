@@ -30,9 +30,9 @@ func TestDiskQuota(t *testing.T) {
 	pol := func(disk string) *api.Policy {
 		return &api.Policy{APIVersion: "dsec/v1", Kind: "Policy", Resources: &api.ResourcePolicy{Disk: disk}}
 	}
-	q := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "quota", Layers: []string{"bb:1"}, Policy: pol("32M")}})
-	free := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "free", Layers: []string{"bb:1"}}})
-	if d := q.Snapshot().Disk; d != 32<<20 {
+	q := f.create(dsecrt.Spec{Name: "quota", Layers: []string{"bb:1"}, Policy: pol("32M")})
+	free := f.create(dsecrt.Spec{Name: "free", Layers: []string{"bb:1"}})
+	if d := q.Current().Disk; d != 32<<20 {
 		t.Fatalf("disk quota %d", d)
 	}
 	// Sparse: the image takes host disk as it is written, not its size.
@@ -67,7 +67,7 @@ func TestDiskQuota(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(q.Upper(), "work.keep")); err != nil || string(b) != "kept\n" {
 		t.Errorf("a stopped sandbox's upper: %q, %v", b, err)
 	}
-	if err := q.Start(ctx, f.m); err != nil {
+	if err := q.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if out, _ := sh(t, q, "kept", "cat /work.keep"); out != "kept\n" {
@@ -95,7 +95,7 @@ func TestDiskQuota(t *testing.T) {
 		if _, err := q.ApplyPolicy(ctx, pol("96M")); err != nil {
 			t.Fatal(err)
 		}
-		if err := q.Start(ctx, f.m); err != nil {
+		if err := q.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if out, _ := sh(t, q, "kept2", "cat /work.keep"); out != "kept\n" {
@@ -122,7 +122,7 @@ func TestDiskQuota(t *testing.T) {
 	if out, _ := sh(t, free, "over", "rm /tmp/fill; dd if=/dev/zero of=/tmp/fill bs=1M count=48 2>&1; echo rc=$?"); !strings.Contains(out, "Disk quota exceeded") {
 		t.Errorf("48 MiB under a bound lowered to 40 MiB: %q", out)
 	}
-	dir, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Spec: dsecrt.Spec{Name: "dir", Layers: []string{"bb:1"}}, Mounter: dsecrt.Mounter{Store: f.s}})
+	dir, err := (&dsecrt.Host{Root: f.root, Store: f.s}).Create(ctx, dsecrt.Spec{Name: "dir", Layers: []string{"bb:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,18 +130,18 @@ func TestDiskQuota(t *testing.T) {
 	if _, err := dir.ApplyPolicy(ctx, pol("1G")); err == nil || !strings.Contains(err.Error(), "made without a disk quota") {
 		t.Errorf("a quota added to a sandbox whose upper is a directory: %v", err)
 	}
-	if d := q.Snapshot().Disk; d != 96<<20 {
+	if d := q.Current().Disk; d != 96<<20 {
 		t.Errorf("quota after refused changes: %d", d)
 	}
 
 	// Snapshots pack the upper on the disk; a branch gets its own quota.
 	f.mustPack(q, "q:1")
-	br := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "branch", From: "q:1", Disk: 20 << 20}})
+	br := f.create(dsecrt.Spec{Name: "branch", From: "q:1", Disk: 20 << 20})
 	if out, _ := sh(t, br, "kept", "cat /work.keep; dd if=/dev/zero of=/tmp/x bs=1M count=24 2>&1"); !strings.HasPrefix(out, "kept\n") || !strings.Contains(out, "No space left") {
 		t.Errorf("branch with a 20 MiB quota: %q", out)
 	}
-	if _, err := dsecrt.Create(ctx, f.root, dsecrt.Options{Spec: dsecrt.Spec{Name: "tiny", Layers: []string{"bb:1"},
-		Disk: 1 << 20}, Mounter: f.m}); err == nil || !strings.Contains(err.Error(), "at least 16 MiB") {
+	if _, err := f.m.Create(ctx, dsecrt.Spec{Name: "tiny", Layers: []string{"bb:1"},
+		Disk: 1 << 20}); err == nil || !strings.Contains(err.Error(), "at least 16 MiB") {
 		t.Errorf("a 1 MiB quota: %v", err)
 	}
 }
@@ -186,8 +186,8 @@ func TestDiskBound(t *testing.T) {
 		}
 	}
 	f.m.DiskBound = 16 << 20
-	b := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "bound", Layers: []string{"bb:1"}}})
-	if st := b.Snapshot(); st.UpperFS == "" || st.DiskBound != 16<<20 || st.Disk != 0 {
+	b := f.create(dsecrt.Spec{Name: "bound", Layers: []string{"bb:1"}})
+	if st := b.Current(); st.UpperFS == "" || st.DiskBound != 16<<20 || st.Disk != 0 {
 		t.Fatalf("state %+v: want an upper on the uppers file system bounded at 16 MiB", st)
 	}
 	out, _ := sh(t, b, "fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=24 2>&1; echo rc=$?")
@@ -229,7 +229,7 @@ func TestDiskBound(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(b.Upper(), "keep")); err != nil || string(data) != "kept\n" {
 		t.Errorf("a stopped sandbox's upper: %q, %v", data, err)
 	}
-	if err := b.Start(context.Background(), f.m); err != nil {
+	if err := b.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if out, _ := sh(t, b, "kept", "cat /keep"); out != "kept\n" {
@@ -238,8 +238,8 @@ func TestDiskBound(t *testing.T) {
 
 	// Opted out: only the file system's size bounds it, not the host's
 	// disk, which keeps what the image takes of it below that size.
-	u := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "unbound", Layers: []string{"bb:1"}, DiskBound: api.Unlimited}})
-	if st := u.Snapshot(); st.UpperFS == "" || st.DiskBound != 0 {
+	u := f.create(dsecrt.Spec{Name: "unbound", Layers: []string{"bb:1"}, DiskBound: api.Unlimited})
+	if st := u.Current(); st.UpperFS == "" || st.DiskBound != 0 {
 		t.Fatalf("state %+v: want an upper on the uppers file system without a bound", st)
 	}
 	out, _ = sh(t, u, "fill", "dd if=/dev/zero of=/tmp/fill bs=1M count=300 2>&1; echo rc=$?")
@@ -315,22 +315,21 @@ func BenchmarkDiskBound(b *testing.B) {
 	if os.Getenv("DSEC_BENCH_LIVE_DIRS") == "1" {
 		bound = 0
 	}
+	lh := &dsecrt.Host{Root: root, Store: s, DiskBound: bound}
 	for i := range live {
-		sb, err := dsecrt.Create(context.Background(), root, dsecrt.Options{Spec: dsecrt.Spec{Name: fmt.Sprint("live-", i),
-			Layers: []string{"bb:1"}}, Mounter: dsecrt.Mounter{Store: s, DiskBound: bound}})
+		sb, err := lh.Create(context.Background(), dsecrt.Spec{Name: fmt.Sprint("live-", i),
+			Layers: []string{"bb:1"}})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer sb.Remove()
 	}
 	var first, whole [2][]time.Duration
+	hosts := [2]*dsecrt.Host{{Root: root, Store: s, DiskBound: 10 << 30}, {Root: root, Store: s}}
 	i := 0
 	for b.Loop() {
-		m := dsecrt.Mounter{Store: s}
-		if i%2 == 0 {
-			m.DiskBound = 10 << 30
-		}
-		f, w := createExecRemove(b, root, dsecrt.Options{Spec: dsecrt.Spec{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}}, Mounter: m})
+		h := hosts[i%2]
+		f, w := createExecRemove(b, h, dsecrt.Spec{Name: fmt.Sprint("bench-", i), Layers: []string{"bb:1"}})
 		first[i%2], whole[i%2] = append(first[i%2], f), append(whole[i%2], w)
 		i++
 	}

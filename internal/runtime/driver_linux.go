@@ -6,7 +6,6 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/policy"
-	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
@@ -20,7 +19,7 @@ import (
 
 // handle is what sb's driver is given of it.
 func (sb *Sandbox) handle() driver.Handle {
-	return driver.Handle{ID: sb.ID, Name: sb.Name, Dir: sb.dir, Root: sb.root(), Slot: sb.owner(), Group: sb.CgroupName,
+	return driver.Handle{ID: sb.ID, Name: sb.Name, Dir: sb.dir, Root: sb.root(), Slot: sb.slot(), Groups: sb.host.Groups(), Group: sb.CgroupName,
 		Pid: sb.Pid, Paused: sb.Paused, UserNS: sb.UserNS, Instance: sb.c,
 		Record: driver.Record{IDs: sb.IDs, NAT: sb.NAT, VM: sb.VM, Machine: sb.Machine}}
 }
@@ -86,8 +85,8 @@ func (sb *Sandbox) newID() string {
 // dropPrestarted discards the warm instance newID took, if start did
 // not take it.
 func (sb *Sandbox) dropPrestarted() {
-	if p, ok := sb.d.(driver.Prestarter); ok && sb.prestarted != nil {
-		p.Discard(sb.prestarted)
+	if sb.prestarted != nil {
+		sb.prestarted.Discard()
 	}
 	sb.prestarted = nil
 }
@@ -110,7 +109,7 @@ func (sb *Sandbox) killInstance() []error {
 		sb.c = nil
 	}
 	if sb.g == nil {
-		sb.g, _ = cgroup.Open(sb.CgroupName)
+		sb.g, _ = sb.host.Groups().Open(sb.CgroupName)
 	}
 	if sb.g != nil {
 		if err := sb.g.Kill(); err != nil {
@@ -135,7 +134,7 @@ func (sb *Sandbox) killInstance() []error {
 	// both are asked for before its first state is saved, so a worker
 	// killed between taking one and saving it still finds the ask.
 	if sb.NAT != nil || sb.Policy == nil || sb.Policy.Network.Mode == api.NetworkNAT {
-		if err := network.Down(sb.owner()); err != nil {
+		if err := network.Down(sb.slot()); err != nil {
 			errs = append(errs, err)
 		}
 		sb.NAT = nil

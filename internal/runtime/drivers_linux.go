@@ -10,6 +10,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/containers"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms"
@@ -35,13 +36,20 @@ type DriverConfig struct {
 	// DNS configures the egress service of sandboxes with domain
 	// rules (nil: none, and such sandboxes fail to start).
 	DNS *egress.Config
+	// Groups is the tree of the sandboxes' groups (nil: under
+	// cgroup.DefaultParent).
+	Groups *cgroup.Tree
 }
 
 // NewDrivers builds the drivers c configures, the default first;
 // Prepare starts what they keep ahead of need, Close stops it.
 func NewDrivers(c DriverConfig) *Drivers {
+	groups := c.Groups
+	if groups == nil {
+		groups = cgroup.NewTree("")
+	}
 	list := []driver.Driver{
-		containers.New(containers.Config{Root: c.Root, Spares: c.Spares}),
+		containers.New(containers.Config{Root: c.Root, Spares: c.Spares, Groups: groups}),
 		microvms.New(c.MicroVM),
 	}
 	list = append(list, c.Extra...)
@@ -49,7 +57,7 @@ func NewDrivers(c DriverConfig) *Drivers {
 	for i, d := range list {
 		bs[i] = d
 	}
-	ds := &Drivers{Registry: backend.NewRegistry(bs...), list: list}
+	ds := &Drivers{Registry: backend.NewRegistry(bs...), list: list, groups: groups}
 	if c.DNS != nil {
 		ds.egress = network.NewEgress(*c.DNS)
 	}
@@ -62,7 +70,11 @@ type Drivers struct {
 	*backend.Registry
 	list   []driver.Driver
 	egress *network.Egress
+	groups *cgroup.Tree
 }
+
+// Groups is the tree of the groups ds's sandboxes run in.
+func (ds *Drivers) Groups() *cgroup.Tree { return ds.groups }
 
 // Egress is the egress service of the sandboxes of ds (nil: none).
 func (ds *Drivers) Egress() *network.Egress {
@@ -72,19 +84,10 @@ func (ds *Drivers) Egress() *network.Egress {
 	return ds.egress
 }
 
-// orDefault is ds, or for nil (library use) the built-in drivers
-// without spares.
-func (ds *Drivers) orDefault() *Drivers {
-	if ds == nil {
-		return NewDrivers(DriverConfig{})
-	}
-	return ds
-}
-
 // Driver finds the driver named name ("" is the default: a sandbox an
 // older dsec made records none).
 func (ds *Drivers) Driver(name string) (driver.Driver, error) {
-	b, err := ds.orDefault().Lookup(name)
+	b, err := ds.Lookup(name)
 	if err != nil {
 		return nil, err
 	}
@@ -92,12 +95,12 @@ func (ds *Drivers) Driver(name string) (driver.Driver, error) {
 }
 
 // Default is the default backend's name.
-func (ds *Drivers) Default() string { return ds.orDefault().Names()[0] }
+func (ds *Drivers) Default() string { return ds.Names()[0] }
 
 // MemoryBackend names the backend whose sandboxes continue a memory
 // snapshot's guest ("": none here).
 func (ds *Drivers) MemoryBackend() string {
-	for _, d := range ds.orDefault().list {
+	for _, d := range ds.list {
 		if _, ok := d.(driver.MemorySnapshotter); ok {
 			return d.Name()
 		}

@@ -143,7 +143,7 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			var r Result
 			r.Truncated = truncated
 			switch {
-			case errors.Is(err, backend.ErrDied) && sb.Snapshot().Status == Stopped:
+			case errors.Is(err, backend.ErrDied) && sb.Current().Status == Stopped:
 				// A deliberate stop killed it, as docker stop does: its
 				// result is that (128+SIGKILL), not a failure of the host.
 				code = 128 + 9
@@ -210,7 +210,7 @@ func (sb *Sandbox) journal() *journal.Journal {
 
 // LookupExec returns the exec with id, running or journaled.
 func (sb *Sandbox) LookupExec(id string) (*Exec, error) {
-	return sb.journal().Lookup(sb.Snapshot().Name, id)
+	return sb.journal().Lookup(sb.Current().Name, id)
 }
 
 // Terminal allocates a terminal for a command of the sandbox (ExecSpec's

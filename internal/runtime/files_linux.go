@@ -11,7 +11,7 @@ import (
 // Files opens the files of a running sandbox as its processes resolve
 // them, for a copy in or out: its backend's ability (driver.FileOpener).
 func (sb *Sandbox) Files() (backend.Files, error) {
-	st := sb.Snapshot()
+	st := sb.Current()
 	if st.Status != Running {
 		return nil, fmt.Errorf("sandbox %s is %s: start it first: %w", st.Name, st.Status, errdefs.ErrFailedPrecondition)
 	}

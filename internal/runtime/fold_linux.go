@@ -33,7 +33,7 @@ var folding sync.Mutex
 // of images, bases, workspaces and toolkits fold: a snapshot's files are
 // its owner's, and a fold is anyone's layer. digests, when the stack
 // came from a snapshot, follow the layers.
-func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, digests []string) ([]string, error) {
+func foldDeep(ctx context.Context, root string, o *options, d driver.Driver, digests []string) ([]string, error) {
 	b, ok := d.(driver.LayerBound)
 	if !ok || len(o.Layers) <= b.MaxLayers() {
 		return digests, nil
@@ -44,7 +44,7 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 	if len(digests) > keep {
 		copy(wants, digests[keep:])
 	}
-	src := o.Mounter.Source()
+	src := o.Host.Source()
 	sum := sha256.New()
 	for i, ref := range deep {
 		f, err := lower.Resolve(ctx, root, src, ref, wants[i])
@@ -58,7 +58,7 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 		fmt.Fprintln(sum, f.Digest)
 	}
 	tag := FoldedPrefix + hex.EncodeToString(sum.Sum(nil))[:32] + ":1"
-	info, err := fold(ctx, root, o.Mounter, tag, deep, wants)
+	info, err := fold(ctx, o.Host, tag, deep, wants)
 	if err != nil {
 		return nil, fmt.Errorf("fold the deepest %d of %d layers into one (a %s sandbox takes %d): %w", len(deep), len(o.Layers), d.Name(), b.MaxLayers(), err)
 	}
@@ -72,24 +72,24 @@ func foldDeep(ctx context.Context, root string, o *Options, d driver.Driver, dig
 // fold returns the layer tag, building it from the merged view of deep
 // (topmost first, each the image wants names, if any) if the store
 // lacks it.
-func fold(ctx context.Context, root string, m Mounter, tag string, deep, wants []string) (*layer.Info, error) {
+func fold(ctx context.Context, h *Host, tag string, deep, wants []string) (*layer.Info, error) {
 	folding.Lock()
 	defer folding.Unlock()
-	if info, err := layer.Resolve(ctx, m.Store, tag); err == nil {
+	if info, err := layer.Resolve(ctx, h.Store, tag); err == nil {
 		return info, nil
 	}
 	user := "fold-" + strings.TrimPrefix(strings.TrimSuffix(tag, ":1"), FoldedPrefix)
-	ms := lower.Of(root)
+	ms := h.Lowers()
 	defer ms.Release(user)
 	var dirs []string
 	for i, ref := range deep {
-		dir, _, err := ms.Acquire(ctx, m.Source(), ref, user, wants[i])
+		dir, _, err := ms.Acquire(ctx, h.Source(), ref, user, wants[i])
 		if err != nil {
 			return nil, err
 		}
 		dirs = append(dirs, dir)
 	}
-	merged, err := os.MkdirTemp(root, "fold-")
+	merged, err := os.MkdirTemp(h.Root, "fold-")
 	if err != nil {
 		return nil, err
 	}
@@ -102,5 +102,5 @@ func fold(ctx context.Context, root string, m Mounter, tag string, deep, wants [
 	if err != nil {
 		return nil, err
 	}
-	return layer.Build(ctx, m.Store, layer.BuildOptions{Source: merged, Kind: layer.KindBase, Ref: ref, SourceKind: "fold"})
+	return layer.Build(ctx, h.Store, layer.BuildOptions{Source: merged, Kind: layer.KindBase, Ref: ref, SourceKind: "fold"})
 }

@@ -10,23 +10,24 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 )
 
-// Groups names the groups of root's sandboxes that an older dsec did
-// not make, and of its spares, waiting or taken: named by an ID.
-func Groups(root string) ([]string, error) {
-	return cgroup.List("sb-"+driver.IDTag, CgroupSuffix(root))
+// Groups names the groups in t of root's sandboxes that an older dsec
+// did not make, and of its spares, waiting or taken: named by an ID.
+func Groups(t *cgroup.Tree, root string) ([]string, error) {
+	return t.List("sb-"+driver.IDTag, CgroupSuffix(root))
 }
 
 // CgroupSuffix ends the name of every group of root's sandboxes.
 func CgroupSuffix(root string) string { return driver.GroupSuffix(root) }
 
-// SweepSpares removes the groups named by an ID that a worker of root
+// SweepSpares removes the groups named by an ID that a worker of h's root
 // left when it died (its spares exit when it does; their groups stay;
 // and a sandbox's, a worker died making), but for those keep names, the
 // groups of the sandboxes kept. With spareLive a group that still holds
 // processes is left alone: a worker that could not read every sandbox's
 // state does not know all it keeps.
-func SweepSpares(root string, keep []string, spareLive bool) error {
-	names, err := Groups(root)
+func (h *Host) SweepSpares(keep []string, spareLive bool) error {
+	t := h.Groups()
+	names, err := Groups(t, h.Root)
 	if err != nil {
 		return err
 	}
@@ -35,9 +36,9 @@ func SweepSpares(root string, keep []string, spareLive bool) error {
 		if slices.Contains(keep, name) {
 			continue
 		}
-		g, err := cgroup.Open(name)
+		g, err := t.Open(name)
 		if err != nil { // only v1 directories left (an older worker's Remove)
-			if err := cgroup.RemoveLeftover(name); err != nil {
+			if err := t.RemoveLeftover(name); err != nil {
 				errs = append(errs, fmt.Errorf("group %s: %w", filepath.Base(name), err))
 			}
 			continue

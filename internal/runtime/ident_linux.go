@@ -138,7 +138,9 @@ func Unnamed(root string) []string {
 // sandbox is gone (a worker died removing it). Call it with the root's
 // worker lock held, after the named sandboxes are loaded and before
 // lower.Sweep and SweepSpares.
-func SweepUnnamed(root string, ds *Drivers) error {
+func (h *Host) SweepUnnamed() error {
+	h.init()
+	root := h.Root
 	var errs []error
 	links, _ := os.ReadDir(filepath.Join(root, "names"))
 	for _, l := range links {
@@ -149,7 +151,7 @@ func SweepUnnamed(root string, ds *Drivers) error {
 		}
 	}
 	for _, id := range Unnamed(root) {
-		if err := unloaded(root, id, ds).teardown(true); err != nil {
+		if err := unloaded(h, id).teardown(true); err != nil {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", id, err))
 		}
 	}
@@ -158,9 +160,10 @@ func SweepUnnamed(root string, ds *Drivers) error {
 
 // unloaded is the sandbox in root's directory id as its state says, or
 // as its ID alone says where it has none: enough to tear it down (by
-// its backend's driver in ds; none found: nothing of it is).
-func unloaded(root, id string, ds *Drivers) *Sandbox {
-	sb := &Sandbox{dir: sandboxDir(root, id)}
+// its backend's driver on h; none found: nothing of it is).
+func unloaded(h *Host, id string) *Sandbox {
+	root := h.Root
+	sb := &Sandbox{dir: sandboxDir(root, id), host: h}
 	if b, err := os.ReadFile(filepath.Join(sb.dir, "state.json")); err == nil {
 		json.Unmarshal(b, &sb.State)
 	}
@@ -168,6 +171,6 @@ func unloaded(root, id string, ds *Drivers) *Sandbox {
 	if sb.CgroupName == "" {
 		sb.CgroupName = cgroupName(root, id)
 	}
-	sb.d, _ = ds.Driver(sb.Backend)
+	sb.d, _ = h.Drivers.Driver(sb.Backend)
 	return sb
 }

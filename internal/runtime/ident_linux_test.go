@@ -23,19 +23,19 @@ import (
 func TestIdentity(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	m := runtime.Mounter{Store: s}
+	m := &runtime.Host{Root: root, Store: s}
 	t.Cleanup(func() { runtimetest.Clean(root) })
-	sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "old", Layers: []string{"bb:1"}}, Mounter: m})
+	sb, err := m.Create(ctx, runtime.Spec{Name: "old", Layers: []string{"bb:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := sb.Snapshot()
+	st := sb.Current()
 	users, _ := filepath.Glob(filepath.Join(root, "lower", "*", "users", st.ID))
 	if len(st.ID) != 13 || st.ID[0] != '_' || sb.Dir() != filepath.Join(root, "sandboxes", st.ID) || runtime.IDOf(root, "old") != st.ID ||
 		st.CgroupName != "sb-"+st.ID+runtime.CgroupSuffix(root) || len(users) != 1 || st.Hostname != "old" {
 		t.Fatalf("sandbox old: %+v in %s, layer users %v", st, sb.Dir(), users)
 	}
-	if _, err := cgroup.Open(st.CgroupName); err != nil {
+	if _, err := cgroup.NewTree("").Open(st.CgroupName); err != nil {
 		t.Fatal(err)
 	}
 	if out, _ := sh(t, sb, "1", "echo kept > /keep; hostname"); out != "old\n" {
@@ -64,17 +64,17 @@ func TestIdentity(t *testing.T) {
 	if names, _ := runtime.List(root); !slices.Equal(names, []string{"old"}) || runtime.IDOf(root, "old") != "old" {
 		t.Fatalf("list %v, id %q", names, runtime.IDOf(root, "old"))
 	}
-	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "old", Layers: []string{"bb:1"}}, Mounter: m}); !errdefs.IsAlreadyExists(err) {
+	if _, err := m.Create(ctx, runtime.Spec{Name: "old", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a create of an older sandbox's name: %v", err)
 	}
-	old, err := runtime.Load(root, "old", nil)
+	old, err := (&runtime.Host{Root: root, Store: s}).Load("old")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Start(ctx, m); err != nil {
+	if err := old.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st = old.Snapshot()
+	st = old.Current()
 	users, _ = filepath.Glob(filepath.Join(root, "lower", "*", "users", "old"))
 	if st.ID != "old" || old.Dir() != legacy || st.CgroupName != "sb-old"+runtime.CgroupSuffix(root) || len(users) != 1 {
 		t.Fatalf("the older sandbox: %+v in %s, layer users %v", st, old.Dir(), users)
@@ -92,22 +92,22 @@ func TestIdentity(t *testing.T) {
 	if err := os.Symlink("../sandboxes/_0123456789ab", filepath.Join(root, "names", "ghost")); err != nil {
 		t.Fatal(err)
 	}
-	half, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "half", Layers: []string{"bb:1"}}, Mounter: m})
+	half, err := m.Create(ctx, runtime.Spec{Name: "half", Layers: []string{"bb:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	half.Close()
 	os.Remove(filepath.Join(root, "names", "half"))
-	if _, err := runtime.Load(root, "ghost", nil); !errdefs.IsNotFound(err) {
+	if _, err := (&runtime.Host{Root: root, Store: s}).Load("ghost"); !errdefs.IsNotFound(err) {
 		t.Fatalf("load of a name whose sandbox is gone: %v", err)
 	}
 	if _, err := os.Lstat(filepath.Join(root, "names", "ghost")); !os.IsNotExist(err) {
 		t.Fatalf("the dangling name stays: %v", err)
 	}
-	if ids := runtime.Unnamed(root); len(ids) != 1 || ids[0] != half.Snapshot().ID {
-		t.Fatalf("unnamed %v, want %s", ids, half.Snapshot().ID)
+	if ids := runtime.Unnamed(root); len(ids) != 1 || ids[0] != half.Current().ID {
+		t.Fatalf("unnamed %v, want %s", ids, half.Current().ID)
 	}
-	if err := runtime.SweepUnnamed(root, nil); err != nil {
+	if err := (&runtime.Host{Root: root, Store: s}).SweepUnnamed(); err != nil {
 		t.Fatal(err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {

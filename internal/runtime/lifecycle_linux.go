@@ -14,7 +14,6 @@ import (
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
 // A sandbox's lifecycle once made: pause and resume, stop and start,
@@ -106,22 +105,22 @@ func (sb *Sandbox) ResumeWarm() error {
 	if !paused {
 		return nil
 	}
-	return sb.Resume(context.Background(), Mounter{})
+	return sb.Resume(context.Background())
 }
 
 // ErrPaused says a sandbox is paused (errdefs.ErrFailedPrecondition).
 var ErrPaused = fmt.Errorf("paused: %w", errdefs.ErrFailedPrecondition)
 
 // Resume lets a paused sandbox's processes run on: an evicted one's
-// guest is restored from its directory first (its layers found by m).
-func (sb *Sandbox) Resume(ctx context.Context, m Mounter) error {
+// guest is restored from its directory first.
+func (sb *Sandbox) Resume(ctx context.Context) error {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if !sb.Paused {
 		return fmt.Errorf("sandbox %s is not paused: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	if sb.Saved != nil {
-		return sb.resumeSaved(ctx, m)
+		return sb.resumeSaved(ctx)
 	}
 	if sb.g != nil {
 		if err := sb.g.Thaw(); err != nil {
@@ -158,7 +157,7 @@ func (sb *Sandbox) Stop() error {
 }
 
 // Start starts a stopped (or dead) sandbox again on its files.
-func (sb *Sandbox) Start(ctx context.Context, m Mounter) (err error) {
+func (sb *Sandbox) Start(ctx context.Context) (err error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.Status == Running {
@@ -169,7 +168,7 @@ func (sb *Sandbox) Start(ctx context.Context, m Mounter) (err error) {
 			return err
 		}
 	}
-	if err := sb.start(ctx, m); err != nil {
+	if err := sb.start(ctx); err != nil {
 		sb.teardown(false)
 		sb.Status, sb.Pid = Stopped, 0
 		sb.save()
@@ -198,7 +197,7 @@ func (sb *Sandbox) teardown(all bool) error {
 		sb.g.Thaw()
 	}
 	errs = sb.teardownInstance(!all)
-	if err := lower.Of(sb.root()).Release(sb.lowerUser()); err != nil {
+	if err := sb.host.Lowers().Release(sb.lowerUser()); err != nil {
 		errs = append(errs, err)
 	}
 	// Sandboxes made before layer mounts were shared mounted their own.

@@ -283,10 +283,10 @@ func TestAttackSuite(t *testing.T) {
 	}
 	// Its upper on the shared uppers file system, under a small bound
 	// the attacker tries to lift.
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "attacked", Layers: []string{"attack:1", "bb:1"}, Policy: pol, DiskBound: 64 << 20}})
-	mountInto(t, sb.Snapshot().Pid, xfsDev, "/mnt/xfs")
-	mountFSInto(t, sb.Snapshot().Pid, "ext4", ext4Dev, "/mnt/ext4")
-	mountFSInto(t, sb.Snapshot().Pid, "btrfs", btrfsDev, "/mnt/btrfs")
+	sb := f.create(dsecrt.Spec{Name: "attacked", Layers: []string{"attack:1", "bb:1"}, Policy: pol, DiskBound: 64 << 20})
+	mountInto(t, sb.Current().Pid, xfsDev, "/mnt/xfs")
+	mountFSInto(t, sb.Current().Pid, "ext4", ext4Dev, "/mnt/ext4")
+	mountFSInto(t, sb.Current().Pid, "btrfs", btrfsDev, "/mnt/btrfs")
 	run := func(args ...string) map[string]string {
 		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: fmt.Sprint("attack-", f.n), Args: append([]string{"/opt/attack/attack"}, args...)})
 		f.n++
@@ -302,7 +302,7 @@ func TestAttackSuite(t *testing.T) {
 	}
 	// A volume a harness hands the sandbox, without nodev: there only
 	// the device allowlist stands between a node and its device.
-	mountFSInto(t, sb.Snapshot().Pid, "tmpfs", "tmpfs", "/mnt/dev")
+	mountFSInto(t, sb.Current().Pid, "tmpfs", "tmpfs", "/mnt/dev")
 	inside := run("-dir", "/tmp", "-xfs", "/mnt/xfs", "-tcp", "127.0.0.1:18082", "-udp", "127.0.0.1:53", "-devdir", "/mnt/dev", "-blk", blk,
 		"-ext4", "/mnt/ext4", "-btrfs", "/mnt/btrfs", "-inside", escape[0], escape[1], escape[2], escape[3])
 	allowedPort := run("-dir", "/tmp", "-tcp", "127.0.0.1:18081")
@@ -588,9 +588,9 @@ files:
 		t.Fatal(err)
 	}
 	open, _ := policy.Parse([]byte("apiVersion: dsec/v1\nkind: Policy\nfiles:\n  toolkitWritable: true\n"))
-	guarded := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "guarded", Layers: layers, Policy: strict}})
-	control := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "control", Layers: layers, Policy: open}})
-	live := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "live", Layers: layers, Policy: open}})
+	guarded := f.create(dsecrt.Spec{Name: "guarded", Layers: layers, Policy: strict})
+	control := f.create(dsecrt.Spec{Name: "control", Layers: layers, Policy: open})
+	live := f.create(dsecrt.Spec{Name: "live", Layers: layers, Policy: open})
 	attack := func(sb *dsecrt.Sandbox) map[string]string {
 		// The harness runs its own busybox: the agent cannot reach it.
 		e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: fmt.Sprint("files-", f.n),
@@ -680,8 +680,8 @@ func TestNATMode(t *testing.T) {
 	}
 	loPol := *natPol
 	loPol.Network = &api.NetworkPolicy{Egress: natPol.Network.Egress}
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "nat", Layers: []string{"bb:1"}, Policy: natPol}})
-	lo := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "lo", Layers: []string{"bb:1"}, Policy: &loPol}})
+	sb := f.create(dsecrt.Spec{Name: "nat", Layers: []string{"bb:1"}, Policy: natPol})
+	lo := f.create(dsecrt.Spec{Name: "lo", Layers: []string{"bb:1"}, Policy: &loPol})
 	const dial = "for i in 1 2 3 4 5 6 7 8 9 10; do nc -w 2 10.201.0.2 %d </dev/null 2>&1 && exit 0; sleep 0.2; done; exit 1"
 	out, code := sh(t, sb, "out", fmt.Sprintf(dial, 8080))
 	if code != 0 || !strings.Contains(out, "hello from outside") {
@@ -696,7 +696,7 @@ func TestNATMode(t *testing.T) {
 	if out, code := sh(t, lo, "out", "nc -w 1 10.201.0.2 8080 </dev/null"); code == 0 || !strings.Contains(out, "unreachable") {
 		t.Errorf("loopback mode reached outside: %q (exit %d)", out, code)
 	}
-	n := sb.Snapshot().NAT
+	n := sb.Current().NAT
 	if n == nil || n.Sandbox == "" {
 		t.Fatalf("state: %+v", n)
 	}
@@ -785,9 +785,9 @@ func TestNATDenySet(t *testing.T) {
 		t.Fatal(err)
 	}
 	buildAttacker(t, f)
-	a := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "nat-a", Layers: []string{"attack:1", "bb:1"}, Policy: namedPol}})
-	b := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "nat-b", Layers: []string{"bb:1"}, Policy: allPol}})
-	na, nb := a.Snapshot().NAT, b.Snapshot().NAT
+	a := f.create(dsecrt.Spec{Name: "nat-a", Layers: []string{"attack:1", "bb:1"}, Policy: namedPol})
+	b := f.create(dsecrt.Spec{Name: "nat-b", Layers: []string{"bb:1"}, Policy: allPol})
+	na, nb := a.Current().NAT, b.Current().NAT
 	if _, _, err := b.Run(context.Background(), dsecrt.ExecSpec{ID: "listen", Args: []string{"/bin/sh", "-c", "while :; do echo PEER | nc -l -p 7000; done"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -821,7 +821,7 @@ func TestNATDenySet(t *testing.T) {
 
 	// The host's guard alone: a thread in A's network namespace, outside
 	// its cgroup.
-	ns, err := netns.GetFromPid(a.Snapshot().Pid)
+	ns, err := netns.GetFromPid(a.Current().Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -884,8 +884,8 @@ func TestNATDenySet(t *testing.T) {
 // standard streams and nothing else.
 func TestInitDescriptors(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "fds", Layers: []string{"bb:1"}}})
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sb.Snapshot().Pid))
+	sb := f.create(dsecrt.Spec{Name: "fds", Layers: []string{"bb:1"}})
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sb.Current().Pid))
 	if err != nil || len(ents) < 3 {
 		t.Fatalf("the init's descriptors: %v %v", ents, err)
 	}
@@ -913,7 +913,7 @@ func TestInitDescriptors(t *testing.T) {
 // symbolic link to one of the init's descriptors is no way out.
 func TestWorkdir(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "wd", Layers: []string{"bb:1"}, Workdir: "/work/new/dir"}})
+	sb := f.create(dsecrt.Spec{Name: "wd", Layers: []string{"bb:1"}, Workdir: "/work/new/dir"})
 	if out, code := sh(t, sb, "pwd", "pwd; ls -ld /work/new/dir | cut -c1-10"); code != 0 || out != "/work/new/dir\ndrwxr-xr-x\n" {
 		t.Fatalf("the sandbox's new workdir: %q (exit %d)", out, code)
 	}
@@ -940,7 +940,7 @@ func TestWorkdir(t *testing.T) {
 // 29, item 6: --pids 10 could not run two sleeps).
 func TestPidsAreTheUsers(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "pids", Layers: []string{"bb:1"}, Limits: cgroup.Limits{Pids: 4}}})
+	sb := f.create(dsecrt.Spec{Name: "pids", Layers: []string{"bb:1"}, Limits: cgroup.Limits{Pids: 4}})
 	if out, code := sh(t, sb, "three", "sleep 1 & sleep 1 & sleep 1 & wait; echo done"); code != 0 || out != "done\n" {
 		t.Fatalf("the shell and three sleeps under --pids 4: %q (exit %d)", out, code)
 	}
@@ -959,7 +959,7 @@ func TestPidsAreTheUsers(t *testing.T) {
 // item 13: a non-executable file gave only "exec x-...", exit 125).
 func TestExecCodes(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "codes", Layers: []string{"bb:1"}}})
+	sb := f.create(dsecrt.Spec{Name: "codes", Layers: []string{"bb:1"}})
 	for i, c := range []struct {
 		args []string
 		code int
@@ -987,7 +987,7 @@ func TestExecCodes(t *testing.T) {
 // (issue 29, items 7 and 13: logs of a stopped sandbox failed).
 func TestStopIsNoFailure(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "stopped", Layers: []string{"bb:1"}}})
+	sb := f.create(dsecrt.Spec{Name: "stopped", Layers: []string{"bb:1"}})
 	e, _, err := sb.Run(context.Background(), dsecrt.ExecSpec{ID: "run", Args: []string{"/bin/sh", "-c", "echo before; sleep 100"}})
 	if err != nil {
 		t.Fatal(err)
@@ -1021,7 +1021,7 @@ func TestKernelMemoryFlood(t *testing.T) {
 	// Pipe buffers are not a task's pages, so the OOM killer's pick after
 	// the flooder may be its shell or the init (the sandbox then dies):
 	// what matters is that the kernel kills inside the sandbox's group.
-	pipes := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "pipes", Layers: []string{"attack:1", "bb:1"}, Limits: cgroup.Limits{MemoryBytes: 64 << 20}}})
+	pipes := f.create(dsecrt.Spec{Name: "pipes", Layers: []string{"attack:1", "bb:1"}, Limits: cgroup.Limits{MemoryBytes: 64 << 20}})
 	kills := pipes.Cgroup().OOMKills
 	e, _, err := pipes.Run(context.Background(), dsecrt.ExecSpec{ID: "pipes", Args: []string{"/bin/sh", "-c", "ulimit -n 20000; /opt/attack/attack -flood pipes -n 8000"}})
 	if err != nil {
@@ -1032,7 +1032,7 @@ func TestKernelMemoryFlood(t *testing.T) {
 		out, _ := os.ReadFile(e.StdoutPath())
 		t.Errorf("8,000 full pipes (500 MiB) under a 64 MiB limit: %+v %v, %d OOM kills in its group: %s", res, err, kills(), lastLines(string(out)))
 	}
-	sb := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "flood", Layers: []string{"attack:1", "bb:1"}, Limits: cgroup.Limits{MemoryBytes: 64 << 20}}})
+	sb := f.create(dsecrt.Spec{Name: "flood", Layers: []string{"attack:1", "bb:1"}, Limits: cgroup.Limits{MemoryBytes: 64 << 20}})
 	g := sb.Cgroup()
 	tcp := func() int64 { // what the sandbox is charged for socket buffers
 		if !strings.Contains(g.Path(), "/unified/") { // pure v2: memory.stat's sock
@@ -1045,7 +1045,7 @@ func TestKernelMemoryFlood(t *testing.T) {
 			}
 			return 0
 		}
-		b, _ := os.ReadFile(filepath.Join(cgroup.Root, "memory", cgroup.Parent, filepath.Base(g.Path()), "memory.kmem.tcp.usage_in_bytes"))
+		b, _ := os.ReadFile(filepath.Join(cgroup.Root, "memory", cgroup.DefaultParent, filepath.Base(g.Path()), "memory.kmem.tcp.usage_in_bytes"))
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		return n
 	}
@@ -1080,15 +1080,14 @@ func lastLines(s string) string {
 // 1.5 x 300 - 2 x 160 = 130 MiB.
 func TestHostBoundTakesBatchFirst(t *testing.T) {
 	testenv.RequireRoot(t, "cgroups")
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-bound-%d", os.Getpid()) // never bound the host's other sandboxes
-	t.Cleanup(func() { cgroup.Parent = old; cgroup.LimitParent(cgroup.Limits{}) })
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 300 << 20}); err != nil {
+	tree := cgroup.NewTree(fmt.Sprintf("dsec-test-bound-%d", os.Getpid())) // never bound the host's other sandboxes
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: 300 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	f := newSnapFixture(t)
-	lat := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "lat", Layers: []string{"bb:1"}}})
-	bat := f.create(dsecrt.Options{Spec: dsecrt.Spec{Name: "bat", Layers: []string{"bb:1"}, Class: api.SchedBatch}})
+	f.m.Drivers = dsecrt.NewDrivers(dsecrt.DriverConfig{Root: f.root, Groups: tree})
+	lat := f.create(dsecrt.Spec{Name: "lat", Layers: []string{"bb:1"}})
+	bat := f.create(dsecrt.Spec{Name: "bat", Layers: []string{"bb:1"}, Class: api.SchedBatch})
 	// The batch sandbox holds its 160 MiB before the latency one asks
 	// for as much: one allocator at the moment of the OOM, as when a
 	// rollout grows beside idle ones.

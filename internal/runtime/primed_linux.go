@@ -27,18 +27,18 @@ import (
 // A create on other layers makes its own sandbox, and the primed ones
 // are made again on its layers.
 type Primed struct {
-	root string
-	m    Mounter
+	h    *Host
 	pool *warm.Pool[*Sandbox]
 
 	mu  sync.Mutex
 	key string // the layers' digests the sandboxes are made on
 }
 
-// StartPrimed keeps n sandboxes made ahead on the layers of the last
-// create m makes on root.
-func StartPrimed(root string, m Mounter, n int) *Primed {
-	p := &Primed{root: root, m: m}
+// StartPrimed keeps n sandboxes made ahead on h, on the layers of the
+// last create there (h.Primed is then p).
+func (h *Host) StartPrimed(n int) *Primed {
+	h.init()
+	p := &Primed{h: h}
 	p.pool = warm.New(warm.Config[*Sandbox]{Size: n, // Make: once a create says on what (take)
 		Usable: func(sb *Sandbox) bool { // its init still runs
 			select {
@@ -65,8 +65,8 @@ type primeRecipe struct {
 // layers; one whose backend's warm sandboxes wait paused is paused.
 func (p *Primed) make(r primeRecipe, refs []string) (*Sandbox, error) {
 	// Not cancelled by Close: the pool removes what a make returns then.
-	o := Options{Spec: Spec{Layers: refs, Backend: r.backend, Limits: r.limits}, Mounter: p.m} // no name: takePrimed gives it one
-	sb, err := create(context.Background(), p.root, o, nil)
+	o := options{Spec: Spec{Layers: refs, Backend: r.backend, Limits: r.limits}, Host: p.h} // no name: takePrimed gives it one
+	sb, err := create(context.Background(), o, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -85,8 +85,8 @@ func (p *Primed) make(r primeRecipe, refs []string) (*Sandbox, error) {
 // asks for more than a primed sandbox has (a policy, a snapshot, a disk
 // quota or bound of its own, a user namespace, class batch, merged
 // memory) or a layer is not in the local store.
-func (p *Primed) recipe(ctx context.Context, o Options, d driver.Driver, limits cgroup.Limits, disk int64) (primeRecipe, bool) {
-	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.Spec.DiskBound != 0 || limits.Idle || o.MergeMemory || p.m.Store == nil {
+func (p *Primed) recipe(ctx context.Context, o options, d driver.Driver, limits cgroup.Limits, disk int64) (primeRecipe, bool) {
+	if p == nil || o.From != "" || o.Policy != nil || o.UserNS || disk > 0 || o.Spec.DiskBound != 0 || limits.Idle || o.MergeMemory || p.h.Store == nil {
 		return primeRecipe{}, false
 	}
 	r := primeRecipe{backend: d.Name()}
@@ -94,7 +94,7 @@ func (p *Primed) recipe(ctx context.Context, o Options, d driver.Driver, limits 
 		r.limits = cgroup.Limits{MemoryBytes: limits.MemoryBytes, CPUMilli: limits.CPUMilli}
 	}
 	for _, ref := range o.Layers {
-		info, err := layer.Resolve(ctx, p.m.Store, ref)
+		info, err := layer.Resolve(ctx, p.h.Store, ref)
 		if err != nil {
 			return primeRecipe{}, false
 		}
@@ -157,7 +157,7 @@ func (p *Primed) Close() {
 // primed ones), so neither its state nor its name is written: ext4
 // metadata updates that took 0.7-0.8 ms of a run --rm (BENCHMARKS.md).
 // On an error pr is removed.
-func takePrimed(pr *Sandbox, root string, o Options, st State) (_ *Sandbox, err error) {
+func takePrimed(pr *Sandbox, root string, o options, st State) (_ *Sandbox, err error) {
 	defer func() {
 		if err != nil {
 			pr.Remove() // its state's name is the one it claimed, if any

@@ -18,7 +18,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 )
 
@@ -68,8 +67,8 @@ func primedState(t *testing.T, dir string) runtime.State {
 func TestPrimed(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	m := runtime.Mounter{Store: s, Drivers: prepared(runtime.NewDrivers(runtime.DriverConfig{Root: root, Spares: 1}))}
-	p := runtime.StartPrimed(root, m, 1)
+	m := &runtime.Host{Root: root, Store: s, Drivers: prepared(runtime.NewDrivers(runtime.DriverConfig{Root: root, Spares: 1}))}
+	p := m.StartPrimed(1)
 	m.Primed = p
 	closed := false
 	t.Cleanup(func() {
@@ -81,8 +80,8 @@ func TestPrimed(t *testing.T) {
 	})
 	create := func(name string, policy *api.Policy, layers ...string) *runtime.Sandbox {
 		t.Helper()
-		sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: name, Layers: layers, Policy: policy,
-			Limits: cgroup.Limits{Pids: 128}, Env: []string{"STEP=" + name}}, Mounter: m})
+		sb, err := m.Create(ctx, runtime.Spec{Name: name, Layers: layers, Policy: policy,
+			Limits: cgroup.Limits{Pids: 128}, Env: []string{"STEP=" + name}})
 		p.Refill() // as the worker does once the create is answered
 		if err != nil {
 			t.Fatal(err)
@@ -92,14 +91,14 @@ func TestPrimed(t *testing.T) {
 	}
 
 	first := create("first", nil, "ws:1", "bb:1") // nothing primed yet: made anew
-	if st := first.Snapshot(); runtime.IDOf(root, "first") != st.ID || first.Dir() != filepath.Join(root, "sandboxes", st.ID) || st.CgroupName != "sb-"+st.ID+runtime.CgroupSuffix(root) {
+	if st := first.Current(); runtime.IDOf(root, "first") != st.ID || first.Dir() != filepath.Join(root, "sandboxes", st.ID) || st.CgroupName != "sb-"+st.ID+runtime.CgroupSuffix(root) {
 		t.Fatalf("the first sandbox is not named by its ID: %+v in %s", st, first.Dir())
 	}
 	dirs := waitPrimed(t, p, root, 1)
 	pst := primedState(t, dirs[0])
 
 	second := create("second", nil, "ws:1", "bb:1")
-	st := second.Snapshot()
+	st := second.Current()
 	if st.Pid != pst.Pid || st.ID != pst.ID || st.CgroupName != pst.CgroupName || st.Name != "second" || st.Hostname != "second" || st.Status != runtime.Running {
 		t.Fatalf("second did not take the primed sandbox %+v: %+v", pst, st)
 	}
@@ -111,7 +110,7 @@ func TestPrimed(t *testing.T) {
 	if got := primedState(t, second.Dir()); got.Name != "second" || got.Pid != pst.Pid || got.Limits.Pids != 128 {
 		t.Fatalf("saved state %+v", got)
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(128+driver.InitPids) {
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.DefaultParent, st.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(128+driver.InitPids) {
 		t.Fatalf("pids.max %q, want the create's 128 and the init's share", max)
 	}
 	out, code := sh(t, second, "1", "hostname; cat /work/hello; echo $STEP; echo kept > /work/new")
@@ -127,13 +126,13 @@ func TestPrimed(t *testing.T) {
 	for _, u := range users {
 		names = append(names, filepath.Base(u))
 	}
-	if strings.Count(strings.Join(names, " "), st.ID) != 2 || strings.Count(strings.Join(names, " "), first.Snapshot().ID) != 2 {
+	if strings.Count(strings.Join(names, " "), st.ID) != 2 || strings.Count(strings.Join(names, " "), first.Current().ID) != 2 {
 		t.Fatalf("layer users %v", names)
 	}
 	// A second create of the name fails as it does without priming, and
 	// leaves the sandbox that has it and its layers alone.
 	waitPrimed(t, p, root, 1)
-	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "second", Layers: []string{"ws:1", "bb:1"}}, Mounter: m}); !errdefs.IsAlreadyExists(err) {
+	if _, err := m.Create(ctx, runtime.Spec{Name: "second", Layers: []string{"ws:1", "bb:1"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("a second create of a name: %v", err)
 	}
 	p.Refill()
@@ -141,7 +140,7 @@ func TestPrimed(t *testing.T) {
 		t.Fatalf("second's layers after a create of its name failed: %v", held)
 	}
 	// A worker restarted now finds the sandbox under its name.
-	if sb, err := runtime.Load(root, "second", nil); err != nil || sb.Snapshot().Status != runtime.Running {
+	if sb, err := (&runtime.Host{Root: root, Store: s}).Load("second"); err != nil || sb.Current().Status != runtime.Running {
 		t.Fatalf("load: %v", err)
 	} else {
 		sb.Close()
@@ -152,16 +151,16 @@ func TestPrimed(t *testing.T) {
 	// and layer users: it never outlives its worker.
 	pdir := waitPrimed(t, p, root, 1)[0]
 	pst = primedState(t, pdir)
-	call, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "call", Pool: "(run)",
-		Layers: []string{"ws:1", "bb:1"}, Limits: cgroup.Limits{Pids: 64}}, Mounter: m})
+	call, err := m.Create(ctx, runtime.Spec{Name: "call", Pool: "(run)",
+		Layers: []string{"ws:1", "bb:1"}, Limits: cgroup.Limits{Pids: 64}})
 	p.Refill()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := call.Snapshot(); st.Pid != pst.Pid || st.Name != "call" || st.Hostname != "call" || st.Status != runtime.Running || st.Pool != "(run)" || call.Dir() != pdir {
+	if st := call.Current(); st.Pid != pst.Pid || st.Name != "call" || st.Hostname != "call" || st.Status != runtime.Running || st.Pool != "(run)" || call.Dir() != pdir {
 		t.Fatalf("the call's sandbox did not take the primed %s as it is: %+v in %s", pdir, st, call.Dir())
 	}
-	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.Parent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(64+driver.InitPids) {
+	if max, _ := os.ReadFile(filepath.Join(cgroup.Root, "pids", cgroup.DefaultParent, pst.CgroupName, "pids.max")); strings.TrimSpace(string(max)) != fmt.Sprint(64+driver.InitPids) {
 		t.Fatalf("pids.max %q, want the call's 64 and the init's share", max)
 	}
 	if out, code := sh(t, call, "1", "hostname; cat /work/hello"); code != 0 || out != "call\nfrom the workspace\n" {
@@ -204,7 +203,7 @@ func TestPrimed(t *testing.T) {
 	waitPrimed(t, p, root, 1)
 	pol := &api.Policy{APIVersion: "dsec/v1", Kind: "Policy", Files: &api.FilePolicy{Hidden: []string{"/etc/answer"}}}
 	third := create("third", pol, "ws:1", "bb:1")
-	if third.Snapshot().Pid == primedState(t, waitPrimed(t, p, root, 1)[0]).Pid {
+	if third.Current().Pid == primedState(t, waitPrimed(t, p, root, 1)[0]).Pid {
 		t.Fatal("a create with a policy took the primed sandbox")
 	}
 	if out, _ := sh(t, third, "1", "cat /etc/answer"); strings.Contains(out, "42") {
@@ -215,7 +214,7 @@ func TestPrimed(t *testing.T) {
 	old := waitPrimed(t, p, root, 1)[0]
 	oldPid := primedState(t, old).Pid
 	fourth := create("fourth", nil, "bb:1")
-	if fourth.Snapshot().Pid == oldPid {
+	if fourth.Current().Pid == oldPid {
 		t.Fatal("a create on other layers took the primed sandbox")
 	}
 	now := waitPrimed(t, p, root, 1)
@@ -240,11 +239,11 @@ func TestPrimed(t *testing.T) {
 // SweepUnnamed removes them whole.
 func TestSweepPrimed(t *testing.T) {
 	root, s := layers(t)
-	m := runtime.Mounter{Store: s}
-	p := runtime.StartPrimed(root, m, 1)
+	m := &runtime.Host{Root: root, Store: s}
+	p := m.StartPrimed(1)
 	m.Primed = p
 	t.Cleanup(func() { runtimetest.Clean(root) })
-	sb, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "a", Layers: []string{"bb:1"}}, Mounter: m})
+	sb, err := m.Create(context.Background(), runtime.Spec{Name: "a", Layers: []string{"bb:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,8 +254,8 @@ func TestSweepPrimed(t *testing.T) {
 	// A call's sandbox keeps the primed one's directory (TestPrimed):
 	// it goes with those primed.
 	callPid := primedState(t, waitPrimed(t, p, root, 1)[0]).Pid
-	if _, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "c", Pool: "(run)",
-		Layers: []string{"bb:1"}}, Mounter: m}); err != nil {
+	if _, err := m.Create(context.Background(), runtime.Spec{Name: "c", Pool: "(run)",
+		Layers: []string{"bb:1"}}); err != nil {
 		t.Fatal(err)
 	}
 	p.Refill()
@@ -275,7 +274,8 @@ func TestSweepPrimed(t *testing.T) {
 		}
 	}
 	// The worker "dies": its primer is not closed, the sandboxes run on.
-	if err := runtime.SweepUnnamed(root, nil); err != nil {
+	next := &runtime.Host{Root: root, Store: s} // the next worker's
+	if err := next.SweepUnnamed(); err != nil {
 		t.Fatal(err)
 	}
 	for _, pid := range []int{callPid, pid} {
@@ -288,7 +288,7 @@ func TestSweepPrimed(t *testing.T) {
 			}
 		}
 	}
-	if err := lower.Of(root).Sweep(nil); err != nil {
+	if err := next.Lowers().Sweep(nil); err != nil {
 		t.Fatal(err)
 	}
 	if left := runtimetest.Leftovers(root); len(left) != 0 {

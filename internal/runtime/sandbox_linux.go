@@ -21,8 +21,6 @@ import (
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/layer/lazy"
-	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
@@ -50,7 +48,7 @@ type Spec struct {
 	// size of a file system of its own (0: none of its own).
 	Disk int64 `json:"disk,omitempty"`
 	// DiskBound bounds what a sandbox without Disk writes, on the
-	// root's uppers file system. Asked: 0 the Mounter's DiskBound,
+	// root's uppers file system. Asked: 0 the Host's DiskBound,
 	// api.Unlimited only by that file system's size; resolved: the bound
 	// (0: that file system's size only).
 	DiskBound int64    `json:"disk_bound,omitempty"`
@@ -88,36 +86,10 @@ type Spec struct {
 	DiskOnly bool `json:"disk_only,omitempty"`
 }
 
-// Options describe a sandbox to create.
-type Options struct {
+// options are a create's: what it asks, on the host it is made on.
+type options struct {
 	Spec
-	Mounter // where layers come from
-}
-
-// Mounter is what a worker lends its sandboxes: it finds their layers,
-// in the local store or, for those missing there, lazily from Remote, by
-// fetchers started with Fetcher; and it keeps spare inits.
-type Mounter struct {
-	Store    *store.Store
-	Remote   remote.Target
-	Insecure bool
-	Fetcher  lazy.Start
-	Cache    lazy.Tuning // cache.max_bytes, cache.read_ahead_kb
-	// Drivers run the backends (nil: the built-in ones, nothing made
-	// ahead of need).
-	Drivers *Drivers
-	// Primed are sandboxes made ahead on the last create's layers; nil:
-	// none.
-	Primed *Primed
-	// DiskBound is the bound of a sandbox that asks for none (see
-	// Options.DiskBound); 0: its upper is a directory of the root's own
-	// file system, bounded by nothing (library use).
-	DiskBound int64
-}
-
-// Source is where m finds layers.
-func (m Mounter) Source() lower.Source {
-	return lower.Source{Store: m.Store, Remote: m.Remote, Insecure: m.Insecure, Fetcher: m.Fetcher, Cache: m.Cache}
+	*Host
 }
 
 // Sandbox states: the API's (one set of names from the state file to
@@ -181,14 +153,15 @@ type State struct {
 type Sandbox struct {
 	mu sync.Mutex // guards State and c, g
 	State
-	dir string
-	d   driver.Driver    // its backend's
-	c   backend.Instance // while it runs
-	g   *cgroup.Group    // the group every process of it runs in
+	dir  string
+	host *Host            // the host it is made on
+	d    driver.Driver    // its backend's
+	c    backend.Instance // while it runs
+	g    *cgroup.Group    // the group every process of it runs in
 
 	// prestarted is the warm instance its driver made ahead for this
 	// sandbox's first start (nil: none, or start took it).
-	prestarted any
+	prestarted driver.Warm
 	// egress is its worker's egress service (nil: not a worker's, and
 	// domain rules fail closed); link its hold on it while its
 	// resolver and proxy serve (domain rules); netView its policy as
@@ -223,16 +196,29 @@ func cgroupName(root, id string) string { return driver.GroupName(root, id) }
 // cgroup and starts the init. On any failure everything done so far is
 // undone: no mount, cgroup or directory is left behind. A worker killed
 // half-way leaves a sandbox in state creating, which Recover removes.
-func Create(ctx context.Context, root string, o Options) (*Sandbox, error) {
-	if err := api.ValidName(o.Name); err != nil {
+func (h *Host) Create(ctx context.Context, s Spec) (*Sandbox, error) {
+	if err := api.ValidName(s.Name); err != nil {
 		return nil, err
 	}
-	return create(ctx, root, o, o.Primed)
+	h.init()
+	return create(ctx, options{Spec: s, Host: h}, h.Primed)
+}
+
+// CreateAhead is Create for a sandbox made ahead of need (a pool's): it
+// never takes a primed sandbox, which is for the creates users make
+// next.
+func (h *Host) CreateAhead(ctx context.Context, s Spec) (*Sandbox, error) {
+	if err := api.ValidName(s.Name); err != nil {
+		return nil, err
+	}
+	h.init()
+	return create(ctx, options{Spec: s, Host: h}, nil)
 }
 
 // create is Create, for a name already checked; with p, o may take a
 // sandbox p primed.
-func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox, err error) {
+func create(ctx context.Context, o options, p *Primed) (_ *Sandbox, err error) {
+	root := o.Root
 	// What it resolves is leased until its state names it: no removal
 	// counts it unused, no collection takes it, meanwhile.
 	lease, err := createLease(o.Store)
@@ -283,7 +269,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	asked := quota // the disk the create asked for (0: none of its own)
 	if _, guest := d.(driver.ImageUpper); guest && quota == 0 {
 		// Its upper is a disk image of its own, of the bound's size.
-		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound)); err != nil {
+		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Host.DiskBound)); err != nil {
 			return nil, err
 		}
 	}
@@ -308,7 +294,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err := os.MkdirAll(filepath.Join(root, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{State: st, d: d, egress: o.Drivers.Egress(), lease: lease}
+	sb := &Sandbox{State: st, host: o.Host, d: d, egress: o.Drivers.Egress(), lease: lease}
 	defer func() { sb.lease = nil }() // released: its state names what it stands on
 	sb.ID = sb.newID()
 	sb.dir, sb.CgroupName = sandboxDir(root, sb.ID), cgroupName(root, sb.ID)
@@ -317,7 +303,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 		sb.dropPrestarted()
 		return nil, err
 	}
-	if bound := cmp.Or(o.Spec.DiskBound, o.Mounter.DiskBound); quota == 0 && bound != 0 {
+	if bound := cmp.Or(o.Spec.DiskBound, o.Host.DiskBound); quota == 0 && bound != 0 {
 		// Named before the state is saved: teardown removes it.
 		sb.UpperFS, sb.DiskBound = disk.NewUpperName(), max(bound, 0)
 	}
@@ -340,7 +326,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 	if err != nil {
 		return nil, err
 	}
-	if err := sb.start(ctx, o.Mounter); err != nil {
+	if err := sb.start(ctx); err != nil {
 		if o.From != "" && errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("snapshot %s stands on a layer this host cannot find (pull it: dsec layer pull): %w", o.From, err)
 		}
@@ -360,7 +346,7 @@ func create(ctx context.Context, root string, o Options, p *Primed) (_ *Sandbox,
 // snapshot's guest's devices, when the sandbox continues its guest),
 // and the env, workdir and user it was taken with are the defaults.
 // digests are the layers'; mem the guest continued (nil: none).
-func onSnapshot(ctx context.Context, o *Options, lease *store.Lease) (digests []string, mem *layer.Memory, err error) {
+func onSnapshot(ctx context.Context, o *options, lease *store.Lease) (digests []string, mem *layer.Memory, err error) {
 	if o.From == "" {
 		return nil, nil, nil
 	}
@@ -370,7 +356,7 @@ func onSnapshot(ctx context.Context, o *Options, lease *store.Lease) (digests []
 	var l *layer.Lineage
 	var d string
 	if err := leased(o.Store, lease, func() ([]string, error) {
-		l, d, err = lower.Lineage(ctx, o.Mounter.Source(), o.From)
+		l, d, err = lower.Lineage(ctx, o.Host.Source(), o.From)
 		return []string{d}, err
 	}); err != nil {
 		return nil, nil, err
@@ -412,16 +398,16 @@ func onSnapshot(ctx context.Context, o *Options, lease *store.Lease) (digests []
 // part of the root's shared file system. The caller calls release once
 // the sandbox has started: a memory snapshot's blobs stay while they are
 // fetched and the guest reads them (a collection waits).
-func (sb *Sandbox) makeDirs(ctx context.Context, root string, o Options, mem *layer.Memory, quota int64) (release func(), err error) {
+func (sb *Sandbox) makeDirs(ctx context.Context, root string, o options, mem *layer.Memory, quota int64) (release func(), err error) {
 	release = func() {}
 	dirs := []string{"rootfs", "execs", "upper", "work"}
 	switch {
 	case mem != nil: // the snapshot's disk
 		dirs = dirs[:2]
-		if release, err = o.Mounter.Store.Writer(); err != nil {
+		if release, err = o.Store.Writer(); err != nil {
 			return func() {}, err
 		}
-		if err := sb.restoreFrom(ctx, o.Mounter, o.From, mem); err != nil {
+		if err := sb.restoreFrom(ctx, o.From, mem); err != nil {
 			return release, err
 		}
 	case quota > 0: // upper and work are made on the quota when it is mounted
@@ -445,20 +431,21 @@ func (sb *Sandbox) makeDirs(ctx context.Context, root string, o Options, mem *la
 
 // start mounts the layers and the overlay, makes the cgroup and starts
 // the init: creating a sandbox, or starting a stopped one on its upper.
-func (sb *Sandbox) start(ctx context.Context, m Mounter) error {
+func (sb *Sandbox) start(ctx context.Context) error {
+	h := sb.host
 	if sb.d == nil {
 		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to start: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
 	}
 	root := sb.root()
 	var lowers, digests, images []string
 	var kinds []layer.Kind
-	if err := leased(m.Store, sb.lease, func() ([]string, error) {
+	if err := leased(h.Store, sb.lease, func() ([]string, error) {
 		for i, ref := range sb.Layers {
 			want := ""
 			if len(sb.Digests) > i {
 				want = sb.Digests[i]
 			}
-			mnt, f, err := lower.Of(root).Acquire(ctx, m.Source(), ref, sb.lowerUser(), want)
+			mnt, f, err := h.Lowers().Acquire(ctx, h.Source(), ref, sb.lowerUser(), want)
 			if err != nil {
 				return digests, err
 			}
@@ -538,10 +525,12 @@ func (sb *Sandbox) save() error {
 // results of execs that were running when that worker died are collected
 // as they finish. A sandbox a worker died creating is removed, and Load
 // says it does not exist.
-func Load(root, name string, ds *Drivers) (*Sandbox, error) {
+func (h *Host) Load(name string) (*Sandbox, error) {
 	if err := api.ValidName(name); err != nil {
 		return nil, err
 	}
+	h.init()
+	root, ds := h.Root, h.Drivers
 	id := IDOf(root, name)
 	if id == "" {
 		return nil, fmt.Errorf("no sandbox %s: %w", name, errdefs.ErrNotFound)
@@ -550,7 +539,7 @@ func Load(root, name string, ds *Drivers) (*Sandbox, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		if _, serr := os.Stat(dir); serr == nil { // an older dsec died before its first state
-			sb := unloaded(root, id, ds)
+			sb := unloaded(h, id)
 			sb.Name = name
 			sb.teardown(true)
 		} else if err := dropName(root, name, id); err != nil { // a worker died removing it
@@ -561,7 +550,7 @@ func Load(root, name string, ds *Drivers) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb := &Sandbox{dir: dir, egress: ds.Egress()}
+	sb := &Sandbox{dir: dir, host: h, egress: ds.Egress()}
 	if fi, err := os.Stat(filepath.Join(dir, "execs")); err == nil { // its last exec began then
 		sb.active.Store(fi.ModTime().UnixNano())
 	}
@@ -703,9 +692,9 @@ func (sb *Sandbox) root() string { return filepath.Dir(filepath.Dir(sb.dir)) }
 // RootFS is the sandbox's composed root, as the host sees it.
 func (sb *Sandbox) RootFS() string { return filepath.Join(sb.dir, "rootfs") }
 
-// Snapshot returns a copy of the state. A running sandbox whose init
-// died is Dead from then on.
-func (sb *Sandbox) Snapshot() State {
+// Current returns a copy of the state now. A running sandbox whose
+// init died is Dead from then on.
+func (sb *Sandbox) Current() State {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.noteDeath()
@@ -746,8 +735,10 @@ func (sb *Sandbox) Close() error {
 // lowerUser is the name the sandbox holds its layers by: its ID.
 func (sb *Sandbox) lowerUser() string { return sb.ID }
 
-// owner names the sandbox among every root's on this host.
-func (sb *Sandbox) owner() string {
+// slot names the sandbox among every root's on this host (the key of
+// its subnet and id range): its directory's absolute path. (State.Owner
+// is another thing: the token that made it.)
+func (sb *Sandbox) slot() string {
 	abs, _ := filepath.Abs(sb.dir)
 	return abs
 }

@@ -71,8 +71,8 @@ func sh(t *testing.T, sb *runtime.Sandbox, id, script string) (string, int) {
 func TestSandboxLifecycle(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
-		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}}, Mounter: runtime.Mounter{Store: s}})
+	sb, err := (&runtime.Host{Root: root, Store: s}).Create(ctx, runtime.Spec{Name: "rollout-1", Layers: []string{"ws:1", "bb:1"},
+		Limits: cgroup.Limits{MemoryBytes: 256 << 20, Pids: 256}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 	// The worker goes away and a new one re-adopts the sandbox.
 	sb.Close()
-	again, err := runtime.Load(root, "rollout-1", nil)
+	again, err := (&runtime.Host{Root: root, Store: s}).Load("rollout-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if out != "step\n" {
 		t.Fatalf("state lost across re-adoption: %q", out)
 	}
-	if _, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "rollout-1", Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}}); !errdefs.IsAlreadyExists(err) {
+	if _, err := (&runtime.Host{Root: root, Store: s}).Create(ctx, runtime.Spec{Name: "rollout-1", Layers: []string{"bb:1"}}); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("duplicate name: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(sb.Upper(), "etc", "answer")); string(b) != "changed\n" {
@@ -112,23 +112,23 @@ func TestSandboxLifecycle(t *testing.T) {
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("left behind: %v", l)
 	}
-	if _, err := runtime.Load(root, "rollout-1", nil); !errdefs.IsNotFound(err) {
+	if _, err := (&runtime.Host{Root: root, Store: s}).Load("rollout-1"); !errdefs.IsNotFound(err) {
 		t.Fatalf("load after remove: %v", err)
 	}
 }
 
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	root, s := layers(t)
-	_, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "bad", Layers: []string{"ws:1",
-		"missing:1"}}, Mounter: runtime.Mounter{Store: s}})
+	_, err := (&runtime.Host{Root: root, Store: s}).Create(context.Background(), runtime.Spec{Name: "bad", Layers: []string{"ws:1",
+		"missing:1"}})
 	if !errdefs.IsNotFound(err) {
 		t.Fatalf("missing layer: %v", err)
 	}
 	if l := runtimetest.Leftovers(root); len(l) > 0 {
 		t.Fatalf("a failed create left: %v", l)
 	}
-	if _, err := runtime.Create(context.Background(), root, runtime.Options{Spec: runtime.Spec{Name: "../x",
-		Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := (&runtime.Host{Root: root, Store: s}).Create(context.Background(), runtime.Spec{Name: "../x",
+		Layers: []string{"bb:1"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad name: %v", err)
 	}
 }
@@ -148,7 +148,7 @@ func TestLazyLayers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	host, sb := createOnSecondHost(t, shared, runtime.Options{Spec: runtime.Spec{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"}}})
+	host, sb := createOnSecondHost(t, shared, runtime.Spec{Name: "lazy-1", Layers: []string{"ws:1", "bb:1"}})
 	if out, code := sh(t, sb, "1", "cat /work/hello"); code != 0 || out != "from the workspace\n" {
 		t.Fatalf("exit %d, %q", code, out)
 	}
@@ -157,7 +157,7 @@ func TestLazyLayers(t *testing.T) {
 
 // createOnSecondHost creates a sandbox on a new host whose store is
 // empty, so its layers come lazily from shared.
-func createOnSecondHost(t *testing.T, shared remote.Target, o runtime.Options) (string, *runtime.Sandbox) {
+func createOnSecondHost(t *testing.T, shared remote.Target, o runtime.Spec) (string, *runtime.Sandbox) {
 	t.Helper()
 	host := t.TempDir()
 	hs, err := store.Open(filepath.Join(host, "store"))
@@ -165,8 +165,8 @@ func createOnSecondHost(t *testing.T, shared remote.Target, o runtime.Options) (
 		t.Fatal(err)
 	}
 	t.Setenv("DSEC_TEST_FETCHER", "1")
-	o.Mounter = runtime.Mounter{Store: hs, Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}}
-	sb, err := runtime.Create(context.Background(), host, o)
+	h := &runtime.Host{Root: host, Store: hs, Remote: shared, Fetcher: lazy.Start{Path: os.Args[0]}}
+	sb, err := h.Create(context.Background(), o)
 	os.Unsetenv("DSEC_TEST_FETCHER")
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +200,7 @@ func removeOnSecondHost(t *testing.T, host string, sb *runtime.Sandbox) {
 func TestUnknownBackend(t *testing.T) {
 	root, s := layers(t)
 	ctx := context.Background()
-	sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: "newer", Layers: []string{"bb:1"}}, Mounter: runtime.Mounter{Store: s}})
+	sb, err := (&runtime.Host{Root: root, Store: s}).Create(ctx, runtime.Spec{Name: "newer", Layers: []string{"bb:1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,11 +225,11 @@ func TestUnknownBackend(t *testing.T) {
 	}
 	newer := []byte(strings.Replace(string(orig), `"name": "newer",`, `"name": "newer", "backend": "warp",`, 1))
 	setBackend(newer)
-	again, err := runtime.Load(root, "newer", nil)
-	if err != nil || again.Snapshot().Status != runtime.Stopped {
+	again, err := (&runtime.Host{Root: root, Store: s}).Load("newer")
+	if err != nil || again.Current().Status != runtime.Stopped {
 		t.Fatalf("load a stopped sandbox of backend warp: %v", err)
 	}
-	if err := again.Start(ctx, runtime.Mounter{Store: s}); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
+	if err := again.Start(ctx); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
 		t.Errorf("start it: %v, want not implemented, naming the backend", err)
 	}
 	if err := again.Remove(); !errdefs.IsNotImplemented(err) {
@@ -239,7 +239,7 @@ func TestUnknownBackend(t *testing.T) {
 		t.Errorf("its directory went: %v", err)
 	}
 	setBackend([]byte(strings.Replace(string(newer), `"status": "stopped"`, `"status": "running"`, 1)))
-	if _, err := runtime.Load(root, "newer", nil); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
+	if _, err := (&runtime.Host{Root: root, Store: s}).Load("newer"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `unknown backend "warp"`) {
 		t.Errorf("load a running sandbox of backend warp: %v, want the backend named", err)
 	}
 	setBackend(orig) // Clean takes it down

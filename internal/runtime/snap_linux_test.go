@@ -29,7 +29,7 @@ type snapFixture struct {
 	t     *testing.T
 	root  string
 	s     *store.Store
-	m     runtime.Mounter
+	m     *runtime.Host
 	sbs   []*runtime.Sandbox
 	n     int    // exec ids
 	shell string // default /bin/sh
@@ -39,7 +39,7 @@ func newSnapFixture(t *testing.T) *snapFixture {
 	root, s := layers(t)
 	// As a worker makes them: uppers on the root's uppers file system,
 	// with the default bound.
-	f := &snapFixture{t: t, root: root, s: s, m: runtime.Mounter{Store: s, DiskBound: 10 << 30}}
+	f := &snapFixture{t: t, root: root, s: s, m: &runtime.Host{Root: root, Store: s, DiskBound: 10 << 30}}
 	t.Cleanup(func() {
 		for _, sb := range f.sbs {
 			sb.Remove()
@@ -54,10 +54,9 @@ func newSnapFixture(t *testing.T) *snapFixture {
 	return f
 }
 
-func (f *snapFixture) create(o runtime.Options) *runtime.Sandbox {
+func (f *snapFixture) create(o runtime.Spec) *runtime.Sandbox {
 	f.t.Helper()
-	o.Mounter = f.m
-	sb, err := runtime.Create(context.Background(), f.root, o)
+	sb, err := f.m.Create(context.Background(), o)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -169,7 +168,7 @@ func setXattr(t *testing.T, p, name, value string) {
 
 func TestPackDiffBranchIdentity(t *testing.T) {
 	f := newSnapFixture(t)
-	orig := f.create(runtime.Options{Spec: runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}}})
+	orig := f.create(runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
 	// /bin goes away in mutate: keep a shell where the tests look for it.
 	f.run(orig, "mkdir -p /sbin2 && cp /bin/busybox /sbin2/ && ln -s busybox /sbin2/sh")
 	f.run(orig, mutate)
@@ -188,9 +187,9 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	}
 	sameView(t, "the sandbox after its pack", want, view(t, orig))
 
-	b1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "b1", From: "rollout/a:1"}})
-	b2 := f.create(runtime.Options{Spec: runtime.Spec{Name: "b2", From: "rollout/a:1"}})
-	if st := b1.Snapshot(); st.From != "rollout/a:1" || len(st.Layers) != 3 || st.Layers[0] != "rollout/a:1" {
+	b1 := f.create(runtime.Spec{Name: "b1", From: "rollout/a:1"})
+	b2 := f.create(runtime.Spec{Name: "b2", From: "rollout/a:1"})
+	if st := b1.Current(); st.From != "rollout/a:1" || len(st.Layers) != 3 || st.Layers[0] != "rollout/a:1" {
 		t.Fatalf("branch state %+v", st)
 	}
 	sameView(t, "branch b1", want, view(t, b1))
@@ -227,7 +226,7 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if p2.Layer.Size >= p1.Layer.Size {
 		t.Fatalf("increment of %d bytes is not smaller than the first snapshot's %d", p2.Layer.Size, p1.Layer.Size)
 	}
-	c1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "c1", From: "rollout/a:2"}})
+	c1 := f.create(runtime.Spec{Name: "c1", From: "rollout/a:2"})
 	sameView(t, "a branch of the second generation", want2, view(t, c1))
 
 	// Third generation, from a branch: its diff stands on a:1.
@@ -237,14 +236,14 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if l := p3.Layer.Snapshot; l.Incremental || l.Parent().Ref != "rollout/a:1" {
 		t.Fatalf("branch lineage %+v", l)
 	}
-	d1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "d1", From: "rollout/b1:3"}})
+	d1 := f.create(runtime.Spec{Name: "d1", From: "rollout/b1:3"})
 	sameView(t, "a branch of a branch", want3, view(t, d1))
 	// And a third generation on the original: an upper-only directory
 	// that went away must be hidden from the increment's parents.
 	f.run(orig, "rm -r /opt/d; rm /work/h2")
 	want4 := view(t, orig)
 	f.mustPack(orig, "rollout/a:3")
-	e1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "e1", From: "rollout/a:3"}})
+	e1 := f.create(runtime.Spec{Name: "e1", From: "rollout/a:3"})
 	sameView(t, "the third generation", want4, view(t, e1))
 
 	// Squash folds a:3, a:2 and a:1 into one diff over ws:1 and bb:1.
@@ -259,13 +258,13 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 	if n.Entries == 0 || n.Bytes == 0 || uint64(n.Entries) != sq.Files-1 {
 		t.Errorf("squash tally %+v: want the paths (%d, the root left out) and bytes of the new snapshot", n, sq.Files-1)
 	}
-	g1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "g1", From: "rollout/flat:3"}})
+	g1 := f.create(runtime.Spec{Name: "g1", From: "rollout/flat:3"})
 	sameView(t, "a branch of the squashed chain", want4, view(t, g1))
 	sq2, _, err := snap.Squash(context.Background(), f.s, "rollout/b1:3", layer.Ref{Name: "rollout/flatb", Version: "3"}, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	h1 := f.create(runtime.Options{Spec: runtime.Spec{Name: "h1", From: sq2.Ref}})
+	h1 := f.create(runtime.Spec{Name: "h1", From: sq2.Ref})
 	sameView(t, "a branch of a squashed branch", want3, view(t, h1))
 
 	// Lineage: who stands on what; rm refuses while anything does.
@@ -326,7 +325,7 @@ func TestPackDiffBranchIdentity(t *testing.T) {
 
 func TestPackDiffErrors(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "x", Layers: []string{"bb:1"}}})
+	sb := f.create(runtime.Spec{Name: "x", Layers: []string{"bb:1"}})
 	f.run(sb, "echo a > /a")
 	f.mustPack(sb, "s:1")
 	if _, err := f.pack(sb, "s:1", snap.Limits{}); !errdefs.IsAlreadyExists(err) {
@@ -354,7 +353,7 @@ func TestPackDiffErrors(t *testing.T) {
 	}
 	// A branch of something that is not a snapshot, or of a snapshot
 	// whose layers are gone.
-	if _, err := runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "y", From: "bb:1"}, Mounter: f.m}); !errdefs.IsInvalidArgument(err) {
+	if _, err := f.m.Create(context.Background(), runtime.Spec{Name: "y", From: "bb:1"}); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("branch of a base layer: %v", err)
 	}
 	// Untagged (layer rm --force), the layer is found by its digest;
@@ -363,7 +362,7 @@ func TestPackDiffErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	z, err := runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "z", From: "s:1"}, Mounter: f.m})
+	z, err := f.m.Create(context.Background(), runtime.Spec{Name: "z", From: "s:1"})
 	if err != nil {
 		t.Fatalf("branch over an untagged layer: %v", err)
 	}
@@ -375,7 +374,7 @@ func TestPackDiffErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = runtime.Create(context.Background(), f.root, runtime.Options{Spec: runtime.Spec{Name: "y", From: "s:1"}, Mounter: f.m})
+	_, err = f.m.Create(context.Background(), runtime.Spec{Name: "y", From: "s:1"})
 	if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "s:1") {
 		t.Fatalf("branch with a missing layer: %v", err)
 	}
@@ -390,7 +389,7 @@ func TestPackDiffErrors(t *testing.T) {
 func TestLazySnapshotBranch(t *testing.T) {
 	f := newSnapFixture(t)
 	ctx := context.Background()
-	orig := f.create(runtime.Options{Spec: runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}}})
+	orig := f.create(runtime.Spec{Name: "orig", Layers: []string{"ws:1", "bb:1"}})
 	f.run(orig, "echo one > /work/step1; rm /work/hello")
 	f.mustPack(orig, "lazy/r:1")
 	f.run(orig, "echo two >> /work/step1; mkdir -p /opt/x; ln /work/step1 /opt/x/hard")
@@ -414,13 +413,13 @@ func TestLazySnapshotBranch(t *testing.T) {
 		t.Fatalf("pushed lowers %v, want the lineage bottom first", lowers)
 	}
 
-	host, sb := createOnSecondHost(t, shared, runtime.Options{Spec: runtime.Spec{Name: "far", From: "lazy/r:2"}})
+	host, sb := createOnSecondHost(t, shared, runtime.Spec{Name: "far", From: "lazy/r:2"})
 	sameView(t, "a branch on another host", want, view(t, sb))
 	hs, _ := store.Open(filepath.Join(host, "store"))
 	if l, _ := layer.List(ctx, hs); len(l) != 0 {
 		t.Fatalf("the lazy branch pulled %d layers into its host's store", len(l))
 	}
-	if st := sb.Snapshot(); st.From != "lazy/r:2" || len(st.Layers) != 4 {
+	if st := sb.Current(); st.From != "lazy/r:2" || len(st.Layers) != 4 {
 		t.Fatalf("branch state %+v", st)
 	}
 	removeOnSecondHost(t, host, sb)
@@ -434,7 +433,7 @@ func TestLazySnapshotBranch(t *testing.T) {
 func TestPackDiffNothingChanged(t *testing.T) {
 	f := newSnapFixture(t)
 	ctx := context.Background()
-	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "loop1", Layers: []string{"bb:1"}}})
+	sb := f.create(runtime.Spec{Name: "loop1", Layers: []string{"bb:1"}})
 	f.mustPack(sb, "loop1:1")
 	_, err := f.pack(sb, "loop1:2", snap.Limits{})
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "nothing changed in sandbox loop1 since snapshot loop1:1") {
@@ -446,7 +445,7 @@ func TestPackDiffNothingChanged(t *testing.T) {
 	if cg := sb.Cgroup(); cg.Frozen() {
 		t.Fatal("the refused pack left the sandbox frozen")
 	}
-	br := f.create(runtime.Options{Spec: runtime.Spec{Name: "loop1-b", From: "loop1:1"}})
+	br := f.create(runtime.Spec{Name: "loop1-b", From: "loop1:1"})
 	if out, code := sh(t, br, "b", "cat /etc/answer"); code != 0 || out != "42\n" {
 		t.Fatalf("a branch of loop1:1: %q %d", out, code)
 	}
@@ -482,8 +481,7 @@ func TestPackDiffNothingChanged(t *testing.T) {
 			t.Errorf("old:2, the very image of old:1, is listed as its child")
 		}
 	}
-	if _, err := runtime.Create(ctx, f.root, runtime.Options{Spec: runtime.Spec{Name: "old-b", From: "old:2"},
-		Mounter: f.m}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "stands on its own image") {
+	if _, err := f.m.Create(ctx, runtime.Spec{Name: "old-b", From: "old:2"}); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "stands on its own image") {
 		t.Errorf("a branch of a snapshot standing on its own image: %v", err)
 	}
 	if _, err := snap.Remove(ctx, f.s, "old:2", nil, false); err != nil {
@@ -496,7 +494,7 @@ func TestPackDiffNothingChanged(t *testing.T) {
 // that ran runs again.
 func TestPackDiffKeepsFrozen(t *testing.T) {
 	f := newSnapFixture(t)
-	sb := f.create(runtime.Options{Spec: runtime.Spec{Name: "frozen", Layers: []string{"bb:1"}}})
+	sb := f.create(runtime.Spec{Name: "frozen", Layers: []string{"bb:1"}})
 	if out, code := sh(t, sb, "w", "echo a > /a"); code != 0 {
 		t.Fatal(out)
 	}

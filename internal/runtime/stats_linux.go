@@ -33,7 +33,7 @@ type Stats struct {
 // Stats reads what the sandbox uses now. A microVM's guest is asked for
 // its memory within a second.
 func (sb *Sandbox) Stats() Stats {
-	st := sb.Snapshot()
+	st := sb.Current()
 	out := Stats{DiskUsed: sb.DiskUsed(), Idle: sb.Idle(), Execs: sb.ExecCount(), Reclaimed: sb.Reclaimed()}
 	if st.Status != Running {
 		return out

@@ -28,21 +28,21 @@ func TestUserNamespace(t *testing.T) {
 	// An upper in the sandbox's directory, on a disk image of its own,
 	// and on the root's uppers file system.
 	for i, disk := range []struct{ quota, bound int64 }{{0, 0}, {64 << 20, 0}, {0, 64 << 20}} {
-		sb, err := runtime.Create(ctx, root, runtime.Options{Spec: runtime.Spec{Name: fmt.Sprint("u", i), Layers: []string{"ws:1",
+		sb, err := (&runtime.Host{Root: root, Store: s, DiskBound: disk.bound}).Create(ctx, runtime.Spec{Name: fmt.Sprint("u", i), Layers: []string{"ws:1",
 			"bb:1"}, UserNS: true, Disk: disk.quota, Policy: &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy",
-			Files: &api.FilePolicy{ReadOnly: []string{"/etc"}, Hidden: []string{"/etc/answer"}}}}, Mounter: runtime.Mounter{Store: s, DiskBound: disk.bound}})
+			Files: &api.FilePolicy{ReadOnly: []string{"/etc"}, Hidden: []string{"/etc/answer"}}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { sb.Remove() })
 		sbs = append(sbs, sb)
 	}
-	a, b := sbs[0].Snapshot().IDs, sbs[1].Snapshot().IDs
+	a, b := sbs[0].Current().IDs, sbs[1].Current().IDs
 	if a == nil || b == nil || a.Size != 65536 || a.Host < 1<<31 || (a.Host < b.Host+b.Size && b.Host < a.Host+a.Size) {
 		t.Fatalf("id ranges %+v and %+v: want two disjoint ranges of 65536 from 2^31", a, b)
 	}
 	for _, sb := range sbs {
-		ids := sb.Snapshot().IDs
+		ids := sb.Current().IDs
 		out, code := sh(t, sb, "1", `cat /proc/self/uid_map; id -u; stat -c %u:%g /bin/busybox /work/hello; `+
 			`echo mine >/work/new; mkdir /work/d; stat -c %u /work/new; cat /work/hello`)
 		want := fmt.Sprintf("0 %d 65536 0 0:0 0:0 0 from the workspace", ids.Host)
@@ -57,7 +57,7 @@ func TestUserNamespace(t *testing.T) {
 			t.Errorf("%s: the upper stores the sandbox root's file as %d:%d, want 0:0", sb.Name, st.Uid, st.Gid)
 		}
 		// The host sees the sandbox's processes as the mapped root.
-		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.Snapshot().Pid))
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", sb.Current().Pid))
 		if !strings.Contains(string(status), fmt.Sprintf("\nUid:\t%d\t", ids.Host)) {
 			t.Errorf("%s: the init on the host is not uid %d:\n%s", sb.Name, ids.Host, status)
 		}
@@ -72,10 +72,10 @@ func TestUserNamespace(t *testing.T) {
 		if err := sb.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		if st := sb.Snapshot(); st.IDs != nil {
+		if st := sb.Current(); st.IDs != nil {
 			t.Fatalf("a stopped sandbox holds ids %+v", st.IDs)
 		}
-		if err := sb.Start(ctx, runtime.Mounter{Store: s}); err != nil {
+		if err := sb.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if out, _ := sh(t, sb, "2", `stat -c %u /work/new /work/d; cat /work/new`); strings.Join(strings.Fields(out), " ") != "0 0 mine" {

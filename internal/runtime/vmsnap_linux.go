@@ -92,28 +92,22 @@ func snapshotMemory(ctx context.Context, sb *Sandbox, s *store.Store) (*layer.Me
 	return m, time.Duration(info.PausedNS), nil
 }
 
-// memoryOf is the memory snapshot of the snapshot ref (nil: it is a
-// disk-only one).
-func memoryOf(ctx context.Context, m Mounter, ref string) (*layer.Memory, *layer.Lineage, error) {
-	l, _, err := lower.Lineage(ctx, m.Source(), ref)
-	if err != nil {
-		return nil, nil, err
-	}
-	return l.Memory, l, nil
-}
-
 // MemoryOf is the memory snapshot ref holds, nil for a disk-only
 // snapshot: a worker makes its branches microVMs by default, of its
 // guest's RAM.
-func MemoryOf(ctx context.Context, m Mounter, ref string) (*layer.Memory, error) {
-	mem, _, err := memoryOf(ctx, m, ref)
-	return mem, err
+func (h *Host) MemoryOf(ctx context.Context, ref string) (*layer.Memory, error) {
+	l, _, err := lower.Lineage(ctx, h.Source(), ref)
+	if err != nil {
+		return nil, err
+	}
+	return l.Memory, nil
 }
 
 // restoreFrom prepares sb, being created from the memory snapshot ref,
 // to start from it: its blobs in the local store (fetched from the
 // remote if need be), its disk the snapshot's, and start's restore set.
-func (sb *Sandbox) restoreFrom(ctx context.Context, m Mounter, ref string, mem *layer.Memory) error {
+func (sb *Sandbox) restoreFrom(ctx context.Context, ref string, mem *layer.Memory) error {
+	m := sb.host
 	var missing []ocispec.Descriptor
 	for _, d := range mem.Blobs() {
 		if !m.Store.Exists(d.Digest) {
@@ -280,8 +274,8 @@ func (sb *Sandbox) Evict(ctx context.Context) error {
 
 // resumeSaved restores an evicted guest from its directory; sb.mu is
 // held. A guest that fails to restore stays saved, and paused.
-func (sb *Sandbox) resumeSaved(ctx context.Context, m Mounter) error {
-	if m.Store == nil {
+func (sb *Sandbox) resumeSaved(ctx context.Context) error {
+	if sb.host.Store == nil {
 		return fmt.Errorf("sandbox %s was evicted: resume it through its worker: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	if sb.Machine == nil {
@@ -293,7 +287,7 @@ func (sb *Sandbox) resumeSaved(ctx context.Context, m Mounter) error {
 		sb.restore.RAM = filepath.Join(sb.dir, savedRAM)
 	}
 	sb.Paused = false
-	if err := sb.start(ctx, m); err != nil {
+	if err := sb.start(ctx); err != nil {
 		sb.restore = nil
 		errs := sb.teardownInstance(false)
 		sb.Paused, sb.Pid = true, 0

@@ -24,10 +24,40 @@ import (
 // Root is where cgroup file systems are mounted.
 var Root = "/sys/fs/cgroup"
 
-// Parent is the group under which sandboxes' groups are made (a
-// variable for tests of the bounds on it, which must not bound the
-// host's other sandboxes).
-var Parent = "dsec"
+// DefaultParent is the group under which a host's sandboxes' groups are
+// made, unless its Tree names another.
+const DefaultParent = "dsec"
+
+// Tree is where one host's sandbox groups are: under its parent in every
+// hierarchy (an idle group's CPU controller under IdleParent), with the
+// limits of that parent (LimitParent). Two Trees of different parents
+// share nothing but IdleParent; a nil Tree is DefaultParent's, unlimited.
+type Tree struct {
+	parent string
+
+	// The limits of the parent: every sandbox together (LimitParent).
+	mu      sync.Mutex
+	limits  Limits
+	limited map[string]uint64 // the parent's directory -> the inode given limits
+}
+
+// NewTree is the tree of the groups under parent ("": DefaultParent).
+func NewTree(parent string) *Tree {
+	if parent == "" {
+		parent = DefaultParent
+	}
+	return &Tree{parent: parent, limited: map[string]uint64{}}
+}
+
+// Parent names t's parent group.
+func (t *Tree) Parent() string {
+	if t == nil {
+		return DefaultParent
+	}
+	return t.parent
+}
+
+func (t *Tree) manager() manager { return managerFor(t.Parent()) }
 
 // IdleParent holds the CPU groups of idle (batch) sandboxes: a sibling of
 // Parent marked cpu.idle, so that at the top of the hierarchy, where the
@@ -51,10 +81,11 @@ type Limits struct {
 
 // Group is one sandbox's cgroup, in every hierarchy it spans.
 type Group struct {
-	name string
-	v1   map[string]string // controller -> directory (hybrid hosts)
-	v2   string            // the cgroup2 directory (both layouts)
-	m    manager           // the host's layout: hybrid or unified
+	name   string
+	parent string            // its Tree's
+	v1     map[string]string // controller -> directory (hybrid hosts)
+	v2     string            // the cgroup2 directory (both layouts)
+	m      manager           // the host's layout: hybrid or unified
 }
 
 var v1Controllers = []string{"memory", "cpu", "pids", "freezer", "devices"}
@@ -231,10 +262,10 @@ func write(dir, file, value string) error {
 
 // New makes the group name with limits. A name already in use is an
 // error; Remove takes it away.
-func New(name string, l Limits) (*Group, error) { return newGroup(host(), name, l) }
+func (t *Tree) New(name string, l Limits) (*Group, error) { return t.newGroup(t.manager(), name, l) }
 
 // newGroup is New on m's layout.
-func newGroup(m manager, name string, l Limits) (*Group, error) {
+func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -249,7 +280,7 @@ func newGroup(m manager, name string, l Limits) (*Group, error) {
 			// Before the group is in it: no sandbox is ever under an
 			// unbounded parent (it goes with its last group, and comes
 			// back without its limits).
-			if err = limitParent(filepath.Dir(d)); err != nil {
+			if err = t.limitParent(m, filepath.Dir(d)); err != nil {
 				break
 			}
 			cpuset := strings.HasPrefix(d, filepath.Join(Root, "cpuset")+"/")
@@ -285,41 +316,35 @@ func newGroup(m manager, name string, l Limits) (*Group, error) {
 	return g, nil
 }
 
-// The limits of Parent: every sandbox together (LimitParent).
-var (
-	parentMu     sync.Mutex
-	parentLimits Limits
-	limited      = map[string]uint64{} // Parent's directory -> the inode given parentLimits
-)
-
 // LimitParent bounds every sandbox of the host together: Parent's
 // memory and pids limits, so that what dsec's groups use together
 // never reaches the host's own processes, the worker or its fetchers
 // (which run outside Parent). The limits apply now to Parent as it
 // is and whenever it is made again. Zero leaves a limit off.
-func LimitParent(l Limits) error {
-	parentMu.Lock()
-	parentLimits = Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids}
-	clear(limited)
-	parentMu.Unlock()
+func (t *Tree) LimitParent(l Limits) error {
+	t.mu.Lock()
+	t.limits = Limits{MemoryBytes: l.MemoryBytes, Pids: l.Pids}
+	clear(t.limited)
+	t.mu.Unlock()
+	m := t.manager()
 	var errs []error
-	for _, d := range parentDirs() {
+	for _, d := range m.parentDirs() {
 		if _, err := os.Stat(d); err == nil {
-			errs = append(errs, limitParent(d))
+			errs = append(errs, t.limitParent(m, d))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // ParentLimits are the limits LimitParent set.
-func ParentLimits() Limits {
-	parentMu.Lock()
-	defer parentMu.Unlock()
-	return parentLimits
+func (t *Tree) ParentLimits() Limits {
+	if t == nil {
+		return Limits{}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.limits
 }
-
-// parentDirs are Parent's directories that hold a memory or pids limit.
-func parentDirs() []string { return host().parentDirs() }
 
 // limitParent writes Parent's limits into dir if it is one of Parent's
 // directories that takes them.
@@ -327,10 +352,13 @@ func parentDirs() []string { return host().parentDirs() }
 // The limits are written once per directory: a create finds them there
 // with a stat, until the directory (gone with its last group) is made
 // again, with another inode.
-func limitParent(dir string) error {
-	parentMu.Lock()
-	defer parentMu.Unlock()
-	l := parentLimits
+func (t *Tree) limitParent(m manager, dir string) error {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.limits
 	if l.MemoryBytes == 0 && l.Pids == 0 {
 		return nil
 	}
@@ -338,10 +366,10 @@ func limitParent(dir string) error {
 	if err := syscall.Stat(dir, &st); err != nil {
 		return fmt.Errorf("cgroup: %s: %w", dir, err)
 	}
-	if ino, ok := limited[dir]; ok && ino == st.Ino {
+	if ino, ok := t.limited[dir]; ok && ino == st.Ino {
 		return nil
 	}
-	memory, pids := host().parentFiles(dir)
+	memory, pids := m.parentFiles(dir)
 	if memory != "" && l.MemoryBytes > 0 {
 		var err error
 		if memory == "memory.limit_in_bytes" { // with swap accounting, swap too
@@ -358,7 +386,7 @@ func limitParent(dir string) error {
 			return err
 		}
 	}
-	limited[dir] = st.Ino
+	t.limited[dir] = st.Ino
 	return nil
 }
 
@@ -399,8 +427,8 @@ func counter(dir, file, key string) int {
 // ParentPressure is the share of time (percent, over the last 10 s) in
 // which some task under Parent stalled on memory: PSI's "some avg10" of
 // its cgroup2 directory (on hybrid hosts too: PSI needs no controller).
-func ParentPressure() (float64, error) {
-	return Pressure(filepath.Join(host().parentV2(), "memory.pressure"))
+func (t *Tree) ParentPressure() (float64, error) {
+	return Pressure(filepath.Join(t.manager().parentV2(), "memory.pressure"))
 }
 
 // Pressure reads "some avg10" from a PSI file (/proc/pressure/memory,
@@ -426,7 +454,7 @@ func Pressure(file string) (float64, error) {
 // for Parent's limit or a sandbox's own, in the groups there now (v1
 // counts a kill in the victim's group only; v2's memory.events counts
 // the subtree's).
-func ParentOOMKills() int { return host().parentOOMKills() }
+func (t *Tree) ParentOOMKills() int { return t.manager().parentOOMKills() }
 
 // oomKills reads the oom_kill count of a memory group's file.
 func oomKills(dir, file string) int { return counter(dir, file, "oom_kill") }
@@ -438,9 +466,6 @@ func checkName(name string) error {
 	return nil
 }
 
-// layout says where the group name lives (manager.layout).
-func layout(name string, idle bool) *Group { return host().layout(name, idle) }
-
 // cpuDir is the directory of the group's CPU controller.
 func (g *Group) cpuDir() string {
 	if d, ok := g.v1["cpu"]; ok {
@@ -450,10 +475,11 @@ func (g *Group) cpuDir() string {
 }
 
 // Open returns the group name made earlier, for a worker that restarts.
-func Open(name string) (*Group, error) {
-	g := layout(name, false)
+func (t *Tree) Open(name string) (*Group, error) {
+	m := t.manager()
+	g := m.layout(name, false)
 	if _, err := os.Stat(g.cpuDir()); err != nil {
-		g = layout(name, true)
+		g = m.layout(name, true)
 	}
 	if _, err := os.Stat(g.v2); err != nil {
 		return nil, fmt.Errorf("cgroup %s: %w", name, err)
@@ -473,10 +499,11 @@ func (g *Group) dirs() []string {
 
 // List names the groups whose names start with prefix and end with
 // suffix, in any hierarchy.
-func List(prefix, suffix string) ([]string, error) {
-	parents := []string{filepath.Join(Root, Parent), filepath.Join(Root, "unified", Parent)}
+func (t *Tree) List(prefix, suffix string) ([]string, error) {
+	parent := t.Parent()
+	parents := []string{filepath.Join(Root, parent), filepath.Join(Root, "unified", parent)}
 	for _, c := range append(slices.Clip(v1Controllers), escapable()...) {
-		parents = append(parents, filepath.Join(Root, c, Parent))
+		parents = append(parents, filepath.Join(Root, c, parent))
 	}
 	seen := map[string]bool{}
 	var out []string
@@ -713,7 +740,7 @@ func (g *Group) escaped() []string {
 	var out []string
 	for _, h := range escapable() {
 		if _, ok := g.v1[h]; !ok {
-			out = append(out, filepath.Join(Root, h, Parent, g.name))
+			out = append(out, filepath.Join(Root, h, g.parent, g.name))
 		}
 	}
 	return out
@@ -736,13 +763,14 @@ func rmdir(d string) error {
 // cannot find it (its cgroup2 directory gone, a v1 one left behind by a
 // worker before Remove kept the cgroup2 directory for a second try).
 // They must hold no process.
-func RemoveLeftover(name string) error {
+func (t *Tree) RemoveLeftover(name string) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
+	m := t.manager()
 	var errs []error
 	for _, idle := range []bool{false, true} {
-		g := layout(name, idle)
+		g := m.layout(name, idle)
 		for _, d := range append(g.dirs(), g.escaped()...) {
 			if err := rmdir(d); err != nil {
 				errs = append(errs, err)

@@ -56,7 +56,7 @@ func heavyExit() {
 // while they still held it.
 func TestKillIdleOnBusyHost(t *testing.T) {
 	layertest.RequireRoot(t)
-	g, err := cgroup.New(fmt.Sprintf("test-idle-kill-%d", os.Getpid()), cgroup.Limits{Idle: true})
+	g, err := tree.New(fmt.Sprintf("test-idle-kill-%d", os.Getpid()), cgroup.Limits{Idle: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 	t.Helper()
 	layertest.RequireRoot(t)
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	g, err := cgroup.New(name, l)
+	g, err := tree.New(name, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestFreezeThawKill(t *testing.T) {
 
 func TestBadNames(t *testing.T) {
 	for _, n := range []string{"", "a/b", "..", "."} {
-		if _, err := cgroup.New(n, cgroup.Limits{}); err == nil {
+		if _, err := tree.New(n, cgroup.Limits{}); err == nil {
 			t.Errorf("New(%q) succeeded", n)
 		}
 	}
@@ -318,7 +318,7 @@ func TestBatchAndLatencyGroups(t *testing.T) {
 	bd, ld := cpuDir(t, batch.Pid()), cpuDir(t, lat.Pid())
 	// The batch group sits under the idle parent, both marked idle, so
 	// that the host's tasks and latency groups preempt it at the top.
-	if filepath.Base(filepath.Dir(bd)) != cgroup.IdleParent || filepath.Base(filepath.Dir(ld)) != cgroup.Parent {
+	if filepath.Base(filepath.Dir(bd)) != cgroup.IdleParent || filepath.Base(filepath.Dir(ld)) != tree.Parent() {
 		t.Fatalf("batch group at %s, latency group at %s", bd, ld)
 	}
 	for _, d := range []string{bd, filepath.Dir(bd)} {
@@ -338,7 +338,7 @@ func TestBatchAndLatencyGroups(t *testing.T) {
 	}
 	// A restarted worker finds the batch group again.
 	name := filepath.Base(bd)
-	g, err := cgroup.Open(name)
+	g, err := tree.Open(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,12 +441,12 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 		t.Skip("pure cgroup v2 host: a group has no v1 directories to be left behind")
 	}
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	freezer := filepath.Join(cgroup.Root, "freezer", cgroup.Parent, name)
-	g, err := cgroup.New(name, cgroup.Limits{})
+	freezer := filepath.Join(cgroup.Root, "freezer", tree.Parent(), name)
+	g, err := tree.New(name, cgroup.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.Remove(filepath.Join(freezer, "pin")); cgroup.RemoveLeftover(name) })
+	t.Cleanup(func() { os.Remove(filepath.Join(freezer, "pin")); tree.RemoveLeftover(name) })
 	if err := os.Mkdir(filepath.Join(freezer, "pin"), 0o755); err != nil { // rmdir of the group now fails
 		t.Fatal(err)
 	}
@@ -456,13 +456,13 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 	if _, err := os.Stat(g.Path()); err != nil {
 		t.Fatalf("the cgroup2 directory went while a v1 one stayed: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(cgroup.Root, "memory", cgroup.Parent, name)); err == nil {
+	if _, err := os.Stat(filepath.Join(cgroup.Root, "memory", tree.Parent(), name)); err == nil {
 		t.Error("the memory directory stayed though it could go")
 	}
 	if err := os.Remove(filepath.Join(freezer, "pin")); err != nil {
 		t.Fatal(err)
 	}
-	again, err := cgroup.Open(name)
+	again, err := tree.Open(name)
 	if err != nil {
 		t.Fatalf("Open after a failed Remove: %v", err)
 	}
@@ -476,21 +476,21 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 	}
 
 	// A group an older worker left with only v1 directories.
-	g, err = cgroup.New(name, cgroup.Limits{})
+	g, err = tree.New(name, cgroup.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(g.Path()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cgroup.Open(name); err == nil {
+	if _, err := tree.Open(name); err == nil {
 		t.Fatal("Open found a group without its cgroup2 directory")
 	}
-	if err := cgroup.RemoveLeftover(name); err != nil {
+	if err := tree.RemoveLeftover(name); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []string{"memory", "cpu", "pids", "freezer"} {
-		if _, err := os.Stat(filepath.Join(cgroup.Root, c, cgroup.Parent, name)); err == nil {
+		if _, err := os.Stat(filepath.Join(cgroup.Root, c, tree.Parent(), name)); err == nil {
 			t.Errorf("RemoveLeftover left the %s directory", c)
 		}
 	}
@@ -500,13 +500,17 @@ func TestRemoveKeepsGroupFindable(t *testing.T) {
 // (not the host's sandboxes'), dsec-test-WHAT-PID, without limits
 // after the test.
 func ownParent(t *testing.T, what string) {
-	old := cgroup.Parent
-	cgroup.Parent = fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid())
+	old := tree
+	tree = cgroup.NewTree(fmt.Sprintf("dsec-test-%s-%d", what, os.Getpid()))
 	t.Cleanup(func() {
-		cgroup.Parent = old
-		cgroup.LimitParent(cgroup.Limits{})
+		tree.LimitParent(cgroup.Limits{})
+		tree = old
 	})
 }
+
+// tree is the sandboxes' groups the tests make: the host's default
+// parent's, or a test's own (ownParent).
+var tree = cgroup.NewTree("")
 
 // TestParentBoundsAllSandboxes: LimitParent bounds every sandbox
 // together, whatever each may use: three sandboxes with no limits of
@@ -516,25 +520,25 @@ func ownParent(t *testing.T, what string) {
 func TestParentBoundsAllSandboxes(t *testing.T) {
 	layertest.RequireRoot(t)
 	ownParent(t, "parent")
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: 96 << 20, Pids: 512}); err != nil {
 		t.Fatal(err)
 	}
 	// The parent goes with its last group and comes back bounded.
 	// The parent's limit files: v1's memory and pids hierarchies, or its
 	// one cgroup2 directory on a pure v2 host.
 	parentFile := map[string]string{
-		"memory": filepath.Join(cgroup.Root, "memory", cgroup.Parent, "memory.limit_in_bytes"),
-		"pids":   filepath.Join(cgroup.Root, "pids", cgroup.Parent, "pids.max"),
+		"memory": filepath.Join(cgroup.Root, "memory", tree.Parent(), "memory.limit_in_bytes"),
+		"pids":   filepath.Join(cgroup.Root, "pids", tree.Parent(), "pids.max"),
 	}
 	if _, err := os.Stat(filepath.Join(cgroup.Root, "cgroup.controllers")); err == nil {
-		parentFile = map[string]string{"memory": filepath.Join(cgroup.Root, cgroup.Parent, "memory.max"), "pids": filepath.Join(cgroup.Root, cgroup.Parent, "pids.max")}
+		parentFile = map[string]string{"memory": filepath.Join(cgroup.Root, tree.Parent(), "memory.max"), "pids": filepath.Join(cgroup.Root, tree.Parent(), "pids.max")}
 	}
 	memLimit := func() string {
 		b, _ := os.ReadFile(parentFile["memory"])
 		return strings.TrimSpace(string(b))
 	}
 	for i := range 2 {
-		g, err := cgroup.New(fmt.Sprintf("test-parent-%d-%d", os.Getpid(), i), cgroup.Limits{})
+		g, err := tree.New(fmt.Sprintf("test-parent-%d-%d", os.Getpid(), i), cgroup.Limits{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -553,7 +557,7 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer canary.Process.Kill()
-	before := cgroup.ParentOOMKills()
+	before := tree.ParentOOMKills()
 	var chs []<-chan result
 	var groups []*cgroup.Group
 	for range 3 {
@@ -566,7 +570,7 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 			t.Fatal(r.err)
 		}
 	}
-	if n := cgroup.ParentOOMKills(); n <= before {
+	if n := tree.ParentOOMKills(); n <= before {
 		t.Errorf("144 MiB held under a 96 MiB parent: %d OOM kills in the parent, want some", n-before)
 	}
 	killed := 0
@@ -603,9 +607,9 @@ func TestLimitsLowerThenRaise(t *testing.T) {
 	// The memory limit files of a group of Parent ("": Parent itself).
 	files := func(name string) []string {
 		if isPureV2() {
-			return []string{filepath.Join(cgroup.Root, cgroup.Parent, name, "memory.max")}
+			return []string{filepath.Join(cgroup.Root, tree.Parent(), name, "memory.max")}
 		}
-		dir := filepath.Join(cgroup.Root, "memory", cgroup.Parent, name)
+		dir := filepath.Join(cgroup.Root, "memory", tree.Parent(), name)
 		out := []string{filepath.Join(dir, "memory.limit_in_bytes")}
 		if _, err := os.Stat(filepath.Join(dir, "memory.memsw.limit_in_bytes")); err == nil {
 			out = append(out, filepath.Join(dir, "memory.memsw.limit_in_bytes"))
@@ -622,7 +626,7 @@ func TestLimitsLowerThenRaise(t *testing.T) {
 	}
 	group := func(name string, l cgroup.Limits) *cgroup.Group {
 		t.Helper()
-		g, err := cgroup.New(fmt.Sprintf("test-raise-%d-%s", os.Getpid(), name), l)
+		g, err := tree.New(fmt.Sprintf("test-raise-%d-%s", os.Getpid(), name), l)
 		if err != nil {
 			t.Fatalf("a group under the parent: %v", err)
 		}
@@ -631,7 +635,7 @@ func TestLimitsLowerThenRaise(t *testing.T) {
 	}
 	const low, high = 3 << 30, 20 << 30
 	// A worker with a large host reserve, whose sandbox lives on.
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
 		t.Fatal(err)
 	}
 	group("kept", cgroup.Limits{})
@@ -640,14 +644,14 @@ func TestLimitsLowerThenRaise(t *testing.T) {
 	}
 	want("", low)
 	// The next worker, with the default reserve, and its create.
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: high}); err != nil {
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: high}); err != nil {
 		t.Fatalf("raising the parent's limit: %v", err)
 	}
 	want("", high)
 	group("next", cgroup.Limits{})
 	want("", high)
 	// And down again.
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: low}); err != nil {
 		t.Fatalf("lowering the parent's limit: %v", err)
 	}
 	want("", low)

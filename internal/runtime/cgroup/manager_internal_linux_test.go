@@ -27,11 +27,13 @@ func TestUnifiedManager(t *testing.T) {
 		t.Fatalf("mount cgroup2: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	oldRoot, oldParent := Root, Parent
-	Root, Parent = dir, "dsec-test-unified-"+strconv.Itoa(os.Getpid())
-	t.Cleanup(func() { Root, Parent = oldRoot, oldParent })
+	oldRoot := Root
+	Root = dir
+	t.Cleanup(func() { Root = oldRoot })
+	tree := NewTree("dsec-test-unified-" + strconv.Itoa(os.Getpid()))
+	Parent := tree.Parent()
 
-	m := unified{}
+	m := unified{Parent}
 	b, _ := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	controllers := string(b)
 	var l Limits
@@ -39,7 +41,7 @@ func TestUnifiedManager(t *testing.T) {
 	if pure {
 		l = Limits{MemoryBytes: 64 << 20, Pids: 100}
 	}
-	g, err := newGroup(m, "t-1", l)
+	g, err := tree.newGroup(m, "t-1", l)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,7 +14,7 @@ import (
 // manager is how a host lays its groups out and drives them, as runc's
 // fs and fs2 managers are: hybrid (the v1 controllers beside a cgroup2
 // hierarchy at Root/unified, these hosts' layout) or unified (cgroup2
-// only). The host's is found once (host); a Group carries it.
+// only). A Tree holds the host's, for its parent; a Group carries it.
 type manager interface {
 	// layout places group name: its cgroup2 directory, and on hybrid
 	// hosts one per v1 controller; an idle group's CPU controller (on
@@ -50,32 +49,32 @@ type manager interface {
 	parentOOMKills() int
 }
 
-// host is this host's manager.
-var host = sync.OnceValue(func() manager {
+// managerFor is this host's layout for the groups under parent.
+func managerFor(parent string) manager {
 	if pureV2() {
-		return unified{}
+		return unified{parent}
 	}
-	return hybrid{}
-})
+	return hybrid{parent}
+}
 
 // hybrid: v1 memory, cpu, pids, freezer and devices controllers, and a
 // cgroup2 hierarchy for freezing, killing, BPF and PSI.
-type hybrid struct{}
+type hybrid struct{ parent string }
 
-func (hybrid) layout(name string, idle bool) *Group {
-	cpuParent := Parent
+func (h hybrid) layout(name string, idle bool) *Group {
+	cpuParent := h.parent
 	if idle {
 		cpuParent = IdleParent
 	}
-	g := &Group{name: name, v1: map[string]string{}, m: hybrid{}, v2: filepath.Join(Root, "unified", Parent, name)}
+	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name)}
 	for _, c := range v1Controllers {
 		if c != "devices" || v1Mounted()[c] {
-			g.v1[c] = filepath.Join(Root, c, Parent, name)
+			g.v1[c] = filepath.Join(Root, c, h.parent, name)
 		}
 	}
 	g.v1["cpu"] = filepath.Join(Root, "cpu", cpuParent, name)
-	for _, h := range escapes() {
-		g.v1[h] = filepath.Join(Root, h, Parent, name)
+	for _, c := range escapes() {
+		g.v1[c] = filepath.Join(Root, c, h.parent, name)
 	}
 	return g
 }
@@ -176,26 +175,26 @@ func (hybrid) charged(g *Group) (int64, error) {
 // reclaim is memory.force_empty, which needs no limit.
 func (hybrid) reclaim(g *Group) error { return write(g.v1["memory"], "memory.force_empty", "0") }
 
-func (hybrid) parentDirs() []string {
-	return []string{filepath.Join(Root, "memory", Parent), filepath.Join(Root, "pids", Parent)}
+func (h hybrid) parentDirs() []string {
+	return []string{filepath.Join(Root, "memory", h.parent), filepath.Join(Root, "pids", h.parent)}
 }
 
-func (hybrid) parentFiles(dir string) (string, string) {
+func (h hybrid) parentFiles(dir string) (string, string) {
 	switch dir {
-	case filepath.Join(Root, "memory", Parent):
+	case filepath.Join(Root, "memory", h.parent):
 		return "memory.limit_in_bytes", ""
-	case filepath.Join(Root, "pids", Parent):
+	case filepath.Join(Root, "pids", h.parent):
 		return "", "pids.max"
 	}
 	return "", ""
 }
 
-func (hybrid) parentV2() string { return filepath.Join(Root, "unified", Parent) }
+func (h hybrid) parentV2() string { return filepath.Join(Root, "unified", h.parent) }
 
 // parentOOMKills adds up the groups' counts: v1 counts a kill in the
 // victim's group only.
-func (hybrid) parentOOMKills() int {
-	dir := filepath.Join(Root, "memory", Parent)
+func (h hybrid) parentOOMKills() int {
+	dir := filepath.Join(Root, "memory", h.parent)
 	n := oomKills(dir, "memory.oom_control")
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
@@ -207,14 +206,14 @@ func (hybrid) parentOOMKills() int {
 }
 
 // unified: every controller on the cgroup2 hierarchy at Root.
-type unified struct{}
+type unified struct{ parent string }
 
-func (unified) layout(name string, idle bool) *Group {
-	parent := Parent
+func (h unified) layout(name string, idle bool) *Group {
+	parent := h.parent
 	if idle {
 		parent = IdleParent
 	}
-	return &Group{name: name, v1: map[string]string{}, m: unified{}, v2: filepath.Join(Root, parent, name)}
+	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name)}
 }
 
 // prepare hands the controllers down to the sandboxes' groups. A
@@ -297,16 +296,18 @@ func (unified) reclaim(g *Group) error {
 	return nil
 }
 
-func (unified) parentDirs() []string { return []string{filepath.Join(Root, Parent)} }
+func (h unified) parentDirs() []string { return []string{filepath.Join(Root, h.parent)} }
 
-func (unified) parentFiles(dir string) (string, string) {
-	if dir == filepath.Join(Root, Parent) {
+func (h unified) parentFiles(dir string) (string, string) {
+	if dir == filepath.Join(Root, h.parent) {
 		return "memory.max", "pids.max"
 	}
 	return "", ""
 }
 
-func (unified) parentV2() string { return filepath.Join(Root, Parent) }
+func (h unified) parentV2() string { return filepath.Join(Root, h.parent) }
 
 // parentOOMKills: v2's memory.events counts the subtree's.
-func (unified) parentOOMKills() int { return oomKills(filepath.Join(Root, Parent), "memory.events") }
+func (h unified) parentOOMKills() int {
+	return oomKills(filepath.Join(Root, h.parent), "memory.events")
+}

@@ -13,10 +13,10 @@ import (
 )
 
 // WorkerGroup is the group Protect moves the worker into: a sibling of
-// Parent at the top of the hierarchy, outside the sandboxes' tree, where
-// the kernel honours its protection against every other group with no
-// ancestor's share to pass it down.
-func WorkerGroup() string { return Parent + "-worker" }
+// t's parent at the top of the hierarchy, outside the sandboxes' tree,
+// where the kernel honours its protection against every other group
+// with no ancestor's share to pass it down.
+func (t *Tree) WorkerGroup() string { return t.Parent() + "-worker" }
 
 // Protect moves the calling process, all its threads, into WorkerGroup
 // and protects p of its memory there; the processes it starts from then
@@ -26,7 +26,7 @@ func WorkerGroup() string { return Parent + "-worker" }
 // v1 has no protection to give, and the error says so. Memory charged
 // before the move stays with the group it was charged to (cgroup2 does
 // not move charges), so a worker calls it first.
-func Protect(p Protection) (string, error) {
+func (t *Tree) Protect(p Protection) (string, error) {
 	if p.Min < 0 || p.Low < 0 || p.Low > 0 && p.Min > p.Low {
 		return "", fmt.Errorf("cgroup: protection min %d, low %d: give sizes with min <= low", p.Min, p.Low)
 	}
@@ -36,7 +36,7 @@ func Protect(p Protection) (string, error) {
 	if !pureV2() {
 		return "", errors.New("the memory controller is on cgroup2 beside v1 controllers, where dsec bounds memory with v1's: no protection")
 	}
-	dir := filepath.Join(Root, WorkerGroup())
+	dir := filepath.Join(Root, t.WorkerGroup())
 	from, err := selfV2()
 	if err != nil {
 		return "", err
@@ -66,7 +66,7 @@ func Protect(p Protection) (string, error) {
 var (
 	protectMu sync.Mutex
 	// protectedFrom is the group the process was in before the first
-	// Protect moved it.
+	// Protect moved it (a process is in one group, whatever its Trees).
 	protectedFrom string
 )
 
@@ -74,8 +74,8 @@ var (
 // the group the first Protect took it from, and removes WorkerGroup if
 // nothing is left in it (the fetchers a worker leaves running keep it,
 // and their protection).
-func Unprotect() error {
-	dir := filepath.Join(Root, WorkerGroup())
+func (t *Tree) Unprotect() error {
+	dir := filepath.Join(Root, t.WorkerGroup())
 	protectMu.Lock()
 	from := protectedFrom
 	protectMu.Unlock()

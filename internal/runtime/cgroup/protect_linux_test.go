@@ -44,11 +44,11 @@ func TestOnPureV2Host(t *testing.T) {
 func TestProtect(t *testing.T) {
 	layertest.RequireRoot(t)
 	ownParent(t, "protect")
-	if _, err := cgroup.Protect(cgroup.Protection{Min: 2 << 20, Low: 1 << 20}); err == nil || !strings.Contains(err.Error(), "min <= low") {
+	if _, err := tree.Protect(cgroup.Protection{Min: 2 << 20, Low: 1 << 20}); err == nil || !strings.Contains(err.Error(), "min <= low") {
 		t.Fatalf("min over low: %v", err)
 	}
 	if !cgroup.MemoryV2.Have() {
-		_, err := cgroup.Protect(cgroup.Protection{Min: 16 << 20, Low: 64 << 20})
+		_, err := tree.Protect(cgroup.Protection{Min: 16 << 20, Low: 64 << 20})
 		if err == nil || !strings.Contains(err.Error(), "v1") {
 			t.Fatalf("on a host whose memory is on v1: %v, want an error that says so", err)
 		}
@@ -61,12 +61,12 @@ func TestProtect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := cgroup.Protect(cgroup.Protection{Min: 16 << 20, Low: 64 << 20})
+	dir, err := tree.Protect(cgroup.Protection{Min: 16 << 20, Low: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cgroup.Unprotect() }) // a test that stopped half-way
-	if want := filepath.Join(cgroup.Root, cgroup.Parent+"-worker"); dir != want {
+	t.Cleanup(func() { tree.Unprotect() }) // a test that stopped half-way
+	if want := filepath.Join(cgroup.Root, tree.Parent()+"-worker"); dir != want {
 		t.Fatalf("the worker's group is %s, want %s (beside the sandboxes' parent)", dir, want)
 	}
 	p, in := cgroup.Protected()
@@ -74,7 +74,7 @@ func TestProtect(t *testing.T) {
 		t.Fatalf("in %s protected %+v", in, p)
 	}
 	// Again (a worker restarted): the same group, the values replaced.
-	if dir2, err := cgroup.Protect(cgroup.Protection{Min: 8 << 20, Low: 32 << 20}); err != nil || dir2 != dir {
+	if dir2, err := tree.Protect(cgroup.Protection{Min: 8 << 20, Low: 32 << 20}); err != nil || dir2 != dir {
 		t.Fatalf("again: %s %v", dir2, err)
 	}
 	if p, _ := cgroup.Protected(); p != (cgroup.Protection{Min: 8 << 20, Low: 32 << 20}) {
@@ -89,12 +89,12 @@ func TestProtect(t *testing.T) {
 		fetcher.Wait()
 	}()
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", fetcher.Process.Pid))
-	if got := strings.TrimSpace(string(b)); got != "0::/"+cgroup.Parent+"-worker" {
+	if got := strings.TrimSpace(string(b)); got != "0::/"+tree.Parent()+"-worker" {
 		t.Fatalf("a process the worker started is in %q, want its group", got)
 	}
 	// A sandbox that outgrows the sandboxes' parent is killed in it;
 	// the protected process and what it started live on.
-	if err := cgroup.LimitParent(cgroup.Limits{MemoryBytes: 48 << 20}); err != nil {
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: 48 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	g, _, ch, _ := sandbox(t, cgroup.Limits{}, `dd if=/dev/zero bs=96M count=1 2>/dev/null | sleep 3`)
@@ -110,7 +110,7 @@ func TestProtect(t *testing.T) {
 	protectHolds(t, dir)
 	// A worker's exit: back to where it started; the group stays while
 	// a fetcher lives in it, and goes with the last.
-	if err := cgroup.Unprotect(); err != nil {
+	if err := tree.Unprotect(); err != nil {
 		t.Fatal(err)
 	}
 	if now, _ := os.ReadFile("/proc/self/cgroup"); string(now) != string(before) {
@@ -121,7 +121,7 @@ func TestProtect(t *testing.T) {
 	}
 	fetcher.Process.Kill()
 	fetcher.Wait()
-	if err := cgroup.Unprotect(); err != nil {
+	if err := tree.Unprotect(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -137,7 +137,7 @@ func TestProtect(t *testing.T) {
 // The worker's page cache, under its memory.min, stays; the other
 // group's goes.
 func protectHolds(t *testing.T, worker string) {
-	if _, err := cgroup.Protect(cgroup.Protection{Min: 96 << 20, Low: 96 << 20}); err != nil {
+	if _, err := tree.Protect(cgroup.Protection{Min: 96 << 20, Low: 96 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	tmp := t.TempDir()
@@ -201,7 +201,7 @@ func protectHolds(t *testing.T, worker string) {
 
 // group makes a group beside the worker's, for the test's processes.
 func group(t *testing.T, name string) string {
-	dir := filepath.Join(cgroup.Root, cgroup.Parent+"-"+name)
+	dir := filepath.Join(cgroup.Root, tree.Parent()+"-"+name)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ type StartSpec struct {
 	ReadOnly, Hidden []string
 	// Warm is what the driver's Prestarter made ahead for this
 	// sandbox (nil: none).
-	Warm any
+	Warm Warm
 	// Restore starts the instance from a saved guest, not afresh (a
 	// MemorySnapshotter's).
 	Restore *Restore
@@ -92,7 +92,8 @@ type Handle struct {
 	// Slot names the sandbox among every root's on this host: the key
 	// of its subnet and its id range.
 	Slot string
-	// Group is the name of its cgroup.
+	// Group is the name of its cgroup, in Groups.
+	Groups *cgroup.Tree
 	Group  string
 	Pid    int
 	Paused bool
@@ -154,10 +155,9 @@ type (
 	// Prestarter makes instances ahead of need: Prestart takes one for
 	// a sandbox about to be made, which then has its ID (and gets it as
 	// StartSpec.Warm); ok false: none is ready (or fits p), and the
-	// sandbox gets a new ID. Discard drops one Start did not take.
+	// sandbox gets a new ID.
 	Prestarter interface {
-		Prestart(p Prestart) (id string, warm any, ok bool)
-		Discard(warm any)
+		Prestart(p Prestart) (id string, w Warm, ok bool)
 	}
 	// MemorySnapshotter saves a running guest whole into the files
 	// state, ram and disk (any may be a store's ingest): what a memory
@@ -178,6 +178,10 @@ type (
 		Files(h Handle) (backend.Files, error)
 	}
 )
+
+// Warm is an instance a Prestarter made ahead of need, which its
+// driver's Start takes (StartSpec.Warm); Discard drops one no Start took.
+type Warm interface{ Discard() }
 
 // Prestart is what decides whether a warm instance fits a sandbox.
 type Prestart struct {

@@ -21,9 +21,9 @@ import (
 // devices controller's lines (defence in depth, where the host mounts
 // one) by devices, which writes them meanwhile and says how that went.
 // extra are the devices its backend needs beyond a sandbox's own
-// (/dev/kvm for a hypervisor).
-func NewGroup(name string, l cgroup.Limits, extra ...policy.Device) (g *cgroup.Group, devices func() error, err error) {
-	g, err = cgroup.New(name, WithInit(l))
+// (/dev/kvm for a hypervisor). It is made in t.
+func NewGroup(t *cgroup.Tree, name string, l cgroup.Limits, extra ...policy.Device) (g *cgroup.Group, devices func() error, err error) {
+	g, err = t.New(name, WithInit(l))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -114,7 +114,9 @@ func RootID(root string) string {
 		}
 		id := byPath
 		old, _ := os.ReadDir(filepath.Join(abs, "sandboxes"))
-		if groups, _ := cgroup.List("", "-"+byPath); len(old) == 0 && len(groups) == 0 {
+		// (An older dsec's groups, named by the path: under the default
+		// parent, as those of a root without a root-id always were.)
+		if groups, _ := (*cgroup.Tree)(nil).List("", "-"+byPath); len(old) == 0 && len(groups) == 0 {
 			id = RandomName("")[:8]
 		}
 		// Published whole (a link fails if another made it meanwhile),

@@ -39,6 +39,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
@@ -64,9 +65,9 @@ type Result struct {
 	OutputDropped bool `json:"output_dropped,omitempty"`
 }
 
-// ErrInfra marks failures of the sandbox or the host, not of a command:
-// a trainer retries these elsewhere instead of scoring them.
-var ErrInfra = fmt.Errorf("sandbox infrastructure failure: %w", errdefs.ErrUnavailable)
+// ErrInfra marks failures of the sandbox or the host, not of a command
+// (api's).
+var ErrInfra = api.ErrInfra
 
 // Exec is a journaled command, running or ended.
 type Exec struct {

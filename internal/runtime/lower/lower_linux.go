@@ -32,7 +32,7 @@ import (
 //
 // Mounts are one root's: its lock orders every use of the user files,
 // and it keeps the layers no sandbox uses mounted for a while (Keep).
-// There is one per root in a process (Of), however many callers ask.
+// A process holds one per root (New).
 type Mounts struct {
 	root string
 
@@ -46,19 +46,15 @@ type Mounts struct {
 	kept    map[string]*time.Timer
 }
 
-var roots sync.Map // absolute root: *Mounts
-
-// Of returns the Mounts of root.
-func Of(root string) *Mounts {
+// New returns the Mounts of root. A process holds one per root (a
+// runtime Host's): two would order the user files each under its own
+// lock.
+func New(root string) *Mounts {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		abs = filepath.Clean(root)
 	}
-	if m, ok := roots.Load(abs); ok {
-		return m.(*Mounts)
-	}
-	m, _ := roots.LoadOrStore(abs, &Mounts{root: abs, kept: map[string]*time.Timer{}})
-	return m.(*Mounts)
+	return &Mounts{root: abs, kept: map[string]*time.Timer{}}
 }
 
 func lowerDir(root, dgst string) string {

@@ -33,7 +33,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/internal/snap"
@@ -116,10 +115,21 @@ func MaybeWorker(drivers ...worker.Driver) {
 // takes down too.
 var testDrivers []worker.Driver
 
-// drivers are the drivers that take down root's sandboxes: the
-// built-in ones and the test's own.
-func drivers(root string) *runtime.Drivers {
-	return runtime.NewDrivers(runtime.DriverConfig{Root: root, Extra: testDrivers})
+// host is what takes down root's sandboxes: the built-in drivers and
+// the test's own, their groups where root's worker made them (treeOf).
+func host(root string) *runtime.Host {
+	return &runtime.Host{Root: root, Drivers: runtime.NewDrivers(runtime.DriverConfig{Root: root, Extra: testDrivers, Groups: treeOf(root)})}
+}
+
+// parents are the cgroup parents of the workers this process started,
+// by root (none: the default).
+var parents sync.Map
+
+// treeOf is the tree of the groups of root's sandboxes.
+func treeOf(root string) *cgroup.Tree {
+	p, _ := parents.Load(root)
+	s, _ := p.(string)
+	return cgroup.NewTree(s)
 }
 
 // Layers builds into root's store bb:1, a busybox base with
@@ -250,6 +260,9 @@ func StartWorkerWith(t testing.TB, root string, cfg Config) *Worker {
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
+	}
+	if cfg.CgroupParent != "" {
+		parents.Store(root, cfg.CgroupParent)
 	}
 	w := &Worker{Root: root, cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(w.done) }()
@@ -449,9 +462,10 @@ func waitingSpare(pid string) bool {
 // Clean removes every sandbox under root, as a test's cleanup: after
 // the worker is gone, through the runtime directly.
 func Clean(root string) {
+	h := host(root)
 	names, _ := runtime.List(root)
 	for _, n := range names {
-		if sb, err := runtime.Load(root, n, drivers(root)); err == nil {
+		if sb, err := h.Load(n); err == nil {
 			sb.Remove()
 		}
 	}
@@ -462,9 +476,9 @@ func Clean(root string) {
 	// Every sandbox is gone now, so a spare's group that still holds a
 	// process is one the worker had claimed for a sandbox it did not
 	// finish making (a primed one, say): killed too.
-	runtime.SweepUnnamed(root, drivers(root))
-	runtime.SweepSpares(root, nil, false)
-	lower.Of(root).Sweep(nil)
+	h.SweepUnnamed()
+	h.SweepSpares(nil, false)
+	h.Lowers().Sweep(nil)
 	disk.SweepUppers(root, nil)
 	disk.ReleaseUppers(root)
 	waitFetchers(root)
@@ -495,14 +509,15 @@ func sweepSpares(root string) {
 			break
 		}
 	}
-	runtime.SweepSpares(root, nil, true)
+	host(root).SweepSpares(nil, true)
 }
 
 // anySpareWaits reports whether a spare of root is still alive.
 func anySpareWaits(root string) bool {
-	groups, _ := runtime.Groups(root)
+	t := treeOf(root)
+	groups, _ := runtime.Groups(t, root)
 	for _, name := range groups {
-		g, err := cgroup.Open(name)
+		g, err := t.Open(name)
 		if err != nil {
 			continue
 		}
@@ -570,7 +585,7 @@ func Leftovers(root string) []string {
 	}
 	abs, _ := filepath.Abs(root)
 	suffix := runtime.CgroupSuffix(root)
-	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", cgroup.Parent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.Parent, "*"+suffix),
+	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", treeOf(root).Parent(), "*"+suffix), filepath.Join(cgroup.Root, treeOf(root).Parent(), "*"+suffix),
 		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
 		for _, d := range dirs {

@@ -5,7 +5,6 @@ import (
 
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
 // adopt takes over the sandboxes an earlier worker left.
@@ -19,7 +18,7 @@ func (w *worker) adopt() error {
 	var uppers []string // the uppers of the sandboxes kept
 	unknown := false    // a sandbox whose group is unknown
 	for _, name := range names {
-		sb, err := runtime.Load(w.cfg.Root, name, w.mounter.Drivers)
+		sb, err := w.host.Load(name)
 		if errdefs.IsNotFound(err) {
 			w.log.Info("removed a sandbox a worker died creating", "sandbox", name)
 			continue
@@ -29,7 +28,7 @@ func (w *worker) adopt() error {
 			w.log.Error("cannot adopt sandbox", "sandbox", name, "err", err)
 			continue
 		}
-		st := sb.Snapshot()
+		st := sb.Current()
 		groups = append(groups, st.CgroupName)
 		if st.Pool != "" { // a warm sandbox (or one a call had): made again
 			if err := sb.Remove(); err != nil {
@@ -47,13 +46,13 @@ func (w *worker) adopt() error {
 		}
 		w.sandboxes[name] = e
 	}
-	if err := runtime.SweepUnnamed(w.cfg.Root, w.mounter.Drivers); err != nil {
+	if err := w.host.SweepUnnamed(); err != nil {
 		w.log.Error("cannot remove the primed or half-made sandboxes of a worker that died", "err", err)
 	}
-	if err := lower.Of(w.cfg.Root).Sweep(live); err != nil {
+	if err := w.host.Lowers().Sweep(live); err != nil {
 		w.log.Error("cannot release the layers of sandboxes a worker died making", "err", err)
 	}
-	if err := runtime.SweepSpares(w.cfg.Root, groups, unknown); err != nil {
+	if err := w.host.SweepSpares(groups, unknown); err != nil {
 		w.log.Error("cannot remove the spare inits of a worker that died", "err", err)
 	}
 	if !unknown {

@@ -22,7 +22,7 @@ func (w *worker) batch(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+	defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.WriteHeader(http.StatusOK)
 	flush := http.NewResponseController(rw)

@@ -28,15 +28,15 @@ func (w *worker) estimate(r *http.Request, req api.EstimateRequest) (api.Estimat
 			e.Missing++
 			continue
 		}
-		if _, err := layer.ResolveImage(ctx, w.mounter.Store, ref, ""); err == nil {
+		if _, err := layer.ResolveImage(ctx, w.host.Store, ref, ""); err == nil {
 			continue
 		}
 		pr, err := layer.ParseRef(ref)
-		if err != nil || w.mounter.Remote == nil {
+		if err != nil || w.host.Remote == nil {
 			e.Missing++
 			continue
 		}
-		rl, err := remote.Describe(ctx, w.mounter.Remote, pr)
+		rl, err := remote.Describe(ctx, w.host.Remote, pr)
 		if err != nil {
 			e.Missing++
 			continue

@@ -35,13 +35,13 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if err != nil {
 		return err
 	}
-	img, err := image.Lookup(ctx, w.mounter.Store, ref)
-	if errdefs.IsNotFound(err) && w.mounter.Remote != nil {
+	img, err := image.Lookup(ctx, w.host.Store, ref)
+	if errdefs.IsNotFound(err) && w.host.Remote != nil {
 		// Another host imported it and pushed it to the shared
 		// remote: its record comes here, its layers stay there
 		// (mounted lazily).
-		if img, err = image.Fetch(ctx, w.mounter.Remote, w.mounter.Store, ref); err == nil {
-			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.mounter.Remote)
+		if img, err = image.Fetch(ctx, w.host.Remote, w.host.Store, ref); err == nil {
+			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.host.Remote)
 		}
 	}
 	if err == nil && !w.whole(ctx, img) {
@@ -70,7 +70,7 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 // have taken one).
 func (w *worker) whole(ctx context.Context, img *image.Image) bool {
 	for _, l := range img.Layers {
-		f, err := lower.Resolve(ctx, "", w.mounter.Source(), l.Ref, "")
+		f, err := lower.Resolve(ctx, "", w.host.Source(), l.Ref, "")
 		if err != nil || f.Digest != l.Digest.String() {
 			return false
 		}
@@ -110,7 +110,7 @@ func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.I
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	img, err := image.Import(pctx, w.mounter.Store, ref, o)
+	img, err := image.Import(pctx, w.host.Store, ref, o)
 	<-w.imports
 	if tenant && errdefs.IsPermissionDenied(err) && !strings.Contains(err.Error(), "public") {
 		return nil, fmt.Errorf("image %s is not in the store, and its registry refuses an anonymous pull: ask the worker's admin to dsec image pull it: %w", ref, errdefs.ErrPermissionDenied)

@@ -41,7 +41,7 @@ func TestLockRoot(t *testing.T) {
 
 	writePid(os.Getpid()) // alive: refused at once
 	start := time.Now()
-	if err := lockRoot(open(), root); !errors.Is(err, ErrRunning) || time.Since(start) > time.Second {
+	if err := lockRoot(open(), root); !errors.Is(err, ErrRootServed) || time.Since(start) > time.Second {
 		t.Fatalf("a live worker's lock: %v after %v", err, time.Since(start))
 	}
 

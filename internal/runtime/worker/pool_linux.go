@@ -118,7 +118,7 @@ func (w *worker) checkPool(pc PoolConfig) error {
 	if len(pc.Spec.Layers) == 0 && pc.Spec.Snapshot == "" {
 		return fmt.Errorf("a pool's template needs layers (a base at least) or a snapshot: %w", errdefs.ErrInvalidArgument)
 	}
-	if _, err := w.mounter.Drivers.Lookup(pc.Spec.Backend); err != nil {
+	if _, err := w.host.Drivers.Lookup(pc.Spec.Backend); err != nil {
 		return fmt.Errorf("a pool's sandboxes: %w", err)
 	}
 	if pc.Spec.Name != "" {
@@ -153,7 +153,7 @@ func (w *worker) addPool(pc PoolConfig) *pool {
 			w.mu.Lock()
 			e := w.sandboxes[name]
 			w.mu.Unlock()
-			return e != nil && e.sb != nil && e.sb.Snapshot().Status == runtime.Running
+			return e != nil && e.sb != nil && e.sb.Current().Status == runtime.Running
 		},
 		Discard: w.discardLater,
 		Failed: func(err error, retry time.Duration) {
@@ -396,7 +396,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		case spec.Name == "":
 			spec.Name = runtime.RandomName("sb-")
 		}
-		defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+		defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 		ctx := r.Context()
 		if p != nil { // the pool's template: the admin's
 			ctx = withTrusted(ctx)
@@ -546,7 +546,7 @@ func (w *worker) reclaimLoop(ctx context.Context) {
 		w.mu.Unlock()
 		for _, sb := range sbs {
 			idle := sb.Idle()
-			if idle < after || sb.Snapshot().Status != runtime.Running {
+			if idle < after || sb.Current().Status != runtime.Running {
 				continue
 			}
 			// Once per idle spell: not again unless an exec came since.

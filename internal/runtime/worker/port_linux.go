@@ -37,7 +37,7 @@ func (w *worker) port(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("bad port %q: give a port number, 1 to 65535: %w", r.PathValue("port"), errdefs.ErrInvalidArgument))
 		return
 	}
-	st := e.sb.Snapshot()
+	st := e.sb.Current()
 	if st.NAT == nil || st.Status != api.StatusRunning {
 		fail(rw, fmt.Errorf("sandbox %s has no address to reach port %d at (running, under a policy of network mode nat): %w", e.sb.Name, p, errdefs.ErrUnavailable))
 		return

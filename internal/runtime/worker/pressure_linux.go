@@ -28,7 +28,7 @@ func (w *worker) pressureLoop(ctx context.Context) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		for sb := range w.frozen {
-			if sb.Snapshot().Paused { // paused since: it stays frozen
+			if sb.Current().Paused { // paused since: it stays frozen
 				continue
 			}
 			if err := sb.Unhold(); err != nil {
@@ -46,7 +46,7 @@ func (w *worker) pressureLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p := hostPressure()
+		p := w.hostPressure()
 		if p < limit {
 			if calm++; calm >= 4 && p < limit/2 { // 2 s calm
 				thaw()
@@ -100,9 +100,9 @@ func (w *worker) pressureFrozen(sb *runtime.Sandbox) bool {
 
 // hostPressure is the larger of the host's memory pressure and all
 // sandboxes' together (percent of the last 10 s stalled on memory).
-func hostPressure() float64 {
+func (w *worker) hostPressure() float64 {
 	host, _ := cgroup.Pressure("/proc/pressure/memory")
-	sbs, _ := cgroup.ParentPressure()
+	sbs, _ := w.host.Groups().ParentPressure()
 	return max(host, sbs)
 }
 
@@ -117,7 +117,7 @@ func (w *worker) pausedVM() *entry {
 		if e.sb == nil || e.purpose != forUser || time.Since(e.evictFailed) < time.Minute { // one that failed is let be a while
 			continue
 		}
-		st := e.sb.Snapshot()
+		st := e.sb.Current()
 		if st.Status != runtime.Running || !st.Paused || st.Saved != nil || !e.sb.Evictable() {
 			continue
 		}
@@ -135,7 +135,7 @@ func (w *worker) batchSandboxes() []*runtime.Sandbox {
 	var out []*runtime.Sandbox
 	for _, e := range w.sandboxes {
 		if e.sb != nil {
-			if st := e.sb.Snapshot(); st.Status == runtime.Running && !st.Paused && st.Class == api.SchedBatch {
+			if st := e.sb.Current(); st.Status == runtime.Running && !st.Paused && st.Class == api.SchedBatch {
 				out = append(out, e.sb)
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 )
 
 // What a token of scope sandboxes may ask for (auth.Token.Allow) and
@@ -61,7 +60,7 @@ func (w *worker) checkAllowed(ctx context.Context, spec api.SandboxSpec) error {
 	if spec.Memory == api.Unlimited || spec.Pids == api.Unlimited || spec.Disk == api.Unlimited {
 		return errNotAllowed(t, auth.AllowUnlimited, "ask for no memory, pids or disk limit: give a limit")
 	}
-	host := cgroup.ParentLimits()
+	host := w.host.Groups().ParentLimits()
 	for _, l := range []struct {
 		what  string
 		asked int64
@@ -152,7 +151,7 @@ func (w *worker) checkQuota(t *auth.Token, e *entry) error {
 // snapshotBytes is what the snapshots in a tenant's namespace hold in
 // the store: their layers, and a memory snapshot's guest.
 func (w *worker) snapshotBytes(ctx context.Context, s scope) (int64, error) {
-	all, err := layer.List(ctx, w.mounter.Store)
+	all, err := layer.List(ctx, w.host.Store)
 	if err != nil {
 		return 0, err
 	}

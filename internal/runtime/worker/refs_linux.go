@@ -67,10 +67,10 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	}
 	// The local store first, its own tag before the admin's: a create
 	// on the admin's layers asks the remote nothing more than before.
-	if _, err := layer.Resolve(ctx, s.w.mounter.Store, own); err == nil {
+	if _, err := layer.Resolve(ctx, s.w.host.Store, own); err == nil {
 		return own, nil
 	}
-	if i, err := layer.Resolve(ctx, s.w.mounter.Store, r.String()); err == nil && own != r.String() {
+	if i, err := layer.Resolve(ctx, s.w.host.Store, r.String()); err == nil && own != r.String() {
 		if i.Kind == layer.KindSnapshot { // the admin's, or a tenant's pushed under another name
 			return "", errNoRef(ref)
 		}
@@ -131,14 +131,14 @@ func (s scope) snapshot(ctx context.Context, ref string) (string, error) {
 // find looks a tag up where the worker's sandboxes find their layers:
 // the local store, then the remote.
 func (s scope) find(ctx context.Context, tag string) (*lower.Found, error) {
-	return lower.Resolve(ctx, "", s.w.mounter.Source(), tag, "")
+	return lower.Resolve(ctx, "", s.w.host.Source(), tag, "")
 }
 
 // digest finds the one layer ref names by digest among those the
 // tenant may name (its own snapshots only, with snapshots) in the
 // local store, as sha256:HEX.
 func (s scope) digest(ctx context.Context, ref string, snapshots bool) (string, error) {
-	i, err := layer.ResolveDigest(ctx, s.w.mounter.Store, ref, func(i *layer.Info) bool {
+	i, err := layer.ResolveDigest(ctx, s.w.host.Store, ref, func(i *layer.Info) bool {
 		return s.ns.Owns(i.Ref) || !snapshots && !tenant.Reserved(i.Ref) && i.Kind != layer.KindSnapshot
 	})
 	if errdefs.IsNotFound(err) {

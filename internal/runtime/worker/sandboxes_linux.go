@@ -51,7 +51,7 @@ func decode(r *http.Request, v any) error {
 }
 
 func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
-	defer time.AfterFunc(afterAnswer, w.mounter.Primed.Refill)
+	defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 	if rec := r.Header.Get(e2b.HeaderRecord); rec != "" {
 		return w.createForE2B(r, spec, rec)
 	}
@@ -156,12 +156,12 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 	w.mu.Lock()
 	e.pending, e.held = api.StatusCreating, true
 	w.mu.Unlock()
-	m := w.mounter
-	if why.warm() { // a pool's filler: not what users create next
-		m.Primed = nil
+	create := w.host.Create
+	if why.warm() {
+		create = w.host.CreateAhead
 	}
 	t0 := time.Now()
-	sb, err := runtime.Create(context.WithoutCancel(ctx), w.cfg.Root, runtime.Options{Mounter: m, Spec: runtime.Spec{
+	sb, err := create(context.WithoutCancel(ctx), runtime.Spec{
 		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
 		Workdir: spec.Workdir, User: spec.User, Image: spec.Image, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
 		Disk:          max(spec.Disk, 0),
@@ -172,7 +172,7 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 		Pool:          string(why),
 		Owner:         e.owner,
 		DiskOnly:      spec.DiskOnly,
-	}})
+	})
 	// The entry leaves "creating" before the slot goes to the next
 	// creation: ps never shows more being made than max_creating.
 	w.mu.Lock()
@@ -210,10 +210,10 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 	if err := w.withImage(ctx, spec); err != nil {
 		return err
 	}
-	if mb := w.mounter.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
+	if mb := w.host.Drivers.MemoryBackend(); spec.Snapshot != "" && !spec.DiskOnly && mb != "" && (spec.Backend == "" || spec.Backend == mb) {
 		// A memory snapshot's branch continues its guest, a microVM of
 		// its RAM, by default.
-		mem, err := runtime.MemoryOf(ctx, w.mounter, spec.Snapshot)
+		mem, err := w.host.MemoryOf(ctx, spec.Snapshot)
 		if err != nil && !errdefs.IsNotFound(err) {
 			return err
 		}
@@ -224,7 +224,7 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 			}
 		}
 	}
-	b, err := w.mounter.Drivers.Usable(spec.Backend)
+	b, err := w.host.Drivers.Usable(spec.Backend)
 	if err != nil {
 		return err
 	}
@@ -318,7 +318,7 @@ func (w *worker) stop(_ context.Context, e *entry) error {
 
 // start starts a stopped sandbox once the gate admits it again.
 func (w *worker) start(ctx context.Context, e *entry) error {
-	if e.sb.Snapshot().Status == runtime.Running {
+	if e.sb.Current().Status == runtime.Running {
 		return fmt.Errorf("sandbox %s is already running: %w", e.sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	w.mu.Lock()
@@ -330,7 +330,7 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 		}
 		defer w.gate.created()
 	}
-	err := e.sb.Start(context.WithoutCancel(ctx), w.mounter)
+	err := e.sb.Start(context.WithoutCancel(ctx))
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil { // it is stopped now, a dead one too: it holds nothing
@@ -346,7 +346,7 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 // evicted one's guest restored).
 func (w *worker) pause(_ context.Context, e *entry) error { return e.sb.Pause() }
 func (w *worker) resume(ctx context.Context, e *entry) error {
-	return e.sb.Resume(context.WithoutCancel(ctx), w.mounter)
+	return e.sb.Resume(context.WithoutCancel(ctx))
 }
 
 // evict pauses a running microVM (a paused one stays so) and saves its
@@ -366,13 +366,13 @@ func (w *worker) describe(sb *runtime.Sandbox) api.Sandbox { return w.describeAs
 // describeAs is describe, with what the sandbox uses now only if stats
 // (each read from its groups and disk): a brief list's leaves it out.
 func (w *worker) describeAs(sb *runtime.Sandbox, stats bool) api.Sandbox {
-	st := sb.Snapshot()
+	st := sb.Current()
 	var use runtime.Stats
 	if stats {
 		use = sb.Stats()
 	}
 	out := api.Sandbox{
-		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.mounter.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
+		SandboxSpec: api.SandboxSpec{Name: st.Name, Backend: cmp.Or(st.Backend, w.host.Drivers.Default()), Layers: st.Layers, CPU: float64(st.Limits.CPUMilli) / 1000,
 			Memory: st.Limits.MemoryBytes, Pids: st.Limits.Pids, Disk: st.Disk, Env: st.Env, Workdir: st.Workdir, User: st.User, Image: st.Image, Hostname: st.Hostname, Snapshot: st.From,
 			Policy: st.Policy, UserNS: st.UserNS},
 		ID: st.ID, Owner: st.Owner, Status: st.Status, Pid: st.Pid, Digests: st.Digests, Created: st.Created, Execs: use.Execs,
@@ -488,7 +488,7 @@ func (w *worker) remove(r *http.Request, _ none) (none, error) {
 	force := r.URL.Query().Get("force") == "1"
 	e.op.Lock()
 	defer e.op.Unlock()
-	if st := e.sb.Snapshot().Status; st == runtime.Running && !force {
+	if st := e.sb.Current().Status; st == runtime.Running && !force {
 		return none{}, fmt.Errorf("sandbox %s is running: stop it first, or force the removal (dsec rm -f): %w", name, errdefs.ErrFailedPrecondition)
 	}
 	return none{}, w.removeSandbox(name, e.sb)

@@ -62,7 +62,7 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		lim.MaxBytes = min(lim.MaxBytes, quota)
 	}
 	e.op.Lock()
-	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.mounter.Store, Ref: ref, Limits: lim, Memory: req.Memory})
+	p, err := e.sb.PackDiff(context.WithoutCancel(r.Context()), runtime.PackOptions{Store: w.host.Store, Ref: ref, Limits: lim, Memory: req.Memory})
 	e.op.Unlock()
 	if err != nil {
 		if quota > 0 && errdefs.IsOutOfRange(err) && lim.MaxBytes == quota {
@@ -75,7 +75,7 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		// The layer (and a guest) may hold more than the files' bytes.
 		if used, err := w.snapshotBytes(r.Context(), sc); err == nil && used > t.Quota.SnapshotBytes {
 			users, _ := runtime.SnapUsers(w.cfg.Root)
-			snap.Remove(context.WithoutCancel(r.Context()), w.mounter.Store, ref.String(), users, true)
+			snap.Remove(context.WithoutCancel(r.Context()), w.host.Store, ref.String(), users, true)
 			return created[api.Snapshot]{}, errSnapshotQuota(t, used)
 		}
 	}
@@ -97,24 +97,24 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 // is the fleet's, and one another worker published (or this one, of a
 // snapshot removed since) names that snapshot still.
 func (w *worker) publishable(ctx context.Context, ref layer.Ref) error {
-	if !w.cfg.PublishSnapshots || w.mounter.Remote == nil {
+	if !w.cfg.PublishSnapshots || w.host.Remote == nil {
 		return nil
 	}
-	return remoteFree(ctx, w.mounter.Remote, ref)
+	return remoteFree(ctx, w.host.Remote, ref)
 }
 
 // publish pushes the snapshot ref, made here, to the shared remote when
 // the worker publishes its snapshots (snap.publish): before it is
 // answered, so that once made any worker of the remote branches it.
 func (w *worker) publish(ctx context.Context, ref layer.Ref) error {
-	if !w.cfg.PublishSnapshots || w.mounter.Remote == nil {
+	if !w.cfg.PublishSnapshots || w.host.Remote == nil {
 		return nil
 	}
 	t0 := time.Now()
-	if _, err := remote.Copy(context.WithoutCancel(ctx), remote.Local(w.mounter.Store), w.mounter.Remote, ref, false, nil); err != nil {
-		return fmt.Errorf("not published to %s (snap.publish): %v: %w", w.mounter.Remote, err, errdefs.ErrUnavailable)
+	if _, err := remote.Copy(context.WithoutCancel(ctx), remote.Local(w.host.Store), w.host.Remote, ref, false, nil); err != nil {
+		return fmt.Errorf("not published to %s (snap.publish): %v: %w", w.host.Remote, err, errdefs.ErrUnavailable)
 	}
-	w.log.Info("published snapshot", "snapshot", ref, "remote", w.mounter.Remote, "took", time.Since(t0))
+	w.log.Info("published snapshot", "snapshot", ref, "remote", w.host.Remote, "took", time.Since(t0))
 	return nil
 }
 
@@ -248,7 +248,7 @@ func (w *worker) like(r *http.Request, name string) (api.SandboxSpec, error) {
 		}
 		return api.SandboxSpec{}, fmt.Errorf("no sandbox %s (dsec ps lists them): %w", name, errdefs.ErrNotFound)
 	}
-	return specOf(e.sb.Snapshot()), nil
+	return specOf(e.sb.Current()), nil
 }
 
 // specOf is what a sandbox of state st was made with, as a spec: its
@@ -349,7 +349,7 @@ func (w *worker) isSnapshot(ctx context.Context, ref string) bool {
 	if !ok {
 		return false
 	}
-	i, err := layer.Resolve(ctx, w.mounter.Store, tag)
+	i, err := layer.Resolve(ctx, w.host.Store, tag)
 	return err == nil && i.Kind == layer.KindSnapshot
 }
 
@@ -360,7 +360,7 @@ func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {
 	}
 	// (Creates under way are no sandboxes to list yet.)
 	users = slices.DeleteFunc(users, func(u snap.User) bool { return u.Lease })
-	return snap.Tree(ctx, w.mounter.Store, users)
+	return snap.Tree(ctx, w.host.Store, users)
 }
 
 // removeSnapshot untags a snapshot nothing stands on (or, forced, one
@@ -379,7 +379,7 @@ func (w *worker) removeSnapshot(r *http.Request, _ none) (none, error) {
 	if err != nil {
 		return none{}, err
 	}
-	if _, err := snap.Remove(r.Context(), w.mounter.Store, ref, users, r.URL.Query().Get("force") == "1"); err != nil {
+	if _, err := snap.Remove(r.Context(), w.host.Store, ref, users, r.URL.Query().Get("force") == "1"); err != nil {
 		switch {
 		case errdefs.IsNotFound(err) && !sc.admin():
 			return none{}, errNoSnapshot(r.PathValue("ref"))
@@ -407,7 +407,7 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 	}
 	// No collection while it reads the chain (a removal may untag a
 	// link of it meanwhile: its blobs stay).
-	unlock, err := w.mounter.Store.Writer()
+	unlock, err := w.host.Store.Writer()
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}
@@ -417,7 +417,7 @@ func (w *worker) squash(r *http.Request, req api.SquashRequest) (created[api.Sna
 		return created[api.Snapshot]{}, err
 	}
 	defer os.RemoveAll(tmp) // Squash unmounts what it mounted there first
-	info, n, err := snap.Squash(context.WithoutCancel(r.Context()), w.mounter.Store, req.Snapshot, to, tmp)
+	info, n, err := snap.Squash(context.WithoutCancel(r.Context()), w.host.Store, req.Snapshot, to, tmp)
 	if err != nil {
 		return created[api.Snapshot]{}, err
 	}

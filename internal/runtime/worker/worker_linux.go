@@ -33,7 +33,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
 // Features are the host's features the worker's sandboxes use, each
@@ -60,9 +59,9 @@ func features() []api.Feature {
 type Driver = driver.Driver
 
 type worker struct {
-	cfg     Config
-	log     *slog.Logger
-	mounter runtime.Mounter
+	cfg  Config
+	log  *slog.Logger
+	host *runtime.Host
 	// imports bounds the image imports at once (they fetch and write
 	// for the host; creates wait for them before admission).
 	imports chan struct{}
@@ -113,8 +112,8 @@ type entry struct {
 	evictFailed time.Time
 }
 
-// ErrRunning says another worker serves the root.
-var ErrRunning = errors.New("a worker already serves this root")
+// ErrRootServed says another worker serves the root.
+var ErrRootServed = errors.New("a worker already serves this root")
 
 // Serve runs the worker until ctx ends (or a shutdown request, or
 // ExitIdle). Sandboxes keep running when it returns.
@@ -169,7 +168,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	w := &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
-		mounter: runtime.Mounter{Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
+		host: &runtime.Host{Root: cfg.Root, Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
 			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
 	if cfg.AdminTokenFile != "" {
 		if err := w.tokens.PinAdminFile(cfg.AdminTokenFile); err != nil {
@@ -182,15 +181,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.adopt(); err != nil {
 		return err
 	}
-	lower.Of(cfg.Root).Keep(cfg.KeepLayers)
-	defer lower.Of(cfg.Root).ReleaseKept() // after the sandboxes' release
+	w.host.Lowers().Keep(cfg.KeepLayers)
+	defer w.host.Lowers().ReleaseKept() // after the sandboxes' release
 	defer w.release()
 	defer w.waitRemovals()
 	h.drivers.Prepare() // what a dead worker left is swept
 	defer h.drivers.Close()
 	if n := cfg.Admission.withDefaults().Primed; n > 0 {
-		w.mounter.Primed = runtime.StartPrimed(cfg.Root, w.mounter, n)
-		defer w.mounter.Primed.Close()
+		w.host.Primed = w.host.StartPrimed(n)
+		defer w.host.Primed.Close()
 	}
 
 	sock := filepath.Join(cfg.Root, api.Socket)
@@ -354,10 +353,11 @@ func listenSocket(root, sock string) (net.Listener, error) {
 	return l, nil
 }
 
-// host is what prepareHost readied: the drivers, the host's capacity,
+// prepared is what prepareHost readied: the drivers (their sandboxes'
+// groups in the tree of the configured parent), the host's capacity,
 // and undo, which gives back what it took (the sandboxes' file system
 // once no sandbox is left on it, the worker's protected group).
-type host struct {
+type prepared struct {
 	drivers *runtime.Drivers
 	cpus    int
 	mem     int64
@@ -368,32 +368,30 @@ type host struct {
 // parent, bounded, and the worker's protection; the resolver settings;
 // the drivers; the sandboxes' shared file system. undo is set on an
 // error too.
-func prepareHost(cfg Config) (h host, err error) {
+func prepareHost(cfg Config) (h prepared, err error) {
 	var undo []func()
 	h.undo = func() {
 		for _, f := range slices.Backward(undo) {
 			f()
 		}
 	}
-	if cfg.CgroupParent != "" {
-		cgroup.Parent = cfg.CgroupParent
-	}
+	groups := cgroup.NewTree(cfg.CgroupParent)
 	// Early, for what the worker holds before the move stays charged
 	// where it was (cgroup2 does not move charges).
 	if p, ok := cfg.Admission.protection(); ok {
-		if dir, err := cgroup.Protect(p); err != nil {
+		if dir, err := groups.Protect(p); err != nil {
 			cfg.Log.Info("the worker's memory is not protected", "why", err)
 		} else {
 			cfg.Log.Info("the worker's memory is protected", "group", dir, "min", p.Min, "low", p.Low)
 			undo = append(undo, func() {
-				if err := cgroup.Unprotect(); err != nil {
+				if err := groups.Unprotect(); err != nil {
 					cfg.Log.Warn("the worker's group", "err", err)
 				}
 			})
 		}
 	}
 	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers,
-		DNS: &cfg.DNS})
+		DNS: &cfg.DNS, Groups: groups})
 	if m, err := h.drivers.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)
 	} else {
@@ -402,7 +400,7 @@ func prepareHost(cfg Config) (h host, err error) {
 	if h.cpus, h.mem, err = runtime.HostCapacity(); err != nil {
 		return h, err
 	}
-	if err := cgroup.LimitParent(parentLimits(cfg.Admission.withDefaults(), h.mem)); err != nil {
+	if err := groups.LimitParent(parentLimits(cfg.Admission.withDefaults(), h.mem)); err != nil {
 		// Sandboxes using more than the new bound already: it holds
 		// from when they free it; the worker runs on.
 		cfg.Log.Warn("cannot bound all sandboxes together yet", "err", err)
@@ -483,15 +481,15 @@ func apiError(err error) *api.Error {
 }
 
 func (w *worker) version(r *http.Request, _ none) (api.VersionInfo, error) {
-	p, d := cgroup.ParentLimits(), w.cfg.Defaults.withDefaults()
+	p, d := w.host.Groups().ParentLimits(), w.cfg.Defaults.withDefaults()
 	wp, wg := cgroup.Protected()
 	uppers, _ := disk.UppersSize(w.cfg.Root)
-	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: w.mounter.Drivers.Names(),
+	return api.VersionInfo{API: api.Version, Version: w.cfg.Version, Pid: os.Getpid(), Backends: w.host.Drivers.Names(),
 		Limits: &api.HostLimits{MemoryBytes: p.MemoryBytes, Pids: p.Pids, HostReserve: w.cfg.Admission.withDefaults().HostReserve,
 			DefaultMemory: max(d.Memory, 0), DefaultPids: max(d.Pids, 0), DefaultDisk: max(d.Disk, 0), DiskBytes: uppers,
 			WorkerGroup: wg, WorkerMemoryMin: wp.Min, WorkerMemoryLow: wp.Low},
-		Features: features(), Warm: &api.Warm{Spares: w.mounter.Drivers.Ready(), Primed: w.mounter.Primed.Ready()}, MicroVM: w.microVMHost(),
-		PublishesSnapshots: w.cfg.PublishSnapshots && w.mounter.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned(),
+		Features: features(), Warm: &api.Warm{Spares: w.host.Drivers.Ready(), Primed: w.host.Primed.Ready()}, MicroVM: w.microVMHost(),
+		PublishesSnapshots: w.cfg.PublishSnapshots && w.host.Remote != nil, Capacity: w.capacity(), Cordoned: w.cordoned(),
 		TokenID: ownerOf(r.Context()), E2B: w.front.Load() != nil}, nil
 }
 
@@ -511,7 +509,7 @@ func (w *worker) capacity() *api.Capacity {
 
 // microVMHost describes what the microvm backend runs with here.
 func (w *worker) microVMHost() *api.MicroVMHost {
-	h, err := w.mounter.Drivers.MicroVMHost()
+	h, err := w.host.Drivers.MicroVMHost()
 	if err != nil {
 		return &api.MicroVMHost{Error: err.Error()}
 	}
@@ -567,7 +565,7 @@ func lockRoot(lock *os.File, root string) error {
 		b, _ := os.ReadFile(filepath.Join(root, "worker.pid"))
 		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 		if perr == nil && pid > 0 && unix.Kill(pid, 0) != unix.ESRCH || time.Now().After(deadline) {
-			return fmt.Errorf("%w (%s, pid %s): %w", ErrRunning, root, strings.TrimSpace(string(b)), errdefs.ErrAlreadyExists)
+			return fmt.Errorf("%w (%s, pid %s): %w", ErrRootServed, root, strings.TrimSpace(string(b)), errdefs.ErrAlreadyExists)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

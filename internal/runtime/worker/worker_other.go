@@ -10,8 +10,8 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// ErrRunning says another worker serves the root.
-var ErrRunning = errors.New("a worker already serves this root")
+// ErrRootServed says another worker serves the root.
+var ErrRootServed = errors.New("a worker already serves this root")
 
 // Driver is a backend's driver (package driver, on Linux).
 type Driver any

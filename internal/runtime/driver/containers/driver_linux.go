@@ -29,6 +29,9 @@ type Config struct {
 	// of need for its sandboxes (0: none, every sandbox starts its own).
 	Root   string
 	Spares int
+	// Groups is the tree of the sandboxes' groups (nil: under
+	// cgroup.DefaultParent).
+	Groups *cgroup.Tree
 }
 
 // Driver runs the container backend's sandboxes.
@@ -51,7 +54,7 @@ func New(c Config) *Driver { return &Driver{c: c} }
 // Close (once the worker swept what a dead one left).
 func (d *Driver) Prepare() {
 	if d.c.Spares > 0 && d.spares == nil {
-		d.spares = StartSpares(d.c.Root, d.c.Spares)
+		d.spares = StartSpares(d.c.Groups, d.c.Root, d.c.Spares)
 	}
 }
 
@@ -69,7 +72,7 @@ func (d *Driver) Ready() int { return d.spares.Ready() }
 // which the sandbox then has (a cgroup2 group cannot be renamed). A
 // sandbox started again after a stop makes a group of its own under its
 // ID.
-func (d *Driver) Prestart(p driver.Prestart) (string, any, bool) {
+func (d *Driver) Prestart(p driver.Prestart) (string, driver.Warm, bool) {
 	if p.Idle || p.UserNS {
 		return "", nil, false
 	}
@@ -78,13 +81,6 @@ func (d *Driver) Prestart(p driver.Prestart) (string, any, bool) {
 		return "", nil, false
 	}
 	return sp.id, sp, true
-}
-
-// Discard drops a spare Start did not take.
-func (d *Driver) Discard(warm any) {
-	if sp, ok := warm.(*spare); ok {
-		sp.discard()
-	}
 }
 
 // Start mounts the sandbox's root, puts its init in its group (a
@@ -113,7 +109,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 			return out, err
 		}
 		out.IDs = ids
-		g, d, err := driver.NewGroup(s.Group, s.Limits)
+		g, d, err := driver.NewGroup(s.Groups, s.Group, s.Limits)
 		if err != nil {
 			return out, err
 		}
@@ -146,7 +142,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 				return out, err
 			}
 		} else {
-			g, d, err := driver.NewGroup(s.Group, s.Limits)
+			g, d, err := driver.NewGroup(s.Groups, s.Group, s.Limits)
 			if err != nil {
 				return out, err
 			}
@@ -198,7 +194,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 
 // Attach finds the sandbox's group and, unless it is paused, its init.
 func (d *Driver) Attach(_ context.Context, h driver.Handle) (out driver.Started, err error) {
-	out.Group, _ = cgroup.Open(h.Group)
+	out.Group, _ = h.Groups.Open(h.Group)
 	if out.Group != nil && out.Group.Frozen() && !h.Paused { // a worker died packing it
 		out.Group.Thaw()
 	}

@@ -19,6 +19,7 @@ import (
 // Latency-class sandboxes take spares; batch ones, whose CPU group lives
 // under the idle parent, start their own.
 type Spares struct {
+	t    *cgroup.Tree
 	root string
 	pool *warm.Pool[*spare]
 }
@@ -31,20 +32,21 @@ type spare struct {
 	id   string
 }
 
-// StartSpares keeps n spare inits ready for the sandboxes of root.
+// StartSpares keeps n spare inits ready for the sandboxes of root, their
+// groups in t.
 // Creates start their own inits while there are none, and meet the
 // host's error, if making spares fails for the host's sake, themselves.
-func StartSpares(root string, n int) *Spares {
-	s := &Spares{root: root}
+func StartSpares(t *cgroup.Tree, root string, n int) *Spares {
+	s := &Spares{t: t, root: root}
 	s.pool = warm.New(warm.Config[*spare]{Size: n, Make: s.start, RefillOnTake: true,
 		Usable:  func(sp *spare) bool { return sp.init.Alive() },
-		Discard: (*spare).discard})
+		Discard: (*spare).Discard})
 	return s
 }
 
 func (s *Spares) start(context.Context) (*spare, error) {
 	id := driver.NewID()
-	g, devices, err := driver.NewGroup(driver.GroupName(s.root, id), cgroup.Limits{})
+	g, devices, err := driver.NewGroup(s.t, driver.GroupName(s.root, id), cgroup.Limits{})
 	if err == nil {
 		if err = devices(); err != nil {
 			g.Remove()
@@ -71,7 +73,8 @@ func (s *Spares) take() *spare {
 	return sp
 }
 
-func (sp *spare) discard() {
+// Discard drops a spare no Start took.
+func (sp *spare) Discard() {
 	sp.init.Discard()
 	sp.g.Kill()
 	sp.g.Remove()
@@ -91,6 +94,6 @@ func (s *Spares) Close() {
 		return
 	}
 	for _, sp := range s.pool.Close() {
-		sp.discard()
+		sp.Discard()
 	}
 }

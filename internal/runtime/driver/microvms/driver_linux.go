@@ -181,7 +181,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	if h.Accel.Name == microvm.AccelKVM {
 		extra = append(extra, policy.KVM)
 	}
-	g, devices, err := driver.NewGroup(s.Group, lim, extra...)
+	g, devices, err := driver.NewGroup(s.Groups, s.Group, lim, extra...)
 	if err != nil {
 		return out, err
 	}
@@ -272,7 +272,7 @@ func directIO(img string) bool {
 // Attach finds the sandbox's group and, unless it is paused, its guest's
 // shim.
 func (d *Driver) Attach(_ context.Context, h driver.Handle) (out driver.Started, err error) {
-	out.Group, _ = cgroup.Open(h.Group)
+	out.Group, _ = h.Groups.Open(h.Group)
 	if out.Group != nil && out.Group.Frozen() && !h.Paused { // a worker died packing it
 		out.Group.Thaw()
 	}
