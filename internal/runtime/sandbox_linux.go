@@ -226,64 +226,17 @@ func create(ctx context.Context, o options, p *Primed) (_ *Sandbox, err error) {
 		return nil, err
 	}
 	defer lease.Release()
-	digests, mem, err := onSnapshot(ctx, &o, lease) // mem: a memory snapshot's guest, which the sandbox continues
+	r, err := resolve(ctx, &o, lease)
 	if err != nil {
 		return nil, err
 	}
-	if len(o.Layers) == 0 {
-		return nil, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
-	}
-	limits, err := classLimits(o.Class, o.Limits)
-	if err != nil {
-		return nil, err
-	}
-	eff, allow, limits, err := withPolicy(o.Policy, limits)
-	if err != nil {
-		return nil, err
-	}
-	quota, err := policyDisk(eff.Resources, o.Disk)
-	if err != nil {
-		return nil, err
-	}
-	if err := api.CheckDisk(quota); err != nil {
-		return nil, err
-	}
-	d, err := o.Drivers.Driver(o.Backend)
-	if err != nil {
-		return nil, err
-	}
-	if mem == nil { // (a memory snapshot's guest has its devices)
-		if digests, err = foldDeep(ctx, root, &o, d, digests); err != nil {
-			return nil, err
-		}
-	}
-	if mem != nil {
-		if quota != 0 && quota != mem.DiskBytes {
-			return nil, fmt.Errorf("snapshot %s's guest has a disk of %d MiB: a sandbox that continues it has that disk (give no --disk): %w", o.From, mem.DiskBytes>>20, errdefs.ErrInvalidArgument)
-		}
-		quota = mem.DiskBytes
-		if limits.MemoryBytes == 0 {
-			limits.MemoryBytes = mem.MemoryBytes
-		}
-	}
-	asked := quota // the disk the create asked for (0: none of its own)
-	if _, guest := d.(driver.ImageUpper); guest && quota == 0 {
-		// Its upper is a disk image of its own, of the bound's size.
-		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Host.DiskBound)); err != nil {
-			return nil, err
-		}
-	}
-	if o.Name != "" {
-		if err := nameFree(root, o.Name); err != nil {
-			return nil, err
-		}
-	}
+	d, mem, quota := r.d, r.mem, r.quota
 	spec := o.Spec // as resolved:
-	spec.Limits, spec.Policy, spec.Disk, spec.DiskBound = limits, eff, quota, 0
+	spec.Limits, spec.Policy, spec.Disk, spec.DiskBound = r.limits, r.policy, quota, 0
 	spec.Hostname, spec.Class = cmp.Or(o.Hostname, o.Name), classOf(o.Class)
-	st := State{Spec: spec, Status: Creating, Digests: digests, Allowlist: allow, Created: time.Now().UTC()}
-	if r, ok := p.recipe(ctx, o, d, limits, asked); ok {
-		if pr := p.take(r, o.Layers); pr != nil {
+	st := State{Spec: spec, Status: Creating, Digests: r.digests, Allowlist: r.allow, Created: time.Now().UTC()}
+	if pr, ok := p.recipe(ctx, o, d, r.limits, r.asked); ok {
+		if pr := p.take(pr, o.Layers); pr != nil {
 			sb, err := takePrimed(pr, root, o, st)
 			if err == nil || errdefs.IsAlreadyExists(err) {
 				return sb, err
@@ -339,6 +292,82 @@ func create(ctx context.Context, o options, p *Primed) (_ *Sandbox, err error) {
 	}
 	sb.resolvConf()
 	return sb, nil
+}
+
+// resolved is what a create resolved of what it asks: its layers'
+// digests (nil: resolved as they are mounted), the memory snapshot's
+// guest it continues (nil: none), its limits and effective policy with
+// the egress rules it compiles to, its disk (quota; asked: the disk it
+// asked for, 0 none of its own) and its backend's driver.
+type resolved struct {
+	digests      []string
+	mem          *layer.Memory
+	limits       cgroup.Limits
+	policy       *api.Policy
+	allow        []policy.Entry
+	quota, asked int64
+	d            driver.Driver
+}
+
+// resolve resolves o for a create (a snapshot it starts on, its class,
+// policy and disk, its backend, a stack folded to the backend's bound)
+// and checks its name is free; what it resolves is held by lease.
+func resolve(ctx context.Context, o *options, lease *store.Lease) (rs resolved, err error) {
+	root := o.Root
+	digests, mem, err := onSnapshot(ctx, o, lease) // mem: a memory snapshot's guest, which the sandbox continues
+	if err != nil {
+		return rs, err
+	}
+	if len(o.Layers) == 0 {
+		return rs, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
+	}
+	limits, err := classLimits(o.Class, o.Limits)
+	if err != nil {
+		return rs, err
+	}
+	eff, allow, limits, err := withPolicy(o.Policy, limits)
+	if err != nil {
+		return rs, err
+	}
+	quota, err := policyDisk(eff.Resources, o.Disk)
+	if err != nil {
+		return rs, err
+	}
+	if err := api.CheckDisk(quota); err != nil {
+		return rs, err
+	}
+	d, err := o.Drivers.Driver(o.Backend)
+	if err != nil {
+		return rs, err
+	}
+	if mem == nil { // (a memory snapshot's guest has its devices)
+		if digests, err = foldDeep(ctx, root, o, d, digests); err != nil {
+			return rs, err
+		}
+	}
+	if mem != nil {
+		if quota != 0 && quota != mem.DiskBytes {
+			return rs, fmt.Errorf("snapshot %s's guest has a disk of %d MiB: a sandbox that continues it has that disk (give no --disk): %w", o.From, mem.DiskBytes>>20, errdefs.ErrInvalidArgument)
+		}
+		quota = mem.DiskBytes
+		if limits.MemoryBytes == 0 {
+			limits.MemoryBytes = mem.MemoryBytes
+		}
+	}
+	asked := quota // the disk the create asked for (0: none of its own)
+	if _, guest := d.(driver.ImageUpper); guest && quota == 0 {
+		// Its upper is a disk image of its own, of the bound's size.
+		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Host.DiskBound)); err != nil {
+			return rs, err
+		}
+	}
+	if o.Name != "" {
+		if err := nameFree(root, o.Name); err != nil {
+			return rs, err
+		}
+	}
+	rs = resolved{digests: digests, mem: mem, limits: limits, policy: eff, allow: allow, quota: quota, asked: asked, d: d}
+	return rs, nil
 }
 
 // onSnapshot resolves a sandbox made on a snapshot (o.From): its layers

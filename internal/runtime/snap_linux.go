@@ -56,38 +56,15 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if _, err := layer.Resolve(ctx, o.Store, o.Ref.String()); err == nil {
 		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
 	}
-	lowers := make([]layer.Lower, 0, len(sb.Layers)+1)
-	for i, ref := range sb.Layers {
-		lowers = append(lowers, layer.Lower{Ref: ref, Digest: digest.Digest(sb.Digests[i])})
-	}
 	indexPath := filepath.Join(sb.dir, "snap.index")
-	var prev snap.Index
-	if sb.Top != nil && !o.Memory {
-		// Incremental only over a parent that is still there as it was.
-		// (A memory snapshot's diff is whole: its disk image dwarfs it,
-		// and its memory changed even where its files did not.)
-		if top, err := layer.Resolve(ctx, o.Store, sb.Top.Ref); err == nil && top.Digest == sb.Top.Digest && top.Snapshot != nil {
-			if prev, _ = snap.ReadIndex(indexPath, top.Digest.String()); prev != nil {
-				lowers = append([]layer.Lower{*sb.Top}, top.Snapshot.Lowers...)
-			}
-		}
-	}
+	lowers, prev := sb.packParent(ctx, o, indexPath)
 	if _, ok := sb.d.(driver.MemorySnapshotter); o.Memory && !ok {
 		return nil, fmt.Errorf("the %s backend keeps no memory in a snapshot: pack-diff --memory needs a microVM (dsec run --backend microvm); without --memory the snapshot holds the files: %w",
 			sb.backendName(), errdefs.ErrNotImplemented)
 	}
-	// What the sandbox wrote, as the host reads it: its upper, or (a
-	// backend whose guest holds it) a consistent view of it until
-	// release.
-	upper, release := sb.Upper(), func() error { return nil }
-	if h, ok := sb.d.(driver.UpperHolder); ok {
-		if sb.Paused {
-			return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its files: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
-		}
-		var err error
-		if upper, release, err = h.HoldUpper(ctx, sb.handle()); err != nil {
-			return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
-		}
+	upper, release, err := sb.holdUpper(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var mem *layer.Memory
 	var paused time.Duration
@@ -158,6 +135,43 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 		return nil, err
 	}
 	return &Packed{Layer: info, Packed: packed, Frozen: held, Paused: paused}, nil
+}
+
+// packParent is what a pack stands on: the sandbox's layers, or for an
+// incremental pack its last snapshot (with what that stands on) and that
+// snapshot's index, read from indexPath (prev nil: a whole pack).
+func (sb *Sandbox) packParent(ctx context.Context, o PackOptions, indexPath string) (lowers []layer.Lower, prev snap.Index) {
+	lowers = make([]layer.Lower, 0, len(sb.Layers)+1)
+	for i, ref := range sb.Layers {
+		lowers = append(lowers, layer.Lower{Ref: ref, Digest: digest.Digest(sb.Digests[i])})
+	}
+	if sb.Top != nil && !o.Memory {
+		// Incremental only over a parent that is still there as it was.
+		// (A memory snapshot's diff is whole: its disk image dwarfs it,
+		// and its memory changed even where its files did not.)
+		if top, err := layer.Resolve(ctx, o.Store, sb.Top.Ref); err == nil && top.Digest == sb.Top.Digest && top.Snapshot != nil {
+			if prev, _ = snap.ReadIndex(indexPath, top.Digest.String()); prev != nil {
+				lowers = append([]layer.Lower{*sb.Top}, top.Snapshot.Lowers...)
+			}
+		}
+	}
+	return lowers, prev
+}
+
+// holdUpper is what the sandbox wrote, as the host reads it: its upper,
+// or (a backend whose guest holds it) a consistent view of it until
+// release.
+func (sb *Sandbox) holdUpper(ctx context.Context) (upper string, release func() error, err error) {
+	upper, release = sb.Upper(), func() error { return nil }
+	if h, ok := sb.d.(driver.UpperHolder); ok {
+		if sb.Paused {
+			return "", nil, fmt.Errorf("sandbox %s is paused, and its guest holds its files: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+		}
+		if upper, release, err = h.HoldUpper(ctx, sb.handle()); err != nil {
+			return "", nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+		}
+	}
+	return upper, release, nil
 }
 
 // SnapUsers reads what every sandbox of root stands on, for lineage,

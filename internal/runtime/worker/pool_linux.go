@@ -320,52 +320,11 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	if req.Detach {
-		fail(rw, fmt.Errorf("a call runs to its end (its sandbox is discarded after it): no detach: %w", errdefs.ErrInvalidArgument))
+	p, spec, why, err := w.callTarget(req)
+	if err != nil {
+		fail(rw, err)
 		return
 	}
-	if req.Run && (req.Spec == nil || req.Pool != "") {
-		fail(rw, fmt.Errorf("a run (dsec run --rm) makes its sandbox from the call's spec: give a spec and no pool: %w", errdefs.ErrInvalidArgument))
-		return
-	}
-	w.mu.Lock()
-	var p *pool
-	switch {
-	case req.Pool != "":
-		if p = w.pools[req.Pool]; p == nil {
-			w.mu.Unlock()
-			fail(rw, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", req.Pool, errdefs.ErrNotFound))
-			return
-		}
-		if req.Spec != nil && templateKey(*req.Spec) != p.key {
-			w.mu.Unlock()
-			fail(rw, fmt.Errorf("the call's sandbox spec differs from pool %s's template: give one or the other: %w", req.Pool, errdefs.ErrInvalidArgument))
-			return
-		}
-	case req.Run:
-		// dsec run --rm: a sandbox of its own, never a pool's.
-	case req.Spec != nil:
-		key := templateKey(*req.Spec)
-		for _, q := range w.pools {
-			if q.key == key {
-				p = q
-			}
-		}
-	default:
-		w.mu.Unlock()
-		fail(rw, fmt.Errorf("a call needs a pool or a sandbox spec: %w", errdefs.ErrInvalidArgument))
-		return
-	}
-	spec, why := api.SandboxSpec{}, forCall
-	switch {
-	case p != nil:
-		spec, why = p.Spec, ofPool(p.Name)
-	case req.Run:
-		spec, why = *req.Spec, forRun
-	default:
-		spec = *req.Spec
-	}
-	w.mu.Unlock()
 	info := &api.CallInfo{Warm: true}
 	var sb *runtime.Sandbox
 	if p != nil {
@@ -413,6 +372,50 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		req.ID = "call"
 	}
 	w.serveExec(rw, r, sb, req.ExecRequest, body, api.Frame{Call: info})
+}
+
+// callTarget is what a call runs in: a pool's sandbox (p: the pool
+// named, or one whose template is the call's spec), or one made of the
+// call's spec; why is what that sandbox is made for.
+func (w *worker) callTarget(req api.CallRequest) (p *pool, spec api.SandboxSpec, why purpose, err error) {
+	if req.Detach {
+		return nil, spec, why, fmt.Errorf("a call runs to its end (its sandbox is discarded after it): no detach: %w", errdefs.ErrInvalidArgument)
+	}
+	if req.Run && (req.Spec == nil || req.Pool != "") {
+		return nil, spec, why, fmt.Errorf("a run (dsec run --rm) makes its sandbox from the call's spec: give a spec and no pool: %w", errdefs.ErrInvalidArgument)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case req.Pool != "":
+		if p = w.pools[req.Pool]; p == nil {
+			return nil, spec, why, fmt.Errorf("no pool %s (dsec pool ls lists them): %w", req.Pool, errdefs.ErrNotFound)
+		}
+		if req.Spec != nil && templateKey(*req.Spec) != p.key {
+			return nil, spec, why, fmt.Errorf("the call's sandbox spec differs from pool %s's template: give one or the other: %w", req.Pool, errdefs.ErrInvalidArgument)
+		}
+	case req.Run:
+		// dsec run --rm: a sandbox of its own, never a pool's.
+	case req.Spec != nil:
+		key := templateKey(*req.Spec)
+		for _, q := range w.pools {
+			if q.key == key {
+				p = q
+			}
+		}
+	default:
+		return nil, spec, why, fmt.Errorf("a call needs a pool or a sandbox spec: %w", errdefs.ErrInvalidArgument)
+	}
+	spec, why = api.SandboxSpec{}, forCall
+	switch {
+	case p != nil:
+		spec, why = p.Spec, ofPool(p.Name)
+	case req.Run:
+		spec, why = *req.Spec, forRun
+	default:
+		spec = *req.Spec
+	}
+	return p, spec, why, nil
 }
 
 // listPools lists the pools; a tenant, which may call any of them,

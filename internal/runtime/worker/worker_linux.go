@@ -125,21 +125,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fixed, err := rootdir.Secure(cfg.Root)
-	if err != nil {
-		return err
-	}
-	if len(fixed) > 0 {
-		cfg.Log.Warn("made the root's files private: other users could read them", "paths", fixed)
-	}
-	lock, err := os.OpenFile(filepath.Join(cfg.Root, "worker.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := claimRoot(cfg)
 	if err != nil {
 		return err
 	}
 	defer lock.Close()
-	if err := lockRoot(lock, cfg.Root); err != nil {
-		return err
-	}
 	tcp, e2bListener, err := listen(cfg) // first: a bad address fails the start, not a later request
 	defer func() {
 		for _, l := range append(tcp, e2bListener) {
@@ -155,21 +145,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if err := cfg.Admission.Validate(); err != nil {
+	if err := checkConfig(cfg); err != nil {
 		return err
-	}
-	if cfg.PublishSnapshots && cfg.Remote == nil {
-		return fmt.Errorf("snap.publish needs a remote to publish snapshots to: give the config a remote (dir:///PATH on a file system every worker mounts, or oci://HOST/REPO): %w", errdefs.ErrInvalidArgument)
 	}
 	h, err := prepareHost(cfg)
 	defer h.undo()
 	if err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
-		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
-		host: &runtime.Host{Root: cfg.Root, Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
-			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
+	w := newWorker(cfg, s, h)
 	if cfg.AdminTokenFile != "" {
 		if err := w.tokens.PinAdminFile(cfg.AdminTokenFile); err != nil {
 			return err
@@ -231,6 +215,47 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer scancel()
 	stop(sctx)
 	return nil
+}
+
+// claimRoot makes the root's files private (saying so if they were
+// not) and locks the root for this worker: lock is held until closed.
+func claimRoot(cfg Config) (lock *os.File, err error) {
+	fixed, err := rootdir.Secure(cfg.Root)
+	if err != nil {
+		return nil, err
+	}
+	if len(fixed) > 0 {
+		cfg.Log.Warn("made the root's files private: other users could read them", "paths", fixed)
+	}
+	lock, err = os.OpenFile(filepath.Join(cfg.Root, "worker.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := lockRoot(lock, cfg.Root); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return lock, nil
+}
+
+// checkConfig refuses settings that cannot work together.
+func checkConfig(cfg Config) error {
+	if err := cfg.Admission.Validate(); err != nil {
+		return err
+	}
+	if cfg.PublishSnapshots && cfg.Remote == nil {
+		return fmt.Errorf("snap.publish needs a remote to publish snapshots to: give the config a remote (dir:///PATH on a file system every worker mounts, or oci://HOST/REPO): %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// newWorker is the worker of cfg, on the store s and the host h
+// prepared.
+func newWorker(cfg Config, s *store.Store, h prepared) *worker {
+	return &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
+		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
+		host: &runtime.Host{Root: cfg.Root, Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
+			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
 }
 
 // serve serves the API on the socket's listener l and, through the
