@@ -98,6 +98,16 @@ func (w *worker) limits(spec api.SandboxSpec, req request) cgroup.Limits {
 	return cgroup.Limits{MemoryBytes: limit(spec.Memory, req.Memory, d.Memory), CPUMilli: int64(spec.CPU * 1000), Pids: limit(spec.Pids, 0, d.Pids)}
 }
 
+// makeOnHost makes the sandbox s on the worker's host: one made ahead
+// of need (a pool's filler) never takes a primed sandbox, which is for
+// the creates users make next.
+func (w *worker) makeOnHost(ctx context.Context, why purpose, s runtime.Spec) (*runtime.Sandbox, error) {
+	if why.warm() {
+		return w.host.CreateAhead(ctx, s)
+	}
+	return w.host.Create(ctx, s)
+}
+
 // checkSpec refuses a spec no worker could make.
 func checkSpec(spec *api.SandboxSpec) error { return spec.Validate() }
 
@@ -156,12 +166,8 @@ func (w *worker) makeSandbox(ctx context.Context, spec api.SandboxSpec, why purp
 	w.mu.Lock()
 	e.pending, e.held = api.StatusCreating, true
 	w.mu.Unlock()
-	create := w.host.Create
-	if why.warm() {
-		create = w.host.CreateAhead
-	}
 	t0 := time.Now()
-	sb, err := create(context.WithoutCancel(ctx), runtime.Spec{
+	sb, err := w.makeOnHost(context.WithoutCancel(ctx), why, runtime.Spec{
 		Name: spec.Name, Backend: spec.Backend, Layers: spec.Layers, From: spec.Snapshot, Hostname: spec.Hostname, Env: spec.Env,
 		Workdir: spec.Workdir, User: spec.User, Image: spec.Image, Policy: pol, Limits: w.limits(spec, e.req), Class: spec.Class, UserNS: spec.UserNS,
 		Disk:          max(spec.Disk, 0),
