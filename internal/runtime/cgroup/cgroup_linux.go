@@ -240,6 +240,7 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 		var err error
 		for try := 0; try < 3; try++ { // a Remove may take the parent away meanwhile
 			if err = os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
+				err = fmt.Errorf("cgroup: %w", err)
 				continue
 			}
 			// Before the group is in it: no sandbox is ever under an
@@ -255,15 +256,18 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 				}
 			}
 			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
-				if err == nil && cpuset {
+				if err != nil {
+					err = fmt.Errorf("cgroup: %w", err)
+				} else if cpuset {
 					err = fillCpuset(d, ownCpuset())
 				}
 				break
 			}
+			err = fmt.Errorf("cgroup: %w", err)
 		}
-		if err != nil {
+		if err != nil { // (each says it is the cgroup's)
 			g.Remove()
-			return nil, fmt.Errorf("cgroup: %w", err)
+			return nil, err
 		}
 	}
 	// The idle parent is marked once it holds the group (a parent
