@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dsec-project/dsec/api"
 
@@ -25,11 +26,7 @@ import (
 )
 
 func (a *app) daemonCommand() *cobra.Command {
-	var exitIdle time.Duration
-	var insecure bool
-	var listen []string
-	var tlsCfg ServerTLSConfig
-	var e2bListen string
+	var f daemonFlags
 	cmd := &cobra.Command{
 		Use:         "daemon",
 		Short:       "Run the host worker that owns the root's sandboxes",
@@ -72,71 +69,97 @@ with E2B-based frameworks" says what maps to what.
   dsec daemon --e2b-listen 127.0.0.1:3000     # E2B_API_URL=E2B_SANDBOX_URL=http://127.0.0.1:3000`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			exe, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			var target remote.Target
-			if a.cfg.Remote != "" {
-				if target, err = a.openRemote("", insecure); err != nil {
-					return err
-				}
-			}
-			registries, err := a.registryOptions("", nil)
-			if err != nil {
-				return err
-			}
-			cfg := worker.Config{
-				Registries: registries,
-				Root:       a.cfg.Root, AdminTokenFile: a.cfg.AdminTokenFile, Version: version, Remote: target, Insecure: insecure, Cache: a.cfg.Cache.tuning(),
-				Fetcher:          lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
-				Log:              a.log,
-				ExitIdle:         exitIdle,
-				KeepLayers:       a.cfg.Cache.KeepMounted,
-				MaxOutput:        a.cfg.Exec.MaxOutput,
-				PublishSnapshots: a.cfg.Snap.Publish,
-				Listen:           a.cfg.Listen,
-				TLS:              worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
-				MaxRequests:      a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,
-				MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
-					Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
-				DNS: egress.Config{Upstream: a.cfg.DNS.Upstream, MinTTL: a.cfg.DNS.MinTTL, Grace: a.cfg.DNS.Grace},
-			}
-			f := cmd.Flags()
-			if f.Changed("listen") {
-				cfg.Listen = listen
-			}
-			if f.Changed("tls-cert") {
-				cfg.TLS.Cert = tlsCfg.Cert
-			}
-			if f.Changed("tls-key") {
-				cfg.TLS.Key = tlsCfg.Key
-			}
-			if f.Changed("tls-client-ca") {
-				cfg.TLS.ClientCA = tlsCfg.ClientCA
-			}
-			cfg.E2B.Listen, cfg.E2B.Domain, cfg.E2B.ImageKeys, cfg.E2B.HTTP2 = a.cfg.E2B.Listen, a.cfg.E2B.Domain, a.cfg.E2B.ImageKeys, a.cfg.E2B.HTTP2
-			if f.Changed("e2b-listen") {
-				cfg.E2B.Listen = e2bListen
-			}
-			if cfg.E2B.Templates, err = a.e2bTemplates(); err != nil {
-				return err
-			}
-			if err := a.workerDensity(&cfg); err != nil {
-				return err
-			}
-			return worker.Serve(cmd.Context(), cfg)
+			return a.runDaemon(cmd, f)
 		},
 	}
-	cmd.Flags().DurationVar(&exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")
-	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to the remote registry on localhost")
-	cmd.Flags().StringArrayVar(&listen, "listen", nil, "serve the API on tcp://HOST:PORT too, with tokens (repeatable; config listen)")
-	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the TCP API's TLS certificate (config tls.cert; needed off loopback)")
-	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
-	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
-	cmd.Flags().StringVar(&e2bListen, "e2b-listen", "", "serve E2B's API on HOST:PORT, for the E2B SDKs (config e2b.listen)")
+	f.register(cmd.Flags())
 	cmd.AddCommand(a.certsCommand())
-	cmd.AddCommand(&cobra.Command{
+	cmd.AddCommand(a.daemonStop())
+	return cmd
+}
+
+// daemonFlags are dsec daemon's flags: each one given overrides the
+// config's.
+type daemonFlags struct {
+	exitIdle  time.Duration
+	insecure  bool
+	listen    []string
+	tls       ServerTLSConfig
+	e2bListen string
+}
+
+func (f *daemonFlags) register(fl *pflag.FlagSet) {
+	fl.DurationVar(&f.exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")
+	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to the remote registry on localhost")
+	fl.StringArrayVar(&f.listen, "listen", nil, "serve the API on tcp://HOST:PORT too, with tokens (repeatable; config listen)")
+	fl.StringVar(&f.tls.Cert, "tls-cert", "", "the TCP API's TLS certificate (config tls.cert; needed off loopback)")
+	fl.StringVar(&f.tls.Key, "tls-key", "", "its key (config tls.key)")
+	fl.StringVar(&f.tls.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	fl.StringVar(&f.e2bListen, "e2b-listen", "", "serve E2B's API on HOST:PORT, for the E2B SDKs (config e2b.listen)")
+}
+
+// runDaemon is dsec daemon: the worker, as the config and the flags
+// given over it say, until cmd's context ends.
+func (a *app) runDaemon(cmd *cobra.Command, f daemonFlags) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var target remote.Target
+	if a.cfg.Remote != "" {
+		if target, err = a.openRemote("", f.insecure); err != nil {
+			return err
+		}
+	}
+	registries, err := a.registryOptions("", nil)
+	if err != nil {
+		return err
+	}
+	cfg := worker.Config{
+		Registries: registries,
+		Root:       a.cfg.Root, AdminTokenFile: a.cfg.AdminTokenFile, Version: version, Remote: target, Insecure: f.insecure, Cache: a.cfg.Cache.tuning(),
+		Fetcher:          lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}},
+		Log:              a.log,
+		ExitIdle:         f.exitIdle,
+		KeepLayers:       a.cfg.Cache.KeepMounted,
+		MaxOutput:        a.cfg.Exec.MaxOutput,
+		PublishSnapshots: a.cfg.Snap.Publish,
+		Listen:           a.cfg.Listen,
+		TLS:              worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
+		MaxRequests:      a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,
+		MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
+			Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
+		DNS: egress.Config{Upstream: a.cfg.DNS.Upstream, MinTTL: a.cfg.DNS.MinTTL, Grace: a.cfg.DNS.Grace},
+	}
+	fl := cmd.Flags()
+	if fl.Changed("listen") {
+		cfg.Listen = f.listen
+	}
+	if fl.Changed("tls-cert") {
+		cfg.TLS.Cert = f.tls.Cert
+	}
+	if fl.Changed("tls-key") {
+		cfg.TLS.Key = f.tls.Key
+	}
+	if fl.Changed("tls-client-ca") {
+		cfg.TLS.ClientCA = f.tls.ClientCA
+	}
+	cfg.E2B.Listen, cfg.E2B.Domain, cfg.E2B.ImageKeys, cfg.E2B.HTTP2 = a.cfg.E2B.Listen, a.cfg.E2B.Domain, a.cfg.E2B.ImageKeys, a.cfg.E2B.HTTP2
+	if fl.Changed("e2b-listen") {
+		cfg.E2B.Listen = f.e2bListen
+	}
+	if cfg.E2B.Templates, err = a.e2bTemplates(); err != nil {
+		return err
+	}
+	if err := a.workerDensity(&cfg); err != nil {
+		return err
+	}
+	return worker.Serve(cmd.Context(), cfg)
+}
+
+// daemonStop is dsec daemon stop.
+func (a *app) daemonStop() *cobra.Command {
+	return &cobra.Command{
 		Use:   "stop",
 		Short: "Ask the root's worker to exit (its sandboxes run on)",
 		Long: `Stop asks the root's worker to exit, waits until it has, and prints its pid. Its
@@ -167,8 +190,7 @@ on the root removes what it made ahead.
 			fmt.Fprintln(a.stdout, v.Pid)
 			return nil
 		},
-	})
-	return cmd
+	}
 }
 
 // stopWait bounds dsec daemon stop's wait for the worker to exit: it

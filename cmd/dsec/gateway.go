@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
@@ -27,11 +28,7 @@ import (
 )
 
 func (a *app) gatewayCommand() *cobra.Command {
-	var listen, workers, tokens, cas, certs, keys, names []string
-	var service string
-	var e2bListen string
-	var tlsCfg ServerTLSConfig
-	var heartbeat time.Duration
+	var f gatewayFlags
 	cmd := &cobra.Command{
 		Use:         "gateway",
 		Short:       "Serve one API for a fleet of workers, each sandbox on the worker that holds it",
@@ -100,170 +97,226 @@ cordoned; their lists are the fleet's. A squash (an admin's) runs on a worker th
       --worker tcp://127.0.0.1:7001 --worker tcp://127.0.0.1:7002 --worker-token dsec_... --worker-ca ca.pem`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := a.cfg.Gateway
-			f := cmd.Flags()
-			if f.Changed("listen") {
-				c.Listen = listen
-			}
-			if f.Changed("heartbeat") {
-				c.Heartbeat = heartbeat
-			}
-			if f.Changed("worker") {
-				ws, err := gatewayWorkers(workers, map[string][]string{"worker-token": tokens, "worker-ca": cas, "worker-cert": certs, "worker-key": keys,
-					"worker-server-name": names})
-				if err != nil {
-					return err
-				}
-				c.Workers = ws
-			}
-			tls := worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA}
-			if f.Changed("tls-cert") {
-				tls.Cert = tlsCfg.Cert
-			}
-			if f.Changed("tls-key") {
-				tls.Key = tlsCfg.Key
-			}
-			if f.Changed("tls-client-ca") {
-				tls.ClientCA = tlsCfg.ClientCA
-			}
-			e2bAddr := a.cfg.E2B.Listen
-			if f.Changed("e2b-listen") {
-				e2bAddr = e2bListen
-			}
-			if len(c.Listen) == 0 {
-				return fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
-			}
-			if f.Changed("kubernetes-service") {
-				c.Kubernetes.Service = service
-			}
-			store := auth.Open(a.cfg.Root)
-			if c.TokensFile != "" {
-				store = auth.OpenFile(c.TokensFile)
-			}
-			cfg := gateway.Config{Tokens: store, Heartbeat: c.Heartbeat, Version: version, Log: a.log}
-			if a.cfg.AdminTokenFile != "" {
-				if err := cfg.Tokens.PinAdminFile(a.cfg.AdminTokenFile); err != nil {
-					return err
-				}
-			}
-			for _, w := range c.Workers {
-				gw, err := w.worker()
-				if err != nil {
-					return err
-				}
-				cfg.Workers = append(cfg.Workers, gw)
-			}
-			var kcfg *kube.Config
-			if k := c.Kubernetes; k.Service != "" {
-				gw, err := k.Worker.worker()
-				if err != nil {
-					return err
-				}
-				kcfg = &kube.Config{Service: k.Service, Port: k.Port, Kubeconfig: k.Kubeconfig, Worker: gw}
-				if cfg.Discover, err = kube.Discover(*kcfg); err != nil {
-					return err
-				}
-			}
-			g, err := gateway.New(cfg)
-			if err != nil {
-				return err
-			}
-			var ls []net.Listener
-			defer func() {
-				for _, l := range ls {
-					l.Close()
-				}
-			}()
-			for _, addr := range c.Listen {
-				l, err := worker.ListenTCP(addr, tls, false)
-				if err != nil {
-					return err
-				}
-				ls = append(ls, l)
-			}
-			var e2bL net.Listener
-			if e2bAddr != "" {
-				if e2bL, err = worker.ListenTCP("tcp://"+strings.TrimPrefix(e2bAddr, "tcp://"), tls, a.cfg.E2B.HTTP2); err != nil {
-					return err
-				}
-				ls = append(ls, e2bL)
-			}
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			g.Heartbeat(ctx)
-			go g.Run(ctx)
-			var front *e2b.Server
-			if e2bL != nil {
-				var stop func()
-				if front, stop, err = a.gatewayFront(ctx, g, cfg.Tokens); err != nil {
-					return err
-				}
-				defer stop()
-			}
-			if kcfg != nil {
-				var templates func(map[string]api.SandboxSpec)
-				if front != nil {
-					templates = front.SetTemplates // (a SandboxTemplate is a template ID)
-				}
-				go func() {
-					// Again after it ends (its Lease lost to another
-					// replica, the API server gone a while): a replica
-					// stands for the Lease and lists templates for good.
-					for ctx.Err() == nil {
-						if err := kube.Objects(ctx, *kcfg, g.ActAs(), a.log, templates); err != nil && ctx.Err() == nil {
-							a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool): again in 5s", "err", err)
-						}
-						select {
-						case <-ctx.Done():
-						case <-time.After(5 * time.Second):
-						}
-					}
-				}()
-			}
-			errLog := slog.NewLogLogger(a.log.Handler(), slog.LevelDebug) // a failed handshake is anyone's knock (a probe's)
-			srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
-			servers := []*http.Server{srv}
-			errc := make(chan error, len(ls))
-			for _, l := range ls {
-				if l == e2bL {
-					continue
-				}
-				a.log.Info("the gateway listens", "addr", l.Addr().String(), "workers", len(cfg.Workers))
-				go func() { errc <- srv.Serve(l) }()
-			}
-			if e2bL != nil {
-				fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
-				servers = append(servers, fsrv)
-				a.log.Info("the gateway serves E2B's API", "addr", e2bL.Addr().String())
-				go func() { errc <- fsrv.Serve(e2bL) }()
+			return a.runGateway(cmd, f)
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// gatewayFlags are dsec gateway's flags: each one given overrides the
+// config's.
+type gatewayFlags struct {
+	listen, workers, tokens, cas, certs, keys, names []string
+	service                                          string
+	e2bListen                                        string
+	tls                                              ServerTLSConfig
+	heartbeat                                        time.Duration
+}
+
+func (f *gatewayFlags) register(fl *pflag.FlagSet) {
+	fl.StringArrayVar(&f.listen, "listen", nil, "serve the fleet's API on tcp://HOST:PORT (repeatable; config gateway.listen)")
+	fl.StringArrayVar(&f.workers, "worker", nil, "a worker's TCP API, tcp://HOST:PORT (repeatable; config gateway.workers)")
+	fl.StringArrayVar(&f.tokens, "worker-token", nil, "an admin token of the worker's: one for all, or one per --worker in order")
+	fl.StringArrayVar(&f.cas, "worker-ca", nil, "the CA the worker's certificate is checked against: one for all, or one per --worker")
+	fl.StringArrayVar(&f.certs, "worker-cert", nil, "the gateway's client certificate, for workers that ask for one: one for all, or one per --worker")
+	fl.StringArrayVar(&f.keys, "worker-key", nil, "its key: one for all, or one per --worker")
+	fl.StringArrayVar(&f.names, "worker-server-name", nil, "the name the worker's certificate must bear, when not its address: one for all, or one per --worker")
+	fl.StringVar(&f.service, "kubernetes-service", "", "find the workers as the endpoints of this Kubernetes Service, NAMESPACE/NAME (config gateway.kubernetes.service; with gateway.kubernetes.worker: token_file, ca, server_name)")
+	fl.StringVar(&f.tls.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
+	fl.StringVar(&f.tls.Key, "tls-key", "", "its key (config tls.key)")
+	fl.StringVar(&f.tls.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
+	fl.StringVar(&f.e2bListen, "e2b-listen", "", "serve E2B's API for the fleet on HOST:PORT, for the E2B SDKs (config e2b.listen)")
+	fl.DurationVar(&f.heartbeat, "heartbeat", 0, "ask each worker how it is this often (default 2s; config gateway.heartbeat)")
+}
+
+// runGateway is dsec gateway: it listens, then serves the fleet's API
+// (and E2B's, with --e2b-listen) until cmd's context ends.
+func (a *app) runGateway(cmd *cobra.Command, f gatewayFlags) error {
+	c, tls, e2bAddr, err := a.gatewaySettings(cmd.Flags(), f)
+	if err != nil {
+		return err
+	}
+	cfg, kcfg, err := a.gatewayConfig(c)
+	if err != nil {
+		return err
+	}
+	g, err := gateway.New(cfg)
+	if err != nil {
+		return err
+	}
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for _, addr := range c.Listen {
+		l, err := worker.ListenTCP(addr, tls, false)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+	}
+	var e2bL net.Listener
+	if e2bAddr != "" {
+		if e2bL, err = worker.ListenTCP("tcp://"+strings.TrimPrefix(e2bAddr, "tcp://"), tls, a.cfg.E2B.HTTP2); err != nil {
+			return err
+		}
+		ls = append(ls, e2bL)
+	}
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	g.Heartbeat(ctx)
+	go g.Run(ctx)
+	var front *e2b.Server
+	if e2bL != nil {
+		var stop func()
+		if front, stop, err = a.gatewayFront(ctx, g, cfg.Tokens); err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if kcfg != nil {
+		a.gatewayObjects(ctx, *kcfg, g, front)
+	}
+	return a.serveGateway(ctx, g, front, ls, e2bL, len(cfg.Workers))
+}
+
+// gatewaySettings are the gateway's config with the flags given over
+// it: the gateway's part, its TLS and the address of its E2B front
+// ("": none).
+func (a *app) gatewaySettings(fl *pflag.FlagSet, f gatewayFlags) (GatewayConfig, worker.TLS, string, error) {
+	c := a.cfg.Gateway
+	if fl.Changed("listen") {
+		c.Listen = f.listen
+	}
+	if fl.Changed("heartbeat") {
+		c.Heartbeat = f.heartbeat
+	}
+	if fl.Changed("worker") {
+		ws, err := gatewayWorkers(f.workers, map[string][]string{"worker-token": f.tokens, "worker-ca": f.cas, "worker-cert": f.certs, "worker-key": f.keys,
+			"worker-server-name": f.names})
+		if err != nil {
+			return c, worker.TLS{}, "", err
+		}
+		c.Workers = ws
+	}
+	tls := worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA}
+	if fl.Changed("tls-cert") {
+		tls.Cert = f.tls.Cert
+	}
+	if fl.Changed("tls-key") {
+		tls.Key = f.tls.Key
+	}
+	if fl.Changed("tls-client-ca") {
+		tls.ClientCA = f.tls.ClientCA
+	}
+	e2bAddr := a.cfg.E2B.Listen
+	if fl.Changed("e2b-listen") {
+		e2bAddr = f.e2bListen
+	}
+	if len(c.Listen) == 0 {
+		return c, tls, e2bAddr, fmt.Errorf("the gateway listens nowhere: give --listen tcp://HOST:PORT (config gateway.listen): %w", errdefs.ErrInvalidArgument)
+	}
+	if fl.Changed("kubernetes-service") {
+		c.Kubernetes.Service = f.service
+	}
+	return c, tls, e2bAddr, nil
+}
+
+// gatewayConfig is the gateway's for c: its clients' tokens, its
+// workers, and with a Kubernetes Service the workers found as its
+// endpoints (and the config of that, for the cluster's objects; nil
+// without one).
+func (a *app) gatewayConfig(c GatewayConfig) (gateway.Config, *kube.Config, error) {
+	store := auth.Open(a.cfg.Root)
+	if c.TokensFile != "" {
+		store = auth.OpenFile(c.TokensFile)
+	}
+	cfg := gateway.Config{Tokens: store, Heartbeat: c.Heartbeat, Version: version, Log: a.log}
+	if a.cfg.AdminTokenFile != "" {
+		if err := cfg.Tokens.PinAdminFile(a.cfg.AdminTokenFile); err != nil {
+			return cfg, nil, err
+		}
+	}
+	for _, w := range c.Workers {
+		gw, err := w.worker()
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Workers = append(cfg.Workers, gw)
+	}
+	var kcfg *kube.Config
+	if k := c.Kubernetes; k.Service != "" {
+		gw, err := k.Worker.worker()
+		if err != nil {
+			return cfg, nil, err
+		}
+		kcfg = &kube.Config{Service: k.Service, Port: k.Port, Kubeconfig: k.Kubeconfig, Worker: gw}
+		if cfg.Discover, err = kube.Discover(*kcfg); err != nil {
+			return cfg, nil, err
+		}
+	}
+	return cfg, kcfg, nil
+}
+
+// gatewayObjects applies the namespace's SandboxPolicy, SandboxTemplate
+// and SandboxPool objects to the fleet g serves, in the background until
+// ctx ends; with front, each SandboxTemplate is an E2B template ID too.
+func (a *app) gatewayObjects(ctx context.Context, kcfg kube.Config, g *gateway.Gateway, front *e2b.Server) {
+	var templates func(map[string]api.SandboxSpec)
+	if front != nil {
+		templates = front.SetTemplates // (a SandboxTemplate is a template ID)
+	}
+	go func() {
+		// Again after it ends (its Lease lost to another
+		// replica, the API server gone a while): a replica
+		// stands for the Lease and lists templates for good.
+		for ctx.Err() == nil {
+			if err := kube.Objects(ctx, kcfg, g.ActAs(), a.log, templates); err != nil && ctx.Err() == nil {
+				a.log.Error("the fleet's Kubernetes objects (SandboxPolicy, SandboxTemplate, SandboxPool): again in 5s", "err", err)
 			}
 			select {
 			case <-ctx.Done():
-				sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer scancel()
-				for _, s := range servers {
-					s.Shutdown(sctx)
-				}
-				return nil
-			case err := <-errc:
-				return err
+			case <-time.After(5 * time.Second):
 			}
-		},
+		}
+	}()
+}
+
+// serveGateway serves g on the listeners ls, and front on e2bL (one of
+// them, or nil), until ctx ends (then shuts the servers down, for up to
+// 5 s) or one of them fails.
+func (a *app) serveGateway(ctx context.Context, g *gateway.Gateway, front *e2b.Server, ls []net.Listener, e2bL net.Listener, workers int) error {
+	errLog := slog.NewLogLogger(a.log.Handler(), slog.LevelDebug) // a failed handshake is anyone's knock (a probe's)
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
+	servers := []*http.Server{srv}
+	errc := make(chan error, len(ls))
+	for _, l := range ls {
+		if l == e2bL {
+			continue
+		}
+		a.log.Info("the gateway listens", "addr", l.Addr().String(), "workers", workers)
+		go func() { errc <- srv.Serve(l) }()
 	}
-	cmd.Flags().StringArrayVar(&listen, "listen", nil, "serve the fleet's API on tcp://HOST:PORT (repeatable; config gateway.listen)")
-	cmd.Flags().StringArrayVar(&workers, "worker", nil, "a worker's TCP API, tcp://HOST:PORT (repeatable; config gateway.workers)")
-	cmd.Flags().StringArrayVar(&tokens, "worker-token", nil, "an admin token of the worker's: one for all, or one per --worker in order")
-	cmd.Flags().StringArrayVar(&cas, "worker-ca", nil, "the CA the worker's certificate is checked against: one for all, or one per --worker")
-	cmd.Flags().StringArrayVar(&certs, "worker-cert", nil, "the gateway's client certificate, for workers that ask for one: one for all, or one per --worker")
-	cmd.Flags().StringArrayVar(&keys, "worker-key", nil, "its key: one for all, or one per --worker")
-	cmd.Flags().StringArrayVar(&names, "worker-server-name", nil, "the name the worker's certificate must bear, when not its address: one for all, or one per --worker")
-	cmd.Flags().StringVar(&service, "kubernetes-service", "", "find the workers as the endpoints of this Kubernetes Service, NAMESPACE/NAME (config gateway.kubernetes.service; with gateway.kubernetes.worker: token_file, ca, server_name)")
-	cmd.Flags().StringVar(&tlsCfg.Cert, "tls-cert", "", "the gateway's TLS certificate (config tls.cert; needed off loopback)")
-	cmd.Flags().StringVar(&tlsCfg.Key, "tls-key", "", "its key (config tls.key)")
-	cmd.Flags().StringVar(&tlsCfg.ClientCA, "tls-client-ca", "", "take only clients with a certificate this CA signed (config tls.client_ca)")
-	cmd.Flags().StringVar(&e2bListen, "e2b-listen", "", "serve E2B's API for the fleet on HOST:PORT, for the E2B SDKs (config e2b.listen)")
-	cmd.Flags().DurationVar(&heartbeat, "heartbeat", 0, "ask each worker how it is this often (default 2s; config gateway.heartbeat)")
-	return cmd
+	if e2bL != nil {
+		fsrv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10, ErrorLog: errLog}
+		servers = append(servers, fsrv)
+		a.log.Info("the gateway serves E2B's API", "addr", e2bL.Addr().String())
+		go func() { errc <- fsrv.Serve(e2bL) }()
+	}
+	select {
+	case <-ctx.Done():
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		for _, s := range servers {
+			s.Shutdown(sctx)
+		}
+		return nil
+	case err := <-errc:
+		return err
+	}
 }
 
 // gatewayFront is the E2B front for the fleet g serves: it checks keys
@@ -358,6 +411,13 @@ of the gateway's.
   dsec --host tcp://gw:7443 node drain host2:7443 --wait 1h   # cordon, then wait for its sandboxes to go
   dsec --host tcp://gw:7443 node ls --json | jq '.[] | select(.up | not) | .url'`,
 	}
+	cmd.AddCommand(a.nodeLs(), a.nodeCordon("cordon", "Place no more creates on a worker (its sandboxes run on)", true),
+		a.nodeCordon("uncordon", "Place creates on a worker again", false), a.nodeDrain())
+	return cmd
+}
+
+// nodeLs is dsec node ls.
+func (a *app) nodeLs() *cobra.Command {
 	var asJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -398,20 +458,27 @@ of the gateway's.
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of nodes)")
-	cordon := func(use, short string, on bool) *cobra.Command {
-		return &cobra.Command{
-			Use:   use + " WORKER",
-			Short: short,
-			Args:  exactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := a.gatewayClient()
-				if err != nil {
-					return err
-				}
-				return c.Cordon(cmd.Context(), args[0], on)
-			},
-		}
+	return ls
+}
+
+// nodeCordon is dsec node cordon (on) or uncordon.
+func (a *app) nodeCordon(use, short string, on bool) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " WORKER",
+		Short: short,
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.gatewayClient()
+			if err != nil {
+				return err
+			}
+			return c.Cordon(cmd.Context(), args[0], on)
+		},
 	}
+}
+
+// nodeDrain is dsec node drain.
+func (a *app) nodeDrain() *cobra.Command {
 	var wait time.Duration
 	drain := &cobra.Command{
 		Use:   "drain WORKER",
@@ -457,9 +524,7 @@ no sandbox: its sandboxes are not moved, but run on until their owners remove th
 		},
 	}
 	drain.Flags().DurationVar(&wait, "wait", 10*time.Minute, "how long to wait for its sandboxes to go")
-	cmd.AddCommand(ls, cordon("cordon", "Place no more creates on a worker (its sandboxes run on)", true),
-		cordon("uncordon", "Place creates on a worker again", false), drain)
-	return cmd
+	return drain
 }
 
 // gatewayClient is a client of the gateway at --host.

@@ -106,55 +106,7 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
   dsec layer build ./rootfs --kind base -t debian/bookworm:2026.11p --order step.profile`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if strings.HasPrefix(args[0], "docker://") || strings.HasPrefix(args[0], "oci://") {
-				return a.buildFromRegistry(cmd, args[0], f)
-			}
-			if f.kind == "" {
-				return usageError{fmt.Errorf("layer build needs --kind base, workspace or toolkit")}
-			}
-			kind, err := layer.ParseKind(f.kind)
-			if err != nil {
-				return usageError{err}
-			}
-			if f.tag == "" {
-				return usageError{fmt.Errorf("layer build needs a tag: -t NAME:VERSION")}
-			}
-			ref, err := layer.ParseRef(f.tag)
-			if err != nil {
-				return usageError{err}
-			}
-			s, err := a.openStore()
-			if err != nil {
-				return err
-			}
-			opts := layer.BuildOptions{Source: args[0], Stdin: a.stdin, Kind: kind, Ref: ref, Force: f.force}
-			if f.order != "" {
-				if opts.Order, err = readProfile(f.order); err != nil {
-					return err
-				}
-			}
-			var bar *progressbar.ProgressBar
-			if a.showProgress() {
-				bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
-					progressbar.OptionSetDescription("converting "+args[0]), progressbar.OptionShowBytes(true),
-					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
-				opts.Progress = barProgress{bar}
-			}
-			start := time.Now()
-			info, err := layer.Build(cmd.Context(), s, opts)
-			if bar != nil {
-				bar.Finish()
-			}
-			if err != nil {
-				return err
-			}
-			a.log.Info("built layer", "name", info.Ref, "digest", info.Digest, "size", info.Size,
-				"files", info.Files, "seconds", time.Since(start).Seconds())
-			if f.json {
-				return a.printJSON(info)
-			}
-			_, err = fmt.Fprintln(a.stdout, info.Digest)
-			return err
+			return a.buildLayer(cmd, args[0], f)
 		},
 	}
 	fl := cmd.Flags()
@@ -168,6 +120,60 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 		return []string{"base", "workspace", "toolkit"}, cobra.ShellCompDirectiveNoFileComp
 	})
 	return cmd
+}
+
+// buildLayer is dsec layer build of src: an image from a registry, or a
+// layer converted from a directory, an archive or a stream.
+func (a *app) buildLayer(cmd *cobra.Command, src string, f buildFlags) error {
+	if strings.HasPrefix(src, "docker://") || strings.HasPrefix(src, "oci://") {
+		return a.buildFromRegistry(cmd, src, f)
+	}
+	if f.kind == "" {
+		return usageError{fmt.Errorf("layer build needs --kind base, workspace or toolkit")}
+	}
+	kind, err := layer.ParseKind(f.kind)
+	if err != nil {
+		return usageError{err}
+	}
+	if f.tag == "" {
+		return usageError{fmt.Errorf("layer build needs a tag: -t NAME:VERSION")}
+	}
+	ref, err := layer.ParseRef(f.tag)
+	if err != nil {
+		return usageError{err}
+	}
+	s, err := a.openStore()
+	if err != nil {
+		return err
+	}
+	opts := layer.BuildOptions{Source: src, Stdin: a.stdin, Kind: kind, Ref: ref, Force: f.force}
+	if f.order != "" {
+		if opts.Order, err = readProfile(f.order); err != nil {
+			return err
+		}
+	}
+	var bar *progressbar.ProgressBar
+	if a.showProgress() {
+		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(a.stderr),
+			progressbar.OptionSetDescription("converting "+src), progressbar.OptionShowBytes(true),
+			progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionClearOnFinish())
+		opts.Progress = barProgress{bar}
+	}
+	start := time.Now()
+	info, err := layer.Build(cmd.Context(), s, opts)
+	if bar != nil {
+		bar.Finish()
+	}
+	if err != nil {
+		return err
+	}
+	a.log.Info("built layer", "name", info.Ref, "digest", info.Digest, "size", info.Size,
+		"files", info.Files, "seconds", time.Since(start).Seconds())
+	if f.json {
+		return a.printJSON(info)
+	}
+	_, err = fmt.Fprintln(a.stdout, info.Digest)
+	return err
 }
 
 // buildFromRegistry imports a docker:// or oci:// source as an image.

@@ -51,6 +51,12 @@ These commands act on this machine's root (--root), never on a --host worker.
   dsec token rm 3f2a9c1b`,
 		Annotations: map[string]string{localAnnotation: "true"},
 	}
+	cmd.AddCommand(a.tokenCreate(), a.tokenList(), a.tokenRemove())
+	return cmd
+}
+
+// tokenCreate is dsec token create.
+func (a *app) tokenCreate() *cobra.Command {
 	var scope string
 	var ttl time.Duration
 	var asJSON, e2bKey bool
@@ -103,6 +109,11 @@ These commands act on this machine's root (--root), never on a --host worker.
 	create.Flags().StringVar(&maxMemory, "max-memory", "", "the sum of its sandboxes' memory limits, e.g. 64G (none: no bound)")
 	create.Flags().StringVar(&maxDisk, "max-disk", "", "the sum of its sandboxes' disk bounds, e.g. 1T (none: no bound)")
 	create.Flags().StringVar(&maxSnapshots, "max-snapshot-bytes", "", "the bytes of its snapshots in the store, e.g. 100G (none: no bound)")
+	return create
+}
+
+// tokenList is dsec token ls.
+func (a *app) tokenList() *cobra.Command {
 	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -137,7 +148,12 @@ These commands act on this machine's root (--root), never on a --host worker.
 		},
 	}
 	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
-	rm := &cobra.Command{
+	return ls
+}
+
+// tokenRemove is dsec token rm.
+func (a *app) tokenRemove() *cobra.Command {
+	return &cobra.Command{
 		Use:   "rm ID...",
 		Short: "Remove tokens: requests with them are refused at once",
 		RunE: func(_ *cobra.Command, ids []string) error {
@@ -154,8 +170,6 @@ These commands act on this machine's root (--root), never on a --host worker.
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, rm)
-	return cmd
 }
 
 // quotaString is a token's quota as token ls shows it.

@@ -96,62 +96,10 @@ func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err err
 		return nil, err
 	}
 	defer unix.Close(root)
-	resolve := func(p string) (int, *unix.Statx_t, error) {
-		fd, err := unix.Openat2(root, "."+p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
-		switch {
-		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
-			return -1, nil, nil
-		case errors.Is(err, unix.ELOOP):
-			return -1, nil, fmt.Errorf("%s passes a symbolic link in the sandbox: name the path it points to", p)
-		case err != nil:
-			return -1, nil, fmt.Errorf("%s: %w", p, err)
-		}
-		var st unix.Statx_t
-		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE, &st); err != nil {
-			unix.Close(fd)
-			return -1, nil, fmt.Errorf("%s: %w", p, err)
-		}
-		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			unix.Close(fd)
-			return -1, nil, fmt.Errorf("%s is a symbolic link in the sandbox: name the path it points to", p)
-		}
-		return fd, &st, nil
-	}
-	// attach mounts the detached tree m over the object fd.
-	attach := func(p string, m, fd int, attr uint64) error {
-		if attr != 0 {
-			if err := unix.MountSetattr(m, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
-				return fmt.Errorf("%s: set mount attributes: %w", p, err)
-			}
-		}
-		if err := unix.MoveMount(m, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-			return fmt.Errorf("%s: mount: %w", p, err)
-		}
-		return nil
-	}
-	bindOver := func(p string, fd int, attr uint64) error {
-		m, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
-		if err != nil {
-			return fmt.Errorf("%s: clone: %w", p, err)
-		}
-		defer unix.Close(m)
-		return attach(p, m, fd, attr)
-	}
-
 	// Ancestors first, shallowest first, so each path below resolves
 	// through the mounts made above it.
-	var ancestors []string
-	for _, p := range readOnly {
-		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
-			if !slices.Contains(ancestors, d) {
-				ancestors = append(ancestors, d)
-			}
-		}
-	}
-	slices.SortFunc(ancestors, func(a, b string) int { return strings.Count(a, "/") - strings.Count(b, "/") })
-	for _, d := range ancestors {
-		fd, st, err := resolve(d)
+	for _, d := range ancestorsOf(readOnly) {
+		fd, st, err := resolveIn(root, d)
 		if err != nil {
 			return nil, err
 		}
@@ -168,7 +116,7 @@ func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err err
 	}
 	const locked = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
 	for _, p := range readOnly {
-		fd, _, err := resolve(p)
+		fd, _, err := resolveIn(root, p)
 		if err != nil {
 			return nil, err
 		}
@@ -183,7 +131,7 @@ func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err err
 		}
 	}
 	for i, p := range hidden {
-		fd, st, err := resolve(p)
+		fd, st, err := resolveIn(root, p)
 		if err != nil {
 			return nil, err
 		}
@@ -192,7 +140,7 @@ func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err err
 			continue
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			err = hideDir(p, fd, attach)
+			err = hideDir(p, fd)
 		} else {
 			err = attach(p, nulls[i], fd, locked|unix.MOUNT_ATTR_NOEXEC)
 		}
@@ -204,8 +152,73 @@ func ProtectPaths(pid int, readOnly, hidden []string) (missing []string, err err
 	return missing, nil
 }
 
+// resolveIn opens p (an O_PATH descriptor, and its type) in the root
+// dir root, following no symbolic link: -1 if it does not exist.
+func resolveIn(root int, p string) (int, *unix.Statx_t, error) {
+	fd, err := unix.Openat2(root, "."+p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+		return -1, nil, nil
+	case errors.Is(err, unix.ELOOP):
+		return -1, nil, fmt.Errorf("%s passes a symbolic link in the sandbox: name the path it points to", p)
+	case err != nil:
+		return -1, nil, fmt.Errorf("%s: %w", p, err)
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE, &st); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("%s: %w", p, err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("%s is a symbolic link in the sandbox: name the path it points to", p)
+	}
+	return fd, &st, nil
+}
+
+// attach mounts the detached tree m over the object fd, p, with the
+// mount attributes attr.
+func attach(p string, m, fd int, attr uint64) error {
+	if attr != 0 {
+		if err := unix.MountSetattr(m, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &unix.MountAttr{Attr_set: attr}); err != nil {
+			return fmt.Errorf("%s: set mount attributes: %w", p, err)
+		}
+	}
+	if err := unix.MoveMount(m, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("%s: mount: %w", p, err)
+	}
+	return nil
+}
+
+// bindOver mounts a clone of the tree at fd, p, over it, with the mount
+// attributes attr.
+func bindOver(p string, fd int, attr uint64) error {
+	m, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("%s: clone: %w", p, err)
+	}
+	defer unix.Close(m)
+	return attach(p, m, fd, attr)
+}
+
+// ancestorsOf are the directories above the paths readOnly, each once,
+// shallowest first.
+func ancestorsOf(readOnly []string) []string {
+	var ancestors []string
+	for _, p := range readOnly {
+		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
+			if !slices.Contains(ancestors, d) {
+				ancestors = append(ancestors, d)
+			}
+		}
+	}
+	slices.SortFunc(ancestors, func(a, b string) int { return strings.Count(a, "/") - strings.Count(b, "/") })
+	return ancestors
+}
+
 // hideDir mounts an empty read-only tmpfs over the directory fd.
-func hideDir(p string, fd int, attach func(string, int, int, uint64) error) error {
+func hideDir(p string, fd int) error {
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p, err)

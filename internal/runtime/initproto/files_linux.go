@@ -160,37 +160,7 @@ func ServeFiles(st io.ReadWriteCloser, fr *FrameReader, fw *FrameWriter) {
 			case "chtimes":
 				err = os.Chtimes(p, time.Unix(0, q.Atime), time.Unix(0, q.Mtime))
 			case "read", "write", "fstat", "fchmod", "readdirnames", "close":
-				f := files[q.H]
-				if f == nil {
-					err = fmt.Errorf("no open file %d", q.H)
-					break
-				}
-				switch q.Op {
-				case "read":
-					var n int
-					n, err = f.Read(buf[:min(max(q.N, 1), maxIO)])
-					out = buf[:n]
-					if err == io.EOF {
-						r.EOF, err = true, nil
-					}
-				case "write":
-					_, err = f.Write(data)
-				case "fstat":
-					var fi fs.FileInfo
-					if fi, err = f.Stat(); err == nil {
-						r.Stat = statOf(fi)
-					}
-				case "fchmod":
-					err = f.Chmod(fs.FileMode(q.Perm))
-				case "readdirnames":
-					r.Names, err = f.Readdirnames(q.N)
-					if err == io.EOF {
-						r.EOF, err = true, nil
-					}
-				case "close":
-					err = f.Close()
-					delete(files, q.H)
-				}
+				out, err = onFile(files, q, data, buf, &r)
 			default:
 				err = fmt.Errorf("unknown file request %q", q.Op)
 			}
@@ -211,6 +181,43 @@ func ServeFiles(st io.ReadWriteCloser, fr *FrameReader, fw *FrameWriter) {
 			}
 		}
 	}
+}
+
+// onFile answers q, a request on a file the stream opened (its handle
+// q.H, data a write's): the reply's fields in r, a read's data in out,
+// read into buf.
+func onFile(files map[int]*os.File, q fsRequest, data, buf []byte, r *fsReply) (out []byte, err error) {
+	f := files[q.H]
+	if f == nil {
+		return nil, fmt.Errorf("no open file %d", q.H)
+	}
+	switch q.Op {
+	case "read":
+		var n int
+		n, err = f.Read(buf[:min(max(q.N, 1), maxIO)])
+		out = buf[:n]
+		if err == io.EOF {
+			r.EOF, err = true, nil
+		}
+	case "write":
+		_, err = f.Write(data)
+	case "fstat":
+		var fi fs.FileInfo
+		if fi, err = f.Stat(); err == nil {
+			r.Stat = statOf(fi)
+		}
+	case "fchmod":
+		err = f.Chmod(fs.FileMode(q.Perm))
+	case "readdirnames":
+		r.Names, err = f.Readdirnames(q.N)
+		if err == io.EOF {
+			r.EOF, err = true, nil
+		}
+	case "close":
+		err = f.Close()
+		delete(files, q.H)
+	}
+	return out, err
 }
 
 // RemoteFiles are a microVM's files, reached through its agent: an

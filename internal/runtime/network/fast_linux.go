@@ -135,7 +135,14 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
 		&expr.Lookup{SourceRegister: 1, SetName: marks.Name, SetID: marks.ID},
 		&expr.Verdict{Kind: expr.VerdictJump, Chain: fastChain}}})
-	fw = fc
+	return fastRules(c, t, fc)
+}
+
+// fastRules fills fc, the fast path's chain: a verdict's mark put on its
+// flow (a killed flow's packets answered with a reset), a server's
+// SYN-ACK and a client's first SYN let by, and every other packet of a
+// pending flow queued to its worker's queue.
+func fastRules(c *nftables.Conn, t *nftables.Table, fc *nftables.Chain) error {
 	ctMark := func(m uint32) []expr.Any {
 		return []expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(m)}}
 	}
@@ -158,12 +165,12 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}},
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: slices.Concat(ctMark(fastKill), isTCP, notReset, []expr.Any{reset})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: verdict(fastPass)})
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: slices.Concat(verdict(fastKill), isTCP, notReset, []expr.Any{reset})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: slices.Concat(ctMark(fastKill), isTCP, notReset, []expr.Any{reset})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: verdict(fastPass)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: slices.Concat(verdict(fastKill), isTCP, notReset, []expr.Any{reset})})
 	// A server's SYN-ACK is not queued: the gate has nothing to read in
 	// it, and one trip less is on every connection's way.
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(slices.Clip(isTCP),
+	c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: append(slices.Clip(isTCP),
 		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(fastPending)},
@@ -177,6 +184,24 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 	// TCP headers are all its length): the label's bit synSeen says it
 	// went. Another SYN (sent again, or with another sequence number)
 	// goes to the gate, which has its first's in the label.
+	if err := fastFirstSYN(c, t, fc, isTCP); err != nil {
+		return err
+	}
+	for i := range FastQueues {
+		// xt_NFQ_info (revision 0): the queue's number, host order.
+		info := xt.Unknown(binary.NativeEndian.AppendUint16(nil, FastQueueBase+uint16(i)))
+		c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: append(ctMark(fastPending|uint32(i)),
+			&expr.Ct{Key: expr.CtKeyLABELS, Register: 1},
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true}, // the label's first 32 bits
+			&expr.Target{Name: "NFQUEUE", Rev: 0, Info: &info})})
+	}
+	return nil
+}
+
+// fastFirstSYN adds to fc the rule that lets a client's first SYN
+// without data by, unqueued, its flow's label's bit synSeen set; isTCP
+// matches a TCP packet.
+func fastFirstSYN(c *nftables.Conn, t *nftables.Table, fc *nftables.Chain, isTCP []expr.Any) error {
 	synSeen := make([]byte, 16)
 	synSeen[4] = 1
 	noData := &nftables.Set{Table: t, Anonymous: true, Constant: true, Concatenation: true,
@@ -188,7 +213,7 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 	if err := c.AddSet(noData, lengths); err != nil {
 		return err
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(slices.Clip(isTCP),
+	c.AddRule(&nftables.Rule{Table: t, Chain: fc, Exprs: append(slices.Clip(isTCP),
 		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: markData(0xffffff00), Xor: markData(0)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(fastPending)},
@@ -207,14 +232,6 @@ func fastForward(c *nftables.Conn, t *nftables.Table, fw *nftables.Chain) error 
 		&expr.Immediate{Register: 1, Data: synSeen},
 		&expr.Ct{Key: expr.CtKeyLABELS, Register: 1, SourceRegister: true}, // (labels are set by or)
 		&expr.Verdict{Kind: expr.VerdictAccept})})
-	for i := range FastQueues {
-		// xt_NFQ_info (revision 0): the queue's number, host order.
-		info := xt.Unknown(binary.NativeEndian.AppendUint16(nil, FastQueueBase+uint16(i)))
-		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(ctMark(fastPending|uint32(i)),
-			&expr.Ct{Key: expr.CtKeyLABELS, Register: 1},
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true}, // the label's first 32 bits
-			&expr.Target{Name: "NFQUEUE", Rev: 0, Info: &info})})
-	}
 	return nil
 }
 

@@ -281,116 +281,18 @@ func masquerade(on bool) error {
 	}
 	switch {
 	case on && have != nil:
-		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+		current, err := natTableCurrent(c, have)
 		if err != nil {
-			return fmt.Errorf("nftables: %w", err)
+			return err
 		}
-		n := 0
-		var fw, in *nftables.Chain
-		for _, ch := range chains {
-			if ch.Table.Name == natTable {
-				n++
-				switch ch.Name {
-				case "forward":
-					fw = ch
-				case "input":
-					in = ch
-				}
-			}
-		}
-		wantChains := 6 // (the fast path's too)
-		if fastOff.Load() {
-			wantChains = 5
-		}
-		if fw != nil && in != nil && n == wantChains {
-			fr, ferr := c.GetRules(have, fw)
-			ir, ierr := c.GetRules(have, in)
-			want := forwardRules
-			if fastOff.Load() {
-				want -= fastForwardRules
-			}
-			if ferr == nil && ierr == nil && len(fr) == want && len(ir) == len(redirects)+2 {
-				return nil
-			}
+		if current {
+			return nil
 		}
 		c.DelTable(have) // an older worker's, without the guards: made anew
 		fallthrough
 	case on:
-		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
-		ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(inPrefix(12, natPool), &expr.Masq{})})
-		drop := &expr.Verdict{Kind: expr.VerdictDrop}
-		fromSandbox := append([]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("dsec")}, // iifname "dsec*"
-		}, inPrefix(12, natPool)...)
-		// The DNS and web ports of a sandbox with domain rules (its
-		// address in the set): every query and web connection, whatever
-		// address it was for, to its gateway, where its resolver and
-		// proxy listen (Resolve); and that is all of the host it reaches.
-		resolved := &nftables.Set{Table: t, Name: resolvedSet, KeyType: nftables.TypeIPAddr}
-		if err := c.AddSet(resolved, resolvingElements()); err != nil {
-			return fmt.Errorf("nftables: %w", err)
-		}
-		redirected := func(proto byte, port uint16) []expr.Any {
-			return append(slices.Clip(fromSandbox),
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-				&expr.Lookup{SourceRegister: 1, SetName: resolved.Name, SetID: resolved.ID},
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)})
-		}
-		pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
-			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-		in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
-			Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
-		if !fastOff.Load() {
-			if err := fastPrerouting(c, t, pre, fromSandbox); err != nil {
-				return fmt.Errorf("nftables: %w", err)
-			}
-		}
-		for _, r := range redirects {
-			c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
-			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
-		}
-		// Answers on what the worker opened to a sandbox (its port
-		// route, HostMark) come back; nothing a sandbox opens does, nor
-		// answers to another process of the host's.
-		out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
-			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
-			&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true}}})
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: slices.Concat(fromSandbox, ctState(expr.CtStateBitESTABLISHED), []expr.Any{
-			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
-			&expr.Verdict{Kind: expr.VerdictAccept}})})
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
-		fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
-			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
-		for _, to := range []netip.Prefix{natPool, netip.MustParsePrefix("169.254.0.0/16")} {
-			c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), inPrefix(16, to)...), drop)})
-		}
-		// Only connections the sandbox's allowlist let open go on: a
-		// packet conntrack cannot place, and a TCP segment that opens
-		// nothing (no SYN alone) yet is new, go nowhere. A container's
-		// kernel sends neither; a microVM's guest, whose every packet
-		// its tap's filter sees, checked only at SYN, could.
-		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), ctState(expr.CtStateBitINVALID)...), drop)})
-		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(append(slices.Clip(fromSandbox),
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}),                                // not syn alone
-			ctState(expr.CtStateBitNEW)...), drop)})
-		if !fastOff.Load() {
-			if err := fastForward(c, t, fw); err != nil {
-				return fmt.Errorf("nftables: %w", err)
-			}
+		if err := addNATTable(c); err != nil {
+			return err
 		}
 	case !on && have != nil:
 		c.DelTable(have)
@@ -409,6 +311,152 @@ func masquerade(on bool) error {
 			}
 		}
 		return fmt.Errorf("nftables masquerade: %w", err)
+	}
+	return nil
+}
+
+// natTableCurrent says whether have, the table there is, is this
+// worker's: its chains and the rules of its forward and input chains
+// all there (the fast path's too, unless it is off).
+func natTableCurrent(c *nftables.Conn, have *nftables.Table) (bool, error) {
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return false, fmt.Errorf("nftables: %w", err)
+	}
+	n := 0
+	var fw, in *nftables.Chain
+	for _, ch := range chains {
+		if ch.Table.Name == natTable {
+			n++
+			switch ch.Name {
+			case "forward":
+				fw = ch
+			case "input":
+				in = ch
+			}
+		}
+	}
+	wantChains := 6 // (the fast path's too)
+	if fastOff.Load() {
+		wantChains = 5
+	}
+	if fw != nil && in != nil && n == wantChains {
+		fr, ferr := c.GetRules(have, fw)
+		ir, ierr := c.GetRules(have, in)
+		want := forwardRules
+		if fastOff.Load() {
+			want -= fastForwardRules
+		}
+		if ferr == nil && ierr == nil && len(fr) == want && len(ir) == len(redirects)+2 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// addNATTable adds table ip dsec to c's batch: the masquerade of the
+// pool, the redirects of its sandboxes' DNS and web ports, and the
+// guards of the host and of the forward chain, in this order.
+func addNATTable(c *nftables.Conn) error {
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
+	ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(inPrefix(12, natPool), &expr.Masq{})})
+	fromSandbox := append([]expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte("dsec")}, // iifname "dsec*"
+	}, inPrefix(12, natPool)...)
+	in, err := addRedirects(c, t, fromSandbox)
+	if err != nil {
+		return err
+	}
+	addHostGuards(c, t, in, fromSandbox)
+	return addForwardGuards(c, t, fromSandbox)
+}
+
+// addRedirects adds to t the chains prerouting and input, and their
+// rules for the DNS and web ports of a sandbox with domain rules (its
+// address in the set): every query and web connection, whatever address
+// it was for, to its gateway, where its resolver and proxy listen
+// (Resolve); and that is all of the host it reaches. (The fast path's
+// rule goes first.) It returns the input chain.
+func addRedirects(c *nftables.Conn, t *nftables.Table, fromSandbox []expr.Any) (*nftables.Chain, error) {
+	resolved := &nftables.Set{Table: t, Name: resolvedSet, KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(resolved, resolvingElements()); err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	redirected := func(proto byte, port uint16) []expr.Any {
+		return append(slices.Clip(fromSandbox),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: resolved.Name, SetID: resolved.ID},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, port)})
+	}
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter})
+	if !fastOff.Load() {
+		if err := fastPrerouting(c, t, pre, fromSandbox); err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+	}
+	for _, r := range redirects {
+		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(redirected(r.proto, r.port), &expr.Redir{})})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(redirected(r.proto, r.port), &expr.Verdict{Kind: expr.VerdictAccept})})
+	}
+	return in, nil
+}
+
+// addHostGuards adds to t the chain output, and to in (the input chain,
+// after its redirects) the rules that keep a sandbox off the host:
+// answers on what the worker opened to a sandbox (its port route,
+// HostMark) come back; nothing a sandbox opens does, nor answers to
+// another process of the host's.
+func addHostGuards(c *nftables.Conn, t *nftables.Table, in *nftables.Chain, fromSandbox []expr.Any) {
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true}}})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: slices.Concat(fromSandbox, ctState(expr.CtStateBitESTABLISHED), []expr.Any{
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: markData(HostMark)},
+		&expr.Verdict{Kind: expr.VerdictAccept}})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(slices.Clip(fromSandbox), drop)})
+}
+
+// addForwardGuards adds to t the chain forward: what a sandbox sends to
+// another sandbox or to link-local addresses is dropped, and so is what
+// its allowlist did not let open; then the fast path's rules.
+func addForwardGuards(c *nftables.Conn, t *nftables.Table, fromSandbox []expr.Any) error {
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	fw := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
+	for _, to := range []netip.Prefix{natPool, netip.MustParsePrefix("169.254.0.0/16")} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), inPrefix(16, to)...), drop)})
+	}
+	// Only connections the sandbox's allowlist let open go on: a
+	// packet conntrack cannot place, and a TCP segment that opens
+	// nothing (no SYN alone) yet is new, go nowhere. A container's
+	// kernel sends neither; a microVM's guest, whose every packet
+	// its tap's filter sees, checked only at SYN, could.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(slices.Clip(fromSandbox), ctState(expr.CtStateBitINVALID)...), drop)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fw, Exprs: append(append(append(slices.Clip(fromSandbox),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}}, // fin|syn|rst|ack
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0x02}}),                                // not syn alone
+		ctState(expr.CtStateBitNEW)...), drop)})
+	if !fastOff.Load() {
+		if err := fastForward(c, t, fw); err != nil {
+			return fmt.Errorf("nftables: %w", err)
+		}
 	}
 	return nil
 }

@@ -441,8 +441,7 @@ func (c *counter) Write(b []byte) (int, error) { c.n += int64(len(b)); return le
 // journaled whole, up to its exit, by the next worker.
 func testJournal(t *testing.T, env *Env) {
 	ctx := context.Background()
-	const bound = 16 << 20
-	sb, err := env.Client.Create(ctx, api.SandboxSpec{Name: "journal", Backend: env.Backend, Layers: env.Layers, Disk: bound})
+	sb, err := env.Client.Create(ctx, api.SandboxSpec{Name: "journal", Backend: env.Backend, Layers: env.Layers, Disk: journalBound})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,8 +463,21 @@ func testJournal(t *testing.T, env *Env) {
 		return size, alloc
 	}
 
-	// The descriptors a command gets are pipes (stdin without one: the
-	// sandbox's own /dev/null, or a pipe of a guest's), never a host path.
+	journalDescriptors(t, env, sb)
+	journalFlood(t, sb, held)
+	journalLeftover(t, sb, held)
+	journalAcrossRestart(t, env, sb)
+}
+
+// journalBound is the journal's sandbox's disk bound, which bounds its
+// journal's outputs too.
+const journalBound = 16 << 20
+
+// journalDescriptors: the descriptors a command gets are pipes (stdin
+// without one: the sandbox's own /dev/null, or a pipe of a guest's),
+// never a host path.
+func journalDescriptors(t *testing.T, env *Env, sb *sdk.Sandbox) {
+	ctx := context.Background()
 	out, _ := sh(t, sb, "fds", "for fd in 0 1 2; do readlink /proc/self/fd/$fd; done")
 	if !regexp.MustCompile(`^(/dev/null|pipe:\[\d+\])\npipe:\[\d+\]\npipe:\[\d+\]\n$`).MatchString(out) {
 		t.Errorf("a command's descriptors: %q, want /dev/null (or a pipe) and two pipes", out)
@@ -478,7 +490,13 @@ func testJournal(t *testing.T, env *Env) {
 	if !regexp.MustCompile(`^pipe:\[\d+\]\n`).MatchString(buf.String()) || strings.Contains(buf.String(), env.Root) {
 		t.Errorf("a command with stdin: %q, want pipes and no host path", buf.String())
 	}
+}
 
+// journalFlood: a command's stdout cannot be grown, cut or rewritten as
+// a file, and its output past the bound is read and counted, not kept;
+// held is what the host holds of the journal.
+func journalFlood(t *testing.T, sb *sdk.Sandbox, held func() (size, alloc int64)) {
+	ctx := context.Background()
 	// Its stdout cannot be grown, cut or rewritten as a file.
 	out, res := sh(t, sb, "grow", "fallocate -l 256M /proc/self/fd/1 2>/dev/null && echo fallocate; "+
 		"truncate -s 256M /proc/self/fd/1 2>/dev/null && echo truncate; dd if=/dev/zero of=/proc/self/fd/1 bs=1 count=1 seek=256M conv=notrunc 2>/dev/null && echo seek; "+
@@ -493,31 +511,38 @@ func testJournal(t *testing.T, env *Env) {
 	// 64 MiB of output with a 16 MiB disk: 16 MiB kept, the rest read
 	// and counted; the command ends well.
 	var c counter
-	res, err = sb.Exec(ctx, sdk.ExecOptions{ID: "flood", Args: []string{"sh", "-c", "head -c 67108864 /dev/zero"}, Stdout: &c, Stderr: &c})
+	res, err := sb.Exec(ctx, sdk.ExecOptions{ID: "flood", Args: []string{"sh", "-c", "head -c 67108864 /dev/zero"}, Stdout: &c, Stderr: &c})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("64 MiB of output: %+v %v, want exit 0 (no SIGPIPE)", res, err)
 	}
-	if c.n > bound || !res.OutputTruncated || res.OutputTruncatedBytes != 64<<20-c.n {
+	if c.n > journalBound || !res.OutputTruncated || res.OutputTruncatedBytes != 64<<20-c.n {
 		t.Fatalf("64 MiB of output, a 16 MiB disk: %d bytes streamed, result %+v, want at most 16 MiB and the rest counted", c.n, res)
 	}
-	if size, alloc := held(); size > bound || alloc > bound+1<<20 {
+	if size, alloc := held(); size > journalBound || alloc > journalBound+1<<20 {
 		t.Fatalf("the host holds %d bytes of journal (%d allocated), past the sandbox's disk bound", size, alloc)
 	}
 	var again counter
 	if replay, err := sb.Logs(ctx, "flood", false, &again, &again); err != nil || again.n != c.n || replay.OutputTruncatedBytes != res.OutputTruncatedBytes {
 		t.Fatalf("the flood's replay: %d bytes, %+v %v", again.n, replay, err)
 	}
+}
 
+// journalLeftover: what a process a step left writes after the step
+// ended is never journaled, and the flood's output is dropped to keep
+// the journal within the bound; held is what the host holds of it.
+func journalLeftover(t *testing.T, sb *sdk.Sandbox, held func() (size, alloc int64)) {
 	// A process the step left writes on after it ended, to its stdout
 	// and through /proc/self/fd: the step's output stays what it was,
 	// and the process runs on, never blocked or killed by SIGPIPE.
 	const forge = `echo honest; ( sleep 0.5; echo reward=1; echo reward=1 > /proc/self/fd/1; echo reward=1 >> /proc/self/fd/2; ` +
 		`head -c 1048576 /dev/zero; touch /wrote; exec sleep 1000 ) & exit 0`
-	out, res = sh(t, sb, "forge", forge)
+	ctx := context.Background()
+	out, res := sh(t, sb, "forge", forge)
 	if out != "honest\n" || res.ExitCode != 0 {
 		t.Fatalf("the step: %q %+v", out, res)
 	}
 	WaitFile(t, sb, "/wrote")
+	var buf bytes.Buffer
 	for _, replay := range []func(w io.Writer) (api.ExecResult, error){
 		func(w io.Writer) (api.ExecResult, error) {
 			return sb.Exec(ctx, sdk.ExecOptions{ID: "forge", Args: []string{"sh", "-c", forge}, Stdout: w, Stderr: w})
@@ -538,13 +563,16 @@ func testJournal(t *testing.T, env *Env) {
 	if replay, err := sb.Logs(ctx, "flood", false, &buf, &buf); err != nil || buf.Len() != 0 || !replay.OutputDropped || replay.ExitCode != 0 {
 		t.Errorf("the flood's replay later: %d bytes, %+v %v, want its output dropped, its result kept", buf.Len(), replay, err)
 	}
-	if size, _ := held(); size > bound {
+	if size, _ := held(); size > journalBound {
 		t.Errorf("the host holds %d bytes of journal, past the bound", size)
 	}
+}
 
-	// The worker killed mid-step, the command writing on: the next
-	// worker's replay has all of it, up to its exit.
+// journalAcrossRestart: the worker killed mid-step, the command writing
+// on, the next worker's replay has all of it, up to its exit.
+func journalAcrossRestart(t *testing.T, env *Env, sb *sdk.Sandbox) {
 	const mid = `for i in 1 2 3 4 5 6 7 8; do echo line $i; [ $i = 1 ] && touch /mid-started; sleep 0.2; done; echo end >&2; exit 3`
+	ctx := context.Background()
 	errc := make(chan error, 1)
 	go func() {
 		_, err := sb.Exec(ctx, sdk.ExecOptions{ID: "mid", Args: []string{"sh", "-c", mid}})
@@ -553,7 +581,7 @@ func testJournal(t *testing.T, env *Env) {
 	WaitFile(t, sb, "/mid-started")
 	sb = env.Restart(t).Sandbox(sb.Name)
 	<-errc
-	out, res = sh(t, sb, "mid", mid)
+	out, res := sh(t, sb, "mid", mid)
 	if want := "line 1\nline 2\nline 3\nline 4\nline 5\nline 6\nline 7\nline 8\nend\n"; out != want || res.ExitCode != 3 || !res.Replayed {
 		t.Errorf("a step across the worker's restart: %q %+v, want all its output and exit 3", out, res)
 	}

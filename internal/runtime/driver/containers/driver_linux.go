@@ -117,24 +117,12 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		if own, err = container.Prestart(driver.Adder(g, d), ids); err != nil {
 			return out, err
 		}
-		ns, err := own.UserNamespace()
-		if err != nil {
+		if err := mountIDMapped(s.RootFS, rootfs, own, ids.Host); err != nil {
 			return out, err
 		}
-		for _, m := range s.RootFS {
-			if err := m.MountIDMapped(rootfs, ns, ids.Host); err != nil {
-				unix.Close(ns)
-				return out, err
-			}
-		}
-		unix.Close(ns)
 	} else {
-		for _, m := range s.RootFS {
-			if err := m.Mount(rootfs); errdefs.IsOutOfRange(err) {
-				return out, fmt.Errorf("%w: fold the snapshot chain with dsec snap squash", err)
-			} else if err != nil {
-				return out, err
-			}
+		if err := mountRoot(s.RootFS, rootfs); err != nil {
+			return out, err
 		}
 		if sp != nil { // its group is named by the sandbox's ID
 			out.Group = sp.g
@@ -190,6 +178,36 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("device allowlist: %w", err)
 	}
 	return out, nil
+}
+
+// mountIDMapped mounts the sandbox's root, layers, at rootfs, idmapped
+// into the user namespace of own, its init, whose root is the host's id
+// host.
+func mountIDMapped(layers []mount.Mount, rootfs string, own *container.Spare, host uint32) error {
+	ns, err := own.UserNamespace()
+	if err != nil {
+		return err
+	}
+	for _, m := range layers {
+		if err := m.MountIDMapped(rootfs, ns, host); err != nil {
+			unix.Close(ns)
+			return err
+		}
+	}
+	unix.Close(ns)
+	return nil
+}
+
+// mountRoot mounts the sandbox's root, layers, at rootfs.
+func mountRoot(layers []mount.Mount, rootfs string) error {
+	for _, m := range layers {
+		if err := m.Mount(rootfs); errdefs.IsOutOfRange(err) {
+			return fmt.Errorf("%w: fold the snapshot chain with dsec snap squash", err)
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Attach finds the sandbox's group and, unless it is paused, its init.

@@ -139,49 +139,16 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	if err != nil {
 		return out, err
 	}
-	var pmem []microvm.Pmem
-	for i, img := range s.Images {
-		p, size, err := microvm.PmemImage(filepath.Join(dir, "pmem"), digest.Digest(s.Digests[i]).Encoded(), img)
-		if err != nil {
-			return out, fmt.Errorf("layer %s: %w", s.Layers[i], err)
-		}
-		pmem = append(pmem, microvm.Pmem{Path: p, Size: size})
-	}
-	ram, err := guestMemory(s.Limits)
+	pmem, err := guestLayers(dir, s)
 	if err != nil {
 		return out, err
 	}
-	build, err := h.Build()
+	this, ram, err := guestMachine(h, s)
 	if err != nil {
 		return out, err
 	}
-	this := layer.Machine{MemoryBytes: ram, CPUs: guestCPUs(s.Limits), LayerDisks: h.LayerDisks, RAMFile: !s.MergeMemory,
-		Accel: h.Accel.Name, Kernel: h.Kernel.String(), KernelDigest: build.Kernel, QEMU: h.QEMUVersion, QEMUDigest: build.QEMU}
 	r := s.Restore
-	if r != nil {
-		// The saved guest's machine, on this host's.
-		if why := r.Machine.Runs(this); why != "" {
-			return out, fmt.Errorf("%s cannot run here: %s: %w", r.What, why, errdefs.ErrFailedPrecondition)
-		}
-		if r.Machine.MemoryBytes != ram {
-			return out, fmt.Errorf("%s has %d MiB of RAM, not the %d MiB asked: give --memory %dM or none: %w",
-				r.What, r.Machine.MemoryBytes>>20, ram>>20, r.Machine.MemoryBytes>>20, errdefs.ErrInvalidArgument)
-		}
-		this.CPUs, this.RAMFile, this.MAC = r.Machine.CPUs, r.Machine.RAMFile, r.Machine.MAC
-	}
-	if host := hostMemory(); ram > host {
-		return out, fmt.Errorf("a microVM of %d MiB is more than this host's memory (%d MiB): ask for less: %w", ram>>20, host>>20, errdefs.ErrInvalidArgument)
-	}
-	// The group holds the guest's RAM and QEMU's own memory.
-	lim := s.Limits
-	if lim.MemoryBytes > 0 {
-		lim.MemoryBytes = ram + h.Overhead()
-	}
-	var extra []policy.Device
-	if h.Accel.Name == microvm.AccelKVM {
-		extra = append(extra, policy.KVM)
-	}
-	g, devices, err := driver.NewGroup(s.Groups, s.Group, lim, extra...)
+	g, devices, err := guestGroup(h, s, ram)
 	if err != nil {
 		return out, err
 	}
@@ -255,6 +222,67 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("device allowlist: %w", err)
 	}
 	return out, nil
+}
+
+// guestLayers are the sandbox's layers as the guest's pmem devices,
+// each an image under dir.
+func guestLayers(dir string, s driver.StartSpec) ([]microvm.Pmem, error) {
+	var pmem []microvm.Pmem
+	for i, img := range s.Images {
+		p, size, err := microvm.PmemImage(filepath.Join(dir, "pmem"), digest.Digest(s.Digests[i]).Encoded(), img)
+		if err != nil {
+			return nil, fmt.Errorf("layer %s: %w", s.Layers[i], err)
+		}
+		pmem = append(pmem, microvm.Pmem{Path: p, Size: size})
+	}
+	return pmem, nil
+}
+
+// guestMachine is the machine the guest runs on, and its RAM: what s
+// asks for on h, or a restored guest's, which must run on h with the RAM
+// asked.
+func guestMachine(h *microvm.Host, s driver.StartSpec) (layer.Machine, int64, error) {
+	ram, err := guestMemory(s.Limits)
+	if err != nil {
+		return layer.Machine{}, 0, err
+	}
+	build, err := h.Build()
+	if err != nil {
+		return layer.Machine{}, 0, err
+	}
+	this := layer.Machine{MemoryBytes: ram, CPUs: guestCPUs(s.Limits), LayerDisks: h.LayerDisks, RAMFile: !s.MergeMemory,
+		Accel: h.Accel.Name, Kernel: h.Kernel.String(), KernelDigest: build.Kernel, QEMU: h.QEMUVersion, QEMUDigest: build.QEMU}
+	r := s.Restore
+	if r != nil {
+		// The saved guest's machine, on this host's.
+		if why := r.Machine.Runs(this); why != "" {
+			return layer.Machine{}, 0, fmt.Errorf("%s cannot run here: %s: %w", r.What, why, errdefs.ErrFailedPrecondition)
+		}
+		if r.Machine.MemoryBytes != ram {
+			return layer.Machine{}, 0, fmt.Errorf("%s has %d MiB of RAM, not the %d MiB asked: give --memory %dM or none: %w",
+				r.What, r.Machine.MemoryBytes>>20, ram>>20, r.Machine.MemoryBytes>>20, errdefs.ErrInvalidArgument)
+		}
+		this.CPUs, this.RAMFile, this.MAC = r.Machine.CPUs, r.Machine.RAMFile, r.Machine.MAC
+	}
+	if host := hostMemory(); ram > host {
+		return layer.Machine{}, 0, fmt.Errorf("a microVM of %d MiB is more than this host's memory (%d MiB): ask for less: %w", ram>>20, host>>20, errdefs.ErrInvalidArgument)
+	}
+	return this, ram, nil
+}
+
+// guestGroup makes the sandbox's group on h for a guest of ram bytes of
+// RAM (with KVM among its devices when h has it).
+func guestGroup(h *microvm.Host, s driver.StartSpec, ram int64) (*cgroup.Group, func() error, error) {
+	// The group holds the guest's RAM and QEMU's own memory.
+	lim := s.Limits
+	if lim.MemoryBytes > 0 {
+		lim.MemoryBytes = ram + h.Overhead()
+	}
+	var extra []policy.Device
+	if h.Accel.Name == microvm.AccelKVM {
+		extra = append(extra, policy.KVM)
+	}
+	return driver.NewGroup(s.Groups, s.Group, lim, extra...)
 }
 
 // directIO says whether img's file system takes O_DIRECT (tmpfs does

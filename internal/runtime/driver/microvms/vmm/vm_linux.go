@@ -59,28 +59,16 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 			f.Close()
 		}
 	}()
-	listen := func(path, network string) (*os.File, error) {
-		os.Remove(path)
-		l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
-		if err != nil {
-			return nil, fmt.Errorf("microvm socket %s: %w", path, err)
-		}
-		l.SetUnlinkOnClose(false)
-		f, err := l.File()
-		l.Close()
-		if err == nil {
-			closers = append(closers, f)
-		}
-		return f, err
-	}
-	ctl, err := listen(spec.Socket, "unixpacket")
+	ctl, err := listenFile(spec.Socket, "unixpacket")
 	if err != nil {
 		return nil, err
 	}
-	files, err := listen(spec.FilesSocket, "unix")
+	closers = append(closers, ctl)
+	files, err := listenFile(spec.FilesSocket, "unix")
 	if err != nil {
 		return nil, err
 	}
+	closers = append(closers, files)
 	console, err := os.OpenFile(spec.Console, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
@@ -92,23 +80,9 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	}
 	closers = append(closers, logf)
 
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	cmd, ours, err := startShim(self)
 	if err != nil {
 		return nil, err
-	}
-	ours, theirs := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "vmm")
-	cmd := exec.Command(self)
-	cmd.Args = []string{VMMName} // its /proc/PID/cmdline names no host path
-	cmd.Env = []string{vmmEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{theirs}
-	// A network namespace of its own: QEMU reaches no network but a tap
-	// the sandbox's network puts there.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNET}
-	err = cmd.Start()
-	theirs.Close()
-	if err != nil {
-		ours.Close()
-		return nil, fmt.Errorf("start the microVM's shim: %w", err)
 	}
 	initproto.ProtectInit(cmd.Process.Pid)
 	exited := make(chan struct{})
@@ -129,21 +103,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		}
 	}
 	spec.Net = spec.Tap != nil
-	b, err := json.Marshal(spec)
-	if err == nil && spec.Restore != nil && spec.State == nil {
-		err = errors.New("microvm: a restore without its state")
-	}
-	if err == nil {
-		fds := []int{int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())}
-		if spec.Tap != nil {
-			fds = append(fds, int(spec.Tap.Fd()))
-		}
-		if spec.Restore != nil {
-			fds = append(fds, int(spec.State.Fd()))
-		}
-		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(fds...), nil, 0)
-	}
-	if err != nil {
+	if err := sendSpec(ours, spec, ctl, files, console, logf); err != nil {
 		kill()
 		return nil, fmt.Errorf("%w: the microVM's shim is gone: %v", initproto.ErrSandboxDied, err)
 	}
@@ -153,18 +113,7 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 		return nil, err
 	}
 	conn := fc.(*net.UnixConn)
-	// The shim bounds the boot; this bounds the shim.
-	conn.SetReadDeadline(time.Now().Add(spec.BootTimeout + 30*time.Second))
-	buf := make([]byte, 64<<10)
-	n, err := conn.Read(buf)
-	conn.SetReadDeadline(time.Time{})
-	var h struct {
-		initproto.Hello
-		Error string `json:"error"`
-	}
-	if err == nil {
-		json.Unmarshal(buf[:n], &h)
-	}
+	h, n, err := readHello(conn, spec.BootTimeout)
 	switch {
 	case err != nil || n == 0:
 		conn.Close()
@@ -179,6 +128,87 @@ func StartVM(spec VMSpec) (_ *VM, err error) {
 	s := initproto.NewConn(conn, cmd.Process.Pid, h.Hello)
 	s.Spawned(cmd, exited)
 	return &VM{c: s, files: spec.FilesSocket}, nil
+}
+
+// listenFile is a listening socket of network at path (anything there
+// removed first), as a file for the shim; the socket file stays when it
+// closes.
+func listenFile(path, network string) (*os.File, error) {
+	os.Remove(path)
+	l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
+	if err != nil {
+		return nil, fmt.Errorf("microvm socket %s: %w", path, err)
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	return f, err
+}
+
+// startShim starts the microVM's shim, self (this binary) in a network
+// namespace of its own, and returns it with our end of the socket pair
+// it was given.
+func startShim(self string) (*exec.Cmd, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "vmm"), os.NewFile(uintptr(fds[1]), "vmm")
+	cmd := exec.Command(self)
+	cmd.Args = []string{VMMName} // its /proc/PID/cmdline names no host path
+	cmd.Env = []string{vmmEnv + "=1"}
+	cmd.ExtraFiles = []*os.File{theirs}
+	// A network namespace of its own: QEMU reaches no network but a tap
+	// the sandbox's network puts there.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNET}
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		ours.Close()
+		return nil, nil, fmt.Errorf("start the microVM's shim: %w", err)
+	}
+	return cmd, ours, nil
+}
+
+// sendSpec sends the shim, on ours, spec and the descriptors it works
+// with: the control and files sockets, the console, the log, and the
+// tap and the saved state when spec has them.
+func sendSpec(ours *os.File, spec VMSpec, ctl, files, console, logf *os.File) error {
+	b, err := json.Marshal(spec)
+	if err == nil && spec.Restore != nil && spec.State == nil {
+		err = errors.New("microvm: a restore without its state")
+	}
+	if err == nil {
+		fds := []int{int(ctl.Fd()), int(files.Fd()), int(console.Fd()), int(logf.Fd())}
+		if spec.Tap != nil {
+			fds = append(fds, int(spec.Tap.Fd()))
+		}
+		if spec.Restore != nil {
+			fds = append(fds, int(spec.State.Fd()))
+		}
+		err = unix.Sendmsg(int(ours.Fd()), b, unix.UnixRights(fds...), nil, 0)
+	}
+	return err
+}
+
+// shimHello is what the shim answers once the guest is up, or why it is
+// not.
+type shimHello struct {
+	initproto.Hello
+	Error string `json:"error"`
+}
+
+// readHello reads the shim's answer on conn (n bytes of it): the shim
+// bounds the boot, this bounds the shim.
+func readHello(conn *net.UnixConn, boot time.Duration) (h shimHello, n int, err error) {
+	conn.SetReadDeadline(time.Now().Add(boot + 30*time.Second))
+	buf := make([]byte, 64<<10)
+	n, err = conn.Read(buf)
+	conn.SetReadDeadline(time.Time{})
+	if err == nil {
+		json.Unmarshal(buf[:n], &h)
+	}
+	return h, n, err
 }
 
 // AttachVM connects to the shim of a running microVM, whose host pid is
