@@ -110,16 +110,27 @@ vet:
 	$(GO) vet -tags front ./cmd/dsec
 
 # docs regenerates the man pages and shell completions from the command tree,
-# and the policy JSON schema from the api types.
+# the policy JSON schema from the api types, and the references under
+# docs/reference, which are generated only (never edit them): cli/*.md, a
+# page per command (cobra's markdown; dsec.md the root's), config.md, every
+# config key with its type, default, DSEC_* variable and description (from
+# Config's fields, their doc tags and the loader's defaults, cmd/dsec/app.go),
+# and api.md, the API's routes, error classes and types (from api.Routes and
+# the api package's types and comments).
 docs: docs-bin
-	rm -rf man/man1 completions docs/policy.schema.json
+	rm -rf man/man1 completions docs/policy.schema.json docs/reference
 	$(DOCS_BIN) gen-docs .
 
+# check-docs fails, naming the first stale file, when what gen-docs writes
+# differs from what is committed (make test runs it).
 check-docs: docs-bin
-	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(DOCS_BIN) gen-docs $$tmp; \
-	if ! diff -r $$tmp/man/man1 man/man1 >/dev/null || ! diff -r $$tmp/completions completions >/dev/null || \
-		! diff $$tmp/docs/policy.schema.json docs/policy.schema.json >/dev/null; then \
-		echo "make: man pages, completions or the policy schema are stale: run 'make docs' and commit the result" >&2; exit 1; fi
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; $(DOCS_BIN) gen-docs $$tmp || exit 1; \
+	for d in man/man1 completions docs/policy.schema.json docs/reference; do \
+		stale=$$(diff -rq $$tmp/$$d $$d 2>&1 | head -n 1 | sed -e 's|^Files .* and \(.*\) differ$$|\1|' \
+			-e 's|^Only in \(.*\): \(.*\)$$|\1/\2|' -e 's|^diff: \(.*\): .*$$|\1|' -e "s|^$$tmp/||"); \
+		if [ -n "$$stale" ]; then \
+			echo "make: $$stale is stale: run 'make docs' and commit the result" >&2; exit 1; fi; \
+	done
 
 # proto regenerates the envd RPC code (the E2B front's) from its .proto
 # files, with protoc (Debian's) and the two plugins built from the module

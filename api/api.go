@@ -1,42 +1,8 @@
 // Package api is the wire format of the dsec worker's HTTP/JSON API, served
 // on a unix socket under the root (<root>/dsec.sock). Every path starts
 // with the version, /v1. Fields may be added, never change meaning.
-//
-//	GET    /v1/version
-//	POST   /v1/sandboxes                    SandboxSpec -> Sandbox
-//	GET    /v1/sandboxes[?all=1]            -> []Sandbox (all: warm pool sandboxes too)
-//	GET    /v1/sandboxes/{name}             -> Sandbox
-//	POST   /v1/sandboxes/{name}/stop        -> Sandbox
-//	POST   /v1/sandboxes/{name}/start       -> Sandbox
-//	POST   /v1/sandboxes/{name}/pause       -> Sandbox (its processes frozen, memory kept)
-//	POST   /v1/sandboxes/{name}/resume      -> Sandbox
-//	DELETE /v1/sandboxes/{name}[?force=1]
-//	POST   /v1/sandboxes/{name}/exec        ExecRequest line, then stdin -> Frame lines
-//	GET    /v1/sandboxes/{name}/execs/{id}  -> Frame lines: a recorded exec's output and result
-//	POST   /v1/sandboxes/{name}/execs/{id}/signal  SignalRequest (a running exec's process group)
-//	PUT    /v1/sandboxes/{name}/files?path=P&mode=M   body: the file's bytes
-//	GET    /v1/sandboxes/{name}/files?path=P          -> the file's bytes
-//	GET    /v1/sandboxes/{name}/stat?path=P[&follow=1]     -> PathStat
-//	GET    /v1/sandboxes/{name}/dir?path=P[&depth=N]        -> []DirEntry
-//	POST   /v1/sandboxes/{name}/mkdir?path=P[&parents=1]    -> PathStat
-//	POST   /v1/sandboxes/{name}/rename?path=P&to=Q          -> PathStat (of Q)
-//	DELETE /v1/sandboxes/{name}/files?path=P[&recursive=1]
-//	GET    /v1/sandboxes/{name}/archive?path=P[&follow=1][&name=N]  -> X-Dsec-Stat, then a tar stream
-//	PUT    /v1/sandboxes/{name}/archive?path=DIR[&owners=1]  body: a tar stream -> CopyReport
-//	POST   /v1/sandboxes/{name}/snapshots   PackRequest -> Snapshot (pack-diff)
-//	POST   /v1/branches                     BranchRequest -> []Sandbox
-//	GET    /v1/snapshots                    -> []SnapshotNode (the lineage DAG)
-//	DELETE /v1/snapshots/{ref...}[?force=1]
-//	POST   /v1/squash                       SquashRequest -> Snapshot
-//	POST   /v1/sandboxes/{name}/policy      PolicyRequest -> PolicyReport
-//	GET    /v1/policies                     -> []Policy (named, stored)
-//	GET    /v1/policies/{name}              -> Policy
-//	PUT    /v1/policies/{name}              Policy
-//	DELETE /v1/policies/{name}
-//	POST   /v1/calls                        CallRequest line, then stdin -> Frame lines (FnCall)
-//	GET    /v1/pools                        -> []Pool
-//	PUT    /v1/pools/{name}                 PoolSpec -> Pool
-//	DELETE /v1/pools/{name}
+// Routes lists every route, with its request and answer types
+// (docs/reference/api.md is written from it and from these types).
 //
 // Errors are an HTTP status and an Error body; the status tells the
 // class (ErrorOf). An error in the middle of a tar stream (GET

@@ -16,18 +16,18 @@ var ErrInfra = fmt.Errorf("infrastructure failure: %w", errdefs.ErrUnavailable)
 
 // Error classes.
 const (
-	ClassInvalid        = "invalid" // bad request: fix it
-	ClassNotFound       = "not_found"
-	ClassExists         = "exists"
-	ClassState          = "state"        // the sandbox is in the wrong state (stopped, running)
-	ClassInfra          = "infra"        // the sandbox died or the host failed: not the command's fault
-	ClassLimit          = "limit"        // over a bound (a snapshot's size, entries, depth)
-	ClassBusy           = "busy"         // the host is at capacity: queued until the admission timeout
-	ClassDenied         = "denied"       // not allowed (a registry refusing the credentials, a token's scope)
-	ClassUnauthorized   = "unauthorized" // no valid token (the TCP API)
-	ClassNotImplemented = "not_implemented"
-	ClassDataLoss       = "data_loss" // state on disk is damaged
-	ClassInternal       = "internal"  // anything else
+	ClassInvalid        = "invalid"         // bad request: fix it
+	ClassNotFound       = "not_found"       // no such sandbox, command, path, snapshot, layer, policy or pool (or not the token's)
+	ClassExists         = "exists"          // the name (or path) is taken
+	ClassState          = "state"           // the sandbox is in the wrong state (stopped, running)
+	ClassInfra          = "infra"           // the sandbox died or the host failed: not the command's fault
+	ClassLimit          = "limit"           // over a bound (a snapshot's size, entries, depth)
+	ClassBusy           = "busy"            // the host is at capacity: queued until the admission timeout
+	ClassDenied         = "denied"          // not allowed (a registry refusing the credentials, a token's scope)
+	ClassUnauthorized   = "unauthorized"    // no valid token (the TCP API)
+	ClassNotImplemented = "not_implemented" // not done here: by this backend, host or build, or by a gateway
+	ClassDataLoss       = "data_loss"       // state on disk is damaged
+	ClassInternal       = "internal"        // anything else
 )
 
 // errorTable is the one map of error classes: each class's errdefs

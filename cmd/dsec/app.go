@@ -27,124 +27,126 @@ import (
 
 // Config is every setting a config file, DSEC_* variables or global
 // flags can give, resolved once in that order of precedence:
-// flag > env > file > default.
+// flag > env > file > default. configDefaults holds the defaults the
+// loader sets, and each field's doc tag is its line in
+// docs/reference/config.md: gen-docs refuses a field without one.
 type Config struct {
-	Root      string              `mapstructure:"root"`
-	LogLevel  string              `mapstructure:"log-level"`
-	LogFormat string              `mapstructure:"log-format"`
-	Progress  string              `mapstructure:"progress"`
-	Remote    string              `mapstructure:"remote"`  // default remote: a name or a URL
-	Remotes   map[string]string   `mapstructure:"remotes"` // name -> dir:///PATH or oci://HOST/REPO
-	Cache     CacheConfig         `mapstructure:"cache"`
-	Admission AdmissionConfig     `mapstructure:"admission"`
-	Reclaim   ReclaimConfig       `mapstructure:"reclaim"`
-	Pools     map[string]PoolFile `mapstructure:"pools"` // FnCall pools by name
-	Defaults  DefaultsConfig      `mapstructure:"defaults"`
-	Exec      ExecConfig          `mapstructure:"exec"`
+	Root      string              `mapstructure:"root" doc:"the directory holding all of dsec's state"`
+	LogLevel  string              `mapstructure:"log-level" doc:"log level: debug, info, warn or error"`
+	LogFormat string              `mapstructure:"log-format" doc:"log format on stderr: text or json"`
+	Progress  string              `mapstructure:"progress" doc:"progress bars on stderr: auto (on a terminal), always or never"`
+	Remote    string              `mapstructure:"remote" doc:"the default remote: a name of remotes, or a URL as remotes take"`
+	Remotes   map[string]string   `mapstructure:"remotes" doc:"remotes by name: NAME: dir:///PATH or oci://HOST[:PORT]/REPOSITORY"`
+	Cache     CacheConfig         `mapstructure:"cache" doc:"how this host mounts lazily fetched layers"`
+	Admission AdmissionConfig     `mapstructure:"admission" doc:"what the worker admits, and makes at once and ahead of need"`
+	Reclaim   ReclaimConfig       `mapstructure:"reclaim" doc:"when the worker takes back idle sandboxes' memory"`
+	Pools     map[string]PoolFile `mapstructure:"pools" doc:"the FnCall backend's pools of warm sandboxes by name, kept from the worker's start (dsec pool)"`
+	Defaults  DefaultsConfig      `mapstructure:"defaults" doc:"the limits of a sandbox that asks for none"`
+	Exec      ExecConfig          `mapstructure:"exec" doc:"what the worker's journal keeps of a command"`
 	// A worker's TCP API to talk to instead of the root's (tcp://HOST:PORT),
 	// the token its requests carry, the CA its certificate is checked
 	// against, and a client certificate for a worker that asks for one.
-	Host       string `mapstructure:"host"`
-	Token      string `mapstructure:"token"`
-	TLSCA      string `mapstructure:"tls-ca"`
-	ClientCert string `mapstructure:"client-cert"`
-	ClientKey  string `mapstructure:"client-key"`
+	Host       string `mapstructure:"host" doc:"a worker's TCP API to talk to instead of the root's: tcp://HOST:PORT"`
+	Token      string `mapstructure:"token" doc:"the API token a client's requests carry (dsec token create makes one on the worker's host)"`
+	TLSCA      string `mapstructure:"tls-ca" doc:"the CA file the host's certificate is checked against; TLS is used with one, with a client certificate, and off loopback"`
+	ClientCert string `mapstructure:"client-cert" doc:"a client certificate file, for a worker that asks for one"`
+	ClientKey  string `mapstructure:"client-key" doc:"the client certificate's key file"`
 	// What dsec daemon serves on besides the root's socket (daemon.go).
-	Listen []string `mapstructure:"listen"`
+	Listen []string `mapstructure:"listen" doc:"TCP addresses dsec daemon serves its API on besides the root's socket: tcp://HOST:PORT"`
 	// AdminTokenFile holds an admin token the TCP API of dsec daemon or
 	// dsec gateway takes besides the root's tokens, never written there
 	// (a Kubernetes Secret's, shared by a fleet's workers and gateways).
-	AdminTokenFile string          `mapstructure:"admin_token_file"`
-	TLS            ServerTLSConfig `mapstructure:"tls"`
-	API            APIConfig       `mapstructure:"api"`
-	E2B            E2BConfig       `mapstructure:"e2b"`
+	AdminTokenFile string          `mapstructure:"admin_token_file" doc:"a file holding an admin token the TCP API of dsec daemon or dsec gateway takes besides the root's tokens, never written there (a Kubernetes Secret's)"`
+	TLS            ServerTLSConfig `mapstructure:"tls" doc:"the worker's TLS on its TCP addresses"`
+	API            APIConfig       `mapstructure:"api" doc:"the requests the worker serves at once over TCP and from its E2B front"`
+	E2B            E2BConfig       `mapstructure:"e2b" doc:"the E2B front dsec daemon serves"`
 	// The microvm backend (microvm.Settings).
-	MicroVM MicroVMConfig `mapstructure:"microvm"`
+	MicroVM MicroVMConfig `mapstructure:"microvm" doc:"the microvm backend"`
 	// The resolvers of sandboxes with domain rules (egress.Config).
-	DNS DNSConfig `mapstructure:"dns"`
+	DNS DNSConfig `mapstructure:"dns" doc:"the resolvers of sandboxes whose policies have domain rules"`
 	// How images are pulled from registries.
-	Registries RegistriesConfig `mapstructure:"registries"`
+	Registries RegistriesConfig `mapstructure:"registries" doc:"how images are pulled from registries (credentials as docker login left them, or DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD)"`
 	// What dsec gateway serves, and its workers.
-	Gateway GatewayConfig `mapstructure:"gateway"`
+	Gateway GatewayConfig `mapstructure:"gateway" doc:"what dsec gateway serves, and its workers"`
 	// Snapshots (worker.Config.PublishSnapshots).
-	Snap SnapConfig `mapstructure:"snap"`
+	Snap SnapConfig `mapstructure:"snap" doc:"what the worker does with the snapshots it packs"`
 }
 
 // SnapConfig is what a worker does with the snapshots it packs.
 type SnapConfig struct {
 	// Publish pushes each to the remote before the pack is answered.
-	Publish bool `mapstructure:"publish"`
+	Publish bool `mapstructure:"publish" doc:"push each snapshot the worker packs to its remote before the pack is answered, so that a fleet's workers sharing that remote branch one another's snapshots"`
 }
 
 // GatewayConfig is dsec gateway's: where it listens and its workers.
 type GatewayConfig struct {
-	Listen  []string        `mapstructure:"listen"`
-	Workers []GatewayWorker `mapstructure:"workers"`
+	Listen  []string        `mapstructure:"listen" doc:"TCP addresses dsec gateway serves on: tcp://HOST:PORT"`
+	Workers []GatewayWorker `mapstructure:"workers" doc:"the workers of the gateway's fleet"`
 	// Heartbeat is how often each worker is asked how it is (default
 	// 2 s); a worker silent for three is down.
-	Heartbeat time.Duration `mapstructure:"heartbeat"`
+	Heartbeat time.Duration `mapstructure:"heartbeat" doc:"how often each worker is asked how it is (0: 2s); a worker silent for three is down"`
 	// Kubernetes finds the workers in a cluster, besides Workers.
-	Kubernetes GatewayKubernetes `mapstructure:"kubernetes"`
+	Kubernetes GatewayKubernetes `mapstructure:"kubernetes" doc:"finding the workers in Kubernetes, besides workers: the endpoints of their Service"`
 	// TokensFile is the clients' token store ("": ROOT/tokens.json),
 	// read again when it changes: replicas of a gateway share one (a
 	// Kubernetes Secret's).
-	TokensFile string `mapstructure:"tokens_file"`
+	TokensFile string `mapstructure:"tokens_file" doc:"the clients' token store (none: ROOT/tokens.json), read again when it changes: a gateway's replicas share one"`
 }
 
 // GatewayKubernetes is where a gateway finds its workers in Kubernetes
 // (kube.Config): the endpoints of their Service, each reached as Worker
 // says (its URL aside).
 type GatewayKubernetes struct {
-	Service    string        `mapstructure:"service"`
-	Port       string        `mapstructure:"port"`
-	Kubeconfig string        `mapstructure:"kubeconfig"`
-	Worker     GatewayWorker `mapstructure:"worker"`
+	Service    string        `mapstructure:"service" doc:"the workers' Service: NAMESPACE/NAME, or NAME in the gateway's namespace"`
+	Port       string        `mapstructure:"port" doc:"the name of the Service's port of the workers' API (none: api, or a Service's one port)"`
+	Kubeconfig string        `mapstructure:"kubeconfig" doc:"a kubeconfig file (none: the pod's service account)"`
+	Worker     GatewayWorker `mapstructure:"worker" doc:"how each worker is reached, as a workers entry says (its URL is the endpoint's)"`
 }
 
 // GatewayWorker is a worker of the gateway's fleet: its TCP API, an
 // admin token of its, the CA its certificate is checked against, and
 // the gateway's certificate for it.
 type GatewayWorker struct {
-	URL   string `mapstructure:"url"`
-	Token string `mapstructure:"token"`
-	CA    string `mapstructure:"ca"`
+	URL   string `mapstructure:"url" doc:"the worker's TCP API: tcp://HOST:PORT"`
+	Token string `mapstructure:"token" doc:"an admin token of the worker's"`
+	CA    string `mapstructure:"ca" doc:"the CA file its certificate is checked against"`
 	// Cert and Key: the gateway's client certificate, for a worker that
 	// asks for one.
-	Cert string `mapstructure:"cert"`
-	Key  string `mapstructure:"key"`
+	Cert string `mapstructure:"cert" doc:"the gateway's client certificate file, for a worker that asks for one"`
+	Key  string `mapstructure:"key" doc:"that certificate's key file"`
 	// TokenFile holds the token, for one not written in the config (a
 	// Kubernetes Secret's).
-	TokenFile string `mapstructure:"token_file"`
+	TokenFile string `mapstructure:"token_file" doc:"a file holding the token, for one not written in the config (a Kubernetes Secret's)"`
 	// ServerName is the name its certificate must bear, for workers
 	// reached by addresses their certificates do not name (a DaemonSet's
 	// pods sharing one certificate).
-	ServerName string `mapstructure:"server_name"`
+	ServerName string `mapstructure:"server_name" doc:"the name its certificate must bear, for workers reached by addresses their certificates do not name"`
 }
 
 // RegistriesConfig says how images are pulled (image.Options).
 type RegistriesConfig struct {
 	// Insecure lists registries (HOST[:PORT]) spoken to over plain
 	// HTTP; one on a loopback address always is.
-	Insecure []string `mapstructure:"insecure"`
+	Insecure []string `mapstructure:"insecure" doc:"registries (HOST[:PORT]) spoken to over plain HTTP, beside those on loopback, which always are"`
 	// Platform is the OS/ARCH[/VARIANT] taken from a multi-platform
 	// image; "": the host's.
-	Platform string `mapstructure:"platform"`
+	Platform string `mapstructure:"platform" doc:"the OS/ARCH[/VARIANT] taken from a multi-platform image (none: this host's)"`
 	// Mirrors are asked first for a registry's images (a list, as a
 	// map's keys would be split at their dots).
-	Mirrors []MirrorConfig `mapstructure:"mirrors"`
+	Mirrors []MirrorConfig `mapstructure:"mirrors" doc:"mirrors asked first for a registry's images"`
 }
 
 // MirrorConfig names the mirrors of a registry, asked in order.
 type MirrorConfig struct {
-	Registry string   `mapstructure:"registry"` // docker.io, ghcr.io, HOST:PORT
-	Hosts    []string `mapstructure:"hosts"`    // HOST[:PORT]
+	Registry string   `mapstructure:"registry" doc:"the registry: docker.io, ghcr.io or HOST:PORT"`
+	Hosts    []string `mapstructure:"hosts" doc:"its mirrors, HOST[:PORT], asked in order"`
 }
 
 // APIConfig bounds the requests the worker serves at once over TCP and
 // from its E2B front (worker.Config.MaxRequests, MaxRequestsPerToken).
 type APIConfig struct {
-	MaxRequests         int `mapstructure:"max_requests"`
-	MaxRequestsPerToken int `mapstructure:"max_requests_per_token"`
+	MaxRequests         int `mapstructure:"max_requests" doc:"requests served at once in all, past which they are answered busy (0: 4096)"`
+	MaxRequestsPerToken int `mapstructure:"max_requests_per_token" doc:"requests of one token served at once, past which they are answered busy (0: 1024)"`
 }
 
 // DNSConfig configures the resolvers of sandboxes whose policies have
@@ -152,9 +154,9 @@ type APIConfig struct {
 // /etc/resolv.conf), the least time a learned address stays allowed and
 // the grace added to every answer's TTL.
 type DNSConfig struct {
-	Upstream []string      `mapstructure:"upstream"`
-	MinTTL   time.Duration `mapstructure:"min_ttl"`
-	Grace    time.Duration `mapstructure:"grace"`
+	Upstream []string      `mapstructure:"upstream" doc:"the servers they ask (none: the host's, from /etc/resolv.conf)"`
+	MinTTL   time.Duration `mapstructure:"min_ttl" doc:"the least time a learned address stays allowed (0: 30s)"`
+	Grace    time.Duration `mapstructure:"grace" doc:"the time added to every answer's TTL (0: 30s)"`
 }
 
 // MicroVMConfig configures the microvm backend: the guest kernel's
@@ -162,110 +164,110 @@ type DNSConfig struct {
 // binary, the guest's agent (a static dsec-init) and the bound on a
 // guest's boot.
 type MicroVMConfig struct {
-	Kernel      string        `mapstructure:"kernel"`
-	Accel       string        `mapstructure:"accel"`
-	QEMU        string        `mapstructure:"qemu"`
-	Agent       string        `mapstructure:"agent"`
-	BootTimeout time.Duration `mapstructure:"boot_timeout"`
+	Kernel      string        `mapstructure:"kernel" doc:"the guest kernel's directory (none: bin/microvm beside dsecd, or PREFIX/lib/dsec/microvm, which make kernel and make install fill)"`
+	Accel       string        `mapstructure:"accel" doc:"the accelerator: auto, kvm or tcg (none: auto)"`
+	QEMU        string        `mapstructure:"qemu" doc:"QEMU's binary (none: qemu-system-x86_64 on PATH)"`
+	Agent       string        `mapstructure:"agent" doc:"the guest's agent, a static dsec-init (none: the init the containers run)"`
+	BootTimeout time.Duration `mapstructure:"boot_timeout" doc:"the bound on a guest's boot (0: 10s under KVM, 90s under TCG)"`
 }
 
 // E2BConfig is dsec daemon's E2B front (worker.E2B): the address it
 // listens on, the domain its answers give, and its named templates.
 type E2BConfig struct {
-	Listen    string                 `mapstructure:"listen"`
-	Domain    string                 `mapstructure:"domain"`
-	Templates map[string]E2BTemplate `mapstructure:"templates"`
+	Listen    string                 `mapstructure:"listen" doc:"the HOST:PORT the E2B front listens on (none: no front)"`
+	Domain    string                 `mapstructure:"domain" doc:"the domain its answers give the sandboxes (none: the SDK routes by headers)"`
+	Templates map[string]E2BTemplate `mapstructure:"templates" doc:"E2B template IDs by name, and the sandboxes made from each"`
 	// ImageKeys are the create metadata keys that name a container
 	// image, as trainers send one (default: image).
-	ImageKeys []string `mapstructure:"image_metadata_keys"`
+	ImageKeys []string `mapstructure:"image_metadata_keys" doc:"the create metadata keys that name a container image, as trainers send one (none: image)"`
 	// HTTP2 offers HTTP/2 over TLS (worker.E2B.HTTP2).
-	HTTP2 bool `mapstructure:"http2"`
+	HTTP2 bool `mapstructure:"http2" doc:"offer HTTP/2 over TLS, which the E2B SDKs then multiplex over a few connections, at ~5% more per request than HTTP/1.1"`
 }
 
 // E2BTemplate is an E2B template ID the config names: layers (toolkit
 // first), an image under them, and the defaults of the sandboxes made
 // from it.
 type E2BTemplate struct {
-	Layers  []string `mapstructure:"layers"`
-	Image   string   `mapstructure:"image"`
-	CPU     float64  `mapstructure:"cpu"`
-	Memory  string   `mapstructure:"memory"`
-	Disk    string   `mapstructure:"disk"`
-	Pids    int64    `mapstructure:"pids"`
-	Policy  string   `mapstructure:"policy"` // a stored policy's name
-	Backend string   `mapstructure:"backend"`
-	Class   string   `mapstructure:"class"`
-	Env     []string `mapstructure:"env"`
-	Workdir string   `mapstructure:"workdir"`
-	UserNS  bool     `mapstructure:"userns"`
+	Layers  []string `mapstructure:"layers" doc:"its layers, topmost (toolkit) first"`
+	Image   string   `mapstructure:"image" doc:"a container image under the layers"`
+	CPU     float64  `mapstructure:"cpu" doc:"CPUs (0: no limit)"`
+	Memory  string   `mapstructure:"memory" type:"size" doc:"the memory limit (none: the worker's default)"`
+	Disk    string   `mapstructure:"disk" type:"size" doc:"the bound on what a sandbox writes (none: the worker's default)"`
+	Pids    int64    `mapstructure:"pids" doc:"the process limit (0: the worker's default)"`
+	Policy  string   `mapstructure:"policy" doc:"a stored policy's name"`
+	Backend string   `mapstructure:"backend" doc:"the backend: container (none) or microvm"`
+	Class   string   `mapstructure:"class" doc:"the scheduling class: latency (none) or batch"`
+	Env     []string `mapstructure:"env" doc:"environment variables, NAME=VALUE"`
+	Workdir string   `mapstructure:"workdir" doc:"the commands' working directory"`
+	UserNS  bool     `mapstructure:"userns" doc:"run each sandbox in a user namespace of its own"`
 }
 
 // ServerTLSConfig is the worker's TLS on its TCP addresses.
 type ServerTLSConfig struct {
-	Cert     string `mapstructure:"cert"`
-	Key      string `mapstructure:"key"`
-	ClientCA string `mapstructure:"client_ca"`
+	Cert     string `mapstructure:"cert" doc:"the certificate file of the TCP addresses (an address off loopback needs one)"`
+	Key      string `mapstructure:"key" doc:"the certificate's key file"`
+	ClientCA string `mapstructure:"client_ca" doc:"a CA file: only clients with a certificate it signed are served"`
 }
 
 // DefaultsConfig bounds a sandbox that asks for no limit (worker.Defaults).
 type DefaultsConfig struct {
-	Memory string `mapstructure:"memory"` // a size, or unlimited (default 2G)
-	Pids   int64  `mapstructure:"pids"`   // -1: none (default 4096)
-	Disk   string `mapstructure:"disk"`   // a size, or unlimited (default 10G)
+	Memory string `mapstructure:"memory" type:"size" doc:"a sandbox's memory limit, or unlimited (none: 2G, or the sandbox's memory request if more)"`
+	Pids   int64  `mapstructure:"pids" doc:"a sandbox's process limit (0: 4096; -1: none)"`
+	Disk   string `mapstructure:"disk" type:"size" doc:"the bound on what a sandbox writes, or unlimited (none: 10G)"`
 }
 
 // ExecConfig is what the worker journals of a command: at most MaxOutput
 // bytes of its output, stdout and stderr together (0: 64M).
 type ExecConfig struct {
-	MaxOutput int64 `mapstructure:"max_output"` // a size: 64M
+	MaxOutput int64 `mapstructure:"max_output" type:"size" doc:"what the journal keeps of a command's output, stdout and stderr together, lowered to the sandbox's disk bound; what passes it is dropped and the result says so (0: 64M)"`
 }
 
 // AdmissionConfig bounds what the worker runs (worker.Admission).
 type AdmissionConfig struct {
-	CPUOvercommit    float64       `mapstructure:"cpu_overcommit"`
-	MemoryOvercommit float64       `mapstructure:"memory_overcommit"`
-	HostReserve      string        `mapstructure:"host_reserve"` // a size: 1G
-	MaxCreating      int           `mapstructure:"max_creating"`
-	QueueTimeout     time.Duration `mapstructure:"queue_timeout"`
-	Spares           int           `mapstructure:"spares"`
-	Primed           int           `mapstructure:"primed"`
-	DiskFloor        string        `mapstructure:"disk_floor"` // a size: 1G
-	InodeFloor       int64         `mapstructure:"inode_floor"`
-	UppersSize       string        `mapstructure:"uppers_size"`       // a size: 100G
-	WorkerMemoryMin  string        `mapstructure:"worker_memory_min"` // a size: 128M; negative: off
-	WorkerMemoryLow  string        `mapstructure:"worker_memory_low"` // a size: 512M; negative: off
+	CPUOvercommit    float64       `mapstructure:"cpu_overcommit" doc:"CPU requests admitted per host CPU (0: 50)"`
+	MemoryOvercommit float64       `mapstructure:"memory_overcommit" doc:"memory requests admitted per byte of the host's memory less host_reserve (0: 1)"`
+	HostReserve      string        `mapstructure:"host_reserve" type:"size" doc:"the memory kept for the host: the kernel bounds all sandboxes together to the rest (none: 1G)"`
+	MaxCreating      int           `mapstructure:"max_creating" doc:"sandboxes made at once (0: 4)"`
+	QueueTimeout     time.Duration `mapstructure:"queue_timeout" doc:"the longest a create waits for admission (0: 1m)"`
+	Spares           int           `mapstructure:"spares" doc:"sandbox inits kept started ahead of need (0: 2; negative: none)"`
+	Primed           int           `mapstructure:"primed" doc:"sandboxes kept made ahead on the last create's layers (0: 1; negative: none)"`
+	DiskFloor        string        `mapstructure:"disk_floor" type:"size" doc:"creates are refused (exit 10) while the root's file system, or the one sandboxes write to, has less free (none: 1G; negative: no floor)"`
+	InodeFloor       int64         `mapstructure:"inode_floor" doc:"creates are refused while either has fewer free inodes (0: 10000; negative: no floor)"`
+	UppersSize       string        `mapstructure:"uppers_size" type:"size" doc:"the size of the file system all sandboxes without a disk of their own write to, together, made once under the root (none: its free space less 1G)"`
+	WorkerMemoryMin  string        `mapstructure:"worker_memory_min" type:"size" doc:"on cgroup2 hosts, the worker's and its fetchers' memory never reclaimed, memory.min of a group of their own (none: 128M; negative: off)"`
+	WorkerMemoryLow  string        `mapstructure:"worker_memory_low" type:"size" doc:"on cgroup2 hosts, the worker's and its fetchers' memory reclaimed only after the rest, memory.low (none: 512M; negative: off)"`
 }
 
 // ReclaimConfig is when idle sandboxes' memory is taken back.
 type ReclaimConfig struct {
-	IdleAfter time.Duration `mapstructure:"idle_after"`
-	KSM       bool          `mapstructure:"ksm"`
-	Pressure  float64       `mapstructure:"pressure"`
+	IdleAfter time.Duration `mapstructure:"idle_after" doc:"a sandbox in which no command started or ended for this long has its page cache reclaimed (0: 10m; negative: never)"`
+	KSM       bool          `mapstructure:"ksm" doc:"mark every sandbox's anonymous memory mergeable by KSM (the host must run ksmd)"`
+	Pressure  float64       `mapstructure:"pressure" doc:"at this memory pressure, PSI some avg10 in percent, batch sandboxes' memory is reclaimed, then they are frozen until it passes (0: 20; negative: never)"`
 }
 
 // PoolFile is a FnCall pool in the config file.
 type PoolFile struct {
-	Size      int      `mapstructure:"size"`
-	Backend   string   `mapstructure:"backend"`
-	Base      string   `mapstructure:"base"`
-	Workspace string   `mapstructure:"workspace"`
-	Toolkit   string   `mapstructure:"toolkit"`
-	CPU       float64  `mapstructure:"cpu"`
-	Memory    string   `mapstructure:"memory"`
-	Class     string   `mapstructure:"class"`
-	Policy    string   `mapstructure:"policy"` // a stored policy's name
-	Env       []string `mapstructure:"env"`
-	Workdir   string   `mapstructure:"workdir"`
-	User      string   `mapstructure:"user"`
-	UserNS    bool     `mapstructure:"userns"`
+	Size      int      `mapstructure:"size" doc:"the warm sandboxes the pool keeps"`
+	Backend   string   `mapstructure:"backend" doc:"the backend of its sandboxes: container (none) or microvm"`
+	Base      string   `mapstructure:"base" doc:"the base layer's ref"`
+	Workspace string   `mapstructure:"workspace" doc:"the workspace layer's ref"`
+	Toolkit   string   `mapstructure:"toolkit" doc:"the toolkit layer's ref"`
+	CPU       float64  `mapstructure:"cpu" doc:"CPUs (0: no limit)"`
+	Memory    string   `mapstructure:"memory" type:"size" doc:"the memory limit (none: the worker's default)"`
+	Class     string   `mapstructure:"class" doc:"the scheduling class: latency (none) or batch"`
+	Policy    string   `mapstructure:"policy" doc:"a stored policy's name"`
+	Env       []string `mapstructure:"env" doc:"environment variables, NAME=VALUE"`
+	Workdir   string   `mapstructure:"workdir" doc:"the commands' working directory"`
+	User      string   `mapstructure:"user" doc:"the user commands run as: a name, a uid or uid:gid (none: root)"`
+	UserNS    bool     `mapstructure:"userns" doc:"run each sandbox in a user namespace of its own"`
 }
 
 // CacheConfig is how this host mounts lazily fetched layers.
 type CacheConfig struct {
-	MaxBytes    int64 `mapstructure:"max_bytes"`     // the whole host cache; 0: unbounded
-	ReadAheadKB int   `mapstructure:"read_ahead_kb"` // the kernel's read-ahead on each mount
+	MaxBytes    int64 `mapstructure:"max_bytes" type:"size" doc:"the budget of the host cache of lazily mounted layers (0: unbounded)"`
+	ReadAheadKB int   `mapstructure:"read_ahead_kb" doc:"the kernel's read-ahead on each lazy mount, in KiB, 0 to 1024 (what it reads ahead may cost a fetch)"`
 	// KeepMounted: how long a layer stays mounted after its last sandbox.
-	KeepMounted time.Duration `mapstructure:"keep_mounted"`
+	KeepMounted time.Duration `mapstructure:"keep_mounted" doc:"how long a layer stays mounted after its last sandbox goes, so that the next finds it mounted and cached (0: unmounted at once)"`
 }
 
 // maxReadAheadKB bounds cache.read_ahead_kb: a window's worth.
@@ -422,43 +424,51 @@ variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 	return root
 }
 
+// configFlags are the keys the global flags of the same names set, and
+// their defaults.
+var configFlags = []string{"root", "log-level", "log-format", "progress", "host", "tls-ca"}
+
+// configDefaults are the defaults of the other keys the loader knows,
+// and so the keys DSEC_* variables reach (a key it does not know comes
+// from the config file alone); gen-docs writes them into
+// docs/reference/config.md. Zero is the worker's default where the
+// key's doc tag says one.
+var configDefaults = map[string]any{
+	"remote": "", "remotes": map[string]string{}, "listen": []string{}, "admin_token_file": "",
+	"token": "", "client-cert": "", "client-key": "", "tls.cert": "", "tls.key": "", "tls.client_ca": "",
+	"cache.max_bytes": 0, "cache.read_ahead_kb": defaultReadAheadKB, "cache.keep_mounted": "30s", "exec.max_output": 0,
+	"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
+	"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0,
+	"admission.disk_floor": "", "admission.inode_floor": int64(0), "admission.uppers_size": "",
+	"admission.worker_memory_min": "", "admission.worker_memory_low": "",
+	"reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
+	"defaults.memory": "", "defaults.pids": int64(0), "defaults.disk": "",
+	"e2b.listen": "", "e2b.domain": "", "e2b.http2": false, "e2b.templates": map[string]any{}, "snap.publish": false,
+	"microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "", "microvm.boot_timeout": "0s",
+	"dns.upstream": []string{}, "dns.min_ttl": "0s", "dns.grace": "0s",
+	"api.max_requests": 0, "api.max_requests_per_token": 0,
+}
+
+// configHooks decode what the config file and DSEC_* variables write
+// as text: sizes, durations, comma-separated lists.
+var configHooks = viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(sizeHook, mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(",")))
+
 // configure resolves the configuration once, before any command runs.
 func (a *app) configure(cmd *cobra.Command) error {
 	v := viper.New()
 	v.SetEnvPrefix("DSEC")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
+	v.SetEnvKeyReplacer(configEnvReplacer)
 	v.AutomaticEnv()
 	flags := cmd.Root().PersistentFlags()
-	for _, name := range []string{"root", "log-level", "log-format", "progress", "host", "tls-ca"} {
+	for _, name := range configFlags {
 		f := flags.Lookup(name)
 		v.SetDefault(name, f.DefValue)
 		if err := v.BindPFlag(name, f); err != nil {
 			return err
 		}
 	}
-	v.SetDefault("remote", "")
-	for _, k := range []string{"token", "client-cert", "client-key", "tls.cert", "tls.key", "tls.client_ca", "admin_token_file"} {
-		v.SetDefault(k, "")
-	}
-	v.SetDefault("listen", []string{})
-	v.SetDefault("dns.upstream", []string{})
-	v.SetDefault("e2b.listen", "")
-	v.SetDefault("e2b.domain", "")
-	v.SetDefault("e2b.http2", false)
-	v.SetDefault("snap.publish", false)
-	v.SetDefault("e2b.templates", map[string]any{})
-	v.SetDefault("cache.max_bytes", 0)
-	v.SetDefault("cache.read_ahead_kb", defaultReadAheadKB)
-	v.SetDefault("cache.keep_mounted", "30s")
-	v.SetDefault("exec.max_output", 0)
-	v.SetDefault("remotes", map[string]string{})
-	// Zero: the worker's default. Known keys, so DSEC_* variables reach them.
-	for k, zero := range map[string]any{"admission.cpu_overcommit": 0.0, "admission.memory_overcommit": 0.0, "admission.host_reserve": "",
-		"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0, "reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
-		"admission.disk_floor": "", "admission.inode_floor": int64(0), "defaults.memory": "", "defaults.pids": int64(0),
-		"defaults.disk": "", "admission.uppers_size": "", "admission.worker_memory_min": "", "admission.worker_memory_low": "", "microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "",
-		"microvm.boot_timeout": "0s", "dns.min_ttl": "0s", "dns.grace": "0s", "api.max_requests": 0, "api.max_requests_per_token": 0} {
-		v.SetDefault(k, zero)
+	for k, d := range configDefaults {
+		v.SetDefault(k, d)
 	}
 	file, explicit := configFile(flags)
 	if explicit {
@@ -477,8 +487,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 		}
 		from = "DSEC_* variables (no config file at " + file + ")"
 	}
-	hooks := viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(sizeHook, mapstructure.StringToTimeDurationHookFunc(), mapstructure.StringToSliceHookFunc(",")))
-	if err := v.UnmarshalExact(&a.cfg, hooks); err != nil {
+	if err := v.UnmarshalExact(&a.cfg, configHooks); err != nil {
 		return usageError{configError(from, err)}
 	}
 	if ra := a.cfg.Cache.ReadAheadKB; ra < 0 || ra > maxReadAheadKB {
@@ -532,7 +541,7 @@ func configError(from string, err error) error {
 			strings.TrimSuffix(from, " or DSEC_* variables"), keys)
 	}
 	if key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "'"), "' "); ok {
-		env := "DSEC_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+		env := configEnv(key)
 		if v := os.Getenv(env); v != "" {
 			return fmt.Errorf("%s=%s: %s", env, v, rest)
 		}

@@ -27,12 +27,14 @@ func init() { extraCommands = append(extraCommands, (*app).docsCommand) }
 var docsDate = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 
 // docsCommand writes man pages and shell completions from the command
-// tree and the policy schema from the api types; `make docs` runs it and `make test` fails when its output differs
-// from what is committed.
+// tree, the policy schema from the api types, and the references under
+// docs/reference (docs_reference.go): the CLI's, the configuration's and
+// the API's; `make docs` runs it and `make test` fails when its output
+// differs from what is committed.
 func (a *app) docsCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:    "gen-docs DIR",
-		Short:  "Write man pages to DIR/man, completions to DIR/completions and the policy schema to DIR/docs",
+		Short:  "Write man pages to DIR/man, completions to DIR/completions, the policy schema and the references to DIR/docs",
 		Hidden: true,
 		Args:   exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -42,6 +44,7 @@ func (a *app) docsCommand() *cobra.Command {
 			// differ between machines: describe them instead.
 			pf := root.PersistentFlags()
 			pf.Lookup("root").DefValue = "/var/lib/dsec as root, $XDG_DATA_HOME/dsec otherwise"
+			described := map[string]bool{"root": true}
 			man := filepath.Join(args[0], "man", "man1")
 			comp := filepath.Join(args[0], "completions")
 			for _, d := range []string{man, comp} {
@@ -63,7 +66,17 @@ func (a *app) docsCommand() *cobra.Command {
 					return fmt.Errorf("completion %s: %w", name, err)
 				}
 			}
-			return writeSchema(filepath.Join(args[0], "docs", "policy.schema.json"))
+			if err := writeSchema(filepath.Join(args[0], "docs", "policy.schema.json")); err != nil {
+				return err
+			}
+			ref := filepath.Join(args[0], "docs", "reference")
+			if err := writeCLIReference(root, filepath.Join(ref, "cli")); err != nil {
+				return err
+			}
+			if err := writeConfigReference(root, described, filepath.Join(ref, "config.md")); err != nil {
+				return err
+			}
+			return writeAPIReference("api", filepath.Join(ref, "api.md"))
 		},
 	}
 }
