@@ -11,7 +11,7 @@ APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs pytho
 	qemu-system-x86 xz-utils openssl iproute2 umoci
 FUZZTIME ?= 60s
 
-.PHONY: all deps cluster-deps cluster-tools image kernel build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench fuzz clean
+.PHONY: all deps cluster-deps cluster-tools image kernel build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench bench-table fuzz clean
 
 all: build
 
@@ -160,7 +160,14 @@ test: deps kernel vet check-docs check-proto image cluster-tools
 
 BENCH_PKGS := pv debootstrap runc containerd
 
+# bench runs every figure next to its baseline; each script records what it
+# prints in bench/results.json (scripts/bench-lib.sh, through
+# scripts/benchtable), and the table at the top of BENCHMARKS.md is
+# rendered from that file last. bench-table renders it alone (no benchmark
+# runs); the benchtable tests fail when it is stale.
+bench: export BENCHTABLE := $(CURDIR)/bin/benchtable
 bench: build
+	$(GO) build -o bin/benchtable ./scripts/benchtable
 	@missing=""; for p in $(BENCH_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
@@ -179,6 +186,10 @@ bench: build
 	./scripts/bench-gateway.sh
 	./scripts/bench-vmsnap.sh
 	./scripts/bench-image.sh
+	bin/benchtable render
+
+bench-table:
+	$(GO) run ./scripts/benchtable render
 
 fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTar$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 3s ./internal/layer

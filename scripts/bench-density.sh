@@ -10,6 +10,8 @@
 #  4. Density: idle stateful sandboxes (a resident sleep, 2 MiB written) at 1 CPU requested each under
 #     a 500x CPU overcommit, up to BENCH_DENSITY_N (default 1000) or the 2 GiB memory reserve.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-density: needs root (cgroups, namespaces): skipped" >&2; exit 0; }
 n=${BENCH_N:-100}
 # The test worker starts sandboxes' inits from dsec-init, as make build's dsecd does (the test binary
@@ -52,3 +54,34 @@ printf '%-58s %7s MiB\n' "  its own processes' PSS (the sleep)" "$(metric "$dens
 printf '%-58s %7s MiB\n' "  the init's PSS" "$(metric "$dens" init-pss-MiB/sandbox)"
 printf '%-58s %7s MiB\n' "  charged to its memory cgroup" "$(metric "$dens" charged-MiB/sandbox)"
 printf '%-58s %7s ms\n' "  start (create + first exec), serial" "$(metric "$dens" start-ms/sandbox)"
+
+bench_record --id density-fncall --area Density --unit ms \
+	--title "FnCall: a warm call vs an exec in a running sandbox, p50" \
+	--value "$(metric "$fn" call-p50-ms)" --baseline "$(metric "$fn" exec-p50-ms)" --baseline-what "exec in a running sandbox" \
+	--ratio "$(ratio "$(metric "$fn" call-p50-ms)" "$(metric "$fn" exec-p50-ms)")" --target "<= +2 ms" --target-text "overhead <= 2 ms"
+for p in p50 p99; do
+	bench_record --id "density-interference-$p" --area Density --unit ms \
+		--title "exec into a latency-class sandbox with 50% CPU of batch load vs alone, $p" \
+		--value "$(metric "$intf" batch-load-$p-ms)" --baseline "$(metric "$intf" alone-$p-ms)" --baseline-what alone \
+		--ratio "$(ratio "$(metric "$intf" batch-load-$p-ms)" "$(metric "$intf" alone-$p-ms)")" --target "<= 1.10x"
+done
+bench_record --id density-interference-off-p50 --area Density --unit ms \
+	--title "the same load without classes (the mapping off) vs alone, p50" \
+	--value "$(metric "$intf" unmapped-load-p50-ms)" --baseline "$(metric "$intf" alone-p50-ms)" --baseline-what alone \
+	--ratio "$(ratio "$(metric "$intf" unmapped-load-p50-ms)" "$(metric "$intf" alone-p50-ms)")"
+bench_record --id density-spare-init --area Density --unit ms \
+	--title "a spare init's start p50 with 2,000 more host mounts vs none (inits from dsec-init)" \
+	--value "$(metric "$spare" mounts2000-p50-ms)" --baseline "$(metric "$spare" bare-p50-ms)" --baseline-what "no more host mounts" \
+	--ratio "$(ratio "$(metric "$spare" mounts2000-p50-ms)" "$(metric "$spare" bare-p50-ms)")"
+bench_record --id density-sandboxes --area Density --unit sandboxes \
+	--title "idle stateful sandboxes started, at 1 CPU requested each" \
+	--value "$(metric "$dens" sandboxes)" --target ">= 1000"
+bench_record --id density-overcommit --area Density --unit x \
+	--title "CPU overcommit at 1 CPU requested each" \
+	--value "$(metric "$dens" cpu-overcommit)" --target ">= 500"
+bench_record --id density-memory --area Density --unit MiB \
+	--title "host memory per idle sandbox beyond its own processes" \
+	--value "$(metric "$dens" overhead-MiB/sandbox)" --target "<= 5 MiB"
+bench_record --id density-start --area Density --unit ms \
+	--title "start per sandbox (create + first exec), serial, while they accumulate" \
+	--value "$(metric "$dens" start-ms/sandbox)"

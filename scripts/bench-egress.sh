@@ -5,6 +5,8 @@
 # 64 MiB), and DNS answers through the sandbox's resolver (which keeps answers for their TTL) versus the upstream asked
 # directly.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-egress: needs root (cgroups, network namespaces): skipped" >&2; exit 0; }
 DSEC_INIT=$(realpath "${DSEC_INIT:-bin/dsec-init}")
 export DSEC_INIT
@@ -27,3 +29,16 @@ printf '%-66s %9s ms %9s ms %8s\n' "DNS answer p99: the sandbox's resolver (its 
 	"$(metric dns-direct-p99-ms)" "$(ratio "$(metric dns-worker-p99-ms)" "$(metric dns-direct-p99-ms)")"
 printf '%-66s %9s ms %9s ms %8s\n' "DNS answer p50, names never asked: the sandbox's resolver vs upstream" "$(metric dns-miss-worker-p50-ms)" \
 	"$(metric dns-miss-direct-p50-ms)" "$(ratio "$(metric dns-miss-worker-p50-ms)" "$(metric dns-miss-direct-p50-ms)")"
+
+eg() { # id title value-metric baseline-metric baseline-what unit [flags]
+	local id=$1 title=$2 v b what=$5 unit=$6
+	v=$(metric "$3"); b=$(metric "$4"); shift 6
+	bench_record --id "egress-$id" --area "Domain rules" --title "$title" --unit "$unit" \
+		--value "$v" --baseline "$b" --baseline-what "$what" --ratio "$(ratio "$v" "$b")" "$@"
+}
+eg fast-ttfb "HTTPS time to first byte p50, by name: the fast path vs direct" fast-ttfb-p50-ms direct-ttfb-p50-ms "direct (a CIDR rule)" ms --target "<= 1.2x"
+eg proxy-ttfb "HTTPS time to first byte p50, by name: through the proxy vs direct" proxy-ttfb-p50-ms direct-ttfb-p50-ms "direct (a CIDR rule)" ms
+eg fast-throughput "one connection's throughput: the fast path vs direct" fast-MiB/s direct-MiB/s "direct (a CIDR rule)" MiB/s --target ">= 0.8x"
+eg proxy-throughput "one connection's throughput: through the proxy vs direct" proxy-MiB/s direct-MiB/s "direct (a CIDR rule)" MiB/s
+eg dns-cached "DNS answer p50, one name again: the sandbox's resolver (its cache) vs the upstream" dns-worker-p50-ms dns-direct-p50-ms "the upstream asked directly" ms
+eg dns-miss "DNS answer p50, names never asked: the sandbox's resolver vs the upstream" dns-miss-worker-p50-ms dns-miss-direct-p50-ms "the upstream asked directly" ms

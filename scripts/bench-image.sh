@@ -4,6 +4,8 @@
 # (Debian's containerd, overlayfs snapshotter, unpacked) into a fresh root, alternating; wall time, bytes written,
 # bytes kept on disk.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-image: needs root (mounts, containerd): skipped" >&2; exit 0; }
 n=${BENCH_N:-3}
 metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
@@ -18,6 +20,16 @@ printf '%-44s %9s MB %9s MB %8s %s\n' "bytes written" "$(metric "$r" dsec-writte
 	"$(ratio "$(metric "$r" dsec-written-MB)" "$(metric "$r" ctr-written-MB)")" "<= 0.5x"
 printf '%-44s %9s MB %9s MB %8s\n' "bytes kept on disk" "$(metric "$r" dsec-disk-MB)" "$(metric "$r" ctr-disk-MB)" \
 	"$(ratio "$(metric "$r" dsec-disk-MB)" "$(metric "$r" ctr-disk-MB)")"
+im() { # id title value-metric baseline-metric baseline-what unit [flags]
+	local id=$1 title=$2 v b what=$5 unit=$6
+	v=$(metric "$r" "$3"); b=$(metric "$r" "$4"); shift 6
+	bench_record --id "image-$id" --area "Images from registries" --title "$title" --unit "$unit" \
+		--value "$v" --baseline "$b" --baseline-what "$what" --ratio "$(ratio "$v" "$b")" "$@"
+}
+ctr="\`ctr images pull\` (containerd 1.6, unpacked)"
+im import-time "a three-layer image from a registry on 127.0.0.1: \`dsec image pull\`, time" dsec-s ctr-s "$ctr" s --target "<= 0.7x"
+im import-written "the same: bytes written" dsec-written-MB ctr-written-MB "$ctr" MB --target "<= 0.5x"
+im import-kept "the same: bytes kept on disk" dsec-disk-MB ctr-disk-MB "$ctr" MB
 
 # 20 images built as SWE-bench's (one Debian root and one toolchain layer shared, an environment layer of 8 of 30
 # packages and a repository layer each): what the store keeps against the registry's listed sizes and the unique content.
@@ -29,3 +41,5 @@ printf '%-44s %10s MB %8s\n' "their compressed sizes, summed per image" "$(metri
 printf '%-44s %10s MB\n' "the registry's blobs (du)" "$(metric "$r" registry-MB)"
 printf '%-44s %10s MB %8s %s\n' "unique file content" "$(metric "$r" unique-MB)" \
 	"$(ratio "$(metric "$r" stored-MB)" "$(metric "$r" unique-MB)")" "<= 1.1x"
+im swe-unique "20 SWE-bench-like images in one store: what the store keeps vs their unique file content" stored-MB unique-MB "the unique file content" MB --target "<= 1.1x"
+im swe-listed "the same: what the store keeps vs their compressed sizes, summed per image" stored-MB listed-MB "the sizes a registry lists" MB

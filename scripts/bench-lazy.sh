@@ -9,6 +9,8 @@
 # to stand for a shared store across a network; tar's download gets the same latency and bandwidth (pv -L).
 # Every run starts cold: host cache removed, page cache dropped.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-lazy: needs root (mount, drop_caches): skipped" >&2; exit 0; }
 dsec=$(realpath "${1:-bin/dsec}")
 runs=${BENCH_RUNS:-3}
@@ -77,6 +79,7 @@ step() {
 }
 pctof() { awk -v a="$1" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}'; }
 step "$work/host1" bench/debian:1 "$step1" --record
+path_pct=$(pctof "$fetched")
 printf '1. agent step on a %s MiB Debian base, path-order layout: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%; step %s ms)\n' \
 	"$(mb "$total")" "$(mb "$fetched")" "$(pctof "$fetched")" "$(mb "$meta")" "$(mb "$readb")" "$(pctof "$readb")" "$ms"
 for i in $(seq 100); do [ -e "$work/host1/cache/"*/access ] && break; sleep 0.1; done # the fetcher saves the record as it exits
@@ -85,12 +88,18 @@ DSEC_ROOT=$work/host1 "$dsec" layer profile bench/debian:1 -o "$work/step.profil
 "$dsec" layer push bench/debian:2 "$shared" >/dev/null 2>&1
 hot=$("$dsec" layer inspect bench/debian:2 --json | awk '/"hot"/ {h=1} h && /"size"/ {gsub(/[^0-9]/, ""); print; exit}')
 step "$work/host1b" bench/debian:2 "$step1"
+bench_record --id lazy-step-fetched --area "Lazy loading" --unit % \
+	--title "an agent step (python, git, gcc) on the Debian base: share of the image fetched, the layer ordered by the step's recorded profile" \
+	--value "$(pctof "$fetched")" --baseline "$path_pct" --baseline-what "path-order layout" --target "<= 5%"
 printf '   ordered by the step'"'"'s profile (%s files, hot region %s MiB): fetched %s MiB = %s%% (the kernel read %s MiB = %s%%; step %s ms)\n' \
 	"$(wc -l <"$work/step.profile")" "$(mb "$hot")" "$(mb "$fetched")" "$(pctof "$fetched")" "$(mb "$readb")" "$(pctof "$readb")" "$ms"
 step "$work/host1c" bench/debian:1 "$step2"; f2=$fetched; m2=$ms
 step "$work/host1d" bench/debian:2 "$step2"
 printf '   another step (other modules, git commit, math.h, -O0), not the profiled one: path order %s MiB = %s%% (%s ms), ordered %s MiB = %s%% (%s ms)\n' \
 	"$(mb "$f2")" "$(pctof "$f2")" "$m2" "$(mb "$fetched")" "$(pctof "$fetched")" "$ms"
+bench_record --id lazy-step-other --area "Lazy loading" --unit % \
+	--title "another step (other modules, git commit, math.h, -O0): share fetched, the layer ordered by the first step's profile" \
+	--value "$(pctof "$fetched")" --baseline "$(pctof "$f2")" --baseline-what "path-order layout" --target "<= 5%"
 printf '   (cache.read_ahead_kb=%s, the same for the recorded run and the replays)\n' "${DSEC_CACHE_READ_AHEAD_KB:-16}"
 
 # --- 2. workspace provisioning
@@ -111,11 +120,19 @@ for i in $(seq "$runs"); do
 	DSEC_ROOT=$work/host2-$i "$dsec" layer umount "$d"
 done
 m() { printf '%s\n' "$@" | median; }
+faster=$(awk -v a="$(m "${tt[@]}")" -v b="$(m "${dt[@]}")" 'BEGIN{printf "%.1f", a/b}')
+fewer=$(awk -v a="$(m "${tw[@]}")" -v b="$(m "${dw[@]}")" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')
 printf '2. workspace of %s MB (tar.gz %s MB), per sandbox, to ready + first command:\n' "$wsize" "$(du -m "$work/ws.tar.gz" | cut -f1)"
 printf '   tar xzf: %s ms, %s MiB written | dsec lazy mount: %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
-	"$(m "${tt[@]}")" "$(mb "$(m "${tw[@]}")")" "$(m "${dt[@]}")" "$(mb "$(m "${dw[@]}")")" \
-	"$(awk -v a="$(m "${tt[@]}")" -v b="$(m "${dt[@]}")" 'BEGIN{printf "%.1f", a/b}')" \
-	"$(awk -v a="$(m "${tw[@]}")" -v b="$(m "${dw[@]}")" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')"
+	"$(m "${tt[@]}")" "$(mb "$(m "${tw[@]}")")" "$(m "${dt[@]}")" "$(mb "$(m "${dw[@]}")")" "$faster" "$fewer"
+bench_record --id lazy-workspace-time --area "Lazy loading" --unit ms \
+	--title "a $wsize MB workspace to ready + first command, per sandbox (median of $runs)" \
+	--value "$(m "${dt[@]}")" --baseline "$(m "${tt[@]}")" --baseline-what "fetch + tar xzf" \
+	--ratio-of baseline/dsec --ratio "$faster" --target ">= 10x" --target-text ">= 10x faster"
+bench_record --id lazy-workspace-writes --area "Lazy loading" --unit MiB \
+	--title "the same: bytes written to the local disk" \
+	--value "$(mb "$(m "${dw[@]}")")" --baseline "$(mb "$(m "${tw[@]}")")" --baseline-what "fetch + tar xzf" \
+	--ratio-of baseline/dsec --ratio "$fewer" --target ">= 20x" --target-text "<= 1/20 of the writes"
 
 # --- 3. burst of 64 distinct layers
 n=${BENCH_BURST:-64}
@@ -144,7 +161,17 @@ burst() { # $1: lazy or full
 }
 burst lazy; lt=$bt; lw=$bw_
 burst full; ft=$bt; fw=$bw_
+lsize=$(mb "$(stat -c %s "$work/builder/store/blobs/sha256/$("$dsec" layer inspect bench/burst1:1 --json | sed -n 's/.*"digest": "sha256:\([0-9a-f]*\)".*/\1/p' | head -1)")")
+faster=$(awk -v a="$ft" -v b="$lt" 'BEGIN{printf "%.1f", a/b}')
+fewer=$(awk -v a="$fw" -v b="$lw" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')
 printf '3. burst of %s cold mounts + first command (%s MiB layers): lazy %s ms, %s MiB written | pull then mount %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
-	"$n" "$(mb "$(stat -c %s "$work/builder/store/blobs/sha256/$("$dsec" layer inspect bench/burst1:1 --json | sed -n 's/.*"digest": "sha256:\([0-9a-f]*\)".*/\1/p' | head -1)")")" \
-	"$lt" "$(mb "$lw")" "$ft" "$(mb "$fw")" "$(awk -v a="$ft" -v b="$lt" 'BEGIN{printf "%.1f", a/b}')" "$(awk -v a="$fw" -v b="$lw" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')"
+	"$n" "$lsize" "$lt" "$(mb "$lw")" "$ft" "$(mb "$fw")" "$faster" "$fewer"
+bench_record --id lazy-burst-time --area "Lazy loading" --unit ms \
+	--title "$n distinct $lsize MiB workspace layers mounted at once + first command" \
+	--value "$lt" --baseline "$ft" --baseline-what "\`dsec layer pull\` + local mount" \
+	--ratio-of baseline/dsec --ratio "$faster" --target ">= 3x" --target-text ">= 3x faster"
+bench_record --id lazy-burst-writes --area "Lazy loading" --unit MiB \
+	--title "the same: bytes written to the local disk" \
+	--value "$(mb "$lw")" --baseline "$(mb "$fw")" --baseline-what "\`dsec layer pull\` + local mount" \
+	--ratio-of baseline/dsec --ratio "$fewer" --target ">= 5x" --target-text "<= 1/5 of the writes"
 printf 'remote: dir: store on the same disk, emulated with DSEC_EMULATE_REMOTE=%s\n' "$DSEC_EMULATE_REMOTE"

@@ -20,6 +20,8 @@
 #  4. a 10 GiB disk quota (the upper on its own loop-mounted ext4 image) vs none: create to first exec
 #     done, and to removal, alternating in one loop through the SDK.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-policy: needs root (cgroups, BPF, namespaces): skipped" >&2; exit 0; }
 n=${BENCH_N:-100}
 metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
@@ -56,7 +58,36 @@ for q in p50 p99; do
 	printf '%-52s %8s ms %8s ms %8s\n' "create to first exec $q: default limits vs none" "$(metric "$defs" "defaults-$q-ms")" \
 		"$(metric "$defs" "unlimited-$q-ms")" "$(ratio "$(metric "$defs" "defaults-$q-ms")" "$(metric "$defs" "unlimited-$q-ms")")"
 done
+added=$(awk -v d="$(metric "$bound" added-p50-ms)" 'BEGIN { printf "%+.2f", d }')
 printf '%-52s %8s ms %8s ms %8s\n' "create to first exec p50: default disk bound vs none" "$(metric "$bound" bound-p50-ms)" \
-	"$(metric "$bound" dir-p50-ms)" "$(awk -v d="$(metric "$bound" added-p50-ms)" 'BEGIN { printf "%+.2f ms", d }')"
+	"$(metric "$bound" dir-p50-ms)" "$added ms"
 printf '%-52s %8s ms %8s ms %8s\n' "create, exec, remove p50: default disk bound vs none" "$(metric "$bound" bound-rm-p50-ms)" \
 	"$(metric "$bound" dir-rm-p50-ms)" "$(ratio "$(metric "$bound" bound-rm-p50-ms)" "$(metric "$bound" dir-rm-p50-ms)")"
+
+bench_record --id policy-connect --area Policies --unit ns \
+	--title "connect(), 1,000-entry egress allowlist vs no policy" \
+	--value "$guarded" --baseline "$none" --baseline-what "no policy" --ratio "$(ratio "$guarded" "$none")" --target "<= 1.05x"
+bench_record --id policy-apply --area Policies --unit ms \
+	--title "policy apply on a running sandbox (1,000 rules and one, in turn), p50" \
+	--value "$(metric "$apply" apply-p50-ms)" --baseline "$(metric "$apply" recreate-p50-ms)" --baseline-what "a new sandbox under the new policy" \
+	--ratio "$(ratio "$(metric "$apply" apply-p50-ms)" "$(metric "$apply" recreate-p50-ms)")"
+bench_record --id policy-deny-set --area Policies --unit ns \
+	--title "connect(), the deny set's entries vs the allowlist alone" \
+	--value "$(metric "$deny" ns/connect-denyset)" --baseline "$(metric "$deny" ns/connect-allowlist)" --baseline-what "the allowlist alone" \
+	--ratio "$(ratio "$(metric "$deny" ns/connect-denyset)" "$(metric "$deny" ns/connect-allowlist)")" --target "<= 1.05x"
+bench_record --id policy-devices --area Policies --unit ms \
+	--title "create to first exec p50, a sandbox starting its own init: device allowlist vs none" \
+	--value "$(metric "$devs" devices-p50-ms)" --baseline "$(metric "$devs" none-p50-ms)" --baseline-what "no device allowlist" \
+	--ratio-of dsec-baseline --ratio "$(metric "$devs" added-p50-ms)" --target "<= +0.3 ms"
+bench_record --id policy-default-limits --area Policies --unit ms \
+	--title "create to first exec p50 through the SDK: the default memory and pids limits vs none" \
+	--value "$(metric "$defs" defaults-p50-ms)" --baseline "$(metric "$defs" unlimited-p50-ms)" --baseline-what "no limits" \
+	--ratio-of dsec-baseline --target "<= +0.5 ms"
+bench_record --id policy-disk-bound --area Policies --unit ms \
+	--title "create to first exec p50: the default disk bound (a btrfs subvolume under quota) vs a directory upper" \
+	--value "$(metric "$bound" bound-p50-ms)" --baseline "$(metric "$bound" dir-p50-ms)" --baseline-what "a directory upper" \
+	--ratio-of dsec-baseline --ratio "$added" --target "<= +0.5 ms"
+bench_record --id policy-disk-quota --area Policies --unit ms \
+	--title "create to first exec p50: a 10 GiB disk quota (a loop-mounted ext4 image) vs none" \
+	--value "$(metric "$disk" first-exec-disk-p50-ms)" --baseline "$(metric "$disk" first-exec-p50-ms)" --baseline-what "no quota" \
+	--ratio "$(ratio "$(metric "$disk" first-exec-disk-p50-ms)" "$(metric "$disk" first-exec-p50-ms)")"

@@ -10,6 +10,8 @@
 # without a CLI process per step; and the SDK's create figures again through a worker that does not keep
 # layers mounted between sandboxes (the last two rows compare those two, not runc).
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-run: needs root (namespaces, mounts): skipped" >&2; exit 0; }
 dsec=$(realpath "${1:-bin/dsec}")
 n=${BENCH_N:-100}
@@ -106,3 +108,29 @@ for m in first-exec with-rm; do
 		"$(metric "$m-p50-ms" "$unkept")" "$(metric "$m-p99-ms" "$unkept")" "$(ratio "$(metric "$m-p50-ms")" "$(metric "$m-p50-ms" "$unkept")")"
 done
 printf 'serial rate, run --rm true: dsec %s/s, runc %s/s\n' "$(rate "$work/dsec_run.b2b.total")" "$(rate "$work/runc_run.b2b.total")"
+
+p50() { pct 50 <"$work/$1"; }
+runc_what="runc \`run\` of the same tree"
+bench_record --id sandbox-run-rm --area Sandboxes --unit ms \
+	--title "\`run --rm true\` through the CLI, create to exit, runs 50 ms apart, p50" \
+	--value "$(p50 dsec_run.2)" --baseline "$(p50 runc_run.2)" --baseline-what "$runc_what" \
+	--ratio "$(ratio "$(p50 dsec_run.2)" "$(p50 runc_run.2)")" --target "<= 0.25x" --target-text "<= 0.25x of runc's"
+bench_record --id sandbox-run-rm-b2b --area Sandboxes --unit ms \
+	--title "\`run --rm true\` through the CLI, back to back, p50" \
+	--value "$(p50 dsec_run.b2b)" --baseline "$(p50 runc_run.b2b)" --baseline-what "$runc_what" \
+	--ratio "$(ratio "$(p50 dsec_run.b2b)" "$(p50 runc_run.b2b)")"
+bench_record --id sandbox-sdk-first-exec --area Sandboxes --unit ms \
+	--title "SDK: create to first exec done, p50" \
+	--value "$(metric first-exec-p50-ms)" --baseline "$(p50 runc_run.2)" --baseline-what "$runc_what" \
+	--ratio "$(ratio "$(metric first-exec-p50-ms)" "$(p50 runc_run.2)")" --target "<= 0.25x" --target-text "<= 0.25x of runc's"
+bench_record --id sandbox-exec-cli --area Sandboxes --unit ms \
+	--title "\`exec true\` into a running sandbox through the CLI, p50" \
+	--value "$(p50 dsec_exec)" --baseline "$(p50 runc_exec)" --baseline-what "runc \`exec\`" \
+	--ratio "$(ratio "$(p50 dsec_exec)" "$(p50 runc_exec)")"
+bench_record --id sandbox-exec-sdk --area Sandboxes --unit ms \
+	--title "SDK: \`exec true\` into a running sandbox, p50" \
+	--value "$(metric exec-p50-ms)" --baseline "$(p50 runc_exec)" --baseline-what "runc \`exec\`" \
+	--ratio "$(ratio "$(metric exec-p50-ms)" "$(p50 runc_exec)")"
+bench_record --id sandbox-serial-rate --area Sandboxes --unit /s \
+	--title "serial \`run --rm true\` rate (back to back)" \
+	--value "$(rate "$work/dsec_run.b2b.total")" --baseline "$(rate "$work/runc_run.b2b.total")" --baseline-what "runc \`run\`"

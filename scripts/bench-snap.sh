@@ -7,6 +7,8 @@
 #  2. K=16 branches: `dsec snap branch S -n 16` then one `dsec exec NAME -- true` in each, all at once,
 #     until all 16 answered. Baseline: 16 sandboxes made by copying the rootfs (cp -a), the copies alone.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 [ "$(id -u)" = 0 ] || { echo "bench-snap: needs root (namespaces, mounts): skipped" >&2; exit 0; }
 dsec=$(realpath "${1:-bin/dsec}")
 work=${BENCH_DIR:-$PWD/.bench-snap}
@@ -34,7 +36,14 @@ for mb in 1 10 100; do
 	"$dsec" exec "p$mb" -- sh -c "mkdir -p /root/data && for i in \$(seq $mb); do head -c 1048576 /dev/urandom > /root/data/f\$i; done"
 	t0=$(now); out=$("$dsec" snap pack-diff "p$mb" -t "p$mb:1" --json); t1=$(now)
 	frozen=$(awk -F': ' '/"frozen_seconds"/ {gsub(/,/, "", $2); printf "%.1f", $2 * 1000}' <<<"$out")
-	printf '%-40s %10s %12s   %s\n' "pack-diff ${mb} MB (frozen ${frozen} ms)" "$(ms "$t0" "$t1")" "$full" "$(ratio "$(ms "$t0" "$t1")" "$full")"
+	took=$(ms "$t0" "$t1")
+	printf '%-40s %10s %12s   %s\n' "pack-diff ${mb} MB (frozen ${frozen} ms)" "$took" "$full" "$(ratio "$took" "$full")"
+	target=()
+	[ "$mb" != 10 ] || target=(--target "< 200 ms")
+	bench_record --id "snap-pack-$mb" --area "Snapshots and branching" --unit ms \
+		--title "\`snap pack-diff\` of $mb MB of changes (the sandbox frozen $frozen ms)" \
+		--value "$took" --baseline "$full" --baseline-what "\`dsec layer build\` of the whole base" \
+		--ratio "$(ratio "$took" "$full")" "${target[@]}"
 done
 
 # K branches of a snapshot with 10 MB of changes, until each answered an exec.
@@ -53,3 +62,7 @@ t1=$(now)
 copies=$(ms "$t0" "$t1")
 rm -rf "$work/copies"
 printf '%-40s %10s %12s   %s\n' "$k branches answering an exec" "$branch" "$copies" "$(ratio "$branch" "$copies")"
+bench_record --id snap-branch --area "Snapshots and branching" --unit ms \
+	--title "\`snap branch -n $k\` of a snapshot to all $k branches answering an exec" \
+	--value "$branch" --baseline "$copies" --baseline-what "$k \`cp -a\` copies of the base and \`sync\`" \
+	--ratio "$(ratio "$branch" "$copies")" --target "< 500 ms"

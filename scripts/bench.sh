@@ -9,6 +9,8 @@
 # writeback or block discards. dsec's figure includes the sha256 digest, the
 # window table, fsync and the store commit; mkfs.erofs and tar do none of it.
 set -euo pipefail
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 dsec=$(realpath "${1:-bin/dsec}")
 runs=${BENCH_RUNS:-5}
 src=${BENCH_TREE:-/usr/local/go}
@@ -64,3 +66,14 @@ for mode in $modes; do
 	row $mode "dsec layer build TREE.tar.gz" dsec_tgz "tar xzf" untar_tgz
 done
 printf 'image size: dsec %s bytes, mkfs.erofs %s bytes (dsec never inlines file tails: metadata stays data-free)\n' "$size_dsec" "$size_mkfs"
+for mode in $modes; do
+	bench_record --id "layer-build-dir-$mode" --area "Layer build" --unit ms \
+		--title "\`dsec layer build DIR\` vs \`mkfs.erofs IMG DIR\`, $mode cache, median of $runs" \
+		--value "$(m "$mode".dsec_dir)" --baseline "$(m "$mode".mkfs_dir)" --baseline-what mkfs.erofs \
+		--ratio-of baseline/dsec --ratio "$(ratio "$(m "$mode".mkfs_dir)" "$(m "$mode".dsec_dir)")" \
+		--target ">= 1.5x" --target-text ">= 1.5x faster than mkfs.erofs"
+	bench_record --id "layer-build-tgz-$mode" --area "Layer build" --unit ms \
+		--title "\`dsec layer build TREE.tar.gz\` vs \`tar xzf\`, $mode cache, median of $runs" \
+		--value "$(m "$mode".dsec_tgz)" --baseline "$(m "$mode".untar_tgz)" --baseline-what "tar xzf" \
+		--ratio-of baseline/dsec --ratio "$(ratio "$(m "$mode".untar_tgz)" "$(m "$mode".dsec_tgz)")"
+done
