@@ -330,53 +330,12 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `dsec builds environments as independently versioned EROFS layers (base, workspace,
 toolkit), keeps them in a content-addressed store, and runs stateful sandboxes on them.
 
-All state lives under --root. Settings come from flags, then DSEC_* environment variables
-(DSEC_ROOT, DSEC_LOG_LEVEL, DSEC_LOG_FORMAT, DSEC_PROGRESS, DSEC_REMOTE), then the config file
-(--config, DSEC_CONFIG, default ` + "`/etc/dsec/config.yaml`" + ` as root or ~/.config/dsec/config.yaml), whose keys
-are root, log-level, log-format, progress, remote (the default remote), remotes (a map of names
-to dir:///PATH or oci://HOST[:PORT]/REPOSITORY URLs), cache.max_bytes (DSEC_CACHE_MAX_BYTES:
-the budget of the host cache of lazily mounted layers), cache.read_ahead_kb (16: the kernel's
-read-ahead on each lazy mount; what it reads ahead may cost a fetch), cache.keep_mounted (30s: how long
-a layer stays mounted after its last sandbox goes, so the next one finds it mounted and cached; 0:
-unmounted at once), the worker's admission control
-(admission.cpu_overcommit, default 50; admission.memory_overcommit, 1; admission.host_reserve,
-1G: the host's memory less it bounds every sandbox together, in the kernel; admission.max_creating, 4; admission.queue_timeout, 1m; admission.spares, 2: sandbox
-inits kept started ahead of need, negative: none; admission.primed, 1: sandboxes kept made ahead on the
-last create's layers, negative: none; admission.disk_floor, 1G, and admission.inode_floor, 10000: creates
-are refused, exit 10, while the root's file system, or the one sandboxes write to, has less free; negative: none;
-admission.uppers_size: the size of the file system all sandboxes without --disk write to, together, made
-once under the root, default its free space less 1G; admission.worker_memory_min, 128M, and admission.worker_memory_low,
-512M: on cgroup2 hosts the worker's and its fetchers' memory protected in a group of their own, memory.min and memory.low,
--1: off), idle reclaim (reclaim.idle_after,
-10m, negative: never; reclaim.ksm, false; reclaim.pressure, 20: at this memory pressure, PSI some avg10 in percent,
-batch sandboxes' memory is reclaimed, then they are frozen until it passes; negative: never), the limits of a sandbox that asks for none (defaults.memory,
-2G, or unlimited; defaults.pids, 4096, -1: none; defaults.disk, 10G, or unlimited), what the journal keeps of
-a command's output (exec.max_output, 64M: stdout and stderr together, lowered to the sandbox's disk bound; what
-passes it is dropped and the result says so) snapshots (snap.publish, false: push each
-snapshot a worker packs to its remote before the pack is answered, so a fleet's workers sharing that remote
-branch one another's snapshots) and FnCall pools (pools.NAME.size, .backend, .base,
-.workspace, .toolkit, .cpu, .memory, .class, .policy, .env, .workdir, .userns), the worker's TCP API
-(listen: addresses tcp://HOST:PORT; tls.cert, tls.key, tls.client_ca: see dsec daemon; admin_token_file: a file
-holding an admin token it takes besides the root's, never written there, as a fleet's workers and gateways share one
-from a Kubernetes Secret; api.max_requests, 4096, and
-api.max_requests_per_token, 1024: the requests it serves at once over TCP and from its E2B front, in all and of one
-token, past which they are answered busy), its E2B front (e2b.listen:
-HOST:PORT; e2b.domain; e2b.templates.NAME.layers, .image, .cpu, .memory, .disk, .pids, .policy, .backend, .class,
-.env, .workdir, .userns: see dsec daemon; e2b.image_metadata_keys, [image]: the create metadata keys that name an
-image; e2b.http2, false: offer HTTP/2 over TLS, which the E2B SDKs then multiplex over a few connections, at ~5% more
-per request than HTTP/1.1), how images are pulled (registries.platform: OS/ARCH[/VARIANT] taken from a multi-platform image, default
-this host's; registries.insecure: HOST[:PORT]s spoken to over plain HTTP, beside those on loopback, which always
-are; registries.mirrors: a list of {registry, hosts}, the hosts asked first for that registry's images; credentials as docker login left them, or DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD), the microvm backend (microvm.kernel: the guest kernel's
-directory, default bin/microvm beside dsecd or PREFIX/lib/dsec/microvm, which make kernel and make install
-fill; microvm.accel: auto, kvm or tcg; microvm.qemu: QEMU's binary; microvm.agent: the guest's static dsec-init;
-microvm.boot_timeout: 10s under KVM, 90s under TCG), the resolvers of sandboxes with domain rules (dns.upstream:
-the servers they ask, default the host's; dns.min_ttl, 30s: the least a learned address stays allowed; dns.grace,
-30s: added to each answer's TTL) and, on a client of a
-worker elsewhere, host (DSEC_HOST, --host: tcp://HOST:PORT), token (DSEC_TOKEN: dsec token create makes one
-on the worker's host), tls-ca (DSEC_TLS_CA, --tls-ca: the CA its certificate is checked against; TLS is
-used with one, with a client certificate, and off loopback) and client-cert, client-key (DSEC_CLIENT_CERT,
-DSEC_CLIENT_KEY: for a worker that asks for one); unknown keys are an error. Every scalar key has a DSEC_*
-variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
+All state lives under --root. Settings come from flags, then DSEC_* environment variables, then
+the config file (--config, DSEC_CONFIG, default /etc/dsec/config.yaml as root or
+~/.config/dsec/config.yaml), then the defaults; unknown keys are an error. Every key, its type,
+default and variable: docs/reference/config.md in dsec's source tree.
+
+The help topics below (dsec help TOPIC) each name the page of docs/ that covers a task.
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
@@ -416,6 +375,7 @@ variable: DSEC_ADMISSION_CPU_OVERCOMMIT, ...
 		help(c, args)
 	})
 	root.AddCommand(a.versionCommand())
+	root.AddCommand(helpTopics()...)
 	root.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(a.fullCommands()...)
 	for _, c := range extraCommands {

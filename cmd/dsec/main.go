@@ -56,8 +56,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 //     arguments) are made to.
 func execute(ctx context.Context, root *cobra.Command, args []string) error {
 	root.InitDefaultCompletionCmd(args...) // as Execute does, earlier: to reach its validators
-	for _, c := range allCommands(root) {
-		if refuse := c.Args; refuse != nil {
+	if c, _, err := root.Find(args); err == nil {
+		if refuse := c.Args; refuse != nil { // the command args name, alone: the others do not run
 			c.Args = func(cmd *cobra.Command, args []string) error {
 				err := refuse(cmd, args)
 				if err != nil && !isUsage(err) {
@@ -74,15 +74,6 @@ func execute(ctx context.Context, root *cobra.Command, args []string) error {
 		}
 	}
 	return err
-}
-
-// allCommands is root and every command under it.
-func allCommands(root *cobra.Command) []*cobra.Command {
-	all := []*cobra.Command{root}
-	for _, c := range root.Commands() {
-		all = append(all, allCommands(c)...)
-	}
-	return all
 }
 
 // errNeedFull: the client build met input only the complete binary

@@ -59,6 +59,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			env.Setenv("DSEC_PYTHON", python)
 			e2bTests, _ := filepath.Abs("../../internal/e2b/testdata") // the E2B SDK's, for e2b.txtar
 			env.Setenv("DSEC_E2B_TESTS", e2bTests)
+			e2bExamples, _ := filepath.Abs("../../examples/e2b") // for e2b_example.txtar
+			env.Setenv("DSEC_E2B_EXAMPLES", e2bExamples)
 			clean, _ := filepath.Abs("../../scripts/clean.sh") // make clean's, for stop.txtar
 			env.Setenv("DSEC_CLEAN", clean)
 			env.Defer(func() {
