@@ -81,7 +81,7 @@ build: deps kernel
 	CGO_ENABLED=0 $(GO) build -trimpath -tags front -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/dsec
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(INIT_BIN) ./cmd/dsec-init
 
-# install puts the binaries (dsec finds dsecd beside it, dsecd dsec-init), the man pages,
+# install puts the binaries (dsec finds dsecd beside it, dsecd dsec-init), the man pages, the docs,
 # the completions and the worker's systemd unit under DESTDIR/PREFIX.
 PREFIX ?= /usr/local
 install: build
@@ -92,6 +92,8 @@ install: build
 	install -D -m 0644 completions/dsec.zsh $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_dsec
 	install -D -m 0644 completions/dsec.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/dsec.fish
 	install -D -m 0644 contrib/systemd/dsec.service $(DESTDIR)$(PREFIX)/lib/systemd/system/dsec.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/dsec && mkdir -p $(DESTDIR)$(PREFIX)/share/doc/dsec && \
+		cp -a README.md docs $(DESTDIR)$(PREFIX)/share/doc/dsec/
 	rm -rf $(DESTDIR)$(PREFIX)/lib/dsec/microvm && mkdir -p $(DESTDIR)$(PREFIX)/lib/dsec && cp -a bin/microvm $(DESTDIR)$(PREFIX)/lib/dsec/microvm
 
 # docs-bin is dsec with the gen-docs command (the gendocs build tag), which

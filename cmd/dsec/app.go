@@ -76,6 +76,11 @@ type Config struct {
 type SnapConfig struct {
 	// Publish pushes each to the remote before the pack is answered.
 	Publish bool `mapstructure:"publish" doc:"push each snapshot the worker packs to its remote before the pack is answered, so that a fleet's workers sharing that remote branch one another's snapshots"`
+	// The bounds of a pack-diff that asks for none; a request may lower
+	// them, only an admin's raise them.
+	MaxBytes   int64 `mapstructure:"max_bytes" type:"size" doc:"the most file data a pack-diff packs (0: 64G); a request's --max-bytes may lower it, only an admin's raise it"`
+	MaxEntries int   `mapstructure:"max_entries" doc:"the most paths a pack-diff packs (0: 2097152); a request may lower it, only an admin's raise it"`
+	MaxDepth   int   `mapstructure:"max_depth" doc:"the deepest directory nesting a pack-diff packs (0: 256); a request may lower it, only an admin's raise it"`
 }
 
 // GatewayConfig is dsec gateway's: where it listens and its workers.
@@ -331,8 +336,8 @@ func (a *app) rootCommand() *cobra.Command {
 toolkit), keeps them in a content-addressed store, and runs stateful sandboxes on them.
 
 All state lives under --root. Settings come from flags, then DSEC_* environment variables, then
-the config file (--config, DSEC_CONFIG, default /etc/dsec/config.yaml as root or
-~/.config/dsec/config.yaml), then the defaults; unknown keys are an error. Every key, its type,
+the config file (--config, DSEC_CONFIG, default /etc/dsec/config.yaml as root,
+$XDG_CONFIG_HOME/dsec/config.yaml otherwise), then the defaults; unknown keys are an error. Every key, its type,
 default and variable: docs/reference/config.md in dsec's source tree.
 
 The help topics below (dsec help TOPIC) each name the page of docs/ that covers a task.
@@ -374,6 +379,7 @@ The help topics below (dsec help TOPIC) each name the page of docs/ that covers 
 		}
 		help(c, args)
 	})
+	root.SetHelpCommand(helpCommand())
 	root.AddCommand(a.versionCommand())
 	root.AddCommand(helpTopics()...)
 	root.AddCommand(a.sandboxCommands()...)
@@ -404,6 +410,7 @@ var configDefaults = map[string]any{
 	"reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
 	"defaults.memory": "", "defaults.pids": int64(0), "defaults.disk": "",
 	"e2b.listen": "", "e2b.domain": "", "e2b.http2": false, "e2b.templates": map[string]any{}, "snap.publish": false,
+	"snap.max_bytes": 0, "snap.max_entries": 0, "snap.max_depth": 0,
 	"microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "", "microvm.boot_timeout": "0s",
 	"dns.upstream": []string{}, "dns.min_ttl": "0s", "dns.grace": "0s",
 	"api.max_requests": 0, "api.max_requests_per_token": 0,
@@ -476,6 +483,7 @@ func (a *app) configure(cmd *cobra.Command) error {
 	default:
 		return usageError{fmt.Errorf("bad log format %q: use text or json", a.cfg.LogFormat)}
 	}
+	slog.SetDefault(a.log) // what packages log on their own goes the same way
 	switch a.cfg.Progress {
 	case "auto", "always", "never":
 	default:
@@ -497,7 +505,7 @@ func configError(from string, err error) error {
 		if where = strings.Trim(where, "'"); where != "" {
 			keys += " under " + where
 		}
-		return fmt.Errorf("%s: unknown keys %s (known keys: root, log-level, log-format, progress, remote, remotes, cache.*, admission.*, reclaim.*, defaults.*, exec.*, pools.NAME.*)",
+		return fmt.Errorf("%s: unknown keys %s (dsec help config lists every key)",
 			strings.TrimSuffix(from, " or DSEC_* variables"), keys)
 	}
 	if key, rest, ok := strings.Cut(strings.TrimPrefix(msg, "'"), "' "); ok {
@@ -637,6 +645,9 @@ func (a *app) versionCommand() *cobra.Command {
 				}{version, w})
 			}
 			fmt.Fprintln(a.stdout, version)
+			if w == nil {
+				fmt.Fprintln(a.stderr, "dsec: no worker serves this root: the limits it holds sandboxes to and the host features it lacks show once one runs (dsec daemon, or any command that needs it)")
+			}
 			if w != nil && w.Limits != nil {
 				l := w.Limits
 				fmt.Fprintf(a.stdout, "worker %s (pid %d): all sandboxes together %s and %d pids (the host keeps %s), %s of disk; each by default %s, %d pids and %s of disk\n",

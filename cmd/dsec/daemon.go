@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
+	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -124,6 +125,7 @@ func (a *app) runDaemon(cmd *cobra.Command, f daemonFlags) error {
 		KeepLayers:       a.cfg.Cache.KeepMounted,
 		MaxOutput:        a.cfg.Exec.MaxOutput,
 		PublishSnapshots: a.cfg.Snap.Publish,
+		SnapLimits:       snap.Limits{MaxBytes: a.cfg.Snap.MaxBytes, MaxEntries: a.cfg.Snap.MaxEntries, MaxDepth: a.cfg.Snap.MaxDepth},
 		Listen:           a.cfg.Listen,
 		TLS:              worker.TLS{Cert: a.cfg.TLS.Cert, Key: a.cfg.TLS.Key, ClientCA: a.cfg.TLS.ClientCA},
 		MaxRequests:      a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,

@@ -1,6 +1,46 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// helpCommand is cobra's help command, but a topic or command it does
+// not know is a usage error (exit 2), not a message and exit 0.
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command or topic]",
+		Short: "Help about any command or topic",
+		Long:  "Help prints the help of any command (dsec help snap branch) or topic (dsec help policies).",
+		ValidArgsFunction: func(c *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			cmd, _, err := c.Root().Find(args)
+			if err != nil {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			var names []string
+			for _, sub := range cmd.Commands() {
+				if (sub.IsAvailableCommand() || sub.IsAdditionalHelpTopicCommand()) && strings.HasPrefix(sub.Name(), toComplete) {
+					names = append(names, sub.Name())
+				}
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || cmd == nil || len(rest) > 0 {
+				return usageError{fmt.Errorf("no command or help topic %q: dsec help lists them", strings.Join(args, " "))}
+			}
+			if cmd.Context() == nil { // its help reads the settings, as cobra's help does
+				cmd.SetContext(c.Context())
+			}
+			cmd.InitDefaultHelpFlag()
+			cmd.InitDefaultVersionFlag()
+			return cmd.Help()
+		},
+	}
+}
 
 // helpTopics are dsec help TOPIC: a task's page of docs/, in a line or
 // two (cobra lists them as additional help topics; they run nothing).
@@ -37,7 +77,7 @@ func helpTopics() []*cobra.Command {
 	out := make([]*cobra.Command, len(topics))
 	for i, t := range topics {
 		out[i] = &cobra.Command{Use: t.name, Short: t.short,
-			Long: t.long + "\n\nThe page: docs/" + t.page + " in dsec's source tree."}
+			Long: t.long + "\n\nThe page: docs/" + t.page + " in dsec's source tree (make install puts docs/ in\nPREFIX/share/doc/dsec, /usr/local/share/doc/dsec by default)."}
 	}
 	return out
 }

@@ -40,6 +40,9 @@ func openSource(src string, stdin io.Reader) (*source, error) {
 		return &source{kind: "tar", close: func() {},
 			add: func(ctx context.Context, w *erofs.Writer, p Progress) error { return addTar(ctx, w, br, p) }}, nil
 	}
+	if src == "" {
+		return nil, fmt.Errorf("the source is an empty argument (an unset variable?): give a directory, a tar, tar.gz or tar.zst file, an image archive or -: %w", errdefs.ErrInvalidArgument)
+	}
 	st, err := os.Stat(src)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("source %s does not exist: give a directory, a tar, tar.gz or tar.zst file, an image archive or -: %w", src, errdefs.ErrNotFound)

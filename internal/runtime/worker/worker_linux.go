@@ -590,7 +590,7 @@ func lockRoot(lock *os.File, root string) error {
 		b, _ := os.ReadFile(filepath.Join(root, "worker.pid"))
 		pid, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 		if perr == nil && pid > 0 && unix.Kill(pid, 0) != unix.ESRCH || time.Now().After(deadline) {
-			return fmt.Errorf("%w (%s, pid %s): %w", ErrRootServed, root, strings.TrimSpace(string(b)), errdefs.ErrAlreadyExists)
+			return fmt.Errorf("%w (%s, pid %s): stop it first (dsec daemon stop), or give another --root: %w", ErrRootServed, root, strings.TrimSpace(string(b)), errdefs.ErrAlreadyExists)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
