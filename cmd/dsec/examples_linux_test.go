@@ -88,7 +88,10 @@ func writeExampleScript(t *testing.T, dir, page, sh, py string) {
 	s.WriteString("mkbusybox base\nexec sh -c 'echo root:x:0:0:root:/root:/bin/sh > base/etc/passwd'\n")
 	s.WriteString("env DSEC_EXAMPLE_BASE=$WORK/base\nmkdir run\ncd run\n")
 	if sh != "" {
-		s.WriteString("exec bash -euo pipefail $WORK/example.sh\n")
+		// In a network namespace of its own, loopback up: the ports a
+		// page listens on (7443 in the TCP examples) are its own, whatever
+		// else the host runs meanwhile.
+		s.WriteString("exec unshare --net -- sh -c 'ip link set lo up && exec bash -euo pipefail \"$0\"' $WORK/example.sh\n")
 	}
 	if py != "" {
 		// The SDK talks to a running worker: a command of dsec starts one.
