@@ -168,9 +168,15 @@ func (g *Gateway) beat(ctx context.Context, n *node) {
 			delete(n.changed, name) // (the list shows it)
 		case !c.made && i >= 0:
 			held = slices.Delete(held, i, i+1)
-		case c.made && i < 0:
+		case c.made:
+			// As its create answered, newer than the list (which may
+			// show it still being made, or not at all).
 			if j := slices.IndexFunc(n.held, func(s api.Sandbox) bool { return s.Name == name }); j >= 0 {
-				held = append(held, n.held[j])
+				if i >= 0 {
+					held[i] = n.held[j]
+				} else {
+					held = append(held, n.held[j])
+				}
 			}
 		}
 	}

@@ -442,7 +442,9 @@ func (w *worker) list(r *http.Request, _ none) ([]api.Sandbox, error) {
 		default:
 			spec := e.spec
 			spec.Policy = nil
-			sb := api.Sandbox{SandboxSpec: spec, Status: e.pending, Created: e.since, Digests: []string{}}
+			// (Its owner's too, while it is made: a gateway counts it in
+			// the token's quota from such a list.)
+			sb := api.Sandbox{SandboxSpec: spec, Owner: e.owner, Status: e.pending, Created: e.since, Digests: []string{}}
 			showMark(&sb, e.purpose)
 			out = append(out, sb)
 		}
