@@ -605,15 +605,19 @@ func (g *Group) escaped() []string {
 
 // rmdir removes a group's directory, and its parent with its last group.
 func rmdir(d string) error {
+	// A just-killed task may linger a moment: on a loaded host, a
+	// SCHED_IDLE one was seen to for over 4 s (every CPU busy at normal
+	// priority), so a group is given 10 s before its removal fails.
 	var err error
-	for i := 0; i < 400; i++ { // a just-killed task may linger a moment (on a loaded host, up to a second or more)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
 			os.Remove(filepath.Dir(d))
 			return nil
 		}
-		time.Sleep(5 * time.Millisecond)
+		if time.Now().After(deadline) {
+			return err
+		}
 	}
-	return err
 }
 
 // AllowDevices holds the group's v1 devices controller, where the host
