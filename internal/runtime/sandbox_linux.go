@@ -197,22 +197,24 @@ func cgroupName(root, id string) string { return driver.GroupName(root, id) }
 // undone: no mount, cgroup or directory is left behind. A worker killed
 // half-way leaves a sandbox in state creating, which Recover removes.
 func (h *Host) Create(ctx context.Context, s Spec) (*Sandbox, error) {
-	if err := api.ValidName(s.Name); err != nil {
-		return nil, err
-	}
-	h.init()
-	return create(ctx, options{Spec: s, Host: h}, h.Primed)
+	return h.create(ctx, s, h.Primed)
 }
 
 // CreateAhead is Create for a sandbox made ahead of need (a pool's): it
 // never takes a primed sandbox, which is for the creates users make
 // next.
 func (h *Host) CreateAhead(ctx context.Context, s Spec) (*Sandbox, error) {
+	return h.create(ctx, s, nil)
+}
+
+// create checks s's name and makes it on h, taking a sandbox p primed
+// if one fits (nil: none).
+func (h *Host) create(ctx context.Context, s Spec, p *Primed) (*Sandbox, error) {
 	if err := api.ValidName(s.Name); err != nil {
 		return nil, err
 	}
 	h.init()
-	return create(ctx, options{Spec: s, Host: h}, nil)
+	return create(ctx, options{Spec: s, Host: h}, p)
 }
 
 // create is Create, for a name already checked; with p, o may take a

@@ -25,6 +25,7 @@ const DefaultParent = "dsec"
 // share nothing but IdleParent; a nil Tree is DefaultParent's, unlimited.
 type Tree struct {
 	parent string
+	m      func() manager // the host's layout for parent, found at first use
 
 	// The limits of the parent: every sandbox together (LimitParent).
 	mu      sync.Mutex
@@ -37,7 +38,7 @@ func NewTree(parent string) *Tree {
 	if parent == "" {
 		parent = DefaultParent
 	}
-	return &Tree{parent: parent, limited: map[string]uint64{}}
+	return &Tree{parent: parent, m: sync.OnceValue(func() manager { return managerFor(parent) }), limited: map[string]uint64{}}
 }
 
 // Parent names t's parent group.
@@ -48,7 +49,14 @@ func (t *Tree) Parent() string {
 	return t.parent
 }
 
-func (t *Tree) manager() manager { return managerFor(t.Parent()) }
+// manager is t's layout, found once at its first use (a nil Tree's at
+// each call).
+func (t *Tree) manager() manager {
+	if t == nil {
+		return managerFor(DefaultParent)
+	}
+	return t.m()
+}
 
 // LimitParent bounds every sandbox of the host together: Parent's
 // memory and pids limits, so that what dsec's groups use together
