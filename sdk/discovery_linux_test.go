@@ -130,3 +130,43 @@ func TestGatewayDiscovery(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayDiscoveryAsksAtOnce: a worker discovered is asked how it
+// is as it joins, not a heartbeat later: with heartbeats an hour apart,
+// it is up, and takes a create, within seconds of being named (a
+// gateway replica's first creates came before its first heartbeat).
+func TestGatewayDiscoveryAsksAtOnce(t *testing.T) {
+	ctx := context.Background()
+	a := startFleetWorker(t)
+	root := t.TempDir()
+	tok, _, err := auth.Open(root).Create(auth.Admin, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := startGatewayWith(t, gateway.Config{Tokens: auth.Open(root), Heartbeat: time.Hour, DownAfter: 5 * time.Second,
+		Discover: func(ctx context.Context, f func([]gateway.Worker)) error {
+			f([]gateway.Worker{{URL: a.url, Token: a.admin, CA: a.ca}})
+			<-ctx.Done()
+			return nil
+		}}, nil, worker.TLS{})
+	c, err := sdk.New(sdk.Options{Host: "tcp://" + addr, Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ns, err := c.Nodes(ctx)
+		if err == nil && len(ns) == 1 && ns[0].Up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker discovered is not up 5 s after it joined: %+v, %v", ns, err)
+		}
+	}
+	sb, err := c.Create(ctx, api.SandboxSpec{Layers: []string{"ws:1", "bb:1"}, Memory: 64 << 20})
+	if err != nil {
+		t.Fatalf("a create once the worker joined: %v", err)
+	}
+	if err := sb.Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+}

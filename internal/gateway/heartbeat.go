@@ -91,13 +91,21 @@ func (g *Gateway) Run(ctx context.Context) {
 }
 
 // start heartbeats n every Heartbeat once Run runs (under joining),
-// until n leaves the fleet or Run's context ends.
+// until n leaves the fleet or Run's context ends. A worker never asked
+// yet (one discovered) is asked at once: a create a moment after it
+// joins may go there, not wait a heartbeat for it.
 func (g *Gateway) start(n *node) {
 	if g.ctx == nil {
 		return
 	}
 	ctx := g.ctx
 	g.beating.Go(func() {
+		n.mu.Lock()
+		asked := !n.seen.IsZero() || n.err != nil
+		n.mu.Unlock()
+		if !asked {
+			g.beat(ctx, n)
+		}
 		tick := time.NewTicker(g.cfg.Heartbeat)
 		defer tick.Stop()
 		for {
