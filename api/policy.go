@@ -19,6 +19,7 @@ type Policy struct {
 	Syscalls   *SyscallPolicy  `json:"syscalls,omitempty"`
 	Network    *NetworkPolicy  `json:"network,omitempty"`
 	Resources  *ResourcePolicy `json:"resources,omitempty"`
+	Grading    *GradingPolicy  `json:"grading,omitempty"`
 }
 
 // PolicyMetadata names a policy.

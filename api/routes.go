@@ -101,6 +101,8 @@ var Routes = []Route{
 		Summary: "Pack a running sandbox's changes into a snapshot layer (pack-diff)"},
 	{Method: "POST", Path: "/v1/branches", Request: "BranchRequest", Response: "[]Sandbox", Status: 201,
 		Summary: "Start N sandboxes on one snapshot: every one or none"},
+	{Method: "POST", Path: "/v1/sandboxes/{name}/grade", Request: "GradeRequest", Response: "Grade", Status: 200,
+		Summary: "Grade a sandbox in a fresh one: only what the carry rules take of its changes, with a tamper report"},
 	{Method: "GET", Path: "/v1/snapshots", Query: "name=REF (that snapshot alone)", Response: "[]SnapshotNode", Status: 200,
 		Summary: "The snapshots' lineage DAG"},
 	{Method: "DELETE", Path: "/v1/snapshots/{ref...}", Query: "force=1 (one something stands on too)", Status: 204,

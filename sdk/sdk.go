@@ -21,6 +21,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -645,6 +647,26 @@ func (s *Sandbox) PackDiff(ctx context.Context, req api.PackRequest) (api.Snapsh
 	b, _ := json.Marshal(req)
 	var out api.Snapshot
 	return out, s.c.do(ctx, "POST", s.path("/snapshots"), bytes.NewReader(b), &out)
+}
+
+// Grade grades the sandbox in a fresh one (api.GradeRequest): the
+// grader's layers over what the carry rules take of its changes over
+// its own layers, with no network and none of its processes. The
+// answer holds the grader's exit code, output and JSON result, and a
+// tamper report of what the grade left out. A retry with the same
+// req.ID answers what the first answered; the sandbox runs on.
+func (s *Sandbox) Grade(ctx context.Context, req api.GradeRequest) (*api.Grade, error) {
+	if req.ID == "" {
+		var b [8]byte
+		rand.Read(b[:])
+		req.ID = "grade-" + hex.EncodeToString(b[:]) // (a retry of this call is the same grade)
+	}
+	b, _ := json.Marshal(req)
+	var out api.Grade
+	if err := s.c.do(ctx, "POST", s.path("/grade"), bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // ApplyPolicy applies a policy to the sandbox (req.Policy, or the one

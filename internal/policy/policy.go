@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/grade"
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/units"
 )
@@ -166,6 +167,18 @@ func Validate(p *api.Policy) error {
 				return bad("resources.disk", "%q: give bytes, or a number with K, M, G or T", r.Disk)
 			} else if d < api.MinDisk {
 				return bad("resources.disk", "%s is too small: give at least %d MiB", r.Disk, api.MinDisk>>20)
+			}
+		}
+	}
+	if g := p.Grading; g != nil {
+		if len(g.Carry) > 0 {
+			if _, err := grade.Parse(g.Carry, g.Never); err != nil {
+				return bad("grading", "%v", strings.TrimSuffix(err.Error(), ": invalid argument"))
+			}
+		}
+		if g.MaxFileBytes != "" {
+			if n, err := units.ParseBytes(g.MaxFileBytes); err != nil || n <= 0 {
+				return bad("grading.maxFileBytes", "%q: give bytes, or a number with K, M, G or T", g.MaxFileBytes)
 			}
 		}
 	}

@@ -43,7 +43,7 @@ const (
 func ofPool(name string) purpose { return purpose(name) }
 
 // warm says whether it is a pool's sandbox (the admin's, made ahead).
-func (p purpose) warm() bool { return p != forUser && p != forCall && p != forRun }
+func (p purpose) warm() bool { return p != forUser && p != forCall && p != forRun && p != forGrade }
 
 // listed says whether the sandbox is listed without all=1: a user's or
 // a run's.

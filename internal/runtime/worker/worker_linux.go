@@ -470,6 +470,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{name}/snapshots", handle(w.packDiff))
 	mux.HandleFunc("/v1/sandboxes/{name}/ports/{port}/{path...}", w.port)
 	mux.HandleFunc("POST /v1/branches", handle(w.branch))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/grade", handle(w.grade))
 	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
 	mux.HandleFunc("POST /v1/squash", adminOnly("squash snapshots", handle(w.squash)))
