@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dsec-project/dsec/api"
-	"github.com/dsec-project/dsec/internal/grade"
 	"github.com/dsec-project/dsec/internal/egress"
+	"github.com/dsec-project/dsec/internal/grade"
 	"github.com/dsec-project/dsec/internal/units"
 )
 
