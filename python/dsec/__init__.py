@@ -18,12 +18,12 @@ InvalidArgument, LimitExceeded, all DsecError.
 """
 
 from . import aio
-from ._wire import (Busy, CommandFailed, Conflict, DataLoss, DsecError, ExecResult, InfraError, InvalidArgument,
+from ._wire import (Busy, CommandFailed, Conflict, DataLoss, DsecError, ExecResult, Grade, InfraError, InvalidArgument,
                     LimitExceeded, NotFound, NotImplementedByWorker, Output, PermissionDenied, PolicyReport, SandboxInfo,
                     Snapshot, Unauthorized, WrongState)
 from .client import Client, ExecStream, Sandbox
 
-__all__ = ["Client", "Sandbox", "ExecStream", "ExecResult", "Output", "Snapshot", "SandboxInfo", "PolicyReport", "aio",
+__all__ = ["Client", "Sandbox", "ExecStream", "ExecResult", "Output", "Snapshot", "Grade", "SandboxInfo", "PolicyReport", "aio",
            "DsecError", "InfraError", "NotFound", "Conflict", "WrongState", "Unauthorized", "PermissionDenied", "Busy",
            "InvalidArgument", "LimitExceeded", "NotImplementedByWorker", "DataLoss", "CommandFailed"]
 

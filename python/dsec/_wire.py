@@ -227,6 +227,52 @@ class Snapshot:
 
 
 @dataclass
+class Grade:
+    """A grade's answer (api.Grade): the grader's exit code, output and JSON
+    result, what was carried, and the tamper report of what was not."""
+
+    id: str
+    sandbox: str = ""
+    exit_code: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    result: Any = None  # the JSON the grader wrote, decoded; None: it wrote none
+    result_error: str = ""
+    timed_out: bool = False
+    carried: Dict[str, Any] = field(default_factory=dict)  # digest, paths, bytes
+    tamper: Dict[str, Any] = field(default_factory=dict)  # processes, groups, paths (api.TamperReport)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> "Grade":
+        return cls(id=d.get("id", ""), sandbox=d.get("sandbox", ""), exit_code=d.get("exit_code", 0), stdout=d.get("stdout", ""),
+                   stderr=d.get("stderr", ""), result=d.get("result"), result_error=d.get("result_error", ""),
+                   timed_out=d.get("timed_out", False), carried=dict(d.get("carried") or {}), tamper=dict(d.get("tamper") or {}),
+                   raw=dict(d))
+
+
+def grade_request(grader: Sequence[str], args: Sequence[str], carry: Optional[Sequence[str]], id: Optional[str], env: "Env",
+                  cwd: Optional[str], user: Optional[str], timeout: Optional[int], result: Optional[str]) -> Dict[str, Any]:
+    """An api.GradeRequest; a fresh id when none is given, so that a retry
+    of the same call is the same grade."""
+    if isinstance(grader, str):
+        grader = [grader]
+    req: Dict[str, Any] = {"id": id or "grade-" + os.urandom(8).hex(), "grader": list(grader), "args": list(args)}
+    if carry:
+        req["carry"] = list(carry)
+    if env is not None:
+        req["env"] = env_list(env)
+    for k, v in (("cwd", cwd), ("user", user), ("timeout", timeout), ("result", result)):
+        if v:
+            req[k] = v
+    return req
+
+
+@dataclass
 class PolicyReport:
     """What applying a policy to a running sandbox did (api.PolicyReport)."""
 

@@ -17,7 +17,7 @@ import json
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire
-from ._wire import DsecError, Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target
+from ._wire import DsecError, Env, ExecResult, Grade, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target
 
 _Conn = Tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -322,6 +322,13 @@ class Sandbox:
         if memory:
             req["memory"] = True
         return Snapshot.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    async def grade(self, grader: Sequence[str], args: Sequence[str], carry: Optional[Sequence[str]] = None, id: Optional[str] = None,
+                    env: Env = None, cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[int] = None,
+                    result: Optional[str] = None) -> Grade:
+        """Grade the sandbox in a fresh one; see Sandbox.grade of dsec.Client."""
+        return Grade.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/grade"),
+                                                _wire.grade_request(grader, args, carry, id, env, cwd, user, timeout, result)))
 
     async def apply_policy(self, policy: Union[str, Mapping[str, Any]], reset: bool = False) -> PolicyReport:
         """Apply a policy to the running sandbox: a stored policy's name or a

@@ -13,7 +13,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _wire
-from ._wire import (DsecError, Env, ExecResult, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target)
+from ._wire import (DsecError, Env, ExecResult, Grade, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target)
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -274,6 +274,20 @@ class Sandbox:
         if memory:
             req["memory"] = True
         return Snapshot.of(self.client._json("POST", _wire.sandbox_path(self.name, "/snapshots"), req))
+
+    def grade(self, grader: Sequence[str], args: Sequence[str], carry: Optional[Sequence[str]] = None, id: Optional[str] = None,
+              env: Env = None, cwd: Optional[str] = None, user: Optional[str] = None, timeout: Optional[int] = None,
+              result: Optional[str] = None) -> Grade:
+        """Grade the sandbox in a fresh one: the grader's layers (grader,
+        topmost first) over what the carry rules (carry, else the policy's
+        grading.carry: absolute globs, "!" to exclude) take of its changes
+        over its own pristine layers, with no network and none of its
+        processes; args run there, $DSEC_GRADE_RESULT the path of the JSON
+        result it may write. The answer has the exit code, output, result
+        and a tamper report of what the grade left out. A retry with the
+        same id answers what the first answered; the sandbox runs on."""
+        return Grade.of(self.client._json("POST", _wire.sandbox_path(self.name, "/grade"),
+                                          _wire.grade_request(grader, args, carry, id, env, cwd, user, timeout, result)))
 
     def apply_policy(self, policy: Union[str, Mapping[str, Any]], reset: bool = False) -> PolicyReport:
         """Apply a policy to the running sandbox: a stored policy's name or a

@@ -176,6 +176,32 @@ def test_remote_rollout(worker):
         sb.inspect()
 
 
+def test_grade(worker, tmp_path):
+    grader = tmp_path / "grader" / "opt" / "grader"
+    grader.mkdir(parents=True)
+    (grader / "grade").write_text('test "$(cat /work/answer)" = 42 && ! test -e /work/tests/hacked && echo \'{"ok": true}\' > "$DSEC_GRADE_RESULT"\n')
+    dsec_cli("layer", "build", str(tmp_path / "grader"), "--kind", "toolkit", "-t", "pygrader:1")
+    c = remote(worker, token())
+    sb = c.create(BASE, name="graded-1")
+    try:
+        sb.exec(["sh", "-c", "mkdir -p /work/tests && echo 42 > /work/answer && touch /work/tests/hacked"])
+        g = sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**", "!/work/tests/**"], id="g-1")
+        assert g.passed and g.result == {"ok": True} and g.carried["paths"] >= 1
+        assert [p["path"] for p in g.tamper["paths"] if p["group"] == "tests"] == ["/work/tests/hacked"]
+        assert sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**"], id="g-1").raw == g.raw  # the same id: the same answer
+        failed = sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**"])  # the hack carried: the grader sees it
+        assert not failed.passed and failed.result is None
+        with pytest.raises(dsec.InvalidArgument):
+            sb.grade(["pygrader:1"], ["true"], carry=["work"])
+
+        async def graded():
+            a = remote(worker, c.target.token, aio=True)
+            return await a.sandbox("graded-1").grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**", "!/work/tests/**"])
+        assert asyncio.run(graded()).passed
+    finally:
+        sb.remove(force=True)
+
+
 def test_apply_policy(worker):
     """A policy applied live: its network rules hold at once, for the
     sandbox's running processes too; reset is passed on; a policy the
