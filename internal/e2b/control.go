@@ -75,6 +75,7 @@ func (s *Server) controlRoutes() *http.ServeMux {
 	h("POST /v2/sandboxes/{id}/connect", s.connect)
 	h("GET /sandboxes/{id}/metrics", s.metrics)
 	h("POST /sandboxes/{id}/fork", s.fork)
+	h("POST /sandboxes/{id}/grade", s.grade)
 	h("POST /sandboxes/{id}/snapshots", s.snapshot)
 	h("GET /snapshots", s.snapshots)
 	h("DELETE /templates/{id}", s.deleteSnapshot)

@@ -123,6 +123,26 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 	return nil
 }
 
+// grade is dsec's extension of E2B's API: POST /sandboxes/{id}/grade
+// grades the sandbox in a fresh one, as dsec grade does (its body an
+// api.GradeRequest, its answer an api.Grade).
+func (s *Server) grade(rw http.ResponseWriter, r *http.Request, c *sdk.Client, _ caller) error {
+	var req api.GradeRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	src, err := inspect(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	g, err := c.Sandbox(src.Name).Grade(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(rw, http.StatusOK, g)
+	return nil
+}
+
 // snapshotInfo is SnapshotInfo: its id is the dsec snapshot's NAME:STEP,
 // which Sandbox.create takes as a template ID.
 type snapshotInfo struct {

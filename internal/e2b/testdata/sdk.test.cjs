@@ -283,6 +283,25 @@ test('createSnapshot and fork: dsec snapshots and branches', async () => {
   }
 })
 
+test("dsec's extension: POST /sandboxes/{id}/grade grades in a fresh sandbox, on only what the carry rules take", async () => {
+  const sbx = await create()
+  await sbx.files.write('/root/answer', '42')
+  await sbx.files.write('/root/check', 'hacked')
+  const grade = (body, key) => fetch(`${process.env.E2B_API_URL}/sandboxes/${sbx.sandboxId}/grade`, {
+    method: 'POST', body: JSON.stringify(body), headers: { 'X-API-KEY': key || process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+  })
+  const req = { grader: ['grader:1'], carry: ['/root/answer'], args: ['sh', '/opt/grader/grade'] }
+  const res = await grade(req)
+  const text = await res.text()
+  assert.equal(res.status, 200, text)
+  const g = JSON.parse(text)
+  assert.equal(g.exit_code, 0, text)
+  assert.ok(g.tamper.paths.some((p) => p.path === '/root/check' && p.change === 'added'), text)
+  assert.equal(await sbx.files.read('/root/check'), 'hacked') // the sandbox as the agent left it
+  assert.equal((await grade(req, process.env.DSEC_E2B_OTHER_KEY)).status, 404)
+  assert.equal((await grade({ ...req, carry: ['root'] })).status, 400)
+})
+
 test('a full host: 429 with Retry-After, which the SDK retries, then RateLimitError', async () => {
   if (!process.env.DSEC_E2B_BIG) return // templates whose CPU requests do not fit together
   const big = await Sandbox.create(process.env.DSEC_E2B_BIG)
