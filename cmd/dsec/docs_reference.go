@@ -557,6 +557,8 @@ func wireTypeOf(pkg *apiPackage, e ast.Expr) (string, error) {
 			return "integer (nanoseconds)", nil
 		case "fs.FileMode":
 			return "integer (Go's fs.FileMode: permission and type bits)", nil
+		case "json.RawMessage":
+			return "any JSON value", nil
 		}
 	}
 	return "", fmt.Errorf("no JSON type for %s: say how it is written in wireTypeOf", types.ExprString(e))
