@@ -159,6 +159,9 @@ func TestGrade(t *testing.T) {
 	if again := grade(t, fixed, "g1"); !sameJSON(again, good) {
 		t.Errorf("a retry of grade g1 answered anew:\n%+v\nthen\n%+v", good, again)
 	}
+	if _, err := fixed.Grade(ctx, api.GradeRequest{ID: "g1", Grader: []string{"grader:1"}, Args: []string{"true"}}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("grade id g1 again with another command: %v, want already exists", err)
+	}
 	if other := grade(t, fixed, "g2"); other.Carried.Digest != good.Carried.Digest || other.ExitCode != 0 {
 		t.Errorf("a second grade of the same changes: carried %s exit %d, the first %s", other.Carried.Digest, other.ExitCode, good.Carried.Digest)
 	}

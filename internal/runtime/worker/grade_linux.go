@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -45,8 +46,38 @@ const (
 var gradeIDRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9_.:@-]{1,128}$`) })
 
 // gradeLocks orders the grades of one id of one sandbox: a retry waits
-// for the grade it repeats and answers what that answered.
-var gradeLocks sync.Map // sandbox id + "/" + grade id -> *sync.Mutex
+// for the grade it repeats and answers what that answered. A key's lock
+// lives while some grade holds or waits for it.
+var gradeLocks = struct {
+	sync.Mutex
+	m map[string]*keyLock
+}{m: map[string]*keyLock{}}
+
+type keyLock struct {
+	sync.Mutex
+	users int
+}
+
+// lockGrade takes key's lock and returns its release.
+func lockGrade(key string) (unlock func()) {
+	gradeLocks.Lock()
+	l := gradeLocks.m[key]
+	if l == nil {
+		l = &keyLock{}
+		gradeLocks.m[key] = l
+	}
+	l.users++
+	gradeLocks.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		gradeLocks.Lock()
+		if l.users--; l.users == 0 {
+			delete(gradeLocks.m, key)
+		}
+		gradeLocks.Unlock()
+	}
+}
 
 func (w *worker) grade(r *http.Request, req api.GradeRequest) (api.Grade, error) {
 	e, err := w.get(r)
@@ -58,22 +89,23 @@ func (w *worker) grade(r *http.Request, req api.GradeRequest) (api.Grade, error)
 	}
 	sb := e.sb
 	st := sb.Current()
-	key := st.ID + "/" + req.ID
-	mu, _ := gradeLocks.LoadOrStore(key, &sync.Mutex{})
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+	defer lockGrade(st.ID + "/" + req.ID)()
 	file := filepath.Join(sb.Dir(), "grades", req.ID+".json")
 	if b, err := os.ReadFile(file); err == nil {
-		var g api.Grade
-		if err := json.Unmarshal(b, &g); err == nil {
-			return g, nil
+		var done gradeDone
+		if err := json.Unmarshal(b, &done); err == nil {
+			if !sameJSON(done.Request, req) {
+				return api.Grade{}, fmt.Errorf("grade id %s graded sandbox %s with another request already (%q): a retry must ask for the same grade; give another --id for another: %w",
+					req.ID, st.Name, strings.Join(done.Request.Args, " "), errdefs.ErrAlreadyExists)
+			}
+			return done.Grade, nil
 		}
 	}
 	g, err := w.gradeOnce(r.Context(), e, st, req)
 	if err != nil {
 		return api.Grade{}, err
 	}
-	b, _ := json.Marshal(g)
+	b, _ := json.Marshal(gradeDone{Request: req, Grade: g})
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err == nil {
 		tmp := file + ".tmp"
 		if os.WriteFile(tmp, b, 0o600) == nil {
@@ -81,6 +113,18 @@ func (w *worker) grade(r *http.Request, req api.GradeRequest) (api.Grade, error)
 		}
 	}
 	return g, nil
+}
+
+// gradeDone is a grade's record: what it was asked and answered.
+type gradeDone struct {
+	Request api.GradeRequest `json:"request"`
+	Grade   api.Grade        `json:"grade"`
+}
+
+func sameJSON(a, b any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
 }
 
 // checkGrade refuses a request that cannot run, and fills its defaults.
