@@ -195,6 +195,9 @@ type SnapshotNode struct {
 	Children    []string `json:"children"`  // snapshots taken over it
 	Branches    []string `json:"branches"`  // sandboxes started on it
 	Sandboxes   []string `json:"sandboxes"` // sandboxes standing on it now
+	// HeldBy are the fork groups and leases holding it ("group ID",
+	// "lease ID"): it goes when they end, unless something stands on it.
+	HeldBy []string `json:"held_by,omitempty"`
 }
 
 // SquashRequest folds the chain of snapshots ending in Snapshot into one

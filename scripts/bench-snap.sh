@@ -66,3 +66,53 @@ bench_record --id snap-branch --area "Snapshots and branching" --unit ms \
 	--title "\`snap branch -n $k\` of a snapshot to all $k branches answering an exec" \
 	--value "$branch" --baseline "$copies" --baseline-what "$k \`cp -a\` copies of the base and \`sync\`" \
 	--ratio "$(ratio "$branch" "$copies")" --target "< 500 ms"
+
+# A fork group of K with a lease against what it replaces: pack-diff then branch, K each answering an exec. Each
+# round changes 1 MB first (a pack needs a change); 3 rounds of each, alternating, the median.
+fork_round() { # $1: fork or pair, $2: round
+	"$dsec" exec p10 -- sh -c "head -c 1048576 /dev/urandom > /root/data/round-$1-$2"
+	local t0 t1 pids=() prefix=pb$2
+	t0=$(now)
+	if [ "$1" = fork ]; then
+		prefix=fk$2
+		"$dsec" snap fork p10 -n "$k" --lease 10m --tag "fk:$2" --name-prefix "$prefix" >/dev/null
+	else
+		"$dsec" snap pack-diff p10 -t "pb:$2" >/dev/null
+		"$dsec" snap branch "pb:$2" -n "$k" --name-prefix "$prefix" >/dev/null
+	fi
+	for i in $(seq "$k"); do "$dsec" exec "$prefix-$i" -- true & pids+=($!); done
+	for p in "${pids[@]}"; do wait "$p"; done
+	t1=$(now)
+	ms "$t0" "$t1"
+}
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+forks=() pairs=()
+for r in 1 2 3; do
+	forks+=("$(fork_round fork "$r")")
+	pairs+=("$(fork_round pair "$r")")
+	"$dsec" ps -q | grep -E "^(fk|pb)$r-" | xargs -r "$dsec" rm -f >/dev/null
+done
+fork=$(printf '%s\n' "${forks[@]}" | median)
+pair=$(printf '%s\n' "${pairs[@]}" | median)
+printf '%-40s %10s %12s   %s\n' "fork of $k with a lease" "$fork" "$pair" "$(ratio "$fork" "$pair")"
+bench_record --id snap-fork --area "Snapshots and branching" --unit ms \
+	--title "\`snap fork -n $k --lease 10m\` to all $k members answering an exec (median of 3)" \
+	--value "$fork" --baseline "$pair" --baseline-what "\`snap pack-diff\` then \`snap branch -n $k\`, the same" \
+	--ratio "$(ratio "$fork" "$pair")" --target "<= 1.1x"
+
+# A grade of the sandbox with 10 MB of changes (carried): the grader's first exec answered, against an exec's own.
+mkdir -p "$work/grader/opt/grader" && echo 'exit 0' > "$work/grader/opt/grader/grade"
+"$dsec" layer build "$work/grader" --kind toolkit -t bench-grader:1 >/dev/null
+grades=() execs=()
+for r in 1 2 3 4 5; do
+	t0=$(now); "$dsec" exec p10 -- true; t1=$(now); execs+=("$(ms "$t0" "$t1")")
+	t0=$(now); "$dsec" grade -q p10 --grader bench-grader:1 --carry '/root/**' -- sh /opt/grader/grade; t1=$(now); grades+=("$(ms "$t0" "$t1")")
+done
+grade=$(printf '%s\n' "${grades[@]}" | median)
+exec1=$(printf '%s\n' "${execs[@]}" | median)
+over=$(awk -v a="$grade" -v b="$exec1" 'BEGIN { printf "%.1f", a - b }')
+printf '%-40s %10s %12s   %s\n' "grade, 10 MB carried (+$over ms)" "$grade" "$exec1" "$(ratio "$grade" "$exec1")"
+bench_record --id grade-first-exec --area "Snapshots and branching" --unit ms \
+	--title "\`dsec grade\` of a sandbox with 10 MB of changes carried, to the grader's exec answered ($over ms over an exec; median of 5)" \
+	--value "$grade" --baseline "$exec1" --baseline-what "\`dsec exec -- true\` in the sandbox" \
+	--ratio "$(ratio "$grade" "$exec1")" --target "<= 100 ms over an exec"

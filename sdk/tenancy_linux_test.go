@@ -522,6 +522,11 @@ func TestTenancy(t *testing.T) {
 				}
 				return &e
 			}},
+			{"grade", func(sb *sdk.Sandbox) error {
+				_, err := sb.Grade(ctx, api.GradeRequest{ID: "g", Grader: []string{"bb:1"}, Carry: []string{"/work/**"}, Args: []string{"true"}})
+				return err
+			}},
+			{"fork", func(sb *sdk.Sandbox) error { _, err := sb.Fork(ctx, api.ForkRequest{N: 1}); return err }},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {
@@ -537,6 +542,47 @@ func TestTenancy(t *testing.T) {
 		if out, _ := run(t, asb, "check", "cat /work/secret"); out != "secret-a\n" {
 			t.Errorf("a's sandbox after b's tries: %q", out)
 		}
+	})
+
+	t.Run("groups and leases", func(t *testing.T) {
+		// A's fork group and lease are A's: B's calls about them answer as
+		// about ids that name nothing, and B's lists do not show them.
+		src, err := a.Create(ctx, api.SandboxSpec{Name: "a-forked", Layers: []string{"bb:1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := src.Fork(ctx, api.ForkRequest{N: 1, TTL: 600})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fakeGroup, fakeLease := "group-"+randHex(12), "lease-"+randHex(12)
+		for _, r := range []struct {
+			name     string
+			id, fake string
+			call     func(id string) error
+		}{
+			{"group", g.ID, fakeGroup, func(id string) error { _, err := b.Group(ctx, id); return err }},
+			{"keep", g.ID, fakeGroup, func(id string) error { _, err := b.KeepMember(ctx, id, g.Members[0].Name); return err }},
+			{"rm group", g.ID, fakeGroup, func(id string) error { _, err := b.RemoveGroup(ctx, id); return err }},
+			{"renew", g.Lease, fakeLease, func(id string) error { _, err := b.RenewLease(ctx, id, 60); return err }},
+			{"rm lease", g.Lease, fakeLease, func(id string) error { _, err := b.RemoveLease(ctx, id); return err }},
+			{"fork under", g.Lease, fakeLease, func(id string) error { _, err := bsb.Fork(ctx, api.ForkRequest{N: 1, Lease: id}); return err }},
+		} {
+			sameAnswer(t, r.name+" of a's", r.call(r.id), r.call(r.fake), r.id, r.fake)
+		}
+		if gs, err := b.Groups(ctx); err != nil || len(gs) != 0 {
+			t.Errorf("b's groups: %+v %v", gs, err)
+		}
+		if ls, err := b.Leases(ctx); err != nil || len(ls) != 0 {
+			t.Errorf("b's leases: %+v %v", ls, err)
+		}
+		if got, err := a.Group(ctx, g.ID); err != nil || got.Members[0].Status != api.StatusRunning {
+			t.Errorf("a's group after b's tries: %+v %v", got, err)
+		}
+		if _, err := a.RemoveLease(ctx, g.Lease); err != nil {
+			t.Fatal(err)
+		}
+		src.Remove(ctx, true)
 	})
 
 	t.Run("admin routes", func(t *testing.T) {

@@ -33,7 +33,7 @@ rm and squash keep it tidy. A snapshot is a layer: dsec layer push, pull and mou
 
 ` + snapNote,
 	}
-	cmd.AddCommand(a.packDiffCommand(), a.branchCommand(), a.restoreCommand(), a.snapLsCommand(), a.snapRmCommand(), a.squashCommand())
+	cmd.AddCommand(a.packDiffCommand(), a.branchCommand(), a.forkCommand(), a.restoreCommand(), a.snapLsCommand(), a.snapRmCommand(), a.squashCommand())
 	return cmd
 }
 
@@ -354,6 +354,9 @@ func (a *app) printTree(nodes []api.SnapshotNode) error {
 		label := name
 		if n != nil {
 			label = fmt.Sprintf("%s  (%s, from %s)", name, humanBytes(n.Size), n.Sandbox)
+			if len(n.HeldBy) > 0 {
+				label += "  held by " + strings.Join(n.HeldBy, ", ")
+			}
 			if drawn[name] {
 				n, label = nil, name+"  (drawn above)"
 			}

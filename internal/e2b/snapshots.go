@@ -85,10 +85,6 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 	if err != nil {
 		return err
 	}
-	tag, err := s.packDiff(r.Context(), c, src, "")
-	if err != nil {
-		return err
-	}
 	from := s.recordOf(src)
 	prefix := newID()
 	now := time.Now().UTC()
@@ -101,7 +97,7 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 		}
 		recs = append(recs, rec)
 	}
-	made, err := c.Branch(r.Context(), api.BranchRequest{Snapshot: tag, N: n, NamePrefix: prefix, Like: src.Name})
+	made, err := s.forkGroup(r.Context(), c, src, n, prefix)
 	if err != nil {
 		for _, rec := range recs {
 			s.records.remove(rec.ID)
@@ -121,6 +117,44 @@ func (s *Server) fork(rw http.ResponseWriter, r *http.Request, c *sdk.Client, wh
 	}
 	writeJSON(rw, http.StatusCreated, out)
 	return nil
+}
+
+// forkGroup forks src into n sandboxes named prefix-1 ...: a fork group
+// of its worker (the snapshot goes once they all do), or, where nothing
+// changed since src's last snapshot, a branch of that one.
+func (s *Server) forkGroup(ctx context.Context, c *sdk.Client, src api.Sandbox, n int, prefix string) ([]*sdk.Sandbox, error) {
+	if err := s.ensureRecord(src); err != nil {
+		return nil, err
+	}
+	if src.Status == api.StatusStopped || src.Status == api.StatusDead {
+		return nil, fmt.Errorf("sandbox %s is paused without its memory (stopped): connect to it first: %w", src.Name, errdefs.ErrFailedPrecondition)
+	}
+	rec, _ := s.records.get(src.Name)
+	tag := snapshotTag("e2b-"+src.Name, rec.Snapshots+1)
+	g, err := c.Sandbox(src.Name).Fork(ctx, api.ForkRequest{N: n, NamePrefix: prefix, Tag: tag})
+	if err == nil {
+		if err := s.records.update(src.Name, func(r *record) { r.Snapshots++ }); err != nil {
+			return nil, err
+		}
+		out := make([]*sdk.Sandbox, len(g.Members))
+		for i, m := range g.Members {
+			out[i] = c.Sandbox(m.Name)
+			info, err := out[i].Inspect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			out[i].Info = info
+		}
+		return out, nil
+	}
+	if src.Status != api.StatusRunning || !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "nothing changed in sandbox") {
+		return nil, err
+	}
+	last := lastSnapshot(ctx, c, src) // that one holds this state (a second fork)
+	if last == "" {
+		return nil, err
+	}
+	return c.Branch(ctx, api.BranchRequest{Snapshot: last, N: n, NamePrefix: prefix, Like: src.Name})
 }
 
 // grade is dsec's extension of E2B's API: POST /sandboxes/{id}/grade

@@ -265,6 +265,10 @@ func (sb *Sandbox) Signal(ctx context.Context, id string, sig syscall.Signal) er
 // ExecCount counts the journaled execs.
 func (sb *Sandbox) ExecCount() int { return sb.journal().Count() }
 
+// LastExec is the id of the exec started last in the sandbox ("":
+// none) and how many it journaled.
+func (sb *Sandbox) LastExec() (id string, n int) { return sb.journal().Last() }
+
 // Commands' oom_score_adj by class: when all sandboxes together reach
 // the host's bound, the kernel kills a batch command before a latency
 // one (a task's badness is its resident pages plus adj thousandths of

@@ -168,6 +168,36 @@ class Client:
             req["spec"] = _wire.spec(**spec)
         return [Sandbox(self, d["name"]) for d in self._json("POST", _wire.path("/branches"), req)]
 
+    def groups(self) -> List[Dict[str, Any]]:
+        """The fork groups this client may see, each member's state and last exec."""
+        return (self._json("GET", _wire.path("/groups"))) or []
+
+    def group(self, id: str) -> Dict[str, Any]:
+        return self._json("GET", _wire.path("/groups/" + _wire.quote(id, safe="")))
+
+    def remove_group(self, id: str) -> Dict[str, Any]:
+        """Remove a group's members, and its snapshot unless something else stands on it."""
+        return self._json("DELETE", _wire.path("/groups/" + _wire.quote(id, safe="")))
+
+    def keep(self, group: str, member: str) -> Dict[str, Any]:
+        """Keep one member of a fork group (the next step's parent) and remove the others."""
+        return self._json("POST", _wire.path("/groups/" + _wire.quote(group, safe="") + "/keep"), {"member": member})
+
+    def create_lease(self, ttl: int) -> Dict[str, Any]:
+        """A lease of ttl seconds, for forks to name (Sandbox.fork(lease=...))."""
+        return self._json("POST", _wire.path("/leases"), {"ttl": int(ttl)})
+
+    def leases(self) -> List[Dict[str, Any]]:
+        return (self._json("GET", _wire.path("/leases"))) or []
+
+    def renew_lease(self, id: str, ttl: int) -> Dict[str, Any]:
+        """Make the lease expire ttl seconds from now."""
+        return self._json("POST", _wire.path("/leases/" + _wire.quote(id, safe="") + "/renew"), {"ttl": int(ttl)})
+
+    def remove_lease(self, id: str) -> Dict[str, Any]:
+        """End the lease now: what it holds is removed, its snapshots untagged unless something else stands on them."""
+        return self._json("DELETE", _wire.path("/leases/" + _wire.quote(id, safe="")))
+
     def snapshots(self) -> List[Dict[str, Any]]:
         """The snapshots this client may see, with their lineage."""
         return self._json("GET", _wire.path("/snapshots")) or []
@@ -288,6 +318,17 @@ class Sandbox:
         same id answers what the first answered; the sandbox runs on."""
         return Grade.of(self.client._json("POST", _wire.sandbox_path(self.name, "/grade"),
                                           _wire.grade_request(grader, args, carry, id, env, cwd, user, timeout, result)))
+
+    def fork(self, n: int, ttl: Optional[int] = None, lease: Optional[str] = None, tag: Optional[str] = None,
+             name_prefix: Optional[str] = None, memory: bool = False) -> Dict[str, Any]:
+        """Snapshot the sandbox and start n sandboxes on it, in one call: a
+        fork group (its "id", "snapshot" and "members"), held by a new lease
+        of ttl seconds, or the lease named, or (neither) until it is removed."""
+        req: Dict[str, Any] = {"n": n}
+        for k, v in (("ttl", ttl), ("lease", lease), ("tag", tag), ("name_prefix", name_prefix), ("memory", memory)):
+            if v:
+                req[k] = v
+        return self.client._json("POST", _wire.sandbox_path(self.name, "/fork"), req)
 
     def apply_policy(self, policy: Union[str, Mapping[str, Any]], reset: bool = False) -> PolicyReport:
         """Apply a policy to the running sandbox: a stored policy's name or a

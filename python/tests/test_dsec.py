@@ -188,7 +188,10 @@ def test_grade(worker, tmp_path):
         g = sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**", "!/work/tests/**"], id="g-1")
         assert g.passed and g.result == {"ok": True} and g.carried["paths"] >= 1
         assert [p["path"] for p in g.tamper["paths"] if p["group"] == "tests"] == ["/work/tests/hacked"]
-        assert sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**"], id="g-1").raw == g.raw  # the same id: the same answer
+        again = sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**", "!/work/tests/**"], id="g-1")
+        assert again.raw == g.raw  # the same id: the same answer
+        with pytest.raises(dsec.Conflict):
+            sb.grade(["pygrader:1"], ["true"], carry=["/work/**"], id="g-1")  # the same id, another grade
         failed = sb.grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**"])  # the hack carried: the grader sees it
         assert not failed.passed and failed.result is None
         with pytest.raises(dsec.InvalidArgument):
@@ -198,6 +201,37 @@ def test_grade(worker, tmp_path):
             a = remote(worker, c.target.token, aio=True)
             return await a.sandbox("graded-1").grade(["pygrader:1"], ["sh", "/opt/grader/grade"], carry=["/work/**", "!/work/tests/**"])
         assert asyncio.run(graded()).passed
+    finally:
+        sb.remove(force=True)
+
+
+def test_fork_lease(worker):
+    c = remote(worker, token())
+    sb = c.create(BASE, name="forked-1")
+    try:
+        sb.exec(["sh", "-c", "echo 5 > /state"])
+        g = sb.fork(2, ttl=600)
+        assert len(g["members"]) == 2 and g["lease"] and g["snapshot"] == "fork-forked-1:1"
+        first, second = (m["name"] for m in g["members"])
+        assert c.sandbox(first).exec(["cat", "/state"], id="look").stdout == "5\n"
+        assert c.group(g["id"])["members"][0]["last_exec"] == "look"
+        assert [lease["id"] for lease in c.leases()] == [g["lease"]]
+        c.renew_lease(g["lease"], 900)
+        assert c.keep(g["id"], first)["sandboxes"] == [second]
+        assert c.groups() == []
+        released = c.remove_lease(g["lease"])
+        assert released["sandboxes"] == [first] and released["snapshots"] == [g["snapshot"]]
+        assert c.leases() == [] and c.snapshots() == []
+        with pytest.raises(dsec.NotFound):
+            c.renew_lease(g["lease"], 60)
+
+        async def aio_fork():
+            a = remote(worker, c.target.token, aio=True)
+            lease = await a.create_lease(600)
+            grp = await a.sandbox("forked-1").fork(1, lease=lease["id"])
+            assert (await a.group(grp["id"]))["lease"] == lease["id"]
+            return await a.remove_lease(lease["id"])
+        assert len(asyncio.run(aio_fork())["sandboxes"]) == 1
     finally:
         sb.remove(force=True)
 

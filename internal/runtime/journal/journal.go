@@ -266,6 +266,19 @@ func (j *Journal) Lookup(sandbox, id string) (*Exec, error) {
 	return e, nil
 }
 
+// Last is the id of the exec journaled last ("": none) and how many
+// are journaled.
+func (j *Journal) Last() (id string, n int) {
+	ents, _ := os.ReadDir(j.dir)
+	var at time.Time
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && (id == "" || fi.ModTime().After(at)) {
+			id, at = e.Name(), fi.ModTime()
+		}
+	}
+	return id, len(ents)
+}
+
 // Count counts the journaled execs.
 func (j *Journal) Count() int {
 	ents, _ := os.ReadDir(j.dir)

@@ -335,6 +335,7 @@ func (w *worker) snapshots(r *http.Request, _ none) ([]api.SnapshotNode, error) 
 		return nil, err
 	}
 	for _, n := range nodes {
+		n.HeldBy = w.forks.holders(n.Name)
 		if v, ok := w.visible(r.Context(), n.SnapshotNode); ok && (name == "" || v.Name == name) {
 			out = append(out, v)
 		}

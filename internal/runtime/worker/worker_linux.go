@@ -68,6 +68,8 @@ type worker struct {
 
 	gate *gate
 	ctx  context.Context // the worker's life: pools' fillers run in it
+	// forks are its fork groups and leases.
+	forks *forkBook
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
@@ -165,6 +167,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := w.adopt(); err != nil {
 		return err
 	}
+	if w.forks, err = openForks(cfg.Root); err != nil {
+		return err
+	}
 	w.host.Lowers().Keep(cfg.KeepLayers)
 	defer w.host.Lowers().ReleaseKept() // after the sandboxes' release
 	defer w.release()
@@ -199,6 +204,7 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer w.stopMaking()
 	go w.reclaimLoop(ctx)
 	go w.pressureLoop(ctx)
+	go w.leaseLoop(ctx)
 	errc, stop, err := w.serve(ctx, l, tcp, e2bListener, sock, initBin)
 	if err != nil {
 		return err
@@ -471,6 +477,16 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("/v1/sandboxes/{name}/ports/{port}/{path...}", w.port)
 	mux.HandleFunc("POST /v1/branches", handle(w.branch))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/grade", handle(w.grade))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/fork", handle(w.fork))
+	mux.HandleFunc("GET /v1/groups", handle(w.listGroups))
+	mux.HandleFunc("GET /v1/groups/{id}", handle(w.showGroup))
+	mux.HandleFunc("DELETE /v1/groups/{id}", handle(w.removeGroup))
+	mux.HandleFunc("POST /v1/groups/{id}/keep", handle(w.keepMember))
+	mux.HandleFunc("POST /v1/leases", handle(w.createLease))
+	mux.HandleFunc("GET /v1/leases", handle(w.listLeases))
+	mux.HandleFunc("GET /v1/leases/{id}", handle(w.showLease))
+	mux.HandleFunc("POST /v1/leases/{id}/renew", handle(w.renewLease))
+	mux.HandleFunc("DELETE /v1/leases/{id}", handle(w.removeLease))
 	mux.HandleFunc("GET /v1/snapshots", handle(w.snapshots))
 	mux.HandleFunc("DELETE /v1/snapshots/{ref...}", handle(w.removeSnapshot))
 	mux.HandleFunc("POST /v1/squash", adminOnly("squash snapshots", handle(w.squash)))
