@@ -297,9 +297,12 @@ type Sandbox struct {
 	// CPUSeconds is the CPU time its processes used while running;
 	// IdleSeconds how long no exec started or ended in it (0 while one
 	// runs); Reclaimed when the worker last took back its idle memory.
-	CPUSeconds  float64    `json:"cpu_seconds,omitempty"`
-	IdleSeconds float64    `json:"idle_seconds"`
-	Reclaimed   *time.Time `json:"reclaimed,omitempty"`
+	CPUSeconds  float64 `json:"cpu_seconds,omitempty"`
+	IdleSeconds float64 `json:"idle_seconds"`
+	// Hinted: frozen by an idle hint (IdleRequest), its memory given back,
+	// until its next exec resumes it; its status says running.
+	Hinted    bool       `json:"hinted,omitempty"`
+	Reclaimed *time.Time `json:"reclaimed,omitempty"`
 	// Pool names the FnCall pool a warm sandbox waits in.
 	Pool string `json:"pool,omitempty"`
 	// Rm says the sandbox goes when its one command ends (dsec run
@@ -669,3 +672,18 @@ type HostLimits struct {
 // its own: an explicit opt-in, for 0 takes the worker's default. The
 // limit on all sandboxes together still holds.
 const Unlimited = -1
+
+// IdleRequest hints that a sandbox waits (for the model's next turn)
+// about ExpectedSeconds: the worker may freeze it and give its memory
+// back to the host, and resumes it at its next exec.
+type IdleRequest struct {
+	ExpectedSeconds float64 `json:"expected_seconds"`
+}
+
+// IdleReport is what an idle hint did: whether the sandbox was frozen,
+// and the memory charged to it before and after.
+type IdleReport struct {
+	Frozen       bool  `json:"frozen"`
+	MemoryBefore int64 `json:"memory_before"`
+	MemoryAfter  int64 `json:"memory_after"`
+}

@@ -63,6 +63,8 @@ var Routes = []Route{
 		Summary: "Freeze a sandbox's processes, their memory kept"},
 	{Method: "POST", Path: "/v1/sandboxes/{name}/resume", Response: "Sandbox", Status: 200,
 		Summary: "Let a paused sandbox run on (an evicted one's guest restored)"},
+	{Method: "POST", Path: "/v1/sandboxes/{name}/idle", Request: "IdleRequest", Response: "IdleReport", Status: 200,
+		Summary: "Hint that the sandbox waits for the model: frozen, its memory given back, until its next exec"},
 	{Method: "POST", Path: "/v1/sandboxes/{name}/evict", Response: "Sandbox", Status: 200,
 		Summary: "Pause a microVM and save its guest to disk, its memory given back to the host"},
 	{Method: "DELETE", Path: "/v1/sandboxes/{name}", Query: "force=1 (a running one too)", Status: 204,

@@ -408,6 +408,21 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	return s.c.do(ctx, "POST", s.path("/pause"), nil, nil)
 }
 
+// Idle hints that the sandbox will wait about expected (for the model's
+// next turn): the worker freezes one expected to wait long enough
+// (reclaim.hint_min_wait) and gives its memory back to the host; its
+// next exec resumes it first, so a caller sees no difference but that
+// exec's latency. The report says whether it was frozen, and the memory
+// charged to it before and after.
+func (s *Sandbox) Idle(ctx context.Context, expected time.Duration) (*api.IdleReport, error) {
+	b, _ := json.Marshal(api.IdleRequest{ExpectedSeconds: expected.Seconds()})
+	var out api.IdleReport
+	if err := s.c.do(ctx, "POST", s.path("/idle"), bytes.NewReader(b), &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Resume lets a paused sandbox run on where it was (an evicted
 // microVM's guest is restored first).
 func (s *Sandbox) Resume(ctx context.Context) error {

@@ -248,6 +248,7 @@ type ReclaimConfig struct {
 	IdleAfter time.Duration `mapstructure:"idle_after" doc:"a sandbox in which no command started or ended for this long has its page cache reclaimed (0: 10m; negative: never)"`
 	KSM       bool          `mapstructure:"ksm" doc:"mark every sandbox's anonymous memory mergeable by KSM (the host must run ksmd)"`
 	Pressure  float64       `mapstructure:"pressure" doc:"at this memory pressure, PSI some avg10 in percent, batch sandboxes' memory is reclaimed, then they are frozen until it passes (0: 20; negative: never)"`
+	HintMin   time.Duration `mapstructure:"hint_min_wait" doc:"an idle hint (sb.Idle) freezes a sandbox expected to wait at least this long, until its next exec (0: 2s; negative: hints are ignored)"`
 }
 
 // PoolFile is a FnCall pool in the config file.
@@ -407,7 +408,7 @@ var configDefaults = map[string]any{
 	"admission.max_creating": 0, "admission.queue_timeout": "0s", "admission.spares": 0, "admission.primed": 0,
 	"admission.disk_floor": "", "admission.inode_floor": int64(0), "admission.uppers_size": "",
 	"admission.worker_memory_min": "", "admission.worker_memory_low": "",
-	"reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0,
+	"reclaim.idle_after": "0s", "reclaim.ksm": false, "reclaim.pressure": 0.0, "reclaim.hint_min_wait": "0s",
 	"defaults.memory": "", "defaults.pids": int64(0), "defaults.disk": "",
 	"e2b.listen": "", "e2b.domain": "", "e2b.http2": false, "e2b.templates": map[string]any{}, "snap.publish": false,
 	"snap.max_bytes": 0, "snap.max_entries": 0, "snap.max_depth": 0,

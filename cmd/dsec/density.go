@@ -58,7 +58,7 @@ func (a *app) workerDensity(cfg *worker.Config) error {
 	if err := cfg.Admission.Validate(); err != nil {
 		return usageError{err}
 	}
-	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM, Pressure: a.cfg.Reclaim.Pressure}
+	cfg.Reclaim = worker.Reclaim{IdleAfter: a.cfg.Reclaim.IdleAfter, KSM: a.cfg.Reclaim.KSM, Pressure: a.cfg.Reclaim.Pressure, HintMin: a.cfg.Reclaim.HintMin}
 	if p := cfg.Reclaim.Pressure; p > 100 {
 		return usageError{fmt.Errorf("reclaim.pressure %g: give a percent of time stalled (PSI some avg10), 0-100, or negative for never", p)}
 	}

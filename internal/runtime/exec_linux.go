@@ -74,6 +74,9 @@ func mergeEnv(lists ...[]string) []string {
 // id ran before (in this worker's life or an earlier one) it returns
 // that exec instead, with replayed set: the command does not run again.
 func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bool, err error) {
+	if err := sb.wake(ctx); err != nil {
+		return nil, false, err
+	}
 	sb.mu.Lock()
 	c, g, st := sb.c, sb.g, sb.State
 	sb.mu.Unlock()

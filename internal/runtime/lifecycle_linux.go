@@ -34,6 +34,9 @@ func (sb *Sandbox) pause() error {
 	switch {
 	case sb.Status != Running || sb.g == nil:
 		return fmt.Errorf("sandbox %s is %s: only a running sandbox pauses: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	case sb.Paused && sb.Hinted: // frozen by a hint: paused now, until resumed
+		sb.Hinted = false
+		return sb.save()
 	case sb.Paused:
 		return fmt.Errorf("sandbox %s is paused already: %w", sb.Name, ErrPaused)
 	}
@@ -48,6 +51,58 @@ func (sb *Sandbox) pause() error {
 	}
 	if err := sb.g.Reclaim(); err == nil {
 		sb.reclaimed = time.Now().UTC()
+	}
+	return nil
+}
+
+// IdleReport is what an idle hint did: the memory charged to the
+// sandbox before and after.
+type IdleReport struct {
+	Before, After int64
+	Paused        bool
+}
+
+// Hint takes the caller's hint that the sandbox waits (for a model's
+// next turn) about expected: one expected to wait at least minWait is
+// paused, its page cache and (with swap, a compressed tier) cold memory
+// given back to the host, until its next exec resumes it (Run). A
+// shorter wait is not worth the resume: nothing is done.
+func (sb *Sandbox) Hint(expected, minWait time.Duration) (IdleReport, error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	var r IdleReport
+	if sb.Status != Running || sb.g == nil {
+		return r, fmt.Errorf("sandbox %s is %s: an idle hint is for a running sandbox: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	}
+	r.Before, _ = sb.g.MemoryCharged()
+	if sb.Paused || expected < minWait || sb.running.Load() > 0 {
+		// (Paused already; too short to be worth it; or an exec runs,
+		// which the trainer waits for, not the model.)
+		r.After, r.Paused = r.Before, sb.Paused
+		return r, nil
+	}
+	if err := sb.pause(); err != nil {
+		return r, err
+	}
+	sb.Hinted = true
+	if err := sb.save(); err != nil {
+		return r, err
+	}
+	r.After, _ = sb.g.MemoryCharged()
+	r.Paused = true
+	return r, nil
+}
+
+// wake resumes a sandbox an idle hint paused, for an exec.
+func (sb *Sandbox) wake(ctx context.Context) error {
+	sb.mu.Lock()
+	idle := sb.Paused && sb.Hinted
+	sb.mu.Unlock()
+	if !idle {
+		return nil
+	}
+	if err := sb.Resume(ctx); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return err
 	}
 	return nil
 }
@@ -127,7 +182,7 @@ func (sb *Sandbox) Resume(ctx context.Context) error {
 			return fmt.Errorf("resume sandbox %s: %w", sb.Name, err)
 		}
 	}
-	sb.Paused = false
+	sb.Paused, sb.Hinted = false, false
 	if sb.c == nil { // paused when this worker found it: attached now
 		if err := sb.attach(ctx); err != nil {
 			return fmt.Errorf("sandbox %s: %w", sb.Name, err)
@@ -152,7 +207,7 @@ func (sb *Sandbox) Stop() error {
 		return err
 	}
 	sb.dropSaved() // its disk is as the guest froze it: it starts on that
-	sb.Status, sb.Pid, sb.Paused = Stopped, 0, false
+	sb.Status, sb.Pid, sb.Paused, sb.Hinted = Stopped, 0, false, false
 	return sb.save()
 }
 

@@ -138,6 +138,8 @@ type State struct {
 	// worker restarts; since PausedAt.
 	Paused   bool      `json:"paused,omitempty"`
 	PausedAt time.Time `json:"paused_at,omitzero"`
+	// Hinted: paused by an idle hint (Hint), resumed by the next exec.
+	Hinted bool `json:"hinted,omitempty"`
 	// VM is a microVM's machine, as its last start ran it; Machine the
 	// same in full, what a memory snapshot of it records.
 	VM      *api.VMInfo    `json:"vm,omitempty"`

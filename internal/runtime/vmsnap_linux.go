@@ -286,7 +286,7 @@ func (sb *Sandbox) resumeSaved(ctx context.Context) error {
 	if sb.Saved.RAM {
 		sb.restore.RAM = filepath.Join(sb.dir, savedRAM)
 	}
-	sb.Paused = false
+	sb.Paused, sb.Hinted = false, false
 	if err := sb.start(ctx); err != nil {
 		sb.restore = nil
 		errs := sb.teardownInstance(false)

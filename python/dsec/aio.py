@@ -379,6 +379,13 @@ class Sandbox:
         return PolicyReport.of(await self.client._json("POST", _wire.sandbox_path(self.name, "/policy"),
                                                        _wire.policy_request(policy, reset)))
 
+    async def idle(self, expected: float) -> Dict[str, Any]:
+        """Hint that the sandbox will wait about expected seconds (for the
+        model's next turn): the worker freezes one expected to wait long
+        enough and gives its memory back to the host; the next exec resumes
+        it first. Answers {"frozen", "memory_before", "memory_after"}."""
+        return await self.client._json("POST", _wire.sandbox_path(self.name, "/idle"), {"expected_seconds": float(expected)})
+
     async def pause(self) -> None:
         await self.client._json("POST", _wire.sandbox_path(self.name, "/pause"))
 

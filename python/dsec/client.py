@@ -338,6 +338,13 @@ class Sandbox:
         return PolicyReport.of(self.client._json("POST", _wire.sandbox_path(self.name, "/policy"),
                                                  _wire.policy_request(policy, reset)))
 
+    def idle(self, expected: float) -> Dict[str, Any]:
+        """Hint that the sandbox will wait about expected seconds (for the
+        model's next turn): the worker freezes one expected to wait long
+        enough and gives its memory back to the host; the next exec resumes
+        it first. Answers {"frozen", "memory_before", "memory_after"}."""
+        return self.client._json("POST", _wire.sandbox_path(self.name, "/idle"), {"expected_seconds": float(expected)})
+
     def pause(self) -> None:
         """Freeze the sandbox's processes where they are, their memory kept."""
         self.client._json("POST", _wire.sandbox_path(self.name, "/pause"))

@@ -236,6 +236,21 @@ def test_fork_lease(worker):
         sb.remove(force=True)
 
 
+def test_idle_hint(worker):
+    c = remote(worker, token())
+    sb = c.create(BASE, name="idle-1")
+    try:
+        assert not sb.idle(0.1)["frozen"]  # too short a wait: nothing done
+        rep = sb.idle(60)
+        assert rep["frozen"] and rep["memory_after"] <= rep["memory_before"]
+        info = sb.inspect()
+        assert info.status == "running" and info.raw.get("hinted")
+        assert sb.exec(["echo", "next turn"]).stdout == "next turn\n"  # resumed first
+        assert not sb.inspect().raw.get("hinted")
+    finally:
+        sb.remove(force=True)
+
+
 def test_apply_policy(worker):
     """A policy applied live: its network rules hold at once, for the
     sandbox's running processes too; reset is passed on; a policy the

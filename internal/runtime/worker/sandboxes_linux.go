@@ -351,6 +351,29 @@ func (w *worker) start(ctx context.Context, e *entry) error {
 // pause and resume freeze a running sandbox and let it run on (an
 // evicted one's guest restored).
 func (w *worker) pause(_ context.Context, e *entry) error { return e.sb.Pause() }
+
+// idle takes a trainer's hint that the sandbox waits for the model: one
+// expected to wait at least idle.min_wait is frozen until its next exec.
+func (w *worker) idle(r *http.Request, req api.IdleRequest) (api.IdleReport, error) {
+	if req.ExpectedSeconds < 0 || req.ExpectedSeconds > 30*24*3600 {
+		return api.IdleReport{}, fmt.Errorf("expected wait %gs: give 0 to 30 days in seconds: %w", req.ExpectedSeconds, errdefs.ErrInvalidArgument)
+	}
+	e, err := w.get(r)
+	if err != nil {
+		return api.IdleReport{}, err
+	}
+	e.op.Lock()
+	least := w.cfg.Reclaim.withDefaults().HintMin
+	if least < 0 {
+		least = time.Duration(1<<63 - 1) // (hints ignored)
+	}
+	rep, err := e.sb.Hint(time.Duration(req.ExpectedSeconds*float64(time.Second)), least)
+	e.op.Unlock()
+	if err != nil {
+		return api.IdleReport{}, err
+	}
+	return api.IdleReport{Frozen: rep.Paused, MemoryBefore: rep.Before, MemoryAfter: rep.After}, nil
+}
 func (w *worker) resume(ctx context.Context, e *entry) error {
 	return e.sb.Resume(context.WithoutCancel(ctx))
 }
@@ -392,7 +415,10 @@ func (w *worker) describeAs(sb *runtime.Sandbox, stats bool) api.Sandbox {
 		vm.GuestMemory, vm.GuestMemoryUsed = use.GuestMemory, use.GuestMemoryUsed
 		out.VM = &vm
 	}
-	if st.Paused {
+	switch {
+	case st.Paused && st.Hinted:
+		out.Hinted = true // (running, as far as its user is concerned)
+	case st.Paused:
 		out.Status = api.StatusPaused
 	}
 	showMark(&out, purpose(st.Pool))

@@ -165,11 +165,17 @@ type Reclaim struct {
 	// reclaimed, then they are frozen until it passes (default 20;
 	// negative: never).
 	Pressure float64
+	// HintMin: an idle hint freezes a sandbox expected to wait at
+	// least this long (default 2 s; negative: hints are ignored).
+	HintMin time.Duration
 }
 
 func (r Reclaim) withDefaults() Reclaim {
 	if r.Pressure == 0 {
 		r.Pressure = 20
+	}
+	if r.HintMin == 0 {
+		r.HintMin = 2 * time.Second
 	}
 	return r
 }

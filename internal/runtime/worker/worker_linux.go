@@ -459,6 +459,7 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{name}/start", handle(w.lifecycle(w.start)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/pause", handle(w.lifecycle(w.pause)))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/resume", handle(w.lifecycle(w.resume)))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/idle", handle(w.idle))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/evict", handle(w.lifecycle(w.evict)))
 	mux.HandleFunc("DELETE /v1/sandboxes/{name}", handle(w.remove))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/exec", w.exec)
