@@ -179,6 +179,7 @@ bench: build
 	./scripts/bench-lazy.sh $(BIN)
 	./scripts/bench-run.sh $(BIN)
 	./scripts/bench-snap.sh $(BIN)
+	./scripts/bench-idle.sh $(BIN)
 	./scripts/bench-policy.sh
 	./scripts/bench-density.sh
 	./scripts/bench-remote.sh

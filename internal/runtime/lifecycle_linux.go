@@ -75,9 +75,10 @@ func (sb *Sandbox) Hint(expected, minWait time.Duration) (IdleReport, error) {
 		return r, fmt.Errorf("sandbox %s is %s: an idle hint is for a running sandbox: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
 	}
 	r.Before, _ = sb.g.MemoryCharged()
-	if sb.Paused || expected < minWait || sb.running.Load() > 0 {
-		// (Paused already; too short to be worth it; or an exec runs,
-		// which the trainer waits for, not the model.)
+	if sb.Paused || expected < minWait {
+		// (Paused already, or too short a wait to be worth a resume.
+		// Commands running, an agent's server or interpreter, freeze
+		// with the rest.)
 		r.After, r.Paused = r.Before, sb.Paused
 		return r, nil
 	}

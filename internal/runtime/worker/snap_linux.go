@@ -252,7 +252,8 @@ func (w *worker) like(r *http.Request, name string) (api.SandboxSpec, error) {
 }
 
 // specOf is what a sandbox of state st was made with, as a spec: its
-// limits in force (none: unlimited), requests, class, env, workdir,
+// limits in force (none: unlimited; the default memory limit, as it
+// asked for none), requests, class, env, workdir,
 // backend, user namespace and effective policy.
 func specOf(st runtime.State) api.SandboxSpec {
 	none := func(n int64) int64 {
@@ -265,7 +266,14 @@ func specOf(st runtime.State) api.SandboxSpec {
 	if disk == 0 && st.UpperFS == "" {
 		disk = api.Unlimited // no bound of its own, nor the default's
 	}
-	return api.SandboxSpec{CPU: float64(st.Limits.CPUMilli) / 1000, Memory: none(st.Limits.MemoryBytes), Pids: none(st.Limits.Pids), Disk: disk,
+	memory := none(st.Limits.MemoryBytes)
+	if st.MemoryRequest == 0 && st.Limits.MemoryBytes > 0 {
+		// It asked for no memory (its limit is the default, and it
+		// reserved nothing): neither does the branch, whose limit is the
+		// default too; asking for the limit would reserve it, K times.
+		memory = 0
+	}
+	return api.SandboxSpec{CPU: float64(st.Limits.CPUMilli) / 1000, Memory: memory, Pids: none(st.Limits.Pids), Disk: disk,
 		CPURequest: st.CPURequest, MemoryRequest: st.MemoryRequest, Class: st.Class, Env: st.Env, Workdir: st.Workdir, User: st.User,
 		Backend: st.Backend, Policy: st.Policy, UserNS: st.UserNS}
 }
