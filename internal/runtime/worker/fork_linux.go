@@ -470,6 +470,13 @@ func (w *worker) describeGroup(g *groupRec) api.Group {
 	return out
 }
 
+// groupOf is the caller's group r names.
+func (w *worker) groupOf(r *http.Request) (*groupRec, error) {
+	w.forks.mu.Lock()
+	defer w.forks.mu.Unlock()
+	return w.group(r.Context(), r.PathValue("id"))
+}
+
 // group is the caller's group id; b.mu is held.
 func (w *worker) group(ctx context.Context, id string) (*groupRec, error) {
 	g := w.forks.Groups[id]
@@ -498,10 +505,7 @@ func (w *worker) listGroups(r *http.Request, _ none) ([]api.Group, error) {
 }
 
 func (w *worker) showGroup(r *http.Request, _ none) (api.Group, error) {
-	b := w.forks
-	b.mu.Lock()
-	g, err := w.group(r.Context(), r.PathValue("id"))
-	b.mu.Unlock()
+	g, err := w.groupOf(r)
 	if err != nil {
 		return api.Group{}, err
 	}
@@ -509,10 +513,7 @@ func (w *worker) showGroup(r *http.Request, _ none) (api.Group, error) {
 }
 
 func (w *worker) removeGroup(r *http.Request, _ none) (api.Released, error) {
-	b := w.forks
-	b.mu.Lock()
-	g, err := w.group(r.Context(), r.PathValue("id"))
-	b.mu.Unlock()
+	g, err := w.groupOf(r)
 	if err != nil {
 		return api.Released{}, err
 	}
@@ -520,10 +521,7 @@ func (w *worker) removeGroup(r *http.Request, _ none) (api.Released, error) {
 }
 
 func (w *worker) keepMember(r *http.Request, req api.KeepRequest) (api.Released, error) {
-	b := w.forks
-	b.mu.Lock()
-	g, err := w.group(r.Context(), r.PathValue("id"))
-	b.mu.Unlock()
+	g, err := w.groupOf(r)
 	if err != nil {
 		return api.Released{}, err
 	}
