@@ -115,6 +115,7 @@ type TamperPath struct {
 const (
 	TamperTests   = "tests"   // what the task's tests are
 	TamperHooks   = "hooks"   // interpreters' startup hooks, bytecode
+	TamperResult  = "result"  // the grader's result file, written by the agent
 	TamperOnPath  = "path"    // commands on PATH
 	TamperToolkit = "toolkit" // what the grader's layers hold
 	TamperGuarded = "guarded" // the policy's hidden and read-only paths

@@ -113,6 +113,25 @@ func TestForkGroups(t *testing.T) {
 	c.Sandbox(g4.Members[0].Name).Remove(ctx, true)
 	gone("a group whose members were removed by hand")
 
+	// A sandbox made since under a member's name is none of the group's:
+	// the group's end leaves it.
+	g5, err := src.Fork(ctx, api.ForkRequest{N: 2, NamePrefix: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Sandbox("agent-1").Remove(ctx, true)
+	other := create(t, c, api.SandboxSpec{Name: "agent-1"})
+	if got, err := c.Group(ctx, g5.ID); err != nil || got.Members[0].Status != "gone" {
+		t.Errorf("a member removed, its name taken since: %+v %v", got, err)
+	}
+	if rel, err := c.RemoveGroup(ctx, g5.ID); err != nil || !slices.Equal(rel.Sandboxes, []string{"agent-2"}) {
+		t.Errorf("remove the group: %+v %v, want agent-2 alone removed", rel, err)
+	}
+	if _, err := other.Inspect(ctx); err != nil {
+		t.Errorf("the sandbox made since under a member's name: %v", err)
+	}
+	other.Remove(ctx, true)
+
 	// Bad input.
 	for _, req := range []api.ForkRequest{{N: 0}, {N: 2000}, {N: 1, TTL: -1}, {N: 1, Lease: "x", TTL: 5}, {N: 1, Tag: "no-step"}} {
 		if _, err := src.Fork(ctx, req); !errdefs.IsInvalidArgument(err) {

@@ -182,7 +182,7 @@ func TestGrade(t *testing.T) {
 		{"sitecustomize", `rm -f /usr/lib/python3.11/sitecustomize.py && echo 'import os; os._exit(0)' > /usr/lib/python3.11/sitecustomize.py`, "/usr/lib/python3.11/sitecustomize.py", api.TamperHooks, false, true},
 		{"pth", `echo 'import os; os._exit(0)' > /usr/lib/python3/dist-packages/zz.pth`, "/usr/lib/python3/dist-packages/zz.pth", api.TamperHooks, false, true},
 		{"background", `(while true; do echo '{"passed": true}' > /tmp/dsec-grade.json; sleep 0.05; done) >/dev/null 2>&1 &
-sleep 0.2`, "/tmp/dsec-grade.json", api.TamperOther, true, false},
+sleep 0.2`, "/tmp/dsec-grade.json", api.TamperResult, true, false},
 		{"symlink", `printf 'def add(a, b):\n    return a + b\n' > /tmp/calc.py && ln -sf /tmp/calc.py /work/repo/src/calc.py`, "/work/repo/src/calc.py", api.TamperLinks, false, true},
 		{"hardlink", `printf 'def test_add():\n    pass\n' > /work/repo/tests/test_calc.py && ln /work/repo/tests/test_calc.py /work/repo/src/test_calc.py`, "/work/repo/src/test_calc.py", api.TamperLinks, false, true},
 		{"fifo", `mkfifo /work/repo/src/pipe`, "/work/repo/src/pipe", api.TamperSpecial, false, false},
@@ -237,6 +237,19 @@ sleep 0.2`, "/tmp/dsec-grade.json", api.TamperOther, true, false},
 	}
 	if g := grade(t, b, "g1"); g.ExitCode != 0 || g.Carried.Paths < 2 {
 		t.Errorf("the branch of the fix: exit %d, carried %+v, output %q", g.ExitCode, g.Carried, g.Stdout)
+	}
+
+	// The result file is the grader's: one the agent left is never
+	// carried, and a fifo the grader leaves there holds nothing up.
+	seeded := agent(t, "seeded", `echo '{"passed": true}' > /tmp/dsec-grade.json`)
+	g, err := seeded.Grade(ctx, api.GradeRequest{Grader: []string{"grader:1"}, Carry: []string{"/work/repo/**", "/tmp/**"},
+		Args: []string{"sh", "-c", "cat $DSEC_GRADE_RESULT 2>/dev/null || echo none"}})
+	if err != nil || g.Stdout != "none\n" || len(g.Result) != 0 {
+		t.Errorf("a result file the agent left, under the carry rules: %+v %v", g, err)
+	}
+	g, err = seeded.Grade(ctx, api.GradeRequest{Grader: []string{"grader:1"}, Carry: []string{"/work/repo/**"}, Args: []string{"sh", "-c", "rm -f $DSEC_GRADE_RESULT; mkfifo $DSEC_GRADE_RESULT"}})
+	if err != nil || !strings.Contains(g.ResultError, "not a regular file") {
+		t.Errorf("a fifo for a result: %+v %v", g, err)
 	}
 
 	// Bad input.

@@ -17,6 +17,8 @@ type Where struct {
 	Toolkit func(p string) bool
 	// Guarded are the policy's hidden and read-only paths.
 	Guarded []string
+	// Result is the grader's result file.
+	Result string
 }
 
 // DefaultPath is an exec's PATH when the sandbox gives none.
@@ -26,13 +28,15 @@ var DefaultPath = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/u
 var testNames = []string{"test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.spec.js", "*.test.ts", "*.spec.ts"}
 
 // Group is the group of the report a change the grade left out of p
-// falls in (api.Tamper*), the first that holds: pseudo paths, startup
+// falls in (api.Tamper*), the first that holds: the result file, pseudo paths, startup
 // hooks, tests, the toolkit's files, guarded paths, commands on PATH,
 // the rest.
 func (w Where) Group(p string) string {
 	p = path.Clean("/" + p)
 	base := path.Base(p)
 	switch {
+	case w.Result != "" && p == path.Clean(w.Result):
+		return api.TamperResult
 	case under(p, "/proc", "/sys", "/dev"):
 		return api.TamperPseudo
 	case w.Rules.Hook(p) || slices.Contains([]string{"sitecustomize.py", "usercustomize.py", "conftest.py"}, base) || strings.HasSuffix(base, ".pth"):

@@ -84,7 +84,7 @@ func TestParseRefuses(t *testing.T) {
 
 func TestGroup(t *testing.T) {
 	r, _ := Parse([]string{"/work/repo/**", "!/work/repo/checks/**"}, nil)
-	w := Where{Rules: r, Path: []string{"/opt/tools/bin"}, Guarded: []string{"/secret"},
+	w := Where{Rules: r, Path: []string{"/opt/tools/bin"}, Guarded: []string{"/secret"}, Result: "/tmp/r.json",
 		Toolkit: func(p string) bool { return strings.HasPrefix(p, "/opt/grader/") }}
 	for p, want := range map[string]string{
 		"/proc/self/x":                          api.TamperPseudo,
@@ -100,6 +100,7 @@ func TestGroup(t *testing.T) {
 		"/usr/local/bin/pytest":                 api.TamperOnPath,
 		"/opt/tools/bin/python":                 api.TamperOnPath,
 		"/tmp/x":                                api.TamperOther,
+		"/tmp/r.json":                           api.TamperResult,
 		"/root/.bash_history":                   api.TamperOther,
 	} {
 		if got := w.Group(p); got != want {

@@ -80,6 +80,14 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 	sb.mu.Lock()
 	c, g, st := sb.c, sb.g, sb.State
 	sb.mu.Unlock()
+	if st.Paused && st.Hinted { // a hint came between: once more
+		if err := sb.wake(ctx); err != nil {
+			return nil, false, err
+		}
+		sb.mu.Lock()
+		c, g, st = sb.c, sb.g, sb.State
+		sb.mu.Unlock()
+	}
 	// The journal's outputs together stay within the sandbox's disk
 	// bound: what it writes to its disk is bounded so, and so is what
 	// its steps write to the host's.
@@ -245,6 +253,9 @@ func (sb *Sandbox) Signal(ctx context.Context, id string, sig syscall.Signal) er
 	case <-e.Done():
 		return fmt.Errorf("exec %s in sandbox %s has ended: %w", id, sb.Name, errdefs.ErrFailedPrecondition)
 	default:
+	}
+	if err := sb.wake(ctx); err != nil { // (a hint froze it: signalled, it runs)
+		return err
 	}
 	sb.mu.Lock()
 	c, paused := sb.c, sb.Paused

@@ -50,6 +50,9 @@ type Carried struct {
 // the sandbox runs on unchanged. What the rules leave out is returned,
 // to report.
 func (sb *Sandbox) Carry(ctx context.Context, o CarryOptions) (*Carried, error) {
+	if err := sb.wakeGuest(ctx); err != nil {
+		return nil, err
+	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.noteDeath()

@@ -108,6 +108,16 @@ func (sb *Sandbox) wake(ctx context.Context) error {
 	return nil
 }
 
+// wakeGuest resumes a sandbox an idle hint paused whose guest holds its
+// files (a microVM's), for what reads them; a container's are read as
+// they are, frozen.
+func (sb *Sandbox) wakeGuest(ctx context.Context) error {
+	if _, guest := sb.d.(driver.UpperHolder); !guest {
+		return nil
+	}
+	return sb.wake(ctx)
+}
+
 // Hold freezes a running sandbox's processes where they are, as Pause
 // does, without pausing it: its state says running, an exec waits, and
 // Unhold lets it go on. The worker holds batch sandboxes while the host

@@ -47,6 +47,9 @@ type Packed struct {
 // A worker killed mid-pack leaves no tag (the store publishes the layer
 // whole or not at all) and a frozen sandbox, which Load thaws.
 func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error) {
+	if err := sb.wakeGuest(ctx); err != nil {
+		return nil, err
+	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.noteDeath()

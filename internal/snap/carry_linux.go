@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -87,6 +88,16 @@ func Carry(ctx context.Context, w *erofs.Writer, diff string, o CarryOptions) (*
 	}
 	c := &carrier{packer: packer{w: w, upper: diff, root: fd, dev: st.Dev, lim: o.Limits.WithDefaults(), links: map[uint64]string{}, out: &Packed{Index: Index{}}},
 		o: o, out: &Carried{closeRoot: fd}, inodes: map[uint64][]linkName{}}
+	if c.base, err = openTree(o.Base); err != nil {
+		c.out.Close()
+		return nil, err
+	}
+	defer c.base.close()
+	if c.diff, err = openTree(diff); err != nil {
+		c.out.Close()
+		return nil, err
+	}
+	defer c.diff.close()
 	if err := w.Mkdir("", c.baseAttr("", erofs.Attr{Mode: unix.S_IFDIR | 0o755})); err != nil {
 		c.out.Close()
 		return nil, err
@@ -110,6 +121,9 @@ type carrier struct {
 	out    *Carried
 	hashed int64
 	walked int // entries walked, carried or not
+	// base is the pristine view, diff the diff, both looked up through
+	// no symlink.
+	base, diff *tree
 	// inodes are the regular files with more than one link, by inode.
 	inodes map[uint64][]linkName
 }
@@ -162,7 +176,9 @@ func (c *carrier) add(ctx context.Context, dirfd int, name, rp string, st *unix.
 	typ := st.Mode & unix.S_IFMT
 	isDir, whiteout := typ == unix.S_IFDIR, typ == unix.S_IFCHR && st.Rdev == 0
 	p := "/" + rp
-	switch c.o.Rules.Decide(p, isDir || whiteout) {
+	// (What stands where the pristine layers have a directory is decided
+	// as that directory: on the way to carried paths, it is kept.)
+	switch c.o.Rules.Decide(p, isDir || whiteout || c.baseDir(rp)) {
 	case grade.Carry:
 		return c.carry(ctx, dirfd, name, rp, st, depth, whole)
 	case grade.Through:
@@ -199,6 +215,12 @@ func (c *carrier) carry(ctx context.Context, dirfd int, name, rp string, st *uni
 		c.out.Paths++
 		opaque := string(a.Xattrs[opaqueXattr]) == "y"
 		delete(a.Xattrs, opaqueXattr) // what it hides that is not carried shows
+		if c.baseDir(rp) && c.o.Rules.Guards("/"+rp) {
+			// It holds what no grade carries (the tests): their
+			// directory as the pristine layers have it, not as the
+			// agent left it (chmod 000, say).
+			a = c.baseAttr(rp, erofs.Attr{})
+		}
 		if err := c.w.Mkdir(rp, a); err != nil {
 			return err
 		}
@@ -223,17 +245,64 @@ func (c *carrier) carry(ctx context.Context, dirfd int, name, rp string, st *uni
 		if err != nil {
 			return fmt.Errorf("readlink /%s in the diff: %w", rp, err)
 		}
-		to := target
-		if !path.IsAbs(to) {
-			to = path.Join("/", path.Dir(rp), to)
-		}
-		if v := c.o.Rules.Decide(path.Clean(to), false); v != grade.Carry {
-			return refuse("links", "a symlink to "+path.Clean(to)+", which is not carried")
+		if why := c.linkOut(rp, target); why != "" {
+			return refuse("links", why)
 		}
 		c.out.Paths++
 		return c.w.Symlink(rp, target, a)
 	}
 	return refuse("special", "a file of an unknown type")
+}
+
+// linkOut says why the symlink rp -> target leads out of the carried
+// paths ("": it does not): its target, resolved as the grader's view
+// would (the carried diff over the pristine layers), must pass only
+// through directories of their own (no symlink, which the agent may
+// have planted, nor what is not a directory), and be carried, and not
+// be a directory holding what no grade carries.
+func (c *carrier) linkOut(rp, target string) string {
+	abs := target
+	if !path.IsAbs(abs) {
+		abs = "/" + path.Dir(rp) + "/" + target
+	}
+	final := path.Clean(abs)
+	segs := strings.Split(abs, "/")
+	var cur []string
+	for i, s := range segs {
+		if i == len(segs)-1 {
+			break // the target itself may be anything carried
+		}
+		switch s {
+		case "", ".":
+		case "..":
+			if len(cur) > 0 {
+				cur = cur[:len(cur)-1]
+			}
+		default:
+			cur = append(cur, s)
+			if !c.realDir(strings.Join(cur, "/")) {
+				return "a symlink to " + final + " through /" + strings.Join(cur, "/") + ", which is no directory of its own"
+			}
+		}
+	}
+	switch {
+	case c.o.Rules.Decide(final, false) != grade.Carry:
+		return "a symlink to " + final + ", which is not carried"
+	case c.o.Rules.Guards(final) && (c.realDir(strings.TrimPrefix(final, "/")) || final == "/"):
+		return "a symlink to " + final + ", a directory holding paths never carried"
+	}
+	return ""
+}
+
+// realDir says whether rel is a directory of its own (through no
+// symlink) in the grader's view: the diff's, else the pristine one.
+func (c *carrier) realDir(rel string) bool {
+	// (Its parents were checked first: a symlink among them was refused.)
+	if st, ok := c.diff.lstat(rel); ok {
+		return st.Mode&unix.S_IFMT == unix.S_IFDIR
+	}
+	st, ok := c.base.lstat(rel)
+	return ok && st.Mode&unix.S_IFMT == unix.S_IFDIR
 }
 
 // through adds a directory on the way to carried paths: the pristine
@@ -286,22 +355,24 @@ func (c *carrier) descend(ctx context.Context, dirfd int, name, rp string, st *u
 // paths the diff's directory (holding names) does not have: the agent
 // removed them.
 func (c *carrier) hideRemoved(rel string, names []string) error {
-	entries, err := os.ReadDir(path.Join(c.o.Base, rel))
-	if err != nil {
-		return nil // the base has no such directory
+	if depth := strings.Count(rel, "/") + 1; depth > c.lim.MaxDepth {
+		return limitErr("the pristine files nest deeper than %d directories (at /%s)", c.lim.MaxDepth, rel[:min(len(rel), 200)])
 	}
-	for _, e := range entries {
-		if slices.Contains(names, e.Name()) {
+	for _, e := range c.base.list(rel) { // (none: the base has no such directory)
+		if slices.Contains(names, e.name) {
 			continue
 		}
-		rp := path.Join(rel, e.Name())
-		switch c.o.Rules.Decide("/"+rp, e.IsDir()) {
+		if c.walked++; c.walked > c.lim.MaxEntries {
+			return limitErr("the sandbox changed more than %d paths (at /%s)", c.lim.MaxEntries, path.Join(rel, e.name))
+		}
+		rp := path.Join(rel, e.name)
+		switch c.o.Rules.Decide("/"+rp, e.dir) {
 		case grade.Carry:
 			if err := c.remove(rp); err != nil {
 				return err
 			}
 		case grade.Through:
-			if !e.IsDir() {
+			if !e.dir {
 				continue
 			}
 			if err := c.w.Mkdir(rp, c.baseAttr(rp, erofs.Attr{})); err != nil {
@@ -460,8 +531,8 @@ func (c *carrier) baseDir(rp string) bool { return c.baseType(rp) == "dir" }
 
 // baseType is the type of rp in the pristine layers ("": none).
 func (c *carrier) baseType(rp string) string {
-	var st unix.Stat_t
-	if err := unix.Lstat(path.Join(c.o.Base, rp), &st); err != nil {
+	st, ok := c.base.lstat(rp)
+	if !ok {
 		return ""
 	}
 	switch st.Mode & unix.S_IFMT {
@@ -477,8 +548,8 @@ func (c *carrier) baseType(rp string) string {
 
 // baseAttr is the pristine directory rp's attributes (def without one).
 func (c *carrier) baseAttr(rp string, def erofs.Attr) erofs.Attr {
-	var st unix.Stat_t
-	if err := unix.Lstat(path.Join(c.o.Base, rp), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+	st, ok := c.base.lstat(rp)
+	if !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		if def.Mode == 0 {
 			def.Mode = unix.S_IFDIR | 0o755
 		}

@@ -94,3 +94,77 @@ func TestCarry(t *testing.T) {
 		t.Errorf("a reported file's size and digest: %+v", c.Changes)
 	}
 }
+
+// TestCarryLinks: the review's attacks on links. A chain of carried
+// symlinks into the tests (t -> ../tests, answer -> t/expected), a
+// target through a planted directory symlink and "..", a link to the
+// tests directory itself: each left out and reported. A symlink of the
+// pristine layers to a host directory is never followed: what the diff
+// puts there is reported as added whatever the host holds, and no host
+// entry becomes a whiteout. A carried directory holding the tests keeps
+// the pristine attributes, not the agent's chmod.
+func TestCarryLinks(t *testing.T) {
+	layertest.RequireRoot(t)
+	base, diff, host := t.TempDir(), t.TempDir(), t.TempDir()
+	write := func(dir, p, body string) {
+		t.Helper()
+		must(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
+		must(t, os.WriteFile(filepath.Join(dir, p), []byte(body), 0o644))
+	}
+	write(base, "work/repo/tests/expected.txt", "42")
+	write(base, "work/repo/src/a.py", "A")
+	write(host, "secret", "host")
+	write(host, "other", "host")
+	must(t, os.Symlink(host, filepath.Join(base, "work/hostlink")))
+
+	must(t, os.MkdirAll(filepath.Join(diff, "work/repo/src"), 0o755))
+	must(t, os.Symlink("../tests", filepath.Join(diff, "work/repo/src/t")))
+	must(t, os.Symlink("t/expected.txt", filepath.Join(diff, "work/repo/src/answer")))
+	must(t, os.Symlink("/work/repo/z", filepath.Join(diff, "work/repo/src/s")))
+	must(t, os.MkdirAll(filepath.Join(diff, "work/repo/z/a/b"), 0o755))
+	must(t, os.Symlink("/work/repo/src/s/../../tests/expected.txt", filepath.Join(diff, "work/repo/src/dotdot")))
+	must(t, os.Symlink("/work/repo/tests", filepath.Join(diff, "work/repo/src/tests-dir")))
+	must(t, os.Symlink("a.py", filepath.Join(diff, "work/repo/src/fine")))
+	write(diff, "work/hostlink/secret", "agent") // a directory over the pristine symlink
+	must(t, unix.Lsetxattr(filepath.Join(diff, "work/hostlink"), "trusted.overlay.opaque", []byte("y"), 0))
+	must(t, os.MkdirAll(filepath.Join(diff, "work/repo/tests"), 0o755))
+	must(t, os.Chmod(filepath.Join(diff, "work/repo/tests"), 0))
+
+	rules, err := grade.Parse([]string{"/work/**", "!/work/repo/tests/**"}, nil)
+	must(t, err)
+	img := filepath.Join(t.TempDir(), "carried.erofs")
+	f, err := os.Create(img)
+	must(t, err)
+	w, err := erofs.NewWriter(f)
+	must(t, err)
+	c, err := snap.Carry(context.Background(), w, diff, snap.CarryOptions{Rules: rules, Base: base})
+	must(t, err)
+	_, err = w.Finish()
+	c.Close()
+	f.Close()
+	must(t, err)
+	reported := map[string]snap.Change{}
+	for _, ch := range c.Changes {
+		reported[ch.Path] = ch
+	}
+	for _, p := range []string{"/work/repo/src/t", "/work/repo/src/answer", "/work/repo/src/dotdot", "/work/repo/src/tests-dir"} {
+		if ch, ok := reported[p]; !ok || ch.Group != "links" {
+			t.Errorf("%s: %+v, want left out as links (all: %v)", p, ch, reported)
+		}
+	}
+	if _, ok := reported["/work/repo/src/fine"]; ok {
+		t.Errorf("a symlink within the carried paths was left out: %+v", reported["/work/repo/src/fine"])
+	}
+	img2 := layertest.ScanEROFS(t, img)
+	if _, ok := img2["work/repo/src/fine"]; !ok {
+		t.Error("the carried layer lacks the symlink within the carried paths")
+	}
+	for p := range img2 {
+		if p == "work/hostlink/other" {
+			t.Errorf("a host entry in the carried layer: %s", p)
+		}
+	}
+	if e, ok := img2["work/repo/tests"]; !ok || e.Perm != 0o755 {
+		t.Errorf("the tests directory in the carried layer: %+v, want the pristine mode 0755", e)
+	}
+}

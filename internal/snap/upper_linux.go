@@ -66,6 +66,13 @@ func pack(ctx context.Context, w *erofs.Writer, upper string, prev Index, lim Li
 	}
 	p := &packer{w: w, upper: upper, root: fd, prev: prev, lim: lim, links: map[uint64]string{},
 		out: &Packed{Index: Index{}}, merge: merge, base: mergeBase}
+	if merge {
+		if p.baseTree, err = openTree(mergeBase); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+		defer p.baseTree.close()
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -121,17 +128,18 @@ func (p *Packed) Close() {
 }
 
 type packer struct {
-	w     *erofs.Writer
-	upper string
-	root  int
-	dev   uint64
-	prev  Index
-	lim   Limits
-	links map[uint64]string // inode -> first path, for hard links
-	out   *Packed
-	buf   []byte
-	merge bool   // over earlier diffs (Merge)
-	base  string // Merge's base
+	w        *erofs.Writer
+	upper    string
+	root     int
+	dev      uint64
+	prev     Index
+	lim      Limits
+	links    map[uint64]string // inode -> first path, for hard links
+	out      *Packed
+	buf      []byte
+	merge    bool   // over earlier diffs (Merge)
+	base     string // Merge's base
+	baseTree *tree  // it, looked up through no symlink
 }
 
 func limitErr(format string, args ...any) error {
@@ -238,8 +246,7 @@ func (p *packer) add(ctx context.Context, dirfd int, name, rp string, st *unix.S
 		return p.w.Symlink(rp, target, a)
 	case unix.S_IFCHR:
 		if p.merge {
-			var bst unix.Stat_t
-			if err := unix.Lstat(path.Join(p.base, rp), &bst); errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			if _, ok := p.baseTree.lstat(rp); !ok {
 				return p.w.Remove(rp) // what the diffs below added, gone
 			}
 		}

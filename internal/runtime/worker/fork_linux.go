@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -53,6 +54,9 @@ type groupRec struct {
 	Lease    string    `json:"lease,omitempty"`
 	Created  time.Time `json:"created"`
 	Members  []string  `json:"members"`
+	// IDs are the members' sandbox ids, by name: a sandbox of a
+	// member's name made since (by another token, say) is none of it.
+	IDs map[string]string `json:"ids,omitempty"`
 }
 
 // leaseRec is a lease as the worker keeps it: Kept are the sandboxes
@@ -64,7 +68,8 @@ type leaseRec struct {
 	Created time.Time         `json:"created"`
 	Expires time.Time         `json:"expires"`
 	Kept    []string          `json:"kept,omitempty"`
-	Holds   map[string]string `json:"holds,omitempty"` // store tag -> its owner's name of it
+	KeptIDs map[string]string `json:"kept_ids,omitempty"` // their sandbox ids, by name
+	Holds   map[string]string `json:"holds,omitempty"`    // store tag -> its owner's name of it
 }
 
 // openForks reads root's groups and leases (none yet: empty).
@@ -247,6 +252,8 @@ func (w *worker) describeLease(l *leaseRec) api.Lease {
 // sandboxes removed, the snapshots it holds untagged unless something
 // else stands on them.
 func (w *worker) releaseLease(ctx context.Context, id string) api.Released {
+	// The lease and its groups leave the book at once: a keep or a fork
+	// meanwhile finds neither.
 	b := w.forks
 	b.mu.Lock()
 	l := b.Leases[id]
@@ -254,11 +261,17 @@ func (w *worker) releaseLease(ctx context.Context, id string) api.Released {
 		b.mu.Unlock()
 		return api.Released{Sandboxes: []string{}, Snapshots: []string{}}
 	}
+	delete(b.Leases, id)
 	var groups []*groupRec
-	for _, g := range b.Groups {
+	for gid, g := range b.Groups {
 		if g.Lease == id {
 			groups = append(groups, g)
+			delete(b.Groups, gid)
 		}
+	}
+	kept, keptIDs, holds := slices.Clone(l.Kept), maps.Clone(l.KeptIDs), maps.Clone(l.Holds)
+	if err := b.save(); err != nil {
+		w.log.Error("cannot record a lease's end", "lease", id, "err", err)
 	}
 	b.mu.Unlock()
 	out := api.Released{Sandboxes: []string{}, Snapshots: []string{}}
@@ -268,24 +281,18 @@ func (w *worker) releaseLease(ctx context.Context, id string) api.Released {
 		out.Snapshots = append(out.Snapshots, r.Snapshots...)
 		out.Kept = append(out.Kept, r.Kept...)
 	}
-	for _, name := range l.Kept {
-		if w.removeHeld(name) {
+	for _, name := range kept {
+		if w.removeHeld(name, keptIDs[name]) {
 			out.Sandboxes = append(out.Sandboxes, name)
 		}
 	}
-	for tag, name := range l.Holds {
+	for tag, name := range holds {
 		if w.untag(ctx, tag) {
 			out.Snapshots = append(out.Snapshots, name)
 		} else {
 			out.Kept = append(out.Kept, name)
 		}
 	}
-	b.mu.Lock()
-	delete(b.Leases, id)
-	if err := b.save(); err != nil {
-		w.log.Error("cannot record a lease's end", "lease", id, "err", err)
-	}
-	b.mu.Unlock()
 	w.log.Info("a lease ended", "lease", id, "removed", out.Sandboxes, "untagged", out.Snapshots)
 	return out
 }
@@ -315,7 +322,7 @@ func (w *worker) expireLeases(ctx context.Context) {
 	}
 	var empty []*groupRec // every member removed by other means
 	for _, g := range b.Groups {
-		if !slices.ContainsFunc(g.Members, w.exists) {
+		if !slices.ContainsFunc(g.Members, func(name string) bool { return w.holds(name, g.IDs[name]) }) {
 			empty = append(empty, g)
 		}
 	}
@@ -328,18 +335,34 @@ func (w *worker) expireLeases(ctx context.Context) {
 	}
 }
 
-// exists says whether the sandbox name is the worker's, made or being
-// made.
-func (w *worker) exists(name string) bool {
+// holds says whether the sandbox name is the worker's, made or being
+// made, and is the one of id ("": any).
+func (w *worker) holds(name, id string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.sandboxes[name] != nil
+	e := w.sandboxes[name]
+	return e != nil && (id == "" || e.sb == nil || e.sb.ID == id)
 }
 
-// removeHeld removes the sandbox name a lease or group held, and says
-// whether there was one to remove.
-func (w *worker) removeHeld(name string) bool {
+// idOf is the id of the worker's sandbox name ("": none).
+func (w *worker) idOf(name string) string {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := w.sandboxes[name]; e != nil && e.sb != nil {
+		return e.sb.ID
+	}
+	return ""
+}
+
+// removeHeld removes the sandbox name (of id: a sandbox of its name made
+// since is another's) a lease or group held, and says whether there was
+// one to remove.
+func (w *worker) removeHeld(name, id string) bool {
+	w.mu.Lock()
+	if e := w.sandboxes[name]; e == nil || e.sb == nil || id != "" && e.sb.ID != id {
+		w.mu.Unlock()
+		return false
+	}
 	e := w.going(name)
 	w.mu.Unlock()
 	if e == nil {
@@ -416,12 +439,13 @@ func (w *worker) fork(r *http.Request, req api.ForkRequest) (created[api.Group],
 		return fail(err)
 	}
 	g := &groupRec{ID: runtime.RandomName("group-"), Owner: ownerOf(ctx), Sandbox: name, Snapshot: tag, Tag: storeTag.String(), Lease: leaseID,
-		Created: time.Now(), Members: []string{}}
+		Created: time.Now(), Members: []string{}, IDs: map[string]string{}}
 	for _, s := range branches.v {
 		g.Members = append(g.Members, s.Name)
+		g.IDs[s.Name] = w.idOf(s.Name)
 	}
 	b.mu.Lock()
-	if leaseID != "" && b.Leases[leaseID] == nil { // it ended meanwhile
+	if _, err := w.lease(ctx, leaseID); leaseID != "" && err != nil { // it ended meanwhile
 		b.mu.Unlock()
 		w.releaseGroup(context.WithoutCancel(ctx), g, "")
 		return fail(fmt.Errorf("lease %s ended while the fork was made: nothing is left of it: %w", leaseID, errdefs.ErrNotFound))
@@ -461,7 +485,7 @@ func (w *worker) describeGroup(g *groupRec) api.Group {
 		w.mu.Lock()
 		e := w.sandboxes[name]
 		w.mu.Unlock()
-		if e != nil && e.sb != nil && e.gone == nil {
+		if e != nil && e.sb != nil && e.gone == nil && (g.IDs[name] == "" || e.sb.ID == g.IDs[name]) {
 			m.Status = w.describeAs(e.sb, false).Status
 			m.LastExec, m.Execs = e.sb.LastExec()
 		}
@@ -537,7 +561,7 @@ func (w *worker) keepMember(r *http.Request, req api.KeepRequest) (api.Released,
 func (w *worker) releaseGroup(ctx context.Context, g *groupRec, keep string) api.Released {
 	out := api.Released{Sandboxes: []string{}, Snapshots: []string{}}
 	for _, name := range g.Members {
-		if name != keep && w.removeHeld(name) {
+		if name != keep && w.removeHeld(name, g.IDs[name]) {
 			out.Sandboxes = append(out.Sandboxes, name)
 		}
 	}
@@ -546,6 +570,10 @@ func (w *worker) releaseGroup(ctx context.Context, g *groupRec, keep string) api
 	l := b.Leases[g.Lease]
 	if keep != "" && l != nil {
 		l.Kept = append(l.Kept, keep)
+		if l.KeptIDs == nil {
+			l.KeptIDs = map[string]string{}
+		}
+		l.KeptIDs[keep] = g.IDs[keep]
 	}
 	b.mu.Unlock()
 	switch {

@@ -169,6 +169,12 @@ func (w *worker) gradeOnce(ctx context.Context, e *entry, st runtime.State, req 
 			}
 		}
 	}
+	if never == nil {
+		never = grade.DefaultNever
+	}
+	// The result file is the grader's to write: one the agent left there
+	// would answer for a grader that writes only on success.
+	never = append(slices.Clone(never), globEscape(req.Result))
 	rules, err := grade.Parse(carry, never)
 	if err != nil {
 		return api.Grade{}, err
@@ -239,7 +245,7 @@ func (w *worker) gradeOnce(ctx context.Context, e *entry, st runtime.State, req 
 	g.ExitCode = res.ExitCode
 	g.Stdout, g.Stderr = readCapped(ex.StdoutPath()), readCapped(ex.StderrPath())
 	g.Result, g.ResultError = gradeResult(gsb, req.Result)
-	where := grade.Where{Rules: rules, Path: grade.PathOf(st.Env), Guarded: append(slices.Clone(pol.Files.Hidden), pol.Files.ReadOnly...)}
+	where := grade.Where{Rules: rules, Path: grade.PathOf(st.Env), Guarded: append(slices.Clone(pol.Files.Hidden), pol.Files.ReadOnly...), Result: req.Result}
 	if tk := gsb.Current().Toolkit; len(tk) > 0 {
 		where.Toolkit = func(p string) bool {
 			return slices.ContainsFunc(tk, func(d string) bool { return policy.Under(p, d) })
@@ -247,6 +253,18 @@ func (w *worker) gradeOnce(ctx context.Context, e *entry, st runtime.State, req 
 	}
 	g.Tamper = tamperReport(c, where)
 	return g, nil
+}
+
+// globEscape is p as a glob pattern that matches p alone.
+func globEscape(p string) string {
+	var b strings.Builder
+	for _, r := range p {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func cmpDuration(d, def time.Duration) time.Duration {
@@ -285,7 +303,7 @@ func readCapped(p string) string {
 // gradeResult is the JSON the grader wrote at p in its sandbox, or why
 // none was taken ("" and "": it wrote none).
 func gradeResult(sb *runtime.Sandbox, p string) (json.RawMessage, string) {
-	f, err := openIn(sb, p, os.O_RDONLY, 0)
+	f, err := openIn(sb, p, os.O_RDONLY|syscall.O_NONBLOCK, 0) // (a fifo there must not hold the grade)
 	if errdefs.IsNotFound(err) {
 		return nil, ""
 	}
@@ -293,6 +311,9 @@ func gradeResult(sb *runtime.Sandbox, p string) (json.RawMessage, string) {
 		return nil, err.Error()
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Sprintf("%s is not a regular file", p)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxGradeOutput+1))
 	switch {
 	case err != nil:
