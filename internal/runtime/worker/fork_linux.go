@@ -393,7 +393,7 @@ func (w *worker) fork(r *http.Request, req api.ForkRequest) (created[api.Group],
 		return created[api.Group]{}, fmt.Errorf("a fork names a lease or gives a ttl for a new one, not both: %w", errdefs.ErrInvalidArgument)
 	}
 	ctx := r.Context()
-	e, err := w.get(r)
+	_, err := w.get(r)
 	if err != nil {
 		return created[api.Group]{}, err
 	}
@@ -456,7 +456,6 @@ func (w *worker) fork(r *http.Request, req api.ForkRequest) (created[api.Group],
 	if err != nil {
 		return fail(err)
 	}
-	_ = e
 	w.log.Info("forked", "sandbox", name, "group", g.ID, "snapshot", snapshot.v.Name, "n", req.N, "lease", leaseID)
 	return created[api.Group]{w.describeGroup(g)}, nil
 }
