@@ -34,16 +34,28 @@ const background = `mkdir -p /www && echo served > /www/index.html && httpd -p 8
 // was started, not one started since) still runs.
 func count(t *testing.T, sb *sdk.Sandbox, id string) (int, bool) {
 	t.Helper()
-	out, res := run(t, sb, id, `kill -0 $(cat /tmp/counter.pid) 2>/dev/null && echo alive; cat /tmp/count`)
-	if res.ExitCode != 0 {
-		t.Fatalf("%s: %q %+v", id, out, res)
+	for try := 0; ; try++ {
+		// (The counter rewrites its file: a read between its truncation
+		// and its write finds it empty. Another read, another step.)
+		step := id
+		if try > 0 {
+			step = id + "-" + strconv.Itoa(try)
+		}
+		out, res := run(t, sb, step, `kill -0 $(cat /tmp/counter.pid) 2>/dev/null && echo alive; cat /tmp/count`)
+		if res.ExitCode != 0 {
+			t.Fatalf("%s: %q %+v", id, out, res)
+		}
+		f := strings.Fields(out)
+		n, err := strconv.Atoi(f[len(f)-1])
+		if err != nil && try < 3 {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %q", id, out)
+		}
+		return n, f[0] == "alive"
 	}
-	f := strings.Fields(out)
-	n, err := strconv.Atoi(f[len(f)-1])
-	if err != nil {
-		t.Fatalf("%s: %q", id, out)
-	}
-	return n, f[0] == "alive"
 }
 
 // counting makes a microVM of 256 MiB named name that runs background

@@ -67,7 +67,7 @@ type IdleReport struct {
 // paused, its page cache and (with swap, a compressed tier) cold memory
 // given back to the host, until its next exec resumes it (Run). A
 // shorter wait is not worth the resume: nothing is done.
-func (sb *Sandbox) Hint(expected, minWait time.Duration) (IdleReport, error) {
+func (sb *Sandbox) Hint(ctx context.Context, expected, minWait time.Duration) (IdleReport, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	var r IdleReport
@@ -82,7 +82,9 @@ func (sb *Sandbox) Hint(expected, minWait time.Duration) (IdleReport, error) {
 		r.After, r.Paused = r.Before, sb.Paused
 		return r, nil
 	}
+	sb.squeeze(ctx)
 	if err := sb.pause(); err != nil {
+		sb.unsqueeze(ctx)
 		return r, err
 	}
 	sb.Hinted = true
@@ -92,6 +94,46 @@ func (sb *Sandbox) Hint(expected, minWait time.Duration) (IdleReport, error) {
 	r.After, _ = sb.g.MemoryCharged()
 	r.Paused = true
 	return r, nil
+}
+
+// squeeze has a guest's balloon take what the guest does not use (its
+// caches, its free memory), before it is frozen; sb.mu is held. A
+// container, or a guest that does not answer in time, is left as it is.
+func (sb *Sandbox) squeeze(ctx context.Context) {
+	b, ok := sb.c.(driver.Ballooner)
+	m, ok2 := sb.c.(driver.MemoryReporter)
+	if !ok || !ok2 {
+		return
+	}
+	mem, err := m.Memory(ctx)
+	if err != nil {
+		return
+	}
+	used := mem.Total - mem.Available
+	target := used + max(used/8, 32<<20)
+	if target >= mem.Total {
+		return
+	}
+	if b.Balloon(ctx, target) != nil {
+		return
+	}
+	sb.Ballooned = true
+	// The guest gives its pages up as it runs: a moment, bounded.
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if now, err := m.Memory(ctx); err == nil && now.Total <= target+16<<20 {
+			return
+		}
+	}
+}
+
+// unsqueeze gives a guest its memory back; sb.mu is held.
+func (sb *Sandbox) unsqueeze(ctx context.Context) {
+	if !sb.Ballooned {
+		return
+	}
+	if b, ok := sb.c.(driver.Ballooner); ok && b.Balloon(ctx, 0) == nil {
+		sb.Ballooned = false
+	}
 }
 
 // wake resumes a sandbox an idle hint paused, for an exec.
@@ -203,6 +245,7 @@ func (sb *Sandbox) Resume(ctx context.Context) error {
 		}
 		sb.journal().Recover(sb.c)
 	}
+	sb.unsqueeze(ctx)
 	return sb.save()
 }
 

@@ -138,8 +138,10 @@ type State struct {
 	// worker restarts; since PausedAt.
 	Paused   bool      `json:"paused,omitempty"`
 	PausedAt time.Time `json:"paused_at,omitzero"`
-	// Hinted: paused by an idle hint (Hint), resumed by the next exec.
-	Hinted bool `json:"hinted,omitempty"`
+	// Hinted: paused by an idle hint (Hint), resumed by the next exec;
+	// Ballooned: its guest's balloon took what it did not use then.
+	Hinted    bool `json:"hinted,omitempty"`
+	Ballooned bool `json:"ballooned,omitempty"`
 	// VM is a microVM's machine, as its last start ran it; Machine the
 	// same in full, what a memory snapshot of it records.
 	VM      *api.VMInfo    `json:"vm,omitempty"`

@@ -294,6 +294,7 @@ func (sb *Sandbox) resumeSaved(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("resume sandbox %s: %w", sb.Name, err), errors.Join(errs...), sb.save())
 	}
 	sb.dropSaved()
+	sb.unsqueeze(ctx) // (a guest a hint squeezed was saved so)
 	return sb.save()
 }
 

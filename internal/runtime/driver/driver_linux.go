@@ -196,6 +196,10 @@ type (
 	MemoryReporter interface {
 		Memory(ctx context.Context) (*initproto.GuestMemory, error)
 	}
+	// Ballooner sets the memory a guest keeps (0: all it was given).
+	Ballooner interface {
+		Balloon(ctx context.Context, target int64) error
+	}
 	// FSFreezer flushes and freezes the file system of a guest's disk
 	// (FreezeFS) and lets it be written again (ThawFS): the runtime
 	// freezes a guest stopped (not removed) before killing it.

@@ -82,6 +82,7 @@ const (
 const (
 	OpSnapshot Op = "snapshot" // save the guest's memory, device state and disk (SCM_RIGHTS: their files)
 	OpMemory   Op = "memory"   // the guest's memory as its balloon last reported it
+	OpBalloon  Op = "balloon"  // set the balloon's target: the guest's memory, Balloon bytes (0: all of it)
 )
 
 // Request is what the worker sends the init.
@@ -124,6 +125,8 @@ type Request struct {
 	ReadOnly []string `json:"read_only,omitempty"`
 	Hidden   []string `json:"hidden,omitempty"`
 	Hostname string   `json:"hostname,omitempty"`
+	// Balloon: the memory the guest keeps (OpBalloon; 0: all of it).
+	Balloon int64 `json:"balloon,omitempty"`
 	// Setup: what a guest's root is made of (opSetup).
 	Setup *GuestSpec `json:"setup,omitempty"`
 	// Stop: a memory snapshot leaves the guest stopped, never to run

@@ -367,7 +367,7 @@ func (w *worker) idle(r *http.Request, req api.IdleRequest) (api.IdleReport, err
 	if least < 0 {
 		least = time.Duration(1<<63 - 1) // (hints ignored)
 	}
-	rep, err := e.sb.Hint(time.Duration(req.ExpectedSeconds*float64(time.Second)), least)
+	rep, err := e.sb.Hint(context.WithoutCancel(r.Context()), time.Duration(req.ExpectedSeconds*float64(time.Second)), least)
 	e.op.Unlock()
 	if err != nil {
 		return api.IdleReport{}, err

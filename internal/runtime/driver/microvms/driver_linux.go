@@ -55,6 +55,7 @@ var (
 	_ driver.MemorySnapshotter = (*Driver)(nil)
 	_ driver.FSFreezer         = (*vmm.VM)(nil)
 	_ driver.MemoryReporter    = (*vmm.VM)(nil)
+	_ driver.Ballooner         = (*vmm.VM)(nil)
 )
 
 // New makes the driver for microVMs as s configures them.

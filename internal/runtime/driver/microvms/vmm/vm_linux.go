@@ -323,5 +323,12 @@ func (v *VM) Memory(ctx context.Context) (*initproto.GuestMemory, error) {
 	return r.Memory, nil
 }
 
+// Balloon sets the memory the guest keeps (0: all it was given); the
+// balloon inflates over the rest, as the guest gives it up.
+func (v *VM) Balloon(ctx context.Context, target int64) error {
+	_, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpBalloon, ID: fmt.Sprintf("#balloon-%d", initproto.RestrictSeq.Add(1)), Balloon: target}, nil, nil)
+	return err
+}
+
 // Files opens the guest's files, through its agent.
 func (v *VM) Files() (*initproto.RemoteFiles, error) { return initproto.DialFiles(v.files) }

@@ -488,6 +488,15 @@ func (v *vmm) handle(r initproto.Incoming) {
 	case initproto.OpSnapshot: // in this loop: no other request meanwhile
 		v.snapshot(r)
 		return
+	case initproto.OpBalloon:
+		closeAll(r.Files)
+		if err := v.balloon(r.Req.Balloon); err != nil {
+			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
+			return
+		}
+		zero := 0
+		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero})
+		return
 	case initproto.OpMemory:
 		closeAll(r.Files)
 		m, err := v.guestMemory()

@@ -133,6 +133,26 @@ func (v *vmm) pollBalloon() error {
 	return err
 }
 
+// balloon sets the guest's memory to target bytes (0: all it was given),
+// the balloon taking the rest: the guest gives up its caches first.
+func (v *vmm) balloon(target int64) error {
+	if target <= 0 {
+		b, err := v.qmp.do("query-memory-size-summary", nil)
+		if err != nil {
+			return err
+		}
+		var sum struct {
+			Base int64 `json:"base-memory"`
+		}
+		if err := json.Unmarshal(b, &sum); err != nil || sum.Base <= 0 {
+			return fmt.Errorf("the guest's memory size: %s %v", b, err)
+		}
+		target = sum.Base
+	}
+	_, err := v.qmp.do("balloon", map[string]any{"value": target})
+	return err
+}
+
 // guestMemory is what the guest's balloon last reported.
 func (v *vmm) guestMemory() (*initproto.GuestMemory, error) {
 	b, err := v.qmp.do("qom-get", map[string]any{"path": balloon, "property": "guest-stats"})
