@@ -45,8 +45,9 @@ func count(t *testing.T, sb *sdk.Sandbox, id string) (int, bool) {
 		if res.ExitCode != 0 {
 			t.Fatalf("%s: %q %+v", id, out, res)
 		}
-		f := strings.Fields(out)
+		f := append([]string{""}, strings.Fields(out)...)
 		n, err := strconv.Atoi(f[len(f)-1])
+		f = f[1:]
 		if err != nil && try < 3 {
 			time.Sleep(50 * time.Millisecond)
 			continue
@@ -54,7 +55,7 @@ func count(t *testing.T, sb *sdk.Sandbox, id string) (int, bool) {
 		if err != nil {
 			t.Fatalf("%s: %q", id, out)
 		}
-		return n, f[0] == "alive"
+		return n, len(f) > 0 && f[0] == "alive"
 	}
 }
 
