@@ -527,6 +527,7 @@ func TestTenancy(t *testing.T) {
 				return err
 			}},
 			{"fork", func(sb *sdk.Sandbox) error { _, err := sb.Fork(ctx, api.ForkRequest{N: 1}); return err }},
+			{"idle", func(sb *sdk.Sandbox) error { _, err := sb.Idle(ctx, time.Minute); return err }},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -88,16 +89,9 @@ func (a *app) printGroup(g *api.Group) error {
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tSTATUS\tEXECS\tLAST EXEC")
 	for _, m := range g.Members {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", m.Name, m.Status, m.Execs, cmpOr(m.LastExec, "-"))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", m.Name, m.Status, m.Execs, cmp.Or(m.LastExec, "-"))
 	}
 	return tw.Flush()
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 func (a *app) printReleased(r *api.Released) {
@@ -143,7 +137,7 @@ func (a *app) groupCommand() *cobra.Command {
 				for _, m := range g.Members {
 					ms = append(ms, m.Name+"("+m.Status+")")
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Sandbox, g.Snapshot, cmpOr(g.Lease, "-"), dash(ms), g.Created.Local().Format(time.DateTime))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Sandbox, g.Snapshot, cmp.Or(g.Lease, "-"), dash(ms), g.Created.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},

@@ -16,6 +16,32 @@ import (
 	"github.com/dsec-project/dsec/internal/snap"
 )
 
+// carry is the image Carry makes of diff over base under the carry rules,
+// and what it left out.
+func carry(t *testing.T, diff, base string, rules ...string) (string, *snap.Carried) {
+	t.Helper()
+	r, err := grade.Parse(rules, nil)
+	must(t, err)
+	img := filepath.Join(t.TempDir(), "carried.erofs")
+	f, err := os.Create(img)
+	must(t, err)
+	defer f.Close()
+	w, err := erofs.NewWriter(f)
+	must(t, err)
+	c, err := snap.Carry(context.Background(), w, diff, snap.CarryOptions{Rules: r, Base: base})
+	must(t, err)
+	defer c.Close()
+	_, err = w.Finish()
+	must(t, err)
+	return img, c
+}
+
+func writeFile(t *testing.T, dir, p, body string) {
+	t.Helper()
+	must(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, p), []byte(body), 0o644))
+}
+
 // TestCarry: what Carry takes of a hostile diff, stacked by the kernel's
 // overlay over the pristine tree, shows the carried changes and the
 // pristine rest: an opaque carried directory hides only its carried
@@ -25,11 +51,7 @@ import (
 func TestCarry(t *testing.T) {
 	layertest.RequireRoot(t)
 	base, diff := t.TempDir(), t.TempDir()
-	write := func(dir, p, body string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
-		must(t, os.WriteFile(filepath.Join(dir, p), []byte(body), 0o644))
-	}
+	write := func(dir, p, body string) { t.Helper(); writeFile(t, dir, p, body) }
 	for p, body := range map[string]string{"work/repo/src/a.py": "A", "work/repo/src/old.py": "OLD", "work/repo/tests/t.py": "T",
 		"work/repo/lib/x.py": "X", "work/repo/lib/tests/lt.py": "LT", "work/other.txt": "O", "etc/passwd": "root"} {
 		write(base, p, body)
@@ -44,19 +66,7 @@ func TestCarry(t *testing.T) {
 	must(t, os.Symlink("/etc/passwd", filepath.Join(diff, "work/repo/src/esc")))
 	must(t, os.Symlink("a.py", filepath.Join(diff, "work/repo/src/ok")))
 
-	rules, err := grade.Parse([]string{"/work/repo/**", "!/work/repo/tests/**", "!/work/repo/lib/tests/**"}, nil)
-	must(t, err)
-	img := filepath.Join(t.TempDir(), "carried.erofs")
-	f, err := os.Create(img)
-	must(t, err)
-	w, err := erofs.NewWriter(f)
-	must(t, err)
-	c, err := snap.Carry(context.Background(), w, diff, snap.CarryOptions{Rules: rules, Base: base})
-	must(t, err)
-	_, err = w.Finish()
-	c.Close()
-	f.Close()
-	must(t, err)
+	img, c := carry(t, diff, base, "/work/repo/**", "!/work/repo/tests/**", "!/work/repo/lib/tests/**")
 
 	top, merged := t.TempDir(), t.TempDir()
 	must(t, mount.EROFS(img).Mount(top))
@@ -106,11 +116,7 @@ func TestCarry(t *testing.T) {
 func TestCarryLinks(t *testing.T) {
 	layertest.RequireRoot(t)
 	base, diff, host := t.TempDir(), t.TempDir(), t.TempDir()
-	write := func(dir, p, body string) {
-		t.Helper()
-		must(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
-		must(t, os.WriteFile(filepath.Join(dir, p), []byte(body), 0o644))
-	}
+	write := func(dir, p, body string) { t.Helper(); writeFile(t, dir, p, body) }
 	write(base, "work/repo/tests/expected.txt", "42")
 	write(base, "work/repo/src/a.py", "A")
 	write(host, "secret", "host")
@@ -130,19 +136,7 @@ func TestCarryLinks(t *testing.T) {
 	must(t, os.MkdirAll(filepath.Join(diff, "work/repo/tests"), 0o755))
 	must(t, os.Chmod(filepath.Join(diff, "work/repo/tests"), 0))
 
-	rules, err := grade.Parse([]string{"/work/**", "!/work/repo/tests/**"}, nil)
-	must(t, err)
-	img := filepath.Join(t.TempDir(), "carried.erofs")
-	f, err := os.Create(img)
-	must(t, err)
-	w, err := erofs.NewWriter(f)
-	must(t, err)
-	c, err := snap.Carry(context.Background(), w, diff, snap.CarryOptions{Rules: rules, Base: base})
-	must(t, err)
-	_, err = w.Finish()
-	c.Close()
-	f.Close()
-	must(t, err)
+	img, c := carry(t, diff, base, "/work/**", "!/work/repo/tests/**")
 	reported := map[string]snap.Change{}
 	for _, ch := range c.Changes {
 		reported[ch.Path] = ch

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -226,7 +227,7 @@ func (w *worker) gradeOnce(ctx context.Context, e *entry, st runtime.State, req 
 	if err != nil {
 		return api.Grade{}, fmt.Errorf("grade %s: the grader's command: %w", st.Name, err)
 	}
-	timeout := cmpDuration(time.Duration(req.Timeout)*time.Second, defaultGradeTimeout)
+	timeout := cmp.Or(time.Duration(req.Timeout)*time.Second, defaultGradeTimeout)
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	res, err := ex.Result(tctx)
 	cancel()
@@ -265,13 +266,6 @@ func globEscape(p string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
-}
-
-func cmpDuration(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }
 
 // tamperReport groups what the grade left out.
