@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Secure makes root (0700) unless it exists, and takes group and other
@@ -45,6 +46,7 @@ func Secure(root string) ([]string, error) {
 	if err := repair(root, fi); err != nil {
 		return nil, err
 	}
+	rootFi := fi
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return nil, err
@@ -55,9 +57,19 @@ func Secure(root string) ([]string, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
+		if !sameDevice(fi, rootFi) {
+			continue // a file system mounted there (a layer mounted in the root) is not the root's to change
+		}
 		if err := repair(p, fi); err != nil {
 			return fixed, err
 		}
 	}
 	return fixed, nil
+}
+
+// sameDevice says whether a and b lie on one file system.
+func sameDevice(a, b fs.FileInfo) bool {
+	sa, okA := a.Sys().(*syscall.Stat_t)
+	sb, okB := b.Sys().(*syscall.Stat_t)
+	return !okA || !okB || sa.Dev == sb.Dev
 }
