@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # make bench (as root): lazy-loading figures, each next to its baseline.
-#  1. Fraction of a >= 500 MB Debian base (debootstrap: python3, git, gcc) that an agent step fetches
-#     (start a shell, run python, git status in a new repo, compile a file).
-#  2. Workspace provisioning, per sandbox: tar.gz fetched and extracted vs lazy mount, to "ready and first
+#  1. An agent step with no profile (python imports, git commit) on a >= 500 MB Debian base (debootstrap: python3,
+#     git, gcc): what it fetches vs what the kernel itself reads through a loop device, and its time and a first
+#     exec's vs the same layer built with 1 MiB windows.
+#  2. Fraction of the base that another agent step fetches (start a shell, run python, git status in a new repo,
+#     compile a file), on a layout in path order and on one ordered by the step's recorded profile.
+#  3. Workspace provisioning, per sandbox: tar.gz fetched and extracted vs lazy mount, to "ready and first
 #     command done", and bytes written to the local disk.
-#  3. Burst: 64 distinct workspace layers mounted at once + first command, lazy vs pull-then-mount.
+#  4. Burst: 64 distinct workspace layers mounted at once + first command, lazy vs pull-then-mount.
 # The remote is a dir: store on this disk, slowed by DSEC_EMULATE_REMOTE (default: 2 ms per request, 200 MiB/s)
 # to stand for a shared store across a network; tar's download gets the same latency and bandwidth (pv -L).
 # Every run starts cold: host cache removed, page cache dropped.
@@ -42,8 +45,7 @@ fi
 export DSEC_ROOT=$work/builder
 shared=dir://$work/shared
 
-# --- 1. fraction fetched by an agent step, on the layout of a plain build (files in path order) and
-# on one built with --order from the step's recorded access profile (the files it read first).
+# the Debian base, its files in path order
 "$dsec" layer build "$rootfs" --kind base -t bench/debian:1 >/dev/null
 "$dsec" layer push bench/debian:1 "$shared" >/dev/null 2>&1
 total=$("$dsec" layer inspect bench/debian:1 --json | sed -n 's/^  "size": \([0-9]*\).*/\1/p')
@@ -78,9 +80,59 @@ step() {
 	DSEC_ROOT=$host "$dsec" layer umount "$base"
 }
 pctof() { awk -v a="$1" -v b="$total" 'BEGIN{printf "%.2f", 100*a/b}'; }
+
+# --- 1. an agent step with no profile (python3 importing json, subprocess, http.client, unittest and sqlite3, then
+# git init, commit and log): what the fetcher moves vs what the kernel itself reads of the same image through a loop
+# device with its own read-ahead, and its time cold against the same layer built with 1 MiB windows (what a read's
+# window fetched whole was before); the first exec (python3 -c pass) the same. Fresh hosts, interleaved, median.
+agent='python3 -c "import json, subprocess, http.client, unittest, sqlite3"
+	mkdir -p /tmp/r3 && cd /tmp/r3 && git init -q && echo x >g && git add g && git -c user.name=a -c user.email=a@b commit -qm m && git log --oneline >/dev/null'
+first='python3 -c pass'
+"$dsec" layer build "$rootfs" --kind base -t bench/debian1m:1 --window-size 1MiB >/dev/null
+"$dsec" layer push bench/debian1m:1 "$shared" >/dev/null 2>&1
+img=$DSEC_ROOT/store/blobs/sha256/$("$dsec" layer inspect bench/debian:1 --json | sed -n 's/^  "digest": "sha256:\([0-9a-f]*\)".*/\1/p')
+# kernel_step SCRIPT: one cold run over the image on a read-only loop device; sets kread (bytes the device read) and kra
+kernel_step() {
+	cold
+	local loopdev; loopdev=$(losetup -f --show -r "$img")
+	mount -t erofs -o ro "$loopdev" "$base"
+	mount -t tmpfs tmpfs "$upper"; mkdir "$upper/u" "$upper/w"
+	mount -t overlay overlay -o "lowerdir=$base,upperdir=$upper/u,workdir=$upper/w" "$merged"
+	mount --bind /dev "$merged/dev"
+	mount -t proc proc "$merged/proc"
+	local st=/sys/block/${loopdev#/dev/}/stat r0
+	r0=$(awk '{print $3}' "$st")
+	chroot "$merged" /bin/sh -c "$1"
+	kread=$(( ($(awk '{print $3}' "$st") - r0) * 512 )); kra=$(cat "/sys/block/${loopdev#/dev/}/queue/read_ahead_kb")
+	for m in "$merged/proc" "$merged/dev" "$merged" "$upper" "$base"; do umount "$m"; done
+	losetup -d "$loopdev"
+}
+kernel_step "$agent"
+declare -a a64 a1m f64 f1m af64
+for i in $(seq "$runs"); do
+	step "$work/ha$i" bench/debian:1 "$agent"; a64+=("$ms"); af64+=("$fetched")
+	step "$work/hb$i" bench/debian1m:1 "$agent"; a1m+=("$ms"); af1m=$fetched
+	step "$work/hc$i" bench/debian:1 "$first"; f64+=("$ms")
+	step "$work/hd$i" bench/debian1m:1 "$first"; f1m+=("$ms")
+done
+af=$(printf '%s\n' "${af64[@]}" | median)
+printf '1. an agent step with no profile: fetched %s MiB = %s%% of the image with 64 KiB windows, %s%% with 1 MiB; the kernel read %s MiB = %s%% through a loop device (read-ahead %s KiB)\n' \
+	"$(mb "$af")" "$(pctof "$af")" "$(pctof "$af1m")" "$(mb "$kread")" "$(pctof "$kread")" "$kra"
+printf '   cold step %s ms (1 MiB windows: %s ms); first exec %s ms (1 MiB windows: %s ms)\n' "${a64[*]}" "${a1m[*]}" "${f64[*]}" "${f1m[*]}"
+bench_record --id lazy-agent-fetched --area "Lazy loading" --unit % \
+	--title "an agent step (python imports, git commit) on the Debian base, no profile: share of the image fetched" \
+	--value "$(pctof "$af")" --baseline "$(pctof "$kread")" --baseline-what "the kernel's own read set (a loop device, read-ahead $kra KiB)" --target "<= 1.2x"
+bench_record --id lazy-agent-time --area "Lazy loading" --unit ms \
+	--title "the same step, cold, no profile: its time (median of $runs)" \
+	--value "$(printf '%s\n' "${a64[@]}" | median)" --baseline "$(printf '%s\n' "${a1m[@]}" | median)" --baseline-what "the layer built with 1 MiB windows" --target "<= 1.0x"
+bench_record --id lazy-first-exec --area "Lazy loading" --unit ms \
+	--title "a first exec (python3 -c pass), cold, no profile (median of $runs)" \
+	--value "$(printf '%s\n' "${f64[@]}" | median)" --baseline "$(printf '%s\n' "${f1m[@]}" | median)" --baseline-what "the layer built with 1 MiB windows" --target "<= 1.0x"
+# --- 2. fraction fetched by an agent step, on the layout of a plain build (files in path order) and
+# on one built with --order from the step's recorded access profile (the files it read first).
 step "$work/host1" bench/debian:1 "$step1" --record
 path_pct=$(pctof "$fetched")
-printf '1. agent step on a %s MiB Debian base, path-order layout: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%; step %s ms)\n' \
+printf '2. agent step on a %s MiB Debian base, path-order layout: fetched %s MiB = %s%% of the image (block 0 + metadata alone: %s MiB; the kernel read %s MiB = %s%%; step %s ms)\n' \
 	"$(mb "$total")" "$(mb "$fetched")" "$(pctof "$fetched")" "$(mb "$meta")" "$(mb "$readb")" "$(pctof "$readb")" "$ms"
 for i in $(seq 100); do [ -e "$work/host1/cache/"*/access ] && break; sleep 0.1; done # the fetcher saves the record as it exits
 DSEC_ROOT=$work/host1 "$dsec" layer profile bench/debian:1 -o "$work/step.profile"
@@ -102,7 +154,7 @@ bench_record --id lazy-step-other --area "Lazy loading" --unit % \
 	--value "$(pctof "$fetched")" --baseline "$(pctof "$f2")" --baseline-what "path-order layout" --target "<= 5%"
 printf '   (cache.read_ahead_kb=%s, the same for the recorded run and the replays)\n' "${DSEC_CACHE_READ_AHEAD_KB:-16}"
 
-# --- 2. workspace provisioning
+# --- 3. workspace provisioning
 ws=$work/ws-src; mkdir -p "$ws"
 cp -a /usr/local/go "$ws/go"; cp -a /usr/local/go/src "$ws/src2"
 tar czf "$work/ws.tar.gz" -C "$ws" .
@@ -122,7 +174,7 @@ done
 m() { printf '%s\n' "$@" | median; }
 faster=$(awk -v a="$(m "${tt[@]}")" -v b="$(m "${dt[@]}")" 'BEGIN{printf "%.1f", a/b}')
 fewer=$(awk -v a="$(m "${tw[@]}")" -v b="$(m "${dw[@]}")" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')
-printf '2. workspace of %s MB (tar.gz %s MB), per sandbox, to ready + first command:\n' "$wsize" "$(du -m "$work/ws.tar.gz" | cut -f1)"
+printf '3. workspace of %s MB (tar.gz %s MB), per sandbox, to ready + first command:\n' "$wsize" "$(du -m "$work/ws.tar.gz" | cut -f1)"
 printf '   tar xzf: %s ms, %s MiB written | dsec lazy mount: %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
 	"$(m "${tt[@]}")" "$(mb "$(m "${tw[@]}")")" "$(m "${dt[@]}")" "$(mb "$(m "${dw[@]}")")" "$faster" "$fewer"
 bench_record --id lazy-workspace-time --area "Lazy loading" --unit ms \
@@ -134,7 +186,7 @@ bench_record --id lazy-workspace-writes --area "Lazy loading" --unit MiB \
 	--value "$(mb "$(m "${dw[@]}")")" --baseline "$(mb "$(m "${tw[@]}")")" --baseline-what "fetch + tar xzf" \
 	--ratio-of baseline/dsec --ratio "$fewer" --target ">= 20x" --target-text "<= 1/20 of the writes"
 
-# --- 3. burst of 64 distinct layers
+# --- 4. burst of 64 distinct layers
 n=${BENCH_BURST:-64}
 src=$work/burst-src; cp -a /usr/local/go/src/cmd "$src"
 for i in $(seq "$n"); do
@@ -164,7 +216,7 @@ burst full; ft=$bt; fw=$bw_
 lsize=$(mb "$(stat -c %s "$work/builder/store/blobs/sha256/$("$dsec" layer inspect bench/burst1:1 --json | sed -n 's/.*"digest": "sha256:\([0-9a-f]*\)".*/\1/p' | head -1)")")
 faster=$(awk -v a="$ft" -v b="$lt" 'BEGIN{printf "%.1f", a/b}')
 fewer=$(awk -v a="$fw" -v b="$lw" 'BEGIN{printf "%.0f", (b>0 ? a/b : 0)}')
-printf '3. burst of %s cold mounts + first command (%s MiB layers): lazy %s ms, %s MiB written | pull then mount %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
+printf '4. burst of %s cold mounts + first command (%s MiB layers): lazy %s ms, %s MiB written | pull then mount %s ms, %s MiB written | %sx faster, 1/%s of the writes\n' \
 	"$n" "$lsize" "$lt" "$(mb "$lw")" "$ft" "$(mb "$fw")" "$faster" "$fewer"
 bench_record --id lazy-burst-time --area "Lazy loading" --unit ms \
 	--title "$n distinct $lsize MiB workspace layers mounted at once + first command" \

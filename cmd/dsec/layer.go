@@ -18,6 +18,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/rootdir"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/units"
 )
 
 func (a *app) layerCommand() *cobra.Command {
@@ -52,8 +53,8 @@ func (a *app) openStore() (*store.Store, error) {
 }
 
 type buildFlags struct {
-	kind, tag, order, platform string
-	force, json                bool
+	kind, tag, order, platform, window string
+	force, json                        bool
 }
 
 func (a *app) layerBuild() *cobra.Command {
@@ -115,6 +116,7 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 	fl.BoolVar(&f.force, "force", false, "replace an existing tag that names other content")
 	fl.StringVar(&f.order, "order", "", "lay out the data the access profile FILE names first, in its order (see dsec layer profile)")
 	fl.BoolVar(&f.json, "json", false, "print the layer as JSON (digest, size, name, kind, metadata, ...)")
+	fl.StringVar(&f.window, "window-size", "64KiB", "the window a lazy mount fetches and checks at least: a power of two from 4KiB to 4MiB (larger for a remote far away, fewer round trips)")
 	fl.StringVar(&f.platform, "platform", "", "OS/ARCH[/VARIANT] to take from a multi-platform image (docker:// and oci:// sources)")
 	_ = cmd.RegisterFlagCompletionFunc("kind", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return []string{"base", "workspace", "toolkit"}, cobra.ShellCompDirectiveNoFileComp
@@ -126,6 +128,9 @@ Stdout gets the layer digest (or JSON with --json); progress goes to stderr.
 // layer converted from a directory, an archive or a stream.
 func (a *app) buildLayer(cmd *cobra.Command, src string, f buildFlags) error {
 	if strings.HasPrefix(src, "docker://") || strings.HasPrefix(src, "oci://") {
+		if cmd.Flags().Changed("window-size") {
+			return usageError{fmt.Errorf("--window-size is for a layer built from a directory or an archive: an image's layers take the default")}
+		}
 		return a.buildFromRegistry(cmd, src, f)
 	}
 	if f.kind == "" {
@@ -147,6 +152,12 @@ func (a *app) buildLayer(cmd *cobra.Command, src string, f buildFlags) error {
 		return err
 	}
 	opts := layer.BuildOptions{Source: src, Stdin: a.stdin, Kind: kind, Ref: ref, Force: f.force}
+	if opts.WindowSize, err = units.ParseBytes(f.window); err == nil {
+		err = layer.CheckWindowSize(opts.WindowSize)
+	}
+	if err != nil {
+		return usageError{fmt.Errorf("--window-size %s: use a power of two from 4KiB to 4MiB", f.window)}
+	}
 	if f.order != "" {
 		if opts.Order, err = readProfile(f.order); err != nil {
 			return err

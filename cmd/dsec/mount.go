@@ -43,8 +43,8 @@ func (a *app) layerMount() *cobra.Command {
 A layer in the local store is mounted straight from its blob (file-backed, no loop device).
 With --from REMOTE (dir:///PATH, oci://HOST/REPO or a configured name) the layer is mounted
 lazily: block 0 and the metadata region are fetched first, so listing and stat never wait,
-and each 1 MiB window of file data is fetched on first read, checked against the layer's
-window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). With
+and file data is fetched on first read (what a read misses, in 64 KiB windows, with more
+read ahead where reads go on), checked against the layer's window table and kept in the host cache (<root>/cache, bounded by cache.max_bytes). With
 --record, the windows the run reads become the layer's prefetch hint on this host (later
 fetchers of the layer fetch them in the background as soon as they start) and the byte
 ranges it reads its access profile (dsec layer profile). One

@@ -33,10 +33,10 @@ type hbuf struct {
 
 const hashChunk = 1 << 20
 
-func newHasher(sizeHint int64) *hasher {
+func newHasher(sizeHint, window int64) *hasher {
 	h := &hasher{
 		full: make(chan *hbuf, 16), win: make(chan *hbuf, 16),
-		fullSum: sha256.New(), wins: newWindowHasher(sizeHint),
+		fullSum: sha256.New(), wins: newWindowHasher(sizeHint, window),
 	}
 	h.pool.New = func() any { return &hbuf{b: make([]byte, 0, hashChunk)} }
 	h.wg.Add(2)

@@ -1,6 +1,7 @@
 package layer
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -32,7 +33,7 @@ const (
 	MediaTypeConfig   = "application/vnd.dsec.layer.config.v1+json"
 	MediaTypeWindows  = "application/vnd.dsec.layer.windows.v1"
 	ArtifactType      = "application/vnd.dsec.layer.v1"
-	WindowSize        = 1 << 20
+	WindowSize        = 64 << 10 // see Windows
 	AnnotationKind    = "dev.dsec.layer.kind"
 	AnnotationMetaOff = "dev.dsec.layer.metadata.offset"
 	AnnotationMetaLen = "dev.dsec.layer.metadata.size"
@@ -163,7 +164,11 @@ type Lower struct {
 
 // Windows describes the per-window sha256 table stored beside the image:
 // Count hashes of Size-byte windows (the last may be short), 32 bytes
-// each, in a blob of its own.
+// each, in a blob of its own. A window is the least a lazy mount fetches
+// and checks: layers are built with WindowSize (64 KiB) windows, so a
+// fetch takes about what a read needs, and the fetcher fetches several
+// in one request where reads go on; layers of 1 MiB windows, built
+// before, mount as they are.
 type Windows struct {
 	Size   int64         `json:"size"`
 	Count  int           `json:"count"`
@@ -217,6 +222,24 @@ type BuildOptions struct {
 	// this order: an access profile (see lazy.Profile and ParseProfile).
 	// Only a directory source can be ordered.
 	Order []erofs.Hot
+	// WindowSize is the layer's window (see Windows): 0 is WindowSize;
+	// otherwise a power of two from MinWindowSize to MaxWindowSize.
+	WindowSize int64
+}
+
+// The bounds of BuildOptions.WindowSize: a window is whole blocks, and
+// one is fetched in one request.
+const (
+	MinWindowSize = 4 << 10
+	MaxWindowSize = 4 << 20
+)
+
+// CheckWindowSize says what is wrong with a window size, if anything.
+func CheckWindowSize(n int64) error {
+	if n < MinWindowSize || n > MaxWindowSize || n&(n-1) != 0 {
+		return fmt.Errorf("window size %d: use a power of two from 4KiB to 4MiB", n)
+	}
+	return nil
 }
 
 // Build converts the source into an EROFS layer, stores it and tags it.
@@ -230,6 +253,11 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	}
 	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
 		return nil, err
+	}
+	if o.WindowSize != 0 {
+		if err := CheckWindowSize(o.WindowSize); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
 	}
 	existing, err := existingTag(ctx, s, o)
 	if err != nil {
@@ -262,8 +290,9 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	// A directory is planned then written in one pass that is hashed as
 	// it goes; a stream is written as it arrives and hashed afterwards.
 	var h *hasher
+	win := o.window()
 	if src.planned {
-		h = newHasher(0)
+		h = newHasher(0, win)
 		defer h.Close()
 		h.onData = func(n int) { o.Progress.Add(int64(n)) }
 		w.Observe(h)
@@ -288,7 +317,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	lg := dlog.From(ctx)
 	lg.Debug("image written", "bytes", st.Size, "inodes", st.Inodes, "seconds", time.Since(start).Seconds())
 	if h == nil {
-		if h, err = hashFile(in.File, st.Size); err != nil {
+		if h, err = hashFile(in.File, st.Size, win); err != nil {
 			return nil, err
 		}
 		defer h.Close()
@@ -355,7 +384,7 @@ func tagLayer(ctx context.Context, s *store.Store, o BuildOptions, kind string, 
 	cfg := Config{
 		Kind: o.Kind, Created: o.Now().UTC().Round(time.Second), Source: kind, BlockSize: erofs.BlockSize,
 		Files: st.Entries, Inodes: st.Inodes, Data: st.Data, Metadata: st.Metadata,
-		Windows:  Windows{Size: WindowSize, Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
+		Windows:  Windows{Size: o.window(), Count: len(wins) / sha256.Size, Digest: winDesc.Digest},
 		Snapshot: o.Snapshot,
 	}
 	if st.Hot.Size > 0 {
@@ -403,8 +432,8 @@ func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
 }
 
 // hashFile reads what was written back through a hasher.
-func hashFile(f *os.File, size int64) (*hasher, error) {
-	h := newHasher(size)
+func hashFile(f *os.File, size, window int64) (*hasher, error) {
+	h := newHasher(size, window)
 	buf := make([]byte, hashChunk)
 	for off := int64(0); off < size; off += hashChunk {
 		n := min(hashChunk, size-off)
@@ -425,24 +454,28 @@ func storeErr(err error) error {
 	return err
 }
 
-// windowHasher hashes a stream in WindowSize windows.
+// window is the layer's window size.
+func (o BuildOptions) window() int64 { return cmp.Or(o.WindowSize, WindowSize) }
+
+// windowHasher hashes a stream in windows of size.
 type windowHasher struct {
-	h   hash.Hash
-	n   int64
-	out []byte
+	h    hash.Hash
+	size int64
+	n    int64
+	out  []byte
 }
 
-func newWindowHasher(size int64) *windowHasher {
-	return &windowHasher{h: sha256.New(), out: make([]byte, 0, (size+WindowSize-1)/WindowSize*sha256.Size)}
+func newWindowHasher(hint, size int64) *windowHasher {
+	return &windowHasher{h: sha256.New(), size: size, out: make([]byte, 0, (hint+size-1)/size*sha256.Size)}
 }
 
 func (w *windowHasher) Write(p []byte) {
 	for len(p) > 0 {
-		k := min(int64(len(p)), WindowSize-w.n)
+		k := min(int64(len(p)), w.size-w.n)
 		w.h.Write(p[:k])
 		w.n += k
 		p = p[k:]
-		if w.n == WindowSize {
+		if w.n == w.size {
 			w.out = w.h.Sum(w.out)
 			w.h.Reset()
 			w.n = 0

@@ -3,10 +3,11 @@
 //
 // A fetcher process serves the layer's EROFS image as one file of a FUSE
 // file system; the kernel mounts EROFS on that file (file-backed, no loop
-// device). A read of a window the host has not got is fetched from the
-// remote in one request for the whole window (1 MiB: never a 4 KiB
-// request to a shared file system), checked against the layer's window
-// table, written to the host cache and served. Block 0 and the metadata
+// device). A read of windows the host has not got fetches them from the
+// remote in one request (64 KiB windows, a read's at least 128 KiB: never
+// a 4 KiB request to a shared file system; more read ahead beside it, see
+// fetcher_linux.go), checks each against the layer's window table,
+// writes them to the host cache and serves them. Block 0 and the metadata
 // region are fetched before the mount, so listing, stat and readlink never
 // wait for the network.
 //
@@ -81,6 +82,7 @@ type Stats struct {
 	BytesFetched   int64 `json:"bytes_fetched"`
 	BytesCached    int64 `json:"bytes_cached"`
 	WindowsFetched int64 `json:"windows_fetched"`
+	Requests       int64 `json:"requests"` // to the remote: a run of windows is one
 	CacheHits      int64 `json:"cache_hits"`
 	FetchErrors    int64 `json:"fetch_errors"`
 	Evictions      int64 `json:"evictions"`

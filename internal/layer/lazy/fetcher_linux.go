@@ -1,6 +1,7 @@
 package lazy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,11 @@ type fetcher struct {
 
 	mu       sync.Mutex
 	inflight map[int]*flight
+	streams  [8]stream       // f.mu: readers going through the image in order
+	slot     int             // f.mu: the next of streams to reuse
+	misses   []uint8         // f.mu: reads' misses per region (saturating)
+	bg       context.Context // the fetcher's life: what reads ahead
+	aheads   sync.WaitGroup  // reads ahead under way
 
 	statsMu sync.Mutex
 	written Stats
@@ -111,13 +117,13 @@ func (f *fetcher) prefetch(ctx context.Context) {
 			wins = append(wins, int(w))
 		}
 	}
-	for _, w := range wins {
-		if ctx.Err() != nil {
-			return
+	for i := 0; i < len(wins) && ctx.Err() == nil; { // each run of consecutive windows in one request
+		j := i + 1
+		for j < len(wins) && wins[j] == wins[j-1]+1 {
+			j++
 		}
-		if !f.c.has(w) {
-			f.ensure(ctx, w)
-		}
+		f.ensure(ctx, wins[i], wins[j-1]+1, false)
+		i = j
 	}
 }
 
@@ -139,52 +145,239 @@ type flight struct {
 	err  error
 }
 
-// ensure makes window w present: a cache hit, or one fetch shared by
-// every reader that wants it meanwhile.
-func (f *fetcher) ensure(ctx context.Context, w int) error {
-	if f.c.has(w) {
-		f.c.touch(w)
-		f.c.count(func(s *Stats) { s.CacheHits++ })
-		return nil
-	}
-	f.mu.Lock()
-	if fl := f.inflight[w]; fl != nil {
-		f.mu.Unlock()
-		<-fl.done
-		return fl.err
-	}
-	fl := &flight{done: make(chan struct{})}
-	f.inflight[w] = fl
-	f.mu.Unlock()
-	fl.err = f.fetch(ctx, w)
-	f.writeStats()
-	f.mu.Lock()
-	delete(f.inflight, w)
-	f.mu.Unlock()
-	close(fl.done)
-	return fl.err
+// How much a read's miss fetches. The reader waits for the aligned
+// firstFetch around its miss; what is read ahead beside it, it does not
+// wait for: after a second miss in the same region of the image (a reader
+// dense there, as a program's text faulted in page by page), the rest of
+// the region; for a miss where an earlier fetch ended (a reader going in
+// order), twice as far ahead as that fetch went, up to maxAhead. A request
+// costs a round trip and a window's bytes cost bandwidth: these sizes are
+// a trade between the two, measured on the agent steps of make bench
+// (BENCHMARKS.md, Lazy loading). On a layer whose windows are larger, a
+// window is the least a fetch takes.
+const (
+	firstFetch  = 128 << 10
+	region      = 1 << 20
+	denseMisses = 2
+	maxAhead    = 1 << 20
+	// maxRun bounds one request: a longer run of missing windows (the
+	// metadata region of a large layer) is fetched in several.
+	maxRun = 4 << 20
+)
+
+// run is windows [lo, hi) fetched in one request.
+type run struct {
+	lo, hi int
+	fl     *flight
 }
 
-func (f *fetcher) fetch(ctx context.Context, w int) error {
-	off, n := f.c.windowRange(w)
-	buf := make([]byte, n)
+// stream is a reader going through the image in order: where its last
+// fetch ended, and how many windows that fetch took.
+type stream struct{ next, size int }
+
+// windows is n bytes in windows, at least one.
+func (f *fetcher) windows(n int64) int { return int(max(1, n/f.spec.Windows.Size)) }
+
+// extent is what a read that misses windows [lo, hi) should fetch: the
+// reader waits for [a, b), which holds [lo, hi) aligned to firstFetch;
+// what [ra, rb) holds beyond it is read ahead. f.mu is held.
+func (f *fetcher) extent(lo, hi int) (a, b, ra, rb int) {
+	first, reg := f.windows(firstFetch), f.windows(region)
+	a = lo / first * first
+	b = max(hi, a+first)
+	ra, rb = a, max(b, f.ahead(lo, hi))
+	c := lo / reg
+	if f.misses[c] < denseMisses {
+		f.misses[c]++
+	}
+	if f.misses[c] == denseMisses {
+		ra, rb = min(ra, c*reg), max(rb, (c+1)*reg)
+	}
+	return a, b, ra, rb
+}
+
+// ahead is where the fetch of a read's missing [lo, hi) should end for a
+// reader in order: a miss at or just past (two windows at most) where an
+// earlier fetch ended reads ahead twice as far as that fetch did, up to
+// maxAhead, as the kernel's read-ahead grows; any other miss starts a
+// stream and asks for no more than hi. f.mu is held.
+func (f *fetcher) ahead(lo, hi int) int {
+	for i := range f.streams {
+		s := &f.streams[i]
+		if s.size > 0 && lo >= s.next && lo <= s.next+2 {
+			s.size = min(2*s.size, f.windows(maxAhead))
+			s.next = max(hi, lo+s.size)
+			return s.next
+		}
+	}
+	f.streams[f.slot] = stream{next: hi, size: hi - lo}
+	f.slot = (f.slot + 1) % len(f.streams)
+	return hi
+}
+
+// ensure makes windows [lo, hi) present. A cached window is a hit; each
+// run of missing windows is fetched in one request, so a read of several
+// small windows costs one round trip, not one per window; a window
+// another reader is fetching is waited for, not fetched twice. A read's
+// ensure widens its last run to the read's extent.
+func (f *fetcher) ensure(ctx context.Context, lo, hi int, widen bool) error {
+	return f.ensureOnce(ctx, lo, hi, widen, false)
+}
+
+// ensureOnce is ensure; retry says it is the second try of a read whose
+// windows another's fetch that failed held.
+func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool) error {
+	var (
+		runs  []run
+		waits []*flight
+		hits  int64
+	)
+	per := max(1, int(maxRun/f.spec.Windows.Size))
+	f.mu.Lock()
+	for w := lo; w < hi; w++ {
+		switch fl := f.inflight[w]; {
+		case f.c.has(w):
+			f.c.touch(w)
+			hits++
+		case fl != nil:
+			if len(waits) == 0 || waits[len(waits)-1] != fl {
+				waits = append(waits, fl)
+			}
+		default:
+			if n := len(runs); n > 0 && runs[n-1].hi == w && w-runs[n-1].lo < per {
+				runs[n-1].hi++
+			} else {
+				runs = append(runs, run{lo: w, hi: w + 1, fl: &flight{done: make(chan struct{})}})
+			}
+			f.inflight[w] = runs[len(runs)-1].fl
+		}
+	}
+	var ahead []run
+	if n := len(runs); widen && n > 0 {
+		ahead = f.widen(&runs[n-1], per)
+	}
+	f.mu.Unlock()
+	if hits > 0 {
+		f.c.count(func(s *Stats) { s.CacheHits += hits })
+	}
+	for _, r := range ahead {
+		f.aheads.Add(1)
+		go func() {
+			defer f.aheads.Done()
+			f.fetchRun(f.bg, r)
+		}()
+	}
+	var first error
+	for _, r := range runs {
+		if err := f.fetchRun(ctx, r); first == nil {
+			first = err
+		}
+	}
+	var waited error
+	for _, fl := range waits {
+		<-fl.done
+		if waited == nil {
+			waited = fl.err
+		}
+	}
+	if first == nil && waited == nil {
+		return nil
+	}
+	// A fetch failed, maybe in part: a window that does not match drops
+	// itself alone. The read fails only if what it needs is missing; what
+	// another's failed fetch held is fetched again, here, once.
+	missing := false
+	for w := lo; w < hi && !missing; w++ {
+		missing = !f.c.has(w)
+	}
+	switch {
+	case !missing:
+		return nil
+	case first == nil && !retry:
+		return f.ensureOnce(ctx, lo, hi, false, true)
+	}
+	return cmp.Or(first, waited)
+}
+
+// widen grows r, the last run a read waits for, to the read's extent,
+// and returns the runs to read ahead beside it, before it and after it:
+// the windows there that are neither cached nor being fetched. f.mu is
+// held.
+func (f *fetcher) widen(r *run, per int) []run {
+	a, b, ra, rb := f.extent(r.lo, r.hi)
+	free := func(w int) bool { return !f.c.has(w) && f.inflight[w] == nil }
+	for ; r.lo > a && r.hi-r.lo < per && free(r.lo-1); r.lo-- {
+		f.inflight[r.lo-1] = r.fl
+	}
+	for b = min(b, f.spec.Windows.Count); r.hi < b && r.hi-r.lo < per && free(r.hi); r.hi++ {
+		f.inflight[r.hi] = r.fl
+	}
+	var out []run
+	claim := func(lo, hi int) { // each run of free windows in [lo, hi)
+		for w := lo; w < hi; w++ {
+			if !free(w) {
+				continue
+			}
+			if n := len(out); n > 0 && out[n-1].hi == w && w-out[n-1].lo < per {
+				out[n-1].hi++
+			} else {
+				out = append(out, run{lo: w, hi: w + 1, fl: &flight{done: make(chan struct{})}})
+			}
+			f.inflight[w] = out[len(out)-1].fl
+		}
+	}
+	claim(max(ra, r.lo-per), r.lo)
+	claim(r.hi, min(rb, r.hi+per, f.spec.Windows.Count))
+	return out
+}
+
+// fetchRun fetches r's windows, then lets go of them and wakes who
+// waits for them.
+func (f *fetcher) fetchRun(ctx context.Context, r run) error {
+	r.fl.err = f.fetch(ctx, r.lo, r.hi)
+	f.writeStats()
+	f.mu.Lock()
+	for w := r.lo; w < r.hi; w++ {
+		delete(f.inflight, w)
+	}
+	f.mu.Unlock()
+	close(r.fl.done)
+	return r.fl.err
+}
+
+// fetch reads windows [lo, hi) from the remote in one request, checks each
+// against the layer's window table and caches those that match; one that
+// does not fails the fetch, and is not cached.
+func (f *fetcher) fetch(ctx context.Context, lo, hi int) error {
+	off, _ := f.c.windowRange(lo)
+	last, n := f.c.windowRange(hi - 1)
+	buf := make([]byte, last+n-off)
 	err := f.src.ReadAt(ctx, buf, off)
-	if err == nil && !f.c.verify(w, buf) {
-		err = fmt.Errorf("window at offset %d does not match the layer's window table (corrupt remote?)", off)
+	f.c.count(func(s *Stats) { s.Requests++ })
+	at, bad := off, error(nil) // where it failed: the request, or the first window that does not match
+	for w := lo; err == nil && w < hi; w++ {
+		wo, wn := f.c.windowRange(w)
+		b := buf[wo-off : wo-off+wn]
+		if !f.c.verify(w, b) {
+			if bad == nil {
+				at, bad = wo, errors.New("does not match the layer's window table (corrupt remote?)")
+			}
+			continue
+		}
+		f.evict.Lock()
+		err = f.c.store(w, b)
+		f.evict.Unlock()
+		if err != nil {
+			f.c.count(func(s *Stats) { s.FetchErrors++ })
+			return err
+		}
+		f.c.count(func(s *Stats) { s.WindowsFetched++; s.BytesFetched += wn })
 	}
-	if err != nil {
+	if err = cmp.Or(err, bad); err != nil {
 		f.c.count(func(s *Stats) { s.FetchErrors++ })
-		f.log.Error("fetch failed: reads of it fail with EIO", "layer", f.spec.Ref, "digest", f.spec.Digest, "offset", off, "err", err)
-		return fmt.Errorf("layer %s: window at offset %d: %w", f.spec.Ref, off, err)
+		f.log.Error("fetch failed: reads of it fail with EIO", "layer", f.spec.Ref, "digest", f.spec.Digest, "offset", at, "err", err)
+		return fmt.Errorf("layer %s: window at offset %d: %w", f.spec.Ref, at, err)
 	}
-	f.evict.Lock()
-	err = f.c.store(w, buf)
-	f.evict.Unlock()
-	if err != nil {
-		f.c.count(func(s *Stats) { s.FetchErrors++ })
-		return err
-	}
-	f.c.count(func(s *Stats) { s.WindowsFetched++; s.BytesFetched += n })
 	return nil
 }
 
@@ -199,10 +392,8 @@ func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error)
 		f.rec.add(off, end)
 	}
 	for {
-		for w := int(off / f.spec.Windows.Size); int64(w)*f.spec.Windows.Size < end; w++ {
-			if err := f.ensure(ctx, w); err != nil {
-				return 0, err
-			}
+		if err := f.ensure(ctx, int(off/f.spec.Windows.Size), int((end-1)/f.spec.Windows.Size)+1, true); err != nil {
+			return 0, err
 		}
 		f.evict.RLock()
 		ok := true
@@ -376,7 +567,11 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 		return err
 	}
 	defer src.Close()
-	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}}
+	bg, stop := context.WithCancel(ctx)
+	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}, bg: bg,
+		misses: make([]uint8, spec.Windows.Count/max(1, int(region/spec.Windows.Size))+1)}
+	defer f.aheads.Wait() // before the cache and the source close
+	defer stop()
 	if spec.Record {
 		f.rec = newRecorder(spec.Size)
 		defer func() {
@@ -385,12 +580,15 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 			}
 		}()
 	}
-	for w := 0; w < spec.Windows.Count; w++ {
-		if c.pinned[w] {
-			if err := f.ensure(ctx, w); err != nil {
-				return fmt.Errorf("fetch metadata: %w", err)
-			}
+	for lo := 0; lo < spec.Windows.Count; lo++ { // the pinned windows, a run at a time
+		hi := lo
+		for hi < spec.Windows.Count && c.pinned[hi] {
+			hi++
 		}
+		if err := f.ensure(ctx, lo, hi, false); err != nil {
+			return fmt.Errorf("fetch metadata: %w", err)
+		}
+		lo = hi
 	}
 	mnt := filepath.Join(dir, "fuse")
 	_ = unix.Unmount(mnt, unix.MNT_DETACH) // a killed fetcher's dead mount

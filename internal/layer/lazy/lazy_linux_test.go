@@ -173,6 +173,83 @@ func dataTree(t *testing.T) string {
 	return src
 }
 
+// TestFetchSizes: a read's miss fetches about what it needs, not a large
+// window whatever the access: a lone 4 KiB read fetches 128 KiB; a second
+// miss in the same 1 MiB of the image fetches the rest of it (read ahead:
+// later reads there are cached); a file read in order comes in requests
+// of several windows each.
+func TestFetchSizes(t *testing.T) {
+	layertest.RequireRoot(t)
+	src := t.TempDir()
+	r := rand.New(rand.NewSource(2))
+	data := map[string][]byte{"seq": make([]byte, 6<<20), "sparse": make([]byte, 24<<20)}
+	for name, b := range data {
+		r.Read(b)
+		if err := os.WriteFile(filepath.Join(src, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := setup(t, src)
+	if e.info.Windows.Size != layer.WindowSize {
+		t.Fatalf("windows of %d bytes, want %d", e.info.Windows.Size, layer.WindowSize)
+	}
+	dir := e.mount(t, 0)
+	f, err := os.Open(filepath.Join(dir, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	start, err := lazy.PhysicalStart(filepath.Join(dir, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(off int64) {
+		t.Helper()
+		buf := make([]byte, 4096)
+		if _, err := f.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data["sparse"][off:off+4096]) {
+			t.Fatalf("read at %d: %v, or other bytes than the source's", off, err)
+		}
+	}
+	const mib = 1 << 20
+	var offs []int64 // 320 KiB into six regions (1 MiB of the image each) of the file's
+	for i := range int64(6) {
+		offs = append(offs, (start/mib+2+3*i)*mib+320<<10-start)
+	}
+	s0 := stats(t, e)
+	for _, o := range offs {
+		read(o)
+	}
+	s1 := stats(t, e)
+	if got, reqs := s1.BytesFetched-s0.BytesFetched, s1.Requests-s0.Requests; got != 6*128<<10 || reqs != 6 {
+		t.Fatalf("6 lone reads of 4 KiB fetched %d bytes in %d requests, want 128 KiB in one each", got, reqs)
+	}
+	for _, o := range offs {
+		read(o + 512<<10)
+	}
+	s2 := stats(t, e)
+	if got := s2.BytesFetched - s1.BytesFetched; got != 6*(mib-128<<10) {
+		t.Fatalf("a second miss in each region fetched %d bytes, want the rest of the region (%d)", got, 6*(mib-128<<10))
+	}
+	for _, o := range offs {
+		read(o + 700<<10)
+		read(o - 300<<10)
+	}
+	s3 := stats(t, e)
+	if s3.Requests != s2.Requests {
+		t.Fatalf("reads in regions read ahead made %d more requests", s3.Requests-s2.Requests)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "seq"))
+	if err != nil || !bytes.Equal(got, data["seq"]) {
+		t.Fatalf("read of seq: %v, or other bytes than the source's", err)
+	}
+	s4 := stats(t, e)
+	wins, reqs := s4.WindowsFetched-s3.WindowsFetched, s4.Requests-s3.Requests
+	t.Logf("a 6 MiB file read in order: %d windows in %d requests", wins, reqs)
+	if wins < 6<<20/layer.WindowSize || reqs*3 > wins {
+		t.Fatalf("a 6 MiB file read in order: %d windows in %d requests, want 3 or more windows a request", wins, reqs)
+	}
+}
+
 func TestLazyMountReadsEqualSource(t *testing.T) {
 	layertest.RequireRoot(t)
 	src := t.TempDir()
@@ -273,6 +350,18 @@ func TestCorruptWindowFailsThatReadOnly(t *testing.T) {
 	exp, _ := os.ReadFile(filepath.Join(src, "blob6"))
 	if err != nil || !bytes.Equal(got, exp) {
 		t.Fatalf("other files must still read: %v", err)
+	}
+	// The window after it came in the same request, was dropped with it,
+	// and reads alone.
+	f, err := os.Open(filepath.Join(dir, "blob2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	part := make([]byte, 4096)
+	next := (int64(off)/layer.WindowSize+1)*layer.WindowSize - int64(off)
+	if _, err := f.ReadAt(part, next); err != nil || !bytes.Equal(part, want[next:next+4096]) {
+		t.Fatalf("read of blob2 past its corrupt window: %v", err)
 	}
 	if s := stats(t, e); s.FetchErrors == 0 {
 		t.Fatal("no fetch error counted")
