@@ -40,7 +40,7 @@ import (
 // worker starts.
 var Features = []*feature.Test{mount.HaveEROFS, mount.HaveOverlay, mount.HaveFUSE, mount.HaveBtrfs, mount.HaveIDMap,
 	cgroup.Kill, cgroup.Freeze, cgroup.MemoryV2, policy.EgressBPF, policy.DevicesBPF,
-	initproto.Landlock, initproto.CoreSched, initproto.MemoryMerge, initproto.UserNamespaces, runtime.OnlineGrow}
+	initproto.Landlock, initproto.CoreSched, initproto.MemoryMerge, initproto.UserNamespaces, runtime.OnlineGrow, runtime.Swap}
 
 // features describes Features.
 func features() []api.Feature {
