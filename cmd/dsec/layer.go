@@ -31,7 +31,7 @@ type containerd's EROFS snapshotter mounts natively) tagged NAME:VERSION in the 
 <root>/store, an OCI image layout. A sandbox stacks a toolkit layer over a workspace layer
 over a base layer.`,
 	}
-	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(),
+	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(), a.layerDu(),
 		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerProfile(),
 		a.layerFetcher())
 	for _, c := range cmd.Commands() {
@@ -406,6 +406,54 @@ for running builds and for creates resolving their layers.
 				return a.printJSON(res)
 			}
 			_, err = fmt.Fprintf(a.stdout, "removed %d blobs (%s) and %d interrupted builds\n", res.Blobs, humanBytes(res.Bytes), res.Ingests)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) layerDu() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "du",
+		Short: "Show what the store holds: each image and layer, logical bytes and stored",
+		Long: `Du lists each image and each tagged layer that is no image's: its layers, its logical bytes
+(its layers' blobs, each counted once) and what only it holds (what removing it and dsec layer
+gc would free, unless a sandbox or snapshot stands on it). Then the store's logical bytes (every
+image and layer counted whole: a layer two images share counts in both) against what it stores
+(each blob once), and the bytes of blobs no tag reaches.
+
+` + exitCodesHelp,
+		Example: `  dsec layer du
+  dsec layer du --json | jq '.stored_bytes'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			u, err := image.Du(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(u)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tKIND\tLAYERS\tLOGICAL\tITS OWN")
+			for _, e := range u.Entries {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.Name, e.Kind, e.Layers, humanBytes(e.Logical), humanBytes(e.Own))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			ratio := "-"
+			if u.Stored > 0 {
+				ratio = fmt.Sprintf("%.2fx", float64(u.Logical)/float64(u.Stored))
+			}
+			_, err = fmt.Fprintf(a.stdout, "logical %s, stored %s (%s: what images and layers share is stored once); %s in blobs no tag reaches (dsec layer gc frees those no sandbox or snapshot stands on)\n",
+				humanBytes(u.Logical), humanBytes(u.Stored), ratio, humanBytes(u.Untagged))
 			return err
 		},
 	}

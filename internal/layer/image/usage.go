@@ -1,0 +1,157 @@
+package image
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Usage is what a store holds, by what holds it: each image, and each
+// tagged layer that is no image's.
+type Usage struct {
+	Entries []UsageEntry `json:"entries"`
+	// Logical is every entry's bytes, each counted whole: a layer two
+	// images share counts in both.
+	Logical int64 `json:"logical_bytes"`
+	// Stored is the bytes of the blobs the tags reach, each once.
+	Stored int64 `json:"stored_bytes"`
+	// Untagged is the bytes of the store's other blobs: layers sandboxes
+	// and snapshots stand on after their tags went, and what dsec layer
+	// gc frees.
+	Untagged int64 `json:"untagged_bytes"`
+}
+
+// UsageEntry is one image, or one layer that is no image's.
+type UsageEntry struct {
+	Name   string `json:"name"`
+	Kind   string `json:"kind"` // image, or the layer's kind
+	Layers int    `json:"layers"`
+	// Logical is the bytes of its blobs (its layers' images, window
+	// tables, configs and manifests, its record), each once.
+	Logical int64 `json:"logical_bytes"`
+	// Own is the bytes of those no other entry holds: what its removal
+	// and a gc free, unless a sandbox or snapshot stands on them.
+	Own int64 `json:"own_bytes"`
+}
+
+// Du measures s's usage. Its blobs' sizes are the files' sizes in the
+// store (blobs are written whole: no sparse files).
+func Du(ctx context.Context, s *store.Store) (*Usage, error) {
+	imgs, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := layer.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	byRef := map[string]*layer.Info{}
+	for _, l := range layers {
+		byRef[l.Ref] = l
+	}
+	var (
+		sets   []map[digest.Digest]bool
+		u      Usage
+		inImgs = map[string]bool{}
+	)
+	add := func(e UsageEntry, set map[digest.Digest]bool) {
+		u.Entries = append(u.Entries, e)
+		sets = append(sets, set)
+	}
+	for _, img := range imgs {
+		set := map[digest.Digest]bool{img.ID: true}
+		if err := manifestBlobs(s, img.ID, set); err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Tag, err)
+		}
+		for _, l := range img.Layers {
+			inImgs[l.Ref] = true
+			info := byRef[l.Ref]
+			if info == nil {
+				return nil, fmt.Errorf("image %s: its layer %s is not in the store (pull the image again)", img.Reference, l.Ref)
+			}
+			if err := layerBlobs(s, info, set); err != nil {
+				return nil, fmt.Errorf("image %s: %w", img.Tag, err)
+			}
+		}
+		add(UsageEntry{Name: img.Reference, Kind: string(layer.KindImage), Layers: len(img.Layers)}, set)
+	}
+	for _, l := range layers {
+		if inImgs[l.Ref] {
+			continue
+		}
+		set := map[digest.Digest]bool{}
+		if err := layerBlobs(s, l, set); err != nil {
+			return nil, fmt.Errorf("layer %s: %w", l.Ref, err)
+		}
+		add(UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1}, set)
+	}
+	holders := map[digest.Digest]int{}
+	for _, set := range sets {
+		for d := range set {
+			holders[d]++
+		}
+	}
+	size := map[digest.Digest]int64{}
+	dir := filepath.Join(s.Dir(), "blobs", "sha256")
+	ents, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, e := range ents {
+		fi, err := e.Info()
+		d := digest.NewDigestFromEncoded(digest.SHA256, e.Name())
+		if err != nil || !fi.Mode().IsRegular() || d.Validate() != nil {
+			continue // gone meanwhile, or no blob
+		}
+		size[d] = fi.Size()
+		if holders[d] == 0 {
+			u.Untagged += fi.Size()
+		} else {
+			u.Stored += fi.Size()
+		}
+	}
+	for i, set := range sets {
+		for d := range set {
+			u.Entries[i].Logical += size[d]
+			if holders[d] == 1 {
+				u.Entries[i].Own += size[d]
+			}
+		}
+		u.Logical += u.Entries[i].Logical
+	}
+	return &u, nil
+}
+
+// layerBlobs adds a layer's blobs to set: its EROFS image, window table,
+// manifest and config.
+func layerBlobs(s *store.Store, l *layer.Info, set map[digest.Digest]bool) error {
+	set[l.Digest], set[l.Manifest] = true, true
+	if l.Windows.Digest != "" {
+		set[l.Windows.Digest] = true
+	}
+	return manifestBlobs(s, l.Manifest, set)
+}
+
+// manifestBlobs adds the config a manifest names to set.
+func manifestBlobs(s *store.Store, m digest.Digest, set map[digest.Digest]bool) error {
+	b, err := s.ReadBlob(m, maxJSON)
+	if err != nil {
+		return err
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(b, &man); err != nil {
+		return fmt.Errorf("manifest %s does not parse: %w", m, err)
+	}
+	if man.Config.Digest != "" {
+		set[man.Config.Digest] = true
+	}
+	return nil
+}
