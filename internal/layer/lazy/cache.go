@@ -82,7 +82,8 @@ type Stats struct {
 	BytesFetched   int64 `json:"bytes_fetched"`
 	BytesCached    int64 `json:"bytes_cached"`
 	WindowsFetched int64 `json:"windows_fetched"`
-	Requests       int64 `json:"requests"` // to the remote: a run of windows is one
+	Requests       int64 `json:"requests"`     // to the remote: a run of windows is one
+	FileExtents    int64 `json:"file_extents"` // files' data extents read from the metadata (0 until the file map is read)
 	CacheHits      int64 `json:"cache_hits"`
 	FetchErrors    int64 `json:"fetch_errors"`
 	Evictions      int64 `json:"evictions"`

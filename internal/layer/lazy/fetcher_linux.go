@@ -38,8 +38,10 @@ type fetcher struct {
 	streams  [8]stream       // f.mu: readers going through the image in order
 	slot     int             // f.mu: the next of streams to reuse
 	misses   []uint8         // f.mu: reads' misses per region (saturating)
+	files    extentsOf       // f.mu: where files' data lies, once mapFiles is done
+	mapping  bool            // f.mu: mapFiles was started
 	bg       context.Context // the fetcher's life: what reads ahead
-	aheads   sync.WaitGroup  // reads ahead under way
+	aheads   sync.WaitGroup  // reads ahead and the file map under way
 
 	statsMu sync.Mutex
 	written Stats
@@ -148,13 +150,14 @@ type flight struct {
 // How much a read's miss fetches. The reader waits for the aligned
 // firstFetch around its miss; what is read ahead beside it, it does not
 // wait for: after a second miss in the same region of the image (a reader
-// dense there, as a program's text faulted in page by page), the rest of
-// the region; for a miss where an earlier fetch ended (a reader going in
-// order), twice as far ahead as that fetch went, up to maxAhead. A request
-// costs a round trip and a window's bytes cost bandwidth: these sizes are
-// a trade between the two, measured on the agent steps of make bench
-// (BENCHMARKS.md, Lazy loading). On a layer whose windows are larger, a
-// window is the least a fetch takes.
+// dense there, as a program's text faulted in page by page), what the
+// region holds of the file read (files_linux.go); for a miss where an
+// earlier fetch ended (a reader going in order), twice as far ahead as
+// that fetch went, up to maxAhead. A request costs a round trip and a
+// window's bytes cost bandwidth: these sizes are a trade between the two,
+// measured on the agent steps of make bench (BENCHMARKS.md, Lazy
+// loading). On a layer whose windows are larger, a window is the least a
+// fetch takes.
 const (
 	firstFetch  = 128 << 10
 	region      = 1 << 20
@@ -191,7 +194,18 @@ func (f *fetcher) extent(lo, hi int) (a, b, ra, rb int) {
 		f.misses[c]++
 	}
 	if f.misses[c] == denseMisses {
-		ra, rb = min(ra, c*reg), max(rb, (c+1)*reg)
+		x, y := c*reg, (c+1)*reg
+		if file, ok := f.files.file(int64(lo) * f.spec.Windows.Size); ok { // the region's part of the file read
+			x, y = max(x, int(file[0]/f.spec.Windows.Size)), min(y, int((file[1]-1)/f.spec.Windows.Size)+1)
+		} else if !f.mapping { // the first read ahead of a region: the map is read now, in the background
+			f.mapping = true
+			f.aheads.Add(1)
+			go func() {
+				defer f.aheads.Done()
+				f.mapFiles(f.bg)
+			}()
+		}
+		ra, rb = min(ra, x), max(rb, y)
 	}
 	return a, b, ra, rb
 }

@@ -250,6 +250,82 @@ func TestFetchSizes(t *testing.T) {
 	}
 }
 
+// TestFetchTakesTheFileRead: what a second miss in a region reads ahead
+// is the region's part of the file read, not the next file's beside it;
+// the file map that says so is read at the first read ahead, not before.
+func TestFetchTakesTheFileRead(t *testing.T) {
+	layertest.RequireRoot(t)
+	src := t.TempDir()
+	r := rand.New(rand.NewSource(3))
+	data := map[string][]byte{"0": make([]byte, 3056<<10), "a": make([]byte, 1536<<10), "b": make([]byte, 1536<<10)}
+	for name, b := range data {
+		r.Read(b)
+		if err := os.WriteFile(filepath.Join(src, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := setup(t, src)
+	dir := e.mount(t, 0)
+	const mib = 1 << 20
+	read := func(name string, off int64) {
+		t.Helper()
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		buf := make([]byte, 4096)
+		if _, err := f.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[name][off:off+4096]) {
+			t.Fatalf("read of %s at %d: %v, or other bytes than the source's", name, off, err)
+		}
+	}
+	// The file map is read once a first region is read ahead: two misses
+	// in a region inside 0.
+	start0, err := lazy.PhysicalStart(filepath.Join(dir, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := stats(t, e); s.FileExtents != 0 {
+		t.Fatalf("the file map was read before any read ahead: %d extents", s.FileExtents)
+	}
+	r0 := (start0/mib + 1) * mib
+	read("0", r0-start0)
+	read("0", r0+512<<10-start0)
+	for deadline := time.Now().Add(20 * time.Second); stats(t, e).FileExtents == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the fetcher never read its file map")
+		}
+	}
+	startA, err := lazy.PhysicalStart(filepath.Join(dir, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startB, err := lazy.PhysicalStart(filepath.Join(dir, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if startB < startA {
+		t.Fatalf("b's data (%d) before a's (%d): the layout is not in path order", startB, startA)
+	}
+	region := startB / mib * mib // the region where a ends and b starts
+	if startB-region < 400<<10 || region+mib-startB < 128<<10 {
+		t.Fatalf("a ends %d bytes into its last region: too near its edge for two reads of a and one of b (the layout moved: change the files' sizes)", startB-region)
+	}
+	// Two misses in a, in the region it shares with b.
+	read("a", region-startA)
+	read("a", startB-startA-8192)
+	s1 := stats(t, e)
+	read("b", region+mib-layer.WindowSize-startB) // b's last window in the region
+	s2 := stats(t, e)
+	if s2.Requests == s1.Requests {
+		t.Fatal("a read of b was cached: the read ahead of a took b's part of the region")
+	}
+	read("a", region-startA+200<<10) // what a's second miss read ahead
+	if s3 := stats(t, e); s3.Requests != s2.Requests {
+		t.Fatal("a read of a in the region made a request: its read ahead did not take a's part")
+	}
+}
+
 func TestLazyMountReadsEqualSource(t *testing.T) {
 	layertest.RequireRoot(t)
 	src := t.TempDir()
