@@ -181,8 +181,8 @@ func (c *cache) close() {
 	c.present.Close()
 }
 
-// store puts a verified window in the cache and evicts the least recently
-// used unpinned windows beyond the budget. When the host's disk is full it
+// store puts a verified window in the cache; trim then evicts the least
+// recently used unpinned windows beyond the budget. When the host's disk is full it
 // evicts until the window fits, and fails only if nothing is left to
 // evict: the present map never claims a window whose write failed.
 func (c *cache) store(w int, b []byte) error {
@@ -210,11 +210,19 @@ func (c *cache) store(w int, b []byte) error {
 	c.have[w] = true
 	c.cached += int64(len(b))
 	c.elem[w] = c.lru.PushFront(w)
-	if c.spec.MaxBytes > 0 {
-		c.enforceBudget()
-	}
 	c.stats.BytesCached = c.cached
 	return nil
+}
+
+// trim keeps the host cache under its budget (enforceBudget): once a
+// request's windows are stored, not once a window, as it lists the cache.
+func (c *cache) trim() {
+	if c.spec.MaxBytes > 0 {
+		c.mu.Lock()
+		c.enforceBudget()
+		c.stats.BytesCached = c.cached
+		c.mu.Unlock()
+	}
 }
 
 // enforceBudget keeps the whole host cache, every layer's, under

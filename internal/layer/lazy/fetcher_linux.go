@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -119,12 +120,17 @@ func (f *fetcher) prefetch(ctx context.Context) {
 			wins = append(wins, int(w))
 		}
 	}
-	for i := 0; i < len(wins) && ctx.Err() == nil; { // each run of consecutive windows in one request
+	// Each run of consecutive windows the cache lacks in one request, a
+	// request's worth at a time: what a read wants later in the hot
+	// region is not held behind the whole region.
+	wins = slices.DeleteFunc(wins, f.c.has)
+	per := max(1, int(maxRun/f.spec.Windows.Size))
+	for i := 0; i < len(wins) && ctx.Err() == nil; {
 		j := i + 1
-		for j < len(wins) && wins[j] == wins[j-1]+1 {
+		for j < len(wins) && wins[j] == wins[j-1]+1 && j-i < per {
 			j++
 		}
-		f.ensure(ctx, wins[i], wins[j-1]+1, false)
+		f.ensure(ctx, wins[i], wins[j-1]+1, -1)
 		i = j
 	}
 }
@@ -181,10 +187,11 @@ type stream struct{ next, size int }
 // windows is n bytes in windows, at least one.
 func (f *fetcher) windows(n int64) int { return int(max(1, n/f.spec.Windows.Size)) }
 
-// extent is what a read that misses windows [lo, hi) should fetch: the
-// reader waits for [a, b), which holds [lo, hi) aligned to firstFetch;
-// what [ra, rb) holds beyond it is read ahead. f.mu is held.
-func (f *fetcher) extent(lo, hi int) (a, b, ra, rb int) {
+// extent is what a read that misses windows [lo, hi) from byte at on
+// should fetch: the reader waits for [a, b), which holds [lo, hi) aligned
+// to firstFetch; what [ra, rb) holds beyond it is read ahead. f.mu is
+// held.
+func (f *fetcher) extent(lo, hi int, at int64) (a, b, ra, rb int) {
 	first, reg := f.windows(firstFetch), f.windows(region)
 	a = lo / first * first
 	b = max(hi, a+first)
@@ -195,7 +202,7 @@ func (f *fetcher) extent(lo, hi int) (a, b, ra, rb int) {
 	}
 	if f.misses[c] == denseMisses {
 		x, y := c*reg, (c+1)*reg
-		if file, ok := f.files.file(int64(lo) * f.spec.Windows.Size); ok { // the region's part of the file read
+		if file, ok := f.files.file(at); ok { // the region's part of the file read
 			x, y = max(x, int(file[0]/f.spec.Windows.Size)), min(y, int((file[1]-1)/f.spec.Windows.Size)+1)
 		} else if !f.mapping { // the first read ahead of a region: the map is read now, in the background
 			f.mapping = true
@@ -233,14 +240,15 @@ func (f *fetcher) ahead(lo, hi int) int {
 // run of missing windows is fetched in one request, so a read of several
 // small windows costs one round trip, not one per window; a window
 // another reader is fetching is waited for, not fetched twice. A read's
-// ensure widens its last run to the read's extent.
-func (f *fetcher) ensure(ctx context.Context, lo, hi int, widen bool) error {
-	return f.ensureOnce(ctx, lo, hi, widen, false)
+// ensure (at, the byte it misses from; -1 for none) widens its last run
+// to the read's extent.
+func (f *fetcher) ensure(ctx context.Context, lo, hi int, at int64) error {
+	return f.ensureOnce(ctx, lo, hi, at, false)
 }
 
 // ensureOnce is ensure; retry says it is the second try of a read whose
 // windows another's fetch that failed held.
-func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool) error {
+func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, at int64, retry bool) error {
 	var (
 		runs  []run
 		waits []*flight
@@ -267,8 +275,8 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool)
 		}
 	}
 	var ahead []run
-	if n := len(runs); widen && n > 0 {
-		ahead = f.widen(&runs[n-1], per)
+	if n := len(runs); at >= 0 && n > 0 {
+		ahead = f.widen(&runs[n-1], per, max(at, int64(runs[n-1].lo)*f.spec.Windows.Size))
 	}
 	f.mu.Unlock()
 	if hits > 0 {
@@ -289,7 +297,11 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool)
 	}
 	var waited error
 	for _, fl := range waits {
-		<-fl.done
+		select {
+		case <-fl.done:
+		case <-ctx.Done(): // the read was interrupted: the fetch goes on for others
+			return ctx.Err()
+		}
 		if waited == nil {
 			waited = fl.err
 		}
@@ -298,8 +310,8 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool)
 		return nil
 	}
 	// A fetch failed, maybe in part: a window that does not match drops
-	// itself alone. The read fails only if what it needs is missing; what
-	// another's failed fetch held is fetched again, here, once.
+	// itself alone. The read fails only if what it needs is missing after
+	// one more try, here, of just that.
 	missing := false
 	for w := lo; w < hi && !missing; w++ {
 		missing = !f.c.has(w)
@@ -307,8 +319,8 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool)
 	switch {
 	case !missing:
 		return nil
-	case first == nil && !retry:
-		return f.ensureOnce(ctx, lo, hi, false, true)
+	case !retry:
+		return f.ensureOnce(ctx, lo, hi, -1, true)
 	}
 	return cmp.Or(first, waited)
 }
@@ -317,8 +329,8 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, widen, retry bool)
 // and returns the runs to read ahead beside it, before it and after it:
 // the windows there that are neither cached nor being fetched. f.mu is
 // held.
-func (f *fetcher) widen(r *run, per int) []run {
-	a, b, ra, rb := f.extent(r.lo, r.hi)
+func (f *fetcher) widen(r *run, per int, at int64) []run {
+	a, b, ra, rb := f.extent(r.lo, r.hi, at)
 	free := func(w int) bool { return !f.c.has(w) && f.inflight[w] == nil }
 	for ; r.lo > a && r.hi-r.lo < per && free(r.lo-1); r.lo-- {
 		f.inflight[r.lo-1] = r.fl
@@ -369,25 +381,40 @@ func (f *fetcher) fetch(ctx context.Context, lo, hi int) error {
 	err := f.src.ReadAt(ctx, buf, off)
 	f.c.count(func(s *Stats) { s.Requests++ })
 	at, bad := off, error(nil) // where it failed: the request, or the first window that does not match
-	for w := lo; err == nil && w < hi; w++ {
-		wo, wn := f.c.windowRange(w)
-		b := buf[wo-off : wo-off+wn]
-		if !f.c.verify(w, b) {
-			if bad == nil {
+	if err == nil {
+		var good []int // checked before eviction is held off
+		for w := lo; w < hi; w++ {
+			wo, wn := f.c.windowRange(w)
+			if f.c.verify(w, buf[wo-off:wo-off+wn]) {
+				good = append(good, w)
+			} else if bad == nil {
 				at, bad = wo, errors.New("does not match the layer's window table (corrupt remote?)")
 			}
-			continue
 		}
-		f.evict.Lock()
-		err = f.c.store(w, b)
-		f.evict.Unlock()
+		for _, w := range good { // a window at a time: reads of the cache go on between
+			wo, wn := f.c.windowRange(w)
+			f.evict.Lock()
+			err = f.c.store(w, buf[wo-off:wo-off+wn])
+			f.evict.Unlock()
+			if err != nil {
+				break
+			}
+			f.c.count(func(s *Stats) { s.WindowsFetched++; s.BytesFetched += wn })
+		}
+		if f.spec.MaxBytes > 0 {
+			f.evict.Lock()
+			f.c.trim()
+			f.evict.Unlock()
+		}
 		if err != nil {
 			f.c.count(func(s *Stats) { s.FetchErrors++ })
 			return err
 		}
-		f.c.count(func(s *Stats) { s.WindowsFetched++; s.BytesFetched += wn })
 	}
 	if err = cmp.Or(err, bad); err != nil {
+		if ctx.Err() != nil { // a read ahead stopped as the fetcher exits, or a read interrupted: no failure
+			return err
+		}
 		f.c.count(func(s *Stats) { s.FetchErrors++ })
 		f.log.Error("fetch failed: reads of it fail with EIO", "layer", f.spec.Ref, "digest", f.spec.Digest, "offset", at, "err", err)
 		return fmt.Errorf("layer %s: window at offset %d: %w", f.spec.Ref, at, err)
@@ -406,7 +433,7 @@ func (f *fetcher) read(ctx context.Context, dest []byte, off int64) (int, error)
 		f.rec.add(off, end)
 	}
 	for {
-		if err := f.ensure(ctx, int(off/f.spec.Windows.Size), int((end-1)/f.spec.Windows.Size)+1, true); err != nil {
+		if err := f.ensure(ctx, int(off/f.spec.Windows.Size), int((end-1)/f.spec.Windows.Size)+1, off); err != nil {
 			return 0, err
 		}
 		f.evict.RLock()
@@ -599,7 +626,7 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 		for hi < spec.Windows.Count && c.pinned[hi] {
 			hi++
 		}
-		if err := f.ensure(ctx, lo, hi, false); err != nil {
+		if err := f.ensure(ctx, lo, hi, -1); err != nil {
 			return fmt.Errorf("fetch metadata: %w", err)
 		}
 		lo = hi
@@ -624,7 +651,11 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	log.Info("serving", "layer", spec.Ref, "digest", spec.Digest, "cached", c.cached)
 	pctx, stopPrefetch := context.WithCancel(ctx)
 	defer stopPrefetch()
-	go f.prefetch(pctx)
+	f.aheads.Add(1)
+	go func() {
+		defer f.aheads.Done()
+		f.prefetch(pctx)
+	}()
 	return untilIdle(ctx, f, term, dir, idle, log)
 }
 
