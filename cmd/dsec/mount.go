@@ -175,8 +175,8 @@ REF is NAME[:VERSION] or the layer digest.
 			if asJSON {
 				return a.printJSON(out)
 			}
-			fmt.Fprintf(a.stdout, "%s %s\nfetched %s in %d windows of %s, %d cache hits, %d fetch errors, %s cached, %d evictions\n",
-				name, d, humanBytes(st.BytesFetched), st.WindowsFetched, humanBytes(st.BytesTotal), st.CacheHits, st.FetchErrors,
+			fmt.Fprintf(a.stdout, "%s %s\nfetched %s in %d windows (%d requests) of %s, %d cache hits, %d fetch errors, %s cached, %d evictions\n",
+				name, d, humanBytes(st.BytesFetched), st.WindowsFetched, st.Requests, humanBytes(st.BytesTotal), st.CacheHits, st.FetchErrors,
 				humanBytes(st.BytesCached), st.Evictions)
 			return nil
 		},
