@@ -27,7 +27,8 @@ export DSEC_PROGRESS=never
 unmount_all() {
 	awk -v w="$work/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" || true; done
 }
-cleanup() { unmount_all; sleep 6; rm -rf "$work"; }
+loopdev= # kernel_step's, while it is attached
+cleanup() { unmount_all; [ -z "$loopdev" ] || losetup -d "$loopdev"; sleep 6; rm -rf "$work"; }
 trap cleanup EXIT
 rm -rf "$work"; mkdir -p "$work"
 dev=$(basename "$(df --output=source "$work" | tail -1)")
@@ -94,7 +95,7 @@ img=$DSEC_ROOT/store/blobs/sha256/$("$dsec" layer inspect bench/debian:1 --json 
 # kernel_step SCRIPT: one cold run over the image on a read-only loop device; sets kread (bytes the device read) and kra
 kernel_step() {
 	cold
-	local loopdev; loopdev=$(losetup -f --show -r "$img")
+	loopdev=$(losetup -f --show -r "$img")
 	mount -t erofs -o ro "$loopdev" "$base"
 	mount -t tmpfs tmpfs "$upper"; mkdir "$upper/u" "$upper/w"
 	mount -t overlay overlay -o "lowerdir=$base,upperdir=$upper/u,workdir=$upper/w" "$merged"
@@ -105,7 +106,7 @@ kernel_step() {
 	chroot "$merged" /bin/sh -c "$1"
 	kread=$(( ($(awk '{print $3}' "$st") - r0) * 512 )); kra=$(cat "/sys/block/${loopdev#/dev/}/queue/read_ahead_kb")
 	for m in "$merged/proc" "$merged/dev" "$merged" "$upper" "$base"; do umount "$m"; done
-	losetup -d "$loopdev"
+	losetup -d "$loopdev"; loopdev=
 }
 kernel_step "$agent"
 declare -a a64 a1m f64 f1m af64

@@ -3,6 +3,7 @@ package layer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -329,6 +330,43 @@ func manifestOwner(b []byte) (digest.Digest, string, bool) {
 		return "", "", false
 	}
 	return man.Layers[0].Digest, ocispec.MediaTypeImageManifest, true
+}
+
+// Blobs is every blob the manifest d reaches as gc marks them (its
+// config, its EROFS images and window tables, the manifests of an image's
+// layers, a snapshot's memory), but not a snapshot's lowers: layers of
+// their own. A blob gone meanwhile is left out.
+func Blobs(s *store.Store, d digest.Digest) (map[digest.Digest]bool, error) {
+	out := map[digest.Digest]bool{}
+	queue := []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageManifest, Digest: d}}
+	for len(queue) > 0 {
+		x := queue[0]
+		queue = queue[1:]
+		if out[x.Digest] {
+			continue
+		}
+		out[x.Digest] = true
+		if x.MediaType != ocispec.MediaTypeImageManifest && x.MediaType != MediaTypeConfig {
+			continue
+		}
+		b, err := s.ReadBlob(x.Digest, 4<<20)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		more, err := refs(x, b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", x.Digest, err)
+		}
+		for _, m := range more {
+			if x.MediaType != MediaTypeConfig || m.MediaType != MediaTypeLayer { // a config's layers are a snapshot's lowers
+				queue = append(queue, m)
+			}
+		}
+	}
+	return out, nil
 }
 
 // refs lists what a manifest or layer config points at.

@@ -6,15 +6,15 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+
+	"github.com/dsec-project/dsec/internal/testenv"
 )
 
 // TestSecureLeavesMounts: a file system mounted in the root (a layer a
 // user mounted there, read-only) is not the root's: Secure leaves it and
 // does not fail on it.
 func TestSecureLeavesMounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root: this test runs as root in CI")
-	}
+	testenv.RequireRoot(t, "mounts")
 	root := t.TempDir()
 	m := filepath.Join(root, "mnt")
 	if err := os.Mkdir(m, 0o755); err != nil {

@@ -2,13 +2,11 @@ package image
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
@@ -34,8 +32,9 @@ type UsageEntry struct {
 	Name   string `json:"name"`
 	Kind   string `json:"kind"` // image, or the layer's kind
 	Layers int    `json:"layers"`
-	// Logical is the bytes of its blobs (its layers' images, window
-	// tables, configs and manifests, its record), each once.
+	// Logical is the bytes of its blobs (layer.Blobs: its layers'
+	// images, window tables, configs and manifests, its record, a
+	// snapshot's memory), each once.
 	Logical int64 `json:"logical_bytes"`
 	// Own is the bytes of those no other entry holds: what its removal
 	// and a gc free, unless a sandbox or snapshot stands on them.
@@ -53,45 +52,32 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 	if err != nil {
 		return nil, err
 	}
-	byRef := map[string]*layer.Info{}
-	for _, l := range layers {
-		byRef[l.Ref] = l
-	}
 	var (
 		sets   []map[digest.Digest]bool
 		u      Usage
 		inImgs = map[string]bool{}
 	)
-	add := func(e UsageEntry, set map[digest.Digest]bool) {
-		u.Entries = append(u.Entries, e)
-		sets = append(sets, set)
-	}
 	for _, img := range imgs {
-		set := map[digest.Digest]bool{img.ID: true}
-		if err := manifestBlobs(s, img.ID, set); err != nil {
-			return nil, fmt.Errorf("image %s: %w", img.Tag, err)
+		set, err := layer.Blobs(s, img.ID)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", img.Reference, err)
 		}
 		for _, l := range img.Layers {
 			inImgs[l.Ref] = true
-			info := byRef[l.Ref]
-			if info == nil {
-				return nil, fmt.Errorf("image %s: its layer %s is not in the store (pull the image again)", img.Reference, l.Ref)
-			}
-			if err := layerBlobs(s, info, set); err != nil {
-				return nil, fmt.Errorf("image %s: %w", img.Tag, err)
-			}
 		}
-		add(UsageEntry{Name: img.Reference, Kind: string(layer.KindImage), Layers: len(img.Layers)}, set)
+		u.Entries = append(u.Entries, UsageEntry{Name: img.Reference, Kind: string(layer.KindImage), Layers: len(img.Layers)})
+		sets = append(sets, set)
 	}
 	for _, l := range layers {
 		if inImgs[l.Ref] {
 			continue
 		}
-		set := map[digest.Digest]bool{}
-		if err := layerBlobs(s, l, set); err != nil {
+		set, err := layer.Blobs(s, l.Manifest)
+		if err != nil {
 			return nil, fmt.Errorf("layer %s: %w", l.Ref, err)
 		}
-		add(UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1}, set)
+		u.Entries = append(u.Entries, UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1})
+		sets = append(sets, set)
 	}
 	holders := map[digest.Digest]int{}
 	for _, set := range sets {
@@ -128,30 +114,4 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		u.Logical += u.Entries[i].Logical
 	}
 	return &u, nil
-}
-
-// layerBlobs adds a layer's blobs to set: its EROFS image, window table,
-// manifest and config.
-func layerBlobs(s *store.Store, l *layer.Info, set map[digest.Digest]bool) error {
-	set[l.Digest], set[l.Manifest] = true, true
-	if l.Windows.Digest != "" {
-		set[l.Windows.Digest] = true
-	}
-	return manifestBlobs(s, l.Manifest, set)
-}
-
-// manifestBlobs adds the config a manifest names to set.
-func manifestBlobs(s *store.Store, m digest.Digest, set map[digest.Digest]bool) error {
-	b, err := s.ReadBlob(m, maxJSON)
-	if err != nil {
-		return err
-	}
-	var man ocispec.Manifest
-	if err := json.Unmarshal(b, &man); err != nil {
-		return fmt.Errorf("manifest %s does not parse: %w", m, err)
-	}
-	if man.Config.Digest != "" {
-		set[man.Config.Digest] = true
-	}
-	return nil
 }

@@ -246,9 +246,12 @@ func (f *fetcher) ensure(ctx context.Context, lo, hi int, at int64) error {
 	return f.ensureOnce(ctx, lo, hi, at, false)
 }
 
-// ensureOnce is ensure; retry says it is the second try of a read whose
-// windows another's fetch that failed held.
+// ensureOnce is ensure; retry says it is a read's second try, after a
+// fetch it waited for failed.
 func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, at int64, retry bool) error {
+	if f.cached(lo, hi) { // a read's usual case, without f.mu
+		return nil
+	}
 	var (
 		runs  []run
 		waits []*flight
@@ -323,6 +326,21 @@ func (f *fetcher) ensureOnce(ctx context.Context, lo, hi int, at int64, retry bo
 		return f.ensureOnce(ctx, lo, hi, -1, true)
 	}
 	return cmp.Or(first, waited)
+}
+
+// cached says whether windows [lo, hi) are all in the cache, counting
+// them as hits (and used) when they are.
+func (f *fetcher) cached(lo, hi int) bool {
+	for w := lo; w < hi; w++ {
+		if !f.c.has(w) {
+			return false
+		}
+	}
+	for w := lo; w < hi; w++ {
+		f.c.touch(w)
+	}
+	f.c.count(func(s *Stats) { s.CacheHits += int64(hi - lo) })
+	return true
 }
 
 // widen grows r, the last run a read waits for, to the read's extent,
@@ -609,8 +627,8 @@ func Serve(ctx context.Context, dir string, idle time.Duration, log *slog.Logger
 	}
 	defer src.Close()
 	bg, stop := context.WithCancel(ctx)
-	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}, bg: bg,
-		misses: make([]uint8, spec.Windows.Count/max(1, int(region/spec.Windows.Size))+1)}
+	f := &fetcher{spec: spec, dir: dir, c: c, src: src, log: log, inflight: map[int]*flight{}, bg: bg}
+	f.misses = make([]uint8, spec.Windows.Count/f.windows(region)+1)
 	defer f.aheads.Wait() // before the cache and the source close
 	defer stop()
 	if spec.Record {

@@ -99,7 +99,7 @@ func (f *fetcher) mapFiles(ctx context.Context) {
 		f.log.Warn("no file map: a read ahead takes whole regions", "layer", f.spec.Ref, "err", err)
 		return
 	}
-	slices.SortFunc(out, func(a, b [2]int64) int { return int(min(max(a[0]-b[0], -1), 1)) })
+	slices.SortFunc(out, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
 	f.mu.Lock()
 	f.files = out
 	f.mu.Unlock()
