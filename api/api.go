@@ -58,6 +58,14 @@ const Version = "v1"
 // Socket is the worker's socket, relative to the root.
 const Socket = "dsec.sock"
 
+// When a sandbox's image is fetched from its registry
+// (SandboxSpec.Pull), as docker run --pull says.
+const (
+	PullMissing = "missing"
+	PullNever   = "never"
+	PullAlways  = "always"
+)
+
 // SandboxSpec asks for a sandbox.
 type SandboxSpec struct {
 	Name    string   `json:"name,omitempty"`    // default: generated
@@ -69,6 +77,12 @@ type SandboxSpec struct {
 	// working directory and user are the defaults of Env, Workdir and
 	// User.
 	Image string `json:"image,omitempty"`
+	// Pull says when an Image is fetched from its registry: PullMissing
+	// (the default: when neither the store nor the shared remote holds
+	// it), PullNever (never: an image not held is not found) or
+	// PullAlways (its tag resolved at the registry on every create,
+	// layers already stored not fetched again).
+	Pull string `json:"pull,omitempty"`
 	// Resources. CPU zero means no limit; Memory and Pids zero mean the
 	// worker's default (HostLimits), Unlimited none of the sandbox's own.
 	CPU    float64 `json:"cpu,omitempty"` // CPUs

@@ -62,6 +62,14 @@ func (s *SandboxSpec) Validate() error {
 	if s.Image != "" && (len(s.Image) > 1024 || strings.ContainsAny(s.Image, " \t\r\n")) {
 		return fmt.Errorf("bad image %q: give NAME[:TAG] or NAME@DIGEST, e.g. python:3.12: %w", s.Image, errdefs.ErrInvalidArgument)
 	}
+	switch s.Pull {
+	case "", PullMissing, PullNever, PullAlways:
+	default:
+		return fmt.Errorf("bad pull %q: give missing (the default), never or always: %w", s.Pull, errdefs.ErrInvalidArgument)
+	}
+	if s.Pull != "" && s.Image == "" {
+		return fmt.Errorf("pull %s says when an image is fetched, and this sandbox has none: give --image too: %w", s.Pull, errdefs.ErrInvalidArgument)
+	}
 	if s.DiskOnly && s.Snapshot == "" {
 		return fmt.Errorf("--disk-only starts a sandbox on a snapshot's files alone: give the snapshot too: %w", errdefs.ErrInvalidArgument)
 	}

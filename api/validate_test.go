@@ -15,6 +15,7 @@ func TestValidate(t *testing.T) {
 		{Name: "a", Layers: []string{"ws:1", "bb:1"}, CPU: 2, Memory: 4 << 20, Pids: Unlimited, Disk: MinDisk, Class: SchedBatch},
 		{Snapshot: "s:1", Memory: Unlimited, Disk: Unlimited, Env: []string{"A=", "B=c=d", "C"}, Workdir: "w", Hostname: strings.Repeat("h", 64)},
 		{CPU: 1, CPURequest: 1, Memory: 1 << 30, MemoryRequest: 1 << 30},
+		{Image: "python:3.12", Pull: PullNever}, {Image: "python:3.12", Pull: PullAlways}, {Image: "python:3.12", Pull: PullMissing},
 	}
 	for _, s := range ok {
 		if err := s.Validate(); err != nil {
@@ -38,6 +39,8 @@ func TestValidate(t *testing.T) {
 		"bad environment entry":    {Env: []string{"A=\x00"}},
 		"bad workdir":              {Workdir: "/w\x00"},
 		"bad hostname":             {Hostname: strings.Repeat("h", 65)},
+		`bad pull "sometimes"`:     {Image: "python:3.12", Pull: "sometimes"},
+		"give --image too":         {Layers: []string{"bb:1"}, Pull: PullNever},
 	}
 	for want, s := range bad {
 		err := s.Validate()

@@ -225,7 +225,7 @@ func (a *app) e2bTemplates() (map[string]api.SandboxSpec, error) {
 		if len(t.Layers) == 0 && t.Image == "" {
 			return nil, usageError{fmt.Errorf("e2b.templates.%s: give its layers (a list of refs, toolkit first), or an image, or both", name)}
 		}
-		spec := api.SandboxSpec{Layers: t.Layers, Image: t.Image, CPU: t.CPU, Pids: t.Pids, PolicyName: t.Policy, Backend: t.Backend, Class: t.Class,
+		spec := api.SandboxSpec{Layers: t.Layers, Image: t.Image, Pull: t.Pull, CPU: t.CPU, Pids: t.Pids, PolicyName: t.Policy, Backend: t.Backend, Class: t.Class,
 			Env: t.Env, Workdir: t.Workdir, UserNS: t.UserNS}
 		for _, size := range []struct {
 			key, v string
@@ -241,6 +241,9 @@ func (a *app) e2bTemplates() (map[string]api.SandboxSpec, error) {
 			*size.to = n
 		}
 		if err := api.CheckClass(spec.Class); err != nil {
+			return nil, usageError{fmt.Errorf("e2b.templates.%s: %w", name, err)}
+		}
+		if err := spec.Validate(); err != nil {
 			return nil, usageError{fmt.Errorf("e2b.templates.%s: %w", name, err)}
 		}
 		out[name] = spec

@@ -185,7 +185,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			// env:base (APP=base, workdir /srv), and env:tools and
 			// env:fresh, a layer each over env:base's, and env:user,
 			// whose layer adds the user app (uid 1000), its USER;
-			// VAR_STORE is the address as the store's tags name it.
+			// env:tools again as library/env:tools (Docker Hub's
+			// env:tools, for a mirror of docker.io); VAR_STORE is the address as the store's tags name it.
 			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
 				exe, err := layertest.Registry()
 				ts.Check(err)
@@ -219,6 +220,7 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				for _, tag := range []string{"base", "tools", "fresh", "user"} {
 					ts.Check(l.Push(addr, "env", tag))
 				}
+				ts.Check(l.Push(addr, "library/env", "tools")) // docker.io/library/env:tools, through a mirror
 				ts.Setenv(args[0], addr)
 				ts.Setenv(args[0]+"_STORE", strings.Replace(addr, ":", "_", 1)) // as its store tags name it
 			},

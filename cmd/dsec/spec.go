@@ -27,7 +27,7 @@ func layerStack(toolkit, workspace, base string) []string {
 // template.
 type specFlags struct {
 	base, workspace, toolkit string
-	image                    string
+	image, pull              string
 	hostname                 string
 	cpu, cpuRequest          float64
 	memory, memoryRequest    string
@@ -44,6 +44,7 @@ type specFlags struct {
 func (f *specFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.base, "base", "", "the base layer (NAME:VERSION or digest)")
 	fl.StringVar(&f.image, "image", "", "a container image (python:3.12, ghcr.io/org/env:v1) whose layers go under the others, pulled on first use")
+	fl.StringVar(&f.pull, "pull", "", "when --image is fetched from its registry: missing (when neither the store nor the shared remote holds it, the default), never, or always (its tag resolved again)")
 	fl.StringVar(&f.workspace, "workspace", "", "the workspace layer")
 	fl.StringVar(&f.toolkit, "toolkit", "", "the toolkit layer")
 	fl.StringVar(&f.hostname, "hostname", "", "hostname in the sandbox (default: its name)")
@@ -64,9 +65,15 @@ func (f *specFlags) register(fl *pflag.FlagSet) {
 // spec is the sandbox the flags describe.
 func (a *app) spec(f specFlags) (api.SandboxSpec, error) {
 	spec := api.SandboxSpec{CPU: f.cpu, CPURequest: f.cpuRequest, Pids: f.pids, Env: f.env, Workdir: f.workdir, User: f.user, Hostname: f.hostname,
-		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns, Image: f.image}
+		Class: f.class, Layers: layerStack(f.toolkit, f.workspace, f.base), UserNS: f.userns, Image: f.image, Pull: f.pull}
 	if f.image != "" && f.base != "" {
 		return spec, usageError{fmt.Errorf("--image and --base are both a sandbox's bottom: give one (a workspace and a toolkit stack on either)")}
+	}
+	switch {
+	case f.pull != "" && f.pull != api.PullMissing && f.pull != api.PullNever && f.pull != api.PullAlways:
+		return spec, usageError{fmt.Errorf("bad --pull %q: give missing (the default), never or always", f.pull)}
+	case f.pull != "" && f.image == "":
+		return spec, usageError{fmt.Errorf("--pull says when --image is fetched: give --image too")}
 	}
 	if err := sizes(&spec, f.memory, f.disk); err != nil {
 		return spec, err

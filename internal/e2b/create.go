@@ -96,6 +96,29 @@ func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (contex
 	return ctx, api.SandboxSpec{Layers: []string{id}}, nil
 }
 
+// makeSandbox makes spec's sandbox. A template ID taken for a layer
+// (spec's one layer) that names none may name an image the store or the
+// shared remote holds: python:3.12, once dsec image pull python:3.12
+// imported it. Such a name is never fetched from a registry: a typo
+// sends no request anywhere, and is as not found as any name that
+// names nothing the caller may use.
+func makeSandbox(ctx context.Context, c *sdk.Client, spec api.SandboxSpec, templateID string) (*sdk.Sandbox, error) {
+	sb, err := c.Create(ctx, spec)
+	if !errdefs.IsNotFound(err) || spec.Image != "" || !slices.Equal(spec.Layers, []string{templateID}) {
+		return sb, err
+	}
+	byImage := spec
+	byImage.Layers, byImage.Image, byImage.Pull = nil, templateID, api.PullNever
+	if byImage.User == "" {
+		byImage.User = "0" // as for every image: E2B's root is root
+	}
+	sb, ierr := c.Create(ctx, byImage)
+	if ierr == nil || !errdefs.IsNotFound(ierr) && !errdefs.IsInvalidArgument(ierr) {
+		return sb, ierr
+	}
+	return nil, err // what the template ID names is not found, whatever the image's reason
+}
+
 // imageOf is the image a create's metadata names under one of the image
 // keys, if any.
 func (s *Server) imageOf(md map[string]string) string {
@@ -114,8 +137,9 @@ func (s *Server) imageOf(md map[string]string) string {
 // looksLikeImage says whether a template ID names a container image
 // rather than a layer: docker:// or oci://, or a name whose first
 // component is a registry (it holds a '.' or a ':', or is localhost,
-// as Docker reads names). A Docker Hub name is a layer's unless it
-// says docker:// (python:3.12 could be either).
+// as Docker reads names). A Docker Hub name is a layer's first
+// (python:3.12 could be either), then an image's the store holds
+// (makeSandbox), unless it says docker://.
 func looksLikeImage(id string) bool {
 	if strings.HasPrefix(id, "docker://") || strings.HasPrefix(id, "oci://") {
 		return true
@@ -180,7 +204,7 @@ func (s *Server) create(rw http.ResponseWriter, r *http.Request, c *sdk.Client, 
 	if err := s.records.put(rec); err != nil {
 		return err
 	}
-	sb, err := c.Create(ctx, spec)
+	sb, err := makeSandbox(ctx, c, spec, req.TemplateID)
 	if err != nil {
 		s.records.remove(rec.ID)
 		if errdefs.IsNotFound(err) {
@@ -207,7 +231,7 @@ func (s *Server) createOnWorker(rw http.ResponseWriter, ctx context.Context, c *
 		return fmt.Errorf("metadata too large for a gateway to pass to its worker (the sandbox's record is %d bytes, up to %d KiB): send less: %w",
 			len(b), maxRecordHeader*3/4>>10, errdefs.ErrInvalidArgument)
 	}
-	sb, err := c.Create(context.WithValue(ctx, recordKey{}, raw), spec)
+	sb, err := makeSandbox(context.WithValue(ctx, recordKey{}, raw), c, spec, rec.Template)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return fmt.Errorf("template %s not found: %w", rec.Template, err)

@@ -128,10 +128,11 @@ class Client:
                image: Optional[str] = None, **spec: Any) -> "Sandbox":
         """Create and start a sandbox on layers (topmost first: toolkit,
         workspace, base), or on a container image (image="python:3.12",
-        pulled on first use) with any layers over it. memory in bytes; policy
-        a stored policy's name or a policy document; spec: any other
-        api.SandboxSpec field (pids, disk, class_, hostname, user, userns,
-        snapshot)."""
+        pulled on first use; pull="never" uses only what the store holds,
+        pull="always" resolves its tag again) with any layers over it. memory
+        in bytes; policy a stored policy's name or a policy document; spec:
+        any other api.SandboxSpec field (pids, disk, class_, hostname, user,
+        userns, snapshot, pull)."""
         if "class_" in spec:
             spec["class"] = spec.pop("class_")
         d = self._json("POST", _wire.path("/sandboxes"),

@@ -15,9 +15,11 @@ import (
 
 // withImage stacks the layers of the image a create names under its
 // own and takes the image's environment and working directory as
-// defaults. An image the store lacks is imported first: before the
-// admission gate, so an import holds no other create back, and once
-// for concurrent creates on one image (image.Import).
+// defaults. An image the store lacks is imported first (unless the
+// spec's pull is never; with always, its tag is resolved again at every
+// create): before the admission gate, so an import holds no other
+// create back, and once for concurrent creates on one image
+// (image.Import).
 //
 // A tenant's create imports without the worker's credentials (the
 // admin's private images are the admin's to import) and never from a
@@ -35,23 +37,20 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if err != nil {
 		return err
 	}
-	img, err := image.Lookup(ctx, w.host.Store, ref)
-	if errdefs.IsNotFound(err) && w.host.Remote != nil {
-		// Another host imported it and pushed it to the shared
-		// remote: its record comes here, its layers stay there
-		// (mounted lazily).
-		if img, err = image.Fetch(ctx, w.host.Remote, w.host.Store, ref); err == nil {
-			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.host.Remote)
+	var img *image.Image
+	if spec.Pull != api.PullAlways { // always: its tag resolved at the registry whatever is held
+		if img, err = w.heldImage(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+			return err
 		}
 	}
-	if err == nil && !w.whole(ctx, img) {
-		err = fmt.Errorf("%s: a layer of the image left the store: %w", ref, errdefs.ErrNotFound)
-	}
-	if errdefs.IsNotFound(err) {
-		img, err = w.importImage(ctx, ref)
-	}
-	if err != nil {
-		return err
+	if img == nil {
+		if spec.Pull == api.PullNever {
+			return fmt.Errorf("image %s is not in the store or the shared remote, and its pull is never: import it first (dsec image pull %s), or create with pull missing: %w",
+				ref, ref, errdefs.ErrNotFound)
+		}
+		if img, err = w.importImage(ctx, ref); err != nil {
+			return err
+		}
 	}
 	spec.Layers = append(spec.Layers, img.Refs()...)
 	spec.Image = img.Reference
@@ -63,6 +62,26 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 		spec.User = img.Config.User
 	}
 	return nil
+}
+
+// heldImage is ref's image as the store holds it or, when another host
+// imported it and pushed it to the shared remote, as the remote does:
+// its record comes here, its layers stay there (mounted lazily). Not
+// found: neither holds it whole.
+func (w *worker) heldImage(ctx context.Context, ref image.Reference) (*image.Image, error) {
+	img, err := image.Lookup(ctx, w.host.Store, ref)
+	if errdefs.IsNotFound(err) && w.host.Remote != nil {
+		if img, err = image.Fetch(ctx, w.host.Remote, w.host.Store, ref); err == nil {
+			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.host.Remote)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !w.whole(ctx, img) {
+		return nil, fmt.Errorf("%s: a layer of the image left the store: %w", ref, errdefs.ErrNotFound)
+	}
+	return img, nil
 }
 
 // whole says whether every layer of img is as imported, in the store
