@@ -370,13 +370,14 @@ func (a *app) layerGC() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "gc",
-		Short: "Delete blobs that no tag reaches and leftovers of interrupted builds",
+		Short: "Delete blobs that no tag reaches and leftovers of interrupted builds and pulls",
 		Long: `Gc marks every blob reachable from a tag (manifest, config, EROFS image, window table),
 from the lineage of every snapshot it keeps (the layers it stands on), from the layers
 every sandbox of this root runs on and from what creates under way hold (their leases in
 the store, which die with the process that took them), with the manifest, config and
 window table of every image it keeps, and deletes the rest, with the files that killed
-builds left in the store's ingest directory. A layer removed with rm --force that a
+builds left in the store's ingest directory and the bytes that interrupted pulls kept to
+take up later (unless a pull holds them now: a pull after gc starts over). A layer removed with rm --force that a
 snapshot or sandbox stands on is kept, untagged, and still found by its digest. It waits
 for running builds and for creates resolving their layers.
 
@@ -405,7 +406,7 @@ for running builds and for creates resolving their layers.
 			if asJSON {
 				return a.printJSON(res)
 			}
-			_, err = fmt.Fprintf(a.stdout, "removed %d blobs (%s) and %d interrupted builds\n", res.Blobs, humanBytes(res.Bytes), res.Ingests)
+			_, err = fmt.Fprintf(a.stdout, "removed %d blobs and %d leftovers of interrupted builds and pulls (%s)\n", res.Blobs, res.Ingests, humanBytes(res.Bytes))
 			return err
 		},
 	}

@@ -165,22 +165,31 @@ func containerd(b *testing.B, root string) (int, string, func()) {
 	}
 }
 
-// writeBytes is what pid has caused to be written to storage.
+// writeBytes is what pid has caused to be written to storage: the page
+// cache it dirtied (write_bytes) less what it truncated before any of it
+// was written (cancelled_write_bytes), as proc(5) says to count them (a
+// file written and removed at once, such as an import's spool of a
+// layer's compressed bytes, reaches no disk).
 func writeBytes(b *testing.B, pid int) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
+	var written, cancelled int64 = -1, 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "write_bytes: "); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
+			written, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if v, ok := strings.CutPrefix(sc.Text(), "cancelled_write_bytes: "); ok {
+			cancelled, _ = strconv.ParseInt(v, 10, 64)
 		}
 	}
-	b.Fatal("no write_bytes in /proc/PID/io")
-	return 0
+	if written < 0 {
+		b.Fatal("no write_bytes in /proc/PID/io")
+	}
+	return written - cancelled
 }
 
 // du is the bytes the files under dir take on disk.

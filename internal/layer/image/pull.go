@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"golang.org/x/sync/singleflight"
 	"oras.land/oras-go/v2/content"
 	orasremote "oras.land/oras-go/v2/registry/remote"
+	"oras.land/oras-go/v2/registry/remote/auth"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
@@ -277,7 +280,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			p.Add(m.layers[i].Size)
 			continue
 		}
-		info, err := convert(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
+		info, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
 		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
@@ -319,26 +322,72 @@ func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 	return b, nil
 }
 
+// convertSpooled is convert with the compressed bytes kept as they come
+// (the store's resumable ingest of the blob's digest), so that an import
+// killed or cut in the middle of a layer takes it up there the next
+// time: what the spool holds is read again from the disk, the rest asked
+// of the registry from that byte on. The spool goes once the layer is
+// stored, or once its bytes prove bad (the layer is then converted once
+// more, from the registry alone). Removed before the kernel's writeback
+// comes to it (some 30 s), a spool costs no writes.
+func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (*layer.Info, error) {
+	spool, err := s.ResumeIngest(d.Digest)
+	if err != nil {
+		return nil, err
+	}
+	held := spool.Size()
+	info, broke, err := convert(ctx, s, repo, d, l, under, p, b, entries, spool)
+	switch {
+	case err == nil:
+		spool.Discard()
+	case broke || ctx.Err() != nil || !errors.Is(err, layer.ErrBadSource):
+		spool.Abort() // the transfer stopped, not its bytes: kept for the next try
+	case held > 0 && !b.spent():
+		spool.Discard() // the bytes kept, or the registry's, are bad: the registry's alone now
+		info, _, err = convert(ctx, s, repo, d, l, under, p, b, entries, nil)
+	default:
+		spool.Discard()
+	}
+	return info, err
+}
+
 // convert streams one OCI layer from the registry into an EROFS layer
 // tagged by its chain: the compressed bytes are checked against the
 // blob's digest and the tar against the diff ID before the layer is
-// stored. under are the EROFS layers below it, bottom first.
-func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (*layer.Info, error) {
+// stored. under are the EROFS layers below it, bottom first. With a
+// spool (a resumable ingest; nil: none), the blob's bytes it holds are
+// read from there, and those asked of the registry appended to it.
+// broke says the transfer failed (not the bytes it brought).
+func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, spool *store.Ingest) (_ *layer.Info, broke bool, _ error) {
+	info, rc, err := convertFrom(ctx, s, repo, d, l, under, p, b, entries, spool)
+	return info, rc != nil && rc.broke != nil, err
+}
+
+func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, spool *store.Ingest) (*layer.Info, *resuming, error) {
 	diffID := l.DiffID
 	st, err := openStack(s, under)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer st.Close()
-	rc, err := resume(ctx, func() (io.ReadCloser, error) { return repo.Blobs().Fetch(ctx, d) })
+	var held int64
+	if spool != nil && spool.Resumable() {
+		held = spool.Size()
+	}
+	rc, err := resume(ctx, func(off int64) (io.ReadCloser, error) { return fetchFrom(ctx, repo, d, off) }, held)
 	if err != nil {
-		return nil, err
+		return nil, &resuming{broke: err}, err
 	}
 	defer rc.Close()
-	vr := content.NewVerifyReader(&counting{r: rc, p: p}, d)
+	var blob io.Reader = &counting{r: rc, p: p}
+	if spool != nil && spool.Resumable() {
+		p.Add(held)
+		blob = io.MultiReader(io.NewSectionReader(spool.File, 0, held), io.TeeReader(blob, &spooling{f: spool.File}))
+	}
+	vr := content.NewVerifyReader(blob, d)
 	plain, done, err := layer.Decompress(vr)
 	if err != nil {
-		return nil, err
+		return nil, rc, err
 	}
 	defer done()
 	diffHash := sha256.New()
@@ -365,19 +414,19 @@ func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d
 		Now: func() time.Time { return time.Unix(0, 0) },
 	})
 	if b.spent() {
-		return nil, errBudget // what the tar reader made of it hides why
+		return nil, rc, errBudget // what the tar reader made of it hides why
 	}
 	if errors.Is(err, erofs.ErrTooMany) {
-		return nil, fmt.Errorf("the layer holds more than the %d entries an import may here: ask the worker's admin to dsec image pull it: %w", entries, errdefs.ErrOutOfRange)
+		return nil, rc, fmt.Errorf("the layer holds more than the %d entries an import may here: ask the worker's admin to dsec image pull it: %w", entries, errdefs.ErrOutOfRange)
 	}
 	if errors.Is(err, layer.ErrBadSource) {
 		// A blob that does not decompress or untar may just not be
 		// its digest's: say that, which says where the fault is.
 		if _, cerr := io.Copy(io.Discard, vr); cerr == nil && vr.Verify() != nil {
-			return nil, fmt.Errorf("%w: the blob is not what its digest says (corrupt in the registry or on the way)", layer.ErrBadSource)
+			return nil, rc, fmt.Errorf("%w: the blob is not what its digest says (corrupt in the registry or on the way)", layer.ErrBadSource)
 		}
 	}
-	return info, err
+	return info, rc, err
 }
 
 // record writes the image's record and tags it by its reference.
@@ -451,28 +500,83 @@ func (c *counting) Read(b []byte) (int, error) {
 const maxResumes = 5
 
 // resuming reads a blob, taking a cut transfer up again where it
-// stopped: a new request for the bytes from there (HTTP Range, where the
-// registry serves it; else the blob again, its first bytes skipped).
-// What it reads is checked against the blob's digest all the same.
+// stopped: a new request for the bytes from there. What it reads is
+// checked against the blob's digest all the same.
 type resuming struct {
 	ctx   context.Context
-	fetch func() (io.ReadCloser, error)
+	fetch func(off int64) (io.ReadCloser, error)
 	rc    io.ReadCloser
 	off   int64
 	tries int
+	broke error // how the transfer failed, if it did
 }
 
-func resume(ctx context.Context, fetch func() (io.ReadCloser, error)) (*resuming, error) {
-	rc, err := fetch()
+// resume reads the blob from byte from on.
+func resume(ctx context.Context, fetch func(off int64) (io.ReadCloser, error), from int64) (*resuming, error) {
+	rc, err := fetch(from)
 	if err != nil {
 		return nil, err
 	}
-	return &resuming{ctx: ctx, fetch: fetch, rc: rc}, nil
+	return &resuming{ctx: ctx, fetch: fetch, rc: rc, off: from}, nil
+}
+
+// fetchFrom is blob d's bytes from byte off on: an HTTP Range request
+// where off > 0, the first bytes read and dropped where the registry
+// serves the whole blob all the same. (oras' Fetch asks for the whole
+// blob, and only its Seek then for a range: a transfer taken up again
+// would start the whole blob's first.)
+func fetchFrom(ctx context.Context, repo *orasremote.Repository, d ocispec.Descriptor, off int64) (io.ReadCloser, error) {
+	if off == 0 {
+		return repo.Blobs().Fetch(ctx, d)
+	}
+	ref := repo.Reference
+	ref.Reference = d.Digest.String()
+	scheme := "https"
+	if repo.PlainHTTP {
+		scheme = "http"
+	}
+	u := fmt.Sprintf("%s://%s/v2/%s/blobs/%s", scheme, ref.Host(), ref.Repository, ref.Reference)
+	req, err := http.NewRequestWithContext(auth.AppendRepositoryScope(ctx, ref, auth.ActionPull), http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", off))
+	client := repo.Client
+	if client == nil {
+		client = auth.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		if !strings.HasPrefix(resp.Header.Get("Content-Range"), fmt.Sprintf("bytes %d-", off)) {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s from byte %d: the registry answered the range %q", u, off, resp.Header.Get("Content-Range"))
+		}
+		return resp.Body, nil
+	case http.StatusOK: // no ranges here: read up to there
+		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
+			resp.Body.Close()
+			return nil, err
+		}
+		return resp.Body, nil
+	case http.StatusNotFound:
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %w", d.Digest, errdefs.ErrNotFound)
+	default:
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s from byte %d: %s", u, off, resp.Status)
+	}
 }
 
 func (r *resuming) Read(b []byte) (int, error) {
 	n, err := r.rc.Read(b)
 	r.off += int64(n)
+	if err != nil && err != io.EOF {
+		r.broke = err
+	}
 	if err == nil || err == io.EOF || r.tries >= maxResumes || r.ctx.Err() != nil {
 		return n, err
 	}
@@ -482,29 +586,30 @@ func (r *resuming) Read(b []byte) (int, error) {
 	case <-time.After(time.Duration(r.tries) * 100 * time.Millisecond):
 	case <-r.ctx.Done():
 	}
-	rc, ferr := r.fetch()
+	rc, ferr := r.fetch(r.off)
 	if ferr != nil {
 		r.rc = io.NopCloser(eofReader{})
 		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
 	}
-	if sk, ok := rc.(io.Seeker); !ok {
-		_, ferr = io.CopyN(io.Discard, rc, r.off)
-	} else if _, ferr = sk.Seek(r.off, io.SeekStart); ferr != nil {
-		// It said it serves ranges, and did not: read up to there.
-		rc.Close()
-		if rc, ferr = r.fetch(); ferr == nil {
-			_, ferr = io.CopyN(io.Discard, rc, r.off)
-		}
-	}
-	if ferr != nil {
-		if rc != nil {
-			rc.Close()
-		}
-		r.rc = io.NopCloser(eofReader{})
-		return n, fmt.Errorf("%w (taken up again at byte %d: %v)", err, r.off, ferr)
-	}
-	r.rc = rc
+	r.rc, r.broke = rc, nil
 	return n, nil
+}
+
+// spooling appends what it is given to a spool, until a write fails
+// (a full disk): then it keeps no more, so the spool stays the blob's
+// first bytes, and the import goes on without it.
+type spooling struct {
+	f      *os.File
+	failed bool
+}
+
+func (w *spooling) Write(b []byte) (int, error) {
+	if !w.failed {
+		if _, err := w.f.Write(b); err != nil {
+			w.failed = true
+		}
+	}
+	return len(b), nil
 }
 
 func (r *resuming) Close() error { return r.rc.Close() }

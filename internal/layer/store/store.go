@@ -211,6 +211,10 @@ func (s *Store) ResumeIngest(d digest.Digest) (*Ingest, error) {
 	return &Ingest{File: f, s: s, written: n, kicked: n, keep: true}, nil
 }
 
+// Resumable says whether the ingest is kept for the next try when
+// aborted (ResumeIngest's, which no other copy held).
+func (in *Ingest) Resumable() bool { return in.keep }
+
 // Size is how many bytes the ingest holds.
 func (in *Ingest) Size() int64 { return in.written }
 
@@ -640,14 +644,40 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 	}
 	ing, _ := os.ReadDir(filepath.Join(s.dir, "ingest"))
 	for _, e := range ing {
-		if !strings.HasPrefix(e.Name(), "blob.") {
-			continue // index.json and oci-layout temps belong to their lock
-		}
-		if os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
-			res.Ingests++
-		}
+		switch {
+		case strings.HasPrefix(e.Name(), "blob."):
+			if os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
+				res.Ingests++
+			}
+		case strings.HasPrefix(e.Name(), "partial-"):
+			// What an interrupted transfer kept to take up later: gone
+			// unless a transfer holds it now (that one goes on; a later
+			// one starts over).
+			if n, ok := removeUnheld(filepath.Join(s.dir, "ingest", e.Name())); ok {
+				res.Ingests++
+				res.Bytes += n
+			}
+		} // index.json and oci-layout temps belong to their lock
 	}
 	return nil
+}
+
+// removeUnheld removes path, a resumable ingest, unless a transfer holds
+// its lock, and says how many bytes it held.
+func removeUnheld(path string) (int64, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return 0, false
+	}
+	st, err := f.Stat()
+	if err != nil || os.Remove(path) != nil {
+		return 0, false
+	}
+	return st.Size(), true
 }
 
 func isJSON(mt string) bool {

@@ -188,6 +188,13 @@ func TestGC(t *testing.T) {
 	in, _ := s.NewIngest() // a killed writer's leftover
 	in.Write([]byte("partial"))
 	in.Close()
+	// What an interrupted transfer kept goes, unless a transfer holds it.
+	kept, _ := s.ResumeIngest(digest.FromString("kept"))
+	kept.Write([]byte("kept for later"))
+	kept.Abort()
+	busy, _ := s.ResumeIngest(digest.FromString("busy"))
+	busy.Write([]byte("being written"))
+	defer busy.Discard()
 	refs := func(d ocispec.Descriptor, b []byte) ([]ocispec.Descriptor, error) {
 		var child ocispec.Descriptor
 		return []ocispec.Descriptor{child}, json.Unmarshal(b, &child)
@@ -212,8 +219,14 @@ func TestGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Blobs != 2 || res.Ingests != 1 {
+	if res.Blobs != 2 || res.Ingests != 2 {
 		t.Fatalf("gc = %+v", res)
+	}
+	if _, err := os.Stat(kept.Name()); !os.IsNotExist(err) {
+		t.Errorf("gc kept an interrupted transfer's bytes nobody holds: %v", err)
+	}
+	if _, err := os.Stat(busy.Name()); err != nil {
+		t.Errorf("gc removed the bytes of a transfer under way: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(s.Dir(), "locks", "held")); err != nil {
 		t.Errorf("gc removed a held lock: %v", err)
