@@ -74,7 +74,9 @@ type Spec struct {
 	// What the worker admitted it with, kept for a worker that restarts.
 	CPURequest    float64 `json:"cpu_request,omitempty"`
 	MemoryRequest int64   `json:"memory_request,omitempty"`
-	// Pool names the FnCall pool it is made for.
+	// Pool names what the sandbox is made for, if not a user's create:
+	// a FnCall pool, or the worker's own marks of a call's, a run's (run
+	// --rm) or a grader's sandbox. A worker that starts removes these.
 	Pool string `json:"pool,omitempty"`
 	// UserNS runs the sandbox in a user namespace of its own: its root
 	// is an unprivileged user of the host (ids taken per sandbox).
@@ -543,13 +545,17 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	return sb.save()
 }
 
-// save writes the state atomically and durably; a sandbox's first state,
-// while it is being made, only atomically: lost in a crash, it leaves a
-// directory without a state, which Load removes as it would the state.
+// save writes the state atomically and durably. Some states are written
+// only atomically, as their loss in a crash changes nothing: a sandbox's
+// first, while it is being made (lost, it leaves a directory without a
+// state, which Load removes as it would the state), and every state of
+// a sandbox a worker that starts removes whatever its state says: a
+// pool's, a call's or a run's (Spec.Pool), and one no name points at (a
+// primed one, made ahead for the next create).
 func (sb *Sandbox) save() error {
 	b, _ := json.MarshalIndent(sb.State, "", "  ")
 	p := filepath.Join(sb.dir, "state.json")
-	if sb.Status == Creating {
+	if sb.Status == Creating || sb.Pool != "" || sb.Name == "" {
 		return durable.Replace(p, b, 0o600)
 	}
 	return durable.WriteFile(p, b, 0o600)
