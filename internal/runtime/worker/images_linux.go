@@ -45,7 +45,7 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	}
 	if img == nil {
 		if spec.Pull == api.PullNever {
-			return fmt.Errorf("image %s is not in the store or the shared remote, and its pull is never: import it first (dsec image pull %s), or create with pull missing: %w",
+			return fmt.Errorf("image %s is not in the store or the shared remote, and its pull is never: import it first (dsec image pull %s), or let the create fetch it (pull missing, the default): %w",
 				ref, ref, errdefs.ErrNotFound)
 		}
 		if img, err = w.importImage(ctx, ref); err != nil {
