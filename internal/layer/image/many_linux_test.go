@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,21 +40,21 @@ func BenchmarkSWEBenchImages(b *testing.B) {
 		return exec.Command("cp", "-a", debian+"/.", root).Run()
 	}))
 	must(l.Layer("base", "base", func(root string) error {
-		return randomTree(filepath.Join(root, "opt/python"), "toolchain", 40, 1<<20)
+		return layertest.RandomTree(filepath.Join(root, "opt/python"), "toolchain", 40, 1<<20)
 	}))
 	for i := range images {
 		tag := fmt.Sprintf("task%02d", i)
 		must(l.Layer("base", tag, func(root string) error {
 			for k := range perImage {
 				p := (i + k) % pool
-				if err := randomTree(filepath.Join(root, "opt/python/site-packages", fmt.Sprintf("pkg%02d", p)), fmt.Sprintf("pkg%d", p), 8, 256<<10); err != nil {
+				if err := layertest.RandomTree(filepath.Join(root, "opt/python/site-packages", fmt.Sprintf("pkg%02d", p)), fmt.Sprintf("pkg%d", p), 8, 256<<10); err != nil {
 					return err
 				}
 			}
 			return nil
 		}))
 		must(l.Layer(tag, tag, func(root string) error {
-			return randomTree(filepath.Join(root, "testbed"), tag, 20, 256<<10)
+			return layertest.RandomTree(filepath.Join(root, "testbed"), tag, 20, 256<<10)
 		}))
 		must(l.Push(addr, "swe", tag))
 	}
@@ -104,24 +103,6 @@ func BenchmarkSWEBenchImages(b *testing.B) {
 	b.ReportMetric(float64(uniqueBytes)/1e6, "unique-MB")
 	b.ReportMetric(float64(logical)/1e6, "logical-MB")
 	b.ReportMetric(stored/float64(uniqueBytes), "stored/unique")
-}
-
-// randomTree writes n files of size bytes under dir, their content
-// random from seed: the same seed, the same files.
-func randomTree(dir, seed string, n, size int) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	h := sha256.Sum256([]byte(seed))
-	r := rand.NewChaCha8(h)
-	for i := range n {
-		buf := make([]byte, size)
-		r.Read(buf)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d", i)), buf, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // layoutSizes sums the compressed sizes of the layers of the images an
