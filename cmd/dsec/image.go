@@ -106,7 +106,7 @@ func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image,
 		return nil, err
 	}
 	a.log.Info("imported image", "image", img.Reference, "layers", len(img.Layers), "fetched", img.Fetched,
-		"reused", img.Reused, "seconds", time.Since(start).Seconds())
+		"reused", img.Reused, "resumed_bytes", img.Resumed, "seconds", time.Since(start).Seconds())
 	return img, nil
 }
 

@@ -3,9 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,7 +190,9 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			// env:fresh, a layer each over env:base's, and env:user,
 			// whose layer adds the user app (uid 1000), its USER;
 			// env:tools again as library/env:tools (Docker Hub's
-			// env:tools, for a mirror of docker.io); VAR_STORE is the address as the store's tags name it.
+			// env:tools, for a mirror of docker.io), and env:big, a
+			// layer of 6 MiB of random bytes (/big/f000) over env:base's;
+			// VAR_STORE is the address as the store's tags name it.
 			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
 				exe, err := layertest.Registry()
 				ts.Check(err)
@@ -221,8 +227,33 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 					ts.Check(l.Push(addr, "env", tag))
 				}
 				ts.Check(l.Push(addr, "library/env", "tools")) // docker.io/library/env:tools, through a mirror
+				ts.Check(l.Layer("base", "big", func(root string) error { return layertest.RandomTree(filepath.Join(root, "big"), "big", 1, 6<<20) }))
+				ts.Check(l.Push(addr, "env", "big"))
 				ts.Setenv(args[0], addr)
 				ts.Setenv(args[0]+"_STORE", strings.Replace(addr, ":", "_", 1)) // as its store tags name it
+			},
+			// stallproxy VAR ADDR: a proxy in front of the registry at
+			// ADDR (VAR its address) that serves half of every blob over
+			// 1 MiB asked for whole, and then nothing until its client
+			// goes: a pull in the middle of a layer, to be killed there.
+			"stallproxy": func(ts *testscript.TestScript, neg bool, args []string) {
+				if len(args) != 2 {
+					ts.Fatalf("usage: stallproxy VAR ADDR")
+				}
+				target, err := url.Parse("http://" + args[1])
+				ts.Check(err)
+				proxy := httputil.NewSingleHostReverseProxy(target)
+				proxy.FlushInterval = -1
+				proxy.ErrorLog = log.New(io.Discard, "", 0)
+				proxy.ModifyResponse = func(resp *http.Response) error {
+					if strings.Contains(resp.Request.URL.Path, "/blobs/") && resp.Request.Header.Get("Range") == "" && resp.ContentLength > 1<<20 {
+						resp.Body = &stallingBody{ReadCloser: resp.Body, left: resp.ContentLength / 2, done: resp.Request.Context().Done()}
+					}
+					return nil
+				}
+				srv := httptest.NewServer(proxy)
+				ts.Defer(srv.Close)
+				ts.Setenv(args[0], strings.TrimPrefix(srv.URL, "http://"))
 			},
 			"mkarchive": func(ts *testscript.TestScript, neg bool, args []string) {
 				if len(args) != 2 {
@@ -324,4 +355,24 @@ func cleanMounts(dir string) {
 			unix.Kill(pid, unix.SIGTERM)
 		}
 	}
+}
+
+// stallingBody reads left bytes of a body, then waits until done.
+type stallingBody struct {
+	io.ReadCloser
+	left int64
+	done <-chan struct{}
+}
+
+func (b *stallingBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		<-b.done
+		return 0, io.ErrUnexpectedEOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
 }

@@ -752,6 +752,9 @@ func TestImportResumesAfterInterruption(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if img.Resumed != half {
+		t.Errorf("the import says it read %d bytes from what the interrupted one kept, want %d", img.Resumed, half)
+	}
 	if got, want := st.asked(blob), fmt.Sprintf("bytes=%d-", half); !slices.Equal(got, []string{want}) {
 		t.Errorf("the layer's blob was asked for %q after the interruption, want %q alone", got, want)
 	}
@@ -780,8 +783,8 @@ func TestImportResumesAfterInterruption(t *testing.T) {
 	if err != nil {
 		t.Fatalf("an import over a bad spool: %v", err)
 	}
-	if got := st.asked(blob); img.Layers[0].Digest != whole.Layers[0].Digest || len(got) != 2 || got[1] != "" {
-		t.Errorf("over a bad spool: layer %s (want %s), its blob asked for %q (want its rest, then the whole)", img.Layers[0].Digest, whole.Layers[0].Digest, got)
+	if got := st.asked(blob); img.Layers[0].Digest != whole.Layers[0].Digest || len(got) != 2 || got[1] != "" || img.Resumed != 0 {
+		t.Errorf("over a bad spool: layer %s (want %s), its blob asked for %q (want its rest, then the whole), %d bytes resumed (want 0)", img.Layers[0].Digest, whole.Layers[0].Digest, got, img.Resumed)
 	}
 	if left := spools(t, s); len(left) > 0 {
 		t.Errorf("the bad spool outlived the import: %v", left)

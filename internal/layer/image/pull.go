@@ -101,10 +101,12 @@ type Image struct {
 	ID  digest.Digest `json:"id"`  // the record's manifest in the store
 	// From is the host this import read it from (a mirror's, or the
 	// registry's); Fetched and Reused count the layers it converted and
-	// those the store already held.
+	// those the store already held; Resumed the bytes of layers' blobs
+	// read again from what an interrupted pull kept, not fetched.
 	From    string `json:"from,omitempty"`
 	Fetched int    `json:"fetched,omitempty"`
 	Reused  int    `json:"reused,omitempty"`
+	Resumed int64  `json:"resumed_bytes,omitempty"`
 }
 
 // Refs are the image's layers as a sandbox stacks them: topmost first.
@@ -280,13 +282,14 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			p.Add(m.layers[i].Size)
 			continue
 		}
-		info, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
+		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
 		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
 		}
 		img.Layers[i].Digest = info.Digest
 		img.Fetched++
+		img.Resumed += resumed
 	}
 	if err := record(ctx, s, ref, img); err != nil {
 		return nil, err
@@ -329,17 +332,19 @@ func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 // of the registry from that byte on. The spool goes once the layer is
 // stored, or once its bytes prove bad (the layer is then converted once
 // more, from the registry alone). Removed before the kernel's writeback
-// comes to it (some 30 s), a spool costs no writes.
-func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (*layer.Info, error) {
+// comes to it (some 30 s), a spool costs no writes. resumed is the
+// bytes of the blob read from the spool.
+func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (_ *layer.Info, resumed int64, _ error) {
 	spool, err := s.ResumeIngest(d.Digest)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	held := spool.Size()
 	info, broke, err := convert(ctx, s, repo, d, l, under, p, b, entries, spool)
 	switch {
 	case err == nil:
 		spool.Discard()
+		return info, held, nil
 	case broke || ctx.Err() != nil || !errors.Is(err, layer.ErrBadSource):
 		spool.Abort() // the transfer stopped, not its bytes: kept for the next try
 	case held > 0 && !b.spent():
@@ -348,7 +353,7 @@ func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Reposi
 	default:
 		spool.Discard()
 	}
-	return info, err
+	return info, 0, err
 }
 
 // convert streams one OCI layer from the registry into an EROFS layer

@@ -138,7 +138,7 @@ func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.I
 		return nil, err
 	}
 	w.log.Info("imported image", "image", img.Reference, "from", img.From, "layers", len(img.Layers), "fetched", img.Fetched,
-		"reused", img.Reused, "took", time.Since(t0))
+		"reused", img.Reused, "resumed_bytes", img.Resumed, "took", time.Since(t0))
 	return img, nil
 }
 
