@@ -62,10 +62,8 @@ func (s *SandboxSpec) Validate() error {
 	if s.Image != "" && (len(s.Image) > 1024 || strings.ContainsAny(s.Image, " \t\r\n")) {
 		return fmt.Errorf("bad image %q: give NAME[:TAG] or NAME@DIGEST, e.g. python:3.12: %w", s.Image, errdefs.ErrInvalidArgument)
 	}
-	switch s.Pull {
-	case "", PullMissing, PullNever, PullAlways:
-	default:
-		return fmt.Errorf("bad pull %q: give missing (the default), never or always: %w", s.Pull, errdefs.ErrInvalidArgument)
+	if err := CheckPull(s.Pull); err != nil {
+		return err
 	}
 	if s.Pull != "" && s.Image == "" {
 		return fmt.Errorf("pull %s says when an image is fetched, and this sandbox has none: give --image too: %w", s.Pull, errdefs.ErrInvalidArgument)
@@ -139,3 +137,12 @@ func (r BatchRequest) Validate() error {
 
 // BatchName is the name of a batch's sandbox i, of its spec's name.
 func BatchName(name string, i int) string { return fmt.Sprintf("%s-%d", name, i) }
+
+// CheckPull refuses a SandboxSpec.Pull that is none of its values.
+func CheckPull(pull string) error {
+	switch pull {
+	case "", PullMissing, PullNever, PullAlways:
+		return nil
+	}
+	return fmt.Errorf("bad pull %q: give missing (the default), never or always: %w", pull, errdefs.ErrInvalidArgument)
+}

@@ -195,7 +195,7 @@ type E2BConfig struct {
 type E2BTemplate struct {
 	Layers  []string `mapstructure:"layers" doc:"its layers, topmost (toolkit) first"`
 	Image   string   `mapstructure:"image" doc:"a container image under the layers"`
-	Pull    string   `mapstructure:"pull" doc:"when the image is fetched from its registry: missing (none), never or always"`
+	Pull    string   `mapstructure:"pull" doc:"when the image is fetched from its registry: missing (the default), never or always"`
 	CPU     float64  `mapstructure:"cpu" doc:"CPUs (0: no limit)"`
 	Memory  string   `mapstructure:"memory" type:"size" doc:"the memory limit (none: the worker's default)"`
 	Disk    string   `mapstructure:"disk" type:"size" doc:"the bound on what a sandbox writes (none: the worker's default)"`

@@ -100,8 +100,8 @@ func (s *Server) template(ctx context.Context, c *sdk.Client, id string) (contex
 // (spec's one layer) that names none may name an image the store or the
 // shared remote holds: python:3.12, once dsec image pull python:3.12
 // imported it. Such a name is never fetched from a registry: a typo
-// sends no request anywhere, and is as not found as any name that
-// names nothing the caller may use.
+// asks no registry, and is as not found as any name that names nothing
+// the caller may use (another tenant's layer too).
 func makeSandbox(ctx context.Context, c *sdk.Client, spec api.SandboxSpec, templateID string) (*sdk.Sandbox, error) {
 	sb, err := c.Create(ctx, spec)
 	if !errdefs.IsNotFound(err) || spec.Image != "" || !slices.Equal(spec.Layers, []string{templateID}) {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -578,8 +579,13 @@ func (h *Host) Load(name string) (*Sandbox, error) {
 	}
 	dir := sandboxDir(root, id)
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err == nil && len(bytes.TrimRight(b, "\x00")) == 0 {
+		// Emptied by a crash: only a state written without waiting for
+		// the disk (save) can be, and such a sandbox is removed anyway.
+		err = os.ErrNotExist
+	}
 	if errors.Is(err, os.ErrNotExist) {
-		if _, serr := os.Stat(dir); serr == nil { // an older dsec died before its first state
+		if _, serr := os.Stat(dir); serr == nil { // an older dsec died before its first state, or a crash emptied it
 			sb := unloaded(h, id)
 			sb.Name = name
 			sb.teardown(true)

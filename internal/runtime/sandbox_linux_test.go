@@ -244,3 +244,33 @@ func TestUnknownBackend(t *testing.T) {
 	}
 	setBackend(orig) // Clean takes it down
 }
+
+// TestLoadEmptiedState: a state a crash emptied (one written without
+// waiting for the disk: a call's sandbox's here) is taken as none: the
+// sandbox is removed, and it is not found, rather than failing every
+// load with a state that does not parse.
+func TestLoadEmptiedState(t *testing.T) {
+	root, s := layers(t)
+	sb, err := (&runtime.Host{Root: root, Store: s}).Create(context.Background(), runtime.Spec{Name: "emptied", Layers: []string{"bb:1"}, Pool: "(call)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		runtimetest.Clean(root)
+		if l := runtimetest.Leftovers(root); len(l) > 0 {
+			t.Errorf("left behind: %v", l)
+		}
+	})
+	if err := sb.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sb.Dir(), "state.json"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&runtime.Host{Root: root, Store: s}).Load("emptied"); !errdefs.IsNotFound(err) {
+		t.Fatalf("load a sandbox whose state a crash emptied: %v, want not found", err)
+	}
+	if _, err := os.Stat(sb.Dir()); !os.IsNotExist(err) {
+		t.Errorf("its directory stayed: %v", err)
+	}
+}

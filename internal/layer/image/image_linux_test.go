@@ -765,6 +765,17 @@ func TestImportResumesAfterInterruption(t *testing.T) {
 		t.Errorf("the spool outlived the layer: %v", left)
 	}
 	l.sameAs(t, "v1", s, img, "after an import taken up again")
+	// Pulled again, the tag naming the same manifest: no blob is asked
+	// for, not even the config.
+	st.reset()
+	if again, err := image.Import(ctx, s, ref, image.Options{}); err != nil || again.Reused != 1 || again.Fetched != 0 {
+		t.Errorf("pulled again: %v, %+v", err, again)
+	}
+	st.mu.Lock()
+	if len(st.ranges) > 0 {
+		t.Errorf("pulled again, the tag naming what the store holds: blobs asked for %q", st.ranges)
+	}
+	st.mu.Unlock()
 
 	// A spool gone bad (a byte flipped on the disk): the digest refuses
 	// it, and the layer comes whole from the registry.
@@ -783,11 +794,37 @@ func TestImportResumesAfterInterruption(t *testing.T) {
 	if err != nil {
 		t.Fatalf("an import over a bad spool: %v", err)
 	}
-	if got := st.asked(blob); img.Layers[0].Digest != whole.Layers[0].Digest || len(got) != 2 || got[1] != "" || img.Resumed != 0 {
+	if got := st.asked(blob); img.Layers[0].Digest != whole.Layers[0].Digest || len(got) != 2 || !strings.HasPrefix(got[0], "bytes=") || got[1] != "" || img.Resumed != 0 {
 		t.Errorf("over a bad spool: layer %s (want %s), its blob asked for %q (want its rest, then the whole), %d bytes resumed (want 0)", img.Layers[0].Digest, whole.Layers[0].Digest, got, img.Resumed)
 	}
 	if left := spools(t, s); len(left) > 0 {
 		t.Errorf("the bad spool outlived the import: %v", left)
+	}
+
+	// A spool of the whole blob (killed while its layer was being
+	// stored): nothing more is asked of the registry (which would
+	// refuse a range past the end), and the layer is stored from it.
+	resp, err := http.Get("http://" + addr + "/v2/big/blobs/sha256:" + blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t)
+	if err := os.WriteFile(filepath.Join(s.Dir(), "ingest", "partial-"+blob), all, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st.reset()
+	img, err = image.Import(ctx, s, ref, image.Options{})
+	if err != nil {
+		t.Fatalf("an import over a spool of the whole blob: %v", err)
+	}
+	if got := st.asked(blob); len(got) > 0 || img.Resumed != int64(len(all)) || img.Layers[0].Digest != whole.Layers[0].Digest {
+		t.Errorf("over a spool of the whole blob: asked for %q (want nothing), %d bytes resumed (want %d), layer %s (want %s)",
+			got, img.Resumed, len(all), img.Layers[0].Digest, whole.Layers[0].Digest)
 	}
 }
 
@@ -869,6 +906,9 @@ func TestImportLimits(t *testing.T) {
 		}
 		if tags, _ := s.Tags(ctx); len(tags) != 0 {
 			t.Errorf("%s: the store kept %d tags", name, len(tags))
+		}
+		if kept := spools(t, s); len(kept) > 0 { // it would fail again: nothing to take up
+			t.Errorf("%s: the store kept %v of the refused layer", name, kept)
 		}
 		t.Logf("%s: %v", name, err)
 	}

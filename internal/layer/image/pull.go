@@ -21,6 +21,7 @@ import (
 	"oras.land/oras-go/v2/content"
 	orasremote "oras.land/oras-go/v2/registry/remote"
 	"oras.land/oras-go/v2/registry/remote/auth"
+	"oras.land/oras-go/v2/registry/remote/errcode"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
@@ -62,6 +63,11 @@ type Options struct {
 	// they are known (not called when the store holds every layer), and
 	// returns what receives them as they arrive.
 	Progress func(total int64) layer.Progress
+	// NoResume keeps nothing of a layer an import did not finish (a
+	// tenant's, whose registry could stall every layer near its end and
+	// so fill the disk with kept bytes); it still reads what an earlier
+	// pull kept.
+	NoResume bool
 }
 
 // Limits bound an import.
@@ -222,6 +228,12 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			return nil, fail("", err)
 		}
 	}
+	if held, ok := heldAs(ctx, s, ref, desc.Digest, o.Platform); ok {
+		// What the tag names now is what the store holds (a pull again,
+		// or a create's pull always): no more is asked of the registry.
+		held.From, held.Reused = host, len(held.Layers)
+		return held, nil
+	}
 	mb, err := fetchJSON(ctx, repo, desc)
 	if err != nil {
 		return nil, fail("fetch the manifest", err)
@@ -282,7 +294,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			p.Add(m.layers[i].Size)
 			continue
 		}
-		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries)
+		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries, !o.NoResume)
 		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
@@ -295,6 +307,21 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		return nil, err
 	}
 	return img, nil
+}
+
+// heldAs is ref's image as the store holds it, if it was pulled from
+// manifest for platform and every layer of it is still held.
+func heldAs(ctx context.Context, s *store.Store, ref Reference, manifest digest.Digest, platform Platform) (*Image, bool) {
+	img, err := Lookup(ctx, s, ref)
+	if err != nil || img.Manifest != manifest || img.Platform != platform.String() {
+		return nil, false
+	}
+	for _, l := range img.Layers {
+		if have, err := layer.Resolve(ctx, s, l.Ref); err != nil || have.Digest != l.Digest {
+			return nil, false
+		}
+	}
+	return img, true
 }
 
 type noProgress struct{}
@@ -333,27 +360,61 @@ func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 // stored, or once its bytes prove bad (the layer is then converted once
 // more, from the registry alone). Removed before the kernel's writeback
 // comes to it (some 30 s), a spool costs no writes. resumed is the
-// bytes of the blob read from the spool.
-func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int) (_ *layer.Info, resumed int64, _ error) {
+// bytes of the blob read from the spool. keep false drops the spool
+// whatever the failure.
+func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, keep bool) (_ *layer.Info, resumed int64, _ error) {
 	spool, err := s.ResumeIngest(d.Digest)
 	if err != nil {
 		return nil, 0, err
 	}
 	held := spool.Size()
-	info, broke, err := convert(ctx, s, repo, d, l, under, p, b, entries, spool)
+	if held > d.Size { // more than the blob: not its bytes
+		spool.Discard()
+		if spool, err = s.ResumeIngest(d.Digest); err != nil {
+			return nil, 0, err
+		}
+		held = 0
+	}
+	used := b.used
+	first := &counted{p: p}
+	info, broke, err := convert(ctx, s, repo, d, l, under, first, b, entries, spool)
 	switch {
 	case err == nil:
 		spool.Discard()
 		return info, held, nil
+	case !keep || errors.Is(err, errBudget) || errors.Is(err, errdefs.ErrOutOfRange) || !spool.Resumable():
+		spool.Discard() // not to be kept, it would fail again, or it is another pull's
 	case broke || ctx.Err() != nil || !errors.Is(err, layer.ErrBadSource):
 		spool.Abort() // the transfer stopped, not its bytes: kept for the next try
 	case held > 0 && !b.spent():
-		spool.Discard() // the bytes kept, or the registry's, are bad: the registry's alone now
-		info, _, err = convert(ctx, s, repo, d, l, under, p, b, entries, nil)
+		// The bytes kept, or the registry's, are bad: the registry's
+		// alone now, counted once.
+		spool.Discard()
+		b.used = used
+		info, _, err = convert(ctx, s, repo, d, l, under, &counted{p: p, skip: first.n}, b, entries, nil)
 	default:
 		spool.Discard()
 	}
 	return info, 0, err
+}
+
+// counted tells p of the bytes added past the first skip, and counts
+// them all (n): a layer converted again tells the progress only what
+// its first try did not.
+type counted struct {
+	p       layer.Progress
+	n, skip int64
+}
+
+func (c *counted) Add(n int64) {
+	c.n += n
+	if c.skip > 0 {
+		d := min(n, c.skip)
+		c.skip, n = c.skip-d, n-d
+	}
+	if n > 0 {
+		c.p.Add(n)
+	}
 }
 
 // convert streams one OCI layer from the registry into an EROFS layer
@@ -531,8 +592,11 @@ func resume(ctx context.Context, fetch func(off int64) (io.ReadCloser, error), f
 // blob, and only its Seek then for a range: a transfer taken up again
 // would start the whole blob's first.)
 func fetchFrom(ctx context.Context, repo *orasremote.Repository, d ocispec.Descriptor, off int64) (io.ReadCloser, error) {
-	if off == 0 {
+	switch {
+	case off == 0:
 		return repo.Blobs().Fetch(ctx, d)
+	case off == d.Size: // all of it is at hand (a registry answers such a range 416)
+		return io.NopCloser(strings.NewReader("")), nil
 	}
 	ref := repo.Reference
 	ref.Reference = d.Digest.String()
@@ -562,6 +626,10 @@ func fetchFrom(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 		}
 		return resp.Body, nil
 	case http.StatusOK: // no ranges here: read up to there
+		if resp.ContentLength != -1 && resp.ContentLength != d.Size {
+			resp.Body.Close()
+			return nil, fmt.Errorf("GET %s: %d bytes, the blob is %d", u, resp.ContentLength, d.Size)
+		}
 		if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
 			resp.Body.Close()
 			return nil, err
@@ -570,9 +638,9 @@ func fetchFrom(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 	case http.StatusNotFound:
 		resp.Body.Close()
 		return nil, fmt.Errorf("%s: %w", d.Digest, errdefs.ErrNotFound)
-	default:
+	default: // classified as oras' own answers are (remote.Classify)
 		resp.Body.Close()
-		return nil, fmt.Errorf("GET %s from byte %d: %s", u, off, resp.Status)
+		return nil, &errcode.ErrorResponse{Method: req.Method, URL: req.URL, StatusCode: resp.StatusCode}
 	}
 }
 

@@ -195,13 +195,18 @@ func (s *Store) ResumeIngest(d digest.Digest) (*Ingest, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(s.dir, "ingest", "partial-"+d.Encoded()), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	path := filepath.Join(s.dir, "ingest", "partial-"+d.Encoded())
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, classify("create blob", err)
 	}
 	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
 		f.Close()
 		return s.NewIngest()
+	}
+	if !samePath(f, path) { // removed (its copy ended) between the open and the lock
+		f.Close()
+		return s.ResumeIngest(d)
 	}
 	n, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
@@ -220,10 +225,10 @@ func (in *Ingest) Size() int64 { return in.written }
 
 // Abort discards the ingest, or keeps a resumable one for the next try.
 func (in *Ingest) Abort() {
-	in.File.Close()
 	if !in.keep {
-		os.Remove(in.File.Name())
+		os.Remove(in.File.Name()) // before its lock goes with the file: no other copy takes it up
 	}
+	in.File.Close()
 }
 
 // Discard drops the ingest's bytes, resumable or not.
@@ -646,8 +651,10 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 	for _, e := range ing {
 		switch {
 		case strings.HasPrefix(e.Name(), "blob."):
-			if os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
+			info, err := e.Info()
+			if err == nil && os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
 				res.Ingests++
+				res.Bytes += info.Size()
 			}
 		case strings.HasPrefix(e.Name(), "partial-"):
 			// What an interrupted transfer kept to take up later: gone
@@ -670,7 +677,7 @@ func removeUnheld(path string) (int64, bool) {
 		return 0, false
 	}
 	defer f.Close()
-	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil || !samePath(f, path) {
 		return 0, false
 	}
 	st, err := f.Stat()
@@ -678,6 +685,16 @@ func removeUnheld(path string) (int64, bool) {
 		return 0, false
 	}
 	return st.Size(), true
+}
+
+// samePath says whether path still names the file f opened.
+func samePath(f *os.File, path string) bool {
+	a, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	b, err := os.Stat(path)
+	return err == nil && os.SameFile(a, b)
 }
 
 func isJSON(mt string) bool {

@@ -219,7 +219,8 @@ func TestGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Blobs != 2 || res.Ingests != 2 {
+	// Bytes: the two blobs, a killed writer's 7 and the kept 14.
+	if res.Blobs != 2 || res.Ingests != 2 || res.Bytes != int64(len("orphan"))+stray.Size+7+14 {
 		t.Fatalf("gc = %+v", res)
 	}
 	if _, err := os.Stat(kept.Name()); !os.IsNotExist(err) {

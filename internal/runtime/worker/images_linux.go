@@ -33,6 +33,9 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if spec.Snapshot != "" {
 		return fmt.Errorf("a sandbox starts on a snapshot or on an image, not both: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := api.CheckPull(spec.Pull); err != nil { // before it decides anything
+		return err
+	}
 	ref, err := image.ParseReference(spec.Image)
 	if err != nil {
 		return err
@@ -113,7 +116,7 @@ func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.I
 			return nil, err
 		}
 		o.Anonymous, o.PublicOnly, o.Username, o.Password = true, true, "", ""
-		o.Limits = tenantImport
+		o.Limits, o.NoResume = tenantImport, true
 	}
 	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
 		return nil, err
