@@ -194,13 +194,12 @@ func removeOnSecondHost(t *testing.T, host string, sb *runtime.Sandbox) {
 	}
 }
 
-// TestUnknownBackend: a sandbox of a backend this worker does not run (a
-// newer dsec's) is loaded, stopped, and never started or taken down by
-// this one; running, it is not loaded. Nothing of it is touched.
-func TestUnknownBackend(t *testing.T) {
+// made makes spec's sandbox on a root of its own, which the test's
+// end cleans and holds to leave nothing behind.
+func made(t *testing.T, spec runtime.Spec) (string, *store.Store, *runtime.Sandbox) {
+	t.Helper()
 	root, s := layers(t)
-	ctx := context.Background()
-	sb, err := (&runtime.Host{Root: root, Store: s}).Create(ctx, runtime.Spec{Name: "newer", Layers: []string{"bb:1"}})
+	sb, err := (&runtime.Host{Root: root, Store: s}).Create(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,6 +209,15 @@ func TestUnknownBackend(t *testing.T) {
 			t.Errorf("left behind: %v", l)
 		}
 	})
+	return root, s, sb
+}
+
+// TestUnknownBackend: a sandbox of a backend this worker does not run (a
+// newer dsec's) is loaded, stopped, and never started or taken down by
+// this one; running, it is not loaded. Nothing of it is touched.
+func TestUnknownBackend(t *testing.T) {
+	ctx := context.Background()
+	root, s, sb := made(t, runtime.Spec{Name: "newer", Layers: []string{"bb:1"}})
 	if err := sb.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -250,17 +258,7 @@ func TestUnknownBackend(t *testing.T) {
 // sandbox is removed, and it is not found, rather than failing every
 // load with a state that does not parse.
 func TestLoadEmptiedState(t *testing.T) {
-	root, s := layers(t)
-	sb, err := (&runtime.Host{Root: root, Store: s}).Create(context.Background(), runtime.Spec{Name: "emptied", Layers: []string{"bb:1"}, Pool: "(call)"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		runtimetest.Clean(root)
-		if l := runtimetest.Leftovers(root); len(l) > 0 {
-			t.Errorf("left behind: %v", l)
-		}
-	})
+	root, s, sb := made(t, runtime.Spec{Name: "emptied", Layers: []string{"bb:1"}, Pool: "(call)"})
 	if err := sb.Stop(); err != nil {
 		t.Fatal(err)
 	}
