@@ -33,6 +33,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -667,6 +668,24 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 		} // index.json and oci-layout temps belong to their lock
 	}
 	return nil
+}
+
+// SweepPartials removes what interrupted transfers kept to take up
+// later (resumable ingests) untouched for longer than age, unless a
+// transfer holds them now: a pull taken up after that starts over. It
+// says how many it removed and their bytes.
+func (s *Store) SweepPartials(age time.Duration) (n int, bytes int64) {
+	ing, _ := os.ReadDir(filepath.Join(s.dir, "ingest"))
+	for _, e := range ing {
+		info, err := e.Info()
+		if !strings.HasPrefix(e.Name(), "partial-") || err != nil || time.Since(info.ModTime()) < age {
+			continue
+		}
+		if b, ok := removeUnheld(filepath.Join(s.dir, "ingest", e.Name())); ok {
+			n, bytes = n+1, bytes+b
+		}
+	}
+	return n, bytes
 }
 
 // removeUnheld removes path, a resumable ingest, unless a transfer holds

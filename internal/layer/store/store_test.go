@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -352,6 +353,39 @@ func BenchmarkLease(b *testing.B) {
 		unlock()
 		if err := l.Release(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestSweepPartials: what an interrupted transfer kept goes once it is
+// older than the age given and no transfer holds it; a fresh one, and a
+// held one however old, stay.
+func TestSweepPartials(t *testing.T) {
+	s := open(t)
+	old := time.Now().Add(-48 * time.Hour)
+	kept := func(name string, age time.Time) *store.Ingest {
+		in, err := s.ResumeIngest(digest.FromString(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Write([]byte(name))
+		if err := os.Chtimes(in.Name(), age, age); err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	stale := kept("stale", old)
+	stale.Abort()
+	fresh := kept("fresh", time.Now())
+	fresh.Abort()
+	held := kept("held", old)
+	defer held.Discard()
+	if n, b := s.SweepPartials(24 * time.Hour); n != 1 || b != int64(len("stale")) {
+		t.Errorf("swept %d (%d bytes), want the stale one (5 bytes)", n, b)
+	}
+	for in, want := range map[*store.Ingest]bool{stale: false, fresh: true, held: true} {
+		if _, err := os.Stat(in.Name()); (err == nil) != want {
+			t.Errorf("%s: there %v, want %v", filepath.Base(in.Name()), err == nil, want)
 		}
 	}
 }

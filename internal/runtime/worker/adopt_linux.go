@@ -2,6 +2,7 @@ package worker
 
 import (
 	"github.com/containerd/errdefs"
+	"time"
 
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
@@ -60,8 +61,15 @@ func (w *worker) adopt() error {
 			w.log.Error("cannot remove the uppers of sandboxes a worker died making", "err", err)
 		}
 	}
+	if n, b := w.host.Store.SweepPartials(stalePartial); n > 0 {
+		w.log.Info("removed what interrupted pulls kept, untouched for a day", "pulls", n, "bytes", b)
+	}
 	return nil
 }
+
+// stalePartial is how long what an interrupted pull kept waits for a
+// pull to take it up before a worker that starts removes it.
+const stalePartial = 24 * time.Hour
 
 // release lets go of every sandbox; they run on.
 func (w *worker) release() {
