@@ -107,8 +107,7 @@ func (j *Journal) count() {
 		finished time.Time
 	}
 	var ended []found
-	ents, _ := os.ReadDir(j.dir)
-	for _, ent := range ents {
+	for _, ent := range j.entries() {
 		id, dir := ent.Name(), filepath.Join(j.dir, ent.Name())
 		var res Result
 		if e := j.execs[id]; e != nil {
@@ -116,9 +115,11 @@ func (j *Journal) count() {
 				continue
 			}
 			res = e.res
-		} else if b, err := os.ReadFile(filepath.Join(dir, "result.json")); err != nil || json.Unmarshal(b, &res) != nil {
+		} else if r, err := j.result(id); err != nil {
 			u.bytes += outputBytes(dir) // not ended, or not ours to drop
 			continue
+		} else {
+			res = r
 		}
 		if n := outputBytes(dir); n > 0 {
 			u.bytes += n

@@ -1,6 +1,8 @@
 // Package journal keeps a sandbox's steps: every exec runs under an id,
 // in <sandbox>/execs/<id>/ with its output (stdout, stderr) and, once it
-// ended, result.json. An id runs at most once per sandbox: asking again
+// ended, result.json; each result is also a line of <sandbox>/execs/
+// .results, synced before it is told. An id runs at most once per
+// sandbox: asking again
 // returns the journaled result, or waits for it. Running the command is
 // the caller's (package runtime, over a backend.Instance); the journal
 // decides whether it runs and records how it ended.
@@ -23,6 +25,7 @@
 package journal
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -125,11 +128,17 @@ func (e *Exec) Finish(r Result) {
 	}
 	if e.keep {
 		// The result is what a retry after a host crash finds instead
-		// of running the step again; its output is not synced (two more
-		// fsyncs per exec), so a crash may cut what a replay prints.
+		// of running the step again: appended to the journal's log and
+		// synced before it is told (one fdatasync of an append, where a
+		// file of its own, renamed and its directory synced, took two
+		// fsyncs), and written to result.json, without waiting for the
+		// disk, for readers. Its output is not synced, so a crash may cut
+		// what a replay prints.
 		b, _ := json.Marshal(e.res)
-		if err := durable.WriteFile(filepath.Join(e.dir, "result.json"), b, 0o600); err != nil {
+		if err := e.j.logResult(e.res, b); err != nil {
 			e.res.Err = "journal the result: " + err.Error()
+		} else {
+			durable.Replace(filepath.Join(e.dir, "result.json"), b, 0o600)
 		}
 	}
 	close(e.done)
@@ -142,6 +151,13 @@ type Journal struct {
 	dir   string
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
+
+	// The results log (resultsLog), its results by id once read.
+	log struct {
+		sync.Mutex
+		read    bool
+		results map[string]Result
+	}
 
 	// What the outputs of ended execs take (once counted), those
 	// outputs, oldest first, and the execs running.
@@ -205,7 +221,7 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 		return replay(e)
 	}
 	dir := filepath.Join(j.dir, s.ID)
-	if e, err := load(dir, s.ID); err == nil {
+	if e, err := j.load(s.ID); err == nil {
 		j.execs[e.ID] = e
 		return replay(e)
 	}
@@ -235,17 +251,95 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 	return e, false, nil
 }
 
-func load(dir, id string) (*Exec, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+// load is exec id as journaled, ended.
+func (j *Journal) load(id string) (*Exec, error) {
+	res, err := j.result(id)
 	if err != nil {
 		return nil, err
 	}
-	e := &Exec{ID: id, dir: dir, done: make(chan struct{}), over: true}
-	if err := json.Unmarshal(b, &e.res); err != nil {
-		return nil, err
-	}
+	e := &Exec{ID: id, dir: filepath.Join(j.dir, id), done: make(chan struct{}), over: true, res: res}
 	close(e.done)
 	return e, nil
+}
+
+// resultsLog is the file, in a journal's directory, every result is
+// appended to (a name no exec id has).
+const resultsLog = ".results"
+
+// result is exec id's journaled result: its result.json, else the log's
+// (a host crash lost the file, written without waiting for the disk;
+// it is put back, and the exec's directory with it).
+func (j *Journal) result(id string) (Result, error) {
+	var res Result
+	p := filepath.Join(j.dir, id, "result.json")
+	b, err := os.ReadFile(p)
+	if err == nil && json.Unmarshal(b, &res) == nil && res.ID == id {
+		return res, nil
+	}
+	res, ok := j.logged(id)
+	if !ok {
+		return Result{}, fmt.Errorf("no result of exec %s: %w", id, os.ErrNotExist)
+	}
+	if b, err := json.Marshal(res); err == nil && os.MkdirAll(filepath.Dir(p), 0o700) == nil {
+		for _, name := range []string{"stdout", "stderr"} { // what the crash left of them, or empty
+			if f, err := os.OpenFile(filepath.Join(filepath.Dir(p), name), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+				f.Close()
+			}
+		}
+		durable.Replace(p, b, 0o600)
+	}
+	return res, nil
+}
+
+// logged is exec id's result as the log has it, the log read once.
+func (j *Journal) logged(id string) (Result, bool) {
+	j.log.Lock()
+	defer j.log.Unlock()
+	if !j.log.read {
+		j.log.read, j.log.results = true, map[string]Result{}
+		b, _ := os.ReadFile(filepath.Join(j.dir, resultsLog))
+		for line := range bytes.SplitSeq(b, []byte("\n")) {
+			var res Result
+			if json.Unmarshal(line, &res) == nil && res.ID != "" { // a line a crash cut is no result
+				j.log.results[res.ID] = res
+			}
+		}
+	}
+	res, ok := j.log.results[id]
+	return res, ok
+}
+
+// logResult appends res (b, its JSON) to the log and syncs it. The log's
+// first line syncs the directory too, so that the log's name survives.
+func (j *Journal) logResult(res Result, b []byte) error {
+	j.logged("") // read before it grows: its results are the file's
+	j.log.Lock()
+	defer j.log.Unlock()
+	p := filepath.Join(j.dir, resultsLog)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
+	made := err == nil
+	if errors.Is(err, os.ErrExist) {
+		f, err = os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0o600)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// Each line begins with its newline: a line a crash cut short at the
+	// end is ended by the next, not joined to it.
+	if _, err := f.Write(append([]byte{'\n'}, b...)); err != nil {
+		return err
+	}
+	if err := datasync(f); err != nil {
+		return err
+	}
+	if made {
+		if err := durable.SyncDir(j.dir); err != nil {
+			return err
+		}
+	}
+	j.log.results[res.ID] = res
+	return nil
 }
 
 // Lookup returns the exec with id, running or journaled, of the
@@ -259,7 +353,7 @@ func (j *Journal) Lookup(sandbox, id string) (*Exec, error) {
 	if e := j.execs[id]; e != nil {
 		return e, nil
 	}
-	e, err := load(filepath.Join(j.dir, id), id)
+	e, err := j.load(id)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s has no exec %s: %w", sandbox, id, errdefs.ErrNotFound)
 	}
@@ -269,7 +363,7 @@ func (j *Journal) Lookup(sandbox, id string) (*Exec, error) {
 // Last is the id of the exec journaled last ("": none) and how many
 // are journaled.
 func (j *Journal) Last() (id string, n int) {
-	ents, _ := os.ReadDir(j.dir)
+	ents := j.entries()
 	var at time.Time
 	for _, e := range ents {
 		if fi, err := e.Info(); err == nil && (id == "" || fi.ModTime().After(at)) {
@@ -280,9 +374,12 @@ func (j *Journal) Last() (id string, n int) {
 }
 
 // Count counts the journaled execs.
-func (j *Journal) Count() int {
+func (j *Journal) Count() int { return len(j.entries()) }
+
+// entries are the execs' directories (not the results log).
+func (j *Journal) entries() []os.DirEntry {
 	ents, _ := os.ReadDir(j.dir)
-	return len(ents)
+	return slices.DeleteFunc(ents, func(e os.DirEntry) bool { return !e.IsDir() })
 }
 
 // Recover collects the results of the execs an earlier worker left
@@ -292,10 +389,9 @@ func (j *Journal) Count() int {
 func (j *Journal) Recover(c backend.Instance) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	ents, _ := os.ReadDir(j.dir)
-	for _, ent := range ents {
+	for _, ent := range j.entries() {
 		dir := filepath.Join(j.dir, ent.Name())
-		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
+		if _, err := j.result(ent.Name()); err == nil {
 			continue
 		}
 		e := &Exec{ID: ent.Name(), dir: dir, done: make(chan struct{}), keep: true, j: j}

@@ -51,12 +51,42 @@ func TestOnce(t *testing.T) {
 	}
 	again(j, "in memory")
 	again(Open(dir), "from the file")
+	// A host crash lost result.json (written without waiting for the
+	// disk), and the exec's directory with it: the synced log has it.
+	if err := os.RemoveAll(filepath.Join(dir, "1")); err != nil {
+		t.Fatal(err)
+	}
+	again(Open(dir), "from the log")
+	for _, name := range []string{"result.json", "stdout", "stderr"} {
+		if _, err := os.Stat(filepath.Join(dir, "1", name)); err != nil {
+			t.Errorf("%s not put back from the log: %v", name, err)
+		}
+	}
+	// A line a crash cut short at the log's end is no result.
+	f, err := os.OpenFile(filepath.Join(dir, resultsLog), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"id":"2","exit_co`)
+	f.Close()
+	again(Open(dir), "beside a cut line")
+	if _, err := Open(dir).Lookup("s", "2"); !errdefs.IsNotFound(err) {
+		t.Errorf("a cut line's exec: %v, want not found", err)
+	}
+	// The next result after the cut line is whole.
+	if _, _, err := Open(dir).Start(Step{Sandbox: "s", ID: "9", Args: []string{"true"}, Keep: true}, started(5)); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(dir, "9"))
+	if e, err := Open(dir).Lookup("s", "9"); err != nil || e.res.ExitCode != 5 {
+		t.Errorf("the result after a cut line: %v %+v", err, e)
+	}
 	other := step
 	other.Args = []string{"false"}
 	if _, _, err := Open(dir).Start(other, started(0)); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("another command under the id: %v", err)
 	}
-	if n := j.Count(); n != 1 {
+	if n := j.Count(); n != 2 { // 1 and 9 (the log is no exec)
 		t.Fatalf("count %d", n)
 	}
 
