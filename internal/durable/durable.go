@@ -4,8 +4,9 @@
 // fsynced and closed, renamed over the target, and the directory
 // fsynced so that the rename itself survives. It is the recipe the
 // layer store uses for its index, kept here for every file whose loss
-// would change what dsec does: an exec's journaled result (exactly-once
-// steps rest on it), a sandbox's state, the pools.
+// would change what dsec does: a sandbox's state, the pools, the
+// tokens. (An exec's result is a line of its sandbox's results log,
+// synced with fdatasync: package journal.)
 package durable
 
 import (
@@ -31,9 +32,11 @@ func WriteFile(path string, b []byte, perm os.FileMode) error {
 
 // Replace replaces path with b atomically but without waiting for the
 // disk: a reader sees the old bytes or the new, and a crash may leave
-// the old. Only for a file whose loss changes nothing (a sandbox's state
-// while it is being made: a sandbox without one is removed as if it
-// never was), where two fsyncs would cost every create.
+// the old (or, on some file systems, an empty file). Only for a file
+// whose loss changes nothing (a sandbox's state while it is being made:
+// a sandbox without one is removed as if it never was) or whose bytes
+// are also kept durably elsewhere (an exec's result.json, its results
+// log's line), where two fsyncs would cost every create or exec.
 func Replace(path string, b []byte, perm os.FileMode) error {
 	return write(filepath.Dir(path), path, b, perm, false)
 }

@@ -31,8 +31,9 @@
 // Every command runs under an exec id and is journaled in
 // <root>/sandboxes/ID/execs/EXEC/ (package journal): the output files
 // the command writes to directly (so output survives the worker) and
-// result.json once it ended. An exec id runs at most once per sandbox;
-// asking again returns the journal.
+// result.json once it ended, its result also a synced line of
+// <root>/sandboxes/ID/results.log. An exec id runs at most once per
+// sandbox; asking again returns the journal.
 //
 // # The backend seam
 //

@@ -215,7 +215,9 @@ func (t *terminal) end() int64 {
 // journal is the sandbox's journal, in its directory (which its ID
 // names for good).
 func (sb *Sandbox) journal() *journal.Journal {
-	sb.journalOnce.Do(func() { sb.steps = journal.Open(filepath.Join(sb.dir, "execs")) })
+	sb.journalOnce.Do(func() {
+		sb.steps = journal.Open(filepath.Join(sb.dir, "execs"), filepath.Join(sb.dir, resultsLog), sb.logMade)
+	})
 	return sb.steps
 }
 

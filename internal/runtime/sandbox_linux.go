@@ -184,7 +184,10 @@ type Sandbox struct {
 	restore *driver.Restore
 
 	journalOnce sync.Once
-	steps       *journal.Journal // its execs (journal)
+	// logMade: its results log was made with it, by this worker, before
+	// a state synced with its directory (journal.Open's synced).
+	logMade bool
+	steps   *journal.Journal // its execs (journal)
 
 	active    atomic.Int64 // unix nanoseconds of the last exec's start or end
 	running   atomic.Int32 // execs running
@@ -287,6 +290,12 @@ func create(ctx context.Context, o options, p *Primed) (_ *Sandbox, err error) {
 	defer release()
 	if err != nil {
 		return nil, err
+	}
+	// The results log now, so that the synced state after the start
+	// syncs its name too, and the sandbox's first exec needs no more.
+	if f, err := os.OpenFile(filepath.Join(sb.dir, resultsLog), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		f.Close()
+		sb.logMade = true
 	}
 	if err := sb.start(ctx); err != nil {
 		if o.From != "" && errdefs.IsNotFound(err) {
@@ -545,6 +554,10 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	sb.Status = Running
 	return sb.save()
 }
+
+// resultsLog is the file in a sandbox's directory its execs' results are
+// appended to (package journal).
+const resultsLog = "results.log"
 
 // save writes the state atomically and durably. Some states are written
 // only atomically, as their loss in a crash changes nothing: a sandbox's

@@ -1,7 +1,7 @@
 // Package journal keeps a sandbox's steps: every exec runs under an id,
 // in <sandbox>/execs/<id>/ with its output (stdout, stderr) and, once it
-// ended, result.json; each result is also a line of <sandbox>/execs/
-// .results, synced before it is told. An id runs at most once per
+// ended, result.json; each result is also a line of the sandbox's
+// results log, synced before it is told. An id runs at most once per
 // sandbox: asking again
 // returns the journaled result, or waits for it. Running the command is
 // the caller's (package runtime, over a backend.Instance); the journal
@@ -118,8 +118,8 @@ func (e *Exec) Result(ctx context.Context) (Result, error) {
 // Finish records how the command ended (r's exit code, OOM, Err and
 // Truncated; the rest is the exec's), journals it and wakes the
 // waiters. Its output files must be closed by then: the result and the
-// output agree. A worker killed before the result's rename leaves none:
-// the next asks the init (Recover).
+// output agree. A worker killed before the result's line is synced
+// leaves none: the next asks the init (Recover).
 func (e *Exec) Finish(r Result) {
 	e.res.ExitCode, e.res.OOM, e.res.Err, e.res.Truncated = r.ExitCode, r.OOM, r.Err, r.Truncated
 	e.res.Finished = time.Now().UTC()
@@ -152,10 +152,16 @@ type Journal struct {
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
 
-	// The results log (resultsLog), its results by id once read.
-	log struct {
+	// The results log: its path, and its results by id once read. w is
+	// held while a result is appended and synced (and while the log is
+	// first read), the log's mutex only while its map is used, so that
+	// a start or a look-up never waits for another exec's flush.
+	logPath string
+	w       sync.Mutex
+	log     struct {
 		sync.Mutex
 		read    bool
+		synced  bool // the log's name is on the disk (its directory synced)
 		results map[string]Result
 	}
 
@@ -177,8 +183,15 @@ type output struct {
 }
 
 // Open is the journal under dir (a sandbox's execs directory, which
-// exists).
-func Open(dir string) *Journal { return &Journal{dir: dir, execs: map[string]*Exec{}} }
+// exists), its results appended to the file log. synced says the log's
+// name is on the disk already (made with the sandbox, before a synced
+// write to its directory); else the first result appended syncs the
+// log's directory.
+func Open(dir, log string, synced bool) *Journal {
+	j := &Journal{dir: dir, execs: map[string]*Exec{}, logPath: log}
+	j.log.synced = synced
+	return j
+}
 
 // Step is a command to journal.
 type Step struct {
@@ -262,10 +275,6 @@ func (j *Journal) load(id string) (*Exec, error) {
 	return e, nil
 }
 
-// resultsLog is the file, in a journal's directory, every result is
-// appended to (a name no exec id has).
-const resultsLog = ".results"
-
 // result is exec id's journaled result: its result.json, else the log's
 // (a host crash lost the file, written without waiting for the disk;
 // it is put back, and the exec's directory with it).
@@ -294,51 +303,69 @@ func (j *Journal) result(id string) (Result, error) {
 // logged is exec id's result as the log has it, the log read once.
 func (j *Journal) logged(id string) (Result, bool) {
 	j.log.Lock()
-	defer j.log.Unlock()
-	if !j.log.read {
-		j.log.read, j.log.results = true, map[string]Result{}
-		b, _ := os.ReadFile(filepath.Join(j.dir, resultsLog))
-		for line := range bytes.SplitSeq(b, []byte("\n")) {
-			var res Result
-			if json.Unmarshal(line, &res) == nil && res.ID != "" { // a line a crash cut is no result
-				j.log.results[res.ID] = res
+	read := j.log.read
+	j.log.Unlock()
+	if !read {
+		j.w.Lock() // no result is appended while the log is read
+		j.log.Lock()
+		if !j.log.read {
+			j.log.read, j.log.results = true, map[string]Result{}
+			b, _ := os.ReadFile(j.logPath)
+			for line := range bytes.SplitSeq(b, []byte("\n")) {
+				var res Result
+				if json.Unmarshal(line, &res) == nil && res.ID != "" { // a line a crash cut is no result
+					j.log.results[res.ID] = res
+				}
 			}
 		}
+		j.log.Unlock()
+		j.w.Unlock()
 	}
+	j.log.Lock()
+	defer j.log.Unlock()
 	res, ok := j.log.results[id]
 	return res, ok
 }
 
-// logResult appends res (b, its JSON) to the log and syncs it. The log's
-// first line syncs the directory too, so that the log's name survives.
+// logResult appends res (b, its JSON) to the log and syncs it; the
+// first time, the log's directory too unless the log was made synced.
+// A line that fails is cut off again, so that it never replays.
 func (j *Journal) logResult(res Result, b []byte) error {
 	j.logged("") // read before it grows: its results are the file's
-	j.log.Lock()
-	defer j.log.Unlock()
-	p := filepath.Join(j.dir, resultsLog)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o600)
-	made := err == nil
-	if errors.Is(err, os.ErrExist) {
-		f, err = os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0o600)
-	}
+	j.w.Lock()
+	defer j.w.Unlock()
+	f, err := os.OpenFile(j.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
 	// Each line begins with its newline: a line a crash cut short at the
 	// end is ended by the next, not joined to it.
-	if _, err := f.Write(append([]byte{'\n'}, b...)); err != nil {
+	_, err = f.Write(append([]byte{'\n'}, b...))
+	if err == nil {
+		err = datasync(f)
+	}
+	if err != nil {
+		f.Truncate(st.Size())
 		return err
 	}
-	if err := datasync(f); err != nil {
-		return err
-	}
-	if made {
-		if err := durable.SyncDir(j.dir); err != nil {
+	j.log.Lock()
+	synced := j.log.synced
+	j.log.Unlock()
+	if !synced {
+		if err := durable.SyncDir(filepath.Dir(j.logPath)); err != nil {
+			f.Truncate(st.Size())
 			return err
 		}
 	}
+	j.log.Lock()
+	j.log.synced = true
 	j.log.results[res.ID] = res
+	j.log.Unlock()
 	return nil
 }
 
@@ -391,6 +418,9 @@ func (j *Journal) Recover(c backend.Instance) {
 	defer j.mu.Unlock()
 	for _, ent := range j.entries() {
 		dir := filepath.Join(j.dir, ent.Name())
+		if _, err := os.Stat(filepath.Join(dir, "result.json")); err == nil {
+			continue // ended (if its file does not parse, still not to be run again)
+		}
 		if _, err := j.result(ent.Name()); err == nil {
 			continue
 		}

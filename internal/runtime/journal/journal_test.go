@@ -12,6 +12,9 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 )
 
+// open is the journal of dir, its results log beside it.
+func open(dir string) *Journal { return Open(dir, dir+".log", false) }
+
 // started is a start that ends the command at once with code.
 func started(code int) func(*Exec, *os.File, *os.File) error {
 	return func(e *Exec, stdout, _ *os.File) error {
@@ -27,7 +30,7 @@ func started(code int) func(*Exec, *os.File, *os.File) error {
 // runs; a call's step (Keep false) is answered from memory alone.
 func TestOnce(t *testing.T) {
 	dir := t.TempDir()
-	j := Open(dir)
+	j := open(dir)
 	step := Step{Sandbox: "s", ID: "1", Args: []string{"true"}, Keep: true}
 	e, replayed, err := j.Start(step, started(3))
 	if err != nil || replayed {
@@ -50,43 +53,43 @@ func TestOnce(t *testing.T) {
 		}
 	}
 	again(j, "in memory")
-	again(Open(dir), "from the file")
+	again(open(dir), "from the file")
 	// A host crash lost result.json (written without waiting for the
 	// disk), and the exec's directory with it: the synced log has it.
 	if err := os.RemoveAll(filepath.Join(dir, "1")); err != nil {
 		t.Fatal(err)
 	}
-	again(Open(dir), "from the log")
+	again(open(dir), "from the log")
 	for _, name := range []string{"result.json", "stdout", "stderr"} {
 		if _, err := os.Stat(filepath.Join(dir, "1", name)); err != nil {
 			t.Errorf("%s not put back from the log: %v", name, err)
 		}
 	}
 	// A line a crash cut short at the log's end is no result.
-	f, err := os.OpenFile(filepath.Join(dir, resultsLog), os.O_WRONLY|os.O_APPEND, 0)
+	f, err := os.OpenFile(dir+".log", os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.WriteString(`{"id":"2","exit_co`)
 	f.Close()
-	again(Open(dir), "beside a cut line")
-	if _, err := Open(dir).Lookup("s", "2"); !errdefs.IsNotFound(err) {
+	again(open(dir), "beside a cut line")
+	if _, err := open(dir).Lookup("s", "2"); !errdefs.IsNotFound(err) {
 		t.Errorf("a cut line's exec: %v, want not found", err)
 	}
 	// The next result after the cut line is whole.
-	if _, _, err := Open(dir).Start(Step{Sandbox: "s", ID: "9", Args: []string{"true"}, Keep: true}, started(5)); err != nil {
+	if _, _, err := open(dir).Start(Step{Sandbox: "s", ID: "9", Args: []string{"true"}, Keep: true}, started(5)); err != nil {
 		t.Fatal(err)
 	}
 	os.RemoveAll(filepath.Join(dir, "9"))
-	if e, err := Open(dir).Lookup("s", "9"); err != nil || e.res.ExitCode != 5 {
+	if e, err := open(dir).Lookup("s", "9"); err != nil || e.res.ExitCode != 5 {
 		t.Errorf("the result after a cut line: %v %+v", err, e)
 	}
 	other := step
 	other.Args = []string{"false"}
-	if _, _, err := Open(dir).Start(other, started(0)); !errdefs.IsAlreadyExists(err) {
+	if _, _, err := open(dir).Start(other, started(0)); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("another command under the id: %v", err)
 	}
-	if n := j.Count(); n != 2 { // 1 and 9 (the log is no exec)
+	if n := j.Count(); n != 2 { // 1 and 9
 		t.Fatalf("count %d", n)
 	}
 
@@ -111,7 +114,7 @@ func TestOnce(t *testing.T) {
 	if _, err := j.Lookup("s", "3"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(dir).Lookup("s", "4"); !errdefs.IsNotFound(err) {
+	if _, err := open(dir).Lookup("s", "4"); !errdefs.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	for _, bad := range []string{"", "../x", "-a", string(make([]byte, 200))} {
@@ -150,12 +153,15 @@ func (i instance) Result(_ context.Context, id string) (backend.Exit, error) {
 // retry runs it), and with the init gone each is a failure of the host.
 func TestRecover(t *testing.T) {
 	dir := t.TempDir()
-	for _, id := range []string{"ended", "running", "never", "done"} {
+	for _, id := range []string{"ended", "running", "never", "done", "torn"} {
 		os.MkdirAll(filepath.Join(dir, id), 0o700)
 		os.WriteFile(filepath.Join(dir, id, "stdout"), nil, 0o600)
 	}
 	os.WriteFile(filepath.Join(dir, "done", "result.json"), []byte(`{"id":"done","exit_code":9}`), 0o600)
-	j := Open(dir)
+	// A result a crash tore (an older dsec's mark written over it): it
+	// ended, and is never asked of the init, nor run again.
+	os.WriteFile(filepath.Join(dir, "torn", "result.json"), []byte(`{"id":"to`), 0o600)
+	j := open(dir)
 	j.Recover(instance{running: map[string]bool{"running": true}, codes: map[string]int{"ended": 4, "running": 5}})
 	for id, want := range map[string]int{"ended": 4, "running": 5, "done": 9} {
 		e, err := j.Lookup("s", id)
@@ -169,14 +175,17 @@ func TestRecover(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "never")); !os.IsNotExist(err) {
 		t.Fatalf("a step never started stays: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(dir, "torn")); err != nil {
+		t.Fatalf("a step with a torn result went, so that a retry would run it again: %v", err)
+	}
 	if _, err := os.Stat(filepath.Join(dir, "running", "result.json")); err != nil {
 		t.Fatalf("the recovered result was not journaled: %v", err)
 	}
 
 	lost := t.TempDir()
 	os.MkdirAll(filepath.Join(lost, "x"), 0o700)
-	Open(lost).Recover(nil)
-	e, err := Open(lost).Lookup("s", "x")
+	open(lost).Recover(nil)
+	e, err := open(lost).Lookup("s", "x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +210,7 @@ func wrote(n int) func(*Exec, *os.File, *os.File) error {
 // restarted) counts what is on disk; what running steps wrote counts.
 func TestBound(t *testing.T) {
 	dir := t.TempDir()
-	j := Open(dir)
+	j := open(dir)
 	step := func(j *Journal, id string, n int) *Exec {
 		t.Helper()
 		e, _, err := j.Start(Step{Sandbox: "s", ID: id, Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, wrote(n))
@@ -238,12 +247,12 @@ func TestBound(t *testing.T) {
 	if !dropped(j, "0") || dropped(j, "1") || dropped(j, "2") || dropped(j, "3") {
 		t.Fatalf("dropped: %v %v %v %v, want only step 0's", dropped(j, "0"), dropped(j, "1"), dropped(j, "2"), dropped(j, "3"))
 	}
-	if !dropped(Open(dir), "0") {
+	if !dropped(open(dir), "0") {
 		t.Fatal("the mark of a dropped output is not journaled")
 	}
 	// Opened again, the journal counts 30+30+40 on disk: the next step
 	// drops steps 1 and 2.
-	again := Open(dir)
+	again := open(dir)
 	if _, replayed, err := again.Start(Step{Sandbox: "s", ID: "1", Args: []string{"x"}, Keep: true, MaxOutput: 40, Bound: 100}, wrote(1)); err != nil || !replayed {
 		t.Fatal(err, replayed) // a replay: an ended step, droppable as any
 	}
@@ -270,7 +279,7 @@ func TestBound(t *testing.T) {
 	long.Finish(Result{})
 	next.Finish(Result{})
 	// Without a bound, only the cap.
-	free, _, _ := Open(t.TempDir()).Start(Step{ID: "x", Args: []string{"x"}}, run)
+	free, _, _ := open(t.TempDir()).Start(Step{ID: "x", Args: []string{"x"}}, run)
 	if free.Limit() != DefaultMaxOutput {
 		t.Fatalf("no bound: cap %d", free.Limit())
 	}
