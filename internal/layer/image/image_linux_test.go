@@ -801,6 +801,26 @@ func TestImportResumesAfterInterruption(t *testing.T) {
 		t.Errorf("the bad spool outlived the import: %v", left)
 	}
 
+	// A tenant's pull (NoResume) keeps nothing of a layer it has not
+	// finished: not even while it runs.
+	s = openStore(t)
+	st.stall.Store(true)
+	tctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { _, err := image.Import(tctx, s, ref, image.Options{NoResume: true}); done <- err }()
+	select {
+	case <-st.halfway:
+	case <-time.After(time.Minute):
+		t.Fatal("the tenant's transfer never stalled")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if kept := spools(t, s); len(kept) > 0 {
+		t.Errorf("a tenant's pull spooled %v", kept)
+	}
+	cancel()
+	<-done
+	st.stall.Store(false)
+
 	// A spool of the whole blob (killed while its layer was being
 	// stored): nothing more is asked of the registry (which would
 	// refuse a range past the end), and the layer is stored from it.

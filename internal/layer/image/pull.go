@@ -375,6 +375,11 @@ func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Reposi
 		}
 		held = 0
 	}
+	if !keep && held == 0 { // nothing to read again, nothing to keep: no spool
+		spool.Discard()
+		info, _, err := convert(ctx, s, repo, d, l, under, p, b, entries, nil)
+		return info, 0, err
+	}
 	used := b.used
 	first := &counted{p: p}
 	info, broke, err := convert(ctx, s, repo, d, l, under, first, b, entries, spool)

@@ -403,10 +403,10 @@ func (j *Journal) Last() (id string, n int) {
 // Count counts the journaled execs.
 func (j *Journal) Count() int { return len(j.entries()) }
 
-// entries are the execs' directories (not the results log).
+// entries are the execs' directories.
 func (j *Journal) entries() []os.DirEntry {
 	ents, _ := os.ReadDir(j.dir)
-	return slices.DeleteFunc(ents, func(e os.DirEntry) bool { return !e.IsDir() })
+	return ents
 }
 
 // Recover collects the results of the execs an earlier worker left
