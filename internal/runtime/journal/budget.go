@@ -157,6 +157,7 @@ func (j *Journal) drop(id string) {
 	if b, err := json.Marshal(res); err == nil {
 		// Not synced: a crash that loses the mark finds the output
 		// short, as a crash may anyway (the output is not synced).
+		j.logMark(res)
 		durable.Replace(p, b, 0o600)
 	}
 }

@@ -87,6 +87,8 @@ type Exec struct {
 	// worker that starts removes those of one that died), so the exec in
 	// memory is all a replay finds, and its answer waits for no file.
 	keep bool
+	// journaled: ended, its result.json written; set before done closes.
+	journaled bool
 }
 
 // StdoutPath and StderrPath are the journaled output files.
@@ -138,7 +140,7 @@ func (e *Exec) Finish(r Result) {
 		if err := e.j.logResult(e.res, b); err != nil {
 			e.res.Err = "journal the result: " + err.Error()
 		} else {
-			durable.Replace(filepath.Join(e.dir, "result.json"), b, 0o600)
+			e.journaled = durable.Replace(filepath.Join(e.dir, "result.json"), b, 0o600) == nil
 		}
 	}
 	close(e.done)
@@ -152,10 +154,11 @@ type Journal struct {
 	mu    sync.Mutex // held while a step starts: an id runs once
 	execs map[string]*Exec
 
-	// The results log: its path, and its results by id once read. w is
-	// held while a result is appended and synced (and while the log is
-	// first read), the log's mutex only while its map is used, so that
-	// a start or a look-up never waits for another exec's flush.
+	// The results log: its path, and once read the results it holds of
+	// execs whose result.json a host crash lost (none, but after one).
+	// w is held while a line is appended and synced, the log's mutex
+	// only while its map is used, so that a start or a look-up never
+	// waits for another exec's flush.
 	logPath string
 	w       sync.Mutex
 	log     struct {
@@ -260,8 +263,32 @@ func (j *Journal) Start(s Step, start func(e *Exec, stdout, stderr *os.File) err
 		os.RemoveAll(dir)
 		return nil, false, err
 	}
+	j.forget()
 	j.execs[e.ID] = e
 	return e, false, nil
+}
+
+// held is how many execs a journal holds in memory before it lets go of
+// those whose results a replay reads back from their files.
+const held = 64
+
+// forget lets go of ended execs a replay or a look-up reads back from
+// their result.json (loaded ones, and those this journal wrote), so that
+// a sandbox of thousands of steps is not held in memory whole. j.mu is
+// held.
+func (j *Journal) forget() {
+	if len(j.execs) < held {
+		return
+	}
+	for id, e := range j.execs {
+		select {
+		case <-e.done:
+			if e.j == nil || e.journaled {
+				delete(j.execs, id)
+			}
+		default:
+		}
+	}
 }
 
 // load is exec id as journaled, ended.
@@ -300,29 +327,29 @@ func (j *Journal) result(id string) (Result, error) {
 	return res, nil
 }
 
-// logged is exec id's result as the log has it, the log read once.
+// logged is exec id's result as the log has it, if its result.json is
+// lost. The log is read once, keeping the results of those alone: an
+// exec whose file exists is read from it, so the worker holds no copy
+// of a long sandbox's log, and results appended later have their files.
 func (j *Journal) logged(id string) (Result, bool) {
 	j.log.Lock()
-	read := j.log.read
-	j.log.Unlock()
-	if !read {
-		j.w.Lock() // no result is appended while the log is read
-		j.log.Lock()
-		if !j.log.read {
-			j.log.read, j.log.results = true, map[string]Result{}
-			b, _ := os.ReadFile(j.logPath)
-			for line := range bytes.SplitSeq(b, []byte("\n")) {
-				var res Result
-				if json.Unmarshal(line, &res) == nil && res.ID != "" { // a line a crash cut is no result
-					j.log.results[res.ID] = res
-				}
+	defer j.log.Unlock()
+	if !j.log.read {
+		j.log.read, j.log.results = true, map[string]Result{}
+		b, _ := os.ReadFile(j.logPath)
+		last := map[string]Result{}
+		for line := range bytes.SplitSeq(b, []byte("\n")) {
+			var res Result
+			if json.Unmarshal(line, &res) == nil && res.ID != "" && idRE().MatchString(res.ID) { // a line a crash cut is no result
+				last[res.ID] = res // a later line (a drop's mark) wins
 			}
 		}
-		j.log.Unlock()
-		j.w.Unlock()
+		for id, res := range last {
+			if _, err := os.Stat(filepath.Join(j.dir, id, "result.json")); errors.Is(err, os.ErrNotExist) {
+				j.log.results[id] = res
+			}
+		}
 	}
-	j.log.Lock()
-	defer j.log.Unlock()
 	res, ok := j.log.results[id]
 	return res, ok
 }
@@ -331,7 +358,6 @@ func (j *Journal) logged(id string) (Result, bool) {
 // first time, the log's directory too unless the log was made synced.
 // A line that fails is cut off again, so that it never replays.
 func (j *Journal) logResult(res Result, b []byte) error {
-	j.logged("") // read before it grows: its results are the file's
 	j.w.Lock()
 	defer j.w.Unlock()
 	f, err := os.OpenFile(j.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
@@ -364,9 +390,30 @@ func (j *Journal) logResult(res Result, b []byte) error {
 	}
 	j.log.Lock()
 	j.log.synced = true
-	j.log.results[res.ID] = res
+	if j.log.read {
+		delete(j.log.results, res.ID) // its result.json is next
+	}
 	j.log.Unlock()
 	return nil
+}
+
+// logMark appends res, an ended exec's result marked since (its output
+// dropped), to the log without syncing it, as its result.json is
+// rewritten: a crash that loses both finds the output short, as a
+// crash may anyway (output is not synced).
+func (j *Journal) logMark(res Result) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		return
+	}
+	j.w.Lock()
+	defer j.w.Unlock()
+	f, err := os.OpenFile(j.logPath, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	f.Write(append([]byte{'\n'}, b...))
 }
 
 // Lookup returns the exec with id, running or journaled, of the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -250,6 +251,13 @@ func TestBound(t *testing.T) {
 	if !dropped(open(dir), "0") {
 		t.Fatal("the mark of a dropped output is not journaled")
 	}
+	// A host crash lost step 0's result.json: the log has its mark.
+	saved := must(os.ReadFile(filepath.Join(dir, "0", "result.json")))
+	os.Remove(filepath.Join(dir, "0", "result.json"))
+	if !dropped(open(dir), "0") {
+		t.Fatal("the mark of a dropped output is not in the results log")
+	}
+	os.WriteFile(filepath.Join(dir, "0", "result.json"), saved, 0o600)
 	// Opened again, the journal counts 30+30+40 on disk: the next step
 	// drops steps 1 and 2.
 	again := open(dir)
@@ -290,4 +298,51 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestHeld: a journal of many steps holds few of them in memory, and
+// reads back from the log only the results whose files are lost; a step
+// let go of is still answered, never run again.
+func TestHeld(t *testing.T) {
+	dir := t.TempDir()
+	j := open(dir)
+	const n = 5 * held
+	for i := range n {
+		if _, _, err := j.Start(Step{Sandbox: "s", ID: fmt.Sprint(i), Args: []string{"x"}, Keep: true}, started(i%7)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(j.execs) > held {
+		t.Fatalf("%d steps in memory after %d, want at most %d", len(j.execs), n, held)
+	}
+	for _, id := range []string{"0", fmt.Sprint(n / 2), fmt.Sprint(n - 1)} {
+		e, replayed, err := j.Start(Step{Sandbox: "s", ID: id, Args: []string{"x"}, Keep: true}, func(*Exec, *os.File, *os.File) error {
+			t.Fatalf("step %s ran again", id)
+			return nil
+		})
+		if err != nil || !replayed {
+			t.Fatal(err, replayed)
+		}
+		if r, err := e.Result(context.Background()); err != nil || r.ExitCode != must(strconv.Atoi(id))%7 {
+			t.Fatalf("step %s: %+v %v", id, r, err)
+		}
+	}
+	// Opened again with every file there, the log is read and none of
+	// it kept; with one file lost, that one.
+	again := open(dir)
+	if _, err := again.Lookup("s", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(again.log.results) != 0 {
+		t.Fatalf("%d results of the log held, all their files there", len(again.log.results))
+	}
+	os.RemoveAll(filepath.Join(dir, "3"))
+	again = open(dir)
+	e, err := again.Lookup("s", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := e.Result(context.Background()); r.ExitCode != 3 || len(again.log.results) != 1 {
+		t.Fatalf("from the log: %+v, %d held", r, len(again.log.results))
+	}
 }
