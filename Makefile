@@ -8,7 +8,7 @@ INIT_BIN := bin/dsec-init
 DOCS_BIN := bin/dsec-docs
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 APT_PKGS := erofs-utils busybox-static attr xfsprogs e2fsprogs btrfs-progs python3 python3-pytest protobuf-compiler debootstrap \
-	qemu-system-x86 xz-utils openssl iproute2 umoci curl
+	qemu-system-x86 qemu-utils ovmf xz-utils openssl iproute2 umoci curl
 FUZZTIME ?= 60s
 
 .PHONY: all deps cluster-deps cluster-tools image kernel build install docs-bin demo test vet docs check-docs proto-bin proto check-proto bench bench-table fuzz clean

@@ -28,7 +28,7 @@ func beforeMain() {
 
 // fullCommands are the commands the client build hands to this binary.
 func (a *app) fullCommands() []*cobra.Command {
-	return []*cobra.Command{a.layerCommand(), a.imageCommand(), a.daemonCommand(), a.snapCommand(), a.groupCommand(), a.leaseCommand(), a.policyCommand(), a.poolCommand(), a.tokenCommand(), a.gatewayCommand(), a.nodeCommand()}
+	return []*cobra.Command{a.layerCommand(), a.imageCommand(), a.daemonCommand(), a.snapCommand(), a.groupCommand(), a.leaseCommand(), a.policyCommand(), a.poolCommand(), a.tokenCommand(), a.gatewayCommand(), a.nodeCommand(), a.vmCommand()}
 }
 
 // handles: this binary runs every command itself.

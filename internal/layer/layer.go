@@ -53,6 +53,9 @@ const (
 	// KindImage is no layer: an image's record (package image), its
 	// layers in order and its config, tagged in the same index.
 	KindImage Kind = "image"
+	// KindVMImage is no layer either: a full VM's bootable disk image
+	// (package vm), tagged in the same index.
+	KindVMImage Kind = "vm-image"
 )
 
 // Kinds lists the valid kinds.

@@ -142,7 +142,7 @@ func List(ctx context.Context, s *store.Store) ([]*Info, error) {
 	}
 	out := make([]*Info, 0, len(tags))
 	for _, t := range tags {
-		if t.Annotations[AnnotationKind] == string(KindImage) {
+		if k := t.Annotations[AnnotationKind]; k == string(KindImage) || k == string(KindVMImage) {
 			continue
 		}
 		i, err := load(s, t)
@@ -150,6 +150,27 @@ func List(ctx context.Context, s *store.Store) ([]*Info, error) {
 			return nil, err
 		}
 		out = append(out, i)
+	}
+	return out, nil
+}
+
+// LoadTagged loads, with load, what every tag of kind in s names, in
+// tag order: the records of images and VM images kept beside layers.
+func LoadTagged[T any](ctx context.Context, s *store.Store, kind Kind, load func(*store.Store, ocispec.Descriptor) (T, error)) ([]T, error) {
+	tags, err := s.Tags(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []T
+	for _, t := range tags {
+		if t.Annotations[AnnotationKind] != string(kind) {
+			continue
+		}
+		v, err := load(s, t)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
 	}
 	return out, nil
 }
@@ -168,8 +189,11 @@ func Resolve(ctx context.Context, s *store.Store, ref string) (*Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("no layer %s in the store (dsec layer ls lists them): %w", r, errdefs.ErrNotFound)
 	}
-	if d.Annotations[AnnotationKind] == string(KindImage) {
+	switch d.Annotations[AnnotationKind] {
+	case string(KindImage):
 		return nil, fmt.Errorf("%s is an image, a stack of layers: name it as an image (dsec run --image, dsec image inspect): %w", r, errdefs.ErrInvalidArgument)
+	case string(KindVMImage):
+		return nil, fmt.Errorf("%s is a VM image, a bootable disk: dsec vm image inspect shows it: %w", r, errdefs.ErrInvalidArgument)
 	}
 	return load(s, d)
 }

@@ -49,22 +49,7 @@ func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
 
 // List returns the images in s, in tag order.
 func List(ctx context.Context, s *store.Store) ([]*Image, error) {
-	tags, err := s.Tags(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []*Image
-	for _, t := range tags {
-		if t.Annotations[layer.AnnotationKind] != string(layer.KindImage) {
-			continue
-		}
-		img, err := load(s, t)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, img)
-	}
-	return out, nil
+	return layer.LoadTagged(ctx, s, layer.KindImage, load)
 }
 
 // Remove untags the image ref, and those of its layers no other image

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,13 +20,30 @@ const debianSuite = "bookworm"
 // E2B SDKs' commands need (/bin/bash -l -c). Concurrent callers wait
 // for the one that bootstraps. make deps installs debootstrap.
 func DebianRoot() (string, error) {
+	return debootstrap("minbase", "bin/bash")
+}
+
+// BootablePackages are what DebianBootable adds to minbase.
+var BootablePackages = []string{"linux-image-amd64", "systemd-sysv", "systemd-boot-efi", "udev", "initramfs-tools"}
+
+// DebianBootable is a Debian root file system that boots as a whole
+// machine: minbase with Debian's kernel and initramfs, systemd as init
+// and systemd-boot (BootablePackages), bootstrapped once into the user
+// cache as DebianRoot is.
+func DebianBootable() (string, error) {
+	return debootstrap("bootable", "usr/lib/systemd/boot/efi/systemd-bootx64.efi", BootablePackages...)
+}
+
+// debootstrap bootstraps minbase and include into the cache directory
+// debian-SUITE-name once; check is a file that says it is done.
+func debootstrap(name, check string, include ...string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
 	}
 	dir := filepath.Join(cache, "dsec") // shared with make demo
-	root := filepath.Join(dir, "debian-"+debianSuite+"-minbase")
-	if _, err := os.Stat(filepath.Join(root, "bin", "bash")); err == nil {
+	root := filepath.Join(dir, "debian-"+debianSuite+"-"+name)
+	if _, err := os.Stat(filepath.Join(root, check)); err == nil {
 		return root, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -39,12 +57,16 @@ func DebianRoot() (string, error) {
 	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
 		return "", err
 	}
-	if _, err := os.Stat(filepath.Join(root, "bin", "bash")); err == nil {
+	if _, err := os.Stat(filepath.Join(root, check)); err == nil {
 		return root, nil // another caller bootstrapped it meanwhile
 	}
 	tmp := root + ".tmp"
 	os.RemoveAll(tmp)
-	out, err := exec.Command("debootstrap", "--variant=minbase", debianSuite, tmp, "http://deb.debian.org/debian").CombinedOutput()
+	args := []string{"--variant=minbase"}
+	if len(include) > 0 {
+		args = append(args, "--include="+strings.Join(include, ","))
+	}
+	out, err := exec.Command("debootstrap", append(args, debianSuite, tmp, "http://deb.debian.org/debian")...).CombinedOutput()
 	if err != nil {
 		os.RemoveAll(tmp)
 		return "", fmt.Errorf("debootstrap a Debian %s root (make deps installs debootstrap): %v\n%s", debianSuite, err, out)

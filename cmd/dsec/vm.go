@@ -1,0 +1,226 @@
+//go:build !front
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+	"github.com/dsec-project/dsec/internal/units"
+)
+
+func (a *app) vmCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:         "vm",
+		Short:       "Bootable disk images for full VMs",
+		Annotations: map[string]string{localAnnotation: "true"},
+		Long: `A full VM boots a whole operating system from its own disk through UEFI firmware: its own
+boot loader, kernel, initramfs and init (systemd), where a microVM boots dsec's kernel and agent.
+dsec vm image builds such a disk from a tree and keeps it in the store at <root>/store, named as
+layers are (NAME[:VERSION]), for the VMs that boot copy-on-write overlays of it.
+
+The full-VM backend that runs sandboxes on these images (dsec run --backend vm) is not in this
+release yet: today an image is built, listed, inspected and removed, and boots under QEMU with
+Debian's OVMF firmware (docs/vm.md shows how).`,
+	}
+	image := &cobra.Command{Use: "image", Short: "Build and manage bootable disk images"}
+	image.AddCommand(a.vmImageBuild(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
+	cmd.AddCommand(image)
+	return cmd
+}
+
+func (a *app) vmImageBuild() *cobra.Command {
+	var (
+		tag, size, espSize, seed string
+		args                     []string
+		force, asJSON            bool
+	)
+	cmd := &cobra.Command{
+		Use:   "build TREE -t NAME[:VERSION]",
+		Short: "Make a bootable disk image from a root file system tree",
+		Long: `Build makes a raw GPT disk image from TREE, a root file system that boots by itself: its newest
+kernel with its initramfs (boot/vmlinuz-VERSION, boot/initrd.img-VERSION) and systemd-boot
+(` + vm.LoaderPath + `), as Debian's linux-image-amd64 and systemd-boot-efi install them.
+The disk holds an EFI system partition (FAT32: systemd-boot as the firmware's default loader,
+one entry booting that kernel) and a root partition (ext4 made from TREE with its owners,
+modes, xattrs and special files; nothing is mounted). The kernel gets root=PARTUUID=...,
+rw and console=tty0 console=ttyS0, then every --kernel-arg.
+
+The disk is sparse: --size (default: the tree plus 2 GiB free for the guest's own writes) costs
+only what the partitions hold. It is stored as a blob named by its digest and tagged NAME[:VERSION].
+
+` + exitCodesHelp,
+		Example: `  debootstrap --include=linux-image-amd64,systemd-sysv,systemd-boot-efi,udev bookworm /srv/deb
+  dsec vm image build /srv/deb -t debian-vm:12
+  dsec vm image build /srv/deb -t debian-vm:12 --size 20GiB --kernel-arg quiet --force --json`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, pos []string) error {
+			if tag == "" {
+				return usageError{fmt.Errorf("vm image build needs -t NAME[:VERSION]")}
+			}
+			ref, err := layer.ParseRef(tag)
+			if err != nil {
+				return usageError{err}
+			}
+			o := vm.BuildOptions{Force: force, DiskOptions: vm.DiskOptions{KernelArgs: args, Seed: seed}}
+			for _, x := range []struct {
+				flag, v string
+				to      *int64
+			}{{"--size", size, &o.Size}, {"--esp-size", espSize, &o.ESPSize}} {
+				if x.v == "" {
+					continue
+				}
+				if *x.to, err = units.ParseBytes(x.v); err != nil || *x.to <= 0 {
+					return usageError{fmt.Errorf("bad %s %q: give a size such as 20GiB", x.flag, x.v)}
+				}
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			img, err := vm.Build(cmd.Context(), s, pos[0], ref, o)
+			if err != nil {
+				return err
+			}
+			a.log.Info("built VM image", "image", img.Tag, "kernel", img.Disk.Kernel, "seconds", time.Since(start).Seconds())
+			if asJSON {
+				return a.printJSON(img)
+			}
+			_, err = fmt.Fprintln(a.stdout, img.Tag)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&tag, "tag", "t", "", "NAME[:VERSION] to tag the image with (required)")
+	cmd.Flags().StringVar(&size, "size", "", "the whole disk's size (default: the tree plus 2 GiB); sparse")
+	cmd.Flags().StringVar(&espSize, "esp-size", "", "the EFI system partition's size, at least 64MiB (default 256MiB)")
+	cmd.Flags().StringArrayVar(&args, "kernel-arg", nil, "a kernel parameter to add (repeat for more)")
+	cmd.Flags().StringVar(&seed, "seed", "", "names the disk's GUIDs: the same seed gives the same GUIDs (default: random)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace a VM image of that name")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
+	return cmd
+}
+
+func (a *app) vmImageList() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the VM images in the store",
+		Example: `  dsec vm image ls
+  dsec vm image ls --json | jq -r '.[].name'`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			all, err := vm.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if all == nil {
+					all = []*vm.Image{}
+				}
+				return a.printJSON(all)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tOS\tKERNEL\tDISK\tCREATED")
+			for _, i := range all {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", i.Tag, i.Disk.OS, i.Disk.Kernel, humanBytes(i.Disk.Size), i.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
+}
+
+func (a *app) vmImageInspect() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "inspect NAME[:VERSION]",
+		Short: "Show a VM image's disk: its partitions, kernel and command line",
+		Long: `Inspect shows a VM image the store holds: its disk's size and blob, the kernel its loader
+boots and its command line, and the partitions (offsets, sizes and GUIDs).
+
+` + exitCodesHelp,
+		Example: `  dsec vm image inspect debian-vm:12
+  dsec vm image inspect --json debian-vm:12 | jq .disk.cmdline`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			img, err := vm.Lookup(cmd.Context(), s, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(img)
+			}
+			return printVMImage(a.stdout, img)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printVMImage(w io.Writer, img *vm.Image) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	d := img.Disk
+	fmt.Fprintf(tw, "name:\t%s\n", img.Tag)
+	fmt.Fprintf(tw, "os:\t%s\n", d.OS)
+	fmt.Fprintf(tw, "disk:\t%s (%s, sparse)\n", img.Path, humanBytes(d.Size))
+	fmt.Fprintf(tw, "kernel:\t%s\n", d.Kernel)
+	fmt.Fprintf(tw, "cmdline:\t%s\n", d.Cmdline)
+	for _, p := range []struct {
+		name string
+		p    vm.Partition
+	}{{"esp", d.ESP}, {"root", d.Root}} {
+		fmt.Fprintf(tw, "%s:\toffset %d, %s, PARTUUID %s\n", p.name, p.p.Offset, humanBytes(p.p.Size), p.p.UUID)
+	}
+	fmt.Fprintf(tw, "source:\t%s\n", img.Source)
+	fmt.Fprintf(tw, "created:\t%s\n", img.Created.Local().Format(time.DateTime))
+	return tw.Flush()
+}
+
+func (a *app) vmImageRemove() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME[:VERSION]...",
+		Aliases: []string{"remove"},
+		Short:   "Remove VM images; dsec layer gc frees their disks",
+		Example: `  dsec vm image rm debian-vm:12 && dsec layer gc`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("vm image rm needs at least one NAME[:VERSION]")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			var gone []string
+			for _, ref := range args {
+				img, err := vm.Remove(cmd.Context(), s, ref)
+				if err != nil {
+					return err
+				}
+				gone = append(gone, img.Tag)
+			}
+			_, err = fmt.Fprintln(a.stdout, strings.Join(gone, "\n"))
+			return err
+		},
+	}
+}

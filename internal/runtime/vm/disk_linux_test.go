@@ -1,0 +1,293 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// fakeTree is a tree with what a disk image needs to be built (not to
+// boot): a kernel and initramfs of each version, and systemd-boot.
+func fakeTree(t *testing.T, versions ...string) string {
+	t.Helper()
+	tree := t.TempDir()
+	files := map[string]string{LoaderPath: "loader", "etc/hostname": "vm\n",
+		"usr/lib/os-release": "NAME=Test\nPRETTY_NAME=\"Test OS 1\"\n"}
+	for _, v := range versions {
+		files["boot/vmlinuz-"+v] = "kernel " + v
+		files["boot/initrd.img-"+v] = "initrd " + v
+	}
+	for p, s := range files {
+		if err := os.MkdirAll(filepath.Join(tree, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tree, p), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tree
+}
+
+func TestCompareVersions(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want int
+	}{
+		{"6.1.0-50-amd64", "6.1.0-9-amd64", 1},
+		{"6.10.0-1-amd64", "6.9.0-1-amd64", 1},
+		{"6.1.0-50-amd64", "6.1.0-50-amd64", 0},
+		{"6.1.0-50-amd64", "6.1.0-50-cloud-amd64", -1},
+		{"5.10.0-0", "6.1.0-0", -1},
+	} {
+		if got := compareVersions(c.a, c.b); got != c.want || compareVersions(c.b, c.a) != -c.want {
+			t.Errorf("compare(%s, %s) = %d, want %d", c.a, c.b, got, c.want)
+		}
+	}
+}
+
+// TestBuildDiskRefuses: a tree that cannot boot, or a size that cannot
+// hold it, is refused with what to do, and the file is left as it was.
+func TestBuildDiskRefuses(t *testing.T) {
+	noLoader := fakeTree(t, "6.1.0-1-amd64")
+	os.Remove(filepath.Join(noLoader, LoaderPath))
+	noInitrd := fakeTree(t, "6.1.0-1-amd64")
+	os.Remove(filepath.Join(noInitrd, "boot/initrd.img-6.1.0-1-amd64"))
+	for _, c := range []struct {
+		name, tree string
+		o          DiskOptions
+		want       string
+	}{
+		{"no kernel", fakeTree(t), DiskOptions{}, "linux-image-amd64"},
+		{"a kernel without its initramfs", noInitrd, DiskOptions{}, "linux-image-amd64"},
+		{"no loader", noLoader, DiskOptions{}, "systemd-boot-efi"},
+		{"not a directory", "/etc/hostname", DiskOptions{}, "not a directory"},
+		{"an ESP too small", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{ESPSize: 32 << 20}, "at least 64 MiB"},
+		{"a disk too small", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{Size: 300 << 20}, "give at least"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f, err := os.Create(filepath.Join(t.TempDir(), "disk"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			_, err = BuildDisk(context.Background(), c.tree, f, c.o)
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("%v, want an invalid argument that says %q", err, c.want)
+			}
+			if st, _ := f.Stat(); st.Size() != 0 {
+				t.Fatalf("the refused build wrote %d bytes", st.Size())
+			}
+		})
+	}
+}
+
+// TestImages: a VM image is built into the store under a tag of its
+// own kind, which the layer commands neither list nor take; its tag
+// moves only with force and never from a layer; removed, its disk goes
+// at the next collection.
+func TestImages(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := fakeTree(t, "6.1.0-9-amd64", "6.1.0-50-amd64")
+	ref := must(layer.ParseRef("desktop:1"))
+	img, err := Build(ctx, s, tree, ref, BuildOptions{DiskOptions: DiskOptions{Seed: "x", KernelArgs: []string{"quiet"}, Size: 400 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := img.Disk
+	if d.Kernel != "6.1.0-50-amd64" || d.OS != "Test OS 1" || d.ESP.Offset != 1<<20 || d.Root.Offset != d.ESP.Offset+DefaultESPSize ||
+		d.Root.Offset+d.Root.Size != d.Size-(1<<20) || d.Cmdline != "root=PARTUUID="+d.Root.UUID+" rw console=tty0 console=ttyS0 quiet" {
+		t.Fatalf("disk %+v", d)
+	}
+	if d.Root.UUID != uuidOf("x", "root") || d.Root.UUID == d.ESP.UUID {
+		t.Fatalf("GUIDs %s %s not those of the seed", d.ESP.UUID, d.Root.UUID)
+	}
+	st, err := os.Stat(s.BlobPath(img.Blob.Digest))
+	if err != nil || st.Size() != d.Size {
+		t.Fatalf("the disk blob: %v %v", st, err)
+	}
+	got, err := Lookup(ctx, s, "desktop:1")
+	if err != nil || got.ID != img.ID || got.Disk != d {
+		t.Fatalf("lookup: %+v %v", got, err)
+	}
+	if imgs, err := List(ctx, s); err != nil || len(imgs) != 1 || imgs[0].Tag != "desktop:1" {
+		t.Fatalf("list: %v %v", imgs, err)
+	}
+	if ls, err := layer.List(ctx, s); err != nil || len(ls) != 0 {
+		t.Fatalf("the layers listed: %v %v", ls, err)
+	}
+	if _, err := layer.Resolve(ctx, s, "desktop:1"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "VM image") {
+		t.Fatalf("a VM image named as a layer: %v", err)
+	}
+	if _, err := Build(ctx, s, tree, ref, BuildOptions{}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("built again without force: %v", err)
+	}
+	again, err := Build(ctx, s, tree, ref, BuildOptions{Force: true, DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil || again.ID == img.ID {
+		t.Fatalf("built again with force: %+v %v", again, err)
+	}
+	// A layer's tag is never taken.
+	lt := t.TempDir()
+	os.WriteFile(filepath.Join(lt, "f"), []byte("x"), 0o644)
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: lt, Ref: must(layer.ParseRef("base:1")), Kind: layer.KindBase}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Build(ctx, s, tree, must(layer.ParseRef("base:1")), BuildOptions{Force: true}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "base layer") {
+		t.Fatalf("a layer's tag: %v", err)
+	}
+	if _, err := Lookup(ctx, s, "base:1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("a layer looked up as a VM image: %v", err)
+	}
+	if _, err := Remove(ctx, s, "desktop:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lookup(ctx, s, "desktop:1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("after rm: %v", err)
+	}
+	res, err := layer.GC(ctx, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.BlobPath(again.Blob.Digest)); !errors.Is(err, os.ErrNotExist) || res.Blobs < 3 {
+		t.Fatalf("gc removed %d blobs; the disk: %v", res.Blobs, err)
+	}
+	if _, err := layer.Resolve(ctx, s, "base:1"); err != nil {
+		t.Fatalf("gc took the layer: %v", err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestBootsThroughFirmware: a disk image built from a Debian tree
+// (kernel, initramfs, systemd, systemd-boot) boots as a whole machine:
+// QEMU's q35 with UEFI firmware (OVMF) finds systemd-boot on the ESP,
+// which boots the tree's kernel with the root partition as root, and
+// systemd brings the machine up to its login prompt on the serial
+// console. The machine runs on a copy-on-write overlay: the image
+// itself is never written.
+func TestBootsThroughFirmware(t *testing.T) {
+	layertest.RequireRoot(t)
+	for _, p := range []string{OVMFCode, OVMFVars} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s: %v (make deps installs ovmf)", p, err)
+		}
+	}
+	tree, err := layertest.DebianBootable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "disk.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d, err := BuildDisk(context.Background(), tree, f, DiskOptions{Seed: t.Name()})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("built a %d MiB disk (kernel %s) in %v", d.Size>>20, d.Kernel, time.Since(start))
+	// Written, the image would change its modification time.
+	stamp := func() string {
+		st, err := os.Stat(filepath.Join(dir, "disk.raw"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(st.Size(), st.ModTime().UnixNano())
+	}
+	before := stamp()
+	overlay := filepath.Join(dir, "overlay.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", filepath.Join(dir, "disk.raw"), "-F", "raw", overlay).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	vars := filepath.Join(dir, "vars.fd")
+	if b, err := os.ReadFile(OVMFVars); err != nil || os.WriteFile(vars, b, 0o600) != nil {
+		t.Fatal(err)
+	}
+	qemu := exec.Command("qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-machine", "q35", "-accel", "tcg,tb-size=64", "-cpu", "qemu64", "-smp", "2", "-m", "1024",
+		"-drive", "if=pflash,format=raw,readonly=on,file="+OVMFCode, "-drive", "if=pflash,format=raw,file="+vars,
+		"-drive", "if=virtio,format=qcow2,file="+overlay, "-serial", "stdio")
+	out, err := qemu.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemu.Stderr = qemu.Stdout
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		qemu.Process.Kill()
+		qemu.Wait()
+	}()
+	var console strings.Builder
+	seen := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Split(scanUntilPrompt)
+		for sc.Scan() {
+			console.WriteString(sc.Text())
+			if strings.Contains(sc.Text(), "login:") {
+				seen <- nil
+				return
+			}
+		}
+		seen <- errors.New("the console ended")
+	}()
+	booted := time.Now()
+	select {
+	case err := <-seen:
+		if err != nil {
+			t.Fatalf("%v before a login prompt:\n%s", err, console.String())
+		}
+	case <-time.After(6 * time.Minute):
+		qemu.Process.Kill()
+		<-seen
+		t.Fatalf("no login prompt after 6 minutes:\n%s", console.String())
+	}
+	t.Logf("firmware to login prompt (TCG): %v", time.Since(booted))
+	for _, want := range []string{"Linux version " + d.Kernel, "root=PARTUUID=" + d.Root.UUID} {
+		if !strings.Contains(console.String(), want) {
+			t.Errorf("the console never says %q:\n%s", want, console.String())
+		}
+	}
+	qemu.Process.Kill()
+	qemu.Wait()
+	if stamp() != before {
+		t.Fatal("booting wrote to the image under its overlay")
+	}
+}
+
+// scanUntilPrompt splits at newlines, and at a line that ends in
+// "login: " with no newline yet (getty waits there).
+func scanUntilPrompt(data []byte, atEOF bool) (int, []byte, error) {
+	if i := strings.IndexByte(string(data), '\n'); i >= 0 {
+		return i + 1, data[:i+1], nil
+	}
+	if strings.HasSuffix(string(data), "login: ") || atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
+}

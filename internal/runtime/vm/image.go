@@ -1,0 +1,176 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// Media types of a VM image in the store: an OCI manifest of artifact
+// type ArtifactType whose config is the Record and whose one layer is
+// the raw disk.
+const (
+	ArtifactType    = "application/vnd.dsec.vm.image.v1"
+	MediaTypeRecord = "application/vnd.dsec.vm.image.record.v1+json"
+	MediaTypeDisk   = "application/vnd.dsec.vm.disk.v1.raw"
+	maxJSON         = 1 << 20
+)
+
+// Record is what the store keeps of a VM image beside its disk.
+type Record struct {
+	Created time.Time `json:"created"`
+	Source  string    `json:"source"` // the tree it was built from
+	Disk    Disk      `json:"disk"`
+}
+
+// Image is a VM image in the store.
+type Image struct {
+	Tag  string             `json:"name"`
+	ID   digest.Digest      `json:"id"` // its manifest's digest
+	Blob ocispec.Descriptor `json:"blob"`
+	Path string             `json:"path"` // the disk's file in the store (read-only)
+	Record
+}
+
+// BuildOptions are a build's: the disk's shape, and whether the tag
+// may move from another VM image.
+type BuildOptions struct {
+	DiskOptions
+	Force bool
+}
+
+// Build makes a disk image of tree (BuildDisk) in the store, tagged
+// ref. The disk is written in the store's ingest area and becomes a
+// blob named by its digest; nothing is left behind on a failure.
+func Build(ctx context.Context, s *store.Store, tree string, ref layer.Ref, o BuildOptions) (*Image, error) {
+	release, err := s.Writer()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := checkTag(ctx, s, ref, o.Force); err != nil {
+		return nil, err
+	}
+	in, err := s.NewIngest()
+	if err != nil {
+		return nil, err
+	}
+	defer in.Abort()
+	d, err := BuildDisk(ctx, tree, in.File, o.DiskOptions)
+	if err != nil {
+		return nil, err
+	}
+	blob, err := in.Commit("")
+	if err != nil {
+		return nil, err
+	}
+	blob.MediaType = MediaTypeDisk
+	rec := Record{Created: time.Now().UTC(), Source: tree, Disk: d}
+	rb, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := s.WriteBlob(MediaTypeRecord, rb)
+	if err != nil {
+		return nil, err
+	}
+	man := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		ArtifactType: ArtifactType, Config: cfg, Layers: []ocispec.Descriptor{blob}}
+	mb, err := json.Marshal(man)
+	if err != nil {
+		return nil, err
+	}
+	md, err := s.WriteBlob(ocispec.MediaTypeImageManifest, mb)
+	if err != nil {
+		return nil, err
+	}
+	md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}
+	if err := s.Tag(ctx, ref.String(), md, o.Force); err != nil {
+		return nil, err
+	}
+	return &Image{Tag: ref.String(), ID: md.Digest, Blob: blob, Path: s.BlobPath(blob.Digest), Record: rec}, nil
+}
+
+// checkTag refuses a tag that names anything but a VM image, and one
+// that names a VM image without force.
+func checkTag(ctx context.Context, s *store.Store, ref layer.Ref, force bool) error {
+	d, err := s.Resolve(ctx, ref.String())
+	if err != nil {
+		return nil
+	}
+	switch kind := d.Annotations[layer.AnnotationKind]; {
+	case kind != string(layer.KindVMImage):
+		return fmt.Errorf("%s names a %s, not a VM image: give the VM image another name: %w", ref, kindName(kind), errdefs.ErrAlreadyExists)
+	case !force:
+		return fmt.Errorf("VM image %s exists: pass --force to replace it, or give another version: %w", ref, errdefs.ErrAlreadyExists)
+	}
+	return nil
+}
+
+func kindName(kind string) string {
+	if kind == string(layer.KindImage) {
+		return "container image"
+	}
+	return kind + " layer"
+}
+
+// Lookup finds the VM image named ref (NAME[:VERSION]).
+func Lookup(ctx context.Context, s *store.Store, ref string) (*Image, error) {
+	r, err := layer.ParseRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.Resolve(ctx, r.String())
+	if err != nil || d.Annotations[layer.AnnotationKind] != string(layer.KindVMImage) {
+		return nil, fmt.Errorf("no VM image %s in the store (dsec vm image ls lists them; dsec vm image build makes one): %w", r, errdefs.ErrNotFound)
+	}
+	return load(s, d)
+}
+
+func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
+	tag := d.Annotations[store.RefAnnotation]
+	mb, err := s.ReadBlob(d.Digest, maxJSON)
+	if err != nil {
+		return nil, fmt.Errorf("VM image %s: %w", tag, err)
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != ArtifactType || man.Config.MediaType != MediaTypeRecord || len(man.Layers) != 1 {
+		return nil, fmt.Errorf("VM image %s: its manifest %s is no VM image's: %w", tag, d.Digest, errdefs.ErrDataLoss)
+	}
+	rb, err := s.ReadBlob(man.Config.Digest, maxJSON)
+	if err != nil {
+		return nil, fmt.Errorf("VM image %s: %w", tag, err)
+	}
+	img := &Image{Tag: tag, ID: d.Digest, Blob: man.Layers[0], Path: s.BlobPath(man.Layers[0].Digest)}
+	if err := json.Unmarshal(rb, &img.Record); err != nil {
+		return nil, fmt.Errorf("VM image %s: its record does not parse: %w", tag, errdefs.ErrDataLoss)
+	}
+	return img, nil
+}
+
+// List returns the store's VM images in tag order.
+func List(ctx context.Context, s *store.Store) ([]*Image, error) {
+	return layer.LoadTagged(ctx, s, layer.KindVMImage, load)
+}
+
+// Remove untags the VM image ref; dsec layer gc frees its disk once no
+// tag holds it.
+func Remove(ctx context.Context, s *store.Store, ref string) (*Image, error) {
+	img, err := Lookup(ctx, s, ref)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.Untag(ctx, img.Tag); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
