@@ -201,8 +201,9 @@ func TestFileOps(t *testing.T) {
 }
 
 // TestExecUser: a command runs as a user of the sandbox's own
-// /etc/passwd (by name, with its groups, home and HOME), as a uid or
-// uid:gid; an unknown name is refused; a hostile /etc/passwd (a fifo)
+// /etc/passwd (by name, with its groups, home and HOME), as a uid, or
+// either with a group (a gid or a name of its /etc/group); an unknown
+// name is refused; a hostile /etc/passwd (a fifo)
 // cannot stall the init.
 func TestExecUser(t *testing.T) {
 	_, c := setup(t)
@@ -219,7 +220,10 @@ func TestExecUser(t *testing.T) {
 		"agent":   "1000:1000 1000 2000 /home/agent agent /home/agent\n",
 		"1000":    "1000:1000 1000 2000 /home/agent agent /home/agent\n",
 		"4242:77": "4242:77 77 / 4242 /\n",
-		"":        "0:0 0 /root /\n", // root's environment is the sandbox's own: no USER
+		// a group by name, as an image's config may give it
+		"agent:tools": "1000:2000 2000 /home/agent agent /home/agent\n",
+		"1000:tools":  "1000:2000 2000 /home/agent agent /home/agent\n",
+		"":            "0:0 0 /root /\n", // root's environment is the sandbox's own: no USER
 	} {
 		if got, err := as(user); err != nil || got != want {
 			t.Errorf("as %q: %q %v, want %q", user, got, err, want)
@@ -227,6 +231,9 @@ func TestExecUser(t *testing.T) {
 	}
 	if _, err := as("nosuch"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "no user") {
 		t.Errorf("an unknown user: %v", err)
+	}
+	if _, err := as("agent:nosuch"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `no group "nosuch"`) {
+		t.Errorf("an unknown group: %v", err)
 	}
 	run(t, sb, "", "rm /etc/passwd; mkfifo /etc/passwd")
 	done := make(chan error, 1)

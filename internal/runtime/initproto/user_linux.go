@@ -10,8 +10,8 @@ import (
 	"syscall"
 )
 
-// A command's user: a name of the sandbox's /etc/passwd, a uid, or
-// uid:gid, resolved by the init inside the sandbox's root (the worker
+// A command's user: a name of the sandbox's /etc/passwd or a uid, and
+// optionally :group, a gid or a name of its /etc/group, resolved by the init inside the sandbox's root (the worker
 // never reads the sandbox's files for it).
 
 // account is a user as a command runs as it.
@@ -51,11 +51,11 @@ func lookupUser(spec string) (account, error) {
 		a.cred = syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}
 	}
 	if hasGroup {
-		g, err := strconv.ParseUint(group, 10, 32)
+		g, err := lookupGroup(group)
 		if err != nil {
-			return account{}, fmt.Errorf("bad group %q in user %q: give uid:gid in numbers", group, spec)
+			return account{}, fmt.Errorf("%w (in user %q)", err, spec)
 		}
-		a.cred.Gid = uint32(g)
+		a.cred.Gid = g
 	} else if found {
 		for _, f := range readColon("/etc/group") { // name:x:gid:members
 			if len(f) < 4 {
@@ -74,6 +74,22 @@ func lookupUser(spec string) (account, error) {
 		a.cred.Groups = []uint32{}
 	}
 	return a, nil
+}
+
+// lookupGroup resolves a group, a gid or a name of /etc/group, as an
+// image's config may give it (user:group, uid:group).
+func lookupGroup(group string) (uint32, error) {
+	if g, err := strconv.ParseUint(group, 10, 32); err == nil {
+		return uint32(g), nil
+	}
+	for _, f := range readColon("/etc/group") { // name:x:gid:members
+		if len(f) >= 3 && f[0] == group {
+			if g, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				return uint32(g), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no group %q in the sandbox's /etc/group: give a group it has, or a gid", group)
 }
 
 // readColon reads a colon-separated file of the sandbox's: the agent
