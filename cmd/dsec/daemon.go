@@ -91,7 +91,7 @@ type daemonFlags struct {
 
 func (f *daemonFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.exitIdle, "exit-idle", 0, "exit after this long without sandboxes or requests (0: never)")
-	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to the remote registry on localhost")
+	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	fl.StringArrayVar(&f.listen, "listen", nil, "serve the API on tcp://HOST:PORT too, with tokens (repeatable; config listen)")
 	fl.StringVar(&f.tls.Cert, "tls-cert", "", "the TCP API's TLS certificate (config tls.cert; needed off loopback)")
 	fl.StringVar(&f.tls.Key, "tls-key", "", "its key (config tls.key)")

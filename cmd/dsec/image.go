@@ -332,7 +332,7 @@ file; without it, the config's remote:.
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&f.force, "force", false, "replace the image's tag on the remote if it names another image")
-	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	fl.BoolVar(&f.json, "json", false, "print the image and what was copied as JSON")
 	return cmd
 }

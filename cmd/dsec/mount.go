@@ -119,7 +119,7 @@ never zeros, never stale bytes.
 		},
 	}
 	cmd.Flags().StringVar(&from, "from", "", "mount lazily from this remote (URL or configured name)")
-	cmd.Flags().BoolVar(&insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	cmd.Flags().BoolVar(&record, "record", false, "record what this run reads: the layer's prefetch hint and access profile on this host")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

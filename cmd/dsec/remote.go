@@ -119,7 +119,7 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 	}
 	fl := cmd.Flags()
 	fl.BoolVar(&f.force, "force", false, "replace a tag that names other content")
-	fl.BoolVar(&f.insecure, "insecure", false, "plain HTTP to a registry on localhost")
+	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	fl.BoolVar(&f.json, "json", false, "print what was copied as JSON")
 	return cmd
 }

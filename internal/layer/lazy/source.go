@@ -67,7 +67,7 @@ type httpSource struct {
 
 func newHTTPSource(host, repo string, d digest.Digest, insecure bool) *httpSource {
 	scheme := "https"
-	if insecure {
+	if insecure || remote.Loopback(host) {
 		scheme = "http"
 	}
 	c := &auth.Client{Client: retry.DefaultClient, Cache: auth.NewCache()}

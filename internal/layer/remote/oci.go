@@ -65,7 +65,9 @@ func (t *OCI) Repo(ctx context.Context, ref layer.Ref) (Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v: %w", t, err, errdefs.ErrInvalidArgument)
 	}
-	r.PlainHTTP = t.o.Insecure
+	// A registry on this host is spoken to over plain HTTP, as Docker
+	// does (and dsec's image pulls); --insecure says it of no other.
+	r.PlainHTTP = t.o.Insecure || Loopback(t.host)
 	r.Client = t.client
 	return ociRepo{r, ref, t.String()}, nil
 }
@@ -205,4 +207,13 @@ func publicOnly(network, address string, _ syscall.RawConn) error {
 		return fmt.Errorf("%s is not a public address (a registry on this host or a private network is the admin's to pull from): %w", ap.Addr(), errdefs.ErrPermissionDenied)
 	}
 	return nil
+}
+
+// Loopback says whether HOST[:PORT] is on this host: a registry there is
+// spoken to over plain HTTP.
+func Loopback(hostport string) bool {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		hostport = h
+	}
+	return isLoopback(hostport)
 }

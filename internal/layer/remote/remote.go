@@ -48,7 +48,8 @@ type Repo interface {
 
 // Options are what opening a remote may need.
 type Options struct {
-	// Insecure allows plain HTTP to a registry on a loopback address.
+	// Insecure allows plain HTTP to a registry on a loopback address,
+	// which is spoken to over it anyway, as Docker does; to no other.
 	Insecure bool
 	// Username and Password, if set, override the docker config file.
 	Username, Password string

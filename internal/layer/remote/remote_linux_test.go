@@ -120,9 +120,11 @@ func TestDirRemote(t *testing.T) {
 	resumeTrip(t, target)
 }
 
+// TestOCIRemote: a registry on this host is spoken to over plain HTTP
+// without --insecure, as Docker does and image pulls do.
 func TestOCIRemote(t *testing.T) {
 	addr, _ := layertest.StartRegistry(t)
-	target, err := remote.Open("oci://"+addr+"/dsec", remote.Options{Insecure: true})
+	target, err := remote.Open("oci://"+addr+"/dsec", remote.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
