@@ -51,7 +51,14 @@ func Push(ctx context.Context, s *store.Store, dst remote.Target, ref Reference,
 		return nil, nil, fmt.Errorf("image %s: %w", ref, err)
 	}
 	d.MediaType, d.Annotations = ocispec.MediaTypeImageManifest, map[string]string{layer.AnnotationKind: string(layer.KindImage)}
-	res, err := remote.CopyBlobs(ctx, src, dst, tag, []ocispec.Descriptor{man.Config, d}, p)
+	blobs := []ocispec.Descriptor{man.Config, d}
+	if _, registry := dst.(*remote.OCI); registry {
+		if blobs, err = forRegistry(s, man, d); err != nil {
+			return nil, nil, fmt.Errorf("image %s: %w", ref, err)
+		}
+		d = blobs[len(blobs)-1]
+	}
+	res, err := remote.CopyBlobs(ctx, src, dst, tag, blobs, p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -63,6 +70,31 @@ func Push(ctx context.Context, s *store.Store, dst remote.Target, ref Reference,
 		return nil, nil, fmt.Errorf("tag %s in %s: %w", tag, dst, err)
 	}
 	return img, append(out, res), nil
+}
+
+// forRegistry is the record's manifest as a registry takes it, and the
+// blobs to copy for it, the manifest last. A registry takes a manifest
+// only if every blob it names is in its repository, and the manifests of
+// an image's layers are in repositories of their own (REPO/NAME, as
+// dsec layer push puts them): this one names none of them (the record
+// does, and they are tagged beside it) and has the empty blob as its
+// one layer, as OCI 1.1 has artifacts do.
+func forRegistry(s *store.Store, man ocispec.Manifest, d ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+	empty, err := s.WriteBlob(ocispec.MediaTypeEmptyJSON, ocispec.DescriptorEmptyJSON.Data)
+	if err != nil {
+		return nil, err
+	}
+	man.Layers = []ocispec.Descriptor{ocispec.DescriptorEmptyJSON}
+	mb, err := json.Marshal(man)
+	if err != nil {
+		return nil, err
+	}
+	nd, err := s.WriteBlob(ocispec.MediaTypeImageManifest, mb)
+	if err != nil {
+		return nil, err
+	}
+	nd.Annotations = d.Annotations
+	return []ocispec.Descriptor{man.Config, empty, nd}, nil
 }
 
 // Fetch copies the record of the image ref from src, a shared remote,
@@ -108,8 +140,15 @@ func Fetch(ctx context.Context, src remote.Target, s *store.Store, ref Reference
 	}
 	defer release()
 	d.MediaType = ocispec.MediaTypeImageManifest
-	// CopyBlobs checks each blob against its digest as it lands.
-	if _, err := remote.CopyBlobs(ctx, src, remote.Local(s), tag, []ocispec.Descriptor{man.Config, d}, nil); err != nil {
+	// CopyBlobs checks each blob against its digest as it lands. A record
+	// pushed to a registry names the empty blob as its layer.
+	blobs := []ocispec.Descriptor{man.Config}
+	for _, l := range man.Layers {
+		if l.MediaType == ocispec.MediaTypeEmptyJSON && l.Digest == ocispec.DescriptorEmptyJSON.Digest {
+			blobs = append(blobs, l)
+		}
+	}
+	if _, err := remote.CopyBlobs(ctx, src, remote.Local(s), tag, append(blobs, d), nil); err != nil {
 		return nil, err
 	}
 	d.ArtifactType = ArtifactType
