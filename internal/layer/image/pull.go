@@ -68,6 +68,12 @@ type Options struct {
 	// so fill the disk with kept bytes); it still reads what an earlier
 	// pull kept.
 	NoResume bool
+	// Whole, when set, says whether every layer of an image whose record
+	// the store holds is there to mount: a worker's says so of layers on
+	// its shared remote too, so a pull of a tag that still names the held
+	// manifest fetches nothing where the image came from the remote.
+	// nil: every layer in the store.
+	Whole func(context.Context, *Image) bool
 }
 
 // Limits bound an import.
@@ -228,7 +234,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			return nil, fail("", err)
 		}
 	}
-	if held, ok := heldAs(ctx, s, ref, desc.Digest, o.Platform); ok {
+	if held, ok := heldAs(ctx, s, ref, desc.Digest, o.Platform, o.Whole); ok {
 		// What the tag names now is what the store holds (a pull again,
 		// or a create's pull always): no more is asked of the registry.
 		held.From, held.Reused = host, len(held.Layers)
@@ -310,11 +316,15 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 }
 
 // heldAs is ref's image as the store holds it, if it was pulled from
-// manifest for platform and every layer of it is still held.
-func heldAs(ctx context.Context, s *store.Store, ref Reference, manifest digest.Digest, platform Platform) (*Image, bool) {
+// manifest for platform and every layer of it is still held (whole
+// says; nil: in the store).
+func heldAs(ctx context.Context, s *store.Store, ref Reference, manifest digest.Digest, platform Platform, whole func(context.Context, *Image) bool) (*Image, bool) {
 	img, err := Lookup(ctx, s, ref)
 	if err != nil || img.Manifest != manifest || img.Platform != platform.String() {
 		return nil, false
+	}
+	if whole != nil {
+		return img, whole(ctx, img)
 	}
 	for _, l := range img.Layers {
 		if have, err := layer.Resolve(ctx, s, l.Ref); err != nil || have.Digest != l.Digest {

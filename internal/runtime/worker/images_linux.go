@@ -40,11 +40,15 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if err != nil {
 		return err
 	}
-	var img *image.Image
-	if spec.Pull != api.PullAlways { // always: its tag resolved at the registry whatever is held
-		if img, err = w.heldImage(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
-			return err
-		}
+	// What the store or the shared remote holds; with always, the tag is
+	// resolved at the registry whatever is held, and only a tag that
+	// names another manifest now fetches it.
+	img, err := w.heldImage(ctx, ref)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if spec.Pull == api.PullAlways {
+		img = nil
 	}
 	if img == nil {
 		if spec.Pull == api.PullNever {
@@ -121,7 +125,7 @@ func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.I
 	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
 		return nil, err
 	}
-	o.Progress = nil
+	o.Progress, o.Whole = nil, w.whole
 	t0 := time.Now()
 	// The pull outlives a create that gives up, bounded: another create
 	// may be waiting on it (single flight), and what it fetched is kept.
