@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -161,6 +162,21 @@ func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Ima
 	}
 }
 
+// unreachable says so of an error that never reached host (no such
+// name, no route, refused), with what to check; any other err is as it
+// was.
+func unreachable(host string, err error) error {
+	var dns *net.DNSError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &dns):
+		return fmt.Errorf("cannot reach the registry %s (%w): check its name and this host's DNS, or name a mirror in registries.mirrors: %w", host, dns, errdefs.ErrUnavailable)
+	case errors.As(err, &op) && op.Op == "dial":
+		return fmt.Errorf("cannot reach the registry %s (%w): check its address and this host's network, or name a mirror in registries.mirrors: %w", host, op, errdefs.ErrUnavailable)
+	}
+	return err
+}
+
 // repository opens ref's repository on host (the registry's, or a
 // mirror's: the config's, so reached wherever it is).
 func repository(ref Reference, host string, mirror bool, o Options) (*orasremote.Repository, error) {
@@ -196,7 +212,7 @@ func resolve(ctx context.Context, ref Reference, o Options) (*orasremote.Reposit
 		if err == nil {
 			return repo, desc, host, nil
 		}
-		err = remote.Classify(err)
+		err = unreachable(host, remote.Classify(err))
 		if i == len(hosts)-1 {
 			if errdefs.IsNotFound(err) {
 				err = fmt.Errorf("the registry has no such image: check its name and tag: %w", errdefs.ErrNotFound)
