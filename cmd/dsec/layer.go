@@ -423,7 +423,8 @@ func (a *app) layerDu() *cobra.Command {
 (its layers' blobs, each counted once) and what only it holds (what removing it and dsec layer
 gc would free, unless a sandbox or snapshot stands on it). Then the store's logical bytes (every
 image and layer counted whole: a layer two images share counts in both) against what it stores
-(each blob once), and the bytes of blobs no tag reaches.
+(each blob once, sparse ones by what they take), the bytes of blobs no tag reaches, and what
+interrupted builds and pulls left. VM images (dsec vm image) are listed beside images and layers.
 
 ` + exitCodesHelp,
 		Example: `  dsec layer du
@@ -453,8 +454,8 @@ image and layer counted whole: a layer two images share counts in both) against 
 			if u.Stored > 0 {
 				ratio = fmt.Sprintf("%.2fx", float64(u.Logical)/float64(u.Stored))
 			}
-			_, err = fmt.Fprintf(a.stdout, "logical %s, stored %s (%s: what images and layers share is stored once); %s in blobs no tag reaches (dsec layer gc frees those no sandbox or snapshot stands on)\n",
-				humanBytes(u.Logical), humanBytes(u.Stored), ratio, humanBytes(u.Untagged))
+			_, err = fmt.Fprintf(a.stdout, "logical %s, stored %s (%s: what images and layers share is stored once); %s in blobs no tag reaches (dsec layer gc frees those no sandbox or snapshot stands on); %s left by interrupted builds and pulls (dsec layer gc removes those no pull holds)\n",
+				humanBytes(u.Logical), humanBytes(u.Stored), ratio, humanBytes(u.Untagged), humanBytes(u.Leftovers))
 			return err
 		},
 	}

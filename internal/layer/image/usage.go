@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/opencontainers/go-digest"
 
@@ -25,12 +26,16 @@ type Usage struct {
 	// and snapshots stand on after their tags went, and what dsec layer
 	// gc frees.
 	Untagged int64 `json:"untagged_bytes"`
+	// Leftovers is the bytes interrupted builds and pulls left in the
+	// store's ingest area (what dsec layer gc removes, but for a pull
+	// that holds its own now).
+	Leftovers int64 `json:"leftover_bytes"`
 }
 
 // UsageEntry is one image, or one layer that is no image's.
 type UsageEntry struct {
 	Name   string `json:"name"`
-	Kind   string `json:"kind"` // image, or the layer's kind
+	Kind   string `json:"kind"` // image, vm-image, or the layer's kind
 	Layers int    `json:"layers"`
 	// Logical is the bytes of its blobs (layer.Blobs: its layers'
 	// images, window tables, configs and manifests, its record, a
@@ -41,8 +46,8 @@ type UsageEntry struct {
 	Own int64 `json:"own_bytes"`
 }
 
-// Du measures s's usage. Its blobs' sizes are the files' sizes in the
-// store (blobs are written whole: no sparse files).
+// Du measures s's usage. A blob's logical size is its file's size; what
+// it stores is less where the file is sparse (a VM image's disk).
 func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 	imgs, err := List(ctx, s)
 	if err != nil {
@@ -79,6 +84,21 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		u.Entries = append(u.Entries, UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1})
 		sets = append(sets, set)
 	}
+	tags, err := s.Tags(ctx) // the other records tagged beside them: VM images
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tags {
+		if t.Annotations[layer.AnnotationKind] != string(layer.KindVMImage) {
+			continue
+		}
+		set, err := layer.Blobs(s, t.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("VM image %s: %w", t.Annotations[store.RefAnnotation], err)
+		}
+		u.Entries = append(u.Entries, UsageEntry{Name: t.Annotations[store.RefAnnotation], Kind: string(layer.KindVMImage)})
+		sets = append(sets, set)
+	}
 	holders := map[digest.Digest]int{}
 	for _, set := range sets {
 		for d := range set {
@@ -99,9 +119,15 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		}
 		size[d] = fi.Size()
 		if holders[d] == 0 {
-			u.Untagged += fi.Size()
+			u.Untagged += allocated(fi)
 		} else {
-			u.Stored += fi.Size()
+			u.Stored += allocated(fi)
+		}
+	}
+	ingests, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest"))
+	for _, e := range ingests {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			u.Leftovers += allocated(fi)
 		}
 	}
 	for i, set := range sets {
@@ -114,4 +140,13 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		u.Logical += u.Entries[i].Logical
 	}
 	return &u, nil
+}
+
+// allocated is what fi's file takes on disk: its size, or less where it
+// is sparse.
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return min(fi.Size(), st.Blocks*512)
+	}
+	return fi.Size()
 }
