@@ -192,23 +192,29 @@ func (a *app) imageInspect() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect IMAGE",
 		Short: "Show an imported image's layers and config",
-		Long: `Inspect shows an image the store holds: its layers, bottom first (each OCI layer's diff
-ID, blob and the EROFS layer it became), and the config a sandbox takes from it.
+		Long: `Inspect shows an image the store holds, named as it was pulled (NAME:TAG, or NAME@DIGEST of
+its manifest) or by its ID: its layers, bottom first (each OCI layer's diff ID, blob and the
+EROFS layer it became), and the config a sandbox takes from it.
 
 ` + exitCodesHelp,
 		Example: `  dsec image inspect python:3.12
   dsec image inspect --json python:3.12 | jq .config.env`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := image.ParseReference(args[0])
-			if err != nil {
-				return usageError{err}
-			}
 			s, err := a.openStore()
 			if err != nil {
 				return err
 			}
-			img, err := image.Lookup(cmd.Context(), s, r)
+			var img *image.Image
+			if layer.IsDigest(args[0]) { // its ID
+				img, err = image.LookupID(cmd.Context(), s, args[0])
+			} else {
+				r, perr := image.ParseReference(args[0])
+				if perr != nil {
+					return usageError{perr}
+				}
+				img, err = image.Lookup(cmd.Context(), s, r)
+			}
 			if err != nil {
 				return err
 			}

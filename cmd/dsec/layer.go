@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -272,7 +273,7 @@ digest: sha256:HEX or a unique prefix of at least 12 hex digits.
 			}
 			i, err := layer.Resolve(cmd.Context(), s, args[0])
 			if err != nil {
-				return err
+				return asImage(cmd.Context(), s, args[0], err)
 			}
 			if asJSON {
 				return a.printJSON(i)
@@ -484,4 +485,17 @@ func (a *app) completeRefs(cmd *cobra.Command, args []string, _ string) ([]strin
 		out = append(out, t.Annotations[store.RefAnnotation])
 	}
 	return out, cobra.ShellCompDirectiveNoFileComp
+}
+
+// asImage says so when ref, which names no layer, names an image the
+// store holds (dsec layer inspect python:3.12); else err.
+func asImage(ctx context.Context, s *store.Store, ref string, err error) error {
+	r, perr := image.ParseReference(ref)
+	if perr != nil || layer.IsDigest(ref) {
+		return err
+	}
+	if _, lerr := image.Lookup(ctx, s, r); lerr != nil {
+		return err
+	}
+	return fmt.Errorf("%s is an image, a stack of layers: dsec image inspect %s shows it and its layers: %w", ref, ref, errdefs.ErrInvalidArgument)
 }

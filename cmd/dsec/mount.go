@@ -279,7 +279,11 @@ func (a *app) cachedLayer(ref string) (digest.Digest, string, error) {
 			return spec.Digest, spec.Ref, nil
 		}
 	}
-	return "", "", fmt.Errorf("layer %s was never mounted lazily on this host: %w", ref, errdefs.ErrNotFound)
+	err := fmt.Errorf("layer %s was never mounted lazily on this host: %w", ref, errdefs.ErrNotFound)
+	if s, serr := a.openStore(); serr == nil {
+		err = asImage(context.Background(), s, ref, err)
+	}
+	return "", "", err
 }
 
 func (a *app) layerFetcher() *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -20,9 +21,52 @@ func Lookup(ctx context.Context, s *store.Store, ref Reference) (*Image, error) 
 	}
 	d, err := s.Resolve(ctx, tag.String())
 	if err != nil || d.Annotations[layer.AnnotationKind] != string(layer.KindImage) {
+		if img := byManifest(ctx, s, ref); img != nil {
+			return img, nil
+		}
 		return nil, fmt.Errorf("no image %s in the store: import it with dsec image pull %s: %w", ref, ref, errdefs.ErrNotFound)
 	}
 	return load(s, d)
+}
+
+// byManifest is the image of ref's repository, pulled under a tag, whose
+// manifest ref's digest names (REPO@sha256:... of REPO:TAG), if any.
+func byManifest(ctx context.Context, s *store.Store, ref Reference) *Image {
+	if ref.Digest == "" {
+		return nil
+	}
+	all, _ := List(ctx, s)
+	for _, img := range all {
+		if r, err := ParseReference(img.Reference); err == nil && img.Manifest == ref.Digest &&
+			r.Registry == ref.Registry && r.Repository == ref.Repository {
+			return img
+		}
+	}
+	return nil
+}
+
+// LookupID finds the image whose ID (its record's manifest in the store,
+// as dsec image ls and --json show it) id names: sha256:HEX, or a unique
+// prefix of at least 12 hex digits.
+func LookupID(ctx context.Context, s *store.Store, id string) (*Image, error) {
+	hexd := strings.TrimPrefix(id, "sha256:")
+	all, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var found []*Image
+	for _, img := range all {
+		if strings.HasPrefix(img.ID.Encoded(), hexd) {
+			found = append(found, img)
+		}
+	}
+	switch {
+	case len(found) == 1:
+		return found[0], nil
+	case len(found) > 1:
+		return nil, fmt.Errorf("%s names %d images: give more of the digest: %w", id, len(found), errdefs.ErrInvalidArgument)
+	}
+	return nil, fmt.Errorf("no image with ID %s in the store (dsec image ls lists them): %w", id, errdefs.ErrNotFound)
 }
 
 // load reads an image's record from its tagged manifest.
