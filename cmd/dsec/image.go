@@ -320,6 +320,9 @@ file; without it, the config's remote:.
 				return err
 			}
 			if f.json {
+				if res == nil {
+					res = []*remote.Result{}
+				}
 				return a.printJSON(struct {
 					Image  *image.Image     `json:"image"`
 					Copied []*remote.Result `json:"copied"`

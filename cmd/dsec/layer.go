@@ -244,7 +244,7 @@ are left out unless --all: dsec image ls lists the images.`,
 			fmt.Fprintln(tw, "NAME\tKIND\tDIGEST\tSIZE\tFILES\tCREATED")
 			for _, i := range shown {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.Ref, i.Kind, i.Digest.Encoded()[:12],
-					humanBytes(i.Size), i.Files, i.Created.Local().Format(time.DateTime))
+					humanBytes(i.Size), i.Files, createdAt(i.Created, time.DateTime))
 			}
 			return tw.Flush()
 		},
@@ -287,7 +287,7 @@ digest: sha256:HEX or a unique prefix of at least 12 hex digits.
 			fmt.Fprintf(tw, "metadata:\tbytes %d-%d (%s)\n", i.Metadata.Offset, i.Metadata.Offset+i.Metadata.Size, humanBytes(i.Metadata.Size))
 			fmt.Fprintf(tw, "windows:\t%d of %s, table %s\n", i.Windows.Count, humanBytes(i.Windows.Size), i.Windows.Digest)
 			fmt.Fprintf(tw, "source:\t%s\n", i.Source)
-			fmt.Fprintf(tw, "created:\t%s\n", i.Created.Format(time.RFC3339))
+			fmt.Fprintf(tw, "created:\t%s\n", createdAt(i.Created, time.RFC3339))
 			fmt.Fprintf(tw, "manifest:\t%s\n", i.Manifest)
 			return tw.Flush()
 		},
@@ -498,4 +498,17 @@ func asImage(ctx context.Context, s *store.Store, ref string, err error) error {
 		return err
 	}
 	return fmt.Errorf("%s is an image, a stack of layers: dsec image inspect %s shows it and its layers: %w", ref, ref, errdefs.ErrInvalidArgument)
+}
+
+// createdAt is when a layer was built, as ls and inspect show it: "-"
+// for one converted from an image's layer, whose config carries no time
+// (two hosts converting one layer make the same config).
+func createdAt(t time.Time, layout string) string {
+	if t.Unix() <= 0 {
+		return "-"
+	}
+	if layout == time.DateTime {
+		t = t.Local()
+	}
+	return t.Format(layout)
 }
