@@ -48,12 +48,13 @@ under registries.insecure.`,
 // worker's pulls on first use, of images any client names, get them
 // only with DSEC_REGISTRY_HOST).
 func (a *app) registryOptions(platform string, named *image.Reference) (image.Options, error) {
+	key := "--platform"
 	if platform == "" {
-		platform = a.cfg.Registries.Platform
+		platform, key = a.cfg.Registries.Platform, "registries.platform"
 	}
 	p, err := image.ParsePlatform(platform)
 	if err != nil {
-		return image.Options{}, usageError{err}
+		return image.Options{}, usageError{fmt.Errorf("%s: %w", key, err)}
 	}
 	var ro remote.Options
 	remote.EnvCredentials(&ro)
@@ -65,6 +66,11 @@ func (a *app) registryOptions(platform string, named *image.Reference) (image.Op
 	for _, m := range a.cfg.Registries.Mirrors {
 		if m.Registry == "" || len(m.Hosts) == 0 {
 			return o, usageError{fmt.Errorf("registries.mirrors: each gives a registry (docker.io, HOST:PORT) and its hosts")}
+		}
+		for _, h := range m.Hosts {
+			if h == "" || strings.ContainsAny(h, "/ ") {
+				return o, usageError{fmt.Errorf("registries.mirrors: host %q of %s: give HOST[:PORT], without a scheme or a path (one on this host is spoken to over plain HTTP; registries.insecure names others)", h, m.Registry)}
+			}
 		}
 		if o.Mirrors == nil {
 			o.Mirrors = map[string][]string{}

@@ -64,7 +64,11 @@ func ParseReference(s string) (Reference, error) {
 	}
 	r, err := registry.ParseReference(name)
 	if err != nil {
-		return bad(strings.TrimPrefix(err.Error(), "invalid reference: "))
+		why := strings.TrimPrefix(err.Error(), "invalid reference: ")
+		if strings.HasPrefix(why, "invalid repository") && strings.ContainsAny(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+			why += ": a repository's name is lowercase"
+		}
+		return bad(why)
 	}
 	out := Reference{Registry: r.Registry, Repository: r.Repository}
 	if d, err := r.Digest(); err == nil {
