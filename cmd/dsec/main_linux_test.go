@@ -192,7 +192,8 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			// env:tools again as library/env:tools (Docker Hub's
 			// env:tools, for a mirror of docker.io), and env:big, a
 			// layer of 6 MiB of random bytes (/big/f000) over env:base's;
-			// VAR_STORE is the address as the store's tags name it.
+			// env:arm, env:base's content for linux/arm64; VAR_STORE is
+			// the address as the store's tags name it.
 			"registryimages": func(ts *testscript.TestScript, neg bool, args []string) {
 				exe, err := layertest.Registry()
 				ts.Check(err)
@@ -227,6 +228,10 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 					ts.Check(l.Push(addr, "env", tag))
 				}
 				ts.Check(l.Push(addr, "library/env", "tools")) // docker.io/library/env:tools, through a mirror
+				// env:arm: env:base's content, its config saying linux/arm64
+				ts.Check(l.Umoci("tag", "--image", l.Dir+":base", "arm"))
+				ts.Check(l.Umoci("config", "--image", l.Dir+":arm", "--architecture", "arm64"))
+				ts.Check(l.Push(addr, "env", "arm"))
 				ts.Check(l.Layer("base", "big", func(root string) error { return layertest.RandomTree(filepath.Join(root, "big"), "big", 1, 6<<20) }))
 				ts.Check(l.Push(addr, "env", "big"))
 				ts.Setenv(args[0], addr)

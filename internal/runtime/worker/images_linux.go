@@ -47,10 +47,24 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
+	// An image held for another platform (pulled with --platform) is
+	// not this host's: missing, as docker run takes it.
+	platform := w.cfg.Registries.Platform
+	if platform == (image.Platform{}) {
+		platform = image.HostPlatform()
+	}
+	other := ""
+	if img != nil && img.Platform != platform.String() {
+		img, other = nil, img.Platform
+	}
 	if spec.Pull == api.PullAlways {
 		img = nil
 	}
 	if img == nil {
+		if spec.Pull == api.PullNever && other != "" {
+			return fmt.Errorf("image %s is held for %s, not for this host's %s, and its pull is never: pull it for this host (dsec image pull %s --platform %s): %w",
+				ref, other, platform, ref, platform, errdefs.ErrNotFound)
+		}
 		if spec.Pull == api.PullNever {
 			return fmt.Errorf("image %s is not in the store or the shared remote, and its pull is never: import it first (dsec image pull %s), or let the create fetch it (pull missing, the default): %w",
 				ref, ref, errdefs.ErrNotFound)
