@@ -326,6 +326,16 @@ func TestImportConcurrent(t *testing.T) {
 	if n := pulls.Load(); n != 1 {
 		t.Errorf("4 concurrent imports pulled %d times, want once", n)
 	}
+	// Those that shared one say so (a worker logs what each fetched).
+	var led int
+	for _, img := range imgs {
+		if !img.Joined {
+			led++
+		}
+	}
+	if led < 1 || led == 1 && imgs[0].Fetched+imgs[1].Fetched+imgs[2].Fetched+imgs[3].Fetched == 0 {
+		t.Errorf("%d imports say they led, fetching %d %d %d %d", led, imgs[0].Fetched, imgs[1].Fetched, imgs[2].Fetched, imgs[3].Fetched)
+	}
 	// Imports that share no pull (another authority's, as another
 	// process's) convert a layer once: the other waits for it and finds
 	// it stored.

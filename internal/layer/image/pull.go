@@ -120,6 +120,9 @@ type Image struct {
 	Fetched int    `json:"fetched,omitempty"`
 	Reused  int    `json:"reused,omitempty"`
 	Resumed int64  `json:"resumed_bytes,omitempty"`
+	// Joined: this import waited on another one's pull of the image in
+	// this process, and the counts are that pull's.
+	Joined bool `json:"joined,omitempty"`
 }
 
 // Refs are the image's layers as a sandbox stacks them: topmost first.
@@ -149,13 +152,15 @@ func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Ima
 	// must not fail the admin's, nor ride on it.
 	key := fmt.Sprintf("%s\x00%s\x00%s\x00%t\x00%t\x00%s", s.Dir(), ref, o.Platform, o.Anonymous, o.PublicOnly, o.Username)
 	// The pull is the first caller's; each waits on its own context.
-	ch := pulls.DoChan(key, func() (any, error) { return pull(ctx, s, ref, o) })
+	led := false // only the leader's function runs
+	ch := pulls.DoChan(key, func() (any, error) { led = true; return pull(ctx, s, ref, o) })
 	select {
 	case r := <-ch:
 		if r.Err != nil {
 			return nil, r.Err
 		}
 		img := *r.Val.(*Image)
+		img.Joined = !led
 		return &img, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()

@@ -158,6 +158,10 @@ func (w *worker) importImage(ctx context.Context, ref image.Reference) (*image.I
 	if err != nil {
 		return nil, err
 	}
+	if img.Joined {
+		w.log.Info("joined another create's import of the image", "image", img.Reference, "took", time.Since(t0))
+		return img, nil
+	}
 	w.log.Info("imported image", "image", img.Reference, "from", img.From, "layers", len(img.Layers), "fetched", img.Fetched,
 		"reused", img.Reused, "resumed_bytes", img.Resumed, "took", time.Since(t0))
 	return img, nil
