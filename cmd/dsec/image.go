@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -10,12 +11,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/image"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 func (a *app) imageCommand() *cobra.Command {
@@ -222,7 +225,7 @@ EROFS layer it became), and the config a sandbox takes from it.
 				img, err = image.Lookup(cmd.Context(), s, r)
 			}
 			if err != nil {
-				return err
+				return notAnImage(cmd.Context(), s, args[0], err)
 			}
 			if asJSON {
 				return a.printJSON(img)
@@ -277,7 +280,7 @@ Blobs stay until dsec layer gc, which keeps those a sandbox or a snapshot stands
 				}
 				img, err := image.Remove(cmd.Context(), s, r)
 				if err != nil {
-					return err
+					return notAnImage(cmd.Context(), s, ref, err)
 				}
 				fmt.Fprintln(a.stdout, img.Reference)
 			}
@@ -350,4 +353,28 @@ file; without it, the config's remote:.
 	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	fl.BoolVar(&f.json, "json", false, "print the image and what was copied as JSON")
 	return cmd
+}
+
+// notAnImage says what ref names when it names no image but a layer or
+// a VM image as typed (dsec image inspect debian-vm:12); else err.
+func notAnImage(ctx context.Context, s *store.Store, ref string, err error) error {
+	if !errdefs.IsNotFound(err) {
+		return err
+	}
+	r, perr := layer.ParseRef(ref)
+	if perr != nil {
+		return err
+	}
+	d, rerr := s.Resolve(ctx, r.String())
+	if rerr != nil {
+		return err
+	}
+	switch kind := layer.Kind(d.Annotations[layer.AnnotationKind]); kind {
+	case layer.KindImage:
+		return err
+	case layer.KindVMImage:
+		return fmt.Errorf("%s is a VM image: dsec vm image inspect shows it: %w", ref, errdefs.ErrInvalidArgument)
+	default:
+		return fmt.Errorf("%s is a %s layer, not an image: dsec layer inspect shows it: %w", ref, kind, errdefs.ErrInvalidArgument)
+	}
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -45,19 +46,23 @@ func (a *app) vmImageBuild() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "build TREE -t NAME[:VERSION]",
 		Short: "Make a bootable disk image from a root file system tree",
-		Long: `Build makes a raw GPT disk image from TREE, a root file system that boots by itself: its newest
-kernel with its initramfs (boot/vmlinuz-VERSION, boot/initrd.img-VERSION) and systemd-boot
-(` + vm.LoaderPath + `), as Debian's linux-image-amd64 and systemd-boot-efi install them.
+		Long: `Build makes a GPT disk image from TREE, a root file system that boots by itself: its newest
+kernel with its initramfs (boot/vmlinuz-VERSION, boot/initrd.img-VERSION), systemd-boot
+(` + vm.LoaderPath + `) and an init (sbin/init), as Debian's linux-image-amd64,
+systemd-boot-efi and systemd-sysv install them.
 The disk holds an EFI system partition (FAT32: systemd-boot as the firmware's default loader,
 one entry booting that kernel) and a root partition (ext4 made from TREE with its owners,
 modes, xattrs and special files; nothing is mounted). The kernel gets root=PARTUUID=...,
 rw and console=tty0 console=ttyS0, then every --kernel-arg.
 
-The disk is sparse: --size (default: the tree plus 2 GiB free for the guest's own writes) costs
-only what the partitions hold. It is stored as a blob named by its digest and tagged NAME[:VERSION].
+--size is the disk's (default: the tree plus 2 GiB free for the guest's own writes); the store
+keeps it as qcow2, which takes what the partitions hold, a blob named by its digest and tagged
+NAME[:VERSION]. --seed names its GUIDs (the same seed, the same GUIDs), not its bytes: two builds
+of one tree differ in their file systems' times.
 
 ` + exitCodesHelp,
-		Example: `  debootstrap --include=linux-image-amd64,systemd-sysv,systemd-boot-efi,udev bookworm /srv/deb
+		Example: `  debootstrap --variant=minbase --include=linux-image-amd64,systemd-sysv,systemd-boot-efi,udev,initramfs-tools \\
+      bookworm /srv/deb http://deb.debian.org/debian
   dsec vm image build /srv/deb -t debian-vm:12
   dsec vm image build /srv/deb -t debian-vm:12 --size 20GiB --kernel-arg quiet --force --json`,
 		Args: exactArgs(1),
@@ -67,18 +72,18 @@ only what the partitions hold. It is stored as a blob named by its digest and ta
 			}
 			ref, err := layer.ParseRef(tag)
 			if err != nil {
-				return usageError{err}
+				return usageError{errors.New(strings.Replace(userMessage(err), "bad layer ", "bad VM image ", 1))}
 			}
 			o := vm.BuildOptions{Force: force, DiskOptions: vm.DiskOptions{KernelArgs: args, Seed: seed}}
 			for _, x := range []struct {
-				flag, v string
-				to      *int64
-			}{{"--size", size, &o.Size}, {"--esp-size", espSize, &o.ESPSize}} {
+				flag, v, eg string
+				to          *int64
+			}{{"--size", size, "20GiB", &o.Size}, {"--esp-size", espSize, "512MiB", &o.ESPSize}} {
 				if x.v == "" {
 					continue
 				}
 				if *x.to, err = units.ParseBytes(x.v); err != nil || *x.to <= 0 {
-					return usageError{fmt.Errorf("bad %s %q: give a size such as 20GiB", x.flag, x.v)}
+					return usageError{fmt.Errorf("bad %s %q: give a size in MiB, GiB or TiB, e.g. %s", x.flag, x.v, x.eg)}
 				}
 			}
 			s, err := a.openStore()
@@ -99,7 +104,7 @@ only what the partitions hold. It is stored as a blob named by its digest and ta
 		},
 	}
 	cmd.Flags().StringVarP(&tag, "tag", "t", "", "NAME[:VERSION] to tag the image with (required)")
-	cmd.Flags().StringVar(&size, "size", "", "the whole disk's size (default: the tree plus 2 GiB); sparse")
+	cmd.Flags().StringVar(&size, "size", "", "the whole disk's size (default: the tree plus 2 GiB); stored as what it holds")
 	cmd.Flags().StringVar(&espSize, "esp-size", "", "the EFI system partition's size, at least 64MiB (default 256MiB)")
 	cmd.Flags().StringArrayVar(&args, "kernel-arg", nil, "a kernel parameter to add (repeat for more)")
 	cmd.Flags().StringVar(&seed, "seed", "", "names the disk's GUIDs: the same seed gives the same GUIDs (default: random)")
@@ -180,7 +185,7 @@ func printVMImage(w io.Writer, img *vm.Image) error {
 	d := img.Disk
 	fmt.Fprintf(tw, "name:\t%s\n", img.Tag)
 	fmt.Fprintf(tw, "os:\t%s\n", d.OS)
-	fmt.Fprintf(tw, "disk:\t%s (%s, sparse)\n", img.Path, humanBytes(d.Size))
+	fmt.Fprintf(tw, "disk:\t%s (qcow2 of %s, taking %s)\n", img.Path, humanBytes(d.Size), humanBytes(img.Blob.Size))
 	fmt.Fprintf(tw, "kernel:\t%s\n", d.Kernel)
 	fmt.Fprintf(tw, "cmdline:\t%s\n", d.Cmdline)
 	for _, p := range []struct {
@@ -211,16 +216,14 @@ func (a *app) vmImageRemove() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var gone []string
-			for _, ref := range args {
+			for _, ref := range args { // each said as it goes: a failure after names what went
 				img, err := vm.Remove(cmd.Context(), s, ref)
 				if err != nil {
 					return err
 				}
-				gone = append(gone, img.Tag)
+				fmt.Fprintln(a.stdout, img.Tag)
 			}
-			_, err = fmt.Fprintln(a.stdout, strings.Join(gone, "\n"))
-			return err
+			return nil
 		},
 	}
 }

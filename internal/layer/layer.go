@@ -344,17 +344,27 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 // it again. A tag that names a layer already is refused unless the build
 // gives that very layer again (of the same kind): then the build is a
 // no-op, as re-running it should be.
+// A tag that names an image or a VM image is never taken, --force or
+// not: those are removed by their own commands.
 func existingTag(ctx context.Context, s *store.Store, o BuildOptions) (*ocispec.Descriptor, error) {
-	var existing *ocispec.Descriptor
-	if !o.Force {
-		if d, err := s.Resolve(ctx, o.Ref.String()); err == nil {
-			if o.Kind == KindSnapshot || d.Annotations[AnnotationKind] != string(o.Kind) {
-				return nil, fmt.Errorf("tag %s already exists (layer %s); pass --force to replace it: %w", o.Ref, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
-			}
-			existing = &d
+	d, err := s.Resolve(ctx, o.Ref.String())
+	if err != nil {
+		return nil, nil
+	}
+	switch kind := Kind(d.Annotations[AnnotationKind]); kind {
+	case KindImage:
+		return nil, fmt.Errorf("%s names an image, not a layer: give the layer another name (dsec image rm removes the image): %w", o.Ref, errdefs.ErrAlreadyExists)
+	case KindVMImage:
+		return nil, fmt.Errorf("%s names a VM image, not a layer: give the layer another name (dsec vm image rm removes the VM image): %w", o.Ref, errdefs.ErrAlreadyExists)
+	default:
+		if o.Force {
+			return nil, nil
+		}
+		if o.Kind == KindSnapshot || kind != o.Kind {
+			return nil, fmt.Errorf("tag %s already exists (a %s layer, %s); pass --force to replace it: %w", o.Ref, kind, d.Annotations[annotationLayer], errdefs.ErrAlreadyExists)
 		}
 	}
-	return existing, nil
+	return &d, nil
 }
 
 // buildSource is what a build reads: o.Walk's plan, else o.Source

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/opencontainers/go-digest"
 
@@ -46,8 +45,8 @@ type UsageEntry struct {
 	Own int64 `json:"own_bytes"`
 }
 
-// Du measures s's usage. A blob's logical size is its file's size; what
-// it stores is less where the file is sparse (a VM image's disk).
+// Du measures s's usage. Blobs count what their files take on disk
+// (a VM image's sparse disk, what its partitions hold).
 func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 	imgs, err := List(ctx, s)
 	if err != nil {
@@ -117,17 +116,17 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		if err != nil || !fi.Mode().IsRegular() || d.Validate() != nil {
 			continue // gone meanwhile, or no blob
 		}
-		size[d] = fi.Size()
+		size[d] = store.Allocated(fi)
 		if holders[d] == 0 {
-			u.Untagged += allocated(fi)
+			u.Untagged += store.Allocated(fi)
 		} else {
-			u.Stored += allocated(fi)
+			u.Stored += store.Allocated(fi)
 		}
 	}
 	ingests, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest"))
 	for _, e := range ingests {
 		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
-			u.Leftovers += allocated(fi)
+			u.Leftovers += store.Allocated(fi)
 		}
 	}
 	for i, set := range sets {
@@ -140,13 +139,4 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		u.Logical += u.Entries[i].Logical
 	}
 	return &u, nil
-}
-
-// allocated is what fi's file takes on disk: its size, or less where it
-// is sparse.
-func allocated(fi os.FileInfo) int64 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return min(fi.Size(), st.Blocks*512)
-	}
-	return fi.Size()
 }

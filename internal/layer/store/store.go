@@ -641,7 +641,7 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 			continue
 		}
 		if info, err := e.Info(); err == nil {
-			res.Bytes += info.Size()
+			res.Bytes += Allocated(info)
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 			return err
@@ -655,7 +655,7 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 			info, err := e.Info()
 			if err == nil && os.Remove(filepath.Join(s.dir, "ingest", e.Name())) == nil {
 				res.Ingests++
-				res.Bytes += info.Size()
+				res.Bytes += Allocated(info)
 			}
 		case strings.HasPrefix(e.Name(), "partial-"):
 			// What an interrupted transfer kept to take up later: gone
@@ -703,7 +703,16 @@ func removeUnheld(path string) (int64, bool) {
 	if err != nil || os.Remove(path) != nil {
 		return 0, false
 	}
-	return st.Size(), true
+	return Allocated(st), true
+}
+
+// Allocated is what fi's file takes on disk: its size, or less where it
+// is sparse (a VM image's disk, an interrupted build's).
+func Allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return min(fi.Size(), st.Blocks*512)
+	}
+	return fi.Size()
 }
 
 // samePath says whether path still names the file f opened.

@@ -44,6 +44,17 @@ const (
 	sector         = 512
 )
 
+// MaxSize bounds a disk: 16 TiB, ext4's least bound with 4 KiB blocks.
+const MaxSize = 16 << 40
+
+// mibs is n bytes as a user reads a size: in MiB, or bytes under one.
+func mibs(n int64) string {
+	if n < mib {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d MiB", (n+mib-1)/mib)
+}
+
 // DiskOptions shape a disk image.
 type DiskOptions struct {
 	// Size is the whole disk's; 0: the ESP, the tree and DefaultRoom.
@@ -100,7 +111,36 @@ func findBoot(tree string) (boot, error) {
 	if st, err := os.Stat(b.loader); err != nil || !st.Mode().IsRegular() {
 		return boot{}, fmt.Errorf("%s has no UEFI boot loader (%s): install systemd-boot in the tree (Debian: systemd-boot-efi): %w", tree, LoaderPath, errdefs.ErrInvalidArgument)
 	}
+	// The firmware runs PE images: the loader, and the kernel through
+	// its EFI stub (every x86-64 Debian kernel has one).
+	for _, f := range []struct{ what, path string }{{"boot loader", b.loader}, {"kernel", b.kernel}} {
+		if !isPE(f.path) {
+			return boot{}, fmt.Errorf("%s's %s %s is no UEFI (PE) image: install a real one (Debian: systemd-boot-efi, linux-image-amd64): %w", tree, f.what, f.path, errdefs.ErrInvalidArgument)
+		}
+	}
+	init := false
+	for _, p := range []string{"sbin/init", "usr/sbin/init", "lib/systemd/systemd", "usr/lib/systemd/systemd"} {
+		if _, err := os.Lstat(filepath.Join(tree, p)); err == nil {
+			init = true
+			break
+		}
+	}
+	if !init {
+		return boot{}, fmt.Errorf("%s has no init (sbin/init): install one in the tree (Debian: systemd-sysv): %w", tree, errdefs.ErrInvalidArgument)
+	}
 	return b, nil
+}
+
+// isPE says whether the file at path starts as a PE image does ("MZ").
+func isPE(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [2]byte
+	_, err = io.ReadFull(f, b[:])
+	return err == nil && string(b[:]) == "MZ"
 }
 
 // compareVersions orders kernel versions as dpkg mostly would: numeric
@@ -180,7 +220,9 @@ func uuidOf(seed, what string) string {
 // sparse: what no partition uses takes no space. mke2fs (e2fsprogs) must
 // be on PATH.
 func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Disk, error) {
-	if st, err := os.Stat(tree); err != nil || !st.IsDir() {
+	if st, err := os.Stat(tree); errors.Is(err, fs.ErrNotExist) {
+		return Disk{}, fmt.Errorf("no directory %s: give the root of a tree to boot: %w", tree, errdefs.ErrNotFound)
+	} else if err != nil || !st.IsDir() {
 		return Disk{}, fmt.Errorf("%s is not a directory: give the root of a tree to boot: %w", tree, errdefs.ErrInvalidArgument)
 	}
 	b, err := findBoot(tree)
@@ -189,7 +231,10 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 	}
 	esp := cmp.Or(o.ESPSize, DefaultESPSize)
 	if esp < 64*mib || esp%mib != 0 {
-		return Disk{}, fmt.Errorf("an ESP of %d bytes: give whole MiB, at least 64 MiB (FAT32's least): %w", esp, errdefs.ErrInvalidArgument)
+		return Disk{}, fmt.Errorf("an EFI system partition of %s: give at least 64 MiB (FAT32's least), in MiB: %w", mibs(esp), errdefs.ErrInvalidArgument)
+	}
+	if o.Size > MaxSize || esp > MaxSize {
+		return Disk{}, fmt.Errorf("a disk of %s: give at most %s: %w", mibs(max(o.Size, esp)), mibs(MaxSize), errdefs.ErrInvalidArgument)
 	}
 	need, err := treeSize(ctx, tree)
 	if err != nil {
@@ -204,11 +249,17 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 	rootOff := int64(firstPartition + esp)
 	rootSize := size - mib - rootOff // the last MiB holds the backup GPT
 	if rootSize < need {
-		return Disk{}, fmt.Errorf("a disk of %d MiB cannot hold the ESP and the tree's %d MiB: give at least %d MiB: %w", size/mib, need/mib, (rootOff+need+mib+mib-1)/mib, errdefs.ErrInvalidArgument)
+		return Disk{}, fmt.Errorf("a disk of %s cannot hold the EFI system partition (%s) and the tree (%s with ext4's own): give at least %s: %w",
+			mibs(o.Size), mibs(esp), mibs(need), mibs(rootOff+need+mib), errdefs.ErrInvalidArgument)
 	}
 	d := Disk{Size: size, Kernel: b.version, OS: prettyName(tree),
 		ESP:  Partition{Offset: firstPartition, Size: esp, UUID: uuidOf(o.Seed, "esp")},
 		Root: Partition{Offset: rootOff, Size: rootSize, UUID: uuidOf(o.Seed, "root")}}
+	for _, a := range o.KernelArgs {
+		if a == "" || strings.ContainsAny(a, " \t\n") {
+			return Disk{}, fmt.Errorf("kernel parameter %q: give one parameter, without spaces, to each --kernel-arg: %w", a, errdefs.ErrInvalidArgument)
+		}
+	}
 	d.Cmdline = strings.Join(append([]string{"root=PARTUUID=" + d.Root.UUID, "rw", "console=tty0", "console=ttyS0"}, o.KernelArgs...), " ")
 	if err := f.Truncate(size); err != nil {
 		return Disk{}, err

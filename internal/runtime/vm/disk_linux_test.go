@@ -24,10 +24,10 @@ import (
 func fakeTree(t *testing.T, versions ...string) string {
 	t.Helper()
 	tree := t.TempDir()
-	files := map[string]string{LoaderPath: "loader", "etc/hostname": "vm\n",
+	files := map[string]string{LoaderPath: "MZ loader", "etc/hostname": "vm\n", "sbin/init": "init",
 		"usr/lib/os-release": "NAME=Test\nPRETTY_NAME=\"Test OS 1\"\n"}
 	for _, v := range versions {
-		files["boot/vmlinuz-"+v] = "kernel " + v
+		files["boot/vmlinuz-"+v] = "MZ kernel " + v
 		files["boot/initrd.img-"+v] = "initrd " + v
 	}
 	for p, s := range files {
@@ -65,6 +65,10 @@ func TestBuildDiskRefuses(t *testing.T) {
 	os.Remove(filepath.Join(noLoader, LoaderPath))
 	noInitrd := fakeTree(t, "6.1.0-1-amd64")
 	os.Remove(filepath.Join(noInitrd, "boot/initrd.img-6.1.0-1-amd64"))
+	noInit := fakeTree(t, "6.1.0-1-amd64")
+	os.Remove(filepath.Join(noInit, "sbin/init"))
+	textKernel := fakeTree(t, "6.1.0-1-amd64")
+	os.WriteFile(filepath.Join(textKernel, "boot/vmlinuz-6.1.0-1-amd64"), []byte("not a kernel"), 0o644)
 	for _, c := range []struct {
 		name, tree string
 		o          DiskOptions
@@ -74,7 +78,13 @@ func TestBuildDiskRefuses(t *testing.T) {
 		{"a kernel without its initramfs", noInitrd, DiskOptions{}, "linux-image-amd64"},
 		{"no loader", noLoader, DiskOptions{}, "systemd-boot-efi"},
 		{"not a directory", "/etc/hostname", DiskOptions{}, "not a directory"},
+		{"no init", noInit, DiskOptions{}, "systemd-sysv"},
+		{"a kernel that is no PE image", textKernel, DiskOptions{}, "no UEFI (PE) image"},
+		{"a kernel parameter with a space", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{KernelArgs: []string{"a b"}}, "without spaces"},
+		{"an empty kernel parameter", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{KernelArgs: []string{""}}, "without spaces"},
+		{"a disk too large", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{Size: MaxSize + 1}, "at most"},
 		{"an ESP too small", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{ESPSize: 32 << 20}, "at least 64 MiB"},
+		{"no such directory", filepath.Join(t.TempDir(), "nosuch"), DiskOptions{}, "no directory"},
 		{"a disk too small", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{Size: 300 << 20}, "give at least"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -84,7 +94,7 @@ func TestBuildDiskRefuses(t *testing.T) {
 			}
 			defer f.Close()
 			_, err = BuildDisk(context.Background(), c.tree, f, c.o)
-			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), c.want) {
+			if !errdefs.IsInvalidArgument(err) && !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v, want an invalid argument that says %q", err, c.want)
 			}
 			if st, _ := f.Stat(); st.Size() != 0 {
@@ -118,9 +128,13 @@ func TestImages(t *testing.T) {
 	if d.Root.UUID != uuidOf("x", "root") || d.Root.UUID == d.ESP.UUID {
 		t.Fatalf("GUIDs %s %s not those of the seed", d.ESP.UUID, d.Root.UUID)
 	}
-	st, err := os.Stat(s.BlobPath(img.Blob.Digest))
-	if err != nil || st.Size() != d.Size {
-		t.Fatalf("the disk blob: %v %v", st, err)
+	// Stored as qcow2 of the disk's size, taking what its partitions hold.
+	out, err := exec.Command("qemu-img", "info", "--output=json", img.Path).Output()
+	if err != nil || !strings.Contains(string(out), `"format": "qcow2"`) || !strings.Contains(string(out), fmt.Sprintf(`"virtual-size": %d,`, d.Size)) {
+		t.Fatalf("the disk blob: %v %s", err, out)
+	}
+	if st, err := os.Stat(img.Path); err != nil || img.Path != s.BlobPath(img.Blob.Digest) || img.Blob.MediaType != MediaTypeDisk || st.Size() > d.Size/4 {
+		t.Fatalf("the disk blob: %+v %v", img.Blob, err)
 	}
 	got, err := Lookup(ctx, s, "desktop:1")
 	if err != nil || got.ID != img.ID || got.Disk != d {
@@ -179,13 +193,14 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// TestBootsThroughFirmware: a disk image built from a Debian tree
-// (kernel, initramfs, systemd, systemd-boot) boots as a whole machine:
+// TestBootsThroughFirmware: a VM image built from a Debian tree
+// (kernel, initramfs, systemd, systemd-boot) into the store boots as a
+// whole machine:
 // QEMU's q35 with UEFI firmware (OVMF) finds systemd-boot on the ESP,
 // which boots the tree's kernel with the root partition as root, and
 // systemd brings the machine up to its login prompt on the serial
-// console. The machine runs on a copy-on-write overlay: the image
-// itself is never written.
+// console. The machine runs on a copy-on-write overlay of the stored
+// qcow2: the image itself is never written.
 func TestBootsThroughFirmware(t *testing.T) {
 	layertest.RequireRoot(t)
 	for _, p := range []string{OVMFCode, OVMFVars} {
@@ -198,20 +213,27 @@ func TestBootsThroughFirmware(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, "disk.raw"))
+	s, err := store.Open(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	d, err := BuildDisk(context.Background(), tree, f, DiskOptions{Seed: t.Name()})
-	f.Close()
+	img, err := Build(context.Background(), s, tree, must(layer.ParseRef("debian-vm:12")), BuildOptions{DiskOptions: DiskOptions{Seed: t.Name()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("built a %d MiB disk (kernel %s) in %v", d.Size>>20, d.Kernel, time.Since(start))
+	d := img.Disk
+	st, err := os.Stat(img.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("built a %d MiB disk (kernel %s), stored as %d MiB of qcow2, in %v", d.Size>>20, d.Kernel, st.Size()>>20, time.Since(start))
+	if st.Size() >= d.Size/2 {
+		t.Errorf("the stored disk takes %d of its %d bytes", st.Size(), d.Size)
+	}
 	// Written, the image would change its modification time.
 	stamp := func() string {
-		st, err := os.Stat(filepath.Join(dir, "disk.raw"))
+		st, err := os.Stat(img.Path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +241,7 @@ func TestBootsThroughFirmware(t *testing.T) {
 	}
 	before := stamp()
 	overlay := filepath.Join(dir, "overlay.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", filepath.Join(dir, "disk.raw"), "-F", "raw", overlay).CombinedOutput(); err != nil {
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", img.Path, "-F", "qcow2", overlay).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v: %s", err, out)
 	}
 	vars := filepath.Join(dir, "vars.fd")

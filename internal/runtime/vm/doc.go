@@ -8,9 +8,9 @@
 //
 // Terms:
 //
-//   - disk image: a raw disk (sparse), as the firmware sees it; stored
-//     as a blob, named by a tag of kind vm-image in the same index as
-//     layers and images.
+//   - disk image: a GPT disk as the firmware sees it, built raw (sparse)
+//     and stored as qcow2 (what its partitions hold), a blob named by a
+//     tag of kind vm-image in the same index as layers and images.
 //   - ESP: the EFI system partition (FAT32, written by go-diskfs), with
 //     systemd-boot as the firmware's default loader (EFI/BOOT/BOOTX64.EFI)
 //     and one entry that boots the tree's newest kernel.

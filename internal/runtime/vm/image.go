@@ -3,7 +3,12 @@ package vm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -17,11 +22,11 @@ import (
 
 // Media types of a VM image in the store: an OCI manifest of artifact
 // type ArtifactType whose config is the Record and whose one layer is
-// the raw disk.
+// the disk, as qcow2 (what its partitions hold, however large the disk).
 const (
 	ArtifactType    = "application/vnd.dsec.vm.image.v1"
 	MediaTypeRecord = "application/vnd.dsec.vm.image.record.v1+json"
-	MediaTypeDisk   = "application/vnd.dsec.vm.disk.v1.raw"
+	MediaTypeDisk   = "application/vnd.dsec.vm.disk.v1.qcow2"
 	maxJSON         = 1 << 20
 )
 
@@ -37,7 +42,7 @@ type Image struct {
 	Tag  string             `json:"name"`
 	ID   digest.Digest      `json:"id"` // its manifest's digest
 	Blob ocispec.Descriptor `json:"blob"`
-	Path string             `json:"path"` // the disk's file in the store (read-only)
+	Path string             `json:"path"` // the disk's qcow2 file in the store (read-only)
 	Record
 }
 
@@ -60,15 +65,35 @@ func Build(ctx context.Context, s *store.Store, tree string, ref layer.Ref, o Bu
 	if err := checkTag(ctx, s, ref, o.Force); err != nil {
 		return nil, err
 	}
+	if abs, err := filepath.Abs(tree); err == nil {
+		tree = abs
+	}
+	// The raw disk is built beside the store's ingests (dsec layer gc
+	// removes one a killed build left), then stored as qcow2: its bytes,
+	// hashed for its digest, are what the partitions hold, not the size
+	// the disk has.
+	raw, err := os.CreateTemp(filepath.Join(s.Dir(), "ingest"), "blob.*.raw")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(raw.Name())
+	d, err := BuildDisk(ctx, tree, raw, o.DiskOptions)
+	raw.Close()
+	if err != nil {
+		return nil, err
+	}
 	in, err := s.NewIngest()
 	if err != nil {
 		return nil, err
 	}
 	defer in.Abort()
-	d, err := BuildDisk(ctx, tree, in.File, o.DiskOptions)
-	if err != nil {
-		return nil, err
+	if out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", raw.Name(), in.File.Name()).CombinedOutput(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return nil, fmt.Errorf("store the disk: qemu-img is missing: install qemu-utils (make deps does)")
+		}
+		return nil, fmt.Errorf("store the disk as qcow2: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
 	}
+	os.Remove(raw.Name())
 	blob, err := in.Commit("")
 	if err != nil {
 		return nil, err
