@@ -169,11 +169,13 @@ func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Ima
 
 // unreachable says so of an error that never reached host (no such
 // name, no route, refused), with what to check; any other err is as it
-// was.
+// was, a tenant's dial the worker refused too.
 func unreachable(host string, err error) error {
 	var dns *net.DNSError
 	var op *net.OpError
 	switch {
+	case errdefs.IsPermissionDenied(err): // a tenant's dialer refused the address: said as it is
+		return err
 	case errors.As(err, &dns):
 		return fmt.Errorf("cannot reach the registry %s (%w): check its name and this host's DNS, or name a mirror in registries.mirrors: %w", host, dns, errdefs.ErrUnavailable)
 	case errors.As(err, &op) && op.Op == "dial":
