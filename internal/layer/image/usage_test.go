@@ -61,7 +61,25 @@ func TestDu(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(after.Entries) != 1 || after.Stored != after.Logical || after.Untagged != u.Entries[1].Own || after.Stored+after.Untagged != u.Stored {
+	if len(after.Entries) != 1 || after.Stored != after.Logical || after.Untagged != u.Entries[1].Own || after.Stored+after.Untagged != u.Stored || after.Leftovers != 0 {
 		t.Fatalf("after b:1 went: %+v", after)
+	}
+	// What an interrupted build or pull left in the ingest area counts,
+	// sparse as it takes.
+	if err := os.WriteFile(filepath.Join(s.Dir(), "ingest", "blob.123"), make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(s.Dir(), "ingest", "partial-x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(1 << 30) // a hole
+	f.Close()
+	left, err := Du(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left.Leftovers != 8192 {
+		t.Fatalf("leftovers %d, want the 8192 bytes written (the hole takes none)", left.Leftovers)
 	}
 }
