@@ -77,6 +77,14 @@ type Options struct {
 	Whole func(context.Context, *Image) bool
 }
 
+// Target is the platform an import takes: o's, or the host's.
+func (o Options) Target() Platform {
+	if o.Platform == (Platform{}) {
+		return HostPlatform()
+	}
+	return o.Platform
+}
+
 // Limits bound an import.
 type Limits struct {
 	Compressed int64 // the bytes its layers' blobs declare, together
@@ -145,9 +153,7 @@ var pulls singleflight.Group
 // across processes a layer two convert at once is stored once (its
 // conversion is deterministic).
 func Import(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image, error) {
-	if o.Platform == (Platform{}) {
-		o.Platform = HostPlatform()
-	}
+	o.Platform = o.Target()
 	// Only pulls of the same authority share: a tenant's anonymous one
 	// must not fail the admin's, nor ride on it.
 	key := fmt.Sprintf("%s\x00%s\x00%s\x00%t\x00%t\x00%s", s.Dir(), ref, o.Platform, o.Anonymous, o.PublicOnly, o.Username)

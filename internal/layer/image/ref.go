@@ -8,7 +8,6 @@ package image
 
 import (
 	"fmt"
-	"net"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -16,6 +15,7 @@ import (
 	"oras.land/oras-go/v2/registry"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 )
 
 // Docker Hub, as image names without a registry mean it.
@@ -107,17 +107,7 @@ func (r Reference) Host() string {
 
 // Loopback says whether the registry is on this host: spoken to over
 // plain HTTP, as Docker does.
-func (r Reference) Loopback() bool {
-	host := r.Registry
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(host, "[]"))
-	return ip != nil && ip.IsLoopback()
-}
+func (r Reference) Loopback() bool { return remote.Loopback(r.Registry) }
 
 // StoreTag is the tag of the image's record in the store: the reference
 // with a port's ':' as '_' (no host name holds one), and a digest as the

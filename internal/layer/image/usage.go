@@ -118,9 +118,9 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		}
 		size[d] = store.Allocated(fi)
 		if holders[d] == 0 {
-			u.Untagged += store.Allocated(fi)
+			u.Untagged += size[d]
 		} else {
-			u.Stored += store.Allocated(fi)
+			u.Stored += size[d]
 		}
 	}
 	ingests, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest"))

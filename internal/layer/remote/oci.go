@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -215,5 +216,5 @@ func Loopback(hostport string) bool {
 	if h, _, err := net.SplitHostPort(hostport); err == nil {
 		hostport = h
 	}
-	return isLoopback(hostport)
+	return isLoopback(strings.Trim(hostport, "[]"))
 }

@@ -236,6 +236,11 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 	if o.Size > MaxSize || esp > MaxSize {
 		return Disk{}, fmt.Errorf("a disk of %s: give at most %s: %w", mibs(max(o.Size, esp)), mibs(MaxSize), errdefs.ErrInvalidArgument)
 	}
+	for _, a := range o.KernelArgs {
+		if a == "" || strings.ContainsAny(a, " \t\n") {
+			return Disk{}, fmt.Errorf("kernel parameter %q: give one parameter, without spaces, to each --kernel-arg: %w", a, errdefs.ErrInvalidArgument)
+		}
+	}
 	need, err := treeSize(ctx, tree)
 	if err != nil {
 		return Disk{}, err
@@ -255,11 +260,6 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 	d := Disk{Size: size, Kernel: b.version, OS: prettyName(tree),
 		ESP:  Partition{Offset: firstPartition, Size: esp, UUID: uuidOf(o.Seed, "esp")},
 		Root: Partition{Offset: rootOff, Size: rootSize, UUID: uuidOf(o.Seed, "root")}}
-	for _, a := range o.KernelArgs {
-		if a == "" || strings.ContainsAny(a, " \t\n") {
-			return Disk{}, fmt.Errorf("kernel parameter %q: give one parameter, without spaces, to each --kernel-arg: %w", a, errdefs.ErrInvalidArgument)
-		}
-	}
 	d.Cmdline = strings.Join(append([]string{"root=PARTUUID=" + d.Root.UUID, "rw", "console=tty0", "console=ttyS0"}, o.KernelArgs...), " ")
 	if err := f.Truncate(size); err != nil {
 		return Disk{}, err

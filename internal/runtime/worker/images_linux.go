@@ -40,25 +40,25 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 	if err != nil {
 		return err
 	}
-	// What the store or the shared remote holds; with always, the tag is
-	// resolved at the registry whatever is held, and only a tag that
-	// names another manifest now fetches it.
-	img, err := w.heldImage(ctx, ref)
-	if err != nil && !errdefs.IsNotFound(err) {
-		return err
-	}
-	// An image held for another platform (pulled with --platform) is
-	// not this host's: missing, as docker run takes it.
-	platform := w.cfg.Registries.Platform
-	if platform == (image.Platform{}) {
-		platform = image.HostPlatform()
-	}
+	// always: the tag is resolved at the registry whatever is held (the
+	// import fetches nothing while it names the record held, here or, by
+	// the record taken from it, on the remote).
+	var img *image.Image
+	platform := w.cfg.Registries.Target()
 	other := ""
-	if img != nil && img.Platform != platform.String() {
-		img, other = nil, img.Platform
-	}
 	if spec.Pull == api.PullAlways {
-		img = nil
+		if _, err := w.record(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+	} else {
+		if img, err = w.heldImage(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
+			return err
+		}
+		// An image held for another platform (pulled with --platform)
+		// is not this host's: missing, as docker run takes it.
+		if img != nil && img.Platform != platform.String() {
+			img, other = nil, img.Platform
+		}
 	}
 	if img == nil {
 		if spec.Pull == api.PullNever && other != "" {
@@ -90,12 +90,7 @@ func (w *worker) withImage(ctx context.Context, spec *api.SandboxSpec) error {
 // its record comes here, its layers stay there (mounted lazily). Not
 // found: neither holds it whole.
 func (w *worker) heldImage(ctx context.Context, ref image.Reference) (*image.Image, error) {
-	img, err := image.Lookup(ctx, w.host.Store, ref)
-	if errdefs.IsNotFound(err) && w.host.Remote != nil {
-		if img, err = image.Fetch(ctx, w.host.Remote, w.host.Store, ref); err == nil {
-			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.host.Remote)
-		}
-	}
+	img, err := w.record(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +98,18 @@ func (w *worker) heldImage(ctx context.Context, ref image.Reference) (*image.Ima
 		return nil, fmt.Errorf("%s: a layer of the image left the store: %w", ref, errdefs.ErrNotFound)
 	}
 	return img, nil
+}
+
+// record is ref's image record as the store holds it, taken from the
+// shared remote first if only the remote does.
+func (w *worker) record(ctx context.Context, ref image.Reference) (*image.Image, error) {
+	img, err := image.Lookup(ctx, w.host.Store, ref)
+	if errdefs.IsNotFound(err) && w.host.Remote != nil {
+		if img, err = image.Fetch(ctx, w.host.Remote, w.host.Store, ref); err == nil {
+			w.log.Info("took the image's record from the remote", "image", img.Reference, "remote", w.host.Remote)
+		}
+	}
+	return img, err
 }
 
 // whole says whether every layer of img is as imported, in the store
