@@ -62,6 +62,7 @@ type Config struct {
 	E2B            E2BConfig       `mapstructure:"e2b" doc:"the E2B front dsec daemon serves"`
 	// The microvm backend (microvm.Settings).
 	MicroVM MicroVMConfig `mapstructure:"microvm" doc:"the microvm backend"`
+	VM      VMConfig      `mapstructure:"vm" doc:"the vm backend (full VMs)"`
 	// The resolvers of sandboxes with domain rules (egress.Config).
 	DNS DNSConfig `mapstructure:"dns" doc:"the resolvers of sandboxes whose policies have domain rules"`
 	// How images are pulled from registries.
@@ -176,6 +177,13 @@ type MicroVMConfig struct {
 	BootTimeout time.Duration `mapstructure:"boot_timeout" doc:"the bound on a guest's boot (0: 10s under KVM, 90s under TCG)"`
 }
 
+// VMConfig is the vm backend's configuration (vms.Settings).
+type VMConfig struct {
+	Accel       string        `mapstructure:"accel" doc:"the accelerator: auto, kvm or tcg (none: auto)"`
+	QEMU        string        `mapstructure:"qemu" doc:"QEMU's binary (none: qemu-system-x86_64 on PATH)"`
+	BootTimeout time.Duration `mapstructure:"boot_timeout" doc:"the bound on a VM's boot, firmware to its agent's answer (0: 60s under KVM, 300s under TCG)"`
+}
+
 // E2BConfig is dsec daemon's E2B front (worker.E2B): the address it
 // listens on, the domain its answers give, and its named templates.
 type E2BConfig struct {
@@ -201,7 +209,7 @@ type E2BTemplate struct {
 	Disk    string   `mapstructure:"disk" type:"size" doc:"the bound on what a sandbox writes (none: the worker's default)"`
 	Pids    int64    `mapstructure:"pids" doc:"the process limit (0: the worker's default)"`
 	Policy  string   `mapstructure:"policy" doc:"a stored policy's name"`
-	Backend string   `mapstructure:"backend" doc:"the backend: container (none) or microvm"`
+	Backend string   `mapstructure:"backend" doc:"the backend: container (none), microvm or vm"`
 	Class   string   `mapstructure:"class" doc:"the scheduling class: latency (none) or batch"`
 	Env     []string `mapstructure:"env" doc:"environment variables, NAME=VALUE"`
 	Workdir string   `mapstructure:"workdir" doc:"the commands' working directory"`
@@ -255,7 +263,7 @@ type ReclaimConfig struct {
 // PoolFile is a FnCall pool in the config file.
 type PoolFile struct {
 	Size      int      `mapstructure:"size" doc:"the warm sandboxes the pool keeps"`
-	Backend   string   `mapstructure:"backend" doc:"the backend of its sandboxes: container (none) or microvm"`
+	Backend   string   `mapstructure:"backend" doc:"the backend of its sandboxes: container (none), microvm or vm"`
 	Base      string   `mapstructure:"base" doc:"the base layer's ref"`
 	Workspace string   `mapstructure:"workspace" doc:"the workspace layer's ref"`
 	Toolkit   string   `mapstructure:"toolkit" doc:"the toolkit layer's ref"`
@@ -620,6 +628,16 @@ func exactArgs(n int) cobra.PositionalArgs {
 				what = "1 argument"
 			}
 			return usageError{fmt.Errorf("%s takes %s, not %d: usage: %s (see --help)", cmd.CommandPath(), what, len(args), cmd.UseLine())}
+		}
+		return nil
+	}
+}
+
+// minArgs is exactArgs for at least n arguments.
+func minArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n {
+			return usageError{fmt.Errorf("%s takes at least %d argument(s), not %d: usage: %s (see --help)", cmd.CommandPath(), n, len(args), cmd.UseLine())}
 		}
 		return nil
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/internal/snap"
@@ -131,6 +132,7 @@ func (a *app) runDaemon(cmd *cobra.Command, f daemonFlags) error {
 		MaxRequests:      a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,
 		MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
 			Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
+		VM:  vms.Settings{Accel: a.cfg.VM.Accel, QEMU: a.cfg.VM.QEMU, Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.VM.BootTimeout},
 		DNS: egress.Config{Upstream: a.cfg.DNS.Upstream, MinTTL: a.cfg.DNS.MinTTL, Grace: a.cfg.DNS.Grace},
 	}
 	fl := cmd.Flags()

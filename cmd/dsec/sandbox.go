@@ -143,7 +143,7 @@ CMD's exec id is --id (default "run").
 	fl := cmd.Flags()
 	f.register(fl)
 	fl.StringVar(&f.name, "name", "", "the sandbox's name (default: generated)")
-	fl.StringVar(&f.backend, "backend", "container", "the backend: container (namespaces on the host's kernel), microvm (a QEMU guest: a kernel of its own) or fncall (CMD in a warm sandbox of a pool, discarded after)")
+	fl.StringVar(&f.backend, "backend", "container", "the backend: container (namespaces on the host's kernel), microvm (a QEMU guest: a kernel of its own), vm (a full VM booted from a VM image: --base names it) or fncall (CMD in a warm sandbox of a pool, discarded after)")
 	fl.StringVar(&f.pool, "pool", "", "with --backend fncall: the pool to take the sandbox from (default: the pool of the same template)")
 	fl.StringVar(&f.id, "id", "run", "exec id of CMD")
 	fl.BoolVarP(&f.detach, "detach", "d", false, "print the name and return; CMD (if any) runs in the background")

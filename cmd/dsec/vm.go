@@ -27,9 +27,10 @@ boot loader, kernel, initramfs and init (systemd), where a microVM boots dsec's 
 dsec vm image builds such a disk from a tree and keeps it in the store at <root>/store, named as
 layers are (NAME[:VERSION]), for the VMs that boot copy-on-write overlays of it.
 
-The full-VM backend that runs sandboxes on these images (dsec run --backend vm) is not in this
-release yet: today an image is built, listed, inspected and removed, and boots under QEMU with
-Debian's OVMF firmware (docs/vm.md shows how).`,
+dsec run --backend vm --base NAME boots one: QEMU's q35 machine through Debian's OVMF firmware,
+its disk a copy-on-write overlay of the image's (every VM of an image shares it), and dsec's
+agent as a service of the guest's systemd. Commands, their journal, files, stop and start are
+as in a microVM; docs/vm.md says what is not in this release yet (snapshots, the screen).`,
 	}
 	image := &cobra.Command{Use: "image", Short: "Build and manage bootable disk images"}
 	image.AddCommand(a.vmImageBuild(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
@@ -44,7 +45,7 @@ func (a *app) vmImageBuild() *cobra.Command {
 		force, asJSON            bool
 	)
 	cmd := &cobra.Command{
-		Use:   "build TREE -t NAME[:VERSION]",
+		Use:   "build TREE... -t NAME[:VERSION]",
 		Short: "Make a bootable disk image from a root file system tree",
 		Long: `Build makes a GPT disk image from TREE, a root file system that boots by itself: its newest
 kernel with its initramfs (boot/vmlinuz-VERSION, boot/initrd.img-VERSION), systemd-boot
@@ -55,6 +56,14 @@ one entry booting that kernel) and a root partition (ext4 made from TREE with it
 modes, xattrs and special files; nothing is mounted). The kernel gets root=PARTUUID=...,
 rw and console=tty0 console=ttyS0, then every --kernel-arg.
 
+Several TREEs are one tree, topmost first, as overlayfs stacks them (read-only, mounted only
+while the build reads them): a small tree of your files over a distribution's, without a copy.
+
+Where the tree has systemd, the build installs dsec's guest agent as its service
+(/etc/systemd/system/dsec-agent.service, with run-dsec-agent.mount): dsec run --backend vm
+boots the image and runs commands through it. The agent's binary is not in the image: the
+worker gives each VM its own, on a read-only disk, at every boot.
+
 --size is the disk's (default: the tree plus 2 GiB free for the guest's own writes); the store
 keeps it as qcow2, which takes what the partitions hold, a blob named by its digest and tagged
 NAME[:VERSION]. --seed names its GUIDs (the same seed, the same GUIDs), not its bytes: two builds
@@ -64,8 +73,10 @@ of one tree differ in their file systems' times.
 		Example: `  debootstrap --variant=minbase --include=linux-image-amd64,systemd-sysv,systemd-boot-efi,udev,initramfs-tools \\
       bookworm /srv/deb http://deb.debian.org/debian
   dsec vm image build /srv/deb -t debian-vm:12
-  dsec vm image build /srv/deb -t debian-vm:12 --size 20GiB --kernel-arg quiet --force --json`,
-		Args: exactArgs(1),
+  dsec vm image build /srv/deb -t debian-vm:12 --size 20GiB --kernel-arg quiet --force --json
+  dsec vm image build ./my-files /srv/deb -t task-vm:1
+  dsec run --backend vm --base debian-vm:12 -- uname -a`,
+		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, pos []string) error {
 			if tag == "" {
 				return usageError{fmt.Errorf("vm image build needs -t NAME[:VERSION]")}
@@ -91,7 +102,7 @@ of one tree differ in their file systems' times.
 				return err
 			}
 			start := time.Now()
-			img, err := vm.Build(cmd.Context(), s, pos[0], ref, o)
+			img, err := vm.Build(cmd.Context(), s, pos, ref, o)
 			if err != nil {
 				return err
 			}
@@ -194,6 +205,11 @@ func printVMImage(w io.Writer, img *vm.Image) error {
 	}{{"esp", d.ESP}, {"root", d.Root}} {
 		fmt.Fprintf(tw, "%s:\toffset %d, %s, PARTUUID %s\n", p.name, p.p.Offset, humanBytes(p.p.Size), p.p.UUID)
 	}
+	agent := "none: its tree has no systemd, and dsec run --backend vm cannot run it"
+	if d.Agent != "" {
+		agent = "dsec's, started by " + d.Agent
+	}
+	fmt.Fprintf(tw, "agent:\t%s\n", agent)
 	fmt.Fprintf(tw, "source:\t%s\n", img.Source)
 	fmt.Fprintf(tw, "created:\t%s\n", img.Created.Local().Format(time.DateTime))
 	return tw.Flush()

@@ -47,7 +47,7 @@
 //	driver.Driver: Start(StartSpec) → Started · Attach(Handle) ·
 //	  │            Teardown(Handle)
 //	  │   + abilities: ImageUpper, WarmPauser, Prestarter, UpperHolder,
-//	  │     FileOpener, MemorySnapshotter
+//	  │     FileOpener, MemorySnapshotter, BaseResolver
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
 //	  │   + abilities: Restricter, Protecter, Renamer, Signaler,
@@ -55,8 +55,11 @@
 //	  ├── container (package driver/containers): a dsec-init as pid 1 of
 //	  │             new namespaces, on an overlay of the host's layer
 //	  │             mounts (package container), spare inits made ahead
-//	  └── microvm   (package driver/microvms): a QEMU guest whose agent is
-//	                the same init, reached through its shim
+//	  ├── microvm   (package driver/microvms): a QEMU guest whose agent is
+//	  │             the same init, reached through its shim
+//	  └── vm        (package driver/vms): a full VM booted through
+//	                firmware from its own disk image (a BaseResolver:
+//	                no layers), the same agent as a systemd service
 //
 // A Sandbox does what every kind of sandbox needs; its driver, a package
 // outside this one, does what only its backend does. A driver is given

@@ -14,6 +14,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/containers"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
@@ -29,8 +30,9 @@ type DriverConfig struct {
 	// Spares are the container inits kept started ahead of need (0:
 	// none).
 	Spares int
-	// MicroVM configures the microvm backend.
+	// MicroVM configures the microvm backend, VM the vm backend.
 	MicroVM microvm.Settings
+	VM      vms.Settings
 	// Extra are drivers beyond the built-in ones (a test's).
 	Extra []driver.Driver
 	// DNS configures the egress service of sandboxes with domain
@@ -51,6 +53,7 @@ func NewDrivers(c DriverConfig) *Drivers {
 	list := []driver.Driver{
 		containers.New(containers.Config{Root: c.Root, Spares: c.Spares, Groups: groups}),
 		microvms.New(c.MicroVM),
+		vms.New(c.VM),
 	}
 	list = append(list, c.Extra...)
 	bs := make([]backend.Backend, len(list))

@@ -358,6 +358,9 @@ func resolve(ctx context.Context, o *options, lease *store.Lease) (rs resolved, 
 	if err != nil {
 		return rs, err
 	}
+	if _, own := d.(driver.BaseResolver); own && len(o.Layers) != 1 {
+		return rs, fmt.Errorf("a %s sandbox boots one base of its own (%d layers given): give --base alone, no --workspace or --toolkit: %w", d.Name(), len(o.Layers), errdefs.ErrInvalidArgument)
+	}
 	if mem == nil { // (a memory snapshot's guest has its devices)
 		if digests, err = foldDeep(ctx, root, o, d, digests); err != nil {
 			return rs, err
@@ -487,6 +490,15 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	var lowers, digests, images []string
 	var kinds []layer.Kind
 	if err := leased(h.Store, sb.lease, func() ([]string, error) {
+		if b, ok := sb.d.(driver.BaseResolver); ok { // its own base, no layers
+			want := ""
+			if len(sb.Digests) > 0 {
+				want = sb.Digests[0]
+			}
+			base, err := b.ResolveBase(ctx, h.Store, sb.Layers[0], want)
+			digests, images = []string{base.Digest}, []string{base.File}
+			return digests, err
+		}
 		for i, ref := range sb.Layers {
 			want := ""
 			if len(sb.Digests) > i {
@@ -536,11 +548,16 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	if !sb.Policy.Files.ToolkitWritable {
 		readOnly = append(slices.Clip(sb.Toolkit), readOnly...)
 	}
-	ov := mount.Overlay(lowers, sb.Upper(), sb.work())
-	ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
-	s := driver.StartSpec{Handle: sb.handle(), Hostname: sb.Hostname, RootFS: []mount.Mount{ov}, Images: images, Layers: sb.Layers,
+	var rootfs []mount.Mount
+	if !ownBase(sb.d) {
+		ov := mount.Overlay(lowers, sb.Upper(), sb.work())
+		ov.Options = append(ov.Options, "nodev") // a node made in the sandbox never opens
+		rootfs = []mount.Mount{ov}
+	}
+	s := driver.StartSpec{Handle: sb.handle(), Hostname: sb.Hostname, RootFS: rootfs, Images: images, Layers: sb.Layers,
 		Digests: sb.Digests, Limits: sb.Limits, Allowlist: sb.Allowlist, NAT: sb.Policy.Network.Mode == api.NetworkNAT,
-		MergeMemory: sb.MergeMemory, Restrict: restrict, ReadOnly: readOnly, Hidden: sb.Policy.Files.Hidden, Warm: sb.prestarted}
+		MergeMemory: sb.MergeMemory, Restrict: restrict, ReadOnly: readOnly, Hidden: sb.Policy.Files.Hidden, Warm: sb.prestarted,
+		Upper: sb.Upper()}
 	sb.prestarted = nil // the driver's now
 	s.Restore, sb.restore = sb.restore, nil
 	started, err := sb.d.Start(ctx, s)
@@ -553,6 +570,13 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	}
 	sb.Status = Running
 	return sb.save()
+}
+
+// ownBase says whether d's sandboxes boot a base of their own, not
+// layers (driver.BaseResolver).
+func ownBase(d driver.Driver) bool {
+	_, ok := d.(driver.BaseResolver)
+	return ok
 }
 
 // resultsLog is the file in a sandbox's directory its execs' results are

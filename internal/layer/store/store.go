@@ -665,6 +665,14 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 				res.Ingests++
 				res.Bytes += n
 			}
+		case strings.HasPrefix(e.Name(), "tree."):
+			// A killed VM image build's stack of trees (package vm),
+			// mounted read-only.
+			p := filepath.Join(s.dir, "ingest", e.Name())
+			detach(p)
+			if os.Remove(p) == nil {
+				res.Ingests++
+			}
 		} // index.json and oci-layout temps belong to their lock
 	}
 	return nil

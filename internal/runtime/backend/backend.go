@@ -62,9 +62,6 @@ func (r *Registry) Lookup(name string) (Backend, error) {
 			return b, nil
 		}
 	}
-	if name == "vm" {
-		return nil, fmt.Errorf("backend vm (full VMs) is not in this release: dsec vm image builds their disks, which boot under QEMU by hand (docs/vm.md); this worker runs %s: %w", strings.Join(r.Names(), ", "), errdefs.ErrNotImplemented)
-	}
 	return nil, fmt.Errorf("unknown backend %q: this worker runs %s: %w", name, strings.Join(r.Names(), ", "), errdefs.ErrInvalidArgument)
 }
 

@@ -35,9 +35,6 @@ func TestRegistry(t *testing.T) {
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `unknown backend "warp": this worker runs container, microvm`) {
 		t.Errorf("an unknown backend: %v", err)
 	}
-	if _, err := r.Lookup("vm"); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "backend vm (full VMs) is not in this release") {
-		t.Errorf("the vm backend: %v", err)
-	}
 	if _, err := r.Usable("microvm"); !errdefs.IsNotImplemented(err) || !errors.Is(err, missing) || !strings.Contains(err.Error(), "backend microvm cannot run on this host: no /dev/kvm") {
 		t.Errorf("a backend this host cannot run: %v", err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
@@ -80,6 +81,10 @@ type StartSpec struct {
 	// Restore starts the instance from a saved guest, not afresh (a
 	// MemorySnapshotter's).
 	Restore *Restore
+	// Upper is the sandbox's upper directory, bounded as its disk is
+	// (--disk, or the host's bound): where a backend that composes no
+	// root of layers (a BaseResolver) keeps what the sandbox writes.
+	Upper string
 }
 
 // Handle is what a driver is given of a sandbox it started: where it
@@ -177,7 +182,23 @@ type (
 	FileOpener interface {
 		Files(h Handle) (backend.Files, error)
 	}
+	// BaseResolver: a sandbox boots a base of the backend's own kind (a
+	// full VM's disk image), not a stack of layers: its one layer ref
+	// names that base, which ResolveBase resolves in s (want: the
+	// digest a sandbox stands on already, "" none yet). The runtime
+	// mounts no layers for it; StartSpec.Images holds the base's file.
+	BaseResolver interface {
+		ResolveBase(ctx context.Context, s *store.Store, ref, want string) (Base, error)
+	}
 )
+
+// Base is a backend's own base as a sandbox stands on it: the digest its
+// state keeps (a collection keeps that blob while the sandbox is), and
+// the file the backend starts from.
+type Base struct {
+	Digest string
+	File   string
+}
 
 // Warm is an instance a Prestarter made ahead of need, which its
 // driver's Start takes (StartSpec.Warm); Discard drops one no Start took.

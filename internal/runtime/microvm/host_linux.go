@@ -35,17 +35,9 @@ func Resolve(s Settings) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	qemu := s.QEMU
-	if qemu == "" {
-		if qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
-			return nil, fmt.Errorf("QEMU is missing (qemu-system-x86_64): install qemu-system-x86 (make deps): %w", errdefs.ErrNotImplemented)
-		}
-	}
-	if qemu, err = filepath.Abs(qemu); err != nil {
+	qemu, err := FindQEMU(s.QEMU, "microvm.qemu")
+	if err != nil {
 		return nil, err
-	}
-	if fi, err := os.Stat(qemu); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return nil, fmt.Errorf("QEMU is missing (%s is no executable): install qemu-system-x86 (make deps) or point microvm.qemu at it: %w", qemu, errdefs.ErrNotImplemented)
 	}
 	if _, err := os.Stat(Firmware); err != nil {
 		return nil, fmt.Errorf("QEMU's qboot firmware (%s) is missing: install qemu-system-data: %w", Firmware, errdefs.ErrNotImplemented)
@@ -70,8 +62,27 @@ func Resolve(s Settings) (*Host, error) {
 			timeout = 90 * time.Second
 		}
 	}
-	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: qemuVersion(qemu), LayerDisks: s.LayerDisks,
+	return &Host{Kernel: k, Accel: accel, QEMU: qemu, Agent: agent, BootTimeout: timeout, QEMUVersion: QEMUVersion(qemu), LayerDisks: s.LayerDisks,
 		NoFreePageReporting: s.NoFreePageReporting}, nil
+}
+
+// FindQEMU is the QEMU binary path names ("": qemu-system-x86_64 on
+// PATH), made absolute; key is the configuration's key that names it,
+// for the error when it is no executable.
+func FindQEMU(path, key string) (string, error) {
+	var err error
+	if path == "" {
+		if path, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return "", fmt.Errorf("QEMU is missing (qemu-system-x86_64): install qemu-system-x86 (make deps): %w", errdefs.ErrNotImplemented)
+		}
+	}
+	if path, err = filepath.Abs(path); err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(path); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("QEMU is missing (%s is no executable): install qemu-system-x86 (make deps) or point %s at it: %w", path, key, errdefs.ErrNotImplemented)
+	}
+	return path, nil
 }
 
 // Build is what a memory snapshot must run on again: the guest kernel
@@ -122,7 +133,9 @@ func fileDigest(path string) (digest.Digest, error) {
 
 var qemuVersions sync.Map // binary -> version line
 
-func qemuVersion(qemu string) string {
+// QEMUVersion is the first line the QEMU binary qemu says of itself
+// (-version), asked once per binary.
+func QEMUVersion(qemu string) string {
 	if v, ok := qemuVersions.Load(qemu); ok {
 		return v.(string)
 	}

@@ -33,7 +33,9 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
@@ -210,6 +212,8 @@ type Config struct {
 	E2B worker.E2B
 	// MicroVM: worker.Config's (microvmtest.Settings).
 	MicroVM microvm.Settings
+	// VM: worker.Config's (its Agent microvmtest.Agent, static).
+	VM vms.Settings `json:",omitempty"`
 	// DNS: worker.Config's (the upstream of domain rules' resolvers).
 	DNS egress.Config
 	// MaxRequests and MaxRequestsPerToken: worker.Config's (the TCP
@@ -652,4 +656,32 @@ func KillPod(pod string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// VMImage builds into root's store deb-vm:1, a VM image of a Debian
+// tree that boots (layertest.DebianBootable) under a tree of the suite's
+// own, stacked: /etc/answer ("42\n") and an empty /work, as bb:1 has.
+// It returns the image's name.
+func VMImage(t testing.TB, root string) string {
+	t.Helper()
+	layertest.RequireRoot(t)
+	deb, err := layertest.DebianBootable()
+	if err != nil {
+		t.Skipf("no bootable Debian tree (debootstrap needs Debian's mirror): %v", err)
+	}
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := t.TempDir()
+	for _, d := range []string{"etc", "work"} {
+		os.MkdirAll(filepath.Join(top, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(top, "etc", "answer"), []byte("42\n"), 0o644)
+	const tag = "deb-vm:1"
+	ref, _ := layer.ParseRef(tag)
+	if _, err := vm.Build(context.Background(), s, []string{top, deb}, ref, vm.BuildOptions{DiskOptions: vm.DiskOptions{Seed: "runtimetest"}}); err != nil {
+		t.Fatal(err)
+	}
+	return tag
 }

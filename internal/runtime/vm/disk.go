@@ -76,6 +76,10 @@ type Disk struct {
 	OS      string    `json:"os,omitempty"` // the tree's os-release PRETTY_NAME
 	ESP     Partition `json:"esp"`
 	Root    Partition `json:"root"`
+	// Agent is how dsec's guest agent starts in the guest: "systemd",
+	// a service of the tree's systemd (AgentUnits); "": it does not
+	// (the tree has no systemd), and the vm backend cannot run it.
+	Agent string `json:"agent,omitempty"`
 }
 
 // Partition is one partition of a disk image.
@@ -269,6 +273,12 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 	}
 	if err := makeRoot(ctx, f.Name(), tree, d.Root, uuidOf(o.Seed, "rootfs")); err != nil {
 		return Disk{}, err
+	}
+	if hasSystemd(tree) {
+		if err := installAgent(ctx, f.Name(), tree, d.Root); err != nil {
+			return Disk{}, err
+		}
+		d.Agent = AgentSystemd
 	}
 	return d, nil
 }

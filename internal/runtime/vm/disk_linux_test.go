@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
@@ -116,7 +117,7 @@ func TestImages(t *testing.T) {
 	}
 	tree := fakeTree(t, "6.1.0-9-amd64", "6.1.0-50-amd64")
 	ref := must(layer.ParseRef("desktop:1"))
-	img, err := Build(ctx, s, tree, ref, BuildOptions{DiskOptions: DiskOptions{Seed: "x", KernelArgs: []string{"quiet"}, Size: 400 << 20}})
+	img, err := Build(ctx, s, []string{tree}, ref, BuildOptions{DiskOptions: DiskOptions{Seed: "x", KernelArgs: []string{"quiet"}, Size: 400 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,10 +150,10 @@ func TestImages(t *testing.T) {
 	if _, err := layer.Resolve(ctx, s, "desktop:1"); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "VM image") {
 		t.Fatalf("a VM image named as a layer: %v", err)
 	}
-	if _, err := Build(ctx, s, tree, ref, BuildOptions{}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "--force") {
+	if _, err := Build(ctx, s, []string{tree}, ref, BuildOptions{}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("built again without force: %v", err)
 	}
-	again, err := Build(ctx, s, tree, ref, BuildOptions{Force: true, DiskOptions: DiskOptions{Size: 400 << 20}})
+	again, err := Build(ctx, s, []string{tree}, ref, BuildOptions{Force: true, DiskOptions: DiskOptions{Size: 400 << 20}})
 	if err != nil || again.ID == img.ID {
 		t.Fatalf("built again with force: %+v %v", again, err)
 	}
@@ -162,7 +163,7 @@ func TestImages(t *testing.T) {
 	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: lt, Ref: must(layer.ParseRef("base:1")), Kind: layer.KindBase}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Build(ctx, s, tree, must(layer.ParseRef("base:1")), BuildOptions{Force: true}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "base layer") {
+	if _, err := Build(ctx, s, []string{tree}, must(layer.ParseRef("base:1")), BuildOptions{Force: true}); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "base layer") {
 		t.Fatalf("a layer's tag: %v", err)
 	}
 	if _, err := Lookup(ctx, s, "base:1"); !errdefs.IsNotFound(err) {
@@ -218,7 +219,7 @@ func TestBootsThroughFirmware(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	img, err := Build(context.Background(), s, tree, must(layer.ParseRef("debian-vm:12")), BuildOptions{DiskOptions: DiskOptions{Seed: t.Name()}})
+	img, err := Build(context.Background(), s, []string{tree}, must(layer.ParseRef("debian-vm:12")), BuildOptions{DiskOptions: DiskOptions{Seed: t.Name()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,4 +313,114 @@ func scanUntilPrompt(data []byte, atEOF bool) (int, []byte, error) {
 		return len(data), data, nil
 	}
 	return 0, nil, nil
+}
+
+// rootFile reads path from the root file system of the VM image img
+// (debugfs on a raw copy of its disk; nothing mounted).
+func rootFile(t *testing.T, img *Image, path string) (string, error) {
+	return debugfsOf(t, img, "cat", path)
+}
+
+// debugfsOf runs debugfs's request req on path in img's root file system.
+func debugfsOf(t *testing.T, img *Image, req, path string) (string, error) {
+	t.Helper()
+	raw := filepath.Join(t.TempDir(), "disk.raw")
+	if out, err := exec.Command("qemu-img", "convert", "-f", "qcow2", "-O", "raw", img.Path, raw).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img convert: %v: %s", err, out)
+	}
+	var stdout, stderr strings.Builder
+	cmd := exec.Command("debugfs", "-R", req+" "+path, fmt.Sprintf("%s?offset=%d", raw, img.Disk.Root.Offset))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("debugfs: %v: %s", err, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "not found") {
+		return "", os.ErrNotExist
+	}
+	return stdout.String(), nil
+}
+
+// TestAgentUnits: a tree with systemd gets the agent's units, enabled,
+// and its record says the agent starts so; one without gets none; a
+// tree with units of those names is refused, naming the unit.
+func TestAgentUnits(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := fakeTree(t, "6.1.0-9-amd64")
+	img, err := Build(ctx, s, []string{plain}, must(layer.ParseRef("plain:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil || img.Disk.Agent != "" {
+		t.Fatalf("a tree without systemd: %+v %v", img, err)
+	}
+	if _, err := rootFile(t, img, "/etc/systemd/system/dsec-agent.service"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a tree without systemd got the agent's unit: %v", err)
+	}
+	tree := fakeTree(t, "6.1.0-9-amd64")
+	os.MkdirAll(filepath.Join(tree, "usr/lib/systemd"), 0o755)
+	os.WriteFile(filepath.Join(tree, "usr/lib/systemd/systemd"), []byte("systemd"), 0o755)
+	img, err = Build(ctx, s, []string{tree}, must(layer.ParseRef("sd:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil || img.Disk.Agent != AgentSystemd {
+		t.Fatalf("a tree with systemd: %+v %v", img, err)
+	}
+	if got, err := rootFile(t, img, "/etc/systemd/system/dsec-agent.service"); err != nil || got != AgentUnits["dsec-agent.service"] {
+		t.Errorf("the agent's service: %q %v", got, err)
+	}
+	wants := "/etc/systemd/system/multi-user.target.wants/dsec-agent.service"
+	if got, err := debugfsOf(t, img, "stat", wants); err != nil || !strings.Contains(got, "Type: symlink") || !strings.Contains(got, `"/etc/systemd/system/dsec-agent.service"`) {
+		t.Errorf("%s: %q %v, want a link to the service", wants, got, err)
+	}
+	if got, err := rootFile(t, img, "/etc/systemd/system/run-dsec-agent.mount"); err != nil || !strings.Contains(got, "What=/dev/disk/by-id/virtio-"+AgentDiskSerial) {
+		t.Errorf("the agent disk's mount: %q %v", got, err)
+	}
+	if got, err := rootFile(t, img, "/etc/hostname"); err != nil || got != "vm\n" {
+		t.Errorf("the tree's own files: %q %v", got, err)
+	}
+	os.MkdirAll(filepath.Join(tree, "etc/systemd/system"), 0o755)
+	os.WriteFile(filepath.Join(tree, "etc/systemd/system/dsec-agent.service"), []byte("[Service]\n"), 0o644)
+	if _, err := Build(ctx, s, []string{tree}, must(layer.ParseRef("sd:2")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}}); err == nil || !strings.Contains(err.Error(), "its own /etc/systemd/system/dsec-agent.service") {
+		t.Fatalf("a tree with the agent's unit name: %v", err)
+	}
+}
+
+// TestStackedTrees: trees build one image topmost first, as overlayfs
+// stacks them: a file of the upper hides the lower's, a whiteout hides
+// it, and what only the lower has is there; nothing stays mounted.
+func TestStackedTrees(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lower := fakeTree(t, "6.1.0-9-amd64")
+	os.WriteFile(filepath.Join(lower, "etc/motd"), []byte("lower\n"), 0o644)
+	top := t.TempDir()
+	os.MkdirAll(filepath.Join(top, "etc"), 0o755)
+	os.WriteFile(filepath.Join(top, "etc/hostname"), []byte("top\n"), 0o644)
+	os.WriteFile(filepath.Join(top, "etc/answer"), []byte("42\n"), 0o644)
+	if err := unix.Mknod(filepath.Join(top, "etc/motd"), unix.S_IFCHR, 0); err != nil { // a whiteout
+		t.Fatal(err)
+	}
+	img, err := Build(ctx, s, []string{top, lower}, must(layer.ParseRef("stack:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"/etc/hostname": "top\n", "/etc/answer": "42\n", "/usr/lib/os-release": "NAME=Test\nPRETTY_NAME=\"Test OS 1\"\n"} {
+		if got, err := rootFile(t, img, p); err != nil || got != want {
+			t.Errorf("%s: %q %v, want %q", p, got, err, want)
+		}
+	}
+	if _, err := rootFile(t, img, "/etc/motd"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a whited-out file: %v", err)
+	}
+	if img.Source != top+", "+lower || img.Disk.OS != "Test OS 1" {
+		t.Errorf("record: source %q, OS %q", img.Source, img.Disk.OS)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
+		t.Errorf("the ingest area after a build: %v", ents)
+	}
+	if _, err := Build(ctx, s, []string{top, filepath.Join(top, "none")}, must(layer.ParseRef("stack:2")), BuildOptions{}); !errdefs.IsNotFound(err) {
+		t.Errorf("a missing lower tree: %v", err)
+	}
 }

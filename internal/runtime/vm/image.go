@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,7 +34,7 @@ const (
 // Record is what the store keeps of a VM image beside its disk.
 type Record struct {
 	Created time.Time `json:"created"`
-	Source  string    `json:"source"` // the tree it was built from
+	Source  string    `json:"source"` // the trees it was built from, topmost first, ", " between
 	Disk    Disk      `json:"disk"`
 }
 
@@ -53,10 +54,12 @@ type BuildOptions struct {
 	Force bool
 }
 
-// Build makes a disk image of tree (BuildDisk) in the store, tagged
-// ref. The disk is written in the store's ingest area and becomes a
-// blob named by its digest; nothing is left behind on a failure.
-func Build(ctx context.Context, s *store.Store, tree string, ref layer.Ref, o BuildOptions) (*Image, error) {
+// Build makes a disk image of trees (BuildDisk), topmost first: one
+// tree, or several seen as one through a read-only overlay (a tree of
+// changes over a distribution's, say), in the store, tagged ref. The
+// disk is written in the store's ingest area and becomes a blob named by
+// its digest; nothing is left behind on a failure.
+func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o BuildOptions) (*Image, error) {
 	release, err := s.Writer()
 	if err != nil {
 		return nil, err
@@ -65,9 +68,20 @@ func Build(ctx context.Context, s *store.Store, tree string, ref layer.Ref, o Bu
 	if err := checkTag(ctx, s, ref, o.Force); err != nil {
 		return nil, err
 	}
-	if abs, err := filepath.Abs(tree); err == nil {
-		tree = abs
+	if len(trees) == 0 {
+		return nil, fmt.Errorf("no tree to build a VM image of: %w", errdefs.ErrInvalidArgument)
 	}
+	trees = slices.Clone(trees)
+	for i, t := range trees {
+		if abs, err := filepath.Abs(t); err == nil {
+			trees[i] = abs
+		}
+	}
+	tree, unstack, err := stack(trees, filepath.Join(s.Dir(), "ingest"))
+	if err != nil {
+		return nil, err
+	}
+	defer unstack()
 	// The raw disk is built beside the store's ingests (dsec layer gc
 	// removes one a killed build left), then stored as qcow2: its bytes,
 	// hashed for its digest, are what the partitions hold, not the size
@@ -99,7 +113,7 @@ func Build(ctx context.Context, s *store.Store, tree string, ref layer.Ref, o Bu
 		return nil, err
 	}
 	blob.MediaType = MediaTypeDisk
-	rec := Record{Created: time.Now().UTC(), Source: tree, Disk: d}
+	rec := Record{Created: time.Now().UTC(), Source: strings.Join(trees, ", "), Disk: d}
 	rb, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/image"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/snap"
 )
@@ -81,8 +82,9 @@ type Config struct {
 	// dsec; tests give their own, so that their bounds bound nothing
 	// else).
 	CgroupParent string
-	// MicroVM configures the microvm backend.
+	// MicroVM configures the microvm backend, VM the vm backend.
 	MicroVM microvm.Settings
+	VM      vms.Settings
 	// Drivers are backends beyond the built-in ones (a test's: a
 	// program that serves a worker registers them in Go).
 	Drivers []Driver `json:"-"`

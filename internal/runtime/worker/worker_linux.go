@@ -421,7 +421,7 @@ func prepareHost(cfg Config) (h prepared, err error) {
 			})
 		}
 	}
-	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, Extra: cfg.Drivers,
+	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, VM: cfg.VM, Extra: cfg.Drivers,
 		DNS: &cfg.DNS, Groups: groups})
 	if m, err := h.drivers.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)

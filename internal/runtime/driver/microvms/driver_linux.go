@@ -298,41 +298,17 @@ func directIO(img string) bool {
 	return true
 }
 
-// Attach finds the sandbox's group and, unless it is paused, its guest's
-// shim.
-func (d *Driver) Attach(_ context.Context, h driver.Handle) (out driver.Started, err error) {
-	out.Group, _ = h.Groups.Open(h.Group)
-	if out.Group != nil && out.Group.Frozen() && !h.Paused { // a worker died packing it
-		out.Group.Thaw()
-	}
-	if h.Paused {
-		return out, nil
-	}
-	if vm, err := vmm.AttachVM(filepath.Join(h.Dir, "init.sock"), filepath.Join(h.Dir, "files.sock"), h.Pid); err == nil {
-		out.Instance, out.Pid = vm, h.Pid
-	}
-	return out, nil
+// Attach finds the sandbox's group and, unless it is paused, its
+// guest's shim.
+func (d *Driver) Attach(_ context.Context, h driver.Handle) (driver.Started, error) {
+	return vmm.Attach(h), nil
 }
 
 // Teardown removes the sockets of the guest's shim.
-func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error {
-	var errs []error
-	for _, s := range []string{"init.sock", "files.sock"} {
-		if err := os.Remove(filepath.Join(h.Dir, s)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errs
-}
+func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error { return vmm.Teardown(h) }
 
 // Files opens the guest's files through its agent's file server.
-func (d *Driver) Files(h driver.Handle) (backend.Files, error) {
-	vm, _ := h.Instance.(*vmm.VM)
-	if vm == nil {
-		return nil, fmt.Errorf("sandbox %s has no running guest: start it first: %w", h.Name, errdefs.ErrFailedPrecondition)
-	}
-	return vm.Files()
-}
+func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return vmm.Files(h) }
 
 // HoldUpper makes a running guest's upper consistent on its disk image
 // (the guest flushes and freezes its file system) and mounts the image

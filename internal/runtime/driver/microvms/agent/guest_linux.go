@@ -57,6 +57,14 @@ func runGuest() error {
 	for k, v := range map[string]string{"dirty_expire_centisecs": "100", "dirty_writeback_centisecs": "100"} {
 		os.WriteFile("/proc/sys/vm/"+k, []byte(v), 0)
 	}
+	return serve(setupGuest, true)
+}
+
+// serve serves the host over the agent's port: the setup first (setup
+// makes the guest its spec describes), then request by request. drop:
+// commands run with a container's capabilities (a microVM's); else with
+// the agent's own (a full VM's, whose root is the guest's root).
+func serve(setup func(*initproto.GuestSpec) (*guest, error), drop bool) error {
 	port, err := agentPort()
 	if err != nil {
 		return err
@@ -80,7 +88,7 @@ func runGuest() error {
 	if err != nil {
 		return err
 	}
-	g, err := setupGuest(req.Setup)
+	g, err := setup(req.Setup)
 	if g != nil {
 		g.link = l
 	}
@@ -94,11 +102,13 @@ func runGuest() error {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return err
 	}
-	if err := container.DropBounding(); err != nil {
-		return err
-	}
-	if err := container.DropPrivileges(); err != nil {
-		return err
+	if drop {
+		if err := container.DropBounding(); err != nil {
+			return err
+		}
+		if err := container.DropPrivileges(); err != nil {
+			return err
+		}
 	}
 	if err := initproto.ApplyRestrictions(req.Setup.Restrictions); err != nil {
 		return err
@@ -374,13 +384,7 @@ func guestDevices(layers int, disks bool) ([]string, string, error) {
 
 // setupGuest mounts the sandbox's root and moves into it.
 func setupGuest(s *initproto.GuestSpec) (*guest, error) {
-	if s.Time > 0 {
-		ts := unix.NsecToTimespec(s.Time)
-		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
-	}
-	if len(s.Seed) > 0 {
-		addEntropy(s.Seed)
-	}
+	setClock(s)
 	if s.Layers < 1 || s.Layers > initproto.MaxLayers {
 		return nil, fmt.Errorf("%d layers: a guest takes 1 to %d", s.Layers, initproto.MaxLayers)
 	}
@@ -472,6 +476,18 @@ func switchRoot(dir string) error {
 		return err
 	}
 	return unix.Chdir("/")
+}
+
+// setClock sets the guest's clock from the host's, and adds the host's
+// entropy to its pool, as s gives them.
+func setClock(s *initproto.GuestSpec) {
+	if s.Time > 0 {
+		ts := unix.NsecToTimespec(s.Time)
+		unix.ClockSettime(unix.CLOCK_REALTIME, &ts)
+	}
+	if len(s.Seed) > 0 {
+		addEntropy(s.Seed)
+	}
 }
 
 // addEntropy credits b to the kernel's pool (RNDADDENTROPY).

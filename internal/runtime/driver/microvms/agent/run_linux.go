@@ -7,10 +7,14 @@ import (
 )
 
 // MaybeRun runs the guest's agent and never returns if this process is
-// a microVM guest's pid 1 (the kernel's command line names GuestEnv);
-// otherwise it returns at once.
+// a microVM guest's pid 1 (the kernel's command line names GuestEnv) or
+// a full VM's agent service (GuestEnv is SystemEnv); otherwise it
+// returns at once.
 func MaybeRun() {
-	if os.Getenv(initproto.GuestEnv) == "1" && os.Getpid() == 1 {
+	switch {
+	case os.Getenv(initproto.GuestEnv) == "1" && os.Getpid() == 1:
 		initproto.Run("dsec guest", runGuest)
+	case os.Getenv(initproto.GuestEnv) == SystemEnv:
+		initproto.Run("dsec guest", func() error { return serve(setupSystem, false) })
 	}
 }

@@ -1,0 +1,312 @@
+// Package vms is the vm backend's driver: a full VM per sandbox, QEMU's
+// q35 machine booted through UEFI firmware (Debian's OVMF) from a disk
+// image of its own (package vm builds them), its bootloader, kernel and
+// init (systemd) the image's. The sandbox's disk is a qcow2 overlay over
+// the image's disk in the store, which every VM of that image shares
+// read-only; the overlay is in the sandbox's upper, where its disk
+// bound holds it, and outlives a stop. The guest's agent (the microVM's,
+// as a systemd service the image's units start) comes on a read-only
+// disk of the host's and speaks the init protocol over a virtio-serial
+// port through the same shim as a microVM's: commands, their journal and
+// files are a microVM's.
+package vms
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/network"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+)
+
+// Host is what this host runs full VMs with.
+type Host struct {
+	Accel       microvm.Accel
+	QEMU        string
+	QEMUVersion string
+	Agent       string
+	BootTimeout time.Duration
+}
+
+// Driver runs the vm backend's sandboxes.
+type Driver struct {
+	settings Settings
+	mu       sync.Mutex
+	resolved *Host
+	disk     sync.Mutex // making the agent's disk
+}
+
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.BaseResolver = (*Driver)(nil)
+	_ driver.FileOpener   = (*Driver)(nil)
+	_ driver.UpperHolder  = (*Driver)(nil)
+	_ driver.FSFreezer    = (*vmm.VM)(nil)
+)
+
+// New makes the driver for full VMs as s configures them.
+func New(s Settings) *Driver { return &Driver{settings: s} }
+
+func (*Driver) Name() string { return VM }
+
+// Available says what the host lacks to run full VMs.
+func (d *Driver) Available() error {
+	_, err := d.Host()
+	return err
+}
+
+// Host is what this host runs full VMs with, resolved once (an error
+// says what it lacks, and is asked again next time).
+func (d *Driver) Host() (*Host, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.resolved != nil {
+		return d.resolved, nil
+	}
+	s := d.settings
+	accel, err := microvm.ChooseAccel(s.Accel)
+	if err != nil {
+		return nil, err
+	}
+	qemu, err := microvm.FindQEMU(s.QEMU, "vm.qemu")
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []string{vm.OVMFCode, vm.OVMFVars} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("the UEFI firmware (%s) is missing: install ovmf (make deps): %w", f, errdefs.ErrNotImplemented)
+		}
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		return nil, fmt.Errorf("qemu-img is missing: install qemu-utils (make deps): %w", errdefs.ErrNotImplemented)
+	}
+	agent := s.Agent
+	if agent == "" {
+		if agent, err = container.InitBinary(); err != nil {
+			return nil, err
+		}
+	}
+	timeout := s.BootTimeout
+	if timeout <= 0 {
+		timeout = 60 * time.Second
+		if accel.Name == microvm.AccelTCG {
+			timeout = 300 * time.Second
+		}
+	}
+	d.resolved = &Host{Accel: accel, QEMU: qemu, QEMUVersion: microvm.QEMUVersion(qemu), Agent: agent, BootTimeout: timeout}
+	return d.resolved, nil
+}
+
+// ResolveBase finds the VM image ref names in s: the digest of its disk,
+// and the disk's file. A sandbox that stands on one already (want) takes
+// that disk, whatever the tag names now.
+func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref, want string) (driver.Base, error) {
+	if s == nil {
+		return driver.Base{}, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
+	}
+	if want != "" {
+		dg, err := digest.Parse(want)
+		if err != nil {
+			return driver.Base{}, fmt.Errorf("VM image %s: its disk %q: %w", ref, want, errdefs.ErrDataLoss)
+		}
+		p := s.BlobPath(dg)
+		if _, err := os.Stat(p); err != nil {
+			return driver.Base{}, fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
+		}
+		return driver.Base{Digest: want, File: p}, nil
+	}
+	img, err := vm.Lookup(ctx, s, ref)
+	if err != nil {
+		return driver.Base{}, err
+	}
+	if img.Disk.Agent == "" {
+		return driver.Base{}, fmt.Errorf("VM image %s has no dsec agent (its tree has no systemd, or an older dsec built it): build it again from a tree with systemd: %w", img.Tag, errdefs.ErrFailedPrecondition)
+	}
+	return driver.Base{Digest: img.Blob.Digest.String(), File: img.Path}, nil
+}
+
+// minMemory is the least RAM a full VM gets: its firmware and a
+// distribution's kernel and systemd.
+const minMemory = 256 << 20
+
+// memory is the guest's RAM for a memory limit (none: 2 GiB), whole MiB.
+func memory(l cgroup.Limits) (int64, error) {
+	m := l.MemoryBytes
+	if m <= 0 {
+		m = 2 << 30
+	}
+	if m < minMemory {
+		return 0, fmt.Errorf("a full VM needs at least %d MiB of memory, not %d MiB: give --memory 256M or more: %w", minMemory>>20, m>>20, errdefs.ErrInvalidArgument)
+	}
+	return (m + 1<<20 - 1) &^ (1<<20 - 1), nil
+}
+
+// overhead is what QEMU takes beyond the guest's RAM (its heap, the
+// firmware's, and under TCG its 64 MiB code cache).
+func overhead(accel string) int64 {
+	if accel == microvm.AccelTCG {
+		return 256 << 20
+	}
+	return 128 << 20
+}
+
+// Start boots the sandbox's VM in its group: its overlay and firmware
+// variables made on its first start, kept after.
+func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Started, err error) {
+	h, err := d.Host()
+	if err != nil {
+		return out, err
+	}
+	switch {
+	case s.UserNS:
+		return out, fmt.Errorf("a full VM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
+	case s.Restore != nil:
+		return out, fmt.Errorf("a full VM cannot continue a memory snapshot in this release: %w", errdefs.ErrNotImplemented)
+	case len(s.Images) != 1 || s.Upper == "":
+		return out, fmt.Errorf("a full VM boots one disk image: %w", errdefs.ErrInvalidArgument)
+	}
+	ram, err := memory(s.Limits)
+	if err != nil {
+		return out, err
+	}
+	disk := filepath.Join(s.Upper, "disk.qcow2")
+	if err := overlay(ctx, disk, s.Images[0]); err != nil {
+		return out, err
+	}
+	vars := filepath.Join(s.Dir, "efivars.fd")
+	if err := copyNew(vars, vm.OVMFVars); err != nil {
+		return out, fmt.Errorf("the firmware's variables: %w", err)
+	}
+	d.disk.Lock()
+	agent, err := agentDisk(ctx, filepath.Join(s.Root, "vm"), h.Agent)
+	d.disk.Unlock()
+	if err != nil {
+		return out, err
+	}
+	lim := s.Limits
+	if lim.MemoryBytes > 0 {
+		lim.MemoryBytes = ram + overhead(h.Accel.Name)
+	}
+	var extra []policy.Device
+	if h.Accel.Name == microvm.AccelKVM {
+		extra = append(extra, policy.KVM)
+	}
+	g, devices, err := driver.NewGroup(s.Groups, s.Group, lim, extra...)
+	if err != nil {
+		return out, err
+	}
+	out.Group = g
+	defer devices() // never left writing to a group teardown removes
+	if err := policy.ApplyNetwork(g.Path(), nil, s.Allowlist); err != nil {
+		return out, err
+	}
+	logf, err := os.OpenFile(filepath.Join(s.Dir, "init.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return out, err
+	}
+	defer logf.Close()
+	cpus := max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU()))
+	mach := Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: cpus, Memory: ram, Code: vm.OVMFCode, Vars: vars,
+		Disk: disk, AgentDisk: agent, AgentFD: 3, QMPFD: 4}
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	spec := vmm.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
+		Guest:  initproto.GuestSpec{Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
+		Socket: filepath.Join(s.Dir, "init.sock"), FilesSocket: filepath.Join(s.Dir, "files.sock"), Console: filepath.Join(s.Dir, "console.log"),
+		Stderr: logf, Setup: driver.Adder(g, devices), Idle: s.Limits.Idle, MergeMemory: s.MergeMemory}
+	if s.NAT {
+		nat, tap, err := network.UpTap(s.Slot)
+		if err != nil {
+			return out, err
+		}
+		defer tap.Close() // QEMU holds it
+		out.NAT = nat
+		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
+			return out, err
+		}
+		mach.NetFD, mach.MAC = 5, nat.MAC()
+		spec.Tap, spec.Guest.Net = tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+	}
+	spec.Argv = mach.Args()
+	v, err := vmm.StartVM(spec)
+	if err != nil { // the guest failed: the host's, never the request's
+		return out, fmt.Errorf("start VM: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	out.Instance, out.Pid = v, v.Pid()
+	out.VM = &api.VMInfo{Accel: h.Accel.Name, QEMU: h.QEMUVersion}
+	if err := devices(); err != nil {
+		return out, fmt.Errorf("device allowlist: %w", err)
+	}
+	return out, nil
+}
+
+// overlay makes the sandbox's disk at path, a qcow2 overlay over the
+// image's disk base, unless it is there (a stopped sandbox's). The
+// guest's disk is the image's size; what it writes is bounded by the
+// file system path is on (the sandbox's disk bound).
+func overlay(ctx context.Context, path, base string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, path+".tmp").CombinedOutput()
+	if err != nil {
+		os.Remove(path + ".tmp")
+		return fmt.Errorf("the VM's disk: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// copyNew copies src to dst unless dst is there.
+func copyNew(dst, src string) error {
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(dst+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(dst+".tmp", dst)
+}
+
+// Attach finds the sandbox's group and, unless it is paused, its
+// VM's shim.
+func (d *Driver) Attach(_ context.Context, h driver.Handle) (driver.Started, error) {
+	return vmm.Attach(h), nil
+}
+
+// Teardown removes the sockets of the VM's shim.
+func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error { return vmm.Teardown(h) }
+
+// Files opens the VM's files through its agent's file server.
+func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return vmm.Files(h) }
+
+// HoldUpper: a full VM's files are its disk's, which no diff of files
+// reads. Refused, so that a snapshot does not pack the overlay's file as
+// if it were the sandbox's files.
+func (d *Driver) HoldUpper(context.Context, driver.Handle) (string, func() error, error) {
+	return "", nil, fmt.Errorf("a vm sandbox's files are its own disk's: its snapshots (a block diff of the disk) are not in this release: %w", errdefs.ErrNotImplemented)
+}

@@ -1,0 +1,71 @@
+package vms
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
+	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+)
+
+// Machine is a full VM's QEMU machine: q35 booted through UEFI firmware
+// (OVMF) from its own disk, the copy-on-write overlay of its image, with
+// the agent's disk and port beside it.
+type Machine struct {
+	QEMU   string
+	Accel  string // microvm.AccelKVM or AccelTCG
+	CPUs   int
+	Memory int64 // bytes
+	// Code and Vars are the firmware's code (read-only, shared) and the
+	// machine's own copy of its variable store.
+	Code, Vars string
+	// Disk is the overlay the guest boots from; AgentDisk the read-only
+	// disk holding the agent (vm.AgentDiskSerial).
+	Disk, AgentDisk string
+	// AgentFD and QMPFD are QEMU's fds of the agent's port and of QMP.
+	AgentFD, QMPFD int
+	// NetFD is the tap's fd (0: no NIC), MAC its guest's address.
+	NetFD int
+	MAC   string
+}
+
+// Args is QEMU's command line for m.
+func (m Machine) Args() []string {
+	accel, cpu := "tcg,tb-size=64", "qemu64" // a 64 MiB code cache, not the default 1 GiB
+	if m.Accel == microvm.AccelKVM {
+		accel, cpu = "kvm", "host"
+	}
+	a := []string{m.QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-machine", "q35", "-accel", accel, "-cpu", cpu,
+		"-smp", strconv.Itoa(max(m.CPUs, 1)), "-m", fmt.Sprintf("%dM", m.Memory>>20),
+		"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=" + opt(m.Code),
+		"-drive", "if=pflash,format=raw,unit=1,file=" + opt(m.Vars),
+		"-serial", "stdio",
+		"-chardev", fmt.Sprintf("socket,id=agent,fd=%d", m.AgentFD),
+		"-device", fmt.Sprintf("virtio-serial-pci,id=serial0,addr=%#x", initproto.SerialSlot),
+		"-device", "virtserialport,chardev=agent,name=" + microvm.AgentPort,
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
+		"-mon", "chardev=qmp,mode=control",
+		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", initproto.RNGSlot),
+		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=on,deflate-on-oom=on,addr=%#x", initproto.BalloonSlot),
+		"-drive", fmt.Sprintf("file=%s,if=none,id=disk,format=qcow2,cache=writeback,aio=threads,discard=unmap,werror=report", opt(m.Disk)),
+		"-device", fmt.Sprintf("virtio-blk-pci,drive=disk,bootindex=0,addr=%#x", initproto.UpperSlot),
+		"-drive", fmt.Sprintf("file=%s,if=none,id=agent,format=raw,readonly=on", opt(m.AgentDisk)),
+		"-device", fmt.Sprintf("virtio-blk-pci,drive=agent,serial=%s,addr=%#x", vm.AgentDiskSerial, agentDiskSlot),
+	}
+	if m.NetFD > 0 {
+		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD),
+			"-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
+	}
+	return a
+}
+
+// agentDiskSlot is the agent's disk's PCI slot: the one initproto's
+// slots leave free between the NIC's and the first layer's.
+const agentDiskSlot = initproto.NetSlot + 1
+
+// opt quotes a value of a QEMU option: a comma is doubled.
+func opt(s string) string { return strings.ReplaceAll(s, ",", ",,") }

@@ -1,0 +1,20 @@
+package vms
+
+import "time"
+
+// VM is the vm backend's name.
+const VM = "vm"
+
+// Settings configure the vm backend (the config's vm:).
+type Settings struct {
+	// Accel is auto (the default), kvm or tcg.
+	Accel string `json:"accel,omitempty"`
+	// QEMU is the emulator's binary; "": qemu-system-x86_64 on PATH.
+	QEMU string `json:"qemu,omitempty"`
+	// Agent is the guest's agent (a dsec-init); "": the init binary the
+	// containers run.
+	Agent string `json:"agent,omitempty"`
+	// BootTimeout bounds a boot, firmware to the agent's answer (0:
+	// 60 s under KVM, 300 s under TCG).
+	BootTimeout time.Duration `json:"boot_timeout,omitempty"`
+}
