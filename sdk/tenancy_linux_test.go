@@ -528,6 +528,8 @@ func TestTenancy(t *testing.T) {
 			}},
 			{"fork", func(sb *sdk.Sandbox) error { _, err := sb.Fork(ctx, api.ForkRequest{N: 1}); return err }},
 			{"idle", func(sb *sdk.Sandbox) error { _, err := sb.Idle(ctx, time.Minute); return err }},
+			{"screen", func(sb *sdk.Sandbox) error { _, _, err := sb.Screenshot(ctx); return err }},
+			{"input", func(sb *sdk.Sandbox) error { return sb.Type(ctx, "x") }},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {

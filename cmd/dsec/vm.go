@@ -30,7 +30,8 @@ layers are (NAME[:VERSION]), for the VMs that boot copy-on-write overlays of it.
 dsec run --backend vm --base NAME boots one: QEMU's q35 machine through Debian's OVMF firmware,
 its disk a copy-on-write overlay of the image's (every VM of an image shares it), and dsec's
 agent as a service of the guest's systemd. Commands, their journal, files, stop and start are
-as in a microVM; docs/vm.md says what is not in this release yet (snapshots, the screen).`,
+as in a microVM; dsec screen and dsec input show its screen and drive its keyboard and mouse.
+docs/vm.md says what is not in this release yet (snapshots, VNC).`,
 	}
 	image := &cobra.Command{Use: "image", Short: "Build and manage bootable disk images"}
 	image.AddCommand(a.vmImageBuild(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())

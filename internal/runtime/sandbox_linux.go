@@ -192,6 +192,7 @@ type Sandbox struct {
 	active    atomic.Int64 // unix nanoseconds of the last exec's start or end
 	running   atomic.Int32 // execs running
 	reclaimed time.Time    // guarded by mu
+	screen    screenSize   // guarded by mu: its screen as last seen
 }
 
 // RandomName is prefix and 12 random hex digits: a name for a sandbox,

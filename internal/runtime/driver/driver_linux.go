@@ -29,6 +29,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/network"
+	"github.com/dsec-project/dsec/internal/runtime/screen"
 )
 
 // Driver runs the sandboxes of one backend.
@@ -220,6 +221,12 @@ type (
 	// Ballooner sets the memory a guest keeps (0: all it was given).
 	Ballooner interface {
 		Balloon(ctx context.Context, target int64) error
+	}
+	// Screener shows a guest's screen (as PNG, written to path) and
+	// drives its keyboard and mouse (a full VM's).
+	Screener interface {
+		Screenshot(ctx context.Context, path string) error
+		Input(ctx context.Context, keys []screen.Key, events []screen.Event) error
 	}
 	// FSFreezer flushes and freezes the file system of a guest's disk
 	// (FreezeFS) and lets it be written again (ThawFS): the runtime

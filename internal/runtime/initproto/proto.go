@@ -43,7 +43,10 @@
 // a connection never stops a command; its exit is kept for Result.
 package initproto
 
-import "github.com/dsec-project/dsec/internal/runtime/backend"
+import (
+	"github.com/dsec-project/dsec/internal/runtime/backend"
+	"github.com/dsec-project/dsec/internal/runtime/screen"
+)
 
 // Restrictions are what the kernel holds a sandbox's commands to beyond
 // namespaces and capabilities.
@@ -83,6 +86,8 @@ const (
 	OpSnapshot Op = "snapshot" // save the guest's memory, device state and disk (SCM_RIGHTS: their files)
 	OpMemory   Op = "memory"   // the guest's memory as its balloon last reported it
 	OpBalloon  Op = "balloon"  // set the balloon's target: the guest's memory, Balloon bytes (0: all of it)
+	OpScreen   Op = "screen"   // write the screen as PNG to Path (a full VM's)
+	OpInput    Op = "input"    // press Keys, then send Events (a full VM's keyboard and tablet)
 )
 
 // Request is what the worker sends the init.
@@ -127,6 +132,12 @@ type Request struct {
 	Hostname string   `json:"hostname,omitempty"`
 	// Balloon: the memory the guest keeps (OpBalloon; 0: all of it).
 	Balloon int64 `json:"balloon,omitempty"`
+	// Path: where OpScreen writes the screen (a file of the sandbox's
+	// directory). Keys and Events: OpInput's key presses (each one's
+	// qcodes held together) and pointer events.
+	Path   string         `json:"path,omitempty"`
+	Keys   []screen.Key   `json:"keys,omitempty"`
+	Events []screen.Event `json:"events,omitempty"`
 	// Setup: what a guest's root is made of (opSetup).
 	Setup *GuestSpec `json:"setup,omitempty"`
 	// Stop: a memory snapshot leaves the guest stopped, never to run

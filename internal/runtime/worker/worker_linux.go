@@ -467,6 +467,8 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sandboxes/{name}/execs/{id}/signal", handle(w.signal))
 	mux.HandleFunc("PUT /v1/sandboxes/{name}/files", w.putFile)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
+	mux.HandleFunc("GET /v1/sandboxes/{name}/screen", w.screenshot)
+	mux.HandleFunc("POST /v1/sandboxes/{name}/input", handle(w.input))
 	mux.HandleFunc("GET /v1/sandboxes/{name}/stat", w.statPath)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/dir", handle(w.listDir))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/mkdir", handle(w.makeDir))

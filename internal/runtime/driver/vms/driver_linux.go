@@ -63,6 +63,7 @@ var (
 	_ driver.FileOpener   = (*Driver)(nil)
 	_ driver.UpperHolder  = (*Driver)(nil)
 	_ driver.FSFreezer    = (*vmm.VM)(nil)
+	_ driver.Screener     = (*vmm.VM)(nil)
 )
 
 // New makes the driver for full VMs as s configures them.
@@ -234,7 +235,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	spec := vmm.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
 		Guest:  initproto.GuestSpec{Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
 		Socket: filepath.Join(s.Dir, "init.sock"), FilesSocket: filepath.Join(s.Dir, "files.sock"), Console: filepath.Join(s.Dir, "console.log"),
-		Stderr: logf, Setup: driver.Adder(g, devices), Idle: s.Limits.Idle, MergeMemory: s.MergeMemory}
+		Stderr: logf, Setup: driver.Adder(g, devices), Idle: s.Limits.Idle, MergeMemory: s.MergeMemory, Display: true}
 	if s.NAT {
 		nat, tap, err := network.UpTap(s.Slot)
 		if err != nil {

@@ -50,6 +50,10 @@ func (m Machine) Args() []string {
 		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d", m.QMPFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-device", fmt.Sprintf("virtio-rng-pci,addr=%#x", initproto.RNGSlot),
+		// The screen (std VGA: OVMF's and Linux's framebuffer), and a
+		// tablet for the pointer's absolute moves; the keyboard is the
+		// machine's own (PS/2).
+		"-device", fmt.Sprintf("VGA,addr=%#x", displaySlot), "-device", fmt.Sprintf("virtio-tablet-pci,addr=%#x", displaySlot+1),
 		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=on,deflate-on-oom=on,addr=%#x", initproto.BalloonSlot),
 		"-drive", fmt.Sprintf("file=%s,if=none,id=disk,format=qcow2,cache=writeback,aio=threads,discard=unmap,werror=report", opt(m.Disk)),
 		"-device", fmt.Sprintf("virtio-blk-pci,drive=disk,bootindex=0,addr=%#x", initproto.UpperSlot),
@@ -66,6 +70,11 @@ func (m Machine) Args() []string {
 // agentDiskSlot is the agent's disk's PCI slot: the one initproto's
 // slots leave free between the NIC's and the first layer's.
 const agentDiskSlot = initproto.NetSlot + 1
+
+// displaySlot is the display's PCI slot, and the tablet's the next: the
+// layers' slots (initproto.FirstLayerSlot on), which a full VM, booting
+// its own disk, leaves free.
+const displaySlot = initproto.FirstLayerSlot
 
 // opt quotes a value of a QEMU option: a comma is doubled.
 func opt(s string) string { return strings.ReplaceAll(s, ",", ",,") }

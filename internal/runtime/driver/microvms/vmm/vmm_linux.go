@@ -80,6 +80,9 @@ type VMSpec struct {
 	// state State holds (QEMU waits for it: microvm.Machine's Incoming).
 	Restore *initproto.VMRestore `json:"restore,omitempty"`
 	State   *os.File             `json:"-"`
+	// Display: the machine has a screen, a keyboard and a tablet (a
+	// full VM's), which OpScreen and OpInput reach through QMP.
+	Display bool `json:"display,omitempty"`
 }
 
 // maxConsole bounds the console file: a guest printing without end
@@ -491,6 +494,15 @@ func (v *vmm) handle(r initproto.Incoming) {
 	case initproto.OpBalloon:
 		closeAll(r.Files)
 		if err := v.balloon(r.Req.Balloon); err != nil {
+			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
+			return
+		}
+		zero := 0
+		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero})
+		return
+	case initproto.OpScreen, initproto.OpInput:
+		closeAll(r.Files)
+		if err := v.screen(r.Req); err != nil {
 			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
 			return
 		}

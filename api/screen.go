@@ -1,0 +1,56 @@
+package api
+
+// Screenshot is what GET /v1/sandboxes/NAME/screen answers beside the
+// PNG (its body): the screen's size, and the sandbox's count of
+// screenshots, which grows by one with each.
+type Screenshot struct {
+	Width  int   `json:"width"`
+	Height int   `json:"height"`
+	Seq    int64 `json:"seq"`
+}
+
+// Headers of a screenshot's answer, Screenshot's fields.
+const (
+	HeaderScreenWidth  = "X-Dsec-Screen-Width"
+	HeaderScreenHeight = "X-Dsec-Screen-Height"
+	HeaderScreenSeq    = "X-Dsec-Screen-Seq"
+)
+
+// Input is one action on a sandbox's keyboard or mouse (POST
+// /v1/sandboxes/NAME/input): exactly one of its fields. Points are
+// pixels of the screen as its screenshots show it, (0, 0) its top left.
+type Input struct {
+	// Text is typed (ASCII, on a US keyboard).
+	Text string `json:"text,omitempty"`
+	// Key is pressed: a key by name, with modifiers joined by "+"
+	// ("Return", "ctrl+alt+t", "F5", "a").
+	Key string `json:"key,omitempty"`
+	// Move moves the pointer.
+	Move *Point `json:"move,omitempty"`
+	// Click moves the pointer and clicks.
+	Click *Click `json:"click,omitempty"`
+	// Drag presses the left button at From, moves to To and releases.
+	Drag *Drag `json:"drag,omitempty"`
+	// Scroll turns the wheel: notches down (negative: up).
+	Scroll int `json:"scroll,omitempty"`
+}
+
+// Point is a pixel of the screen.
+type Point struct {
+	X int `json:"x"`
+	Y int `json:"y"`
+}
+
+// Click is a click at a point: its button (left, middle or right;
+// none: left), twice with Double.
+type Click struct {
+	Point
+	Button string `json:"button,omitempty"`
+	Double bool   `json:"double,omitempty"`
+}
+
+// Drag is a press at From, a move to To, a release.
+type Drag struct {
+	From Point `json:"from"`
+	To   Point `json:"to"`
+}
