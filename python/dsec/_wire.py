@@ -487,3 +487,13 @@ class Frames:
         if not self.done:
             raise InfraError("the worker's answer to exec %s ended before its result: retry with the same id" % self.result.id)
         return self.result
+
+
+def screen_info(resp: Any) -> Dict[str, int]:
+    """A screenshot's size and count, from its answer's headers."""
+    def num(h: str) -> int:
+        try:
+            return int(resp.getheader(h) or 0)
+        except ValueError:
+            return 0
+    return {"width": num("X-Dsec-Screen-Width"), "height": num("X-Dsec-Screen-Height"), "seq": num("X-Dsec-Screen-Seq")}

@@ -37,6 +37,9 @@ class _Response:
         self._chunk = 0
         self._buf = b""
 
+    def getheader(self, name: str) -> Optional[str]:
+        return self.headers.get(name.lower())
+
     async def _piece(self) -> bytes:
         """The next piece of the body (b"" at its end)."""
         if self.done:
@@ -343,6 +346,21 @@ class Sandbox:
     async def write_file(self, path: str, data: Union[bytes, str], mode: int = 0o644) -> None:
         b = data.encode() if isinstance(data, str) else bytes(data)
         await self.client._body("PUT", _wire.sandbox_path(self.name, "/files", path=path, mode="%o" % mode), b, json_body=False)
+
+    async def screenshot(self) -> Tuple[bytes, Dict[str, int]]:
+        """A full VM's screen; see Sandbox.screenshot of dsec.Client."""
+        resp = await self.client._send("GET", _wire.sandbox_path(self.name, "/screen"))
+        try:
+            png = await resp.read()
+        except BaseException:
+            resp.writer.close()
+            raise
+        self.client._release(resp)
+        return png, _wire.screen_info(resp)
+
+    async def input(self, **action: Any) -> None:
+        """One action on a full VM's keyboard or mouse; see Sandbox.input of dsec.Client."""
+        await self.client._json("POST", _wire.sandbox_path(self.name, "/input"), action)
 
     async def read_file(self, path: str) -> bytes:
         return await self.client._body("GET", _wire.sandbox_path(self.name, "/files", path=path))

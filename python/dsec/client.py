@@ -10,7 +10,7 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _wire
 from ._wire import (DsecError, Env, ExecResult, Grade, InfraError, Output, PolicyReport, SandboxInfo, Snapshot, Target)
@@ -296,6 +296,32 @@ class Sandbox:
 
     def read_file(self, path: str) -> bytes:
         return self.client._send("GET", _wire.sandbox_path(self.name, "/files", path=path)).read()
+
+    def screenshot(self) -> Tuple[bytes, Dict[str, int]]:
+        """The screen of a full VM (backend vm) as PNG bytes, and its
+        {"width", "height", "seq"} (seq: the sandbox's count of screenshots).
+        Another backend has no screen: NotImplementedByWorker."""
+        resp = self.client._send("GET", _wire.sandbox_path(self.name, "/screen"))
+        png = resp.read()
+        return png, _wire.screen_info(resp)
+
+    def input(self, **action: Any) -> None:
+        """One action on a full VM's keyboard or mouse: text="...",
+        key="ctrl+alt+t", move={"x", "y"}, click={"x", "y", "button",
+        "double"}, drag={"from": {...}, "to": {...}} or scroll=N."""
+        self.client._json("POST", _wire.sandbox_path(self.name, "/input"), action)
+
+    def type_text(self, text: str) -> None:
+        """Type text (ASCII) on a full VM's keyboard."""
+        self.input(text=text)
+
+    def press(self, key: str) -> None:
+        """Press a key by name ("Return", "ctrl+alt+t") on a full VM."""
+        self.input(key=key)
+
+    def click(self, x: int, y: int, button: str = "left", double: bool = False) -> None:
+        """Click at pixel (x, y) of a full VM's screen."""
+        self.input(click={"x": x, "y": y, "button": button, "double": double})
 
     def pack_diff(self, tag: str, memory: bool = False) -> Snapshot:
         """Snapshot what the sandbox changed as a layer tagged NAME:STEP;

@@ -156,6 +156,12 @@ def test_remote_rollout(worker):
         sb.pack_diff("remote-1:2", memory=True)  # a container keeps no memory in a snapshot
     with pytest.raises(dsec.NotImplementedByWorker):
         sb.evict()
+    with pytest.raises(dsec.NotImplementedByWorker, match="cannot show a screen"):
+        sb.screenshot()  # a full VM's only
+    with pytest.raises(dsec.NotImplementedByWorker):
+        sb.type_text("x")
+    with pytest.raises(dsec.InvalidArgument, match="one of text, key"):
+        sb.input(text="a", key="b")
     sb.pause()
     assert sb.inspect().status == "paused"
     sb.resume()
