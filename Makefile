@@ -189,6 +189,7 @@ bench: build
 	./scripts/bench-gateway.sh
 	./scripts/bench-vmsnap.sh
 	./scripts/bench-image.sh
+	./scripts/bench-vm.sh
 	bin/benchtable render
 
 bench-table:

@@ -10,7 +10,6 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
-	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
@@ -26,25 +25,6 @@ func TestContainerBackend(t *testing.T) {
 // guests, under TCG on these machines (KVM where the host has it).
 func TestMicroVMBackend(t *testing.T) {
 	backendtest.Run(t, conformance("microvm", runtimetest.Config{MicroVM: microvmtest.Settings(t)}))
-}
-
-// TestVMBackend holds the vm backend to the same suite: full VMs booted
-// through UEFI firmware from a Debian image, their agent a service of
-// the guest's systemd (TCG here: each boot takes some 30 s). Its
-// sandboxes cannot be packed yet (snapshots of a VM are a block diff of
-// its disk, not built): PackDiff holds it to refusing.
-func TestVMBackend(t *testing.T) {
-	agent, err := microvmtest.Agent() // static: it runs on the guest's libc
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := conformance("vm", runtimetest.Config{VM: vms.Settings{Agent: agent}})
-	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
-		env := f(t)
-		env.Layers = []string{runtimetest.VMImage(t, env.Root)}
-		env.NoPackDiff = "a vm sandbox's files are its own disk's: its snapshots (a block diff of the disk) are not in this release"
-		return env
-	})
 }
 
 // TestPlainBackend holds a backend of this test's own (plainDriver),

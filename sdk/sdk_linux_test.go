@@ -274,7 +274,7 @@ func TestBoundedDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(v.Backends, []string{"container", "microvm"}) { // FnCall is a way to use one, not a backend
+	if !slices.Equal(v.Backends, []string{"container", "microvm", "vm"}) { // FnCall is a way to use one, not a backend
 		t.Errorf("backends %v", v.Backends)
 	}
 	if l := v.Limits; l == nil || l.DefaultMemory != mem || l.DefaultPids != 64 || l.HostReserve != 1<<30 || l.MemoryBytes <= 0 || l.Pids <= 0 {

@@ -1,10 +1,11 @@
-package sdk_test
+package vms_test
 
 import (
 	"bytes"
 	"context"
 	"image"
 	"image/png"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -12,11 +13,101 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
+	"github.com/dsec-project/dsec/internal/runtime/container"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/sdk"
 )
+
+// The vm backend through a real worker and the SDK: its own package, so
+// that its boots (some 30 s each under TCG) run beside the sdk package's
+// tests rather than after them.
+
+// TestMain doubles as a sandbox init, a guest's shim and agent, and a
+// worker.
+func TestMain(m *testing.M) {
+	container.MaybeInit()
+	vmm.MaybeRun()
+	agent.MaybeRun()
+	runtimetest.MaybeWorker()
+	os.Exit(m.Run())
+}
+
+// staticAgent is a static dsec-init: the agent a guest runs on its own
+// libc.
+func staticAgent(t testing.TB) string {
+	t.Helper()
+	a, err := microvmtest.Agent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// setup starts a worker of cfg on a fresh root with the test layers (bb:1,
+// ws:1); cleanup kills it, removes every sandbox and checks nothing is
+// left.
+func setup(t *testing.T, cfg runtimetest.Config) (*runtimetest.Worker, *sdk.Client) {
+	t.Helper()
+	root := t.TempDir()
+	runtimetest.Layers(t, root)
+	w := runtimetest.StartWorkerWith(t, root, cfg)
+	t.Cleanup(func() {
+		w.Kill()
+		runtimetest.Clean(root)
+		if l := runtimetest.Leftovers(root); len(l) > 0 {
+			t.Errorf("left behind: %v", l)
+		}
+	})
+	c, err := sdk.New(sdk.Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, c
+}
+
+func create(t *testing.T, c *sdk.Client, spec api.SandboxSpec) *sdk.Sandbox {
+	t.Helper()
+	sb, err := c.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+// TestConformance holds the vm backend to the conformance suite every
+// backend passes: full VMs booted through UEFI firmware from a Debian
+// image, their agent a service of the guest's systemd (TCG here: each
+// boot takes some 30 s). Its sandboxes cannot be packed yet (snapshots
+// of a VM are a block diff of its disk, not built): PackDiff holds it to
+// refusing.
+func TestConformance(t *testing.T) {
+	cfg := runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}}
+	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
+		w, c := setup(t, cfg)
+		return &backendtest.Env{
+			Backend: vms.VM,
+			Layers:  []string{runtimetest.VMImage(t, w.Root)},
+			Client:  c,
+			Restart: func(t *testing.T) *sdk.Client {
+				w.Kill()
+				w = runtimetest.StartWorkerWith(t, w.Root, cfg)
+				c, err := sdk.New(sdk.Options{Root: w.Root})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			},
+			Leftovers:  func() []string { return runtimetest.Leftovers(w.Root) },
+			Root:       w.Root,
+			NoPackDiff: "a vm sandbox's files are its own disk's: its snapshots (a block diff of the disk) are not in this release",
+		}
+	})
+}
 
 // TestVMScreen: a full VM's screen is a PNG of its display, counted;
 // text typed on its keyboard appears there, in one line of the screen's
@@ -24,11 +115,8 @@ import (
 // point on the screen and refuses one off it; a container has no
 // screen, and says so.
 func TestVMScreen(t *testing.T) {
-	agent, err := microvmtest.Agent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, c := setupWith(t, runtimetest.Config{VM: vms.Settings{Agent: agent}})
+	agent := staticAgent(t)
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: agent}})
 	img := runtimetest.VMImage(t, w.Root)
 	ctx := context.Background()
 	sb := create(t, c, api.SandboxSpec{Name: "desk", Backend: "vm", Layers: []string{img}})
@@ -103,7 +191,7 @@ func TestVMScreen(t *testing.T) {
 			t.Errorf("input %+v: %v, want invalid argument saying %q", bad.in, err, bad.says)
 		}
 	}
-	ct := create(t, c, api.SandboxSpec{Name: "ct"})
+	ct := create(t, c, api.SandboxSpec{Name: "ct", Layers: []string{"bb:1"}})
 	if _, _, err := ct.Screenshot(ctx); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "show a screen") {
 		t.Errorf("a container's screen: %v", err)
 	}

@@ -1,0 +1,203 @@
+package sdk_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
+	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
+	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+	"github.com/dsec-project/dsec/sdk"
+)
+
+// BenchmarkFullVM: full VMs of a Debian image (the backend vm, under the
+// host's accelerator): create to first exec, booted afresh through the
+// firmware, next to QEMU booting the same image by hand to its login
+// prompt on the serial console (the machine alone, no dsec); a
+// screenshot's latency through the SDK; input to screen (a key typed at
+// the console's login prompt until a screenshot shows it); the host
+// memory of an idle VM next to the RAM it was given; and the disk each
+// VM of the image adds (its overlay) next to the image's. Rounds:
+// b.N (make bench: BENCH_VM_N).
+func BenchmarkFullVM(b *testing.B) {
+	agent, err := microvmtest.Agent()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := b.TempDir()
+	runtimetest.Layers(b, root)
+	w := runtimetest.StartWorkerWith(b, root, runtimetest.Config{VM: vms.Settings{Agent: agent}})
+	b.Cleanup(func() { w.Kill(); runtimetest.Clean(root) })
+	c, err := sdk.New(sdk.Options{Root: root})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ref := runtimetest.VMImage(b, root)
+	ctx := context.Background()
+	spec := api.SandboxSpec{Backend: "vm", Layers: []string{ref}, Memory: 1 << 30}
+	var cold, byHand []time.Duration
+	var last *sdk.Sandbox
+	for b.Loop() {
+		if last != nil {
+			last.Remove(ctx, true)
+		}
+		byHand = append(byHand, bootByHand(b, root, ref))
+		t0 := time.Now()
+		sb, err := c.Create(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		execB(b, sb, "true")
+		cold = append(cold, time.Since(t0))
+		last = sb
+	}
+	sb := last
+	defer sb.Remove(ctx, true)
+	// The screen settles (the console's login prompt), then is taken.
+	var shots []time.Duration
+	prev, _ := screenshotB(b, sb)
+	for i := 0; i < 20; i++ {
+		t0 := time.Now()
+		png, _ := screenshotB(b, sb)
+		shots = append(shots, time.Since(t0))
+		if string(png) != string(prev) {
+			i, prev = 0, png // not settled yet: start over
+			shots = shots[:0]
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Input to screen: a key typed, until a screenshot differs.
+	var typed []time.Duration
+	for _, key := range []string{"a", "b", "c", "d", "e"} {
+		before, _ := screenshotB(b, sb)
+		t0 := time.Now()
+		if err := sb.Press(ctx, key); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			now, _ := screenshotB(b, sb)
+			if string(now) != string(before) {
+				break
+			}
+			if time.Since(t0) > time.Minute {
+				b.Fatal("a key typed never reached the screen")
+			}
+		}
+		typed = append(typed, time.Since(t0))
+	}
+	// Idle: the host's memory for it, and its disk, after 30 s.
+	time.Sleep(30 * time.Second)
+	info, err := sb.Inspect(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	img, err := vm.Lookup(ctx, storeOf(b, root), ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := os.Stat(img.Path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p50 := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(p50(cold), "cold-p50-ms")
+	b.ReportMetric(p50(byHand), "byhand-p50-ms")
+	b.ReportMetric(p50(shots), "screenshot-p50-ms")
+	b.ReportMetric(p50(typed), "input-p50-ms")
+	b.ReportMetric(float64(info.MemoryBytes)/(1<<20), "idle-host-MiB")
+	b.ReportMetric(float64(spec.Memory)/(1<<20), "guest-MiB")
+	b.ReportMetric(float64(info.DiskUsed)/(1<<20), "overlay-MiB")
+	b.ReportMetric(float64(st.Size())/(1<<20), "image-MiB")
+	accel := 0.0
+	if info.VM != nil && info.VM.Accel == "kvm" {
+		accel = 1
+	}
+	b.ReportMetric(accel, "kvm")
+}
+
+// screenshotB is sb's screen.
+func screenshotB(b *testing.B, sb *sdk.Sandbox) ([]byte, api.Screenshot) {
+	b.Helper()
+	png, info, err := sb.Screenshot(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return png, info
+}
+
+// bootByHand boots the VM image ref of root's store with QEMU alone, as
+// docs/vm.md shows (an overlay of its disk, the firmware's variables
+// copied), to its login prompt on the serial console, and says how long
+// that took.
+func bootByHand(b *testing.B, root, ref string) time.Duration {
+	b.Helper()
+	img, err := vm.Lookup(context.Background(), storeOf(b, root), ref)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	overlay, vars := filepath.Join(dir, "disk.qcow2"), filepath.Join(dir, "vars.fd")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-b", img.Path, "-F", "qcow2", overlay).CombinedOutput(); err != nil {
+		b.Fatalf("qemu-img: %v: %s", err, out)
+	}
+	if out, err := exec.Command("cp", vm.OVMFVars, vars).CombinedOutput(); err != nil {
+		b.Fatalf("cp: %v: %s", err, out)
+	}
+	t0 := time.Now()
+	qemu := exec.Command("qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-machine", "q35", "-accel", "tcg,tb-size=64", "-cpu", "qemu64", "-smp", "1", "-m", "1024",
+		"-drive", "if=pflash,format=raw,readonly=on,file="+vm.OVMFCode, "-drive", "if=pflash,format=raw,file="+vars,
+		"-drive", "if=virtio,format=qcow2,file="+overlay, "-serial", "stdio")
+	out, err := qemu.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	qemu.Stderr = qemu.Stdout
+	if err := qemu.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { qemu.Process.Kill(); qemu.Wait() }()
+	found := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Split(bufio.ScanWords)
+		for sc.Scan() {
+			if strings.HasSuffix(sc.Text(), "login:") {
+				close(found)
+				break
+			}
+		}
+		for sc.Scan() {
+		}
+	}()
+	select {
+	case <-found:
+		return time.Since(t0)
+	case <-time.After(5 * time.Minute):
+		b.Fatal("QEMU alone never reached the login prompt")
+	}
+	return 0
+}
+
+// storeOf opens root's store.
+func storeOf(b *testing.B, root string) *store.Store {
+	b.Helper()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
