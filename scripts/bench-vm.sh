@@ -30,10 +30,11 @@ printf '%-66s %8s MiB %8s MiB %8s\n' "disk each VM adds (its overlay) vs the ima
 
 boot=(--target-text "on a hardware-KVM host: agent-ready within 5 s of the create; not measurable under TCG")
 [ "$accel" != kvm ] || boot=(--target "<= 5000" --target-text "agent-ready within 5 s of the create")
+# (QEMU alone to its serial login prompt is printed above, not recorded as the baseline: it reaches that prompt well
+# after the stage the agent answers at, see BENCHMARKS.md.)
 bench_record --id vm-boot --area "Full VMs" --unit ms \
-	--title "create to first exec of a full VM booted through OVMF vs QEMU alone to its login prompt, p50 ($A)" \
-	--value "$(metric "$out" cold-p50-ms)" --baseline "$(metric "$out" byhand-p50-ms)" --baseline-what "QEMU alone" \
-	--ratio "$(ratio "$(metric "$out" cold-p50-ms)" "$(metric "$out" byhand-p50-ms)")" "${boot[@]}"
+	--title "create to first exec of a full VM booted through OVMF, p50 ($A)" \
+	--value "$(metric "$out" cold-p50-ms)" "${boot[@]}"
 bench_record --id vm-screenshot --area "Full VMs" --unit ms \
 	--title "a full VM's screenshot through the SDK, p50 ($A)" --value "$(metric "$out" screenshot-p50-ms)" \
 	--target-text "on hardware KVM: <= 50 ms"
