@@ -59,6 +59,10 @@ const (
 // /init): dsec-init then serves as the guest's agent.
 const GuestEnv = "DSEC_GUEST"
 
+// GuestSystem is GuestEnv's value for a full VM's agent, a service of
+// the guest's own init (package vm's units set it).
+const GuestSystem = "system"
+
 // SnapshotInfo is what a microVM's memory snapshot took: the nonce its
 // agent's next session comes after (a guest restored from it is at that
 // point), how long the guest was paused, and the images of its RAM

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
 
 // The guest agent in a VM image: dsec's agent (the dsec-init binary, in
@@ -35,7 +37,7 @@ const AgentBinary = "dsec-init"
 
 // AgentEnv is the environment the agent's service runs the binary
 // with: it is a full VM's agent (initproto.GuestEnv).
-const AgentEnv = "DSEC_GUEST=system"
+const AgentEnv = initproto.GuestEnv + "=" + initproto.GuestSystem
 
 // AgentUnits are the units the image build writes into the root file
 // system's /etc/systemd/system: a mount of the agent's disk, and the

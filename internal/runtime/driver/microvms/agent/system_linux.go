@@ -18,9 +18,6 @@ import (
 // policy's paths, and serves commands as root of the guest (whose kernel
 // is its own: no capability is dropped).
 
-// SystemEnv is GuestEnv's value for a full VM's agent.
-const SystemEnv = "system"
-
 // setupSystem makes the running guest the sandbox spec describes.
 func setupSystem(s *initproto.GuestSpec) (*guest, error) {
 	setClock(s)
