@@ -175,6 +175,9 @@ type Snapshot struct {
 	Folded int `json:"folded,omitempty"`
 	// Memory: a memory snapshot's guest.
 	Memory *SnapshotMemory `json:"memory,omitempty"`
+	// BlockDiff: a full VM's snapshot, a block diff of its disk (Size
+	// and Bytes its bytes; no files counted), which branches boot.
+	BlockDiff bool `json:"block_diff,omitempty"`
 }
 
 // SnapshotMemory is the guest a memory snapshot holds: its machine, and

@@ -54,3 +54,18 @@ type Drag struct {
 	From Point `json:"from"`
 	To   Point `json:"to"`
 }
+
+// VNC is a grant to watch, and drive, a full VM's screen over VNC (POST
+// /v1/sandboxes/NAME/vnc): a WebSocket at Path (its binary messages the
+// RFB protocol, as noVNC speaks it) that opens with Token alone (the
+// query's token, or an Authorization: Bearer header), until the grant
+// is revoked (DELETE /v1/sandboxes/NAME/vnc), another replaces it, the
+// sandbox stops or its worker restarts. Off until asked for.
+type VNC struct {
+	Sandbox string `json:"sandbox"`
+	Path    string `json:"path"` // /v1/vnc/NAME
+	Token   string `json:"token"`
+}
+
+// VNCPath is the path of a sandbox's VNC WebSocket.
+func VNCPath(name string) string { return "/" + Version + "/vnc/" + name }

@@ -6,7 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
+
+	"github.com/coder/websocket"
+	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
 )
@@ -56,4 +63,39 @@ func (s *Sandbox) Press(ctx context.Context, key string) error {
 // Click clicks the left button at (x, y) of the screen.
 func (s *Sandbox) Click(ctx context.Context, x, y int) error {
 	return s.Input(ctx, api.Input{Click: &api.Click{Point: api.Point{X: x, Y: y}}})
+}
+
+// VNC grants a token to the sandbox's screen over VNC (a full VM's),
+// ending any grant before it: DialVNC opens it, as does a noVNC client
+// given the WebSocket's URL (VNCURL).
+func (s *Sandbox) VNC(ctx context.Context) (api.VNC, error) {
+	var g api.VNC
+	return g, s.c.do(ctx, "POST", s.path("/vnc"), nil, &g)
+}
+
+// RevokeVNC ends the sandbox's VNC grant, and the connections it opened.
+func (s *Sandbox) RevokeVNC(ctx context.Context) error {
+	return s.c.do(ctx, "DELETE", s.path("/vnc"), nil, nil)
+}
+
+// VNCURL is the WebSocket URL of grant g on the client's worker, its
+// token in the query (what noVNC's url option takes).
+func (c *Client) VNCURL(g api.VNC) string {
+	base := strings.TrimSuffix(c.base, "/"+api.Version)
+	base = "ws" + strings.TrimPrefix(base, "http")
+	return base + g.Path + "?token=" + url.QueryEscape(g.Token)
+}
+
+// DialVNC opens grant g's WebSocket: the connection speaks RFB with the
+// sandbox's VNC server, as a VNC viewer's TCP connection would.
+func (c *Client) DialVNC(ctx context.Context, g api.VNC) (net.Conn, error) {
+	ws, resp, err := websocket.Dial(ctx, c.VNCURL(g), &websocket.DialOptions{HTTPClient: c.hc, Subprotocols: []string{"binary"}})
+	if err != nil {
+		if resp != nil && resp.StatusCode == http.StatusForbidden {
+			return nil, fmt.Errorf("the worker refused the VNC grant of sandbox %s (revoked, replaced, or the sandbox stopped): ask for another: %w", g.Sandbox, errdefs.ErrPermissionDenied)
+		}
+		return nil, fmt.Errorf("open sandbox %s's VNC: %v: %w", g.Sandbox, err, ErrInfra)
+	}
+	ws.SetReadLimit(-1) // a screen's update may be large
+	return websocket.NetConn(context.WithoutCancel(ctx), ws, websocket.MessageBinary), nil
 }

@@ -16,7 +16,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
@@ -38,6 +41,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
@@ -277,6 +281,10 @@ func TestTenancy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A full VM's snapshots, A's and the admin's, as a worker records
+	// them: a block diff over a VM image's disk (no VM boots here).
+	vmSnapshot(t, te.root, "tenants/"+te.ids["a"]+"/a-vm:1")
+	vmSnapshot(t, te.root, "adm-vm:1")
 	// B's own sandbox, to try A's exec ids and files from.
 	bsb, err := b.Create(ctx, api.SandboxSpec{Name: "b-sb", Layers: []string{"bb:1"}})
 	if err != nil {
@@ -295,6 +303,9 @@ func TestTenancy(t *testing.T) {
 			{"a's digest prefix", ahex[:12], other[:12]},
 			{"the admin's snapshot", "adm-snap:1", "zz-snap:1"},
 			{"the admin's snapshot's digest prefix", strings.TrimPrefix(admSnap.Digest, "sha256:")[:16], other[:16]},
+			{"a's VM snapshot", "a-vm:1", "zz-vm:1"},
+			{"a's VM snapshot in its namespace", "tenants/" + te.ids["a"] + "/a-vm:1", "tenants/" + te.ids["a"] + "/zz-vm:1"},
+			{"the admin's VM snapshot", "adm-vm:1", "zz-vm:1"},
 		}
 		routes := []struct {
 			name string
@@ -369,8 +380,17 @@ func TestTenancy(t *testing.T) {
 			}
 			sb.Remove(ctx, true)
 		}
-		if s, _ := a.Snapshots(ctx); len(s) != 2 || s[0].Name != "a-snap:1" && s[1].Name != "a-snap:1" {
-			t.Errorf("a's snapshots: %+v", s)
+		var mine []string
+		if s, err := a.Snapshots(ctx); err == nil {
+			for _, n := range s {
+				mine = append(mine, n.Name)
+			}
+		}
+		if slices.Sort(mine); !slices.Equal(mine, []string{"a-snap:1", "a-vm:1", "bb:2"}) {
+			t.Errorf("a's snapshots: %v", mine)
+		}
+		if n, err := a.Snapshot(ctx, "a-vm:1"); err != nil || n.Name != "a-vm:1" || n.Parent != "vm-base:1" {
+			t.Errorf("a's VM snapshot by name: %+v %v", n, err)
 		}
 		if n, err := a.Snapshot(ctx, "a-snap:1"); err != nil || n.Name != "a-snap:1" || n.Digest != asnap.Digest {
 			t.Errorf("a's snapshot by name: %+v %v", n, err)
@@ -530,6 +550,12 @@ func TestTenancy(t *testing.T) {
 			{"idle", func(sb *sdk.Sandbox) error { _, err := sb.Idle(ctx, time.Minute); return err }},
 			{"screen", func(sb *sdk.Sandbox) error { _, _, err := sb.Screenshot(ctx); return err }},
 			{"input", func(sb *sdk.Sandbox) error { return sb.Type(ctx, "x") }},
+			{"vnc", func(sb *sdk.Sandbox) error { _, err := sb.VNC(ctx); return err }},
+			{"vnc revoke", func(sb *sdk.Sandbox) error { return sb.RevokeVNC(ctx) }},
+			{"vnc socket", func(sb *sdk.Sandbox) error { // no grant: every token and name alike
+				_, err := b.DialVNC(ctx, api.VNC{Sandbox: sb.Name, Path: api.VNCPath(sb.Name), Token: te.tokens["b"]})
+				return err
+			}},
 			{"remove", func(sb *sdk.Sandbox) error { return sb.Remove(ctx, true) }},
 		}
 		for _, r := range routes {
@@ -995,6 +1021,44 @@ func TestTenancy(t *testing.T) {
 	te.local.Sandbox(aeID).Remove(ctx, true)
 	if l, err := te.local.List(ctx); err != nil || len(l) != 0 {
 		t.Errorf("left: %+v %v", l, err)
+	}
+}
+
+// vmSnapshot records tag in root's store as a full VM's snapshot: a
+// diff over the disk of the VM image vm-base:1, both small qcow2
+// images of their own.
+func vmSnapshot(t *testing.T, root, tag string) {
+	t.Helper()
+	ctx := context.Background()
+	s := mustStore(t, root)
+	release, err := s.Writer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	var chain []ocispec.Descriptor
+	for i := range 2 {
+		p := filepath.Join(t.TempDir(), "disk.qcow2")
+		if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", p, strconv.Itoa(1<<20+i<<16)).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-img (make deps installs qemu-utils): %v: %s", err, out)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.WriteBlob(vm.MediaTypeDisk, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain = append(chain, d)
+	}
+	ref, err := layer.ParseRef(tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := vm.Record{Created: time.Now().UTC(), Sandbox: "a VM", Parent: "vm-base:1", Disk: vm.Disk{Size: 1 << 20, Agent: vm.AgentSystemd}}
+	if _, err := vm.Snapshot(ctx, s, ref, chain, rec); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -557,7 +557,7 @@ func (a *app) lifecycleCommand(use, short, long string, call func(context.Contex
 func (a *app) sandboxCommands() []*cobra.Command {
 	return []*cobra.Command{
 		a.runCommand(), a.execCommand(), a.psCommand(), a.inspectCommand(), a.logsCommand(), a.cpCommand(), a.gradeCommand(), a.idleCommand(),
-		a.screenCommand(), a.inputCommand(),
+		a.screenCommand(), a.inputCommand(), a.vncCommand(),
 		a.lifecycleCommand("stop", "Stop sandboxes, keeping their files",
 			"Stop kills every process of each sandbox and unmounts its root; its files (everything it\nwrote) stay, and dsec start runs it again on them.",
 			func(ctx context.Context, s *sdk.Sandbox, _ bool) error { return s.Stop(ctx) }),

@@ -3,7 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
-
+	"io"
+	"net"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -146,4 +147,89 @@ func inputOf(action string, args []string, button string, double bool) (api.Inpu
 		return api.Input{}, errors.New("input scroll 0 turns nothing: give a number of notches, negative for up")
 	}
 	return api.Input{Scroll: nums[0]}, nil
+}
+
+func (a *app) vncCommand() *cobra.Command {
+	var listen string
+	var revoke, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "vnc NAME [--listen ADDR]",
+		Short: "Watch and drive a full VM's screen with a VNC viewer",
+		Long: `Vnc grants a token to the screen of a sandbox of the vm backend (a full VM) over VNC and prints
+the WebSocket URL that opens with it (noVNC's url; the RFB protocol in binary messages). The
+token opens that sandbox's screen alone, and nothing else of the worker; a new grant ends the
+one before, and the sandbox's stop or removal, --revoke, or the worker's restart ends it and
+its connections. VNC is off until a grant is asked for.
+
+--listen ADDR serves the grant on a local TCP address for any VNC viewer (vncviewer,
+remmina), until interrupted: each viewer's connection is carried over the WebSocket. Other
+backends have no screen (exit 8).
+
+` + exitCodesHelp,
+		Example: `  dsec vnc vm1                              # wss://HOST:7443/v1/vnc/vm1?token=...
+  dsec vnc vm1 --listen 127.0.0.1:5901      # then: vncviewer 127.0.0.1:5901
+  dsec vnc vm1 --revoke`,
+		Args:              exactArgs(1),
+		ValidArgsFunction: a.completeSandboxes,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb := c.Sandbox(args[0])
+			if revoke {
+				return sb.RevokeVNC(cmd.Context())
+			}
+			g, err := sb.VNC(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if listen == "" {
+				if asJSON {
+					return a.printJSON(struct {
+						api.VNC
+						URL string `json:"url"`
+					}{g, c.VNCURL(g)})
+				}
+				if !c.Remote() { // the unix socket: no URL a browser reaches
+					fmt.Fprintf(a.stderr, "dsec: the worker is on its unix socket: serve the grant with --listen ADDR, or reach it over TCP (dsec daemon --listen)\n")
+					_, err := fmt.Fprintf(a.stdout, "%s?token=%s\n", g.Path, g.Token)
+					return err
+				}
+				_, err := fmt.Fprintln(a.stdout, c.VNCURL(g))
+				return err
+			}
+			l, err := net.Listen("tcp", listen)
+			if err != nil {
+				return usageError{fmt.Errorf("--listen %s: %w", listen, err)}
+			}
+			defer l.Close()
+			fmt.Fprintf(a.stderr, "dsec: VNC of %s on %s (interrupt to end)\n", g.Sandbox, l.Addr())
+			go func() { <-cmd.Context().Done(); l.Close() }()
+			for {
+				viewer, err := l.Accept()
+				if err != nil {
+					if cmd.Context().Err() != nil {
+						return nil
+					}
+					return err
+				}
+				go func() {
+					defer viewer.Close()
+					vnc, err := c.DialVNC(cmd.Context(), g)
+					if err != nil {
+						fmt.Fprintf(a.stderr, "dsec: %v\n", err)
+						return
+					}
+					defer vnc.Close()
+					go func() { io.Copy(vnc, viewer); vnc.Close() }()
+					io.Copy(viewer, vnc)
+				}()
+			}
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "", "serve the grant on this local TCP address for a VNC viewer, e.g. 127.0.0.1:5901")
+	cmd.Flags().BoolVar(&revoke, "revoke", false, "end the sandbox's grant and its connections")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the grant (its token and URL) as JSON")
+	return cmd
 }

@@ -61,10 +61,16 @@ sparse image; its device state goes through migration to a file), and its disk. 
 whole, never an increment. No command may run in it meanwhile (exit 9 if one does); a
 sandbox of another backend is refused (exit 8).
 
+A full VM's snapshot (--backend vm) is a block diff of its disk: what the guest wrote since
+it started or was last snapshotted, its file systems frozen meanwhile, as a qcow2 image
+over the disk's chain. The snapshot is a VM image (dsec vm image ls lists it) that its
+branches boot; --max-bytes bounds the diff (one over it is kept for the sandbox, untagged).
+
 ` + snapNote + "\n\n" + exitCodesHelp,
 		Example: `  dsec snap pack-diff rollout-7 -t rollout-7:12
   dsec snap pack-diff rollout-7 -t rollout-7:13 --json
-  dsec snap pack-diff vm-7 -t vm-7:3 --memory      # a microVM, processes and all`,
+  dsec snap pack-diff vm-7 -t vm-7:3 --memory      # a microVM, processes and all
+  dsec snap pack-diff desk -t desk:1               # a full VM: a block diff of its disk`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: a.completeSandboxes,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,6 +102,11 @@ sandbox of another backend is refused (exit 8).
 			kind := "whole"
 			if s.Incremental {
 				kind = "increment"
+			}
+			if s.BlockDiff {
+				fmt.Fprintf(a.stdout, "%s\t%s over %s: a block diff of the VM's disk, %s; frozen %s\n", s.Name, kind, s.Parent,
+					humanBytes(s.Size), time.Duration(s.FrozenSeconds*float64(time.Second)).Round(time.Millisecond))
+				return nil
 			}
 			fmt.Fprintf(a.stdout, "%s\t%s over %s: %d paths, %s of files, %d whiteouts, %s layer; frozen %s\n", s.Name, kind,
 				s.Parent, s.Entries-s.Unchanged, humanBytes(s.Bytes), s.Whiteouts, humanBytes(s.Size),

@@ -197,7 +197,19 @@ func printVMImage(w io.Writer, img *vm.Image) error {
 	d := img.Disk
 	fmt.Fprintf(tw, "name:\t%s\n", img.Tag)
 	fmt.Fprintf(tw, "os:\t%s\n", d.OS)
-	fmt.Fprintf(tw, "disk:\t%s (qcow2 of %s, taking %s)\n", img.Path, humanBytes(d.Size), humanBytes(img.Blob.Size))
+	if len(img.Chain) > 1 {
+		var all int64
+		for _, c := range img.Chain {
+			all += c.Size
+		}
+		fmt.Fprintf(tw, "disk:\t%s (qcow2 of %s: a diff of %s over %d images, %s in all)\n", img.Path, humanBytes(d.Size),
+			humanBytes(img.Blob.Size), len(img.Chain)-1, humanBytes(all))
+	} else {
+		fmt.Fprintf(tw, "disk:\t%s (qcow2 of %s, taking %s)\n", img.Path, humanBytes(d.Size), humanBytes(img.Blob.Size))
+	}
+	if img.Sandbox != "" {
+		fmt.Fprintf(tw, "snapshot:\tof sandbox %s, over %s\n", img.Sandbox, img.Parent)
+	}
 	fmt.Fprintf(tw, "kernel:\t%s\n", d.Kernel)
 	fmt.Fprintf(tw, "cmdline:\t%s\n", d.Cmdline)
 	for _, p := range []struct {

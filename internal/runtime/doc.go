@@ -47,7 +47,7 @@
 //	driver.Driver: Start(StartSpec) → Started · Attach(Handle) ·
 //	  │            Teardown(Handle)
 //	  │   + abilities: ImageUpper, WarmPauser, Prestarter, UpperHolder,
-//	  │     FileOpener, MemorySnapshotter, BaseResolver
+//	  │     FileOpener, MemorySnapshotter, BaseResolver, DiskSnapshotter
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
 //	  │   + abilities: Restricter, Protecter, Renamer, Signaler,
@@ -59,7 +59,8 @@
 //	  │             the same init, reached through its shim
 //	  └── vm        (package driver/vms): a full VM booted through
 //	                firmware from its own disk image (a BaseResolver:
-//	                no layers), the same agent as a systemd service
+//	                no layers), the same agent as a systemd service;
+//	                its snapshots block diffs (a DiskSnapshotter)
 //
 // A Sandbox does what every kind of sandbox needs; its driver, a package
 // outside this one, does what only its backend does. A driver is given

@@ -492,12 +492,8 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	var kinds []layer.Kind
 	if err := leased(h.Store, sb.lease, func() ([]string, error) {
 		if b, ok := sb.d.(driver.BaseResolver); ok { // its own base, no layers
-			want := ""
-			if len(sb.Digests) > 0 {
-				want = sb.Digests[0]
-			}
-			base, err := b.ResolveBase(ctx, h.Store, sb.Layers[0], want)
-			digests, images = []string{base.Digest}, []string{base.File}
+			base, err := b.ResolveBase(ctx, h.Store, sb.Layers[0], sb.Digests)
+			digests, images = base.Digests, base.Files
 			return digests, err
 		}
 		for i, ref := range sb.Layers {

@@ -167,3 +167,18 @@ func (sb *Sandbox) pointer(ctx context.Context, in api.Input) ([]screen.Event, e
 	}
 	return events, nil
 }
+
+// VNC is the unix socket the running sandbox's VNC server listens on
+// (a full VM's): the worker's grants reach it, nothing else.
+func (sb *Sandbox) VNC() (string, error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.Status != Running || sb.c == nil {
+		return "", fmt.Errorf("sandbox %s is %s: start it first: %w", sb.Name, sb.Status, errdefs.ErrFailedPrecondition)
+	}
+	v, ok := sb.d.(driver.VNCServer)
+	if !ok {
+		return "", fmt.Errorf("the %s backend has no screen to serve over VNC (a full VM's has: --backend vm): %w", sb.backendName(), errdefs.ErrNotImplemented)
+	}
+	return v.VNC(sb.handle())
+}

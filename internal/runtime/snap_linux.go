@@ -56,6 +56,9 @@ func (sb *Sandbox) PackDiff(ctx context.Context, o PackOptions) (*Packed, error)
 	if sb.Status != Running || sb.g == nil {
 		return nil, fmt.Errorf("sandbox %s is %s: pack-diff snapshots a running sandbox (dsec start %s): %w", sb.Name, sb.Status, sb.Name, errdefs.ErrFailedPrecondition)
 	}
+	if ds, ok := sb.d.(driver.DiskSnapshotter); ok {
+		return sb.packDisk(ctx, ds, o)
+	}
 	if _, err := layer.Resolve(ctx, o.Store, o.Ref.String()); err == nil {
 		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
 	}

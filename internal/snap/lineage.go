@@ -12,12 +12,14 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 )
 
 // Node is a snapshot in the lineage DAG.
 type Node struct {
 	api.SnapshotNode
 	lowers []layer.Lower
+	vm     bool // a full VM's disk snapshot (a VM image), not a layer
 }
 
 // User is a sandbox, as far as lineage cares: what it stands on.
@@ -55,6 +57,11 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 		}
 		nodes = append(nodes, n)
 	}
+	vms, err := vmSnapshots(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	nodes = append(nodes, vms...)
 	for _, n := range nodes {
 		for _, m := range nodes {
 			// A snapshot with its parent's very image (an older dsec
@@ -127,8 +134,36 @@ func Remove(ctx context.Context, s *store.Store, ref string, users []User, force
 		return nil, fmt.Errorf("snapshot %s is still stood on by %s: remove those first, or --force (the tag goes; gc keeps the snapshot, untagged, while they stand on it): %w",
 			r, strings.Join(on, ", "), errdefs.ErrFailedPrecondition)
 	}
+	if n.vm {
+		if _, err := s.Untag(ctx, r.String()); err != nil {
+			return nil, err
+		}
+		return n, nil
+	}
 	if _, err := layer.Remove(ctx, s, r.String()); err != nil {
 		return nil, err
 	}
 	return n, nil
+}
+
+// vmSnapshots are the store's snapshots of full VMs' disks: VM images
+// whose last image is a sandbox's block diff over the rest (package
+// vm), each standing on the image or snapshot it was taken over.
+func vmSnapshots(ctx context.Context, s *store.Store) ([]*Node, error) {
+	imgs, err := vm.List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Node
+	for _, img := range imgs {
+		if img.Sandbox == "" || len(img.Chain) < 2 {
+			continue
+		}
+		under := img.Chain[len(img.Chain)-2].Digest
+		out = append(out, &Node{SnapshotNode: api.SnapshotNode{Name: img.Tag, Digest: img.Blob.Digest.String(), Size: img.Blob.Size,
+			Parent: img.Parent, Layers: []string{img.Parent}, Sandbox: img.Sandbox, Incremental: len(img.Chain) > 2,
+			Created: img.Created, Children: []string{}, Branches: []string{}, Sandboxes: []string{}},
+			lowers: []layer.Lower{{Ref: img.Parent, Digest: under}}, vm: true})
+	}
+	return out, nil
 }

@@ -365,6 +365,14 @@ class Sandbox:
     async def read_file(self, path: str) -> bytes:
         return await self.client._body("GET", _wire.sandbox_path(self.name, "/files", path=path))
 
+    async def vnc(self) -> Dict[str, str]:
+        """A VNC grant to a full VM's screen; see Sandbox.vnc of dsec.Client."""
+        return await self.client._json("POST", _wire.sandbox_path(self.name, "/vnc"))
+
+    async def revoke_vnc(self) -> None:
+        """End the sandbox's VNC grant; see Sandbox.revoke_vnc of dsec.Client."""
+        await self.client._body("DELETE", _wire.sandbox_path(self.name, "/vnc"))
+
     async def pack_diff(self, tag: str, memory: bool = False) -> Snapshot:
         req: Dict[str, Any] = {"tag": tag}
         if memory:

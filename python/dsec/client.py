@@ -323,6 +323,17 @@ class Sandbox:
         """Click at pixel (x, y) of a full VM's screen."""
         self.input(click={"x": x, "y": y, "button": button, "double": double})
 
+    def vnc(self) -> Dict[str, str]:
+        """Grant a token to a full VM's screen over VNC, ending the grant
+        before: {"sandbox", "path", "token"}; the WebSocket at path (RFB in
+        binary messages, as noVNC speaks it) opens with ?token= alone.
+        Another backend has no screen: NotImplementedByWorker."""
+        return self.client._json("POST", _wire.sandbox_path(self.name, "/vnc"))
+
+    def revoke_vnc(self) -> None:
+        """End the sandbox's VNC grant and the connections it opened."""
+        self.client._send("DELETE", _wire.sandbox_path(self.name, "/vnc")).read()
+
     def pack_diff(self, tag: str, memory: bool = False) -> Snapshot:
         """Snapshot what the sandbox changed as a layer tagged NAME:STEP;
         memory: a microVM's guest whole too, its processes and memory, which

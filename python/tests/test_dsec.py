@@ -160,6 +160,8 @@ def test_remote_rollout(worker):
         sb.screenshot()  # a full VM's only
     with pytest.raises(dsec.NotImplementedByWorker):
         sb.type_text("x")
+    with pytest.raises(dsec.NotImplementedByWorker, match="no screen to serve over VNC"):
+        sb.vnc()
     with pytest.raises(dsec.InvalidArgument, match="one of text, key"):
         sb.input(text="a", key="b")
     sb.pause()

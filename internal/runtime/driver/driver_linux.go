@@ -18,6 +18,7 @@ package driver
 import (
 	"context"
 	"os"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -186,19 +187,38 @@ type (
 	// BaseResolver: a sandbox boots a base of the backend's own kind (a
 	// full VM's disk image), not a stack of layers: its one layer ref
 	// names that base, which ResolveBase resolves in s (want: the
-	// digest a sandbox stands on already, "" none yet). The runtime
-	// mounts no layers for it; StartSpec.Images holds the base's file.
+	// digests a sandbox stands on already, nil none yet). The runtime
+	// mounts no layers for it; StartSpec.Images holds the base's files.
 	BaseResolver interface {
-		ResolveBase(ctx context.Context, s *store.Store, ref, want string) (Base, error)
+		ResolveBase(ctx context.Context, s *store.Store, ref string, want []string) (Base, error)
+	}
+	// VNCServer: a running sandbox's screen is served over VNC (RFB) on
+	// a unix socket only the host reaches (a full VM's), which VNC
+	// names.
+	VNCServer interface {
+		VNC(h Handle) (socket string, err error)
+	}
+	// DiskSnapshotter: a sandbox's disk is a chain of copy-on-write
+	// images, its base's (StartSpec.Images) under a top of its own in
+	// its upper (a full VM's). SnapshotDisk ends that top where the
+	// guest is now, its file systems frozen meanwhile (for frozen), and
+	// stacks a new one over it; it writes the ended top to w, the block
+	// diff a snapshot adds to the chain of depth images. The ended top's
+	// file stays in the upper until commit, which the caller calls once
+	// its state names w's blob (its chain one longer): a sandbox started
+	// before that finds both tops, and merges them.
+	DiskSnapshotter interface {
+		SnapshotDisk(ctx context.Context, h Handle, upper string, depth int, w *os.File) (commit func() error, frozen time.Duration, err error)
 	}
 )
 
-// Base is a backend's own base as a sandbox stands on it: the digest its
-// state keeps (a collection keeps that blob while the sandbox is), and
-// the file the backend starts from.
+// Base is a backend's own base as a sandbox stands on it: the digests
+// its state keeps (a collection keeps those blobs while the sandbox is),
+// and the files the backend starts from, both topmost first (a VM
+// snapshot's block diffs over its image's disk).
 type Base struct {
-	Digest string
-	File   string
+	Digests []string
+	Files   []string
 }
 
 // Warm is an instance a Prestarter made ahead of need, which its

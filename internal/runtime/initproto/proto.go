@@ -88,6 +88,7 @@ const (
 	OpBalloon  Op = "balloon"  // set the balloon's target: the guest's memory, Balloon bytes (0: all of it)
 	OpScreen   Op = "screen"   // write the screen as PNG to Path (a full VM's)
 	OpInput    Op = "input"    // press Keys, then send Events (a full VM's keyboard and tablet)
+	OpDiskSnap Op = "disksnap" // stack the empty image Path over the disk's top, the file Current (a full VM's)
 )
 
 // Request is what the worker sends the init.
@@ -135,9 +136,11 @@ type Request struct {
 	// Path: where OpScreen writes the screen (a file of the sandbox's
 	// directory). Keys and Events: OpInput's key presses (each one's
 	// qcodes held together) and pointer events.
-	Path   string         `json:"path,omitempty"`
-	Keys   []screen.Key   `json:"keys,omitempty"`
-	Events []screen.Event `json:"events,omitempty"`
+	// OpDiskSnap: the image to stack (Path) and the top it goes over.
+	Path    string         `json:"path,omitempty"`
+	Current string         `json:"current,omitempty"`
+	Keys    []screen.Key   `json:"keys,omitempty"`
+	Events  []screen.Event `json:"events,omitempty"`
 	// Setup: what a guest's root is made of (opSetup).
 	Setup *GuestSpec `json:"setup,omitempty"`
 	// Stop: a memory snapshot leaves the guest stopped, never to run

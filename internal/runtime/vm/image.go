@@ -22,13 +22,20 @@ import (
 )
 
 // Media types of a VM image in the store: an OCI manifest of artifact
-// type ArtifactType whose config is the Record and whose one layer is
-// the disk, as qcow2 (what its partitions hold, however large the disk).
+// type ArtifactType whose config is the Record and whose layers are its
+// disk, as qcow2 images (what its partitions hold, however large the
+// disk): one for an image built, the image's and then one block diff
+// per snapshot for a snapshot of a VM (Snapshot), base first. A diff
+// names no backing file of its own (its bytes are the same on every
+// host): the backend stacks the chain itself.
 const (
 	ArtifactType    = "application/vnd.dsec.vm.image.v1"
 	MediaTypeRecord = "application/vnd.dsec.vm.image.record.v1+json"
 	MediaTypeDisk   = "application/vnd.dsec.vm.disk.v1.qcow2"
 	maxJSON         = 1 << 20
+	// MaxChain bounds a disk's chain: QEMU opens every image of it, and
+	// reads walk it down to where a block was last written.
+	MaxChain = 64
 )
 
 // Record is what the store keeps of a VM image beside its disk.
@@ -36,15 +43,40 @@ type Record struct {
 	Created time.Time `json:"created"`
 	Source  string    `json:"source"` // the trees it was built from, topmost first, ", " between
 	Disk    Disk      `json:"disk"`
+	// A snapshot's: the sandbox it was taken of, and the VM image or
+	// snapshot it was taken over (the chain less its last diff).
+	Sandbox string `json:"sandbox,omitempty"`
+	Parent  string `json:"parent,omitempty"`
 }
 
 // Image is a VM image in the store.
 type Image struct {
-	Tag  string             `json:"name"`
-	ID   digest.Digest      `json:"id"` // its manifest's digest
-	Blob ocispec.Descriptor `json:"blob"`
-	Path string             `json:"path"` // the disk's qcow2 file in the store (read-only)
+	Tag string        `json:"name"`
+	ID  digest.Digest `json:"id"` // its manifest's digest
+	// Blob is the disk's top (a snapshot's diff), Path its file in the
+	// store (read-only); Chain the whole disk, base first.
+	Blob  ocispec.Descriptor   `json:"blob"`
+	Path  string               `json:"path"`
+	Chain []ocispec.Descriptor `json:"chain,omitempty"`
 	Record
+}
+
+// Files are the image's disk's files in the store, topmost first.
+func (img *Image) Files(s *store.Store) []string {
+	out := make([]string, len(img.Chain))
+	for i, d := range img.Chain {
+		out[len(out)-1-i] = s.BlobPath(d.Digest)
+	}
+	return out
+}
+
+// Digests are the image's disk's blobs, topmost first.
+func (img *Image) Digests() []string {
+	out := make([]string, len(img.Chain))
+	for i, d := range img.Chain {
+		out[len(out)-1-i] = d.Digest.String()
+	}
+	return out
 }
 
 // BuildOptions are a build's: the disk's shape, and whether the tag
@@ -114,6 +146,24 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 	}
 	blob.MediaType = MediaTypeDisk
 	rec := Record{Created: time.Now().UTC(), Source: strings.Join(trees, ", "), Disk: d}
+	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
+}
+
+// Snapshot records the VM image ref (new) whose disk is chain, blobs
+// of the store base first (the last a sandbox's block diff), as rec
+// (its Sandbox and Parent) says. The caller holds the store's writer.
+func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, rec Record) (*Image, error) {
+	if _, err := s.Resolve(ctx, ref.String()); err == nil {
+		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", ref, errdefs.ErrAlreadyExists)
+	}
+	for i := range chain {
+		chain[i].MediaType = MediaTypeDisk
+	}
+	return record(ctx, s, ref, chain, rec, false)
+}
+
+// record tags ref as the VM image of disk chain (base first) and rec.
+func record(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, rec Record, force bool) (*Image, error) {
 	rb, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -123,7 +173,7 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 		return nil, err
 	}
 	man := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
-		ArtifactType: ArtifactType, Config: cfg, Layers: []ocispec.Descriptor{blob}}
+		ArtifactType: ArtifactType, Config: cfg, Layers: chain}
 	mb, err := json.Marshal(man)
 	if err != nil {
 		return nil, err
@@ -133,10 +183,11 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 		return nil, err
 	}
 	md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}
-	if err := s.Tag(ctx, ref.String(), md, o.Force); err != nil {
+	if err := s.Tag(ctx, ref.String(), md, force); err != nil {
 		return nil, err
 	}
-	return &Image{Tag: ref.String(), ID: md.Digest, Blob: blob, Path: s.BlobPath(blob.Digest), Record: rec}, nil
+	top := chain[len(chain)-1]
+	return &Image{Tag: ref.String(), ID: md.Digest, Blob: top, Path: s.BlobPath(top.Digest), Chain: chain, Record: rec}, nil
 }
 
 // checkTag refuses a tag that names anything but a VM image, and one
@@ -182,14 +233,16 @@ func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
 		return nil, fmt.Errorf("VM image %s: %w", tag, err)
 	}
 	var man ocispec.Manifest
-	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != ArtifactType || man.Config.MediaType != MediaTypeRecord || len(man.Layers) != 1 {
+	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != ArtifactType || man.Config.MediaType != MediaTypeRecord ||
+		len(man.Layers) == 0 || len(man.Layers) > MaxChain {
 		return nil, fmt.Errorf("VM image %s: its manifest %s is no VM image's: %w", tag, d.Digest, errdefs.ErrDataLoss)
 	}
 	rb, err := s.ReadBlob(man.Config.Digest, maxJSON)
 	if err != nil {
 		return nil, fmt.Errorf("VM image %s: %w", tag, err)
 	}
-	img := &Image{Tag: tag, ID: d.Digest, Blob: man.Layers[0], Path: s.BlobPath(man.Layers[0].Digest)}
+	top := man.Layers[len(man.Layers)-1]
+	img := &Image{Tag: tag, ID: d.Digest, Blob: top, Path: s.BlobPath(top.Digest), Chain: man.Layers}
 	if err := json.Unmarshal(rb, &img.Record); err != nil {
 		return nil, fmt.Errorf("VM image %s: its record does not parse: %w", tag, errdefs.ErrDataLoss)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 )
 
 // What a token of scope sandboxes may ask for (auth.Token.Allow) and
@@ -165,6 +166,15 @@ func (w *worker) snapshotBytes(ctx context.Context, s scope) (int64, error) {
 			for _, d := range i.Snapshot.Memory.Blobs() {
 				n += d.Size
 			}
+		}
+	}
+	imgs, err := vm.List(ctx, w.host.Store)
+	if err != nil {
+		return 0, err
+	}
+	for _, img := range imgs { // a full VM's snapshots: their diffs
+		if s.ns.Owns(img.Tag) {
+			n += img.Blob.Size
 		}
 	}
 	return n, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/tenant"
 )
 
@@ -64,6 +65,17 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	own, err := s.ns.Tag(r.String())
 	if err != nil { // another's namespace
 		return "", errNoRef(ref)
+	}
+	// A VM image (a vm sandbox's base): its own snapshot's, or one the
+	// admin built; never another's snapshot.
+	if _, err := vm.Lookup(ctx, s.w.host.Store, own); err == nil {
+		return own, nil
+	}
+	if img, err := vm.Lookup(ctx, s.w.host.Store, r.String()); err == nil && own != r.String() {
+		if img.Sandbox != "" { // the admin's snapshot, or a tenant's under another name
+			return "", errNoRef(ref)
+		}
+		return r.String(), nil
 	}
 	// The local store first, its own tag before the admin's: a create
 	// on the admin's layers asks the remote nothing more than before.

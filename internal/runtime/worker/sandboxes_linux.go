@@ -310,6 +310,7 @@ func (w *worker) reserve(ctx context.Context, spec api.SandboxSpec, why purpose)
 
 // stop stops a sandbox and gives back what it held of the host.
 func (w *worker) stop(_ context.Context, e *entry) error {
+	w.vnc.revoke(e.sb.Name)
 	if err := e.sb.Stop(); err != nil {
 		return err
 	}
@@ -538,6 +539,7 @@ func (w *worker) removeSandbox(name string, sb *runtime.Sandbox) error {
 	if f := w.front.Load(); f != nil { // before the name is free again
 		f.Forget(sb.ID)
 	}
+	w.vnc.revoke(name)
 	w.mu.Lock()
 	if e := w.sandboxes[name]; e != nil && e.held {
 		w.gate.release(e.req)

@@ -19,6 +19,8 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/snap"
 )
 
@@ -80,12 +82,17 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
-	if err := w.publish(r.Context(), ref); err != nil {
+	if p.Layer.Kind == layer.KindVMImage {
+		if w.cfg.PublishSnapshots && w.host.Remote != nil {
+			w.log.Warn("a full VM's snapshot stays in this worker's store: VM images are not pushed to a remote in this release", "snapshot", ref)
+		}
+	} else if err := w.publish(r.Context(), ref); err != nil {
 		return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but %w", sc.show(ref.String()), err)
 	}
 	out := snapshotOf(p.Layer)
 	out.Entries, out.Bytes, out.Whiteouts, out.Unchanged = p.Packed.Entries, p.Packed.Bytes, p.Packed.Whiteouts, p.Packed.Unchanged
 	out.Dropped, out.FrozenSeconds = p.Packed.Dropped, p.Frozen.Seconds()
+	out.BlockDiff = p.Layer.Kind == layer.KindVMImage
 	if out.Memory != nil {
 		out.Memory.PausedSeconds = p.Paused.Seconds()
 	}
@@ -193,6 +200,12 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 		return created[[]api.Sandbox]{}, err
 	}
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
+	if w.vmSnapshot(ctx, req.Snapshot) { // its branches boot its disk
+		if spec.Backend != "" && spec.Backend != vms.VM {
+			return created[[]api.Sandbox]{}, fmt.Errorf("snapshot %s is a full VM's disk: its branches are vm sandboxes, not %s: %w", req.Snapshot, spec.Backend, errdefs.ErrInvalidArgument)
+		}
+		spec.Backend, spec.Layers, spec.Snapshot = vms.VM, []string{req.Snapshot}, ""
+	}
 	// Resolved once, for all: each branch then stands on what it named.
 	if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {
 		return created[[]api.Sandbox]{}, err
@@ -358,8 +371,23 @@ func (w *worker) isSnapshot(ctx context.Context, ref string) bool {
 	if !ok {
 		return false
 	}
+	if img, err := vm.Lookup(ctx, w.host.Store, tag); err == nil {
+		return img.Sandbox != ""
+	}
 	i, err := layer.Resolve(ctx, w.host.Store, tag)
 	return err == nil && i.Kind == layer.KindSnapshot
+}
+
+// vmSnapshot says whether ref, as ctx's caller names it, is a full VM's
+// snapshot (a VM image a sandbox's disk became), which its branches
+// boot as their base.
+func (w *worker) vmSnapshot(ctx context.Context, ref string) bool {
+	tag, ok := w.scopeOf(ctx).snapshotTag(ref)
+	if !ok || w.host.Store == nil {
+		return false
+	}
+	img, err := vm.Lookup(ctx, w.host.Store, tag)
+	return err == nil && img.Sandbox != ""
 }
 
 func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {

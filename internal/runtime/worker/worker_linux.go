@@ -62,6 +62,7 @@ type worker struct {
 	cfg  Config
 	log  *slog.Logger
 	host *runtime.Host
+	vnc  vncGrants // grants to full VMs' screens over VNC
 	// imports bounds the image imports at once (they fetch and write
 	// for the host; creates wait for them before admission).
 	imports chan struct{}
@@ -469,6 +470,9 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{name}/files", w.getFile)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/screen", w.screenshot)
 	mux.HandleFunc("POST /v1/sandboxes/{name}/input", handle(w.input))
+	mux.HandleFunc("POST /v1/sandboxes/{name}/vnc", handle(w.grantVNC))
+	mux.HandleFunc("DELETE /v1/sandboxes/{name}/vnc", handle(w.revokeVNC))
+	mux.HandleFunc("GET /v1/vnc/{name}", w.vncSocket)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/stat", w.statPath)
 	mux.HandleFunc("GET /v1/sandboxes/{name}/dir", handle(w.listDir))
 	mux.HandleFunc("POST /v1/sandboxes/{name}/mkdir", handle(w.makeDir))

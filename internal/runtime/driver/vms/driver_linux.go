@@ -19,7 +19,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
-	"strings"
 	"sync"
 	"time"
 
@@ -58,12 +57,14 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.BaseResolver = (*Driver)(nil)
-	_ driver.FileOpener   = (*Driver)(nil)
-	_ driver.UpperHolder  = (*Driver)(nil)
-	_ driver.FSFreezer    = (*vmm.VM)(nil)
-	_ driver.Screener     = (*vmm.VM)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.BaseResolver    = (*Driver)(nil)
+	_ driver.FileOpener      = (*Driver)(nil)
+	_ driver.UpperHolder     = (*Driver)(nil)
+	_ driver.DiskSnapshotter = (*Driver)(nil)
+	_ driver.VNCServer       = (*Driver)(nil)
+	_ driver.FSFreezer       = (*vmm.VM)(nil)
+	_ driver.Screener        = (*vmm.VM)(nil)
 )
 
 // New makes the driver for full VMs as s configures them.
@@ -119,23 +120,27 @@ func (d *Driver) Host() (*Host, error) {
 	return d.resolved, nil
 }
 
-// ResolveBase finds the VM image ref names in s: the digest of its disk,
-// and the disk's file. A sandbox that stands on one already (want) takes
-// that disk, whatever the tag names now.
-func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref, want string) (driver.Base, error) {
+// ResolveBase finds the VM image ref names in s: the digests of its
+// disk's chain, and their files. A sandbox that stands on one already
+// (want) takes that chain, whatever the tag names now.
+func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref string, want []string) (driver.Base, error) {
 	if s == nil {
 		return driver.Base{}, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
 	}
-	if want != "" {
-		dg, err := digest.Parse(want)
-		if err != nil {
-			return driver.Base{}, fmt.Errorf("VM image %s: its disk %q: %w", ref, want, errdefs.ErrDataLoss)
+	if len(want) > 0 {
+		b := driver.Base{Digests: want}
+		for _, w := range want {
+			dg, err := digest.Parse(w)
+			if err != nil {
+				return driver.Base{}, fmt.Errorf("VM image %s: its disk %q: %w", ref, w, errdefs.ErrDataLoss)
+			}
+			p := s.BlobPath(dg)
+			if _, err := os.Stat(p); err != nil {
+				return driver.Base{}, fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
+			}
+			b.Files = append(b.Files, p)
 		}
-		p := s.BlobPath(dg)
-		if _, err := os.Stat(p); err != nil {
-			return driver.Base{}, fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
-		}
-		return driver.Base{Digest: want, File: p}, nil
+		return b, nil
 	}
 	img, err := vm.Lookup(ctx, s, ref)
 	if err != nil {
@@ -144,7 +149,7 @@ func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref, want stri
 	if img.Disk.Agent == "" {
 		return driver.Base{}, fmt.Errorf("VM image %s has no dsec agent (its tree has no systemd, or an older dsec built it): build it again from a tree with systemd: %w", img.Tag, errdefs.ErrFailedPrecondition)
 	}
-	return driver.Base{Digest: img.Blob.Digest.String(), File: img.Path}, nil
+	return driver.Base{Digests: img.Digests(), Files: img.Files(s)}, nil
 }
 
 // minMemory is the least RAM a full VM gets: its firmware and a
@@ -184,15 +189,15 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("a full VM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
 	case s.Restore != nil:
 		return out, fmt.Errorf("a full VM cannot continue a memory snapshot in this release: %w", errdefs.ErrNotImplemented)
-	case len(s.Images) != 1 || s.Upper == "":
-		return out, fmt.Errorf("a full VM boots one disk image: %w", errdefs.ErrInvalidArgument)
+	case len(s.Images) == 0 || len(s.Images) > vm.MaxChain || s.Upper == "":
+		return out, fmt.Errorf("a full VM boots one disk image (a chain of 1 to %d images, not %d): %w", vm.MaxChain, len(s.Images), errdefs.ErrInvalidArgument)
 	}
 	ram, err := memory(s.Limits)
 	if err != nil {
 		return out, err
 	}
-	disk := filepath.Join(s.Upper, "disk.qcow2")
-	if err := overlay(ctx, disk, s.Images[0]); err != nil {
+	disk, err := top(ctx, s.Upper, s.Images)
+	if err != nil {
 		return out, err
 	}
 	vars := filepath.Join(s.Dir, "efivars.fd")
@@ -229,7 +234,8 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	defer logf.Close()
 	cpus := max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU()))
 	mach := Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: cpus, Memory: ram, Code: vm.OVMFCode, Vars: vars,
-		Disk: disk, AgentDisk: agent, AgentFD: 3, QMPFD: 4}
+		Base: s.Images, Disk: disk, AgentDisk: agent, AgentFD: 3, QMPFD: 4, VNC: vncSocket(s.Handle)}
+	os.Remove(mach.VNC)
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	spec := vmm.VMSpec{BootTimeout: h.BootTimeout, Accel: h.Accel.Name,
@@ -262,22 +268,6 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	return out, nil
 }
 
-// overlay makes the sandbox's disk at path, a qcow2 overlay over the
-// image's disk base, unless it is there (a stopped sandbox's). The
-// guest's disk is the image's size; what it writes is bounded by the
-// file system path is on (the sandbox's disk bound).
-func overlay(ctx context.Context, path, base string) error {
-	if _, err := os.Stat(path); err == nil {
-		return nil
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, path+".tmp").CombinedOutput()
-	if err != nil {
-		os.Remove(path + ".tmp")
-		return fmt.Errorf("the VM's disk: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return os.Rename(path+".tmp", path)
-}
-
 // copyNew copies src to dst unless dst is there.
 func copyNew(dst, src string) error {
 	if _, err := os.Stat(dst); err == nil {
@@ -299,15 +289,33 @@ func (d *Driver) Attach(_ context.Context, h driver.Handle) (driver.Started, err
 	return vmm.Attach(h), nil
 }
 
-// Teardown removes the sockets of the VM's shim.
-func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error { return vmm.Teardown(h) }
+// Teardown removes the sockets of the VM's shim, and its VNC server's.
+func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error {
+	errs := vmm.Teardown(h)
+	if err := os.Remove(vncSocket(h)); err != nil && !os.IsNotExist(err) {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// vncSocket is where the VM's VNC server listens.
+func vncSocket(h driver.Handle) string { return filepath.Join(h.Dir, "vnc.sock") }
+
+// VNC is the unix socket the running VM's VNC server listens on.
+func (d *Driver) VNC(h driver.Handle) (string, error) {
+	p := vncSocket(h)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("sandbox %s's VM has no VNC server (an older dsec started it): stop and start it: %w", h.Name, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}
 
 // Files opens the VM's files through its agent's file server.
 func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return vmm.Files(h) }
 
 // HoldUpper: a full VM's files are its disk's, which no diff of files
-// reads. Refused, so that a snapshot does not pack the overlay's file as
-// if it were the sandbox's files.
+// reads: its snapshots are block diffs (SnapshotDisk). Refused, so that
+// nothing packs the overlay's file as if it were the sandbox's files.
 func (d *Driver) HoldUpper(context.Context, driver.Handle) (string, func() error, error) {
-	return "", nil, fmt.Errorf("a vm sandbox's files are its own disk's: its snapshots (a block diff of the disk) are not in this release: %w", errdefs.ErrNotImplemented)
+	return "", nil, fmt.Errorf("a vm sandbox's files are its own disk's, which a snapshot keeps as a block diff, not as files: %w", errdefs.ErrNotImplemented)
 }

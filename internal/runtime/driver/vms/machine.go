@@ -1,6 +1,7 @@
 package vms
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,11 +22,17 @@ type Machine struct {
 	// Code and Vars are the firmware's code (read-only, shared) and the
 	// machine's own copy of its variable store.
 	Code, Vars string
-	// Disk is the overlay the guest boots from; AgentDisk the read-only
-	// disk holding the agent (vm.AgentDiskSerial).
+	// Base is the image's disk, a chain of qcow2 images topmost first
+	// (read-only, shared); Disk the sandbox's own top over it, which the
+	// guest boots from and writes; AgentDisk the read-only disk holding
+	// the agent (vm.AgentDiskSerial).
+	Base            []string
 	Disk, AgentDisk string
 	// AgentFD and QMPFD are QEMU's fds of the agent's port and of QMP.
 	AgentFD, QMPFD int
+	// VNC is the unix socket QEMU's VNC server listens on ("": none),
+	// which only the worker reaches (a grant's WebSocket).
+	VNC string
 	// NetFD is the tap's fd (0: no NIC), MAC its guest's address.
 	NetFD int
 	MAC   string
@@ -55,10 +62,24 @@ func (m Machine) Args() []string {
 		// machine's own (PS/2).
 		"-device", fmt.Sprintf("VGA,addr=%#x", displaySlot), "-device", fmt.Sprintf("virtio-tablet-pci,addr=%#x", displaySlot+1),
 		"-device", fmt.Sprintf("virtio-balloon-pci,id=balloon0,free-page-reporting=on,deflate-on-oom=on,addr=%#x", initproto.BalloonSlot),
-		"-drive", fmt.Sprintf("file=%s,if=none,id=disk,format=qcow2,cache=writeback,aio=threads,discard=unmap,werror=report", opt(m.Disk)),
-		"-device", fmt.Sprintf("virtio-blk-pci,drive=disk,bootindex=0,addr=%#x", initproto.UpperSlot),
+	}
+	// The disk's chain, stacked here (no image of it names its backing
+	// file), base first; past the disk bound the guest gets an I/O error
+	// (werror=report), not a paused VM.
+	backing := any(nil)
+	for i := len(m.Base) - 1; i >= 0; i-- {
+		name := fmt.Sprintf("base%d", len(m.Base)-1-i)
+		a = append(a, "-blockdev", blockdev(map[string]any{"driver": "qcow2", "node-name": name, "read-only": true, "backing": backing,
+			"file": map[string]any{"driver": "file", "filename": m.Base[i], "aio": "threads"}}))
+		backing = name
+	}
+	a = append(a, "-blockdev", blockdev(map[string]any{"driver": "qcow2", "node-name": "disk", "backing": backing, "discard": "unmap",
+		"file": map[string]any{"driver": "file", "filename": m.Disk, "aio": "threads", "discard": "unmap"}}),
+		"-device", fmt.Sprintf("virtio-blk-pci,id=vdisk,drive=disk,bootindex=0,werror=report,addr=%#x", initproto.UpperSlot),
 		"-drive", fmt.Sprintf("file=%s,if=none,id=agent,format=raw,readonly=on", opt(m.AgentDisk)),
-		"-device", fmt.Sprintf("virtio-blk-pci,drive=agent,serial=%s,addr=%#x", vm.AgentDiskSerial, agentDiskSlot),
+		"-device", fmt.Sprintf("virtio-blk-pci,drive=agent,serial=%s,addr=%#x", vm.AgentDiskSerial, agentDiskSlot))
+	if m.VNC != "" {
+		a = append(a, "-vnc", "unix:"+opt(m.VNC))
 	}
 	if m.NetFD > 0 {
 		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD),
@@ -75,6 +96,13 @@ const agentDiskSlot = initproto.NetSlot + 1
 // layers' slots (initproto.FirstLayerSlot on), which a full VM, booting
 // its own disk, leaves free.
 const displaySlot = initproto.FirstLayerSlot
+
+// blockdev is a -blockdev option in QEMU's JSON form (no quoting of
+// paths, a null backing).
+func blockdev(o map[string]any) string {
+	b, _ := json.Marshal(o)
+	return string(b)
+}
 
 // opt quotes a value of a QEMU option: a comma is doubled.
 func opt(s string) string { return strings.ReplaceAll(s, ",", ",,") }

@@ -3,9 +3,14 @@ package vms_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"image"
 	"image/png"
+	"io"
+	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,9 +87,8 @@ func create(t *testing.T, c *sdk.Client, spec api.SandboxSpec) *sdk.Sandbox {
 // TestConformance holds the vm backend to the conformance suite every
 // backend passes: full VMs booted through UEFI firmware from a Debian
 // image, their agent a service of the guest's systemd (TCG here: each
-// boot takes some 30 s). Its sandboxes cannot be packed yet (snapshots
-// of a VM are a block diff of its disk, not built): PackDiff holds it to
-// refusing.
+// boot takes some 30 s). Its snapshots are block diffs of the VM's disk,
+// which its branches boot.
 func TestConformance(t *testing.T) {
 	cfg := runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}}
 	backendtest.Run(t, func(t *testing.T) *backendtest.Env {
@@ -102,9 +106,9 @@ func TestConformance(t *testing.T) {
 				}
 				return c
 			},
-			Leftovers:  func() []string { return runtimetest.Leftovers(w.Root) },
-			Root:       w.Root,
-			NoPackDiff: "a vm sandbox's files are its own disk's: its snapshots (a block diff of the disk) are not in this release",
+			Leftovers: func() []string { return runtimetest.Leftovers(w.Root) },
+			Root:      w.Root,
+			BlockDiff: true,
 		}
 	})
 }
@@ -112,8 +116,8 @@ func TestConformance(t *testing.T) {
 // TestVMScreen: a full VM's screen is a PNG of its display, counted;
 // text typed on its keyboard appears there, in one line of the screen's
 // text, and nowhere else; a key by name presses it; the mouse takes a
-// point on the screen and refuses one off it; a container has no
-// screen, and says so.
+// point on the screen and refuses one off it; a VNC grant opens its
+// screen (testVNC); a container has no screen, and says so.
 func TestVMScreen(t *testing.T) {
 	agent := staticAgent(t)
 	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: agent}})
@@ -191,7 +195,11 @@ func TestVMScreen(t *testing.T) {
 			t.Errorf("input %+v: %v, want invalid argument saying %q", bad.in, err, bad.says)
 		}
 	}
+	testVNC(t, c, sb, before.Bounds())
 	ct := create(t, c, api.SandboxSpec{Name: "ct", Layers: []string{"bb:1"}})
+	if _, err := ct.VNC(ctx); !errdefs.IsNotImplemented(err) {
+		t.Errorf("a container's VNC: %v", err)
+	}
 	if _, _, err := ct.Screenshot(ctx); !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "show a screen") {
 		t.Errorf("a container's screen: %v", err)
 	}
@@ -243,4 +251,185 @@ func diff(a, b *image.RGBA) image.Rectangle {
 		return image.Rectangle{}
 	}
 	return r
+}
+
+// TestVMSnapshots: a full VM's snapshots are block diffs of its disk,
+// each over the last: a second one holds only what changed since the
+// first; the sandbox runs on over them, and after a stop and a start
+// boots its whole chain; a sandbox booted from the first sees only
+// what the first holds; the lineage lists both, and a snapshot another
+// stands on is not removed without force.
+func TestVMSnapshots(t *testing.T) {
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}})
+	img := runtimetest.VMImage(t, w.Root)
+	ctx := context.Background()
+	sb := create(t, c, api.SandboxSpec{Name: "src", Backend: vms.VM, Layers: []string{img}})
+	run := func(sb *sdk.Sandbox, script string) string {
+		t.Helper()
+		var out bytes.Buffer
+		res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", script}, Stdout: &out, Stderr: &out})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s in %s: %v %+v: %s", script, sb.Name, err, res, out.String())
+		}
+		return out.String()
+	}
+	// 4 MiB of one file, then 1 MiB of another: the second diff holds
+	// the second, not the first again.
+	run(sb, "head -c 4194304 /dev/urandom > /root/big && echo one > /root/step")
+	s1, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(sb, "head -c 1048576 /dev/urandom > /root/small && echo two > /root/step")
+	s2, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1.Bytes < 4<<20 || s1.Incremental || s1.Parent != img {
+		t.Errorf("the first snapshot: %+v, want 4 MiB and more over %s", s1, img)
+	}
+	if s2.Bytes < 1<<20 || s2.Bytes >= s1.Bytes || !s2.Incremental || s2.Parent != "vs:1" {
+		t.Errorf("the second snapshot: %+v, want a diff of what changed since vs:1 (%d bytes)", s2, s1.Bytes)
+	}
+	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:2"}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a snapshot's tag again: %v", err)
+	}
+	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:3", Memory: true}); !errdefs.IsNotImplemented(err) {
+		t.Errorf("a full VM's memory snapshot: %v, want not implemented", err)
+	}
+	sum := run(sb, "cat /root/step; md5sum /root/big /root/small | cut -d' ' -f1")
+	if !strings.HasPrefix(sum, "two\n") {
+		t.Fatalf("the source after two snapshots: %q", sum)
+	}
+	// A branch of the first: its files, not what came after.
+	br, err := c.Branch(ctx, api.BranchRequest{Snapshot: "vs:1", N: 1})
+	if err != nil || len(br) != 1 {
+		t.Fatalf("branch vs:1: %v %v", br, err)
+	}
+	if out := run(br[0], "cat /root/step; ls /root/small 2>/dev/null || echo none; md5sum /root/big | cut -d' ' -f1"); out != "one\nnone\n"+strings.Split(sum, "\n")[1]+"\n" {
+		t.Errorf("a branch of vs:1: %q, want step one, no second file, the first's bytes (%q)", out, sum)
+	}
+	if info, err := br[0].Inspect(ctx); err != nil || info.Backend != vms.VM {
+		t.Errorf("the branch: %+v %v", info, err)
+	}
+	// The source, stopped and started, boots its chain: all it wrote.
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(sb, "cat /root/step; md5sum /root/big /root/small | cut -d' ' -f1"); out != sum {
+		t.Errorf("the source after a stop and a start: %q, want %q", out, sum)
+	}
+	nodes, err := c.Snapshots(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]api.SnapshotNode{}
+	for _, n := range nodes {
+		got[n.Name] = n
+	}
+	if n := got["vs:1"]; n.Parent != img || !slices.Equal(n.Children, []string{"vs:2"}) || !slices.Contains(n.Sandboxes, "src") || !slices.Contains(n.Sandboxes, br[0].Name) {
+		t.Errorf("vs:1 in the lineage: %+v", n)
+	}
+	if n := got["vs:2"]; n.Parent != "vs:1" || !n.Incremental || !slices.Equal(n.Sandboxes, []string{"src"}) {
+		t.Errorf("vs:2 in the lineage: %+v", n)
+	}
+	if err := c.RemoveSnapshot(ctx, "vs:1", false); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "snapshot vs:2") {
+		t.Errorf("removing vs:1, which vs:2 stands on: %v", err)
+	}
+	for _, s := range []*sdk.Sandbox{br[0], sb} {
+		if err := s.Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.RemoveSnapshot(ctx, "vs:2", false); err != nil {
+		t.Errorf("removing vs:2, which nothing stands on: %v", err)
+	}
+}
+
+// testVNC: a VNC grant's WebSocket speaks RFB with the VM's own screen
+// (its size the screenshots'); a wrong token, or another sandbox's
+// name with it, is refused; a new grant ends the one before and its
+// connections, and a revocation the new one.
+func testVNC(t *testing.T, c *sdk.Client, sb *sdk.Sandbox, screen image.Rectangle) {
+	ctx := context.Background()
+	g, err := sb.VNC(ctx)
+	if err != nil || g.Sandbox != sb.Name || len(g.Token) < 32 || g.Path != "/v1/vnc/"+sb.Name {
+		t.Fatalf("a VNC grant: %+v %v", g, err)
+	}
+	conn, err := c.DialVNC(ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if w, h := rfbHandshake(t, conn); w != screen.Dx() || h != screen.Dy() {
+		t.Errorf("VNC's screen is %dx%d, the screenshots' %v", w, h, screen)
+	}
+	for _, bad := range []api.VNC{{Sandbox: g.Sandbox, Path: g.Path, Token: g.Token[1:]}, {Sandbox: "other", Path: api.VNCPath("other"), Token: g.Token}} {
+		if _, err := c.DialVNC(ctx, bad); !errdefs.IsPermissionDenied(err) {
+			t.Errorf("VNC with %+v: %v, want permission denied", bad, err)
+		}
+	}
+	g2, err := sb.VNC(ctx)
+	if err != nil || g2.Token == g.Token {
+		t.Fatalf("a second grant: %+v %v", g2, err)
+	}
+	closed := func(conn net.Conn, what string) {
+		t.Helper()
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadAll(conn); os.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: its connection is still open", what)
+		}
+	}
+	closed(conn, "a grant replaced")
+	if _, err := c.DialVNC(ctx, g); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a replaced grant: %v, want permission denied", err)
+	}
+	conn2, err := c.DialVNC(ctx, g2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	rfbHandshake(t, conn2)
+	if err := sb.RevokeVNC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed(conn2, "a grant revoked")
+	if _, err := c.DialVNC(ctx, g2); !errdefs.IsPermissionDenied(err) {
+		t.Errorf("a revoked grant: %v, want permission denied", err)
+	}
+}
+
+// rfbHandshake speaks RFB 3.8 on conn up to the server's init (no
+// authentication: only the worker reaches the server), and returns the
+// framebuffer's size it says.
+func rfbHandshake(t *testing.T, conn net.Conn) (w, h int) {
+	t.Helper()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	defer conn.SetDeadline(time.Time{})
+	read := func(n int) []byte {
+		t.Helper()
+		b := make([]byte, n)
+		if _, err := io.ReadFull(conn, b); err != nil {
+			t.Fatalf("RFB: %v", err)
+		}
+		return b
+	}
+	if v := string(read(12)); v != "RFB 003.008\n" {
+		t.Fatalf("RFB version %q", v)
+	}
+	conn.Write([]byte("RFB 003.008\n"))
+	types := read(int(read(1)[0]))
+	if !bytes.Contains(types, []byte{1}) {
+		t.Fatalf("RFB security types %v, want None (1)", types)
+	}
+	conn.Write([]byte{1})
+	if r := read(4); !bytes.Equal(r, []byte{0, 0, 0, 0}) {
+		t.Fatalf("RFB security result %v", r)
+	}
+	conn.Write([]byte{1}) // shared
+	init := read(24)
+	return int(binary.BigEndian.Uint16(init[0:2])), int(binary.BigEndian.Uint16(init[2:4]))
 }

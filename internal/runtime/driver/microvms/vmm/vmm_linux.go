@@ -509,6 +509,15 @@ func (v *vmm) handle(r initproto.Incoming) {
 		zero := 0
 		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero})
 		return
+	case initproto.OpDiskSnap:
+		closeAll(r.Files)
+		if err := v.diskSnapshot(r.Req.Current, r.Req.Path); err != nil {
+			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
+			return
+		}
+		zero := 0
+		initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero})
+		return
 	case initproto.OpMemory:
 		closeAll(r.Files)
 		m, err := v.guestMemory()

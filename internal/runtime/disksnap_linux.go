@@ -1,0 +1,127 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+	"github.com/dsec-project/dsec/internal/snap"
+)
+
+// Disk snapshots: a full VM's disk is a chain of qcow2 images, and a
+// snapshot of it ends the chain's top, writable, where the guest is now
+// (driver.DiskSnapshotter): that top, what the guest wrote since its
+// start or its last snapshot, becomes a blob of the store, and the
+// snapshot a VM image whose disk is the sandbox's chain with it on top.
+// The sandbox runs on over a new top; a branch boots the snapshot as it
+// would any VM image.
+
+// packDisk snapshots sb's disk into a VM image tagged o.Ref. The chain
+// is the sandbox's from then on, whether or not the tag is made (a diff
+// over the bound of o.Limits is kept, untagged, for the sandbox alone).
+func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o PackOptions) (*Packed, error) {
+	if o.Memory {
+		return nil, fmt.Errorf("a full VM's memory snapshots are not in this release: pack-diff without --memory keeps its disk: %w", errdefs.ErrNotImplemented)
+	}
+	if sb.Paused {
+		return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its disk: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := o.Store.Resolve(ctx, o.Ref.String()); err == nil {
+		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
+	}
+	unlock, err := o.Store.Writer() // the blob is held until the state or a tag names it
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	in, err := o.Store.NewIngest()
+	if err != nil {
+		return nil, err
+	}
+	defer in.Abort()
+	commit, frozen, err := ds.SnapshotDisk(ctx, sb.handle(), sb.Upper(), len(sb.Digests), in.File)
+	if err != nil {
+		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+	}
+	blob, err := in.Commit("")
+	if err != nil {
+		return nil, fmt.Errorf("pack-diff %s: store its disk's diff: %w", sb.Name, err)
+	}
+	blob.MediaType = vm.MediaTypeDisk
+	parent := sb.Layers[0]
+	if sb.Top != nil {
+		parent = sb.Top.Ref
+	}
+	chain, rec := diskChain(ctx, o.Store, sb.Digests, parent)
+	rec.Created, rec.Sandbox, rec.Parent = time.Now().UTC(), sb.Name, parent
+	rec.Source = "sandbox " + sb.Name
+	chain = append(chain, blob)
+	var img *vm.Image
+	over := o.Limits.MaxBytes > 0 && blob.Size > o.Limits.MaxBytes
+	if !over {
+		img, err = vm.Snapshot(ctx, o.Store, o.Ref, chain, rec)
+	}
+	// The sandbox stands on the diff from now on, tagged or not.
+	sb.Digests = append([]string{blob.Digest.String()}, sb.Digests...)
+	if img != nil {
+		sb.Top = &layer.Lower{Ref: o.Ref.String(), Digest: blob.Digest}
+	}
+	if serr := sb.save(); serr != nil {
+		if img != nil {
+			o.Store.Untag(ctx, o.Ref.String())
+		}
+		return nil, serr
+	}
+	if cerr := commit(); cerr != nil && !os.IsNotExist(cerr) {
+		return nil, fmt.Errorf("pack-diff %s: drop its disk's ended top: %w", sb.Name, cerr)
+	}
+	switch {
+	case over:
+		return nil, fmt.Errorf("the disk's diff of sandbox %s is %d bytes, over the bound of %d (the sandbox keeps it; no snapshot was tagged): %w",
+			sb.Name, blob.Size, o.Limits.MaxBytes, errdefs.ErrOutOfRange)
+	case err != nil:
+		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
+	}
+	info := &layer.Info{Ref: img.Tag, Kind: layer.KindVMImage, Digest: blob.Digest, Size: blob.Size, Manifest: img.ID,
+		Created: rec.Created, Source: rec.Source, Snapshot: &layer.Lineage{Sandbox: sb.Name, Incremental: len(chain) > 2,
+			Lowers: []layer.Lower{{Ref: parent, Digest: chain[len(chain)-2].Digest}}}}
+	return &Packed{Layer: info, Packed: &snap.Packed{Bytes: blob.Size}, Frozen: frozen}, nil
+}
+
+// diskChain is the chain of blobs digests (topmost first) names, base
+// first, and the record of the VM image parent, the image or snapshot
+// the chain is (its disk's shape; a chain that no image records any
+// more gets a record of its own, its agent a running sandbox's).
+func diskChain(ctx context.Context, s *store.Store, digests []string, parent string) ([]ocispec.Descriptor, vm.Record) {
+	chain := make([]ocispec.Descriptor, len(digests))
+	for i, d := range digests {
+		dg := digest.Digest(d)
+		var size int64
+		if st, err := os.Stat(s.BlobPath(dg)); err == nil {
+			size = st.Size()
+		}
+		chain[len(chain)-1-i] = ocispec.Descriptor{MediaType: vm.MediaTypeDisk, Digest: dg, Size: size}
+	}
+	same := func(img *vm.Image) bool {
+		return img != nil && slices.Equal(img.Digests(), digests)
+	}
+	if img, err := vm.Lookup(ctx, s, parent); err == nil && same(img) {
+		return chain, img.Record
+	}
+	if all, err := vm.List(ctx, s); err == nil {
+		if i := slices.IndexFunc(all, same); i >= 0 {
+			return chain, all[i].Record
+		}
+	}
+	return chain, vm.Record{Disk: vm.Disk{Agent: vm.AgentSystemd}}
+}

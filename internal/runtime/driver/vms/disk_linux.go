@@ -1,0 +1,155 @@
+package vms
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
+)
+
+// A full VM's disk is a chain of qcow2 images: its image's (a built
+// disk, then a block diff per snapshot, in the store, read-only) under a
+// top of its own in the sandbox's upper, which takes what the guest
+// writes. No image of the chain names its backing file (a diff's bytes
+// are the same on every host, and a branch's top is over whatever store
+// it runs from): Machine stacks them itself. The top of a chain of depth
+// images is topFile(upper, depth); a snapshot stacks topFile(upper,
+// depth+1) over it while the guest runs, and the state then names the
+// ended top's blob, its chain one longer.
+
+// topFile is the top of a chain of depth images in upper.
+func topFile(upper string, depth int) string {
+	if depth <= 1 {
+		return filepath.Join(upper, "disk.qcow2")
+	}
+	return filepath.Join(upper, fmt.Sprintf("disk.%d.qcow2", depth))
+}
+
+// top is the sandbox's top over chain (topmost first), made empty on
+// its first start, kept after. A top over it that a snapshot stacked
+// and the sandbox's state never came to name (its worker was killed
+// in between) is merged into it: what the guest wrote since is kept,
+// and the chain is the state's.
+func top(ctx context.Context, upper string, chain []string) (string, error) {
+	path := topFile(upper, len(chain))
+	next := topFile(upper, len(chain)+1)
+	_, err := os.Stat(path)
+	switch {
+	case err == nil:
+		if _, err := os.Stat(next); err == nil {
+			if err := merge(ctx, next, path); err != nil {
+				return "", fmt.Errorf("the VM's disk: a snapshot left a top its state does not name, which does not merge: %w", err)
+			}
+		}
+		return path, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", err
+	}
+	size, err := virtualSize(ctx, chain[0])
+	if err != nil {
+		return "", err
+	}
+	if err := create(ctx, path, size); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// create makes an empty qcow2 image of size bytes at path, naming no
+// backing file.
+func create(ctx context.Context, path string, size int64) error {
+	os.Remove(path + ".tmp")
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", path+".tmp", fmt.Sprint(size)).CombinedOutput()
+	if err != nil {
+		os.Remove(path + ".tmp")
+		return fmt.Errorf("the VM's disk: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// virtualSize is the size of the disk the qcow2 image path holds.
+func virtualSize(ctx context.Context, path string) (int64, error) {
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "-U", "--output=json", "-f", "qcow2", path).Output()
+	if err != nil {
+		return 0, fmt.Errorf("the VM's disk %s: qemu-img info: %w", path, err)
+	}
+	var info struct {
+		Size int64 `json:"virtual-size"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || info.Size <= 0 {
+		return 0, fmt.Errorf("the VM's disk %s: qemu-img info says no size: %s", path, out)
+	}
+	return info.Size, nil
+}
+
+// merge writes what the top image over holds into under, the image it
+// was stacked on, and removes over.
+func merge(ctx context.Context, over, under string) error {
+	spec := map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": over},
+		"backing": map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": under}, "backing": nil}}
+	j, _ := json.Marshal(spec)
+	if out, err := exec.CommandContext(ctx, "qemu-img", "commit", "-q", "json:"+string(j)).CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img commit: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return os.Remove(over)
+}
+
+// SnapshotDisk ends the top of the running VM's disk (a chain of depth
+// images): a new top is stacked over it, its file systems frozen by its
+// agent meanwhile, and the ended top is copied to w. commit removes the
+// ended top's file (QEMU reads it on until it ends: the blob w became
+// is the same bytes, and the chain of its next start).
+func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string, depth int, w *os.File) (func() error, time.Duration, error) {
+	v, ok := h.Instance.(*vmm.VM)
+	if !ok || v == nil {
+		return nil, 0, fmt.Errorf("sandbox %s's VM is not running: %w", h.Name, errdefs.ErrFailedPrecondition)
+	}
+	if depth >= vm.MaxChain {
+		return nil, 0, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is: branch a new sandbox from its last snapshot to go on: %w",
+			h.Name, depth, errdefs.ErrFailedPrecondition)
+	}
+	cur, next := topFile(upper, depth), topFile(upper, depth+1)
+	size, err := virtualSize(ctx, cur)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := create(ctx, next, size); err != nil {
+		return nil, 0, err
+	}
+	t0 := time.Now()
+	if err := v.FreezeFS(ctx); err != nil {
+		os.Remove(next)
+		return nil, 0, fmt.Errorf("freeze the guest's file systems: %w", err)
+	}
+	err = v.SnapshotDisk(ctx, cur, next)
+	terr := v.ThawFS(ctx)
+	frozen := time.Since(t0)
+	switch {
+	case err != nil: // QEMU is on cur still
+		os.Remove(next)
+		return nil, frozen, err
+	case terr != nil: // on next, which a start merges into cur
+		return nil, frozen, fmt.Errorf("thaw the guest's file systems: %w", terr)
+	}
+	f, err := os.Open(cur)
+	if err != nil {
+		return nil, frozen, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(w, f); err != nil {
+		return nil, frozen, fmt.Errorf("copy the disk's diff: %w", err)
+	}
+	return func() error { return os.Remove(cur) }, frozen, nil
+}

@@ -1,0 +1,83 @@
+package vms
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// chainSpec is QEMU's options for the chain files, topmost first, none
+// naming its backing file.
+func chainSpec(files ...string) string {
+	var o any
+	for i := len(files) - 1; i >= 0; i-- {
+		o = map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": files[i]}, "backing": o}
+	}
+	b, _ := json.Marshal(o)
+	return "json:" + string(b)
+}
+
+// qemuIO runs qemu-io's commands on the chain files, topmost first.
+func qemuIO(t *testing.T, files []string, cmds ...string) string {
+	t.Helper()
+	args := []string{}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := exec.Command("qemu-io", append(args, chainSpec(files...))...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-io %v: %v: %s", cmds, err, out)
+	}
+	return string(out)
+}
+
+// TestTop: a sandbox's first start makes its top, empty, of the chain's
+// size and naming no backing file, and finds it again after; a top a
+// snapshot stacked that the state never named is merged into the one
+// it names, with what the guest wrote since, and removed.
+func TestTop(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Fatal("qemu-io is missing: make deps installs qemu-utils")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	qemuIO(t, []string{base}, "write -P 0xaa 0 1M")
+	upper := filepath.Join(dir, "upper")
+	os.Mkdir(upper, 0o755)
+	p, err := top(ctx, upper, []string{base})
+	if err != nil || p != filepath.Join(upper, "disk.qcow2") {
+		t.Fatalf("top: %q %v", p, err)
+	}
+	if size, err := virtualSize(ctx, p); err != nil || size != 64<<20 {
+		t.Fatalf("the top's size: %d %v", size, err)
+	}
+	if out, _ := exec.Command("qemu-img", "info", "-U", p).Output(); strings.Contains(string(out), "backing file") {
+		t.Fatalf("the top names a backing file: %s", out)
+	}
+	qemuIO(t, []string{p, base}, "write -P 0xbb 1M 1M")
+	// A snapshot stacked disk.2.qcow2 and its worker died before the
+	// state named the ended top: the guest wrote on in the new one.
+	next := topFile(upper, 2)
+	if err := create(ctx, next, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	qemuIO(t, []string{next, p, base}, "write -P 0xcc 2M 1M")
+	if p2, err := top(ctx, upper, []string{base}); err != nil || p2 != p {
+		t.Fatalf("top after a snapshot's leftover: %q %v", p2, err)
+	}
+	if _, err := os.Stat(next); !os.IsNotExist(err) {
+		t.Fatalf("the leftover top is still there: %v", err)
+	}
+	out := qemuIO(t, []string{p, base}, "read -P 0xaa 0 1M", "read -P 0xbb 1M 1M", "read -P 0xcc 2M 1M", "read -P 0 3M 1M")
+	if strings.Contains(out, "Pattern verification failed") {
+		t.Fatalf("the merged disk: %s", out)
+	}
+}
