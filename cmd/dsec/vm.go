@@ -34,7 +34,7 @@ as in a microVM; dsec screen and dsec input show its screen and drive its keyboa
 docs/vm.md says what is not in this release yet (snapshots, VNC).`,
 	}
 	image := &cobra.Command{Use: "image", Short: "Build and manage bootable disk images"}
-	image.AddCommand(a.vmImageBuild(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
+	image.AddCommand(a.vmImageBuild(), a.vmImageImport(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
 	cmd.AddCommand(image)
 	return cmd
 }
@@ -120,6 +120,60 @@ of one tree differ in their file systems' times.
 	cmd.Flags().StringVar(&espSize, "esp-size", "", "the EFI system partition's size, at least 64MiB (default 256MiB)")
 	cmd.Flags().StringArrayVar(&args, "kernel-arg", nil, "a kernel parameter to add (repeat for more)")
 	cmd.Flags().StringVar(&seed, "seed", "", "names the disk's GUIDs: the same seed gives the same GUIDs (default: random)")
+	cmd.Flags().BoolVar(&force, "force", false, "replace a VM image of that name")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
+	return cmd
+}
+
+func (a *app) vmImageImport() *cobra.Command {
+	var (
+		tag, format            string
+		noAgent, force, asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "import FILE -t NAME[:VERSION]",
+		Short: "Make a VM image of an existing raw or qcow2 disk",
+		Long: `Import keeps FILE, a raw or qcow2 disk image that boots through UEFI from a GPT (an EFI system
+partition with its loader), as a VM image in the store: its bytes as they are, stored as qcow2,
+a blob named by its digest and tagged NAME[:VERSION]. Its format is qemu-img's probe unless
+--format names it. A qcow2 file that reads another file (a backing file, an external data
+file) or is encrypted is refused: flatten it first (qemu-img convert -O qcow2).
+
+Where the disk has an ext4 root partition with systemd, dsec's guest agent's units are
+installed there as dsec vm image build installs them (nothing is mounted), so that dsec run
+--backend vm runs it; --no-agent leaves the disk's bytes alone. An image without the agent is
+kept, and the vm backend refuses it (dsec vm image inspect says so).
+
+` + exitCodesHelp,
+		Example: `  dsec vm image import ./debian-12-genericcloud-amd64.qcow2 -t debian-cloud:12
+  dsec vm image import ./disk.img --format raw -t task-vm:1 --json`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, pos []string) error {
+			if tag == "" {
+				return usageError{fmt.Errorf("vm image import needs -t NAME[:VERSION]")}
+			}
+			ref, err := layer.ParseRef(tag)
+			if err != nil {
+				return usageError{errors.New(strings.Replace(userMessage(err), "bad layer ", "bad VM image ", 1))}
+			}
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			img, err := vm.Import(cmd.Context(), s, pos[0], ref, vm.ImportOptions{Format: format, NoAgent: noAgent, Force: force})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(img)
+			}
+			_, err = fmt.Fprintln(a.stdout, img.Tag)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&tag, "tag", "t", "", "NAME[:VERSION] to tag the image with (required)")
+	cmd.Flags().StringVar(&format, "format", "", "the file's format, raw or qcow2 (default: qemu-img's probe)")
+	cmd.Flags().BoolVar(&noAgent, "no-agent", false, "do not install dsec's guest agent's units")
 	cmd.Flags().BoolVar(&force, "force", false, "replace a VM image of that name")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
 	return cmd

@@ -79,12 +79,20 @@ func hasSystemd(tree string) bool {
 	return false
 }
 
+// inTree says whether path (relative to the root) is in tree.
+func inTree(tree string) func(string) bool {
+	return func(path string) bool {
+		_, err := os.Lstat(filepath.Join(tree, path))
+		return err == nil
+	}
+}
+
 // installAgent writes AgentUnits into the root file system at p of the
-// disk at path, with debugfs (nothing mounted), and enables the service.
-func installAgent(ctx context.Context, path, tree string, p Partition) error {
-	units := filepath.Join(tree, "etc/systemd/system")
+// disk at path, with debugfs (nothing mounted), and enables the service;
+// exists says what the file system holds (paths relative to its root).
+func installAgent(ctx context.Context, path string, p Partition, exists func(string) bool) error {
 	for name := range AgentUnits {
-		if _, err := os.Lstat(filepath.Join(units, name)); err == nil {
+		if exists("etc/systemd/system/" + name) {
 			return fmt.Errorf("the tree has its own /etc/systemd/system/%s: dsec installs its agent's units under that name: remove it from the tree", name)
 		}
 	}
@@ -95,7 +103,7 @@ func installAgent(ctx context.Context, path, tree string, p Partition) error {
 	defer os.RemoveAll(tmp)
 	var cmds []string
 	for _, d := range []string{"etc", "etc/systemd", "etc/systemd/system", "etc/systemd/system/multi-user.target.wants"} {
-		if _, err := os.Lstat(filepath.Join(tree, d)); errors.Is(err, os.ErrNotExist) {
+		if !exists(d) {
 			cmds = append(cmds, "mkdir /"+d)
 		}
 	}

@@ -275,7 +275,7 @@ func BuildDisk(ctx context.Context, tree string, f *os.File, o DiskOptions) (Dis
 		return Disk{}, err
 	}
 	if hasSystemd(tree) {
-		if err := installAgent(ctx, f.Name(), tree, d.Root); err != nil {
+		if err := installAgent(ctx, f.Name(), d.Root, inTree(tree)); err != nil {
 			return Disk{}, err
 		}
 		d.Agent = AgentSystemd
