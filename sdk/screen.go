@@ -91,10 +91,17 @@ func (c *Client) VNCURL(g api.VNC) string {
 func (c *Client) DialVNC(ctx context.Context, g api.VNC) (net.Conn, error) {
 	ws, resp, err := websocket.Dial(ctx, c.VNCURL(g), &websocket.DialOptions{HTTPClient: c.hc, Subprotocols: []string{"binary"}})
 	if err != nil {
-		if resp != nil && resp.StatusCode == http.StatusForbidden {
+		switch {
+		case resp == nil:
+			return nil, fmt.Errorf("open sandbox %s's VNC: %v: %w", g.Sandbox, err, ErrInfra)
+		case resp.StatusCode == http.StatusForbidden:
 			return nil, fmt.Errorf("the worker refused the VNC grant of sandbox %s (revoked, replaced, or the sandbox stopped): ask for another: %w", g.Sandbox, errdefs.ErrPermissionDenied)
 		}
-		return nil, fmt.Errorf("open sandbox %s's VNC: %v: %w", g.Sandbox, err, ErrInfra)
+		var e api.Error // (the body, as the Dial read it)
+		if resp.Body == nil || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e) != nil || e.Message == "" {
+			e = api.Error{Class: api.ClassOfStatus(resp.StatusCode), Message: fmt.Sprintf("open sandbox %s's VNC: %s", g.Sandbox, resp.Status)}
+		}
+		return nil, &Error{API: e}
 	}
 	ws.SetReadLimit(-1) // a screen's update may be large
 	return websocket.NetConn(context.WithoutCancel(ctx), ws, websocket.MessageBinary), nil

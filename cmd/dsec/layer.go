@@ -390,15 +390,18 @@ for running builds and for creates resolving their layers.
 			if err != nil {
 				return err
 			}
-			var keep []digest.Digest
-			us, err := runtime.SnapUsers(a.cfg.Root)
-			if err != nil {
-				return fmt.Errorf("gc: list the sandboxes whose layers it must keep: %w", err)
-			}
-			for _, u := range us {
-				for _, d := range u.Digests {
-					keep = append(keep, digest.Digest(d))
+			keep := func() ([]digest.Digest, error) { // read once gc holds the store
+				us, err := runtime.SnapUsers(a.cfg.Root)
+				if err != nil {
+					return nil, fmt.Errorf("gc: list the sandboxes whose layers it must keep: %w", err)
 				}
+				var keep []digest.Digest
+				for _, u := range us {
+					for _, d := range u.Digests {
+						keep = append(keep, digest.Digest(d))
+					}
+				}
+				return keep, nil
 			}
 			res, err := layer.GC(cmd.Context(), s, keep)
 			if err != nil {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -90,22 +91,9 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 			if err != nil {
 				return usageError{err}
 			}
-			target, s, err := a.remoteAndStore(args[1:], f.insecure)
-			if err != nil {
+			res, err := a.copyRef(cmd, args[1:], ref, f, push, remote.Copy)
+			if err != nil || f.json {
 				return err
-			}
-			src, dst := target, remote.Target(remote.Local(s))
-			if push {
-				src, dst = dst, src
-			}
-			p, done := a.copyProgress(verb + " " + ref.String())
-			res, err := remote.Copy(cmd.Context(), src, dst, ref, f.force, p)
-			done()
-			if err != nil {
-				return err
-			}
-			if f.json {
-				return a.printJSON(res)
 			}
 			copied, skipped, n := res.Totals()
 			with := ""
@@ -122,6 +110,28 @@ DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD.`,
 	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
 	fl.BoolVar(&f.json, "json", false, "print what was copied as JSON")
 	return cmd
+}
+
+// copyRef copies ref between the local store and the remote args name
+// (none: the config's) with do, pushing or pulling, with a progress bar
+// on a terminal; with --json it prints what was copied.
+func (a *app) copyRef(cmd *cobra.Command, args []string, ref layer.Ref, f copyFlags, push bool,
+	do func(context.Context, remote.Target, remote.Target, layer.Ref, bool, remote.Progress) (*remote.Result, error)) (*remote.Result, error) {
+	target, s, err := a.remoteAndStore(args, f.insecure)
+	if err != nil {
+		return nil, err
+	}
+	src, dst, verb := target, remote.Target(remote.Local(s)), "pull"
+	if push {
+		src, dst, verb = dst, src, "push"
+	}
+	p, done := a.copyProgress(verb + " " + ref.String())
+	res, err := do(cmd.Context(), src, dst, ref, f.force, p)
+	done()
+	if err == nil && f.json {
+		err = a.printJSON(res)
+	}
+	return res, err
 }
 
 // remoteAndStore opens the remote args name (none: the config's) and

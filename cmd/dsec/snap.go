@@ -62,9 +62,9 @@ whole, never an increment. No command may run in it meanwhile (exit 9 if one doe
 sandbox of another backend is refused (exit 8).
 
 A full VM's snapshot (--backend vm) is a block diff of its disk: what the guest wrote since
-it started or was last snapshotted, its file systems frozen meanwhile, as a qcow2 image
+it started or was last snapshotted, its root file system frozen meanwhile, as a qcow2 image
 over the disk's chain. The snapshot is a VM image (dsec vm image ls lists it) that its
-branches boot; --max-bytes bounds the diff (one over it is kept for the sandbox, untagged).
+branches boot; --max-bytes bounds the diff (one over it is refused before anything is taken).
 
 ` + snapNote + "\n\n" + exitCodesHelp,
 		Example: `  dsec snap pack-diff rollout-7 -t rollout-7:12

@@ -34,7 +34,7 @@ as in a microVM; dsec screen and dsec input show its screen and drive its keyboa
 docs/vm.md says what is not in this release yet (snapshots, VNC).`,
 	}
 	image := &cobra.Command{Use: "image", Short: "Build and manage bootable disk images"}
-	image.AddCommand(a.vmImageBuild(), a.vmImageImport(), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
+	image.AddCommand(a.vmImageBuild(), a.vmImageImport(), a.vmImageCopy(true), a.vmImageCopy(false), a.vmImageList(), a.vmImageInspect(), a.vmImageRemove())
 	cmd.AddCommand(image)
 	return cmd
 }
@@ -176,6 +176,60 @@ kept, and the vm backend refuses it (dsec vm image inspect says so).
 	cmd.Flags().BoolVar(&noAgent, "no-agent", false, "do not install dsec's guest agent's units")
 	cmd.Flags().BoolVar(&force, "force", false, "replace a VM image of that name")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
+	return cmd
+}
+
+func (a *app) vmImageCopy(push bool) *cobra.Command {
+	var f copyFlags
+	verb, short, long, example := "pull", "Copy a VM image from a remote into the local store",
+		`Pull copies VM image NAME[:VERSION] from REMOTE into the local store: its record and every
+image of its disk's chain the store lacks (a snapshot's base is there already when the image
+it was taken over is), each checked against its digest as it arrives, then the tag. Pulling
+again resumes an interrupted pull and costs nothing when the image is there.`,
+		`  dsec vm image pull debian-vm:12 oci://registry.internal:5000/dsec
+  dsec vm image pull task:3 shared            # a remote named in the config file`
+	if push {
+		verb, short, long, example = "push", "Copy a VM image from the local store to a remote",
+			`Push copies VM image NAME[:VERSION] from the local store to REMOTE: its record and every image
+of its disk's chain the remote lacks, then the tag, which moves last. A snapshot of a VM goes
+with the chain it stands on. A tag that names other content on the remote is replaced only
+with --force.
+
+REMOTE is dir:///PATH, oci://HOST[:PORT]/REPOSITORY or a name under remotes: in the config
+file, as for dsec layer push; without it, the config's remote: is used.`,
+			`  dsec vm image push debian-vm:12 dir:///mnt/shared/dsec
+  dsec vm image push task:3 oci://127.0.0.1:5000/dsec --json`
+	}
+	cmd := &cobra.Command{
+		Use:     verb + " NAME[:VERSION] [REMOTE]",
+		Short:   short,
+		Long:    long + "\n\n" + exitCodesHelp,
+		Example: example,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usageError{fmt.Errorf("vm image %s takes NAME[:VERSION] and an optional REMOTE", verb)}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref, err := layer.ParseRef(args[0])
+			if err != nil {
+				return usageError{errors.New(strings.Replace(userMessage(err), "bad layer ", "bad VM image ", 1))}
+			}
+			res, err := a.copyRef(cmd, args[1:], ref, f, push, vm.Copy)
+			if err != nil || f.json {
+				return err
+			}
+			copied, skipped, n := res.Totals()
+			fmt.Fprintf(a.stderr, "%s %s: %d blobs copied (%s), %d already there\n", verb, res.Ref, copied, humanBytes(n), skipped)
+			_, err = fmt.Fprintln(a.stdout, res.Manifest)
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&f.force, "force", false, "replace a tag that names other content")
+	fl.BoolVar(&f.insecure, "insecure", false, "no longer needed: a registry on localhost is spoken to over plain HTTP without it")
+	fl.BoolVar(&f.json, "json", false, "print what was copied as JSON")
 	return cmd
 }
 

@@ -334,17 +334,26 @@ func StoodOn(ctx context.Context, s *store.Store, ref string, users map[string][
 
 // GC removes the blobs nothing needs and leftovers of killed builds. It
 // keeps what every tag reaches, the layers every kept snapshot stands
-// on (its lineage), the images of keep (the layers sandboxes run on)
-// and of the store's live leases (creates under way), and the
+// on (its lineage), the images keep returns, asked once the store is
+// held (the layers sandboxes run on, read from their states: a state a
+// writer saves before it lets go of the store is seen), and of the
+// store's live leases (creates under way), and the
 // manifest, config and window table of every kept image: a layer whose
 // tag was removed with --force still resolves by its digest
 // (ResolveImage) for what stands on it.
-func GC(ctx context.Context, s *store.Store, keep []digest.Digest) (store.GCResult, error) {
-	roots := make([]ocispec.Descriptor, len(keep))
-	for i, d := range keep {
-		roots[i] = ocispec.Descriptor{MediaType: MediaTypeLayer, Digest: d}
+func GC(ctx context.Context, s *store.Store, keep func() ([]digest.Digest, error)) (store.GCResult, error) {
+	roots := func() ([]ocispec.Descriptor, error) {
+		if keep == nil {
+			return nil, nil
+		}
+		ds, err := keep()
+		out := make([]ocispec.Descriptor, len(ds))
+		for i, d := range ds {
+			out[i] = ocispec.Descriptor{MediaType: MediaTypeLayer, Digest: d}
+		}
+		return out, err
 	}
-	return s.GC(ctx, store.Marks{Refs: refs, Roots: roots, Owner: manifestOwner, LeasedAs: MediaTypeLayer})
+	return s.GC(ctx, store.Marks{Refs: refs, LiveRoots: roots, Owner: manifestOwner, LeasedAs: MediaTypeLayer})
 }
 
 // manifestOwner: a layer's manifest is kept while its image is.

@@ -26,20 +26,21 @@ import (
 // The sandbox runs on over a new top; a branch boots the snapshot as it
 // would any VM image.
 
-// packDisk snapshots sb's disk into a VM image tagged o.Ref. The chain
-// is the sandbox's from then on, whether or not the tag is made (a diff
-// over the bound of o.Limits is kept, untagged, for the sandbox alone).
+// packDisk snapshots sb's disk into a VM image tagged o.Ref, the chain
+// the sandbox's from then on.
 func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o PackOptions) (*Packed, error) {
-	if o.Memory {
+	switch {
+	case o.Memory:
 		return nil, fmt.Errorf("a full VM's memory snapshots are not in this release: pack-diff without --memory keeps its disk: %w", errdefs.ErrNotImplemented)
-	}
-	if sb.Paused {
+	case sb.Paused:
 		return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its disk: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	case sb.g.Frozen():
+		return nil, fmt.Errorf("the worker holds sandbox %s frozen (the host is short of memory): snapshot it once it runs again: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	}
 	if _, err := o.Store.Resolve(ctx, o.Ref.String()); err == nil {
 		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
 	}
-	unlock, err := o.Store.Writer() // the blob is held until the state or a tag names it
+	unlock, err := o.Store.Writer() // a collection waits until the state or a tag names the blob
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +50,7 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		return nil, err
 	}
 	defer in.Abort()
-	commit, frozen, err := ds.SnapshotDisk(ctx, sb.handle(), sb.Upper(), len(sb.Digests), in.File)
+	commit, frozen, err := ds.SnapshotDisk(ctx, sb.handle(), sb.Upper(), len(sb.Digests), o.Limits.MaxBytes, in.File)
 	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 	}
@@ -66,30 +67,23 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 	rec.Created, rec.Sandbox, rec.Parent = time.Now().UTC(), sb.Name, parent
 	rec.Source = "sandbox " + sb.Name
 	chain = append(chain, blob)
-	var img *vm.Image
-	over := o.Limits.MaxBytes > 0 && blob.Size > o.Limits.MaxBytes
-	if !over {
-		img, err = vm.Snapshot(ctx, o.Store, o.Ref, chain, rec)
-	}
-	// The sandbox stands on the diff from now on, tagged or not.
+	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, rec)
+	// The sandbox stands on the diff from now on, tagged or not (a tag
+	// taken meanwhile): its state holds it.
+	digests, top := sb.Digests, sb.Top
 	sb.Digests = append([]string{blob.Digest.String()}, sb.Digests...)
 	if img != nil {
 		sb.Top = &layer.Lower{Ref: o.Ref.String(), Digest: blob.Digest}
 	}
 	if serr := sb.save(); serr != nil {
+		sb.Digests, sb.Top = digests, top
 		if img != nil {
 			o.Store.Untag(ctx, o.Ref.String())
 		}
 		return nil, serr
 	}
-	if cerr := commit(); cerr != nil && !os.IsNotExist(cerr) {
-		return nil, fmt.Errorf("pack-diff %s: drop its disk's ended top: %w", sb.Name, cerr)
-	}
-	switch {
-	case over:
-		return nil, fmt.Errorf("the disk's diff of sandbox %s is %d bytes, over the bound of %d (the sandbox keeps it; no snapshot was tagged): %w",
-			sb.Name, blob.Size, o.Limits.MaxBytes, errdefs.ErrOutOfRange)
-	case err != nil:
+	commit() // (a leftover is removed at its next start)
+	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 	}
 	info := &layer.Info{Ref: img.Tag, Kind: layer.KindVMImage, Digest: blob.Digest, Size: blob.Size, Manifest: img.ID,

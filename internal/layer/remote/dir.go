@@ -33,6 +33,9 @@ func Local(s *store.Store) *Dir { return &Dir{s: s, name: "local store"} }
 
 func (d *Dir) String() string { return d.name }
 
+// Store is the store d holds its layers in.
+func (d *Dir) Store() *store.Store { return d.s }
+
 // Repo returns the store: every layer name shares it.
 func (d *Dir) Repo(ctx context.Context, ref layer.Ref) (Repo, error) {
 	return dirRepo{d.s, ref, d.emu}, nil

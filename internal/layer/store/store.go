@@ -513,8 +513,11 @@ type GCResult struct {
 type Marks struct {
 	// Refs returns the blobs a JSON blob refers to (nil for a leaf).
 	Refs func(ocispec.Descriptor, []byte) ([]ocispec.Descriptor, error)
-	// Roots are kept, and what they refer to, whatever the tags say.
-	Roots []ocispec.Descriptor
+	// Roots are kept, and what they refer to, whatever the tags say;
+	// so are LiveRoots', read once the collection holds the store (what
+	// a writer records as it ends, a sandbox's state, is then there).
+	Roots     []ocispec.Descriptor
+	LiveRoots func() ([]ocispec.Descriptor, error)
 	// Owner says, of a small untagged blob, the blob that keeps it (a
 	// manifest: its image) and its media type; a blob whose owner is
 	// kept is kept, with what it refers to. nil: none.
@@ -547,6 +550,13 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 	}
 	live := map[digest.Digest]bool{}
 	queue := append(slices.Clone(idx.Manifests), m.Roots...)
+	if m.LiveRoots != nil {
+		more, err := m.LiveRoots()
+		if err != nil {
+			return res, err
+		}
+		queue = append(queue, more...)
+	}
 	leased, err := s.Leased()
 	if err != nil {
 		return res, err

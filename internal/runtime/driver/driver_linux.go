@@ -203,12 +203,13 @@ type (
 	// its upper (a full VM's). SnapshotDisk ends that top where the
 	// guest is now, its file systems frozen meanwhile (for frozen), and
 	// stacks a new one over it; it writes the ended top to w, the block
-	// diff a snapshot adds to the chain of depth images. The ended top's
-	// file stays in the upper until commit, which the caller calls once
-	// its state names w's blob (its chain one longer): a sandbox started
-	// before that finds both tops, and merges them.
+	// diff a snapshot adds to the chain of depth images (one of more
+	// than max bytes, max > 0, is refused before anything is done). The
+	// ended top's file stays in the upper until commit, which the caller
+	// calls once its state names w's blob (its chain one longer): a
+	// sandbox started before that finds both tops, and merges them.
 	DiskSnapshotter interface {
-		SnapshotDisk(ctx context.Context, h Handle, upper string, depth int, w *os.File) (commit func() error, frozen time.Duration, err error)
+		SnapshotDisk(ctx context.Context, h Handle, upper string, depth int, max int64, w *os.File) (commit func() error, frozen time.Duration, err error)
 	}
 )
 

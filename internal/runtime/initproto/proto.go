@@ -88,7 +88,7 @@ const (
 	OpBalloon  Op = "balloon"  // set the balloon's target: the guest's memory, Balloon bytes (0: all of it)
 	OpScreen   Op = "screen"   // write the screen as PNG to Path (a full VM's)
 	OpInput    Op = "input"    // press Keys, then send Events (a full VM's keyboard and tablet)
-	OpDiskSnap Op = "disksnap" // stack the empty image Path over the disk's top, the file Current (a full VM's)
+	OpDiskSnap Op = "disksnap" // stack the empty image Path, as node Node, over the disk's top, node Current (a full VM's)
 )
 
 // Request is what the worker sends the init.
@@ -136,9 +136,11 @@ type Request struct {
 	// Path: where OpScreen writes the screen (a file of the sandbox's
 	// directory). Keys and Events: OpInput's key presses (each one's
 	// qcodes held together) and pointer events.
-	// OpDiskSnap: the image to stack (Path) and the top it goes over.
+	// OpDiskSnap: the image to stack (Path) as the node Node, over the
+	// top it goes over, the node Current.
 	Path    string         `json:"path,omitempty"`
 	Current string         `json:"current,omitempty"`
+	Node    string         `json:"node,omitempty"`
 	Keys    []screen.Key   `json:"keys,omitempty"`
 	Events  []screen.Event `json:"events,omitempty"`
 	// Setup: what a guest's root is made of (opSetup).

@@ -18,6 +18,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
@@ -265,4 +266,19 @@ func Remove(ctx context.Context, s *store.Store, ref string) (*Image, error) {
 		return nil, err
 	}
 	return img, nil
+}
+
+// Copy copies the VM image ref from src to dst (a remote and the local
+// store, either way): its record and its disk's chain, blobs dst holds
+// already skipped (a snapshot's base, say), then its tag; a local tag
+// that names a layer is not taken.
+func Copy(ctx context.Context, src, dst remote.Target, ref layer.Ref, force bool, p remote.Progress) (*remote.Result, error) {
+	if d, ok := dst.(*remote.Dir); ok {
+		if s := d.Store(); s != nil {
+			if d, err := s.Resolve(ctx, ref.String()); err == nil && d.Annotations[layer.AnnotationKind] != string(layer.KindVMImage) {
+				return nil, fmt.Errorf("%s names a %s, not a VM image: give the VM image another name: %w", ref, kindName(d.Annotations[layer.AnnotationKind]), errdefs.ErrAlreadyExists)
+			}
+		}
+	}
+	return remote.CopyArtifact(ctx, src, dst, ref, ArtifactType, map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}, force, p)
 }

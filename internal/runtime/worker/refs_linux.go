@@ -66,8 +66,12 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	if err != nil { // another's namespace
 		return "", errNoRef(ref)
 	}
-	// A VM image (a vm sandbox's base): its own snapshot's, or one the
-	// admin built; never another's snapshot.
+	// The local store first, its own tag (a layer snapshot, or a VM
+	// snapshot a vm sandbox boots) before the admin's: a create on the
+	// admin's layers asks the remote nothing more than before.
+	if _, err := layer.Resolve(ctx, s.w.host.Store, own); err == nil {
+		return own, nil
+	}
 	if _, err := vm.Lookup(ctx, s.w.host.Store, own); err == nil {
 		return own, nil
 	}
@@ -76,11 +80,6 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 			return "", errNoRef(ref)
 		}
 		return r.String(), nil
-	}
-	// The local store first, its own tag before the admin's: a create
-	// on the admin's layers asks the remote nothing more than before.
-	if _, err := layer.Resolve(ctx, s.w.host.Store, own); err == nil {
-		return own, nil
 	}
 	if i, err := layer.Resolve(ctx, s.w.host.Store, r.String()); err == nil && own != r.String() {
 		if i.Kind == layer.KindSnapshot { // the admin's, or a tenant's pushed under another name

@@ -82,11 +82,7 @@ func (w *worker) packDiff(r *http.Request, req api.PackRequest) (created[api.Sna
 		}
 	}
 	w.log.Info("packed snapshot", "sandbox", e.sb.Name, "snapshot", ref, "pack", p.Packed, "frozen", p.Frozen)
-	if p.Layer.Kind == layer.KindVMImage {
-		if w.cfg.PublishSnapshots && w.host.Remote != nil {
-			w.log.Warn("a full VM's snapshot stays in this worker's store: VM images are not pushed to a remote in this release", "snapshot", ref)
-		}
-	} else if err := w.publish(r.Context(), ref); err != nil {
+	if err := w.publish(r.Context(), ref); err != nil {
 		return created[api.Snapshot]{}, fmt.Errorf("snapshot %s is packed here, but %w", sc.show(ref.String()), err)
 	}
 	out := snapshotOf(p.Layer)
@@ -118,7 +114,11 @@ func (w *worker) publish(ctx context.Context, ref layer.Ref) error {
 		return nil
 	}
 	t0 := time.Now()
-	if _, err := remote.Copy(context.WithoutCancel(ctx), remote.Local(w.host.Store), w.host.Remote, ref, false, nil); err != nil {
+	push := remote.Copy
+	if _, err := vm.Lookup(ctx, w.host.Store, ref.String()); err == nil { // a full VM's snapshot
+		push = vm.Copy
+	}
+	if _, err := push(context.WithoutCancel(ctx), remote.Local(w.host.Store), w.host.Remote, ref, false, nil); err != nil {
 		return fmt.Errorf("not published to %s (snap.publish): %v: %w", w.host.Remote, err, errdefs.ErrUnavailable)
 	}
 	w.log.Info("published snapshot", "snapshot", ref, "remote", w.host.Remote, "took", time.Since(t0))

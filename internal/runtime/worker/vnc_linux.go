@@ -28,6 +28,9 @@ import (
 // else, and a new grant, a revocation, the sandbox's stop or removal,
 // or the worker's restart ends it and every connection it opened.
 
+// maxVNCMessage bounds a viewer's message (a clipboard's text, say).
+const maxVNCMessage = 4 << 20
+
 // vncGrants are the worker's grants, by sandbox name.
 type vncGrants struct {
 	mu sync.Mutex
@@ -36,16 +39,18 @@ type vncGrants struct {
 
 type vncGrant struct {
 	token  string
+	id     string          // the sandbox's ID: a new one of that name is another
 	ctx    context.Context // ends the grant's connections
 	cancel context.CancelFunc
 }
 
-// grant makes name's grant, ending the one before.
-func (g *vncGrants) grant(name string) string {
+// grant makes the grant of sandbox name, of ID id, ending the one
+// before.
+func (g *vncGrants) grant(name, id string) string {
 	b := make([]byte, 24)
 	rand.Read(b)
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &vncGrant{token: base64.RawURLEncoding.EncodeToString(b), ctx: ctx, cancel: cancel}
+	n := &vncGrant{token: base64.RawURLEncoding.EncodeToString(b), id: id, ctx: ctx, cancel: cancel}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.m == nil {
@@ -88,7 +93,7 @@ func (w *worker) grantVNC(r *http.Request, _ none) (api.VNC, error) {
 	if _, err := e.sb.VNC(); err != nil {
 		return api.VNC{}, err
 	}
-	token := w.vnc.grant(e.sb.Name)
+	token := w.vnc.grant(e.sb.Name, e.sb.ID)
 	w.log.Info("granted VNC", "sandbox", e.sb.Name, "by", ownerOf(r.Context()))
 	return api.VNC{Sandbox: e.sb.Name, Path: api.VNCPath(e.sb.Name), Token: token}, nil
 }
@@ -103,17 +108,22 @@ func (w *worker) revokeVNC(r *http.Request, _ none) (none, error) {
 	return none{}, nil
 }
 
-// isVNC says whether r is for a VNC WebSocket, which its grant's token
-// alone opens (no API token).
-func isVNC(r *http.Request) bool {
-	return r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, api.VNCPath(""))
+// vncName is the sandbox a VNC WebSocket's request names ("": r is no
+// such request), which its grant's token alone opens (no API token).
+func vncName(r *http.Request) string {
+	name, ok := strings.CutPrefix(r.URL.Path, api.VNCPath(""))
+	if !ok || r.Method != http.MethodGet || api.ValidName(name) != nil {
+		return ""
+	}
+	return name
 }
 
-// vncSocket carries a grant's WebSocket to the sandbox's VNC server.
-// Whatever is wrong (no sandbox, no grant, a wrong token) is one answer,
-// which says nothing of which.
+// vncSocket carries a grant's WebSocket to the sandbox's VNC server: the
+// tokens' front serves it alone, outside the API's routes. Whatever is
+// wrong (no sandbox, no grant, a wrong token) is one answer, which says
+// nothing of which.
 func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	name := vncName(r)
 	token := r.URL.Query().Get("token")
 	if h, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
 		token = h
@@ -124,14 +134,14 @@ func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
 			Message: "no VNC grant for that sandbox and token: ask for one (dsec vnc SANDBOX)"})
 	}
 	g := w.vnc.check(name, token)
-	if g == nil {
+	if name == "" || g == nil {
 		refuse()
 		return
 	}
 	w.mu.Lock()
 	e := w.sandboxes[name]
 	w.mu.Unlock()
-	if e == nil || e.sb == nil {
+	if e == nil || e.sb == nil || e.gone != nil || e.sb.ID != g.id {
 		refuse()
 		return
 	}
@@ -147,10 +157,12 @@ func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer vnc.Close()
+	// Any origin: the token, not a cookie, is the credential.
 	ws, err := websocket.Accept(rw, r, &websocket.AcceptOptions{Subprotocols: []string{"binary"}, InsecureSkipVerify: true})
 	if err != nil {
 		return // Accept answered
 	}
+	ws.SetReadLimit(maxVNCMessage)
 	ctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
 	conn := websocket.NetConn(ctx, ws, websocket.MessageBinary)

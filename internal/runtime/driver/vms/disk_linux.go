@@ -45,6 +45,11 @@ func topFile(upper string, depth int) string {
 func top(ctx context.Context, upper string, chain []string) (string, error) {
 	path := topFile(upper, len(chain))
 	next := topFile(upper, len(chain)+1)
+	for k := 1; k < len(chain); k++ { // ended tops the chain's blobs hold now
+		if err := os.Remove(topFile(upper, k)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+	}
 	_, err := os.Stat(path)
 	switch {
 	case err == nil:
@@ -107,20 +112,36 @@ func merge(ctx context.Context, over, under string) error {
 }
 
 // SnapshotDisk ends the top of the running VM's disk (a chain of depth
-// images): a new top is stacked over it, its file systems frozen by its
-// agent meanwhile, and the ended top is copied to w. commit removes the
-// ended top's file (QEMU reads it on until it ends: the blob w became
-// is the same bytes, and the chain of its next start).
-func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string, depth int, w *os.File) (func() error, time.Duration, error) {
+// images, node TopNode(depth)): a new top is stacked over it, its root
+// file system frozen by its agent meanwhile, and the ended top is copied
+// to w. A top over max bytes is refused before anything is done. commit
+// removes the ended top's file (QEMU reads it on until it ends: the blob
+// w became holds the same bytes, and is in the chain of its next start).
+// Whatever fails once the new top may be stacked leaves it there: the
+// next snapshot is refused until a stop and a start merge it (no write
+// of the guest is lost).
+func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string, depth int, max int64, w *os.File) (func() error, time.Duration, error) {
 	v, ok := h.Instance.(*vmm.VM)
 	if !ok || v == nil {
 		return nil, 0, fmt.Errorf("sandbox %s's VM is not running: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}
 	if depth >= vm.MaxChain {
-		return nil, 0, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is: branch a new sandbox from its last snapshot to go on: %w",
+		return nil, 0, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is (a chain is not flattened in this release): %w",
 			h.Name, depth, errdefs.ErrFailedPrecondition)
 	}
 	cur, next := topFile(upper, depth), topFile(upper, depth+1)
+	if _, err := os.Stat(next); err == nil {
+		return nil, 0, fmt.Errorf("a snapshot of sandbox %s did not end (its worker stopped, or its guest did not thaw): stop and start the sandbox (its start keeps all its guest wrote), then snapshot it: %w",
+			h.Name, errdefs.ErrFailedPrecondition)
+	}
+	st, err := os.Stat(cur)
+	if err != nil {
+		return nil, 0, err
+	}
+	if max > 0 && st.Size() > max {
+		return nil, 0, fmt.Errorf("sandbox %s's disk changed by %d bytes since its start or last snapshot, over the bound of %d (--max-bytes, snap.max_bytes): %w",
+			h.Name, st.Size(), max, errdefs.ErrOutOfRange)
+	}
 	size, err := virtualSize(ctx, cur)
 	if err != nil {
 		return nil, 0, err
@@ -130,18 +151,22 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 	}
 	t0 := time.Now()
 	if err := v.FreezeFS(ctx); err != nil {
+		v.ThawFS(ctx) // one a snapshot its worker did not see end left frozen
 		os.Remove(next)
-		return nil, 0, fmt.Errorf("freeze the guest's file systems: %w", err)
+		return nil, 0, fmt.Errorf("freeze the guest's root file system (try again): %w", err)
 	}
-	err = v.SnapshotDisk(ctx, cur, next)
+	err = v.SnapshotDisk(ctx, TopNode(depth), TopNode(depth+1), next)
 	terr := v.ThawFS(ctx)
+	for i := 0; terr != nil && i < 3; i++ {
+		time.Sleep(100 * time.Millisecond)
+		terr = v.ThawFS(ctx)
+	}
 	frozen := time.Since(t0)
 	switch {
-	case err != nil: // QEMU is on cur still
-		os.Remove(next)
+	case err != nil:
 		return nil, frozen, err
-	case terr != nil: // on next, which a start merges into cur
-		return nil, frozen, fmt.Errorf("thaw the guest's file systems: %w", terr)
+	case terr != nil:
+		return nil, frozen, fmt.Errorf("the guest's root file system did not thaw after its snapshot (%v): stop and start the sandbox: %w", terr, errdefs.ErrUnavailable)
 	}
 	f, err := os.Open(cur)
 	if err != nil {

@@ -80,4 +80,21 @@ func TestTop(t *testing.T) {
 	if strings.Contains(out, "Pattern verification failed") {
 		t.Fatalf("the merged disk: %s", out)
 	}
+	// Its state came to name the ended top's blob: the next start makes
+	// a top over the chain of 2, and the ended top's file goes.
+	diff := filepath.Join(dir, "diff.qcow2")
+	if b, err := os.ReadFile(p); err != nil || os.WriteFile(diff, b, 0o600) != nil {
+		t.Fatal(err)
+	}
+	p2, err := top(ctx, upper, []string{diff, base})
+	if err != nil || p2 != topFile(upper, 2) {
+		t.Fatalf("top over a chain of 2: %q %v", p2, err)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Errorf("the ended top %s is still there: %v", p, err)
+	}
+	out = qemuIO(t, []string{p2, diff, base}, "read -P 0xaa 0 1M", "read -P 0xbb 1M 1M", "read -P 0xcc 2M 1M")
+	if strings.Contains(out, "Pattern verification failed") {
+		t.Fatalf("the disk over the chain of 2: %s", out)
+	}
 }

@@ -73,9 +73,10 @@ func (m Machine) Args() []string {
 			"file": map[string]any{"driver": "file", "filename": m.Base[i], "aio": "threads"}}))
 		backing = name
 	}
-	a = append(a, "-blockdev", blockdev(map[string]any{"driver": "qcow2", "node-name": "disk", "backing": backing, "discard": "unmap",
+	top := TopNode(len(m.Base))
+	a = append(a, "-blockdev", blockdev(map[string]any{"driver": "qcow2", "node-name": top, "backing": backing, "discard": "unmap",
 		"file": map[string]any{"driver": "file", "filename": m.Disk, "aio": "threads", "discard": "unmap"}}),
-		"-device", fmt.Sprintf("virtio-blk-pci,id=vdisk,drive=disk,bootindex=0,werror=report,addr=%#x", initproto.UpperSlot),
+		"-device", fmt.Sprintf("virtio-blk-pci,id=vdisk,drive=%s,bootindex=0,werror=report,addr=%#x", top, initproto.UpperSlot),
 		"-drive", fmt.Sprintf("file=%s,if=none,id=agent,format=raw,readonly=on", opt(m.AgentDisk)),
 		"-device", fmt.Sprintf("virtio-blk-pci,drive=agent,serial=%s,addr=%#x", vm.AgentDiskSerial, agentDiskSlot))
 	if m.VNC != "" {
@@ -87,6 +88,11 @@ func (m Machine) Args() []string {
 	}
 	return a
 }
+
+// TopNode is QEMU's name of the top of a disk whose chain below it is
+// depth images: the machine's, and each a snapshot stacks (depth+1),
+// so that the worker names the top its state says.
+func TopNode(depth int) string { return fmt.Sprintf("top%d", depth) }
 
 // agentDiskSlot is the agent's disk's PCI slot: the one initproto's
 // slots leave free between the NIC's and the first layer's.

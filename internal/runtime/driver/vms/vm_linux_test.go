@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/agent"
@@ -25,6 +26,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -255,12 +257,15 @@ func diff(a, b *image.RGBA) image.Rectangle {
 
 // TestVMSnapshots: a full VM's snapshots are block diffs of its disk,
 // each over the last: a second one holds only what changed since the
-// first; the sandbox runs on over them, and after a stop and a start
-// boots its whole chain; a sandbox booted from the first sees only
-// what the first holds; the lineage lists both, and a snapshot another
-// stands on is not removed without force.
+// first, and one over its bound is refused without changing the chain;
+// the sandbox runs on over them, and after a stop and a start boots its
+// whole chain; a worker that publishes its snapshots pushes them to its
+// remote; a sandbox booted from the first sees only what the first
+// holds; the lineage lists both, and a snapshot another stands on is
+// not removed without force.
 func TestVMSnapshots(t *testing.T) {
-	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}})
+	shared := t.TempDir() // the worker publishes its snapshots there
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}, RemoteURL: "dir://" + shared, PublishSnapshots: true})
 	img := runtimetest.VMImage(t, w.Root)
 	ctx := context.Background()
 	sb := create(t, c, api.SandboxSpec{Name: "src", Backend: vms.VM, Layers: []string{img}})
@@ -281,6 +286,10 @@ func TestVMSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(sb, "head -c 1048576 /dev/urandom > /root/small && echo two > /root/step")
+	// A diff over the bound is refused before anything is taken.
+	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:big", MaxBytes: 64 << 10}); !errdefs.IsOutOfRange(err) || !strings.Contains(err.Error(), "over the bound of 65536") {
+		t.Errorf("a diff over --max-bytes: %v, want out of range", err)
+	}
 	s2, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:2"})
 	if err != nil {
 		t.Fatal(err)
@@ -290,6 +299,16 @@ func TestVMSnapshots(t *testing.T) {
 	}
 	if s2.Bytes < 1<<20 || s2.Bytes >= s1.Bytes || !s2.Incremental || s2.Parent != "vs:1" {
 		t.Errorf("the second snapshot: %+v, want a diff of what changed since vs:1 (%d bytes)", s2, s1.Bytes)
+	}
+	// Published as they were made: the remote holds both, whole.
+	rs, err := store.Open(shared)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range []api.Snapshot{s1, s2} {
+		if got, err := vm.Lookup(ctx, rs, sn.Name); err != nil || got.Blob.Digest.String() != sn.Digest || got.Sandbox != "src" {
+			t.Errorf("%s in the remote: %+v %v", sn.Name, got, err)
+		}
 	}
 	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:2"}); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("a snapshot's tag again: %v", err)
@@ -432,4 +451,29 @@ func rfbHandshake(t *testing.T, conn net.Conn) (w, h int) {
 	conn.Write([]byte{1}) // shared
 	init := read(24)
 	return int(binary.BigEndian.Uint16(init[0:2])), int(binary.BigEndian.Uint16(init[2:4]))
+}
+
+// TestVMDiskBound: a full VM's writes past its disk bound are an I/O
+// error in the guest (QEMU's werror=report), not a paused VM: the write
+// fails, and the guest answers on.
+func TestVMDiskBound(t *testing.T) {
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}})
+	img := runtimetest.VMImage(t, w.Root)
+	ctx := context.Background()
+	sb := create(t, c, api.SandboxSpec{Name: "small", Backend: vms.VM, Layers: []string{img}, Disk: 64 << 20})
+	var out bytes.Buffer
+	res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", "head -c 134217728 /dev/urandom > /root/fill && sync /root/fill"}, Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode == 0 || !strings.Contains(out.String(), "error") {
+		t.Errorf("128 MiB written past a 64 MiB disk bound: exit %d, %q; want an I/O error", res.ExitCode, out.String())
+	}
+	out.Reset()
+	if res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"echo", "alive"}, Stdout: &out}); err != nil || res.ExitCode != 0 || out.String() != "alive\n" {
+		t.Fatalf("the guest after its disk filled: %q %+v %v", out.String(), res, err)
+	}
+	if info, err := sb.Inspect(ctx); err != nil || info.Status != api.StatusRunning {
+		t.Errorf("the sandbox after its disk filled: %+v %v", info, err)
+	}
 }

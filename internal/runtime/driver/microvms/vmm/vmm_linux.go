@@ -511,7 +511,7 @@ func (v *vmm) handle(r initproto.Incoming) {
 		return
 	case initproto.OpDiskSnap:
 		closeAll(r.Files)
-		if err := v.diskSnapshot(r.Req.Current, r.Req.Path); err != nil {
+		if err := v.diskSnapshot(r.Req.Current, r.Req.Node, r.Req.Path); err != nil {
 			initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()})
 			return
 		}

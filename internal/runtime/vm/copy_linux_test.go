@@ -1,0 +1,125 @@
+package vm
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// TestCopy: a VM image and a snapshot over it go to a registry and a
+// dir: remote and come back into a fresh store whole (record, chain,
+// tag as a VM image); to a dir: remote the snapshot's push skips the
+// base the image's push sent; pushing again copies nothing; a tag that names other
+// content is not moved without force, a layer is no VM image to copy,
+// and a local layer's tag is not taken by a pull.
+func TestCopy(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := Build(ctx, s, []string{fakeTree(t, "6.1.0-9-amd64")}, must(layer.ParseRef("cp:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	diffFile := filepath.Join(t.TempDir(), "diff.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", diffFile, "400M").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	b, _ := os.ReadFile(diffFile)
+	diff, err := s.WriteBlob(MediaTypeDisk, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := img.Record
+	rec.Sandbox, rec.Parent = "sb", "cp:1"
+	snapImg, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:1")), []ocispec.Descriptor{img.Blob, diff}, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := layertest.StartRegistry(t)
+	for _, url := range []string{"oci://" + addr + "/dsec", "dir://" + t.TempDir()} {
+		t.Run(url[:3], func(t *testing.T) {
+			rem, err := remote.Open(url, remote.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := remote.Local(s)
+			r1, err := Copy(ctx, local, rem, must(layer.ParseRef("cp:1")), false, nil)
+			if err != nil || len(r1.Copied) != 3 { // the disk, the record, the manifest
+				t.Fatalf("push cp:1: %+v %v", r1, err)
+			}
+			// (A registry keeps blobs per repository, and cp-snap is
+			// another than cp: there the base goes again.)
+			r2, err := Copy(ctx, local, rem, must(layer.ParseRef("cp-snap:1")), false, nil)
+			shared := strings.HasPrefix(url, "dir:")
+			if err != nil || slices.Contains(r2.Skipped, img.Blob.Digest) != shared || !slices.Contains(r2.Copied, diff.Digest) {
+				t.Fatalf("push cp-snap:1: %+v %v, want its diff copied, and its base skipped in a store of shared blobs (%v)", r2, err, shared)
+			}
+			if again, err := Copy(ctx, local, rem, must(layer.ParseRef("cp-snap:1")), false, nil); err != nil || len(again.Copied) != 0 {
+				t.Fatalf("push again: %+v %v", again, err)
+			}
+			s2, err := store.Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Copy(ctx, rem, remote.Local(s2), must(layer.ParseRef("cp-snap:1")), false, nil); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Lookup(ctx, s2, "cp-snap:1")
+			if err != nil || !slices.Equal(got.Digests(), snapImg.Digests()) || got.Sandbox != "sb" || got.Parent != "cp:1" || got.Disk != img.Disk {
+				t.Fatalf("pulled %+v %v, want %+v", got, err, snapImg)
+			}
+			for _, f := range got.Files(s2) {
+				if err := s2.VerifyBlob(digest.NewDigestFromEncoded(digest.SHA256, filepath.Base(f))); err != nil {
+					t.Errorf("a pulled disk: %v", err)
+				}
+			}
+			// A tag of other content is not moved without force.
+			other, err := Build(ctx, s2, []string{fakeTree(t, "6.1.0-9-amd64")}, must(layer.ParseRef("cp:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Copy(ctx, remote.Local(s2), rem, must(layer.ParseRef("cp:1")), false, nil); !errdefs.IsAlreadyExists(err) {
+				t.Errorf("push over a tag of other content: %v", err)
+			}
+			if r, err := Copy(ctx, remote.Local(s2), rem, must(layer.ParseRef("cp:1")), true, nil); err != nil || r.Digest != other.Blob.Digest {
+				t.Errorf("push --force: %+v %v", r, err)
+			}
+			// A layer is no VM image, and a pull takes no layer's tag.
+			tree := t.TempDir()
+			os.WriteFile(filepath.Join(tree, "f"), []byte("f"), 0o644)
+			if _, err := layer.Build(ctx, s2, layer.BuildOptions{Source: tree, Kind: layer.KindBase, Ref: must(layer.ParseRef("bb:1"))}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Copy(ctx, remote.Local(s2), rem, must(layer.ParseRef("bb:1")), false, nil); !errdefs.IsInvalidArgument(err) {
+				t.Errorf("push of a layer as a VM image: %v", err)
+			}
+			if _, err := Copy(ctx, rem, remote.Local(s2), must(layer.ParseRef("nosuch:1")), false, nil); !errdefs.IsNotFound(err) {
+				t.Errorf("pull of a name the remote lacks: %v", err)
+			}
+			if _, err := Build(ctx, s, []string{fakeTree(t, "6.1.0-9-amd64")}, must(layer.ParseRef("bb:1")), BuildOptions{Force: true, DiskOptions: DiskOptions{Size: 400 << 20}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Copy(ctx, local, rem, must(layer.ParseRef("bb:1")), true, nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Copy(ctx, rem, remote.Local(s2), must(layer.ParseRef("bb:1")), true, nil); !errdefs.IsAlreadyExists(err) || !strings.Contains(err.Error(), "names a base layer, not a VM image") {
+				t.Errorf("a pull over a layer's tag: %v", err)
+			}
+		})
+	}
+}
