@@ -12,14 +12,28 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 )
 
+// Artifact says what CopyArtifact copies: manifests of Type, tagged
+// with Annotations (what the local store records of them). Check, if
+// set, is asked before anything is copied whether the manifest and its
+// config (read whole, at most 4 MiB) are one; Verify, after the blobs
+// are in dst and before the tag is, whether they are (a disk's header,
+// say).
+type Artifact struct {
+	Type        string
+	Annotations map[string]string
+	Check       func(man ocispec.Manifest, config []byte) error
+	Verify      func(ctx context.Context, dst Target, man ocispec.Manifest) error
+}
+
 // CopyArtifact copies the artifact tagged ref from src to dst: an OCI
-// manifest of artifactType (a VM image's, say), its config and its
-// layers, blobs dst holds already skipped, each checked against its
-// digest as it arrives (an interrupted copy resumes, as Copy's), then
-// the tag, last, with annotations (what the local store records of
-// it). A tag in dst that names other content is replaced only with
-// force; a manifest of another type is refused.
-func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, artifactType string, annotations map[string]string, force bool, p Progress) (*Result, error) {
+// manifest of a's type (a VM image's, say), its config and its layers,
+// blobs dst holds already skipped, each checked against its digest as
+// it arrives (an interrupted copy resumes, as Copy's), then the tag,
+// last. A tag in dst that names other content is replaced only with
+// force; a manifest of another type, or one a's checks refuse, is not
+// tagged.
+func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, a Artifact, force bool, p Progress) (*Result, error) {
+	artifactType := a.Type
 	if p == nil {
 		p = noProgress{}
 	}
@@ -50,6 +64,15 @@ func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, artifactT
 	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != artifactType || len(man.Layers) == 0 {
 		return nil, fmt.Errorf("%s in %s is no %s: %w", ref, src, artifactType, errdefs.ErrInvalidArgument)
 	}
+	if a.Check != nil {
+		cb, err := fetchSmall(ctx, from, man.Config)
+		if err == nil {
+			err = a.Check(man, cb)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s in %s: %w", ref, src, err)
+		}
+	}
 	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
 		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
 	} else if err != nil && !errdefs.IsNotFound(err) {
@@ -61,8 +84,13 @@ func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, artifactT
 	if err := copyBlobs(ctx, from, to, blobs, p, res); err != nil {
 		return nil, fmt.Errorf("copy from %s to %s: %w", src, dst, err)
 	}
+	if a.Verify != nil {
+		if err := a.Verify(ctx, dst, man); err != nil {
+			return nil, fmt.Errorf("%s from %s: %w", ref, src, err)
+		}
+	}
 	mdesc.ArtifactType = artifactType
-	mdesc.Annotations = maps.Clone(annotations)
+	mdesc.Annotations = maps.Clone(a.Annotations)
 	if err := to.Tag(ctx, mdesc, force); err != nil {
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
 	}

@@ -280,5 +280,40 @@ func Copy(ctx context.Context, src, dst remote.Target, ref layer.Ref, force bool
 			}
 		}
 	}
-	return remote.CopyArtifact(ctx, src, dst, ref, ArtifactType, map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}, force, p)
+	return remote.CopyArtifact(ctx, src, dst, ref, remote.Artifact{Type: ArtifactType,
+		Annotations: map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}, Check: checkManifest, Verify: verifyDisks}, force, p)
+}
+
+// checkManifest refuses a VM image's manifest that is not one: its
+// config a Record, its layers 1 to MaxChain disks.
+func checkManifest(man ocispec.Manifest, config []byte) error {
+	var rec Record
+	switch {
+	case man.Config.MediaType != MediaTypeRecord || man.Config.Size > maxJSON || json.Unmarshal(config, &rec) != nil:
+		return fmt.Errorf("its record is no VM image's: %w", errdefs.ErrInvalidArgument)
+	case len(man.Layers) == 0 || len(man.Layers) > MaxChain:
+		return fmt.Errorf("its disk is a chain of %d images, not 1 to %d: %w", len(man.Layers), MaxChain, errdefs.ErrInvalidArgument)
+	}
+	for _, l := range man.Layers {
+		if l.MediaType != MediaTypeDisk {
+			return fmt.Errorf("its disk has a %s, not a %s: %w", l.MediaType, MediaTypeDisk, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// verifyDisks refuses disks copied into a local store that QEMU would
+// read more than themselves from (a backing or data file: a host's
+// file), or cannot read: what an import refuses.
+func verifyDisks(ctx context.Context, dst remote.Target, man ocispec.Manifest) error {
+	d, ok := dst.(*remote.Dir)
+	if !ok || d.Store() == nil {
+		return nil
+	}
+	for _, l := range man.Layers {
+		if _, err := probe(ctx, d.Store().BlobPath(l.Digest), "qcow2"); err != nil {
+			return fmt.Errorf("its disk %s: %w", l.Digest, err)
+		}
+	}
+	return nil
 }

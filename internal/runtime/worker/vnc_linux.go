@@ -140,8 +140,9 @@ func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
 	}
 	w.mu.Lock()
 	e := w.sandboxes[name]
+	ok := e != nil && e.sb != nil && e.gone == nil && e.sb.ID == g.id
 	w.mu.Unlock()
-	if e == nil || e.sb == nil || e.gone != nil || e.sb.ID != g.id {
+	if !ok {
 		refuse()
 		return
 	}

@@ -131,16 +131,23 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 	}
 	cur, next := topFile(upper, depth), topFile(upper, depth+1)
 	if _, err := os.Stat(next); err == nil {
+		v.ThawFS(ctx) // (that snapshot may have left the guest frozen)
 		return nil, 0, fmt.Errorf("a snapshot of sandbox %s did not end (its worker stopped, or its guest did not thaw): stop and start the sandbox (its start keeps all its guest wrote), then snapshot it: %w",
 			h.Name, errdefs.ErrFailedPrecondition)
 	}
-	st, err := os.Stat(cur)
-	if err != nil {
-		return nil, 0, err
+	over := func() error {
+		st, err := os.Stat(cur)
+		if err != nil {
+			return err
+		}
+		if max > 0 && st.Size() > max {
+			return fmt.Errorf("sandbox %s's disk changed by %d bytes since its start or last snapshot, over the bound of %d (--max-bytes, snap.max_bytes): %w",
+				h.Name, st.Size(), max, errdefs.ErrOutOfRange)
+		}
+		return nil
 	}
-	if max > 0 && st.Size() > max {
-		return nil, 0, fmt.Errorf("sandbox %s's disk changed by %d bytes since its start or last snapshot, over the bound of %d (--max-bytes, snap.max_bytes): %w",
-			h.Name, st.Size(), max, errdefs.ErrOutOfRange)
+	if err := over(); err != nil {
+		return nil, 0, err
 	}
 	size, err := virtualSize(ctx, cur)
 	if err != nil {
@@ -155,7 +162,17 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 		os.Remove(next)
 		return nil, 0, fmt.Errorf("freeze the guest's root file system (try again): %w", err)
 	}
+	// The freeze flushed what the guest held back: the bound again.
+	if err := over(); err != nil {
+		v.ThawFS(ctx)
+		os.Remove(next)
+		return nil, time.Since(t0), err
+	}
 	err = v.SnapshotDisk(ctx, TopNode(depth), TopNode(depth+1), next)
+	var refused *vmm.NotStacked
+	if errors.As(err, &refused) { // QEMU never opened next
+		os.Remove(next)
+	}
 	terr := v.ThawFS(ctx)
 	for i := 0; terr != nil && i < 3; i++ {
 		time.Sleep(100 * time.Millisecond)
@@ -175,6 +192,11 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 	defer f.Close()
 	if _, err := io.Copy(w, f); err != nil {
 		return nil, frozen, fmt.Errorf("copy the disk's diff: %w", err)
+	}
+	// No image of a chain names its backing file (a top an older dsec
+	// made over its image does): the diff's header says none.
+	if out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-u", "-b", "", "-f", "qcow2", w.Name()).CombinedOutput(); err != nil {
+		return nil, frozen, fmt.Errorf("the disk's diff: qemu-img rebase: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return func() error { return os.Remove(cur) }, frozen, nil
 }

@@ -65,13 +65,27 @@ func (v *vmm) diskSnapshot(current, name, path string) error {
 	return nil
 }
 
+// NotStacked is the shim's refusal of a disk snapshot: the disk is on
+// the top it was on, and QEMU never opened the image to stack.
+type NotStacked struct{ Err error }
+
+func (e *NotStacked) Error() string { return e.Err.Error() }
+func (e *NotStacked) Unwrap() error { return e.Err }
+
 // SnapshotDisk has the shim stack path, an empty qcow2 image, as node
-// name over the guest's disk's top, node current (a full VM's).
+// name over the guest's disk's top, node current (a full VM's). A
+// refusal the shim answered is a *NotStacked; any other error (the shim
+// gone, say) says nothing of where the disk is.
 func (v *VM) SnapshotDisk(ctx context.Context, current, name, path string) error {
-	_, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpDiskSnap, ID: fmt.Sprintf("#disksnap-%d", initproto.RestrictSeq.Add(1)),
+	rep, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpDiskSnap, ID: fmt.Sprintf("#disksnap-%d", initproto.RestrictSeq.Add(1)),
 		Current: current, Node: name, Path: path}, nil, nil)
-	if err != nil && strings.Contains(err.Error(), notOnTop) {
-		return fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)
+	switch {
+	case err == nil:
+		return nil
+	case rep.Error == "":
+		return err
+	case strings.Contains(err.Error(), notOnTop):
+		return &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)}
 	}
-	return err
+	return &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)}
 }
