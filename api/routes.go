@@ -39,6 +39,9 @@ const (
 	// BodyRelayed: what the caller sends, relayed, and what the target
 	// answers.
 	BodyRelayed = "relayed"
+	// BodyWebSocket: the request upgrades to a WebSocket (status 101),
+	// whose messages carry the route's protocol both ways.
+	BodyWebSocket = "websocket"
 )
 
 // Routes are the routes of the worker's API, served on the root's
@@ -85,6 +88,13 @@ var Routes = []Route{
 		Summary: "The screen of a full VM as PNG: the answer is its bytes, its size and count in the X-Dsec-Screen-* headers"},
 	{Method: "POST", Path: "/v1/sandboxes/{name}/input", Request: "Input", Status: 204,
 		Summary: "Type text, press a key, or move, click, drag or scroll the mouse of a full VM"},
+	{Method: "POST", Path: "/v1/sandboxes/{name}/vnc", Response: "VNC", Status: 200,
+		Summary: "Grant a token to a full VM's screen over VNC, ending the grant before"},
+	{Method: "DELETE", Path: "/v1/sandboxes/{name}/vnc", Status: 204,
+		Summary: "End the sandbox's VNC grant and the connections it opened"},
+	{Method: "GET", Path: "/v1/vnc/{name}", Query: "token=T (the grant's, or Authorization: Bearer T; no API token)", Status: 101,
+		RequestBody: BodyWebSocket, ResponseBody: BodyWebSocket,
+		Summary: "A WebSocket (subprotocol binary) carrying RFB to and from a full VM's VNC server, opened by a grant's token alone"},
 	{Method: "GET", Path: "/v1/sandboxes/{name}/stat", Query: "path=P, follow=1 (a symlink's target)", Response: "PathStat", Status: 200,
 		Summary: "Describe a path"},
 	{Method: "GET", Path: "/v1/sandboxes/{name}/dir", Query: "path=P, depth=N (default 1)", Response: "[]DirEntry", Status: 200,

@@ -48,13 +48,16 @@ func TestRoutes(t *testing.T) {
 			t.Errorf("%s: not under /%s/", key, Version)
 		case r.Summary == "":
 			t.Errorf("%s: no summary", key)
-		case r.Method != "" && r.Status != 200 && r.Status != 201 && r.Status != 204:
+		case (r.RequestBody == BodyWebSocket || r.ResponseBody == BodyWebSocket) &&
+			(r.Method != "GET" || r.Status != 101 || r.RequestBody != r.ResponseBody || r.Request != "" || r.Response != ""):
+			t.Errorf("%s: a WebSocket is a GET answered 101, both bodies its messages", key)
+		case r.Method != "" && r.Status != 200 && r.Status != 201 && r.Status != 204 && r.ResponseBody != BodyWebSocket:
 			t.Errorf("%s: status %d: give 200, 201 or 204", key, r.Status)
 		case r.Status == 204 && (r.Response != "" || r.ResponseBody != ""):
 			t.Errorf("%s: status 204 with an answer", key)
-		case !slices.Contains([]string{"", BodyLines, BodyBytes, BodyRelayed}, r.RequestBody) ||
-			!slices.Contains([]string{"", BodyLines, BodyBytes, BodyRelayed}, r.ResponseBody):
-			t.Errorf("%s: bodies %q and %q: give BodyLines, BodyBytes, BodyRelayed or none", key, r.RequestBody, r.ResponseBody)
+		case !slices.Contains([]string{"", BodyLines, BodyBytes, BodyRelayed, BodyWebSocket}, r.RequestBody) ||
+			!slices.Contains([]string{"", BodyLines, BodyBytes, BodyRelayed, BodyWebSocket}, r.ResponseBody):
+			t.Errorf("%s: bodies %q and %q: give BodyLines, BodyBytes, BodyRelayed, BodyWebSocket or none", key, r.RequestBody, r.ResponseBody)
 		case (r.Method == "") != (r.RequestBody == BodyRelayed):
 			t.Errorf("%s: a route of any method is a relay, and a relay one of any method", key)
 		}

@@ -495,6 +495,8 @@ func routeBody(pkg *apiPackage, typ, body string, request bool, status int) (str
 			return "relayed", nil
 		}
 		return "the target's answer", nil
+	case api.BodyWebSocket:
+		return "WebSocket messages (101)", nil
 	case api.BodyLines:
 		return t + " lines", nil
 	case api.BodyBytes:
