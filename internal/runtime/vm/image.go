@@ -129,25 +129,33 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 	if err != nil {
 		return nil, err
 	}
-	in, err := s.NewIngest()
+	blob, err := storeRaw(ctx, s, raw.Name())
 	if err != nil {
 		return nil, err
 	}
-	defer in.Abort()
-	if out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", raw.Name(), in.File.Name()).CombinedOutput(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return nil, fmt.Errorf("store the disk: qemu-img is missing: install qemu-utils (make deps does)")
-		}
-		return nil, fmt.Errorf("store the disk as qcow2: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	os.Remove(raw.Name())
-	blob, err := in.Commit("")
-	if err != nil {
-		return nil, err
-	}
-	blob.MediaType = MediaTypeDisk
 	rec := Record{Created: time.Now().UTC(), Source: strings.Join(trees, ", "), Disk: d}
 	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
+}
+
+// storeRaw stores the raw disk image at path as a qcow2 blob of s (its
+// bytes, hashed for its digest, are what the partitions hold, not the
+// size the disk has), and removes path.
+func storeRaw(ctx context.Context, s *store.Store, path string) (ocispec.Descriptor, error) {
+	in, err := s.NewIngest()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer in.Abort()
+	if out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", path, in.File.Name()).CombinedOutput(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return ocispec.Descriptor{}, fmt.Errorf("store the disk: qemu-img is missing: install qemu-utils (make deps does)")
+		}
+		return ocispec.Descriptor{}, fmt.Errorf("store the disk as qcow2: qemu-img: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	os.Remove(path)
+	blob, err := in.Commit("")
+	blob.MediaType = MediaTypeDisk
+	return blob, err
 }
 
 // Snapshot records the VM image ref (new) whose disk is chain, blobs

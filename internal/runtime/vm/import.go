@@ -85,20 +85,10 @@ func Import(ctx context.Context, s *store.Store, path string, ref layer.Ref, o I
 			d.Agent = AgentSystemd
 		}
 	}
-	in, err := s.NewIngest()
+	blob, err := storeRaw(ctx, s, raw.Name())
 	if err != nil {
 		return nil, err
 	}
-	defer in.Abort()
-	if err := qemuImg(ctx, "convert", "-q", "-f", "raw", "-O", "qcow2", raw.Name(), in.File.Name()); err != nil {
-		return nil, fmt.Errorf("store the disk as qcow2: %w", err)
-	}
-	os.Remove(raw.Name())
-	blob, err := in.Commit("")
-	if err != nil {
-		return nil, err
-	}
-	blob.MediaType = MediaTypeDisk
 	abs, _ := filepath.Abs(path)
 	rec := Record{Created: time.Now().UTC(), Source: "import of " + abs, Disk: d}
 	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
