@@ -68,7 +68,7 @@ func (s *SandboxSpec) Validate() error {
 	if s.Pull != "" && s.Image == "" {
 		return fmt.Errorf("pull %s says when an image is fetched, and this sandbox has none: give --image too: %w", s.Pull, errdefs.ErrInvalidArgument)
 	}
-	if s.DiskOnly && s.Snapshot == "" {
+	if s.DiskOnly && s.Snapshot == "" && s.Backend != "vm" { // (a vm sandbox's base may be a memory snapshot)
 		return fmt.Errorf("--disk-only starts a sandbox on a snapshot's files alone: give the snapshot too: %w", errdefs.ErrInvalidArgument)
 	}
 	for _, l := range s.Layers {

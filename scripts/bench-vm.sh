@@ -4,6 +4,7 @@
 #  1. Create to first exec, booted through the firmware, next to QEMU alone booting the same image to its login prompt.
 #  2. A screenshot's latency, and input to screen (a key typed until a screenshot shows it), p50.
 #  3. The host memory of an idle VM next to the RAM it was given; the disk each VM adds next to the image's.
+#  4. A memory snapshot of the idle VM, and create to first exec of a branch that continues it, next to a cold boot.
 set -euo pipefail
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
@@ -28,6 +29,10 @@ printf '%-66s %8s MiB %8s MiB %8s\n' "host memory of an idle VM vs the RAM it wa
 printf '%-66s %8s MiB %8s MiB %8s\n' "disk each VM adds (its overlay) vs the image's disk, shared" "$(metric "$out" overlay-MiB)" \
 	"$(metric "$out" image-MiB)" "$(ratio "$(metric "$out" overlay-MiB)" "$(metric "$out" image-MiB)")"
 
+printf '%-66s %9s ms %9s ms %8s\n' "create to first exec, continued from a memory snapshot vs booted:" "$(metric "$out" restore-p50-ms)" \
+	"$(metric "$out" cold-p50-ms)" "$(ratio "$(metric "$out" restore-p50-ms)" "$(metric "$out" cold-p50-ms)")"
+printf '%-66s %9s ms %8s MiB %8s\n' "the memory snapshot: guest paused, its saved state" "$(metric "$out" paused-ms)" "$(metric "$out" state-MiB)" -
+
 boot=(--target-text "on a hardware-KVM host: agent-ready within 5 s of the create; not measurable under TCG")
 [ "$accel" != kvm ] || boot=(--target "<= 5000" --target-text "agent-ready within 5 s of the create")
 # (QEMU alone to its serial login prompt is printed above, not recorded as the baseline: it reaches that prompt well
@@ -49,3 +54,8 @@ bench_record --id vm-disk --area "Full VMs" --unit MiB \
 	--title "disk each full VM of an image adds (its overlay, after boot) vs the image's disk" \
 	--value "$(metric "$out" overlay-MiB)" --baseline "$(metric "$out" image-MiB)" --baseline-what "the image (shared)" \
 	--ratio "$(ratio "$(metric "$out" overlay-MiB)" "$(metric "$out" image-MiB)")" --target-text "the overlay only"
+bench_record --id vm-restore --area "Full VMs" --unit ms \
+	--title "create to first exec of a full VM continued from its memory snapshot, p50 ($A)" \
+	--value "$(metric "$out" restore-p50-ms)" --baseline "$(metric "$out" cold-p50-ms)" --baseline-what "booted through OVMF" \
+	--ratio "$(ratio "$(metric "$out" restore-p50-ms)" "$(metric "$out" cold-p50-ms)")" \
+	--target-text "on a hardware-KVM host: <= 1 s (the saved RAM read in); under TCG the same order"

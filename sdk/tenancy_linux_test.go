@@ -1057,7 +1057,7 @@ func vmSnapshot(t *testing.T, root, tag string) {
 		t.Fatal(err)
 	}
 	rec := vm.Record{Created: time.Now().UTC(), Sandbox: "a VM", Parent: "vm-base:1", Disk: vm.Disk{Size: 1 << 20, Agent: vm.AgentSystemd}}
-	if _, err := vm.Snapshot(ctx, s, ref, chain, rec); err != nil {
+	if _, err := vm.Snapshot(ctx, s, ref, chain, nil, rec); err != nil {
 		t.Fatal(err)
 	}
 }

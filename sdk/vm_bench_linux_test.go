@@ -29,8 +29,10 @@ import (
 // screenshot's latency through the SDK; input to screen (a key typed at
 // the console's login prompt until a screenshot shows it); the host
 // memory of an idle VM next to the RAM it was given; and the disk each
-// VM of the image adds (its overlay) next to the image's. Rounds:
-// b.N (make bench: BENCH_VM_N).
+// VM of the image adds (its overlay) next to the image's; then a
+// memory snapshot of the idle VM (how long it was paused, what its
+// saved state holds) and create to first exec of branches that continue
+// it, next to the cold boots. Rounds: b.N (make bench: BENCH_VM_N).
 func BenchmarkFullVM(b *testing.B) {
 	agent, err := microvmtest.Agent()
 	if err != nil {
@@ -108,12 +110,32 @@ func BenchmarkFullVM(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// From a memory snapshot: the idle VM saved whole, then branches
+	// that continue it, create to first exec, one at a time.
+	sn, err := sb.PackDiff(ctx, api.PackRequest{Tag: "bench-vm:1", Memory: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var warm []time.Duration
+	for range 3 {
+		t0 := time.Now()
+		br, err := c.Branch(ctx, api.BranchRequest{Snapshot: sn.Name, N: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		execB(b, br[0], "true")
+		warm = append(warm, time.Since(t0))
+		br[0].Remove(ctx, true)
+	}
 	p50 := func(ds []time.Duration) float64 {
 		slices.Sort(ds)
 		return float64(ds[len(ds)/2].Microseconds()) / 1000
 	}
 	b.ReportMetric(p50(cold), "cold-p50-ms")
 	b.ReportMetric(p50(byHand), "byhand-p50-ms")
+	b.ReportMetric(p50(warm), "restore-p50-ms")
+	b.ReportMetric(sn.Memory.PausedSeconds*1000, "paused-ms")
+	b.ReportMetric(float64(sn.Memory.StateBytes)/(1<<20), "state-MiB")
 	b.ReportMetric(p50(shots), "screenshot-p50-ms")
 	b.ReportMetric(p50(typed), "input-p50-ms")
 	b.ReportMetric(float64(info.MemoryBytes)/(1<<20), "idle-host-MiB")

@@ -18,10 +18,11 @@ import (
 )
 
 const snapNote = `A snapshot holds files: a branch or a restore starts fresh processes on the captured disk
-state. A memory snapshot (pack-diff --memory, of a microVM) holds the guest whole too, its
-processes and memory: its branches and restores are microVMs that continue where it stopped
-(--disk-only: on its files alone), each told it was cloned (clock stepped, RNG reseeded,
-host name and network its own). A host whose QEMU build or guest kernel differs refuses it.`
+state. A memory snapshot (pack-diff --memory, of a microVM or a full VM) holds the guest whole too,
+its processes and memory (a full VM's screen too): its branches and restores continue where
+it stopped (--disk-only: on its files alone, booted), each told it was cloned (clock stepped,
+RNG reseeded, host name and network its own). A host whose QEMU build, guest kernel or
+firmware differs refuses it.`
 
 func (a *app) snapCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -125,7 +126,7 @@ branches boot; --max-bytes bounds the diff (one over it is refused before anythi
 	fl := cmd.Flags()
 	fl.StringVarP(&tag, "tag", "t", "", "the snapshot's tag, NAME:STEP (required, new)")
 	fl.BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
-	fl.BoolVar(&memory, "memory", false, "a memory snapshot: the guest's memory, device state and disk too (a microVM)")
+	fl.BoolVar(&memory, "memory", false, "a memory snapshot: the guest's memory, device state and disk too (a microVM or a full VM)")
 	fl.StringVar(&maxBytes, "max-bytes", "", fmt.Sprintf("refuse more file data than this, e.g. 10G (default %s)", humanBytes(snap.DefaultMaxBytes)))
 	fl.IntVar(&maxEntries, "max-entries", 0, fmt.Sprintf("refuse more changed paths than this (default %d)", snap.DefaultMaxEntries))
 	fl.IntVar(&maxDepth, "max-depth", 0, fmt.Sprintf("refuse directories nested deeper than this (default %d)", snap.DefaultMaxDepth))
@@ -161,7 +162,7 @@ func (f *branchFlags) spec(a *app) (api.SandboxSpec, error) {
 func (f *branchFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.backend, "backend", "", "the backend to run them on (default: microvm for a memory snapshot, else the worker's default, container)")
-	fl.BoolVar(&f.diskOnly, "disk-only", false, "start on a memory snapshot's files alone, fresh processes (default: continue its guest)")
+	fl.BoolVar(&f.diskOnly, "disk-only", false, "start on a memory snapshot's files (a full VM's: its disk) alone, fresh processes (default: continue its guest)")
 	fl.Float64Var(&f.cpu, "cpu", 0, "CPU limit of each, in CPUs")
 	fl.StringVar(&f.memory, "memory", "", "memory limit of each, e.g. 512M")
 	fl.StringVar(&f.disk, "disk", "", "disk quota of each on what it writes, on a file system of its own, e.g. 10G; unlimited: none of its own (default: the worker's bound, defaults.disk)")

@@ -30,8 +30,8 @@ import (
 // the sandbox's from then on.
 func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o PackOptions) (*Packed, error) {
 	switch {
-	case o.Memory:
-		return nil, fmt.Errorf("a full VM's memory snapshots are not in this release: pack-diff without --memory keeps its disk: %w", errdefs.ErrNotImplemented)
+	case o.Memory && sb.Machine == nil:
+		return nil, fmt.Errorf("sandbox %s was started by an older dsec, which recorded no machine: stop and start it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	case sb.Paused:
 		return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its disk: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
 	case sb.g.Frozen():
@@ -50,7 +50,16 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		return nil, err
 	}
 	defer in.Abort()
-	commit, frozen, err := ds.SnapshotDisk(ctx, sb.handle(), sb.Upper(), len(sb.Digests), o.Limits.MaxBytes, in.File)
+	req := driver.DiskSnap{Upper: sb.Upper(), Depth: len(sb.Digests), Max: o.Limits.MaxBytes, Diff: in.File}
+	var saved *store.Ingest
+	if o.Memory {
+		if saved, err = o.Store.NewIngest(); err != nil {
+			return nil, err
+		}
+		defer saved.Abort()
+		req.State = saved.File
+	}
+	took, err := ds.SnapshotDisk(ctx, sb.handle(), req)
 	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 	}
@@ -59,6 +68,15 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		return nil, fmt.Errorf("pack-diff %s: store its disk's diff: %w", sb.Name, err)
 	}
 	blob.MediaType = vm.MediaTypeDisk
+	var state *ocispec.Descriptor
+	if saved != nil {
+		d, err := saved.Commit("")
+		if err != nil {
+			return nil, fmt.Errorf("pack-diff %s: store its saved guest: %w", sb.Name, err)
+		}
+		d.MediaType = vm.MediaTypeState
+		state = &d
+	}
 	parent := sb.Layers[0]
 	if sb.Top != nil {
 		parent = sb.Top.Ref
@@ -66,8 +84,12 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 	chain, rec := diskChain(ctx, o.Store, sb.Digests, parent)
 	rec.Created, rec.Sandbox, rec.Parent = time.Now().UTC(), sb.Name, parent
 	rec.Source = "sandbox " + sb.Name
+	rec.Memory = nil
+	if state != nil {
+		rec.Memory = &vm.Memory{Machine: *sb.Machine, Nonce: took.Memory.Nonce, Policy: sb.Policy}
+	}
 	chain = append(chain, blob)
-	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, rec)
+	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, state, rec)
 	// The sandbox stands on the diff from now on, tagged or not (a tag
 	// taken meanwhile): its state holds it.
 	digests, top := sb.Digests, sb.Top
@@ -82,14 +104,19 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		}
 		return nil, serr
 	}
-	commit() // (a leftover is removed at its next start)
+	took.Commit() // (a leftover is removed at its next start)
 	if err != nil {
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 	}
 	info := &layer.Info{Ref: img.Tag, Kind: layer.KindVMImage, Digest: blob.Digest, Size: blob.Size, Manifest: img.ID,
 		Created: rec.Created, Source: rec.Source, Snapshot: &layer.Lineage{Sandbox: sb.Name, Incremental: len(chain) > 2,
 			Lowers: []layer.Lower{{Ref: parent, Digest: chain[len(chain)-2].Digest}}}}
-	return &Packed{Layer: info, Packed: &snap.Packed{Bytes: blob.Size}, Frozen: frozen}, nil
+	out := &Packed{Layer: info, Packed: &snap.Packed{Bytes: blob.Size}, Frozen: took.Frozen}
+	if state != nil {
+		info.Snapshot.Memory = &layer.Memory{Machine: *sb.Machine, State: *state, Nonce: took.Memory.Nonce}
+		out.Paused = took.Frozen
+	}
+	return out, nil
 }
 
 // diskChain is the chain of blobs digests (topmost first) names, base

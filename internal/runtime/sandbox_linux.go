@@ -84,8 +84,9 @@ type Spec struct {
 	UserNS bool `json:"userns,omitempty"`
 	// Owner is the id of the API token that made it ("": the admin).
 	Owner string `json:"owner,omitempty"`
-	// DiskOnly starts a microVM on a memory snapshot's files alone, its
-	// processes fresh (by default it continues the snapshot's guest).
+	// DiskOnly starts a microVM on a memory snapshot's files alone, or a
+	// full VM on a memory snapshot's disk alone, booted, its processes
+	// fresh (by default it continues the snapshot's guest).
 	DiskOnly bool `json:"disk_only,omitempty"`
 }
 
@@ -494,6 +495,10 @@ func (sb *Sandbox) start(ctx context.Context) error {
 		if b, ok := sb.d.(driver.BaseResolver); ok { // its own base, no layers
 			base, err := b.ResolveBase(ctx, h.Store, sb.Layers[0], sb.Digests)
 			digests, images = base.Digests, base.Files
+			if base.Saved != nil && sb.Status == Creating && !sb.DiskOnly && sb.restore == nil {
+				// A saved guest's base: the new sandbox continues it.
+				sb.restore = base.Saved
+			}
 			return digests, err
 		}
 		for i, ref := range sb.Layers {
@@ -564,6 +569,11 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	}
 	if err := sb.startDNS(sb.Policy); err != nil {
 		return err
+	}
+	if r := s.Restore; r != nil && r.Branch && r.Policy != nil {
+		if err := sb.tightenRestored(ctx, r.Policy); err != nil {
+			return err
+		}
 	}
 	sb.Status = Running
 	return sb.save()

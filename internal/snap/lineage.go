@@ -164,6 +164,9 @@ func vmSnapshots(ctx context.Context, s *store.Store) ([]*Node, error) {
 			Parent: img.Parent, Layers: []string{img.Parent}, Sandbox: img.Sandbox, Incremental: len(img.Chain) > 2,
 			Created: img.Created, Children: []string{}, Branches: []string{}, Sandboxes: []string{}},
 			lowers: []layer.Lower{{Ref: img.Parent, Digest: under}}, vm: true})
+		if img.State != nil {
+			out[len(out)-1].MemoryBytes = img.State.Size
+		}
 	}
 	return out, nil
 }

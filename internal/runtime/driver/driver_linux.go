@@ -143,6 +143,10 @@ type Restore struct {
 	// Branch: the guest becomes another sandbox (a branch of a memory
 	// snapshot), not the one saved (an evicted one resuming).
 	Branch bool
+	// Policy is the saved sandbox's, whose file rules its guest holds
+	// in its memory: a branch's may only add to it (nil: the runtime
+	// checks it otherwise, or none was recorded).
+	Policy *api.Policy
 }
 
 // Abilities a Driver may have, found by type assertion.
@@ -201,25 +205,50 @@ type (
 	// DiskSnapshotter: a sandbox's disk is a chain of copy-on-write
 	// images, its base's (StartSpec.Images) under a top of its own in
 	// its upper (a full VM's). SnapshotDisk ends that top where the
-	// guest is now, its file systems frozen meanwhile (for frozen), and
-	// stacks a new one over it; it writes the ended top to w, the block
-	// diff a snapshot adds to the chain of depth images (one of more
-	// than max bytes, max > 0, is refused before anything is done). The
-	// ended top's file stays in the upper until commit, which the caller
-	// calls once its state names w's blob (its chain one longer): a
-	// sandbox started before that finds both tops, and merges them.
+	// guest is now, its file systems frozen meanwhile, and stacks a new
+	// one over it; it writes the ended top to d.Diff, the block diff a
+	// snapshot adds to the chain of d.Depth images (one of more than
+	// d.Max bytes, d.Max > 0, is refused before anything is done), and
+	// with d.State the guest's device state and RAM as they were at
+	// that instant (a memory snapshot: the guest is stopped meanwhile).
+	// The ended top's file stays in the upper until Commit, which the
+	// caller calls once its state names the diff's blob (its chain one
+	// longer): a sandbox started before that finds both tops, and
+	// merges them.
 	DiskSnapshotter interface {
-		SnapshotDisk(ctx context.Context, h Handle, upper string, depth int, max int64, w *os.File) (commit func() error, frozen time.Duration, err error)
+		SnapshotDisk(ctx context.Context, h Handle, d DiskSnap) (DiskSnapped, error)
 	}
 )
+
+// DiskSnap is what a DiskSnapshotter is asked to take.
+type DiskSnap struct {
+	Upper string
+	Depth int
+	Max   int64
+	Diff  *os.File
+	State *os.File // nil: the disk alone
+}
+
+// DiskSnapped is what a DiskSnapshotter took: Commit drops the ended
+// top; Frozen is how long the guest's file systems were frozen (or the
+// guest stopped, for its memory); Memory the saved guest's agent's
+// nonce, with its memory.
+type DiskSnapped struct {
+	Commit func() error
+	Frozen time.Duration
+	Memory *initproto.SnapshotInfo
+}
 
 // Base is a backend's own base as a sandbox stands on it: the digests
 // its state keeps (a collection keeps those blobs while the sandbox is),
 // and the files the backend starts from, both topmost first (a VM
-// snapshot's block diffs over its image's disk).
+// snapshot's block diffs over its image's disk). Saved is the guest the
+// base holds saved, if it does (a VM snapshot of its memory): a sandbox
+// that continues it starts from it (StartSpec.Restore).
 type Base struct {
 	Digests []string
 	Files   []string
+	Saved   *Restore
 }
 
 // Warm is an instance a Prestarter made ahead of need, which its

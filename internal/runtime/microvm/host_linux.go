@@ -98,18 +98,20 @@ var fileDigests sync.Map // path+mtime+size -> digest.Digest
 
 // Build digests the host's kernel and QEMU (once per file as it is).
 func (h *Host) Build() (Build, error) {
-	k, err := fileDigest(h.Kernel.Vmlinux())
+	k, err := FileDigest(h.Kernel.Vmlinux())
 	if err != nil {
 		return Build{}, fmt.Errorf("the guest kernel: %w", err)
 	}
-	q, err := fileDigest(h.QEMU)
+	q, err := FileDigest(h.QEMU)
 	if err != nil {
 		return Build{}, fmt.Errorf("QEMU: %w", err)
 	}
 	return Build{Kernel: k, QEMU: q}, nil
 }
 
-func fileDigest(path string) (digest.Digest, error) {
+// FileDigest is the digest of the file at path, computed once per
+// version of it (its path, size and modification time).
+func FileDigest(path string) (digest.Digest, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return "", err

@@ -50,9 +50,22 @@ func TestCopy(t *testing.T) {
 	}
 	rec := img.Record
 	rec.Sandbox, rec.Parent = "sb", "cp:1"
-	snapImg, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:1")), []ocispec.Descriptor{img.Blob, diff}, rec)
+	// A memory snapshot: a saved guest's state after its disk.
+	state, err := s.WriteBlob(MediaTypeState, []byte("QEVM saved guest"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	memRec := rec
+	memRec.Memory = &Memory{Machine: layer.Machine{MemoryBytes: 512 << 20, CPUs: 1, Accel: "tcg"}, Nonce: "abc"}
+	snapImg, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:1")), []ocispec.Descriptor{img.Blob, diff}, &state, memRec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snapImg.State == nil || snapImg.State.Digest != state.Digest || len(snapImg.Chain) != 2 || snapImg.Blob.Digest != diff.Digest {
+		t.Fatalf("a memory snapshot: %+v, want its chain of 2 and its state", snapImg)
+	}
+	if _, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:0")), []ocispec.Descriptor{img.Blob, diff}, &state, rec); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a state without its record: %v", err)
 	}
 	addr, _ := layertest.StartRegistry(t)
 	for _, url := range []string{"oci://" + addr + "/dsec", "dir://" + t.TempDir()} {
@@ -70,7 +83,7 @@ func TestCopy(t *testing.T) {
 			// another than cp: there the base goes again.)
 			r2, err := Copy(ctx, local, rem, must(layer.ParseRef("cp-snap:1")), false, nil)
 			shared := strings.HasPrefix(url, "dir:")
-			if err != nil || slices.Contains(r2.Skipped, img.Blob.Digest) != shared || !slices.Contains(r2.Copied, diff.Digest) {
+			if err != nil || slices.Contains(r2.Skipped, img.Blob.Digest) != shared || !slices.Contains(r2.Copied, diff.Digest) || !slices.Contains(r2.Copied, state.Digest) {
 				t.Fatalf("push cp-snap:1: %+v %v, want its diff copied, and its base skipped in a store of shared blobs (%v)", r2, err, shared)
 			}
 			if again, err := Copy(ctx, local, rem, must(layer.ParseRef("cp-snap:1")), false, nil); err != nil || len(again.Copied) != 0 {
@@ -84,7 +97,8 @@ func TestCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			got, err := Lookup(ctx, s2, "cp-snap:1")
-			if err != nil || !slices.Equal(got.Digests(), snapImg.Digests()) || got.Sandbox != "sb" || got.Parent != "cp:1" || got.Disk != img.Disk {
+			if err != nil || !slices.Equal(got.Digests(), snapImg.Digests()) || got.Sandbox != "sb" || got.Parent != "cp:1" || got.Disk != img.Disk ||
+				got.State == nil || got.State.Digest != state.Digest || got.Memory == nil || got.Memory.Nonce != "abc" || !s2.Exists(state.Digest) {
 				t.Fatalf("pulled %+v %v, want %+v", got, err, snapImg)
 			}
 			for _, f := range got.Files(s2) {
@@ -140,9 +154,30 @@ func TestCopy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := Snapshot(ctx, s3, must(layer.ParseRef("evil:1")), []ocispec.Descriptor{badDisk}, rec); err != nil {
+			if _, err := Snapshot(ctx, s3, must(layer.ParseRef("evil:1")), []ocispec.Descriptor{badDisk}, nil, rec); err != nil {
 				t.Fatal(err)
 			}
+			// A saved guest's state its record does not describe, and
+			// one whose machine no VM is.
+			st3, _ := s3.WriteBlob(MediaTypeState, []byte("QEVM"))
+			plant := func(name string, r Record) {
+				rb, _ := json.Marshal(r)
+				cfg, _ := s3.WriteBlob(MediaTypeRecord, rb)
+				mb, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+					ArtifactType: ArtifactType, Config: cfg, Layers: []ocispec.Descriptor{diff, st3}})
+				md, _ := s3.WriteBlob(ocispec.MediaTypeImageManifest, mb)
+				md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}
+				if err := s3.Tag(ctx, name, md, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := s3.WriteBlob(MediaTypeDisk, b); err != nil {
+				t.Fatal(err)
+			}
+			plant("ghost:1", rec)
+			huge := memRec
+			huge.Memory = &Memory{Machine: layer.Machine{MemoryBytes: 1 << 50, CPUs: 1}, Nonce: "n"}
+			plant("huge:1", huge)
 			cfg, _ := s3.WriteBlob(MediaTypeRecord, []byte("{}"))
 			notDisk, _ := s3.WriteBlob("application/octet-stream", []byte("x"))
 			mb, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
@@ -152,7 +187,8 @@ func TestCopy(t *testing.T) {
 			if err := s3.Tag(ctx, "odd:1", md, false); err != nil {
 				t.Fatal(err)
 			}
-			for name, says := range map[string]string{"evil:1": "reads a backing file", "odd:1": "its disk has a application/octet-stream"} {
+			for name, says := range map[string]string{"evil:1": "reads a backing file", "odd:1": "its disk has a application/octet-stream",
+				"ghost:1": "holds a saved guest its record does not describe", "huge:1": "is no VM's"} {
 				// (Planted as another tool would push them: unchecked.)
 				plain := remote.Artifact{Type: ArtifactType}
 				if _, err := remote.CopyArtifact(ctx, remote.Local(s3), rem, must(layer.ParseRef(name)), plain, true, nil); err != nil {

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
@@ -33,7 +34,10 @@ const (
 	ArtifactType    = "application/vnd.dsec.vm.image.v1"
 	MediaTypeRecord = "application/vnd.dsec.vm.image.record.v1+json"
 	MediaTypeDisk   = "application/vnd.dsec.vm.disk.v1.qcow2"
-	maxJSON         = 1 << 20
+	// MediaTypeState is a saved guest's device state and RAM (QEMU's
+	// migration stream): a memory snapshot's last layer, after its disk.
+	MediaTypeState = "application/vnd.dsec.vm.state.v1"
+	maxJSON        = 1 << 20
 	// MaxChain bounds a disk's chain: QEMU opens every image of it, and
 	// reads walk it down to where a block was last written.
 	MaxChain = 64
@@ -48,6 +52,20 @@ type Record struct {
 	// snapshot it was taken over (the chain less its last diff).
 	Sandbox string `json:"sandbox,omitempty"`
 	Parent  string `json:"parent,omitempty"`
+	// Memory: a memory snapshot's guest, saved running (its state the
+	// manifest's last layer, Image.State).
+	Memory *Memory `json:"memory,omitempty"`
+}
+
+// Memory is what a branch needs to continue a saved guest: the machine
+// it ran on (the same QEMU, firmware, RAM and vCPUs) and the nonce its
+// agent waits for.
+type Memory struct {
+	Machine layer.Machine `json:"machine"`
+	Nonce   string        `json:"nonce"`
+	// Policy is the sandbox's when it was saved: the guest holds its
+	// file rules in its memory, which a branch's policy may only add to.
+	Policy *api.Policy `json:"policy,omitempty"`
 }
 
 // Image is a VM image in the store.
@@ -59,6 +77,8 @@ type Image struct {
 	Blob  ocispec.Descriptor   `json:"blob"`
 	Path  string               `json:"path"`
 	Chain []ocispec.Descriptor `json:"chain,omitempty"`
+	// State is a memory snapshot's saved guest (Record.Memory).
+	State *ocispec.Descriptor `json:"state,omitempty"`
 	Record
 }
 
@@ -160,19 +180,31 @@ func storeRaw(ctx context.Context, s *store.Store, path string) (ocispec.Descrip
 
 // Snapshot records the VM image ref (new) whose disk is chain, blobs
 // of the store base first (the last a sandbox's block diff), as rec
-// (its Sandbox and Parent) says. The caller holds the store's writer.
-func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, rec Record) (*Image, error) {
+// (its Sandbox and Parent) says; state is the saved guest's blob for a
+// memory snapshot (rec.Memory), else nil. The caller holds the store's
+// writer.
+func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, state *ocispec.Descriptor, rec Record) (*Image, error) {
 	if _, err := s.Resolve(ctx, ref.String()); err == nil {
 		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", ref, errdefs.ErrAlreadyExists)
+	}
+	if (state == nil) != (rec.Memory == nil) {
+		return nil, fmt.Errorf("a VM snapshot's memory needs both its state and its record: %w", errdefs.ErrInvalidArgument)
 	}
 	for i := range chain {
 		chain[i].MediaType = MediaTypeDisk
 	}
-	return record(ctx, s, ref, chain, rec, false)
+	layers := chain
+	if state != nil {
+		st := *state
+		st.MediaType = MediaTypeState
+		layers = append(slices.Clip(chain), st)
+	}
+	return record(ctx, s, ref, layers, rec, false)
 }
 
-// record tags ref as the VM image of disk chain (base first) and rec.
-func record(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, rec Record, force bool) (*Image, error) {
+// record tags ref as the VM image of layers (its disk's chain base
+// first, then a saved guest's state) and rec.
+func record(ctx context.Context, s *store.Store, ref layer.Ref, layers []ocispec.Descriptor, rec Record, force bool) (*Image, error) {
 	rb, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -182,7 +214,7 @@ func record(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.
 		return nil, err
 	}
 	man := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
-		ArtifactType: ArtifactType, Config: cfg, Layers: chain}
+		ArtifactType: ArtifactType, Config: cfg, Layers: layers}
 	mb, err := json.Marshal(man)
 	if err != nil {
 		return nil, err
@@ -195,8 +227,20 @@ func record(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.
 	if err := s.Tag(ctx, ref.String(), md, force); err != nil {
 		return nil, err
 	}
-	top := chain[len(chain)-1]
-	return &Image{Tag: ref.String(), ID: md.Digest, Blob: top, Path: s.BlobPath(top.Digest), Chain: chain, Record: rec}, nil
+	img := split(&Image{Tag: ref.String(), ID: md.Digest, Chain: layers, Record: rec})
+	img.Path = s.BlobPath(img.Blob.Digest)
+	return img, nil
+}
+
+// split parts img.Chain, a manifest's layers, into the disk's chain
+// and a saved guest's state after it, and sets Blob, the disk's top.
+func split(img *Image) *Image {
+	if n := len(img.Chain); n > 1 && img.Chain[n-1].MediaType == MediaTypeState {
+		st := img.Chain[n-1]
+		img.State, img.Chain = &st, img.Chain[:n-1]
+	}
+	img.Blob = img.Chain[len(img.Chain)-1]
+	return img
 }
 
 // checkTag refuses a tag that names anything but a VM image, and one
@@ -243,17 +287,20 @@ func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
 	}
 	var man ocispec.Manifest
 	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != ArtifactType || man.Config.MediaType != MediaTypeRecord ||
-		len(man.Layers) == 0 || len(man.Layers) > MaxChain {
+		len(man.Layers) == 0 || len(man.Layers) > MaxChain+1 {
 		return nil, fmt.Errorf("VM image %s: its manifest %s is no VM image's: %w", tag, d.Digest, errdefs.ErrDataLoss)
 	}
 	rb, err := s.ReadBlob(man.Config.Digest, maxJSON)
 	if err != nil {
 		return nil, fmt.Errorf("VM image %s: %w", tag, err)
 	}
-	top := man.Layers[len(man.Layers)-1]
-	img := &Image{Tag: tag, ID: d.Digest, Blob: top, Path: s.BlobPath(top.Digest), Chain: man.Layers}
+	img := split(&Image{Tag: tag, ID: d.Digest, Chain: man.Layers})
+	img.Path = s.BlobPath(img.Blob.Digest)
 	if err := json.Unmarshal(rb, &img.Record); err != nil {
 		return nil, fmt.Errorf("VM image %s: its record does not parse: %w", tag, errdefs.ErrDataLoss)
+	}
+	if (img.State == nil) != (img.Memory == nil) {
+		return nil, fmt.Errorf("VM image %s: its saved guest's state and record do not match: %w", tag, errdefs.ErrDataLoss)
 	}
 	return img, nil
 }
@@ -299,10 +346,23 @@ func checkManifest(man ocispec.Manifest, config []byte) error {
 	switch {
 	case man.Config.MediaType != MediaTypeRecord || man.Config.Size > maxJSON || json.Unmarshal(config, &rec) != nil:
 		return fmt.Errorf("its record is no VM image's: %w", errdefs.ErrInvalidArgument)
-	case len(man.Layers) == 0 || len(man.Layers) > MaxChain:
-		return fmt.Errorf("its disk is a chain of %d images, not 1 to %d: %w", len(man.Layers), MaxChain, errdefs.ErrInvalidArgument)
 	}
-	for _, l := range man.Layers {
+	disks := man.Layers
+	if n := len(disks); n > 1 && disks[n-1].MediaType == MediaTypeState {
+		disks = disks[:n-1]
+		if rec.Memory == nil {
+			return fmt.Errorf("it holds a saved guest its record does not describe: %w", errdefs.ErrInvalidArgument)
+		}
+		if err := rec.Memory.check(); err != nil {
+			return err
+		}
+	} else if rec.Memory != nil {
+		return fmt.Errorf("its record describes a saved guest it does not hold: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(disks) == 0 || len(disks) > MaxChain {
+		return fmt.Errorf("its disk is a chain of %d images, not 1 to %d: %w", len(disks), MaxChain, errdefs.ErrInvalidArgument)
+	}
+	for _, l := range disks {
 		if l.MediaType != MediaTypeDisk {
 			return fmt.Errorf("its disk has a %s, not a %s: %w", l.MediaType, MediaTypeDisk, errdefs.ErrInvalidArgument)
 		}
@@ -319,9 +379,24 @@ func verifyDisks(ctx context.Context, dst remote.Target, man ocispec.Manifest) e
 		return nil
 	}
 	for _, l := range man.Layers {
+		if l.MediaType == MediaTypeState { // (QEMU reads it as a migration stream, checked as it loads)
+			continue
+		}
 		if _, err := probe(ctx, d.Store().BlobPath(l.Digest), "qcow2"); err != nil {
 			return fmt.Errorf("its disk %s: %w", l.Digest, err)
 		}
+	}
+	return nil
+}
+
+// check refuses a saved guest's record that no branch could run: what
+// a pulled image says is untrusted.
+func (m *Memory) check() error {
+	switch mc := m.Machine; {
+	case m.Nonce == "" || len(m.Nonce) > 128:
+		return fmt.Errorf("its saved guest has no nonce for its agent: %w", errdefs.ErrInvalidArgument)
+	case mc.MemoryBytes < 1<<20 || mc.MemoryBytes > 1<<40 || mc.CPUs < 1 || mc.CPUs > 1024:
+		return fmt.Errorf("its saved guest's machine (%d bytes of RAM, %d vCPUs) is no VM's: %w", mc.MemoryBytes, mc.CPUs, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -172,9 +172,12 @@ func (w *worker) snapshotBytes(ctx context.Context, s scope) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, img := range imgs { // a full VM's snapshots: their diffs
+	for _, img := range imgs { // a full VM's snapshots: their diffs and saved guests
 		if s.ns.Owns(img.Tag) {
 			n += img.Blob.Size
+			if img.State != nil {
+				n += img.State.Size
+			}
 		}
 	}
 	return n, nil

@@ -17,6 +17,8 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
+	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 )
 
 // get finds the sandbox r names ({name}), if r's caller may see it: to
@@ -228,6 +230,12 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 			if spec.Memory == 0 {
 				spec.Memory = mem.MemoryBytes
 			}
+		}
+	}
+	if spec.Backend == vms.VM && len(spec.Layers) == 1 && !spec.DiskOnly && spec.Memory == 0 && w.host.Store != nil {
+		// A full VM's memory snapshot continues with the RAM it had.
+		if img, err := vm.Lookup(ctx, w.host.Store, spec.Layers[0]); err == nil && img.Memory != nil {
+			spec.Memory = img.Memory.Machine.MemoryBytes
 		}
 	}
 	b, err := w.host.Drivers.Usable(spec.Backend)

@@ -111,28 +111,30 @@ func merge(ctx context.Context, over, under string) error {
 	return os.Remove(over)
 }
 
-// SnapshotDisk ends the top of the running VM's disk (a chain of depth
-// images, node TopNode(depth)): a new top is stacked over it, its root
-// file system frozen by its agent meanwhile, and the ended top is copied
-// to w. A top over max bytes is refused before anything is done. commit
-// removes the ended top's file (QEMU reads it on until it ends: the blob
-// w became holds the same bytes, and is in the chain of its next start).
+// SnapshotDisk ends the top of the running VM's disk (a chain of
+// d.Depth images, node TopNode(d.Depth)): a new top is stacked over it,
+// its root file system frozen by its agent meanwhile (with d.State, the
+// guest stopped too, and its device state and RAM saved to d.State as
+// they were then), and the ended top is copied to d.Diff. A top over
+// d.Max bytes is refused before anything is done. Commit removes the
+// ended top's file (QEMU reads it on until it ends: the blob d.Diff
+// became holds the same bytes, and is in the chain of its next start).
 // Whatever fails once the new top may be stacked leaves it there: the
 // next snapshot is refused until a stop and a start merge it (no write
 // of the guest is lost).
-func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string, depth int, max int64, w *os.File) (func() error, time.Duration, error) {
+func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, o driver.DiskSnap) (out driver.DiskSnapped, err error) {
 	v, ok := h.Instance.(*vmm.VM)
 	if !ok || v == nil {
-		return nil, 0, fmt.Errorf("sandbox %s's VM is not running: %w", h.Name, errdefs.ErrFailedPrecondition)
+		return out, fmt.Errorf("sandbox %s's VM is not running: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}
-	if depth >= vm.MaxChain {
-		return nil, 0, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is (a chain is not flattened in this release): %w",
-			h.Name, depth, errdefs.ErrFailedPrecondition)
+	if o.Depth >= vm.MaxChain {
+		return out, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is (a chain is not flattened in this release): %w",
+			h.Name, o.Depth, errdefs.ErrFailedPrecondition)
 	}
-	cur, next := topFile(upper, depth), topFile(upper, depth+1)
+	cur, next := topFile(o.Upper, o.Depth), topFile(o.Upper, o.Depth+1)
 	if _, err := os.Stat(next); err == nil {
 		v.ThawFS(ctx) // (that snapshot may have left the guest frozen)
-		return nil, 0, fmt.Errorf("a snapshot of sandbox %s did not end (its worker stopped, or its guest did not thaw): stop and start the sandbox (its start keeps all its guest wrote), then snapshot it: %w",
+		return out, fmt.Errorf("a snapshot of sandbox %s did not end (its worker stopped, or its guest did not thaw): stop and start the sandbox (its start keeps all its guest wrote), then snapshot it: %w",
 			h.Name, errdefs.ErrFailedPrecondition)
 	}
 	over := func() error {
@@ -140,35 +142,73 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 		if err != nil {
 			return err
 		}
-		if max > 0 && st.Size() > max {
+		if o.Max > 0 && st.Size() > o.Max {
 			return fmt.Errorf("sandbox %s's disk changed by %d bytes since its start or last snapshot, over the bound of %d (--max-bytes, snap.max_bytes): %w",
-				h.Name, st.Size(), max, errdefs.ErrOutOfRange)
+				h.Name, st.Size(), o.Max, errdefs.ErrOutOfRange)
 		}
 		return nil
 	}
 	if err := over(); err != nil {
-		return nil, 0, err
+		return out, err
 	}
 	size, err := virtualSize(ctx, cur)
 	if err != nil {
-		return nil, 0, err
+		return out, err
 	}
 	if err := create(ctx, next, size); err != nil {
-		return nil, 0, err
+		return out, err
 	}
 	t0 := time.Now()
+	if o.State != nil {
+		out.Memory, err = v.SnapshotFull(ctx, o.State, TopNode(o.Depth), TopNode(o.Depth+1), next)
+		if out.Memory != nil {
+			out.Frozen = time.Duration(out.Memory.PausedNS)
+		}
+		var refused *vmm.NotStacked
+		if errors.As(err, &refused) { // QEMU never opened next
+			os.Remove(next)
+		}
+		// (The bound was checked before the guest flushed what it held
+		// back: by then the new top is stacked, and the diff is taken.)
+		if err != nil {
+			return out, err
+		}
+	} else if out.Frozen, err = d.stack(ctx, v, o, t0, over); err != nil {
+		return out, err
+	}
+	f, err := os.Open(cur)
+	if err != nil {
+		return out, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(o.Diff, f); err != nil {
+		return out, fmt.Errorf("copy the disk's diff: %w", err)
+	}
+	// No image of a chain names its backing file (a top an older dsec
+	// made over its image does): the diff's header says none.
+	if b, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-u", "-b", "", "-f", "qcow2", o.Diff.Name()).CombinedOutput(); err != nil {
+		return out, fmt.Errorf("the disk's diff: qemu-img rebase: %v: %s", err, strings.TrimSpace(string(b)))
+	}
+	out.Commit = func() error { return os.Remove(cur) }
+	return out, nil
+}
+
+// stack stacks the new top over the running guest's disk, its root
+// file system frozen meanwhile, for how long it returns.
+func (d *Driver) stack(ctx context.Context, v *vmm.VM, o driver.DiskSnap, t0 time.Time, over func() error) (time.Duration, error) {
+	next := topFile(o.Upper, o.Depth+1)
 	if err := v.FreezeFS(ctx); err != nil {
 		v.ThawFS(ctx) // one a snapshot its worker did not see end left frozen
 		os.Remove(next)
-		return nil, 0, fmt.Errorf("freeze the guest's root file system (try again): %w", err)
+		return 0, fmt.Errorf("freeze the guest's root file system (try again): %w", err)
 	}
 	// The freeze flushed what the guest held back: the bound again.
 	if err := over(); err != nil {
 		v.ThawFS(ctx)
 		os.Remove(next)
-		return nil, time.Since(t0), err
+		return time.Since(t0), err
 	}
-	err = v.SnapshotDisk(ctx, TopNode(depth), TopNode(depth+1), next)
+	err := v.SnapshotDisk(ctx, TopNode(o.Depth), TopNode(o.Depth+1), next)
 	var refused *vmm.NotStacked
 	if errors.As(err, &refused) { // QEMU never opened next
 		os.Remove(next)
@@ -181,22 +221,9 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, upper string
 	frozen := time.Since(t0)
 	switch {
 	case err != nil:
-		return nil, frozen, err
+		return frozen, err
 	case terr != nil:
-		return nil, frozen, fmt.Errorf("the guest's root file system did not thaw after its snapshot (%v): stop and start the sandbox: %w", terr, errdefs.ErrUnavailable)
+		return frozen, fmt.Errorf("the guest's root file system did not thaw after its snapshot (%v): stop and start the sandbox: %w", terr, errdefs.ErrUnavailable)
 	}
-	f, err := os.Open(cur)
-	if err != nil {
-		return nil, frozen, err
-	}
-	defer f.Close()
-	if _, err := io.Copy(w, f); err != nil {
-		return nil, frozen, fmt.Errorf("copy the disk's diff: %w", err)
-	}
-	// No image of a chain names its backing file (a top an older dsec
-	// made over its image does): the diff's header says none.
-	if out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-u", "-b", "", "-f", "qcow2", w.Name()).CombinedOutput(); err != nil {
-		return nil, frozen, fmt.Errorf("the disk's diff: qemu-img rebase: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return func() error { return os.Remove(cur) }, frozen, nil
+	return frozen, nil
 }

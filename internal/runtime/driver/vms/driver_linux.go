@@ -26,6 +26,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
@@ -149,7 +150,12 @@ func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref string, wa
 	if img.Disk.Agent == "" {
 		return driver.Base{}, fmt.Errorf("VM image %s has no dsec agent (its tree has no systemd, or an older dsec built it): build it again from a tree with systemd: %w", img.Tag, errdefs.ErrFailedPrecondition)
 	}
-	return driver.Base{Digests: img.Digests(), Files: img.Files(s)}, nil
+	b := driver.Base{Digests: img.Digests(), Files: img.Files(s)}
+	if img.Memory != nil && img.State != nil {
+		b.Saved = &driver.Restore{What: "snapshot " + img.Tag, Machine: img.Memory.Machine, State: s.BlobPath(img.State.Digest),
+			Nonce: img.Memory.Nonce, Branch: true, Policy: img.Memory.Policy}
+	}
+	return b, nil
 }
 
 // minMemory is the least RAM a full VM gets: its firmware and a
@@ -187,15 +193,14 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	switch {
 	case s.UserNS:
 		return out, fmt.Errorf("a full VM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
-	case s.Restore != nil:
-		return out, fmt.Errorf("a full VM cannot continue a memory snapshot in this release: %w", errdefs.ErrNotImplemented)
 	case len(s.Images) == 0 || len(s.Images) > vm.MaxChain || s.Upper == "":
 		return out, fmt.Errorf("a full VM boots one disk image (a chain of 1 to %d images, not %d): %w", vm.MaxChain, len(s.Images), errdefs.ErrInvalidArgument)
 	}
-	ram, err := memory(s.Limits)
+	this, err := d.machine(h, s)
 	if err != nil {
 		return out, err
 	}
+	ram := this.MemoryBytes
 	disk, err := top(ctx, s.Upper, s.Images)
 	if err != nil {
 		return out, err
@@ -232,8 +237,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, err
 	}
 	defer logf.Close()
-	cpus := max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU()))
-	mach := Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: cpus, Memory: ram, Code: vm.OVMFCode, Vars: vars,
+	mach := Machine{QEMU: h.QEMU, Accel: h.Accel.Name, CPUs: this.CPUs, Memory: ram, Code: vm.OVMFCode, Vars: vars,
 		Base: s.Images, Disk: disk, AgentDisk: agent, AgentFD: 3, QMPFD: 4, VNC: vncSocket(s.Handle)}
 	os.Remove(mach.VNC)
 	seed := make([]byte, 64)
@@ -242,7 +246,11 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		Guest:  initproto.GuestSpec{Hostname: s.Hostname, Restrictions: s.Restrict, ReadOnly: s.ReadOnly, Hidden: s.Hidden, Seed: seed},
 		Socket: filepath.Join(s.Dir, "init.sock"), FilesSocket: filepath.Join(s.Dir, "files.sock"), Console: filepath.Join(s.Dir, "console.log"),
 		Stderr: logf, Setup: driver.Adder(g, devices), Idle: s.Limits.Idle, MergeMemory: s.MergeMemory, Display: true}
+	r := s.Restore
 	if s.NAT {
+		if r != nil && r.Machine.MAC == "" {
+			return out, fmt.Errorf("%s had no network device: a sandbox of network mode nat cannot continue it (give another policy, or boot its disk alone: --disk-only): %w", r.What, errdefs.ErrInvalidArgument)
+		}
 		nat, tap, err := network.UpTap(s.Slot)
 		if err != nil {
 			return out, err
@@ -252,8 +260,24 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
 			return out, err
 		}
-		mach.NetFD, mach.MAC = 5, nat.MAC()
+		mach.NetFD, mach.MAC, this.MAC = 5, nat.MAC(), nat.MAC()
 		spec.Tap, spec.Guest.Net = tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+	} else if r != nil && r.Machine.MAC != "" {
+		// Its NIC stays, on no network.
+		mach.Unplugged, mach.MAC, this.MAC = true, r.Machine.MAC, r.Machine.MAC
+	}
+	if r != nil {
+		// The saved guest goes on where it stopped (its screen too):
+		// QEMU takes its device state and RAM, on its chain's disk
+		// under a top of this sandbox's own.
+		state, err := os.Open(r.State)
+		if err != nil {
+			return out, fmt.Errorf("%s: its saved guest: %w", r.What, err)
+		}
+		defer state.Close()
+		mach.Incoming, spec.State = true, state
+		spec.Restore = &initproto.VMRestore{Nonce: r.Nonce}
+		spec.Guest.Thaw, spec.Guest.Forget = true, r.Branch
 	}
 	spec.Argv = mach.Args()
 	v, err := vmm.StartVM(spec)
@@ -262,11 +286,47 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	}
 	out.Instance, out.Pid = v, v.Pid()
 	out.VM = &api.VMInfo{Accel: h.Accel.Name, QEMU: h.QEMUVersion}
+	out.Machine = &this
 	if err := devices(); err != nil {
 		return out, fmt.Errorf("device allowlist: %w", err)
 	}
 	return out, nil
 }
+
+// machine is the machine the sandbox's VM runs on: what s asks for on
+// h, or a saved guest's, which must run on h with the RAM asked.
+func (d *Driver) machine(h *Host, s driver.StartSpec) (layer.Machine, error) {
+	ram, err := memory(s.Limits)
+	if err != nil {
+		return layer.Machine{}, err
+	}
+	q, err := microvm.FileDigest(h.QEMU)
+	if err != nil {
+		return layer.Machine{}, fmt.Errorf("QEMU: %w", err)
+	}
+	fw, err := microvm.FileDigest(vm.OVMFCode)
+	if err != nil {
+		return layer.Machine{}, fmt.Errorf("the UEFI firmware: %w", err)
+	}
+	// The guest's kernel is its disk's: the machine's is its firmware.
+	this := layer.Machine{MemoryBytes: ram, CPUs: max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU())),
+		Accel: h.Accel.Name, Kernel: firmware, KernelDigest: fw, QEMU: h.QEMUVersion, QEMUDigest: q}
+	if r := s.Restore; r != nil {
+		if why := r.Machine.Runs(this); why != "" {
+			return layer.Machine{}, fmt.Errorf("%s cannot run here: %s: %w", r.What, why, errdefs.ErrFailedPrecondition)
+		}
+		if r.Machine.MemoryBytes != ram {
+			return layer.Machine{}, fmt.Errorf("%s has %d MiB of RAM, not the %d MiB asked: give --memory %dM or none: %w",
+				r.What, r.Machine.MemoryBytes>>20, ram>>20, r.Machine.MemoryBytes>>20, errdefs.ErrInvalidArgument)
+		}
+		this.CPUs = r.Machine.CPUs
+	}
+	return this, nil
+}
+
+// firmware names a full VM's firmware in its machine (layer.Machine's
+// Kernel: a saved guest continues only on the same build of it).
+const firmware = "ovmf"
 
 // copyNew copies src to dst unless dst is there.
 func copyNew(dst, src string) error {

@@ -36,6 +36,12 @@ type Machine struct {
 	// NetFD is the tap's fd (0: no NIC), MAC its guest's address.
 	NetFD int
 	MAC   string
+	// Unplugged: the guest has a NIC on no network (a saved guest's
+	// that had one, its sandbox now reaching nothing).
+	Unplugged bool
+	// Incoming: QEMU waits for a saved guest's device state and RAM (a
+	// migration stream, migrate-incoming) before the guest runs.
+	Incoming bool
 }
 
 // Args is QEMU's command line for m.
@@ -82,9 +88,17 @@ func (m Machine) Args() []string {
 	if m.VNC != "" {
 		a = append(a, "-vnc", "unix:"+opt(m.VNC))
 	}
-	if m.NetFD > 0 {
-		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD),
-			"-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
+	switch {
+	case m.NetFD > 0:
+		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD))
+	case m.Unplugged:
+		a = append(a, "-netdev", "hubport,id=net0,hubid=0")
+	}
+	if m.NetFD > 0 || m.Unplugged {
+		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
+	}
+	if m.Incoming {
+		a = append(a, "-incoming", "defer")
 	}
 	return a
 }

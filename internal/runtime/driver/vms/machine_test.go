@@ -12,7 +12,8 @@ import (
 // read-only, its own variables) from its top over the image's chain
 // (stacked base first, read-only, whatever the images name), with the agent's disk
 // read-only under the serial udev names, the agent's port and QMP on
-// the descriptors given, KVM only where asked, a NIC only with a tap,
+// the descriptors given, KVM only where asked, a NIC only with a tap
+// (or unplugged, a saved guest's), -incoming only for a saved guest,
 // and paths with commas quoted as QEMU reads them.
 func TestMachineArgs(t *testing.T) {
 	m := Machine{QEMU: "/usr/bin/qemu-system-x86_64", Accel: microvm.AccelTCG, CPUs: 2, Memory: 1 << 30, Code: "/fw/code.fd", Vars: "/sb/vars,1.fd",
@@ -41,8 +42,8 @@ func TestMachineArgs(t *testing.T) {
 	if strings.Contains(a, "-netdev") || strings.Contains(a, "kvm") {
 		t.Errorf("a machine without a tap, under TCG: %s", a)
 	}
-	if strings.Contains(a, "-vnc") {
-		t.Errorf("a machine without a VNC socket serves VNC: %s", a)
+	if strings.Contains(a, "-vnc") || strings.Contains(a, "-incoming") {
+		t.Errorf("a machine without a VNC socket serves VNC, or one booted waits for a saved guest: %s", a)
 	}
 	m.Accel, m.NetFD, m.MAC, m.VNC = microvm.AccelKVM, 5, "02:00:00:00:00:01", "/sb/v,nc.sock"
 	args := m.Args()
@@ -54,5 +55,12 @@ func TestMachineArgs(t *testing.T) {
 	}
 	if a := strings.Join(args, " "); !strings.Contains(a, "-vnc unix:/sb/v,,nc.sock") {
 		t.Errorf("with a VNC socket: %s", a)
+	}
+	// A saved guest continued: QEMU waits for its state; its NIC stays,
+	// on no network, when the sandbox has none.
+	m.NetFD, m.Unplugged, m.Incoming = 0, true, true
+	if a := strings.Join(m.Args(), " "); !strings.Contains(a, "-netdev hubport,id=net0,hubid=0") || !strings.Contains(a, "mac=02:00:00:00:00:01,addr=0x6") ||
+		!strings.HasSuffix(a, "-incoming defer") || strings.Contains(a, "tap,") {
+		t.Errorf("a saved guest's machine, unplugged: %s", a)
 	}
 }

@@ -263,7 +263,8 @@ func diff(a, b *image.RGBA) image.Rectangle {
 // remote; a sandbox booted from the first sees only what the first
 // holds, and its writes past its disk bound are an I/O error in the
 // guest, which answers on; the lineage lists both, and a snapshot another stands on is
-// not removed without force.
+// not removed without force; a memory snapshot's branches continue the
+// guest (testMemorySnapshot).
 func TestVMSnapshots(t *testing.T) {
 	shared := t.TempDir() // the worker publishes its snapshots there
 	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}, RemoteURL: "dir://" + shared, PublishSnapshots: true})
@@ -313,9 +314,6 @@ func TestVMSnapshots(t *testing.T) {
 	}
 	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:2"}); !errdefs.IsAlreadyExists(err) {
 		t.Errorf("a snapshot's tag again: %v", err)
-	}
-	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:3", Memory: true}); !errdefs.IsNotImplemented(err) {
-		t.Errorf("a full VM's memory snapshot: %v, want not implemented", err)
 	}
 	sum := run(sb, "cat /root/step; md5sum /root/big /root/small | cut -d' ' -f1")
 	if !strings.HasPrefix(sum, "two\n") {
@@ -369,13 +367,89 @@ func TestVMSnapshots(t *testing.T) {
 	if err := c.RemoveSnapshot(ctx, "vs:1", false); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "snapshot vs:2") {
 		t.Errorf("removing vs:1, which vs:2 stands on: %v", err)
 	}
-	for _, s := range []*sdk.Sandbox{br[0], sb} {
+	if err := br[0].Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	mem := testMemorySnapshot(t, c, sb, run)
+	for _, s := range append(mem, sb) {
 		if err := s.Remove(ctx, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.RemoveSnapshot(ctx, "vs:2", false); err != nil {
-		t.Errorf("removing vs:2, which nothing stands on: %v", err)
+	for _, name := range []string{"vs:3", "vs:2"} {
+		if err := c.RemoveSnapshot(ctx, name, false); err != nil {
+			t.Errorf("removing %s, which nothing stands on: %v", name, err)
+		}
+	}
+}
+
+// testMemorySnapshot: a memory snapshot of sb (running, its disk at
+// vs:2) holds its guest whole: a branch goes on where the guest was, its
+// memory-only files, its processes and its screen (text typed at the
+// console's prompt) as they were, while the source goes on apart; a
+// disk-only branch boots the snapshot's disk instead. It returns the
+// branches made.
+func testMemorySnapshot(t *testing.T, c *sdk.Client, sb *sdk.Sandbox, run func(*sdk.Sandbox, string) string) []*sdk.Sandbox {
+	ctx := context.Background()
+	run(sb, "echo in-memory > /dev/shm/marker && (setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /dev/shm/pid)")
+	calm := settled(t, sb, nil)
+	if err := sb.Type(ctx, "dsec-memory"); err != nil {
+		t.Fatal(err)
+	}
+	typed := settled(t, sb, calm)
+	s3, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:3", Memory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s3.Memory == nil || s3.Memory.StateBytes < 1<<20 || s3.Parent != "vs:2" || !s3.Incremental {
+		t.Errorf("a memory snapshot: %+v (memory %+v), want a saved guest over vs:2", s3, s3.Memory)
+	}
+	run(sb, "echo after > /dev/shm/marker") // the source goes on apart
+	t0 := time.Now()
+	br, err := c.Branch(ctx, api.BranchRequest{Snapshot: "vs:3", N: 1, NamePrefix: "warm"})
+	if err != nil || len(br) != 1 {
+		t.Fatalf("branch vs:3: %v %v", br, err)
+	}
+	restored := time.Since(t0)
+	if out := run(br[0], "cat /dev/shm/marker; kill -0 $(cat /dev/shm/pid) && echo alive; cat /root/step"); out != "in-memory\nalive\ntwo\n" {
+		t.Errorf("a branch of the memory snapshot: %q, want its memory-only file, its process and its disk as they were", out)
+	}
+	if shot, _ := screenshot(t, br[0]); !diff(typed, shot).Empty() {
+		t.Errorf("the branch's screen differs from its source's at the snapshot in %v", diff(typed, shot))
+	}
+	if out := run(sb, "cat /dev/shm/marker"); out != "after\n" {
+		t.Errorf("the source after its memory snapshot: %q", out)
+	}
+	t.Logf("a full VM continued from its memory snapshot in %v (snapshot: guest paused %v, saved state %d MiB)",
+		restored.Round(time.Millisecond), time.Duration(s3.Memory.PausedSeconds*float64(time.Second)).Round(time.Millisecond), s3.Memory.StateBytes>>20)
+	// Disk only: the snapshot's disk, booted; its memory is not.
+	cold, err := c.Branch(ctx, api.BranchRequest{Snapshot: "vs:3", N: 1, NamePrefix: "cold", Spec: api.SandboxSpec{DiskOnly: true}})
+	if err != nil || len(cold) != 1 {
+		t.Fatalf("branch vs:3 --disk-only: %v %v", cold, err)
+	}
+	if out := run(cold[0], "cat /dev/shm/marker 2>/dev/null || echo none; cat /root/step"); out != "none\ntwo\n" {
+		t.Errorf("a disk-only branch of the memory snapshot: %q, want its disk alone", out)
+	}
+	if shot, _ := screenshot(t, cold[0]); diff(typed, shot).Empty() {
+		t.Error("a disk-only branch, booted, shows the screen its source had at the snapshot")
+	}
+	return append(br, cold...)
+}
+
+// settled is sb's screen once two screenshots a second apart agree,
+// and (with from) differ from from.
+func settled(t *testing.T, sb *sdk.Sandbox, from *image.RGBA) *image.RGBA {
+	t.Helper()
+	var last *image.RGBA
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		shot, _ := screenshot(t, sb)
+		if last != nil && diff(last, shot).Empty() && (from == nil || !diff(from, shot).Empty()) {
+			return shot
+		}
+		last = shot
+		if time.Now().After(deadline) {
+			t.Fatal("the screen never settled")
+		}
 	}
 }
 

@@ -209,9 +209,9 @@ func guestReNet(n *initproto.GuestNet) error {
 	if err != nil {
 		return fmt.Errorf("guest network: %w", err)
 	}
-	link, err := netlink.LinkByName("eth0")
+	link, err := guestNIC()
 	if err != nil {
-		return fmt.Errorf("guest network: eth0: %w", err)
+		return err
 	}
 	if link.Attrs().HardwareAddr.String() != mac.String() {
 		if err := netlink.LinkSetDown(link); err != nil {
@@ -238,6 +238,28 @@ func guestReNet(n *initproto.GuestNet) error {
 		netlink.NeighDel(&nb)
 	}
 	return guestNet(n)
+}
+
+// guestNIC is the guest's one NIC: eth0 in a microVM, and whatever
+// name the guest's own init gave it in a full VM (enp0s3, say).
+func guestNIC() (netlink.Link, error) {
+	if l, err := netlink.LinkByName("eth0"); err == nil {
+		return l, nil
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("guest network: %w", err)
+	}
+	var nics []netlink.Link
+	for _, l := range links {
+		if a := l.Attrs(); a.EncapType == "ether" && len(a.HardwareAddr) == 6 && l.Type() == "device" {
+			nics = append(nics, l)
+		}
+	}
+	if len(nics) != 1 {
+		return nil, fmt.Errorf("guest network: %d network interfaces, not the one the host gave", len(nics))
+	}
+	return nics[0], nil
 }
 
 func guestNet(n *initproto.GuestNet) error {

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 )
@@ -88,4 +90,24 @@ func (v *VM) SnapshotDisk(ctx context.Context, current, name, path string) error
 		return &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)}
 	}
 	return &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)}
+}
+
+// SnapshotFull saves the full VM whole (see the shim's snapshotFull):
+// its device state and RAM to state, and its disk by stacking path, as
+// node name, over its top, node current, while it is stopped. A refusal
+// that left the disk on its top is a *NotStacked.
+func (v *VM) SnapshotFull(ctx context.Context, state *os.File, current, name, path string) (*initproto.SnapshotInfo, error) {
+	rep, err := v.c.Do(ctx, initproto.Request{Op: initproto.OpSnapshot, ID: fmt.Sprintf("#snapshot-%d", initproto.RestrictSeq.Add(1)),
+		Current: current, Node: name, Path: path}, unix.UnixRights(int(state.Fd())), nil)
+	switch {
+	case err == nil && rep.Snapshot == nil:
+		return nil, errors.New("the VM's shim answered a snapshot with nothing (an older dsec's: stop and start the sandbox)")
+	case err == nil:
+		return rep.Snapshot, nil
+	case rep.Error == "" || !strings.HasPrefix(rep.Error, notStackedPrefix):
+		return nil, err
+	case strings.Contains(err.Error(), notOnTop) || strings.Contains(err.Error(), "commands run in the guest"):
+		return nil, &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrFailedPrecondition)}
+	}
+	return nil, &NotStacked{fmt.Errorf("%v: %w", err, errdefs.ErrUnavailable)}
 }

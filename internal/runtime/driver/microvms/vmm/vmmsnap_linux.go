@@ -68,6 +68,10 @@ var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability"
 func (v *vmm) snapshot(r initproto.Incoming) {
 	defer closeAll(r.Files)
 	fail := func(err error) { initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Error: err.Error()}) }
+	if r.Req.Node != "" {
+		v.snapshotFull(r, fail)
+		return
+	}
 	if len(r.Files) != 3 && !(r.Req.Stop && len(r.Files) == 2) {
 		fail(errors.New("a memory snapshot needs its state, RAM and disk files"))
 		return
@@ -121,6 +125,91 @@ func (v *vmm) snapshot(r initproto.Incoming) {
 	}
 	zero := 0
 	initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
+}
+
+// snapshotFull saves a full VM: its agent quiesced (its root's file
+// system frozen), QEMU stopped, the empty image r.Req.Path stacked over
+// its disk's top (node r.Req.Current, as node r.Req.Node: the ended top
+// then holds the disk as the saved memory knows it), its device state
+// and RAM migrated to the request's one file, the guest let go on over
+// the new top and its agent given a new session (which thaws its root).
+// An error that leaves the disk on its top (the image never opened)
+// starts with notStackedPrefix.
+func (v *vmm) snapshotFull(r initproto.Incoming, fail func(error)) {
+	if len(r.Files) != 1 {
+		fail(errors.New("a full VM's memory snapshot needs its state's file"))
+		return
+	}
+	v.mu.Lock()
+	n := len(v.running)
+	v.mu.Unlock()
+	if n > 0 {
+		fail(fmt.Errorf("%s%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", notStackedPrefix, n, errdefs.ErrFailedPrecondition))
+		return
+	}
+	q, err := v.ask(initproto.Request{Op: initproto.OpQuiesce, ID: "#quiesce"})
+	if err != nil {
+		fail(fmt.Errorf("%squiesce the guest: %w", notStackedPrefix, err))
+		return
+	}
+	v.drop()
+	info := &initproto.SnapshotInfo{Nonce: q.Nonce}
+	t0 := time.Now()
+	stacked := false
+	err = func() error {
+		if _, err := v.qmp.do("stop", nil); err != nil {
+			return err
+		}
+		if err := v.diskSnapshot(r.Req.Current, r.Req.Node, r.Req.Path); err != nil {
+			return err
+		}
+		stacked = true
+		return v.migrateTo(r.Files[0])
+	}()
+	if _, cerr := v.qmp.do("cont", nil); err == nil {
+		err = cerr
+	}
+	info.PausedNS = time.Since(t0).Nanoseconds()
+	if rerr := v.resumeAgent(q); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		if !stacked {
+			err = fmt.Errorf("%s%w", notStackedPrefix, err)
+		}
+		fail(err)
+		return
+	}
+	zero := 0
+	initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
+}
+
+// notStackedPrefix starts a full VM's snapshot's error that left its
+// disk on the top it was on (QEMU never opened the image to stack).
+const notStackedPrefix = "(disk unchanged) "
+
+// migrateTo writes the stopped guest's device state and RAM to f, as
+// fast as the disk takes it (QEMU's default bandwidth, 128 MiB/s, would
+// hold the guest paused for seconds per GiB it touched).
+func (v *vmm) migrateTo(f *os.File) error {
+	if _, err := v.qmp.do("migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}); err != nil {
+		return err
+	}
+	// As restore takes it: the guest's shared memory (a microVM's RAM
+	// file, its layers) is not in the stream; a full VM has none.
+	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(f.Fd())); err != nil {
+		return err
+	}
+	if _, err := v.qmp.do("migrate", map[string]string{"uri": "fd:snapshot"}); err != nil {
+		return err
+	}
+	if err := v.qmp.migrated(5 * time.Minute); err != nil {
+		return fmt.Errorf("save the device state: %w", err)
+	}
+	return nil
 }
 
 // balloon is the guest's balloon device (microvm.Machine names it).
@@ -197,17 +286,8 @@ func (v *vmm) save(state, ram *os.File, info *initproto.SnapshotInfo) error {
 	if _, err := v.qmp.do("stop", nil); err != nil {
 		return err
 	}
-	if _, err := v.qmp.do("migrate-set-capabilities", ignoreShared); err != nil {
+	if err := v.migrateTo(state); err != nil {
 		return err
-	}
-	if _, err := v.qmp.do("getfd", map[string]string{"fdname": "snapshot"}, int(state.Fd())); err != nil {
-		return err
-	}
-	if _, err := v.qmp.do("migrate", map[string]string{"uri": "fd:snapshot"}); err != nil {
-		return err
-	}
-	if err := v.qmp.migrated(time.Minute); err != nil {
-		return fmt.Errorf("save the device state: %w", err)
 	}
 	if v.ram == nil {
 		return nil
