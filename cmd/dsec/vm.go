@@ -47,7 +47,7 @@ func (a *app) vmImageBuild() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "build TREE... -t NAME[:VERSION]",
-		Short: "Make a bootable disk image from a root file system tree",
+		Short: "Make a bootable disk image from a root file system tree or layers",
 		Long: `Build makes a GPT disk image from TREE, a root file system that boots by itself: its newest
 kernel with its initramfs (boot/vmlinuz-VERSION, boot/initrd.img-VERSION), systemd-boot
 (` + vm.LoaderPath + `) and an init (sbin/init), as Debian's linux-image-amd64,
@@ -59,6 +59,9 @@ rw and console=tty0 console=ttyS0, then every --kernel-arg.
 
 Several TREEs are one tree, topmost first, as overlayfs stacks them (read-only, mounted only
 while the build reads them): a small tree of your files over a distribution's, without a copy.
+A TREE that is no path on this host may name a layer of the store (NAME[:VERSION]; a snapshot
+brings the layers it stands on) or an image imported with dsec image pull: its layers are
+mounted read-only and stacked as a sandbox's root would be, whiteouts included.
 
 Where the tree has systemd, the build installs dsec's guest agent as its service
 (/etc/systemd/system/dsec-agent.service, with run-dsec-agent.mount): dsec run --backend vm
@@ -76,6 +79,7 @@ of one tree differ in their file systems' times.
   dsec vm image build /srv/deb -t debian-vm:12
   dsec vm image build /srv/deb -t debian-vm:12 --size 20GiB --kernel-arg quiet --force --json
   dsec vm image build ./my-files /srv/deb -t task-vm:1
+  dsec vm image build task-files:1 debian-base:12 -t task-vm:2     # layers of the store
   dsec run --backend vm --base debian-vm:12 -- uname -a`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, pos []string) error {

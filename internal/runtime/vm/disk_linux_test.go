@@ -1,7 +1,9 @@
 package vm
 
 import (
+	"archive/tar"
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -422,5 +424,60 @@ func TestStackedTrees(t *testing.T) {
 	}
 	if _, err := Build(ctx, s, []string{top, filepath.Join(top, "none")}, must(layer.ParseRef("stack:2")), BuildOptions{}); !errdefs.IsNotFound(err) {
 		t.Errorf("a missing lower tree: %v", err)
+	}
+}
+
+// TestBuildFromLayers: a VM image builds from the store's layers as
+// from trees: a layer's EROFS image mounted read-only, stacked topmost
+// first over the others through overlayfs, so a file of an upper layer
+// hides a lower's and a whiteout (a tar's .wh. entry) removes one; the
+// record names the layers; nothing stays mounted; a name that is no
+// directory, layer or image is refused in one line.
+func TestBuildFromLayers(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fakeTree(t, "6.1.0-9-amd64")
+	os.WriteFile(filepath.Join(base, "etc/motd"), []byte("base\n"), 0o644)
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: base, Kind: layer.KindBase, Ref: must(layer.ParseRef("lb:1"))}); err != nil {
+		t.Fatal(err)
+	}
+	// A workspace layer from a tar: a file of its own, one over the
+	// base's, and a whiteout of the base's motd.
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, body := range map[string]string{"etc/hostname": "from-a-layer\n", "etc/.wh.motd": "", "root/task": "task\n"} {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(body))
+	}
+	tw.Close()
+	ws := filepath.Join(t.TempDir(), "ws.tar")
+	os.WriteFile(ws, buf.Bytes(), 0o644)
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: ws, Kind: layer.KindWorkspace, Ref: must(layer.ParseRef("lw:1"))}); err != nil {
+		t.Fatal(err)
+	}
+	img, err := Build(ctx, s, []string{"lw:1", "lb:1"}, must(layer.ParseRef("fromlayers:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Disk.Kernel != "6.1.0-9-amd64" || img.Source != "workspace layer lw:1, base layer lb:1" {
+		t.Errorf("an image of two layers: kernel %q, source %q", img.Disk.Kernel, img.Source)
+	}
+	for path, want := range map[string]string{"/etc/hostname": "from-a-layer\n", "/root/task": "task\n", "/sbin/init": "init"} {
+		if got, err := rootFile(t, img, path); err != nil || got != want {
+			t.Errorf("%s on the image's root: %q %v, want %q", path, got, err, want)
+		}
+	}
+	if _, err := rootFile(t, img, "/etc/motd"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the file an upper layer's whiteout removes is on the image's root: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
+		t.Errorf("the build left %d entries in the store's ingest area (a layer's mount?)", len(ents))
+	}
+	if _, err := Build(ctx, s, []string{"nosuch:9"}, must(layer.ParseRef("x:1")), BuildOptions{}); !errdefs.IsNotFound(err) ||
+		!strings.Contains(err.Error(), "nosuch:9 is no directory, nor a layer or an image of the store") {
+		t.Errorf("a name of nothing: %v", err)
 	}
 }

@@ -109,7 +109,9 @@ type BuildOptions struct {
 
 // Build makes a disk image of trees (BuildDisk), topmost first: one
 // tree, or several seen as one through a read-only overlay (a tree of
-// changes over a distribution's, say), in the store, tagged ref. The
+// changes over a distribution's, say), in the store, tagged ref. A tree
+// that is no path on the host may name the store's layer, snapshot or
+// imported image, whose layers are then the trees (sources). The
 // disk is written in the store's ingest area and becomes a blob named by
 // its digest; nothing is left behind on a failure.
 func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o BuildOptions) (*Image, error) {
@@ -124,12 +126,11 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 	if len(trees) == 0 {
 		return nil, fmt.Errorf("no tree to build a VM image of: %w", errdefs.ErrInvalidArgument)
 	}
-	trees = slices.Clone(trees)
-	for i, t := range trees {
-		if abs, err := filepath.Abs(t); err == nil {
-			trees[i] = abs
-		}
+	trees, what, unmount, err := sources(ctx, s, trees, filepath.Join(s.Dir(), "ingest"))
+	if err != nil {
+		return nil, err
 	}
+	defer unmount()
 	tree, unstack, err := stack(trees, filepath.Join(s.Dir(), "ingest"))
 	if err != nil {
 		return nil, err
@@ -153,7 +154,7 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 	if err != nil {
 		return nil, err
 	}
-	rec := Record{Created: time.Now().UTC(), Source: strings.Join(trees, ", "), Disk: d}
+	rec := Record{Created: time.Now().UTC(), Source: strings.Join(what, ", "), Disk: d}
 	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
 }
 
