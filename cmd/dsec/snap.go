@@ -19,10 +19,10 @@ import (
 
 const snapNote = `A snapshot holds files: a branch or a restore starts fresh processes on the captured disk
 state. A memory snapshot (pack-diff --memory, of a microVM or a full VM) holds the guest whole too,
-its processes and memory (a full VM's screen too): its branches and restores continue where
-it stopped (--disk-only: on its files alone, booted), each told it was cloned (clock stepped,
-RNG reseeded, host name and network its own). A host whose QEMU build, guest kernel or
-firmware differs refuses it.`
+its processes and memory (a full VM's screen too): its branches (and a microVM's restores)
+continue where it stopped (--disk-only: on its files alone, booted), each told it was cloned
+(clock stepped, RNG reseeded, host name and network its own). A host whose QEMU build, guest
+kernel, firmware or VM agent differs refuses it.`
 
 func (a *app) snapCommand() *cobra.Command {
 	cmd := &cobra.Command{

@@ -2,6 +2,7 @@ package layer
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 
 	"github.com/containerd/errdefs"
@@ -62,6 +63,21 @@ type Machine struct {
 	KernelDigest digest.Digest `json:"kernel_digest"`
 	QEMU         string        `json:"qemu"`
 	QEMUDigest   digest.Digest `json:"qemu_digest"`
+	// Agent is the guest agent's binary where the guest reads it from a
+	// disk of the host's (a full VM's), not from its own RAM.
+	Agent digest.Digest `json:"agent,omitempty"`
+}
+
+// macAddr is a NIC's address as a machine records it: QEMU's command
+// line takes it, so nothing but the address may pass.
+var macAddr = regexp.MustCompile(`^[0-9a-f]{2}(:[0-9a-f]{2}){5}$`)
+
+// CheckMAC refuses a NIC's address that is not one ("": no NIC).
+func CheckMAC(mac string) error {
+	if mac != "" && !macAddr.MatchString(mac) {
+		return fmt.Errorf("its NIC's address %q is not a hardware address (six lower-case hex pairs): %w", mac, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // Runs says why a guest saved on m cannot run on n ("": it can).
@@ -75,6 +91,10 @@ func (m Machine) Runs(n Machine) string {
 		return fmt.Sprintf("it ran another guest kernel (%s, %s), this host runs %s (%s)", m.Kernel, m.KernelDigest, n.Kernel, n.KernelDigest)
 	case m.LayerDisks != n.LayerDisks:
 		return "its layers were other devices (microvm.layer_disks differs)"
+	case m.Agent != n.Agent:
+		return fmt.Sprintf("its guest agent was another build (%s), this host's is %s", m.Agent, n.Agent)
+	case CheckMAC(m.MAC) != nil:
+		return CheckMAC(m.MAC).Error()
 	}
 	return ""
 }
@@ -119,6 +139,9 @@ func (m *Memory) check(l *Lineage) error {
 	}
 	if (m.RAM != nil) != m.RAMFile {
 		return bad("a RAM image %v for a RAM file %v", m.RAM != nil, m.RAMFile)
+	}
+	if err := CheckMAC(m.MAC); err != nil {
+		return bad("%v", err)
 	}
 	if m.MemoryBytes <= 0 || m.MemoryBytes > maxVMBytes || m.DiskBytes <= 0 || m.DiskBytes > maxVMBytes || m.CPUs < 1 || m.CPUs > maxVMCPUs {
 		return bad("a machine of %d bytes of RAM, %d of disk and %d vCPUs", m.MemoryBytes, m.DiskBytes, m.CPUs)

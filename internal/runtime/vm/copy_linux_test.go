@@ -160,11 +160,11 @@ func TestCopy(t *testing.T) {
 			// A saved guest's state its record does not describe, and
 			// one whose machine no VM is.
 			st3, _ := s3.WriteBlob(MediaTypeState, []byte("QEVM"))
-			plant := func(name string, r Record) {
+			plant := func(name string, r Record, layers ...ocispec.Descriptor) {
 				rb, _ := json.Marshal(r)
 				cfg, _ := s3.WriteBlob(MediaTypeRecord, rb)
 				mb, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
-					ArtifactType: ArtifactType, Config: cfg, Layers: []ocispec.Descriptor{diff, st3}})
+					ArtifactType: ArtifactType, Config: cfg, Layers: layers})
 				md, _ := s3.WriteBlob(ocispec.MediaTypeImageManifest, mb)
 				md.Annotations = map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}
 				if err := s3.Tag(ctx, name, md, false); err != nil {
@@ -174,10 +174,22 @@ func TestCopy(t *testing.T) {
 			if _, err := s3.WriteBlob(MediaTypeDisk, b); err != nil {
 				t.Fatal(err)
 			}
-			plant("ghost:1", rec)
+			if _, err := s3.WriteBlob(MediaTypeDisk, must(os.ReadFile(img.Path))); err != nil {
+				t.Fatal(err)
+			}
+			plant("ghost:1", rec, img.Blob, diff, st3)
+			plant("nostate:1", memRec, img.Blob, diff)
 			huge := memRec
 			huge.Memory = &Memory{Machine: layer.Machine{MemoryBytes: 1 << 50, CPUs: 1}, Nonce: "n"}
-			plant("huge:1", huge)
+			plant("huge:1", huge, img.Blob, diff, st3)
+			// A NIC's address is put on QEMU's command line: one that
+			// adds an option (an option ROM of a host's file) is none.
+			evilMAC := memRec
+			evilMAC.Memory = &Memory{Machine: layer.Machine{MemoryBytes: 512 << 20, CPUs: 1, MAC: "02:00:00:00:00:01,romfile=/etc/shadow"}, Nonce: "n"}
+			plant("mac:1", evilMAC, img.Blob, diff, st3)
+			orphan := memRec
+			orphan.Sandbox = ""
+			plant("orphan:1", orphan, img.Blob, diff, st3)
 			cfg, _ := s3.WriteBlob(MediaTypeRecord, []byte("{}"))
 			notDisk, _ := s3.WriteBlob("application/octet-stream", []byte("x"))
 			mb, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
@@ -188,7 +200,9 @@ func TestCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			for name, says := range map[string]string{"evil:1": "reads a backing file", "odd:1": "its disk has a application/octet-stream",
-				"ghost:1": "holds a saved guest its record does not describe", "huge:1": "is no VM's"} {
+				"ghost:1": "holds a saved guest its record does not describe", "huge:1": "is no VM's",
+				"nostate:1": "describes a saved guest it does not hold", "mac:1": "is not a hardware address",
+				"orphan:1": "is no snapshot of a sandbox"} {
 				// (Planted as another tool would push them: unchecked.)
 				plain := remote.Artifact{Type: ArtifactType}
 				if _, err := remote.CopyArtifact(ctx, remote.Local(s3), rem, must(layer.ParseRef(name)), plain, true, nil); err != nil {

@@ -354,6 +354,9 @@ func checkManifest(man ocispec.Manifest, config []byte) error {
 		if rec.Memory == nil {
 			return fmt.Errorf("it holds a saved guest its record does not describe: %w", errdefs.ErrInvalidArgument)
 		}
+		if rec.Sandbox == "" || len(disks) < 2 {
+			return fmt.Errorf("it holds a saved guest but is no snapshot of a sandbox: %w", errdefs.ErrInvalidArgument)
+		}
 		if err := rec.Memory.check(); err != nil {
 			return err
 		}
@@ -396,8 +399,8 @@ func (m *Memory) check() error {
 	switch mc := m.Machine; {
 	case m.Nonce == "" || len(m.Nonce) > 128:
 		return fmt.Errorf("its saved guest has no nonce for its agent: %w", errdefs.ErrInvalidArgument)
-	case mc.MemoryBytes < 1<<20 || mc.MemoryBytes > 1<<40 || mc.CPUs < 1 || mc.CPUs > 1024:
+	case mc.MemoryBytes < 256<<20 || mc.MemoryBytes > 1<<40 || mc.MemoryBytes%(1<<20) != 0 || mc.CPUs < 1 || mc.CPUs > 1024:
 		return fmt.Errorf("its saved guest's machine (%d bytes of RAM, %d vCPUs) is no VM's: %w", mc.MemoryBytes, mc.CPUs, errdefs.ErrInvalidArgument)
 	}
-	return nil
+	return layer.CheckMAC(m.Machine.MAC)
 }

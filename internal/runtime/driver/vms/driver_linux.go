@@ -308,9 +308,13 @@ func (d *Driver) machine(h *Host, s driver.StartSpec) (layer.Machine, error) {
 	if err != nil {
 		return layer.Machine{}, fmt.Errorf("the UEFI firmware: %w", err)
 	}
+	agent, err := microvm.FileDigest(h.Agent)
+	if err != nil {
+		return layer.Machine{}, fmt.Errorf("the guest agent: %w", err)
+	}
 	// The guest's kernel is its disk's: the machine's is its firmware.
 	this := layer.Machine{MemoryBytes: ram, CPUs: max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU())),
-		Accel: h.Accel.Name, Kernel: firmware, KernelDigest: fw, QEMU: h.QEMUVersion, QEMUDigest: q}
+		Accel: h.Accel.Name, Kernel: firmware, KernelDigest: fw, QEMU: h.QEMUVersion, QEMUDigest: q, Agent: agent}
 	if r := s.Restore; r != nil {
 		if why := r.Machine.Runs(this); why != "" {
 			return layer.Machine{}, fmt.Errorf("%s cannot run here: %s: %w", r.What, why, errdefs.ErrFailedPrecondition)

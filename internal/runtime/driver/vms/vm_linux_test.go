@@ -414,6 +414,12 @@ func testMemorySnapshot(t *testing.T, c *sdk.Client, sb *sdk.Sandbox, run func(*
 	if out := run(br[0], "cat /dev/shm/marker; kill -0 $(cat /dev/shm/pid) && echo alive; cat /root/step"); out != "in-memory\nalive\ntwo\n" {
 		t.Errorf("a branch of the memory snapshot: %q, want its memory-only file, its process and its disk as they were", out)
 	}
+	// Both roots thawed: each writes its own disk.
+	for _, s := range []*sdk.Sandbox{sb, br[0]} {
+		if out := run(s, "echo "+s.Name+" > /root/own && sync /root/own && cat /root/own"); out != s.Name+"\n" {
+			t.Errorf("%s writes its disk after the memory snapshot: %q", s.Name, out)
+		}
+	}
 	if shot, _ := screenshot(t, br[0]); !diff(typed, shot).Empty() {
 		t.Errorf("the branch's screen differs from its source's at the snapshot in %v", diff(typed, shot))
 	}

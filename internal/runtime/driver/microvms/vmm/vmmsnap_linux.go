@@ -116,7 +116,7 @@ func (v *vmm) snapshot(r initproto.Incoming) {
 	if err == nil {
 		err = writeImage(r.Files[2], v.spec.Disk, &info.Disk)
 	}
-	if rerr := v.resumeAgent(q); err == nil {
+	if rerr := v.resumeAgent(q, !q.Frozen); err == nil {
 		err = rerr
 	}
 	if err != nil {
@@ -166,11 +166,19 @@ func (v *vmm) snapshotFull(r initproto.Incoming, fail func(error)) {
 		stacked = true
 		return v.migrateTo(r.Files[0])
 	}()
-	if _, cerr := v.qmp.do("cont", nil); err == nil {
-		err = cerr
+	if _, cerr := v.qmp.do("cont", nil); cerr != nil {
+		// A stopped guest would never answer its agent's resume.
+		err = fmt.Errorf("the VM did not go on after its snapshot (%v; %v): stop and start the sandbox (its start keeps all its guest wrote)", err, cerr)
+		if !stacked {
+			err = fmt.Errorf("%s%w", notStackedPrefix, err)
+		}
+		fail(err)
+		return
 	}
 	info.PausedNS = time.Since(t0).Nanoseconds()
-	if rerr := v.resumeAgent(q); err == nil {
+	// Its root thawed whatever froze it: the worker holds no freeze of
+	// a full VM's across a snapshot.
+	if rerr := v.resumeAgent(q, true); err == nil {
 		err = rerr
 	}
 	if err != nil {
@@ -207,6 +215,10 @@ func (v *vmm) migrateTo(f *os.File) error {
 		return err
 	}
 	if err := v.qmp.migrated(5 * time.Minute); err != nil {
+		// Ended, not left to go on live once the guest goes on (and
+		// stop it again, post-migrate, when it completes).
+		v.qmp.do("migrate_cancel", nil)
+		v.qmp.migrated(10 * time.Second)
 		return fmt.Errorf("save the device state: %w", err)
 	}
 	return nil
@@ -264,19 +276,19 @@ func (v *vmm) guestMemory() (*initproto.GuestMemory, error) {
 // goOn lets a guest a failed eviction stopped run on.
 func (v *vmm) goOn(q initproto.Reply) error {
 	_, err := v.qmp.do("cont", nil)
-	return errors.Join(err, v.resumeAgent(q))
+	return errors.Join(err, v.resumeAgent(q, !q.Frozen))
 }
 
 // resumeAgent gives the agent a quiesce ended its session a new one,
-// and lets it go on as it was (its file system thawed unless it was
-// frozen before).
-func (v *vmm) resumeAgent(q initproto.Reply) error {
+// and lets it go on as it was, its file system thawed with thaw (a
+// microVM's stays frozen if it was before: the worker froze it).
+func (v *vmm) resumeAgent(q initproto.Reply, thaw bool) error {
 	sess, err := v.link.Resync(q.Nonce)
 	if err != nil {
 		return err
 	}
 	v.use(sess)
-	_, err = v.ask(initproto.Request{Op: initproto.OpResume, ID: "#resume", Setup: &initproto.GuestSpec{Time: time.Now().UnixNano(), Thaw: !q.Frozen}})
+	_, err = v.ask(initproto.Request{Op: initproto.OpResume, ID: "#resume", Setup: &initproto.GuestSpec{Time: time.Now().UnixNano(), Thaw: thaw}})
 	return err
 }
 
