@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,19 @@ var BootablePackages = []string{"linux-image-amd64", "systemd-sysv", "systemd-bo
 // cache as DebianRoot is.
 func DebianBootable() (string, error) {
 	return debootstrap("bootable", "usr/lib/systemd/boot/efi/systemd-bootx64.efi", BootablePackages...)
+}
+
+// DesktopPackages are what DebianDesktop adds to a bootable root: X
+// (Xorg, its modesetting driver for the VM's display, libinput for its
+// keyboard and tablet, xinit) and Xfce with its terminal.
+var DesktopPackages = []string{"xserver-xorg-core", "xserver-xorg-input-libinput", "xinit", "xfce4-session", "xfwm4",
+	"xfce4-panel", "xfdesktop4", "xfce4-terminal", "dbus-x11", "fonts-dejavu-core", "xfconf"}
+
+// DebianDesktop is DebianBootable with an Xfce desktop
+// (DesktopPackages), bootstrapped once into the user cache as
+// DebianRoot is.
+func DebianDesktop() (string, error) {
+	return debootstrap("desktop", "usr/bin/startxfce4", append(slices.Clone(BootablePackages), DesktopPackages...)...)
 }
 
 // debootstrap bootstraps minbase and include into the cache directory

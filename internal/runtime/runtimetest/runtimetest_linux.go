@@ -685,3 +685,58 @@ func VMImage(t testing.TB, root string) string {
 	}
 	return tag
 }
+
+// DesktopUnit is the systemd unit of a desktop image (docs/vm.md has the
+// same): Xfce on the screen, root logged in, started with the machine.
+const DesktopUnit = `[Unit]
+Description=Xfce on the screen, logged in
+After=systemd-user-sessions.service
+
+[Service]
+Environment=HOME=/root
+ExecStart=/usr/bin/xinit /usr/bin/startxfce4 -- /usr/bin/Xorg :0 vt7 -nolisten tcp
+Restart=on-failure
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// DesktopImage builds into root's store desk-vm:1, a VM image of a
+// Debian tree with Xfce (layertest.DebianDesktop) under a tree that
+// starts it at boot, logged in (DesktopUnit), its panel's default
+// layout taken (no first-run question). It returns the image's name.
+func DesktopImage(t testing.TB, root string) string {
+	t.Helper()
+	layertest.RequireRoot(t)
+	deb, err := layertest.DebianDesktop()
+	if err != nil {
+		t.Skipf("no Debian tree with Xfce (debootstrap needs Debian's mirror): %v", err)
+	}
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := t.TempDir()
+	panel, err := os.ReadFile(filepath.Join(deb, "etc/xdg/xfce4/panel/default.xml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, body := range map[string]string{"etc/systemd/system/dsec-desktop.service": DesktopUnit,
+		"root/.config/xfce4/xfconf/xfce-perchannel-xml/xfce4-panel.xml": string(panel)} {
+		os.MkdirAll(filepath.Join(top, filepath.Dir(p)), 0o755)
+		if err := os.WriteFile(filepath.Join(top, p), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wants := filepath.Join(top, "etc/systemd/system/multi-user.target.wants")
+	os.MkdirAll(wants, 0o755)
+	if err := os.Symlink("../dsec-desktop.service", filepath.Join(wants, "dsec-desktop.service")); err != nil {
+		t.Fatal(err)
+	}
+	const tag = "desk-vm:1"
+	ref, _ := layer.ParseRef(tag)
+	if _, err := vm.Build(context.Background(), s, []string{top, deb}, ref, vm.BuildOptions{DiskOptions: vm.DiskOptions{Seed: "runtimetest"}}); err != nil {
+		t.Fatal(err)
+	}
+	return tag
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -443,13 +444,25 @@ func testMemorySnapshot(t *testing.T, c *sdk.Client, sb *sdk.Sandbox, run func(*
 }
 
 // settled is sb's screen once two screenshots a second apart agree,
-// and (with from) differ from from.
-func settled(t *testing.T, sb *sdk.Sandbox, from *image.RGBA) *image.RGBA {
+// and (with from) differ from from in a rectangle of at least least
+// pixels each way (nothing: any change).
+func settled(t *testing.T, sb *sdk.Sandbox, from *image.RGBA, least ...image.Point) *image.RGBA {
 	t.Helper()
+	var min image.Point
+	if len(least) > 0 {
+		min = least[0]
+	}
+	away := func(shot *image.RGBA) bool {
+		if from == nil {
+			return true
+		}
+		d := diff(from, shot)
+		return !d.Empty() && d.Dx() >= min.X && d.Dy() >= min.Y
+	}
 	var last *image.RGBA
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
 		shot, _ := screenshot(t, sb)
-		if last != nil && diff(last, shot).Empty() && (from == nil || !diff(from, shot).Empty()) {
+		if last != nil && diff(last, shot).Empty() && away(shot) {
 			return shot
 		}
 		last = shot
@@ -542,4 +555,124 @@ func rfbHandshake(t *testing.T, conn net.Conn) (w, h int) {
 	conn.Write([]byte{1}) // shared
 	init := read(24)
 	return int(binary.BigEndian.Uint16(init[0:2])), int(binary.BigEndian.Uint16(init[2:4]))
+}
+
+// TestDesktop: the display test: a full VM of a Debian image with Xfce
+// (runtimetest.DesktopImage) boots to its desktop, logged in; the keys
+// ctrl+alt+t open a terminal (Xfce's shortcut); echo typed into it and
+// Return put the command and its output on the screen, inside the
+// terminal's window: a screenshot after, against one before typing,
+// changed there and (a clock's tick aside) nowhere else.
+func TestDesktop(t *testing.T) {
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}})
+	img := runtimetest.DesktopImage(t, w.Root)
+	ctx := context.Background()
+	t0 := time.Now()
+	sb := create(t, c, api.SandboxSpec{Name: "xfce", Backend: vms.VM, Layers: []string{img}, Memory: 1536 << 20, CPU: 2})
+	booted := time.Since(t0)
+	running := func(procs string) bool {
+		res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"sh", "-c", "for p in " + procs + "; do pgrep -x $p >/dev/null || exit 1; done"}})
+		return err == nil && res.ExitCode == 0
+	}
+	for deadline := time.Now().Add(5 * time.Minute); !running("Xorg xfwm4 xfce4-panel xfdesktop"); time.Sleep(2 * time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatal("the desktop never came up (Xorg, xfwm4, xfce4-panel, xfdesktop)")
+		}
+	}
+	// X comes up black; the desktop is its wallpaper painted, then the
+	// panel's bar across the top.
+	desk := settled(t, sb, nil)
+	for deadline := time.Now().Add(3 * time.Minute); !painted(desk) || !barOnTop(desk); desk = settled(t, sb, nil) {
+		if time.Now().After(deadline) {
+			keepShots(t, map[string]*image.RGBA{"desk": desk})
+			t.Fatal("the desktop never painted its wallpaper and its panel")
+		}
+		time.Sleep(2 * time.Second)
+	}
+	t.Logf("the desktop: agent-ready %v after the create, the desktop settled %v after", booted.Round(time.Second), time.Since(t0).Round(time.Second))
+	if err := sb.Press(ctx, "ctrl+alt+t"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(3 * time.Minute); !running("xfce4-terminal"); time.Sleep(time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatal("ctrl+alt+t opened no terminal")
+		}
+	}
+	term := settled(t, sb, desk, image.Pt(200, 100)) // its window shown
+	window := diff(desk, term)
+	if window.Dx() < 200 || window.Dy() < 100 {
+		t.Fatalf("the terminal's window: the screen changed in %v only", window)
+	}
+	if err := sb.Type(ctx, "echo dsec-on-the-desktop"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Press(ctx, "Return"); err != nil {
+		t.Fatal(err)
+	}
+	typed := settled(t, sb, term, image.Pt(8*20, 16)) // (20 characters at least)
+	keepShots(t, map[string]*image.RGBA{"desk": desk, "term": term, "typed": typed})
+	in, out := changedIn(term, typed, window)
+	if in < 300 || out > in/4 {
+		t.Errorf("echo typed in the terminal changed %d pixels in its window %v and %d outside, want the text's (hundreds) inside", in, window, out)
+	}
+	if changed := diff(term, typed).Intersect(window); changed.Dy() > 120 {
+		t.Errorf("echo and its output changed %v of the terminal's window, want two or three text lines", changed)
+	}
+}
+
+// changedIn counts the pixels a and b differ in inside r and outside.
+func changedIn(a, b *image.RGBA, r image.Rectangle) (in, out int) {
+	for y := a.Bounds().Min.Y; y < a.Bounds().Max.Y; y++ {
+		for x := a.Bounds().Min.X; x < a.Bounds().Max.X; x++ {
+			i := a.PixOffset(x, y)
+			if !bytes.Equal(a.Pix[i:i+4], b.Pix[i:i+4]) {
+				if image.Pt(x, y).In(r) {
+					in++
+				} else {
+					out++
+				}
+			}
+		}
+	}
+	return in, out
+}
+
+// keepShots writes the screenshots into the directory DSEC_TEST_SHOTS
+// names, if it does, to look at when a test of the screen fails.
+func keepShots(t *testing.T, shots map[string]*image.RGBA) {
+	dir := os.Getenv("DSEC_TEST_SHOTS")
+	if dir == "" {
+		return
+	}
+	for name, m := range shots {
+		var b bytes.Buffer
+		png.Encode(&b, m)
+		if err := os.WriteFile(filepath.Join(dir, t.Name()+"-"+name+".png"), b.Bytes(), 0o644); err != nil {
+			t.Log(err)
+		}
+	}
+}
+
+// painted says whether most of m is not black.
+func painted(m *image.RGBA) bool {
+	n := 0
+	for i := 0; i+3 < len(m.Pix); i += 4 {
+		if m.Pix[i] > 8 || m.Pix[i+1] > 8 || m.Pix[i+2] > 8 {
+			n++
+		}
+	}
+	return n > len(m.Pix)/4/2
+}
+
+// barOnTop says whether a light bar (Xfce's panel) runs across most of
+// m's top.
+func barOnTop(m *image.RGBA) bool {
+	n := 0
+	for x := m.Bounds().Min.X; x < m.Bounds().Max.X; x++ {
+		c := m.RGBAAt(x, m.Bounds().Min.Y+5)
+		if int(c.R)+int(c.G)+int(c.B) > 3*160 {
+			n++
+		}
+	}
+	return n > m.Bounds().Dx()/2
 }
