@@ -63,8 +63,8 @@ type Machine struct {
 	KernelDigest digest.Digest `json:"kernel_digest"`
 	QEMU         string        `json:"qemu"`
 	QEMUDigest   digest.Digest `json:"qemu_digest"`
-	// Agent is the guest agent's binary where the guest reads it from a
-	// disk of the host's (a full VM's), not from its own RAM.
+	// Agent is the disk of the host's the guest reads its agent from
+	// (a full VM's; a microVM's is in its RAM).
 	Agent digest.Digest `json:"agent,omitempty"`
 }
 
@@ -92,7 +92,7 @@ func (m Machine) Runs(n Machine) string {
 	case m.LayerDisks != n.LayerDisks:
 		return "its layers were other devices (microvm.layer_disks differs)"
 	case m.Agent != n.Agent:
-		return fmt.Sprintf("its guest agent was another build (%s), this host's is %s", m.Agent, n.Agent)
+		return fmt.Sprintf("its guest agent's disk was another (%s), this host's is %s: another dsec's agent, or another mke2fs", m.Agent, n.Agent)
 	case CheckMAC(m.MAC) != nil:
 		return CheckMAC(m.MAC).Error()
 	}

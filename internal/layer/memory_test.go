@@ -20,7 +20,7 @@ func TestMachineRuns(t *testing.T) {
 		{func(m *Machine) { m.Accel = "kvm" }, "it ran under kvm"},
 		{func(m *Machine) { m.QEMUDigest = "sha256:other" }, "another QEMU build"},
 		{func(m *Machine) { m.KernelDigest = "sha256:other" }, "another guest kernel"},
-		{func(m *Machine) { m.Agent = "sha256:other" }, "agent was another build"},
+		{func(m *Machine) { m.Agent = "sha256:other" }, "agent's disk was another"},
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:01,romfile=/etc/shadow" }, "not a hardware address"},
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:0G" }, "not a hardware address"},
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:01\n" }, "not a hardware address"},

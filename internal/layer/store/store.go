@@ -675,9 +675,9 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 				res.Ingests++
 				res.Bytes += n
 			}
-		case strings.HasPrefix(e.Name(), "tree."):
+		case strings.HasPrefix(e.Name(), "tree."), strings.HasPrefix(e.Name(), "layer."):
 			// A killed VM image build's stack of trees (package vm),
-			// mounted read-only.
+			// mounted read-only, and the layers it mounted as trees.
 			p := filepath.Join(s.dir, "ingest", e.Name())
 			detach(p)
 			if os.Remove(p) == nil {

@@ -694,7 +694,7 @@ After=systemd-user-sessions.service
 
 [Service]
 Environment=HOME=/root
-ExecStart=/usr/bin/xinit /usr/bin/startxfce4 -- /usr/bin/Xorg :0 vt7 -nolisten tcp
+ExecStart=/usr/bin/xinit /usr/bin/startxfce4 -- /usr/bin/Xorg :0 vt7 -nolisten tcp -s 0 -dpms
 Restart=on-failure
 
 [Install]
@@ -728,6 +728,7 @@ func DesktopImage(t testing.TB, root string) string {
 			t.Fatal(err)
 		}
 	}
+	os.Chmod(filepath.Join(top, "root"), 0o700)
 	wants := filepath.Join(top, "etc/systemd/system/multi-user.target.wants")
 	os.MkdirAll(wants, 0o755)
 	if err := os.Symlink("../dsec-desktop.service", filepath.Join(wants, "dsec-desktop.service")); err != nil {

@@ -91,7 +91,40 @@ type Partition struct {
 
 // boot is what a tree boots with.
 type boot struct {
-	version, kernel, initrd, loader string
+	tree                            string
+	version, kernel, initrd, loader string // paths under tree
+}
+
+// openInTree opens the file at path, under tree, as the tree sees it: a
+// symbolic link that leads out of the tree (to a host's file, which the
+// disk would then carry) is refused, whoever made the tree.
+func openInTree(tree, path string) (*os.File, error) {
+	rel, err := filepath.Rel(tree, path)
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(tree)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := root.Open(rel)
+	if err != nil {
+		return nil, fmt.Errorf("%s in the tree %s: %w", rel, tree, err)
+	}
+	return f, nil
+}
+
+// regularInTree says whether path, under tree, is a regular file as the
+// tree sees it.
+func regularInTree(tree, path string) bool {
+	f, err := openInTree(tree, path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	return err == nil && st.Mode().IsRegular()
 }
 
 // findBoot finds the tree's newest kernel with its initramfs, and
@@ -101,7 +134,7 @@ func findBoot(tree string) (boot, error) {
 	var versions []string
 	for _, k := range kernels {
 		v := strings.TrimPrefix(filepath.Base(k), "vmlinuz-")
-		if st, err := os.Stat(filepath.Join(tree, "boot", "initrd.img-"+v)); err == nil && st.Mode().IsRegular() {
+		if regularInTree(tree, filepath.Join(tree, "boot", "initrd.img-"+v)) && regularInTree(tree, k) {
 			versions = append(versions, v)
 		}
 	}
@@ -110,15 +143,15 @@ func findBoot(tree string) (boot, error) {
 	}
 	slices.SortFunc(versions, compareVersions)
 	v := versions[len(versions)-1]
-	b := boot{version: v, kernel: filepath.Join(tree, "boot", "vmlinuz-"+v), initrd: filepath.Join(tree, "boot", "initrd.img-"+v),
+	b := boot{tree: tree, version: v, kernel: filepath.Join(tree, "boot", "vmlinuz-"+v), initrd: filepath.Join(tree, "boot", "initrd.img-"+v),
 		loader: filepath.Join(tree, LoaderPath)}
-	if st, err := os.Stat(b.loader); err != nil || !st.Mode().IsRegular() {
+	if !regularInTree(tree, b.loader) {
 		return boot{}, fmt.Errorf("%s has no UEFI boot loader (%s): install systemd-boot in the tree (Debian: systemd-boot-efi): %w", tree, LoaderPath, errdefs.ErrInvalidArgument)
 	}
 	// The firmware runs PE images: the loader, and the kernel through
 	// its EFI stub (every x86-64 Debian kernel has one).
 	for _, f := range []struct{ what, path string }{{"boot loader", b.loader}, {"kernel", b.kernel}} {
-		if !isPE(f.path) {
+		if !isPE(tree, f.path) {
 			return boot{}, fmt.Errorf("%s's %s %s is no UEFI (PE) image: install a real one (Debian: systemd-boot-efi, linux-image-amd64): %w", tree, f.what, f.path, errdefs.ErrInvalidArgument)
 		}
 	}
@@ -135,9 +168,10 @@ func findBoot(tree string) (boot, error) {
 	return b, nil
 }
 
-// isPE says whether the file at path starts as a PE image does ("MZ").
-func isPE(path string) bool {
-	f, err := os.Open(path)
+// isPE says whether the file at path, under tree, starts as a PE image
+// does ("MZ").
+func isPE(tree, path string) bool {
+	f, err := openInTree(tree, path)
 	if err != nil {
 		return false
 	}
@@ -317,7 +351,7 @@ func writeESP(path string, d Disk, b boot, diskGUID string) error {
 	}
 	kernel, initrd := "/vmlinuz-"+b.version, "/initrd.img-"+b.version
 	for dst, src := range map[string]string{"/EFI/BOOT/BOOTX64.EFI": b.loader, kernel: b.kernel, initrd: b.initrd} {
-		if err := copyIn(fsys, dst, src); err != nil {
+		if err := copyIn(fsys, dst, b.tree, src); err != nil {
 			return err
 		}
 	}
@@ -334,8 +368,8 @@ func writeESP(path string, d Disk, b boot, diskGUID string) error {
 	return nil
 }
 
-func copyIn(fsys filesystem.FileSystem, dst, src string) error {
-	sf, err := os.Open(src)
+func copyIn(fsys filesystem.FileSystem, dst, tree, src string) error {
+	sf, err := openInTree(tree, src)
 	if err != nil {
 		return err
 	}
@@ -375,7 +409,12 @@ func makeRoot(ctx context.Context, path, tree string, p Partition, fsUUID string
 // prettyName is the tree's os-release PRETTY_NAME, if any.
 func prettyName(tree string) string {
 	for _, p := range []string{"usr/lib/os-release", "etc/os-release"} {
-		b, err := os.ReadFile(filepath.Join(tree, p))
+		f, err := openInTree(tree, filepath.Join(tree, p))
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(f, 64<<10))
+		f.Close()
 		if err != nil {
 			continue
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/mount"
 )
 
 // fakeTree is a tree with what a disk image needs to be built (not to
@@ -72,6 +73,14 @@ func TestBuildDiskRefuses(t *testing.T) {
 	os.Remove(filepath.Join(noInit, "sbin/init"))
 	textKernel := fakeTree(t, "6.1.0-1-amd64")
 	os.WriteFile(filepath.Join(textKernel, "boot/vmlinuz-6.1.0-1-amd64"), []byte("not a kernel"), 0o644)
+	// A tree's links lead nowhere out of it: the host's file would go
+	// onto the disk (a tenant's layer may be such a tree).
+	hostInitrd := fakeTree(t, "6.1.0-1-amd64")
+	os.Remove(filepath.Join(hostInitrd, "boot/initrd.img-6.1.0-1-amd64"))
+	os.Symlink("/etc/hostname", filepath.Join(hostInitrd, "boot/initrd.img-6.1.0-1-amd64"))
+	hostLoader := fakeTree(t, "6.1.0-1-amd64")
+	os.Remove(filepath.Join(hostLoader, LoaderPath))
+	os.Symlink("../../../../../../../../../usr/bin/true", filepath.Join(hostLoader, LoaderPath))
 	for _, c := range []struct {
 		name, tree string
 		o          DiskOptions
@@ -83,6 +92,8 @@ func TestBuildDiskRefuses(t *testing.T) {
 		{"not a directory", "/etc/hostname", DiskOptions{}, "not a directory"},
 		{"no init", noInit, DiskOptions{}, "systemd-sysv"},
 		{"a kernel that is no PE image", textKernel, DiskOptions{}, "no UEFI (PE) image"},
+		{"an initramfs that is a host's file", hostInitrd, DiskOptions{}, "linux-image-amd64"},
+		{"a loader that is a host's file", hostLoader, DiskOptions{}, "systemd-boot-efi"},
 		{"a kernel parameter with a space", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{KernelArgs: []string{"a b"}}, "without spaces"},
 		{"an empty kernel parameter", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{KernelArgs: []string{""}}, "without spaces"},
 		{"a disk too large", fakeTree(t, "6.1.0-1-amd64"), DiskOptions{Size: MaxSize + 1}, "at most"},
@@ -441,7 +452,8 @@ func TestBuildFromLayers(t *testing.T) {
 	}
 	base := fakeTree(t, "6.1.0-9-amd64")
 	os.WriteFile(filepath.Join(base, "etc/motd"), []byte("base\n"), 0o644)
-	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: base, Kind: layer.KindBase, Ref: must(layer.ParseRef("lb:1"))}); err != nil {
+	lb, err := layer.Build(ctx, s, layer.BuildOptions{Source: base, Kind: layer.KindBase, Ref: must(layer.ParseRef("lb:1"))})
+	if err != nil {
 		t.Fatal(err)
 	}
 	// A workspace layer from a tar: a file of its own, one over the
@@ -476,8 +488,29 @@ func TestBuildFromLayers(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
 		t.Errorf("the build left %d entries in the store's ingest area (a layer's mount?)", len(ents))
 	}
-	if _, err := Build(ctx, s, []string{"nosuch:9"}, must(layer.ParseRef("x:1")), BuildOptions{}); !errdefs.IsNotFound(err) ||
-		!strings.Contains(err.Error(), "nosuch:9 is no directory, nor a layer or an image of the store") {
-		t.Errorf("a name of nothing: %v", err)
+	for _, name := range []string{"nosuch:9", "registry.example:5000/nosuch:1", "Bad-Name"} {
+		if _, err := Build(ctx, s, []string{name}, must(layer.ParseRef("x:1")), BuildOptions{}); !errdefs.IsNotFound(err) ||
+			!strings.Contains(err.Error(), name+" is no directory, nor a layer or an image of the store") {
+			t.Errorf("a name of nothing: %v", err)
+		}
+	}
+	if _, err := Build(ctx, s, []string{"./lb:1"}, must(layer.ParseRef("x:1")), BuildOptions{}); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "no directory") {
+		t.Errorf("a path that is no directory, named as one: %v", err)
+	}
+	// A build killed with its layers mounted: gc unmounts and removes
+	// them (the store's lock held: no build runs then).
+	left := filepath.Join(s.Dir(), "ingest", "layer.killed")
+	if err := os.Mkdir(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.EROFS(s.BlobPath(lb.Digest)).Mount(left); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := layer.GC(ctx, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		mount.Unmount(left)
+		t.Errorf("a killed build's layer mount after gc: %v", err)
 	}
 }

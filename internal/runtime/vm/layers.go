@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -17,7 +18,8 @@ import (
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
-// A build's source is a tree on the host, or a stack of the store's
+// A build's source is a tree on the host (a path that exists, or one
+// written as a path: ./x, ../x, /x), or a stack of the store's
 // layers: a layer (a snapshot with every layer it stands on, as a
 // sandbox stacks them) or an image imported from a registry (its
 // layers). Each layer's EROFS image is mounted read-only while the build
@@ -41,7 +43,7 @@ func sources(ctx context.Context, s *store.Store, srcs []string, dir string) (tr
 		}
 	}()
 	for _, src := range srcs {
-		if _, serr := os.Stat(src); serr == nil || !errors.Is(serr, fs.ErrNotExist) || filepath.IsAbs(src) {
+		if _, serr := os.Stat(src); serr == nil || !errors.Is(serr, fs.ErrNotExist) || isPath(src) {
 			abs, _ := filepath.Abs(src)
 			trees, what = append(trees, abs), append(what, abs)
 			continue
@@ -72,7 +74,9 @@ func sources(ctx context.Context, s *store.Store, srcs []string, dir string) (tr
 // layer's image is pulled first).
 func layerStack(ctx context.Context, s *store.Store, src string) (images []string, kind string, err error) {
 	var digests []digest.Digest
-	if info, lerr := layer.Resolve(ctx, s, src); lerr == nil {
+	info, lerr := layer.Resolve(ctx, s, src)
+	switch {
+	case lerr == nil:
 		kind, digests = string(info.Kind)+" layer", []digest.Digest{info.Digest}
 		if info.Snapshot != nil {
 			kind = "snapshot"
@@ -80,12 +84,16 @@ func layerStack(ctx context.Context, s *store.Store, src string) (images []strin
 				digests = append(digests, lo.Digest)
 			}
 		}
-	} else if !errdefs.IsNotFound(lerr) {
-		return nil, "", fmt.Errorf("%s is no directory, and as a layer: %w", src, lerr)
-	} else {
-		ref, rerr := image.ParseReference(src)
-		img, ierr := image.Lookup(ctx, s, ref)
-		if rerr != nil || ierr != nil {
+	default: // an image's name, in any of its forms (a layer's name refuses most)
+		var img *image.Image
+		ref, err := image.ParseReference(src)
+		if err == nil {
+			img, err = image.Lookup(ctx, s, ref)
+		}
+		if err != nil {
+			if !errdefs.IsNotFound(lerr) && !errdefs.IsInvalidArgument(lerr) {
+				return nil, "", fmt.Errorf("%s is no directory, and as a layer: %w", src, lerr)
+			}
 			return nil, "", fmt.Errorf("%s is no directory, nor a layer or an image of the store (dsec layer ls, dsec image ls): give a tree to boot, or build, pull or import it first: %w",
 				src, errdefs.ErrNotFound)
 		}
@@ -97,9 +105,15 @@ func layerStack(ctx context.Context, s *store.Store, src string) (images []strin
 	for _, d := range digests {
 		p := s.BlobPath(d)
 		if _, err := os.Stat(p); err != nil {
-			return nil, "", fmt.Errorf("%s %s: its layer %s is not in this store (a lazily mounted layer's): pull it first (dsec layer pull): %w", kind, src, d, errdefs.ErrNotFound)
+			return nil, "", fmt.Errorf("%s %s: its layer %s is not in this store (a layer a worker mounts lazily from its remote): pull it into the store first (dsec layer pull, or dsec image pull for an image): %w", kind, src, d, errdefs.ErrNotFound)
 		}
 		images = append(images, p)
 	}
 	return images, kind, nil
+}
+
+// isPath says whether src is written as a path (./x, ../x, /x): never
+// a name of the store's.
+func isPath(src string) bool {
+	return filepath.IsAbs(src) || src == "." || src == ".." || strings.HasPrefix(src, "./") || strings.HasPrefix(src, "../")
 }

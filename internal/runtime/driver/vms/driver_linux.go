@@ -196,7 +196,13 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	case len(s.Images) == 0 || len(s.Images) > vm.MaxChain || s.Upper == "":
 		return out, fmt.Errorf("a full VM boots one disk image (a chain of 1 to %d images, not %d): %w", vm.MaxChain, len(s.Images), errdefs.ErrInvalidArgument)
 	}
-	this, err := d.machine(h, s)
+	d.disk.Lock()
+	agent, err := agentDisk(ctx, filepath.Join(s.Root, "vm"), h.Agent)
+	d.disk.Unlock()
+	if err != nil {
+		return out, err
+	}
+	this, err := d.machine(h, s, agent)
 	if err != nil {
 		return out, err
 	}
@@ -208,12 +214,6 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	vars := filepath.Join(s.Dir, "efivars.fd")
 	if err := copyNew(vars, vm.OVMFVars); err != nil {
 		return out, fmt.Errorf("the firmware's variables: %w", err)
-	}
-	d.disk.Lock()
-	agent, err := agentDisk(ctx, filepath.Join(s.Root, "vm"), h.Agent)
-	d.disk.Unlock()
-	if err != nil {
-		return out, err
 	}
 	lim := s.Limits
 	if lim.MemoryBytes > 0 {
@@ -293,9 +293,10 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	return out, nil
 }
 
-// machine is the machine the sandbox's VM runs on: what s asks for on
-// h, or a saved guest's, which must run on h with the RAM asked.
-func (d *Driver) machine(h *Host, s driver.StartSpec) (layer.Machine, error) {
+// machine is the machine the sandbox's VM runs on, with the agent's
+// disk agentDisk: what s asks for on h, or a saved guest's, which must
+// run on h with the RAM asked.
+func (d *Driver) machine(h *Host, s driver.StartSpec, agentDisk string) (layer.Machine, error) {
 	ram, err := memory(s.Limits)
 	if err != nil {
 		return layer.Machine{}, err
@@ -308,9 +309,12 @@ func (d *Driver) machine(h *Host, s driver.StartSpec) (layer.Machine, error) {
 	if err != nil {
 		return layer.Machine{}, fmt.Errorf("the UEFI firmware: %w", err)
 	}
-	agent, err := microvm.FileDigest(h.Agent)
+	// The agent's disk, which a continued guest may read again: its
+	// bytes, not the binary's (another mke2fs lays the same binary out
+	// otherwise).
+	agent, err := microvm.FileDigest(agentDisk)
 	if err != nil {
-		return layer.Machine{}, fmt.Errorf("the guest agent: %w", err)
+		return layer.Machine{}, fmt.Errorf("the guest agent's disk: %w", err)
 	}
 	// The guest's kernel is its disk's: the machine's is its firmware.
 	this := layer.Machine{MemoryBytes: ram, CPUs: max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU())),
