@@ -152,16 +152,24 @@ func (m Machine) Args() []string {
 	a = append(a,
 		"-drive", fmt.Sprintf("file=%s,if=none,id=upper,format=raw,cache=%s,aio=threads,discard=unmap", qemuOpt(m.Upper), cache),
 		"-device", fmt.Sprintf("virtio-blk-pci,drive=upper,serial=dsec-upper,addr=%#x", initproto.UpperSlot))
+	return append(a, NICArgs(m.NetFD, m.Unplugged, m.MAC)...)
+}
+
+// NICArgs are QEMU's options of a guest's NIC (a microVM's or a full
+// VM's): on the tap QEMU holds as fd, or unplugged (a hub of no other
+// port: a saved guest's NIC, its sandbox reaching nothing); none with
+// neither. mac is a checked address (layer.CheckMAC).
+func NICArgs(fd int, unplugged bool, mac string) []string {
+	var a []string
 	switch {
-	case m.NetFD > 0:
-		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD))
-	case m.Unplugged:
+	case fd > 0:
+		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", fd))
+	case unplugged:
 		a = append(a, "-netdev", "hubport,id=net0,hubid=0")
+	default:
+		return nil
 	}
-	if m.NetFD > 0 || m.Unplugged {
-		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
-	}
-	return a
+	return append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", mac, initproto.NetSlot))
 }
 
 func onOff(b bool) string {

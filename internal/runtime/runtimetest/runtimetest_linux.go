@@ -669,18 +669,24 @@ func VMImage(t testing.TB, root string) string {
 	if err != nil {
 		t.Skipf("no bootable Debian tree (debootstrap needs Debian's mirror): %v", err)
 	}
-	s, err := store.Open(filepath.Join(root, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	top := t.TempDir()
 	for _, d := range []string{"etc", "work"} {
 		os.MkdirAll(filepath.Join(top, d), 0o755)
 	}
 	os.WriteFile(filepath.Join(top, "etc", "answer"), []byte("42\n"), 0o644)
-	const tag = "deb-vm:1"
+	return buildVMImage(t, root, "deb-vm:1", top, deb)
+}
+
+// buildVMImage builds trees (topmost first) into root's store as the VM
+// image tag, and returns tag.
+func buildVMImage(t testing.TB, root, tag string, trees ...string) string {
+	t.Helper()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ref, _ := layer.ParseRef(tag)
-	if _, err := vm.Build(context.Background(), s, []string{top, deb}, ref, vm.BuildOptions{DiskOptions: vm.DiskOptions{Seed: "runtimetest"}}); err != nil {
+	if _, err := vm.Build(context.Background(), s, trees, ref, vm.BuildOptions{DiskOptions: vm.DiskOptions{Seed: "runtimetest"}}); err != nil {
 		t.Fatal(err)
 	}
 	return tag
@@ -712,10 +718,6 @@ func DesktopImage(t testing.TB, root string) string {
 	if err != nil {
 		t.Skipf("no Debian tree with Xfce (debootstrap needs Debian's mirror): %v", err)
 	}
-	s, err := store.Open(filepath.Join(root, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	top := t.TempDir()
 	panel, err := os.ReadFile(filepath.Join(deb, "etc/xdg/xfce4/panel/default.xml"))
 	if err != nil {
@@ -734,10 +736,5 @@ func DesktopImage(t testing.TB, root string) string {
 	if err := os.Symlink("../dsec-desktop.service", filepath.Join(wants, "dsec-desktop.service")); err != nil {
 		t.Fatal(err)
 	}
-	const tag = "desk-vm:1"
-	ref, _ := layer.ParseRef(tag)
-	if _, err := vm.Build(context.Background(), s, []string{top, deb}, ref, vm.BuildOptions{DiskOptions: vm.DiskOptions{Seed: "runtimetest"}}); err != nil {
-		t.Fatal(err)
-	}
-	return tag
+	return buildVMImage(t, root, "desk-vm:1", top, deb)
 }

@@ -88,15 +88,7 @@ func (m Machine) Args() []string {
 	if m.VNC != "" {
 		a = append(a, "-vnc", "unix:"+opt(m.VNC))
 	}
-	switch {
-	case m.NetFD > 0:
-		a = append(a, "-netdev", fmt.Sprintf("tap,id=net0,fd=%d,vhost=off", m.NetFD))
-	case m.Unplugged:
-		a = append(a, "-netdev", "hubport,id=net0,hubid=0")
-	}
-	if m.NetFD > 0 || m.Unplugged {
-		a = append(a, "-device", fmt.Sprintf("virtio-net-pci,netdev=net0,romfile=,mac=%s,addr=%#x", m.MAC, initproto.NetSlot))
-	}
+	a = append(a, microvm.NICArgs(m.NetFD, m.Unplugged, m.MAC)...)
 	if m.Incoming {
 		a = append(a, "-incoming", "defer")
 	}

@@ -80,19 +80,11 @@ func (v *vmm) snapshot(r initproto.Incoming) {
 		fail(errors.New("this guest's shim knows no disk image (an older dsec started it): stop and start it first"))
 		return
 	}
-	v.mu.Lock()
-	n := len(v.running)
-	v.mu.Unlock()
-	if n > 0 {
-		fail(fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition))
-		return
-	}
-	q, err := v.ask(initproto.Request{Op: initproto.OpQuiesce, ID: "#quiesce"})
+	q, err := v.quiesce()
 	if err != nil {
-		fail(fmt.Errorf("quiesce the guest: %w", err))
+		fail(err)
 		return
 	}
-	v.drop()
 	info := &initproto.SnapshotInfo{Nonce: q.Nonce}
 	t0 := time.Now()
 	err = v.save(r.Files[0], r.Files[1], info)
@@ -140,19 +132,11 @@ func (v *vmm) snapshotFull(r initproto.Incoming, fail func(error)) {
 		fail(errors.New("a full VM's memory snapshot needs its state's file"))
 		return
 	}
-	v.mu.Lock()
-	n := len(v.running)
-	v.mu.Unlock()
-	if n > 0 {
-		fail(fmt.Errorf("%s%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", notStackedPrefix, n, errdefs.ErrFailedPrecondition))
-		return
-	}
-	q, err := v.ask(initproto.Request{Op: initproto.OpQuiesce, ID: "#quiesce"})
+	q, err := v.quiesce()
 	if err != nil {
-		fail(fmt.Errorf("%squiesce the guest: %w", notStackedPrefix, err))
+		fail(fmt.Errorf("%s%w", notStackedPrefix, err))
 		return
 	}
-	v.drop()
 	info := &initproto.SnapshotInfo{Nonce: q.Nonce}
 	t0 := time.Now()
 	stacked := false
@@ -190,6 +174,24 @@ func (v *vmm) snapshotFull(r initproto.Incoming, fail func(error)) {
 	}
 	zero := 0
 	initproto.Send(r.Conn, initproto.Reply{ID: r.Req.ID, Exit: &zero, Snapshot: info})
+}
+
+// quiesce has the guest's agent freeze its file system and end its
+// session, for a snapshot, once no command runs (their output streams
+// would end); its answer holds the nonce the next session comes after.
+func (v *vmm) quiesce() (initproto.Reply, error) {
+	v.mu.Lock()
+	n := len(v.running)
+	v.mu.Unlock()
+	if n > 0 {
+		return initproto.Reply{}, fmt.Errorf("%d commands run in the guest: a memory snapshot waits for none (their output streams would end): %w", n, errdefs.ErrFailedPrecondition)
+	}
+	q, err := v.ask(initproto.Request{Op: initproto.OpQuiesce, ID: "#quiesce"})
+	if err != nil {
+		return q, fmt.Errorf("quiesce the guest: %w", err)
+	}
+	v.drop()
+	return q, nil
 }
 
 // notStackedPrefix starts a full VM's snapshot's error that left its
