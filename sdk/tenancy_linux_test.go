@@ -1029,6 +1029,13 @@ func TestTenancy(t *testing.T) {
 // images of their own.
 func vmSnapshot(t *testing.T, root, tag string) {
 	t.Helper()
+	vmImage(t, root, tag, vm.Record{Created: time.Now().UTC(), Sandbox: "a VM", Parent: "vm-base:1", Disk: vm.Disk{Size: 1 << 20, Agent: vm.AgentSystemd}})
+}
+
+// vmImage records tag in root's store as the VM image rec describes,
+// its disk a chain of two small qcow2 images.
+func vmImage(t *testing.T, root, tag string, rec vm.Record) {
+	t.Helper()
 	ctx := context.Background()
 	s := mustStore(t, root)
 	release, err := s.Writer()
@@ -1056,7 +1063,6 @@ func vmSnapshot(t *testing.T, root, tag string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := vm.Record{Created: time.Now().UTC(), Sandbox: "a VM", Parent: "vm-base:1", Disk: vm.Disk{Size: 1 << 20, Agent: vm.AgentSystemd}}
 	if _, err := vm.Snapshot(ctx, s, ref, chain, nil, rec); err != nil {
 		t.Fatal(err)
 	}

@@ -198,7 +198,11 @@ func SnapUsers(root string) ([]snap.User, error) {
 		if json.Unmarshal(b, &st) != nil {
 			continue
 		}
-		out = append(out, snap.User{Name: st.Name, From: st.From, Digests: st.Digests})
+		u := snap.User{Name: st.Name, From: st.From, Digests: st.Digests}
+		if len(st.Layers) == 1 {
+			u.Base = st.Layers[0]
+		}
+		out = append(out, u)
 	}
 	// Creates under way: what they resolved is in use before their
 	// state names it (store leases).

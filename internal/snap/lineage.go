@@ -24,8 +24,11 @@ type Node struct {
 
 // User is a sandbox, as far as lineage cares: what it stands on.
 type User struct {
-	Name    string
-	From    string   // the snapshot it was started on
+	Name string
+	From string // the snapshot it was started on
+	// Base is the one layer it was made of, if one: a full VM's disk,
+	// whose snapshot it is a branch of when Base names one.
+	Base    string
 	Digests []string // of its layers
 	// Lease: a create under way, whose lease holds what it resolved
 	// (store leases); in use, not yet a sandbox to list.
@@ -75,7 +78,7 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 		for _, u := range users {
 			if slices.Contains(u.Digests, n.Digest) {
 				n.Sandboxes = append(n.Sandboxes, u.Name)
-				if u.From == n.Name {
+				if u.From == n.Name || n.vm && u.Base == n.Name {
 					n.Branches = append(n.Branches, u.Name)
 				}
 			}

@@ -48,30 +48,9 @@ func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, a Artifac
 	if err != nil {
 		return nil, err
 	}
-	mdesc, err := from.Resolve(ctx)
-	if errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("%s not found in %s: check its name and version there: %w", ref, src, errdefs.ErrNotFound)
-	}
+	mdesc, man, _, err := describe(ctx, from, src, ref, a)
 	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", ref, src, err)
-	}
-	mdesc.MediaType = ocispec.MediaTypeImageManifest
-	mb, err := fetchSmall(ctx, from, mdesc)
-	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", ref, src, err)
-	}
-	var man ocispec.Manifest
-	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != artifactType || len(man.Layers) == 0 {
-		return nil, fmt.Errorf("%s in %s is no %s: %w", ref, src, artifactType, errdefs.ErrInvalidArgument)
-	}
-	if a.Check != nil {
-		cb, err := fetchSmall(ctx, from, man.Config)
-		if err == nil {
-			err = a.Check(man, cb)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s in %s: %w", ref, src, err)
-		}
+		return nil, err
 	}
 	if cur, err := to.Resolve(ctx); err == nil && cur.Digest != mdesc.Digest && !force {
 		return nil, fmt.Errorf("tag %s in %s names other content (%s); pass --force to replace it: %w", ref, dst, cur.Digest, errdefs.ErrAlreadyExists)
@@ -95,4 +74,40 @@ func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, a Artifac
 		return nil, fmt.Errorf("tag %s in %s: %w", ref, dst, err)
 	}
 	return res, nil
+}
+
+// DescribeArtifact reads the artifact tagged ref in t: its manifest's
+// descriptor, the manifest, and its config (read whole, at most 4 MiB),
+// each checked against its digest and by a's Check; no layer is read.
+func DescribeArtifact(ctx context.Context, t Target, ref layer.Ref, a Artifact) (ocispec.Descriptor, ocispec.Manifest, []byte, error) {
+	r, err := t.Repo(ctx, ref)
+	if err != nil {
+		return ocispec.Descriptor{}, ocispec.Manifest{}, nil, err
+	}
+	return describe(ctx, r, t, ref, a)
+}
+
+func describe(ctx context.Context, from Repo, src Target, ref layer.Ref, a Artifact) (mdesc ocispec.Descriptor, man ocispec.Manifest, config []byte, err error) {
+	mdesc, err = from.Resolve(ctx)
+	if errdefs.IsNotFound(err) {
+		return mdesc, man, nil, fmt.Errorf("%s not found in %s: check its name and version there: %w", ref, src, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return mdesc, man, nil, fmt.Errorf("%s in %s: %w", ref, src, err)
+	}
+	mdesc.MediaType = ocispec.MediaTypeImageManifest
+	mb, err := fetchSmall(ctx, from, mdesc)
+	if err != nil {
+		return mdesc, man, nil, fmt.Errorf("%s in %s: %w", ref, src, err)
+	}
+	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != a.Type || len(man.Layers) == 0 {
+		return mdesc, man, nil, fmt.Errorf("%s in %s is no %s: %w", ref, src, a.Type, errdefs.ErrInvalidArgument)
+	}
+	if config, err = fetchSmall(ctx, from, man.Config); err == nil && a.Check != nil {
+		err = a.Check(man, config)
+	}
+	if err != nil {
+		return mdesc, man, nil, fmt.Errorf("%s in %s: %w", ref, src, err)
+	}
+	return mdesc, man, config, nil
 }

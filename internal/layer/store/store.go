@@ -676,11 +676,13 @@ func (s *Store) sweep(dir string, ents []os.DirEntry, live map[digest.Digest]boo
 				res.Bytes += n
 			}
 		case strings.HasPrefix(e.Name(), "tree."), strings.HasPrefix(e.Name(), "layer."):
-			// A killed VM image build's stack of trees (package vm),
-			// mounted read-only, and the layers it mounted as trees.
+			// A killed VM image build's stack of trees (package vm), an
+			// overlay on m beside its upper and work, and the layers it
+			// mounted as trees.
 			p := filepath.Join(s.dir, "ingest", e.Name())
+			detach(filepath.Join(p, "m"))
 			detach(p)
-			if os.Remove(p) == nil {
+			if removeUnmounted(p) {
 				res.Ingests++
 			}
 		} // index.json and oci-layout temps belong to their lock

@@ -488,6 +488,30 @@ func TestBuildFromLayers(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
 		t.Errorf("the build left %d entries in the store's ingest area (a layer's mount?)", len(ents))
 	}
+	// A layer alone, from a tar with a whiteout (of nothing below it):
+	// stacked too, so the whiteout is no file on the image's root.
+	lone := fakeTree(t, "6.1.0-9-amd64")
+	os.WriteFile(filepath.Join(lone, "etc/.wh.motd"), nil, 0o644)
+	loneTar := filepath.Join(t.TempDir(), "lone.tar")
+	if out, err := exec.Command("tar", "-C", lone, "-cf", loneTar, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v: %s", err, out)
+	}
+	if _, err := layer.Build(ctx, s, layer.BuildOptions{Source: loneTar, Kind: layer.KindBase, Ref: must(layer.ParseRef("lone:1"))}); err != nil {
+		t.Fatal(err)
+	}
+	one, err := Build(ctx, s, []string{"lone:1"}, must(layer.ParseRef("onelayer:1")), BuildOptions{DiskOptions: DiskOptions{Size: 400 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := debugfsOf(t, one, "stat", "/etc/motd"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a lone layer's whiteout is on the image's root: %q %v", got, err)
+	}
+	if got, err := rootFile(t, one, "/etc/hostname"); err != nil || got != "vm\n" {
+		t.Errorf("/etc/hostname of a lone layer's image: %q %v", got, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest")); len(ents) != 0 {
+		t.Errorf("the build of a lone layer left %d entries in the store's ingest area", len(ents))
+	}
 	for _, name := range []string{"nosuch:9", "registry.example:5000/nosuch:1", "Bad-Name"} {
 		if _, err := Build(ctx, s, []string{name}, must(layer.ParseRef("x:1")), BuildOptions{}); !errdefs.IsNotFound(err) ||
 			!strings.Contains(err.Error(), name+" is no directory, nor a layer or an image of the store") {
@@ -506,11 +530,24 @@ func TestBuildFromLayers(t *testing.T) {
 	if err := mount.EROFS(s.BlobPath(lb.Digest)).Mount(left); err != nil {
 		t.Fatal(err)
 	}
+	// And its stack: an overlay of that layer and a tree, its upper
+	// beside it.
+	stacked, _, err := stack([]string{left, base}, filepath.Join(s.Dir(), "ingest"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := layer.GC(ctx, s, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
 		mount.Unmount(left)
 		t.Errorf("a killed build's layer mount after gc: %v", err)
+	}
+	if _, err := os.Stat(filepath.Dir(stacked)); !errors.Is(err, os.ErrNotExist) {
+		mount.Unmount(stacked)
+		t.Errorf("a killed build's stack after gc: %v", err)
+	}
+	if _, err := os.Stat(base); err != nil {
+		t.Errorf("a tree a killed build stacked, after gc: %v", err)
 	}
 }

@@ -336,8 +336,24 @@ func Copy(ctx context.Context, src, dst remote.Target, ref layer.Ref, force bool
 			}
 		}
 	}
-	return remote.CopyArtifact(ctx, src, dst, ref, remote.Artifact{Type: ArtifactType,
-		Annotations: map[string]string{layer.AnnotationKind: string(layer.KindVMImage)}, Check: checkManifest, Verify: verifyDisks}, force, p)
+	return remote.CopyArtifact(ctx, src, dst, ref, artifact, force, p)
+}
+
+var artifact = remote.Artifact{Type: ArtifactType, Annotations: map[string]string{layer.AnnotationKind: string(layer.KindVMImage)},
+	Check: checkManifest, Verify: verifyDisks}
+
+// Describe reads the record of the VM image ref in t (a remote),
+// checked as a pull checks it, without its disk.
+func Describe(ctx context.Context, t remote.Target, ref layer.Ref) (*Record, error) {
+	_, _, config, err := remote.DescribeArtifact(ctx, t, ref, artifact)
+	if err != nil {
+		return nil, err
+	}
+	var rec Record
+	if err := json.Unmarshal(config, &rec); err != nil { // (checkManifest parsed it)
+		return nil, err
+	}
+	return &rec, nil
 }
 
 // checkManifest refuses a VM image's manifest that is not one: its

@@ -65,6 +65,15 @@ func sources(ctx context.Context, s *store.Store, srcs []string, dir string) (tr
 		}
 		what = append(what, kind+" "+src)
 	}
+	if len(trees) == 1 && len(mnts) == 1 {
+		// One layer alone is stacked too, over an empty tree: its
+		// whiteouts are then no files.
+		e, err := os.MkdirTemp(dir, "layer.")
+		if err != nil {
+			return nil, nil, release, err
+		}
+		mnts, trees = append(mnts, e), append(trees, e)
+	}
 	return trees, what, release, nil
 }
 

@@ -90,6 +90,11 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	if _, err := s.find(ctx, own); err == nil {
 		return own, nil
 	} else if !errdefs.IsNotFound(err) {
+		// Not a layer on the remote: its full VM's snapshot, published
+		// by a worker, which a create then pulls (pullVM).
+		if _, ok := s.w.remoteVM(ctx, own); ok {
+			return own, nil
+		}
 		return "", err
 	}
 	if own == r.String() { // its own namespace, named whole
@@ -100,6 +105,12 @@ func (s scope) layer(ctx context.Context, ref string) (string, error) {
 	case errdefs.IsNotFound(err):
 		return "", errNoRef(ref)
 	case err != nil:
+		if rec, ok := s.w.remoteVM(ctx, r.String()); ok { // a VM image there
+			if rec.Sandbox != "" { // the admin's snapshot, or a tenant's pushed under another name
+				return "", errNoRef(ref)
+			}
+			return r.String(), nil
+		}
 		// Not in the local store, and the remote failed: how it failed
 		// would tell a tenant what the local store holds.
 		s.w.log.Warn("a tenant's layer is not in the local store, and the remote failed", "ref", ref, "err", err)

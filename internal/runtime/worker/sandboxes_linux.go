@@ -232,6 +232,11 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 			}
 		}
 	}
+	if spec.Backend == vms.VM && len(spec.Layers) == 1 {
+		if err := w.pullVM(ctx, spec.Layers[0]); err != nil {
+			return err
+		}
+	}
 	if spec.Backend == vms.VM && len(spec.Layers) == 1 && !spec.DiskOnly && spec.Memory == 0 && w.host.Store != nil {
 		// A full VM's memory snapshot continues with the RAM it had.
 		if img, err := vm.Lookup(ctx, w.host.Store, spec.Layers[0]); err == nil && img.Memory != nil {

@@ -386,8 +386,14 @@ func (w *worker) vmSnapshot(ctx context.Context, ref string) bool {
 	if !ok || w.host.Store == nil {
 		return false
 	}
-	img, err := vm.Lookup(ctx, w.host.Store, tag)
-	return err == nil && img.Sandbox != ""
+	if img, err := vm.Lookup(ctx, w.host.Store, tag); err == nil {
+		return img.Sandbox != ""
+	}
+	if _, err := w.host.Store.Resolve(ctx, tag); err == nil { // a layer's
+		return false
+	}
+	rec, ok := w.remoteVM(ctx, tag) // published by a worker: pulled by the branch's create
+	return ok && rec.Sandbox != ""
 }
 
 func (w *worker) tree(ctx context.Context) ([]*snap.Node, error) {

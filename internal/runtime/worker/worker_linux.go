@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
@@ -66,6 +67,7 @@ type worker struct {
 	// imports bounds the image imports at once (they fetch and write
 	// for the host; creates wait for them before admission).
 	imports chan struct{}
+	vmPulls singleflight.Group // VM images pulled from the shared remote (pullVM)
 
 	gate *gate
 	ctx  context.Context // the worker's life: pools' fillers run in it

@@ -359,10 +359,11 @@ func TestVMSnapshots(t *testing.T) {
 	for _, n := range nodes {
 		got[n.Name] = n
 	}
-	if n := got["vs:1"]; n.Parent != img || !slices.Equal(n.Children, []string{"vs:2"}) || !slices.Contains(n.Sandboxes, "src") || !slices.Contains(n.Sandboxes, br[0].Name) {
+	if n := got["vs:1"]; n.Parent != img || !slices.Equal(n.Children, []string{"vs:2"}) || !slices.Contains(n.Sandboxes, "src") || !slices.Contains(n.Sandboxes, br[0].Name) ||
+		!slices.Equal(n.Branches, []string{br[0].Name}) {
 		t.Errorf("vs:1 in the lineage: %+v", n)
 	}
-	if n := got["vs:2"]; n.Parent != "vs:1" || !n.Incremental || !slices.Equal(n.Sandboxes, []string{"src"}) {
+	if n := got["vs:2"]; n.Parent != "vs:1" || !n.Incremental || !slices.Equal(n.Sandboxes, []string{"src"}) || len(n.Branches) != 0 {
 		t.Errorf("vs:2 in the lineage: %+v", n)
 	}
 	if err := c.RemoveSnapshot(ctx, "vs:1", false); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "snapshot vs:2") {
@@ -372,6 +373,27 @@ func TestVMSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := testMemorySnapshot(t, c, sb, run)
+	// Another host's worker, whose store holds none of it, continues the
+	// memory snapshot published: it pulls it from the remote as it makes
+	// the branch.
+	w2, c2 := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}, RemoteURL: "dir://" + shared})
+	t0 := time.Now()
+	far, err := c2.Branch(ctx, api.BranchRequest{Snapshot: "vs:3", N: 1, NamePrefix: "far"})
+	if err != nil || len(far) != 1 {
+		t.Fatalf("branch vs:3 on another worker: %v %v", far, err)
+	}
+	if out := run(far[0], "cat /dev/shm/marker; kill -0 $(cat /dev/shm/pid) && echo alive; cat /root/step"); out != "in-memory\nalive\ntwo\n" {
+		t.Errorf("a branch of the published memory snapshot on another worker: %q, want the guest as it was", out)
+	}
+	if s2, err := store.Open(filepath.Join(w2.Root, "store")); err != nil {
+		t.Error(err)
+	} else if _, err := vm.Lookup(ctx, s2, "vs:3"); err != nil {
+		t.Errorf("the other worker's store after the branch: %v", err)
+	}
+	t.Logf("another worker pulled the memory snapshot and continued it in %v", time.Since(t0).Round(time.Millisecond))
+	if err := far[0].Remove(ctx, true); err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range append(mem, sb) {
 		if err := s.Remove(ctx, true); err != nil {
 			t.Fatal(err)
@@ -678,4 +700,73 @@ func barOnTop(m *image.RGBA) bool {
 		}
 	}
 	return n > m.Bounds().Dx()/2
+}
+
+// TestVMNetwork: a full VM of network mode nat reaches what its policy
+// allows (a server outside the host), through the NIC its agent
+// configures; a branch of its memory snapshot, nat too, goes on with an
+// address and a hardware address of its own and reaches the server,
+// and one of network mode none does not.
+func TestVMNetwork(t *testing.T) {
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}})
+	runtimetest.Outside(t, "dsecfvnat", "10.207.0")
+	img := runtimetest.VMImage(t, w.Root)
+	ctx := context.Background()
+	nat := &api.Policy{APIVersion: api.PolicyVersion, Kind: "Policy", Network: &api.NetworkPolicy{Mode: api.NetworkNAT,
+		Egress: []api.EgressRule{{To: "10.207.0.2", Ports: []api.PortRange{{Low: 8080, High: 8080}}}}}}
+	sb := create(t, c, api.SandboxSpec{Name: "net", Backend: vms.VM, Layers: []string{img}, Policy: nat})
+	sh := func(sb *sdk.Sandbox, script string) (string, int) {
+		t.Helper()
+		var out bytes.Buffer
+		res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"bash", "-c", script}, Stdout: &out, Stderr: &out})
+		if err != nil {
+			t.Fatalf("%s in %s: %v", script, sb.Name, err)
+		}
+		return out.String(), res.ExitCode
+	}
+	const dial = "for i in 1 2 3 4 5; do timeout 3 bash -c 'exec 3<>/dev/tcp/10.207.0.2/8080 && cat <&3' 2>&1 && exit 0; sleep 0.5; done; exit 1"
+	if out, code := sh(sb, dial); code != 0 || !strings.Contains(out, "hello from outside") {
+		t.Fatalf("a full VM of network mode nat reaches nothing: %q (exit %d)", out, code)
+	}
+	if _, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vn:1", Memory: true}); err != nil {
+		t.Fatal(err)
+	}
+	br, err := c.Branch(ctx, api.BranchRequest{Snapshot: "vn:1", N: 1, Spec: api.SandboxSpec{Policy: nat}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, s := range []*sdk.Sandbox{sb, br[0]} {
+		info, err := s.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, code := sh(s, "hostname -I; cat /sys/class/net/e*/address")
+		f := strings.Fields(out)
+		if code != 0 || len(f) < 2 || !slices.Contains(f, info.Address) {
+			t.Errorf("%s does not have its address %s: %q", s.Name, info.Address, out)
+			continue
+		}
+		mac := f[len(f)-1]
+		if o, ok := seen[info.Address]; ok || seen[mac] != "" {
+			t.Errorf("%s shares its address %s or hardware address %s with %s", s.Name, info.Address, mac, o+seen[mac])
+		}
+		seen[info.Address], seen[mac] = s.Name, s.Name
+		if out, code := sh(s, dial); code != 0 || !strings.Contains(out, "hello from outside") {
+			t.Errorf("%s reaches nothing: %q (exit %d)", s.Name, out, code)
+		}
+	}
+	// Network mode none: the continued guest's NIC is on no network.
+	cut, err := c.Branch(ctx, api.BranchRequest{Snapshot: "vn:1", N: 1, NamePrefix: "cut"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, code := sh(cut[0], "timeout 3 bash -c 'exec 3<>/dev/tcp/10.207.0.2/8080 && cat <&3' 2>&1"); code == 0 || strings.Contains(out, "hello") {
+		t.Errorf("a branch of network mode none reached the server: %q", out)
+	}
+	for _, s := range []*sdk.Sandbox{sb, br[0], cut[0]} {
+		if err := s.Remove(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
