@@ -34,18 +34,7 @@ import (
 // saved state holds) and create to first exec of branches that continue
 // it, next to the cold boots. Rounds: b.N (make bench: BENCH_VM_N).
 func BenchmarkFullVM(b *testing.B) {
-	agent, err := microvmtest.Agent()
-	if err != nil {
-		b.Fatal(err)
-	}
-	root := b.TempDir()
-	runtimetest.Layers(b, root)
-	w := runtimetest.StartWorkerWith(b, root, runtimetest.Config{VM: vms.Settings{Agent: agent}})
-	b.Cleanup(func() { w.Kill(); runtimetest.Clean(root) })
-	c, err := sdk.New(sdk.Options{Root: root})
-	if err != nil {
-		b.Fatal(err)
-	}
+	root, c := vmBenchWorker(b)
 	ref := runtimetest.VMImage(b, root)
 	ctx := context.Background()
 	spec := api.SandboxSpec{Backend: "vm", Layers: []string{ref}, Memory: 1 << 30}
@@ -127,17 +116,13 @@ func BenchmarkFullVM(b *testing.B) {
 		warm = append(warm, time.Since(t0))
 		br[0].Remove(ctx, true)
 	}
-	p50 := func(ds []time.Duration) float64 {
-		slices.Sort(ds)
-		return float64(ds[len(ds)/2].Microseconds()) / 1000
-	}
-	b.ReportMetric(p50(cold), "cold-p50-ms")
-	b.ReportMetric(p50(byHand), "byhand-p50-ms")
-	b.ReportMetric(p50(warm), "restore-p50-ms")
+	b.ReportMetric(p50ms(cold), "cold-p50-ms")
+	b.ReportMetric(p50ms(byHand), "byhand-p50-ms")
+	b.ReportMetric(p50ms(warm), "restore-p50-ms")
 	b.ReportMetric(sn.Memory.PausedSeconds*1000, "paused-ms")
 	b.ReportMetric(float64(sn.Memory.StateBytes)/(1<<20), "state-MiB")
-	b.ReportMetric(p50(shots), "screenshot-p50-ms")
-	b.ReportMetric(p50(typed), "input-p50-ms")
+	b.ReportMetric(p50ms(shots), "screenshot-p50-ms")
+	b.ReportMetric(p50ms(typed), "input-p50-ms")
 	b.ReportMetric(float64(info.MemoryBytes)/(1<<20), "idle-host-MiB")
 	b.ReportMetric(float64(spec.Memory)/(1<<20), "guest-MiB")
 	b.ReportMetric(float64(info.DiskUsed)/(1<<20), "overlay-MiB")
@@ -147,6 +132,28 @@ func BenchmarkFullVM(b *testing.B) {
 		accel = 1
 	}
 	b.ReportMetric(accel, "kvm")
+}
+
+// p50ms is the median of ds in milliseconds (ds sorted).
+func p50ms(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	return ms(p50(ds))
+}
+
+// vmBenchWorker starts a worker of the vm backend on a fresh root.
+func vmBenchWorker(b *testing.B) (root string, c *sdk.Client) {
+	agent, err := microvmtest.Agent()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root = b.TempDir()
+	runtimetest.Layers(b, root)
+	w := runtimetest.StartWorkerWith(b, root, runtimetest.Config{VM: vms.Settings{Agent: agent}})
+	b.Cleanup(func() { w.Kill(); runtimetest.Clean(root) })
+	if c, err = sdk.New(sdk.Options{Root: root}); err != nil {
+		b.Fatal(err)
+	}
+	return root, c
 }
 
 // screenshotB is sb's screen.
@@ -218,6 +225,13 @@ func bootByHand(b *testing.B, root, ref string) time.Duration {
 // pixel the PNGs a and b differ in.
 func changedWidth(b *testing.B, a, c []byte) int {
 	b.Helper()
+	return changedWidthBelow(b, a, c, 0)
+}
+
+// changedWidthBelow is changedWidth of what lies top pixels or more
+// below the screen's top.
+func changedWidthBelow(b *testing.B, a, c []byte, top int) int {
+	b.Helper()
 	ma, err := png.Decode(bytes.NewReader(a))
 	if err != nil {
 		b.Fatal(err)
@@ -230,7 +244,7 @@ func changedWidth(b *testing.B, a, c []byte) int {
 		return ma.Bounds().Dx()
 	}
 	lo, hi := -1, -1
-	for y := ma.Bounds().Min.Y; y < ma.Bounds().Max.Y; y++ {
+	for y := ma.Bounds().Min.Y + top; y < ma.Bounds().Max.Y; y++ {
 		for x := ma.Bounds().Min.X; x < ma.Bounds().Max.X; x++ {
 			if ma.At(x, y) != mc.At(x, y) {
 				if lo < 0 || x < lo {

@@ -201,6 +201,9 @@ func SnapUsers(root string) ([]snap.User, error) {
 		u := snap.User{Name: st.Name, From: st.From, Digests: st.Digests}
 		if len(st.Layers) == 1 {
 			u.Base = st.Layers[0]
+			if r, err := layer.ParseRef(u.Base); err == nil { // as a snapshot's tag is
+				u.Base = r.String()
+			}
 		}
 		out = append(out, u)
 	}

@@ -551,3 +551,54 @@ func TestBuildFromLayers(t *testing.T) {
 		t.Errorf("a tree a killed build stacked, after gc: %v", err)
 	}
 }
+
+// TestStackHidesWhiteouts: a stack of host trees lists no whiteout,
+// not even one in a directory only the top tree has (which overlayfs
+// lists as that tree holds it), and keeps that directory's times; the
+// trees themselves are left as they were, and unstack leaves nothing.
+func TestStackHidesWhiteouts(t *testing.T) {
+	layertest.RequireRoot(t)
+	top, low, dir := t.TempDir(), t.TempDir(), t.TempDir()
+	os.MkdirAll(filepath.Join(top, "only"), 0o755)
+	os.WriteFile(filepath.Join(top, "only/kept"), []byte("k"), 0o644)
+	os.WriteFile(filepath.Join(low, "gone"), []byte("g"), 0o644)
+	for _, p := range []string{"only/nothing", "gone"} { // whiteouts: over nothing, and over a lower's file
+		if err := unix.Mknod(filepath.Join(top, p), unix.S_IFCHR, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Unix(1_000_000_000, 0)
+	os.Chtimes(filepath.Join(top, "only"), old, old)
+	listing := func(root string) string {
+		var b strings.Builder
+		filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+			if err == nil {
+				fmt.Fprintf(&b, "%s %v %d\n", p, fi.Mode(), fi.ModTime().UnixNano())
+			}
+			return err
+		})
+		return b.String()
+	}
+	trees := listing(top) + listing(low)
+	tree, unstack, err := stack([]string{top, low}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(filepath.Join(tree, "only"))
+	if err != nil || len(ents) != 1 || ents[0].Name() != "kept" {
+		t.Errorf("a directory of the top tree alone lists %v %v, want kept alone", ents, err)
+	}
+	if _, err := os.Lstat(filepath.Join(tree, "gone")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a lower's file its upper's whiteout removes: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(tree, "only")); err != nil || !fi.ModTime().Equal(old) {
+		t.Errorf("the directory whose whiteout was hidden: %v %v, want its time %v", fi.ModTime(), err, old)
+	}
+	unstack()
+	if got := listing(top) + listing(low); got != trees {
+		t.Errorf("the trees after a stack:\n%s\nwant\n%s", got, trees)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("unstack left %d entries", len(ents))
+	}
+}

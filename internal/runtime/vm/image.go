@@ -342,18 +342,28 @@ func Copy(ctx context.Context, src, dst remote.Target, ref layer.Ref, force bool
 var artifact = remote.Artifact{Type: ArtifactType, Annotations: map[string]string{layer.AnnotationKind: string(layer.KindVMImage)},
 	Check: checkManifest, Verify: verifyDisks}
 
+// Remote is a VM image as a remote holds it.
+type Remote struct {
+	Record
+	Manifest digest.Digest
+	Bytes    int64 // its disk's chain and saved guest
+}
+
 // Describe reads the record of the VM image ref in t (a remote),
 // checked as a pull checks it, without its disk.
-func Describe(ctx context.Context, t remote.Target, ref layer.Ref) (*Record, error) {
-	_, _, config, err := remote.DescribeArtifact(ctx, t, ref, artifact)
+func Describe(ctx context.Context, t remote.Target, ref layer.Ref) (*Remote, error) {
+	mdesc, man, config, err := remote.DescribeArtifact(ctx, t, ref, artifact)
 	if err != nil {
 		return nil, err
 	}
-	var rec Record
-	if err := json.Unmarshal(config, &rec); err != nil { // (checkManifest parsed it)
+	out := &Remote{Manifest: mdesc.Digest}
+	if err := json.Unmarshal(config, &out.Record); err != nil { // (checkManifest parsed it)
 		return nil, err
 	}
-	return &rec, nil
+	for _, l := range man.Layers {
+		out.Bytes += l.Size
+	}
+	return out, nil
 }
 
 // checkManifest refuses a VM image's manifest that is not one: its

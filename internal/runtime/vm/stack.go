@@ -17,7 +17,8 @@ import (
 // mke2fs then reads what overlayfs shows: a file of an upper tree hides
 // a lower's, and whiteouts and opaque directories hold as in a
 // container's root. The overlay has an upper of its own (beside its
-// mount, removed with it), which only hideWhiteouts writes.
+// mount, removed with it), which only hideWhiteouts writes; where the
+// store's file system takes none, the overlay is read-only.
 func stack(trees []string, dir string) (tree string, unstack func(), err error) {
 	for _, t := range trees {
 		if st, err := os.Stat(t); errors.Is(err, fs.ErrNotExist) {
@@ -40,14 +41,21 @@ func stack(trees []string, dir string) (tree string, unstack func(), err error) 
 			return "", nil, err
 		}
 	}
-	if err := mount.Overlay(trees, upper, work).Mount(mnt); err != nil {
-		os.RemoveAll(top)
-		return "", nil, fmt.Errorf("stack %d trees: %w", len(trees), err)
-	}
 	unstack = func() {
 		if mount.Unmount(mnt) == nil {
 			os.RemoveAll(top)
 		}
+	}
+	if err := mount.Overlay(trees, upper, work).Mount(mnt); err != nil {
+		// A store where no upper can be (NFS, say): read-only, where a
+		// whiteout over nothing is left for mke2fs to refuse.
+		ro := mount.Overlay(trees, "", "")
+		ro.Options = append(ro.Options, "ro")
+		if err := ro.Mount(mnt); err != nil {
+			os.RemoveAll(top)
+			return "", nil, fmt.Errorf("stack %d trees: %w", len(trees), err)
+		}
+		return mnt, unstack, nil
 	}
 	if err := hideWhiteouts(mnt); err != nil {
 		unstack()

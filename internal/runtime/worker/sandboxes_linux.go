@@ -233,6 +233,9 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 		}
 	}
 	if spec.Backend == vms.VM && len(spec.Layers) == 1 {
+		if _, err := w.host.Drivers.Usable(spec.Backend); err != nil { // before anything is pulled for it
+			return err
+		}
 		if err := w.pullVM(ctx, spec.Layers[0]); err != nil {
 			return err
 		}

@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -19,10 +21,14 @@ import (
 // disk is not mounted lazily from the remote, as a layer is: it is
 // pulled before the VM boots.
 
-// remoteVM is the record of the VM image tag on the worker's shared
-// remote; ok is false when it has no remote, or the remote holds no VM
-// image of that tag (or cannot say).
-func (w *worker) remoteVM(ctx context.Context, tag string) (rec *vm.Record, ok bool) {
+// tenantVMPull bounds what a tenant's create pulls: a VM image's disk
+// chain and saved guest, in bytes.
+const tenantVMPull = 64 << 30
+
+// remoteVM is the VM image tag on the worker's shared remote; ok is
+// false when it has no remote, or the remote holds no VM image of that
+// tag (or cannot say).
+func (w *worker) remoteVM(ctx context.Context, tag string) (img *vm.Remote, ok bool) {
 	if w.host.Remote == nil {
 		return nil, false
 	}
@@ -30,14 +36,18 @@ func (w *worker) remoteVM(ctx context.Context, tag string) (rec *vm.Record, ok b
 	if err != nil {
 		return nil, false
 	}
-	rec, err = vm.Describe(ctx, w.host.Remote, r)
-	return rec, err == nil
+	img, err = vm.Describe(ctx, w.host.Remote, r)
+	return img, err == nil
 }
 
 // pullVM makes the VM image tag (a resolved ref, as the sandbox is made
 // of) held in the store: pulled from the shared remote when the store
 // holds nothing of that tag and the remote holds a VM image of it.
-// Otherwise it does nothing, and the backend says what tag is not.
+// Otherwise it does nothing, and the backend says what tag is not. A
+// tenant's pull is bounded (tenantVMPull), what failed is told its
+// admin, and what a tag outside its namespace names once pulled must
+// still be no snapshot (the remote's tag may have moved since its
+// name was resolved).
 func (w *worker) pullVM(ctx context.Context, tag string) error {
 	s := w.host.Store
 	if w.host.Remote == nil || s == nil || layer.IsDigest(tag) {
@@ -50,13 +60,27 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 	if err != nil {
 		return nil
 	}
-	if _, ok := w.remoteVM(ctx, r.String()); !ok {
+	img, ok := w.remoteVM(ctx, r.String())
+	if !ok {
 		return nil
+	}
+	sc := w.scopeOf(ctx)
+	if !sc.admin() && img.Bytes > tenantVMPull {
+		return fmt.Errorf("VM image %s is %d GiB, more than a tenant's create pulls (%d GiB): ask the worker's admin to dsec vm image pull it: %w",
+			sc.show(tag), img.Bytes>>30, tenantVMPull>>30, errdefs.ErrResourceExhausted)
 	}
 	if err := w.cfg.Admission.checkDisk(w.cfg.Root); err != nil {
 		return err
 	}
-	_, err, _ = w.vmPulls.Do(r.String(), func() (any, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(w.cfg.Root, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) < img.Bytes {
+		return fmt.Errorf("VM image %s (%d MiB) does not fit in the %d MiB free under %s: free space (dsec layer gc, remove sandboxes): %w",
+			sc.show(tag), img.Bytes>>20, int64(st.Bavail)*int64(st.Bsize)>>20, w.cfg.Root, errdefs.ErrResourceExhausted)
+	}
+	pull := w.vmPulls.DoChan(r.String(), func() (any, error) {
+		if _, err := s.Resolve(context.Background(), r.String()); err == nil { // the flight before took it
+			return nil, nil
+		}
 		// Bounded as an image import is, and as it outlives the create
 		// that started it: another may be waiting on it.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), importTimeout)
@@ -69,15 +93,32 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 		defer func() { <-w.imports }()
 		t0 := time.Now()
 		res, err := vm.Copy(pctx, w.host.Remote, remote.Local(s), r, false, nil)
-		if err != nil {
+		if err != nil && !errdefs.IsAlreadyExists(err) { // (another pull or build tagged it meanwhile)
 			return nil, err
 		}
-		copied, _, bytes := res.Totals()
-		w.log.Info("pulled VM image", "image", r.String(), "from", w.host.Remote, "blobs", copied, "bytes", bytes, "took", time.Since(t0))
+		if err == nil {
+			copied, _, bytes := res.Totals()
+			w.log.Info("pulled VM image", "image", r.String(), "from", w.host.Remote, "blobs", copied, "bytes", bytes, "took", time.Since(t0))
+		}
 		return nil, nil
 	})
-	if errdefs.IsAlreadyExists(err) { // another pull or build tagged it meanwhile
-		return nil
+	select {
+	case res := <-pull:
+		err = res.Err
+	case <-ctx.Done(): // the pull goes on for those who wait on it
+		return ctx.Err()
 	}
-	return err
+	if err != nil {
+		if sc.admin() {
+			return err
+		}
+		w.log.Warn("a tenant's create could not pull a VM image from the shared remote", "image", r.String(), "err", err)
+		return fmt.Errorf("VM image %s could not be pulled from the worker's shared remote: ask the worker's admin (its log says why): %w", sc.show(tag), errdefs.ErrUnavailable)
+	}
+	if !sc.admin() && !sc.owns(r.String()) {
+		if got, err := vm.Lookup(ctx, s, r.String()); err != nil || got.Sandbox != "" {
+			return errNoRef(sc.show(tag))
+		}
+	}
+	return nil
 }
