@@ -1,5 +1,10 @@
 package api
 
+import (
+	"net/http"
+	"strings"
+)
+
 // Screenshot is what GET /v1/sandboxes/NAME/screen answers beside the
 // PNG (its body): the screen's size, and the sandbox's count of
 // screenshots, which grows by one with each.
@@ -69,3 +74,18 @@ type VNC struct {
 
 // VNCPath is the path of a sandbox's VNC WebSocket.
 func VNCPath(name string) string { return "/" + Version + "/vnc/" + name }
+
+// VNCSandbox is the sandbox a VNC WebSocket's request (GET VNCPath)
+// names; "": r is no such request. A grant's token alone opens it: a
+// worker, and a gateway relaying it, take it before any API token.
+func VNCSandbox(r *http.Request) string {
+	name, ok := strings.CutPrefix(r.URL.Path, VNCPath(""))
+	if !ok || r.Method != http.MethodGet || ValidName(name) != nil {
+		return ""
+	}
+	return name
+}
+
+// VNCRefused is the one answer (403) to a VNC WebSocket that does not
+// open, whatever is wrong: no such sandbox, no grant, a wrong token.
+var VNCRefused = Error{Class: ClassDenied, Message: "no VNC grant for that sandbox and token: ask for one (dsec vnc SANDBOX)"}

@@ -32,6 +32,7 @@ type node struct {
 	base  *url.URL // scheme://HOST:PORT
 	rt    http.RoundTripper
 	proxy *httputil.ReverseProxy
+	open  *httputil.ReverseProxy // requests no token of the gateway's opens (vnc.go)
 
 	mu       sync.Mutex
 	seen     time.Time // its last answer

@@ -29,6 +29,7 @@ func (g *Gateway) newNode(w Worker) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.open = g.openProxy(n)
 	n.proxy = &httputil.ReverseProxy{Transport: n.rt, FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(n.base)

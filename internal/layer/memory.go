@@ -66,7 +66,15 @@ type Machine struct {
 	// Agent is the disk of the host's the guest reads its agent from
 	// (a full VM's; a microVM's is in its RAM).
 	Agent digest.Digest `json:"agent,omitempty"`
+	// CPU is the host's processor as the guest saw it under KVM (its
+	// model and a digest of its features: -cpu host shows the host's
+	// own); "" under TCG, whose processor is the same on every host.
+	CPU string `json:"cpu,omitempty"`
 }
+
+// MaxCPU bounds what a machine says of its processor (untrusted in a
+// pulled snapshot).
+const MaxCPU = 256
 
 // macAddr is a NIC's address as a machine records it: QEMU's command
 // line takes it, so nothing but the address may pass.
@@ -93,6 +101,10 @@ func (m Machine) Runs(n Machine) string {
 		return "its layers were other devices (microvm.layer_disks differs)"
 	case m.Agent != n.Agent:
 		return fmt.Sprintf("its guest agent's disk was another (%s), this host's is %s: another dsec's agent, or another mke2fs", m.Agent, n.Agent)
+	case m.CPU != n.CPU && m.CPU != "" && n.CPU != "": // ("": an older dsec's record)
+		return fmt.Sprintf("it ran on another processor (%s), this host's is %s: under KVM a guest sees its host's own, and may use what this one lacks", m.CPU, n.CPU)
+	case len(m.CPU) > MaxCPU:
+		return fmt.Sprintf("its processor's description is over %d bytes", MaxCPU)
 	case CheckMAC(m.MAC) != nil:
 		return CheckMAC(m.MAC).Error()
 	}
@@ -142,6 +154,9 @@ func (m *Memory) check(l *Lineage) error {
 	}
 	if err := CheckMAC(m.MAC); err != nil {
 		return bad("%v", err)
+	}
+	if len(m.CPU) > MaxCPU {
+		return bad("a processor's description of %d bytes", len(m.CPU))
 	}
 	if m.MemoryBytes <= 0 || m.MemoryBytes > maxVMBytes || m.DiskBytes <= 0 || m.DiskBytes > maxVMBytes || m.CPUs < 1 || m.CPUs > maxVMCPUs {
 		return bad("a machine of %d bytes of RAM, %d of disk and %d vCPUs", m.MemoryBytes, m.DiskBytes, m.CPUs)

@@ -7,7 +7,8 @@ import (
 
 // TestMachineRuns: a saved guest runs only on the machine it was saved
 // on (accelerator, QEMU build, kernel or firmware, layer devices, the
-// agent a full VM reads from the host's disk), and never with a NIC's
+// agent a full VM reads from the host's disk, the processor a guest saw
+// under KVM), and never with a NIC's
 // address that is no address (it goes on QEMU's command line).
 func TestMachineRuns(t *testing.T) {
 	here := Machine{Accel: "tcg", QEMU: "8.2", QEMUDigest: "sha256:q", Kernel: "ovmf", KernelDigest: "sha256:k", Agent: "sha256:a"}
@@ -24,11 +25,28 @@ func TestMachineRuns(t *testing.T) {
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:01,romfile=/etc/shadow" }, "not a hardware address"},
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:0G" }, "not a hardware address"},
 		{func(m *Machine) { m.MAC = "02:00:00:00:00:01\n" }, "not a hardware address"},
+		{func(m *Machine) { m.Accel, m.CPU = "kvm", "GenuineIntel Xeon [flags 01]" }, "it ran under kvm"},
 	} {
 		saved := here
 		c.saved(&saved)
 		if why := saved.Runs(here); c.says == "" && why != "" || !strings.Contains(why, c.says) {
 			t.Errorf("%+v on %+v: %q, want %q", saved, here, why, c.says)
+		}
+	}
+	// Under KVM, the processor ("": saved by an older dsec, which did
+	// not record it).
+	kvm := here
+	kvm.Accel, kvm.CPU = "kvm", "GenuineIntel Xeon [flags 01]"
+	for cpu, says := range map[string]string{
+		"GenuineIntel Xeon [flags 01]": "",
+		"":                             "",
+		"GenuineIntel Xeon [flags 02]": "another processor (GenuineIntel Xeon [flags 02]), this host's is GenuineIntel Xeon [flags 01]",
+		"AuthenticAMD EPYC [flags 01]": "another processor",
+	} {
+		saved := kvm
+		saved.CPU = cpu
+		if why := saved.Runs(kvm); says == "" && why != "" || !strings.Contains(why, says) {
+			t.Errorf("saved on %q, here %q: %q, want %q", cpu, kvm.CPU, why, says)
 		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/initproto"
+	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // NewGroup makes a sandbox's cgroup, held to the device allowlist
@@ -138,3 +140,20 @@ func RootID(root string) string {
 
 // rootIDs are the roots' identities, once read.
 var rootIDs sync.Map
+
+// UpNIC is a VM's network in network mode nat (StartSpec.NAT): a tap
+// on the host for slot (network.UpTap), filtered by the sandbox's
+// allowlist in group g (policy.ApplyTap), and the guest's end of it.
+// QEMU gets the tap, which the caller closes once QEMU holds it; the
+// NAT is the sandbox's way out (Started.NAT), whatever fails after.
+func UpNIC(g *cgroup.Group, slot string) (*network.NAT, *os.File, *initproto.GuestNet, error) {
+	nat, tap, err := network.UpTap(slot)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
+		tap.Close()
+		return nat, nil, nil, err
+	}
+	return nat, tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}, nil
+}

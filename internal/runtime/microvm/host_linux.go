@@ -2,10 +2,13 @@ package microvm
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -134,6 +137,53 @@ func FileDigest(path string) (digest.Digest, error) {
 }
 
 var qemuVersions sync.Map // binary -> version line
+
+// HostCPU is what a guest under accel sees of this host's processor:
+// under KVM (-cpu host) the host's own model and features, which a
+// saved guest needs again wherever it continues; "" under TCG, whose
+// qemu64 is the same on every host.
+func HostCPU(accel string) string {
+	if accel != AccelKVM {
+		return ""
+	}
+	return hostCPU()
+}
+
+// hostCPU is this host's processor, read once (/proc/cpuinfo is long on
+// a large host).
+var hostCPU = sync.OnceValue(func() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return CPUOf(b)
+})
+
+// CPUOf is the processor the first entry of a /proc/cpuinfo describes:
+// its vendor and model name, and a digest of its flags (what a guest
+// may use); "unknown" where it says none of them.
+func CPUOf(cpuinfo []byte) string {
+	var vendor, model, flags string
+	for _, line := range strings.Split(string(cpuinfo), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			if strings.TrimSpace(line) == "" && model+flags != "" {
+				break // the first processor's entry ends
+			}
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "vendor_id":
+			vendor = strings.TrimSpace(v)
+		case "model name":
+			model = strings.Join(strings.Fields(v), " ")
+		case "flags", "Features": // (x86, arm64)
+			flags = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	if vendor+model+flags == "" {
+		return "unknown"
+	}
+	sum := sha256.Sum256([]byte(flags))
+	return strings.TrimSpace(vendor+" "+model) + " [flags " + hex.EncodeToString(sum[:6]) + "]"
+}
 
 // QEMUVersion is the first line the QEMU binary qemu says of itself
 // (-version), asked once per binary.

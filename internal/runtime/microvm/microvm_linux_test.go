@@ -286,3 +286,31 @@ func TestDetectAccel(t *testing.T) {
 		t.Errorf("tcg asked for: %+v %v", a, err)
 	}
 }
+
+// TestCPUOf: a processor is its first entry's vendor, model and flags
+// (a digest), whatever the entries after say; hosts whose flags differ
+// differ; a cpuinfo of nothing is unknown; only KVM shows it.
+func TestCPUOf(t *testing.T) {
+	entry := func(model, flags string) string {
+		return "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: " + model + "\nflags\t\t: " + flags + "\n\n"
+	}
+	a := CPUOf([]byte(entry("Intel(R)  Xeon(R) Gold", "fpu vme sse avx512f") + entry("other", "fpu")))
+	if !strings.HasPrefix(a, "GenuineIntel Intel(R) Xeon(R) Gold [flags ") {
+		t.Errorf("CPUOf: %q", a)
+	}
+	if b := CPUOf([]byte(entry("Intel(R) Xeon(R) Gold", "fpu vme sse avx512f"))); b != a {
+		t.Errorf("one processor's entry: %q, want %q", b, a)
+	}
+	if b := CPUOf([]byte(entry("Intel(R) Xeon(R) Gold", "fpu vme sse"))); b == a {
+		t.Errorf("other flags: %q, the same as %q", b, a)
+	}
+	if u := CPUOf(nil); u != "unknown" {
+		t.Errorf("no cpuinfo: %q", u)
+	}
+	if h := HostCPU(AccelTCG); h != "" {
+		t.Errorf("under TCG: %q, want none", h)
+	}
+	if h := HostCPU(AccelKVM); h == "" || h == "unknown" {
+		t.Errorf("this host's processor: %q", h)
+	}
+}

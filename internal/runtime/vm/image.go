@@ -428,5 +428,8 @@ func (m *Memory) check() error {
 	case mc.MemoryBytes < 256<<20 || mc.MemoryBytes > 1<<40 || mc.MemoryBytes%(1<<20) != 0 || mc.CPUs < 1 || mc.CPUs > 1024:
 		return fmt.Errorf("its saved guest's machine (%d bytes of RAM, %d vCPUs) is no VM's: %w", mc.MemoryBytes, mc.CPUs, errdefs.ErrInvalidArgument)
 	}
+	if len(m.Machine.CPU) > layer.MaxCPU {
+		return fmt.Errorf("its saved guest's processor is described in %d bytes: %w", len(m.Machine.CPU), errdefs.ErrInvalidArgument)
+	}
 	return layer.CheckMAC(m.Machine.MAC)
 }

@@ -108,30 +108,19 @@ func (w *worker) revokeVNC(r *http.Request, _ none) (none, error) {
 	return none{}, nil
 }
 
-// vncName is the sandbox a VNC WebSocket's request names ("": r is no
-// such request), which its grant's token alone opens (no API token).
-func vncName(r *http.Request) string {
-	name, ok := strings.CutPrefix(r.URL.Path, api.VNCPath(""))
-	if !ok || r.Method != http.MethodGet || api.ValidName(name) != nil {
-		return ""
-	}
-	return name
-}
-
 // vncSocket carries a grant's WebSocket to the sandbox's VNC server: the
 // tokens' front serves it alone, outside the API's routes. Whatever is
 // wrong (no sandbox, no grant, a wrong token) is one answer, which says
 // nothing of which.
 func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
-	name := vncName(r)
+	name := api.VNCSandbox(r)
 	token := r.URL.Query().Get("token")
 	if h, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
 		token = h
 	}
 	refuse := func() {
 		unread(rw, r)
-		answer(rw, http.StatusForbidden, api.Error{Class: api.ClassDenied,
-			Message: "no VNC grant for that sandbox and token: ask for one (dsec vnc SANDBOX)"})
+		answer(rw, http.StatusForbidden, api.VNCRefused)
 	}
 	g := w.vnc.check(name, token)
 	if name == "" || g == nil {

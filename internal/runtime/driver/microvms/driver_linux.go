@@ -34,7 +34,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
-	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
 // Driver runs the microvm backend's sandboxes, on the host its Settings
@@ -182,18 +181,15 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		// A tap on the host, the guest's NIC its other end: the guest
 		// has the sandbox's address, and what it sends passes the
 		// tap's filter (the sandbox's allowlist) and the host's guards.
-		nat, tap, err := network.UpTap(s.Slot)
+		nat, tap, guest, err := driver.UpNIC(g, s.Slot)
+		out.NAT = nat
 		if err != nil {
 			return out, err
 		}
 		defer tap.Close() // QEMU holds it
-		out.NAT = nat
-		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
-			return out, err
-		}
 		mach.NetFD, mach.MAC, this.MAC = next, nat.MAC(), nat.MAC()
 		next++
-		spec.Tap, spec.Guest.Net = tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+		spec.Tap, spec.Guest.Net = tap, guest
 	} else if r != nil && r.Machine.MAC != "" {
 		// Its NIC stays, on no network.
 		mach.Unplugged, mach.MAC = true, r.Machine.MAC
@@ -252,7 +248,7 @@ func guestMachine(h *microvm.Host, s driver.StartSpec) (layer.Machine, int64, er
 		return layer.Machine{}, 0, err
 	}
 	this := layer.Machine{MemoryBytes: ram, CPUs: guestCPUs(s.Limits), LayerDisks: h.LayerDisks, RAMFile: !s.MergeMemory,
-		Accel: h.Accel.Name, Kernel: h.Kernel.String(), KernelDigest: build.Kernel, QEMU: h.QEMUVersion, QEMUDigest: build.QEMU}
+		Accel: h.Accel.Name, Kernel: h.Kernel.String(), KernelDigest: build.Kernel, QEMU: h.QEMUVersion, QEMUDigest: build.QEMU, CPU: microvm.HostCPU(h.Accel.Name)}
 	r := s.Restore
 	if r != nil {
 		// The saved guest's machine, on this host's.

@@ -36,7 +36,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
-	"github.com/dsec-project/dsec/internal/runtime/network"
 	"github.com/dsec-project/dsec/internal/runtime/vm"
 )
 
@@ -251,17 +250,14 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		if r != nil && r.Machine.MAC == "" {
 			return out, fmt.Errorf("%s had no network device: a sandbox of network mode nat cannot continue it (give another policy, or boot its disk alone: --disk-only): %w", r.What, errdefs.ErrInvalidArgument)
 		}
-		nat, tap, err := network.UpTap(s.Slot)
+		nat, tap, guest, err := driver.UpNIC(g, s.Slot)
+		out.NAT = nat
 		if err != nil {
 			return out, err
 		}
 		defer tap.Close() // QEMU holds it
-		out.NAT = nat
-		if err := policy.ApplyTap(g.Path(), nat.Link); err != nil {
-			return out, err
-		}
 		mach.NetFD, mach.MAC, this.MAC = 5, nat.MAC(), nat.MAC()
-		spec.Tap, spec.Guest.Net = tap, &initproto.GuestNet{Addr: nat.Sandbox + "/30", Gateway: nat.Host, MAC: nat.MAC()}
+		spec.Tap, spec.Guest.Net = tap, guest
 	} else if r != nil && r.Machine.MAC != "" {
 		// Its NIC stays, on no network.
 		mach.Unplugged, mach.MAC, this.MAC = true, r.Machine.MAC, r.Machine.MAC
@@ -318,7 +314,7 @@ func (d *Driver) machine(h *Host, s driver.StartSpec, agentDisk string) (layer.M
 	}
 	// The guest's kernel is its disk's: the machine's is its firmware.
 	this := layer.Machine{MemoryBytes: ram, CPUs: max(1, min(int((s.Limits.CPUMilli+999)/1000), goruntime.NumCPU())),
-		Accel: h.Accel.Name, Kernel: firmware, KernelDigest: fw, QEMU: h.QEMUVersion, QEMUDigest: q, Agent: agent}
+		Accel: h.Accel.Name, Kernel: firmware, KernelDigest: fw, QEMU: h.QEMUVersion, QEMUDigest: q, Agent: agent, CPU: microvm.HostCPU(h.Accel.Name)}
 	if r := s.Restore; r != nil {
 		if why := r.Machine.Runs(this); why != "" {
 			return layer.Machine{}, fmt.Errorf("%s cannot run here: %s: %w", r.What, why, errdefs.ErrFailedPrecondition)

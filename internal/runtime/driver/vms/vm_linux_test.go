@@ -9,6 +9,7 @@ import (
 	"image/png"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,8 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/dsec-project/dsec/api"
+	"github.com/dsec-project/dsec/internal/auth"
+	"github.com/dsec-project/dsec/internal/gateway"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
@@ -28,6 +31,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/microvm/microvmtest"
 	"github.com/dsec-project/dsec/internal/runtime/runtimetest"
 	"github.com/dsec-project/dsec/internal/runtime/vm"
+	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/sdk"
 )
 
@@ -123,7 +127,9 @@ func TestConformance(t *testing.T) {
 // screen (testVNC); a container has no screen, and says so.
 func TestVMScreen(t *testing.T) {
 	agent := staticAgent(t)
-	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: agent}})
+	cfg, worker := tcpWorker(t)
+	cfg.VM = vms.Settings{Agent: agent}
+	w, c := setup(t, cfg)
 	img := runtimetest.VMImage(t, w.Root)
 	ctx := context.Background()
 	sb := create(t, c, api.SandboxSpec{Name: "desk", Backend: "vm", Layers: []string{img}})
@@ -199,6 +205,11 @@ func TestVMScreen(t *testing.T) {
 		}
 	}
 	testVNC(t, c, sb, before.Bounds())
+	// The same through a fleet's gateway: its grants are the worker's,
+	// and the WebSocket, which no token of the gateway's opens, is
+	// relayed to the worker holding the sandbox.
+	gc := gatewayOf(t, worker(w))
+	testVNC(t, gc, gc.Sandbox(sb.Name), before.Bounds())
 	ct := create(t, c, api.SandboxSpec{Name: "ct", Layers: []string{"bb:1"}})
 	if _, err := ct.VNC(ctx); !errdefs.IsNotImplemented(err) {
 		t.Errorf("a container's VNC: %v", err)
@@ -209,6 +220,61 @@ func TestVMScreen(t *testing.T) {
 	if err := ct.Type(ctx, "x"); !errdefs.IsNotImplemented(err) {
 		t.Errorf("a container's keyboard: %v", err)
 	}
+}
+
+// tcpWorker is a worker's config that serves TCP with TLS on loopback
+// too, and what makes it a gateway's worker once started.
+func tcpWorker(t *testing.T) (runtimetest.Config, func(*runtimetest.Worker) gateway.Worker) {
+	t.Helper()
+	certs := t.TempDir()
+	if err := auth.MakeCerts(certs, []string{"localhost", "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg := runtimetest.Config{Listen: []string{"tcp://" + addr},
+		TLS: worker.TLS{Cert: filepath.Join(certs, auth.ServerFile), Key: filepath.Join(certs, auth.ServerKeyFile)}}
+	return cfg, func(w *runtimetest.Worker) gateway.Worker {
+		admin, _, err := auth.Open(w.Root).Create(auth.Admin, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gateway.Worker{URL: "tcp://" + addr, Token: admin, CA: filepath.Join(certs, auth.CAFile)}
+	}
+}
+
+// gatewayOf serves a gateway of workers on loopback until the test
+// ends, and returns a client of an admin token of its.
+func gatewayOf(t *testing.T, workers ...gateway.Worker) *sdk.Client {
+	t.Helper()
+	root := t.TempDir()
+	g, err := gateway.New(gateway.Config{Tokens: auth.Open(root), Workers: workers, Heartbeat: 100 * time.Millisecond, DownAfter: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g.Heartbeat(ctx)
+	go g.Run(ctx)
+	srv := &http.Server{Handler: g}
+	go srv.Serve(l)
+	t.Cleanup(func() { cancel(); srv.Close() })
+	secret, _, err := auth.Open(root).New(auth.Spec{Scope: auth.Admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.New(sdk.Options{Host: "tcp://" + l.Addr().String(), Token: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // screenshot takes sb's screen, decoded.
