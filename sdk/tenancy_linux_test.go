@@ -1063,7 +1063,7 @@ func vmImage(t *testing.T, root, tag string, rec vm.Record) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := vm.Snapshot(ctx, s, ref, chain, nil, rec); err != nil {
+	if _, err := vm.Snapshot(ctx, s, ref, chain, nil, nil, rec); err != nil {
 		t.Fatal(err)
 	}
 }

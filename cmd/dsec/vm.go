@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -297,14 +298,21 @@ boots and its command line, and the partitions (offsets, sizes and GUIDs).
 			if asJSON {
 				return a.printJSON(img)
 			}
-			return printVMImage(a.stdout, img)
+			held := 0
+			for _, f := range img.Files(s) {
+				if _, err := os.Stat(f); err == nil {
+					held++
+				}
+			}
+			return printVMImage(a.stdout, img, held)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
-func printVMImage(w io.Writer, img *vm.Image) error {
+// printVMImage prints img, held disks of whose chain are in the store.
+func printVMImage(w io.Writer, img *vm.Image, held int) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
 	d := img.Disk
 	fmt.Fprintf(tw, "name:\t%s\n", img.Tag)
@@ -318,6 +326,9 @@ func printVMImage(w io.Writer, img *vm.Image) error {
 			humanBytes(img.Blob.Size), len(img.Chain)-1, humanBytes(all))
 	} else {
 		fmt.Fprintf(tw, "disk:\t%s (qcow2 of %s, taking %s)\n", img.Path, humanBytes(d.Size), humanBytes(img.Blob.Size))
+	}
+	if held < len(img.Chain) {
+		fmt.Fprintf(tw, "held:\t%d of its %d disks; the rest are read lazily from the shared remote (dsec vm image pull fetches them)\n", held, len(img.Chain))
 	}
 	if img.Sandbox != "" {
 		fmt.Fprintf(tw, "snapshot:\tof sandbox %s, over %s\n", img.Sandbox, img.Parent)

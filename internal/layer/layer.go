@@ -444,6 +444,18 @@ func info(ref string, m, blob ocispec.Descriptor, cfg Config) *Info {
 	}
 }
 
+// WindowTable is the window table (Windows) of the size bytes of f in
+// windows of window bytes: what a lazy reader of f's blob checks each
+// window it fetches against.
+func WindowTable(f *os.File, size, window int64) ([]byte, error) {
+	h, err := hashFile(f, size, window)
+	if err != nil {
+		return nil, err
+	}
+	_, _, table := h.Sum()
+	return table, nil
+}
+
 // hashFile reads what was written back through a hasher.
 func hashFile(f *os.File, size, window int64) (*hasher, error) {
 	h := newHasher(size, window)

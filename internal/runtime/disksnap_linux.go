@@ -81,7 +81,7 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 	if sb.Top != nil {
 		parent = sb.Top.Ref
 	}
-	chain, rec := diskChain(ctx, o.Store, sb.Digests, parent)
+	chain, rec, tables := diskChain(ctx, o.Store, sb.Digests, parent)
 	rec.Created, rec.Sandbox, rec.Parent = time.Now().UTC(), sb.Name, parent
 	rec.Source = "sandbox " + sb.Name
 	rec.Memory = nil
@@ -89,7 +89,7 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		rec.Memory = &vm.Memory{Machine: *sb.Machine, Nonce: took.Memory.Nonce, Policy: sb.Policy}
 	}
 	chain = append(chain, blob)
-	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, state, rec)
+	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, state, tables, rec)
 	// The sandbox stands on the diff from now on, tagged or not (a tag
 	// taken meanwhile): its state holds it.
 	digests, top := sb.Digests, sb.Top
@@ -120,10 +120,12 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 }
 
 // diskChain is the chain of blobs digests (topmost first) names, base
-// first, and the record of the VM image parent, the image or snapshot
-// the chain is (its disk's shape; a chain that no image records any
-// more gets a record of its own, its agent a running sandbox's).
-func diskChain(ctx context.Context, s *store.Store, digests []string, parent string) ([]ocispec.Descriptor, vm.Record) {
+// first, the record of the VM image parent, the image or snapshot the
+// chain is (its disk's shape; a chain that no image records any more
+// gets a record of its own, its agent a running sandbox's), and the
+// window tables of its disks that image has (a disk read lazily from
+// the remote is in no blob of the store: its size is the image's).
+func diskChain(ctx context.Context, s *store.Store, digests []string, parent string) ([]ocispec.Descriptor, vm.Record, []ocispec.Descriptor) {
 	chain := make([]ocispec.Descriptor, len(digests))
 	for i, d := range digests {
 		dg := digest.Digest(d)
@@ -137,12 +139,12 @@ func diskChain(ctx context.Context, s *store.Store, digests []string, parent str
 		return img != nil && slices.Equal(img.Digests(), digests)
 	}
 	if img, err := vm.Lookup(ctx, s, parent); err == nil && same(img) {
-		return chain, img.Record
+		return slices.Clone(img.Chain), img.Record, img.Tables
 	}
 	if all, err := vm.List(ctx, s); err == nil {
 		if i := slices.IndexFunc(all, same); i >= 0 {
-			return chain, all[i].Record
+			return slices.Clone(all[i].Chain), all[i].Record, all[i].Tables
 		}
 	}
-	return chain, vm.Record{Disk: vm.Disk{Agent: vm.AgentSystemd}}
+	return chain, vm.Record{Disk: vm.Disk{Agent: vm.AgentSystemd}}, nil
 }

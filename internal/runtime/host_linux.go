@@ -1,18 +1,24 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 	"sync"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
 )
 
@@ -74,6 +80,26 @@ func (h *Host) Groups() *cgroup.Tree {
 // Source is where h finds layers.
 func (h *Host) Source() lower.Source {
 	return lower.Source{Store: h.Store, Remote: h.Remote, Insecure: h.Insecure, Fetcher: h.Fetcher, Cache: h.Cache}
+}
+
+// baseSource is where h's backends find their own bases (a full VM's
+// disk): the store, and a disk it lacks read lazily from the shared
+// remote by a fetcher, as a layer is (lazy.ServeFile).
+func (h *Host) baseSource() driver.BaseSource {
+	src := driver.BaseSource{Store: h.Store}
+	if h.Remote == nil {
+		return src
+	}
+	src.Serve = func(ctx context.Context, ref string, blob ocispec.Descriptor, w layer.Windows, table []byte) (string, io.Closer, error) {
+		spec := lazy.Spec{Ref: ref, Digest: blob.Digest, Size: blob.Size, Windows: w, Remote: h.Remote.String(),
+			Insecure: h.Insecure, MaxBytes: h.Cache.MaxBytes, Raw: true}
+		p, hold, err := lazy.ServeFile(ctx, h.Root, spec, table, h.Fetcher)
+		if err != nil {
+			return "", nil, err
+		}
+		return p, hold, nil
+	}
+	return src
 }
 
 // HostCapacity is what admission divides: the CPUs this process may run

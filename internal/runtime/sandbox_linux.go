@@ -491,9 +491,14 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	root := sb.root()
 	var lowers, digests, images []string
 	var kinds []layer.Kind
+	release := func() {} // a base's lazily served files, once Start has them open
+	defer func() { release() }()
 	if err := leased(h.Store, sb.lease, func() ([]string, error) {
 		if b, ok := sb.d.(driver.BaseResolver); ok { // its own base, no layers
-			base, err := b.ResolveBase(ctx, h.Store, sb.Layers[0], sb.Digests)
+			base, err := b.ResolveBase(ctx, h.baseSource(), sb.Layers[0], sb.Digests)
+			if base.Release != nil {
+				release = base.Release
+			}
 			digests, images = base.Digests, base.Files
 			if base.Saved != nil && sb.Status == Creating && !sb.DiskOnly && sb.restore == nil {
 				// A saved guest's base: the new sandbox continues it.

@@ -69,6 +69,10 @@ type Spec struct {
 	// cost a window from the remote, so lazy mounts read ahead little;
 	// record a profile with the read-ahead its replays will use.
 	ReadAheadKB int `json:"read_ahead_kb"`
+	// Raw says the blob is no EROFS image (a full VM's disk, read by
+	// QEMU through ServeFile): only its first window is fetched before
+	// it is served, and no file map is read for its reads ahead.
+	Raw bool `json:"raw,omitempty"`
 	// Record makes the fetcher write, when it exits, the byte ranges reads
 	// asked for in first touch order (the access profile) and the windows
 	// they lie in (the prefetch hint).
@@ -145,7 +149,7 @@ func openCache(dir string, spec Spec) (*cache, error) {
 		lru: list.New(), elem: map[int]*list.Element{}}
 	c.stats.BytesTotal = spec.Size
 	c.pinned[0] = true
-	for w := int(spec.Metadata.Offset / spec.Windows.Size); w < spec.Windows.Count; w++ {
+	for w := int(spec.Metadata.Offset / spec.Windows.Size); w < spec.Windows.Count && !spec.Raw; w++ {
 		c.pinned[w] = true
 	}
 	marks := make([]byte, spec.Windows.Count)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,6 +49,8 @@ type fetcher struct {
 	written Stats
 
 	rec *recorder // nil unless Spec.Record
+
+	opens atomic.Int64 // the image's open handles: a reader by path (ServeFile) is a user
 }
 
 // recorder notes, in first touch order, the byte ranges of the image that
@@ -204,7 +207,7 @@ func (f *fetcher) extent(lo, hi int, at int64) (a, b, ra, rb int) {
 		x, y := c*reg, (c+1)*reg
 		if file, ok := f.files.file(at); ok { // the region's part of the file read
 			x, y = max(x, int(file[0]/f.spec.Windows.Size)), min(y, int((file[1]-1)/f.spec.Windows.Size)+1)
-		} else if !f.mapping { // the first read ahead of a region: the map is read now, in the background
+		} else if !f.mapping && !f.spec.Raw { // the first read ahead of a region: the map is read now, in the background
 			f.mapping = true
 			f.aheads.Add(1)
 			go func() {
@@ -482,6 +485,7 @@ var (
 	_ fs.NodeOpener    = (*imageNode)(nil)
 	_ fs.NodeReader    = (*imageNode)(nil)
 	_ fs.NodeGetattrer = (*imageNode)(nil)
+	_ fs.NodeReleaser  = (*imageNode)(nil)
 )
 
 func (n *imageNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -496,7 +500,17 @@ func (n *imageNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_DIRECT_IO, 0
+	n.f.opens.Add(1)
+	return &openImage{}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// openImage is an open handle of the image: its release (Release) is
+// counted (a nil handle's is not).
+type openImage struct{ _ byte }
+
+func (n *imageNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	n.f.opens.Add(-1)
+	return 0
 }
 
 func (n *imageNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -733,7 +747,7 @@ func untilIdle(ctx context.Context, f *fetcher, term <-chan os.Signal, dir strin
 		case <-tick.C:
 		}
 		f.writeStats()
-		if Users(dir) > 0 {
+		if f.opens.Load() > 0 || Users(dir) > 0 {
 			idleSince = time.Now()
 			continue
 		}
@@ -743,7 +757,7 @@ func untilIdle(ctx context.Context, f *fetcher, term <-chan os.Signal, dir strin
 			// mounts after sees it not ready (Mount's check after its
 			// mount) and starts another.
 			os.Remove(filepath.Join(dir, "fetcher.ready"))
-			if Users(dir) > 0 {
+			if f.opens.Load() > 0 || Users(dir) > 0 {
 				if err := os.WriteFile(filepath.Join(dir, "fetcher.ready"), nil, 0o644); err != nil {
 					return err
 				}

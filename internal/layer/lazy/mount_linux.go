@@ -77,6 +77,52 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 	}
 }
 
+// ServeFile serves a blob lazily as a file for a reader that opens it
+// by its path (QEMU, a full VM's disk read from a remote): it writes the
+// blob's spec and window table to its cache directory, starts its
+// fetcher unless one serves it, and returns the FUSE file's path with a
+// handle of it open. The fetcher serves while the file is open anywhere
+// or mounted: the caller closes the handle once the reader has the file
+// open.
+func ServeFile(ctx context.Context, root string, spec Spec, table []byte, start Start) (string, *os.File, error) {
+	root, err := filepath.Abs(root) // (the reader's path)
+	if err != nil {
+		return "", nil, err
+	}
+	dir := Dir(root, spec.Digest)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, err
+	}
+	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
+		return "", nil, err
+	}
+	if err := writeJSON(filepath.Join(dir, "layer.json"), spec); err != nil {
+		return "", nil, err
+	}
+	path := filepath.Join(dir, "fuse", "image")
+	for try := 0; ; try++ { // (as Mount: a fetcher found ready may be leaving)
+		if !ready(dir) {
+			if err := startFetcher(ctx, dir, start); err != nil {
+				return "", nil, err
+			}
+		}
+		pid := fetcherPID(dir)
+		f, err := os.Open(path)
+		still := ready(dir) && fetcherPID(dir) == pid
+		switch {
+		case err != nil && still:
+			return "", nil, err
+		case err == nil && still:
+			return path, f, nil
+		case err == nil:
+			f.Close()
+		}
+		if try == 10 {
+			return "", nil, fmt.Errorf("%s: its fetcher kept exiting as it was opened: %s", spec.Ref, lastLine(filepath.Join(dir, "fetcher.log")))
+		}
+	}
+}
+
 // fsIocGetFSSysfsPath is FS_IOC_GETFSSYSFSPATH (Linux 6.9): the name of a
 // mounted file system under /sys/fs, which EROFS also gives the backing
 // device info of a file-backed mount (/sys/class/bdi/erofs-N).

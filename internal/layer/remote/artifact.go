@@ -7,6 +7,7 @@ import (
 	"maps"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/internal/layer"
@@ -23,6 +24,13 @@ type Artifact struct {
 	Annotations map[string]string
 	Check       func(man ocispec.Manifest, config []byte) error
 	Verify      func(ctx context.Context, dst Target, man ocispec.Manifest) error
+	// Leave, if set, names the layers a copy leaves in its source (to be
+	// read lazily from there): the rest, the config and the manifest
+	// are copied, and the tag made.
+	Leave func(man ocispec.Manifest, l ocispec.Descriptor) bool
+	// Top, if set, is the layer a copy's result names (Result.Digest);
+	// else its last.
+	Top func(man ocispec.Manifest) digest.Digest
 }
 
 // CopyArtifact copies the artifact tagged ref from src to dst: an OCI
@@ -58,8 +66,17 @@ func CopyArtifact(ctx context.Context, src, dst Target, ref layer.Ref, a Artifac
 		return nil, fmt.Errorf("%s: %w", dst, err)
 	}
 	top := man.Layers[len(man.Layers)-1].Digest
+	if a.Top != nil {
+		top = a.Top(man)
+	}
 	res := &Result{Ref: ref.String(), Digest: top, Manifest: mdesc.Digest, From: src.String(), To: dst.String()}
-	blobs := append(append([]ocispec.Descriptor{}, man.Layers...), man.Config, mdesc)
+	var blobs []ocispec.Descriptor
+	for _, l := range man.Layers {
+		if a.Leave == nil || !a.Leave(man, l) {
+			blobs = append(blobs, l)
+		}
+	}
+	blobs = append(blobs, man.Config, mdesc)
 	if err := copyBlobs(ctx, from, to, blobs, p, res); err != nil {
 		return nil, fmt.Errorf("copy from %s to %s: %w", src, dst, err)
 	}

@@ -17,8 +17,11 @@ package driver
 
 import (
 	"context"
+	"io"
 	"os"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -190,11 +193,11 @@ type (
 	}
 	// BaseResolver: a sandbox boots a base of the backend's own kind (a
 	// full VM's disk image), not a stack of layers: its one layer ref
-	// names that base, which ResolveBase resolves in s (want: the
+	// names that base, which ResolveBase resolves in src (want: the
 	// digests a sandbox stands on already, nil none yet). The runtime
 	// mounts no layers for it; StartSpec.Images holds the base's files.
 	BaseResolver interface {
-		ResolveBase(ctx context.Context, s *store.Store, ref string, want []string) (Base, error)
+		ResolveBase(ctx context.Context, src BaseSource, ref string, want []string) (Base, error)
 	}
 	// VNCServer: a running sandbox's screen is served over VNC (RFB) on
 	// a unix socket only the host reaches (a full VM's), which VNC
@@ -249,6 +252,20 @@ type Base struct {
 	Digests []string
 	Files   []string
 	Saved   *Restore
+	// Release lets go of the base's files served lazily (BaseSource's
+	// Serve) once the backend has them open; nil: none.
+	Release func()
+}
+
+// BaseSource is where a backend's base is found: the local store, and
+// a blob of it the store lacks, which Serve serves lazily from the
+// worker's shared remote as a file (nil: the worker has none): ref
+// names the artifact that holds it there, w and table its windows. The
+// file is served while it is open anywhere: hold keeps it open until
+// the backend opens it.
+type BaseSource struct {
+	Store *store.Store
+	Serve func(ctx context.Context, ref string, blob ocispec.Descriptor, w layer.Windows, table []byte) (path string, hold io.Closer, err error)
 }
 
 // Warm is an instance a Prestarter made ahead of need, which its

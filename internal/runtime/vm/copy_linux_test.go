@@ -57,14 +57,14 @@ func TestCopy(t *testing.T) {
 	}
 	memRec := rec
 	memRec.Memory = &Memory{Machine: layer.Machine{MemoryBytes: 512 << 20, CPUs: 1, Accel: "tcg"}, Nonce: "abc"}
-	snapImg, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:1")), []ocispec.Descriptor{img.Blob, diff}, &state, memRec)
+	snapImg, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:1")), []ocispec.Descriptor{img.Blob, diff}, &state, img.Tables, memRec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if snapImg.State == nil || snapImg.State.Digest != state.Digest || len(snapImg.Chain) != 2 || snapImg.Blob.Digest != diff.Digest {
 		t.Fatalf("a memory snapshot: %+v, want its chain of 2 and its state", snapImg)
 	}
-	if _, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:0")), []ocispec.Descriptor{img.Blob, diff}, &state, rec); !errdefs.IsInvalidArgument(err) {
+	if _, err := Snapshot(ctx, s, must(layer.ParseRef("cp-snap:0")), []ocispec.Descriptor{img.Blob, diff}, &state, nil, rec); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a state without its record: %v", err)
 	}
 	addr, _ := layertest.StartRegistry(t)
@@ -76,7 +76,7 @@ func TestCopy(t *testing.T) {
 			}
 			local := remote.Local(s)
 			r1, err := Copy(ctx, local, rem, must(layer.ParseRef("cp:1")), false, nil)
-			if err != nil || len(r1.Copied) != 3 { // the disk, the record, the manifest
+			if err != nil || len(r1.Copied) != 4 || r1.Digest != img.Blob.Digest { // the disk, its window table, the record, the manifest
 				t.Fatalf("push cp:1: %+v %v", r1, err)
 			}
 			// (A registry keeps blobs per repository, and cp-snap is
@@ -104,6 +104,28 @@ func TestCopy(t *testing.T) {
 			for _, f := range got.Files(s2) {
 				if err := s2.VerifyBlob(digest.NewDigestFromEncoded(digest.SHA256, filepath.Base(f))); err != nil {
 					t.Errorf("a pulled disk: %v", err)
+				}
+			}
+			// A lazy pull leaves the disks in the remote, and takes the
+			// record, their window tables and the saved guest.
+			s4, err := store.Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := CopyLazily(ctx, rem, remote.Local(s4), must(layer.ParseRef("cp-snap:1")), nil); err != nil {
+				t.Fatal(err)
+			}
+			lz, err := Lookup(ctx, s4, "cp-snap:1")
+			if err != nil || !lz.Lazy() || s4.Exists(img.Blob.Digest) || s4.Exists(diff.Digest) || !s4.Exists(state.Digest) {
+				t.Fatalf("a lazy pull: %+v %v, want the tables and the state, and no disk", lz, err)
+			}
+			for _, d := range lz.Chain {
+				w, _ := lz.Windows(d)
+				if !s4.Exists(w.Digest) || w.Size != layer.WindowSize || w.Count != int((d.Size+w.Size-1)/w.Size) {
+					t.Errorf("disk %s's window table %+v", d.Digest, w)
+				}
+				if lender, disk, _, ok := Lender(ctx, s4, d.Digest); !ok || lender.Tag != "cp-snap:1" || disk.Digest != d.Digest {
+					t.Errorf("the lender of disk %s: %v %+v", d.Digest, lender, disk)
 				}
 			}
 			// A tag of other content is not moved without force.
@@ -154,8 +176,11 @@ func TestCopy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := Snapshot(ctx, s3, must(layer.ParseRef("evil:1")), []ocispec.Descriptor{badDisk}, nil, rec); err != nil {
+			if _, err := Snapshot(ctx, s3, must(layer.ParseRef("evil:1")), []ocispec.Descriptor{badDisk}, nil, nil, rec); err != nil {
 				t.Fatal(err)
+			}
+			if err := CheckDisk(ctx, s3.BlobPath(badDisk.Digest)); err == nil || !strings.Contains(err.Error(), "reads a backing file") {
+				t.Errorf("a disk read lazily that names a backing file: %v", err)
 			}
 			// A saved guest's state its record does not describe, and
 			// one whose machine no VM is.
@@ -190,6 +215,16 @@ func TestCopy(t *testing.T) {
 			orphan := memRec
 			orphan.Sandbox = ""
 			plant("orphan:1", orphan, img.Blob, diff, st3)
+			// Window tables of no disk of the chain, and of the wrong size.
+			table := func(of ocispec.Descriptor, n int) ocispec.Descriptor {
+				d, _ := s3.WriteBlob(MediaTypeWindows, make([]byte, n))
+				d.Annotations = map[string]string{AnnotationWindowsOf: of.Digest.String(), AnnotationWindowSize: "65536"}
+				return d
+			}
+			count := int((img.Blob.Size + layer.WindowSize - 1) / layer.WindowSize)
+			plant("stray:1", rec, img.Blob, table(diff, 32))
+			plant("short:1", rec, img.Blob, table(img.Blob, 32*count-32))
+			plant("twice:1", rec, img.Blob, table(img.Blob, 32*count), table(img.Blob, 32*count))
 			cfg, _ := s3.WriteBlob(MediaTypeRecord, []byte("{}"))
 			notDisk, _ := s3.WriteBlob("application/octet-stream", []byte("x"))
 			mb, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
@@ -202,7 +237,8 @@ func TestCopy(t *testing.T) {
 			for name, says := range map[string]string{"evil:1": "reads a backing file", "odd:1": "its disk has a application/octet-stream",
 				"ghost:1": "holds a saved guest its record does not describe", "huge:1": "is no VM's",
 				"nostate:1": "describes a saved guest it does not hold", "mac:1": "is not a hardware address",
-				"orphan:1": "is no snapshot of a sandbox"} {
+				"orphan:1": "is no snapshot of a sandbox", "stray:1": "no disk of its chain", "short:1": "does not fit the disk",
+				"twice:1": "(or a second)"} {
 				// (Planted as another tool would push them: unchecked.)
 				plain := remote.Artifact{Type: ArtifactType}
 				if _, err := remote.CopyArtifact(ctx, remote.Local(s3), rem, must(layer.ParseRef(name)), plain, true, nil); err != nil {

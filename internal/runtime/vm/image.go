@@ -79,6 +79,8 @@ type Image struct {
 	Chain []ocispec.Descriptor `json:"chain,omitempty"`
 	// State is a memory snapshot's saved guest (Record.Memory).
 	State *ocispec.Descriptor `json:"state,omitempty"`
+	// Tables are its disks' window tables (windows.go).
+	Tables []ocispec.Descriptor `json:"tables,omitempty"`
 	Record
 }
 
@@ -155,7 +157,7 @@ func Build(ctx context.Context, s *store.Store, trees []string, ref layer.Ref, o
 		return nil, err
 	}
 	rec := Record{Created: time.Now().UTC(), Source: strings.Join(what, ", "), Disk: d}
-	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
+	return record(ctx, s, ref, []ocispec.Descriptor{blob}, nil, rec, o.Force)
 }
 
 // storeRaw stores the raw disk image at path as a qcow2 blob of s (its
@@ -182,9 +184,10 @@ func storeRaw(ctx context.Context, s *store.Store, path string) (ocispec.Descrip
 // Snapshot records the VM image ref (new) whose disk is chain, blobs
 // of the store base first (the last a sandbox's block diff), as rec
 // (its Sandbox and Parent) says; state is the saved guest's blob for a
-// memory snapshot (rec.Memory), else nil. The caller holds the store's
+// memory snapshot (rec.Memory), else nil; known are the window tables
+// of the chain's disks its parent has. The caller holds the store's
 // writer.
-func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, state *ocispec.Descriptor, rec Record) (*Image, error) {
+func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispec.Descriptor, state *ocispec.Descriptor, known []ocispec.Descriptor, rec Record) (*Image, error) {
 	if _, err := s.Resolve(ctx, ref.String()); err == nil {
 		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", ref, errdefs.ErrAlreadyExists)
 	}
@@ -200,12 +203,22 @@ func Snapshot(ctx context.Context, s *store.Store, ref layer.Ref, chain []ocispe
 		st.MediaType = MediaTypeState
 		layers = append(slices.Clip(chain), st)
 	}
-	return record(ctx, s, ref, layers, rec, false)
+	return record(ctx, s, ref, layers, known, rec, false)
 }
 
 // record tags ref as the VM image of layers (its disk's chain base
-// first, then a saved guest's state) and rec.
-func record(ctx context.Context, s *store.Store, ref layer.Ref, layers []ocispec.Descriptor, rec Record, force bool) (*Image, error) {
+// first, then a saved guest's state) and rec, with its disks' window
+// tables (known, or made of the disks).
+func record(ctx context.Context, s *store.Store, ref layer.Ref, layers, known []ocispec.Descriptor, rec Record, force bool) (*Image, error) {
+	disks := layers
+	if n := len(layers); n > 1 && layers[n-1].MediaType == MediaTypeState {
+		disks = layers[:n-1]
+	}
+	tabs, err := tables(ctx, s, disks, known)
+	if err != nil {
+		return nil, err
+	}
+	layers = append(slices.Clip(layers), tabs...)
 	rb, err := json.Marshal(rec)
 	if err != nil {
 		return nil, err
@@ -233,9 +246,14 @@ func record(ctx context.Context, s *store.Store, ref layer.Ref, layers []ocispec
 	return img, nil
 }
 
-// split parts img.Chain, a manifest's layers, into the disk's chain
-// and a saved guest's state after it, and sets Blob, the disk's top.
+// split parts img.Chain, a manifest's layers, into the disk's chain,
+// a saved guest's state after it and the disks' window tables after
+// those, and sets Blob, the disk's top.
 func split(img *Image) *Image {
+	i := slices.IndexFunc(img.Chain, func(d ocispec.Descriptor) bool { return d.MediaType == MediaTypeWindows })
+	if i > 0 {
+		img.Chain, img.Tables = img.Chain[:i], img.Chain[i:]
+	}
 	if n := len(img.Chain); n > 1 && img.Chain[n-1].MediaType == MediaTypeState {
 		st := img.Chain[n-1]
 		img.State, img.Chain = &st, img.Chain[:n-1]
@@ -288,7 +306,7 @@ func load(s *store.Store, d ocispec.Descriptor) (*Image, error) {
 	}
 	var man ocispec.Manifest
 	if err := json.Unmarshal(mb, &man); err != nil || man.ArtifactType != ArtifactType || man.Config.MediaType != MediaTypeRecord ||
-		len(man.Layers) == 0 || len(man.Layers) > MaxChain+1 {
+		len(man.Layers) == 0 || len(man.Layers) > 2*MaxChain+1 {
 		return nil, fmt.Errorf("VM image %s: its manifest %s is no VM image's: %w", tag, d.Digest, errdefs.ErrDataLoss)
 	}
 	rb, err := s.ReadBlob(man.Config.Digest, maxJSON)
@@ -339,14 +357,35 @@ func Copy(ctx context.Context, src, dst remote.Target, ref layer.Ref, force bool
 	return remote.CopyArtifact(ctx, src, dst, ref, artifact, force, p)
 }
 
+// CopyLazily copies the VM image ref from src, a remote, into the
+// local store dst as Copy does, but for the disks whose window tables
+// it holds: those are left in src, read lazily from there as the guest
+// reads them (ServeDisk), and the record, the tables and a saved
+// guest's state are copied.
+func CopyLazily(ctx context.Context, src remote.Target, dst *remote.Dir, ref layer.Ref, p remote.Progress) (*remote.Result, error) {
+	a := artifact
+	a.Leave = func(man ocispec.Manifest, l ocispec.Descriptor) bool {
+		_, ok := windowsOf(split(&Image{Chain: man.Layers}).Tables, l)
+		return l.MediaType == MediaTypeDisk && ok
+	}
+	return remote.CopyArtifact(ctx, src, dst, ref, a, false, p)
+}
+
 var artifact = remote.Artifact{Type: ArtifactType, Annotations: map[string]string{layer.AnnotationKind: string(layer.KindVMImage)},
-	Check: checkManifest, Verify: verifyDisks}
+	Check: checkManifest, Verify: verifyDisks, Top: func(man ocispec.Manifest) digest.Digest {
+		img := split(&Image{Chain: man.Layers}) // (the disk's top, or a saved guest's state)
+		if img.State != nil {
+			return img.State.Digest
+		}
+		return img.Blob.Digest
+	}}
 
 // Remote is a VM image as a remote holds it.
 type Remote struct {
 	Record
 	Manifest digest.Digest
-	Bytes    int64 // its disk's chain and saved guest
+	Bytes    int64  // its disk's chain, saved guest and window tables
+	Image    *Image // its chain, saved guest and tables (no Path: none here)
 }
 
 // Describe reads the record of the VM image ref in t (a remote),
@@ -360,6 +399,8 @@ func Describe(ctx context.Context, t remote.Target, ref layer.Ref) (*Remote, err
 	if err := json.Unmarshal(config, &out.Record); err != nil { // (checkManifest parsed it)
 		return nil, err
 	}
+	img := split(&Image{Tag: ref.String(), ID: mdesc.Digest, Chain: man.Layers, Record: out.Record})
+	out.Image = img
 	for _, l := range man.Layers {
 		out.Bytes += l.Size
 	}
@@ -374,7 +415,14 @@ func checkManifest(man ocispec.Manifest, config []byte) error {
 	case man.Config.MediaType != MediaTypeRecord || man.Config.Size > maxJSON || json.Unmarshal(config, &rec) != nil:
 		return fmt.Errorf("its record is no VM image's: %w", errdefs.ErrInvalidArgument)
 	}
-	disks := man.Layers
+	img := split(&Image{Chain: man.Layers})
+	disks := man.Layers[:len(img.Chain)]
+	if img.State != nil {
+		disks = man.Layers[:len(img.Chain)+1]
+	}
+	if err := checkTables(img.Chain, img.Tables); err != nil {
+		return err
+	}
 	if n := len(disks); n > 1 && disks[n-1].MediaType == MediaTypeState {
 		disks = disks[:n-1]
 		if rec.Memory == nil {
@@ -409,10 +457,14 @@ func verifyDisks(ctx context.Context, dst remote.Target, man ocispec.Manifest) e
 		return nil
 	}
 	for _, l := range man.Layers {
-		if l.MediaType == MediaTypeState { // (QEMU reads it as a migration stream, checked as it loads)
+		if l.MediaType != MediaTypeDisk { // (QEMU reads a state as a migration stream, checked as it loads)
 			continue
 		}
-		if _, err := probe(ctx, d.Store().BlobPath(l.Digest), "qcow2"); err != nil {
+		p := d.Store().BlobPath(l.Digest)
+		if _, err := os.Stat(p); err != nil {
+			continue // (read lazily: checked where it is served, ServeDisk)
+		}
+		if _, err := probe(ctx, p, "qcow2"); err != nil {
 			return fmt.Errorf("its disk %s: %w", l.Digest, err)
 		}
 	}

@@ -91,7 +91,7 @@ func Import(ctx context.Context, s *store.Store, path string, ref layer.Ref, o I
 	}
 	abs, _ := filepath.Abs(path)
 	rec := Record{Created: time.Now().UTC(), Source: "import of " + abs, Disk: d}
-	return record(ctx, s, ref, []ocispec.Descriptor{blob}, rec, o.Force)
+	return record(ctx, s, ref, []ocispec.Descriptor{blob}, nil, rec, o.Force)
 }
 
 // imageInfo is what qemu-img says of a disk image.

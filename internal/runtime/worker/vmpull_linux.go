@@ -16,10 +16,13 @@ import (
 // A worker with a shared remote boots the VM images and full VMs'
 // snapshots it holds there but not in its store (another worker built,
 // imported or published them): the first create that names one pulls
-// it whole into the store, as dsec vm image pull does, and the creates
-// that name it meanwhile wait for that pull (single flight). A VM's
-// disk is not mounted lazily from the remote, as a layer is: it is
-// pulled before the VM boots.
+// it into the store, as dsec vm image pull does, and the creates that
+// name it meanwhile wait for that pull (single flight). Its disks are
+// left in the remote where their window tables are with them (a dsec of
+// this release made them): the guest's reads fetch what they read,
+// lazily, as a layer's do (vms.ResolveBase); the record, the tables and
+// a memory snapshot's saved guest are pulled. An image without tables
+// is pulled whole.
 
 // tenantVMPull bounds what a tenant's create pulls: a VM image's disk
 // chain and saved guest, in bytes.
@@ -42,12 +45,11 @@ func (w *worker) remoteVM(ctx context.Context, tag string) (img *vm.Remote, ok b
 
 // pullVM makes the VM image tag (a resolved ref, as the sandbox is made
 // of) held in the store: pulled from the shared remote when the store
-// holds nothing of that tag and the remote holds a VM image of it.
-// Otherwise it does nothing, and the backend says what tag is not. A
-// tenant's pull is bounded (tenantVMPull), what failed is told its
-// admin, and what a tag outside its namespace names once pulled must
-// still be no snapshot (the remote's tag may have moved since its
-// name was resolved).
+// holds nothing of that tag and the remote holds a VM image of it; a
+// tag neither holds is not found. A tenant's pull is bounded
+// (tenantVMPull), what failed is told its admin, and what a tag outside
+// its namespace names once pulled must still be no snapshot (the
+// remote's tag may have moved since its name was resolved).
 func (w *worker) pullVM(ctx context.Context, tag string) error {
 	s := w.host.Store
 	if w.host.Remote == nil || s == nil || layer.IsDigest(tag) {
@@ -60,11 +62,13 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 	if err != nil {
 		return nil
 	}
+	sc := w.scopeOf(ctx)
 	img, ok := w.remoteVM(ctx, r.String())
 	if !ok {
-		return nil
+		return fmt.Errorf("no VM image %s in the store or the worker's shared remote (dsec vm image ls lists the store's; dsec vm image build makes one): %w",
+			sc.show(tag), errdefs.ErrNotFound)
 	}
-	sc := w.scopeOf(ctx)
+	lazily := img.Image.Lazy()
 	if !sc.admin() && img.Bytes > tenantVMPull {
 		return fmt.Errorf("VM image %s is %d GiB, more than a tenant's create pulls (%d GiB): ask the worker's admin to dsec vm image pull it: %w",
 			sc.show(tag), img.Bytes>>30, tenantVMPull>>30, errdefs.ErrResourceExhausted)
@@ -73,7 +77,7 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 		return err
 	}
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(w.cfg.Root, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) < img.Bytes {
+	if err := syscall.Statfs(w.cfg.Root, &st); err == nil && !lazily && int64(st.Bavail)*int64(st.Bsize) < img.Bytes {
 		return fmt.Errorf("VM image %s (%d MiB) does not fit in the %d MiB free under %s: free space (dsec layer gc, remove sandboxes): %w",
 			sc.show(tag), img.Bytes>>20, int64(st.Bavail)*int64(st.Bsize)>>20, w.cfg.Root, errdefs.ErrResourceExhausted)
 	}
@@ -92,13 +96,19 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 		}
 		defer func() { <-w.imports }()
 		t0 := time.Now()
-		res, err := vm.Copy(pctx, w.host.Remote, remote.Local(s), r, false, nil)
+		copyVM := func(ctx context.Context, src remote.Target, dst *remote.Dir, r layer.Ref, p remote.Progress) (*remote.Result, error) {
+			return vm.Copy(ctx, src, dst, r, false, p)
+		}
+		if lazily {
+			copyVM = vm.CopyLazily
+		}
+		res, err := copyVM(pctx, w.host.Remote, remote.Local(s), r, nil)
 		if err != nil && !errdefs.IsAlreadyExists(err) { // (another pull or build tagged it meanwhile)
 			return nil, err
 		}
 		if err == nil {
 			copied, _, bytes := res.Totals()
-			w.log.Info("pulled VM image", "image", r.String(), "from", w.host.Remote, "blobs", copied, "bytes", bytes, "took", time.Since(t0))
+			w.log.Info("pulled VM image", "image", r.String(), "from", w.host.Remote, "lazily", lazily, "blobs", copied, "bytes", bytes, "took", time.Since(t0))
 		}
 		return nil, nil
 	})

@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,6 @@ import (
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
-	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/policy"
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
@@ -120,41 +120,87 @@ func (d *Driver) Host() (*Host, error) {
 	return d.resolved, nil
 }
 
-// ResolveBase finds the VM image ref names in s: the digests of its
+// ResolveBase finds the VM image ref names in src: the digests of its
 // disk's chain, and their files. A sandbox that stands on one already
-// (want) takes that chain, whatever the tag names now.
-func (d *Driver) ResolveBase(ctx context.Context, s *store.Store, ref string, want []string) (driver.Base, error) {
+// (want) takes that chain, whatever the tag names now. A disk the store
+// lacks (its image was pulled from the shared remote without it) is
+// read lazily from there, checked as a pulled disk is.
+func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref string, want []string) (b driver.Base, err error) {
+	s := src.Store
 	if s == nil {
-		return driver.Base{}, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
+		return b, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
 	}
-	if len(want) > 0 {
-		b := driver.Base{Digests: want}
-		for _, w := range want {
-			dg, err := digest.Parse(w)
-			if err != nil {
-				return driver.Base{}, fmt.Errorf("VM image %s: its disk %q: %w", ref, w, errdefs.ErrDataLoss)
-			}
-			p := s.BlobPath(dg)
-			if _, err := os.Stat(p); err != nil {
-				return driver.Base{}, fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
-			}
-			b.Files = append(b.Files, p)
+	digests := want
+	if len(want) == 0 {
+		img, err := vm.Lookup(ctx, s, ref)
+		if err != nil {
+			return b, err
 		}
-		return b, nil
+		if img.Disk.Agent == "" {
+			return b, fmt.Errorf("VM image %s has no dsec agent (its tree has no systemd, or an older dsec built it): build it again from a tree with systemd: %w", img.Tag, errdefs.ErrFailedPrecondition)
+		}
+		digests = img.Digests()
+		if img.Memory != nil && img.State != nil {
+			b.Saved = &driver.Restore{What: "snapshot " + img.Tag, Machine: img.Memory.Machine, State: s.BlobPath(img.State.Digest),
+				Nonce: img.Memory.Nonce, Branch: true, Policy: img.Memory.Policy}
+		}
 	}
-	img, err := vm.Lookup(ctx, s, ref)
-	if err != nil {
-		return driver.Base{}, err
+	var holds []io.Closer
+	b.Release = func() {
+		for _, h := range holds {
+			h.Close()
+		}
 	}
-	if img.Disk.Agent == "" {
-		return driver.Base{}, fmt.Errorf("VM image %s has no dsec agent (its tree has no systemd, or an older dsec built it): build it again from a tree with systemd: %w", img.Tag, errdefs.ErrFailedPrecondition)
-	}
-	b := driver.Base{Digests: img.Digests(), Files: img.Files(s)}
-	if img.Memory != nil && img.State != nil {
-		b.Saved = &driver.Restore{What: "snapshot " + img.Tag, Machine: img.Memory.Machine, State: s.BlobPath(img.State.Digest),
-			Nonce: img.Memory.Nonce, Branch: true, Policy: img.Memory.Policy}
+	defer func() {
+		if err != nil {
+			b.Release()
+		}
+	}()
+	b.Digests = digests
+	for _, w := range digests {
+		dg, err := digest.Parse(w)
+		if err != nil {
+			return b, fmt.Errorf("VM image %s: its disk %q: %w", ref, w, errdefs.ErrDataLoss)
+		}
+		p := s.BlobPath(dg)
+		if _, err := os.Stat(p); err != nil {
+			hold, lazy, err := serveDisk(ctx, src, ref, dg)
+			if err != nil {
+				return b, err
+			}
+			holds, p = append(holds, hold), lazy
+		}
+		b.Files = append(b.Files, p)
 	}
 	return b, nil
+}
+
+// serveDisk serves disk dg of VM image ref, which the store lacks,
+// lazily from the worker's shared remote (as the store's image of
+// fewest disks that lists it names it there), checked before QEMU
+// opens it.
+func serveDisk(ctx context.Context, src driver.BaseSource, ref string, dg digest.Digest) (io.Closer, string, error) {
+	lender, disk, w, ok := vm.Lender(ctx, src.Store, dg)
+	switch {
+	case !ok:
+		return nil, "", fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
+	case src.Serve == nil:
+		return nil, "", fmt.Errorf("the disk of VM image %s (%s) was left in a shared remote, and this worker has none now: give it its remote (remote:), or dsec vm image pull %s: %w",
+			ref, dg, lender.Tag, errdefs.ErrFailedPrecondition)
+	}
+	table, err := src.Store.ReadBlob(w.Digest, int64(w.Count)*32)
+	if err != nil {
+		return nil, "", fmt.Errorf("VM image %s: the window table of its disk %s: %w", ref, dg, err)
+	}
+	p, hold, err := src.Serve(ctx, lender.Tag, disk, w, table)
+	if err != nil {
+		return nil, "", fmt.Errorf("VM image %s: read its disk %s from the shared remote: %w", ref, dg, err)
+	}
+	if err := vm.CheckDisk(ctx, p); err != nil {
+		hold.Close()
+		return nil, "", fmt.Errorf("VM image %s: its disk %s: %w", ref, dg, err)
+	}
+	return hold, p, nil
 }
 
 // minMemory is the least RAM a full VM gets: its firmware and a

@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
 	"github.com/dsec-project/dsec/internal/gateway"
+	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/runtime/backend/backendtest"
 	"github.com/dsec-project/dsec/internal/runtime/container"
@@ -451,12 +452,57 @@ func TestVMSnapshots(t *testing.T) {
 	if out := run(far[0], "cat /dev/shm/marker; kill -0 $(cat /dev/shm/pid) && echo alive; cat /root/step"); out != "in-memory\nalive\ntwo\n" {
 		t.Errorf("a branch of the published memory snapshot on another worker: %q, want the guest as it was", out)
 	}
-	if s2, err := store.Open(filepath.Join(w2.Root, "store")); err != nil {
-		t.Error(err)
-	} else if _, err := vm.Lookup(ctx, s2, "vs:3"); err != nil {
-		t.Errorf("the other worker's store after the branch: %v", err)
+	took := time.Since(t0)
+	// Its disks stayed in the remote, read lazily: what the guest read
+	// since it went on, not the disks.
+	fs2, err := store.Open(filepath.Join(w2.Root, "store"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("another worker pulled the memory snapshot and continued it in %v", time.Since(t0).Round(time.Millisecond))
+	pulled, err := vm.Lookup(ctx, fs2, "vs:3")
+	if err != nil || !pulled.Lazy() {
+		t.Fatalf("the other worker's store after the branch: %+v %v, want vs:3 with its disks' window tables", pulled, err)
+	}
+	var fetched, total int64
+	for _, d := range pulled.Chain {
+		if _, err := os.Stat(fs2.BlobPath(d.Digest)); err == nil {
+			t.Errorf("disk %s was pulled into the other worker's store, not read lazily", d.Digest)
+		}
+		st, err := lazy.ReadStats(w2.Root, d.Digest)
+		if err != nil {
+			t.Errorf("disk %s: no lazy reads: %v", d.Digest, err)
+			continue
+		}
+		fetched, total = fetched+st.BytesFetched, total+st.BytesTotal
+	}
+	if fetched == 0 || fetched > total/2 {
+		t.Errorf("the branch fetched %d bytes of its %d-byte disk chain, want what it read", fetched, total)
+	}
+	if _, err := os.Stat(fs2.BlobPath(pulled.State.Digest)); err != nil {
+		t.Errorf("the saved guest was not pulled: %v", err)
+	}
+	t.Logf("another worker pulled the memory snapshot (its disks lazily: %d of %d MiB fetched) and continued it in %v",
+		fetched>>20, total>>20, took.Round(time.Millisecond))
+	// A snapshot there of the lazily read disk: its chain's tables are
+	// the pulled image's, so it is read lazily wherever it goes too.
+	far1, err := far[0].PackDiff(ctx, api.PackRequest{Tag: "far:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err := vm.Lookup(ctx, fs2, far1.Name); err != nil || !img.Lazy() || len(img.Chain) != 5 {
+		t.Errorf("a snapshot of a VM read lazily: %+v %v, want a chain of 5 with its window tables", img, err)
+	}
+	// Stopped and started, it boots its chain again, its disks still
+	// read lazily (the store's images name their tables).
+	if err := far[0].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := far[0].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(far[0], "cat /root/step"); out != "two\n" {
+		t.Errorf("the lazily read branch after a stop and a start: %q", out)
+	}
 	if err := far[0].Remove(ctx, true); err != nil {
 		t.Fatal(err)
 	}
