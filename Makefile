@@ -156,12 +156,12 @@ check-proto: proto-bin
 		diff -q -I '^// 	protoc ' $$tmp/$$f internal/e2b/envd/$$f >/dev/null || { \
 		echo "make: internal/e2b/envd/$$f is stale: run 'make proto' and commit the result" >&2; exit 1; }; done
 
-# A package's tests get 45 minutes: the vm backend's boots a dozen full
-# VMs under TCG here, some 29 minutes with the race detector beside the
-# sdk package's.
+# A package's tests get 60 minutes: the vm backend's boots some fifteen
+# full VMs under TCG here, some 35 minutes with the race detector beside
+# the sdk package's.
 test: deps kernel vet check-docs check-proto image cluster-tools
 	DSEC_CLUSTER_TOOLS=$$(./scripts/cluster-tools.sh $(CLUSTER_CACHE)) DSEC_IMAGE=$(CURDIR)/$(IMAGE) DSEC_PAUSE_IMAGE=$(CURDIR)/$(PAUSE_IMAGE) \
-		$(GO) test -race -count=1 -timeout 45m ./...
+		$(GO) test -race -count=1 -timeout 60m ./...
 
 BENCH_PKGS := pv debootstrap runc containerd
 

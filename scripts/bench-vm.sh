@@ -5,7 +5,9 @@
 #  2. A screenshot's latency, and input to screen (a key typed until a screenshot shows it), p50.
 #  3. The host memory of an idle VM next to the RAM it was given; the disk each VM adds next to the image's.
 #  4. A memory snapshot of the idle VM, and create to first exec of a branch that continues it, next to a cold boot.
-#  5. A desktop (Xfce): create to a settled desktop, screenshot and key-to-screen p50, idle host memory (BENCH_VM_DESKTOP_N rounds, default 1).
+#  5. A memory snapshot continued on a worker that holds none of it: its disks read lazily from the shared remote
+#     (the bytes fetched), next to pulling it whole first.
+#  6. A desktop (Xfce): create to a settled desktop, screenshot and key-to-screen p50, idle host memory (BENCH_VM_DESKTOP_N rounds, default 1).
 set -euo pipefail
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
@@ -61,7 +63,22 @@ bench_record --id vm-restore --area "Full VMs" --unit ms \
 	--ratio "$(ratio "$(metric "$out" restore-p50-ms)" "$(metric "$out" cold-p50-ms)")" \
 	--target-text "on a hardware-KVM host: <= 1 s (the saved RAM read in); under TCG the same order"
 
-# 5. The desktop (Debian's Xfce, logged in), as a computer-use agent has it: one per round. Its Debian tree takes a
+# 5. A memory snapshot published to a dir: remote, continued on a new worker: read lazily, or pulled whole first.
+rout=$(go test -run '^$' -bench 'BenchmarkFullVMRemote$' -benchtime "${n}x" -timeout 60m ./sdk/)
+printf '%-66s %9s ms %9s ms %8s\n' "snapshot continued on a new worker, disks lazily vs pulled whole" "$(metric "$rout" lazy-p50-ms)" \
+	"$(metric "$rout" whole-p50-ms)" "$(ratio "$(metric "$rout" lazy-p50-ms)" "$(metric "$rout" whole-p50-ms)")"
+printf '%-66s %8s MiB %8s MiB %8s\n' "  its disks' bytes fetched vs the disk chain's" "$(metric "$rout" fetched-MiB)" \
+	"$(metric "$rout" chain-MiB)" "$(ratio "$(metric "$rout" fetched-MiB)" "$(metric "$rout" chain-MiB)")"
+bench_record --id vm-remote-lazy --area "Full VMs" --unit ms \
+	--title "create to first exec of a memory snapshot's branch on a worker that holds none of it, disks read lazily ($A)" \
+	--value "$(metric "$rout" lazy-p50-ms)" --baseline "$(metric "$rout" whole-p50-ms)" --baseline-what "pulled whole first" \
+	--ratio "$(ratio "$(metric "$rout" lazy-p50-ms)" "$(metric "$rout" whole-p50-ms)")" --target-text "< 1x"
+bench_record --id vm-remote-fetched --area "Full VMs" --unit MiB \
+	--title "bytes of its disks that branch fetched from the remote ($A)" \
+	--value "$(metric "$rout" fetched-MiB)" --baseline "$(metric "$rout" chain-MiB)" --baseline-what "the disk chain" \
+	--ratio "$(ratio "$(metric "$rout" fetched-MiB)" "$(metric "$rout" chain-MiB)")" --target-text "what the guest reads"
+
+# 6. The desktop (Debian's Xfce, logged in), as a computer-use agent has it: one per round. Its Debian tree takes a
 #    debootstrap from Debian's mirror once (cached); without it the figures are skipped, saying so.
 dout=$(go test -run '^$' -bench 'BenchmarkFullVMDesktop$' -benchtime "${BENCH_VM_DESKTOP_N:-1}x" -timeout 60m -v ./sdk/)
 if ! grep -q 'desktop-ready-p50-ms' <<<"$dout"; then

@@ -182,6 +182,7 @@ type VMConfig struct {
 	Accel       string        `mapstructure:"accel" doc:"the accelerator: auto, kvm or tcg (none: auto)"`
 	QEMU        string        `mapstructure:"qemu" doc:"QEMU's binary (none: qemu-system-x86_64 on PATH)"`
 	BootTimeout time.Duration `mapstructure:"boot_timeout" doc:"the bound on a VM's boot, firmware to its agent's answer (0: 60s under KVM, 300s under TCG)"`
+	MaxChain    int           `mapstructure:"max_chain" doc:"the longest disk chain a snapshot leaves: a snapshot of one that long first flattens it, its diff the whole disk (0: 64, the most)"`
 }
 
 // E2BConfig is dsec daemon's E2B front (worker.E2B): the address it
@@ -422,6 +423,7 @@ var configDefaults = map[string]any{
 	"e2b.listen": "", "e2b.domain": "", "e2b.http2": false, "e2b.templates": map[string]any{}, "snap.publish": false,
 	"snap.max_bytes": 0, "snap.max_entries": 0, "snap.max_depth": 0,
 	"microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "", "microvm.boot_timeout": "0s",
+	"vm.accel": "", "vm.qemu": "", "vm.boot_timeout": "0s", "vm.max_chain": 0,
 	"dns.upstream": []string{}, "dns.min_ttl": "0s", "dns.grace": "0s",
 	"api.max_requests": 0, "api.max_requests_per_token": 0,
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
+	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/runtime/worker"
 	"github.com/dsec-project/dsec/internal/snap"
 	"github.com/dsec-project/dsec/sdk"
@@ -117,6 +118,9 @@ func (a *app) runDaemon(cmd *cobra.Command, f daemonFlags) error {
 	if err != nil {
 		return err
 	}
+	if m := a.cfg.VM.MaxChain; m < 0 || m > vm.MaxChain {
+		return usageError{fmt.Errorf("vm.max_chain %d: give 1 to %d images (0: %d)", m, vm.MaxChain, vm.MaxChain)}
+	}
 	cfg := worker.Config{
 		Registries: registries,
 		Root:       a.cfg.Root, AdminTokenFile: a.cfg.AdminTokenFile, Version: version, Remote: target, Insecure: f.insecure, Cache: a.cfg.Cache.tuning(),
@@ -132,7 +136,8 @@ func (a *app) runDaemon(cmd *cobra.Command, f daemonFlags) error {
 		MaxRequests:      a.cfg.API.MaxRequests, MaxRequestsPerToken: a.cfg.API.MaxRequestsPerToken,
 		MicroVM: microvm.Settings{Kernel: a.cfg.MicroVM.Kernel, Accel: a.cfg.MicroVM.Accel, QEMU: a.cfg.MicroVM.QEMU,
 			Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.MicroVM.BootTimeout},
-		VM:  vms.Settings{Accel: a.cfg.VM.Accel, QEMU: a.cfg.VM.QEMU, Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.VM.BootTimeout},
+		VM: vms.Settings{Accel: a.cfg.VM.Accel, QEMU: a.cfg.VM.QEMU, Agent: a.cfg.MicroVM.Agent, BootTimeout: a.cfg.VM.BootTimeout,
+			MaxChain: a.cfg.VM.MaxChain},
 		DNS: egress.Config{Upstream: a.cfg.DNS.Upstream, MinTTL: a.cfg.DNS.MinTTL, Grace: a.cfg.DNS.Grace},
 	}
 	fl := cmd.Flags()

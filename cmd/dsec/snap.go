@@ -105,7 +105,11 @@ branches boot; --max-bytes bounds the diff (one over it is refused before anythi
 				kind = "increment"
 			}
 			if s.BlockDiff {
-				fmt.Fprintf(a.stdout, "%s\t%s over %s: a block diff of the VM's disk, %s; frozen %s\n", s.Name, kind, s.Parent,
+				over := "over " + s.Parent + ": a block diff of the VM's disk"
+				if s.Parent == "" {
+					over = "the VM's whole disk (its chain was flattened)"
+				}
+				fmt.Fprintf(a.stdout, "%s\t%s %s, %s; frozen %s\n", s.Name, kind, over,
 					humanBytes(s.Size), time.Duration(s.FrozenSeconds*float64(time.Second)).Round(time.Millisecond))
 				return nil
 			}

@@ -77,10 +77,9 @@ func (g *Gateway) openProxy(n *node) *httputil.ReverseProxy {
 	}
 }
 
-// refuseVNC answers api.VNCRefused.
+// refuseVNC answers api.VNCRefused, as the worker's refusal reaches the
+// client through the relay (which drops its Connection header: a GET
+// has no body to leave unread): the two are one answer.
 func refuseVNC(rw http.ResponseWriter, r *http.Request) {
-	if r.ProtoMajor == 1 {
-		rw.Header().Set("Connection", "close") // its body unread
-	}
 	answer(rw, http.StatusForbidden, api.VNCRefused)
 }

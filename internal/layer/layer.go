@@ -155,8 +155,14 @@ type Lineage struct {
 	Memory *Memory `json:"memory,omitempty"`
 }
 
-// Parent is the layer the snapshot was taken over.
-func (l *Lineage) Parent() Lower { return l.Lowers[0] }
+// Parent is the layer the snapshot was taken over; none for one that
+// stands on no layer (a full VM's flattened disk).
+func (l *Lineage) Parent() Lower {
+	if len(l.Lowers) == 0 {
+		return Lower{}
+	}
+	return l.Lowers[0]
+}
 
 // Lower is one layer under a snapshot, by tag and by layer digest: a
 // snapshot stands on exactly those bytes, whatever the tag names later.

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -50,7 +51,9 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		return nil, err
 	}
 	defer in.Abort()
-	req := driver.DiskSnap{Upper: sb.Upper(), Depth: len(sb.Digests), Max: o.Limits.MaxBytes, Diff: in.File}
+	depth := cmp.Or(sb.DiskTop, len(sb.Digests))
+	req := driver.DiskSnap{Upper: sb.Upper(), Depth: depth, Chain: len(sb.Digests), Max: o.Limits.MaxBytes, Diff: in.File,
+		Images: func() ([]string, func(), error) { return sb.chainFiles(ctx) }}
 	var saved *store.Ingest
 	if o.Memory {
 		if saved, err = o.Store.NewIngest(); err != nil {
@@ -82,6 +85,9 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		parent = sb.Top.Ref
 	}
 	chain, rec, tables := diskChain(ctx, o.Store, sb.Digests, parent)
+	if took.Flat { // the diff is the whole disk: it stands alone
+		chain = nil
+	}
 	rec.Created, rec.Sandbox, rec.Parent = time.Now().UTC(), sb.Name, parent
 	rec.Source = "sandbox " + sb.Name
 	rec.Memory = nil
@@ -91,14 +97,21 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 	chain = append(chain, blob)
 	img, err := vm.Snapshot(ctx, o.Store, o.Ref, chain, state, tables, rec)
 	// The sandbox stands on the diff from now on, tagged or not (a tag
-	// taken meanwhile): its state holds it.
-	digests, top := sb.Digests, sb.Top
+	// taken meanwhile): its state holds it, and the number of its disk's
+	// new top where a flatten made that other than its chain's length.
+	digests, top, diskTop := sb.Digests, sb.Top, sb.DiskTop
 	sb.Digests = append([]string{blob.Digest.String()}, sb.Digests...)
+	if took.Flat {
+		sb.Digests = []string{blob.Digest.String()}
+	}
+	if sb.DiskTop = depth + 1; sb.DiskTop == len(sb.Digests) {
+		sb.DiskTop = 0
+	}
 	if img != nil {
 		sb.Top = &layer.Lower{Ref: o.Ref.String(), Digest: blob.Digest}
 	}
 	if serr := sb.save(); serr != nil {
-		sb.Digests, sb.Top = digests, top
+		sb.Digests, sb.Top, sb.DiskTop = digests, top, diskTop
 		if img != nil {
 			o.Store.Untag(ctx, o.Ref.String())
 		}
@@ -109,14 +122,35 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		return nil, fmt.Errorf("pack-diff %s: %w", sb.Name, err)
 	}
 	info := &layer.Info{Ref: img.Tag, Kind: layer.KindVMImage, Digest: blob.Digest, Size: blob.Size, Manifest: img.ID,
-		Created: rec.Created, Source: rec.Source, Snapshot: &layer.Lineage{Sandbox: sb.Name, Incremental: len(chain) > 2,
-			Lowers: []layer.Lower{{Ref: parent, Digest: chain[len(chain)-2].Digest}}}}
+		Created: rec.Created, Source: rec.Source, Snapshot: &layer.Lineage{Sandbox: sb.Name,
+			Incremental: len(chain) > 2 || len(chain) == 2 && top != nil}} // (over a snapshot: a flattened one is the chain's base)
+	if len(chain) > 1 { // (a flattened one stands on nothing)
+		info.Snapshot.Lowers = []layer.Lower{{Ref: parent, Digest: chain[len(chain)-2].Digest}}
+	}
 	out := &Packed{Layer: info, Packed: &snap.Packed{Bytes: blob.Size}, Frozen: took.Frozen}
 	if state != nil {
 		info.Snapshot.Memory = &layer.Memory{Machine: *sb.Machine, State: *state, Nonce: took.Memory.Nonce}
 		out.Paused = took.Frozen
 	}
 	return out, nil
+}
+
+// chainFiles are the files of sb's disk's chain, topmost first (a disk
+// the store lacks served lazily), and what lets go of them.
+func (sb *Sandbox) chainFiles(ctx context.Context) ([]string, func(), error) {
+	b, ok := sb.d.(driver.BaseResolver)
+	if !ok {
+		return nil, nil, fmt.Errorf("sandbox %s boots no base of its own: %w", sb.Name, errdefs.ErrNotImplemented)
+	}
+	base, err := b.ResolveBase(ctx, sb.host.baseSource(), sb.Layers[0], sb.Digests)
+	if err != nil {
+		return nil, nil, err
+	}
+	release := base.Release
+	if release == nil {
+		release = func() {}
+	}
+	return base.Files, release, nil
 }
 
 // diskChain is the chain of blobs digests (topmost first) names, base
@@ -127,13 +161,21 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 // the remote is in no blob of the store: its size is the image's).
 func diskChain(ctx context.Context, s *store.Store, digests []string, parent string) ([]ocispec.Descriptor, vm.Record, []ocispec.Descriptor) {
 	chain := make([]ocispec.Descriptor, len(digests))
+	var tables []ocispec.Descriptor
 	for i, d := range digests {
 		dg := digest.Digest(d)
-		var size int64
+		desc := ocispec.Descriptor{MediaType: vm.MediaTypeDisk, Digest: dg}
 		if st, err := os.Stat(s.BlobPath(dg)); err == nil {
-			size = st.Size()
+			desc.Size = st.Size()
+		} else if lender, disk, _, ok := vm.Lender(ctx, s, dg); ok { // read lazily: as an image lists it
+			desc = disk
+			for _, t := range lender.Tables {
+				if t.Annotations[vm.AnnotationWindowsOf] == dg.String() {
+					tables = append(tables, t)
+				}
+			}
 		}
-		chain[len(chain)-1-i] = ocispec.Descriptor{MediaType: vm.MediaTypeDisk, Digest: dg, Size: size}
+		chain[len(chain)-1-i] = desc
 	}
 	same := func(img *vm.Image) bool {
 		return img != nil && slices.Equal(img.Digests(), digests)
@@ -146,5 +188,5 @@ func diskChain(ctx context.Context, s *store.Store, digests []string, parent str
 			return slices.Clone(all[i].Chain), all[i].Record, all[i].Tables
 		}
 	}
-	return chain, vm.Record{Disk: vm.Disk{Agent: vm.AgentSystemd}}, nil
+	return chain, vm.Record{Disk: vm.Disk{Agent: vm.AgentSystemd}}, tables
 }

@@ -123,6 +123,10 @@ type State struct {
 	// Top is the last snapshot packed from this sandbox: the parent of
 	// the next, which then holds only what changed since.
 	Top *layer.Lower `json:"top,omitempty"`
+	// DiskTop is the number of the top a full VM's disk runs on while
+	// that is not its chain's length (a snapshot flattened the chain:
+	// driver.DiskSnap.Depth); 0 otherwise, and after a start.
+	DiskTop int `json:"disk_top,omitempty"`
 	// Allowlist is the policy's egress rules as applied, with the
 	// addresses its domain rules learned (Learned).
 	Allowlist []policy.Entry `json:"allowlist,omitempty"`
@@ -564,7 +568,7 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	s := driver.StartSpec{Handle: sb.handle(), Hostname: sb.Hostname, RootFS: rootfs, Images: images, Layers: sb.Layers,
 		Digests: sb.Digests, Limits: sb.Limits, Allowlist: sb.Allowlist, NAT: sb.Policy.Network.Mode == api.NetworkNAT,
 		MergeMemory: sb.MergeMemory, Restrict: restrict, ReadOnly: readOnly, Hidden: sb.Policy.Files.Hidden, Warm: sb.prestarted,
-		Upper: sb.Upper()}
+		Upper: sb.Upper(), DiskTop: sb.DiskTop}
 	sb.prestarted = nil // the driver's now
 	s.Restore, sb.restore = sb.restore, nil
 	started, err := sb.d.Start(ctx, s)
@@ -572,6 +576,7 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	sb.DiskTop = 0 // (its top renumbered the chain's: saved below)
 	if err := sb.startDNS(sb.Policy); err != nil {
 		return err
 	}

@@ -71,8 +71,13 @@ func Tree(ctx context.Context, s *store.Store, users []User) ([]*Node, error) {
 			// packed an empty diff over an empty one) is no child of
 			// it, nor of itself: the lineage stays a DAG whatever the
 			// store holds.
-			if m.Digest != n.Digest && m.lowers[0].Digest.String() == n.Digest {
+			// A full VM's flattened disk stands on nothing: its parent
+			// is the snapshot it was taken over.
+			if m.Digest != n.Digest && (len(m.lowers) > 0 && m.lowers[0].Digest.String() == n.Digest || len(m.lowers) == 0 && m.Parent == n.Name) {
 				n.Children = append(n.Children, m.Name)
+				// A VM's diff over a snapshot (a flattened one too)
+				// holds what changed since.
+				m.Incremental = m.Incremental || m.vm && len(m.lowers) > 0
 			}
 		}
 		for _, u := range users {
@@ -151,7 +156,9 @@ func Remove(ctx context.Context, s *store.Store, ref string, users []User, force
 
 // vmSnapshots are the store's snapshots of full VMs' disks: VM images
 // whose last image is a sandbox's block diff over the rest (package
-// vm), each standing on the image or snapshot it was taken over.
+// vm), each standing on the image or snapshot it was taken over, or
+// whose one image is a sandbox's whole disk (a flattened chain), which
+// stands on nothing.
 func vmSnapshots(ctx context.Context, s *store.Store) ([]*Node, error) {
 	imgs, err := vm.List(ctx, s)
 	if err != nil {
@@ -159,14 +166,17 @@ func vmSnapshots(ctx context.Context, s *store.Store) ([]*Node, error) {
 	}
 	var out []*Node
 	for _, img := range imgs {
-		if img.Sandbox == "" || len(img.Chain) < 2 {
+		if img.Sandbox == "" {
 			continue
 		}
-		under := img.Chain[len(img.Chain)-2].Digest
-		out = append(out, &Node{SnapshotNode: api.SnapshotNode{Name: img.Tag, Digest: img.Blob.Digest.String(), Size: img.Blob.Size,
-			Parent: img.Parent, Layers: []string{img.Parent}, Sandbox: img.Sandbox, Incremental: len(img.Chain) > 2,
-			Created: img.Created, Children: []string{}, Branches: []string{}, Sandboxes: []string{}},
-			lowers: []layer.Lower{{Ref: img.Parent, Digest: under}}, vm: true})
+		n := &Node{SnapshotNode: api.SnapshotNode{Name: img.Tag, Digest: img.Blob.Digest.String(), Size: img.Blob.Size,
+			Parent: img.Parent, Layers: []string{}, Sandbox: img.Sandbox, Incremental: len(img.Chain) > 2,
+			Created: img.Created, Children: []string{}, Branches: []string{}, Sandboxes: []string{}}, vm: true}
+		if len(img.Chain) > 1 { // (else its disk, flattened, stands on nothing)
+			n.Layers = []string{img.Parent}
+			n.lowers = []layer.Lower{{Ref: img.Parent, Digest: img.Chain[len(img.Chain)-2].Digest}}
+		}
+		out = append(out, n)
 		if img.State != nil {
 			out[len(out)-1].MemoryBytes = img.State.Size
 		}

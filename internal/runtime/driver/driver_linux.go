@@ -90,6 +90,10 @@ type StartSpec struct {
 	// (--disk, or the host's bound): where a backend that composes no
 	// root of layers (a BaseResolver) keeps what the sandbox writes.
 	Upper string
+	// DiskTop is the number of the top a DiskSnapshotter's disk was on
+	// when it last ran, where that is not its chain's length (a chain a
+	// snapshot flattened: DiskSnap.Depth); 0 otherwise.
+	DiskTop int
 }
 
 // Handle is what a driver is given of a sandbox it started: where it
@@ -214,22 +218,31 @@ type (
 	// d.Max bytes, d.Max > 0, is refused before anything is done), and
 	// with d.State the guest's device state and RAM as they were at
 	// that instant (a memory snapshot: the guest is stopped meanwhile).
-	// The ended top's file stays in the upper until Commit, which the
-	// caller calls once its state names the diff's blob (its chain one
-	// longer): a sandbox started before that finds both tops, and
-	// merges them.
+	// A chain of the most images the backend keeps is flattened: the
+	// diff is then the whole disk, standing alone (DiskSnapped.Flat),
+	// the chain its one image, and the new top (Depth+1) over it. The ended
+	// top's file stays in the upper until Commit, which the caller calls
+	// once its state names the diff's blob (its chain one longer, or
+	// the diff alone): a sandbox started before that finds both tops,
+	// and merges them.
 	DiskSnapshotter interface {
 		SnapshotDisk(ctx context.Context, h Handle, d DiskSnap) (DiskSnapped, error)
 	}
 )
 
-// DiskSnap is what a DiskSnapshotter is asked to take.
+// DiskSnap is what a DiskSnapshotter is asked to take: the disk's top is
+// the Depth-th (the chain's length, but after a flatten), over a chain
+// of Chain images.
 type DiskSnap struct {
 	Upper string
 	Depth int
+	Chain int
 	Max   int64
 	Diff  *os.File
 	State *os.File // nil: the disk alone
+	// Images are the chain's files, topmost first, which release lets
+	// go of (asked for a flatten only).
+	Images func() (files []string, release func(), err error)
 }
 
 // DiskSnapped is what a DiskSnapshotter took: Commit drops the ended
@@ -240,6 +253,9 @@ type DiskSnapped struct {
 	Commit func() error
 	Frozen time.Duration
 	Memory *initproto.SnapshotInfo
+	// Flat: the chain was flattened first, and the diff is the whole
+	// disk, standing alone.
+	Flat bool
 }
 
 // Base is a backend's own base as a sandbox stands on it: the digests

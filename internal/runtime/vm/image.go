@@ -428,7 +428,7 @@ func checkManifest(man ocispec.Manifest, config []byte) error {
 		if rec.Memory == nil {
 			return fmt.Errorf("it holds a saved guest its record does not describe: %w", errdefs.ErrInvalidArgument)
 		}
-		if rec.Sandbox == "" || len(disks) < 2 {
+		if rec.Sandbox == "" { // (its disk a chain of one image when a flatten made it)
 			return fmt.Errorf("it holds a saved guest but is no snapshot of a sandbox: %w", errdefs.ErrInvalidArgument)
 		}
 		if err := rec.Memory.check(); err != nil {

@@ -63,10 +63,16 @@ func (w *worker) pullVM(ctx context.Context, tag string) error {
 		return nil
 	}
 	sc := w.scopeOf(ctx)
-	img, ok := w.remoteVM(ctx, r.String())
-	if !ok {
+	img, err := vm.Describe(ctx, w.host.Remote, r)
+	switch {
+	case errdefs.IsNotFound(err) || errdefs.IsInvalidArgument(err): // (a layer's tag there, say)
 		return fmt.Errorf("no VM image %s in the store or the worker's shared remote (dsec vm image ls lists the store's; dsec vm image build makes one): %w",
 			sc.show(tag), errdefs.ErrNotFound)
+	case err != nil && sc.admin():
+		return fmt.Errorf("VM image %s: the shared remote: %w", tag, err)
+	case err != nil:
+		w.log.Warn("a tenant's create could not read a VM image from the shared remote", "image", r.String(), "err", err)
+		return fmt.Errorf("VM image %s could not be read from the worker's shared remote: ask the worker's admin (its log says why): %w", sc.show(tag), errdefs.ErrUnavailable)
 	}
 	lazily := img.Image.Lazy()
 	if !sc.admin() && img.Bytes > tenantVMPull {

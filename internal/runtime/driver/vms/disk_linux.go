@@ -41,9 +41,35 @@ func topFile(upper string, depth int) string {
 // its first start, kept after. A top over it that a snapshot stacked
 // and the sandbox's state never came to name (its worker was killed
 // in between) is merged into it: what the guest wrote since is kept,
-// and the chain is the state's.
-func top(ctx context.Context, upper string, chain []string) (string, error) {
+// and the chain is the state's. last is the number of the top the disk
+// was on when it last ran, where that is not the chain's length (0
+// otherwise): a chain a snapshot flattened is shorter than that, and
+// its top is renumbered.
+func top(ctx context.Context, upper string, chain []string, last int) (string, error) {
 	path := topFile(upper, len(chain))
+	if last > len(chain) {
+		was := topFile(upper, last)
+		if _, err := os.Stat(was); err != nil {
+			if _, err := os.Stat(path); err != nil { // (else renumbered by a start that went no further)
+				return "", fmt.Errorf("the VM's disk: its top (%s) is gone, and what the guest wrote with it: %w", was, errdefs.ErrDataLoss)
+			}
+		} else {
+			if _, err := os.Stat(topFile(upper, last+1)); err == nil {
+				if err := merge(ctx, topFile(upper, last+1), was); err != nil {
+					return "", fmt.Errorf("the VM's disk: a snapshot left a top its state does not name, which does not merge: %w", err)
+				}
+			}
+			if err := os.Rename(was, path); err != nil {
+				return "", err
+			}
+		}
+		// Tops under it are ended ones, which blobs hold.
+		for k := len(chain) + 1; k < last; k++ {
+			if err := os.Remove(topFile(upper, k)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return "", err
+			}
+		}
+	}
 	next := topFile(upper, len(chain)+1)
 	for k := 1; k < len(chain); k++ { // ended tops the chain's blobs hold now
 		if err := os.Remove(topFile(upper, k)); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -102,10 +128,7 @@ func virtualSize(ctx context.Context, path string) (int64, error) {
 // merge writes what the top image over holds into under, the image it
 // was stacked on, and removes over.
 func merge(ctx context.Context, over, under string) error {
-	spec := map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": over},
-		"backing": map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": under}, "backing": nil}}
-	j, _ := json.Marshal(spec)
-	if out, err := exec.CommandContext(ctx, "qemu-img", "commit", "-q", "json:"+string(j)).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, "qemu-img", "commit", "-q", chainSpec(over, under)).CombinedOutput(); err != nil {
 		return fmt.Errorf("qemu-img commit: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return os.Remove(over)
@@ -127,10 +150,6 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, o driver.Dis
 	if !ok || v == nil {
 		return out, fmt.Errorf("sandbox %s's VM is not running: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}
-	if o.Depth >= vm.MaxChain {
-		return out, fmt.Errorf("sandbox %s's disk is a chain of %d images, the most a VM's disk is (a chain is not flattened in this release): %w",
-			h.Name, o.Depth, errdefs.ErrFailedPrecondition)
-	}
 	cur, next := topFile(o.Upper, o.Depth), topFile(o.Upper, o.Depth+1)
 	if _, err := os.Stat(next); err == nil {
 		v.ThawFS(ctx) // (that snapshot may have left the guest frozen)
@@ -151,6 +170,10 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, o driver.Dis
 	if err := over(); err != nil {
 		return out, err
 	}
+	// A chain as long as it may be is flattened: the diff is the whole
+	// disk, the ended top and every image under it, read-only once the
+	// new top is stacked (the bound is on what the guest changed).
+	out.Flat = o.Chain >= d.maxChain()
 	size, err := virtualSize(ctx, cur)
 	if err != nil {
 		return out, err
@@ -176,6 +199,13 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, o driver.Dis
 	} else if out.Frozen, err = d.stack(ctx, v, o, t0, over); err != nil {
 		return out, err
 	}
+	if out.Flat {
+		if err := flatten(ctx, cur, o); err != nil {
+			return out, fmt.Errorf("flatten sandbox %s's disk (a chain of %d images): %w", h.Name, o.Chain, err)
+		}
+		out.Commit = func() error { return os.Remove(cur) }
+		return out, nil
+	}
 	f, err := os.Open(cur)
 	if err != nil {
 		return out, err
@@ -191,6 +221,45 @@ func (d *Driver) SnapshotDisk(ctx context.Context, h driver.Handle, o driver.Dis
 	}
 	out.Commit = func() error { return os.Remove(cur) }
 	return out, nil
+}
+
+// flatten writes to o.Diff the whole disk the ended top cur holds over
+// the chain (o.Images): one qcow2 image that names no backing file. The
+// running QEMU holds them all open, read-only now: they are read
+// without its locks. The guest runs on meanwhile, over its new top.
+func flatten(ctx context.Context, cur string, o driver.DiskSnap) error {
+	if o.Images == nil {
+		return errors.New("no chain to flatten")
+	}
+	files, release, err := o.Images()
+	if err != nil {
+		return err
+	}
+	defer release()
+	spec := chainSpec(append([]string{cur}, files...)...)
+	if out, err := exec.CommandContext(ctx, "qemu-img", "convert", "-q", "-U", "-O", "qcow2", spec, o.Diff.Name()).CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img convert: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// chainSpec is QEMU's json: name of the chain of qcow2 files, topmost
+// first, each over the next (none naming its backing file).
+func chainSpec(files ...string) string {
+	var o any
+	for i := len(files) - 1; i >= 0; i-- {
+		o = map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": files[i]}, "backing": o}
+	}
+	b, _ := json.Marshal(o)
+	return "json:" + string(b)
+}
+
+// maxChain is the longest chain a snapshot leaves (Settings.MaxChain).
+func (d *Driver) maxChain() int {
+	if m := d.settings.MaxChain; m > 0 && m <= vm.MaxChain {
+		return m
+	}
+	return vm.MaxChain
 }
 
 // stack stacks the new top over the running guest's disk, its root

@@ -3,7 +3,6 @@ package vms
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,17 +10,6 @@ import (
 	"testing"
 	"time"
 )
-
-// chainSpec is QEMU's options for the chain files, topmost first, none
-// naming its backing file.
-func chainSpec(files ...string) string {
-	var o any
-	for i := len(files) - 1; i >= 0; i-- {
-		o = map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": files[i]}, "backing": o}
-	}
-	b, _ := json.Marshal(o)
-	return "json:" + string(b)
-}
 
 // qemuIO runs qemu-io's commands on the chain files, topmost first.
 func qemuIO(t *testing.T, files []string, cmds ...string) string {
@@ -54,7 +42,7 @@ func TestTop(t *testing.T) {
 	qemuIO(t, []string{base}, "write -P 0xaa 0 1M")
 	upper := filepath.Join(dir, "upper")
 	os.Mkdir(upper, 0o755)
-	p, err := top(ctx, upper, []string{base})
+	p, err := top(ctx, upper, []string{base}, 0)
 	if err != nil || p != filepath.Join(upper, "disk.qcow2") {
 		t.Fatalf("top: %q %v", p, err)
 	}
@@ -72,7 +60,7 @@ func TestTop(t *testing.T) {
 		t.Fatal(err)
 	}
 	qemuIO(t, []string{next, p, base}, "write -P 0xcc 2M 1M")
-	if p2, err := top(ctx, upper, []string{base}); err != nil || p2 != p {
+	if p2, err := top(ctx, upper, []string{base}, 0); err != nil || p2 != p {
 		t.Fatalf("top after a snapshot's leftover: %q %v", p2, err)
 	}
 	if _, err := os.Stat(next); !os.IsNotExist(err) {
@@ -88,7 +76,7 @@ func TestTop(t *testing.T) {
 	if b, err := os.ReadFile(p); err != nil || os.WriteFile(diff, b, 0o600) != nil {
 		t.Fatal(err)
 	}
-	p2, err := top(ctx, upper, []string{diff, base})
+	p2, err := top(ctx, upper, []string{diff, base}, 0)
 	if err != nil || p2 != topFile(upper, 2) {
 		t.Fatalf("top over a chain of 2: %q %v", p2, err)
 	}
@@ -98,6 +86,47 @@ func TestTop(t *testing.T) {
 	out = qemuIO(t, []string{p2, diff, base}, "read -P 0xaa 0 1M", "read -P 0xbb 1M 1M", "read -P 0xcc 2M 1M")
 	if strings.Contains(out, "Pattern verification failed") {
 		t.Fatalf("the disk over the chain of 2: %s", out)
+	}
+	// A snapshot flattened the chain while the disk ran on its 5th top:
+	// the chain is the flattened image alone, and the top (with a
+	// snapshot's leftover over it) is renumbered the chain's, the ended
+	// tops between gone.
+	flat := filepath.Join(dir, "flat.qcow2")
+	if out, err := exec.Command("qemu-img", "convert", "-q", "-O", "qcow2", chainSpec(p2, diff, base), flat).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	os.Rename(p2, topFile(upper, 5))
+	qemuIO(t, []string{topFile(upper, 5), flat}, "write -P 0xdd 3M 1M")
+	for _, k := range []int{2, 3, 4, 6} { // ended tops left behind, and a snapshot's leftover
+		if err := create(ctx, topFile(upper, k), 64<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qemuIO(t, []string{topFile(upper, 6), topFile(upper, 5), flat}, "write -P 0xee 4M 1M")
+	p3, err := top(ctx, upper, []string{flat}, 5)
+	if err != nil || p3 != topFile(upper, 1) {
+		t.Fatalf("top over a flattened chain: %q %v", p3, err)
+	}
+	for _, k := range []int{2, 3, 4, 5, 6} {
+		if _, err := os.Stat(topFile(upper, k)); !os.IsNotExist(err) {
+			t.Errorf("top %d is still there: %v", k, err)
+		}
+	}
+	out = qemuIO(t, []string{p3, flat}, "read -P 0xaa 0 1M", "read -P 0xbb 1M 1M", "read -P 0xcc 2M 1M", "read -P 0xdd 3M 1M", "read -P 0xee 4M 1M")
+	if strings.Contains(out, "Pattern verification failed") {
+		t.Fatalf("the disk over the flattened chain: %s", out)
+	}
+	// A start that renumbered it and went no further: found as it is.
+	if p4, err := top(ctx, upper, []string{flat}, 5); err != nil || p4 != p3 {
+		t.Fatalf("top after a renumbering: %q %v", p4, err)
+	}
+	// Neither the top it names nor the chain's: refused, nothing made.
+	os.Remove(p3)
+	if _, err := top(ctx, upper, []string{flat}, 5); err == nil {
+		t.Error("a start with no top where its state says the disk was: no error")
+	}
+	if _, err := os.Stat(p3); !os.IsNotExist(err) {
+		t.Errorf("an empty top was made: %v", err)
 	}
 }
 

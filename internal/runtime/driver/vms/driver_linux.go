@@ -25,6 +25,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/layer"
@@ -131,8 +132,8 @@ func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref str
 		return b, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
 	}
 	digests := want
+	img, err := vm.Lookup(ctx, s, ref)
 	if len(want) == 0 {
-		img, err := vm.Lookup(ctx, s, ref)
 		if err != nil {
 			return b, err
 		}
@@ -164,7 +165,7 @@ func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref str
 		}
 		p := s.BlobPath(dg)
 		if _, err := os.Stat(p); err != nil {
-			hold, lazy, err := serveDisk(ctx, src, ref, dg)
+			hold, lazy, err := serveDisk(ctx, src, ref, img, dg)
 			if err != nil {
 				return b, err
 			}
@@ -175,18 +176,30 @@ func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref str
 	return b, nil
 }
 
-// serveDisk serves disk dg of VM image ref, which the store lacks,
-// lazily from the worker's shared remote (as the store's image of
-// fewest disks that lists it names it there), checked before QEMU
+// serveDisk serves disk dg of VM image ref (img, if the store still
+// tags it), which the store lacks, lazily from the worker's shared
+// remote, as img names it there (else the store's image of fewest disks
+// that lists it: a sandbox whose tag moved on), checked before QEMU
 // opens it.
-func serveDisk(ctx context.Context, src driver.BaseSource, ref string, dg digest.Digest) (io.Closer, string, error) {
-	lender, disk, w, ok := vm.Lender(ctx, src.Store, dg)
+func serveDisk(ctx context.Context, src driver.BaseSource, ref string, img *vm.Image, dg digest.Digest) (io.Closer, string, error) {
+	lender, disk, w, ok := (*vm.Image)(nil), ocispec.Descriptor{}, layer.Windows{}, false
+	if img != nil {
+		for _, d := range img.Chain {
+			if d.Digest == dg {
+				lender, disk = img, d
+				w, ok = img.Windows(d)
+			}
+		}
+	}
+	if !ok {
+		lender, disk, w, ok = vm.Lender(ctx, src.Store, dg)
+	}
 	switch {
 	case !ok:
 		return nil, "", fmt.Errorf("the disk of VM image %s (%s) is gone from the store: %w", ref, dg, errdefs.ErrNotFound)
 	case src.Serve == nil:
 		return nil, "", fmt.Errorf("the disk of VM image %s (%s) was left in a shared remote, and this worker has none now: give it its remote (remote:), or dsec vm image pull %s: %w",
-			ref, dg, lender.Tag, errdefs.ErrFailedPrecondition)
+			ref, dg, ref, errdefs.ErrFailedPrecondition)
 	}
 	table, err := src.Store.ReadBlob(w.Digest, int64(w.Count)*32)
 	if err != nil {
@@ -194,7 +207,7 @@ func serveDisk(ctx context.Context, src driver.BaseSource, ref string, dg digest
 	}
 	p, hold, err := src.Serve(ctx, lender.Tag, disk, w, table)
 	if err != nil {
-		return nil, "", fmt.Errorf("VM image %s: read its disk %s from the shared remote: %w", ref, dg, err)
+		return nil, "", fmt.Errorf("VM image %s: read its disk %s from the shared remote: %v: %w", ref, dg, err, errdefs.ErrUnavailable)
 	}
 	if err := vm.CheckDisk(ctx, p); err != nil {
 		hold.Close()
@@ -252,7 +265,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, err
 	}
 	ram := this.MemoryBytes
-	disk, err := top(ctx, s.Upper, s.Images)
+	disk, err := top(ctx, s.Upper, s.Images, s.DiskTop)
 	if err != nil {
 		return out, err
 	}

@@ -17,4 +17,9 @@ type Settings struct {
 	// BootTimeout bounds a boot, firmware to the agent's answer (0:
 	// 60 s under KVM, 300 s under TCG).
 	BootTimeout time.Duration `json:"boot_timeout,omitempty"`
+	// MaxChain is the longest disk chain a snapshot leaves (0 or more
+	// than vm.MaxChain: vm.MaxChain): a snapshot of a longer one first
+	// flattens it, copying the whole disk into the snapshot, which then
+	// stands alone.
+	MaxChain int `json:"max_chain,omitempty"`
 }

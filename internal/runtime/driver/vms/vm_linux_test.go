@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/auth"
@@ -335,7 +336,8 @@ func diff(a, b *image.RGBA) image.Rectangle {
 // guest (testMemorySnapshot).
 func TestVMSnapshots(t *testing.T) {
 	shared := t.TempDir() // the worker publishes its snapshots there
-	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t)}, RemoteURL: "dir://" + shared, PublishSnapshots: true})
+	// (Chains of 4 images at most: the fourth snapshot flattens.)
+	w, c := setup(t, runtimetest.Config{VM: vms.Settings{Agent: staticAgent(t), MaxChain: 4}, RemoteURL: "dir://" + shared, PublishSnapshots: true})
 	img := runtimetest.VMImage(t, w.Root)
 	ctx := context.Background()
 	sb := create(t, c, api.SandboxSpec{Name: "src", Backend: vms.VM, Layers: []string{img}})
@@ -506,15 +508,66 @@ func TestVMSnapshots(t *testing.T) {
 	if err := far[0].Remove(ctx, true); err != nil {
 		t.Fatal(err)
 	}
+	testFlatten(t, w.Root, sb, run)
 	for _, s := range append(mem, sb) {
 		if err := s.Remove(ctx, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, name := range []string{"vs:3", "vs:2"} {
+	for _, name := range []string{"vs:5", "vs:4", "vs:3", "vs:2"} {
 		if err := c.RemoveSnapshot(ctx, name, false); err != nil {
 			t.Errorf("removing %s, which nothing stands on: %v", name, err)
 		}
+	}
+}
+
+// testFlatten: a snapshot of sb, whose disk is a chain of 4 images (its
+// worker's vm.max_chain), flattens it first, while the guest runs: the
+// snapshot is the whole disk, alone, and the next one a diff over it;
+// a stop and a start boot the short chain, with all the guest wrote.
+func testFlatten(t *testing.T, root string, sb *sdk.Sandbox, run func(*sdk.Sandbox, string) string) {
+	ctx := context.Background()
+	s, err := store.Open(filepath.Join(root, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := func(tag string) []ocispec.Descriptor {
+		t.Helper()
+		img, err := vm.Lookup(ctx, s, tag)
+		if err != nil || !img.Lazy() {
+			t.Fatalf("VM image %s: %+v %v", tag, img, err)
+		}
+		return img.Chain
+	}
+	if n := len(chain("vs:3")); n != 4 {
+		t.Fatalf("vs:3 is a chain of %d images, want 4", n)
+	}
+	run(sb, "echo flat > /root/flat && sync")
+	s4, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := chain("vs:4")
+	if len(flat) != 1 || s4.Incremental || len(s4.Layers) != 0 || flat[0].Size < 100<<20 {
+		t.Errorf("a snapshot of a chain of 4: %+v, its chain %v: want the whole disk, alone", s4, flat)
+	}
+	run(sb, "echo over > /root/over && sync")
+	s5, err := sb.PackDiff(ctx, api.PackRequest{Tag: "vs:5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c5 := chain("vs:5"); len(c5) != 2 || c5[0].Digest != flat[0].Digest || c5[1].Size > 64<<20 || !s5.Incremental {
+		t.Errorf("the next snapshot: %+v, its chain %v: want a diff over vs:4's disk", s5, c5)
+	}
+	run(sb, "echo top > /root/top && sync")
+	if err := sb.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(sb, "cat /root/step /root/flat /root/over /root/top"); out != "two\nflat\nover\ntop\n" {
+		t.Errorf("after a flatten, a snapshot, a stop and a start: %q", out)
 	}
 }
 
