@@ -105,11 +105,11 @@ branches boot; --max-bytes bounds the diff (one over it is refused before anythi
 				kind = "increment"
 			}
 			if s.BlockDiff {
-				over := "over " + s.Parent + ": a block diff of the VM's disk"
+				what := kind + " over " + s.Parent + ": a block diff of the VM's disk"
 				if s.Parent == "" {
-					over = "the VM's whole disk (its chain was flattened)"
+					what = "whole: the VM's disk, its chain flattened"
 				}
-				fmt.Fprintf(a.stdout, "%s\t%s %s, %s; frozen %s\n", s.Name, kind, over,
+				fmt.Fprintf(a.stdout, "%s\t%s, %s; frozen %s\n", s.Name, what,
 					humanBytes(s.Size), time.Duration(s.FrozenSeconds*float64(time.Second)).Round(time.Millisecond))
 				return nil
 			}
