@@ -27,7 +27,7 @@ import (
 func (g *Gateway) vnc(rw http.ResponseWriter, r *http.Request, name string) {
 	n := g.heldBy(name)
 	if n == nil {
-		refuseVNC(rw, r)
+		refuseVNC(rw)
 		return
 	}
 	out := r.Clone(r.Context())
@@ -72,7 +72,7 @@ func (g *Gateway) openProxy(n *node) *httputil.ReverseProxy {
 		},
 		ErrorHandler: func(rw http.ResponseWriter, r *http.Request, err error) {
 			g.cfg.Log.Warn("relaying a VNC WebSocket", "worker", n.URL, "err", err)
-			refuseVNC(rw, r)
+			refuseVNC(rw)
 		},
 	}
 }
@@ -80,6 +80,6 @@ func (g *Gateway) openProxy(n *node) *httputil.ReverseProxy {
 // refuseVNC answers api.VNCRefused, as the worker's refusal reaches the
 // client through the relay (which drops its Connection header: a GET
 // has no body to leave unread): the two are one answer.
-func refuseVNC(rw http.ResponseWriter, r *http.Request) {
+func refuseVNC(rw http.ResponseWriter) {
 	answer(rw, http.StatusForbidden, api.VNCRefused)
 }

@@ -103,8 +103,6 @@ func (m Machine) Runs(n Machine) string {
 		return fmt.Sprintf("its guest agent's disk was another (%s), this host's is %s: another dsec's agent, or another mke2fs", m.Agent, n.Agent)
 	case m.CPU != n.CPU && m.CPU != "" && n.CPU != "": // ("": an older dsec's record)
 		return fmt.Sprintf("it ran on another processor (%s), this host's is %s: under KVM a guest sees its host's own, and may use what this one lacks", m.CPU, n.CPU)
-	case len(m.CPU) > MaxCPU:
-		return fmt.Sprintf("its processor's description is over %d bytes", MaxCPU)
 	case CheckMAC(m.MAC) != nil:
 		return CheckMAC(m.MAC).Error()
 	}

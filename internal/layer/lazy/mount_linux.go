@@ -41,40 +41,18 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 	if spec.Record && ready(dir) {
 		return fmt.Errorf("layer %s is already mounted on this host and its fetcher is not recording: unmount its mounts, then mount it with --record: %w", spec.Ref, errdefs.ErrFailedPrecondition)
 	}
-	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
-		return err
-	}
-	if err := writeJSON(filepath.Join(dir, "layer.json"), spec); err != nil {
-		return err
-	}
-	// A fetcher found ready may be on its way out (no mount for its idle
-	// time): once mounted, the mount is its user if it is still ready;
-	// if not, it left (or is leaving), and another is started.
-	for try := 0; ; try++ {
-		if !ready(dir) {
-			if err := startFetcher(ctx, dir, start); err != nil {
-				return err
-			}
+	return served(ctx, dir, spec, table, start, "mounted", func(image string) (func(), error) {
+		if err := mount.EROFS(image).Mount(target); err != nil {
+			return nil, err
 		}
-		pid := fetcherPID(dir)
-		err := mount.EROFS(filepath.Join(dir, "fuse", "image")).Mount(target)
-		still := ready(dir) && fetcherPID(dir) == pid
-		switch {
-		case err != nil && still:
-			return err
-		case err == nil && still:
-			if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
-				mount.Unmount(target)
-				return err
-			}
-			return nil
-		case err == nil:
+		return func() { mount.Unmount(target) }, nil
+	}, func() error {
+		if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
 			mount.Unmount(target)
+			return err
 		}
-		if try == 10 {
-			return fmt.Errorf("layer %s: its fetcher kept exiting as it was mounted: %s", spec.Ref, lastLine(filepath.Join(dir, "fetcher.log")))
-		}
-	}
+		return nil
+	})
 }
 
 // ServeFile serves a blob lazily as a file for a reader that opens it
@@ -93,32 +71,56 @@ func ServeFile(ctx context.Context, root string, spec Spec, table []byte, start 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", nil, err
 	}
-	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
+	var f *os.File
+	err = served(ctx, dir, spec, table, start, "opened", func(image string) (func(), error) {
+		var err error
+		if f, err = os.Open(image); err != nil {
+			return nil, err
+		}
+		return func() { f.Close() }, nil
+	}, nil)
+	if err != nil {
 		return "", nil, err
+	}
+	return f.Name(), f, nil
+}
+
+// served writes spec and its window table to the cache directory dir,
+// starts its fetcher unless one serves it, and has use take the
+// fetcher's file (mount or open it), then done (nil: nothing). A
+// fetcher found ready may be on its way out (no user for its idle
+// time): once taken, the file has its user if the fetcher is still
+// ready; if not, it left (or is leaving), use is undone, and another
+// fetcher is started.
+func served(ctx context.Context, dir string, spec Spec, table []byte, start Start, what string, use func(image string) (undo func(), err error), done func() error) error {
+	if err := writeIfChanged(filepath.Join(dir, "windows"), table); err != nil {
+		return err
 	}
 	if err := writeJSON(filepath.Join(dir, "layer.json"), spec); err != nil {
-		return "", nil, err
+		return err
 	}
-	path := filepath.Join(dir, "fuse", "image")
-	for try := 0; ; try++ { // (as Mount: a fetcher found ready may be leaving)
+	for try := 0; ; try++ {
 		if !ready(dir) {
 			if err := startFetcher(ctx, dir, start); err != nil {
-				return "", nil, err
+				return err
 			}
 		}
 		pid := fetcherPID(dir)
-		f, err := os.Open(path)
+		undo, err := use(filepath.Join(dir, "fuse", "image"))
 		still := ready(dir) && fetcherPID(dir) == pid
 		switch {
 		case err != nil && still:
-			return "", nil, err
+			return err
 		case err == nil && still:
-			return path, f, nil
+			if done != nil {
+				return done()
+			}
+			return nil
 		case err == nil:
-			f.Close()
+			undo()
 		}
 		if try == 10 {
-			return "", nil, fmt.Errorf("%s: its fetcher kept exiting as it was opened: %s", spec.Ref, lastLine(filepath.Join(dir, "fetcher.log")))
+			return fmt.Errorf("%s: its fetcher kept exiting as its file was %s: %s", spec.Ref, what, lastLine(filepath.Join(dir, "fetcher.log")))
 		}
 	}
 }

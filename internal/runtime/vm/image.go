@@ -416,15 +416,11 @@ func checkManifest(man ocispec.Manifest, config []byte) error {
 		return fmt.Errorf("its record is no VM image's: %w", errdefs.ErrInvalidArgument)
 	}
 	img := split(&Image{Chain: man.Layers})
-	disks := man.Layers[:len(img.Chain)]
-	if img.State != nil {
-		disks = man.Layers[:len(img.Chain)+1]
-	}
-	if err := checkTables(img.Chain, img.Tables); err != nil {
+	disks := img.Chain
+	if err := checkTables(disks, img.Tables); err != nil {
 		return err
 	}
-	if n := len(disks); n > 1 && disks[n-1].MediaType == MediaTypeState {
-		disks = disks[:n-1]
+	if img.State != nil {
 		if rec.Memory == nil {
 			return fmt.Errorf("it holds a saved guest its record does not describe: %w", errdefs.ErrInvalidArgument)
 		}

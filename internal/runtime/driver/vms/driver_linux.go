@@ -132,9 +132,9 @@ func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref str
 		return b, fmt.Errorf("a vm sandbox boots a VM image of the store: this worker has none: %w", errdefs.ErrFailedPrecondition)
 	}
 	digests := want
-	img, err := vm.Lookup(ctx, s, ref)
+	var img *vm.Image // (a restart's, looked up for a disk the store lacks)
 	if len(want) == 0 {
-		if err != nil {
+		if img, err = vm.Lookup(ctx, s, ref); err != nil {
 			return b, err
 		}
 		if img.Disk.Agent == "" {
@@ -165,6 +165,9 @@ func (d *Driver) ResolveBase(ctx context.Context, src driver.BaseSource, ref str
 		}
 		p := s.BlobPath(dg)
 		if _, err := os.Stat(p); err != nil {
+			if img == nil {
+				img, _ = vm.Lookup(ctx, s, ref) // (nil: its tag is gone, or moved on)
+			}
 			hold, lazy, err := serveDisk(ctx, src, ref, img, dg)
 			if err != nil {
 				return b, err
