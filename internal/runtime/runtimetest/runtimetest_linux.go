@@ -546,21 +546,8 @@ func serving(root string) bool { return worker.Serving(root) }
 
 // Leftovers lists what the sandboxes of root left on the host: mounts
 // below root, cgroups of its sandboxes, nat addresses, loop devices on
-// its files, sandbox directories. A running worker's spare inits and
-// primed sandboxes are its own; it makes them again once it has served
-// no request for a moment, so one may be half made while the host is
-// looked at: what is left is looked at again, for up to 5 s, until
-// nothing is.
+// its files, sandbox directories.
 func Leftovers(root string) []string {
-	out := leftovers(root)
-	for deadline := time.Now().Add(5 * time.Second); len(out) > 0 && serving(root) && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
-		out = leftovers(root)
-	}
-	return out
-}
-
-func leftovers(root string) []string {
 	var out []string
 	spares := serving(root) // a running worker's spare inits and primed sandboxes are its own
 	var primed []string     // their directories, and those of the layers they hold

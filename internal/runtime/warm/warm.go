@@ -252,13 +252,7 @@ func (p *Pool[T]) fill() {
 			return
 		}
 		p.mu.Lock()
-		// What a Reset, a Put or a Resize changed while it waited.
-		recipe, gen = p.cfg.Make, p.gen
-		if p.closed || len(p.ready)+p.filling > p.cfg.Size {
-			p.filling--
-			p.mu.Unlock()
-			continue
-		}
+		recipe, gen = p.cfg.Make, p.gen // a Reset while it waited
 		p.mu.Unlock()
 		it, err := recipe(ctx)
 		p.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -224,26 +225,36 @@ func (w *worker) discard(name string) {
 }
 
 // afterAnswer is how long the worker must have served no request before
-// work no answer waits for is done (priming a sandbox, starting spare
-// inits, filling a pool), and how long a call's sandbox waits before it
-// is removed: a client wakes, reads an answer and sends its next request
-// (a create's first command) or exits in about that time, and on a small
-// host that work would take the CPUs it needs (2.3-2.8 ms of a CLI run
-// --rm with runs 50 ms apart, 5-8 ms of an SDK create's first exec,
-// BENCHMARKS.md). A request holds that work back for mostHeldBack from
-// its start at the longest (a command that runs for minutes, a shell, an
-// output followed, a screen), and so does a host that is never quiet.
+// work no answer waits for is done (removing a call's sandbox, priming
+// the next, starting spare inits): a client wakes, reads an answer and
+// sends its next request (a create's first command) or exits in about
+// that time, and on a small host that work would take the CPUs it needs
+// (2.3-2.8 ms of a CLI run --rm with runs 50 ms apart, 5-8 ms of an SDK
+// create's first exec, BENCHMARKS.md). mostHeldBack bounds the wait on
+// a host that is never quiet.
 const (
 	afterAnswer  = 3 * time.Millisecond
 	mostHeldBack = 50 * time.Millisecond
 )
 
-// quietWhile serves next, q told of each request while it is served.
+// quietWhile serves next, q told of each request as it is served but
+// those that stream.
 func quietWhile(q *warm.Quiet, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		defer q.Enter()()
+		if !streams(r) {
+			defer q.Enter()()
+		}
 		next.ServeHTTP(rw, r)
 	})
+}
+
+// streams says r may stay open for long (a command's output followed, a
+// screen over VNC, a port's connection) and is not counted as a request
+// being served: it would hold back what is made ahead of need for
+// mostHeldBack each time.
+func streams(r *http.Request) bool {
+	return r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/v1/vnc/") || strings.Contains(r.URL.Path, "/execs/")) ||
+		strings.Contains(r.URL.Path, "/ports/")
 }
 
 // discardLater discards a sandbox in the background (after a call's
@@ -258,7 +269,7 @@ func (w *worker) discardLater(name string) {
 	}
 	if e := w.going(name); e != nil {
 		w.removing.Go(func() {
-			time.Sleep(afterAnswer) // not the quiet: a create of its name waits for it, as may the admission queue
+			w.host.Quiet.Wait(context.Background())
 			w.drop(name, e)
 		})
 	}
