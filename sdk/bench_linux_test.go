@@ -55,23 +55,6 @@ func BenchmarkCreateExecRemove(b *testing.B) {
 	report(b, "with-rm", whole)
 }
 
-// BenchmarkCreateExecSpaced: BenchmarkCreateExecRemove with 50 ms
-// between sandboxes, untimed, as a rollout's creates come to a worker
-// (a model's turn between them): what the worker makes ahead of need
-// (a primed sandbox, a spare init) is made in the gaps.
-func BenchmarkCreateExecSpaced(b *testing.B) {
-	c, layers := benchClient(b)
-	var first []time.Duration
-	for b.Loop() {
-		f, _ := createExecRemove(b, c, api.SandboxSpec{Layers: layers})
-		first = append(first, f)
-		b.StopTimer()
-		time.Sleep(50 * time.Millisecond)
-		b.StartTimer()
-	}
-	report(b, "spaced-first-exec", first)
-}
-
 // createExecRemove times a sandbox of spec to its first exec done, and
 // to its removal.
 func createExecRemove(b *testing.B, c *sdk.Client, spec api.SandboxSpec) (first, whole time.Duration) {

@@ -17,7 +17,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/network"
-	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // The backends a worker runs, each driver built with its configuration
@@ -42,9 +41,6 @@ type DriverConfig struct {
 	// Groups is the tree of the sandboxes' groups (nil: under
 	// cgroup.DefaultParent).
 	Groups *cgroup.Tree
-	// Quiet holds back the spares' starts while requests are served
-	// (nil: nothing is held back).
-	Quiet *warm.Quiet
 }
 
 // NewDrivers builds the drivers c configures, the default first;
@@ -55,7 +51,7 @@ func NewDrivers(c DriverConfig) *Drivers {
 		groups = cgroup.NewTree("")
 	}
 	list := []driver.Driver{
-		containers.New(containers.Config{Root: c.Root, Spares: c.Spares, Groups: groups, Quiet: c.Quiet}),
+		containers.New(containers.Config{Root: c.Root, Spares: c.Spares, Groups: groups}),
 		microvms.New(c.MicroVM),
 		vms.New(c.VM),
 	}

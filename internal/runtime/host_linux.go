@@ -20,7 +20,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/lower"
-	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // Host is what a worker runs its sandboxes with, one per root and passed
@@ -51,9 +50,6 @@ type Host struct {
 	// Spec.DiskBound); 0: its upper is a directory of the root's own
 	// file system, bounded by nothing (library use).
 	DiskBound int64
-	// Quiet holds back what is made ahead of need (primed sandboxes)
-	// while requests are served; nil: nothing is held back.
-	Quiet *warm.Quiet
 
 	once   sync.Once
 	lowers *lower.Mounts

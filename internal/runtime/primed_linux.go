@@ -39,7 +39,7 @@ type Primed struct {
 func (h *Host) StartPrimed(n int) *Primed {
 	h.init()
 	p := &Primed{h: h}
-	p.pool = warm.New(warm.Config[*Sandbox]{Size: n, Quiet: h.Quiet, // Make: once a create says on what (take)
+	p.pool = warm.New(warm.Config[*Sandbox]{Size: n, // Make: once a create says on what (take)
 		Usable: func(sb *Sandbox) bool { // its init still runs
 			select {
 			case <-sb.c.Done():
@@ -124,9 +124,10 @@ func (p *Primed) take(r primeRecipe, refs []string) *Sandbox {
 	return sb
 }
 
-// Refill has the sandboxes taken made again, once the host is quiet
-// (Host.Quiet): made while a create is served, or its first command,
-// they would take the CPUs (and the spare init) those need. Nil-safe.
+// Refill has the sandboxes taken made again. A worker calls it once
+// the request that created is answered: made meanwhile, they would take
+// the CPUs (and the spare init) that request's create and first command
+// need. Nil-safe.
 func (p *Primed) Refill() {
 	if p != nil {
 		p.pool.Kick()

@@ -47,9 +47,6 @@ type Config[T any] struct {
 	// it the pool refills only on Kick (a worker that answers its
 	// request first, as primed sandboxes are).
 	RefillOnTake bool
-	// Quiet, when set, holds each make back while requests are served
-	// (see Quiet); nil: items are made as soon as the pool is short.
-	Quiet *Quiet
 }
 
 // Stats is what a pool did and holds.
@@ -245,15 +242,6 @@ func (p *Pool[T]) fill() {
 				return
 			}
 		}
-		if p.cfg.Quiet.Wait(ctx) != nil { // stopped
-			p.mu.Lock()
-			p.filling--
-			p.mu.Unlock()
-			return
-		}
-		p.mu.Lock()
-		recipe, gen = p.cfg.Make, p.gen // a Reset while it waited
-		p.mu.Unlock()
 		it, err := recipe(ctx)
 		p.mu.Lock()
 		p.filling--

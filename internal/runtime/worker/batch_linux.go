@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/dsec-project/dsec/api"
 )
@@ -21,7 +22,7 @@ func (w *worker) batch(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, err)
 		return
 	}
-	defer w.host.Primed.Refill() // made once the worker is quiet (Host.Quiet)
+	defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 	rw.Header().Set("Content-Type", "application/x-ndjson")
 	rw.WriteHeader(http.StatusOK)
 	flush := http.NewResponseController(rw)

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -131,7 +130,7 @@ func (w *worker) checkPool(pc PoolConfig) error {
 // addPool starts a pool and its filler; w.mu is held.
 func (w *worker) addPool(pc PoolConfig) *pool {
 	p := &pool{PoolConfig: pc, key: templateKey(pc.Spec)}
-	p.warm = warm.New(warm.Config[string]{Size: pc.Size, RefillOnTake: true, Quiet: w.host.Quiet,
+	p.warm = warm.New(warm.Config[string]{Size: pc.Size, RefillOnTake: true,
 		Make: func(ctx context.Context) (string, error) {
 			// Queued for admission until the worker exits, at most:
 			// stopMaking waits for it.
@@ -224,38 +223,12 @@ func (w *worker) discard(name string) {
 	}
 }
 
-// afterAnswer is how long the worker must have served no request before
-// work no answer waits for is done (removing a call's sandbox, priming
-// the next, starting spare inits): a client wakes, reads an answer and
-// sends its next request (a create's first command) or exits in about
-// that time, and on a small host that work would take the CPUs it needs
-// (2.3-2.8 ms of a CLI run --rm with runs 50 ms apart, 5-8 ms of an SDK
-// create's first exec, BENCHMARKS.md). mostHeldBack bounds the wait on
-// a host that is never quiet.
-const (
-	afterAnswer  = 3 * time.Millisecond
-	mostHeldBack = 50 * time.Millisecond
-)
-
-// quietWhile serves next, q told of each request as it is served but
-// those that stream.
-func quietWhile(q *warm.Quiet, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if !streams(r) {
-			defer q.Enter()()
-		}
-		next.ServeHTTP(rw, r)
-	})
-}
-
-// streams says r may stay open for long (a command's output followed, a
-// screen over VNC, a port's connection) and is not counted as a request
-// being served: it would hold back what is made ahead of need for
-// mostHeldBack each time.
-func streams(r *http.Request) bool {
-	return r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/v1/vnc/") || strings.Contains(r.URL.Path, "/execs/")) ||
-		strings.Contains(r.URL.Path, "/ports/")
-}
+// afterAnswer is how long work a request started but its answer does
+// not wait for (removing a call's sandbox, priming the next) waits: the
+// client wakes, reads the answer and exits in about that time, and on a
+// small host that work would take the CPUs it needs (2.3-2.8 ms of a
+// CLI run --rm with runs 50 ms apart, BENCHMARKS.md).
+const afterAnswer = 3 * time.Millisecond
 
 // discardLater discards a sandbox in the background (after a call's
 // answer: the answer's end reaches the client once the sandbox is out of
@@ -269,7 +242,7 @@ func (w *worker) discardLater(name string) {
 	}
 	if e := w.going(name); e != nil {
 		w.removing.Go(func() {
-			w.host.Quiet.Wait(context.Background())
+			time.Sleep(afterAnswer)
 			w.drop(name, e)
 		})
 	}
@@ -382,7 +355,7 @@ func (w *worker) call(rw http.ResponseWriter, r *http.Request) {
 		case spec.Name == "":
 			spec.Name = runtime.RandomName("sb-")
 		}
-		defer w.host.Primed.Refill() // made once the worker is quiet (Host.Quiet)
+		defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 		ctx := r.Context()
 		if p != nil { // the pool's template: the admin's
 			ctx = withTrusted(ctx)

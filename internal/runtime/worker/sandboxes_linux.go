@@ -53,7 +53,7 @@ func decode(r *http.Request, v any) error {
 }
 
 func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
-	defer w.host.Primed.Refill() // made once the worker is quiet (Host.Quiet)
+	defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 	if rec := r.Header.Get(e2b.HeaderRecord); rec != "" {
 		return w.createForE2B(r, spec, rec)
 	}

@@ -34,7 +34,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
-	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // Features are the host's features the worker's sandboxes use, each
@@ -265,7 +264,7 @@ func newWorker(cfg Config, s *store.Store, h prepared) *worker {
 	return &worker{cfg: cfg, log: cfg.Log, imports: make(chan struct{}, 2), sandboxes: map[string]*entry{}, pools: map[string]*pool{}, lastReq: time.Now(), frozen: map[*runtime.Sandbox]bool{},
 		gate: newGate(cfg.Admission, h.cpus, h.mem), tokens: auth.Open(cfg.Root),
 		host: &runtime.Host{Root: cfg.Root, Store: s, Remote: cfg.Remote, Insecure: cfg.Insecure, Fetcher: cfg.Fetcher, Cache: cfg.Cache,
-			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers, Quiet: h.quiet}}
+			DiskBound: cfg.Defaults.withDefaults().Disk, Drivers: h.drivers}}
 }
 
 // serve serves the API on the socket's listener l and, through the
@@ -394,7 +393,6 @@ func listenSocket(root, sock string) (net.Listener, error) {
 // once no sandbox is left on it, the worker's protected group).
 type prepared struct {
 	drivers *runtime.Drivers
-	quiet   *warm.Quiet // what is made ahead of need waits for it
 	cpus    int
 	mem     int64
 	undo    func()
@@ -426,9 +424,8 @@ func prepareHost(cfg Config) (h prepared, err error) {
 			})
 		}
 	}
-	h.quiet = warm.NewQuiet(afterAnswer, mostHeldBack)
 	h.drivers = runtime.NewDrivers(runtime.DriverConfig{Root: cfg.Root, Spares: cfg.Admission.withDefaults().Spares, MicroVM: cfg.MicroVM, VM: cfg.VM, Extra: cfg.Drivers,
-		DNS: &cfg.DNS, Groups: groups, Quiet: h.quiet})
+		DNS: &cfg.DNS, Groups: groups})
 	if m, err := h.drivers.MicroVMHost(); err != nil {
 		cfg.Log.Info("this host runs no microVMs", "why", err)
 	} else {
@@ -519,13 +516,12 @@ func (w *worker) routes() http.Handler {
 	mux.HandleFunc("/", func(rw http.ResponseWriter, r *http.Request) {
 		fail(rw, fmt.Errorf("no API call %s %s (this worker speaks %s): %w", r.Method, r.URL.Path, api.Version, errdefs.ErrNotFound))
 	})
-	served := quietWhile(w.host.Quiet, mux)
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		t0 := time.Now()
 		w.mu.Lock()
 		w.lastReq = t0
 		w.mu.Unlock()
-		served.ServeHTTP(rw, r)
+		mux.ServeHTTP(rw, r)
 		w.log.Debug("request", "method", r.Method, "path", r.URL.Path, "took", time.Since(t0))
 	})
 }

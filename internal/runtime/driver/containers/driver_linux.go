@@ -21,7 +21,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/idmap"
 	"github.com/dsec-project/dsec/internal/runtime/network"
-	"github.com/dsec-project/dsec/internal/runtime/warm"
 )
 
 // Config configures the driver.
@@ -33,9 +32,6 @@ type Config struct {
 	// Groups is the tree of the sandboxes' groups (nil: under
 	// cgroup.DefaultParent).
 	Groups *cgroup.Tree
-	// Quiet holds back the spares' starts while requests are served
-	// (nil: nothing is held back).
-	Quiet *warm.Quiet
 }
 
 // Driver runs the container backend's sandboxes.
@@ -58,7 +54,7 @@ func New(c Config) *Driver { return &Driver{c: c} }
 // Close (once the worker swept what a dead one left).
 func (d *Driver) Prepare() {
 	if d.c.Spares > 0 && d.spares == nil {
-		d.spares = StartSpares(d.c.Groups, d.c.Root, d.c.Spares, d.c.Quiet)
+		d.spares = StartSpares(d.c.Groups, d.c.Root, d.c.Spares)
 	}
 }
 

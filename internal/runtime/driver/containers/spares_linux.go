@@ -33,12 +33,12 @@ type spare struct {
 }
 
 // StartSpares keeps n spare inits ready for the sandboxes of root, their
-// groups in t, each started once q is quiet.
+// groups in t.
 // Creates start their own inits while there are none, and meet the
 // host's error, if making spares fails for the host's sake, themselves.
-func StartSpares(t *cgroup.Tree, root string, n int, q *warm.Quiet) *Spares {
+func StartSpares(t *cgroup.Tree, root string, n int) *Spares {
 	s := &Spares{t: t, root: root}
-	s.pool = warm.New(warm.Config[*spare]{Size: n, Make: s.start, RefillOnTake: true, Quiet: q,
+	s.pool = warm.New(warm.Config[*spare]{Size: n, Make: s.start, RefillOnTake: true,
 		Usable:  func(sp *spare) bool { return sp.init.Alive() },
 		Discard: (*spare).Discard})
 	return s
