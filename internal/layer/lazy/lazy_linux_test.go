@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,6 +64,7 @@ func setup(t *testing.T, src string) *env {
 	layertest.RequireRoot(t)
 	ctx := context.Background()
 	root := t.TempDir()
+	t.Cleanup(func() { detachLeft(t, root) }) // before the directory goes
 	s, err := store.Open(filepath.Join(root, "store"))
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +135,32 @@ func pidOf(cache string) int {
 	return pid
 }
 
-// waitGone waits for a fetcher the test started to exit.
+// detachLeft detaches what is still mounted below root when a test
+// ends, deepest first, and fails the test for it: a fetcher killed
+// because it did not exit (waitGone) leaves its FUSE mount behind.
+func detachLeft(t *testing.T, root string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	var left []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+			left = append(left, f[4])
+		}
+	}
+	slices.SortFunc(left, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range left {
+		t.Errorf("left mounted at the test's end: %s", m)
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Errorf("detach %s: %v", m, err)
+		}
+	}
+}
+
+// waitGone waits for a fetcher the test started to exit; one that does
+// not is killed, and its FUSE mount detached by setup's cleanup.
 func waitGone(t *testing.T, pid int) {
 	if pid <= 0 {
 		return
