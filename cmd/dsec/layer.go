@@ -34,7 +34,7 @@ over a base layer.`,
 	}
 	cmd.AddCommand(a.layerBuild(), a.layerList(), a.layerInspect(), a.layerRemove(), a.layerGC(), a.layerDu(),
 		a.layerCopyCommand(true), a.layerCopyCommand(false), a.layerMount(), a.layerUmount(), a.layerStats(), a.layerProfile(),
-		a.layerFetcher())
+		a.layerFetcher(), a.layerDedup())
 	for _, c := range cmd.Commands() {
 		switch c.Name() {
 		case "inspect", "rm", "push", "mount", "stats", "profile":
@@ -460,6 +460,10 @@ interrupted builds and pulls left. VM images (dsec vm image) are listed beside i
 			}
 			_, err = fmt.Fprintf(a.stdout, "logical %s, stored %s (%s: what images and layers share is stored once); %s in blobs no tag reaches (dsec layer gc frees those no sandbox or snapshot stands on); %s left by interrupted builds and pulls (dsec layer gc removes those no pull holds)\n",
 				humanBytes(u.Logical), humanBytes(u.Stored), ratio, humanBytes(u.Untagged), humanBytes(u.Leftovers))
+			if p := u.Packed; err == nil && p.Layers > 0 {
+				_, err = fmt.Fprintf(a.stdout, "packed into shared chunks (dsec layer dedup): %d layers, %s of file data, %s of chunk blobs (%s found stored already, %s zeros)\n",
+					p.Layers, humanBytes(p.Logical), humanBytes(p.Chunks), humanBytes(p.Shared), humanBytes(p.Holes))
+			}
 			return err
 		},
 	}

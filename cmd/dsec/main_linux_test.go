@@ -50,6 +50,19 @@ func TestScripts(t *testing.T) {
 	testscript.Run(t, scriptParams("testdata/script", nil))
 }
 
+// TestScriptsPacked runs the scripts that build, mount, run on, snapshot
+// and import layers again with every layer packed into shared chunks as
+// it is added (dsec layer dedup): each must pass on packed layers as on
+// whole ones.
+func TestScriptsPacked(t *testing.T) {
+	t.Setenv("DSEC_STORE_DEDUP", "1")
+	p := scriptParams("", nil)
+	for _, n := range []string{"layer", "mount", "sandbox", "snap", "image", "microvm", "grade"} {
+		p.Files = append(p.Files, filepath.Join("testdata/script", n+".txtar"))
+	}
+	testscript.Run(t, p)
+}
+
 // scriptParams runs the scripts in dir, each with a root of its own that
 // must be left clean; setup, if not nil, adds to each script's env.
 func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Params {
@@ -59,6 +72,9 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 			env.Setenv("DSEC_ROOT", filepath.Join(env.WorkDir, "root"))
 			env.Setenv("HOME", filepath.Join(env.WorkDir, "home"))
 			env.Setenv("DSEC_CONFIG", "")
+			if v := os.Getenv("DSEC_STORE_DEDUP"); v != "" {
+				env.Setenv("DSEC_STORE_DEDUP", v) // every script again, its layers packed
+			}
 			python, _ := filepath.Abs("../../python") // the Python SDK, for python.txtar
 			env.Setenv("DSEC_PYTHON", python)
 			e2bTests, _ := filepath.Abs("../../internal/e2b/testdata") // the E2B SDK's, for e2b.txtar

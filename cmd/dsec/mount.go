@@ -86,7 +86,11 @@ never zeros, never stale bytes.
 				} else if err != nil {
 					return err
 				}
-				if err := mount.EROFS(s.BlobPath(info.Digest)).Mount(dir); err != nil {
+				m, err := s.Mount(info.Digest)
+				if err != nil {
+					return err
+				}
+				if err := m.Mount(dir); err != nil {
 					return err
 				}
 				res.Digest, res.Mode = info.Digest, "local"

@@ -12,8 +12,11 @@ import (
 // non-canonical names such as "/a", "a/./b" and "a/../a"; the wrapper
 // rejects them as fs.FS requires (fs.ValidPath), so a path that is not
 // canonical can never alias another.
-func OpenFS(r io.ReaderAt) (fs.FS, error) {
-	fsys, err := goerofs.Open(r)
+//
+// devices are the image's extra devices, in the order of its table (a
+// packed layer's chunk blobs: store.OpenLayer).
+func OpenFS(r io.ReaderAt, devices ...io.ReaderAt) (fs.FS, error) {
+	fsys, err := goerofs.Open(r, goerofs.WithExtraDevices(devices...))
 	if err != nil {
 		return nil, fmt.Errorf("open EROFS image: %w", err)
 	}

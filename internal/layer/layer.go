@@ -343,6 +343,14 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 		return Resolve(ctx, s, o.Ref.String())
 	}
 	lg.Debug("image committed", "digest", blob.Digest, "seconds", time.Since(start).Seconds())
+	if s.Dedup() {
+		// Packed before it is tagged: nothing has mounted it yet.
+		if res, err := s.Pack(ctx, blob.Digest); err != nil {
+			lg.Warn("layer kept whole: it could not be packed into shared chunks", "digest", blob.Digest, "err", err)
+		} else if res != nil {
+			lg.Debug("layer packed", "digest", blob.Digest, "logical", res.Logical, "shared", res.Shared, "new", res.BlobBlocks*erofs.BlockSize)
+		}
+	}
 	return tagLayer(ctx, s, o, src.kind, st, blob, wins)
 }
 

@@ -23,6 +23,16 @@ func EROFS(image string) Mount {
 	return Mount{Type: "erofs", Source: image, Options: []string{"ro", "nodev", "nosuid"}}
 }
 
+// EROFSDevices is EROFS for an image that keeps its file data on extra
+// devices: the files devices, in the order of the image's device table.
+func EROFSDevices(image string, devices []string) Mount {
+	m := EROFS(image)
+	for _, d := range devices {
+		m.Options = append(m.Options, "device="+d)
+	}
+	return m
+}
+
 // Overlay describes the composition of a sandbox's root: read-only
 // lowers, topmost first (toolkit, workspace, base, with snapshot diffs
 // above the layer they were taken on), and a writable upper with its

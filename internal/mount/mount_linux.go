@@ -36,7 +36,7 @@ func (m Mount) Mount(target string) error {
 			data = append(data, o)
 		}
 	}
-	if m.Type == "overlay" {
+	if m.Type == "overlay" || m.Type == "erofs" {
 		fds, err := layersByDescriptor(data)
 		defer func() {
 			for _, fd := range fds {
@@ -48,7 +48,11 @@ func (m Mount) Mount(target string) error {
 		}
 		// Each layer takes ~17 bytes as a descriptor's path: some 240
 		// fit the page mount(2) takes (overlayfs stacks 500 at most).
-		if n := len(strings.Join(data, ",")); n >= os.Getpagesize() {
+		n := len(strings.Join(data, ","))
+		if n >= os.Getpagesize() && m.Type == "erofs" {
+			return fmt.Errorf("mount %s on %s: %d extra devices are too many for mount(2)'s options: %w", m.Source, target, len(fds), errdefs.ErrOutOfRange)
+		}
+		if n >= os.Getpagesize() {
 			return fmt.Errorf("%d layers are too many to stack (overlay's options would take %d bytes): %w", lowerCount(data), n, errdefs.ErrOutOfRange)
 		}
 	}
@@ -107,20 +111,26 @@ func IsMountPoint(dir string) (bool, error) {
 	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 }
 
-// layersByDescriptor hands an overlay its layers as /proc/self/fd/N of
-// descriptors opened here, rewriting data in place: overlayfs shows its
-// layer options as given in every mountinfo that lists it, the
-// sandbox's own included, and a descriptor's name says nothing of the
-// host's paths. It returns the descriptors to close after the mount.
+// layersByDescriptor hands an overlay its layers, and an EROFS image its
+// extra devices, as /proc/self/fd/N of descriptors opened here,
+// rewriting data in place: overlayfs shows its layer options as given
+// in every mountinfo that lists it, the sandbox's own included, and a
+// descriptor's name says nothing of the host's paths (and is short: a
+// device's path may not hold the comma that separates options). It
+// returns the descriptors to close after the mount.
 func layersByDescriptor(data []string) ([]int, error) {
 	var fds []int
 	open := func(dir string) (string, error) {
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", &fs.PathError{Op: "open", Path: dir, Err: err}
+		return openFD(&fds, dir, unix.O_PATH|unix.O_DIRECTORY)
+	}
+	for i, o := range data {
+		if v, ok := strings.CutPrefix(o, "device="); ok {
+			p, err := openFD(&fds, v, unix.O_RDONLY)
+			if err != nil {
+				return fds, err
+			}
+			data[i] = "device=" + p
 		}
-		fds = append(fds, fd)
-		return fmt.Sprintf("/proc/self/fd/%d", fd), nil
 	}
 	for i, o := range data {
 		key, v, _ := strings.Cut(o, "=")
@@ -144,6 +154,17 @@ func layersByDescriptor(data []string) ([]int, error) {
 		}
 	}
 	return fds, nil
+}
+
+// openFD opens p with flags and appends the descriptor to fds; it
+// returns the descriptor's /proc/self/fd path.
+func openFD(fds *[]int, p string, flags int) (string, error) {
+	fd, err := unix.Open(p, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", &fs.PathError{Op: "open", Path: p, Err: err}
+	}
+	*fds = append(*fds, fd)
+	return fmt.Sprintf("/proc/self/fd/%d", fd), nil
 }
 
 // lowerCount is how many layers an overlay's options stack.

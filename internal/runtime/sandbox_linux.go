@@ -521,7 +521,15 @@ func (sb *Sandbox) start(ctx context.Context) error {
 			}
 			lowers = append(lowers, mnt)
 			digests = append(digests, f.Digest)
-			images = append(images, f.Image)
+			img := f.Image
+			if _, guest := sb.d.(driver.ImageUpper); guest && img == "" && f.Whole != nil {
+				// A guest maps each layer as one file: a packed layer's
+				// canonical image is made again, once per host.
+				if img, err = f.Whole(); err != nil {
+					return digests, err
+				}
+			}
+			images = append(images, img)
 			kinds = append(kinds, f.Kind)
 		}
 		return digests, nil

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
@@ -46,7 +47,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		if err != nil {
 			return nil, tally, err
 		}
-		if err := mount.EROFS(s.BlobPath(chain[i].Digest)).Mount(m); err != nil {
+		if err := mountLayer(s, chain[i].Digest, m); err != nil {
 			os.Remove(m)
 			return nil, tally, err
 		}
@@ -64,7 +65,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		if err != nil {
 			return nil, tally, err
 		}
-		if err := mount.EROFS(s.BlobPath(i.Digest)).Mount(m); err != nil {
+		if err := mountLayer(s, i.Digest, m); err != nil {
 			os.Remove(m)
 			return nil, tally, err
 		}
@@ -142,4 +143,13 @@ func snapshotChain(ctx context.Context, s *store.Store, ref string, top *layer.I
 type Squashed struct {
 	Folded, Entries, Whiteouts int
 	Bytes                      int64
+}
+
+// mountLayer mounts the store's layer d on dir, packed or whole.
+func mountLayer(s *store.Store, d digest.Digest, dir string) error {
+	m, err := s.Mount(d)
+	if err != nil {
+		return err
+	}
+	return m.Mount(dir)
 }

@@ -28,9 +28,16 @@ func (w *Writer) Finish() (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	metaBlk := dataEnd // directory blocks and long symlinks start here
-	metaBlocks := spillMeta(order, metaBlk)
-	inodeBlk := metaBlk + uint32(len(metaBlocks))
+	// The device table, if any, starts the metadata region; directory
+	// blocks and long symlinks follow it.
+	devs := w.deviceTable()
+	slotOff, err := devSlotOff(dataEnd)
+	if err != nil && len(devs) > 0 {
+		return Stats{}, err
+	}
+	metaBlk := dataEnd + uint32(len(devs))
+	metaBlocks := append(devs, spillMeta(order, metaBlk)...)
+	inodeBlk := dataEnd + uint32(len(metaBlocks))
 	area := w.inodeArea(order, pos)
 	total := inodeBlk + uint32(len(area)/BlockSize)
 	sb := make([]byte, BlockSize)
@@ -38,7 +45,7 @@ func (w *Writer) Finish() (Stats, error) {
 	// root's NID (and inode number: the kernel's is the NID) is
 	// nidBase, never 0, which glibc's readdir would hide ('.' and '..'
 	// of the root) and stat would report; as mkfs.erofs, no inode is 0.
-	w.encodeSuper(sb[sbOffset:], order, total, inodeBlk-1)
+	w.encodeSuper(sb[sbOffset:], order, total, inodeBlk-1, slotOff)
 	if err := w.write(sb, metaBlocks, area); err != nil {
 		return Stats{}, err
 	}
@@ -115,6 +122,9 @@ func (w *Writer) placeInodes(order []*inode) (int64, error) {
 		switch ino.Mode & S_IFMT {
 		case S_IFREG:
 			switch {
+			case ino.refs != nil:
+				ino.layout = layoutChunked
+				fixed = align(fixed, chunkIndexSize) + int64(chunkIndexSize*len(ino.refs))
 			case ino.chunks != nil:
 				ino.layout = layoutChunked
 				fixed = align(fixed, 4) + int64(4*len(ino.chunks))
@@ -229,7 +239,7 @@ func (w *Writer) write(sb []byte, metaBlocks [][]byte, area []byte) error {
 	return nil
 }
 
-func (w *Writer) encodeSuper(sb []byte, order []*inode, total, inodeBlk uint32) {
+func (w *Writer) encodeSuper(sb []byte, order []*inode, total, inodeBlk uint32, slotOff uint16) {
 	le := binary.LittleEndian
 	le.PutUint32(sb[0:], magic)
 	sb[12] = blkBits
@@ -242,6 +252,11 @@ func (w *Writer) encodeSuper(sb []byte, order []*inode, total, inodeBlk uint32) 
 		if ino.layout == layoutChunked {
 			incompat |= incompatChunked
 		}
+	}
+	if len(w.devices) > 0 {
+		incompat |= incompatDeviceTable
+		le.PutUint16(sb[86:], uint16(len(w.devices)))
+		le.PutUint16(sb[88:], slotOff)
 	}
 	le.PutUint32(sb[80:], incompat)
 }
@@ -348,6 +363,9 @@ func (w *Writer) encodeInode(b []byte, ino *inode) {
 		iu = ino.blkaddr
 		if ino.layout == layoutChunked {
 			iu = uint32(ino.chunkBits)
+			if ino.refs != nil {
+				iu |= chunkFormatIndexes
+			}
 		}
 	}
 	le.PutUint32(b[16:], iu)
@@ -359,7 +377,10 @@ func (w *Writer) encodeInode(b []byte, ino *inode) {
 	le.PutUint32(b[44:], ino.nlink)
 	off := inodeSize
 	off += copy(b[off:], ino.xattr)
-	if ino.layout == layoutChunked {
+	if ino.layout == layoutChunked && ino.refs != nil {
+		off = int(align(int64(off), chunkIndexSize))
+		encodeRefs(b[off:], ino.refs)
+	} else if ino.layout == layoutChunked {
 		off = int(align(int64(off), 4))
 		for _, c := range ino.chunks {
 			le.PutUint32(b[off:], c)

@@ -62,6 +62,8 @@ type Writer struct {
 	implied func(p string) (Attr, bool) // SetImplied
 
 	maxEntries, placed int // SetMaxEntries
+
+	devices []Device // AddDevice: the extra devices, in table order
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of

@@ -381,3 +381,102 @@ func TestSetOrderBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestExtraDevices writes an image whose files are chunk indexes into
+// two blob files, beside a file of its own, and reads it back through
+// go-erofs, fsck.erofs and the kernel, each given the blobs as devices.
+func TestExtraDevices(t *testing.T) {
+	dir := t.TempDir()
+	blk := func(c byte, n int) []byte { return bytes.Repeat([]byte{c}, n*erofs.BlockSize) }
+	// blob a: blocks 0-1 'a', 2-3 'b'; blob b: blocks 0-1 'c', block 2 a short tail "tail"
+	blobA := append(blk('a', 2), blk('b', 2)...)
+	blobB := append(blk('c', 2), append([]byte("tail"), make([]byte, erofs.BlockSize-4)...)...)
+	pa, pb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	must(t, os.WriteFile(pa, blobA, 0o644))
+	must(t, os.WriteFile(pb, blobB, 0o644))
+	want := map[string][]byte{
+		"own":          []byte("in the image itself"),
+		"d/ab":         append(blk('a', 2), blk('b', 2)...),
+		"d/ca-tail":    append(append(blk('c', 2), blk('a', 2)...), "tail"...),
+		"d/hole-b":     append(make([]byte, 2*erofs.BlockSize), blk('b', 1)...),
+		"empty":        {},
+		"d/ab-link":    append(blk('a', 2), blk('b', 2)...),
+		"d/b-tail-odd": append(blk('b', 1), blk('b', 1)[:100]...),
+	}
+	p := filepath.Join(dir, "meta.erofs")
+	f, err := os.Create(p)
+	must(t, err)
+	defer f.Close()
+	w, err := erofs.NewWriter(f)
+	must(t, err)
+	file(t, w, "own", string(want["own"]))
+	da, err := w.AddDevice(erofs.Device{Tag: "blob-a", Blocks: 4})
+	must(t, err)
+	db, err := w.AddDevice(erofs.Device{Tag: "blob-b", Blocks: 3})
+	must(t, err)
+	reg := erofs.Attr{Mode: 0o644}
+	must(t, w.Mkdir("d", erofs.Attr{Mode: 0o755}))
+	// chunks of two blocks (chunk bits 1)
+	must(t, w.CreateRef("d/ab", reg, 4*erofs.BlockSize, 1, []erofs.Chunk{{da, 0}, {da, 2}}))
+	must(t, w.CreateRef("d/ca-tail", reg, 4*erofs.BlockSize+4, 1, []erofs.Chunk{{db, 0}, {da, 0}, {db, 2}}))
+	must(t, w.CreateRef("d/hole-b", reg, 3*erofs.BlockSize, 1, []erofs.Chunk{{Block: erofs.NullBlock}, {da, 2}}))
+	must(t, w.CreateRef("empty", reg, 0, 1, nil))
+	must(t, w.Link("d/ab-link", "d/ab"))
+	// chunks of one block; the second ends mid-block
+	must(t, w.CreateRef("d/b-tail-odd", reg, erofs.BlockSize+100, 0, []erofs.Chunk{{da, 2}, {da, 3}}))
+	for _, bad := range []struct {
+		chunks []erofs.Chunk
+		size   int64
+	}{
+		{[]erofs.Chunk{{da, 0}}, 3 * erofs.BlockSize},   // too few chunks
+		{[]erofs.Chunk{{3, 0}}, erofs.BlockSize},        // no such device
+		{[]erofs.Chunk{{0, 0}}, erofs.BlockSize},        // the image itself
+		{[]erofs.Chunk{{db, 2}, {db, 3}}, 3 * 4096 / 2}, // past the device's end
+	} {
+		if err := w.CreateRef("bad", reg, bad.size, 0, bad.chunks); !errors.Is(err, erofs.ErrInvalid) {
+			t.Errorf("CreateRef(%v, %d) = %v, want ErrInvalid", bad.chunks, bad.size, err)
+		}
+	}
+	if _, err := w.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("fsck.erofs", "--device="+pa, "--device="+pb, p).CombinedOutput(); err != nil {
+		t.Fatalf("fsck.erofs: %v\n%s", err, out)
+	}
+	ra, _ := os.Open(pa)
+	defer ra.Close()
+	rb, _ := os.Open(pb)
+	defer rb.Close()
+	fsys, err := goerofs.Open(f, goerofs.WithExtraDevices(ra, rb))
+	must(t, err)
+	for n, body := range want {
+		if got := read(t, fsys, n); got != string(body) {
+			t.Errorf("go-erofs: %s is %d bytes, want %d", n, len(got), len(body))
+		}
+	}
+	if os.Geteuid() != 0 {
+		if testenv.MustRun() {
+			t.Fatal("the kernel's view needs root to mount, and CI must check it: run the tests as root")
+		}
+		t.Log("SKIPPED the kernel's view of the image: mounting needs root; CI runs it as root")
+		return
+	}
+	mnt := t.TempDir()
+	if err := mount.EROFS(p).Mount(mnt); err == nil {
+		b, err := os.ReadFile(filepath.Join(mnt, "d/ab"))
+		mount.Unmount(mnt)
+		t.Logf("without its devices: %d bytes %q..., %v", len(b), b[:min(len(b), 8)], err)
+	}
+	must(t, mount.EROFSDevices(p, []string{pa, pb}).Mount(mnt))
+	defer mount.Unmount(mnt)
+	for n, body := range want {
+		if b, err := os.ReadFile(filepath.Join(mnt, n)); err != nil || !bytes.Equal(b, body) {
+			t.Errorf("kernel: %s is %d bytes (%v), want %d", n, len(b), err, len(body))
+		}
+	}
+	var st unix.Stat_t
+	must(t, unix.Stat(filepath.Join(mnt, "d/ab-link"), &st))
+	if st.Nlink != 2 {
+		t.Errorf("kernel: the hard link has %d links", st.Nlink)
+	}
+}

@@ -26,7 +26,8 @@ import (
 // repository layer of its own (5 MiB). The content is random, so no
 // compression hides a copy. It reports what the store keeps against
 // the images' compressed sizes summed as a registry lists them, and
-// against the unique file content of all 20 (target: <= 1.1x).
+// against the unique file content of all 20 (target: <= 1.1x), with
+// whole layers and with layers packed into shared chunks.
 func BenchmarkSWEBenchImages(b *testing.B) {
 	layertest.RequireRoot(b)
 	debian, addr, regDir, l := benchImages(b)
@@ -84,20 +85,34 @@ func BenchmarkSWEBenchImages(b *testing.B) {
 	}
 	listed, err := layoutSizes(l.Dir, "task") // what a registry lists: each image's compressed size
 	must(err)
-	var stored float64
+	// Each store imports the 20, whole layers and then packed ones
+	// (dsec layer dedup: chunks shared across layers).
+	var stored, packed float64
 	for range b.N {
-		dir := b.TempDir()
-		s, err := store.Open(filepath.Join(dir, "store"))
-		must(err)
-		for i := range images {
-			_, err := image.Import(context.Background(), s, mustParse(b, fmt.Sprintf("%s/swe:task%02d", addr, i)), image.Options{})
+		for _, dedup := range []bool{false, true} {
+			dir := b.TempDir()
+			s, err := store.Open(filepath.Join(dir, "store"))
 			must(err)
+			if dedup {
+				must(s.SetDedup(true))
+			}
+			for i := range images {
+				_, err := image.Import(context.Background(), s, mustParse(b, fmt.Sprintf("%s/swe:task%02d", addr, i)), image.Options{})
+				must(err)
+			}
+			if dedup {
+				packed += float64(du(b, dir))
+			} else {
+				stored += float64(du(b, dir))
+			}
+			os.RemoveAll(dir)
 		}
-		stored += float64(du(b, dir))
-		os.RemoveAll(dir)
 	}
 	stored /= float64(b.N)
+	packed /= float64(b.N)
 	b.ReportMetric(stored/1e6, "stored-MB")
+	b.ReportMetric(packed/1e6, "packed-MB")
+	b.ReportMetric(packed/float64(uniqueBytes), "packed/unique")
 	b.ReportMetric(float64(listed)/1e6, "listed-MB")
 	b.ReportMetric(float64(du(b, regDir))/1e6, "registry-MB")
 	b.ReportMetric(float64(uniqueBytes)/1e6, "unique-MB")

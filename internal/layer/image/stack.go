@@ -2,6 +2,7 @@ package image
 
 import (
 	"crypto/sha256"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -11,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/dedup"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
@@ -48,13 +50,17 @@ type stack struct {
 func openStack(s *store.Store, layers []digest.Digest) (*stack, error) {
 	st := &stack{}
 	for i := len(layers) - 1; i >= 0; i-- {
-		f, err := s.Open(layers[i])
+		f, devs, err := s.OpenLayer(layers[i])
 		if err != nil {
 			st.Close()
 			return nil, err
 		}
-		st.files = append(st.files, f)
-		fsys, err := layer.OpenFS(f)
+		st.files = append(append(st.files, f), devs...)
+		readers := make([]io.ReaderAt, len(devs))
+		for j, d := range devs {
+			readers[j] = d
+		}
+		fsys, err := layer.OpenFS(f, readers...)
 		if err != nil {
 			st.Close()
 			return nil, err
@@ -116,33 +122,15 @@ const opaqueXattr = "trusted.overlay.opaque"
 // is).
 func dirAttr(info fs.FileInfo) erofs.Attr {
 	st, _ := info.Sys().(*goerofs.Stat)
-	m := info.Mode()
-	a := erofs.Attr{Mode: uint32(m.Perm()) | erofs.S_IFDIR}
-	if m&fs.ModeSetuid != 0 {
-		a.Mode |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		a.Mode |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		a.Mode |= 0o1000
-	}
 	if st == nil {
-		return a
+		return erofs.Attr{Mode: uint32(info.Mode().Perm()) | erofs.S_IFDIR}
 	}
-	a.UID, a.GID, a.Mtime, a.MtimeNsec = st.UID, st.GID, int64(st.Mtime), st.MtimeNs
-	for k, v := range st.Xattrs {
+	a := dedup.AttrOf(st)
+	a.Mode = a.Mode&^erofs.S_IFMT | erofs.S_IFDIR
+	for k := range a.Xattrs {
 		if strings.HasPrefix(k, "trusted.overlay.") {
-			continue
+			delete(a.Xattrs, k)
 		}
-		// go-erofs names ACLs with a trailing dot.
-		if k == "system.posix_acl_access." || k == "system.posix_acl_default." {
-			k = k[:len(k)-1]
-		}
-		if a.Xattrs == nil {
-			a.Xattrs = map[string][]byte{}
-		}
-		a.Xattrs[k] = []byte(v)
 	}
 	return a
 }

@@ -25,6 +25,10 @@ type Usage struct {
 	// and snapshots stand on after their tags went, and what dsec layer
 	// gc frees.
 	Untagged int64 `json:"untagged_bytes"`
+	// Packed is what the layers the store keeps packed into shared
+	// chunks hold and take (dsec layer dedup); Stored counts what they
+	// take.
+	Packed store.PackedStats `json:"packed"`
 	// Leftovers is the bytes interrupted builds and pulls left in the
 	// store's ingest area (what dsec layer gc removes, but for a pull
 	// that holds its own now).
@@ -117,12 +121,22 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 			continue // gone meanwhile, or no blob
 		}
 		size[d] = store.Allocated(fi)
+		stored := size[d]
+		if s.Packed(d) {
+			// Its head: the layer's metadata. Its data is in the chunk
+			// blobs, counted below; its logical size is its image's.
+			size[d] = fi.Size()
+		}
 		if holders[d] == 0 {
-			u.Untagged += size[d]
+			u.Untagged += stored
 		} else {
-			u.Stored += size[d]
+			u.Stored += stored
 		}
 	}
+	if u.Packed, err = s.PackStats(); err != nil {
+		return nil, err
+	}
+	u.Stored += u.Packed.Stored + u.Packed.Whole
 	ingests, _ := os.ReadDir(filepath.Join(s.Dir(), "ingest"))
 	for _, e := range ingests {
 		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {

@@ -15,6 +15,7 @@ import (
 	"oras.land/oras-go/v2/registry/remote/retry"
 
 	"github.com/dsec-project/dsec/internal/layer/remote"
+	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 // source reads byte ranges of one blob from a remote store.
@@ -32,6 +33,15 @@ func openSource(spec Spec) (source, error) {
 	switch loc.Scheme {
 	case remote.SchemeDir:
 		f, err := os.Open(filepath.Join(loc.Path, "blobs", "sha256", spec.Digest.Encoded()))
+		if err == nil && store.IsPacked(loc.Path, spec.Digest) {
+			// A store that keeps its layers packed: the blob is the
+			// layer's head; the store makes the whole image again.
+			f.Close()
+			var s *store.Store
+			if s, err = store.Open(loc.Path); err == nil {
+				f, err = s.Open(spec.Digest)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
 		}

@@ -137,8 +137,15 @@ func (r dirRepo) finish(in *store.Ingest, d ocispec.Descriptor, rd io.Reader) er
 		in.Discard()
 		return fmt.Errorf("blob %s: got %d bytes, want %d", d.Digest, in.Size(), d.Size)
 	}
-	_, err := in.Commit(d.Digest)
-	return err
+	if _, err := in.Commit(d.Digest); err != nil {
+		return err
+	}
+	if d.MediaType == layer.MediaTypeLayer && r.s.Dedup() {
+		// A store that packs its layers packs a pulled one too; one that
+		// cannot be packed stays whole, as good.
+		r.s.Pack(context.Background(), d.Digest)
+	}
+	return nil
 }
 
 func (r dirRepo) Tag(ctx context.Context, d ocispec.Descriptor, force bool) error {

@@ -293,10 +293,15 @@ func (s *Store) WriteBlob(mediaType string, b []byte) (ocispec.Descriptor, error
 }
 
 // Open opens a blob for reading. The caller verifies what it reads or
-// uses ReadBlob.
+// uses ReadBlob. A packed layer's canonical image is made again, and
+// checked, in an unlinked file (see Pack): what a push or an export
+// reads.
 func (s *Store) Open(d digest.Digest) (*os.File, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
+	}
+	if s.Packed(d) {
+		return s.openPacked(d)
 	}
 	f, err := os.Open(s.BlobPath(d))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -608,6 +613,9 @@ func (s *Store) GC(ctx context.Context, m Marks) (GCResult, error) {
 		}
 	}
 	if err := s.sweep(dir, ents, live, &res); err != nil {
+		return res, err
+	}
+	if err := s.sweepPacked(&res); err != nil {
 		return res, err
 	}
 	s.sweepLocks()

@@ -219,8 +219,10 @@ type Found struct {
 	Lineage *layer.Lineage // snapshots only
 	// Image is the file the layer's image is, for a microVM to map: its
 	// blob in the local store, or a lazy layer's fetcher's padded file
-	// (once it is mounted).
+	// (once it is mounted). It is "" for a layer the store keeps packed
+	// (into chunks shared with other layers): Whole makes that file.
 	Image   string
+	Whole   func() (string, error)
 	mountOn func(target string) error
 }
 
@@ -242,8 +244,17 @@ type Source struct {
 func Resolve(ctx context.Context, root string, src Source, ref, want string) (*Found, error) {
 	info, err := layer.ResolveImage(ctx, src.Store, ref, digest.Digest(want))
 	if err == nil {
-		blob := src.Store.BlobPath(info.Digest)
-		return &Found{info.Digest.String(), info.Kind, info.Snapshot, blob, mount.EROFS(blob).Mount}, nil
+		m, err := src.Store.Mount(info.Digest)
+		if err != nil {
+			return nil, err
+		}
+		f := &Found{Digest: info.Digest.String(), Kind: info.Kind, Lineage: info.Snapshot, mountOn: m.Mount}
+		if src.Store.Packed(info.Digest) {
+			f.Whole = func() (string, error) { return src.Store.Whole(info.Digest) }
+		} else {
+			f.Image = src.Store.BlobPath(info.Digest)
+		}
+		return f, nil
 	}
 	if !errdefs.IsNotFound(err) || src.Remote == nil {
 		return nil, err
@@ -257,7 +268,7 @@ func Resolve(ctx context.Context, root string, src Source, ref, want string) (*F
 		return nil, err
 	}
 	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
-	return &Found{l.Blob.Digest.String(), l.Config.Kind, l.Config.Snapshot, lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), func(target string) error {
+	return &Found{Digest: l.Blob.Digest.String(), Kind: l.Config.Kind, Lineage: l.Config.Snapshot, Image: lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), mountOn: func(target string) error {
 		return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher)
 	}}, nil
 }

@@ -112,7 +112,10 @@ func layerStack(ctx context.Context, s *store.Store, src string) (images []strin
 		}
 	}
 	for _, d := range digests {
-		p := s.BlobPath(d)
+		p, err := s.Whole(d) // a packed layer's image made again: this reads it as one file
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, "", err
+		}
 		if _, err := os.Stat(p); err != nil {
 			return nil, "", fmt.Errorf("%s %s: its layer %s is not in this store (a layer a worker mounts lazily from its remote): pull it into the store first (dsec layer pull, or dsec image pull for an image): %w", kind, src, d, errdefs.ErrNotFound)
 		}

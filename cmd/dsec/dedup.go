@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/store"
+)
+
+// dedupResult is what dsec layer dedup prints with --json.
+type dedupResult struct {
+	On       bool              `json:"on"`
+	Packed   int               `json:"packed"`   // layers packed (or unpacked) now
+	Unpacked int               `json:"unpacked"` // layers left whole: not packable
+	Store    store.PackedStats `json:"store"`
+}
+
+func (a *app) layerDedup() *cobra.Command {
+	var off, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "dedup",
+		Short: "Store each layer's file data once across layers, in chunks shared by content",
+		Long: `Dedup turns deduplication on for the store: every layer it holds is packed now, and every
+layer built, imported or snapshotted from then on as it is added. A packed layer's files are
+split into 64 KiB chunks keyed by their sha256; a chunk another layer holds already is not
+stored again (the same wheel, library or source file in two unrelated images is stored once),
+and a chunk of zeros is not stored at all. The layer keeps a small metadata image whose files
+point into the shared chunk blobs, and the kernel mounts that image with the blobs as its
+devices: a sandbox reads the layer as before, and the page cache holds a shared chunk once.
+
+A layer's digest, its pushes and its exports stay those of its whole image, which is made
+again from the chunks (and checked) when it is read whole; a microVM, which maps each layer as
+one file, keeps such a copy per layer and host. With --off, every packed layer is made whole
+again and new layers stay whole; dsec layer gc then removes the chunks no layer uses.
+dsec layer du shows what packing saves.
+
+` + exitCodesHelp,
+		Example: `  dsec layer dedup
+  dsec layer du
+  dsec layer dedup --off --json`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := a.openStore()
+			if err != nil {
+				return err
+			}
+			ls, err := layer.List(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			seen := map[digest.Digest]bool{}
+			var todo []digest.Digest
+			for _, l := range ls {
+				if !seen[l.Digest] && s.Packed(l.Digest) == off {
+					seen[l.Digest] = true
+					todo = append(todo, l.Digest)
+				}
+			}
+			if !off {
+				// On first, so a build that runs meanwhile packs its layer.
+				if err := s.SetDedup(true); err != nil {
+					return err
+				}
+			} else if err := s.SetDedup(false); err != nil {
+				return err
+			}
+			var bar *progressbar.ProgressBar
+			if a.showProgress() && len(todo) > 0 {
+				what := "packing layers"
+				if off {
+					what = "making layers whole"
+				}
+				bar = progressbar.NewOptions(len(todo), progressbar.OptionSetWriter(a.stderr),
+					progressbar.OptionSetDescription(what), progressbar.OptionThrottle(100*time.Millisecond),
+					progressbar.OptionClearOnFinish())
+			}
+			res := dedupResult{On: !off}
+			for _, d := range todo {
+				if off {
+					err = s.Unpack(cmd.Context(), d)
+				} else {
+					_, err = s.Pack(cmd.Context(), d)
+				}
+				if bar != nil {
+					bar.Add(1)
+				}
+				if err != nil {
+					if off {
+						return fmt.Errorf("make layer %s whole: %w", d, err)
+					}
+					a.log.Warn("layer kept whole: it could not be packed", "digest", d, "err", err)
+					res.Unpacked++
+					continue
+				}
+				res.Packed++
+			}
+			if bar != nil {
+				bar.Finish()
+			}
+			if res.Store, err = s.PackStats(); err != nil {
+				return err
+			}
+			if asJSON {
+				return a.printJSON(res)
+			}
+			st := res.Store
+			if off {
+				_, err = fmt.Fprintf(a.stdout, "made %d layers whole; new layers stay whole (dsec layer gc removes the chunks no layer uses)\n", res.Packed)
+				return err
+			}
+			fmt.Fprintf(a.stdout, "packed %d layers now", res.Packed)
+			if res.Unpacked > 0 {
+				fmt.Fprintf(a.stdout, ", %d kept whole (not images dsec built; see the log)", res.Unpacked)
+			}
+			_, err = fmt.Fprintf(a.stdout, "; %d packed layers hold %s of file data, %s of it stored once in %s of chunk blobs (%s shared, %s zeros); new layers are packed as they are added\n",
+				st.Layers, humanBytes(st.Logical), humanBytes(st.Logical-st.Shared-st.Holes), humanBytes(st.Chunks), humanBytes(st.Shared), humanBytes(st.Holes))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&off, "off", false, "make every packed layer whole again and stop packing new ones")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}

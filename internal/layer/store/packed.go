@@ -1,0 +1,603 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/durable"
+	"github.com/dsec-project/dsec/internal/layer/dedup"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// Deduplicated layers. A store with dedup on (SetDedup) packs each layer
+// it is given (Pack, package dedup): the layer's file data goes, chunk
+// by chunk, into chunk blobs that every layer shares, and the layer
+// keeps a metadata image whose files point into them. The kernel mounts
+// that image with its chunk blobs as devices (Mount).
+//
+//	dedup                 present: layers are packed as they are added
+//	packed/<hex>.erofs    a packed layer's metadata image
+//	packed/<hex>.json     its chunk blobs (devices) and its extents
+//	packed/<hex>.whole    the canonical image made again, for a reader
+//	                      that needs a file (a microVM maps one): a cache
+//	chunks/<hex>          a chunk blob, named by the sha256 of its bytes
+//	chunks/<hex>.idx      its chunks (dedup.EncodeEntries)
+//
+// The layer's blob (blobs/sha256/<hex>) stays, as its head: the canonical
+// image with its file data left as holes, so it takes the metadata's
+// size on disk while its size, its name and everything that only looks
+// at them stay as they were. Open and Whole make the canonical image
+// again (the head's metadata, the chunks' data) and check its digest.
+// A mount made before the layer was packed keeps the canonical file it
+// opened: Pack renames the head in, it never writes into the blob.
+
+// packInfo is packed/<hex>.json.
+type packInfo struct {
+	Devices []digest.Digest `json:"devices"`
+	Extents []dedup.Extent  `json:"extents"`
+	Logical int64           `json:"logical"`
+	Shared  int64           `json:"shared"`
+	Holes   int64           `json:"holes"`
+}
+
+const maxPackInfo = 256 << 20
+
+func (s *Store) packedPath(d digest.Digest, ext string) string {
+	return filepath.Join(s.dir, "packed", d.Encoded()+ext)
+}
+
+func (s *Store) chunkPath(d digest.Digest) string {
+	return filepath.Join(s.dir, "chunks", d.Encoded())
+}
+
+// Dedup says whether the store packs the layers it is given: it was
+// told so (SetDedup), unless DSEC_STORE_DEDUP says otherwise (1 or 0),
+// for every store this process opens.
+func (s *Store) Dedup() bool {
+	switch os.Getenv("DSEC_STORE_DEDUP") {
+	case "1", "true":
+		return true
+	case "0", "false":
+		return false
+	}
+	_, err := os.Stat(filepath.Join(s.dir, "dedup"))
+	return err == nil
+}
+
+// SetDedup turns packing of new layers on or off. It packs or unpacks
+// no layer: Pack and Unpack do.
+func (s *Store) SetDedup(on bool) error {
+	p := filepath.Join(s.dir, "dedup")
+	if !on {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return durable.SyncDir(s.dir)
+	}
+	return s.writeFile("dedup", []byte("layers are packed into shared chunks: dsec layer dedup\n"))
+}
+
+// IsPacked says whether the store at dir keeps layer d packed, for a
+// reader of its blob files that has not opened it.
+func IsPacked(dir string, d digest.Digest) bool {
+	return (&Store{dir: dir}).Packed(d)
+}
+
+// Packed says whether layer d is kept packed.
+func (s *Store) Packed(d digest.Digest) bool {
+	if d.Validate() != nil {
+		return false
+	}
+	_, err := os.Stat(s.packedPath(d, ".json"))
+	return err == nil
+}
+
+func (s *Store) readPackInfo(d digest.Digest) (*packInfo, error) {
+	b, err := os.ReadFile(s.packedPath(d, ".json"))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxPackInfo {
+		return nil, fmt.Errorf("packed layer %s: its record is %d bytes: %w", d, len(b), errdefs.ErrDataLoss)
+	}
+	var pi packInfo
+	if err := json.Unmarshal(b, &pi); err != nil {
+		return nil, fmt.Errorf("packed layer %s: %v: %w", d, err, errdefs.ErrDataLoss)
+	}
+	for _, x := range pi.Devices {
+		if x.Validate() != nil {
+			return nil, fmt.Errorf("packed layer %s: device %q: %w", d, x, errdefs.ErrDataLoss)
+		}
+	}
+	return &pi, nil
+}
+
+// Mount is how to mount layer d, an EROFS image: its blob, or its
+// metadata image and chunk blobs when it is packed.
+func (s *Store) Mount(d digest.Digest) (mount.Mount, error) {
+	if !s.Packed(d) {
+		return mount.EROFS(s.BlobPath(d)), nil
+	}
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return mount.Mount{}, err
+	}
+	devs := make([]string, len(pi.Devices))
+	for i, x := range pi.Devices {
+		devs[i] = s.chunkPath(x)
+	}
+	return mount.EROFSDevices(s.packedPath(d, ".erofs"), devs), nil
+}
+
+// OpenLayer opens layer d to read its tree: its blob, or its metadata
+// image and its chunk blobs in device order (go-erofs reads them with
+// WithExtraDevices), without making its canonical image again.
+func (s *Store) OpenLayer(d digest.Digest) (img *os.File, devices []*os.File, err error) {
+	if !s.Packed(d) {
+		img, err = s.Open(d)
+		return img, nil, err
+	}
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return nil, nil, err
+	}
+	if img, err = os.Open(s.packedPath(d, ".erofs")); err != nil {
+		return nil, nil, err
+	}
+	for _, x := range pi.Devices {
+		f, err := os.Open(s.chunkPath(x))
+		if err != nil {
+			img.Close()
+			for _, f := range devices {
+				f.Close()
+			}
+			return nil, nil, fmt.Errorf("packed layer %s: %w", d, err)
+		}
+		devices = append(devices, f)
+	}
+	return img, devices, nil
+}
+
+// chunkIndex reads every chunk blob's index. A chunk two blobs hold is
+// found in the first by name.
+func (s *Store) chunkIndex() (*dedup.MapIndex, error) {
+	idx := dedup.NewMapIndex()
+	ents, err := os.ReadDir(filepath.Join(s.dir, "chunks"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return idx, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".idx")
+		if !ok {
+			continue
+		}
+		d := digest.NewDigestFromEncoded(digest.SHA256, name)
+		if d.Validate() != nil {
+			continue
+		}
+		fi, err := os.Stat(s.chunkPath(d))
+		if err != nil {
+			continue // an index whose blob was never renamed in
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, "chunks", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		blocks := uint64(fi.Size()) / 4096
+		es, err := dedup.DecodeEntries(b, blocks)
+		if err != nil {
+			return nil, fmt.Errorf("chunk blob %s: %w", d, err)
+		}
+		idx.Add(d, blocks, es)
+	}
+	return idx, nil
+}
+
+// Pack keeps layer d packed: its file data in chunk blobs, stored once
+// for every layer that holds it. Packing a packed layer does nothing.
+// An image dsec did not build (dedup.ErrNotCanonical) stays as it is.
+func (s *Store) Pack(ctx context.Context, d digest.Digest) (*dedup.Result, error) {
+	release, err := s.Writer()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	unlock, err := s.Exclusive(ctx, "pack")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if s.Packed(d) {
+		return nil, nil
+	}
+	img, err := s.Open(d)
+	if err != nil {
+		return nil, err
+	}
+	defer img.Close()
+	fi, err := img.Stat()
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range []string{"packed", "chunks"} {
+		if err := os.MkdirAll(filepath.Join(s.dir, dir), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	idx, err := s.chunkIndex()
+	if err != nil {
+		return nil, err
+	}
+	ing := filepath.Join(s.dir, "ingest")
+	meta, err := os.CreateTemp(ing, "blob.meta-")
+	if err != nil {
+		return nil, classify("pack", err)
+	}
+	defer os.Remove(meta.Name())
+	defer meta.Close()
+	blob, err := os.CreateTemp(ing, "blob.chunks-")
+	if err != nil {
+		return nil, classify("pack", err)
+	}
+	defer os.Remove(blob.Name())
+	defer blob.Close()
+	res, err := dedup.Pack(img, meta, blob, idx)
+	if err != nil {
+		return nil, fmt.Errorf("pack layer %s: %w", d, err)
+	}
+	if res.Blob != "" {
+		if err := s.publishChunks(blob, res); err != nil {
+			return nil, err
+		}
+	}
+	// The head, checked: it and the chunks make the canonical image.
+	head, err := os.CreateTemp(ing, "blob.head-")
+	if err != nil {
+		return nil, classify("pack", err)
+	}
+	defer os.Remove(head.Name())
+	defer head.Close()
+	if err := head.Truncate(fi.Size()); err != nil {
+		return nil, classify("pack", err)
+	}
+	if err := dedup.Head(head, img, fi.Size(), res.Extents); err != nil {
+		return nil, classify("pack", err)
+	}
+	pi := &packInfo{Devices: res.Devices, Extents: res.Extents, Logical: res.Logical, Shared: res.Shared, Holes: res.Holes}
+	if err := s.checkRebuild(d, head, fi.Size(), pi); err != nil {
+		return nil, err
+	}
+	for _, f := range []*os.File{meta, head} {
+		if err := f.Sync(); err != nil {
+			return nil, classify("pack", err)
+		}
+		if err := f.Chmod(0o444); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.Rename(meta.Name(), s.packedPath(d, ".erofs")); err != nil {
+		return nil, classify("pack", err)
+	}
+	b, err := json.Marshal(pi)
+	if err != nil {
+		return nil, err
+	}
+	// The record makes the layer packed; until the head is renamed in,
+	// its blob is still the canonical image, which is as good.
+	if err := durable.WriteFileIn(ing, s.packedPath(d, ".json"), b, 0o444); err != nil {
+		return nil, classify("pack", err)
+	}
+	if err := os.Rename(head.Name(), s.BlobPath(d)); err != nil {
+		return nil, classify("pack", err)
+	}
+	return res, durable.SyncDir(filepath.Dir(s.BlobPath(d)))
+}
+
+// publishChunks renames a pack's new chunk blob in, after its index.
+func (s *Store) publishChunks(blob *os.File, res *dedup.Result) error {
+	if err := blob.Sync(); err != nil {
+		return classify("pack", err)
+	}
+	if err := blob.Chmod(0o444); err != nil {
+		return err
+	}
+	ing := filepath.Join(s.dir, "ingest")
+	if err := durable.WriteFileIn(ing, s.chunkPath(res.Blob)+".idx", dedup.EncodeEntries(res.New), 0o444); err != nil {
+		return classify("pack", err)
+	}
+	if err := os.Rename(blob.Name(), s.chunkPath(res.Blob)); err != nil {
+		return classify("pack", err)
+	}
+	return durable.SyncDir(filepath.Join(s.dir, "chunks"))
+}
+
+// checkRebuild checks that head and pi make the canonical image of d,
+// hashing it as it is made (nothing is written).
+func (s *Store) checkRebuild(d digest.Digest, head io.ReaderAt, size int64, pi *packInfo) error {
+	h := sha256.New()
+	if err := s.rebuild(h, head, size, pi); err != nil {
+		return err
+	}
+	return checkSum(h.Sum(nil), d)
+}
+
+// rebuild writes the canonical image made from head and pi to w.
+func (s *Store) rebuild(w io.Writer, head io.ReaderAt, size int64, pi *packInfo) error {
+	var opened []*os.File
+	defer func() {
+		for _, o := range opened {
+			o.Close()
+		}
+	}()
+	err := dedup.Rebuild(w, head, size, pi.Extents, func(b digest.Digest) (io.ReaderAt, error) {
+		o, err := os.Open(s.chunkPath(b))
+		if err != nil {
+			return nil, fmt.Errorf("chunk blob %s: %w", b, err)
+		}
+		opened = append(opened, o)
+		return o, nil
+	})
+	if err != nil {
+		return classify("rebuild layer", err)
+	}
+	return nil
+}
+
+func checkSum(sum []byte, d digest.Digest) error {
+	if got := hex.EncodeToString(sum); got != d.Encoded() {
+		return fmt.Errorf("layer %s made again from its chunks hashes to sha256:%s: %w", d, got, errdefs.ErrDataLoss)
+	}
+	return nil
+}
+
+// openPacked makes a packed layer's canonical image again, checked, in
+// an unlinked file of the ingest directory.
+func (s *Store) openPacked(d digest.Digest) (*os.File, error) {
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return nil, err
+	}
+	head, err := os.Open(s.BlobPath(d))
+	if err != nil {
+		return nil, err
+	}
+	defer head.Close()
+	fi, err := head.Stat()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.whole-")
+	if err != nil {
+		return nil, classify("rebuild layer", err)
+	}
+	os.Remove(f.Name())
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
+	err = s.rebuild(bw, head, fi.Size(), pi)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = checkSum(h.Sum(nil), d)
+	}
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Whole is a file that holds layer d's canonical image: its blob, or,
+// for a packed layer, a copy made again from its chunks and kept until
+// the layer goes (a microVM maps a layer as one file).
+func (s *Store) Whole(d digest.Digest) (string, error) {
+	if !s.Packed(d) {
+		return s.BlobPath(d), nil
+	}
+	p := s.packedPath(d, ".whole")
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	release, err := s.Writer() // gc sweeps the ingest directory
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	f, err := s.openPacked(d)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	tmp, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.whole-")
+	if err != nil {
+		return "", classify("rebuild layer", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if _, err := io.Copy(tmp, f); err != nil {
+		return "", classify("rebuild layer", err)
+	}
+	if err := tmp.Chmod(0o444); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return "", classify("rebuild layer", err)
+	}
+	return p, nil
+}
+
+// Unpack keeps a packed layer whole again: its canonical image, made
+// again from its chunks, replaces its head. Chunk blobs no layer uses
+// any longer are GC's to remove.
+func (s *Store) Unpack(ctx context.Context, d digest.Digest) error {
+	release, err := s.Writer()
+	if err != nil {
+		return err
+	}
+	defer release()
+	unlock, err := s.Exclusive(ctx, "pack")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if !s.Packed(d) {
+		return nil
+	}
+	p, err := s.Whole(d)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(p, s.BlobPath(d)); err != nil {
+		return classify("unpack", err)
+	}
+	if err := durable.SyncDir(filepath.Dir(s.BlobPath(d))); err != nil {
+		return err
+	}
+	s.dropPacked(d)
+	return durable.SyncDir(filepath.Join(s.dir, "packed"))
+}
+
+// dropPacked removes what kept layer d packed, its record last.
+func (s *Store) dropPacked(d digest.Digest) {
+	for _, ext := range []string{".whole", ".erofs", ".json"} {
+		os.Remove(s.packedPath(d, ext))
+	}
+}
+
+// PackedStats sums what packing keeps: the layers' file data (logical),
+// the part of it that was found stored already or is zeros, and what the
+// metadata images, records, rebuilt copies and chunk blobs take on disk.
+type PackedStats struct {
+	Layers  int   `json:"layers"`
+	Logical int64 `json:"logical_bytes"`
+	Shared  int64 `json:"shared_bytes"`
+	Holes   int64 `json:"hole_bytes"`
+	// Stored is what the chunk blobs and the packed layers' records and
+	// metadata images take; the layers' heads are counted as blobs.
+	Stored int64 `json:"stored_bytes"`
+	Chunks int64 `json:"chunk_blob_bytes"`
+	// Whole is what copies made again for microVMs take.
+	Whole int64 `json:"whole_bytes"`
+}
+
+// PackStats reads every packed layer's record and what is on disk.
+func (s *Store) PackStats() (PackedStats, error) {
+	var st PackedStats
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "packed"))
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasSuffix(e.Name(), ".whole"):
+			st.Whole += Allocated(info)
+			continue
+		case strings.HasSuffix(e.Name(), ".json"):
+			d := digest.NewDigestFromEncoded(digest.SHA256, strings.TrimSuffix(e.Name(), ".json"))
+			if pi, err := s.readPackInfo(d); err == nil {
+				st.Layers++
+				st.Logical += pi.Logical
+				st.Shared += pi.Shared
+				st.Holes += pi.Holes
+			}
+		}
+		st.Stored += Allocated(info)
+	}
+	chunks, _ := os.ReadDir(filepath.Join(s.dir, "chunks"))
+	for _, e := range chunks {
+		if info, err := e.Info(); err == nil {
+			st.Stored += Allocated(info)
+			if !strings.HasSuffix(e.Name(), ".idx") {
+				st.Chunks += Allocated(info)
+			}
+		}
+	}
+	return st, nil
+}
+
+// sweepPacked removes what kept a layer packed once its blob is gone,
+// then the chunk blobs no packed layer uses. It runs under the
+// exclusive GC lock: no pack is under way.
+func (s *Store) sweepPacked(res *GCResult) error {
+	ents, _ := os.ReadDir(filepath.Join(s.dir, "packed"))
+	used := map[digest.Digest]bool{}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		d := digest.NewDigestFromEncoded(digest.SHA256, name)
+		if _, err := os.Stat(s.BlobPath(d)); errors.Is(err, fs.ErrNotExist) {
+			s.dropPacked(d)
+			continue
+		}
+		pi, err := s.readPackInfo(d)
+		if err != nil {
+			return fmt.Errorf("gc: %w", err) // keep every chunk: this record may need any
+		}
+		for _, x := range pi.Devices {
+			used[x] = true
+		}
+	}
+	// Leftovers of a pack that was killed: a metadata image without its
+	// record, a copy without its layer.
+	for _, e := range ents {
+		for _, ext := range []string{".erofs", ".whole"} {
+			if name, ok := strings.CutSuffix(e.Name(), ext); ok {
+				if _, err := os.Stat(filepath.Join(s.dir, "packed", name+".json")); errors.Is(err, fs.ErrNotExist) {
+					os.Remove(filepath.Join(s.dir, "packed", e.Name()))
+				}
+			}
+		}
+	}
+	chunks, _ := os.ReadDir(filepath.Join(s.dir, "chunks"))
+	names := make([]string, 0, len(chunks))
+	for _, e := range chunks {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		d := digest.NewDigestFromEncoded(digest.SHA256, strings.TrimSuffix(n, ".idx"))
+		if used[d] {
+			continue
+		}
+		p := filepath.Join(s.dir, "chunks", n)
+		if info, err := os.Stat(p); err == nil && os.Remove(p) == nil {
+			res.Bytes += Allocated(info)
+			if !strings.HasSuffix(n, ".idx") {
+				res.Blobs++
+			}
+		}
+	}
+	return nil
+}

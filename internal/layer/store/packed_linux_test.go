@@ -1,0 +1,176 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/layertest"
+	"github.com/dsec-project/dsec/internal/layer/store"
+	"github.com/dsec-project/dsec/internal/mount"
+)
+
+// buildLayer builds a layer of files (name -> content) in s.
+func buildLayer(t *testing.T, s *store.Store, tag string, files map[string][]byte) digest.Digest {
+	t.Helper()
+	dir := t.TempDir()
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref, _ := layer.ParseRef(tag)
+	info, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: dir, Kind: layer.KindBase, Ref: ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Digest
+}
+
+func randomBytes(seed byte, n int) []byte {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return b
+}
+
+func mountLayer(t *testing.T, s *store.Store, d digest.Digest) string {
+	t.Helper()
+	m, err := s.Mount(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := m.Mount(dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := mount.Unmount(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+// TestPackKeepsMountsAndDigest packs a layer that is mounted: the mount
+// goes on reading the whole image it opened, a new mount reads the
+// packed one, Open makes the canonical bytes again, and GC keeps the
+// chunks while a layer uses them.
+func TestPackKeepsMountsAndDigest(t *testing.T) {
+	layertest.RequireRoot(t)
+	s := open(t)
+	ctx := context.Background()
+	wheel := randomBytes(1, 300<<10)
+	a := buildLayer(t, s, "a:1", map[string][]byte{"wheel": wheel, "a": randomBytes(2, 70<<10)})
+	b := buildLayer(t, s, "b:1", map[string][]byte{"wheel": wheel, "b": randomBytes(3, 5000)})
+	before := mountLayer(t, s, a)
+	whole, _ := os.ReadFile(s.BlobPath(a))
+	for _, d := range []digest.Digest{a, b} {
+		if _, err := s.Pack(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := s.Pack(ctx, a); err != nil || res != nil {
+		t.Fatalf("packing a packed layer again: %v, %v", res, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(before, "wheel")); !bytes.Equal(got, wheel) {
+		t.Fatal("a mount made before the pack reads other bytes")
+	}
+	after := mountLayer(t, s, b)
+	if got, _ := os.ReadFile(filepath.Join(after, "wheel")); !bytes.Equal(got, wheel) {
+		t.Fatal("the packed layer reads other bytes")
+	}
+	fi, _ := os.Stat(s.BlobPath(a))
+	if fi.Size() != int64(len(whole)) || store.Allocated(fi) >= int64(len(whole))/2 {
+		t.Errorf("a's head is %d bytes taking %d; its image is %d", fi.Size(), store.Allocated(fi), len(whole))
+	}
+	st, err := s.PackStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Layers != 2 || st.Shared != int64(len(wheel)) {
+		t.Errorf("stats %+v: want 2 layers sharing the %d bytes of the wheel", st, len(wheel))
+	}
+	f, err := s.Open(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(f.Name())
+	if got == nil { // unlinked: read through the descriptor
+		buf := new(bytes.Buffer)
+		buf.ReadFrom(f)
+		got = buf.Bytes()
+	}
+	f.Close()
+	if !bytes.Equal(got, whole) {
+		t.Fatal("Open of a packed layer is not its canonical image")
+	}
+	if err := s.VerifyBlob(b); err != nil {
+		t.Fatal(err)
+	}
+	// a goes: its chunks stay while b uses them.
+	if _, err := s.Untag(ctx, "a:1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := layer.GC(ctx, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.Exists(a) || s.Packed(a) {
+		t.Fatal("gc kept the untagged layer a")
+	}
+	if err := s.VerifyBlob(b); err != nil {
+		t.Fatalf("b after a's gc: %v", err)
+	}
+	// A corrupt chunk is found, never served as b's bytes.
+	chunks, _ := filepath.Glob(filepath.Join(s.Dir(), "chunks", "*[0-9a-f]"))
+	for _, c := range chunks {
+		os.Chmod(c, 0o644)
+		cf, err := os.OpenFile(c, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf.WriteAt([]byte("x"), 100)
+		cf.Close()
+	}
+	if err := s.VerifyBlob(b); !errors.Is(err, errdefs.ErrDataLoss) {
+		t.Fatalf("b with a corrupt chunk: %v, want ErrDataLoss", err)
+	}
+}
+
+// TestUnpack makes a packed layer whole again; gc then removes its
+// chunks.
+func TestUnpack(t *testing.T) {
+	s := open(t)
+	ctx := context.Background()
+	d := buildLayer(t, s, "a:1", map[string][]byte{"x": randomBytes(4, 200<<10)})
+	whole, _ := os.ReadFile(s.BlobPath(d))
+	if _, err := s.Pack(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unpack(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(s.BlobPath(d)); s.Packed(d) || !bytes.Equal(got, whole) {
+		t.Fatal("the unpacked layer is not its canonical image")
+	}
+	res, err := layer.GC(ctx, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Blobs != 1 || !s.Exists(d) {
+		t.Errorf("gc removed %d blobs, want the one chunk blob; the layer is there: %v", res.Blobs, s.Exists(d))
+	}
+	if chunks, _ := os.ReadDir(filepath.Join(s.Dir(), "chunks")); len(chunks) != 0 {
+		t.Errorf("%d files left in chunks/", len(chunks))
+	}
+}
