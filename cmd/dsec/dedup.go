@@ -1,3 +1,5 @@
+//go:build !front
+
 package main
 
 import (
@@ -25,8 +27,8 @@ func (a *app) layerDedup() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dedup",
 		Short: "Store each layer's file data once across layers, in chunks shared by content",
-		Long: `Dedup turns deduplication on for the store: every layer it holds is packed now, and every
-layer built, imported or snapshotted from then on as it is added. A packed layer's files are
+		Long: `Dedup turns deduplication on for the store: every tagged layer it holds is packed now, and
+every layer built, imported, pulled or snapshotted from then on as it is added. A packed layer's files are
 split into 64 KiB chunks keyed by their sha256; a chunk another layer holds already is not
 stored again (the same wheel, library or source file in two unrelated images is stored once),
 and a chunk of zeros is not stored at all. The layer keeps a small metadata image whose files
@@ -35,8 +37,10 @@ devices: a sandbox reads the layer as before, and the page cache holds a shared 
 
 A layer's digest, its pushes and its exports stay those of its whole image, which is made
 again from the chunks (and checked) when it is read whole; a microVM, which maps each layer as
-one file, keeps such a copy per layer and host. With --off, every packed layer is made whole
-again and new layers stay whole; dsec layer gc then removes the chunks no layer uses.
+one file, keeps such a copy per layer and host. A layer reads the chunk blobs of at most 63
+others (each is a device of its mount): a chunk only further ones hold is stored again. With
+--off, every packed tagged layer is made whole again (which needs the free space of their whole
+images) and new layers stay whole; dsec layer gc then removes the chunks no layer uses.
 dsec layer du shows what packing saves.
 
 ` + exitCodesHelp,

@@ -86,11 +86,7 @@ never zeros, never stale bytes.
 				} else if err != nil {
 					return err
 				}
-				m, err := s.Mount(info.Digest)
-				if err != nil {
-					return err
-				}
-				if err := m.Mount(dir); err != nil {
+				if err := s.MountLayer(info.Digest, dir); err != nil {
 					return err
 				}
 				res.Digest, res.Mode = info.Digest, "local"

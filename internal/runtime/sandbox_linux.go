@@ -523,8 +523,8 @@ func (sb *Sandbox) start(ctx context.Context) error {
 			digests = append(digests, f.Digest)
 			img := f.Image
 			if _, guest := sb.d.(driver.ImageUpper); guest && img == "" && f.Whole != nil {
-				// A guest maps each layer as one file: a packed layer's
-				// canonical image is made again, once per host.
+				// A guest maps each layer as one file: a store's layer,
+				// made again once per host if the store packs it.
 				if img, err = f.Whole(); err != nil {
 					return digests, err
 				}

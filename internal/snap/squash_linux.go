@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/containerd/errdefs"
-	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
@@ -47,7 +46,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		if err != nil {
 			return nil, tally, err
 		}
-		if err := mountLayer(s, chain[i].Digest, m); err != nil {
+		if err := s.MountLayer(chain[i].Digest, m); err != nil {
 			os.Remove(m)
 			return nil, tally, err
 		}
@@ -65,7 +64,7 @@ func Squash(ctx context.Context, s *store.Store, ref string, to layer.Ref, tmp s
 		if err != nil {
 			return nil, tally, err
 		}
-		if err := mountLayer(s, i.Digest, m); err != nil {
+		if err := s.MountLayer(i.Digest, m); err != nil {
 			os.Remove(m)
 			return nil, tally, err
 		}
@@ -143,13 +142,4 @@ func snapshotChain(ctx context.Context, s *store.Store, ref string, top *layer.I
 type Squashed struct {
 	Folded, Entries, Whiteouts int
 	Bytes                      int64
-}
-
-// mountLayer mounts the store's layer d on dir, packed or whole.
-func mountLayer(s *store.Store, d digest.Digest, dir string) error {
-	m, err := s.Mount(d)
-	if err != nil {
-		return err
-	}
-	return m.Mount(dir)
 }

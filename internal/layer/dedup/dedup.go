@@ -289,9 +289,20 @@ func (p *packer) file(f io.ReaderAt, size int64, at func(int64) (int64, bool)) (
 			continue
 		}
 		n := uint32((len(b) + erofs.BlockSize - 1) / erofs.BlockSize)
-		canon, ok := at(off)
-		if !ok || canon%erofs.BlockSize != 0 {
-			return nil, fmt.Errorf("%w: data at %d is not in whole blocks of the image", ErrNotCanonical, off)
+		// Where each block of the chunk is in the image: one run, or
+		// several (a file in a profile's hot region in part).
+		var runs []Extent
+		for j := uint32(0); j < n; j++ {
+			canon, ok := at(off + int64(j)*erofs.BlockSize)
+			if !ok || canon%erofs.BlockSize != 0 {
+				return nil, fmt.Errorf("%w: data at %d is not in whole blocks of the image", ErrNotCanonical, off+int64(j)*erofs.BlockSize)
+			}
+			blk := uint32(canon / erofs.BlockSize)
+			if r := len(runs) - 1; r >= 0 && runs[r].At+runs[r].Blocks == blk {
+				runs[r].Blocks++
+				continue
+			}
+			runs = append(runs, Extent{At: blk, Blocks: 1, Block: j})
 		}
 		sum := Sum(sha256.Sum256(b))
 		var c chunkRef
@@ -311,7 +322,10 @@ func (p *packer) file(f io.ReaderAt, size int64, at func(int64) (int64, bool)) (
 			p.next += n
 		}
 		out = append(out, c)
-		p.extents = append(p.extents, Extent{At: uint32(canon / erofs.BlockSize), Blocks: n, Blob: c.blob, Block: c.block})
+		for _, r := range runs {
+			r.Blob, r.Block = c.blob, c.block+r.Block
+			p.extents = append(p.extents, r)
+		}
 	}
 	return out, nil
 }

@@ -15,9 +15,10 @@ import (
 // Dir is a store on a local or shared POSIX path: the local store itself,
 // or a dir: remote.
 type Dir struct {
-	s    *store.Store
-	name string
-	emu  Emulation
+	s     *store.Store
+	name  string
+	emu   Emulation
+	local bool // the root's own store: a layer pulled into it is packed if it packs
 }
 
 func openDir(path string) (*Dir, error) {
@@ -29,7 +30,7 @@ func openDir(path string) (*Dir, error) {
 }
 
 // Local wraps the local store as a Target.
-func Local(s *store.Store) *Dir { return &Dir{s: s, name: "local store"} }
+func Local(s *store.Store) *Dir { return &Dir{s: s, name: "local store", local: true} }
 
 func (d *Dir) String() string { return d.name }
 
@@ -38,13 +39,14 @@ func (d *Dir) Store() *store.Store { return d.s }
 
 // Repo returns the store: every layer name shares it.
 func (d *Dir) Repo(ctx context.Context, ref layer.Ref) (Repo, error) {
-	return dirRepo{d.s, ref, d.emu}, nil
+	return dirRepo{d.s, ref, d.emu, d.local}, nil
 }
 
 type dirRepo struct {
-	s   *store.Store
-	ref layer.Ref
-	emu Emulation
+	s     *store.Store
+	ref   layer.Ref
+	emu   Emulation
+	local bool
 }
 
 func (r dirRepo) Resolve(ctx context.Context) (ocispec.Descriptor, error) {
@@ -140,9 +142,10 @@ func (r dirRepo) finish(in *store.Ingest, d ocispec.Descriptor, rd io.Reader) er
 	if _, err := in.Commit(d.Digest); err != nil {
 		return err
 	}
-	if d.MediaType == layer.MediaTypeLayer && r.s.Dedup() {
-		// A store that packs its layers packs a pulled one too; one that
-		// cannot be packed stays whole, as good.
+	if r.local && d.MediaType == layer.MediaTypeLayer && r.s.Dedup() {
+		// A root's store that packs its layers packs a pulled one too
+		// (a remote's, pushed to, keeps them whole: hosts read them
+		// lazily). One that cannot be packed stays whole, as good.
 		r.s.Pack(context.Background(), d.Digest)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
@@ -126,21 +127,32 @@ func (s *Store) readPackInfo(d digest.Digest) (*packInfo, error) {
 	return &pi, nil
 }
 
-// Mount is how to mount layer d, an EROFS image: its blob, or its
-// metadata image and chunk blobs when it is packed.
-func (s *Store) Mount(d digest.Digest) (mount.Mount, error) {
+// MountLayer mounts layer d, an EROFS image, on target: its blob, or its
+// metadata image with its chunk blobs when it is packed. A pack that
+// runs meanwhile writes the layer's record before it renames the head
+// in, so a layer still unpacked once its blob is mounted was mounted
+// whole; else the mount is made again, packed.
+func (s *Store) MountLayer(d digest.Digest, target string) error {
 	if !s.Packed(d) {
-		return mount.EROFS(s.BlobPath(d)), nil
+		if err := mount.EROFS(s.BlobPath(d)).Mount(target); err != nil {
+			return err
+		}
+		if !s.Packed(d) {
+			return nil
+		}
+		if err := mount.Unmount(target); err != nil {
+			return err
+		}
 	}
 	pi, err := s.readPackInfo(d)
 	if err != nil {
-		return mount.Mount{}, err
+		return err
 	}
 	devs := make([]string, len(pi.Devices))
 	for i, x := range pi.Devices {
 		devs[i] = s.chunkPath(x)
 	}
-	return mount.EROFSDevices(s.packedPath(d, ".erofs"), devs), nil
+	return mount.EROFSDevices(s.packedPath(d, ".erofs"), devs).Mount(target)
 }
 
 // OpenLayer opens layer d to read its tree: its blob, or its metadata
@@ -262,12 +274,9 @@ func (s *Store) Pack(ctx context.Context, d digest.Digest) (*dedup.Result, error
 	if err != nil {
 		return nil, fmt.Errorf("pack layer %s: %w", d, err)
 	}
-	if res.Blob != "" {
-		if err := s.publishChunks(blob, res); err != nil {
-			return nil, err
-		}
-	}
-	// The head, checked: it and the chunks make the canonical image.
+	// The head, checked: it and the chunks make the canonical image
+	// (the new chunks read from where they were written) before
+	// anything is published.
 	head, err := os.CreateTemp(ing, "blob.head-")
 	if err != nil {
 		return nil, classify("pack", err)
@@ -281,8 +290,18 @@ func (s *Store) Pack(ctx context.Context, d digest.Digest) (*dedup.Result, error
 		return nil, classify("pack", err)
 	}
 	pi := &packInfo{Devices: res.Devices, Extents: res.Extents, Logical: res.Logical, Shared: res.Shared, Holes: res.Holes}
-	if err := s.checkRebuild(d, head, fi.Size(), pi); err != nil {
-		return nil, err
+	h := sha256.New()
+	err = s.rebuild(h, head, fi.Size(), pi, map[digest.Digest]string{res.Blob: blob.Name()})
+	if err == nil {
+		err = checkSum(h.Sum(nil), d)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pack layer %s: %w", d, err)
+	}
+	if res.Blob != "" {
+		if err := s.publishChunks(blob, res); err != nil {
+			return nil, err
+		}
 	}
 	for _, f := range []*os.File{meta, head} {
 		if err := f.Sync(); err != nil {
@@ -328,18 +347,10 @@ func (s *Store) publishChunks(blob *os.File, res *dedup.Result) error {
 	return durable.SyncDir(filepath.Join(s.dir, "chunks"))
 }
 
-// checkRebuild checks that head and pi make the canonical image of d,
-// hashing it as it is made (nothing is written).
-func (s *Store) checkRebuild(d digest.Digest, head io.ReaderAt, size int64, pi *packInfo) error {
-	h := sha256.New()
-	if err := s.rebuild(h, head, size, pi); err != nil {
-		return err
-	}
-	return checkSum(h.Sum(nil), d)
-}
-
-// rebuild writes the canonical image made from head and pi to w.
-func (s *Store) rebuild(w io.Writer, head io.ReaderAt, size int64, pi *packInfo) error {
+// rebuild writes the canonical image made from head and pi to w,
+// reading a chunk blob from at[digest] where given (a pack's new blob,
+// not published yet), else from the store.
+func (s *Store) rebuild(w io.Writer, head io.ReaderAt, size int64, pi *packInfo, at map[digest.Digest]string) error {
 	var opened []*os.File
 	defer func() {
 		for _, o := range opened {
@@ -347,7 +358,11 @@ func (s *Store) rebuild(w io.Writer, head io.ReaderAt, size int64, pi *packInfo)
 		}
 	}()
 	err := dedup.Rebuild(w, head, size, pi.Extents, func(b digest.Digest) (io.ReaderAt, error) {
-		o, err := os.Open(s.chunkPath(b))
+		p, ok := at[b]
+		if !ok {
+			p = s.chunkPath(b)
+		}
+		o, err := os.Open(p)
 		if err != nil {
 			return nil, fmt.Errorf("chunk blob %s: %w", b, err)
 		}
@@ -390,7 +405,7 @@ func (s *Store) openPacked(d digest.Digest) (*os.File, error) {
 	os.Remove(f.Name())
 	h := sha256.New()
 	bw := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
-	err = s.rebuild(bw, head, fi.Size(), pi)
+	err = s.rebuild(bw, head, fi.Size(), pi, nil)
 	if err == nil {
 		err = bw.Flush()
 	}
@@ -407,12 +422,14 @@ func (s *Store) openPacked(d digest.Digest) (*os.File, error) {
 	return f, nil
 }
 
-// Whole is a file that holds layer d's canonical image: its blob, or,
-// for a packed layer, a copy made again from its chunks and kept until
-// the layer goes (a microVM maps a layer as one file).
+// Whole is a file that holds layer d's canonical image for as long as
+// the layer is kept, whatever packs or unpacks it meanwhile (a microVM
+// maps a layer as one file, opened after this returns): for a whole
+// layer, a hard link to its blob; for a packed one, a copy made again
+// from its chunks and checked. Both are packed/<hex>.whole.
 func (s *Store) Whole(d digest.Digest) (string, error) {
-	if !s.Packed(d) {
-		return s.BlobPath(d), nil
+	if err := d.Validate(); err != nil {
+		return "", fmt.Errorf("%w: %v", errdefs.ErrInvalidArgument, err)
 	}
 	p := s.packedPath(d, ".whole")
 	if _, err := os.Stat(p); err == nil {
@@ -423,32 +440,67 @@ func (s *Store) Whole(d digest.Digest) (string, error) {
 		return "", err
 	}
 	defer release()
-	f, err := s.openPacked(d)
-	if err != nil {
+	if err := os.MkdirAll(filepath.Join(s.dir, "packed"), 0o755); err != nil {
 		return "", err
 	}
-	defer f.Close()
-	tmp, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.whole-")
-	if err != nil {
-		return "", classify("rebuild layer", err)
+	if !s.Packed(d) {
+		// Linked while the layer has no record: the blob linked is the
+		// whole image (a pack writes the record before its head).
+		tmp := filepath.Join(s.dir, "ingest", "blob.link-"+d.Encoded())
+		os.Remove(tmp)
+		if err := os.Link(s.BlobPath(d), tmp); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return "", fmt.Errorf("layer %s: %w", d, errdefs.ErrNotFound)
+			}
+			return "", err
+		}
+		defer os.Remove(tmp)
+		if !s.Packed(d) {
+			if err := os.Rename(tmp, p); err != nil {
+				return "", err
+			}
+			return p, nil
+		}
 	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	if _, err := io.Copy(tmp, f); err != nil {
-		return "", classify("rebuild layer", err)
-	}
-	if err := tmp.Chmod(0o444); err != nil {
+	if err := s.rebuildTo(d, p); err != nil {
 		return "", err
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return "", classify("rebuild layer", err)
 	}
 	return p, nil
 }
 
+// rebuildTo makes packed layer d's canonical image again, checks it,
+// syncs it and renames it to path.
+func (s *Store) rebuildTo(d digest.Digest, path string) error {
+	f, err := s.openPacked(d)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tmp, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.whole-")
+	if err != nil {
+		return classify("rebuild layer", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	if _, err := io.Copy(tmp, f); err != nil {
+		return classify("rebuild layer", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return classify("rebuild layer", err)
+	}
+	if err := tmp.Chmod(0o444); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return classify("rebuild layer", err)
+	}
+	return durable.SyncDir(filepath.Dir(path))
+}
+
 // Unpack keeps a packed layer whole again: its canonical image, made
-// again from its chunks, replaces its head. Chunk blobs no layer uses
-// any longer are GC's to remove.
+// again from its chunks and checked, replaces its head. Chunk blobs no
+// layer uses any longer are GC's to remove. It needs the free space of
+// the whole image.
 func (s *Store) Unpack(ctx context.Context, d digest.Digest) error {
 	release, err := s.Writer()
 	if err != nil {
@@ -463,32 +515,17 @@ func (s *Store) Unpack(ctx context.Context, d digest.Digest) error {
 	if !s.Packed(d) {
 		return nil
 	}
-	p, err := s.Whole(d)
-	if err != nil {
-		return err
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(p, s.BlobPath(d)); err != nil {
-		return classify("unpack", err)
-	}
-	if err := durable.SyncDir(filepath.Dir(s.BlobPath(d))); err != nil {
+	if err := s.rebuildTo(d, s.BlobPath(d)); err != nil {
 		return err
 	}
 	s.dropPacked(d)
 	return durable.SyncDir(filepath.Join(s.dir, "packed"))
 }
 
-// dropPacked removes what kept layer d packed, its record last.
+// dropPacked removes what kept layer d packed, its record first: a
+// metadata image or copy left without one is a leftover gc removes.
 func (s *Store) dropPacked(d digest.Digest) {
-	for _, ext := range []string{".whole", ".erofs", ".json"} {
+	for _, ext := range []string{".json", ".erofs", ".whole"} {
 		os.Remove(s.packedPath(d, ext))
 	}
 }
@@ -520,7 +557,9 @@ func (s *Store) PackStats() (PackedStats, error) {
 		}
 		switch {
 		case strings.HasSuffix(e.Name(), ".whole"):
-			st.Whole += Allocated(info)
+			if sys, ok := info.Sys().(*syscall.Stat_t); !ok || sys.Nlink == 1 {
+				st.Whole += Allocated(info) // (a link to a whole blob takes nothing more)
+			}
 			continue
 		case strings.HasSuffix(e.Name(), ".json"):
 			d := digest.NewDigestFromEncoded(digest.SHA256, strings.TrimSuffix(e.Name(), ".json"))
@@ -563,21 +602,30 @@ func (s *Store) sweepPacked(res *GCResult) error {
 		}
 		pi, err := s.readPackInfo(d)
 		if err != nil {
-			return fmt.Errorf("gc: %w", err) // keep every chunk: this record may need any
+			// A record it cannot read may need any chunk: all are kept
+			// (the layer's reads fail, and say so, until it goes).
+			return nil
 		}
 		for _, x := range pi.Devices {
 			used[x] = true
 		}
 	}
-	// Leftovers of a pack that was killed: a metadata image without its
-	// record, a copy without its layer.
+	// Leftovers: a metadata image without its record (a pack or gc that
+	// was killed), a whole copy or link without its layer.
 	for _, e := range ents {
-		for _, ext := range []string{".erofs", ".whole"} {
-			if name, ok := strings.CutSuffix(e.Name(), ext); ok {
-				if _, err := os.Stat(filepath.Join(s.dir, "packed", name+".json")); errors.Is(err, fs.ErrNotExist) {
-					os.Remove(filepath.Join(s.dir, "packed", e.Name()))
-				}
-			}
+		name, ext, _ := strings.Cut(e.Name(), ".")
+		d := digest.NewDigestFromEncoded(digest.SHA256, name)
+		var gone bool
+		switch ext {
+		case "erofs":
+			_, err := os.Stat(s.packedPath(d, ".json"))
+			gone = errors.Is(err, fs.ErrNotExist)
+		case "whole":
+			_, err := os.Stat(s.BlobPath(d))
+			gone = errors.Is(err, fs.ErrNotExist)
+		}
+		if gone {
+			os.Remove(filepath.Join(s.dir, "packed", e.Name()))
 		}
 	}
 	chunks, _ := os.ReadDir(filepath.Join(s.dir, "chunks"))

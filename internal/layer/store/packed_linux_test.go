@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
@@ -46,12 +48,8 @@ func randomBytes(seed byte, n int) []byte {
 
 func mountLayer(t *testing.T, s *store.Store, d digest.Digest) string {
 	t.Helper()
-	m, err := s.Mount(d)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	if err := m.Mount(dir); err != nil {
+	if err := s.MountLayer(d, dir); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -75,6 +73,11 @@ func TestPackKeepsMountsAndDigest(t *testing.T) {
 	b := buildLayer(t, s, "b:1", map[string][]byte{"wheel": wheel, "b": randomBytes(3, 5000)})
 	before := mountLayer(t, s, a)
 	whole, _ := os.ReadFile(s.BlobPath(a))
+	// A microVM's file of a, taken before the pack: it stays a's image.
+	linked, err := s.Whole(a)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []digest.Digest{a, b} {
 		if _, err := s.Pack(ctx, d); err != nil {
 			t.Fatal(err)
@@ -85,6 +88,16 @@ func TestPackKeepsMountsAndDigest(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(before, "wheel")); !bytes.Equal(got, wheel) {
 		t.Fatal("a mount made before the pack reads other bytes")
+	}
+	if got, _ := os.ReadFile(linked); !bytes.Equal(got, whole) {
+		t.Fatal("the whole file taken before the pack changed")
+	}
+	wb, err := s.Whole(b) // made again from the chunks
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("fsck.erofs", wb).Run(); err != nil {
+		t.Fatalf("fsck of b's whole copy: %v", err)
 	}
 	after := mountLayer(t, s, b)
 	if got, _ := os.ReadFile(filepath.Join(after, "wheel")); !bytes.Equal(got, wheel) {
@@ -127,6 +140,9 @@ func TestPackKeepsMountsAndDigest(t *testing.T) {
 	}
 	if s.Exists(a) || s.Packed(a) {
 		t.Fatal("gc kept the untagged layer a")
+	}
+	if _, err := os.Stat(linked); err == nil {
+		t.Fatal("gc kept the whole file of a layer it removed")
 	}
 	if err := s.VerifyBlob(b); err != nil {
 		t.Fatalf("b after a's gc: %v", err)
@@ -172,5 +188,36 @@ func TestUnpack(t *testing.T) {
 	}
 	if chunks, _ := os.ReadDir(filepath.Join(s.Dir(), "chunks")); len(chunks) != 0 {
 		t.Errorf("%d files left in chunks/", len(chunks))
+	}
+}
+
+// TestPackProfiledLayer packs a layer built with an access profile,
+// whose file is in the hot region in part: its blocks are not where a
+// file's usually are, and the pack follows them.
+func TestPackProfiledLayer(t *testing.T) {
+	layertest.RequireRoot(t)
+	s := open(t)
+	dir := t.TempDir()
+	big := randomBytes(5, 300<<10)
+	if err := os.WriteFile(filepath.Join(dir, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "small"), []byte("small"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := layer.ParseRef("hot:1")
+	info, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: dir, Kind: layer.KindBase, Ref: ref,
+		Order: []erofs.Hot{{Path: "small"}, {Path: "big", Blocks: []erofs.BlockRange{{Start: 3, Count: 2}, {Start: 40, Count: 1}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pack(context.Background(), info.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(mountLayer(t, s, info.Digest), "big")); !bytes.Equal(got, big) {
+		t.Fatal("the packed profiled layer reads other bytes")
+	}
+	if err := s.VerifyBlob(info.Digest); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -217,10 +217,10 @@ type Found struct {
 	Digest  string
 	Kind    layer.Kind
 	Lineage *layer.Lineage // snapshots only
-	// Image is the file the layer's image is, for a microVM to map: its
-	// blob in the local store, or a lazy layer's fetcher's padded file
-	// (once it is mounted). It is "" for a layer the store keeps packed
-	// (into chunks shared with other layers): Whole makes that file.
+	// Image is the file a lazy layer's image is, for a microVM to map:
+	// its fetcher's padded file (once it is mounted). For a layer of the
+	// local store it is "", and Whole gives the file (store.Whole: it
+	// stays the whole image if the store packs the layer meanwhile).
 	Image   string
 	Whole   func() (string, error)
 	mountOn func(target string) error
@@ -244,17 +244,10 @@ type Source struct {
 func Resolve(ctx context.Context, root string, src Source, ref, want string) (*Found, error) {
 	info, err := layer.ResolveImage(ctx, src.Store, ref, digest.Digest(want))
 	if err == nil {
-		m, err := src.Store.Mount(info.Digest)
-		if err != nil {
-			return nil, err
-		}
-		f := &Found{Digest: info.Digest.String(), Kind: info.Kind, Lineage: info.Snapshot, mountOn: m.Mount}
-		if src.Store.Packed(info.Digest) {
-			f.Whole = func() (string, error) { return src.Store.Whole(info.Digest) }
-		} else {
-			f.Image = src.Store.BlobPath(info.Digest)
-		}
-		return f, nil
+		d := info.Digest
+		return &Found{Digest: d.String(), Kind: info.Kind, Lineage: info.Snapshot,
+			Whole:   func() (string, error) { return src.Store.Whole(d) },
+			mountOn: func(target string) error { return src.Store.MountLayer(d, target) }}, nil
 	}
 	if !errdefs.IsNotFound(err) || src.Remote == nil {
 		return nil, err

@@ -112,8 +112,8 @@ func layerStack(ctx context.Context, s *store.Store, src string) (images []strin
 		}
 	}
 	for _, d := range digests {
-		p, err := s.Whole(d) // a packed layer's image made again: this reads it as one file
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		p, err := s.Whole(d) // the whole image, whether the store packs the layer or not
+		if err != nil && !errdefs.IsNotFound(err) {
 			return nil, "", err
 		}
 		if _, err := os.Stat(p); err != nil {
