@@ -27,11 +27,11 @@ func (a *app) layerDedup() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dedup",
 		Short: "Store each layer's file data once across layers, in chunks shared by content",
-		Long: `Dedup turns deduplication on for the store: every tagged layer it holds is packed now, and
-every layer built, imported, pulled or snapshotted from then on as it is added. A packed layer's files are
-split into 64 KiB chunks keyed by their sha256; a chunk another layer holds already is not
-stored again (the same wheel, library or source file in two unrelated images is stored once),
-and a chunk of zeros is not stored at all. The layer keeps a small metadata image whose files
+		Long: `Dedup turns deduplication on for the store: every tagged layer it holds is packed now,
+and every layer built, imported, pulled or snapshotted from then on as it is added. A packed
+layer's files are split into 64 KiB chunks keyed by their sha256; a chunk another layer holds
+already is not stored again (the same wheel, library or source file in two unrelated images is
+stored once), and a chunk of zeros is not stored at all. The layer keeps a small metadata image whose files
 point into the shared chunk blobs, and the kernel mounts that image with the blobs as its
 devices: a sandbox reads the layer as before, and the page cache holds a shared chunk once.
 

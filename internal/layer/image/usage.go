@@ -45,7 +45,8 @@ type UsageEntry struct {
 	// snapshot's memory), each once.
 	Logical int64 `json:"logical_bytes"`
 	// Own is the bytes of those no other entry holds: what its removal
-	// and a gc free, unless a sandbox or snapshot stands on them.
+	// and a gc free, unless a sandbox or snapshot stands on them (of a
+	// packed layer, its head: its chunks may be others' too).
 	Own int64 `json:"own_bytes"`
 }
 
@@ -108,7 +109,8 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 			holders[d]++
 		}
 	}
-	size := map[digest.Digest]int64{}
+	size := map[digest.Digest]int64{}  // logical
+	taken := map[digest.Digest]int64{} // on disk: a packed layer's head
 	dir := filepath.Join(s.Dir(), "blobs", "sha256")
 	ents, err := os.ReadDir(dir)
 	if err != nil && !os.IsNotExist(err) {
@@ -122,6 +124,7 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		}
 		size[d] = store.Allocated(fi)
 		stored := size[d]
+		taken[d] = stored
 		if s.Packed(d) {
 			// Its head: the layer's metadata. Its data is in the chunk
 			// blobs, counted below; its logical size is its image's.
@@ -147,7 +150,7 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		for d := range set {
 			u.Entries[i].Logical += size[d]
 			if holders[d] == 1 {
-				u.Entries[i].Own += size[d]
+				u.Entries[i].Own += taken[d]
 			}
 		}
 		u.Logical += u.Entries[i].Logical
