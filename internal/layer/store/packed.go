@@ -28,13 +28,14 @@ import (
 // it is given (Pack, package dedup): the layer's file data goes, chunk
 // by chunk, into chunk blobs that every layer shares, and the layer
 // keeps a metadata image whose files point into them. The kernel mounts
-// that image with its chunk blobs as devices (Mount).
+// that image with its chunk blobs as devices (MountLayer).
 //
 //	dedup                 present: layers are packed as they are added
 //	packed/<hex>.erofs    a packed layer's metadata image
 //	packed/<hex>.json     its chunk blobs (devices) and its extents
-//	packed/<hex>.whole    the canonical image made again, for a reader
-//	                      that needs a file (a microVM maps one): a cache
+//	packed/<hex>.whole    the whole image of a layer a microVM maps
+//	                      (Whole): a hard link to a whole layer's blob,
+//	                      or a packed one's image made again
 //	chunks/<hex>          a chunk blob, named by the sha256 of its bytes
 //	chunks/<hex>.idx      its chunks (dedup.EncodeEntries)
 //
