@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -138,7 +139,7 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 			t.Error(err)
 		}
 	})
-	var initErr bytes.Buffer
+	var initErr lockedBuffer // written by the init's log copier while a cleanup reads it
 	sb, err := container.Create(container.Spec{Root: busyboxRoot(t), Stderr: &initErr, Setup: g.Add,
 		Socket: filepath.Join(t.TempDir(), "init.sock")})
 	if err != nil {
@@ -164,6 +165,24 @@ func sandbox(t *testing.T, l cgroup.Limits, script string) (*cgroup.Group, *cont
 		ch <- result{code, err}
 	}()
 	return g, sb, ch, out
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and a reader.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func output(f *os.File) string {
@@ -561,7 +580,9 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 	var chs []<-chan result
 	var groups []*cgroup.Group
 	for range 3 {
-		g, _, ch, _ := sandbox(t, cgroup.Limits{}, `dd if=/dev/zero bs=48M count=1 2>/dev/null | sleep 3`)
+		// The command, not a sandbox's init, is the OOM killer's victim
+		// (an init built with -race is larger than dd's 48 MiB).
+		g, _, ch, _ := sandbox(t, cgroup.Limits{}, `echo 1000 >/proc/self/oom_score_adj; dd if=/dev/zero bs=48M count=1 2>/dev/null | sleep 3`)
 		chs = append(chs, ch)
 		groups = append(groups, g)
 	}
