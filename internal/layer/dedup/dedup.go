@@ -177,7 +177,7 @@ func Pack(img io.ReaderAt, meta erofs.File, blob io.Writer, idx Index) (*Result,
 				break
 			}
 			if at, err = canonicalAt(img, metaBlk, st, info); err == nil {
-				e.chunks, err = p.file(fileReader(img, fsys, name, info), e.size, at)
+				e.chunks, err = p.file(img, e.size, at)
 			}
 		}
 		if err != nil {
@@ -208,48 +208,6 @@ type packer struct {
 	zero    [erofs.BlockSize]byte
 }
 
-// fileReader reads a regular file of the image: straight from the image
-// where go-erofs says where its bytes are (one range, the common case),
-// else through go-erofs.
-func fileReader(img io.ReaderAt, fsys fs.FS, name string, info fs.FileInfo) io.ReaderAt {
-	if dr, ok := info.(interface{ DataRange() []goerofs.DataRange }); ok {
-		if r := dr.DataRange(); len(r) == 1 && r[0].Device == 0 && r[0].Offset >= 0 && r[0].Size == info.Size() {
-			return io.NewSectionReader(img, r[0].Offset, r[0].Size)
-		}
-	}
-	return &fsReader{fsys: fsys, name: name}
-}
-
-// fsReader reads a file through an fs.FS, in order.
-type fsReader struct {
-	fsys fs.FS
-	name string
-	f    fs.File
-	off  int64
-}
-
-func (r *fsReader) ReadAt(b []byte, off int64) (int, error) {
-	if r.f == nil {
-		f, err := r.fsys.Open(r.name)
-		if err != nil {
-			return 0, err
-		}
-		r.f = f
-	}
-	if off != r.off {
-		return 0, fmt.Errorf("read %s at %d: only in order (at %d)", r.name, off, r.off)
-	}
-	n, err := io.ReadFull(r.f, b)
-	r.off += int64(n)
-	return n, err
-}
-
-func (r *fsReader) Close() {
-	if r.f != nil {
-		r.f.Close()
-	}
-}
-
 // MaxDevices bounds the chunk blobs one layer reads, its own included:
 // each is a device= option of its mount, and mount(2) takes one page of
 // options. A chunk in a blob past the bound is stored again, in the
@@ -269,21 +227,15 @@ func (p *packer) use(b digest.Digest) bool {
 	return true
 }
 
-// file splits one regular file into chunks and stores the new ones; at
-// says where a byte of the file is in the canonical image (false: in
-// none of its blocks, a hole).
-func (p *packer) file(f io.ReaderAt, size int64, at func(int64) (int64, bool)) ([]chunkRef, error) {
-	if c, ok := f.(interface{ Close() }); ok {
-		defer c.Close()
-	}
+// file splits one regular file into chunks and stores the new ones,
+// reading them from the image img; at says where a byte of the file is
+// in it (false: in none of its blocks, a hole, which is not read).
+func (p *packer) file(img io.ReaderAt, size int64, at func(int64) (int64, bool)) ([]chunkRef, error) {
 	var out []chunkRef
 	for off := int64(0); off < size; off += ChunkSize {
 		b := p.buf[:min(ChunkSize, size-off)]
-		if _, err := f.ReadAt(b, off); err != nil && !(errors.Is(err, io.EOF) && off+int64(len(b)) == size) {
-			return nil, err
-		}
 		p.res.Logical += int64(len(b))
-		if erofs.IsZero(b) {
+		if _, ok := at(off); !ok { // a chunk lies in one unit of a block map
 			p.res.Holes += int64(len(b))
 			out = append(out, chunkRef{hole: true})
 			continue
@@ -303,6 +255,18 @@ func (p *packer) file(f io.ReaderAt, size int64, at func(int64) (int64, bool)) (
 				continue
 			}
 			runs = append(runs, Extent{At: blk, Blocks: 1, Block: j})
+		}
+		for _, r := range runs {
+			from := int(r.Block) * erofs.BlockSize
+			dst := b[from:min(len(b), from+int(r.Blocks)*erofs.BlockSize)]
+			if _, err := img.ReadAt(dst, int64(r.At)*erofs.BlockSize); err != nil {
+				return nil, fmt.Errorf("read image: %w", err)
+			}
+		}
+		if erofs.IsZero(b) {
+			p.res.Holes += int64(len(b))
+			out = append(out, chunkRef{hole: true})
+			continue
 		}
 		sum := Sum(sha256.Sum256(b))
 		var c chunkRef
