@@ -76,10 +76,13 @@ type SnapshotInfo struct {
 
 // GuestMemory is a guest's memory as its kernel sees it (its balloon
 // reports it every few seconds): its RAM, and how much of it is
-// available (free, or cache it can drop).
+// available (free, or cache it can drop). Actual is the memory the
+// balloon leaves the guest now (QEMU's query-balloon, which follows each
+// page the guest gives up; 0 from an older shim).
 type GuestMemory struct {
 	Total     int64 `json:"total"`
 	Available int64 `json:"available"`
+	Actual    int64 `json:"actual,omitempty"`
 }
 
 // VMRestore starts a guest from a memory snapshot: its disk is a copy of

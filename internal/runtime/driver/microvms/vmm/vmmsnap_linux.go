@@ -272,6 +272,14 @@ func (v *vmm) guestMemory() (*initproto.GuestMemory, error) {
 	if m.Total <= 0 || m.Available < 0 {
 		return nil, errors.New("the guest's balloon reported no figures yet")
 	}
+	if b, err := v.qmp.do("query-balloon", nil); err == nil {
+		var q struct {
+			Actual int64 `json:"actual"`
+		}
+		if json.Unmarshal(b, &q) == nil {
+			m.Actual = q.Actual
+		}
+	}
 	return m, nil
 }
 
