@@ -734,24 +734,35 @@ func untilIdle(ctx context.Context, f *fetcher, term <-chan os.Signal, dir strin
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	idleSince := time.Now()
+	// soon: a SIGTERM said the last mount went. The fetcher exits
+	// termGrace after nothing uses it, not idle, but not at once: a mount
+	// may have found it ready and not yet mounted its file (a new mount
+	// ends soon). The unmounted file may still be open a moment (the
+	// kernel drops its last reference asynchronously, later on a loaded
+	// host): that is no new mount, and soon stays.
+	soon := false
 	for {
 		select {
 		case <-term:
-			// Exit soon, but not at once: a mount may have found this
-			// fetcher ready and not yet mounted its file.
-			if soon := time.Now().Add(termGrace - idle); soon.Before(idleSince) {
-				idleSince = soon
-			}
+			soon = true
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 		f.writeStats()
-		if f.opens.Load() > 0 || Users(dir) > 0 {
+		users := Users(dir)
+		if users > 0 {
+			soon = false
+		}
+		if f.opens.Load() > 0 || users > 0 {
 			idleSince = time.Now()
 			continue
 		}
-		if time.Since(idleSince) >= idle {
+		wait := idle
+		if soon {
+			wait = min(idle, termGrace)
+		}
+		if time.Since(idleSince) >= wait {
 			// Not ready first, then no user: a mount that found it ready
 			// and mounted since is seen here (it stays), and one that
 			// mounts after sees it not ready (Mount's check after its
