@@ -4,13 +4,17 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
@@ -24,6 +28,7 @@ type dedupResult struct {
 
 func (a *app) layerDedup() *cobra.Command {
 	var off, asJSON bool
+	var remoteURL string
 	cmd := &cobra.Command{
 		Use:   "dedup",
 		Short: "Store each layer's file data once across layers, in chunks shared by content",
@@ -43,13 +48,19 @@ others (each is a device of its mount): a chunk only further ones hold is stored
 images) and new layers stay whole; dsec layer gc then removes the chunks no layer uses.
 dsec layer du shows what packing saves.
 
+With --remote dir:///PATH, the store of that dir: remote is packed instead (the path all hosts
+mount): layers and images pushed to it from then on are packed there too, and a host that mounts
+them lazily fetches and caches each chunk blob once, whichever layers read it. A registry keeps
+its layers whole: it holds the image a digest names.
+
 ` + exitCodesHelp,
 		Example: `  dsec layer dedup
   dsec layer du
-  dsec layer dedup --off --json`,
+  dsec layer dedup --off --json
+  dsec layer dedup --remote dir:///mnt/3fs/dsec`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.openStore()
+			s, err := a.dedupStore(remoteURL)
 			if err != nil {
 				return err
 			}
@@ -128,5 +139,24 @@ dsec layer du shows what packing saves.
 	}
 	cmd.Flags().BoolVar(&off, "off", false, "make every packed layer whole again and stop packing new ones")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringVar(&remoteURL, "remote", "", "pack the store of this dir: remote (dir:///PATH) instead of the root's")
 	return cmd
+}
+
+// dedupStore is the store dedup packs: the root's, or a dir: remote's.
+func (a *app) dedupStore(remoteURL string) (*store.Store, error) {
+	if remoteURL == "" {
+		return a.openStore()
+	}
+	loc, err := remote.ParseLocation(remoteURL)
+	if err != nil {
+		return nil, fmt.Errorf("--remote %s: %w", remoteURL, errdefs.ErrInvalidArgument)
+	}
+	if loc.Scheme != remote.SchemeDir {
+		return nil, fmt.Errorf("--remote %s: only a dir: remote's store packs its layers (a registry holds the image a digest names): give dir:///PATH: %w", remoteURL, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(loc.Path, "blobs")); err != nil {
+		return nil, fmt.Errorf("--remote %s: no store there (%v): push a layer to it first (dsec layer push): %w", remoteURL, err, errdefs.ErrNotFound)
+	}
+	return store.Open(loc.Path)
 }

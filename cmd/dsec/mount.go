@@ -28,7 +28,7 @@ type mountResult struct {
 	Ref    string        `json:"name"`
 	Digest digest.Digest `json:"digest"`
 	Dir    string        `json:"dir"`
-	Mode   string        `json:"mode"` // local: the store's blob, file-backed; lazy: fetched on demand
+	Mode   string        `json:"mode"` // local: the store's blob, file-backed; lazy: fetched on demand; lazy-packed: its chunk blobs fetched on demand
 	Remote string        `json:"remote,omitempty"`
 }
 
@@ -51,6 +51,12 @@ ranges it reads its access profile (dsec layer profile). One
 fetcher process per layer serves every mount of it and outlives this command; it exits
 when the last mount is gone. If the fetcher dies or the remote fails, reads fail with EIO:
 never zeros, never stale bytes.
+
+A layer that a dir: remote keeps packed (dsec layer dedup --remote) is mounted from its small
+metadata image, fetched whole, with its chunk blobs as devices: one fetcher and one cache per
+chunk blob serve every layer that reads it, so data two layers share is fetched once on this
+host (mode lazy-packed; dsec layer stats sums its chunk blobs' figures). --record mounts the
+whole image instead.
 
 ` + exitCodesHelp,
 		Example: `  dsec layer mount debian/bookworm:2026.11 /mnt/base
@@ -106,10 +112,18 @@ never zeros, never stale bytes.
 				spec := lazy.SpecFor(ref.String(), l, target, insecure, a.cfg.Cache.tuning())
 				spec.Record = record
 				start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
-				if err := lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start); err != nil {
+				res.Digest, res.Mode, res.Remote = l.Blob.Digest, "lazy", target.String()
+				if d, ok := target.(*remote.Dir); ok && !record && d.Store().Packed(l.Blob.Digest) {
+					// A dir: remote that packs: each chunk blob fetched
+					// once on this host (a recording needs the whole image).
+					err = lazy.MountPacked(cmd.Context(), a.cfg.Root, d.Store(), spec, dir, start)
+					res.Mode = "lazy-packed"
+				} else {
+					err = lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start)
+				}
+				if err != nil {
 					return err
 				}
-				res.Digest, res.Mode, res.Remote = l.Blob.Digest, "lazy", target.String()
 			}
 			if asJSON {
 				return a.printJSON(res)
@@ -272,7 +286,11 @@ func (a *app) cachedLayer(ref string) (digest.Digest, string, error) {
 	for _, e := range ents {
 		var spec lazy.Spec
 		b, err := os.ReadFile(filepath.Join(a.cfg.Root, "cache", e.Name(), "layer.json"))
-		if err != nil || json.Unmarshal(b, &spec) != nil {
+		if err != nil {
+			// A layer mounted packed: its name and digest are there.
+			b, err = os.ReadFile(filepath.Join(a.cfg.Root, "cache", e.Name(), "packed.json"))
+		}
+		if err != nil || json.Unmarshal(b, &spec) != nil || spec.Chunk {
 			continue
 		}
 		if spec.Ref == ref || spec.Digest.String() == ref || spec.Digest.Encoded() == ref {

@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"slices"
@@ -93,6 +94,9 @@ type Result struct {
 	// blobs, in file order: what Rebuild needs, with the image's
 	// superblock and metadata, to make the canonical image again.
 	Extents []Extent
+	// Windows is the new blob's window table (WindowTable): what a
+	// host reading the blob lazily checks each window it fetches against.
+	Windows []byte
 }
 
 // Extent is Blocks blocks of the canonical image from block At, which
@@ -140,7 +144,7 @@ func Pack(img io.ReaderAt, meta erofs.File, blob io.Writer, idx Index) (*Result,
 	if err != nil {
 		return nil, err
 	}
-	p := &packer{idx: idx, blob: blob, hash: sha256.New(), local: map[Sum]uint32{}, used: map[digest.Digest]bool{}, res: &Result{}}
+	p := &packer{idx: idx, blob: blob, hash: sha256.New(), win: &Windows{}, local: map[Sum]uint32{}, used: map[digest.Digest]bool{}, res: &Result{}}
 	var ents []entry
 	first := map[int64]string{} // inode (NID) -> first path, for hard links
 	err = fs.WalkDir(fsys, ".", func(name string, d fs.DirEntry, err error) error {
@@ -199,6 +203,7 @@ type packer struct {
 		io.Writer
 		Sum([]byte) []byte
 	}
+	win     *Windows
 	next    uint32                 // next free block of the new blob
 	local   map[Sum]uint32         // chunks written to the new blob
 	used    map[digest.Digest]bool // blobs of the index the layer reads
@@ -300,6 +305,7 @@ func (p *packer) write(b []byte, pad int) error {
 			return fmt.Errorf("write blob: %w", err)
 		}
 		p.hash.Write(x)
+		p.win.Write(x)
 	}
 	return nil
 }
@@ -311,6 +317,7 @@ func (p *packer) finish(meta erofs.File, ents []entry) (*Result, error) {
 	if p.next > 0 {
 		res.Blob = digest.NewDigestFromBytes(digest.SHA256, p.hash.Sum(nil))
 		res.BlobBlocks = uint64(p.next)
+		res.Windows = p.win.Table()
 	}
 	for i := range p.extents {
 		if p.extents[i].Blob == "" {
@@ -436,6 +443,55 @@ func AttrOf(st *goerofs.Stat) erofs.Attr {
 
 // ErrCorrupt is wrapped by errors about an index's bytes.
 var ErrCorrupt = errors.New("corrupt chunk index")
+
+// WindowSize is the window of a chunk blob's window table: a chunk's
+// size, the unit a lazy host fetches and checks.
+const WindowSize = ChunkSize
+
+// Windows hashes what is written to it in windows of WindowSize: a
+// chunk blob's window table, the sha256 of each window in order (the
+// last one may be short), as layer.WindowTable makes a layer's.
+type Windows struct {
+	h     hash.Hash
+	n     int
+	table []byte
+}
+
+func (w *Windows) Write(b []byte) (int, error) {
+	if w.h == nil {
+		w.h = sha256.New()
+	}
+	k := len(b)
+	for len(b) > 0 {
+		m := min(len(b), WindowSize-w.n)
+		w.h.Write(b[:m])
+		w.n += m
+		b = b[m:]
+		if w.n == WindowSize {
+			w.table, w.n = w.h.Sum(w.table), 0
+			w.h.Reset()
+		}
+	}
+	return k, nil
+}
+
+// Table ends the last window and returns the table.
+func (w *Windows) Table() []byte {
+	if w.n > 0 {
+		w.table, w.n = w.h.Sum(w.table), 0
+		w.h.Reset()
+	}
+	return w.table
+}
+
+// WindowTable is the window table of what r reads, to its end.
+func WindowTable(r io.Reader) ([]byte, error) {
+	var w Windows
+	if _, err := io.CopyBuffer(&w, r, make([]byte, WindowSize)); err != nil {
+		return nil, err
+	}
+	return w.Table(), nil
+}
 
 // entrySize is an encoded Entry: sum, block, blocks.
 const entrySize = sha256.Size + 8

@@ -40,6 +40,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -73,6 +74,10 @@ type Spec struct {
 	// QEMU through ServeFile): only its first window is fetched before
 	// it is served, and no file map is read for its reads ahead.
 	Raw bool `json:"raw,omitempty"`
+	// Chunk says the blob is a chunk blob of a store that packs its
+	// layers (store.ChunkBlob), which packed layers read as a device:
+	// raw, served by ServeFile.
+	Chunk bool `json:"chunk,omitempty"`
 	// Record makes the fetcher write, when it exits, the byte ranges reads
 	// asked for in first touch order (the access profile) and the windows
 	// they lie in (the prefetch hint).
@@ -293,13 +298,62 @@ func (c *cache) count(f func(*Stats)) {
 }
 
 // ReadStats reads the counters a layer's fetcher last wrote.
+//
+// A layer mounted packed (MountPacked) has no fetcher of its own: its
+// figures are its chunk blobs' summed, which other layers on the host
+// may share, and its metadata image, fetched whole.
 func ReadStats(root string, d digest.Digest) (*Stats, error) {
 	b, err := os.ReadFile(filepath.Join(Dir(root, d), "stats.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return packedStats(root, d)
+	}
 	if err != nil {
 		return nil, err
 	}
 	var s Stats
 	return &s, json.Unmarshal(b, &s)
+}
+
+// packedSpec is packed.json: a layer mounted packed, and the chunk blobs
+// it reads (each cached in a directory of its own).
+type packedSpec struct {
+	Ref     string          `json:"name"`
+	Digest  digest.Digest   `json:"digest"`
+	Devices []digest.Digest `json:"devices"`
+}
+
+func packedStats(root string, d digest.Digest) (*Stats, error) {
+	var ps packedSpec
+	b, err := os.ReadFile(filepath.Join(Dir(root, d), "packed.json"))
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(b, &ps); err != nil {
+		return nil, err
+	}
+	var sum Stats
+	if fi, err := os.Stat(filepath.Join(Dir(root, d), "meta.erofs")); err == nil {
+		sum.BytesTotal, sum.BytesFetched, sum.BytesCached = fi.Size(), fi.Size(), fi.Size()
+	}
+	for _, x := range ps.Devices {
+		if x.Validate() != nil {
+			continue
+		}
+		s, err := ReadStats(root, x)
+		if err != nil {
+			continue // a blob not read yet
+		}
+		sum.BytesTotal += s.BytesTotal
+		sum.BytesRead += s.BytesRead
+		sum.BytesFetched += s.BytesFetched
+		sum.BytesCached += s.BytesCached
+		sum.WindowsFetched += s.WindowsFetched
+		sum.Requests += s.Requests
+		sum.CacheHits += s.CacheHits
+		sum.FetchErrors += s.FetchErrors
+		sum.Evictions += s.Evictions
+	}
+	return &sum, nil
 }
 
 func writeJSON(path string, v any) error {

@@ -17,8 +17,13 @@ import (
 	"unsafe"
 
 	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/dedup"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/layer/store"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -53,6 +58,69 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 		}
 		return nil
 	})
+}
+
+// MountPacked mounts layer spec, which the store s of a dir: remote
+// keeps packed (store.Pack), lazily on target: its metadata image,
+// copied whole into the layer's cache directory (it holds no file
+// data), with its chunk blobs as devices. Each chunk blob is served by a
+// fetcher of its own and cached once on the host, whichever layers read
+// it: a chunk two layers share is fetched once, and the page cache holds
+// it once. A chunk blob's fetcher lives while a mount holds its file
+// open (the kernel holds a device open for as long as the mount lasts).
+// Its windows are checked against the blob's table (store.ChunkBlob);
+// the metadata image and the list of blobs are trusted as the remote's
+// tags are.
+func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, target string, start Start) error {
+	meta, devs, err := s.PackedLayer(spec.Digest)
+	if err != nil {
+		return fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
+	}
+	dir := Dir(root, spec.Digest)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	local := filepath.Join(dir, "meta.erofs")
+	if err := copyIfChanged(meta, local); err != nil {
+		return fmt.Errorf("layer %s: its metadata image: %w", spec.Ref, err)
+	}
+	if err := writeJSON(filepath.Join(dir, "packed.json"), packedSpec{Ref: spec.Ref, Digest: spec.Digest, Devices: devs}); err != nil {
+		return err
+	}
+	var paths []string
+	for _, x := range devs {
+		_, size, table, err := s.ChunkBlob(x)
+		if err != nil {
+			return fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
+		}
+		c := spec
+		c.Ref, c.Digest, c.Size, c.Chunk, c.Raw = "chunks of "+spec.Ref, x, size, true, true
+		c.Metadata, c.Hot, c.Record = erofs.Region{}, erofs.Region{}, false
+		c.Windows = layer.Windows{Size: dedup.WindowSize, Count: len(table) / 32, Digest: digest.FromBytes(table)}
+		p, hold, err := ServeFile(ctx, root, c, table, start)
+		if err != nil {
+			return err
+		}
+		defer hold.Close() // once mounted, the mount holds the file open
+		paths = append(paths, p)
+	}
+	if err := mount.EROFSDevices(local, paths).Mount(target); err != nil {
+		return err
+	}
+	if err := setReadAhead(target, spec.ReadAheadKB); err != nil {
+		mount.Unmount(target)
+		return err
+	}
+	return nil
+}
+
+// copyIfChanged copies src to dst unless dst holds its bytes already.
+func copyIfChanged(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return writeIfChanged(dst, b)
 }
 
 // ServeFile serves a blob lazily as a file for a reader that opens it

@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer/erofs"
+	"github.com/dsec-project/dsec/internal/layer/store"
 )
 
 var errEOF = io.EOF
@@ -32,6 +33,11 @@ type Start struct {
 
 // Mount is not supported off Linux.
 func Mount(ctx context.Context, root string, spec Spec, table []byte, target string, start Start) error {
+	return errLinux
+}
+
+// MountPacked is not supported off Linux.
+func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, target string, start Start) error {
 	return errLinux
 }
 

@@ -32,6 +32,13 @@ func openSource(spec Spec) (source, error) {
 	}
 	switch loc.Scheme {
 	case remote.SchemeDir:
+		if spec.Chunk {
+			f, err := os.Open(store.ChunkPath(loc.Path, spec.Digest))
+			if err != nil {
+				return nil, fmt.Errorf("chunk blob %s in %s: %w", spec.Digest, spec.Remote, err)
+			}
+			return dirSource{f, remote.EmulationFromEnv()}, nil
+		}
 		f, err := os.Open(filepath.Join(loc.Path, "blobs", "sha256", spec.Digest.Encoded()))
 		if err == nil && store.IsPacked(loc.Path, spec.Digest) {
 			// A store that keeps its layers packed: the blob is the

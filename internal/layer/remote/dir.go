@@ -18,7 +18,7 @@ type Dir struct {
 	s     *store.Store
 	name  string
 	emu   Emulation
-	local bool // the root's own store: a layer pulled into it is packed if it packs
+	local bool // the root's own store (Local)
 }
 
 func openDir(path string) (*Dir, error) {
@@ -142,10 +142,13 @@ func (r dirRepo) finish(in *store.Ingest, d ocispec.Descriptor, rd io.Reader) er
 	if _, err := in.Commit(d.Digest); err != nil {
 		return err
 	}
-	if r.local && d.MediaType == layer.MediaTypeLayer && r.s.Dedup() {
-		// A root's store that packs its layers packs a pulled one too
-		// (a remote's, pushed to, keeps them whole: hosts read them
-		// lazily). One that cannot be packed stays whole, as good.
+	if d.MediaType == layer.MediaTypeLayer && (r.local && r.s.Dedup() || r.s.DedupMarked()) {
+		// A store that packs its layers packs one pulled into it, or
+		// pushed to it: hosts that read a dir: remote lazily fetch its
+		// chunks once each (lazy.MountPacked). A shared remote's store
+		// packs only if told to (dsec layer dedup --remote), not by
+		// DSEC_STORE_DEDUP in the pushing process. One that cannot be
+		// packed stays whole, as good.
 		r.s.Pack(context.Background(), d.Digest)
 	}
 	return nil

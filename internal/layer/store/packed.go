@@ -38,6 +38,8 @@ import (
 //	                      or a packed one's image made again
 //	chunks/<hex>          a chunk blob, named by the sha256 of its bytes
 //	chunks/<hex>.idx      its chunks (dedup.EncodeEntries)
+//	chunks/<hex>.windows  its window table (dedup.WindowTable): what a
+//	                      host reading the store lazily checks
 //
 // The layer's blob (blobs/sha256/<hex>) stays, as its head: the canonical
 // image with its file data left as holes, so it takes the metadata's
@@ -62,13 +64,18 @@ func (s *Store) packedPath(d digest.Digest, ext string) string {
 	return filepath.Join(s.dir, "packed", d.Encoded()+ext)
 }
 
-func (s *Store) chunkPath(d digest.Digest) string {
-	return filepath.Join(s.dir, "chunks", d.Encoded())
+func (s *Store) chunkPath(d digest.Digest) string { return ChunkPath(s.dir, d) }
+
+// ChunkPath is chunk blob d of the store at dir, for a reader of its
+// files that has not opened it.
+func ChunkPath(dir string, d digest.Digest) string {
+	return filepath.Join(dir, "chunks", d.Encoded())
 }
 
 // Dedup says whether the store packs the layers it is given: it was
-// told so (SetDedup), unless DSEC_STORE_DEDUP says otherwise (1 or 0),
-// for every store this process opens.
+// told so (SetDedup), unless DSEC_STORE_DEDUP says otherwise (1 or 0)
+// for the stores this process builds into (a dir: remote's store, pushed
+// to, follows its marker alone: DedupMarked).
 func (s *Store) Dedup() bool {
 	switch os.Getenv("DSEC_STORE_DEDUP") {
 	case "1", "true":
@@ -76,6 +83,13 @@ func (s *Store) Dedup() bool {
 	case "0", "false":
 		return false
 	}
+	return s.DedupMarked()
+}
+
+// DedupMarked says whether the store was told to pack (SetDedup),
+// whatever DSEC_STORE_DEDUP says: a dir: remote's store, which hosts
+// share, follows only that.
+func (s *Store) DedupMarked() bool {
 	_, err := os.Stat(filepath.Join(s.dir, "dedup"))
 	return err == nil
 }
@@ -126,6 +140,48 @@ func (s *Store) readPackInfo(d digest.Digest) (*packInfo, error) {
 		}
 	}
 	return &pi, nil
+}
+
+// PackedLayer is how a lazy reader of the store finds a packed layer's
+// parts: its metadata image's path, and the chunk blobs it reads, in
+// the order to mount them in.
+func (s *Store) PackedLayer(d digest.Digest) (meta string, devices []digest.Digest, err error) {
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return "", nil, err
+	}
+	return s.packedPath(d, ".erofs"), pi.Devices, nil
+}
+
+// ChunkBlob is the path of chunk blob d, its size and its window table
+// (dedup.WindowSize windows), for a lazy reader. A blob packed before
+// tables were kept gets its table made now, and kept if the store is
+// writable.
+func (s *Store) ChunkBlob(d digest.Digest) (path string, size int64, table []byte, err error) {
+	if err := d.Validate(); err != nil {
+		return "", 0, nil, fmt.Errorf("chunk blob %q: %w", d, errdefs.ErrInvalidArgument)
+	}
+	path = s.chunkPath(d)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	size = fi.Size()
+	want := int((size + dedup.WindowSize - 1) / dedup.WindowSize * 32)
+	table, err = os.ReadFile(path + ".windows")
+	if err == nil && len(table) == want {
+		return path, size, table, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	defer f.Close()
+	if table, err = dedup.WindowTable(f); err != nil {
+		return "", 0, nil, err
+	}
+	_ = durable.WriteFileIn(filepath.Join(s.dir, "ingest"), path+".windows", table, 0o444) // a read-only store: made again next time
+	return path, size, table, nil
 }
 
 // MountLayer mounts layer d, an EROFS image, on target: its blob, or its
@@ -339,6 +395,9 @@ func (s *Store) publishChunks(blob *os.File, res *dedup.Result) error {
 		return err
 	}
 	ing := filepath.Join(s.dir, "ingest")
+	if err := durable.WriteFileIn(ing, s.chunkPath(res.Blob)+".windows", res.Windows, 0o444); err != nil {
+		return classify("pack", err)
+	}
 	if err := durable.WriteFileIn(ing, s.chunkPath(res.Blob)+".idx", dedup.EncodeEntries(res.New), 0o444); err != nil {
 		return classify("pack", err)
 	}
@@ -577,7 +636,7 @@ func (s *Store) PackStats() (PackedStats, error) {
 	for _, e := range chunks {
 		if info, err := e.Info(); err == nil {
 			st.Stored += Allocated(info)
-			if !strings.HasSuffix(e.Name(), ".idx") {
+			if !strings.Contains(e.Name(), ".") { // not .idx, .windows
 				st.Chunks += Allocated(info)
 			}
 		}
@@ -636,14 +695,14 @@ func (s *Store) sweepPacked(res *GCResult) error {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		d := digest.NewDigestFromEncoded(digest.SHA256, strings.TrimSuffix(n, ".idx"))
-		if used[d] {
+		name, ext, _ := strings.Cut(n, ".")
+		if used[digest.NewDigestFromEncoded(digest.SHA256, name)] {
 			continue
 		}
 		p := filepath.Join(s.dir, "chunks", n)
 		if info, err := os.Stat(p); err == nil && os.Remove(p) == nil {
 			res.Bytes += Allocated(info)
-			if !strings.HasSuffix(n, ".idx") {
+			if ext == "" {
 				res.Blobs++
 			}
 		}

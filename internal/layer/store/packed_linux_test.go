@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"os"
 	"os/exec"
@@ -219,5 +220,47 @@ func TestPackProfiledLayer(t *testing.T) {
 	}
 	if err := s.VerifyBlob(info.Digest); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestChunkBlobForLazyHosts: what a host that mounts a packed layer of
+// this store lazily reads: its metadata image and chunk blobs, and each
+// blob's window table, the sha256 of each 64 KiB of it, kept beside it
+// by the pack, made again (and kept) where it is missing.
+func TestChunkBlobForLazyHosts(t *testing.T) {
+	s := open(t)
+	d := buildLayer(t, s, "a:1", map[string][]byte{"x": randomBytes(5, 200<<10), "y": randomBytes(6, 10<<10)})
+	if _, err := s.Pack(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	meta, devs, err := s.PackedLayer(d)
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("packed layer: %s %v %v", meta, devs, err)
+	}
+	if _, err := os.Stat(meta); err != nil {
+		t.Fatal(err)
+	}
+	path, size, table, err := s.ChunkBlob(devs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, _ := os.ReadFile(path)
+	var want []byte
+	for off := 0; off < len(blob); off += 64 << 10 {
+		sum := sha256.Sum256(blob[off:min(off+64<<10, len(blob))])
+		want = append(want, sum[:]...)
+	}
+	if int64(len(blob)) != size || size < 210<<10 || !bytes.Equal(table, want) {
+		t.Fatalf("chunk blob of %d bytes (%d said), table of %d bytes: want the sha256 of each 64 KiB window, %d bytes", len(blob), size, len(table), len(want))
+	}
+	os.Remove(path + ".windows") // a blob packed before tables were kept
+	if _, _, again, err := s.ChunkBlob(devs[0]); err != nil || !bytes.Equal(again, want) {
+		t.Fatalf("table made again: %v", err)
+	}
+	if kept, _ := os.ReadFile(path + ".windows"); !bytes.Equal(kept, want) {
+		t.Fatal("the table made again is not kept")
+	}
+	if _, _, _, err := s.ChunkBlob("sha256:../../etc"); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("a chunk blob named by a path: %v", err)
 	}
 }

@@ -99,6 +99,24 @@ func (ms *Mounts) Acquire(ctx context.Context, src Source, ref, user, want strin
 			return "", nil, err
 		}
 	}
+	if f.wholeOn != nil {
+		// The whole image is mounted beside the packed one, lazily, the
+		// first time a microVM asks: its fetcher lives while that mount
+		// does, and gives the file the guest maps.
+		img := lazy.PmemFile(lazy.Dir(ms.root, digest.Digest(dgst)))
+		f.Whole = func() (string, error) {
+			ms.mu.Lock()
+			defer ms.mu.Unlock()
+			w := filepath.Join(dir, "whole")
+			if mounted, _ := mount.IsMountPoint(w); mounted {
+				return img, nil
+			}
+			if err := os.MkdirAll(w, 0o700); err != nil {
+				return "", err
+			}
+			return img, f.wholeOn(w)
+		}
+	}
 	return mnt, f, nil
 }
 
@@ -202,11 +220,12 @@ func (ms *Mounts) ReleaseKept() error {
 
 // unmountLower unmounts a layer nobody uses and removes its directory.
 func unmountLower(dir string) error {
-	mnt := filepath.Join(dir, "mnt")
-	if mounted, _ := mount.IsMountPoint(mnt); mounted {
-		// lazy.Unmount also tells a lazy layer's fetcher it may go.
-		if err := lazy.Unmount(mnt); err != nil && !mount.IsNotMounted(err) {
-			return err
+	for _, mnt := range []string{filepath.Join(dir, "mnt"), filepath.Join(dir, "whole")} {
+		if mounted, _ := mount.IsMountPoint(mnt); mounted {
+			// lazy.Unmount also tells a lazy layer's fetcher it may go.
+			if err := lazy.Unmount(mnt); err != nil && !mount.IsNotMounted(err) {
+				return err
+			}
 		}
 	}
 	return os.RemoveAll(dir)
@@ -224,6 +243,9 @@ type Found struct {
 	Image   string
 	Whole   func() (string, error)
 	mountOn func(target string) error
+	// wholeOn mounts the whole image of a layer mounted packed from a
+	// remote, lazily: a microVM's file (Acquire).
+	wholeOn func(target string) error
 }
 
 // Source is where a root's layers come from: the local store, and for
@@ -261,9 +283,16 @@ func Resolve(ctx context.Context, root string, src Source, ref, want string) (*F
 		return nil, err
 	}
 	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
-	return &Found{Digest: l.Blob.Digest.String(), Kind: l.Config.Kind, Lineage: l.Config.Snapshot, Image: lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), mountOn: func(target string) error {
-		return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher)
-	}}, nil
+	whole := func(target string) error { return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher) }
+	f := &Found{Digest: l.Blob.Digest.String(), Kind: l.Config.Kind, Lineage: l.Config.Snapshot, Image: lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), mountOn: whole}
+	if d, ok := src.Remote.(*remote.Dir); ok && d.Store().Packed(l.Blob.Digest) {
+		// A dir: remote that packs its layers: the layer's metadata
+		// image, with the chunk blobs it reads served each once per
+		// host. A microVM maps the whole image (Acquire's Whole).
+		f.Image, f.wholeOn = "", whole
+		f.mountOn = func(target string) error { return lazy.MountPacked(ctx, root, d.Store(), spec, target, src.Fetcher) }
+	}
+	return f, nil
 }
 
 // Lineage reads a snapshot's Lineage from the store or the remote.
