@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -139,7 +140,7 @@ its layers whole: it holds the image a digest names.
 	}
 	cmd.Flags().BoolVar(&off, "off", false, "make every packed layer whole again and stop packing new ones")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.Flags().StringVar(&remoteURL, "remote", "", "pack the store of this dir: remote (dir:///PATH) instead of the root's")
+	cmd.Flags().StringVar(&remoteURL, "remote", "", "pack the store of this dir: remote (dir:///PATH, or a configured name) instead of the root's")
 	return cmd
 }
 
@@ -148,11 +149,15 @@ func (a *app) dedupStore(remoteURL string) (*store.Store, error) {
 	if remoteURL == "" {
 		return a.openStore()
 	}
-	loc, err := remote.ParseLocation(remoteURL)
+	u := remoteURL
+	if named, ok := a.cfg.Remotes[remoteURL]; ok && !strings.Contains(remoteURL, "://") {
+		u = named // a configured remote's name
+	}
+	loc, err := remote.ParseLocation(u)
 	if err != nil {
 		return nil, fmt.Errorf("--remote %s: %w", remoteURL, errdefs.ErrInvalidArgument)
 	}
-	if loc.Scheme != remote.SchemeDir {
+	if loc.Scheme != remote.SchemeDir || loc.URL.Host != "" || !filepath.IsAbs(loc.Path) {
 		return nil, fmt.Errorf("--remote %s: only a dir: remote's store packs its layers (a registry holds the image a digest names): give dir:///PATH: %w", remoteURL, errdefs.ErrInvalidArgument)
 	}
 	if _, err := os.Stat(filepath.Join(loc.Path, "blobs")); err != nil {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,7 +122,7 @@ func (sb *Sandbox) squeeze(ctx context.Context) {
 	// The guest gives its pages up as it runs (slowly on a loaded host,
 	// or under TCG): wait while it does, up to a bound, and not past 2 s
 	// in which it gave up nothing.
-	last, moved := mem.Total, time.Now()
+	last, moved := cmp.Or(mem.Actual, mem.Total), time.Now() // the measure the loop reads
 	for start := time.Now(); time.Since(start) < 20*time.Second && time.Since(moved) < 2*time.Second; time.Sleep(100 * time.Millisecond) {
 		now, err := m.Memory(ctx)
 		if err != nil {

@@ -303,10 +303,15 @@ func (c *cache) count(f func(*Stats)) {
 // figures are its chunk blobs' summed, which other layers on the host
 // may share, and its metadata image, fetched whole.
 func ReadStats(root string, d digest.Digest) (*Stats, error) {
-	b, err := os.ReadFile(filepath.Join(Dir(root, d), "stats.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return packedStats(root, d)
+	if s, err := packedStats(root, d); !errors.Is(err, fs.ErrNotExist) {
+		return s, err // (a microVM's whole image of it has a fetcher beside: not these figures)
 	}
+	return fetcherStats(root, d)
+}
+
+// fetcherStats are the figures the fetcher of blob d last wrote.
+func fetcherStats(root string, d digest.Digest) (*Stats, error) {
+	b, err := os.ReadFile(filepath.Join(Dir(root, d), "stats.json"))
 	if err != nil {
 		return nil, err
 	}
@@ -339,7 +344,7 @@ func packedStats(root string, d digest.Digest) (*Stats, error) {
 		if x.Validate() != nil {
 			continue
 		}
-		s, err := ReadStats(root, x)
+		s, err := fetcherStats(root, x)
 		if err != nil {
 			continue // a blob not read yet
 		}

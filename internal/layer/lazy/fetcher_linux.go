@@ -744,12 +744,16 @@ func untilIdle(ctx context.Context, f *fetcher, term <-chan os.Signal, dir strin
 	for {
 		select {
 		case <-term:
-			soon = true
+			soon, idleSince = true, time.Now() // the grace counts from the signal
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 		f.writeStats()
+		if f.opens.Load() > 0 && !soon { // (mountinfo read only when it tells something)
+			idleSince = time.Now()
+			continue
+		}
 		users := Users(dir)
 		if users > 0 {
 			soon = false

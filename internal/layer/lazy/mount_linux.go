@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -87,22 +88,34 @@ func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, ta
 	if err := writeJSON(filepath.Join(dir, "packed.json"), packedSpec{Ref: spec.Ref, Digest: spec.Digest, Devices: devs}); err != nil {
 		return err
 	}
-	var paths []string
-	for _, x := range devs {
-		_, size, table, err := s.ChunkBlob(x)
-		if err != nil {
-			return fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
+	// The chunk blobs' fetchers start side by side: each fetches its
+	// first window before it serves.
+	paths, holds, errs := make([]string, len(devs)), make([]*os.File, len(devs)), make([]error, len(devs))
+	var wg sync.WaitGroup
+	for i, x := range devs {
+		wg.Go(func() {
+			_, size, table, err := s.ChunkBlob(x)
+			if err != nil {
+				errs[i] = fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
+				return
+			}
+			c := spec
+			c.Ref, c.Digest, c.Size, c.Chunk, c.Raw = "chunks of "+spec.Ref, x, size, true, true
+			c.Metadata, c.Hot, c.Record = erofs.Region{}, erofs.Region{}, false
+			c.Windows = layer.Windows{Size: dedup.WindowSize, Count: len(table) / 32, Digest: digest.FromBytes(table)}
+			paths[i], holds[i], errs[i] = ServeFile(ctx, root, c, table, start)
+		})
+	}
+	wg.Wait()
+	defer func() { // once mounted, the mount holds the files open
+		for _, h := range holds {
+			if h != nil {
+				h.Close()
+			}
 		}
-		c := spec
-		c.Ref, c.Digest, c.Size, c.Chunk, c.Raw = "chunks of "+spec.Ref, x, size, true, true
-		c.Metadata, c.Hot, c.Record = erofs.Region{}, erofs.Region{}, false
-		c.Windows = layer.Windows{Size: dedup.WindowSize, Count: len(table) / 32, Digest: digest.FromBytes(table)}
-		p, hold, err := ServeFile(ctx, root, c, table, start)
-		if err != nil {
-			return err
-		}
-		defer hold.Close() // once mounted, the mount holds the file open
-		paths = append(paths, p)
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	if err := mount.EROFSDevices(local, paths).Mount(target); err != nil {
 		return err

@@ -159,4 +159,43 @@ func TestPackedRemoteFetchesSharedChunksOnce(t *testing.T) {
 	if forB < 2<<20 || forB > 3<<20 {
 		t.Errorf("b's reads fetched %d bytes of chunks: want its own 2 MiB, not the 8 MiB it shares with a", forB)
 	}
+
+	// A chunk blob that rotted on the remote fails the read on a fresh
+	// host: its window does not match the table, never served.
+	_, devs, _ := rs.PackedLayer(infos["b"].Digest)
+	p, size, _, err := rs.ChunkBlob(devs[0]) // b's own blob: its file of its own first
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p, 0o644)
+	bad, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(64 << 10); off < size; off += 64 << 10 { // (a bad first window fails the mount itself)
+		bad.WriteAt([]byte{0xff, 0x00, 0xff}, off+17)
+	}
+	bad.Close()
+	host2 := filepath.Join(root, "host2")
+	hs2, err := store.Open(filepath.Join(host2, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Store = hs2
+	ms2 := lower.New(host2)
+	defer func() {
+		for _, d := range devs {
+			waitGone(t, pidOf(lazy.Dir(host2, d)))
+		}
+	}()
+	mnt, _, err := ms2.Acquire(ctx, src, "packed/b:1", "user-c", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "b", "own")); err == nil {
+		t.Errorf("a file of a corrupt chunk blob read without an error (the same bytes: %v)", bytes.Equal(got, srcs["b"]["b/own"]))
+	}
+	if err := ms2.Release("user-c"); err != nil {
+		t.Error(err)
+	}
 }

@@ -40,19 +40,21 @@ func openSource(spec Spec) (source, error) {
 			return dirSource{f, remote.EmulationFromEnv()}, nil
 		}
 		f, err := os.Open(filepath.Join(loc.Path, "blobs", "sha256", spec.Digest.Encoded()))
+		var r readerAtCloser = f
 		if err == nil && store.IsPacked(loc.Path, spec.Digest) {
 			// A store that keeps its layers packed: the blob is the
-			// layer's head; the store makes the whole image again.
+			// layer's head; its file data is read from the chunk blobs
+			// as windows are fetched (each checked against the table).
 			f.Close()
 			var s *store.Store
 			if s, err = store.Open(loc.Path); err == nil {
-				f, err = s.Open(spec.Digest)
+				r, err = s.PackedReader(spec.Digest)
 			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
 		}
-		return dirSource{f, remote.EmulationFromEnv()}, nil
+		return dirSource{r, remote.EmulationFromEnv()}, nil
 	case remote.SchemeOCI:
 		name, _, _ := strings.Cut(spec.Ref, ":")
 		return newHTTPSource(loc.Host, loc.Repo+"/"+name, spec.Digest, spec.Insecure), nil
@@ -63,8 +65,13 @@ func openSource(spec Spec) (source, error) {
 // dirSource reads a blob file of a dir: remote (a 3FS, CephFS, JuiceFS or
 // NFS mount): one pread per window.
 type dirSource struct {
-	f   *os.File
+	f   readerAtCloser
 	emu remote.Emulation
+}
+
+type readerAtCloser interface {
+	io.ReaderAt
+	io.Closer
 }
 
 func (s dirSource) ReadAt(ctx context.Context, b []byte, off int64) error {

@@ -142,7 +142,7 @@ func (r dirRepo) finish(in *store.Ingest, d ocispec.Descriptor, rd io.Reader) er
 	if _, err := in.Commit(d.Digest); err != nil {
 		return err
 	}
-	if d.MediaType == layer.MediaTypeLayer && (r.local && r.s.Dedup() || r.s.DedupMarked()) {
+	if d.MediaType == layer.MediaTypeLayer && (r.local && r.s.Dedup() || !r.local && r.s.DedupMarked()) {
 		// A store that packs its layers packs one pulled into it, or
 		// pushed to it: hosts that read a dir: remote lazily fetch its
 		// chunks once each (lazy.MountPacked). A shared remote's store

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/containerd/errdefs"
@@ -480,6 +482,89 @@ func (s *Store) openPacked(d digest.Digest) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// PackedReader reads ranges of packed layer d's canonical image as they
+// are asked for: the head's bytes, with the file data its extents put
+// in read from the chunk blobs. Nothing is written: a host reading a
+// shared remote lazily (lazy's whole image of a packed layer, for a
+// microVM or a recording) needs only read access, and checks what it
+// reads against the layer's window table.
+func (s *Store) PackedReader(d digest.Digest) (*PackedReader, error) {
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return nil, err
+	}
+	head, err := os.Open(s.BlobPath(d))
+	if err != nil {
+		return nil, err
+	}
+	ext := slices.Clone(pi.Extents)
+	slices.SortFunc(ext, func(a, b dedup.Extent) int { return cmp.Compare(a.At, b.At) })
+	return &PackedReader{s: s, head: head, ext: ext, blobs: map[digest.Digest]*os.File{}}, nil
+}
+
+// PackedReader is a packed layer's canonical image, read on demand.
+type PackedReader struct {
+	s    *Store
+	head *os.File
+	ext  []dedup.Extent // by At
+
+	mu    sync.Mutex
+	blobs map[digest.Digest]*os.File
+}
+
+// ReadAt reads len(p) bytes at off; it fails rather than return bytes
+// it could not read.
+func (r *PackedReader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.head.ReadAt(p, off) // the file data's blocks read as holes: zeros
+	if err != nil && !(errors.Is(err, io.EOF) && n > 0) {
+		return n, err
+	}
+	end := off + int64(n)
+	const bs = 4096
+	i, _ := slices.BinarySearchFunc(r.ext, off, func(e dedup.Extent, o int64) int {
+		return cmp.Compare((int64(e.At)+int64(e.Blocks))*bs, o+1)
+	})
+	for ; i < len(r.ext) && int64(r.ext[i].At)*bs < end; i++ {
+		e := r.ext[i]
+		lo, hi := max(off, int64(e.At)*bs), min(end, (int64(e.At)+int64(e.Blocks))*bs)
+		if lo >= hi {
+			continue
+		}
+		b, err := r.blob(e.Blob)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := b.ReadAt(p[lo-off:hi-off], int64(e.Block)*bs+lo-int64(e.At)*bs); err != nil {
+			return 0, fmt.Errorf("chunk blob %s: %w", e.Blob, err)
+		}
+	}
+	return n, err
+}
+
+func (r *PackedReader) blob(d digest.Digest) (*os.File, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.blobs[d]; f != nil {
+		return f, nil
+	}
+	f, err := os.Open(r.s.chunkPath(d))
+	if err != nil {
+		return nil, fmt.Errorf("chunk blob %s: %w", d, err)
+	}
+	r.blobs[d] = f
+	return f, nil
+}
+
+// Close closes the head and the chunk blobs.
+func (r *PackedReader) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.blobs {
+		f.Close()
+	}
+	return r.head.Close()
 }
 
 // Whole is a file that holds layer d's canonical image for as long as

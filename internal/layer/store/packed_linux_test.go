@@ -174,6 +174,18 @@ func TestUnpack(t *testing.T) {
 	if _, err := s.Pack(ctx, d); err != nil {
 		t.Fatal(err)
 	}
+	// Read on demand, range by range, it is the canonical image.
+	r, err := s.PackedReader(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rg := range [][2]int{{0, len(whole)}, {0, 1}, {4095, 4098}, {8191, 70000}, {len(whole) - 5000, len(whole)}, {100, 100}} {
+		got := make([]byte, rg[1]-rg[0])
+		if n, err := r.ReadAt(got, int64(rg[0])); err != nil || n != len(got) || !bytes.Equal(got, whole[rg[0]:rg[1]]) {
+			t.Fatalf("bytes %d-%d read from the packed layer: %d, %v, or other bytes", rg[0], rg[1], n, err)
+		}
+	}
+	r.Close()
 	if err := s.Unpack(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -240,6 +252,7 @@ func TestChunkBlobForLazyHosts(t *testing.T) {
 	if _, err := os.Stat(meta); err != nil {
 		t.Fatal(err)
 	}
+	kept, _ := os.ReadFile(store.ChunkPath(s.Dir(), devs[0]) + ".windows") // the pack's, before ChunkBlob could make one
 	path, size, table, err := s.ChunkBlob(devs[0])
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +263,7 @@ func TestChunkBlobForLazyHosts(t *testing.T) {
 		sum := sha256.Sum256(blob[off:min(off+64<<10, len(blob))])
 		want = append(want, sum[:]...)
 	}
-	if int64(len(blob)) != size || size < 210<<10 || !bytes.Equal(table, want) {
+	if int64(len(blob)) != size || size < 210<<10 || !bytes.Equal(table, want) || !bytes.Equal(kept, want) {
 		t.Fatalf("chunk blob of %d bytes (%d said), table of %d bytes: want the sha256 of each 64 KiB window, %d bytes", len(blob), size, len(table), len(want))
 	}
 	os.Remove(path + ".windows") // a blob packed before tables were kept

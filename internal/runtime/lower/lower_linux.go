@@ -44,6 +44,9 @@ type Mounts struct {
 	// to the next one's Sweep (they have no users).
 	keepFor time.Duration
 	kept    map[string]*time.Timer
+	// whole orders the mounts of a layer's whole image (Acquire's
+	// Whole), a mutex per layer directory.
+	whole sync.Map
 }
 
 // New returns the Mounts of root. A process holds one per root (a
@@ -99,14 +102,20 @@ func (ms *Mounts) Acquire(ctx context.Context, src Source, ref, user, want strin
 			return "", nil, err
 		}
 	}
-	if f.wholeOn != nil {
-		// The whole image is mounted beside the packed one, lazily, the
-		// first time a microVM asks: its fetcher lives while that mount
-		// does, and gives the file the guest maps.
-		img := lazy.PmemFile(lazy.Dir(ms.root, digest.Digest(dgst)))
+	if _, err := os.Stat(filepath.Join(dir, "packed")); err == nil && f.wholeOn != nil {
+		// Mounted packed (now, or before the remote changed): the whole
+		// image is mounted beside, lazily, the first time a microVM
+		// asks: its fetcher lives while that mount does, and gives the
+		// file the guest maps. Mounted whole, the mount's fetcher gives
+		// it (Image).
+		img := f.Image
+		f.Image = ""
 		f.Whole = func() (string, error) {
-			ms.mu.Lock()
-			defer ms.mu.Unlock()
+			// Not under ms.mu: a fetcher's start would hold every
+			// other sandbox's mounts. The caller's user file keeps dir.
+			l, _ := ms.whole.LoadOrStore(dir, new(sync.Mutex))
+			l.(*sync.Mutex).Lock()
+			defer l.(*sync.Mutex).Unlock()
 			w := filepath.Join(dir, "whole")
 			if mounted, _ := mount.IsMountPoint(w); mounted {
 				return img, nil
@@ -243,8 +252,8 @@ type Found struct {
 	Image   string
 	Whole   func() (string, error)
 	mountOn func(target string) error
-	// wholeOn mounts the whole image of a layer mounted packed from a
-	// remote, lazily: a microVM's file (Acquire).
+	// wholeOn mounts a remote layer's whole image lazily: a microVM's
+	// file when the layer is mounted packed (Acquire).
 	wholeOn func(target string) error
 }
 
@@ -284,13 +293,18 @@ func Resolve(ctx context.Context, root string, src Source, ref, want string) (*F
 	}
 	spec := lazy.SpecFor(r.String(), l, src.Remote, src.Insecure, src.Cache)
 	whole := func(target string) error { return lazy.Mount(ctx, root, spec, l.Windows, target, src.Fetcher) }
-	f := &Found{Digest: l.Blob.Digest.String(), Kind: l.Config.Kind, Lineage: l.Config.Snapshot, Image: lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), mountOn: whole}
+	f := &Found{Digest: l.Blob.Digest.String(), Kind: l.Config.Kind, Lineage: l.Config.Snapshot, Image: lazy.PmemFile(lazy.Dir(root, l.Blob.Digest)), mountOn: whole, wholeOn: whole}
 	if d, ok := src.Remote.(*remote.Dir); ok && d.Store().Packed(l.Blob.Digest) {
 		// A dir: remote that packs its layers: the layer's metadata
 		// image, with the chunk blobs it reads served each once per
-		// host. A microVM maps the whole image (Acquire's Whole).
-		f.Image, f.wholeOn = "", whole
-		f.mountOn = func(target string) error { return lazy.MountPacked(ctx, root, d.Store(), spec, target, src.Fetcher) }
+		// host. A microVM maps the whole image (Acquire's Whole); the
+		// marker beside the mount says how it was mounted.
+		f.mountOn = func(target string) error {
+			if err := lazy.MountPacked(ctx, root, d.Store(), spec, target, src.Fetcher); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(filepath.Dir(target), "packed"), nil, 0o600)
+		}
 	}
 	return f, nil
 }
