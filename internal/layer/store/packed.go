@@ -38,6 +38,8 @@ import (
 //	packed/<hex>.whole    the whole image of a layer a microVM maps
 //	                      (Whole): a hard link to a whole layer's blob,
 //	                      or a packed one's image made again
+//	packed/<hex>.pending  a pack under way, between its record and its
+//	                      head (gc finishes one that was killed)
 //	chunks/<hex>          a chunk blob, named by the sha256 of its bytes
 //	chunks/<hex>.idx      its chunks (dedup.EncodeEntries)
 //	chunks/<hex>.windows  its window table (dedup.WindowTable): what a
@@ -378,14 +380,71 @@ func (s *Store) Pack(ctx context.Context, d digest.Digest) (*dedup.Result, error
 		return nil, err
 	}
 	// The record makes the layer packed; until the head is renamed in,
-	// its blob is still the canonical image, which is as good.
+	// its blob is still the canonical image, which is as good. The
+	// pending mark says so to a gc after a kill in between (finishHead).
+	if err := durable.WriteFileIn(ing, s.packedPath(d, ".pending"), nil, 0o444); err != nil {
+		return nil, classify("pack", err)
+	}
 	if err := durable.WriteFileIn(ing, s.packedPath(d, ".json"), b, 0o444); err != nil {
 		return nil, classify("pack", err)
 	}
 	if err := os.Rename(head.Name(), s.BlobPath(d)); err != nil {
 		return nil, classify("pack", err)
 	}
-	return res, durable.SyncDir(filepath.Dir(s.BlobPath(d)))
+	if err := durable.SyncDir(filepath.Dir(s.BlobPath(d))); err != nil {
+		return nil, err
+	}
+	os.Remove(s.packedPath(d, ".pending"))
+	return res, nil
+}
+
+// finishHead puts the head in place of packed layer d's blob, which a
+// pack killed after writing the layer's record left whole (its pending
+// mark); gc calls it, under the exclusive lock. A blob that is the head
+// already gets an identical one.
+func (s *Store) finishHead(d digest.Digest) error {
+	pi, err := s.readPackInfo(d)
+	if err != nil {
+		return err
+	}
+	img, err := os.Open(s.BlobPath(d))
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	fi, err := img.Stat()
+	if err != nil {
+		return err
+	}
+	head, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.head-")
+	if err != nil {
+		return classify("pack", err)
+	}
+	defer os.Remove(head.Name())
+	defer head.Close()
+	if err := head.Truncate(fi.Size()); err != nil {
+		return classify("pack", err)
+	}
+	if err := dedup.Head(head, img, fi.Size(), pi.Extents); err != nil {
+		return classify("pack", err)
+	}
+	h := sha256.New()
+	if err := s.rebuild(h, head, fi.Size(), pi, nil); err != nil {
+		return err
+	}
+	if err := checkSum(h.Sum(nil), d); err != nil {
+		return err
+	}
+	if err := head.Sync(); err != nil {
+		return classify("pack", err)
+	}
+	if err := head.Chmod(0o444); err != nil {
+		return err
+	}
+	if err := os.Rename(head.Name(), s.BlobPath(d)); err != nil {
+		return classify("pack", err)
+	}
+	return durable.SyncDir(filepath.Dir(s.BlobPath(d)))
 }
 
 // publishChunks renames a pack's new chunk blob in, after its index.
@@ -670,7 +729,7 @@ func (s *Store) Unpack(ctx context.Context, d digest.Digest) error {
 // dropPacked removes what kept layer d packed, its record first: a
 // metadata image or copy left without one is a leftover gc removes.
 func (s *Store) dropPacked(d digest.Digest) {
-	for _, ext := range []string{".json", ".erofs", ".whole"} {
+	for _, ext := range []string{".json", ".erofs", ".whole", ".pending"} {
 		os.Remove(s.packedPath(d, ext))
 	}
 }
@@ -756,12 +815,20 @@ func (s *Store) sweepPacked(res *GCResult) error {
 		}
 	}
 	// Leftovers: a metadata image without its record (a pack or gc that
-	// was killed), a whole copy or link without its layer.
+	// was killed), a whole copy or link without its layer; a pack killed
+	// between its record and its head is finished.
 	for _, e := range ents {
 		name, ext, _ := strings.Cut(e.Name(), ".")
 		d := digest.NewDigestFromEncoded(digest.SHA256, name)
 		var gone bool
 		switch ext {
+		case "pending":
+			if s.Packed(d) && s.Exists(d) {
+				if err := s.finishHead(d); err != nil {
+					return fmt.Errorf("finish the pack of layer %s: %w", d, err)
+				}
+			}
+			gone = true
 		case "erofs":
 			_, err := os.Stat(s.packedPath(d, ".json"))
 			gone = errors.Is(err, fs.ErrNotExist)

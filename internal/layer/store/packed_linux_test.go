@@ -277,3 +277,41 @@ func TestChunkBlobForLazyHosts(t *testing.T) {
 		t.Fatalf("a chunk blob named by a path: %v", err)
 	}
 }
+
+// TestGCFinishesAKilledPack: a pack killed after the layer's record and
+// before its head leaves the whole image as the blob, marked pending;
+// gc puts the head in, and the layer reads as before.
+func TestGCFinishesAKilledPack(t *testing.T) {
+	s := open(t)
+	ctx := context.Background()
+	d := buildLayer(t, s, "a:1", map[string][]byte{"x": randomBytes(7, 300<<10)})
+	whole, _ := os.ReadFile(s.BlobPath(d))
+	if _, err := s.Pack(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	pending := filepath.Join(s.Dir(), "packed", d.Encoded()+".pending")
+	if _, err := os.Stat(pending); err == nil {
+		t.Fatal("a finished pack left its pending mark")
+	}
+	// The kill: the record is there, the blob is still the whole image.
+	tmp := s.BlobPath(d) + ".tmp"
+	if err := os.WriteFile(tmp, whole, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, s.BlobPath(d)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pending, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := layer.GC(ctx, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(s.BlobPath(d))
+	if _, err := os.Stat(pending); err == nil || store.Allocated(fi) >= int64(len(whole))/2 {
+		t.Fatalf("after gc the blob takes %d of %d bytes (pending mark left: %v)", store.Allocated(fi), len(whole), err == nil)
+	}
+	if err := s.VerifyBlob(d); err != nil {
+		t.Fatal(err)
+	}
+}
