@@ -444,6 +444,35 @@ func AttrOf(st *goerofs.Stat) erofs.Attr {
 // ErrCorrupt is wrapped by errors about an index's bytes.
 var ErrCorrupt = errors.New("corrupt chunk index")
 
+// HotIn is where the bytes of region hot of a canonical image lie in
+// chunk blob blob, by the image's extents: the one region of the blob
+// that holds them all, or none (Size 0) if it holds none of them, or if
+// that region is over twice their size (they are scattered among other
+// chunks: prefetching it would fetch more than it saves).
+func HotIn(extents []Extent, hot erofs.Region, blob digest.Digest) erofs.Region {
+	lo, hi, n := int64(-1), int64(0), int64(0)
+	for _, e := range extents {
+		if e.Blob != blob {
+			continue
+		}
+		at, end := int64(e.At)*erofs.BlockSize, (int64(e.At)+int64(e.Blocks))*erofs.BlockSize
+		a, b := max(at, hot.Offset), min(end, hot.Offset+hot.Size)
+		if a >= b {
+			continue
+		}
+		off := int64(e.Block)*erofs.BlockSize + a - at
+		if lo < 0 || off < lo {
+			lo = off
+		}
+		hi = max(hi, off+b-a)
+		n += b - a
+	}
+	if n == 0 || hi-lo > 2*n {
+		return erofs.Region{}
+	}
+	return erofs.Region{Offset: lo, Size: hi - lo}
+}
+
 // WindowSize is the window of a chunk blob's window table: a chunk's
 // size, the unit a lazy host fetches and checks.
 const WindowSize = ChunkSize

@@ -101,7 +101,10 @@ func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, ta
 			}
 			c := spec
 			c.Ref, c.Digest, c.Size, c.Chunk, c.Raw = "chunks of "+spec.Ref, x, size, true, true
-			c.Metadata, c.Hot, c.Record = erofs.Region{}, erofs.Region{}, false
+			// The part of the layer's hot region this blob holds, if
+			// together: prefetched by its fetcher, if this mount
+			// starts it.
+			c.Metadata, c.Hot, c.Record = erofs.Region{}, s.HotIn(spec.Digest, spec.Hot, x), false
 			c.Windows = layer.Windows{Size: dedup.WindowSize, Count: len(table) / 32, Digest: digest.FromBytes(table)}
 			paths[i], holds[i], errs[i] = ServeFile(ctx, root, c, table, start)
 		})

@@ -9,10 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
 	"github.com/dsec-project/dsec/internal/layer"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/layer/lazy"
 	"github.com/dsec-project/dsec/internal/layer/remote"
@@ -197,5 +199,77 @@ func TestPackedRemoteFetchesSharedChunksOnce(t *testing.T) {
 	}
 	if err := ms2.Release("user-c"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestPackedRemotePrefetchesHotRegion: a layer built with an access
+// profile, mounted packed from a remote, has its chunk blob's fetcher
+// prefetch the profile's files, not the rest, before anything reads.
+func TestPackedRemotePrefetchesHotRegion(t *testing.T) {
+	layertest.RequireRoot(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	t.Cleanup(func() { detachLeft(t, root) })
+	rnd := rand.New(rand.NewSource(54))
+	src := filepath.Join(root, "src")
+	os.MkdirAll(src, 0o755)
+	for _, n := range []string{"cold", "hot"} {
+		b := make([]byte, 1<<20)
+		rnd.Read(b)
+		if err := os.WriteFile(filepath.Join(src, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local, err := store.Open(filepath.Join(root, "local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := layer.ParseRef("packed/hot:1")
+	info, err := layer.Build(ctx, local, layer.BuildOptions{Source: src, Kind: layer.KindBase, Ref: ref, Order: []erofs.Hot{{Path: "hot"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := store.Open(filepath.Join(root, "remote"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.SetDedup(true)
+	target, err := remote.Open("dir://"+rs.Dir(), remote.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Copy(ctx, remote.Local(local), target, ref, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, devs, err := rs.PackedLayer(info.Digest)
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("the pushed layer is not packed in one blob: %v %v", devs, err)
+	}
+	host := filepath.Join(root, "host")
+	hs, err := store.Open(filepath.Join(host, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DSEC_TEST_FETCHER", "1")
+	ms := lower.New(host)
+	if _, _, err := ms.Acquire(ctx, lower.Source{Store: hs, Remote: target, Fetcher: lazy.Start{Path: os.Args[0]}}, ref.String(), "u", ""); err != nil {
+		t.Fatal(err)
+	}
+	var fetched int64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && fetched < 1<<20; time.Sleep(100 * time.Millisecond) {
+		if st, err := lazy.ReadStats(host, devs[0]); err == nil {
+			fetched = st.BytesFetched
+		}
+	}
+	if err := ms.Release("u"); err != nil {
+		t.Error(err)
+	}
+	waitGone(t, pidOf(lazy.Dir(host, devs[0])))
+	if st, err := lazy.ReadStats(host, devs[0]); err == nil {
+		fetched = st.BytesFetched
+	}
+	t.Logf("fetched before any read: %d bytes of the blob (the hot file: %d, the cold one: %d)", fetched, 1<<20, 1<<20)
+	if fetched < 1<<20 || fetched >= 3<<19 {
+		t.Errorf("the chunk blob's fetcher prefetched %d bytes: want the hot file's 1 MiB, not the cold one", fetched)
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/layer/dedup"
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -155,6 +156,19 @@ func (s *Store) PackedLayer(d digest.Digest) (meta string, devices []digest.Dige
 		return "", nil, err
 	}
 	return s.packedPath(d, ".erofs"), pi.Devices, nil
+}
+
+// HotIn is where the bytes [hot.Offset, hot.Offset+hot.Size) of packed
+// layer d's canonical image (its hot region: what its access profile
+// laid out first) lie in chunk blob blob, as one region of the blob for
+// its fetcher to prefetch; none (Size 0) if the blob holds none of them
+// or holds them too scattered (a region more than twice their size).
+func (s *Store) HotIn(d digest.Digest, hot erofs.Region, blob digest.Digest) erofs.Region {
+	pi, err := s.readPackInfo(d)
+	if err != nil || hot.Size <= 0 {
+		return erofs.Region{}
+	}
+	return dedup.HotIn(pi.Extents, hot, blob)
 }
 
 // ChunkBlob is the path of chunk blob d, its size and its window table
