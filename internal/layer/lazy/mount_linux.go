@@ -73,7 +73,7 @@ func Mount(ctx context.Context, root string, spec Spec, table []byte, target str
 // the metadata image and the list of blobs are trusted as the remote's
 // tags are.
 func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, target string, start Start) error {
-	meta, devs, err := s.PackedLayer(spec.Digest)
+	meta, devs, extents, err := s.PackedLayer(spec.Digest)
 	if err != nil {
 		return fmt.Errorf("layer %s in %s: %w", spec.Ref, spec.Remote, err)
 	}
@@ -104,7 +104,7 @@ func MountPacked(ctx context.Context, root string, s *store.Store, spec Spec, ta
 			// The part of the layer's hot region this blob holds, if
 			// together: prefetched by its fetcher, if this mount
 			// starts it.
-			c.Metadata, c.Hot, c.Record = erofs.Region{}, s.HotIn(spec.Digest, spec.Hot, x), false
+			c.Metadata, c.Hot, c.Record = erofs.Region{}, dedup.HotIn(extents, spec.Hot, x), false
 			c.Windows = layer.Windows{Size: dedup.WindowSize, Count: len(table) / 32, Digest: digest.FromBytes(table)}
 			paths[i], holds[i], errs[i] = ServeFile(ctx, root, c, table, start)
 		})

@@ -90,7 +90,7 @@ func TestPackedRemoteFetchesSharedChunksOnce(t *testing.T) {
 	byBlob := func() map[digest.Digest]int64 {
 		out := map[digest.Digest]int64{}
 		for _, name := range []string{"a", "b"} {
-			_, devs, _ := rs.PackedLayer(infos[name].Digest)
+			_, devs, _, _ := rs.PackedLayer(infos[name].Digest)
 			for _, d := range devs {
 				if st, err := lazy.ReadStats(host, d); err == nil {
 					out[d] = st.BytesFetched
@@ -146,7 +146,7 @@ func TestPackedRemoteFetchesSharedChunksOnce(t *testing.T) {
 		t.Error(err)
 	}
 	for _, name := range []string{"a", "b"} { // the fetchers exit: their figures are final
-		_, devs, _ := rs.PackedLayer(infos[name].Digest)
+		_, devs, _, _ := rs.PackedLayer(infos[name].Digest)
 		for _, d := range devs {
 			waitGone(t, pidOf(lazy.Dir(host, d)))
 		}
@@ -164,7 +164,7 @@ func TestPackedRemoteFetchesSharedChunksOnce(t *testing.T) {
 
 	// A chunk blob that rotted on the remote fails the read on a fresh
 	// host: its window does not match the table, never served.
-	_, devs, _ := rs.PackedLayer(infos["b"].Digest)
+	_, devs, _, _ := rs.PackedLayer(infos["b"].Digest)
 	p, size, _, err := rs.ChunkBlob(devs[0]) // b's own blob: its file of its own first
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func TestPackedRemotePrefetchesHotRegion(t *testing.T) {
 	if _, err := remote.Copy(ctx, remote.Local(local), target, ref, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, devs, err := rs.PackedLayer(info.Digest)
+	_, devs, _, err := rs.PackedLayer(info.Digest)
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("the pushed layer is not packed in one blob: %v %v", devs, err)
 	}

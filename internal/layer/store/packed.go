@@ -23,7 +23,6 @@ import (
 
 	"github.com/dsec-project/dsec/internal/durable"
 	"github.com/dsec-project/dsec/internal/layer/dedup"
-	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/mount"
 )
 
@@ -148,27 +147,15 @@ func (s *Store) readPackInfo(d digest.Digest) (*packInfo, error) {
 }
 
 // PackedLayer is how a lazy reader of the store finds a packed layer's
-// parts: its metadata image's path, and the chunk blobs it reads, in
-// the order to mount them in.
-func (s *Store) PackedLayer(d digest.Digest) (meta string, devices []digest.Digest, err error) {
+// parts: its metadata image's path, the chunk blobs it reads, in the
+// order to mount them in, and where its canonical image's file data
+// lies in them (dedup.HotIn finds its hot region there).
+func (s *Store) PackedLayer(d digest.Digest) (meta string, devices []digest.Digest, extents []dedup.Extent, err error) {
 	pi, err := s.readPackInfo(d)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return s.packedPath(d, ".erofs"), pi.Devices, nil
-}
-
-// HotIn is where the bytes [hot.Offset, hot.Offset+hot.Size) of packed
-// layer d's canonical image (its hot region: what its access profile
-// laid out first) lie in chunk blob blob, as one region of the blob for
-// its fetcher to prefetch; none (Size 0) if the blob holds none of them
-// or holds them too scattered (a region more than twice their size).
-func (s *Store) HotIn(d digest.Digest, hot erofs.Region, blob digest.Digest) erofs.Region {
-	pi, err := s.readPackInfo(d)
-	if err != nil || hot.Size <= 0 {
-		return erofs.Region{}
-	}
-	return dedup.HotIn(pi.Extents, hot, blob)
+	return s.packedPath(d, ".erofs"), pi.Devices, pi.Extents, nil
 }
 
 // ChunkBlob is the path of chunk blob d, its size and its window table
@@ -352,27 +339,13 @@ func (s *Store) Pack(ctx context.Context, d digest.Digest) (*dedup.Result, error
 	// The head, checked: it and the chunks make the canonical image
 	// (the new chunks read from where they were written) before
 	// anything is published.
-	head, err := os.CreateTemp(ing, "blob.head-")
-	if err != nil {
-		return nil, classify("pack", err)
-	}
-	defer os.Remove(head.Name())
-	defer head.Close()
-	if err := head.Truncate(fi.Size()); err != nil {
-		return nil, classify("pack", err)
-	}
-	if err := dedup.Head(head, img, fi.Size(), res.Extents); err != nil {
-		return nil, classify("pack", err)
-	}
 	pi := &packInfo{Devices: res.Devices, Extents: res.Extents, Logical: res.Logical, Shared: res.Shared, Holes: res.Holes}
-	h := sha256.New()
-	err = s.rebuild(h, head, fi.Size(), pi, map[digest.Digest]string{res.Blob: blob.Name()})
-	if err == nil {
-		err = checkSum(h.Sum(nil), d)
-	}
+	head, err := s.newHead(d, img, fi.Size(), pi, map[digest.Digest]string{res.Blob: blob.Name()})
 	if err != nil {
 		return nil, fmt.Errorf("pack layer %s: %w", d, err)
 	}
+	defer os.Remove(head.Name())
+	defer head.Close()
 	if res.Blob != "" {
 		if err := s.publishChunks(blob, res); err != nil {
 			return nil, err
@@ -430,25 +403,12 @@ func (s *Store) finishHead(d digest.Digest) error {
 	if err != nil {
 		return err
 	}
-	head, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.head-")
+	head, err := s.newHead(d, img, fi.Size(), pi, nil)
 	if err != nil {
-		return classify("pack", err)
+		return err
 	}
 	defer os.Remove(head.Name())
 	defer head.Close()
-	if err := head.Truncate(fi.Size()); err != nil {
-		return classify("pack", err)
-	}
-	if err := dedup.Head(head, img, fi.Size(), pi.Extents); err != nil {
-		return classify("pack", err)
-	}
-	h := sha256.New()
-	if err := s.rebuild(h, head, fi.Size(), pi, nil); err != nil {
-		return err
-	}
-	if err := checkSum(h.Sum(nil), d); err != nil {
-		return err
-	}
 	if err := head.Sync(); err != nil {
 		return classify("pack", err)
 	}
@@ -459,6 +419,35 @@ func (s *Store) finishHead(d digest.Digest) error {
 		return classify("pack", err)
 	}
 	return durable.SyncDir(filepath.Dir(s.BlobPath(d)))
+}
+
+// newHead writes the head of canonical image img (size bytes), packed
+// as pi, to a file of the ingest directory, and checks that it and the
+// chunk blobs (from at[digest] where given: a pack's new blob, not
+// published yet) make layer d again. The caller removes the file.
+func (s *Store) newHead(d digest.Digest, img io.ReaderAt, size int64, pi *packInfo, at map[digest.Digest]string) (*os.File, error) {
+	head, err := os.CreateTemp(filepath.Join(s.dir, "ingest"), "blob.head-")
+	if err != nil {
+		return nil, classify("pack", err)
+	}
+	err = head.Truncate(size)
+	if err == nil {
+		err = dedup.Head(head, img, size, pi.Extents)
+	}
+	if err != nil {
+		err = classify("pack", err)
+	} else {
+		h := sha256.New()
+		if err = s.rebuild(h, head, size, pi, at); err == nil {
+			err = checkSum(h.Sum(nil), d)
+		}
+	}
+	if err != nil {
+		head.Close()
+		os.Remove(head.Name())
+		return nil, err
+	}
+	return head, nil
 }
 
 // publishChunks renames a pack's new chunk blob in, after its index.

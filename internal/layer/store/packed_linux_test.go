@@ -245,7 +245,7 @@ func TestChunkBlobForLazyHosts(t *testing.T) {
 	if _, err := s.Pack(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}
-	meta, devs, err := s.PackedLayer(d)
+	meta, devs, _, err := s.PackedLayer(d)
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("packed layer: %s %v %v", meta, devs, err)
 	}

@@ -102,7 +102,10 @@ func (ms *Mounts) Acquire(ctx context.Context, src Source, ref, user, want strin
 			return "", nil, err
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "packed")); err == nil && f.wholeOn != nil {
+	if f.wholeOn == nil { // the local store's layer: Whole is its own
+		return mnt, f, nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "packed")); err == nil {
 		// Mounted packed (now, or before the remote changed): the whole
 		// image is mounted beside, lazily, the first time a microVM
 		// asks: its fetcher lives while that mount does, and gives the
