@@ -34,7 +34,17 @@ func TestIdleHint(t *testing.T) {
 		}
 		return b.String()
 	}
-	time.Sleep(100 * time.Millisecond)
+	// The counter must have written once before the hint freezes it: on a
+	// loaded host its shell can take longer than any fixed sleep to start.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var b bytes.Buffer
+		if err := sb.ReadFile(ctx, "/tmp/c", &b); err == nil && b.Len() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the counter wrote nothing in 10 s")
+		}
+	}
 
 	short, err := sb.Idle(ctx, 500*time.Millisecond)
 	if err != nil || short.Frozen {
