@@ -102,7 +102,7 @@ func Carry(ctx context.Context, w *erofs.Writer, diff string, o CarryOptions) (*
 		c.out.Close()
 		return nil, err
 	}
-	dup, err := unix.Dup(fd)
+	dup, err := dupCloexec(fd)
 	if err != nil {
 		c.out.Close()
 		return nil, err

@@ -91,7 +91,7 @@ func pack(ctx context.Context, w *erofs.Writer, upper string, prev Index, lim Li
 	}
 	// walk closes fd; the planned files are opened from their own root
 	// descriptor when the image is written.
-	if p.root, err = unix.Dup(fd); err != nil {
+	if p.root, err = dupCloexec(fd); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -359,6 +359,13 @@ func openBeneath(dirfd int, rel string) (int, error) {
 	}
 	return cur, nil
 }
+
+// dupCloexec duplicates fd close-on-exec. dup(2) clears the flag: a
+// process the worker started meanwhile (a microVM's shim and its QEMU,
+// made ahead of need) kept the upper open for its whole life, so a
+// guest's disk image mounted for a pack-diff could not be unmounted
+// (detached instead) and its loop device stayed attached.
+func dupCloexec(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }
 
 func sameInode(fd int, st *unix.Stat_t, rp string) error {
 	var now unix.Stat_t

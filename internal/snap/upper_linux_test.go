@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 
+	"github.com/dsec-project/dsec/internal/grade"
 	"github.com/dsec-project/dsec/internal/layer/erofs"
 	"github.com/dsec-project/dsec/internal/layer/layertest"
 	"github.com/dsec-project/dsec/internal/snap"
@@ -256,5 +258,48 @@ func TestIndexRoundTrip(t *testing.T) {
 	os.WriteFile(p, b[:len(b)-3], 0o600)
 	if got, _ := snap.ReadIndex(p, "sha256:aa"); got != nil {
 		t.Fatal("a truncated index was used")
+	}
+}
+
+// TestPackLeaksNoDescriptor: a process started while a pack (or a
+// carry) holds the diff open inherits no descriptor of it. The worker
+// starts microVM shims and their QEMU meanwhile; one that kept a
+// guest's upper open kept its disk image mounted (the unmount could only
+// detach it) and its loop device attached for as long as the VM lived.
+func TestPackLeaksNoDescriptor(t *testing.T) {
+	up := t.TempDir()
+	writeFile(t, up, "dir/a", "a")
+	writeFile(t, up, "b", "b")
+	inherited := func(what string) {
+		t.Helper()
+		out, err := exec.Command("sh", "-c", `for f in /proc/$$/fd/*; do readlink "$f" || :; done`).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Fields(string(out)) {
+			if strings.HasPrefix(l, up) {
+				t.Errorf("a process started during %s holds %s", what, l)
+			}
+		}
+	}
+	for _, what := range []string{"a pack", "a carry"} {
+		f, err := os.Create(filepath.Join(t.TempDir(), "img"))
+		must(t, err)
+		w, err := erofs.NewWriter(f)
+		must(t, err)
+		var open interface{ Close() }
+		if what == "a pack" {
+			open, err = snap.Pack(context.Background(), w, up, nil, snap.Limits{})
+		} else {
+			r, perr := grade.Parse([]string{"/**"}, nil)
+			must(t, perr)
+			open, err = snap.Carry(context.Background(), w, up, snap.CarryOptions{Rules: r, Base: t.TempDir()})
+		}
+		must(t, err)
+		inherited(what)
+		_, err = w.Finish()
+		open.Close()
+		f.Close()
+		must(t, err)
 	}
 }
