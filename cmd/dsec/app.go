@@ -140,6 +140,9 @@ type RegistriesConfig struct {
 	// Mirrors are asked first for a registry's images (a list, as a
 	// map's keys would be split at their dots).
 	Mirrors []MirrorConfig `mapstructure:"mirrors" doc:"mirrors asked first for a registry's images"`
+	// Compress stores imported layers' files compressed
+	// (image.Options.Compress).
+	Compress bool `mapstructure:"compress" doc:"store imported images' layer files LZ4-compressed where that saves a block (a store that packs layers keeps them uncompressed)"`
 }
 
 // MirrorConfig names the mirrors of a registry, asked in order.
@@ -425,7 +428,7 @@ var configDefaults = map[string]any{
 	"microvm.kernel": "", "microvm.accel": "", "microvm.qemu": "", "microvm.agent": "", "microvm.boot_timeout": "0s",
 	"vm.accel": "", "vm.qemu": "", "vm.boot_timeout": "0s", "vm.max_chain": 0,
 	"dns.upstream": []string{}, "dns.min_ttl": "0s", "dns.grace": "0s",
-	"api.max_requests": 0, "api.max_requests_per_token": 0,
+	"api.max_requests": 0, "api.max_requests_per_token": 0, "registries.compress": false,
 }
 
 // configHooks decode what the config file and DSEC_* variables write

@@ -131,7 +131,7 @@ its layers whole: it holds the image a digest names.
 			}
 			fmt.Fprintf(a.stdout, "packed %d layers now", res.Packed)
 			if res.Unpacked > 0 {
-				fmt.Fprintf(a.stdout, ", %d kept whole (not images dsec built; see the log)", res.Unpacked)
+				fmt.Fprintf(a.stdout, ", %d kept whole (compressed, or not images dsec built: see the log)", res.Unpacked)
 			}
 			_, err = fmt.Fprintf(a.stdout, "; %d packed layers hold %s of file data, %s of it stored once in %s of chunk blobs (%s shared, %s zeros); new layers are packed as they are added\n",
 				st.Layers, humanBytes(st.Logical), humanBytes(st.Logical-st.Shared-st.Holes), humanBytes(st.Chunks), humanBytes(st.Shared), humanBytes(st.Holes))

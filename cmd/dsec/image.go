@@ -62,7 +62,7 @@ func (a *app) registryOptions(platform string, named *image.Reference) (image.Op
 	var ro remote.Options
 	remote.EnvCredentials(&ro)
 	o := image.Options{Platform: p, Username: ro.Username, Password: ro.Password, Insecure: a.cfg.Registries.Insecure,
-		CredentialHost: os.Getenv("DSEC_REGISTRY_HOST")}
+		CredentialHost: os.Getenv("DSEC_REGISTRY_HOST"), Compress: a.cfg.Registries.Compress}
 	if o.CredentialHost == "" && named != nil {
 		o.CredentialHost = named.Registry
 	}
@@ -84,7 +84,7 @@ func (a *app) registryOptions(platform string, named *image.Reference) (image.Op
 }
 
 // pullImage imports ref, with a progress bar on a terminal.
-func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image, error) {
+func (a *app) pullImage(cmd *cobra.Command, ref, platform string, compress bool) (*image.Image, error) {
 	r, err := image.ParseReference(ref)
 	if err != nil {
 		return nil, usageError{err}
@@ -93,6 +93,7 @@ func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image,
 	if err != nil {
 		return nil, err
 	}
+	o.Compress = o.Compress || compress
 	var bar *progressbar.ProgressBar
 	if a.showProgress() {
 		o.Progress = func(total int64) layer.Progress {
@@ -104,6 +105,9 @@ func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image,
 	}
 	s, err := a.openStore()
 	if err != nil {
+		return nil, err
+	}
+	if err := compressible(s, compress); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -120,7 +124,7 @@ func (a *app) pullImage(cmd *cobra.Command, ref, platform string) (*image.Image,
 }
 
 func (a *app) imagePull() *cobra.Command {
-	var asJSON bool
+	var asJSON, compress bool
 	var platform string
 	cmd := &cobra.Command{
 		Use:   "pull IMAGE",
@@ -132,15 +136,22 @@ stored; a layer that fails its check leaves nothing behind. An image index is re
 --platform (default: the config's registries.platform, else this host's). Pulling a tag again
 moves the image to what the registry names now, fetching only the layers that changed.
 
+--compress (or registries.compress in the config) stores the layers' files LZ4-compressed
+where that saves a block: fewer bytes written and stored, and fewer fetched by a host that
+mounts them lazily, for the CPU of decompressing what is read (every kernel with EROFS
+compression reads them, a microVM's guest too). A store that packs layers into shared chunks
+(dsec layer dedup) keeps them uncompressed.
+
 Stdout gets the image's layers as a sandbox stacks them (topmost first), or JSON with --json.
 
 ` + exitCodesHelp,
 		Example: `  dsec image pull python:3.12
   dsec image pull ghcr.io/org/swe-env:django-11099 --platform linux/amd64
+  dsec image pull python:3.12 --compress
   dsec image pull 127.0.0.1:5000/env@sha256:4f1c... --json | jq -r .layers[].ref`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img, err := a.pullImage(cmd, args[0], platform)
+			img, err := a.pullImage(cmd, args[0], platform, compress)
 			if err != nil {
 				return err
 			}
@@ -152,6 +163,7 @@ Stdout gets the image's layers as a sandbox stacks them (topmost first), or JSON
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON (its layers, config and what was fetched)")
+	cmd.Flags().BoolVar(&compress, "compress", false, "store the layers' files LZ4-compressed where that saves a block")
 	cmd.Flags().StringVar(&platform, "platform", "", "OS/ARCH[/VARIANT] to take from a multi-platform image")
 	return cmd
 }
@@ -377,4 +389,13 @@ func notAnImage(ctx context.Context, s *store.Store, ref string, err error) erro
 	default:
 		return fmt.Errorf("%s is a %s layer, not an image: dsec layer inspect shows it: %w", ref, kind, errdefs.ErrInvalidArgument)
 	}
+}
+
+// compressible refuses an explicit --compress on a store that packs its
+// layers into shared chunks, which hold file data uncompressed.
+func compressible(s *store.Store, compress bool) error {
+	if compress && s.Dedup() {
+		return usageError{fmt.Errorf("--compress: this store packs layers into shared chunks (dsec layer dedup), whose data stays uncompressed: drop --compress, or dsec layer dedup --off first")}
+	}
+	return nil
 }

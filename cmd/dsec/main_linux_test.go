@@ -109,6 +109,9 @@ func scriptParams(dir string, setup func(*testscript.Env) error) testscript.Para
 				}
 				return os.Geteuid() == 0, nil
 			}
+			if cond == "packed" { // TestScriptsPacked: every layer packed as it is added
+				return os.Getenv("DSEC_STORE_DEDUP") == "1", nil
+			}
 			if cond == "microvm" { // a guest kernel (make kernel)
 				_, _, err := microvmtest.Find()
 				if err != nil && testenv.MustRun() {

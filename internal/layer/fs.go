@@ -6,6 +6,8 @@ import (
 	"io/fs"
 
 	goerofs "github.com/erofs/go-erofs"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 )
 
 // OpenFS reads an EROFS image as an fs.FS. It is go-erofs, which accepts
@@ -15,8 +17,12 @@ import (
 //
 // devices are the image's extra devices, in the order of its table (a
 // packed layer's chunk blobs: store.OpenLayer).
+//
+// A compressed layer's metadata reads as any other's, but the data of
+// its compressed files does not: go-erofs cannot decompress (opening
+// such a file fails). Mount the layer to read those.
 func OpenFS(r io.ReaderAt, devices ...io.ReaderAt) (fs.FS, error) {
-	fsys, err := goerofs.Open(r, goerofs.WithExtraDevices(devices...))
+	fsys, err := goerofs.Open(erofs.MetadataView(r), goerofs.WithExtraDevices(devices...))
 	if err != nil {
 		return nil, fmt.Errorf("open EROFS image: %w", err)
 	}

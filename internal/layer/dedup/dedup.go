@@ -31,6 +31,7 @@ import (
 	"io/fs"
 	"slices"
 
+	"github.com/containerd/errdefs"
 	goerofs "github.com/erofs/go-erofs"
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
@@ -131,11 +132,18 @@ type entry struct {
 	chunks []chunkRef
 }
 
+// ErrCompressed is Pack's refusal of a compressed layer: the kernel
+// reads a packed file's chunks from the blobs as they are, uncompressed.
+var ErrCompressed = fmt.Errorf("the layer's files are compressed, and a packed layer's chunks are not: it stays whole: %w", errdefs.ErrNotImplemented)
+
 // Pack reads the canonical EROFS image img and writes the metadata image
 // to meta and the chunks idx lacks to blob, block-aligned, from its
 // start. blob must be empty; when the result's Blob is "", it is still
 // empty and the caller discards it.
 func Pack(img io.ReaderAt, meta erofs.File, blob io.Writer, idx Index) (*Result, error) {
+	if z, err := erofs.Compressed(img); err != nil || z {
+		return nil, cmp.Or(err, ErrCompressed)
+	}
 	fsys, err := goerofs.Open(img)
 	if err != nil {
 		return nil, fmt.Errorf("open EROFS image: %w", err)

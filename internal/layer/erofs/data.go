@@ -13,6 +13,9 @@ import (
 // a file with a hole is stored chunk-based with HoleSize chunks, each
 // chunk either a hole or written whole. Other files are flat.
 func (w *Writer) writeData(p string, ino *inode, r io.Reader) error {
+	if w.compress && ino.size > BlockSize {
+		return w.writeCompressed(p, ino, r)
+	}
 	var bp blockPlan
 	bp.begin(w)
 	for off := uint64(0); off < ino.size; off += HoleSize {

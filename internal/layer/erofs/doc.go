@@ -1,4 +1,5 @@
-// Package erofs writes uncompressed EROFS images with 4 KiB blocks.
+// Package erofs writes EROFS images with 4 KiB blocks, their files
+// uncompressed or, with SetCompress, LZ4-compressed (compress.go).
 //
 // The writer streams: file data is appended to the image as it arrives
 // (from a directory walk or a tar stream), and everything else — directory
@@ -51,5 +52,7 @@
 //	xattr.go    extended attributes, encoded inline
 //	layout.go   Finish, stage by stage: inodes ordered, sized, placed;
 //	            directory blocks; the inode area; the superblock; written
+//	compress.go LZ4 extents of streamed files, and a view of a
+//	            compressed image for readers that know no compression
 //	format.go   the on-disk constants and the in-memory inode
 package erofs

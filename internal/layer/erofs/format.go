@@ -57,6 +57,7 @@ type inode struct {
 	chunkBits uint8    // chunk-based: log2 blocks per chunk
 	chunks    []uint32 // chunk-based: block address per chunk or nullAddr
 	refs      []Chunk  // CreateRef: chunk indexes into extra devices
+	extents   []extent // SetCompress: a compressed file's extents
 
 	plan *Planned // planned mode: where the data comes from
 	rank int      // planned mode: position in the SetOrder list, or past its end

@@ -50,13 +50,24 @@ func (w *Writer) Finish() (Stats, error) {
 		return Stats{}, err
 	}
 	return Stats{
-		Size:     int64(total) * BlockSize,
-		Inodes:   uint64(len(order)),
-		Entries:  entries,
-		Data:     Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
-		Metadata: Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
-		Hot:      Region{Offset: BlockSize, Size: int64(hotEnd-1) * BlockSize},
+		Size:       int64(total) * BlockSize,
+		Inodes:     uint64(len(order)),
+		Entries:    entries,
+		Data:       Region{Offset: BlockSize, Size: int64(dataEnd-1) * BlockSize},
+		Metadata:   Region{Offset: int64(dataEnd) * BlockSize, Size: int64(total-dataEnd) * BlockSize},
+		Hot:        Region{Offset: BlockSize, Size: int64(hotEnd-1) * BlockSize},
+		Compressed: compressedFiles(order),
 	}, nil
+}
+
+// compressedFiles counts the inodes of compressed files.
+func compressedFiles(order []*inode) (n uint64) {
+	for _, ino := range order {
+		if ino.layout == layoutCompressedFull {
+			n++
+		}
+	}
+	return n
 }
 
 // orderInodes numbers the inodes breadth first (children of one
@@ -122,6 +133,9 @@ func (w *Writer) placeInodes(order []*inode) (int64, error) {
 		switch ino.Mode & S_IFMT {
 		case S_IFREG:
 			switch {
+			case ino.extents != nil:
+				ino.layout = layoutCompressedFull
+				fixed = align(fixed, 8) + compressedMeta(ino)
 			case ino.refs != nil:
 				ino.layout = layoutChunked
 				fixed = align(fixed, chunkIndexSize) + int64(chunkIndexSize*len(ino.refs))
@@ -231,8 +245,8 @@ func (w *Writer) write(sb []byte, metaBlocks [][]byte, area []byte) error {
 	if err := w.bw.Flush(); err != nil {
 		return err
 	}
-	if streamed {
-		if _, err := w.f.WriteAt(sb[sbOffset:sbOffset+128], sbOffset); err != nil {
+	if streamed { // the superblock and what follows it (compression's configuration)
+		if _, err := w.f.WriteAt(sb[sbOffset:sbOffset+128+comprCfgsSize], sbOffset); err != nil {
 			return err
 		}
 	}
@@ -249,9 +263,16 @@ func (w *Writer) encodeSuper(sb []byte, order []*inode, total, inodeBlk uint32, 
 	le.PutUint32(sb[40:], inodeBlk)
 	var incompat uint32
 	for _, ino := range order {
-		if ino.layout == layoutChunked {
+		switch ino.layout {
+		case layoutChunked:
 			incompat |= incompatChunked
+		case layoutCompressedFull:
+			incompat |= incompatZeroPadding | incompatBigPcluster
 		}
+	}
+	if incompat&incompatBigPcluster != 0 {
+		le.PutUint16(sb[84:], 1<<algLZ4) // available_compr_algs
+		encodeComprCfgs(sb[128:])
 	}
 	if len(w.devices) > 0 {
 		incompat |= incompatDeviceTable
@@ -361,6 +382,9 @@ func (w *Writer) encodeInode(b []byte, ino *inode) {
 		iu = encodeDev(ino.Rdev)
 	case S_IFREG, S_IFDIR, S_IFLNK:
 		iu = ino.blkaddr
+		if ino.layout == layoutCompressedFull {
+			iu = ino.nblocks // compressed_blocks: what stat counts
+		}
 		if ino.layout == layoutChunked {
 			iu = uint32(ino.chunkBits)
 			if ino.refs != nil {
@@ -386,6 +410,9 @@ func (w *Writer) encodeInode(b []byte, ino *inode) {
 			le.PutUint32(b[off:], c)
 			off += 4
 		}
+	}
+	if ino.layout == layoutCompressedFull {
+		encodeCompressedMap(b[align(int64(off), 8):], ino)
 	}
 	if ino.layout == layoutFlatInline {
 		copy(b[off:], ino.tail)

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"errors"
 	"io"
+
+	"github.com/pierrec/lz4/v4"
 )
 
 // ErrInvalid is wrapped by every error caused by the caller's input (a
@@ -41,6 +43,8 @@ type Stats struct {
 	// Hot is the start of the data region that holds the files named by
 	// SetOrder, in that order (zero when none was given or planned).
 	Hot Region
+	// Compressed counts the regular files stored compressed (SetCompress).
+	Compressed uint64
 }
 
 // Writer builds one EROFS image. It is not safe for concurrent use.
@@ -64,6 +68,10 @@ type Writer struct {
 	maxEntries, placed int // SetMaxEntries
 
 	devices []Device // AddDevice: the extra devices, in table order
+
+	compress bool           // SetCompress
+	lz4      lz4.Compressor // SetCompress: its hash table, reused
+	zbuf     []byte         // SetCompress: a compressed extent
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of

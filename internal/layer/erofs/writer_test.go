@@ -58,6 +58,20 @@ func imageStats(t *testing.T, fill func(w *erofs.Writer)) (string, fs.FS, erofs.
 	return p, fsys, st
 }
 
+// canMount says whether the test may mount the image to check the
+// kernel's view of it (root): CI must, so there it fails the test.
+func canMount(t *testing.T) bool {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return true
+	}
+	if testenv.MustRun() {
+		t.Fatal("the kernel's view needs root to mount, and CI must check it: run the tests as root")
+	}
+	t.Log("SKIPPED the kernel's view of the image: mounting needs root; CI runs it as root")
+	return false
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -228,11 +242,7 @@ func TestLargeDirectoryAndXattrs(t *testing.T) {
 	if read(t, fsys, "after-x") != "after" {
 		t.Fatal("inode after a block-spanning one is wrong")
 	}
-	if os.Geteuid() != 0 {
-		if testenv.MustRun() {
-			t.Fatal("the kernel's view needs root to mount, and CI must check it: run the tests as root")
-		}
-		t.Log("SKIPPED the kernel's view of the image: mounting needs root; CI runs it as root")
+	if !canMount(t) {
 		return
 	}
 	mnt := t.TempDir()
@@ -454,11 +464,7 @@ func TestExtraDevices(t *testing.T) {
 			t.Errorf("go-erofs: %s is %d bytes, want %d", n, len(got), len(body))
 		}
 	}
-	if os.Geteuid() != 0 {
-		if testenv.MustRun() {
-			t.Fatal("the kernel's view needs root to mount, and CI must check it: run the tests as root")
-		}
-		t.Log("SKIPPED the kernel's view of the image: mounting needs root; CI runs it as root")
+	if !canMount(t) {
 		return
 	}
 	mnt := t.TempDir()

@@ -22,9 +22,10 @@ import (
 // toolchain layer over it that deletes a file, a repository layer) from
 // a registry on 127.0.0.1 into a fresh store with dsec, and with
 // containerd's ctr (Debian's, overlayfs snapshotter, unpacked) into a
-// fresh containerd root, alternating. It reports the wall time of each
-// and the bytes each wrote (write_bytes of /proc/PID/io: dsec's own
-// process, containerd's daemon), and what each keeps on disk.
+// fresh containerd root, alternating, and with dsec again, the layers'
+// files compressed (image.Options.Compress). It reports the wall time
+// of each and the bytes each wrote (write_bytes of /proc/PID/io: dsec's
+// own process, containerd's daemon), and what each keeps on disk.
 func BenchmarkImport(b *testing.B) {
 	layertest.RequireRoot(b)
 	if _, err := exec.LookPath("ctr"); err != nil {
@@ -62,27 +63,31 @@ func BenchmarkImport(b *testing.B) {
 	ref := mustParse(b, addr+"/bench:v1")
 
 	var dsecS, ctrS, dsecW, ctrW, dsecDisk, ctrDisk float64
-	for range b.N {
-		// dsec: a fresh store.
-		dir := b.TempDir()
+	var zS, zW, zDisk float64 // dsec, the layers' files compressed
+	dsecPull := func(o image.Options, secs, written, disk *float64) {
+		dir := b.TempDir() // a fresh store
 		s, err := store.Open(filepath.Join(dir, "store"))
 		must(err)
 		w0 := writeBytes(b, os.Getpid())
 		t0 := time.Now()
-		if _, err := image.Import(context.Background(), s, ref, image.Options{}); err != nil {
+		if _, err := image.Import(context.Background(), s, ref, o); err != nil {
 			b.Fatal(err)
 		}
 		syscall.Sync()
-		dsecS += time.Since(t0).Seconds()
-		dsecW += float64(writeBytes(b, os.Getpid()) - w0)
-		dsecDisk += float64(du(b, dir))
+		*secs += time.Since(t0).Seconds()
+		*written += float64(writeBytes(b, os.Getpid()) - w0)
+		*disk += float64(du(b, dir))
 		os.RemoveAll(dir)
+	}
+	for range b.N {
+		dsecPull(image.Options{}, &dsecS, &dsecW, &dsecDisk)
+		dsecPull(image.Options{Compress: true}, &zS, &zW, &zDisk)
 
 		// containerd: a fresh root, its daemon started before the clock.
 		root := b.TempDir()
 		pid, sock, stopd := containerd(b, root)
-		w0 = writeBytes(b, pid)
-		t0 = time.Now()
+		w0 := writeBytes(b, pid)
+		t0 := time.Now()
 		out, err := exec.Command("ctr", "-a", sock, "-n", "bench", "images", "pull", "--plain-http", addr+"/bench:v1").CombinedOutput()
 		if err != nil {
 			stopd()
@@ -101,6 +106,9 @@ func BenchmarkImport(b *testing.B) {
 	b.ReportMetric(ctrW/n/1e6, "ctr-written-MB")
 	b.ReportMetric(dsecDisk/n/1e6, "dsec-disk-MB")
 	b.ReportMetric(ctrDisk/n/1e6, "ctr-disk-MB")
+	b.ReportMetric(zS/n, "dsec-z-s")
+	b.ReportMetric(zW/n/1e6, "dsec-z-written-MB")
+	b.ReportMetric(zDisk/n/1e6, "dsec-z-disk-MB")
 }
 
 // benchImages is what an import benchmark builds its images from: the

@@ -184,6 +184,7 @@ func TestImportMatchesUnpack(t *testing.T) {
 		write(t, root+"/etc/os-release", "ID=test\n")
 		write(t, root+"/etc/keep", "kept\n")
 		randomFile(t, root+"/usr/lib/python3/wheel.whl", 3<<20+17)
+		write(t, root+"/usr/share/doc/notes.txt", strings.Repeat("compressible text, line after line\n", 10000))
 		write(t, root+"/usr/bin/a", "linked\n")
 		if err := os.Link(root+"/usr/bin/a", root+"/usr/bin/b"); err != nil {
 			t.Fatal(err)
@@ -274,6 +275,25 @@ func TestImportMatchesUnpack(t *testing.T) {
 	}
 	if img2.ID != img.ID {
 		t.Errorf("the record: %s in one store, %s in another", img.ID, img2.ID)
+	}
+
+	// Compressed: the same tree, as the kernel reads it, in fewer bytes;
+	// the layer above reads the compressed base's directories to convert.
+	zs := openStore(t)
+	zimg, err := image.Import(ctx, zs, mustRef(t, addr+"/test/env:app"), image.Options{Compress: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.sameAs(t, "app", zs, zimg, "the compressed import differs from umoci's unpack")
+	size := func(s *store.Store, l image.Layer) int64 {
+		info, err := layer.Resolve(ctx, s, l.Ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Size
+	}
+	if z, plain := size(zs, zimg.Layers[0]), size(s2, img2.Layers[0]); z > plain-(200<<10) {
+		t.Errorf("the compressed base is %d bytes, uncompressed %d: want its text compressed", z, plain)
 	}
 
 	// Removing an image untags the layers only it had; gc keeps the

@@ -69,6 +69,10 @@ type Options struct {
 	// so fill the disk with kept bytes); it still reads what an earlier
 	// pull kept.
 	NoResume bool
+	// Compress stores the layers' files LZ4-compressed where that saves
+	// a block (layer.BuildOptions.Compress). A layer the store holds
+	// already is taken as it is, compressed or not.
+	Compress bool
 	// Whole, when set, says whether every layer of an image whose record
 	// the store holds is there to mount: a worker's says so of layers on
 	// its shared remote too, so a pull of a tag that still names the held
@@ -329,7 +333,7 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 			p.Add(m.layers[i].Size)
 			continue
 		}
-		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, o.Limits.Entries, !o.NoResume)
+		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, layerConversion{entries: o.Limits.Entries, compress: o.Compress}, !o.NoResume)
 		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
@@ -401,7 +405,7 @@ func fetchJSON(ctx context.Context, repo *orasremote.Repository, d ocispec.Descr
 // comes to it (some 30 s), a spool costs no writes. resumed is the
 // bytes of the blob read from the spool. keep false drops the spool
 // whatever the failure.
-func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, keep bool) (_ *layer.Info, resumed int64, _ error) {
+func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, cv layerConversion, keep bool) (_ *layer.Info, resumed int64, _ error) {
 	spool, err := s.ResumeIngest(d.Digest)
 	if err != nil {
 		return nil, 0, err
@@ -416,12 +420,12 @@ func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Reposi
 	}
 	if !keep && held == 0 { // nothing to read again, nothing to keep: no spool
 		spool.Discard()
-		info, _, err := convert(ctx, s, repo, d, l, under, p, b, entries, nil)
+		info, _, err := convert(ctx, s, repo, d, l, under, p, b, cv, nil)
 		return info, 0, err
 	}
 	used := b.used
 	first := &counted{p: p}
-	info, broke, err := convert(ctx, s, repo, d, l, under, first, b, entries, spool)
+	info, broke, err := convert(ctx, s, repo, d, l, under, first, b, cv, spool)
 	switch {
 	case err == nil:
 		spool.Discard()
@@ -435,7 +439,7 @@ func convertSpooled(ctx context.Context, s *store.Store, repo *orasremote.Reposi
 		// alone now, counted once.
 		spool.Discard()
 		b.used = used
-		info, _, err = convert(ctx, s, repo, d, l, under, &counted{p: p, skip: first.n}, b, entries, nil)
+		info, _, err = convert(ctx, s, repo, d, l, under, &counted{p: p, skip: first.n}, b, cv, nil)
 	default:
 		spool.Discard()
 	}
@@ -468,12 +472,19 @@ func (c *counted) Add(n int64) {
 // spool (a resumable ingest; nil: none), the blob's bytes it holds are
 // read from there, and those asked of the registry appended to it.
 // broke says the transfer failed (not the bytes it brought).
-func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, spool *store.Ingest) (_ *layer.Info, broke bool, _ error) {
-	info, rc, err := convertFrom(ctx, s, repo, d, l, under, p, b, entries, spool)
+// layerConversion is how an OCI layer becomes an EROFS layer: the entries it
+// may hold (0: any), and whether its files are compressed.
+type layerConversion struct {
+	entries  int
+	compress bool
+}
+
+func convert(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, cv layerConversion, spool *store.Ingest) (_ *layer.Info, broke bool, _ error) {
+	info, rc, err := convertFrom(ctx, s, repo, d, l, under, p, b, cv, spool)
 	return info, rc != nil && rc.broke != nil, err
 }
 
-func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, entries int, spool *store.Ingest) (*layer.Info, *resuming, error) {
+func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repository, d ocispec.Descriptor, l Layer, under []digest.Digest, p layer.Progress, b *budget, cv layerConversion, spool *store.Ingest) (*layer.Info, *resuming, error) {
 	diffID := l.DiffID
 	st, err := openStack(s, under)
 	if err != nil {
@@ -519,7 +530,7 @@ func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repositor
 	}
 	info, err := layer.Build(ctx, s, layer.BuildOptions{
 		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain),
-		Verify: verify, Implied: st.implied, MaxEntries: entries,
+		Verify: verify, Implied: st.implied, MaxEntries: cv.entries, Compress: cv.compress,
 		// The same bytes on every host: the layer's manifest too.
 		Now: func() time.Time { return time.Unix(0, 0) },
 	})
@@ -527,7 +538,7 @@ func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repositor
 		return nil, rc, errBudget // what the tar reader made of it hides why
 	}
 	if errors.Is(err, erofs.ErrTooMany) {
-		return nil, rc, fmt.Errorf("the layer holds more than the %d entries an import may here: ask the worker's admin to dsec image pull it: %w", entries, errdefs.ErrOutOfRange)
+		return nil, rc, fmt.Errorf("the layer holds more than the %d entries an import may here: ask the worker's admin to dsec image pull it: %w", cv.entries, errdefs.ErrOutOfRange)
 	}
 	if errors.Is(err, layer.ErrBadSource) {
 		// A blob that does not decompress or untar may just not be

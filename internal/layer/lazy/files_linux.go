@@ -9,6 +9,8 @@ import (
 	"time"
 
 	goerofs "github.com/erofs/go-erofs"
+
+	"github.com/dsec-project/dsec/internal/layer/erofs"
 )
 
 // extentsOf is where each regular file's data lies in the image: sorted,
@@ -69,7 +71,7 @@ func (l localImage) ReadAt(p []byte, off int64) (int, error) {
 // takes the whole region.
 func (f *fetcher) mapFiles(ctx context.Context) {
 	start := time.Now()
-	fsys, err := goerofs.Open(localImage{f})
+	fsys, err := goerofs.Open(erofs.MetadataView(localImage{f})) // a compressed file maps to nothing
 	var out extentsOf
 	if err == nil {
 		err = fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
