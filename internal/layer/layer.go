@@ -242,8 +242,8 @@ type BuildOptions struct {
 	// Compress stores a stream's regular files LZ4-compressed where that
 	// saves a block (erofs.Writer.SetCompress): fewer bytes written,
 	// stored and fetched, for the CPU of decompressing what is read. A
-	// directory source (planned) and a store that packs layers into
-	// shared chunks (Store.Dedup) keep them uncompressed.
+	// directory source (planned) is refused; a store that packs layers
+	// into shared chunks (Store.Dedup) keeps them uncompressed.
 	Compress bool
 }
 
@@ -322,7 +322,7 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	}
 	w.SetImplied(o.Implied)
 	w.SetMaxEntries(o.MaxEntries)
-	w.SetCompress(o.Compress && !src.planned && !s.Dedup())
+	w.SetCompress(o.Compress && !s.Dedup()) // a directory (planned) was refused above
 	if err := w.SetOrder(o.Order); err != nil {
 		return nil, fmt.Errorf("--order: %w", err)
 	}

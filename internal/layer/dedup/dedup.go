@@ -141,8 +141,10 @@ var ErrCompressed = fmt.Errorf("the layer's files are compressed, and a packed l
 // start. blob must be empty; when the result's Blob is "", it is still
 // empty and the caller discards it.
 func Pack(img io.ReaderAt, meta erofs.File, blob io.Writer, idx Index) (*Result, error) {
-	if z, err := erofs.Compressed(img); err != nil || z {
-		return nil, cmp.Or(err, ErrCompressed)
+	if z, err := erofs.Compressed(img); err != nil {
+		return nil, fmt.Errorf("read the superblock: %w", err)
+	} else if z {
+		return nil, ErrCompressed
 	}
 	fsys, err := goerofs.Open(img)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -329,3 +330,36 @@ func TestPackBoundsDevices(t *testing.T) {
 	}
 	same(t, "the layer of many", want, layertest.ScanDir(t, mounted(t, p, dir)))
 }
+
+// TestPackRefusesCompressed: a compressed layer is not packed (its
+// chunks would hold compressed bytes the kernel reads as file data), and
+// nothing is written for it; dsec layer dedup keeps it whole.
+func TestPackRefusesCompressed(t *testing.T) {
+	tarball := filepath.Join(t.TempDir(), "z.tar")
+	must(t, os.WriteFile(tarball, layertest.Tar(layertest.File{Name: "text", Body: strings.Repeat("compressible ", 20000)}), 0o644))
+	s, err := store.Open(filepath.Join(t.TempDir(), "store"))
+	must(t, err)
+	ref, _ := layer.ParseRef("z:1")
+	info, err := layer.Build(context.Background(), s, layer.BuildOptions{Source: tarball, Kind: layer.KindBase, Ref: ref, Compress: true})
+	must(t, err)
+	if info.Compressed != 1 {
+		t.Fatalf("the layer has %d compressed files, want 1", info.Compressed)
+	}
+	in, err := os.Open(s.BlobPath(info.Digest))
+	must(t, err)
+	defer in.Close()
+	var meta, blob bytes.Buffer
+	if _, err := dedup.Pack(in, nopWriterAt{&meta}, &blob, dedup.NewMapIndex()); !errors.Is(err, dedup.ErrCompressed) {
+		t.Fatalf("pack of a compressed layer: %v, want ErrCompressed", err)
+	}
+	if meta.Len()+blob.Len() > 0 {
+		t.Errorf("a refused pack wrote %d bytes", meta.Len()+blob.Len())
+	}
+	if _, err := s.Pack(context.Background(), info.Digest); !errors.Is(err, dedup.ErrCompressed) || s.Packed(info.Digest) {
+		t.Errorf("the store's pack of a compressed layer: %v (packed %v)", err, s.Packed(info.Digest))
+	}
+}
+
+type nopWriterAt struct{ *bytes.Buffer }
+
+func (nopWriterAt) WriteAt([]byte, int64) (int, error) { return 0, errors.New("not written") }

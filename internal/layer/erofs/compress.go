@@ -9,9 +9,9 @@ import (
 
 // Compressed files (SetCompress): a regular file's data is cut into
 // extents of up to extentSize bytes, each LZ4-compressed into a physical
-// cluster of whole blocks ("big pclusters"), as mkfs.erofs -zlz4 writes
-// them, and indexed by full (non-compact) logical-cluster indexes, one
-// per 4 KiB of the file:
+// cluster of whole blocks ("big pclusters", which mkfs.erofs -zlz4 -C
+// writes too), and indexed by full (non-compact) logical-cluster indexes,
+// one per 4 KiB of the file:
 //
 //	HEAD1    the first lcluster of a compressed extent: its pcluster's block
 //	NONHEAD  the others: the first gives the pcluster's block count
@@ -21,10 +21,11 @@ import (
 //
 // The compressed bytes sit at the end of their pcluster behind zeros (the
 // zero-padding feature), so the kernel finds their exact length and can
-// decompress in place. A file no extent of which saves a block is written
-// flat, as without compression: the plain lclusters are its blocks in
-// order. Only streamed files (Create) are compressed; planned ones, kept
-// in a chosen order for lazy fetching, and holes stay as they are.
+// decompress in place. Whole extents of zeros all reference one pcluster.
+// A file no extent of which saves a block is written flat, as without
+// compression: the plain lclusters are its blocks in order. Only
+// streamed files (Create) are compressed; planned ones, kept in a chosen
+// order for lazy fetching, stay as they are.
 //
 // LZ4 is the algorithm every kernel with EROFS_FS_ZIP reads (the guests'
 // 6.1 too); DEFLATE and zstd need 6.6 and 6.10.
@@ -55,7 +56,12 @@ const (
 
 // SetCompress has every regular file streamed from now on (Create)
 // stored LZ4-compressed where that saves a block.
-func (w *Writer) SetCompress(on bool) { w.compress = on }
+func (w *Writer) SetCompress(on bool) {
+	w.compress = on
+	if on && w.lz4 == nil {
+		w.lz4 = &lz4.Compressor{}
+	}
+}
 
 // extent is one run of a compressed file's lclusters.
 type extent struct {
@@ -79,6 +85,15 @@ func (w *Writer) writeCompressed(p string, ino *inode, r io.Reader) error {
 			return shortRead(p, err)
 		}
 		e := extent{lcn: uint32(off / lclusterSize), n: uint32((uint64(len(b)) + lclusterSize - 1) / lclusterSize), blkaddr: w.nextBlk}
+		if len(b) == extentSize && w.zeroPcluster != 0 && isZero(b) {
+			// Every whole extent of zeros in the image decodes from one
+			// pcluster (the kernel takes a pcluster that several extents
+			// reference whole since 6.0): sparse files stay small.
+			e.blkaddr, e.cblks = w.zeroPcluster, 1
+			compressed = true
+			exts = append(exts, e)
+			continue
+		}
 		blocks := e.n // what it takes plain
 		c, err := w.lz4.CompressBlock(b, w.zbuf)
 		// A pcluster that saves a block; its first byte must not be
@@ -89,6 +104,9 @@ func (w *Writer) writeCompressed(p string, ino *inode, r io.Reader) error {
 				e.cblks = cblks
 				if err := w.appendPadded(int(cblks)*BlockSize-c, w.zbuf[:c]); err != nil {
 					return err
+				}
+				if len(b) == extentSize && cblks == 1 && w.zeroPcluster == 0 && isZero(b) {
+					w.zeroPcluster = e.blkaddr
 				}
 				compressed = true
 				exts = append(exts, e)
@@ -150,11 +168,10 @@ func encodeCompressedMap(b []byte, ino *inode) {
 	b[6] = algLZ4 | algLZ4<<4               // h_algorithmtype: HEAD1, HEAD2
 	b[7] = 0                                // h_clusterbits: 4 KiB lclusters
 	idx := b[compressedMapSize:]
-	nl := lclusters(ino.size)
 	for _, e := range ino.extents {
-		next := min(e.lcn+e.n, nl) // the next head, or the end
+		next := e.lcn + e.n // the next head, or the end
 		for i := uint32(0); i < e.n; i++ {
-			x := idx[(e.lcn+i)*lclusterIndexSize:]
+			x := idx[uint64(e.lcn+i)*lclusterIndexSize:]
 			switch {
 			case e.cblks == 0: // plain: every lcluster its own head
 				le.PutUint16(x[0:], lcPlain)

@@ -50,7 +50,9 @@ func TestCompress(t *testing.T) {
 		"mixed":           text(30<<10) + random(40<<10) + text(100<<10) + random(5000),
 		"random-then-txt": random(64<<10) + text(64<<10) + random(1),
 		"zeros-1m":        strings.Repeat("\x00", 1<<20+5),
+		"sparse-64m":      text(5000) + strings.Repeat("\x00", 64<<20) + text(70000),
 		"d/nested/lib.so": text(300<<10) + random(3<<10),
+		"replaced":        random(10000) + text(80000),
 	}
 	build := func(compress bool) (string, int64) {
 		p := filepath.Join(t.TempDir(), "img.erofs")
@@ -61,16 +63,29 @@ func TestCompress(t *testing.T) {
 		must(t, err)
 		w.SetCompress(compress)
 		for _, name := range sortedKeys(files) {
-			file(t, w, name, files[name])
+			if name != "replaced" {
+				file(t, w, name, files[name])
+			}
 		}
+		// Xattrs of two sizes before the map (its 8-byte alignment), a
+		// hard link, and a file replaced later in the stream.
+		for i, name := range []string{"text-200k", "mixed"} {
+			must(t, w.SetXattr(name, "user.k", bytes.Repeat([]byte("v"), 1+4*i)))
+		}
+		must(t, w.Link("link-to-text", "text-200k"))
+		must(t, w.Create("replaced", erofs.Attr{Mode: 0o644}, 90000, strings.NewReader(text(90000))))
+		must(t, w.Remove("replaced"))
+		file(t, w, "replaced", files["replaced"])
 		st, err := w.Finish()
 		must(t, err)
 		return p, st.Size
 	}
 	img, size := build(true)
 	_, plain := build(false)
-	if size > plain*6/10 {
-		t.Errorf("compressed image is %d bytes, uncompressed %d: want well under", size, plain)
+	// The sparse file's zeros were holes uncompressed, and are one shared
+	// pcluster compressed.
+	if size > plain*6/10 || size > 2<<20 {
+		t.Errorf("compressed image is %d bytes, uncompressed %d: want well under, and the zeros in one block", size, plain)
 	}
 	t.Logf("compressed %d bytes, uncompressed %d (%.2fx)", size, plain, float64(size)/float64(plain))
 
@@ -95,6 +110,11 @@ func TestCompress(t *testing.T) {
 	must(t, mount.EROFS(img).Mount(mnt))
 	defer mount.Unmount(mnt)
 	same(t, "the kernel", mnt, files)
+	same(t, "the kernel", mnt, map[string]string{"link-to-text": files["text-200k"]})
+	buf := make([]byte, 16)
+	if n, err := unix.Getxattr(filepath.Join(mnt, "mixed"), "user.k", buf); err != nil || string(buf[:n]) != "vvvvv" {
+		t.Errorf("the kernel reads mixed's xattr as %q (%v)", buf[:n], err)
+	}
 	// A read in the middle of an extent, as a page fault makes it.
 	m, err := os.Open(filepath.Join(mnt, "mixed"))
 	must(t, err)

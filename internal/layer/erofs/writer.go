@@ -69,9 +69,12 @@ type Writer struct {
 
 	devices []Device // AddDevice: the extra devices, in table order
 
-	compress bool           // SetCompress
-	lz4      lz4.Compressor // SetCompress: its hash table, reused
-	zbuf     []byte         // SetCompress: a compressed extent
+	compress bool            // SetCompress
+	lz4      *lz4.Compressor // SetCompress: its hash table, reused
+	zbuf     []byte          // SetCompress: a compressed extent
+	// zeroPcluster is the block of the pcluster of a whole extent of
+	// zeros, once one was written (0: none yet).
+	zeroPcluster uint32
 }
 
 // File is where an image is written: sequentially, plus one WriteAt of

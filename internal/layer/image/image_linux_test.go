@@ -295,6 +295,15 @@ func TestImportMatchesUnpack(t *testing.T) {
 	if z, plain := size(zs, zimg.Layers[0]), size(s2, img2.Layers[0]); z > plain-(200<<10) {
 		t.Errorf("the compressed base is %d bytes, uncompressed %d: want its text compressed", z, plain)
 	}
+	// Tagged as a conversion of their own (hosts that share a remote and
+	// convert differently do not claim one tag), and taken as they are by
+	// a pull that does not compress: nothing converted twice.
+	if !strings.HasSuffix(zimg.Layers[0].Ref, ":erofs1-lz4") || strings.HasSuffix(img2.Layers[0].Ref, "-lz4") {
+		t.Errorf("layer tags: %s compressed, %s not", zimg.Layers[0].Ref, img2.Layers[0].Ref)
+	}
+	if again, err := image.Import(ctx, zs, mustRef(t, addr+"/test/env:other"), image.Options{}); err != nil || again.Fetched != 1 || again.Layers[0].Ref != zimg.Layers[0].Ref {
+		t.Errorf("an uncompressed pull over the compressed base: %+v %v, want its own layer fetched alone", again, err)
+	}
 
 	// Removing an image untags the layers only it had; gc keeps the
 	// shared base for the other image.

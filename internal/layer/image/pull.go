@@ -294,11 +294,11 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 	var todo []int
 	var total int64
 	chains := chainIDs(diffIDs)
+	// A store that packs keeps file data uncompressed (layer.Build).
+	compress := o.Compress && !s.Dedup()
 	for i, l := range m.layers {
-		tag := LayerTag(chains[i])
-		img.Layers = append(img.Layers, Layer{DiffID: diffIDs[i], Chain: chains[i], Blob: l.Digest, Size: l.Size, Ref: tag.String()})
-		if have, err := layer.Resolve(ctx, s, tag.String()); err == nil {
-			img.Layers[i].Digest = have.Digest
+		img.Layers = append(img.Layers, Layer{DiffID: diffIDs[i], Chain: chains[i], Blob: l.Digest, Size: l.Size, Ref: LayerTag(chains[i], compress).String()})
+		if held(ctx, s, &img.Layers[i]) {
 			img.Reused++
 			continue
 		}
@@ -326,14 +326,13 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		if err != nil {
 			return nil, err
 		}
-		if have, err := layer.Resolve(ctx, s, img.Layers[i].Ref); err == nil {
+		if held(ctx, s, &img.Layers[i]) {
 			release()
-			img.Layers[i].Digest = have.Digest
 			img.Reused++
 			p.Add(m.layers[i].Size)
 			continue
 		}
-		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, layerConversion{entries: o.Limits.Entries, compress: o.Compress}, !o.NoResume)
+		info, resumed, err := convertSpooled(ctx, s, repo, m.layers[i], img.Layers[i], under, p, budget, layerConversion{entries: o.Limits.Entries, compress: compress}, !o.NoResume)
 		release()
 		if err != nil {
 			return nil, fail("", fmt.Errorf("layer %d of %d (%s): %w", i+1, len(m.layers), m.layers[i].Digest, remote.Classify(err)))
@@ -346,6 +345,19 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		return nil, err
 	}
 	return img, nil
+}
+
+// held says whether the store holds l's layer, converted as l.Ref names
+// or the other way (compressed or not: the same files, not converted and
+// kept twice), and sets l's Ref and Digest to it.
+func held(ctx context.Context, s *store.Store, l *Layer) bool {
+	for _, tag := range []string{l.Ref, otherConversion(l.Ref)} {
+		if have, err := layer.Resolve(ctx, s, tag); err == nil {
+			l.Ref, l.Digest = tag, have.Digest
+			return true
+		}
+	}
+	return false
 }
 
 // heldAs is ref's image as the store holds it, if it was pulled from
@@ -529,7 +541,7 @@ func convertFrom(ctx context.Context, s *store.Store, repo *orasremote.Repositor
 		return nil
 	}
 	info, err := layer.Build(ctx, s, layer.BuildOptions{
-		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain),
+		Source: "-", Stdin: tar, SourceKind: "oci-layer", Kind: layer.KindBase, Ref: LayerTag(l.Chain, cv.compress),
 		Verify: verify, Implied: st.implied, MaxEntries: cv.entries, Compress: cv.compress,
 		// The same bytes on every host: the layer's manifest too.
 		Now: func() time.Time { return time.Unix(0, 0) },

@@ -128,8 +128,23 @@ func (r Reference) StoreTag() (layer.Ref, error) {
 // LayerTag is the store tag of the EROFS layer converted from an OCI
 // layer over those under it, by their chain ID: the same on every host,
 // so a layer (and all under it) one image brought is found by the next.
-func LayerTag(chain digest.Digest) layer.Ref {
-	return layer.Ref{Name: "oci/" + chain.Algorithm().String() + "/" + chain.Encoded(), Version: conversion}
+// Its version names the conversion, compressed or not: hosts that share
+// a remote and convert differently tag different layers.
+func LayerTag(chain digest.Digest, compressed bool) layer.Ref {
+	v := conversion
+	if compressed {
+		v += compressedConversion
+	}
+	return layer.Ref{Name: "oci/" + chain.Algorithm().String() + "/" + chain.Encoded(), Version: v}
+}
+
+// otherConversion is tag, an image layer's, as the other conversion
+// names it (compressed for one that is not, and the other way round).
+func otherConversion(tag string) string {
+	if t, ok := strings.CutSuffix(tag, compressedConversion); ok {
+		return t
+	}
+	return tag + compressedConversion
 }
 
 // IsLayerTag says whether a store tag is that of an image's layer.
@@ -137,3 +152,7 @@ func IsLayerTag(tag string) bool { return strings.HasPrefix(tag, "oci/sha256/") 
 
 // conversion names how OCI layers become EROFS: a new way gets new tags.
 const conversion = "erofs1"
+
+// compressedConversion follows conversion in the tags of layers whose
+// files are LZ4-compressed (Options.Compress).
+const compressedConversion = "-lz4"

@@ -30,6 +30,9 @@ import (
 // within the layer; a file read whole has no block ranges.
 func Profile(root string, d digest.Digest) ([]erofs.Hot, error) {
 	dir := Dir(root, d)
+	if err := uncompressed(filepath.Join(dir, "image"), d); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
 	ranges, err := readAccess(filepath.Join(dir, "access"))
 	if os.IsNotExist(err) {
 		return nil, fmt.Errorf("layer %s has no recorded run on this host: mount it with --record and run the workload first: %w", d, errdefs.ErrNotFound)
@@ -51,6 +54,21 @@ func Profile(root string, d digest.Digest) ([]erofs.Hot, error) {
 		return nil, err
 	}
 	return pathsOf(ranges, exts), nil
+}
+
+// uncompressed refuses a compressed layer's image: FIEMAP gives a
+// compressed file's extents in its own bytes, not in the image's, so a
+// recorded run could not be put on its files.
+func uncompressed(img string, d digest.Digest) error {
+	f, err := os.Open(img)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if z, err := erofs.Compressed(f); err != nil || !z {
+		return err
+	}
+	return fmt.Errorf("layer %s is compressed, and a recorded run cannot be put on its compressed files: record it on the layer built without --compress: %w", d, errdefs.ErrNotImplemented)
 }
 
 // readAccess parses an access record: "offset size" a line.
