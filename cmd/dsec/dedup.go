@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -61,87 +62,101 @@ its layers whole: it holds the image a digest names.
   dsec layer dedup --remote dir:///mnt/3fs/dsec`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := a.dedupStore(remoteURL)
+			res, err := a.dedup(cmd.Context(), remoteURL, off)
 			if err != nil {
-				return err
-			}
-			ls, err := layer.List(cmd.Context(), s)
-			if err != nil {
-				return err
-			}
-			seen := map[digest.Digest]bool{}
-			var todo []digest.Digest
-			for _, l := range ls {
-				if !seen[l.Digest] && s.Packed(l.Digest) == off {
-					seen[l.Digest] = true
-					todo = append(todo, l.Digest)
-				}
-			}
-			if !off {
-				// On first, so a build that runs meanwhile packs its layer.
-				if err := s.SetDedup(true); err != nil {
-					return err
-				}
-			} else if err := s.SetDedup(false); err != nil {
-				return err
-			}
-			var bar *progressbar.ProgressBar
-			if a.showProgress() && len(todo) > 0 {
-				what := "packing layers"
-				if off {
-					what = "making layers whole"
-				}
-				bar = progressbar.NewOptions(len(todo), progressbar.OptionSetWriter(a.stderr),
-					progressbar.OptionSetDescription(what), progressbar.OptionThrottle(100*time.Millisecond),
-					progressbar.OptionClearOnFinish())
-			}
-			res := dedupResult{On: !off}
-			for _, d := range todo {
-				if off {
-					err = s.Unpack(cmd.Context(), d)
-				} else {
-					_, err = s.Pack(cmd.Context(), d)
-				}
-				if bar != nil {
-					bar.Add(1)
-				}
-				if err != nil {
-					if off {
-						return fmt.Errorf("make layer %s whole: %w", d, err)
-					}
-					a.log.Warn("layer kept whole: it could not be packed", "digest", d, "err", err)
-					res.Unpacked++
-					continue
-				}
-				res.Packed++
-			}
-			if bar != nil {
-				bar.Finish()
-			}
-			if res.Store, err = s.PackStats(); err != nil {
 				return err
 			}
 			if asJSON {
 				return a.printJSON(res)
 			}
-			st := res.Store
-			if off {
-				_, err = fmt.Fprintf(a.stdout, "made %d layers whole; new layers stay whole (dsec layer gc removes the chunks no layer uses)\n", res.Packed)
-				return err
-			}
-			fmt.Fprintf(a.stdout, "packed %d layers now", res.Packed)
-			if res.Unpacked > 0 {
-				fmt.Fprintf(a.stdout, ", %d kept whole (compressed, or not images dsec built: see the log)", res.Unpacked)
-			}
-			_, err = fmt.Fprintf(a.stdout, "; %d packed layers hold %s of file data, %s of it stored once in %s of chunk blobs (%s shared, %s zeros); new layers are packed as they are added\n",
-				st.Layers, humanBytes(st.Logical), humanBytes(st.Logical-st.Shared-st.Holes), humanBytes(st.Chunks), humanBytes(st.Shared), humanBytes(st.Holes))
-			return err
+			return a.printDedup(res, off)
 		},
 	}
 	cmd.Flags().BoolVar(&off, "off", false, "make every packed layer whole again and stop packing new ones")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&remoteURL, "remote", "", "pack the store of this dir: remote (dir:///PATH, or a configured name) instead of the root's")
 	return cmd
+}
+
+// dedup packs every tagged layer of the store (off: makes every packed
+// one whole again) and sets whether new layers are packed.
+func (a *app) dedup(ctx context.Context, remoteURL string, off bool) (res dedupResult, err error) {
+	s, err := a.dedupStore(remoteURL)
+	if err != nil {
+		return res, err
+	}
+	ls, err := layer.List(ctx, s)
+	if err != nil {
+		return res, err
+	}
+	seen := map[digest.Digest]bool{}
+	var todo []digest.Digest
+	for _, l := range ls {
+		if !seen[l.Digest] && s.Packed(l.Digest) == off {
+			seen[l.Digest] = true
+			todo = append(todo, l.Digest)
+		}
+	}
+	if !off {
+		// On first, so a build that runs meanwhile packs its layer.
+		if err := s.SetDedup(true); err != nil {
+			return res, err
+		}
+	} else if err := s.SetDedup(false); err != nil {
+		return res, err
+	}
+	var bar *progressbar.ProgressBar
+	if a.showProgress() && len(todo) > 0 {
+		what := "packing layers"
+		if off {
+			what = "making layers whole"
+		}
+		bar = progressbar.NewOptions(len(todo), progressbar.OptionSetWriter(a.stderr),
+			progressbar.OptionSetDescription(what), progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish())
+	}
+	res.On = !off
+	for _, d := range todo {
+		if off {
+			err = s.Unpack(ctx, d)
+		} else {
+			_, err = s.Pack(ctx, d)
+		}
+		if bar != nil {
+			bar.Add(1)
+		}
+		if err != nil {
+			if off {
+				return res, fmt.Errorf("make layer %s whole: %w", d, err)
+			}
+			a.log.Warn("layer kept whole: it could not be packed", "digest", d, "err", err)
+			res.Unpacked++
+			continue
+		}
+		res.Packed++
+	}
+	if bar != nil {
+		bar.Finish()
+	}
+	res.Store, err = s.PackStats()
+	return res, err
+}
+
+// printDedup says what dedup did.
+func (a *app) printDedup(res dedupResult, off bool) error {
+	var err error
+	st := res.Store
+	if off {
+		_, err = fmt.Fprintf(a.stdout, "made %d layers whole; new layers stay whole (dsec layer gc removes the chunks no layer uses)\n", res.Packed)
+		return err
+	}
+	fmt.Fprintf(a.stdout, "packed %d layers now", res.Packed)
+	if res.Unpacked > 0 {
+		fmt.Fprintf(a.stdout, ", %d kept whole (compressed, or not images dsec built: see the log)", res.Unpacked)
+	}
+	_, err = fmt.Fprintf(a.stdout, "; %d packed layers hold %s of file data, %s of it stored once in %s of chunk blobs (%s shared, %s zeros); new layers are packed as they are added\n",
+		st.Layers, humanBytes(st.Logical), humanBytes(st.Logical-st.Shared-st.Holes), humanBytes(st.Chunks), humanBytes(st.Shared), humanBytes(st.Holes))
+	return err
 }
 
 // dedupStore is the store dedup packs: the root's, or a dir: remote's.

@@ -345,6 +345,22 @@ value a line.
 | Route | Who | Request | Answer | What it does |
 |---|---|---|---|---|
 `)
+	roots, err := writeRoutes(&b, pkg)
+	if err != nil {
+		return err
+	}
+	if err := writeErrorClasses(&b, pkg); err != nil {
+		return err
+	}
+	if err := writeTypes(&b, pkg, append(roots, "Error")); err != nil {
+		return err
+	}
+	return writeFile(path, b.Bytes())
+}
+
+// writeRoutes writes the routes' table and says which types they take
+// and answer.
+func writeRoutes(b *bytes.Buffer, pkg *apiPackage) ([]string, error) {
 	var roots []string
 	for _, r := range api.Routes {
 		route := "`" + r.Method + " " + r.Path + "`"
@@ -357,24 +373,29 @@ value a line.
 		}
 		req, err := routeBody(pkg, r.Request, r.RequestBody, true, 0)
 		if err != nil {
-			return fmt.Errorf("API reference: %s: %w", route, err)
+			return nil, fmt.Errorf("API reference: %s: %w", route, err)
 		}
 		resp, err := routeBody(pkg, r.Response, r.ResponseBody, false, r.Status)
 		if err != nil {
-			return fmt.Errorf("API reference: %s: %w", route, err)
+			return nil, fmt.Errorf("API reference: %s: %w", route, err)
 		}
 		what := cell(r.Summary) + "."
 		if r.Query != "" {
 			what += " Query: " + cell(r.Query) + "."
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", route, who, req, resp, what)
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", route, who, req, resp, what)
 		for _, t := range []string{r.Request, r.Response} {
 			if t != "" {
 				roots = append(roots, strings.TrimPrefix(t, "[]"))
 			}
 		}
 	}
+	return roots, nil
+}
 
+// writeErrorClasses writes the error classes' table, each with the status
+// api.ErrorOf answers it with.
+func writeErrorClasses(b *bytes.Buffer, pkg *apiPackage) error {
 	b.WriteString(`
 ## Errors
 
@@ -397,10 +418,15 @@ its result.
 			}
 			status = st
 		}
-		fmt.Fprintf(&b, "| `%s` | %d %s | %s |\n", c.class, status, http.StatusText(status), upperFirst(cell(c.doc)))
+		fmt.Fprintf(b, "| `%s` | %d %s | %s |\n", c.class, status, http.StatusText(status), upperFirst(cell(c.doc)))
 	}
-	roots = append(roots, "Error")
 
+	return nil
+}
+
+// writeTypes writes every type roots name, and those their fields name,
+// with their fields' JSON names, types and comments.
+func writeTypes(b *bytes.Buffer, pkg *apiPackage, roots []string) error {
 	// The types the routes name, and those their fields name, by name.
 	seen := map[string]bool{}
 	for len(roots) > 0 {
@@ -428,7 +454,7 @@ its result.
 	b.WriteString("\n## Types\n\nEach type's JSON fields; a field left out of a request is its zero value.\n")
 	for _, name := range slices.Sorted(maps.Keys(seen)) {
 		t := pkg.types[name]
-		fmt.Fprintf(&b, "\n### %s\n\n", name)
+		fmt.Fprintf(b, "\n### %s\n\n", name)
 		if t.doc != "" {
 			b.WriteString(markdown(t.doc, 4))
 		}
@@ -458,7 +484,7 @@ its result.
 			}
 			jsonName, _, _ := strings.Cut(reflect.StructTag(tag).Get("json"), ",")
 			if len(f.Names) == 0 && jsonName == "" { // embedded: its fields are this one's
-				fmt.Fprintf(&b, "| all of %s's fields | | %s |\n", typ, cell(d))
+				fmt.Fprintf(b, "| all of %s's fields | | %s |\n", typ, cell(d))
 				continue
 			}
 			for _, n := range f.Names {
@@ -469,11 +495,11 @@ its result.
 				if !n.IsExported() || field == "-" {
 					continue
 				}
-				fmt.Fprintf(&b, "| `%s` | %s | %s |\n", field, typ, cell(d))
+				fmt.Fprintf(b, "| `%s` | %s | %s |\n", field, typ, cell(d))
 			}
 		}
 	}
-	return writeFile(path, b.Bytes())
+	return nil
 }
 
 // routeBody describes a route's request or answer.

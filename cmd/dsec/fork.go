@@ -211,15 +211,23 @@ func (a *app) leaseCommand() *cobra.Command {
 		Short: "Make, list, renew and end leases, which hold fork groups",
 		Long:  leaseNote,
 	}
-	ttlOf := func(d time.Duration) (int, error) {
-		if d < time.Second {
-			return 0, usageError{errors.New("give --ttl, a duration of a second or more (e.g. 10m)")}
-		}
-		return int(d.Round(time.Second).Seconds()), nil
+	cmd.AddCommand(a.leaseCreate(), a.leaseLs(), a.leaseRenew(), a.leaseRm())
+	return cmd
+}
+
+// leaseTTL is a --ttl in whole seconds.
+func leaseTTL(d time.Duration) (int, error) {
+	if d < time.Second {
+		return 0, usageError{errors.New("give --ttl, a duration of a second or more (e.g. 10m)")}
 	}
-	printLease := func(l *api.Lease) {
-		fmt.Fprintf(a.stdout, "%s\texpires %s (in %s)\n", l.ID, l.Expires.Local().Format(time.DateTime), time.Until(l.Expires).Round(time.Second))
-	}
+	return int(d.Round(time.Second).Seconds()), nil
+}
+
+func (a *app) printLease(l *api.Lease) {
+	fmt.Fprintf(a.stdout, "%s\texpires %s (in %s)\n", l.ID, l.Expires.Local().Format(time.DateTime), time.Until(l.Expires).Round(time.Second))
+}
+
+func (a *app) leaseCreate() *cobra.Command {
 	var ttl time.Duration
 	var asJSON bool
 	create := &cobra.Command{
@@ -228,7 +236,7 @@ func (a *app) leaseCommand() *cobra.Command {
 		Example: "  dsec lease create --ttl 10m",
 		Args:    exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := ttlOf(ttl)
+			s, err := leaseTTL(ttl)
 			if err != nil {
 				return err
 			}
@@ -243,19 +251,23 @@ func (a *app) leaseCommand() *cobra.Command {
 			if asJSON {
 				return a.printJSON(l)
 			}
-			printLease(l)
+			a.printLease(l)
 			return nil
 		},
 	}
 	create.Flags().DurationVar(&ttl, "ttl", 0, "how long the lease lives unless renewed (required)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return create
+}
+
+func (a *app) leaseRenew() *cobra.Command {
 	var renewTTL time.Duration
 	renew := &cobra.Command{
 		Use:   "renew LEASE --ttl TTL",
 		Short: "Make a lease expire TTL from now",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := ttlOf(renewTTL)
+			s, err := leaseTTL(renewTTL)
 			if err != nil {
 				return err
 			}
@@ -267,11 +279,15 @@ func (a *app) leaseCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			printLease(l)
+			a.printLease(l)
 			return nil
 		},
 	}
 	renew.Flags().DurationVar(&renewTTL, "ttl", 0, "the lease expires this long from now (required)")
+	return renew
+}
+
+func (a *app) leaseLs() *cobra.Command {
 	var lsJSON bool
 	ls := &cobra.Command{
 		Use:   "ls",
@@ -301,6 +317,10 @@ func (a *app) leaseCommand() *cobra.Command {
 		},
 	}
 	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
+	return ls
+}
+
+func (a *app) leaseRm() *cobra.Command {
 	rm := &cobra.Command{
 		Use:   "rm LEASE",
 		Short: "End a lease now: what it holds is removed",
@@ -318,6 +338,5 @@ func (a *app) leaseCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, renew, rm)
-	return cmd
+	return rm
 }

@@ -111,6 +111,29 @@ func (ds *Drivers) MemoryBackend() string {
 	return ""
 }
 
+// BaseBackend names the backend whose sandboxes boot a base of its own
+// kind, a VM image, rather than a stack of layers ("": none here).
+func (ds *Drivers) BaseBackend() string {
+	for _, d := range ds.list {
+		if _, ok := d.(driver.BaseResolver); ok {
+			return d.Name()
+		}
+	}
+	return ""
+}
+
+// BootsBase says whether the backend named name ("" the default) boots
+// a base of its own kind (driver.BaseResolver): its one layer ref names
+// a VM image, not a layer.
+func (ds *Drivers) BootsBase(name string) bool {
+	d, err := ds.Driver(name)
+	if err != nil {
+		return false
+	}
+	_, ok := d.(driver.BaseResolver)
+	return ok
+}
+
 // Prepare starts what the drivers keep ahead of need (spare inits).
 // Nil-safe.
 func (ds *Drivers) Prepare() {

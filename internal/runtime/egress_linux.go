@@ -15,6 +15,7 @@ import (
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/egress"
 	"github.com/dsec-project/dsec/internal/policy"
+	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 	"golang.org/x/sys/unix"
 )
@@ -275,12 +276,13 @@ func relearned(eff *api.Policy, learned []egress.Learned) []egress.Learned {
 // force no longer allows (policy apply --reset), and says how many: the
 // ones its proxy relays by a name no rule allows any more (or to an
 // address no CIDR rule does), reset; the ones its fast path passed for
-// such a name (or to an address no longer its answer), as its own; a
-// container's own TCP sockets to an address and port the allowlist no
-// longer lets it connect to, destroyed (SOCK_DESTROY: the process sees ECONNABORTED and its peer a
-// reset); and, for a microVM, whose sockets are the guest's, the host's
-// connection tracking of its flows so closed, whose packets the host
-// then drops (the guest's connection stalls until it times out).
+// such a name (or to an address no longer its answer), as its own; its
+// own TCP sockets to an address and port the allowlist no longer lets
+// it connect to, closed by its driver where they are the host's (a
+// container's: driver.SocketCloser); and, where they are a guest's (a
+// microVM's, a full VM's), the host's connection tracking of its flows
+// so closed, whose packets the host then drops (the guest's connection
+// stalls until it times out).
 func (sb *Sandbox) ResetConnections() (int, error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -314,8 +316,8 @@ func (sb *Sandbox) ResetConnections() (int, error) {
 	}
 	var err error
 	var k int
-	if sb.Backend == "" || sb.Backend == "container" {
-		k, err = network.DestroySockets(sb.Pid, closed)
+	if c, ok := sb.d.(driver.SocketCloser); ok {
+		k, err = c.CloseSockets(sb.handle(), closed)
 	} else {
 		k, err = network.ForgetFlows(netip.MustParseAddr(sb.NAT.Sandbox), closed)
 	}

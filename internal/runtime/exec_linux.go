@@ -151,28 +151,13 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 			if term != nil {
 				truncated += term.end()
 			}
-			var r Result
-			r.Truncated = truncated
-			switch {
-			case errors.Is(err, backend.ErrDied) && sb.Current().Status == Stopped:
-				// A deliberate stop killed it, as docker stop does: its
-				// result is that (128+SIGKILL), not a failure of the host.
-				code = 128 + 9
-			case errors.Is(err, backend.ErrDied):
-				r.Err = "the sandbox died under the command" + deathCause(sb.dir, g, oomBefore)
-			case err != nil:
+			r, ok := sb.resultOf(code, err, g, oomBefore)
+			if !ok {
 				refused <- err
 				return
 			}
-			r.ExitCode = code
-			r.OOM = guestOOM // a guest's own OOM killer: its own memory, always
-			if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
-				r.OOM = true
-				if !g.ReachedLimit() { // not its own limit: the host's bound
-					r.Err = "the kernel killed the command for the host's sake: all sandboxes together reached the host's memory bound " +
-						"(its memory less admission.host_reserve), not this sandbox's limit; retry the step"
-				}
-			}
+			r.Truncated = truncated
+			r.OOM = r.OOM || guestOOM // a guest's own OOM killer: its own memory, always
 			e.Finish(r)
 		}()
 		select {
@@ -183,6 +168,31 @@ func (sb *Sandbox) Run(ctx context.Context, spec ExecSpec) (e *Exec, replayed bo
 		}
 		return nil
 	})
+}
+
+// resultOf is the result of a command of sb that ended with code and err,
+// in the group g that had oomBefore OOM kills when it started; ok is
+// false when the init refused to start it (err says why).
+func (sb *Sandbox) resultOf(code int, err error, g *cgroup.Group, oomBefore int) (r Result, ok bool) {
+	switch {
+	case errors.Is(err, backend.ErrDied) && sb.Current().Status == Stopped:
+		// A deliberate stop killed it, as docker stop does: its
+		// result is that (128+SIGKILL), not a failure of the host.
+		code = 128 + 9
+	case errors.Is(err, backend.ErrDied):
+		r.Err = "the sandbox died under the command" + deathCause(sb.dir, g, oomBefore)
+	case err != nil:
+		return r, false
+	}
+	r.ExitCode = code
+	if g != nil && code == 128+9 && g.OOMKills() > oomBefore {
+		r.OOM = true
+		if !g.ReachedLimit() { // not its own limit: the host's bound
+			r.Err = "the kernel killed the command for the host's sake: all sandboxes together reached the host's memory bound " +
+				"(its memory less admission.host_reserve), not this sandbox's limit; retry the step"
+		}
+	}
+	return r, true
 }
 
 // terminal journals what a terminal's master shows as an exec's stdout.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"golang.org/x/sys/unix"
 
 	"github.com/dsec-project/dsec/api"
 	"github.com/dsec-project/dsec/internal/durable"
@@ -31,7 +30,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/journal"
-	"github.com/dsec-project/dsec/internal/runtime/lower"
 	"github.com/dsec-project/dsec/internal/runtime/network"
 )
 
@@ -318,137 +316,6 @@ func create(ctx context.Context, o options, p *Primed) (_ *Sandbox, err error) {
 	return sb, nil
 }
 
-// resolved is what a create resolved of what it asks: its layers'
-// digests (nil: resolved as they are mounted), the memory snapshot's
-// guest it continues (nil: none), its limits and effective policy with
-// the egress rules it compiles to, its disk (quota; asked: the disk it
-// asked for, 0 none of its own) and its backend's driver.
-type resolved struct {
-	digests      []string
-	mem          *layer.Memory
-	limits       cgroup.Limits
-	policy       *api.Policy
-	allow        []policy.Entry
-	quota, asked int64
-	d            driver.Driver
-}
-
-// resolve resolves o for a create (a snapshot it starts on, its class,
-// policy and disk, its backend, a stack folded to the backend's bound)
-// and checks its name is free; what it resolves is held by lease.
-func resolve(ctx context.Context, o *options, lease *store.Lease) (rs resolved, err error) {
-	root := o.Root
-	digests, mem, err := onSnapshot(ctx, o, lease) // mem: a memory snapshot's guest, which the sandbox continues
-	if err != nil {
-		return rs, err
-	}
-	if len(o.Layers) == 0 {
-		return rs, fmt.Errorf("a sandbox needs at least a base layer: %w", errdefs.ErrInvalidArgument)
-	}
-	limits, err := classLimits(o.Class, o.Limits)
-	if err != nil {
-		return rs, err
-	}
-	eff, allow, limits, err := withPolicy(o.Policy, limits)
-	if err != nil {
-		return rs, err
-	}
-	quota, err := policyDisk(eff.Resources, o.Disk)
-	if err != nil {
-		return rs, err
-	}
-	if err := api.CheckDisk(quota); err != nil {
-		return rs, err
-	}
-	d, err := o.Drivers.Driver(o.Backend)
-	if err != nil {
-		return rs, err
-	}
-	if _, own := d.(driver.BaseResolver); own && len(o.Layers) != 1 {
-		return rs, fmt.Errorf("a %s sandbox boots one base of its own (%d layers given): give --base alone, no --workspace or --toolkit: %w", d.Name(), len(o.Layers), errdefs.ErrInvalidArgument)
-	}
-	if mem == nil { // (a memory snapshot's guest has its devices)
-		if digests, err = foldDeep(ctx, root, o, d, digests); err != nil {
-			return rs, err
-		}
-	}
-	if mem != nil {
-		if quota != 0 && quota != mem.DiskBytes {
-			return rs, fmt.Errorf("snapshot %s's guest has a disk of %d MiB: a sandbox that continues it has that disk (give no --disk): %w", o.From, mem.DiskBytes>>20, errdefs.ErrInvalidArgument)
-		}
-		quota = mem.DiskBytes
-		if limits.MemoryBytes == 0 {
-			limits.MemoryBytes = mem.MemoryBytes
-		}
-	}
-	asked := quota // the disk the create asked for (0: none of its own)
-	if _, guest := d.(driver.ImageUpper); guest && quota == 0 {
-		// Its upper is a disk image of its own, of the bound's size.
-		if quota, err = imageSize(root, cmp.Or(o.Spec.DiskBound, o.Host.DiskBound)); err != nil {
-			return rs, err
-		}
-	}
-	if o.Name != "" {
-		if err := nameFree(root, o.Name); err != nil {
-			return rs, err
-		}
-	}
-	rs = resolved{digests: digests, mem: mem, limits: limits, policy: eff, allow: allow, quota: quota, asked: asked, d: d}
-	return rs, nil
-}
-
-// onSnapshot resolves a sandbox made on a snapshot (o.From): its layers
-// are the snapshot over exactly those it was taken on (a memory
-// snapshot's guest's devices, when the sandbox continues its guest),
-// and the env, workdir and user it was taken with are the defaults.
-// digests are the layers'; mem the guest continued (nil: none).
-func onSnapshot(ctx context.Context, o *options, lease *store.Lease) (digests []string, mem *layer.Memory, err error) {
-	if o.From == "" {
-		return nil, nil, nil
-	}
-	if len(o.Layers) > 0 {
-		return nil, nil, fmt.Errorf("a sandbox starts on a snapshot or on layers, not both: %w", errdefs.ErrInvalidArgument)
-	}
-	var l *layer.Lineage
-	var d string
-	if err := leased(o.Store, lease, func() ([]string, error) {
-		l, d, err = lower.Lineage(ctx, o.Host.Source(), o.From)
-		return []string{d}, err
-	}); err != nil {
-		return nil, nil, err
-	}
-	o.Layers, digests = []string{o.From}, []string{d}
-	if o.Env == nil {
-		o.Env = l.Env
-	}
-	if o.Workdir == "" {
-		o.Workdir = l.Workdir
-	}
-	if o.User == "" {
-		o.User = l.User
-	}
-	if l.Memory != nil && !o.DiskOnly && o.Backend != "" && o.Backend == o.Drivers.MemoryBackend() {
-		// The guest's layer devices, under its own disk.
-		mem, o.Layers, digests = l.Memory, nil, nil
-		for _, lo := range mem.Layers {
-			o.Layers = append(o.Layers, lo.Ref)
-			digests = append(digests, lo.Digest.String())
-		}
-	}
-	for _, lo := range l.Lowers {
-		if mem != nil {
-			break
-		}
-		if slices.Contains(digests, lo.Digest.String()) {
-			return nil, nil, fmt.Errorf("snapshot %s stands on its own image (through %s: an older dsec packed an empty diff over an empty one): it cannot be started; dsec snap rm it and branch from the snapshot under it: %w",
-				o.From, lo.Ref, errdefs.ErrInvalidArgument)
-		}
-		o.Layers = append(o.Layers, lo.Ref)
-		digests = append(digests, lo.Digest.String())
-	}
-	return digests, mem, nil
-}
-
 // makeDirs makes the sandbox's directories and what its upper is on: a
 // memory snapshot's disk restored, a disk of its own (quota), or its
 // part of the root's shared file system. The caller calls release once
@@ -485,21 +352,16 @@ func (sb *Sandbox) makeDirs(ctx context.Context, root string, o options, mem *la
 	return release, nil
 }
 
-// start mounts the layers and the overlay, makes the cgroup and starts
-// the init: creating a sandbox, or starting a stopped one on its upper.
-func (sb *Sandbox) start(ctx context.Context) error {
-	h := sb.host
-	if sb.d == nil {
-		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to start: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
-	}
-	root := sb.root()
-	var lowers, digests, images []string
-	var kinds []layer.Kind
-	release := func() {} // a base's lazily served files, once Start has them open
-	defer func() { release() }()
-	if err := leased(h.Store, sb.lease, func() ([]string, error) {
+// acquire holds what sb stands on, leased: its layers mounted (lowers,
+// with their images and kinds), or the base of its own kind resolved
+// (images: its files). The caller calls release once the driver's Start
+// has the base's lazily served files open.
+func (sb *Sandbox) acquire(ctx context.Context) (lowers, images []string, kinds []layer.Kind, release func(), err error) {
+	var digests []string
+	release = func() {}
+	if err := leased(sb.host.Store, sb.lease, func() ([]string, error) {
 		if b, ok := sb.d.(driver.BaseResolver); ok { // its own base, no layers
-			base, err := b.ResolveBase(ctx, h.baseSource(), sb.Layers[0], sb.Digests)
+			base, err := b.ResolveBase(ctx, sb.host.baseSource(), sb.Layers[0], sb.Digests)
 			if base.Release != nil {
 				release = base.Release
 			}
@@ -515,7 +377,7 @@ func (sb *Sandbox) start(ctx context.Context) error {
 			if len(sb.Digests) > i {
 				want = sb.Digests[i]
 			}
-			mnt, f, err := h.Lowers().Acquire(ctx, h.Source(), ref, sb.lowerUser(), want)
+			mnt, f, err := sb.host.Lowers().Acquire(ctx, sb.host.Source(), ref, sb.lowerUser(), want)
 			if err != nil {
 				return digests, err
 			}
@@ -534,9 +396,24 @@ func (sb *Sandbox) start(ctx context.Context) error {
 		}
 		return digests, nil
 	}); err != nil {
-		return err
+		return lowers, images, kinds, release, err
 	}
 	sb.Digests = digests
+	return lowers, images, kinds, release, nil
+}
+
+// start mounts the layers and the overlay, makes the cgroup and starts
+// the init: creating a sandbox, or starting a stopped one on its upper.
+func (sb *Sandbox) start(ctx context.Context) error {
+	if sb.d == nil {
+		return fmt.Errorf("sandbox %s: unknown backend %q: a newer dsec's to start: %w", sb.Name, sb.Backend, errdefs.ErrNotImplemented)
+	}
+	root := sb.root()
+	lowers, images, kinds, release, err := sb.acquire(ctx)
+	defer release()
+	if err != nil {
+		return err
+	}
 	if _, guest := sb.d.(driver.ImageUpper); sb.Disk > 0 && !guest {
 		if err := disk.Mount(sb.dir, sb.Status == Creating); err != nil {
 			return err
@@ -549,7 +426,6 @@ func (sb *Sandbox) start(ctx context.Context) error {
 	}
 	if sb.Policy == nil { // made by a dsec without policies
 		sb.Policy = policy.Effective(nil)
-		var err error
 		if sb.Allowlist, err = allowlist(sb.Policy, nil); err != nil {
 			return err
 		}
@@ -695,46 +571,6 @@ func (h *Host) Load(name string) (*Sandbox, error) {
 		sb.journal().Recover(sb.c)
 	}
 	return sb, nil
-}
-
-// imageSize is the size of the disk image a sandbox whose backend needs
-// one gets without a --disk: the bound (none: the root's free space,
-// less the 1 GiB the root keeps).
-func imageSize(root string, bound int64) (int64, error) {
-	if bound > 0 {
-		return bound, nil
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil {
-		return 0, err
-	}
-	free := int64(st.Bavail)*st.Bsize - 1<<30
-	if free < 16<<20 {
-		return 0, fmt.Errorf("the root %s has no room for a sandbox's disk: free some space: %w", root, errdefs.ErrResourceExhausted)
-	}
-	return free &^ (1<<20 - 1), nil
-}
-
-// classLimits adds what a scheduling class means to l: batch sandboxes
-// run idle (cpu.idle and SCHED_IDLE), latency ones with 8x the default
-// CPU weight, so that an interactive step's wake-up preempts any batch
-// work and wins over plain host work.
-func classLimits(class string, l cgroup.Limits) (cgroup.Limits, error) {
-	if err := api.CheckClass(class); err != nil {
-		return l, err
-	}
-	l.Weight, l.Idle = 800, false
-	if classOf(class) == api.SchedBatch {
-		l.Weight, l.Idle = 0, true
-	}
-	return l, nil
-}
-
-func classOf(class string) string {
-	if class == "" {
-		return api.SchedLatency
-	}
-	return class
 }
 
 // touch marks the sandbox active now.

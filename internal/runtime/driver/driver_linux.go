@@ -18,6 +18,7 @@ package driver
 import (
 	"context"
 	"io"
+	"net/netip"
 	"os"
 	"time"
 
@@ -227,6 +228,15 @@ type (
 	// and merges them.
 	DiskSnapshotter interface {
 		SnapshotDisk(ctx context.Context, h Handle, d DiskSnap) (DiskSnapped, error)
+	}
+	// SocketCloser: a running sandbox's sockets are the host kernel's
+	// (a container's), and CloseSockets ends its established TCP
+	// connections that closed says its policy no longer allows, the
+	// process seeing them aborted and the peer a reset. A backend
+	// without it keeps its sockets in a guest: the host forgets its
+	// flows' connection tracking instead, and drops their packets.
+	SocketCloser interface {
+		CloseSockets(h Handle, closed func(src, dst netip.AddrPort, proto uint8) bool) (int, error)
 	}
 )
 

@@ -17,7 +17,6 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime"
 	"github.com/dsec-project/dsec/internal/runtime/cgroup"
 	"github.com/dsec-project/dsec/internal/runtime/disk"
-	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/vm"
 )
 
@@ -232,19 +231,8 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 			}
 		}
 	}
-	if spec.Backend == vms.VM && len(spec.Layers) == 1 {
-		if _, err := w.host.Drivers.Usable(spec.Backend); err != nil { // before anything is pulled for it
-			return err
-		}
-		if err := w.pullVM(ctx, spec.Layers[0]); err != nil {
-			return err
-		}
-	}
-	if spec.Backend == vms.VM && len(spec.Layers) == 1 && !spec.DiskOnly && spec.Memory == 0 && w.host.Store != nil {
-		// A full VM's memory snapshot continues with the RAM it had.
-		if img, err := vm.Lookup(ctx, w.host.Store, spec.Layers[0]); err == nil && img.Memory != nil {
-			spec.Memory = img.Memory.Machine.MemoryBytes
-		}
+	if err := w.withBase(ctx, spec); err != nil {
+		return err
 	}
 	b, err := w.host.Drivers.Usable(spec.Backend)
 	if err != nil {
@@ -267,6 +255,28 @@ func (w *worker) resolve(ctx context.Context, spec *api.SandboxSpec) error {
 		spec.Name = runtime.RandomName("sb-")
 	}
 	return api.ValidName(spec.Name)
+}
+
+// withBase pulls the VM image a sandbox of a backend that boots one
+// (a full VM's) names, when the shared remote holds it and the store
+// does not, and takes the RAM its memory snapshot had.
+func (w *worker) withBase(ctx context.Context, spec *api.SandboxSpec) error {
+	if len(spec.Layers) != 1 || !w.host.Drivers.BootsBase(spec.Backend) {
+		return nil
+	}
+	if _, err := w.host.Drivers.Usable(spec.Backend); err != nil { // before anything is pulled for it
+		return err
+	}
+	if err := w.pullVM(ctx, spec.Layers[0]); err != nil {
+		return err
+	}
+	if !spec.DiskOnly && spec.Memory == 0 && w.host.Store != nil {
+		// A full VM's memory snapshot continues with the RAM it had.
+		if img, err := vm.Lookup(ctx, w.host.Store, spec.Layers[0]); err == nil && img.Memory != nil {
+			spec.Memory = img.Memory.Machine.MemoryBytes
+		}
+	}
+	return nil
 }
 
 // reserve takes spec's name for a sandbox being made (a second create

@@ -19,7 +19,6 @@ import (
 	"github.com/dsec-project/dsec/internal/layer"
 	"github.com/dsec-project/dsec/internal/layer/remote"
 	"github.com/dsec-project/dsec/internal/runtime"
-	"github.com/dsec-project/dsec/internal/runtime/driver/vms"
 	"github.com/dsec-project/dsec/internal/runtime/vm"
 	"github.com/dsec-project/dsec/internal/snap"
 )
@@ -200,11 +199,11 @@ func (w *worker) branch(r *http.Request, req api.BranchRequest) (created[[]api.S
 		return created[[]api.Sandbox]{}, err
 	}
 	spec.Layers, spec.Snapshot = nil, req.Snapshot
-	if w.vmSnapshot(ctx, req.Snapshot) { // its branches boot its disk
-		if spec.Backend != "" && spec.Backend != vms.VM {
-			return created[[]api.Sandbox]{}, fmt.Errorf("snapshot %s is a full VM's disk: its branches are vm sandboxes, not %s: %w", req.Snapshot, spec.Backend, errdefs.ErrInvalidArgument)
+	if bb := w.host.Drivers.BaseBackend(); bb != "" && w.vmSnapshot(ctx, req.Snapshot) { // its branches boot its disk
+		if spec.Backend != "" && spec.Backend != bb {
+			return created[[]api.Sandbox]{}, fmt.Errorf("snapshot %s is a full VM's disk: its branches are %s sandboxes, not %s: %w", req.Snapshot, bb, spec.Backend, errdefs.ErrInvalidArgument)
 		}
-		spec.Backend, spec.Layers, spec.Snapshot = vms.VM, []string{req.Snapshot}, ""
+		spec.Backend, spec.Layers, spec.Snapshot = bb, []string{req.Snapshot}, ""
 	}
 	// Resolved once, for all: each branch then stands on what it named.
 	if err := w.scopeOf(ctx).resolveSpec(ctx, &spec); err != nil {

@@ -7,6 +7,7 @@ package containers
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -42,9 +43,10 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver     = (*Driver)(nil)
-	_ driver.Prestarter = (*Driver)(nil)
-	_ driver.FileOpener = (*Driver)(nil)
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.Prestarter   = (*Driver)(nil)
+	_ driver.FileOpener   = (*Driver)(nil)
+	_ driver.SocketCloser = (*Driver)(nil)
 )
 
 // New makes the driver.
@@ -246,6 +248,12 @@ func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error {
 		errs = append(errs, err)
 	}
 	return errs
+}
+
+// CloseSockets destroys the sandbox's established TCP sockets that closed
+// answers true for, in its network namespace (SOCK_DESTROY).
+func (d *Driver) CloseSockets(h driver.Handle, closed func(src, dst netip.AddrPort, proto uint8) bool) (int, error) {
+	return network.DestroySockets(h.Pid, closed)
 }
 
 // Files opens a running sandbox's files from the host, through its root.
