@@ -55,6 +55,22 @@ func BenchmarkCreateExecRemove(b *testing.B) {
 	report(b, "with-rm", whole)
 }
 
+// BenchmarkCreateExecSpaced is BenchmarkCreateExecRemove with 50 ms
+// between sandboxes, as a rollout's steps come (a model's turn between
+// them): each create meets a worker done with the last one's removal
+// and with priming the next.
+func BenchmarkCreateExecSpaced(b *testing.B) {
+	c, layers := benchClient(b)
+	var first, whole []time.Duration
+	for b.Loop() {
+		f, w := createExecRemove(b, c, api.SandboxSpec{Layers: layers})
+		first, whole = append(first, f), append(whole, w)
+		time.Sleep(50 * time.Millisecond)
+	}
+	report(b, "first-exec", first)
+	report(b, "with-rm", whole)
+}
+
 // createExecRemove times a sandbox of spec to its first exec done, and
 // to its removal.
 func createExecRemove(b *testing.B, c *sdk.Client, spec api.SandboxSpec) (first, whole time.Duration) {

@@ -60,6 +60,7 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.serveExec(rw, r, e.sb, req, body, api.Frame{})
+	w.primeAfter.execEnded(e.sb.Name)
 }
 
 // firstLine reads a request's first line, the JSON of v (stdin follows).

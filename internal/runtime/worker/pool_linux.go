@@ -230,6 +230,52 @@ func (w *worker) discard(name string) {
 // CLI run --rm with runs 50 ms apart, BENCHMARKS.md).
 const afterAnswer = 3 * time.Millisecond
 
+// primeBy is how long after a create its sandbox's first exec may end
+// before the next sandbox is primed all the same.
+const primeBy = 20 * time.Millisecond
+
+// primeAfter primes the next sandbox once the last one a user created
+// has run its first exec (a create is most often followed by an exec at
+// once): made meanwhile, on a small host, it took the CPUs that exec
+// needs (create to first exec 0.7-0.8x, BENCHMARKS.md). At the latest
+// it is primed primeBy after the create's answer. One sandbox is
+// awaited at a time: a create meanwhile awaits its own instead, the
+// priming being the same.
+type primeAfter struct {
+	mu    sync.Mutex
+	name  string      // the sandbox whose first exec is awaited
+	timer *time.Timer // primes at primeBy
+	prime func()
+}
+
+// created awaits name's first exec, then calls prime.
+func (p *primeAfter) created(name string, prime func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timer != nil {
+		p.timer.Stop()
+	}
+	p.name, p.prime = name, prime
+	p.timer = time.AfterFunc(primeBy, func() { p.fire("") })
+}
+
+// execEnded primes the next sandbox if name's was the exec awaited.
+func (p *primeAfter) execEnded(name string) { p.fire(name) }
+
+// fire primes if name ("": any) is the sandbox awaited.
+func (p *primeAfter) fire(name string) {
+	p.mu.Lock()
+	prime := p.prime
+	if prime == nil || name != "" && name != p.name {
+		p.mu.Unlock()
+		return
+	}
+	p.timer.Stop()
+	p.name, p.prime, p.timer = "", nil, nil
+	p.mu.Unlock()
+	prime()
+}
+
 // discardLater discards a sandbox in the background (after a call's
 // answer: the answer's end reaches the client once the sandbox is out of
 // sight). An exiting worker waits for those it started and leaves any

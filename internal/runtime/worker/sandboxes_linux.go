@@ -52,14 +52,16 @@ func decode(r *http.Request, v any) error {
 }
 
 func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sandbox], error) {
-	defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 	if rec := r.Header.Get(e2b.HeaderRecord); rec != "" {
+		defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 		return w.createForE2B(r, spec, rec)
 	}
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
+		time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 		return created[api.Sandbox]{}, err
 	}
+	w.primeAfter.created(sb.Name, w.host.Primed.Refill)
 	return created[api.Sandbox]{w.scopeOf(r.Context()).showSandbox(w.describe(sb))}, nil
 }
 

@@ -66,8 +66,9 @@ type worker struct {
 	vnc  vncGrants // grants to full VMs' screens over VNC
 	// imports bounds the image imports at once (they fetch and write
 	// for the host; creates wait for them before admission).
-	imports chan struct{}
-	vmPulls singleflight.Group // VM images pulled from the shared remote (pullVM)
+	imports    chan struct{}
+	vmPulls    singleflight.Group // VM images pulled from the shared remote (pullVM)
+	primeAfter primeAfter         // when the next sandbox is primed after a create
 
 	gate *gate
 	ctx  context.Context // the worker's life: pools' fillers run in it
