@@ -3,8 +3,8 @@
 # git revisions of this repository (REV-B by default the working tree); each build's dsecd and dsec-init serve a root
 # of their own, on a layer of busybox and bash. Their requests alternate turn by turn (A then B, then B then A), so that
 # what the machine does meanwhile falls on both alike, and every figure runs twice, the roots swapped:
-#   1. create + the first exec, and exec of true, Go SDK, unix socket (sdk's BenchmarkExecAB; BENCH_AB_N exec turns,
-#      default 1000, a tenth as many creates)
+#   1. create + the first exec, a create alone (creates one after the other, no exec between), and exec of true, Go
+#      SDK, unix socket (sdk's BenchmarkExecAB; BENCH_AB_N exec turns, default 1000, a tenth as many creates of each)
 #   2. the same over TCP with TLS and a token
 #   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
 #      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
@@ -97,8 +97,8 @@ for round in 1 2; do
 		[ $mode = unix ] || { a="tcp://localhost:$pa|$(cat "$work/token-$ka")" b="tcp://localhost:$pb|$(cat "$work/token-$kb")"; }
 		r=$(cd "$repo/sdk" && DSEC_AB_A=$a DSEC_AB_B=$b DSEC_AB_CA=$work/tls/ca.pem DSEC_AB_CREATES=$((n / 10)) "$work/sdk.test" -test.run '^$' \
 			-test.bench '^BenchmarkExecAB$' -test.benchtime "${n}x")
-		for f in create exec; do
-			printf '%-7s %-44s %7s ms %7s ms %7.3fx %7.3fx\n' "$round" "$f p50, Go SDK, $mode" "$(metric "$r" $f-a-p50-ms)" \
+		for f in create create-only exec; do
+			printf '%-7s %-44s %7s ms %7s ms %7.3fx %7.3fx\n' "$round" "${f/-only/ alone} p50, Go SDK, $mode" "$(metric "$r" $f-a-p50-ms)" \
 				"$(metric "$r" $f-b-p50-ms)" "$(metric "$r" $f-b/a-p50)" "$(metric "$r" $f-b/a-median-of-turns)"
 		done
 	done

@@ -14,8 +14,8 @@ import (
 	"github.com/dsec-project/dsec/sdk"
 )
 
-// BenchmarkExecAB: a create and its first exec, then exec of true in a
-// sandbox, on each of two workers (two builds: scripts/ab-exec.sh
+// BenchmarkExecAB: a create and its first exec, a create alone, then
+// exec of true in a sandbox, on each of two workers (two builds: scripts/ab-exec.sh
 // starts them), one each in turn, A then B, then B then A, so that what
 // the machine does meanwhile falls on both alike. Run one after the other instead, two builds' figures on
 // this VM move by 10% between runs and a change of a few percent is
@@ -76,8 +76,30 @@ func BenchmarkExecAB(b *testing.B) {
 		}
 		made = made[:0]
 	})
+	// Creates one after the other with no exec between them (a burst's),
+	// removed five turns at a time: an odd number, so that A and B take
+	// turns being first after a removal.
+	createOnly := alternate(2, func(k int) bool { return k < n }, func(i int) {
+		sb, err := cs[i].Create(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		made = append(made, sb)
+	}, func() {
+		if len(made) < 10 {
+			return
+		}
+		for _, sb := range made {
+			sb.Remove(ctx, true)
+		}
+		made = made[:0]
+	})
+	for _, sb := range made {
+		sb.Remove(ctx, true)
+	}
+	made = made[:0]
 	execs := alternate(20, func(int) bool { return b.Loop() }, func(i int) { exec(sbs[i]) }, nil)
-	for name, f := range map[string]abFigure{"create": creates, "exec": execs} {
+	for name, f := range map[string]abFigure{"create": creates, "create-only": createOnly, "exec": execs} {
 		report(b, name+"-a", f.d[0])
 		report(b, name+"-b", f.d[1])
 		b.ReportMetric(ms(p50(f.d[1]))/ms(p50(f.d[0])), name+"-b/a-p50")

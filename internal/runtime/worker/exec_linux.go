@@ -59,6 +59,7 @@ func (w *worker) exec(rw http.ResponseWriter, r *http.Request) {
 			e.sb.Name, errdefs.ErrResourceExhausted))
 		return
 	}
+	w.primeAfter.execStarted(e.sb.Name)
 	w.serveExec(rw, r, e.sb, req, body, api.Frame{})
 	w.primeAfter.execEnded(e.sb.Name)
 }

@@ -230,39 +230,75 @@ func (w *worker) discard(name string) {
 // CLI run --rm with runs 50 ms apart, BENCHMARKS.md).
 const afterAnswer = 3 * time.Millisecond
 
-// primeBy is how long after a create its sandbox's first exec may end
-// before the next sandbox is primed all the same.
-const primeBy = 20 * time.Millisecond
+// primeBy bounds how long the next sandbox's priming waits for a
+// create's first exec to end.
+const primeBy = 50 * time.Millisecond
 
-// primeAfter primes the next sandbox once the last one a user created
-// has run its first exec (a create is most often followed by an exec at
-// once): made meanwhile, on a small host, it took the CPUs that exec
-// needs (create to first exec 0.7-0.8x, BENCHMARKS.md). At the latest
-// it is primed primeBy after the create's answer. One sandbox is
-// awaited at a time: a create meanwhile awaits its own instead, the
-// priming being the same.
+// primeAfter primes the next sandbox afterAnswer after a user's create,
+// as other work after an answer waits, unless the created sandbox's
+// first exec is running then (a create is most often followed by an
+// exec at once): then once that exec has ended, at most primeBy after
+// the create. Made beside that exec, on a small host, it took the CPUs
+// the exec needs (create to first exec 0.7-0.8x, BENCHMARKS.md). A
+// create that starts while a priming waits primes at once.
 type primeAfter struct {
-	mu    sync.Mutex
-	name  string      // the sandbox whose first exec is awaited
-	timer *time.Timer // primes at primeBy
-	prime func()
+	mu      sync.Mutex
+	name    string // the sandbox created last, while its priming waits
+	running bool   // its first exec runs
+	due     bool   // afterAnswer has passed: its exec's end primes
+	timers  [2]*time.Timer
+	prime   func()
 }
 
-// created awaits name's first exec, then calls prime.
+// created primes with prime after name's answer, as above.
 func (p *primeAfter) created(name string, prime func()) {
+	p.fire("")
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.timer != nil {
-		p.timer.Stop()
-	}
-	p.name, p.prime = name, prime
-	p.timer = time.AfterFunc(primeBy, func() { p.fire("") })
+	p.name, p.prime, p.running, p.due = name, prime, false, false
+	p.timers[0] = time.AfterFunc(afterAnswer, func() {
+		p.mu.Lock()
+		wait := p.name == name && p.running
+		if wait {
+			p.due = true
+		}
+		p.mu.Unlock()
+		if !wait {
+			p.fire(name)
+		}
+	})
+	p.timers[1] = time.AfterFunc(primeBy, func() { p.fire(name) })
 }
 
-// execEnded primes the next sandbox if name's was the exec awaited.
-func (p *primeAfter) execEnded(name string) { p.fire(name) }
+// creating primes at once if a priming waits.
+func (p *primeAfter) creating() { p.fire("") }
 
-// fire primes if name ("": any) is the sandbox awaited.
+// execStarted notes that an exec of name started.
+func (p *primeAfter) execStarted(name string) {
+	p.mu.Lock()
+	if p.name == name {
+		p.running = true
+	}
+	p.mu.Unlock()
+}
+
+// execEnded primes if name's first exec was awaited, or lets the priming
+// come at afterAnswer if it has not come yet.
+func (p *primeAfter) execEnded(name string) {
+	p.mu.Lock()
+	if p.name != name {
+		p.mu.Unlock()
+		return
+	}
+	due := p.due
+	p.running = false
+	p.mu.Unlock()
+	if due {
+		p.fire(name)
+	}
+}
+
+// fire primes if the priming of name ("": whichever) waits.
 func (p *primeAfter) fire(name string) {
 	p.mu.Lock()
 	prime := p.prime
@@ -270,8 +306,10 @@ func (p *primeAfter) fire(name string) {
 		p.mu.Unlock()
 		return
 	}
-	p.timer.Stop()
-	p.name, p.prime, p.timer = "", nil, nil
+	for _, t := range p.timers {
+		t.Stop()
+	}
+	p.name, p.prime, p.running, p.due = "", nil, false, false
 	p.mu.Unlock()
 	prime()
 }

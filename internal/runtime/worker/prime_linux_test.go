@@ -5,55 +5,92 @@ import (
 	"time"
 )
 
-// TestPrimeAfter: the next sandbox is primed once the created one's first
-// exec has ended (not another's), once only, and at the latest primeBy
-// after the create.
+// TestPrimeAfter: the next sandbox is primed afterAnswer after a create,
+// unless the created sandbox's first exec runs then: once that exec has
+// ended (not another sandbox's), at the latest primeBy after the create,
+// or when the next create starts; once each time.
 func TestPrimeAfter(t *testing.T) {
 	primed := make(chan string, 4)
 	prime := func(what string) func() { return func() { primed <- what } }
-	none := func() {
+	none := func(d time.Duration) {
 		t.Helper()
 		select {
 		case p := <-primed:
 			t.Fatalf("primed %s", p)
-		case <-time.After(primeBy / 4):
+		case <-time.After(d):
 		}
+	}
+	// got waits for what, and says how long after t0 it came.
+	got := func(what string, t0 time.Time) time.Duration {
+		t.Helper()
+		select {
+		case p := <-primed:
+			if p != what {
+				t.Fatalf("primed %s, want %s", p, what)
+			}
+			return time.Since(t0)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s never primed", what)
+		}
+		return 0
 	}
 	var p primeAfter
 
+	// Its first exec runs at afterAnswer: primed when it ends.
 	p.created("a", prime("a"))
-	p.execEnded("b") // another sandbox's exec
-	none()
-	p.execEnded("a")
-	if got := <-primed; got != "a" {
-		t.Fatalf("primed %s, want a", got)
-	}
-	p.execEnded("a") // its second exec
-	time.Sleep(primeBy * 2)
-	none()
-
-	// No exec comes: primed at primeBy.
+	p.execStarted("a")
+	none(afterAnswer * 3)
 	t0 := time.Now()
-	p.created("c", prime("c"))
-	select {
-	case got := <-primed:
-		if got != "c" || time.Since(t0) < primeBy {
-			t.Fatalf("primed %s after %v, want c after %v", got, time.Since(t0), primeBy)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("never primed without an exec")
+	p.execEnded("a")
+	if d := got("a", t0); d > primeBy/2 {
+		t.Errorf("primed %v after the exec ended", d)
 	}
-	p.execEnded("c")
-	none()
+	p.execStarted("a") // its second exec
+	p.execEnded("a")
+	none(primeBy * 2)
 
-	// A create while one is awaited awaits its own.
-	p.created("d", prime("d"))
-	p.created("e", prime("e"))
-	p.execEnded("d")
-	p.execEnded("e")
-	if got := <-primed; got != "e" {
-		t.Fatalf("primed %s, want e", got)
+	// No exec, or another sandbox's: primed at afterAnswer.
+	for _, other := range []string{"", "x"} {
+		t0 = time.Now()
+		p.created("b", prime("b"))
+		if other != "" {
+			p.execStarted(other)
+		}
+		if d := got("b", t0); d < afterAnswer || d > primeBy {
+			t.Errorf("primed %v after the create, want %v (an exec of %q)", d, afterAnswer, other)
+		}
+		p.execEnded(other)
 	}
-	time.Sleep(primeBy * 2)
-	none()
+
+	// An exec ended before afterAnswer: primed at afterAnswer.
+	t0 = time.Now()
+	p.created("c", prime("c"))
+	p.execStarted("c")
+	p.execEnded("c")
+	if d := got("c", t0); d < afterAnswer || d > primeBy {
+		t.Errorf("primed %v after the create, want %v", d, afterAnswer)
+	}
+
+	// A first exec that runs on: primed at primeBy.
+	t0 = time.Now()
+	p.created("d", prime("d"))
+	p.execStarted("d")
+	if d := got("d", t0); d < primeBy {
+		t.Errorf("primed %v after the create, before %v", d, primeBy)
+	}
+	p.execEnded("d")
+	none(primeBy)
+
+	// The next create starts while the priming waits: primed at once.
+	p.created("e", prime("e"))
+	p.execStarted("e")
+	none(afterAnswer * 3)
+	t0 = time.Now()
+	p.creating()
+	if d := got("e", t0); d > primeBy/2 {
+		t.Errorf("primed %v after the next create started", d)
+	}
+	p.execEnded("e")
+	p.creating() // none waits
+	none(primeBy * 2)
 }

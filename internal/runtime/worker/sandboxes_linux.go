@@ -56,6 +56,7 @@ func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sand
 		defer time.AfterFunc(afterAnswer, w.host.Primed.Refill)
 		return w.createForE2B(r, spec, rec)
 	}
+	w.primeAfter.creating()
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
 		time.AfterFunc(afterAnswer, w.host.Primed.Refill)
