@@ -420,7 +420,6 @@ its result.
 		}
 		fmt.Fprintf(b, "| `%s` | %d %s | %s |\n", c.class, status, http.StatusText(status), upperFirst(cell(c.doc)))
 	}
-
 	return nil
 }
 

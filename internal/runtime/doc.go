@@ -47,7 +47,8 @@
 //	driver.Driver: Start(StartSpec) → Started · Attach(Handle) ·
 //	  │            Teardown(Handle)
 //	  │   + abilities: ImageUpper, WarmPauser, Prestarter, UpperHolder,
-//	  │     FileOpener, MemorySnapshotter, BaseResolver, DiskSnapshotter
+//	  │     FileOpener, MemorySnapshotter, BaseResolver, DiskSnapshotter,
+//	  │     SocketCloser
 //	  │
 //	backend.Instance: Exec · Result · Probe · Done · Close · Destroy
 //	  │   + abilities: Restricter, Protecter, Renamer, Signaler,

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -234,84 +235,117 @@ const afterAnswer = 3 * time.Millisecond
 // create's first exec to end.
 const primeBy = 50 * time.Millisecond
 
-// primeAfter primes the next sandbox afterAnswer after a user's create,
-// as other work after an answer waits, unless the created sandbox's
-// first exec is running then (a create is most often followed by an
-// exec at once): then once that exec has ended, at most primeBy after
-// the create. Made beside that exec, on a small host, it took the CPUs
-// the exec needs (create to first exec 0.7-0.8x, BENCHMARKS.md). A
-// create that starts while a priming waits primes at once.
+// primeAfter primes the next sandbox afterAnswer after a user's create
+// (POST /v1/sandboxes), as other work after an answer waits, unless the
+// created sandbox's first exec is running then (a client's exec most
+// often follows its create at once): then once that exec has ended, at
+// most primeBy after the create. Made beside that exec, on a small host,
+// the priming took the CPUs the exec needs (create to first exec
+// 0.72-0.74x, BENCHMARKS.md). A user's create that starts while a
+// priming waits primes at once. The zero value waits afterAnswer and
+// primeBy; a test sets wait and by.
 type primeAfter struct {
+	wait, by time.Duration
+
 	mu      sync.Mutex
-	name    string // the sandbox created last, while its priming waits
-	running bool   // its first exec runs
-	due     bool   // afterAnswer has passed: its exec's end primes
+	gen     uint64 // the priming that waits: its create's number
+	name    string // its sandbox
+	running bool   // its sandbox's first exec runs
+	due     bool   // wait has passed: the exec's end primes
 	timers  [2]*time.Timer
-	prime   func()
+	prime   func() // nil: none waits
 }
 
-// created primes with prime after name's answer, as above.
+// created primes with prime after name's answer, as above; a priming
+// that still waits is done now.
 func (p *primeAfter) created(name string, prime func()) {
-	p.fire("")
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	earlier := p.take(0)
+	p.gen++
+	gen := p.gen
 	p.name, p.prime, p.running, p.due = name, prime, false, false
-	p.timers[0] = time.AfterFunc(afterAnswer, func() {
+	p.timers[0] = time.AfterFunc(cmp.Or(p.wait, afterAnswer), func() {
 		p.mu.Lock()
-		wait := p.name == name && p.running
+		wait := gen == p.gen && p.running // its exec's end primes
 		if wait {
 			p.due = true
 		}
 		p.mu.Unlock()
 		if !wait {
-			p.fire(name)
+			p.fire(gen)
 		}
 	})
-	p.timers[1] = time.AfterFunc(primeBy, func() { p.fire(name) })
+	p.timers[1] = time.AfterFunc(cmp.Or(p.by, primeBy), func() { p.fire(gen) })
+	p.mu.Unlock()
+	if earlier != nil {
+		earlier()
+	}
 }
 
 // creating primes at once if a priming waits.
-func (p *primeAfter) creating() { p.fire("") }
+func (p *primeAfter) creating() { p.fire(p.current()) }
 
 // execStarted notes that an exec of name started.
 func (p *primeAfter) execStarted(name string) {
 	p.mu.Lock()
-	if p.name == name {
+	if p.prime != nil && p.name == name {
 		p.running = true
 	}
 	p.mu.Unlock()
 }
 
 // execEnded primes if name's first exec was awaited, or lets the priming
-// come at afterAnswer if it has not come yet.
+// come after wait if it has not passed yet.
 func (p *primeAfter) execEnded(name string) {
 	p.mu.Lock()
-	if p.name != name {
-		p.mu.Unlock()
-		return
+	var prime func()
+	if p.prime != nil && p.name == name {
+		if p.due {
+			prime = p.take(p.gen)
+		}
+		p.running = false
 	}
-	due := p.due
-	p.running = false
 	p.mu.Unlock()
-	if due {
-		p.fire(name)
+	if prime != nil {
+		prime()
 	}
 }
 
-// fire primes if the priming of name ("": whichever) waits.
-func (p *primeAfter) fire(name string) {
+// current is the priming that waits (0: none).
+func (p *primeAfter) current() uint64 {
 	p.mu.Lock()
-	prime := p.prime
-	if prime == nil || name != "" && name != p.name {
-		p.mu.Unlock()
+	defer p.mu.Unlock()
+	if p.prime == nil {
+		return 0
+	}
+	return p.gen
+}
+
+// fire primes if the priming gen still waits.
+func (p *primeAfter) fire(gen uint64) {
+	if gen == 0 {
 		return
+	}
+	p.mu.Lock()
+	prime := p.take(gen)
+	p.mu.Unlock()
+	if prime != nil {
+		prime()
+	}
+}
+
+// take ends the priming gen (0: whichever waits) and returns it to be
+// called, nil if it does not wait. The caller holds p.mu.
+func (p *primeAfter) take(gen uint64) func() {
+	prime := p.prime
+	if prime == nil || gen != 0 && gen != p.gen {
+		return nil
 	}
 	for _, t := range p.timers {
 		t.Stop()
 	}
 	p.name, p.prime, p.running, p.due = "", nil, false, false
-	p.mu.Unlock()
-	prime()
+	return prime
 }
 
 // discardLater discards a sandbox in the background (after a call's

@@ -57,9 +57,15 @@ func (w *worker) create(r *http.Request, spec api.SandboxSpec) (created[api.Sand
 		return w.createForE2B(r, spec, rec)
 	}
 	w.primeAfter.creating()
+	var sb *runtime.Sandbox
+	defer func() {
+		if sb == nil { // (a panic too)
+			time.AfterFunc(afterAnswer, w.host.Primed.Refill)
+		}
+	}()
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
-		time.AfterFunc(afterAnswer, w.host.Primed.Refill)
+		sb = nil
 		return created[api.Sandbox]{}, err
 	}
 	w.primeAfter.created(sb.Name, w.host.Primed.Refill)
