@@ -241,8 +241,8 @@ const primeBy = 50 * time.Millisecond
 // often follows its create at once): then once that exec has ended, at
 // most primeBy after the create. Made beside that exec, on a small host,
 // the priming took the CPUs the exec needs (create to first exec
-// 0.72-0.74x, BENCHMARKS.md). A user's create that starts while a
-// priming waits primes at once. The zero value waits afterAnswer and
+// 0.72-0.74x, BENCHMARKS.md). A user's create that starts or ends while
+// a priming waits primes at once. The zero value waits afterAnswer and
 // primeBy; a test sets wait and by.
 type primeAfter struct {
 	wait, by time.Duration
