@@ -44,28 +44,23 @@ func report(b *testing.B, name string, d []time.Duration) {
 
 // BenchmarkCreateExecRemove: create a sandbox, run true in it, remove it,
 // through the SDK (what a trainer does, without a CLI process per step).
-func BenchmarkCreateExecRemove(b *testing.B) {
-	c, layers := benchClient(b)
-	var first, whole []time.Duration
-	for b.Loop() {
-		f, w := createExecRemove(b, c, api.SandboxSpec{Layers: layers})
-		first, whole = append(first, f), append(whole, w)
-	}
-	report(b, "first-exec", first)
-	report(b, "with-rm", whole)
-}
+func BenchmarkCreateExecRemove(b *testing.B) { benchCreateExec(b, 0) }
 
 // BenchmarkCreateExecSpaced is BenchmarkCreateExecRemove with 50 ms
 // between sandboxes, as a rollout's steps come (a model's turn between
 // them): each create meets a worker done with the last one's removal
 // and with priming the next.
-func BenchmarkCreateExecSpaced(b *testing.B) {
+func BenchmarkCreateExecSpaced(b *testing.B) { benchCreateExec(b, 50*time.Millisecond) }
+
+// benchCreateExec times sandboxes made, run and removed one after the
+// other, gap apart.
+func benchCreateExec(b *testing.B, gap time.Duration) {
 	c, layers := benchClient(b)
 	var first, whole []time.Duration
 	for b.Loop() {
 		f, w := createExecRemove(b, c, api.SandboxSpec{Layers: layers})
 		first, whole = append(first, f), append(whole, w)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(gap)
 	}
 	report(b, "first-exec", first)
 	report(b, "with-rm", whole)
