@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -306,4 +307,48 @@ func FuzzRoutes(f *testing.F) {
 			t.Fatalf("%q: no map and no error", s)
 		}
 	})
+}
+
+// TestAdopt: a record a gateway's front sends is kept from before its
+// sandbox is made; the create ends it, made (the record then describes
+// the sandbox, with an access token) or dropped (no record is left, and
+// the name may be adopted again).
+func TestAdopt(t *testing.T) {
+	s, err := New(Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := func(id string) string {
+		b, _ := json.Marshal(map[string]any{"id": id, "template": "base", "started": "2026-01-01T00:00:00Z", "end_at": "2026-01-01T00:05:00Z"})
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	for name, bad := range map[string]string{"other": raw("x"), "x": "%%", "y": base64.RawURLEncoding.EncodeToString([]byte("{"))} {
+		if _, err := s.Adopt(bad, name, "owner"); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("a bad record for %s: %v", name, err)
+		}
+	}
+	a, err := s.Adopt(raw("x"), "x", "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Adopt(raw("x"), "x", "owner"); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("a second record of a sandbox being made: %v", err)
+	}
+	a.Drop()
+	if st := s.State("x", ""); st != nil {
+		t.Errorf("a dropped record describes %+v", st)
+	}
+	if a, err = s.Adopt(raw("x"), "x", "owner"); err != nil {
+		t.Fatalf("the name after a drop: %v", err)
+	}
+	st, err := a.Made("_id1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Template != "base" || st.AccessToken == "" || st.EndAt.IsZero() {
+		t.Errorf("the state of the sandbox made: %+v", st)
+	}
+	if s.State("x", "_id2") != nil || s.State("x", "_id1") == nil {
+		t.Error("the record is not tied to the sandbox made")
+	}
 }

@@ -157,10 +157,10 @@ func (s *Server) relayedCaller(id, token string, via caller) (caller, error) {
 
 // Adopt keeps the record a gateway's front sent with a create (raw, a
 // HeaderRecord) as the record of sandbox name, owned by the token of
-// owner ("": the admin's), from before make makes it; a create that
-// fails leaves none. It returns the sandbox's E2B state, its access
-// token included.
-func (s *Server) Adopt(raw, name, owner string, make func() (id string, err error)) (*api.E2BState, error) {
+// owner ("": the admin's), from before the sandbox is made: the create
+// then ends the adoption by Made once the sandbox runs, or by Drop if
+// it failed, which leaves no record.
+func (s *Server) Adopt(raw, name, owner string) (*Adoption, error) {
 	var rec record
 	b, err := base64.RawURLEncoding.DecodeString(raw)
 	if err == nil {
@@ -180,22 +180,32 @@ func (s *Server) Adopt(raw, name, owner string, make func() (id string, err erro
 	if err := s.records.putNew(rec); err != nil {
 		return nil, err
 	}
-	id, err := make()
-	if err != nil {
-		s.records.remove(name)
+	return &Adoption{s: s, name: name}, nil
+}
+
+// An Adoption is a record kept for a sandbox being made (Adopt).
+type Adoption struct {
+	s    *Server
+	name string
+}
+
+// Made ties the record to the sandbox made, whose ID is id, and returns
+// the sandbox's E2B state, its access token included.
+func (a *Adoption) Made(id string) (*api.E2BState, error) {
+	if err := a.s.records.created(a.name, id); err != nil {
 		return nil, err
 	}
-	if err := s.records.created(name, id); err != nil {
-		return nil, err
-	}
-	st := s.State(name, id)
+	st := a.s.State(a.name, id)
 	if st == nil {
-		return nil, fmt.Errorf("sandbox %s: its E2B record is gone: %w", name, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("sandbox %s: its E2B record is gone: %w", a.name, errdefs.ErrNotFound)
 	}
-	rec, _ = s.records.get(name)
-	st.AccessToken = s.accessToken(rec)
+	rec, _ := a.s.records.get(a.name)
+	st.AccessToken = a.s.accessToken(rec)
 	return st, nil
 }
+
+// Drop removes the record of a sandbox that was not made.
+func (a *Adoption) Drop() { a.s.records.remove(a.name) }
 
 // State is what the front keeps of sandbox name whose ID is id, for its
 // description (api.Sandbox.E2B): nil if nothing.

@@ -85,14 +85,16 @@ func (w *worker) createForE2B(r *http.Request, spec api.SandboxSpec, rec string)
 	case spec.Name == "":
 		return created[api.Sandbox]{}, fmt.Errorf("a create with an E2B record must name its sandbox: %w", errdefs.ErrInvalidArgument)
 	}
-	var sb *runtime.Sandbox
-	st, err := front.Adopt(rec, spec.Name, ownerOf(r.Context()), func() (string, error) {
-		var err error
-		if sb, err = w.createSandbox(r.Context(), spec); err != nil {
-			return "", err
-		}
-		return sb.ID, nil
-	})
+	adopted, err := front.Adopt(rec, spec.Name, ownerOf(r.Context()))
+	if err != nil {
+		return created[api.Sandbox]{}, err
+	}
+	sb, err := w.createSandbox(r.Context(), spec)
+	if err != nil {
+		adopted.Drop()
+		return created[api.Sandbox]{}, err
+	}
+	st, err := adopted.Made(sb.ID)
 	if err != nil {
 		return created[api.Sandbox]{}, err
 	}
