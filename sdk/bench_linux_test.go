@@ -52,6 +52,45 @@ func BenchmarkCreateExecRemove(b *testing.B) { benchCreateExec(b, 0) }
 // and with priming the next.
 func BenchmarkCreateExecSpaced(b *testing.B) { benchCreateExec(b, 50*time.Millisecond) }
 
+// BenchmarkFirstExecDelayed: a sandbox's first exec and its second,
+// the first coming 0, 5 or 30 ms after the create's answer (an E2B
+// client's first command comes a few ms after), the second 100 ms after
+// the first. The worker primes the next sandbox after the first exec
+// when that exec has started 3 ms after the answer, else beside it: the
+// gap between the two figures is what that priming costs the exec.
+func BenchmarkFirstExecDelayed(b *testing.B) {
+	c, layers := benchClient(b)
+	ctx := context.Background()
+	for _, delay := range []time.Duration{0, 5 * time.Millisecond, 30 * time.Millisecond} {
+		b.Run(fmt.Sprint(delay), func(b *testing.B) {
+			var first, second []time.Duration
+			for b.Loop() {
+				sb, err := c.Create(ctx, api.SandboxSpec{Layers: layers})
+				if err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(delay)
+				for i, d := range []*[]time.Duration{&first, &second} {
+					if i > 0 {
+						time.Sleep(100 * time.Millisecond)
+					}
+					t0 := time.Now()
+					if res, err := sb.Exec(ctx, sdk.ExecOptions{Args: []string{"true"}}); err != nil || res.ExitCode != 0 {
+						b.Fatal(res, err)
+					}
+					*d = append(*d, time.Since(t0))
+				}
+				if err := sb.Remove(ctx, true); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			report(b, "first-exec", first)
+			report(b, "second-exec", second)
+		})
+	}
+}
+
 // benchCreateExec times sandboxes made, run and removed one after the
 // other, gap apart.
 func benchCreateExec(b *testing.B, gap time.Duration) {
