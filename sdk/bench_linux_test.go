@@ -55,9 +55,9 @@ func BenchmarkCreateExecSpaced(b *testing.B) { benchCreateExec(b, 50*time.Millis
 // BenchmarkFirstExecDelayed: a sandbox's first exec and its second,
 // the first coming 0, 5 or 30 ms after the create's answer (an E2B
 // client's first command comes a few ms after), the second 100 ms after
-// the first. The worker primes the next sandbox after the first exec
-// when that exec has started 3 ms after the answer, else beside it: the
-// gap between the two figures is what that priming costs the exec.
+// the first. The worker primes the next sandbox 3 ms after the answer,
+// or after the first exec if that exec runs then: a first exec 5 or 30
+// ms late meets the priming, and against one at once shows its cost.
 func BenchmarkFirstExecDelayed(b *testing.B) {
 	c, layers := benchClient(b)
 	ctx := context.Background()

@@ -314,7 +314,8 @@ func FuzzRoutes(f *testing.F) {
 // the sandbox, with an access token) or dropped (no record is left, and
 // the name may be adopted again).
 func TestAdopt(t *testing.T) {
-	s, err := New(Options{Dir: t.TempDir()})
+	dir := t.TempDir()
+	s, err := New(Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,6 +339,9 @@ func TestAdopt(t *testing.T) {
 	if st := s.State("x", ""); st != nil {
 		t.Errorf("a dropped record describes %+v", st)
 	}
+	if again, err := New(Options{Dir: dir}); err != nil || again.State("x", "") != nil {
+		t.Errorf("a dropped record read again from its directory: %v", err)
+	}
 	if a, err = s.Adopt(raw("x"), "x", "owner"); err != nil {
 		t.Fatalf("the name after a drop: %v", err)
 	}
@@ -350,5 +354,9 @@ func TestAdopt(t *testing.T) {
 	}
 	if s.State("x", "_id2") != nil || s.State("x", "_id1") == nil {
 		t.Error("the record is not tied to the sandbox made")
+	}
+	a.Drop() // a late drop leaves the sandbox's record
+	if again, err := New(Options{Dir: dir}); err != nil || again.State("x", "_id1") == nil {
+		t.Errorf("the sandbox's record read again from its directory: %v", err)
 	}
 }

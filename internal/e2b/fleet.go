@@ -204,8 +204,9 @@ func (a *Adoption) Made(id string) (*api.E2BState, error) {
 	return st, nil
 }
 
-// Drop removes the record of a sandbox that was not made.
-func (a *Adoption) Drop() { a.s.records.remove(a.name) }
+// Drop removes the record of a sandbox that was not made; a record
+// tied to a sandbox (Made) stays.
+func (a *Adoption) Drop() { a.s.records.drop(record{ID: a.name}) }
 
 // State is what the front keeps of sandbox name whose ID is id, for its
 // description (api.Sandbox.E2B): nil if nothing.

@@ -214,7 +214,8 @@ func (w *worker) stopMaking() {
 	w.making.Wait()
 }
 
-// discard removes a pool's (or a call's) sandbox.
+// discard removes a sandbox no request holds: a pool's, a call's once it
+// ended, or one made for an E2B record that is gone.
 func (w *worker) discard(name string) {
 	w.mu.Lock()
 	e := w.going(name)

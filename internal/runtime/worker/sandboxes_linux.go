@@ -85,19 +85,26 @@ func (w *worker) createForE2B(r *http.Request, spec api.SandboxSpec, rec string)
 	case spec.Name == "":
 		return created[api.Sandbox]{}, fmt.Errorf("a create with an E2B record must name its sandbox: %w", errdefs.ErrInvalidArgument)
 	}
-	adopted, err := front.Adopt(rec, spec.Name, ownerOf(r.Context()))
+	pending, err := front.Adopt(rec, spec.Name, ownerOf(r.Context()))
 	if err != nil {
 		return created[api.Sandbox]{}, err
 	}
+	made := false
+	defer func() {
+		if !made { // (a panic too)
+			pending.Drop()
+		}
+	}()
 	sb, err := w.createSandbox(r.Context(), spec)
 	if err != nil {
-		adopted.Drop()
 		return created[api.Sandbox]{}, err
 	}
-	st, err := adopted.Made(sb.ID)
-	if err != nil {
+	st, err := pending.Made(sb.ID)
+	if err != nil { // not the sandbox the gateway asked for: none is
+		w.discard(sb.Name)
 		return created[api.Sandbox]{}, err
 	}
+	made = true
 	out := w.scopeOf(r.Context()).showSandbox(w.describe(sb))
 	out.E2B = st
 	return created[api.Sandbox]{out}, nil
