@@ -58,46 +58,34 @@ func BenchmarkExecAB(b *testing.B) {
 	// A create and its first exec, DSEC_AB_CREATES turns (100); the
 	// sandbox is removed after the time is taken.
 	var made []*sdk.Sandbox
-	create := func(i int) {
+	newSandbox := func(i int) *sdk.Sandbox {
 		sb, err := cs[i].Create(ctx, spec)
 		if err != nil {
 			b.Fatal(err)
 		}
 		made = append(made, sb)
-		exec(sb)
+		return sb
+	}
+	removeMade := func() {
+		for _, sb := range made {
+			sb.Remove(ctx, true)
+		}
+		made = made[:0]
 	}
 	n, err := strconv.Atoi(cmp.Or(os.Getenv("DSEC_AB_CREATES"), "100"))
 	if err != nil {
 		b.Fatal("DSEC_AB_CREATES: ", err)
 	}
-	creates := alternate(2, func(k int) bool { return k < n }, create, func() {
-		for _, sb := range made {
-			sb.Remove(ctx, true)
-		}
-		made = made[:0]
-	})
+	creates := alternate(2, func(k int) bool { return k < n }, func(i int) { exec(newSandbox(i)) }, removeMade)
 	// Creates one after the other with no exec between them (a burst's),
 	// removed five turns at a time: an odd number, so that A and B take
 	// turns being first after a removal.
-	createOnly := alternate(2, func(k int) bool { return k < n }, func(i int) {
-		sb, err := cs[i].Create(ctx, spec)
-		if err != nil {
-			b.Fatal(err)
+	createOnly := alternate(2, func(k int) bool { return k < n }, func(i int) { newSandbox(i) }, func() {
+		if len(made) >= 10 {
+			removeMade()
 		}
-		made = append(made, sb)
-	}, func() {
-		if len(made) < 10 {
-			return
-		}
-		for _, sb := range made {
-			sb.Remove(ctx, true)
-		}
-		made = made[:0]
 	})
-	for _, sb := range made {
-		sb.Remove(ctx, true)
-	}
-	made = made[:0]
+	removeMade()
 	execs := alternate(20, func(int) bool { return b.Loop() }, func(i int) { exec(sbs[i]) }, nil)
 	for name, f := range map[string]abFigure{"create": creates, "create-only": createOnly, "exec": execs} {
 		report(b, name+"-a", f.d[0])
