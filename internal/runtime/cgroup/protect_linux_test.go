@@ -130,12 +130,11 @@ func TestProtect(t *testing.T) {
 }
 
 // protectHolds: the protection holds against the host's own memory
-// pressure. The worker's group writes a file of 64 MiB and another
-// group one of 16 MiB; a process elsewhere then takes all the memory
-// available but 8 MiB, more than the other group's page cache: without
-// the protection the worker's would go too (or the hog is OOM-killed).
-// The worker's page cache, under its memory.min, stays; the other
-// group's goes.
+// pressure. The worker's group writes a file of 64 MiB and then another
+// group one of 16 MiB; processes elsewhere then take memory until half
+// the other group's page cache has gone (or the OOM killer takes one):
+// without the protection the worker's, older, would have gone first.
+// The worker's page cache, under its memory.min, stays.
 func protectHolds(t *testing.T, worker string) {
 	if _, err := tree.Protect(cgroup.Protection{Min: 96 << 20, Low: 96 << 20}); err != nil {
 		t.Fatal(err)
@@ -170,22 +169,35 @@ func protectHolds(t *testing.T, worker string) {
 	if w0 < 60<<20 || o0 < 15<<20 {
 		t.Fatalf("page cache before: worker's group %d MiB, the other's %d MiB; want 64 and 16", w0>>20, o0>>20)
 	}
+	// The pressure: processes in a group of their own, each holding its
+	// share of memory, started in steps until the other group's page
+	// cache has lost half, the OOM killer took one, or they hold 64 MiB
+	// more than was available. MemAvailable is the kernel's estimate: one
+	// hog of all of it but 8 MiB once left the other's cache at a little
+	// over half.
 	avail := meminfo(t, "MemAvailable")
-	size := avail - 8<<20
 	hogs := group(t, "hog")
-	hog := inGroup(t, hogs, "sh", "-c", fmt.Sprintf("dd if=/dev/zero bs=%dM count=1 2>/dev/null | sleep 1000", size>>20))
-	if err := hog.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		hog.Process.Kill()
-		hog.Wait()
-	}()
-	// Until the hog holds it all, or the OOM killer took it.
-	for deadline := time.Now().Add(60 * time.Second); statOf(t, hogs, "anon") < size-(1<<20) && eventOf(t, hogs, "oom_kill") == 0; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the hog holds %d MiB of its %d after a minute", statOf(t, hogs, "anon")>>20, size>>20)
+	var held int64
+	hold := func(size int64) {
+		hog := inGroup(t, hogs, "sh", "-c", fmt.Sprintf("dd if=/dev/zero bs=%dM count=1 2>/dev/null | sleep 1000", size>>20))
+		if err := hog.Start(); err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() {
+			hog.Process.Kill()
+			hog.Wait()
+		})
+		held += size
+		// Until the hogs hold it all, or the OOM killer took one.
+		for deadline := time.Now().Add(60 * time.Second); statOf(t, hogs, "anon") < held-(1<<20) && eventOf(t, hogs, "oom_kill") == 0; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the hogs hold %d MiB of their %d after a minute", statOf(t, hogs, "anon")>>20, held>>20)
+			}
+		}
+	}
+	hold(avail - 64<<20)
+	for fileOf(other) > o0/2 && eventOf(t, hogs, "oom_kill") == 0 && held < avail+64<<20 {
+		hold(8 << 20)
 	}
 	if w := fileOf(worker); w < w0-4<<20 {
 		t.Fatalf("under pressure the worker's page cache went from %d to %d MiB, the other group's from %d to %d: memory.min did not hold",
@@ -193,10 +205,10 @@ func protectHolds(t *testing.T, worker string) {
 	}
 	if o := fileOf(other); o > o0/2 {
 		t.Fatalf("with %d MiB taken of %d available, the other group's page cache went from %d to %d MiB only: too little pressure to tell",
-			size>>20, avail>>20, o0>>20, o>>20)
+			held>>20, avail>>20, o0>>20, o>>20)
 	}
-	t.Logf("under pressure (a hog of %d MiB of %d available: %d MiB held, OOM kills %d): the worker's page cache %d -> %d MiB, the other group's %d -> %d MiB",
-		size>>20, avail>>20, statOf(t, hogs, "anon")>>20, eventOf(t, hogs, "oom_kill"), w0>>20, fileOf(worker)>>20, o0>>20, fileOf(other)>>20)
+	t.Logf("under pressure (hogs of %d MiB of %d available: %d MiB held, OOM kills %d): the worker's page cache %d -> %d MiB, the other group's %d -> %d MiB",
+		held>>20, avail>>20, statOf(t, hogs, "anon")>>20, eventOf(t, hogs, "oom_kill"), w0>>20, fileOf(worker)>>20, o0>>20, fileOf(other)>>20)
 }
 
 // group makes a group beside the worker's, for the test's processes.
