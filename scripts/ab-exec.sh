@@ -8,14 +8,17 @@
 #   2. the same over TCP with TLS and a token
 #   3. E2B Sandbox.create + the first commands.run, and commands.run, official JS SDK (internal/e2b/testdata/ab.cjs), over
 #      TLS (the workers' certificate; HTTP/2 where a build offers it) and over plain HTTP (the workers restarted without)
-#   With BENCH_AB_E2B_ONLY=1 only the E2B figures run; with BENCH_AB_GO_ONLY=1 only the Go SDK's.
+#   With BENCH_AB_E2B_ONLY=1 only the E2B figures run; with BENCH_AB_GO_ONLY=1 only the Go SDK's; with
+#   BENCH_AB_UNIX_ONLY=1 only the Go SDK's over the unix socket, and the workers get no TCP listener, certificate or
+#   token: what a build older than tokens (before 2026-12-01) can serve.
 #   4. with BENCH_AB_H2=1, the E2B figures over TLS once more with B's front offering HTTP/2 (config e2b.http2): what
 #      HTTP/2 costs the JS SDK (run it with REV-A the tree's own commit)
 # Prints each side's p50 and the ratio B/A per round: under 1 is B faster.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "ab-exec: needs root (the workers)" >&2; exit 1; }
 [ $# -ge 1 ] || { echo "usage: $0 REV-A [REV-B]   (REV-B: the working tree)" >&2; exit 2; }
-command -v node >/dev/null || { echo "ab-exec: needs node (make deps installs it)" >&2; exit 1; }
+unix_only=${BENCH_AB_UNIX_ONLY:-}
+[ -n "$unix_only" ] || command -v node >/dev/null || { echo "ab-exec: needs node (make deps installs it)" >&2; exit 1; }
 repo=$(git rev-parse --show-toplevel)
 n=${BENCH_AB_N:-1000}
 work=$(mktemp -d /tmp/dsec-ab.XXXXXX)
@@ -38,7 +41,7 @@ build "$1" "$work/a"
 build "${2:-.}" "$work/b"
 (cd "$repo" && go test -c -o "$work/sdk.test" ./sdk/)
 mods=${XDG_CACHE_HOME:-$HOME/.cache}/dsec/e2b-2.51.0
-[ -f "$mods/node_modules/e2b/package.json" ] || npm install -s --prefix "$mods" e2b@2.51.0 >/dev/null
+[ -n "$unix_only" ] || [ -f "$mods/node_modules/e2b/package.json" ] || npm install -s --prefix "$mods" e2b@2.51.0 >/dev/null
 
 # The layer: busybox, and bash with its libraries (E2B runs commands with bash -l -c).
 rootfs=$work/rootfs
@@ -47,11 +50,12 @@ cp /bin/busybox "$rootfs/bin/"
 for c in sh true cat ls sleep; do ln -s busybox "$rootfs/bin/$c"; done
 cp /bin/bash "$rootfs/bin/bash"
 for lib in $(ldd /bin/bash | grep -o '/[^ ]*'); do mkdir -p "$rootfs$(dirname "$lib")"; cp -L "$lib" "$rootfs$lib"; done
-"$work/a/dsecd" daemon certs "$work/tls" --name localhost >/dev/null
+[ -n "$unix_only" ] || "$work/b/dsecd" daemon certs "$work/tls" --name localhost >/dev/null
 for s in a b; do
 	DSEC_ROOT=$work/root-$s "$work/a/dsecd" layer build "$rootfs" --kind base -t bench:1 >/dev/null
-	DSEC_ROOT=$work/root-$s "$work/a/dsecd" token create --scope sandboxes --ttl 24h >"$work/token-$s"
-	DSEC_ROOT=$work/root-$s "$work/a/dsecd" token create --e2b --ttl 24h >"$work/key-$s"
+	[ -z "$unix_only" ] || continue
+	DSEC_ROOT=$work/root-$s "$work/b/dsecd" token create --scope sandboxes --ttl 24h >"$work/token-$s"
+	DSEC_ROOT=$work/root-$s "$work/b/dsecd" token create --e2b --ttl 24h >"$work/key-$s"
 done
 
 metric() { awk -v m="$2" '{for (i = 2; i <= NF; i++) if ($i == m) print $(i-1)}' <<<"$1"; }
@@ -60,14 +64,14 @@ printf '%-7s %-44s %10s %10s %8s %8s\n' round figure A B B/A "turns"
 # up starts both workers, with TLS or without (plain), on ports pa and pb.
 up() {
 	stop
-	local tls=()
+	local tls=() la=(--listen "tcp://127.0.0.1:$pa" --e2b-listen "127.0.0.1:$((pa + 100))")
+	local lb=(--listen "tcp://127.0.0.1:$pb" --e2b-listen "127.0.0.1:$((pb + 100))")
 	[ "$1" = plain ] || tls=(--tls-cert "$work/tls/server.pem" --tls-key "$work/tls/server-key.pem")
-	DSEC_ROOT=$ra setsid "$work/a/dsecd" daemon --listen "tcp://127.0.0.1:$pa" "${tls[@]}" --e2b-listen "127.0.0.1:$((pa + 100))" \
-		>"$work/daemon-a.log" 2>&1 &
+	[ -z "$unix_only" ] || { tls=() la=() lb=(); }
+	DSEC_ROOT=$ra setsid "$work/a/dsecd" daemon "${la[@]}" "${tls[@]}" >"$work/daemon-a.log" 2>&1 &
 	local envb=(DSEC_ROOT=$rb)
 	if [ "${2:-}" = h2b ]; then printf 'e2b:\n  http2: true\n' >"$work/h2.yaml" && envb+=(DSEC_CONFIG=$work/h2.yaml); fi
-	env "${envb[@]}" setsid "$work/b/dsecd" daemon --listen "tcp://127.0.0.1:$pb" "${tls[@]}" --e2b-listen "127.0.0.1:$((pb + 100))" \
-		>"$work/daemon-b.log" 2>&1 &
+	env "${envb[@]}" setsid "$work/b/dsecd" daemon "${lb[@]}" "${tls[@]}" >"$work/daemon-b.log" 2>&1 &
 	for r in "$ra" "$rb"; do
 		for _ in $(seq 100); do [ -S "$r/dsec.sock" ] && break; sleep 0.1; done
 	done
@@ -92,6 +96,7 @@ for round in 1 2; do
 	up tls
 	modes=(unix tcp)
 	[ "${BENCH_AB_E2B_ONLY:-}" != 1 ] || modes=()
+	[ -z "$unix_only" ] || modes=(unix)
 	for mode in "${modes[@]}"; do
 		a=$ra b=$rb
 		[ $mode = unix ] || { a="tcp://localhost:$pa|$(cat "$work/token-$ka")" b="tcp://localhost:$pb|$(cat "$work/token-$kb")"; }
@@ -102,7 +107,7 @@ for round in 1 2; do
 				"$(metric "$r" $f-b-p50-ms)" "$(metric "$r" $f-b/a-p50)" "$(metric "$r" $f-b/a-median-of-turns)"
 		done
 	done
-	[ "${BENCH_AB_GO_ONLY:-}" != 1 ] || continue
+	[ "${BENCH_AB_GO_ONLY:-}" != 1 ] && [ -z "$unix_only" ] || continue
 	e2b https # the front speaks TLS as the API does
 	if [ "${BENCH_AB_H2:-}" = 1 ]; then
 		up tls h2b
