@@ -17,7 +17,8 @@
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "ab-exec: needs root (the workers)" >&2; exit 1; }
 [ $# -ge 1 ] || { echo "usage: $0 REV-A [REV-B]   (REV-B: the working tree)" >&2; exit 2; }
-unix_only=${BENCH_AB_UNIX_ONLY:-}
+unix_only=
+[ "${BENCH_AB_UNIX_ONLY:-}" != 1 ] || unix_only=1
 [ -n "$unix_only" ] || command -v node >/dev/null || { echo "ab-exec: needs node (make deps installs it)" >&2; exit 1; }
 repo=$(git rev-parse --show-toplevel)
 n=${BENCH_AB_N:-1000}

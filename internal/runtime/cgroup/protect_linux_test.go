@@ -132,9 +132,10 @@ func TestProtect(t *testing.T) {
 // protectHolds: the protection holds against the host's own memory
 // pressure. The worker's group writes a file of 64 MiB and then another
 // group one of 16 MiB; processes elsewhere then take memory until half
-// the other group's page cache has gone (or the OOM killer takes one):
-// without the protection the worker's, older, would have gone first.
-// The worker's page cache, under its memory.min, stays.
+// the other group's page cache has gone (or the OOM killer takes one,
+// or they hold 64 MiB more than was available): without the protection
+// the worker's would go too. The worker's page cache, under its
+// memory.min, stays; the hogs are gone before it returns.
 func protectHolds(t *testing.T, worker string) {
 	if _, err := tree.Protect(cgroup.Protection{Min: 96 << 20, Low: 96 << 20}); err != nil {
 		t.Fatal(err)
@@ -177,16 +178,38 @@ func protectHolds(t *testing.T, worker string) {
 	// over half.
 	avail := meminfo(t, "MemAvailable")
 	hogs := group(t, "hog")
+	// What they hold stays in memory (anon counts no swapped pages), on
+	// a host with swap too; a host without swap accounting has no file.
+	if swapMax := filepath.Join(hogs, "memory.swap.max"); fileExists(swapMax) {
+		if err := os.WriteFile(swapMax, []byte("0"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var held int64
+	var started []*exec.Cmd
+	defer func() { // all of them, dd and sleep too, before the test goes on unprotected
+		if err := os.WriteFile(filepath.Join(hogs, "cgroup.kill"), []byte("1"), 0o644); err != nil {
+			t.Error(err)
+		}
+		for _, c := range started {
+			c.Wait()
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if b, _ := os.ReadFile(filepath.Join(hogs, "cgroup.events")); strings.Contains(string(b), "populated 0") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Error("the hogs' group still holds processes 10 s after its kill")
+				return
+			}
+		}
+	}()
 	hold := func(size int64) {
 		hog := inGroup(t, hogs, "sh", "-c", fmt.Sprintf("dd if=/dev/zero bs=%dM count=1 2>/dev/null | sleep 1000", size>>20))
 		if err := hog.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			hog.Process.Kill()
-			hog.Wait()
-		})
+		started = append(started, hog)
 		held += size
 		// Until the hogs hold it all, or the OOM killer took one.
 		for deadline := time.Now().Add(60 * time.Second); statOf(t, hogs, "anon") < held-(1<<20) && eventOf(t, hogs, "oom_kill") == 0; time.Sleep(50 * time.Millisecond) {
@@ -286,4 +309,11 @@ func meminfo(t *testing.T, key string) int64 {
 	}
 	t.Fatalf("no %s in /proc/meminfo", key)
 	return 0
+}
+
+// fileExists says whether path names a file (a group's interface file
+// a kernel may lack).
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
