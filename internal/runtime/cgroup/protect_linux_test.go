@@ -180,7 +180,8 @@ func protectHolds(t *testing.T, worker string) {
 	hogs := group(t, "hog")
 	// What they hold stays in memory (anon counts no swapped pages), on
 	// a host with swap too; a host without swap accounting has no file.
-	if swapMax := filepath.Join(hogs, "memory.swap.max"); fileExists(swapMax) {
+	swapMax := filepath.Join(hogs, "memory.swap.max")
+	if _, err := os.Stat(swapMax); err == nil {
 		if err := os.WriteFile(swapMax, []byte("0"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -309,11 +310,4 @@ func meminfo(t *testing.T, key string) int64 {
 	}
 	t.Fatalf("no %s in /proc/meminfo", key)
 	return 0
-}
-
-// fileExists says whether path names a file (a group's interface file
-// a kernel may lack).
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
