@@ -3,7 +3,6 @@ package api
 import (
 	"errors"
 	"fmt"
-	"net/http"
 
 	"github.com/containerd/errdefs"
 )
@@ -33,24 +32,30 @@ const (
 // errorTable is the one map of error classes: each class's errdefs
 // error and HTTP status, in the order an error is matched against them
 // (the worker's answer), and back from the class in an Error's body
-// (the SDK's). An error of no class is ClassInternal, 500.
+// (the SDK's). An error of no class is ClassInternal, 500. The statuses
+// are net/http's (TestErrorTableStatuses names them), written as numbers
+// so that this package does not import net/http: a sandbox's init links
+// it, and every package a process links is initialised at its start.
 var errorTable = []struct {
 	class  string
 	err    error
 	status int
 }{
-	{ClassLimit, errdefs.ErrOutOfRange, http.StatusRequestEntityTooLarge},
-	{ClassInvalid, errdefs.ErrInvalidArgument, http.StatusBadRequest},
-	{ClassNotFound, errdefs.ErrNotFound, http.StatusNotFound},
-	{ClassExists, errdefs.ErrAlreadyExists, http.StatusConflict},
-	{ClassState, errdefs.ErrFailedPrecondition, http.StatusPreconditionFailed},
-	{ClassInfra, errdefs.ErrUnavailable, http.StatusServiceUnavailable},
-	{ClassBusy, errdefs.ErrResourceExhausted, http.StatusTooManyRequests},
-	{ClassDenied, errdefs.ErrPermissionDenied, http.StatusForbidden},
-	{ClassUnauthorized, errdefs.ErrUnauthenticated, http.StatusUnauthorized},
-	{ClassNotImplemented, errdefs.ErrNotImplemented, http.StatusNotImplemented},
-	{ClassDataLoss, errdefs.ErrDataLoss, http.StatusInternalServerError},
+	{ClassLimit, errdefs.ErrOutOfRange, 413},              // Request Entity Too Large
+	{ClassInvalid, errdefs.ErrInvalidArgument, 400},       // Bad Request
+	{ClassNotFound, errdefs.ErrNotFound, 404},             // Not Found
+	{ClassExists, errdefs.ErrAlreadyExists, 409},          // Conflict
+	{ClassState, errdefs.ErrFailedPrecondition, 412},      // Precondition Failed
+	{ClassInfra, errdefs.ErrUnavailable, 503},             // Service Unavailable
+	{ClassBusy, errdefs.ErrResourceExhausted, 429},        // Too Many Requests
+	{ClassDenied, errdefs.ErrPermissionDenied, 403},       // Forbidden
+	{ClassUnauthorized, errdefs.ErrUnauthenticated, 401},  // Unauthorized
+	{ClassNotImplemented, errdefs.ErrNotImplemented, 501}, // Not Implemented
+	{ClassDataLoss, errdefs.ErrDataLoss, statusInternal},
 }
+
+// statusInternal is HTTP's 500, Internal Server Error.
+const statusInternal = 500
 
 // ErrorOf is err as the API answers it: its class, message and status.
 func ErrorOf(err error) (*Error, int) {
@@ -59,7 +64,7 @@ func ErrorOf(err error) (*Error, int) {
 			return &Error{Class: r.class, Message: err.Error()}, r.status
 		}
 	}
-	return &Error{Class: ClassInternal, Message: err.Error()}, http.StatusInternalServerError
+	return &Error{Class: ClassInternal, Message: err.Error()}, statusInternal
 }
 
 // ClassOfStatus is the class an answer of this HTTP status has when its
@@ -67,7 +72,7 @@ func ErrorOf(err error) (*Error, int) {
 func ClassOfStatus(status int) string {
 	class := ClassInternal
 	for _, r := range errorTable {
-		if r.status == status && r.status != http.StatusInternalServerError {
+		if r.status == status && r.status != statusInternal {
 			if class != ClassInternal { // a status two classes share
 				return ClassInternal
 			}

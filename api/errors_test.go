@@ -43,3 +43,32 @@ func TestErrorTable(t *testing.T) {
 		t.Errorf("permission denied: %+v, %d", e, status)
 	}
 }
+
+// TestErrorTableStatuses: the table's statuses, numbers there so that
+// the package does not import net/http, are net/http's for each class.
+func TestErrorTableStatuses(t *testing.T) {
+	want := map[string]int{
+		ClassLimit:          http.StatusRequestEntityTooLarge,
+		ClassInvalid:        http.StatusBadRequest,
+		ClassNotFound:       http.StatusNotFound,
+		ClassExists:         http.StatusConflict,
+		ClassState:          http.StatusPreconditionFailed,
+		ClassInfra:          http.StatusServiceUnavailable,
+		ClassBusy:           http.StatusTooManyRequests,
+		ClassDenied:         http.StatusForbidden,
+		ClassUnauthorized:   http.StatusUnauthorized,
+		ClassNotImplemented: http.StatusNotImplemented,
+		ClassDataLoss:       http.StatusInternalServerError,
+	}
+	if len(errorTable) != len(want) {
+		t.Fatalf("the table has %d classes, this test %d: name the new one's status here", len(errorTable), len(want))
+	}
+	for _, r := range errorTable {
+		if r.status != want[r.class] {
+			t.Errorf("class %s: status %d, want %d (%s)", r.class, r.status, want[r.class], http.StatusText(want[r.class]))
+		}
+	}
+	if statusInternal != http.StatusInternalServerError {
+		t.Errorf("statusInternal %d", statusInternal)
+	}
+}

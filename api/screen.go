@@ -1,9 +1,6 @@
 package api
 
-import (
-	"net/http"
-	"strings"
-)
+import "strings"
 
 // Screenshot is what GET /v1/sandboxes/NAME/screen answers beside the
 // PNG (its body): the screen's size, and the sandbox's count of
@@ -76,11 +73,12 @@ type VNC struct {
 func VNCPath(name string) string { return "/" + Version + "/vnc/" + name }
 
 // VNCSandbox is the sandbox a VNC WebSocket's request (GET VNCPath)
-// names; "": r is no such request. A grant's token alone opens it: a
-// worker, and a gateway relaying it, take it before any API token.
-func VNCSandbox(r *http.Request) string {
-	name, ok := strings.CutPrefix(r.URL.Path, VNCPath(""))
-	if !ok || r.Method != http.MethodGet || ValidName(name) != nil {
+// names, given the request's method and path; "": it is no such
+// request. A grant's token alone opens it: a worker, and a gateway
+// relaying it, take it before any API token.
+func VNCSandbox(method, path string) string {
+	name, ok := strings.CutPrefix(path, VNCPath(""))
+	if !ok || method != "GET" || ValidName(name) != nil {
 		return ""
 	}
 	return name

@@ -126,7 +126,7 @@ func (g *Gateway) all() []*node { return *g.fleet.Load() }
 
 // ServeHTTP serves r for the fleet, behind the gateway's tokens.
 func (g *Gateway) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
-	if name := api.VNCSandbox(r); name != "" { // a VNC grant's token opens it (vnc.go)
+	if name := api.VNCSandbox(r.Method, r.URL.Path); name != "" { // a VNC grant's token opens it (vnc.go)
 		g.vnc(rw, r, name)
 		return
 	}

@@ -137,7 +137,7 @@ func adminOnly(what string, h http.HandlerFunc) http.HandlerFunc {
 // as the admin's, as one from this worker's own front.
 func (w *worker) authed(next http.Handler, l *limiter) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if api.VNCSandbox(r) != "" { // a VNC grant's token opens it, and nothing else (vnc_linux.go)
+		if api.VNCSandbox(r.Method, r.URL.Path) != "" { // a VNC grant's token opens it, and nothing else (vnc_linux.go)
 			w.vncSocket(rw, r)
 			return
 		}

@@ -113,7 +113,7 @@ func (w *worker) revokeVNC(r *http.Request, _ none) (none, error) {
 // wrong (no sandbox, no grant, a wrong token) is one answer, which says
 // nothing of which.
 func (w *worker) vncSocket(rw http.ResponseWriter, r *http.Request) {
-	name := api.VNCSandbox(r)
+	name := api.VNCSandbox(r.Method, r.URL.Path)
 	token := r.URL.Query().Get("token")
 	if h, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && token == "" {
 		token = h

@@ -32,6 +32,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/disk"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
+	"github.com/dsec-project/dsec/internal/runtime/driver/shim"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 )
@@ -297,14 +298,14 @@ func directIO(img string) bool {
 // Attach finds the sandbox's group and, unless it is paused, its
 // guest's shim.
 func (d *Driver) Attach(_ context.Context, h driver.Handle) (driver.Started, error) {
-	return vmm.Attach(h), nil
+	return shim.Attach(h), nil
 }
 
 // Teardown removes the sockets of the guest's shim.
-func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error { return vmm.Teardown(h) }
+func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error { return shim.Teardown(h) }
 
 // Files opens the guest's files through its agent's file server.
-func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return vmm.Files(h) }
+func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return shim.Files(h) }
 
 // HoldUpper makes a running guest's upper consistent on its disk image
 // (the guest flushes and freezes its file system) and mounts the image

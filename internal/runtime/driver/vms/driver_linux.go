@@ -35,6 +35,7 @@ import (
 	"github.com/dsec-project/dsec/internal/runtime/container"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
 	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
+	"github.com/dsec-project/dsec/internal/runtime/driver/shim"
 	"github.com/dsec-project/dsec/internal/runtime/initproto"
 	"github.com/dsec-project/dsec/internal/runtime/microvm"
 	"github.com/dsec-project/dsec/internal/runtime/vm"
@@ -412,12 +413,12 @@ func copyNew(dst, src string) error {
 // Attach finds the sandbox's group and, unless it is paused, its
 // VM's shim.
 func (d *Driver) Attach(_ context.Context, h driver.Handle) (driver.Started, error) {
-	return vmm.Attach(h), nil
+	return shim.Attach(h), nil
 }
 
 // Teardown removes the sockets of the VM's shim, and its VNC server's.
 func (d *Driver) Teardown(_ context.Context, h driver.Handle) []error {
-	errs := vmm.Teardown(h)
+	errs := shim.Teardown(h)
 	if err := os.Remove(vncSocket(h)); err != nil && !os.IsNotExist(err) {
 		errs = append(errs, err)
 	}
@@ -437,7 +438,7 @@ func (d *Driver) VNC(h driver.Handle) (string, error) {
 }
 
 // Files opens the VM's files through its agent's file server.
-func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return vmm.Files(h) }
+func (d *Driver) Files(h driver.Handle) (backend.Files, error) { return shim.Files(h) }
 
 // HoldUpper: a full VM's files are its disk's, which no diff of files
 // reads: its snapshots are block diffs (SnapshotDisk). Refused, so that

@@ -328,7 +328,9 @@ func (g *guest) resume(spec *initproto.GuestSpec) error {
 	return nil
 }
 
-var pciSlot = regexp.MustCompile(`/0000:00:([0-9a-f]{2})\.0/`)
+// pciSlot is compiled on first use: every sandbox's init links this
+// package.
+var pciSlot = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`/0000:00:([0-9a-f]{2})\.0/`) })
 
 // slotOf is the PCI slot of block device dev (its /sys/block path).
 func slotOf(dev string) int {
@@ -336,7 +338,7 @@ func slotOf(dev string) int {
 	if err != nil {
 		return -1
 	}
-	m := pciSlot.FindStringSubmatch(p)
+	m := pciSlot().FindStringSubmatch(p)
 	if m == nil {
 		return -1
 	}

@@ -264,7 +264,7 @@ func (r *ring) tail() string {
 	defer r.mu.Unlock()
 	var out []string
 	for _, l := range strings.Split(string(bytes.ReplaceAll(r.buf, []byte("\r"), nil)), "\n") {
-		if l = strings.TrimSpace(l); l != "" && !consoleNoise.MatchString(l) {
+		if l = strings.TrimSpace(l); l != "" && !consoleNoise().MatchString(l) {
 			out = append(out, l)
 		}
 	}
@@ -278,5 +278,7 @@ func (r *ring) tail() string {
 }
 
 // consoleNoise matches the lines of a kernel's stack trace and register
-// dump.
-var consoleNoise = regexp.MustCompile(`\+0x[0-9a-f]+/0x[0-9a-f]+|^\[[ 0-9.]+\]\s+(\? |</?TASK>|Call Trace:|Code:|[A-Z0-9]{2,3}: |RIP: |RSP: |EFLAGS)`)
+// dump. Compiled on first use: every sandbox's init links this package.
+var consoleNoise = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`\+0x[0-9a-f]+/0x[0-9a-f]+|^\[[ 0-9.]+\]\s+(\? |</?TASK>|Call Trace:|Code:|[A-Z0-9]{2,3}: |RIP: |RSP: |EFLAGS)`)
+})

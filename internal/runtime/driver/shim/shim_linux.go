@@ -1,4 +1,9 @@
-package vmm
+// Package shim is what every driver whose guests run through the vmm
+// shim (a microVM's, a full VM's) does alike on the worker's side: the
+// shim's sockets are in the sandbox's directory. It is apart from
+// package vmm so that the shim, which dsec-init runs, does not link the
+// drivers' packages (layers, policies, networks) it never uses.
+package shim
 
 import (
 	"errors"
@@ -10,11 +15,8 @@ import (
 
 	"github.com/dsec-project/dsec/internal/runtime/backend"
 	"github.com/dsec-project/dsec/internal/runtime/driver"
+	"github.com/dsec-project/dsec/internal/runtime/driver/microvms/vmm"
 )
-
-// What every driver whose guests run through a shim does alike (a
-// microVM's, a full VM's): the shim's sockets are in the sandbox's
-// directory.
 
 // Attach finds the sandbox's group and, unless it is paused, its guest's
 // shim (driver.Driver's Attach).
@@ -27,7 +29,7 @@ func Attach(h driver.Handle) driver.Started {
 	if h.Paused {
 		return out
 	}
-	if vm, err := AttachVM(filepath.Join(h.Dir, "init.sock"), filepath.Join(h.Dir, "files.sock"), h.Pid); err == nil {
+	if vm, err := vmm.AttachVM(filepath.Join(h.Dir, "init.sock"), filepath.Join(h.Dir, "files.sock"), h.Pid); err == nil {
 		out.Instance, out.Pid = vm, h.Pid
 	}
 	return out
@@ -48,7 +50,7 @@ func Teardown(h driver.Handle) []error {
 // Files opens the running guest's files through its agent's file
 // server (driver.FileOpener).
 func Files(h driver.Handle) (backend.Files, error) {
-	vm, _ := h.Instance.(*VM)
+	vm, _ := h.Instance.(*vmm.VM)
 	if vm == nil {
 		return nil, fmt.Errorf("sandbox %s has no running guest: start it first: %w", h.Name, errdefs.ErrFailedPrecondition)
 	}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"testing"
+)
+
+// TestInitImports keeps the sandboxes' init free of what it never runs:
+// every package a process links is initialised when it starts, and an
+// init starts for every sandbox (the layers', policies', networks' and
+// the drivers' packages once took it from 97 package initialisers to
+// 146, and net/http's brought TLS and HTTP/2 with it).
+func TestInitImports(t *testing.T) {
+	gobin := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	heavy := []string{"net/http", "crypto/tls", "github.com/dsec-project/dsec/internal/layer",
+		"github.com/dsec-project/dsec/internal/policy", "github.com/dsec-project/dsec/internal/egress",
+		"github.com/dsec-project/dsec/internal/runtime/driver/shim", "github.com/dsec-project/dsec/internal/runtime/network",
+		"github.com/dsec-project/dsec/internal/runtime/cgroup", "github.com/cilium/ebpf", "github.com/miekg/dns",
+		"github.com/google/nftables", "github.com/elastic/go-seccomp-bpf", "github.com/erofs/", "github.com/klauspost/compress"}
+	var deps int
+	for _, pkg := range strings.Fields(string(out)) {
+		deps++
+		for _, h := range heavy {
+			if pkg == h || strings.HasPrefix(pkg, strings.TrimSuffix(h, "/")+"/") {
+				t.Errorf("dsec-init imports %s: keep what only the worker runs out of the init's packages", pkg)
+			}
+		}
+	}
+	if deps < 30 { // os and syscall alone bring more: go list said too little
+		t.Fatalf("go list -deps listed %d packages: %s", deps, out)
+	}
+}
