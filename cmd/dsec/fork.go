@@ -110,39 +110,7 @@ func (a *app) groupCommand() *cobra.Command {
 
 ` + leaseNote,
 	}
-	var asJSON bool
-	ls := &cobra.Command{
-		Use:   "ls",
-		Short: "List fork groups and their members",
-		Args:  exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			gs, err := c.Groups(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if gs == nil {
-					gs = []api.Group{}
-				}
-				return a.printJSON(gs)
-			}
-			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "GROUP\tSANDBOX\tSNAPSHOT\tLEASE\tMEMBERS\tCREATED")
-			for _, g := range gs {
-				var ms []string
-				for _, m := range g.Members {
-					ms = append(ms, m.Name+"("+m.Status+")")
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Sandbox, g.Snapshot, cmp.Or(g.Lease, "-"), dash(ms), g.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
-		},
-	}
-	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	ls := a.groupLs()
 	var showJSON bool
 	show := &cobra.Command{
 		Use:   "show GROUP",
@@ -203,6 +171,43 @@ lease (a group without one: they stay until removed).`,
 	}
 	cmd.AddCommand(ls, show, rm, keep)
 	return cmd
+}
+
+func (a *app) groupLs() *cobra.Command {
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List fork groups and their members",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			gs, err := c.Groups(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if gs == nil {
+					gs = []api.Group{}
+				}
+				return a.printJSON(gs)
+			}
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "GROUP\tSANDBOX\tSNAPSHOT\tLEASE\tMEMBERS\tCREATED")
+			for _, g := range gs {
+				var ms []string
+				for _, m := range g.Members {
+					ms = append(ms, m.Name+"("+m.Status+")")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", g.ID, g.Sandbox, g.Snapshot, cmp.Or(g.Lease, "-"), dash(ms), g.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return ls
 }
 
 func (a *app) leaseCommand() *cobra.Command {

@@ -96,34 +96,8 @@ whole image instead.
 					return err
 				}
 				res.Digest, res.Mode = info.Digest, "local"
-			} else {
-				target, err := a.openRemote(from, insecure)
-				if err != nil {
-					return err
-				}
-				l, err := remote.Describe(cmd.Context(), target, ref)
-				if err != nil {
-					return err
-				}
-				exe, err := os.Executable()
-				if err != nil {
-					return err
-				}
-				spec := lazy.SpecFor(ref.String(), l, target, insecure, a.cfg.Cache.tuning())
-				spec.Record = record
-				start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
-				res.Digest, res.Mode, res.Remote = l.Blob.Digest, "lazy", target.String()
-				if d, ok := target.(*remote.Dir); ok && !record && d.Store().Packed(l.Blob.Digest) {
-					// A dir: remote that packs: each chunk blob fetched
-					// once on this host (a recording needs the whole image).
-					err = lazy.MountPacked(cmd.Context(), a.cfg.Root, d.Store(), spec, dir, start)
-					res.Mode = "lazy-packed"
-				} else {
-					err = lazy.Mount(cmd.Context(), a.cfg.Root, spec, l.Windows, dir, start)
-				}
-				if err != nil {
-					return err
-				}
+			} else if err := a.mountLazy(cmd.Context(), &res, ref, from, insecure, record); err != nil {
+				return err
 			}
 			if asJSON {
 				return a.printJSON(res)
@@ -137,6 +111,36 @@ whole image instead.
 	cmd.Flags().BoolVar(&record, "record", false, "record what this run reads: the layer's prefetch hint and access profile on this host")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// mountLazy mounts ref on res.Dir from remote from, through a fetcher
+// process that outlives the command.
+func (a *app) mountLazy(ctx context.Context, res *mountResult, ref layer.Ref, from string, insecure, record bool) error {
+	target, err := a.openRemote(from, insecure)
+	if err != nil {
+		return err
+	}
+	l, err := remote.Describe(ctx, target, ref)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	spec := lazy.SpecFor(ref.String(), l, target, insecure, a.cfg.Cache.tuning())
+	spec.Record = record
+	start := lazy.Start{Path: exe, Args: []string{"--root", a.cfg.Root, "--log-level", "info", "layer", "fetcher"}}
+	res.Digest, res.Mode, res.Remote = l.Blob.Digest, "lazy", target.String()
+	if d, ok := target.(*remote.Dir); ok && !record && d.Store().Packed(l.Blob.Digest) {
+		// A dir: remote that packs: each chunk blob fetched
+		// once on this host (a recording needs the whole image).
+		err = lazy.MountPacked(ctx, a.cfg.Root, d.Store(), spec, res.Dir, start)
+		res.Mode = "lazy-packed"
+	} else {
+		err = lazy.Mount(ctx, a.cfg.Root, spec, l.Windows, res.Dir, start)
+	}
+	return err
 }
 
 func (a *app) layerUmount() *cobra.Command {

@@ -265,19 +265,8 @@ func CheckWindowSize(n int64) error {
 // Build converts the source into an EROFS layer, stores it and tags it.
 // The store is unchanged unless the whole layer was written and synced.
 func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
-	if o.Progress == nil {
-		o.Progress = noProgress{}
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
+	if err := o.prepare(); err != nil {
 		return nil, err
-	}
-	if o.WindowSize != 0 {
-		if err := CheckWindowSize(o.WindowSize); err != nil {
-			return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-		}
 	}
 	existing, err := existingTag(ctx, s, o)
 	if err != nil {
@@ -359,14 +348,39 @@ func Build(ctx context.Context, s *store.Store, o BuildOptions) (*Info, error) {
 	}
 	lg.Debug("image committed", "digest", blob.Digest, "seconds", time.Since(start).Seconds())
 	if s.Dedup() {
-		// Packed before it is tagged: nothing has mounted it yet.
-		if res, err := s.Pack(ctx, blob.Digest); err != nil {
-			lg.Warn("layer kept whole: it could not be packed into shared chunks", "digest", blob.Digest, "err", err)
-		} else if res != nil {
-			lg.Debug("layer packed", "digest", blob.Digest, "logical", res.Logical, "shared", res.Shared, "new", res.BlobBlocks*erofs.BlockSize)
-		}
+		pack(ctx, s, blob.Digest) // before it is tagged: nothing has mounted it yet
 	}
 	return tagLayer(ctx, s, o, src.kind, st, blob, wins)
+}
+
+// prepare fills o's defaults and checks its kind and window size.
+func (o *BuildOptions) prepare() error {
+	if o.Progress == nil {
+		o.Progress = noProgress{}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if _, err := ParseKind(string(o.Kind)); err != nil && (o.Kind != KindSnapshot || o.Snapshot == nil) {
+		return err
+	}
+	if o.WindowSize != 0 {
+		if err := CheckWindowSize(o.WindowSize); err != nil {
+			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// pack packs a new layer's blob into the store's shared chunks; a layer
+// that cannot be is kept whole, with a warning.
+func pack(ctx context.Context, s *store.Store, d digest.Digest) {
+	lg := dlog.From(ctx)
+	if res, err := s.Pack(ctx, d); err != nil {
+		lg.Warn("layer kept whole: it could not be packed into shared chunks", "digest", d, "err", err)
+	} else if res != nil {
+		lg.Debug("layer packed", "digest", d, "logical", res.Logical, "shared", res.Shared, "new", res.BlobBlocks*erofs.BlockSize)
+	}
 }
 
 // existingTag is the layer o.Ref names already, when the build may give

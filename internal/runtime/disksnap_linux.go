@@ -30,16 +30,8 @@ import (
 // packDisk snapshots sb's disk into a VM image tagged o.Ref, the chain
 // the sandbox's from then on.
 func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o PackOptions) (*Packed, error) {
-	switch {
-	case o.Memory && sb.Machine == nil:
-		return nil, fmt.Errorf("sandbox %s was started by an older dsec, which recorded no machine: stop and start it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	case sb.Paused:
-		return nil, fmt.Errorf("sandbox %s is paused, and its guest holds its disk: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	case sb.g.Frozen():
-		return nil, fmt.Errorf("the worker holds sandbox %s frozen (the host is short of memory): snapshot it once it runs again: %w", sb.Name, errdefs.ErrFailedPrecondition)
-	}
-	if _, err := o.Store.Resolve(ctx, o.Ref.String()); err == nil {
-		return nil, fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
+	if err := sb.canPackDisk(ctx, o); err != nil {
+		return nil, err
 	}
 	unlock, err := o.Store.Writer() // a collection waits until the state or a tag names the blob
 	if err != nil {
@@ -133,6 +125,22 @@ func (sb *Sandbox) packDisk(ctx context.Context, ds driver.DiskSnapshotter, o Pa
 		out.Paused = took.Frozen
 	}
 	return out, nil
+}
+
+// canPackDisk says why the sandbox's disk cannot be packed now, if it cannot.
+func (sb *Sandbox) canPackDisk(ctx context.Context, o PackOptions) error {
+	switch {
+	case o.Memory && sb.Machine == nil:
+		return fmt.Errorf("sandbox %s was started by an older dsec, which recorded no machine: stop and start it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	case sb.Paused:
+		return fmt.Errorf("sandbox %s is paused, and its guest holds its disk: resume it, then snapshot it: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	case sb.g.Frozen():
+		return fmt.Errorf("the worker holds sandbox %s frozen (the host is short of memory): snapshot it once it runs again: %w", sb.Name, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := o.Store.Resolve(ctx, o.Ref.String()); err == nil {
+		return fmt.Errorf("tag %s already exists: give the snapshot another NAME:STEP: %w", o.Ref, errdefs.ErrAlreadyExists)
+	}
+	return nil
 }
 
 // chainFiles are the files of sb's disk's chain, topmost first (a disk

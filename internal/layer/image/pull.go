@@ -255,17 +255,8 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 	if err != nil {
 		return nil, err
 	}
-	for depth := 0; isIndex(desc.MediaType); depth++ {
-		if depth == 2 {
-			return nil, fail("", fmt.Errorf("%w: image indexes nest too deep", layer.ErrBadSource))
-		}
-		b, err := fetchJSON(ctx, repo, desc)
-		if err != nil {
-			return nil, fail("fetch the index", err)
-		}
-		if desc, err = parseIndex(b, o.Platform); err != nil {
-			return nil, fail("", err)
-		}
+	if desc, err = platformManifest(ctx, repo, desc, o.Platform, fail); err != nil {
+		return nil, err
 	}
 	if held, ok := heldAs(ctx, s, ref, desc.Digest, o.Platform, o.Whole); ok {
 		// What the tag names now is what the store holds (a pull again,
@@ -345,6 +336,24 @@ func pull(ctx context.Context, s *store.Store, ref Reference, o Options) (*Image
 		return nil, err
 	}
 	return img, nil
+}
+
+// platformManifest follows desc through image indexes, two deep at most,
+// to the manifest of platform p; fail words its errors.
+func platformManifest(ctx context.Context, repo *orasremote.Repository, desc ocispec.Descriptor, p Platform, fail func(string, error) error) (ocispec.Descriptor, error) {
+	for depth := 0; isIndex(desc.MediaType); depth++ {
+		if depth == 2 {
+			return desc, fail("", fmt.Errorf("%w: image indexes nest too deep", layer.ErrBadSource))
+		}
+		b, err := fetchJSON(ctx, repo, desc)
+		if err != nil {
+			return desc, fail("fetch the index", err)
+		}
+		if desc, err = parseIndex(b, p); err != nil {
+			return desc, fail("", err)
+		}
+	}
+	return desc, nil
 }
 
 // held says whether the store holds l's layer, converted as l.Ref names

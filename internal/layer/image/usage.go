@@ -53,56 +53,11 @@ type UsageEntry struct {
 // Du measures s's usage. Blobs count what their files take on disk
 // (a VM image's sparse disk, what its partitions hold).
 func Du(ctx context.Context, s *store.Store) (*Usage, error) {
-	imgs, err := List(ctx, s)
+	entries, sets, err := holdings(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	layers, err := layer.List(ctx, s)
-	if err != nil {
-		return nil, err
-	}
-	var (
-		sets   []map[digest.Digest]bool
-		u      Usage
-		inImgs = map[string]bool{}
-	)
-	for _, img := range imgs {
-		set, err := layer.Blobs(s, img.ID)
-		if err != nil {
-			return nil, fmt.Errorf("image %s: %w", img.Reference, err)
-		}
-		for _, l := range img.Layers {
-			inImgs[l.Ref] = true
-		}
-		u.Entries = append(u.Entries, UsageEntry{Name: img.Reference, Kind: string(layer.KindImage), Layers: len(img.Layers)})
-		sets = append(sets, set)
-	}
-	for _, l := range layers {
-		if inImgs[l.Ref] {
-			continue
-		}
-		set, err := layer.Blobs(s, l.Manifest)
-		if err != nil {
-			return nil, fmt.Errorf("layer %s: %w", l.Ref, err)
-		}
-		u.Entries = append(u.Entries, UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1})
-		sets = append(sets, set)
-	}
-	tags, err := s.Tags(ctx) // the other records tagged beside them: VM images
-	if err != nil {
-		return nil, err
-	}
-	for _, t := range tags {
-		if t.Annotations[layer.AnnotationKind] != string(layer.KindVMImage) {
-			continue
-		}
-		set, err := layer.Blobs(s, t.Digest)
-		if err != nil {
-			return nil, fmt.Errorf("VM image %s: %w", t.Annotations[store.RefAnnotation], err)
-		}
-		u.Entries = append(u.Entries, UsageEntry{Name: t.Annotations[store.RefAnnotation], Kind: string(layer.KindVMImage)})
-		sets = append(sets, set)
-	}
+	u := Usage{Entries: entries}
 	holders := map[digest.Digest]int{}
 	for _, set := range sets {
 		for d := range set {
@@ -156,4 +111,60 @@ func Du(ctx context.Context, s *store.Store) (*Usage, error) {
 		u.Logical += u.Entries[i].Logical
 	}
 	return &u, nil
+}
+
+// holdings lists what holds blobs in s: images, the layers no image
+// holds, and VM images; each with the set of blobs it holds.
+func holdings(ctx context.Context, s *store.Store) ([]UsageEntry, []map[digest.Digest]bool, error) {
+	imgs, err := List(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	layers, err := layer.List(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		entries []UsageEntry
+		sets    []map[digest.Digest]bool
+		inImgs  = map[string]bool{}
+	)
+	for _, img := range imgs {
+		set, err := layer.Blobs(s, img.ID)
+		if err != nil {
+			return nil, nil, fmt.Errorf("image %s: %w", img.Reference, err)
+		}
+		for _, l := range img.Layers {
+			inImgs[l.Ref] = true
+		}
+		entries = append(entries, UsageEntry{Name: img.Reference, Kind: string(layer.KindImage), Layers: len(img.Layers)})
+		sets = append(sets, set)
+	}
+	for _, l := range layers {
+		if inImgs[l.Ref] {
+			continue
+		}
+		set, err := layer.Blobs(s, l.Manifest)
+		if err != nil {
+			return nil, nil, fmt.Errorf("layer %s: %w", l.Ref, err)
+		}
+		entries = append(entries, UsageEntry{Name: l.Ref, Kind: string(l.Kind), Layers: 1})
+		sets = append(sets, set)
+	}
+	tags, err := s.Tags(ctx) // the other records tagged beside them: VM images
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, t := range tags {
+		if t.Annotations[layer.AnnotationKind] != string(layer.KindVMImage) {
+			continue
+		}
+		set, err := layer.Blobs(s, t.Digest)
+		if err != nil {
+			return nil, nil, fmt.Errorf("VM image %s: %w", t.Annotations[store.RefAnnotation], err)
+		}
+		entries = append(entries, UsageEntry{Name: t.Annotations[store.RefAnnotation], Kind: string(layer.KindVMImage)})
+		sets = append(sets, set)
+	}
+	return entries, sets, nil
 }

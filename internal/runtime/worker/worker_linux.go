@@ -160,18 +160,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		return err
 	}
 	w := newWorker(cfg, s, h)
-	if cfg.AdminTokenFile != "" {
-		if err := w.tokens.PinAdminFile(cfg.AdminTokenFile); err != nil {
-			return err
-		}
-	}
-	if err := migrateOwners(ctx, cfg.Root, s, w.tokens); err != nil {
-		return err
-	}
-	if err := w.adopt(); err != nil {
-		return err
-	}
-	if w.forks, err = openForks(cfg.Root); err != nil {
+	if err := w.takeOver(ctx); err != nil {
 		return err
 	}
 	w.host.Lowers().Keep(cfg.KeepLayers)
@@ -225,6 +214,26 @@ func Serve(ctx context.Context, cfg Config) error {
 	defer scancel()
 	stop(sctx)
 	return nil
+}
+
+// takeOver takes up what the workers before this one left in its root:
+// the admin token file, the owners of older records, the sandboxes and
+// the forks.
+func (w *worker) takeOver(ctx context.Context) error {
+	if w.cfg.AdminTokenFile != "" {
+		if err := w.tokens.PinAdminFile(w.cfg.AdminTokenFile); err != nil {
+			return err
+		}
+	}
+	if err := migrateOwners(ctx, w.cfg.Root, w.host.Store, w.tokens); err != nil {
+		return err
+	}
+	if err := w.adopt(); err != nil {
+		return err
+	}
+	var err error
+	w.forks, err = openForks(w.cfg.Root)
+	return err
 }
 
 // claimRoot makes the root's files private (saying so if they were

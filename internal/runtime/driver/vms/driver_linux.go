@@ -252,11 +252,8 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	if err != nil {
 		return out, err
 	}
-	switch {
-	case s.UserNS:
-		return out, fmt.Errorf("a full VM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
-	case len(s.Images) == 0 || len(s.Images) > vm.MaxChain || s.Upper == "":
-		return out, fmt.Errorf("a full VM boots one disk image (a chain of 1 to %d images, not %d): %w", vm.MaxChain, len(s.Images), errdefs.ErrInvalidArgument)
+	if err := checkStart(s); err != nil {
+		return out, err
 	}
 	d.disk.Lock()
 	agent, err := agentDisk(ctx, filepath.Join(s.Root, "vm"), h.Agent)
@@ -277,14 +274,7 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 	if err := copyNew(vars, vm.OVMFVars); err != nil {
 		return out, fmt.Errorf("the firmware's variables: %w", err)
 	}
-	lim := s.Limits
-	if lim.MemoryBytes > 0 {
-		lim.MemoryBytes = ram + overhead(h.Accel.Name)
-	}
-	var extra []policy.Device
-	if h.Accel.Name == microvm.AccelKVM {
-		extra = append(extra, policy.KVM)
-	}
+	lim, extra := h.groupOf(s.Limits, ram)
 	g, devices, err := driver.NewGroup(s.Groups, s.Group, lim, extra...)
 	if err != nil {
 		return out, err
@@ -350,6 +340,29 @@ func (d *Driver) Start(ctx context.Context, s driver.StartSpec) (out driver.Star
 		return out, fmt.Errorf("device allowlist: %w", err)
 	}
 	return out, nil
+}
+
+// checkStart refuses what a full VM cannot be started with.
+func checkStart(s driver.StartSpec) error {
+	switch {
+	case s.UserNS:
+		return fmt.Errorf("a full VM's guest has a kernel of its own: --userns is for containers: %w", errdefs.ErrInvalidArgument)
+	case len(s.Images) == 0 || len(s.Images) > vm.MaxChain || s.Upper == "":
+		return fmt.Errorf("a full VM boots one disk image (a chain of 1 to %d images, not %d): %w", vm.MaxChain, len(s.Images), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// groupOf gives the limits of a VM of ram bytes' group (its memory
+// limit the guest's RAM and QEMU's own) and the devices it adds.
+func (h *Host) groupOf(l cgroup.Limits, ram int64) (cgroup.Limits, []policy.Device) {
+	if l.MemoryBytes > 0 {
+		l.MemoryBytes = ram + overhead(h.Accel.Name)
+	}
+	if h.Accel.Name == microvm.AccelKVM {
+		return l, []policy.Device{policy.KVM}
+	}
+	return l, nil
 }
 
 // machine is the machine the sandbox's VM runs on, with the agent's
