@@ -111,6 +111,13 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 			errs[sb] <- err
 		}()
 	}
+	// The batch group gets a normal share of the CPU while its command
+	// fills its memory: idle, it got a few thousandths of a CPU where
+	// every CPU was busy (in CI, another package's tests beside this
+	// one), and its 160 MiB took minutes. What is under test is the
+	// kernel's choice at the memory bound, which the CPU group has no
+	// part in.
+	unidle(t, bat.Cgroup())
 	run(bat)
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if n, err := bat.Cgroup().MemoryCharged(); err == nil && n >= 160<<20 {
@@ -152,4 +159,22 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 			t.Logf("the kernel took the latency command too, after the batch one")
 		}
 	}
+}
+
+// unidle clears cpu.idle on g and on its parent, cgroup.IdleParent
+// (an idle parent takes its whole subtree out of the host's share), and
+// marks the parent idle again when the test ends.
+func unidle(t *testing.T, g *cgroup.Group) {
+	t.Helper()
+	dir := g.CPUDir()
+	parent := filepath.Dir(dir)
+	if filepath.Base(parent) != cgroup.IdleParent {
+		t.Fatalf("the batch group %s is not under %s", dir, cgroup.IdleParent)
+	}
+	for _, d := range []string{parent, dir} {
+		if err := os.WriteFile(filepath.Join(d, "cpu.idle"), []byte("0"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.WriteFile(filepath.Join(parent, "cpu.idle"), []byte("1"), 0) })
 }

@@ -382,6 +382,10 @@ func (g *Group) dirs() []string {
 // Path is the cgroup2 directory: where BPF programs attach.
 func (g *Group) Path() string { return g.v2 }
 
+// CPUDir is the group's directory in the CPU controller's hierarchy:
+// cgroup v1's cpu where the host mounts it, else the cgroup2 one.
+func (g *Group) CPUDir() string { return g.cpuDir() }
+
 func (g *Group) limit(l Limits) error {
 	if err := g.m.limit(g, l); err != nil {
 		return err
