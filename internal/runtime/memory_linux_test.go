@@ -117,7 +117,7 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 	// one), and its 160 MiB took minutes. What is under test is the
 	// kernel's choice at the memory bound, which the CPU group has no
 	// part in.
-	unidle(t, bat.Cgroup())
+	unidle(t, tree, bat.Cgroup())
 	run(bat)
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if n, err := bat.Cgroup().MemoryCharged(); err == nil && n >= 160<<20 {
@@ -161,20 +161,19 @@ func TestHostBoundTakesBatchFirst(t *testing.T) {
 	}
 }
 
-// unidle clears cpu.idle on g and on its parent, cgroup.IdleParent
-// (an idle parent takes its whole subtree out of the host's share), and
-// marks the parent idle again when the test ends.
-func unidle(t *testing.T, g *cgroup.Group) {
+// unidle clears cpu.idle on g and on its parent, tree's idle parent
+// (an idle parent takes its whole subtree out of the host's share). The
+// parent is the test's own, and goes with its last group.
+func unidle(t *testing.T, tree *cgroup.Tree, g *cgroup.Group) {
 	t.Helper()
 	dir := g.CPUDir()
 	parent := filepath.Dir(dir)
-	if filepath.Base(parent) != cgroup.IdleParent {
-		t.Fatalf("the batch group %s is not under %s", dir, cgroup.IdleParent)
+	if filepath.Base(parent) != tree.IdleParent() {
+		t.Fatalf("the batch group %s is not under %s", dir, tree.IdleParent())
 	}
 	for _, d := range []string{parent, dir} {
 		if err := os.WriteFile(filepath.Join(d, "cpu.idle"), []byte("0"), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { os.WriteFile(filepath.Join(parent, "cpu.idle"), []byte("1"), 0) })
 }

@@ -24,12 +24,15 @@ import (
 // Root is where cgroup file systems are mounted.
 var Root = "/sys/fs/cgroup"
 
-// IdleParent holds the CPU groups of idle (batch) sandboxes: a sibling of
-// Parent marked cpu.idle, so that at the top of the hierarchy, where the
-// host's own tasks and the latency sandboxes' parent compete, any of
-// them that wakes up preempts the whole of the batch work at once (an
-// idle group under Parent would be idle only among Parent's children).
-const IdleParent = "dsec-batch"
+// IdleSuffix names a Tree's idle parent after its parent ("dsec-batch"
+// for DefaultParent's). The idle parent holds the CPU groups of idle
+// (batch) sandboxes: a sibling of the parent marked cpu.idle, so that at
+// the top of the hierarchy, where the host's own tasks and the latency
+// sandboxes' parent compete, any of them that wakes up preempts the
+// whole of the batch work at once (an idle group under the parent would
+// be idle only among the parent's children). Each Tree has its own: a
+// test's tree shares nothing with a worker's.
+const IdleSuffix = "-batch"
 
 // Limits are a sandbox's resource limits; zero means none.
 type Limits struct {
@@ -383,7 +386,7 @@ func (g *Group) dirs() []string {
 func (g *Group) Path() string { return g.v2 }
 
 // CPUDir is the group's directory in the CPU controller's hierarchy:
-// cgroup v1's cpu where the host mounts it, else the cgroup2 one.
+// cgroup v1's cpu on a hybrid host, the cgroup2 one on a unified host.
 func (g *Group) CPUDir() string { return g.cpuDir() }
 
 func (g *Group) limit(l Limits) error {
@@ -526,13 +529,13 @@ func (g *Group) Kill() error {
 }
 
 // hasten gives the killed processes of an idle group the CPU to exit.
-// They run SCHED_IDLE in a group under IdleParent, whose share of a busy
+// They run SCHED_IDLE in a group under an idle parent, whose share of a busy
 // host is a few thousandths of a CPU: exiting took them past Kill's 10 s
 // wait there, and the group could not be removed. Each is made a normal
 // task, in the root group of the CPU controller (killed, it can neither
 // fork nor run anything of its own there: it exits).
 func (g *Group) hasten() {
-	if filepath.Base(filepath.Dir(g.cpuDir())) != IdleParent {
+	if filepath.Base(filepath.Dir(g.cpuDir())) != g.parent+IdleSuffix {
 		return
 	}
 	pids, _ := g.Pids()

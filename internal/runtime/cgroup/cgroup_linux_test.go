@@ -337,7 +337,7 @@ func TestBatchAndLatencyGroups(t *testing.T) {
 	bd, ld := cpuDir(t, batch.Pid()), cpuDir(t, lat.Pid())
 	// The batch group sits under the idle parent, both marked idle, so
 	// that the host's tasks and latency groups preempt it at the top.
-	if filepath.Base(filepath.Dir(bd)) != cgroup.IdleParent || filepath.Base(filepath.Dir(ld)) != tree.Parent() {
+	if filepath.Base(filepath.Dir(bd)) != tree.IdleParent() || filepath.Base(filepath.Dir(ld)) != tree.Parent() {
 		t.Fatalf("batch group at %s, latency group at %s", bd, ld)
 	}
 	for _, d := range []string{bd, filepath.Dir(bd)} {

@@ -18,7 +18,7 @@ import (
 type manager interface {
 	// layout places group name: its cgroup2 directory, and on hybrid
 	// hosts one per v1 controller; an idle group's CPU controller (on
-	// unified hosts, all of it) under IdleParent.
+	// unified hosts, all of it) under the idle parent (IdleSuffix).
 	layout(name string, idle bool) *Group
 	// prepare readies the parents before a group is made.
 	prepare(g *Group)
@@ -64,7 +64,7 @@ type hybrid struct{ parent string }
 func (h hybrid) layout(name string, idle bool) *Group {
 	cpuParent := h.parent
 	if idle {
-		cpuParent = IdleParent
+		cpuParent = h.parent + IdleSuffix
 	}
 	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name)}
 	for _, c := range v1Controllers {
@@ -211,7 +211,7 @@ type unified struct{ parent string }
 func (h unified) layout(name string, idle bool) *Group {
 	parent := h.parent
 	if idle {
-		parent = IdleParent
+		parent = h.parent + IdleSuffix
 	}
 	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name)}
 }

@@ -20,9 +20,10 @@ import (
 const DefaultParent = "dsec"
 
 // Tree is where one host's sandbox groups are: under its parent in every
-// hierarchy (an idle group's CPU controller under IdleParent), with the
-// limits of that parent (LimitParent). Two Trees of different parents
-// share nothing but IdleParent; a nil Tree is DefaultParent's, unlimited.
+// hierarchy (an idle group's CPU controller under its idle parent,
+// IdleParent), with the limits of that parent (LimitParent). Two Trees
+// of different parents share nothing; a nil Tree is DefaultParent's,
+// unlimited.
 type Tree struct {
 	parent string
 	m      func() manager // the host's layout for parent, found at first use
@@ -48,6 +49,9 @@ func (t *Tree) Parent() string {
 	}
 	return t.parent
 }
+
+// IdleParent names t's idle parent: Parent with IdleSuffix.
+func (t *Tree) IdleParent() string { return t.Parent() + IdleSuffix }
 
 // manager is t's layout, found once at its first use (a nil Tree's at
 // each call).

@@ -590,7 +590,7 @@ func Leftovers(root string) []string {
 	abs, _ := filepath.Abs(root)
 	suffix := runtime.CgroupSuffix(root)
 	for _, pattern := range []string{filepath.Join(cgroup.Root, "*", treeOf(root).Parent(), "*"+suffix), filepath.Join(cgroup.Root, treeOf(root).Parent(), "*"+suffix),
-		filepath.Join(cgroup.Root, "*", cgroup.IdleParent, "*"+suffix), filepath.Join(cgroup.Root, cgroup.IdleParent, "*"+suffix)} {
+		filepath.Join(cgroup.Root, "*", treeOf(root).IdleParent(), "*"+suffix), filepath.Join(cgroup.Root, treeOf(root).IdleParent(), "*"+suffix)} {
 		dirs, _ := filepath.Glob(pattern) // v1 controllers, unified, pure v2
 		for _, d := range dirs {
 			// A running worker's spare's group names an ID no sandbox
