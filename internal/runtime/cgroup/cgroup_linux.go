@@ -26,7 +26,8 @@ var Root = "/sys/fs/cgroup"
 
 // IdleSuffix names a Tree's idle parent after its parent ("dsec-batch"
 // for DefaultParent's). The idle parent holds the CPU groups of idle
-// (batch) sandboxes: a sibling of the parent marked cpu.idle, so that at
+// (batch) sandboxes (on a unified host, their whole groups, outside the
+// parent's limits): a sibling of the parent marked cpu.idle, so that at
 // the top of the hierarchy, where the host's own tasks and the latency
 // sandboxes' parent compete, any of them that wakes up preempts the
 // whole of the batch work at once (an idle group under the parent would

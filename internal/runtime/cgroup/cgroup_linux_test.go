@@ -364,6 +364,12 @@ func TestBatchAndLatencyGroups(t *testing.T) {
 	if pids, err := g.Pids(); err != nil || len(pids) == 0 {
 		t.Fatalf("reopened batch group: pids %v, %v", pids, err)
 	}
+	// And lists it beside the latency one (a sweep after a dead worker
+	// goes by the list).
+	names, err := tree.List(fmt.Sprintf("test-%d-", os.Getpid()), "")
+	if err != nil || !slices.Contains(names, name) || !slices.Contains(names, filepath.Base(ld)) {
+		t.Fatalf("listed %v, %v: want %s and %s", names, err, name, filepath.Base(ld))
+	}
 }
 
 func TestCPUUsageAndReclaim(t *testing.T) {

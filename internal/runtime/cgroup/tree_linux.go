@@ -21,9 +21,11 @@ const DefaultParent = "dsec"
 
 // Tree is where one host's sandbox groups are: under its parent in every
 // hierarchy (an idle group's CPU controller under its idle parent,
-// IdleParent), with the limits of that parent (LimitParent). Two Trees
-// of different parents share nothing; a nil Tree is DefaultParent's,
-// unlimited.
+// IdleParent; on a unified host the whole idle group, which the
+// parent's limits then do not bound), with the limits of that parent
+// (LimitParent). Two Trees of different parents share nothing (a parent
+// named as another's idle parent, or its worker's group, aside); a nil
+// Tree is DefaultParent's, unlimited.
 type Tree struct {
 	parent string
 	m      func() manager // the host's layout for parent, found at first use
@@ -150,10 +152,12 @@ func (t *Tree) ParentPressure() (float64, error) {
 func (t *Tree) ParentOOMKills() int { return t.manager().parentOOMKills() }
 
 // List names the groups whose names start with prefix and end with
-// suffix, in any hierarchy.
+// suffix, in any hierarchy, idle ones too (under the idle parent: on a
+// unified host, the whole group).
 func (t *Tree) List(prefix, suffix string) ([]string, error) {
 	parent := t.Parent()
-	parents := []string{filepath.Join(Root, parent), filepath.Join(Root, "unified", parent)}
+	parents := []string{filepath.Join(Root, parent), filepath.Join(Root, "unified", parent),
+		filepath.Join(Root, t.IdleParent()), filepath.Join(Root, "cpu", t.IdleParent())}
 	for _, c := range append(slices.Clip(v1Controllers), escapable()...) {
 		parents = append(parents, filepath.Join(Root, c, parent))
 	}
