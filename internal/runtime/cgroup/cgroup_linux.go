@@ -35,6 +35,9 @@ var Root = "/sys/fs/cgroup"
 // test's tree shares nothing with a worker's.
 const IdleSuffix = "-batch"
 
+// idleParent names parent's idle parent.
+func idleParent(parent string) string { return parent + IdleSuffix }
+
 // Limits are a sandbox's resource limits; zero means none.
 type Limits struct {
 	MemoryBytes int64
@@ -536,7 +539,7 @@ func (g *Group) Kill() error {
 // task, in the root group of the CPU controller (killed, it can neither
 // fork nor run anything of its own there: it exits).
 func (g *Group) hasten() {
-	if filepath.Base(filepath.Dir(g.cpuDir())) != g.parent+IdleSuffix {
+	if filepath.Base(filepath.Dir(g.cpuDir())) != idleParent(g.parent) {
 		return
 	}
 	pids, _ := g.Pids()

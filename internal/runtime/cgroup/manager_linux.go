@@ -64,7 +64,7 @@ type hybrid struct{ parent string }
 func (h hybrid) layout(name string, idle bool) *Group {
 	cpuParent := h.parent
 	if idle {
-		cpuParent = h.parent + IdleSuffix
+		cpuParent = idleParent(h.parent)
 	}
 	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name)}
 	for _, c := range v1Controllers {
@@ -211,7 +211,7 @@ type unified struct{ parent string }
 func (h unified) layout(name string, idle bool) *Group {
 	parent := h.parent
 	if idle {
-		parent = h.parent + IdleSuffix
+		parent = idleParent(h.parent)
 	}
 	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name)}
 }

@@ -20,9 +20,9 @@ import (
 const DefaultParent = "dsec"
 
 // Tree is where one host's sandbox groups are: under its parent in every
-// hierarchy (an idle group's CPU controller under its idle parent,
-// IdleParent; on a unified host the whole idle group, which the
-// parent's limits then do not bound), with the limits of that parent
+// hierarchy (an idle group's CPU controller under IdleParent; on a
+// unified host the whole idle group, which the parent's limits then do
+// not bound), with the limits of that parent
 // (LimitParent). Two Trees of different parents share nothing (a parent
 // named as another's idle parent, or its worker's group, aside); a nil
 // Tree is DefaultParent's, unlimited.
@@ -53,7 +53,7 @@ func (t *Tree) Parent() string {
 }
 
 // IdleParent names t's idle parent: Parent with IdleSuffix.
-func (t *Tree) IdleParent() string { return t.Parent() + IdleSuffix }
+func (t *Tree) IdleParent() string { return idleParent(t.Parent()) }
 
 // manager is t's layout, found once at its first use (a nil Tree's at
 // each call).
