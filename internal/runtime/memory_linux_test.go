@@ -168,7 +168,7 @@ func unidle(t *testing.T, tree *cgroup.Tree, g *cgroup.Group) {
 	t.Helper()
 	dir := g.CPUDir()
 	parent := filepath.Dir(dir)
-	if filepath.Base(parent) != tree.IdleParent() {
+	if !strings.HasSuffix(parent, "/"+tree.IdleParent()) {
 		t.Fatalf("the batch group %s is not under %s", dir, tree.IdleParent())
 	}
 	for _, d := range []string{parent, dir} {

@@ -24,19 +24,25 @@ import (
 // Root is where cgroup file systems are mounted.
 var Root = "/sys/fs/cgroup"
 
-// IdleSuffix names a Tree's idle parent after its parent ("dsec-batch"
-// for DefaultParent's). The idle parent holds the CPU groups of idle
-// (batch) sandboxes (on a unified host, their whole groups, outside the
-// parent's limits): a sibling of the parent marked cpu.idle, so that at
-// the top of the hierarchy, where the host's own tasks and the latency
+// IdleSuffix names a hybrid host's idle parent after its parent
+// ("dsec-batch" for DefaultParent's). The idle parent holds the CPU
+// groups of idle (batch) sandboxes: on a hybrid host, a sibling of the
+// parent in the CPU controller's hierarchy, marked cpu.idle, so that at
+// the top of that hierarchy, where the host's own tasks and the latency
 // sandboxes' parent compete, any of them that wakes up preempts the
-// whole of the batch work at once (an idle group under the parent would
-// be idle only among the parent's children). Each Tree has its own: a
-// test's tree shares nothing with a worker's.
+// whole of the batch work at once; their memory stays under the parent,
+// in the memory controller's hierarchy of its own. Each Tree has its
+// own: a test's tree shares nothing with a worker's.
 const IdleSuffix = "-batch"
 
-// idleParent names parent's idle parent.
-func idleParent(parent string) string { return parent + IdleSuffix }
+// IdleGroup names the idle parent on a unified host: a child of the
+// parent ("dsec/batch"), marked cpu.idle. One hierarchy holds every
+// controller there, and only a group under the parent is under its
+// memory bound: so batch sandboxes stay inside the bound on every
+// sandbox together, and give way to the latency sandboxes beside them,
+// but not to the host's own tasks, which compete with the parent as a
+// whole. No group takes this name.
+const IdleGroup = "batch"
 
 // Limits are a sandbox's resource limits; zero means none.
 type Limits struct {
@@ -242,18 +248,21 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 		return nil, err
 	}
 	g := m.layout(name, l.Idle)
-	g.m.prepare(g)
 	for _, d := range g.dirs() {
 		var err error
 		for try := 0; try < 3; try++ { // a Remove may take the parent away meanwhile
+			if d == g.v2 {
+				g.m.prepare(g) // again after a Remove took the parent away
+			}
 			if err = os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
 				err = fmt.Errorf("cgroup: %w", err)
 				continue
 			}
 			// Before the group is in it: no sandbox is ever under an
 			// unbounded parent (it goes with its last group, and comes
-			// back without its limits).
-			if err = t.limitParent(m, filepath.Dir(d)); err != nil {
+			// back without its limits). On a unified host an idle
+			// group's parent is the idle parent, under the parent.
+			if err = t.limitAncestors(m, d); err != nil {
 				break
 			}
 			cpuset := strings.HasPrefix(d, filepath.Join(Root, "cpuset")+"/")
@@ -349,7 +358,7 @@ func Pressure(file string) (float64, error) {
 func oomKills(dir, file string) int { return counter(dir, file, "oom_kill") }
 
 func checkName(name string) error {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." || name == IdleGroup {
 		return fmt.Errorf("cgroup: bad name %q", name)
 	}
 	return nil
@@ -539,11 +548,11 @@ func (g *Group) Kill() error {
 // task, in the root group of the CPU controller (killed, it can neither
 // fork nor run anything of its own there: it exits).
 func (g *Group) hasten() {
-	if filepath.Base(filepath.Dir(g.cpuDir())) != idleParent(g.parent) {
+	root := g.m.cpuRoot()
+	if filepath.Dir(g.cpuDir()) != filepath.Join(root, g.m.idleParent()) {
 		return
 	}
 	pids, _ := g.Pids()
-	root := filepath.Dir(filepath.Dir(g.cpuDir()))
 	for _, pid := range pids {
 		// Still the group's (its pid not reused by a host process since
 		// it was listed): only this sandbox's processes are moved.
@@ -614,7 +623,8 @@ func (g *Group) escaped() []string {
 	return out
 }
 
-// rmdir removes a group's directory, and its parent with its last group.
+// rmdir removes a group's directory, and its parent with its last group
+// (on a unified host, an idle group's parent and the parent above it).
 func rmdir(d string) error {
 	// A just-killed task may linger a moment: on a loaded host, a
 	// SCHED_IDLE one was seen to for over 4 s (every CPU busy at normal
@@ -622,7 +632,9 @@ func rmdir(d string) error {
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-			os.Remove(filepath.Dir(d))
+			if os.Remove(filepath.Dir(d)) == nil && filepath.Base(filepath.Dir(d)) == IdleGroup {
+				os.Remove(filepath.Dir(filepath.Dir(d))) // a unified host's parent, with its idle parent
+			}
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -292,8 +292,10 @@ func TestFreezeThawKill(t *testing.T) {
 	}
 }
 
+// TestBadNames: a name that is not one directory is refused, and so is
+// the idle parent's on a unified host (IdleGroup).
 func TestBadNames(t *testing.T) {
-	for _, n := range []string{"", "a/b", "..", "."} {
+	for _, n := range []string{"", "a/b", "..", ".", cgroup.IdleGroup} {
 		if _, err := tree.New(n, cgroup.Limits{}); err == nil {
 			t.Errorf("New(%q) succeeded", n)
 		}
@@ -336,8 +338,9 @@ func TestBatchAndLatencyGroups(t *testing.T) {
 	_, lat, _, _ := sandbox(t, cgroup.Limits{Weight: 800}, `sleep 100`)
 	bd, ld := cpuDir(t, batch.Pid()), cpuDir(t, lat.Pid())
 	// The batch group sits under the idle parent, both marked idle, so
-	// that the host's tasks and latency groups preempt it at the top.
-	if filepath.Base(filepath.Dir(bd)) != tree.IdleParent() || filepath.Base(filepath.Dir(ld)) != tree.Parent() {
+	// that latency groups preempt it (and on a hybrid host, the host's
+	// tasks too: there the idle parent is at the top).
+	if !strings.HasSuffix(filepath.Dir(bd), "/"+tree.IdleParent()) || filepath.Base(filepath.Dir(ld)) != tree.Parent() {
 		t.Fatalf("batch group at %s, latency group at %s", bd, ld)
 	}
 	for _, d := range []string{bd, filepath.Dir(bd)} {
@@ -617,6 +620,73 @@ func TestParentBoundsAllSandboxes(t *testing.T) {
 	if err := canary.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Fatalf("the canary outside dsec's tree died: %v", err)
 	}
+}
+
+// TestParentBoundsBatch: the parent's bound holds batch sandboxes too,
+// on either layout: a batch sandbox alone, its command holding 96 MiB,
+// is killed under a 64 MiB parent that it was the first to make. (On a
+// host with cgroup v2 only, batch groups once sat beside the parent,
+// and the same command ran to its end.)
+func TestParentBoundsBatch(t *testing.T) {
+	layertest.RequireRoot(t)
+	ownParent(t, "batch")
+	if err := tree.LimitParent(cgroup.Limits{MemoryBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	before := tree.ParentOOMKills()
+	g, _, ch, out := sandbox(t, cgroup.Limits{Idle: true}, `echo 1000 >/proc/self/oom_score_adj; dd if=/dev/zero bs=96M count=1 2>/dev/null | sleep 1`)
+	if r := <-ch; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if g.OOMKills() == 0 || tree.ParentOOMKills() <= before {
+		t.Fatalf("96 MiB held by a batch sandbox under a 64 MiB parent: %d OOM kills in its group, %d in the parent; output %q",
+			g.OOMKills(), tree.ParentOOMKills()-before, output(out))
+	}
+}
+
+// TestBatchYieldsToLatency: a batch sandbox gets only the CPU a latency
+// one leaves. Both spin on one CPU for a second; the batch one gets a
+// small part of what the latency one does (SCHED_IDLE's weight is 3
+// against a normal group's 1024: the kernel still gives it a tick now
+// and then).
+func TestBatchYieldsToLatency(t *testing.T) {
+	layertest.RequireRoot(t)
+	ownParent(t, "yield")
+	spin := `while :; do :; done`
+	bat, _, _, _ := sandbox(t, cgroup.Limits{Idle: true}, spin)
+	lat, _, _, _ := sandbox(t, cgroup.Limits{}, spin)
+	var one unix.CPUSet
+	one.Set(0)
+	for _, g := range []*cgroup.Group{bat, lat} {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			pids, _ := g.Pids()
+			if len(pids) >= 2 { // the init and its shell
+				for _, pid := range pids {
+					if err := unix.SchedSetaffinity(pid, &one); err != nil {
+						t.Fatal(err)
+					}
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the spinning shell never started: pids %v", pids)
+			}
+		}
+	}
+	usage := func(g *cgroup.Group) time.Duration {
+		d, err := g.CPUUsage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	b0, l0 := usage(bat), usage(lat)
+	time.Sleep(time.Second)
+	b, l := usage(bat)-b0, usage(lat)-l0
+	if l < 300*time.Millisecond || b > l/10 {
+		t.Fatalf("on one CPU for a second: the batch sandbox ran %v, the latency one %v", b, l)
+	}
+	t.Logf("on one CPU for a second: the batch sandbox ran %v, the latency one %v", b, l)
 }
 
 // TestLimitsLowerThenRaise: the memory limits of the sandboxes' parent

@@ -85,6 +85,26 @@ func TestUnifiedManager(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, Parent)); !os.IsNotExist(err) {
 		t.Fatalf("the parent outlived its last group: %v", err)
 	}
+	// An idle group sits under the parent, in its idle parent (its
+	// bound holds it), and both go with it.
+	if slices.Contains(strings.Fields(controllers), "cpu") {
+		g, err := tree.newGroup(m, "t-2", Limits{Idle: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(dir, Parent, IdleGroup, "t-2"); g.v2 != want {
+			t.Fatalf("an idle group at %s, want %s", g.v2, want)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, Parent, IdleGroup, "cpu.idle")); err != nil || strings.TrimSpace(string(b)) != "1" {
+			t.Fatalf("the idle parent's cpu.idle: %q, %v", b, err)
+		}
+		if err := g.Remove(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, Parent)); !os.IsNotExist(err) {
+			t.Fatalf("the parent outlived its last (idle) group: %v", err)
+		}
+	}
 	if got := m.parentDirs(); !slices.Equal(got, []string{filepath.Join(dir, Parent)}) {
 		t.Fatalf("parent dirs %v", got)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,8 +19,13 @@ import (
 type manager interface {
 	// layout places group name: its cgroup2 directory, and on hybrid
 	// hosts one per v1 controller; an idle group's CPU controller (on
-	// unified hosts, all of it) under the idle parent (IdleSuffix).
+	// unified hosts, all of it) under the idle parent.
 	layout(name string, idle bool) *Group
+	// idleParent is the idle parent's path under cpuRoot: IdleSuffix's
+	// sibling of the parent (hybrid) or IdleGroup under it (unified).
+	idleParent() string
+	// cpuRoot is the root of the CPU controller's hierarchy.
+	cpuRoot() string
 	// prepare readies the parents before a group is made.
 	prepare(g *Group)
 	// limit writes l's memory, CPU and pids limits (zero: left as is).
@@ -64,7 +70,7 @@ type hybrid struct{ parent string }
 func (h hybrid) layout(name string, idle bool) *Group {
 	cpuParent := h.parent
 	if idle {
-		cpuParent = idleParent(h.parent)
+		cpuParent = h.idleParent()
 	}
 	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name)}
 	for _, c := range v1Controllers {
@@ -78,6 +84,10 @@ func (h hybrid) layout(name string, idle bool) *Group {
 	}
 	return g
 }
+
+func (h hybrid) idleParent() string { return h.parent + IdleSuffix }
+
+func (hybrid) cpuRoot() string { return filepath.Join(Root, "cpu") }
 
 func (hybrid) prepare(*Group) {}
 
@@ -211,23 +221,33 @@ type unified struct{ parent string }
 func (h unified) layout(name string, idle bool) *Group {
 	parent := h.parent
 	if idle {
-		parent = idleParent(h.parent)
+		parent = h.idleParent()
 	}
 	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name)}
 }
 
-// prepare hands the controllers down to the sandboxes' groups. A
-// controller the host does not offer (or gave away to a threaded
-// subtree) stays off: the group then goes without that limit, as the
-// features report says.
+func (h unified) idleParent() string { return filepath.Join(h.parent, IdleGroup) }
+
+func (unified) cpuRoot() string { return Root }
+
+// prepare hands the controllers down to the sandboxes' groups, through
+// every group above them (the idle parent's too). A controller the host
+// does not offer (or gave away to a threaded subtree) stays off: the
+// group then goes without that limit, as the features report says.
 func (unified) prepare(g *Group) {
 	parent := filepath.Dir(g.v2)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return // New's mkdir says why
 	}
+	dirs := []string{Root}
+	rel, _ := filepath.Rel(Root, parent)
+	for _, c := range strings.Split(rel, "/") {
+		dirs = append(dirs, filepath.Join(dirs[len(dirs)-1], c))
+	}
 	for _, c := range []string{"+memory", "+cpu", "+pids"} {
-		_ = write(Root, "cgroup.subtree_control", c)
-		_ = write(parent, "cgroup.subtree_control", c)
+		for _, d := range dirs {
+			_ = write(d, "cgroup.subtree_control", c)
+		}
 	}
 }
 

@@ -31,7 +31,7 @@ func TestOnPureV2Host(t *testing.T) {
 	if isPureV2() {
 		t.Skip("this host is pure cgroup v2: the package's tests ran on it")
 	}
-	run := "^Test(UnifiedManager|MemoryLimitReportsOOM|PidsLimit|FreezeThawKill|BadNames|BatchAndLatencyGroups|CPUUsageAndReclaim|ReclaimUnreclaimable|ParentBoundsAllSandboxes|LimitsLowerThenRaise|Protect)$"
+	run := "^Test(UnifiedManager|MemoryLimitReportsOOM|PidsLimit|FreezeThawKill|BadNames|BatchAndLatencyGroups|CPUUsageAndReclaim|ReclaimUnreclaimable|ParentBoundsAllSandboxes|ParentBoundsBatch|BatchYieldsToLatency|LimitsLowerThenRaise|Protect)$"
 	microvmtest.RunInGuest(t, microvmtest.Guest{Memory: 768 << 20}, "./internal/runtime/cgroup", run)
 }
 

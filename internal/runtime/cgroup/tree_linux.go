@@ -20,12 +20,11 @@ import (
 const DefaultParent = "dsec"
 
 // Tree is where one host's sandbox groups are: under its parent in every
-// hierarchy (an idle group's CPU controller under IdleParent; on a
-// unified host the whole idle group, which the parent's limits then do
-// not bound), with the limits of that parent
-// (LimitParent). Two Trees of different parents share nothing (a parent
-// named as another's idle parent, or its worker's group, aside); a nil
-// Tree is DefaultParent's, unlimited.
+// hierarchy (an idle group's CPU controller under IdleParent, which on
+// a unified host is under the parent itself), with the limits of that
+// parent (LimitParent). Two Trees of different parents share nothing
+// (a parent named as another's idle parent, or its worker's group,
+// aside); a nil Tree is DefaultParent's, unlimited.
 type Tree struct {
 	parent string
 	m      func() manager // the host's layout for parent, found at first use
@@ -52,8 +51,10 @@ func (t *Tree) Parent() string {
 	return t.parent
 }
 
-// IdleParent names t's idle parent: Parent with IdleSuffix.
-func (t *Tree) IdleParent() string { return idleParent(t.Parent()) }
+// IdleParent is t's idle parent, as a path under the root of the CPU
+// controller's hierarchy: Parent with IdleSuffix on a hybrid host,
+// Parent/IdleGroup on a unified one.
+func (t *Tree) IdleParent() string { return t.manager().idleParent() }
 
 // manager is t's layout, found once at its first use (a nil Tree's at
 // each call).
@@ -92,6 +93,19 @@ func (t *Tree) ParentLimits() Limits {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.limits
+}
+
+// limitAncestors writes Parent's limits into those of Parent's
+// directories that take them and hold the group directory d.
+func (t *Tree) limitAncestors(m manager, d string) error {
+	for _, p := range m.parentDirs() {
+		if strings.HasPrefix(d, p+"/") {
+			if err := t.limitParent(m, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // limitParent writes Parent's limits into dir if it is one of Parent's
@@ -152,8 +166,7 @@ func (t *Tree) ParentPressure() (float64, error) {
 func (t *Tree) ParentOOMKills() int { return t.manager().parentOOMKills() }
 
 // List names the groups whose names start with prefix and end with
-// suffix, in any hierarchy, idle ones too (under the idle parent: on a
-// unified host, the whole group).
+// suffix, in any hierarchy, idle ones too (under the idle parent).
 func (t *Tree) List(prefix, suffix string) ([]string, error) {
 	parent := t.Parent()
 	parents := []string{filepath.Join(Root, parent), filepath.Join(Root, "unified", parent),
@@ -169,7 +182,7 @@ func (t *Tree) List(prefix, suffix string) ([]string, error) {
 			return nil, err
 		}
 		for _, e := range ents {
-			if n := e.Name(); e.IsDir() && strings.HasPrefix(n, prefix) && strings.HasSuffix(n, suffix) && !seen[n] {
+			if n := e.Name(); e.IsDir() && n != IdleGroup && strings.HasPrefix(n, prefix) && strings.HasSuffix(n, suffix) && !seen[n] {
 				seen[n] = true
 				out = append(out, n)
 			}
