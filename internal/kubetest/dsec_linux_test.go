@@ -394,10 +394,18 @@ func startFleet(t *testing.T) *fleet {
 			t.Fatalf("no image for %s: DSEC_IMAGE and DSEC_PAUSE_IMAGE name make image's archives (make test sets them)", name)
 		}
 	}
+	// What a test killed before its cleanups left: its cluster, then
+	// its workers' sandboxes.
+	kubetest.Claim(t)
+	sweepRoots(t)
 	// The workers' roots, one per node (the DaemonSet's hostPath, a
 	// directory per node name), with the test's layers; cleaned after
 	// the cluster is gone (cleanups run last first).
-	roots := t.TempDir()
+	roots, err := os.MkdirTemp("", rootsPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(roots) })
 	// A shared mount, as systemd makes / (the worker's Bidirectional
 	// root needs one).
 	if err := syscall.Mount(roots, roots, "", syscall.MS_BIND, ""); err != nil {
@@ -442,6 +450,34 @@ func startFleet(t *testing.T) *fleet {
 	c.MustKubectl("-n", "dsec", "create", "secret", "generic", "dsec-gateway-tokens", "--from-file=tokens.json="+tokensFile)
 
 	return &fleet{c: c, roots: roots, certs: certs, workerToken: workerToken, gatewayToken: gatewayToken, tenantToken: tenantToken}
+}
+
+// rootsPrefix starts the name of a fleet's roots' directory (in the
+// temporary directory), by which a later test finds one a killed test
+// left.
+const rootsPrefix = "dsec-kubetest-roots-"
+
+// sweepRoots removes what a killed test left in its fleet's roots (its
+// cluster cleared first, its workers with it): their sandboxes, then
+// the roots. (Claim first: no live test's roots are swept.)
+func sweepRoots(t *testing.T) {
+	left, _ := filepath.Glob(filepath.Join(os.TempDir(), rootsPrefix+"*"))
+	for _, roots := range left {
+		t.Logf("clearing %s, which a killed test left", roots)
+		for _, n := range []string{"n1", "n2"} {
+			if root := filepath.Join(roots, n); isDir(root) {
+				runtimetest.Clean(root)
+			}
+		}
+		for syscall.Unmount(roots, syscall.MNT_DETACH) == nil {
+		}
+		os.RemoveAll(roots)
+	}
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }
 
 // undeploy has dsec's namespace deleted when the test ends, the pods'

@@ -5,7 +5,9 @@
 // kubelet. The binaries are make cluster-tools' (DSEC_CLUSTER_TOOLS);
 // images are OCI archives (scripts/image.sh) imported into every node.
 // Everything is undone at the test's end: processes, pods' groups,
-// namespaces, the bridge, and the kernel settings the kubelets change.
+// namespaces, the bridge, and the kernel settings the kubelets change;
+// what a test killed before its end left is cleared when the next one
+// starts (Claim).
 package kubetest
 
 import (
@@ -112,12 +114,99 @@ func Tools(t testing.TB) string {
 var sysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
 
+// Claim makes this process the machine's only cluster test, and clears
+// what a test process killed before its cleanups (a CI run stopped
+// half-way) left of its cluster: with the bridge still there, every
+// later test failed at its first step. The claim is an exclusive lock
+// on a file, held until this process exits; another process that holds
+// it is a live cluster test, which this one then waits for (up to
+// five minutes) rather than clearing its cluster. The processes killed
+// are a dead cluster's own, found by where they are: in a node's
+// groups (its pods: containers, and dsec's workers), or holding its
+// directory on their command line (its containerds' shims).
+func Claim(t testing.TB) {
+	t.Helper()
+	claimOnce.Do(func() { claimErr = claim() })
+	if claimErr != nil {
+		t.Fatal(claimErr)
+	}
+}
+
+var (
+	claimOnce sync.Once
+	claimErr  error
+)
+
+// claimFile is where a cluster test holds its lock.
+const claimFile = "/run/dsec-kubetest.lock"
+
+func claim() error {
+	f, err := os.OpenFile(claimFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("kubetest: %w", err)
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return fmt.Errorf("kubetest: another cluster test holds %s: %w", claimFile, err)
+		}
+	}
+	claimed = f // held until the process exits
+	sweep()
+	return nil
+}
+
+// claimed is the claim's open file: its lock goes with the process.
+var claimed *os.File
+
+// sweep clears a dead cluster test's cluster (see Claim).
+func sweep() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "dsk8s-*"))
+	groups, _ := filepath.Glob(filepath.Join(cgroup.Root, "*", "dsk8s-n*"))
+	v2, _ := filepath.Glob(filepath.Join(cgroup.Root, "dsk8s-n*")) // a unified host's
+	groups = append(groups, v2...)
+	nodes := map[string]bool{}
+	for _, g := range groups {
+		nodes[filepath.Base(g)] = true
+	}
+	for n := range nodes {
+		killTree(n)
+	}
+	for _, d := range dirs {
+		killMatching(d + "/")
+	}
+	for _, d := range dirs {
+		unmountUnder(d)
+		os.RemoveAll(d)
+	}
+	for n := range nodes {
+		removeTree(n)
+	}
+	netns, _ := filepath.Glob("/run/netns/dsk8s-n*")
+	for _, ns := range netns {
+		exec.Command("ip", "netns", "delete", filepath.Base(ns)).Run()
+	}
+	exec.Command("ip", "link", "delete", bridge).Run()
+	os.Remove(filepath.Join(kubeletShared, "device-plugins", "kubelet.sock"))
+	if len(dirs) > 0 {
+		// What the dead test's kubelets made there, if empty (whether
+		// it was there before that test is not known).
+		os.Remove(filepath.Join(kubeletShared, "device-plugins"))
+		os.Remove(kubeletShared)
+	}
+}
+
 // Start starts a cluster of n nodes and imports images (OCI archives,
 // each with the name its key gives: NAME, the archive's ref its tag)
 // into every node; it is torn down when the test ends.
 func Start(t testing.TB, n int, images map[string]string) *Cluster {
 	t.Helper()
 	bin := Tools(t)
+	Claim(t)
 	dir, err := os.MkdirTemp("", "dsk8s-")
 	if err != nil {
 		t.Fatal(err)
