@@ -19,6 +19,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -191,12 +192,39 @@ func sweep() {
 		exec.Command("ip", "netns", "delete", filepath.Base(ns)).Run()
 	}
 	exec.Command("ip", "link", "delete", bridge).Run()
-	os.Remove(filepath.Join(kubeletShared, "device-plugins", "kubelet.sock"))
 	if len(dirs) > 0 {
-		// What the dead test's kubelets made there, if empty (whether
-		// it was there before that test is not known).
-		os.Remove(filepath.Join(kubeletShared, "device-plugins"))
-		os.Remove(kubeletShared)
+		os.Remove(filepath.Join(kubeletShared, "device-plugins", "kubelet.sock"))
+	}
+	// What the dead test saved, put back: the kernel settings its
+	// kubelets changed (panic_on_oops among them), and the kubelets'
+	// shared directory gone if it made it.
+	var st hostState
+	if b, err := os.ReadFile(stateFile); err == nil && json.Unmarshal(b, &st) == nil {
+		st.restore()
+	}
+	os.Remove(stateFile)
+}
+
+// stateFile holds what a cluster test changes on the host and puts back
+// at its end (hostState), for the next test to put back if it was
+// killed first.
+const stateFile = "/run/dsec-kubetest.state"
+
+// hostState is what a cluster test found on the host before its
+// kubelets ran.
+type hostState struct {
+	Sysctls map[string]string `json:"sysctls"` // sysctls' values
+	// MadeShared says kubeletShared was not there.
+	MadeShared bool `json:"made_shared"`
+}
+
+// restore puts the host back as st found it.
+func (st hostState) restore() {
+	if st.MadeShared {
+		os.RemoveAll(kubeletShared)
+	}
+	for k, v := range st.Sysctls {
+		os.WriteFile("/proc/sys/"+k, []byte(v), 0o644)
 	}
 }
 
@@ -213,22 +241,22 @@ func Start(t testing.TB, n int, images map[string]string) *Cluster {
 	}
 	c := &Cluster{Dir: dir, Bin: bin, t: t}
 	_, err = os.Stat(kubeletShared)
-	hadShared := err == nil
-	saved := map[string][]byte{}
+	st := hostState{Sysctls: map[string]string{}, MadeShared: err != nil}
 	for _, k := range sysctls {
 		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
-			saved[k] = b
+			st.Sysctls[k] = string(b)
 		}
+	}
+	if b, err := json.Marshal(st); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(stateFile, b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		c.stop()
 		c.unnetwork(n)
-		if !hadShared {
-			os.RemoveAll(kubeletShared)
-		}
-		for k, b := range saved {
-			os.WriteFile("/proc/sys/"+k, b, 0o644)
-		}
+		st.restore()
+		os.Remove(stateFile)
 		if t.Failed() {
 			c.dumpLogs()
 		}

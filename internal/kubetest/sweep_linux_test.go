@@ -1,6 +1,7 @@
 package kubetest
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +17,9 @@ import (
 
 // TestSweep: what a cluster test killed before its cleanups leaves (a
 // node's group with a pod's process in it, a shim naming the cluster's
-// directory, a mount under that directory, a node's network namespace
-// and the bridge) is all gone after the next test's claim sweeps.
+// directory, a mount under that directory, a node's network namespace,
+// the bridge, a kernel setting changed and the kubelets' directory) is
+// all gone, or put back, after the next test's claim sweeps.
 func TestSweep(t *testing.T) {
 	testenv.RequireRoot(t, "groups, mounts, namespaces and a bridge")
 	Claim(t)
@@ -75,6 +77,35 @@ func TestSweep(t *testing.T) {
 		exec.Command("ip", "netns", "delete", node).Run()
 		exec.Command("ip", "link", "delete", bridge).Run()
 	})
+	// A kernel setting its kubelets changed, and the kubelets' shared
+	// directory, which it made (where none was here before this test).
+	const setting = "kernel/keys/root_maxkeys"
+	b, err := os.ReadFile("/proc/sys/" + setting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := strings.TrimSpace(string(b))
+	t.Cleanup(func() { os.WriteFile("/proc/sys/"+setting, []byte(was), 0o644) })
+	n, _ := strconv.Atoi(was)
+	if err := os.WriteFile("/proc/sys/"+setting, []byte(strconv.Itoa(n+1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = os.Stat(kubeletShared)
+	madeShared := os.IsNotExist(err)
+	if madeShared {
+		if err := os.MkdirAll(filepath.Join(kubeletShared, "device-plugins"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(kubeletShared) })
+		if err := os.WriteFile(filepath.Join(kubeletShared, "device-plugins", "kubelet_internal_checkpoint"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, _ := json.Marshal(hostState{Sysctls: map[string]string{setting: was + "\n"}, MadeShared: madeShared})
+	if err := os.WriteFile(stateFile, st, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(stateFile) })
 
 	sweep()
 
@@ -101,5 +132,14 @@ func TestSweep(t *testing.T) {
 	}
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), " "+mnt+" ") {
 		t.Errorf("%s is still mounted after the sweep", mnt)
+	}
+	if b, _ := os.ReadFile("/proc/sys/" + setting); strings.TrimSpace(string(b)) != was {
+		t.Errorf("%s is %s after the sweep, want %s as before the dead test", setting, strings.TrimSpace(string(b)), was)
+	}
+	if _, err := os.Stat(kubeletShared); madeShared && !os.IsNotExist(err) {
+		t.Errorf("%s, which the dead test made, is left after the sweep (%v)", kubeletShared, err)
+	}
+	if _, err := os.Stat(stateFile); !os.IsNotExist(err) {
+		t.Errorf("%s is left after the sweep (%v)", stateFile, err)
 	}
 }

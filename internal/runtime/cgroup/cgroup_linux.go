@@ -251,9 +251,6 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 	for _, d := range g.dirs() {
 		var err error
 		for try := 0; try < 3; try++ { // a Remove may take the parent away meanwhile
-			if d == g.v2 {
-				g.m.prepare(g) // again after a Remove took the parent away
-			}
 			if err = os.MkdirAll(filepath.Dir(d), 0o755); err != nil {
 				err = fmt.Errorf("cgroup: %w", err)
 				continue
@@ -262,7 +259,9 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 			// unbounded parent (it goes with its last group, and comes
 			// back without its limits). On a unified host an idle
 			// group's parent is the idle parent, under the parent.
-			if err = t.limitAncestors(m, d); err != nil {
+			if err = t.limitAncestors(m, d); errors.Is(err, os.ErrNotExist) {
+				continue // gone again meanwhile
+			} else if err != nil {
 				break
 			}
 			cpuset := strings.HasPrefix(d, filepath.Join(Root, "cpuset")+"/")
@@ -272,10 +271,17 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 				}
 			}
 			if err = os.Mkdir(d, 0o755); !errors.Is(err, os.ErrNotExist) {
-				if err != nil {
+				switch {
+				case err != nil:
 					err = fmt.Errorf("cgroup: %w", err)
-				} else if cpuset {
+				case cpuset:
 					err = fillCpuset(d, ownCpuset())
+				case d == g.v2:
+					// The controllers handed down to it once its
+					// parents hold it, and so stay: one made again by
+					// MkdirAll after another group's Remove took it
+					// away has none.
+					g.m.prepare(g)
 				}
 				break
 			}
@@ -374,15 +380,35 @@ func (g *Group) cpuDir() string {
 
 // Open returns the group name made earlier, for a worker that restarts.
 func (t *Tree) Open(name string) (*Group, error) {
+	ls := t.layouts(name)
+	for _, g := range ls {
+		if _, err := os.Stat(g.cpuDir()); err == nil {
+			if _, err := os.Stat(g.v2); err == nil {
+				return g, nil
+			}
+		}
+	}
+	// Without its CPU directory: one whose Remove stopped half-way (its
+	// v1 directories go first, its cgroup2 one last).
+	var err error
+	for _, g := range ls {
+		if _, err = os.Stat(g.v2); err == nil {
+			return g, nil
+		}
+	}
+	return nil, fmt.Errorf("cgroup %s: %w", name, err)
+}
+
+// layouts are the places group name may be: a latency group's, an idle
+// one's, and on a unified host an idle one's that a build before this
+// one made (in IdleSuffix's sibling of the parent, outside its bound).
+func (t *Tree) layouts(name string) []*Group {
 	m := t.manager()
-	g := m.layout(name, false)
-	if _, err := os.Stat(g.cpuDir()); err != nil {
-		g = m.layout(name, true)
+	out := []*Group{m.layout(name, false), m.layout(name, true)}
+	if u, ok := m.(unified); ok {
+		out = append(out, u.legacyIdle(name))
 	}
-	if _, err := os.Stat(g.v2); err != nil {
-		return nil, fmt.Errorf("cgroup %s: %w", name, err)
-	}
-	return g, nil
+	return out
 }
 
 func (g *Group) dirs() []string {
@@ -603,7 +629,13 @@ func (g *Group) Remove() error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	return rmdir(dirs[0])
+	if err := rmdir(dirs[0]); err != nil {
+		return err
+	}
+	if u, ok := g.m.(unified); ok && filepath.Dir(g.v2) == filepath.Join(Root, u.idleParent()) {
+		os.Remove(filepath.Join(Root, u.parent)) // with its last group, as rmdir takes the idle parent
+	}
+	return nil
 }
 
 // escaped are the directories of the group in the hierarchies a worker
@@ -623,8 +655,7 @@ func (g *Group) escaped() []string {
 	return out
 }
 
-// rmdir removes a group's directory, and its parent with its last group
-// (on a unified host, an idle group's parent and the parent above it).
+// rmdir removes a group's directory, and its parent with its last group.
 func rmdir(d string) error {
 	// A just-killed task may linger a moment: on a loaded host, a
 	// SCHED_IDLE one was seen to for over 4 s (every CPU busy at normal
@@ -632,9 +663,7 @@ func rmdir(d string) error {
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if err = os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
-			if os.Remove(filepath.Dir(d)) == nil && filepath.Base(filepath.Dir(d)) == IdleGroup {
-				os.Remove(filepath.Dir(filepath.Dir(d))) // a unified host's parent, with its idle parent
-			}
+			os.Remove(filepath.Dir(d))
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -655,8 +655,16 @@ func TestBatchYieldsToLatency(t *testing.T) {
 	spin := `while :; do :; done`
 	bat, _, _, _ := sandbox(t, cgroup.Limits{Idle: true}, spin)
 	lat, _, _, _ := sandbox(t, cgroup.Limits{}, spin)
-	var one unix.CPUSet
-	one.Set(0)
+	var mine, one unix.CPUSet // one CPU of those this test may run on
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatal(err)
+	}
+	for c := 0; c < 1024; c++ {
+		if mine.IsSet(c) {
+			one.Set(c)
+			break
+		}
+	}
 	for _, g := range []*cgroup.Group{bat, lat} {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			pids, _ := g.Pids()
@@ -683,7 +691,9 @@ func TestBatchYieldsToLatency(t *testing.T) {
 	b0, l0 := usage(bat), usage(lat)
 	time.Sleep(time.Second)
 	b, l := usage(bat)-b0, usage(lat)-l0
-	if l < 300*time.Millisecond || b > l/10 {
+	// (The latency one's share depends on what else runs there: on a
+	// busy host less than the whole second.)
+	if l < 50*time.Millisecond || b > l/10 {
 		t.Fatalf("on one CPU for a second: the batch sandbox ran %v, the latency one %v", b, l)
 	}
 	t.Logf("on one CPU for a second: the batch sandbox ran %v, the latency one %v", b, l)

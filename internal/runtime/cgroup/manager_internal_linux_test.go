@@ -105,6 +105,23 @@ func TestUnifiedManager(t *testing.T) {
 			t.Fatalf("the parent outlived its last (idle) group: %v", err)
 		}
 	}
+	// An idle group an earlier build made beside the parent (outside
+	// its bound) is still found, listed and removed, by a worker that
+	// restarts on the new build.
+	old := filepath.Join(dir, Parent+IdleSuffix, "t-3")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := tree.Open("t-3"); err != nil || g.v2 != old {
+		t.Fatalf("open an earlier build's idle group: %+v, %v", g, err)
+	} else if names, err := tree.List("t-", ""); err != nil || !slices.Contains(names, "t-3") {
+		t.Fatalf("listed %v, %v: want t-3", names, err)
+	} else if err := g.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(old)); !os.IsNotExist(err) {
+		t.Fatalf("the earlier build's idle parent outlived its last group: %v", err)
+	}
 	if got := m.parentDirs(); !slices.Equal(got, []string{filepath.Join(dir, Parent)}) {
 		t.Fatalf("parent dirs %v", got)
 	}

@@ -228,6 +228,13 @@ func (h unified) layout(name string, idle bool) *Group {
 
 func (h unified) idleParent() string { return filepath.Join(h.parent, IdleGroup) }
 
+// legacyIdle is where a build before IdleGroup put idle group name on a
+// unified host: beside the parent, in IdleSuffix's sibling. Such a group
+// is still opened, listed and removed.
+func (h unified) legacyIdle(name string) *Group {
+	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, h.parent+IdleSuffix, name)}
+}
+
 func (unified) cpuRoot() string { return Root }
 
 // prepare hands the controllers down to the sandboxes' groups, through

@@ -170,7 +170,8 @@ func (t *Tree) ParentOOMKills() int { return t.manager().parentOOMKills() }
 func (t *Tree) List(prefix, suffix string) ([]string, error) {
 	parent := t.Parent()
 	parents := []string{filepath.Join(Root, parent), filepath.Join(Root, "unified", parent),
-		filepath.Join(Root, t.IdleParent()), filepath.Join(Root, "cpu", t.IdleParent())}
+		filepath.Join(Root, t.IdleParent()), filepath.Join(Root, "cpu", t.IdleParent()),
+		filepath.Join(Root, parent+IdleSuffix)} // (a unified host's idle groups an earlier build made)
 	for _, c := range append(slices.Clip(v1Controllers), escapable()...) {
 		parents = append(parents, filepath.Join(Root, c, parent))
 	}
@@ -199,10 +200,8 @@ func (t *Tree) RemoveLeftover(name string) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
-	m := t.manager()
 	var errs []error
-	for _, idle := range []bool{false, true} {
-		g := m.layout(name, idle)
+	for _, g := range t.layouts(name) {
 		for _, d := range append(g.dirs(), g.escaped()...) {
 			if err := rmdir(d); err != nil {
 				errs = append(errs, err)
