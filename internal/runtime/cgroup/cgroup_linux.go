@@ -255,6 +255,9 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 				err = fmt.Errorf("cgroup: %w", err)
 				continue
 			}
+			if d == g.v2 {
+				g.m.prepare(g) // the parent's limit files come with its controllers
+			}
 			// Before the group is in it: no sandbox is ever under an
 			// unbounded parent (it goes with its last group, and comes
 			// back without its limits). On a unified host an idle
@@ -277,10 +280,9 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 				case cpuset:
 					err = fillCpuset(d, ownCpuset())
 				case d == g.v2:
-					// The controllers handed down to it once its
-					// parents hold it, and so stay: one made again by
-					// MkdirAll after another group's Remove took it
-					// away has none.
+					// Again, now that its parents hold it and so stay:
+					// one made again by MkdirAll after another group's
+					// Remove took it away came without controllers.
 					g.m.prepare(g)
 				}
 				break
