@@ -40,10 +40,20 @@ func TestUnifiedManager(t *testing.T) {
 	pure := slices.Contains(strings.Fields(controllers), "memory") && slices.Contains(strings.Fields(controllers), "pids")
 	if pure {
 		l = Limits{MemoryBytes: 64 << 20, Pids: 100}
+		// The parent bounded too. (First in TestOnPureV2Host's guest,
+		// whose root hands no controller down yet: the parent's
+		// memory.max comes only once the root hands memory down.)
+		if err := tree.LimitParent(Limits{MemoryBytes: 256 << 20}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tree.LimitParent(Limits{}) })
 	}
 	g, err := tree.newGroup(m, "t-1", l)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, Parent, "memory.max")); pure && strings.TrimSpace(string(b)) != "268435456" {
+		t.Fatalf("the parent's memory.max is %q, want 268435456", b)
 	}
 	if want := filepath.Join(dir, Parent, "t-1"); g.v2 != want || g.Path() != want || g.cpuDir() != want || len(g.v1) != 0 {
 		t.Fatalf("layout: %+v, want everything at %s", g, want)
