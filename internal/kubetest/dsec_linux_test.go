@@ -464,8 +464,9 @@ func sweepRoots(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(os.TempDir(), rootsPrefix+"*"))
 	for _, roots := range left {
 		t.Logf("clearing %s, which a killed test left", roots)
-		for _, n := range []string{"n1", "n2"} {
-			if root := filepath.Join(roots, n); isDir(root) {
+		nodes, _ := filepath.Glob(filepath.Join(roots, "*"))
+		for _, root := range nodes {
+			if isDir(root) {
 				runtimetest.Clean(root)
 			}
 		}

@@ -151,9 +151,13 @@ func claim() error {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			f.Close()
-			return fmt.Errorf("kubetest: another cluster test holds %s: %w", claimFile, err)
+			return fmt.Errorf("kubetest: lock %s: %w", claimFile, err)
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return fmt.Errorf("kubetest: another cluster test has held %s for 5 minutes: wait for it to end, or stop it (lslocks shows its pid)", claimFile)
 		}
 	}
 	claimed = f // held until the process exits

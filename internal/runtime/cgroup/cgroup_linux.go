@@ -64,6 +64,7 @@ type Group struct {
 	v1     map[string]string // controller -> directory (hybrid hosts)
 	v2     string            // the cgroup2 directory (both layouts)
 	m      manager           // the host's layout: hybrid or unified
+	idle   bool              // its CPU group is under an idle parent
 }
 
 var v1Controllers = []string{"memory", "cpu", "pids", "freezer", "devices"}
@@ -280,10 +281,7 @@ func (t *Tree) newGroup(m manager, name string, l Limits) (*Group, error) {
 				case cpuset:
 					err = fillCpuset(d, ownCpuset())
 				case d == g.v2:
-					// Again, now that its parents hold it and so stay:
-					// one made again by MkdirAll after another group's
-					// Remove took it away came without controllers.
-					g.m.prepare(g)
+					g.m.settle(g)
 				}
 				break
 			}
@@ -407,8 +405,8 @@ func (t *Tree) Open(name string) (*Group, error) {
 func (t *Tree) layouts(name string) []*Group {
 	m := t.manager()
 	out := []*Group{m.layout(name, false), m.layout(name, true)}
-	if u, ok := m.(unified); ok {
-		out = append(out, u.legacyIdle(name))
+	if g := m.legacyIdle(name); g != nil {
+		out = append(out, g)
 	}
 	return out
 }
@@ -576,10 +574,10 @@ func (g *Group) Kill() error {
 // task, in the root group of the CPU controller (killed, it can neither
 // fork nor run anything of its own there: it exits).
 func (g *Group) hasten() {
-	root := g.m.cpuRoot()
-	if filepath.Dir(g.cpuDir()) != filepath.Join(root, g.m.idleParent()) {
+	if !g.idle {
 		return
 	}
+	root := g.m.cpuRoot()
 	pids, _ := g.Pids()
 	for _, pid := range pids {
 		// Still the group's (its pid not reused by a host process since
@@ -634,8 +632,10 @@ func (g *Group) Remove() error {
 	if err := rmdir(dirs[0]); err != nil {
 		return err
 	}
-	if u, ok := g.m.(unified); ok && filepath.Dir(g.v2) == filepath.Join(Root, u.idleParent()) {
-		os.Remove(filepath.Join(Root, u.parent)) // with its last group, as rmdir takes the idle parent
+	// rmdir took the idle parent with its last group; where that is the
+	// parent's child (a unified host), the parent goes with it too.
+	if ip := g.m.idleParent(); filepath.Dir(g.cpuDir()) == filepath.Join(g.m.cpuRoot(), ip) && filepath.Dir(ip) == g.parent {
+		os.Remove(filepath.Join(g.m.cpuRoot(), g.parent))
 	}
 	return nil
 }

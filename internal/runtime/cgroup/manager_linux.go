@@ -28,6 +28,13 @@ type manager interface {
 	cpuRoot() string
 	// prepare readies the parents before a group is made.
 	prepare(g *Group)
+	// settle readies them again once its directory is made, if a
+	// parent made again meanwhile (after another group's Remove took
+	// it away) left the group without its controllers.
+	settle(g *Group)
+	// legacyIdle is where an earlier build put idle group name, if
+	// elsewhere (nil): still opened, listed and removed.
+	legacyIdle(name string) *Group
 	// limit writes l's memory, CPU and pids limits (zero: left as is).
 	limit(g *Group, l Limits) error
 	// weight is the file and value for a CPU weight on v2's scale.
@@ -72,7 +79,7 @@ func (h hybrid) layout(name string, idle bool) *Group {
 	if idle {
 		cpuParent = h.idleParent()
 	}
-	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name)}
+	g := &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, "unified", h.parent, name), idle: idle}
 	for _, c := range v1Controllers {
 		if c != "devices" || v1Mounted()[c] {
 			g.v1[c] = filepath.Join(Root, c, h.parent, name)
@@ -90,6 +97,10 @@ func (h hybrid) idleParent() string { return h.parent + IdleSuffix }
 func (hybrid) cpuRoot() string { return filepath.Join(Root, "cpu") }
 
 func (hybrid) prepare(*Group) {}
+
+func (hybrid) settle(*Group) {}
+
+func (hybrid) legacyIdle(string) *Group { return nil }
 
 func (hybrid) limit(g *Group, l Limits) error {
 	if l.MemoryBytes > 0 {
@@ -223,16 +234,15 @@ func (h unified) layout(name string, idle bool) *Group {
 	if idle {
 		parent = h.idleParent()
 	}
-	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name)}
+	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, parent, name), idle: idle}
 }
 
 func (h unified) idleParent() string { return filepath.Join(h.parent, IdleGroup) }
 
-// legacyIdle is where a build before IdleGroup put idle group name on a
-// unified host: beside the parent, in IdleSuffix's sibling. Such a group
-// is still opened, listed and removed.
+// legacyIdle: a build before IdleGroup put an idle group beside the
+// parent, in IdleSuffix's sibling (outside the parent's bound).
 func (h unified) legacyIdle(name string) *Group {
-	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, h.parent+IdleSuffix, name)}
+	return &Group{name: name, parent: h.parent, v1: map[string]string{}, m: h, v2: filepath.Join(Root, h.parent+IdleSuffix, name), idle: true}
 }
 
 func (unified) cpuRoot() string { return Root }
@@ -255,6 +265,14 @@ func (unified) prepare(g *Group) {
 		for _, d := range dirs {
 			_ = write(d, "cgroup.subtree_control", c)
 		}
+	}
+}
+
+// settle is prepare again where the group came without controllers
+// (one read where it has them: a create's usual case).
+func (h unified) settle(g *Group) {
+	if b, err := os.ReadFile(filepath.Join(g.v2, "cgroup.controllers")); err == nil && len(strings.TrimSpace(string(b))) == 0 {
+		h.prepare(g)
 	}
 }
 
